@@ -1,0 +1,5 @@
+//! `vmmw`: the command line (demo, inspect, load, bench).
+
+fn main() {
+    println!("vmmw {}", env!("CARGO_PKG_VERSION"));
+}

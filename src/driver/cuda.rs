@@ -1,0 +1,617 @@
+//! The CUDA backend: the real driver API through cudarc's `sys` layer, loaded
+//! at run time, so the crate builds and runs on machines without CUDA.
+//!
+//! Feature level: the bindings are those of CUDA 11.4 (cudarc's oldest), and
+//! the calls used exist since CUDA 10.2 (the VMM API); `open` checks the
+//! driver version and the device's VMM attribute and reports a typed error
+//! when either is missing. The device's primary context is retained once and
+//! made current in every entry point, since callers arrive on any thread.
+
+use std::ffi::{c_void, CStr};
+use std::sync::OnceLock;
+
+use cudarc::driver::sys;
+
+use super::{
+    kernels, BackendKind, ConvertType, DevicePtr, Driver, EventId, MemInfo, PhysHandle, StreamId,
+};
+use crate::error::{Error, Result};
+
+/// The oldest driver API version with the VMM calls (CUDA 10.2).
+pub const MIN_DRIVER_VERSION: i32 = 10020;
+
+/// The real CUDA driver for one device.
+#[derive(Debug)]
+pub struct CudaDriver {
+    ordinal: i32,
+    device: sys::CUdevice,
+    ctx: Ctx,
+    name: String,
+    driver_version: i32,
+    granularity: usize,
+    kernels: OnceLock<std::result::Result<Kernels, String>>,
+}
+
+/// The retained primary context.
+#[derive(Debug, Clone, Copy)]
+struct Ctx(sys::CUcontext);
+// SAFETY: a CUcontext handle may be used from any thread (the driver API is
+// thread-safe); we only pass it to cuCtxSetCurrent and never dereference it.
+unsafe impl Send for Ctx {}
+// SAFETY: as above; the handle is immutable after `open`.
+unsafe impl Sync for Ctx {}
+
+/// The loaded conversion module and its functions, in `kernels::PAIRS` order.
+#[derive(Debug)]
+struct Kernels {
+    module: sys::CUmodule,
+    functions: Vec<sys::CUfunction>,
+}
+// SAFETY: module and function handles are context-bound driver objects usable
+// from any thread once the context is current; we never dereference them.
+unsafe impl Send for Kernels {}
+// SAFETY: as above; immutable after loading.
+unsafe impl Sync for Kernels {}
+
+fn error_name(code: sys::CUresult) -> String {
+    let mut p: *const std::ffi::c_char = std::ptr::null();
+    // SAFETY: cuGetErrorName writes a pointer to a static string or leaves it NULL.
+    let rc = unsafe { sys::cuGetErrorName(code, &mut p) };
+    if rc == sys::CUresult::CUDA_SUCCESS && !p.is_null() {
+        // SAFETY: the driver returned a valid NUL-terminated static string.
+        unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
+    } else {
+        format!("{code:?}")
+    }
+}
+
+fn check(call: &'static str, rc: sys::CUresult) -> Result<()> {
+    check_with(call, rc, String::new)
+}
+
+fn check_with(
+    call: &'static str,
+    rc: sys::CUresult,
+    detail: impl FnOnce() -> String,
+) -> Result<()> {
+    if rc == sys::CUresult::CUDA_SUCCESS {
+        return Ok(());
+    }
+    let d = detail();
+    Err(Error::Driver {
+        call,
+        code: rc as i32,
+        name: error_name(rc),
+        detail: if d.is_empty() { d } else { format!(": {d}") },
+    })
+}
+
+fn unavailable(what: impl Into<String>) -> Error {
+    Error::DriverUnavailable(what.into())
+}
+
+impl CudaDriver {
+    /// Open `device`: load libcuda, initialise it, check the driver version and
+    /// VMM support, and retain the primary context. Any failure is a typed
+    /// error (`DriverUnavailable` when there is no usable driver or device).
+    pub fn open(device: i32) -> Result<CudaDriver> {
+        // cudarc panics when a symbol is missing; the library itself is checked
+        // first, and any remaining panic becomes an error, never an abort.
+        match std::panic::catch_unwind(|| CudaDriver::open_inner(device)) {
+            Ok(r) => r,
+            Err(p) => Err(unavailable(format!(
+                "loading the CUDA driver failed: {}",
+                crate::panic_message(&p)
+            ))),
+        }
+    }
+
+    fn open_inner(ordinal: i32) -> Result<CudaDriver> {
+        // SAFETY: only tries to dlopen the library; no other preconditions.
+        if !unsafe { sys::is_culib_present() } {
+            return Err(unavailable(
+                "libcuda.so was not found (no NVIDIA driver installed)",
+            ));
+        }
+        // SAFETY: cuInit(0) is always valid to call once the library is loaded.
+        let rc = unsafe { sys::cuInit(0) };
+        if rc == sys::CUresult::CUDA_ERROR_NO_DEVICE {
+            return Err(unavailable("the NVIDIA driver reports no CUDA device"));
+        }
+        check("cuInit", rc).map_err(|e| unavailable(e.to_string()))?;
+        let mut version = 0;
+        // SAFETY: writes one int.
+        check("cuDriverGetVersion", unsafe {
+            sys::cuDriverGetVersion(&mut version)
+        })?;
+        if version < MIN_DRIVER_VERSION {
+            return Err(unavailable(format!(
+                "driver supports CUDA {}.{}, the VMM API needs {}.{} or newer",
+                version / 1000,
+                (version % 1000) / 10,
+                MIN_DRIVER_VERSION / 1000,
+                (MIN_DRIVER_VERSION % 1000) / 10
+            )));
+        }
+        let mut count = 0;
+        // SAFETY: writes one int.
+        check("cuDeviceGetCount", unsafe {
+            sys::cuDeviceGetCount(&mut count)
+        })?;
+        if ordinal < 0 || ordinal >= count {
+            return Err(unavailable(format!(
+                "device {ordinal} requested, the driver sees {count} device(s)"
+            )));
+        }
+        let mut dev: sys::CUdevice = 0;
+        // SAFETY: writes one CUdevice for a valid ordinal.
+        check("cuDeviceGet", unsafe {
+            sys::cuDeviceGet(&mut dev, ordinal)
+        })?;
+        let mut vmm = 0;
+        // SAFETY: writes one int for a valid device.
+        check("cuDeviceGetAttribute", unsafe {
+            sys::cuDeviceGetAttribute(
+                &mut vmm,
+                sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_VIRTUAL_ADDRESS_MANAGEMENT_SUPPORTED,
+                dev,
+            )
+        })?;
+        if vmm == 0 {
+            return Err(unavailable(format!(
+                "device {ordinal} does not support virtual memory management"
+            )));
+        }
+        let mut name_buf = [0 as std::ffi::c_char; 256];
+        // SAFETY: the buffer holds 256 bytes and the driver NUL-terminates within it.
+        check("cuDeviceGetName", unsafe {
+            sys::cuDeviceGetName(name_buf.as_mut_ptr(), 256, dev)
+        })?;
+        // SAFETY: NUL-terminated by the driver (checked call above).
+        let name = unsafe { CStr::from_ptr(name_buf.as_ptr()) }
+            .to_string_lossy()
+            .into_owned();
+        let mut ctx: sys::CUcontext = std::ptr::null_mut();
+        // SAFETY: retains the primary context of a valid device; released in Drop.
+        check("cuDevicePrimaryCtxRetain", unsafe {
+            sys::cuDevicePrimaryCtxRetain(&mut ctx, dev)
+        })?;
+        let mut d = CudaDriver {
+            ordinal,
+            device: dev,
+            ctx: Ctx(ctx),
+            name,
+            driver_version: version,
+            granularity: 0,
+            kernels: OnceLock::new(),
+        };
+        d.bind()?;
+        let prop = d.alloc_prop();
+        let mut g = 0usize;
+        // SAFETY: prop is a fully initialised allocation property; writes one usize.
+        check("cuMemGetAllocationGranularity", unsafe {
+            sys::cuMemGetAllocationGranularity(
+                &mut g,
+                &prop,
+                sys::CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_MINIMUM,
+            )
+        })?;
+        d.granularity = g.max(1);
+        Ok(d)
+    }
+
+    /// The CUDA driver version as an integer (13000 for CUDA 13.0).
+    pub fn driver_version(&self) -> i32 {
+        self.driver_version
+    }
+
+    /// Make the primary context current on the calling thread.
+    fn bind(&self) -> Result<()> {
+        // SAFETY: the context was retained in `open` and stays alive until Drop.
+        check("cuCtxSetCurrent", unsafe {
+            sys::cuCtxSetCurrent(self.ctx.0)
+        })
+    }
+
+    fn alloc_prop(&self) -> sys::CUmemAllocationProp {
+        // SAFETY: CUmemAllocationProp is a plain C struct for which all-zero is a
+        // valid value (no handle types, no flags); the fields we need are set below.
+        let mut prop: sys::CUmemAllocationProp = unsafe { std::mem::zeroed() };
+        prop.type_ = sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
+        prop.requestedHandleTypes = sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_NONE;
+        prop.location.type_ = sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
+        prop.location.id = self.device;
+        prop
+    }
+
+    fn kernels(&self) -> Result<&Kernels> {
+        let loaded = self.kernels.get_or_init(|| {
+            let ptx = kernels::ptx();
+            let mut module: sys::CUmodule = std::ptr::null_mut();
+            // SAFETY: the context is current (callers bind first); the image is a
+            // NUL-terminated PTX string that outlives the call.
+            let rc = unsafe { sys::cuModuleLoadData(&mut module, ptx.as_ptr() as *const c_void) };
+            check("cuModuleLoadData", rc).map_err(|e| e.to_string())?;
+            let mut functions = Vec::new();
+            for (from, to) in kernels::PAIRS {
+                let name = std::ffi::CString::new(kernels::kernel_name(from, to))
+                    .map_err(|e| e.to_string())?;
+                let mut f: sys::CUfunction = std::ptr::null_mut();
+                // SAFETY: module was loaded above; name is NUL-terminated.
+                let rc = unsafe { sys::cuModuleGetFunction(&mut f, module, name.as_ptr()) };
+                check("cuModuleGetFunction", rc).map_err(|e| e.to_string())?;
+                functions.push(f);
+            }
+            Ok(Kernels { module, functions })
+        });
+        loaded.as_ref().map_err(|e| Error::Driver {
+            call: "cuModuleLoadData",
+            code: -1,
+            name: "conversion kernels failed to load".into(),
+            detail: format!(": {e}"),
+        })
+    }
+
+    fn stream(s: StreamId) -> sys::CUstream {
+        s.0 as usize as sys::CUstream
+    }
+}
+
+impl Driver for CudaDriver {
+    fn kind(&self) -> BackendKind {
+        BackendKind::Cuda
+    }
+
+    fn device(&self) -> i32 {
+        self.ordinal
+    }
+
+    fn describe(&self) -> String {
+        format!(
+            "{} (cuda, device {}, driver API {}.{}, {} MiB granularity)",
+            self.name,
+            self.ordinal,
+            self.driver_version / 1000,
+            (self.driver_version % 1000) / 10,
+            self.granularity >> 20
+        )
+    }
+
+    fn granularity(&self) -> usize {
+        self.granularity
+    }
+
+    fn reserve(&self, size: usize, alignment: usize) -> Result<DevicePtr> {
+        self.bind()?;
+        let mut va: sys::CUdeviceptr = 0;
+        // SAFETY: writes one device pointer; no address hint, no flags.
+        let rc = unsafe { sys::cuMemAddressReserve(&mut va, size, alignment, 0, 0) };
+        check_with("cuMemAddressReserve", rc, || format!("{size} bytes"))?;
+        Ok(va)
+    }
+
+    fn free_va(&self, va: DevicePtr, size: usize) -> Result<()> {
+        self.bind()?;
+        // SAFETY: va/size name a reservation made by `reserve` (the caller's contract).
+        check_with(
+            "cuMemAddressFree",
+            unsafe { sys::cuMemAddressFree(va, size) },
+            || format!("{va:#x} (+{size})"),
+        )
+    }
+
+    fn create(&self, size: usize) -> Result<PhysHandle> {
+        self.bind()?;
+        let prop = self.alloc_prop();
+        let mut h: sys::CUmemGenericAllocationHandle = 0;
+        // SAFETY: prop is fully initialised; writes one handle.
+        let rc = unsafe { sys::cuMemCreate(&mut h, size, &prop, 0) };
+        if rc == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY {
+            let free = self.mem_info().map(|m| m.free).unwrap_or(0);
+            return Err(Error::OutOfMemory {
+                what: format!("physical allocation of {size} bytes (cuMemCreate)"),
+                requested: size as u64,
+                free,
+            });
+        }
+        check_with("cuMemCreate", rc, || format!("{size} bytes"))?;
+        Ok(PhysHandle(h))
+    }
+
+    fn release(&self, handle: PhysHandle) -> Result<()> {
+        self.bind()?;
+        // SAFETY: the handle came from `create` and is released once (caller's contract).
+        check("cuMemRelease", unsafe { sys::cuMemRelease(handle.0) })
+    }
+
+    fn map(&self, va: DevicePtr, size: usize, handle: PhysHandle) -> Result<()> {
+        self.bind()?;
+        // SAFETY: va lies in a reservation of ours and handle is live (caller's contract).
+        check_with(
+            "cuMemMap",
+            unsafe { sys::cuMemMap(va, size, 0, handle.0, 0) },
+            || format!("{size} bytes at {va:#x}"),
+        )
+    }
+
+    fn set_access(&self, va: DevicePtr, size: usize) -> Result<()> {
+        self.bind()?;
+        // SAFETY: CUmemAccessDesc is a plain C struct; every field is set below.
+        let mut desc: sys::CUmemAccessDesc = unsafe { std::mem::zeroed() };
+        desc.location.type_ = sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
+        desc.location.id = self.device;
+        desc.flags = sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+        // SAFETY: one valid descriptor; the range is mapped (caller's contract).
+        check_with(
+            "cuMemSetAccess",
+            unsafe { sys::cuMemSetAccess(va, size, &desc, 1) },
+            || format!("{size} bytes at {va:#x}"),
+        )
+    }
+
+    fn unmap(&self, va: DevicePtr, size: usize) -> Result<()> {
+        self.bind()?;
+        // SAFETY: the range covers whole mappings of ours (caller's contract).
+        check_with("cuMemUnmap", unsafe { sys::cuMemUnmap(va, size) }, || {
+            format!("{size} bytes at {va:#x}")
+        })
+    }
+
+    fn mem_info(&self) -> Result<MemInfo> {
+        self.bind()?;
+        let (mut free, mut total) = (0usize, 0usize);
+        // SAFETY: writes two usizes.
+        check("cuMemGetInfo", unsafe {
+            sys::cuMemGetInfo_v2(&mut free, &mut total)
+        })?;
+        Ok(MemInfo {
+            free: free as u64,
+            total: total as u64,
+        })
+    }
+
+    fn synchronize(&self) -> Result<()> {
+        self.bind()?;
+        // SAFETY: no arguments; the context is current.
+        check("cuCtxSynchronize", unsafe { sys::cuCtxSynchronize() })
+    }
+
+    fn stream_create(&self) -> Result<StreamId> {
+        self.bind()?;
+        let mut s: sys::CUstream = std::ptr::null_mut();
+        // SAFETY: writes one stream handle.
+        check("cuStreamCreate", unsafe {
+            sys::cuStreamCreate(&mut s, sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32)
+        })?;
+        Ok(StreamId(s as usize as u64))
+    }
+
+    fn stream_destroy(&self, stream: StreamId) -> Result<()> {
+        if stream == StreamId::DEFAULT {
+            return Err(Error::InvalidArgument(
+                "cannot destroy the default stream".into(),
+            ));
+        }
+        self.bind()?;
+        // SAFETY: the stream was created by `stream_create`.
+        check("cuStreamDestroy", unsafe {
+            sys::cuStreamDestroy_v2(Self::stream(stream))
+        })
+    }
+
+    fn stream_synchronize(&self, stream: StreamId) -> Result<()> {
+        self.bind()?;
+        // SAFETY: a stream of ours or the default stream.
+        check("cuStreamSynchronize", unsafe {
+            sys::cuStreamSynchronize(Self::stream(stream))
+        })
+    }
+
+    fn event_create(&self) -> Result<EventId> {
+        self.bind()?;
+        let mut e: sys::CUevent = std::ptr::null_mut();
+        // SAFETY: writes one event handle.
+        check("cuEventCreate", unsafe {
+            sys::cuEventCreate(&mut e, sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32)
+        })?;
+        Ok(EventId(e as usize as u64))
+    }
+
+    fn event_destroy(&self, event: EventId) -> Result<()> {
+        self.bind()?;
+        // SAFETY: an event of ours.
+        check("cuEventDestroy", unsafe {
+            sys::cuEventDestroy_v2(event.0 as usize as sys::CUevent)
+        })
+    }
+
+    fn event_record(&self, event: EventId, stream: StreamId) -> Result<()> {
+        self.bind()?;
+        // SAFETY: an event and a stream of ours.
+        check("cuEventRecord", unsafe {
+            sys::cuEventRecord(event.0 as usize as sys::CUevent, Self::stream(stream))
+        })
+    }
+
+    fn event_synchronize(&self, event: EventId) -> Result<()> {
+        self.bind()?;
+        // SAFETY: an event of ours.
+        check("cuEventSynchronize", unsafe {
+            sys::cuEventSynchronize(event.0 as usize as sys::CUevent)
+        })
+    }
+
+    fn event_query(&self, event: EventId) -> Result<bool> {
+        self.bind()?;
+        // SAFETY: an event of ours.
+        let rc = unsafe { sys::cuEventQuery(event.0 as usize as sys::CUevent) };
+        if rc == sys::CUresult::CUDA_ERROR_NOT_READY {
+            return Ok(false);
+        }
+        check("cuEventQuery", rc).map(|_| true)
+    }
+
+    unsafe fn copy_htod_async(
+        &self,
+        dst: DevicePtr,
+        src: *const u8,
+        len: usize,
+        stream: StreamId,
+    ) -> Result<()> {
+        self.bind()?;
+        // SAFETY: forwarded from the caller's contract on both ranges.
+        let rc = unsafe {
+            sys::cuMemcpyHtoDAsync_v2(dst, src as *const c_void, len, Self::stream(stream))
+        };
+        check_with("cuMemcpyHtoDAsync", rc, || {
+            format!("{len} bytes to {dst:#x}")
+        })
+    }
+
+    unsafe fn copy_dtoh_async(
+        &self,
+        dst: *mut u8,
+        src: DevicePtr,
+        len: usize,
+        stream: StreamId,
+    ) -> Result<()> {
+        self.bind()?;
+        // SAFETY: forwarded from the caller's contract on both ranges.
+        let rc = unsafe {
+            sys::cuMemcpyDtoHAsync_v2(dst as *mut c_void, src, len, Self::stream(stream))
+        };
+        check_with("cuMemcpyDtoHAsync", rc, || {
+            format!("{len} bytes from {src:#x}")
+        })
+    }
+
+    unsafe fn copy_2d_htod_async(
+        &self,
+        dst: DevicePtr,
+        dst_pitch: usize,
+        src: *const u8,
+        src_pitch: usize,
+        width: usize,
+        height: usize,
+        stream: StreamId,
+    ) -> Result<()> {
+        self.bind()?;
+        // SAFETY: CUDA_MEMCPY2D is a plain C struct; zero is valid for unused fields.
+        let mut p: sys::CUDA_MEMCPY2D = unsafe { std::mem::zeroed() };
+        p.srcMemoryType = sys::CUmemorytype::CU_MEMORYTYPE_HOST;
+        p.srcHost = src as *const c_void;
+        p.srcPitch = src_pitch;
+        p.dstMemoryType = sys::CUmemorytype::CU_MEMORYTYPE_DEVICE;
+        p.dstDevice = dst;
+        p.dstPitch = dst_pitch;
+        p.WidthInBytes = width;
+        p.Height = height;
+        // SAFETY: forwarded from the caller's contract on every row.
+        let rc = unsafe { sys::cuMemcpy2DAsync_v2(&p, Self::stream(stream)) };
+        check_with("cuMemcpy2DAsync", rc, || {
+            format!("{height} rows of {width} bytes to {dst:#x}")
+        })
+    }
+
+    unsafe fn memset_async(
+        &self,
+        dst: DevicePtr,
+        value: u8,
+        len: usize,
+        stream: StreamId,
+    ) -> Result<()> {
+        self.bind()?;
+        // SAFETY: forwarded from the caller's contract on the range.
+        let rc = unsafe { sys::cuMemsetD8Async(dst, value, len, Self::stream(stream)) };
+        check_with("cuMemsetD8Async", rc, || format!("{len} bytes at {dst:#x}"))
+    }
+
+    unsafe fn convert_async(
+        &self,
+        dst: DevicePtr,
+        to: ConvertType,
+        src: DevicePtr,
+        from: ConvertType,
+        count: usize,
+        stream: StreamId,
+    ) -> Result<()> {
+        self.bind()?;
+        if count == 0 {
+            return Ok(());
+        }
+        if to == from {
+            // SAFETY: forwarded from the caller's contract.
+            let rc = unsafe {
+                sys::cuMemcpyDtoDAsync_v2(dst, src, count * to.size(), Self::stream(stream))
+            };
+            return check("cuMemcpyDtoDAsync", rc);
+        }
+        let k = self.kernels()?;
+        let idx = kernels::PAIRS
+            .iter()
+            .position(|&p| p == (from, to))
+            .ok_or_else(|| Error::Unsupported(format!("conversion {from:?} -> {to:?}")))?;
+        let (mut d, mut s, mut n) = (dst, src, count as u64);
+        let mut params = [
+            &mut d as *mut u64 as *mut c_void,
+            &mut s as *mut u64 as *mut c_void,
+            &mut n as *mut u64 as *mut c_void,
+        ];
+        let block = 256u32;
+        let grid = (count as u64).div_ceil(block as u64).clamp(1, 8192) as u32;
+        // SAFETY: the function takes three u64 parameters, which `params` points
+        // to and which live until the call returns (the driver copies them).
+        let rc = unsafe {
+            sys::cuLaunchKernel(
+                k.functions[idx],
+                grid,
+                1,
+                1,
+                block,
+                1,
+                1,
+                0,
+                Self::stream(stream),
+                params.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+        };
+        check_with("cuLaunchKernel", rc, || {
+            format!("{} over {count} elements", kernels::kernel_name(from, to))
+        })
+    }
+
+    unsafe fn host_register(&self, ptr: *mut u8, len: usize, read_only: bool) -> Result<()> {
+        self.bind()?;
+        let mut flags = sys::CU_MEMHOSTREGISTER_PORTABLE;
+        if read_only {
+            flags |= sys::CU_MEMHOSTREGISTER_READ_ONLY;
+        }
+        // SAFETY: forwarded from the caller's contract on the host range.
+        let rc = unsafe { sys::cuMemHostRegister_v2(ptr as *mut c_void, len, flags) };
+        check_with("cuMemHostRegister", rc, || {
+            format!("{len} bytes at {ptr:p}")
+        })
+    }
+
+    unsafe fn host_unregister(&self, ptr: *mut u8) -> Result<()> {
+        self.bind()?;
+        // SAFETY: forwarded from the caller's contract.
+        check("cuMemHostUnregister", unsafe {
+            sys::cuMemHostUnregister(ptr as *mut c_void)
+        })
+    }
+}
+
+impl Drop for CudaDriver {
+    fn drop(&mut self) {
+        if self.bind().is_ok() {
+            if let Some(Ok(k)) = self.kernels.get() {
+                // SAFETY: the module was loaded by us in this context.
+                unsafe { sys::cuModuleUnload(k.module) };
+            }
+        }
+        // SAFETY: balances the retain in `open`.
+        unsafe { sys::cuDevicePrimaryCtxRelease_v2(self.device) };
+    }
+}

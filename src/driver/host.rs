@@ -1,0 +1,751 @@
+//! The host backend: CUDA VMM semantics on host memory.
+//!
+//! - reserve  = `mmap(PROT_NONE, MAP_PRIVATE|MAP_ANONYMOUS|MAP_NORESERVE)`, aligned;
+//! - create   = a `memfd` of the requested size (counted against a memory limit);
+//! - map      = `mmap(MAP_FIXED|MAP_SHARED)` of the memfd into the reservation, still `PROT_NONE`;
+//! - set_access = `mprotect(PROT_READ|PROT_WRITE)`;
+//! - unmap    = an anonymous `PROT_NONE` mapping `MAP_FIXED` over the range, so the VA
+//!   stays reserved and touching it faults, as on a GPU;
+//! - release  = close the memfd; the memory is returned once it is also unmapped.
+//!
+//! Copies are `memcpy`s done at once (so every "async" call has completed when
+//! it returns); streams and events are counters that tests can check for leaks.
+//! A memory limit and fault injection make out-of-memory and mid-operation
+//! failures testable.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Mutex;
+
+use super::{BackendKind, ConvertType, DevicePtr, Driver, EventId, MemInfo, PhysHandle, StreamId};
+use crate::error::{Error, Result};
+
+/// Default simulated granularity: 2 MiB, as on an H200.
+pub const DEFAULT_GRANULARITY: usize = 2 << 20;
+/// Default simulated device memory: 64 GiB (memfd pages cost nothing until touched).
+pub const DEFAULT_MEMORY_LIMIT: u64 = 64 << 30;
+
+/// Configuration of the host backend.
+#[derive(Debug, Clone)]
+pub struct HostConfig {
+    /// Mapping granularity; a multiple of the OS page size.
+    pub granularity: usize,
+    /// Simulated device memory: `create` fails with out-of-memory beyond it.
+    pub memory_limit: u64,
+}
+
+impl Default for HostConfig {
+    fn default() -> Self {
+        HostConfig {
+            granularity: DEFAULT_GRANULARITY,
+            memory_limit: DEFAULT_MEMORY_LIMIT,
+        }
+    }
+}
+
+impl HostConfig {
+    /// Defaults, overridden by `VMMW_HOST_GRANULARITY` and `VMMW_HOST_MEMORY`
+    /// (bytes, with an optional K, M or G suffix).
+    pub fn from_env() -> Result<HostConfig> {
+        let mut c = HostConfig::default();
+        if let Ok(v) = std::env::var("VMMW_HOST_GRANULARITY") {
+            c.granularity = parse_bytes(&v)
+                .map_err(|e| Error::InvalidArgument(format!("VMMW_HOST_GRANULARITY=`{v}`: {e}")))?
+                as usize;
+        }
+        if let Ok(v) = std::env::var("VMMW_HOST_MEMORY") {
+            c.memory_limit = parse_bytes(&v)
+                .map_err(|e| Error::InvalidArgument(format!("VMMW_HOST_MEMORY=`{v}`: {e}")))?;
+        }
+        c.validate()?;
+        Ok(c)
+    }
+
+    fn validate(&self) -> Result<()> {
+        let page = page_size();
+        if self.granularity == 0 || self.granularity % page != 0 {
+            return Err(Error::InvalidArgument(format!(
+                "host granularity {} must be a positive multiple of the page size {page}",
+                self.granularity
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// Parse "4096", "64K", "2M", "16G" (binary multiples).
+pub fn parse_bytes(s: &str) -> std::result::Result<u64, String> {
+    let s = s.trim();
+    let (num, mul) = match s.chars().last() {
+        Some('k' | 'K') => (&s[..s.len() - 1], 1u64 << 10),
+        Some('m' | 'M') => (&s[..s.len() - 1], 1u64 << 20),
+        Some('g' | 'G') => (&s[..s.len() - 1], 1u64 << 30),
+        _ => (s, 1),
+    };
+    let n: u64 = num
+        .trim()
+        .parse()
+        .map_err(|_| "expected a number of bytes, optionally with K, M or G".to_owned())?;
+    n.checked_mul(mul).ok_or_else(|| "too large".to_owned())
+}
+
+/// Which primitive an injected failure hits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum FaultOp {
+    /// `reserve`.
+    Reserve,
+    /// `create` (fails as out-of-memory, like `CUDA_ERROR_OUT_OF_MEMORY`).
+    Create,
+    /// `map`.
+    Map,
+    /// `set_access`.
+    SetAccess,
+}
+
+/// Live objects of the host backend, for leak checks.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct HostCounts {
+    /// VA reservations not yet freed.
+    pub reservations: usize,
+    /// Physical handles not yet released.
+    pub handles: usize,
+    /// Mapped ranges.
+    pub mappings: usize,
+    /// Bytes of physical memory counted against the limit (created, and released-but-mapped).
+    pub physical_bytes: u64,
+    /// Streams not yet destroyed.
+    pub streams: usize,
+    /// Events not yet destroyed.
+    pub events: usize,
+}
+
+#[derive(Debug)]
+struct Phys {
+    fd: libc::c_int,
+    size: usize,
+    released: bool,
+    maps: usize,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    reservations: BTreeMap<u64, usize>,
+    handles: HashMap<u64, Phys>,
+    /// va -> (size, handle id)
+    mappings: BTreeMap<u64, (usize, u64)>,
+    physical_bytes: u64,
+    memory_limit: u64,
+    next_handle: u64,
+    next_stream: u64,
+    next_event: u64,
+    streams: usize,
+    events: usize,
+    faults: HashMap<FaultOp, u64>,
+}
+
+/// CUDA VMM semantics on host memory. See the module docs.
+#[derive(Debug)]
+pub struct HostDriver {
+    granularity: usize,
+    state: Mutex<State>,
+}
+
+impl HostDriver {
+    /// A host backend with `config`.
+    pub fn new(config: HostConfig) -> HostDriver {
+        HostDriver {
+            granularity: config.granularity,
+            state: Mutex::new(State {
+                memory_limit: config.memory_limit,
+                next_handle: 1,
+                next_stream: 1,
+                next_event: 1,
+                ..State::default()
+            }),
+        }
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        // A panic while holding the lock cannot leave the maps half-updated in a
+        // way that matters more than losing the whole backend, so recover.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Live objects, for leak checks in tests.
+    pub fn counts(&self) -> HostCounts {
+        let s = self.state();
+        HostCounts {
+            reservations: s.reservations.len(),
+            handles: s.handles.values().filter(|p| !p.released).count(),
+            mappings: s.mappings.len(),
+            physical_bytes: s.physical_bytes,
+            streams: s.streams,
+            events: s.events,
+        }
+    }
+
+    /// Change the simulated device memory.
+    pub fn set_memory_limit(&self, bytes: u64) {
+        self.state().memory_limit = bytes;
+    }
+
+    /// Make the `n`-th next call of `op` fail (1 = the very next one). 0 clears it.
+    pub fn fail_nth(&self, op: FaultOp, n: u64) {
+        let mut s = self.state();
+        if n == 0 {
+            s.faults.remove(&op);
+        } else {
+            s.faults.insert(op, n);
+        }
+    }
+
+    /// Clear every injected failure.
+    pub fn clear_faults(&self) {
+        self.state().faults.clear();
+    }
+
+    fn take_fault(s: &mut State, op: FaultOp) -> bool {
+        if let Some(n) = s.faults.get_mut(&op) {
+            *n -= 1;
+            if *n == 0 {
+                s.faults.remove(&op);
+                return true;
+            }
+        }
+        false
+    }
+
+    fn check_aligned(&self, what: &str, va: u64, size: usize) -> Result<()> {
+        if size == 0 || size % self.granularity != 0 || va % self.granularity as u64 != 0 {
+            return Err(Error::InvalidArgument(format!(
+                "{what}: address {va:#x} and size {size} must be non-zero multiples of the granularity {}",
+                self.granularity
+            )));
+        }
+        Ok(())
+    }
+
+    fn inside_reservation(s: &State, va: u64, size: usize) -> bool {
+        s.reservations
+            .range(..=va)
+            .next_back()
+            .is_some_and(|(&base, &len)| va + size as u64 <= base + len as u64)
+    }
+
+    fn overlaps_mapping(s: &State, va: u64, size: usize) -> bool {
+        let end = va + size as u64;
+        s.mappings
+            .range(..end)
+            .next_back()
+            .is_some_and(|(&m, &(len, _))| m + len as u64 > va)
+    }
+
+    fn drop_phys_if_done(s: &mut State, id: u64) {
+        let done = s
+            .handles
+            .get(&id)
+            .is_some_and(|p| p.released && p.maps == 0);
+        if done {
+            if let Some(p) = s.handles.remove(&id) {
+                s.physical_bytes -= p.size as u64;
+            }
+        }
+    }
+}
+
+fn errno_error(call: &'static str, detail: String) -> Error {
+    let e = std::io::Error::last_os_error();
+    Error::Driver {
+        call,
+        code: e.raw_os_error().unwrap_or(-1),
+        name: e.to_string(),
+        detail: format!(": {detail}"),
+    }
+}
+
+fn injected(call: &'static str) -> Error {
+    Error::Driver {
+        call,
+        code: -1,
+        name: "injected failure".to_owned(),
+        detail: ": fault injection on the host backend".to_owned(),
+    }
+}
+
+/// The OS page size.
+pub fn page_size() -> usize {
+    // SAFETY: sysconf has no memory-safety preconditions.
+    let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    if p > 0 {
+        p as usize
+    } else {
+        4096
+    }
+}
+
+impl Driver for HostDriver {
+    fn kind(&self) -> BackendKind {
+        BackendKind::Host
+    }
+
+    fn device(&self) -> i32 {
+        0
+    }
+
+    fn describe(&self) -> String {
+        let limit = self.state().memory_limit;
+        format!(
+            "host (simulated device on host memory, {} MiB granularity, {} MiB limit)",
+            self.granularity >> 20,
+            limit >> 20
+        )
+    }
+
+    fn granularity(&self) -> usize {
+        self.granularity
+    }
+
+    fn reserve(&self, size: usize, alignment: usize) -> Result<DevicePtr> {
+        let align = if alignment == 0 {
+            self.granularity
+        } else {
+            alignment.max(self.granularity)
+        };
+        if size == 0 || size % self.granularity != 0 || !align.is_power_of_two() {
+            return Err(Error::InvalidArgument(format!(
+                "reserve: size {size} must be a non-zero multiple of the granularity {} and alignment {align} a power of two",
+                self.granularity
+            )));
+        }
+        let mut s = self.state();
+        if Self::take_fault(&mut s, FaultOp::Reserve) {
+            return Err(injected("reserve"));
+        }
+        let total = size
+            .checked_add(align)
+            .ok_or_else(|| Error::InvalidArgument(format!("reserve: size {size} too large")))?;
+        // SAFETY: a fresh anonymous PROT_NONE mapping; no existing memory is touched.
+        let raw = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                total,
+                libc::PROT_NONE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        if raw == libc::MAP_FAILED {
+            return Err(errno_error("mmap", format!("reserving {size} bytes of VA")));
+        }
+        let start = raw as usize;
+        let aligned = start.div_ceil(align) * align;
+        let head = aligned - start;
+        let tail = total - head - size;
+        // SAFETY: both ranges lie inside the mapping just created and are not
+        // part of the aligned range we keep.
+        unsafe {
+            if head > 0 {
+                libc::munmap(raw, head);
+            }
+            if tail > 0 {
+                libc::munmap((aligned + size) as *mut libc::c_void, tail);
+            }
+        }
+        s.reservations.insert(aligned as u64, size);
+        Ok(aligned as u64)
+    }
+
+    fn free_va(&self, va: DevicePtr, size: usize) -> Result<()> {
+        let mut s = self.state();
+        match s.reservations.get(&va) {
+            Some(&len) if len == size => {}
+            Some(&len) => {
+                return Err(Error::InvalidArgument(format!(
+                    "free_va: reservation at {va:#x} has {len} bytes, not {size}"
+                )))
+            }
+            None => {
+                return Err(Error::InvalidArgument(format!(
+                    "free_va: {va:#x} is not a reservation"
+                )))
+            }
+        }
+        if Self::overlaps_mapping(&s, va, size) {
+            return Err(Error::InvalidState(format!(
+                "free_va: reservation at {va:#x} still has mapped ranges; unmap them first"
+            )));
+        }
+        // SAFETY: the range is a reservation we made and nothing is mapped in it.
+        let rc = unsafe { libc::munmap(va as *mut libc::c_void, size) };
+        if rc != 0 {
+            return Err(errno_error("munmap", format!("freeing VA {va:#x}")));
+        }
+        s.reservations.remove(&va);
+        Ok(())
+    }
+
+    fn create(&self, size: usize) -> Result<PhysHandle> {
+        if size == 0 || size % self.granularity != 0 {
+            return Err(Error::InvalidArgument(format!(
+                "create: size {size} must be a non-zero multiple of the granularity {}",
+                self.granularity
+            )));
+        }
+        let mut s = self.state();
+        let free = s.memory_limit.saturating_sub(s.physical_bytes);
+        if Self::take_fault(&mut s, FaultOp::Create) || size as u64 > free {
+            return Err(Error::OutOfMemory {
+                what: format!("physical allocation of {size} bytes"),
+                requested: size as u64,
+                free,
+            });
+        }
+        // SAFETY: the name is a valid NUL-terminated string.
+        let fd = unsafe { libc::memfd_create(c"vmmw-phys".as_ptr(), libc::MFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(errno_error("memfd_create", format!("{size} bytes")));
+        }
+        // SAFETY: fd is the memfd just created.
+        if unsafe { libc::ftruncate(fd, size as libc::off_t) } != 0 {
+            let e = errno_error("ftruncate", format!("sizing memfd to {size} bytes"));
+            // SAFETY: fd is ours and closed once.
+            unsafe { libc::close(fd) };
+            return Err(e);
+        }
+        let id = s.next_handle;
+        s.next_handle += 1;
+        s.handles.insert(
+            id,
+            Phys {
+                fd,
+                size,
+                released: false,
+                maps: 0,
+            },
+        );
+        s.physical_bytes += size as u64;
+        Ok(PhysHandle(id))
+    }
+
+    fn release(&self, handle: PhysHandle) -> Result<()> {
+        let mut s = self.state();
+        let p = match s.handles.get_mut(&handle.0) {
+            Some(p) if !p.released => p,
+            _ => {
+                return Err(Error::InvalidArgument(format!(
+                    "release: unknown or already released handle {}",
+                    handle.0
+                )))
+            }
+        };
+        p.released = true;
+        // SAFETY: the fd belongs to this handle and is closed exactly once; existing
+        // MAP_SHARED mappings keep the memory alive until they are unmapped.
+        unsafe { libc::close(p.fd) };
+        p.fd = -1;
+        Self::drop_phys_if_done(&mut s, handle.0);
+        Ok(())
+    }
+
+    fn map(&self, va: DevicePtr, size: usize, handle: PhysHandle) -> Result<()> {
+        self.check_aligned("map", va, size)?;
+        let mut s = self.state();
+        if Self::take_fault(&mut s, FaultOp::Map) {
+            return Err(injected("map"));
+        }
+        if !Self::inside_reservation(&s, va, size) {
+            return Err(Error::InvalidArgument(format!(
+                "map: [{va:#x}, +{size}) is not inside one reservation"
+            )));
+        }
+        if Self::overlaps_mapping(&s, va, size) {
+            return Err(Error::InvalidState(format!(
+                "map: [{va:#x}, +{size}) overlaps a mapped range"
+            )));
+        }
+        let fd = match s.handles.get(&handle.0) {
+            Some(p) if !p.released && p.size >= size => p.fd,
+            Some(p) if !p.released => {
+                return Err(Error::InvalidArgument(format!(
+                    "map: handle {} has {} bytes, cannot map {size}",
+                    handle.0, p.size
+                )))
+            }
+            _ => {
+                return Err(Error::InvalidArgument(format!(
+                    "map: unknown or released handle {}",
+                    handle.0
+                )))
+            }
+        };
+        // SAFETY: the range lies inside a reservation of ours (checked above) and
+        // holds no other mapping, so MAP_FIXED replaces only our PROT_NONE placeholder.
+        let rc = unsafe {
+            libc::mmap(
+                va as *mut libc::c_void,
+                size,
+                libc::PROT_NONE,
+                libc::MAP_SHARED | libc::MAP_FIXED,
+                fd,
+                0,
+            )
+        };
+        if rc == libc::MAP_FAILED {
+            return Err(errno_error("mmap", format!("mapping handle at {va:#x}")));
+        }
+        s.mappings.insert(va, (size, handle.0));
+        if let Some(p) = s.handles.get_mut(&handle.0) {
+            p.maps += 1;
+        }
+        Ok(())
+    }
+
+    fn set_access(&self, va: DevicePtr, size: usize) -> Result<()> {
+        self.check_aligned("set_access", va, size)?;
+        let mut s = self.state();
+        if Self::take_fault(&mut s, FaultOp::SetAccess) {
+            return Err(injected("set_access"));
+        }
+        // Every byte must be mapped, as cuMemSetAccess requires.
+        let end = va + size as u64;
+        let mut cursor = va;
+        for (&m, &(len, _)) in s.mappings.range(..end) {
+            let m_end = m + len as u64;
+            if m_end <= cursor {
+                continue;
+            }
+            if m > cursor {
+                break;
+            }
+            cursor = m_end;
+        }
+        if cursor < end {
+            return Err(Error::InvalidState(format!(
+                "set_access: [{va:#x}, +{size}) is not fully mapped"
+            )));
+        }
+        // SAFETY: the range is fully mapped by us (checked above).
+        let rc = unsafe {
+            libc::mprotect(
+                va as *mut libc::c_void,
+                size,
+                libc::PROT_READ | libc::PROT_WRITE,
+            )
+        };
+        if rc != 0 {
+            return Err(errno_error("mprotect", format!("[{va:#x}, +{size})")));
+        }
+        Ok(())
+    }
+
+    fn unmap(&self, va: DevicePtr, size: usize) -> Result<()> {
+        self.check_aligned("unmap", va, size)?;
+        let mut s = self.state();
+        // cuMemUnmap requires the range to cover whole mappings.
+        let end = va + size as u64;
+        let covered: Vec<(u64, usize, u64)> = s
+            .mappings
+            .range(va..end)
+            .map(|(&m, &(len, h))| (m, len, h))
+            .collect();
+        if covered.is_empty() || covered.iter().any(|&(m, len, _)| m + len as u64 > end) {
+            return Err(Error::InvalidArgument(format!(
+                "unmap: [{va:#x}, +{size}) does not cover whole mapped ranges"
+            )));
+        }
+        if Self::overlaps_mapping(&s, va, 0) && !s.mappings.contains_key(&va) {
+            return Err(Error::InvalidArgument(format!(
+                "unmap: {va:#x} is inside a mapping, not at its start"
+            )));
+        }
+        // SAFETY: the range is inside our reservation; replacing it with a
+        // PROT_NONE anonymous mapping keeps the VA reserved and drops the memfd pages.
+        let rc = unsafe {
+            libc::mmap(
+                va as *mut libc::c_void,
+                size,
+                libc::PROT_NONE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        if rc == libc::MAP_FAILED {
+            return Err(errno_error("mmap", format!("unmapping [{va:#x}, +{size})")));
+        }
+        for (m, _, h) in covered {
+            s.mappings.remove(&m);
+            if let Some(p) = s.handles.get_mut(&h) {
+                p.maps -= 1;
+            }
+            Self::drop_phys_if_done(&mut s, h);
+        }
+        Ok(())
+    }
+
+    fn mem_info(&self) -> Result<MemInfo> {
+        let s = self.state();
+        Ok(MemInfo {
+            free: s.memory_limit.saturating_sub(s.physical_bytes),
+            total: s.memory_limit,
+        })
+    }
+
+    fn synchronize(&self) -> Result<()> {
+        Ok(())
+    }
+
+    fn stream_create(&self) -> Result<StreamId> {
+        let mut s = self.state();
+        let id = s.next_stream;
+        s.next_stream += 1;
+        s.streams += 1;
+        Ok(StreamId(id))
+    }
+
+    fn stream_destroy(&self, stream: StreamId) -> Result<()> {
+        if stream == StreamId::DEFAULT {
+            return Err(Error::InvalidArgument(
+                "cannot destroy the default stream".into(),
+            ));
+        }
+        let mut s = self.state();
+        s.streams = s.streams.saturating_sub(1);
+        Ok(())
+    }
+
+    fn stream_synchronize(&self, _stream: StreamId) -> Result<()> {
+        Ok(())
+    }
+
+    fn event_create(&self) -> Result<EventId> {
+        let mut s = self.state();
+        let id = s.next_event;
+        s.next_event += 1;
+        s.events += 1;
+        Ok(EventId(id))
+    }
+
+    fn event_destroy(&self, _event: EventId) -> Result<()> {
+        let mut s = self.state();
+        s.events = s.events.saturating_sub(1);
+        Ok(())
+    }
+
+    fn event_record(&self, _event: EventId, _stream: StreamId) -> Result<()> {
+        Ok(())
+    }
+
+    fn event_synchronize(&self, _event: EventId) -> Result<()> {
+        Ok(())
+    }
+
+    fn event_query(&self, _event: EventId) -> Result<bool> {
+        Ok(true)
+    }
+
+    unsafe fn copy_htod_async(
+        &self,
+        dst: DevicePtr,
+        src: *const u8,
+        len: usize,
+        _stream: StreamId,
+    ) -> Result<()> {
+        // SAFETY: the caller guarantees both ranges are valid for `len` bytes.
+        unsafe { std::ptr::copy_nonoverlapping(src, dst as *mut u8, len) };
+        Ok(())
+    }
+
+    unsafe fn copy_dtoh_async(
+        &self,
+        dst: *mut u8,
+        src: DevicePtr,
+        len: usize,
+        _stream: StreamId,
+    ) -> Result<()> {
+        // SAFETY: the caller guarantees both ranges are valid for `len` bytes.
+        unsafe { std::ptr::copy_nonoverlapping(src as *const u8, dst, len) };
+        Ok(())
+    }
+
+    unsafe fn copy_2d_htod_async(
+        &self,
+        dst: DevicePtr,
+        dst_pitch: usize,
+        src: *const u8,
+        src_pitch: usize,
+        width: usize,
+        height: usize,
+        _stream: StreamId,
+    ) -> Result<()> {
+        if width > dst_pitch || width > src_pitch {
+            return Err(Error::InvalidArgument(format!(
+                "copy_2d: width {width} exceeds a pitch (dst {dst_pitch}, src {src_pitch})"
+            )));
+        }
+        for row in 0..height {
+            // SAFETY: the caller guarantees every row is valid in both ranges.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    src.add(row * src_pitch),
+                    (dst as *mut u8).add(row * dst_pitch),
+                    width,
+                )
+            };
+        }
+        Ok(())
+    }
+
+    unsafe fn memset_async(
+        &self,
+        dst: DevicePtr,
+        value: u8,
+        len: usize,
+        _stream: StreamId,
+    ) -> Result<()> {
+        // SAFETY: the caller guarantees the range is mapped and writable.
+        unsafe { std::ptr::write_bytes(dst as *mut u8, value, len) };
+        Ok(())
+    }
+
+    unsafe fn convert_async(
+        &self,
+        dst: DevicePtr,
+        to: ConvertType,
+        src: DevicePtr,
+        from: ConvertType,
+        count: usize,
+        _stream: StreamId,
+    ) -> Result<()> {
+        // SAFETY: the caller guarantees both ranges are valid, sized for `count`
+        // elements of their types, and do not overlap.
+        unsafe {
+            crate::convert::convert_on_cpu(dst as *mut u8, to, src as *const u8, from, count)
+        };
+        Ok(())
+    }
+
+    unsafe fn host_register(&self, _ptr: *mut u8, _len: usize, _read_only: bool) -> Result<()> {
+        Ok(())
+    }
+
+    unsafe fn host_unregister(&self, _ptr: *mut u8) -> Result<()> {
+        Ok(())
+    }
+
+    fn as_host(&self) -> Option<&HostDriver> {
+        Some(self)
+    }
+}
+
+impl Drop for HostDriver {
+    fn drop(&mut self) {
+        let s = self.state.get_mut().unwrap_or_else(|p| p.into_inner());
+        for p in s.handles.values() {
+            if p.fd >= 0 {
+                // SAFETY: fds still open belong to unreleased handles of ours.
+                unsafe { libc::close(p.fd) };
+            }
+        }
+    }
+}

@@ -1,0 +1,305 @@
+//! The driver seam: the virtual-memory primitives, copies, streams, events and
+//! host-memory pinning that every higher layer (segment, pool, sleep, loader)
+//! is written against.
+//!
+//! Two implementations:
+//! - [`cuda::CudaDriver`]: the real CUDA driver API through cudarc's `sys` layer,
+//!   loaded at run time (the crate builds and runs without CUDA installed);
+//! - [`host::HostDriver`]: the same semantics on host memory (`mmap` reservations,
+//!   `memfd` physical handles), with a memory limit and fault injection, so every
+//!   layer is tested in CI without a GPU.
+//!
+//! Semantics both backends honour (they are the CUDA VMM rules):
+//! - `reserve` returns a VA range with no access; touching it faults.
+//! - `create` returns a physical handle of a granularity-multiple size.
+//! - `map` binds a handle to a VA range; the range is still inaccessible until
+//!   `set_access`.
+//! - `unmap` returns the range to the reserved, inaccessible state; the VA stays reserved.
+//! - `release` drops the handle; memory is returned once it is also unmapped.
+//! - `free_va` returns the reservation; everything in it must be unmapped first.
+
+pub mod cuda;
+pub mod host;
+pub mod kernels;
+
+use std::fmt;
+use std::sync::Arc;
+
+use crate::error::{Error, Result};
+
+/// A device virtual address (on the host backend, a process address).
+pub type DevicePtr = u64;
+
+/// An opaque physical-memory handle (`CUmemGenericAllocationHandle`, or a memfd id).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PhysHandle(pub u64);
+
+/// An opaque stream id. `StreamId::DEFAULT` is the legacy default stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct StreamId(pub u64);
+
+impl StreamId {
+    /// The default (NULL) stream.
+    pub const DEFAULT: StreamId = StreamId(0);
+}
+
+/// An opaque event id.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct EventId(pub u64);
+
+/// Which implementation is behind a [`Driver`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BackendKind {
+    /// Simulated on host memory.
+    Host,
+    /// The real CUDA driver.
+    Cuda,
+}
+
+impl fmt::Display for BackendKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            BackendKind::Host => "host",
+            BackendKind::Cuda => "cuda",
+        })
+    }
+}
+
+/// Which backend the caller asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum BackendChoice {
+    /// CUDA when a driver and a device are present, else host.
+    #[default]
+    Auto,
+    /// Always the host simulation.
+    Host,
+    /// Always CUDA; an error when it is not usable.
+    Cuda,
+}
+
+impl BackendChoice {
+    /// Parse "host", "cuda" or "auto" (case-insensitive).
+    pub fn parse(s: &str) -> Result<BackendChoice> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "" | "auto" => Ok(BackendChoice::Auto),
+            "host" => Ok(BackendChoice::Host),
+            "cuda" => Ok(BackendChoice::Cuda),
+            other => Err(Error::InvalidArgument(format!(
+                "unknown backend `{other}`: expected host, cuda or auto"
+            ))),
+        }
+    }
+
+    /// The choice named by `VMMW_BACKEND`, or `Auto` when unset.
+    pub fn from_env() -> Result<BackendChoice> {
+        match std::env::var("VMMW_BACKEND") {
+            Ok(v) => BackendChoice::parse(&v)
+                .map_err(|e| Error::InvalidArgument(format!("VMMW_BACKEND: {e}"))),
+            Err(_) => Ok(BackendChoice::Auto),
+        }
+    }
+}
+
+/// Free and total device memory, in bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct MemInfo {
+    /// Bytes the device reports free.
+    pub free: u64,
+    /// Bytes of device memory in total.
+    pub total: u64,
+}
+
+/// Element types the copy engine can convert between.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ConvertType {
+    /// IEEE half.
+    F16,
+    /// bfloat16.
+    Bf16,
+    /// IEEE single.
+    F32,
+}
+
+/// The VMM primitives and the transfer machinery above them.
+///
+/// Every method may be called from any thread; the CUDA backend makes the
+/// device's primary context current in each call.
+pub trait Driver: Send + Sync + fmt::Debug {
+    /// Which backend this is.
+    fn kind(&self) -> BackendKind;
+    /// The device ordinal.
+    fn device(&self) -> i32;
+    /// A human-readable description ("NVIDIA H200 (cuda, device 0)").
+    fn describe(&self) -> String;
+    /// Minimum mapping granularity in bytes (2 MiB on an H200 and by default on host).
+    fn granularity(&self) -> usize;
+
+    /// Reserve `size` bytes of VA aligned to `alignment` (0 = granularity). No access.
+    fn reserve(&self, size: usize, alignment: usize) -> Result<DevicePtr>;
+    /// Return a reservation made by `reserve`. Everything in it must be unmapped.
+    fn free_va(&self, va: DevicePtr, size: usize) -> Result<()>;
+    /// Create `size` bytes of physical memory (a granularity multiple).
+    fn create(&self, size: usize) -> Result<PhysHandle>;
+    /// Release a physical handle.
+    fn release(&self, handle: PhysHandle) -> Result<()>;
+    /// Map `size` bytes of `handle` (from its offset 0) at `va`, inside a reservation.
+    fn map(&self, va: DevicePtr, size: usize, handle: PhysHandle) -> Result<()>;
+    /// Grant read/write access to `[va, va+size)` for this device.
+    fn set_access(&self, va: DevicePtr, size: usize) -> Result<()>;
+    /// Unmap `[va, va+size)`; the VA stays reserved and inaccessible.
+    fn unmap(&self, va: DevicePtr, size: usize) -> Result<()>;
+
+    /// Free and total device memory.
+    fn mem_info(&self) -> Result<MemInfo>;
+    /// Wait until all work queued on the device has finished.
+    fn synchronize(&self) -> Result<()>;
+
+    /// Create a non-blocking stream.
+    fn stream_create(&self) -> Result<StreamId>;
+    /// Destroy a stream created by `stream_create`.
+    fn stream_destroy(&self, stream: StreamId) -> Result<()>;
+    /// Wait for all work on `stream`.
+    fn stream_synchronize(&self, stream: StreamId) -> Result<()>;
+    /// Create an event (timing disabled).
+    fn event_create(&self) -> Result<EventId>;
+    /// Destroy an event.
+    fn event_destroy(&self, event: EventId) -> Result<()>;
+    /// Record `event` on `stream`.
+    fn event_record(&self, event: EventId, stream: StreamId) -> Result<()>;
+    /// Block until `event` has completed.
+    fn event_synchronize(&self, event: EventId) -> Result<()>;
+    /// True when `event` has completed (non-blocking).
+    fn event_query(&self, event: EventId) -> Result<bool>;
+
+    /// Queue a host-to-device copy.
+    ///
+    /// # Safety
+    /// `src` must be valid for `len` bytes until the copy completes (stream or
+    /// event synchronized); `dst..dst+len` must be mapped and accessible device memory.
+    unsafe fn copy_htod_async(
+        &self,
+        dst: DevicePtr,
+        src: *const u8,
+        len: usize,
+        stream: StreamId,
+    ) -> Result<()>;
+
+    /// Queue a device-to-host copy.
+    ///
+    /// # Safety
+    /// `dst` must be valid for `len` writable bytes until the copy completes;
+    /// `src..src+len` must be mapped and accessible device memory.
+    unsafe fn copy_dtoh_async(
+        &self,
+        dst: *mut u8,
+        src: DevicePtr,
+        len: usize,
+        stream: StreamId,
+    ) -> Result<()>;
+
+    /// Queue a 2D host-to-device copy: `height` rows of `width` bytes, rows
+    /// `src_pitch` apart in host memory and `dst_pitch` apart on the device.
+    ///
+    /// # Safety
+    /// As [`Driver::copy_htod_async`] for every row touched.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn copy_2d_htod_async(
+        &self,
+        dst: DevicePtr,
+        dst_pitch: usize,
+        src: *const u8,
+        src_pitch: usize,
+        width: usize,
+        height: usize,
+        stream: StreamId,
+    ) -> Result<()>;
+
+    /// Queue a byte fill of device memory.
+    ///
+    /// # Safety
+    /// `dst..dst+len` must be mapped and accessible device memory.
+    unsafe fn memset_async(
+        &self,
+        dst: DevicePtr,
+        value: u8,
+        len: usize,
+        stream: StreamId,
+    ) -> Result<()>;
+
+    /// Queue an element-wise conversion of `count` elements from `src` (of
+    /// `from`) to `dst` (of `to`), both in device memory.
+    ///
+    /// # Safety
+    /// Both ranges must be mapped, accessible and not overlapping.
+    unsafe fn convert_async(
+        &self,
+        dst: DevicePtr,
+        to: ConvertType,
+        src: DevicePtr,
+        from: ConvertType,
+        count: usize,
+        stream: StreamId,
+    ) -> Result<()>;
+
+    /// Page-lock host memory so the device can DMA from it (`cuMemHostRegister`).
+    ///
+    /// # Safety
+    /// `ptr..ptr+len` must be a valid host mapping that outlives the registration.
+    unsafe fn host_register(&self, ptr: *mut u8, len: usize, read_only: bool) -> Result<()>;
+    /// Undo `host_register`.
+    ///
+    /// # Safety
+    /// `ptr` must have been registered and no copy may still use it.
+    unsafe fn host_unregister(&self, ptr: *mut u8) -> Result<()>;
+
+    /// The host backend, when this is one (for limits and fault injection in tests).
+    fn as_host(&self) -> Option<&host::HostDriver> {
+        None
+    }
+}
+
+/// Open a driver for `device` with the requested backend.
+///
+/// `Auto` picks CUDA when the driver library loads and the device exists, and
+/// falls back to the host simulation otherwise; the returned [`Opened::reason`]
+/// says which was chosen and why.
+pub fn open(choice: BackendChoice, device: i32) -> Result<Opened> {
+    match choice {
+        BackendChoice::Host => Ok(Opened {
+            driver: Arc::new(host::HostDriver::new(host::HostConfig::from_env()?)),
+            reason: "host backend requested".to_owned(),
+        }),
+        BackendChoice::Cuda => Ok(Opened {
+            driver: Arc::new(cuda::CudaDriver::open(device)?),
+            reason: "cuda backend requested".to_owned(),
+        }),
+        BackendChoice::Auto => match cuda::CudaDriver::open(device) {
+            Ok(d) => Ok(Opened {
+                driver: Arc::new(d),
+                reason: "auto: CUDA driver and device found".to_owned(),
+            }),
+            Err(e @ Error::DriverUnavailable(_)) => Ok(Opened {
+                driver: Arc::new(host::HostDriver::new(host::HostConfig::from_env()?)),
+                reason: format!("auto: no usable CUDA ({e}); using the host backend"),
+            }),
+            Err(e) => Err(e),
+        },
+    }
+}
+
+/// A driver and the reason it was chosen.
+#[derive(Debug, Clone)]
+pub struct Opened {
+    /// The driver.
+    pub driver: Arc<dyn Driver>,
+    /// Why this backend was chosen, for logs and the demo.
+    pub reason: String,
+}
+
+/// Round `n` up to a multiple of `g` (a power of two or any positive number).
+pub fn round_up(n: usize, g: usize) -> usize {
+    debug_assert!(g > 0);
+    n.div_ceil(g) * g
+}

@@ -1,0 +1,281 @@
+//! One error type for the whole library, and the stable status codes the C ABI
+//! returns for it.
+//!
+//! Every variant carries what a user needs to act: which file, which tensor,
+//! which sizes. `Error::status()` maps each variant to a [`Status`] whose numbers
+//! never change once released (they are part of the C ABI).
+
+use std::path::PathBuf;
+
+/// Result alias used across the crate.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Stable status codes returned by every `vmmw_*` C function.
+///
+/// The numbers are part of the ABI: never renumber, only append.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Status {
+    /// Success.
+    Ok = 0,
+    /// An argument was out of range or malformed.
+    InvalidArgument = 1,
+    /// A required pointer argument was NULL.
+    NullArgument = 2,
+    /// The device (or the simulated device) has not enough free memory.
+    OutOfMemory = 3,
+    /// Host memory (pinned backup, staging) could not be allocated or exceeds its limit.
+    HostOutOfMemory = 4,
+    /// No usable CUDA driver or device: library missing, no device, driver too old.
+    DriverUnavailable = 5,
+    /// A CUDA driver call failed; the message names the call and the CUDA error.
+    DriverError = 6,
+    /// A pointer that this library did not hand out, or one already freed.
+    UnknownPointer = 7,
+    /// A tag name or id that is not registered.
+    UnknownTag = 8,
+    /// The operation is not valid in the current state (e.g. allocating in a sleeping tag).
+    InvalidState = 9,
+    /// A checkpoint file is truncated, corrupt or otherwise invalid.
+    CheckpointInvalid = 10,
+    /// An operating-system I/O error (open, read, mmap).
+    Io = 11,
+    /// The load plan does not match the destinations (missing, unexpected, shape, dtype).
+    PlanMismatch = 12,
+    /// The operation was cancelled by the caller.
+    Cancelled = 13,
+    /// An internal panic was caught at the C boundary; the library state may be inconsistent.
+    Panic = 14,
+    /// The operation is not supported by this backend or build.
+    Unsupported = 15,
+    /// A caller-provided buffer is too small; the required size was written where documented.
+    BufferTooSmall = 16,
+}
+
+impl Status {
+    /// A short, stable, human-readable name ("VMMW_OUT_OF_MEMORY").
+    pub fn name(self) -> &'static str {
+        match self {
+            Status::Ok => "VMMW_OK",
+            Status::InvalidArgument => "VMMW_INVALID_ARGUMENT",
+            Status::NullArgument => "VMMW_NULL_ARGUMENT",
+            Status::OutOfMemory => "VMMW_OUT_OF_MEMORY",
+            Status::HostOutOfMemory => "VMMW_HOST_OUT_OF_MEMORY",
+            Status::DriverUnavailable => "VMMW_DRIVER_UNAVAILABLE",
+            Status::DriverError => "VMMW_DRIVER_ERROR",
+            Status::UnknownPointer => "VMMW_UNKNOWN_POINTER",
+            Status::UnknownTag => "VMMW_UNKNOWN_TAG",
+            Status::InvalidState => "VMMW_INVALID_STATE",
+            Status::CheckpointInvalid => "VMMW_CHECKPOINT_INVALID",
+            Status::Io => "VMMW_IO",
+            Status::PlanMismatch => "VMMW_PLAN_MISMATCH",
+            Status::Cancelled => "VMMW_CANCELLED",
+            Status::Panic => "VMMW_PANIC",
+            Status::Unsupported => "VMMW_UNSUPPORTED",
+            Status::BufferTooSmall => "VMMW_BUFFER_TOO_SMALL",
+        }
+    }
+}
+
+/// Everything that can go wrong in vmmweights.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// An argument is out of range or malformed.
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+
+    /// A required pointer argument was NULL (C ABI only).
+    #[error("argument `{0}` must not be NULL")]
+    NullArgument(&'static str),
+
+    /// Device memory exhausted (real or simulated).
+    #[error("out of device memory: {what} needs {requested} bytes, device has {free} bytes free")]
+    OutOfMemory {
+        /// What was being done ("segment of 4 MiB", "wake of tag 'weights'").
+        what: String,
+        /// Bytes that were needed.
+        requested: u64,
+        /// Bytes the device reported free at that moment.
+        free: u64,
+    },
+
+    /// Host memory for backups or staging exhausted or over its configured limit.
+    #[error("out of host memory: {what} needs {requested} bytes; limit {limit} bytes, in use {in_use} bytes")]
+    HostOutOfMemory {
+        /// What was being done.
+        what: String,
+        /// Bytes that were needed.
+        requested: u64,
+        /// Configured limit (u64::MAX when unlimited).
+        limit: u64,
+        /// Bytes already in use under that limit.
+        in_use: u64,
+    },
+
+    /// No usable driver: the CUDA library is missing, no device, or the driver is too old.
+    #[error("CUDA driver unavailable: {0}")]
+    DriverUnavailable(String),
+
+    /// A driver call failed.
+    #[error("{call} failed: {name} ({code}){detail}")]
+    Driver {
+        /// The driver function that failed ("cuMemCreate").
+        call: &'static str,
+        /// Numeric CUDA error code (or errno on the host backend).
+        code: i32,
+        /// Symbolic name of the code ("CUDA_ERROR_OUT_OF_MEMORY", "ENOMEM").
+        name: String,
+        /// Extra context, starting with ": " when present.
+        detail: String,
+    },
+
+    /// A pointer that was never handed out by this library, or was already freed.
+    #[error("unknown pointer {ptr:#x}: {why}")]
+    UnknownPointer {
+        /// The address passed in.
+        ptr: u64,
+        /// "never allocated here" or "already freed".
+        why: &'static str,
+    },
+
+    /// A tag that is not registered.
+    #[error("unknown tag {0}")]
+    UnknownTag(String),
+
+    /// The operation is not valid in the current state.
+    #[error("invalid state: {0}")]
+    InvalidState(String),
+
+    /// A checkpoint is invalid. Names the file and, where known, the tensor.
+    #[error("invalid checkpoint {}{}: {reason}", file.display(), tensor.as_ref().map(|t| format!(" (tensor `{t}`)")).unwrap_or_default())]
+    Checkpoint {
+        /// The file that is wrong.
+        file: PathBuf,
+        /// The tensor concerned, when one is.
+        tensor: Option<String>,
+        /// What is wrong, with expected and actual values.
+        reason: String,
+    },
+
+    /// An I/O error on a named path.
+    #[error("I/O error on {}: {source}", path.display())]
+    Io {
+        /// The path being read.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+
+    /// The load plan does not match the destinations. The message lists every problem.
+    #[error("load plan does not match the destinations:\n{0}")]
+    Plan(String),
+
+    /// The operation was cancelled by the caller.
+    #[error("cancelled after {done} of {total} bytes")]
+    Cancelled {
+        /// Bytes completed before the cancellation was seen.
+        done: u64,
+        /// Bytes the operation would have moved.
+        total: u64,
+    },
+
+    /// Not supported on this backend or build.
+    #[error("unsupported: {0}")]
+    Unsupported(String),
+
+    /// A panic caught at the C boundary.
+    #[error("internal error (panic caught at the C boundary): {0}")]
+    Panic(String),
+
+    /// A caller buffer is too small.
+    #[error("buffer too small: need {needed} bytes, got {got}")]
+    BufferTooSmall {
+        /// Bytes needed, including any terminating NUL.
+        needed: usize,
+        /// Bytes provided.
+        got: usize,
+    },
+}
+
+impl Error {
+    /// The stable C status code for this error.
+    pub fn status(&self) -> Status {
+        match self {
+            Error::InvalidArgument(_) => Status::InvalidArgument,
+            Error::NullArgument(_) => Status::NullArgument,
+            Error::OutOfMemory { .. } => Status::OutOfMemory,
+            Error::HostOutOfMemory { .. } => Status::HostOutOfMemory,
+            Error::DriverUnavailable(_) => Status::DriverUnavailable,
+            Error::Driver { .. } => Status::DriverError,
+            Error::UnknownPointer { .. } => Status::UnknownPointer,
+            Error::UnknownTag(_) => Status::UnknownTag,
+            Error::InvalidState(_) => Status::InvalidState,
+            Error::Checkpoint { .. } => Status::CheckpointInvalid,
+            Error::Io { .. } => Status::Io,
+            Error::Plan(_) => Status::PlanMismatch,
+            Error::Cancelled { .. } => Status::Cancelled,
+            Error::Unsupported(_) => Status::Unsupported,
+            Error::Panic(_) => Status::Panic,
+            Error::BufferTooSmall { .. } => Status::BufferTooSmall,
+        }
+    }
+
+    /// Shorthand for a checkpoint error.
+    pub fn checkpoint(
+        file: impl Into<PathBuf>,
+        tensor: Option<&str>,
+        reason: impl Into<String>,
+    ) -> Error {
+        Error::Checkpoint {
+            file: file.into(),
+            tensor: tensor.map(str::to_owned),
+            reason: reason.into(),
+        }
+    }
+
+    /// Shorthand for an I/O error on a path.
+    pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Error {
+        Error::Io {
+            path: path.into(),
+            source,
+        }
+    }
+
+    /// True when the error means "not enough device memory" (real or simulated).
+    pub fn is_out_of_memory(&self) -> bool {
+        matches!(self, Error::OutOfMemory { .. })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn status_numbers_are_stable() {
+        // These numbers are ABI. Changing one breaks every compiled caller.
+        assert_eq!(Status::Ok as i32, 0);
+        assert_eq!(Status::OutOfMemory as i32, 3);
+        assert_eq!(Status::DriverUnavailable as i32, 5);
+        assert_eq!(Status::UnknownPointer as i32, 7);
+        assert_eq!(Status::CheckpointInvalid as i32, 10);
+        assert_eq!(Status::PlanMismatch as i32, 12);
+        assert_eq!(Status::Panic as i32, 14);
+        assert_eq!(Status::BufferTooSmall as i32, 16);
+    }
+
+    #[test]
+    fn checkpoint_error_names_file_and_tensor() {
+        let e = Error::checkpoint(
+            "/m/model.safetensors",
+            Some("lm_head.weight"),
+            "shape [4, 2] expected [4, 3]",
+        );
+        let s = e.to_string();
+        assert!(s.contains("/m/model.safetensors"), "{s}");
+        assert!(s.contains("lm_head.weight"), "{s}");
+        assert!(s.contains("expected [4, 3]"), "{s}");
+        assert_eq!(e.status(), Status::CheckpointInvalid);
+    }
+}

@@ -1,0 +1,322 @@
+//! A segment: one VA reservation and the physical chunks mapped into it.
+//!
+//! The reservation lives as long as the segment; chunks come and go. A chunk
+//! is a granularity-multiple run of the segment backed by one physical handle
+//! (or by none while unmapped: asleep, or not yet committed). Splitting a
+//! segment into several chunks lets part of it be unmapped and remapped (sleep,
+//! arena growth and trim) and keeps per-call driver costs bounded.
+//!
+//! Every operation that creates or maps undoes its own steps on failure: no
+//! leaked handle, no leaked VA, and the segment is as it was before the call.
+
+use std::sync::Arc;
+
+use crate::driver::{round_up, DevicePtr, Driver, PhysHandle};
+use crate::error::{Error, Result};
+
+/// One run of a segment that is mapped to a single physical handle, or unmapped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Chunk {
+    /// Offset from the segment's base, a granularity multiple.
+    pub offset: usize,
+    /// Length, a granularity multiple.
+    pub size: usize,
+    /// The physical memory behind it, `None` while unmapped.
+    pub handle: Option<PhysHandle>,
+}
+
+/// What a segment's memory is doing with respect to sleep/wake.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SleepState {
+    /// Physically backed and accessible.
+    #[default]
+    Awake,
+    /// Released; contents kept in a host backup, restored at wake.
+    Offloaded,
+    /// Released; contents lost, memory comes back mapped but undefined at wake.
+    Discarded,
+    /// Released; contents restored at wake from the checkpoint they were loaded from.
+    Reloadable,
+}
+
+/// One VA reservation and its chunks. Dropping it synchronizes the device,
+/// unmaps, releases and frees the VA, in that order.
+#[derive(Debug)]
+pub struct Segment {
+    driver: Arc<dyn Driver>,
+    va: DevicePtr,
+    reserved: usize,
+    /// Bytes from the base that have chunks (mapped or not); `<= reserved`.
+    committed: usize,
+    /// Chunk size used when committing; a granularity multiple.
+    chunk_size: usize,
+    chunks: Vec<Chunk>,
+    sleep_state: SleepState,
+}
+
+impl Segment {
+    /// Reserve `reserved` bytes of VA (rounded up to the granularity), with no memory behind it.
+    ///
+    /// `chunk_size` (rounded up to the granularity; 0 = one chunk per commit) bounds
+    /// the size of each physical handle created later.
+    pub fn reserve(driver: Arc<dyn Driver>, reserved: usize, chunk_size: usize) -> Result<Segment> {
+        let g = driver.granularity();
+        if reserved == 0 {
+            return Err(Error::InvalidArgument(
+                "segment size must be greater than zero".into(),
+            ));
+        }
+        let reserved = round_up(reserved, g);
+        let chunk_size = if chunk_size == 0 {
+            0
+        } else {
+            round_up(chunk_size, g)
+        };
+        let va = driver.reserve(reserved, 0)?;
+        Ok(Segment {
+            driver,
+            va,
+            reserved,
+            committed: 0,
+            chunk_size,
+            chunks: Vec::new(),
+            sleep_state: SleepState::Awake,
+        })
+    }
+
+    /// Reserve and back `size` bytes (rounded up to the granularity) with
+    /// physical memory in chunks of at most `chunk_size` bytes (0 = one chunk).
+    pub fn allocate(driver: Arc<dyn Driver>, size: usize, chunk_size: usize) -> Result<Segment> {
+        let mut seg = Segment::reserve(driver, size, chunk_size)?;
+        let reserved = seg.reserved;
+        // On failure `seg` drops here and frees its VA.
+        seg.commit(reserved)?;
+        Ok(seg)
+    }
+
+    /// The base address. Stable for the segment's whole life.
+    pub fn ptr(&self) -> DevicePtr {
+        self.va
+    }
+
+    /// Bytes of VA reserved.
+    pub fn reserved(&self) -> usize {
+        self.reserved
+    }
+
+    /// Bytes from the base that have chunks (mapped or asleep).
+    pub fn committed(&self) -> usize {
+        self.committed
+    }
+
+    /// Bytes currently backed by physical memory ("tracked").
+    pub fn mapped_bytes(&self) -> usize {
+        self.chunks
+            .iter()
+            .filter(|c| c.handle.is_some())
+            .map(|c| c.size)
+            .sum()
+    }
+
+    /// True when every committed chunk is mapped.
+    pub fn is_fully_mapped(&self) -> bool {
+        self.chunks.iter().all(|c| c.handle.is_some())
+    }
+
+    /// The chunks, in address order.
+    pub fn chunks(&self) -> &[Chunk] {
+        &self.chunks
+    }
+
+    /// Whether the segment is awake or asleep, and how it sleeps.
+    pub fn sleep_state(&self) -> SleepState {
+        self.sleep_state
+    }
+
+    /// Record the sleep state (set by the sleep engine once the chunks are unmapped or mapped).
+    pub fn set_sleep_state(&mut self, state: SleepState) {
+        self.sleep_state = state;
+    }
+
+    /// The driver this segment lives on.
+    pub fn driver(&self) -> &Arc<dyn Driver> {
+        &self.driver
+    }
+
+    /// True when `[ptr, ptr+len)` lies inside this segment's reservation.
+    pub fn contains(&self, ptr: DevicePtr, len: usize) -> bool {
+        ptr >= self.va && ptr + len as u64 <= self.va + self.reserved as u64
+    }
+
+    /// Grow the committed, mapped part to at least `new_committed` bytes
+    /// (rounded up to the granularity). On failure, chunks added by this call
+    /// are undone and the segment is unchanged.
+    pub fn commit(&mut self, new_committed: usize) -> Result<()> {
+        let g = self.driver.granularity();
+        let target = round_up(new_committed, g);
+        if target > self.reserved {
+            return Err(Error::InvalidArgument(format!(
+                "commit of {target} bytes exceeds the segment's reservation of {} bytes",
+                self.reserved
+            )));
+        }
+        let first_new = self.chunks.len();
+        let mut offset = self.committed;
+        while offset < target {
+            let remaining = target - offset;
+            let size = if self.chunk_size == 0 {
+                remaining
+            } else {
+                remaining.min(self.chunk_size)
+            };
+            match self.map_new(offset, size) {
+                Ok(handle) => self.chunks.push(Chunk {
+                    offset,
+                    size,
+                    handle: Some(handle),
+                }),
+                Err(e) => {
+                    self.undo_chunks_from(first_new);
+                    return Err(e);
+                }
+            }
+            offset += size;
+        }
+        self.committed = self.committed.max(target);
+        Ok(())
+    }
+
+    /// Shrink the committed part to `new_committed` bytes (rounded up to the
+    /// granularity, and up to a chunk boundary). Frees the chunks beyond it.
+    /// The caller must make sure no queued work touches that memory.
+    pub fn decommit(&mut self, new_committed: usize) -> Result<()> {
+        let g = self.driver.granularity();
+        let target = round_up(new_committed, g);
+        let mut first_error = None;
+        while let Some(last) = self.chunks.last().copied() {
+            if last.offset < target {
+                break;
+            }
+            if let Some(h) = last.handle {
+                if let Err(e) = self.unmap_release(last.offset, last.size, h) {
+                    first_error.get_or_insert(e);
+                }
+            }
+            self.chunks.pop();
+        }
+        self.committed = self.chunks.last().map_or(0, |c| c.offset + c.size);
+        first_error.map_or(Ok(()), Err)
+    }
+
+    /// Unmap and release chunk `i`, keeping its place (sleep). A no-op when it is
+    /// already unmapped. The caller must make sure no queued work touches it.
+    pub fn unmap_chunk(&mut self, i: usize) -> Result<()> {
+        let c = self.chunks[i];
+        if let Some(h) = c.handle {
+            self.unmap_release(c.offset, c.size, h)?;
+            self.chunks[i].handle = None;
+        }
+        Ok(())
+    }
+
+    /// Create, map and grant access for chunk `i` (wake). A no-op when mapped.
+    /// On failure nothing is left behind and the chunk stays unmapped.
+    pub fn map_chunk(&mut self, i: usize) -> Result<()> {
+        let c = self.chunks[i];
+        if c.handle.is_none() {
+            let h = self.map_new(c.offset, c.size)?;
+            self.chunks[i].handle = Some(h);
+        }
+        Ok(())
+    }
+
+    /// Merge runs of adjacent unmapped chunks into chunks of at most `max`
+    /// bytes, so that waking them costs fewer driver calls. Mapped chunks are
+    /// left as they are.
+    pub fn coalesce_unmapped(&mut self, max: usize) {
+        let mut out: Vec<Chunk> = Vec::with_capacity(self.chunks.len());
+        for c in self.chunks.drain(..) {
+            if let Some(last) = out.last_mut() {
+                if last.handle.is_none() && c.handle.is_none() && last.size + c.size <= max {
+                    last.size += c.size;
+                    continue;
+                }
+            }
+            out.push(c);
+        }
+        self.chunks = out;
+    }
+
+    /// Unmap and release every mapped chunk, keeping the VA (for sleep). On a
+    /// failure the remaining chunks are still tried; the first error is returned.
+    pub fn unmap_all(&mut self) -> Result<()> {
+        let mut first_error = None;
+        for i in 0..self.chunks.len() {
+            if let Err(e) = self.unmap_chunk(i) {
+                first_error.get_or_insert(e);
+            }
+        }
+        first_error.map_or(Ok(()), Err)
+    }
+
+    /// Map every unmapped chunk. Transactional: on failure, chunks mapped by
+    /// this call are unmapped again and the error is returned.
+    pub fn map_all(&mut self) -> Result<()> {
+        let was_unmapped: Vec<usize> = (0..self.chunks.len())
+            .filter(|&i| self.chunks[i].handle.is_none())
+            .collect();
+        for (n, &i) in was_unmapped.iter().enumerate() {
+            if let Err(e) = self.map_chunk(i) {
+                for &j in &was_unmapped[..n] {
+                    let _ = self.unmap_chunk(j);
+                }
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
+    fn map_new(&self, offset: usize, size: usize) -> Result<PhysHandle> {
+        let va = self.va + offset as u64;
+        let h = self.driver.create(size)?;
+        if let Err(e) = self.driver.map(va, size, h) {
+            let _ = self.driver.release(h);
+            return Err(e);
+        }
+        if let Err(e) = self.driver.set_access(va, size) {
+            let _ = self.driver.unmap(va, size);
+            let _ = self.driver.release(h);
+            return Err(e);
+        }
+        Ok(h)
+    }
+
+    fn unmap_release(&self, offset: usize, size: usize, h: PhysHandle) -> Result<()> {
+        let va = self.va + offset as u64;
+        let unmapped = self.driver.unmap(va, size);
+        let released = self.driver.release(h);
+        unmapped.and(released)
+    }
+
+    fn undo_chunks_from(&mut self, first: usize) {
+        while self.chunks.len() > first {
+            if let Some(c) = self.chunks.pop() {
+                if let Some(h) = c.handle {
+                    let _ = self.unmap_release(c.offset, c.size, h);
+                }
+            }
+        }
+    }
+}
+
+impl Drop for Segment {
+    fn drop(&mut self) {
+        if self.chunks.iter().any(|c| c.handle.is_some()) {
+            // No queued work may still touch the memory when it is unmapped.
+            let _ = self.driver.synchronize();
+        }
+        self.undo_chunks_from(0);
+        let _ = self.driver.free_va(self.va, self.reserved);
+    }
+}
