@@ -24,7 +24,7 @@ pub const MIN_DRIVER_VERSION: i32 = 10020;
 #[derive(Debug)]
 pub struct CudaDriver {
     ordinal: i32,
-    device: sys::CUdevice,
+    cu_device: sys::CUdevice,
     ctx: Ctx,
     name: String,
     driver_version: i32,
@@ -178,7 +178,7 @@ impl CudaDriver {
         })?;
         let mut d = CudaDriver {
             ordinal,
-            device: dev,
+            cu_device: dev,
             ctx: Ctx(ctx),
             name,
             driver_version: version,
@@ -220,7 +220,7 @@ impl CudaDriver {
         prop.type_ = sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
         prop.requestedHandleTypes = sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_NONE;
         prop.location.type_ = sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
-        prop.location.id = self.device;
+        prop.location.id = self.cu_device;
         prop
     }
 
@@ -339,7 +339,7 @@ impl Driver for CudaDriver {
         // SAFETY: CUmemAccessDesc is a plain C struct; every field is set below.
         let mut desc: sys::CUmemAccessDesc = unsafe { std::mem::zeroed() };
         desc.location.type_ = sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
-        desc.location.id = self.device;
+        desc.location.id = self.cu_device;
         desc.flags = sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
         // SAFETY: one valid descriptor; the range is mapped (caller's contract).
         check_with(
@@ -612,6 +612,6 @@ impl Drop for CudaDriver {
             }
         }
         // SAFETY: balances the retain in `open`.
-        unsafe { sys::cuDevicePrimaryCtxRelease_v2(self.device) };
+        unsafe { sys::cuDevicePrimaryCtxRelease_v2(self.cu_device) };
     }
 }
