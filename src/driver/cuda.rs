@@ -24,7 +24,6 @@ pub const MIN_DRIVER_VERSION: i32 = 10020;
 #[derive(Debug)]
 pub struct CudaDriver {
     ordinal: i32,
-    /// The driver's device handle (`ordinal` is what callers name).
     cu_device: sys::CUdevice,
     ctx: Ctx,
     name: String,
