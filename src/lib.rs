@@ -16,12 +16,14 @@
 #![warn(missing_docs)]
 #![deny(unsafe_op_in_unsafe_fn)]
 
+pub mod backup;
 pub mod convert;
 pub mod driver;
 pub mod error;
 pub mod loader;
 pub mod reload;
 pub mod segment;
+pub mod sleep;
 
 pub use driver::{BackendChoice, BackendKind, DevicePtr, Driver};
 pub use error::{Error, Result, Status};
