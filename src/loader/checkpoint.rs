@@ -140,8 +140,12 @@ impl Checkpoint {
         let mut shards = Vec::with_capacity(names.len());
         let mut tensors = BTreeMap::new();
         let mut shard_of: HashMap<&str, usize> = HashMap::new();
-        for (i, name) in names.iter().enumerate() {
-            let path = resolve_inside(&root, index_path, name)?;
+        // Every name must resolve before any shard is read.
+        let paths = names
+            .iter()
+            .map(|n| resolve_inside(&root, index_path, n))
+            .collect::<Result<Vec<_>>>()?;
+        for (i, (name, path)) in names.iter().zip(paths).enumerate() {
             let (shard, list) = open_shard(&path, i)?;
             for t in list {
                 match index.weight_map.get(&t.name) {
