@@ -16,6 +16,7 @@
 #![warn(missing_docs)]
 #![deny(unsafe_op_in_unsafe_fn)]
 
+pub mod backup;
 pub mod convert;
 pub mod driver;
 pub mod error;
@@ -24,6 +25,7 @@ pub mod pool;
 pub mod reload;
 pub mod report;
 pub mod segment;
+pub mod sleep;
 pub mod tag;
 pub mod torch;
 
