@@ -252,6 +252,36 @@ impl CudaDriver {
         })
     }
 
+    /// `cuMemAlloc`: the classic allocator (what `cudaMalloc` calls), kept as
+    /// the baseline the VMM path is benchmarked against. Not part of the
+    /// [`Driver`] trait: nothing in the library allocates this way.
+    pub fn legacy_alloc(&self, size: usize) -> Result<DevicePtr> {
+        self.bind()?;
+        let mut p: sys::CUdeviceptr = 0;
+        // SAFETY: writes one device pointer.
+        let rc = unsafe { sys::cuMemAlloc_v2(&mut p, size) };
+        if rc == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY {
+            let free = self.mem_info().map(|m| m.free).unwrap_or(0);
+            return Err(Error::OutOfMemory {
+                what: format!("cuMemAlloc of {size} bytes"),
+                requested: size as u64,
+                free,
+            });
+        }
+        check_with("cuMemAlloc", rc, || format!("{size} bytes"))?;
+        Ok(p)
+    }
+
+    /// `cuMemFree` of a pointer from [`CudaDriver::legacy_alloc`].
+    pub fn legacy_free(&self, ptr: DevicePtr) -> Result<()> {
+        self.bind()?;
+        // SAFETY: the pointer came from legacy_alloc and is freed once (caller's contract);
+        // a wrong pointer is reported by the driver as an error, not undefined behaviour.
+        check_with("cuMemFree", unsafe { sys::cuMemFree_v2(ptr) }, || {
+            format!("{ptr:#x}")
+        })
+    }
+
     fn stream(s: StreamId) -> sys::CUstream {
         s.0 as usize as sys::CUstream
     }
