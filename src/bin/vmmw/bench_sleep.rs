@@ -8,6 +8,7 @@ use std::time::Instant;
 
 use vmmweights::driver::{BackendKind, Driver, StreamId};
 use vmmweights::sleep::{Policy, SleepEngine, SleepOptions};
+use vmmweights::tag::TagId;
 use vmmweights::{Error, Result, Segment};
 
 /// Sizes in bytes of the weights of an 8B-shaped bf16 model (hidden 4096,
@@ -97,13 +98,25 @@ fn link_bandwidth(d: &Arc<dyn Driver>, bytes: usize) -> Result<(f64, f64)> {
 fn fill(d: &dyn Driver, segs: &[Segment]) -> Result<()> {
     for (i, s) in segs.iter().enumerate() {
         // SAFETY: the segment is awake and `committed` bytes long.
-        unsafe { d.memset_async(s.ptr(), (i * 37 + 1) as u8, s.committed(), StreamId::DEFAULT)? };
+        unsafe {
+            d.memset_async(
+                s.ptr(),
+                (i * 37 + 1) as u8,
+                s.committed(),
+                StreamId::DEFAULT,
+            )?
+        };
         let edge = edge_bytes(i, s.committed().min(1024));
         let tail = s.committed() - edge.len();
         // SAFETY: both writes lie inside the segment; synchronized below.
         unsafe {
             d.copy_htod_async(s.ptr(), edge.as_ptr(), edge.len(), StreamId::DEFAULT)?;
-            d.copy_htod_async(s.ptr() + tail as u64, edge.as_ptr(), edge.len(), StreamId::DEFAULT)?;
+            d.copy_htod_async(
+                s.ptr() + tail as u64,
+                edge.as_ptr(),
+                edge.len(),
+                StreamId::DEFAULT,
+            )?;
         }
         d.stream_synchronize(StreamId::DEFAULT)?;
     }
@@ -138,12 +151,26 @@ fn verify(d: &dyn Driver, segs: &[Segment]) -> Result<()> {
         d.stream_synchronize(StreamId::DEFAULT)?;
         let head_ok = got == want;
         // SAFETY: as above.
-        unsafe { d.copy_dtoh_async(got.as_mut_ptr(), s.ptr() + tail as u64, n, StreamId::DEFAULT)? };
+        unsafe {
+            d.copy_dtoh_async(
+                got.as_mut_ptr(),
+                s.ptr() + tail as u64,
+                n,
+                StreamId::DEFAULT,
+            )?
+        };
         d.stream_synchronize(StreamId::DEFAULT)?;
         let tail_ok = got == want;
         let mid_ok = if s.committed() > 2 * n + 64 {
             // SAFETY: as above.
-            unsafe { d.copy_dtoh_async(mid.as_mut_ptr(), s.ptr() + mid_at as u64, 64, StreamId::DEFAULT)? };
+            unsafe {
+                d.copy_dtoh_async(
+                    mid.as_mut_ptr(),
+                    s.ptr() + mid_at as u64,
+                    64,
+                    StreamId::DEFAULT,
+                )?
+            };
             d.stream_synchronize(StreamId::DEFAULT)?;
             mid.iter().all(|&b| b == (i * 37 + 1) as u8)
         } else {
@@ -247,19 +274,25 @@ fn bench(d: Arc<dyn Driver>, scale_div: usize, json: Option<&std::path::Path>) -
     let ref_wake = t.elapsed().as_secs_f64();
     drop(backups);
     verify(d.as_ref(), &segs)?;
-    rows.push(row("reference sleep (pin per segment at sleep)", ref_sleep, bytes, Some(d2h), "-"));
+    rows.push(row(
+        "reference sleep (pin per segment at sleep)",
+        ref_sleep,
+        bytes,
+        Some(d2h),
+        "-",
+    ));
     rows.push(row("reference wake", ref_wake, bytes, Some(h2d), "-"));
 
     // Ours: first sleep pins as it goes; later sleeps reuse the arena.
     let engine = SleepEngine::new(d.clone(), SleepOptions::default());
     let mut refs: Vec<&mut Segment> = segs.iter_mut().collect();
-    let first = engine.sleep(1, &mut refs, Policy::Offload)?;
-    let wake1 = engine.wake(1, &mut refs)?;
+    let first = engine.sleep(TagId(1), &mut refs, Policy::Offload)?;
+    let wake1 = engine.wake(TagId(1), &mut refs)?;
     let mut later = Vec::new();
     let mut wakes = vec![wake1.seconds];
     for _ in 0..3 {
-        later.push(engine.sleep(1, &mut refs, Policy::Offload)?.seconds);
-        wakes.push(engine.wake(1, &mut refs)?.seconds);
+        later.push(engine.sleep(TagId(1), &mut refs, Policy::Offload)?.seconds);
+        wakes.push(engine.wake(TagId(1), &mut refs)?.seconds);
     }
     drop(refs);
     verify(d.as_ref(), &segs)?;
@@ -270,8 +303,20 @@ fn bench(d: Arc<dyn Driver>, scale_div: usize, json: Option<&std::path::Path>) -
         Some(d2h),
         &format!(">= 10x reference ({:.1}x)", ref_sleep / first.seconds),
     ));
-    rows.push(row("ours: later sleep (median of 3)", median(later), bytes, Some(d2h), ">= 0.95 of d2h"));
-    rows.push(row("ours: wake (median of 4)", median(wakes), bytes, Some(h2d), ">= 0.95 of h2d"));
+    rows.push(row(
+        "ours: later sleep (median of 3)",
+        median(later),
+        bytes,
+        Some(d2h),
+        ">= 0.95 of d2h",
+    ));
+    rows.push(row(
+        "ours: wake (median of 4)",
+        median(wakes),
+        bytes,
+        Some(h2d),
+        ">= 0.95 of h2d",
+    ));
     drop(engine);
 
     // Reserve-ahead, then the first sleep.
@@ -280,22 +325,37 @@ fn bench(d: Arc<dyn Driver>, scale_div: usize, json: Option<&std::path::Path>) -
     engine.reserve_backup(bytes as u64)?;
     let reserve = t.elapsed().as_secs_f64();
     let mut refs: Vec<&mut Segment> = segs.iter_mut().collect();
-    let after_reserve = engine.sleep(1, &mut refs, Policy::Offload)?;
-    engine.wake(1, &mut refs)?;
+    let after_reserve = engine.sleep(TagId(1), &mut refs, Policy::Offload)?;
+    engine.wake(TagId(1), &mut refs)?;
     drop(refs);
     verify(d.as_ref(), &segs)?;
-    rows.push(row("ours: reserve-ahead of the backup (pinning)", reserve, bytes, None, "-"));
-    rows.push(row("ours: first sleep after reserve-ahead", after_reserve.seconds, bytes, Some(d2h), ">= 0.95 of d2h"));
+    rows.push(row(
+        "ours: reserve-ahead of the backup (pinning)",
+        reserve,
+        bytes,
+        None,
+        "-",
+    ));
+    rows.push(row(
+        "ours: first sleep after reserve-ahead",
+        after_reserve.seconds,
+        bytes,
+        Some(d2h),
+        ">= 0.95 of d2h",
+    ));
     drop(engine);
 
     // Discard-only sleep, PyTorch path shape (one segment per allocation).
     let engine = SleepEngine::new(d.clone(), SleepOptions::default());
     let mut refs: Vec<&mut Segment> = segs.iter_mut().collect();
-    let disc = engine.sleep(2, &mut refs, Policy::Discard)?;
-    engine.wake(2, &mut refs)?;
+    let disc = engine.sleep(TagId(2), &mut refs, Policy::Discard)?;
+    engine.wake(TagId(2), &mut refs)?;
     drop(refs);
     rows.push(row(
-        &format!("ours: discard sleep, {} segments (PyTorch path)", segs.len()),
+        &format!(
+            "ours: discard sleep, {} segments (PyTorch path)",
+            segs.len()
+        ),
         disc.seconds,
         bytes,
         None,
@@ -307,9 +367,9 @@ fn bench(d: Arc<dyn Driver>, scale_div: usize, json: Option<&std::path::Path>) -
     let mut arena = Segment::allocate(d.clone(), total, (1usize << 30) / scale_div.max(1))?;
     let chunks = arena.chunks().len();
     let t = Instant::now();
-    let disc_arena = engine.sleep(3, &mut [&mut arena], Policy::Discard)?;
+    let disc_arena = engine.sleep(TagId(3), &mut [&mut arena], Policy::Discard)?;
     let _ = t;
-    engine.wake(3, &mut [&mut arena])?;
+    engine.wake(TagId(3), &mut [&mut arena])?;
     rows.push(row(
         &format!("ours: discard sleep, native arena ({chunks} chunks)"),
         disc_arena.seconds,
@@ -320,7 +380,10 @@ fn bench(d: Arc<dyn Driver>, scale_div: usize, json: Option<&std::path::Path>) -
     drop(arena);
 
     println!();
-    println!("{:<52} {:>9} {:>9} {:>7}  target", "what", "seconds", "GB/s", "ratio");
+    println!(
+        "{:<52} {:>9} {:>9} {:>7}  target",
+        "what", "seconds", "GB/s", "ratio"
+    );
     for r in &rows {
         println!(
             "{:<52} {:>9.4} {:>9.2} {:>7}  {}",
