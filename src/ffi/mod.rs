@@ -1,0 +1,3 @@
+//! The C ABI.
+
+pub mod torch;
