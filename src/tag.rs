@@ -103,6 +103,7 @@ pub fn id(name: &str) -> Result<TagId> {
     })?);
     r.names.push(name.to_owned());
     r.ids.insert(name.to_owned(), t);
+    REGISTERED.store(r.names.len() as u32, Ordering::Release);
     Ok(t)
 }
 
@@ -113,7 +114,8 @@ pub fn lookup(name: &str) -> Option<TagId> {
 
 /// `Ok` when `tag` was handed out by [`id`]; `Error::UnknownTag` otherwise.
 pub fn check(tag: TagId) -> Result<()> {
-    if (tag.0 as usize) < registry().names.len() {
+    // Lock-free: every allocation checks its tag.
+    if tag.0 < REGISTERED.load(Ordering::Acquire) {
         Ok(())
     } else {
         Err(Error::UnknownTag(format!(
@@ -127,6 +129,9 @@ pub fn check(tag: TagId) -> Result<()> {
 pub fn name_of(tag: TagId) -> String {
     tag.name().unwrap_or_else(|| format!("#{}", tag.0))
 }
+
+/// Number of registered tags ("default" is always there); ids below it are valid.
+static REGISTERED: AtomicU32 = AtomicU32::new(1);
 
 static PROCESS_DEFAULT: AtomicU32 = AtomicU32::new(0);
 

@@ -4,6 +4,7 @@
 
 mod backend;
 mod bench_alloc;
+mod bench_pool;
 mod demo;
 
 use std::process::ExitCode;
@@ -24,12 +25,15 @@ enum Command {
     Demo(demo::Args),
     /// Median cost of segment allocate+free against cuMemAlloc/cuMemFree, same sizes, same run.
     BenchAlloc(bench_alloc::Args),
+    /// Median cost of a cached alloc+free pair in the caching pool, per size.
+    BenchPool(bench_pool::Args),
 }
 
 fn main() -> ExitCode {
     let result = match Cli::parse().command {
         Command::Demo(a) => demo::run(a),
         Command::BenchAlloc(a) => bench_alloc::run(a),
+        Command::BenchPool(a) => bench_pool::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
