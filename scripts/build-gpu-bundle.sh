@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Builds, here, everything the GPU machine runs (it has no Rust toolchain) and
 # copies it into .gpu/ (git-ignored), which the `run` tool carries:
-#   .gpu/bin/vmmw                 the command line
+#   .gpu/vmmw                     the command line
+#   .gpu/libvmmweights.so         the cdylib (for C/C++/Go/PyTorch checks)
 #   .gpu/tests/<target>           every test executable (integration tests by
-#                                 name, the library's unit tests as `lib`)
-#   .gpu/lib/libvmmweights.so     the cdylib (for C/C++/Go/PyTorch checks)
+#                                 name, the library's unit tests as `lib`,
+#                                 the command line's as `bin-vmmw`)
 #   .gpu/MANIFEST                 commit, build time, file list
 # Debug info is stripped from the copies to keep the carried tree small;
 # symbols stay, so backtraces still name functions.
@@ -17,9 +18,8 @@ cargo build --release --bins --lib
 json=$(cargo test --release --no-run --message-format=json)
 
 rm -rf .gpu
-mkdir -p .gpu/bin .gpu/tests .gpu/lib
-cp target/release/vmmw .gpu/bin/
-cp target/release/libvmmweights.so .gpu/lib/
+mkdir -p .gpu/tests
+cp target/release/vmmw target/release/libvmmweights.so .gpu/
 
 # One executable per test target; the JSON names each and where it was built.
 echo "$json" | python3 -c '
@@ -43,7 +43,7 @@ for line in sys.stdin:
   cp "$exe" ".gpu/tests/$name"
 done
 
-strip --strip-debug .gpu/bin/* .gpu/tests/* .gpu/lib/*
+strip --strip-debug .gpu/vmmw .gpu/libvmmweights.so .gpu/tests/*
 {
   echo "commit $(git rev-parse HEAD)$(git diff --quiet HEAD || echo ' (with uncommitted changes)')"
   echo "built $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(uname -n), $(rustc --version)"

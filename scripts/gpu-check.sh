@@ -4,9 +4,11 @@
 # scripts/build-gpu-bundle.sh). Each part appends short result lines (see
 # scripts/gpu-lib.sh); the table of them is printed last. Exits non-zero when
 # any part failed or reported FAIL.
+#   bash scripts/gpu-check.sh            every part
+#   bash scripts/gpu-check.sh 10 30      only parts whose names start with 10 or 30
 set -uo pipefail
 cd "$(dirname "$0")/.."
-if [ ! -x .gpu/bin/vmmw ]; then
+if [ ! -x .gpu/vmmw ]; then
   echo "gpu-check: no .gpu/ bundle here; run scripts/build-gpu-bundle.sh and carry .gpu" >&2
   exit 2
 fi
@@ -24,6 +26,11 @@ nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv
 failed=0
 for part in scripts/gpu.d/*.sh; do
   name=${part#scripts/gpu.d/}
+  if [ $# -gt 0 ]; then
+    wanted=0
+    for p in "$@"; do [[ "$name" == "$p"* ]] && wanted=1; done
+    [ "$wanted" -eq 1 ] || { echo "=== $name: not selected"; continue; }
+  fi
   echo
   echo "=== $name"
   start=$(date +%s)

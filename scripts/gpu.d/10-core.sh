@@ -18,7 +18,7 @@ else
   rc=1
 fi
 
-if .gpu/bin/vmmw demo --backend cuda; then
+if .gpu/vmmw demo --backend cuda; then
   result "core: vmmw demo --backend cuda" PASS "allocate, verify, unmap/map, free"
 else
   result "core: vmmw demo --backend cuda" FAIL "see the log above"
@@ -26,7 +26,7 @@ else
 fi
 
 bench="$VMMW_GPU_OUT/alloc-bench"
-.gpu/bin/vmmw bench-alloc --backend cuda --iters 20 --json "$bench.json" 2>&1 | tee "$bench.txt"
+.gpu/vmmw bench-alloc --backend cuda --iters 20 --json "$bench.json" 2>&1 | tee "$bench.txt"
 t=${PIPESTATUS[0]}
 if [ "$t" -eq 0 ]; then
   line=$(grep -E '^\| 4 GiB \| segment, 1 chunk' "$bench.txt" | awk -F'|' '{print $7 "us, " $8}')
