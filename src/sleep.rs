@@ -367,6 +367,9 @@ impl SleepEngine {
             });
         }
         self.ensure_streams(s)?;
+        // Our streams do not order against the caller's (PyTorch's) streams:
+        // work still queued there may be writing these bytes.
+        self.driver.synchronize()?;
         let held_before = s.arena.held();
         let piece = s.options.copy_piece_bytes.max(1 << 20);
         let streams = s.streams.clone();
