@@ -6,6 +6,7 @@ mod backend;
 mod bench_alloc;
 mod bench_load;
 mod bench_pool;
+mod bench_sleep;
 mod demo;
 mod inspect;
 mod load;
@@ -36,6 +37,8 @@ enum Command {
     Load(load::Args),
     /// Load speed against the link and the disk, page-cached and cold, same run.
     BenchLoad(bench_load::Args),
+    /// Sleep/wake of ~16 GB of 8B-shaped weights against the per-segment pinning reference.
+    BenchSleep(bench_sleep::Args),
 }
 
 fn main() -> ExitCode {
@@ -46,6 +49,7 @@ fn main() -> ExitCode {
         Command::Inspect(a) => inspect::run(a),
         Command::Load(a) => load::run(a),
         Command::BenchLoad(a) => bench_load::run(a),
+        Command::BenchSleep(a) => bench_sleep::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
