@@ -19,6 +19,7 @@
 pub mod convert;
 pub mod driver;
 pub mod error;
+pub mod ffi;
 pub mod reload;
 pub mod segment;
 
