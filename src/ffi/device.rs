@@ -287,9 +287,11 @@ pub unsafe extern "C" fn vmmw_host_fail_nth(
             VMMW_FAULT_CREATE => FaultOp::Create,
             VMMW_FAULT_MAP => FaultOp::Map,
             VMMW_FAULT_SET_ACCESS => FaultOp::SetAccess,
-            other => return Err(Error::InvalidArgument(format!(
+            other => {
+                return Err(Error::InvalidArgument(format!(
                 "fault op {other} is not one of VMMW_FAULT_RESERVE..VMMW_FAULT_SET_ACCESS (0..3)"
-            ))),
+            )))
+            }
         };
         d.host()?.fail_nth(op, n);
         Ok(())
