@@ -439,6 +439,27 @@ int32_t vmmw_segment_read(const struct vmmw_segment_t *segment, uint64_t offset,
 const char *vmmw_status_name(int32_t status);
 
 /**
+ * Allocate one segment of at least `size` bytes on `device`, tagged with the
+ * calling thread's current tag. Returns NULL when out of memory or on any
+ * other failure (reported on stderr). Never unwinds.
+ *
+ * # Safety
+ * Safe to call with any arguments; `stream` is not dereferenced.
+ */
+void *vmmw_torch_malloc(ptrdiff_t size, int32_t device, void *stream);
+
+/**
+ * Free a segment returned by [`vmmw_torch_malloc`], after the device has
+ * finished all queued work. An unknown pointer is reported on stderr and
+ * counted, never a crash. Never unwinds.
+ *
+ * # Safety
+ * Safe to call with any arguments; `ptr` is only looked up, never
+ * dereferenced, and `stream` is not dereferenced.
+ */
+void vmmw_torch_free(void *ptr, ptrdiff_t size, int32_t device, void *stream);
+
+/**
  * The library's version, "MAJOR.MINOR.PATCH". Static; never free it. Thread-safe.
  */
 const char *vmmw_version_string(void);

@@ -16,16 +16,25 @@
 #![warn(missing_docs)]
 #![deny(unsafe_op_in_unsafe_fn)]
 
+pub mod backup;
 pub mod convert;
 pub mod driver;
 pub mod error;
 pub mod ffi;
+pub mod pool;
 pub mod reload;
+pub mod report;
 pub mod segment;
+pub mod sleep;
+pub mod tag;
+pub mod torch;
 
 pub use driver::{BackendChoice, BackendKind, DevicePtr, Driver};
 pub use error::{Error, Result, Status};
+pub use pool::{Block, Mode, Pool, PoolConfig};
+pub use report::{Report, Timeline};
 pub use segment::{Segment, SleepState};
+pub use tag::TagId;
 
 /// The text of a caught panic payload.
 pub(crate) fn panic_message(p: &(dyn std::any::Any + Send)) -> String {

@@ -24,7 +24,7 @@ pub const MIN_DRIVER_VERSION: i32 = 10020;
 #[derive(Debug)]
 pub struct CudaDriver {
     ordinal: i32,
-    device: sys::CUdevice,
+    cu_device: sys::CUdevice,
     ctx: Ctx,
     name: String,
     driver_version: i32,
@@ -178,7 +178,7 @@ impl CudaDriver {
         })?;
         let mut d = CudaDriver {
             ordinal,
-            device: dev,
+            cu_device: dev,
             ctx: Ctx(ctx),
             name,
             driver_version: version,
@@ -220,7 +220,7 @@ impl CudaDriver {
         prop.type_ = sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
         prop.requestedHandleTypes = sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_NONE;
         prop.location.type_ = sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
-        prop.location.id = self.device;
+        prop.location.id = self.cu_device;
         prop
     }
 
@@ -249,6 +249,36 @@ impl CudaDriver {
             code: -1,
             name: "conversion kernels failed to load".into(),
             detail: format!(": {e}"),
+        })
+    }
+
+    /// `cuMemAlloc`: the classic allocator (what `cudaMalloc` calls), kept as
+    /// the baseline the VMM path is benchmarked against. Not part of the
+    /// [`Driver`] trait: nothing in the library allocates this way.
+    pub fn legacy_alloc(&self, size: usize) -> Result<DevicePtr> {
+        self.bind()?;
+        let mut p: sys::CUdeviceptr = 0;
+        // SAFETY: writes one device pointer.
+        let rc = unsafe { sys::cuMemAlloc_v2(&mut p, size) };
+        if rc == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY {
+            let free = self.mem_info().map(|m| m.free).unwrap_or(0);
+            return Err(Error::OutOfMemory {
+                what: format!("cuMemAlloc of {size} bytes"),
+                requested: size as u64,
+                free,
+            });
+        }
+        check_with("cuMemAlloc", rc, || format!("{size} bytes"))?;
+        Ok(p)
+    }
+
+    /// `cuMemFree` of a pointer from [`CudaDriver::legacy_alloc`].
+    pub fn legacy_free(&self, ptr: DevicePtr) -> Result<()> {
+        self.bind()?;
+        // SAFETY: the pointer came from legacy_alloc and is freed once (caller's contract);
+        // a wrong pointer is reported by the driver as an error, not undefined behaviour.
+        check_with("cuMemFree", unsafe { sys::cuMemFree_v2(ptr) }, || {
+            format!("{ptr:#x}")
         })
     }
 
@@ -339,7 +369,7 @@ impl Driver for CudaDriver {
         // SAFETY: CUmemAccessDesc is a plain C struct; every field is set below.
         let mut desc: sys::CUmemAccessDesc = unsafe { std::mem::zeroed() };
         desc.location.type_ = sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
-        desc.location.id = self.device;
+        desc.location.id = self.cu_device;
         desc.flags = sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
         // SAFETY: one valid descriptor; the range is mapped (caller's contract).
         check_with(
@@ -612,6 +642,6 @@ impl Drop for CudaDriver {
             }
         }
         // SAFETY: balances the retain in `open`.
-        unsafe { sys::cuDevicePrimaryCtxRelease_v2(self.device) };
+        unsafe { sys::cuDevicePrimaryCtxRelease_v2(self.cu_device) };
     }
 }

@@ -26,4 +26,5 @@ pub mod device;
 pub mod error;
 pub mod segment;
 pub mod status;
+pub mod torch;
 pub mod version;

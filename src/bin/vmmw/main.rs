@@ -1,5 +1,45 @@
-//! `vmmw`: the command line (demo, inspect, load, bench).
+//! `vmmw`: the command line. A plain dispatcher: each subcommand lives in its
+//! own file with its own `Args` and `run`; adding one is a `mod` line, an enum
+//! variant and a match arm.
 
-fn main() {
-    println!("vmmw {}", env!("CARGO_PKG_VERSION"));
+mod backend;
+mod bench_alloc;
+mod bench_pool;
+mod demo;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// Model weights in GPU memory through CUDA virtual memory management.
+#[derive(Parser)]
+#[command(name = "vmmw", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Allocate, write, verify, unmap/remap and free a few segments; report which backend ran.
+    Demo(demo::Args),
+    /// Median cost of segment allocate+free against cuMemAlloc/cuMemFree, same sizes, same run.
+    BenchAlloc(bench_alloc::Args),
+    /// Median cost of a cached alloc+free pair in the caching pool, per size.
+    BenchPool(bench_pool::Args),
+}
+
+fn main() -> ExitCode {
+    let result = match Cli::parse().command {
+        Command::Demo(a) => demo::run(a),
+        Command::BenchAlloc(a) => bench_alloc::run(a),
+        Command::BenchPool(a) => bench_pool::run(a),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("vmmw: error: {e}");
+            ExitCode::FAILURE
+        }
+    }
 }

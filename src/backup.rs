@@ -1,0 +1,422 @@
+//! Pinned host memory for sleep's offload backups: an arena of page-locked
+//! slabs that persists across sleep/wake cycles, so only the first sleep (or
+//! an explicit reserve-ahead) pays for pinning.
+//!
+//! Pinning is the cost to beat: `cudaHostAlloc` pins about 1.9 GB/s on the
+//! H200 machine, while mapping anonymous memory, advising huge pages, touching
+//! it from many threads and then registering it with the driver runs about
+//! ten times faster. Slabs are made that way.
+
+use std::sync::Arc;
+
+use crate::driver::Driver;
+use crate::error::{Error, Result};
+
+/// Default slab size: big enough that slab count stays small, small enough that
+/// creating the next slab overlaps the copies into the previous one.
+pub const DEFAULT_SLAB_BYTES: usize = 1 << 30;
+
+/// One page-locked anonymous mapping.
+#[derive(Debug)]
+pub struct PinnedSlab {
+    driver: Arc<dyn Driver>,
+    ptr: *mut u8,
+    len: usize,
+}
+
+// SAFETY: the slab owns its mapping exclusively; the raw pointer is only an
+// address handed to copies that the owner synchronizes.
+unsafe impl Send for PinnedSlab {}
+// SAFETY: shared references expose only the address and length.
+unsafe impl Sync for PinnedSlab {}
+
+impl PinnedSlab {
+    /// Map `len` bytes of anonymous memory, advise huge pages, populate it from
+    /// several threads and register it with the driver.
+    pub fn new(driver: Arc<dyn Driver>, len: usize) -> Result<PinnedSlab> {
+        if len == 0 {
+            return Err(Error::InvalidArgument("pinned slab of 0 bytes".into()));
+        }
+        let page = crate::driver::host::page_size();
+        let len = crate::driver::round_up(len, page);
+        // SAFETY: a fresh private anonymous mapping; touches no existing memory.
+        let raw = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if raw == libc::MAP_FAILED {
+            return Err(Error::HostOutOfMemory {
+                what: format!(
+                    "mapping a {len}-byte backup slab: {}",
+                    std::io::Error::last_os_error()
+                ),
+                requested: len as u64,
+                limit: u64::MAX,
+                in_use: 0,
+            });
+        }
+        // SAFETY: advice on the mapping just created; failure is harmless.
+        unsafe { libc::madvise(raw, len, libc::MADV_HUGEPAGE) };
+        let slab = PinnedSlab {
+            driver,
+            ptr: raw as *mut u8,
+            len,
+        };
+        slab.populate(page);
+        // SAFETY: the mapping is valid for `len` bytes and lives until Drop,
+        // which unregisters before unmapping.
+        if let Err(e) = unsafe { slab.driver.host_register(slab.ptr, len, false) } {
+            // SAFETY: our own mapping, not registered.
+            unsafe { libc::munmap(raw, len) };
+            std::mem::forget(slab);
+            return Err(e);
+        }
+        Ok(slab)
+    }
+
+    /// Fault every page in from several threads, so registering does not do it
+    /// page by page on one thread.
+    fn populate(&self, page: usize) {
+        let threads = std::thread::available_parallelism()
+            .map_or(4, |n| n.get())
+            .min(16);
+        let per = crate::driver::round_up(self.len.div_ceil(threads), page);
+        let base = self.ptr as usize;
+        std::thread::scope(|s| {
+            for t in 0..threads {
+                let start = t * per;
+                if start >= self.len {
+                    break;
+                }
+                let end = (start + per).min(self.len);
+                s.spawn(move || {
+                    let mut off = start;
+                    while off < end {
+                        // SAFETY: off < len, inside our writable mapping; each
+                        // thread writes a disjoint range.
+                        unsafe { std::ptr::write_volatile((base + off) as *mut u8, 0) };
+                        off += page;
+                    }
+                });
+            }
+        });
+    }
+
+    /// The slab's address.
+    pub fn ptr(&self) -> *mut u8 {
+        self.ptr
+    }
+
+    /// The slab's length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Always false: slabs are never empty.
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+}
+
+impl Drop for PinnedSlab {
+    fn drop(&mut self) {
+        // SAFETY: registered in `new`; the owner has synchronized every copy.
+        let _ = unsafe { self.driver.host_unregister(self.ptr) };
+        // SAFETY: our own mapping of `len` bytes.
+        unsafe { libc::munmap(self.ptr as *mut libc::c_void, self.len) };
+    }
+}
+
+/// A range of the backup arena: `len` bytes at `offset` of slab `slab`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BackupRange {
+    /// Slab index.
+    pub slab: usize,
+    /// Offset in the slab.
+    pub offset: usize,
+    /// Length.
+    pub len: usize,
+}
+
+#[derive(Debug)]
+struct Slab {
+    mem: PinnedSlab,
+    /// Free ranges (offset, len), sorted by offset, merged.
+    free: Vec<(usize, usize)>,
+}
+
+/// Pinned slabs with first-fit allocation. Held memory stays pinned across
+/// cycles until `release_unused` (or the drop of the arena).
+#[derive(Debug)]
+pub struct BackupArena {
+    driver: Arc<dyn Driver>,
+    slabs: Vec<Option<Slab>>,
+    slab_bytes: usize,
+    limit: u64,
+}
+
+impl BackupArena {
+    /// An empty arena. `limit` caps the pinned bytes it may hold.
+    pub fn new(driver: Arc<dyn Driver>, slab_bytes: usize, limit: u64) -> BackupArena {
+        BackupArena {
+            driver,
+            slabs: Vec::new(),
+            slab_bytes: slab_bytes.max(crate::driver::host::page_size()),
+            limit,
+        }
+    }
+
+    /// Pinned bytes held (in use or free).
+    pub fn held(&self) -> u64 {
+        self.slabs
+            .iter()
+            .flatten()
+            .map(|s| s.mem.len() as u64)
+            .sum()
+    }
+
+    /// Pinned bytes free for new backups.
+    pub fn free_bytes(&self) -> u64 {
+        self.slabs
+            .iter()
+            .flatten()
+            .flat_map(|s| s.free.iter().map(|&(_, l)| l as u64))
+            .sum()
+    }
+
+    /// The configured limit on held bytes.
+    pub fn limit(&self) -> u64 {
+        self.limit
+    }
+
+    /// Change the limit (does not release memory already held).
+    pub fn set_limit(&mut self, limit: u64) {
+        self.limit = limit;
+    }
+
+    /// The host address of a range.
+    pub fn host_ptr(&self, r: BackupRange) -> *mut u8 {
+        let slab = self.slabs[r.slab]
+            .as_ref()
+            .expect("backup range refers to a released slab");
+        // SAFETY: ranges handed out lie inside their slab.
+        unsafe { slab.mem.ptr().add(r.offset) }
+    }
+
+    /// Allocate `len` bytes, adding a slab of at least `len` bytes when no free
+    /// range fits.
+    pub fn alloc(&mut self, len: usize) -> Result<BackupRange> {
+        if len == 0 {
+            return Err(Error::InvalidArgument("backup of 0 bytes".into()));
+        }
+        if let Some(r) = self.alloc_existing(len) {
+            return Ok(r);
+        }
+        let idx = self.add_slab(len.max(self.slab_bytes))?;
+        self.alloc_existing_in(idx, len)
+            .ok_or_else(|| Error::InvalidState("new backup slab too small".into()))
+    }
+
+    /// Allocate `len` bytes as one or more ranges, using free space first and
+    /// adding one slab for what is missing. A backup need not be contiguous,
+    /// so memory pinned ahead of time in any slab size is always usable.
+    pub fn alloc_pieces(&mut self, len: usize) -> Result<Vec<BackupRange>> {
+        if len == 0 {
+            return Err(Error::InvalidArgument("backup of 0 bytes".into()));
+        }
+        let mut pieces = Vec::new();
+        let mut missing = len;
+        while missing > 0 {
+            let largest = self
+                .slabs
+                .iter()
+                .enumerate()
+                .filter_map(|(i, s)| s.as_ref().map(|s| (i, s)))
+                .flat_map(|(i, s)| s.free.iter().map(move |&(_, l)| (i, l)))
+                .max_by_key(|&(_, l)| l);
+            let got = match largest {
+                Some((i, l)) if l > 0 => self.alloc_existing_in(i, l.min(missing)),
+                _ => None,
+            };
+            let r = match got {
+                Some(r) => r,
+                None => match self.add_slab(missing.max(self.slab_bytes)) {
+                    Ok(i) => self
+                        .alloc_existing_in(i, missing)
+                        .ok_or_else(|| Error::InvalidState("new backup slab too small".into()))?,
+                    Err(e) => {
+                        for p in pieces {
+                            self.free(p);
+                        }
+                        return Err(e);
+                    }
+                },
+            };
+            missing -= r.len;
+            pieces.push(r);
+        }
+        Ok(pieces)
+    }
+
+    /// Make sure at least `bytes` are free, adding slabs as needed (reserve-ahead).
+    pub fn reserve(&mut self, bytes: u64) -> Result<()> {
+        while self.free_bytes() < bytes {
+            let missing = (bytes - self.free_bytes()) as usize;
+            self.add_slab(missing.min(self.slab_bytes).max(1))?;
+        }
+        Ok(())
+    }
+
+    /// Return a range to the arena (the memory stays pinned).
+    pub fn free(&mut self, r: BackupRange) {
+        let Some(slab) = self.slabs.get_mut(r.slab).and_then(Option::as_mut) else {
+            return;
+        };
+        let pos = slab.free.partition_point(|&(o, _)| o < r.offset);
+        slab.free.insert(pos, (r.offset, r.len));
+        // Merge with neighbours.
+        let mut merged: Vec<(usize, usize)> = Vec::with_capacity(slab.free.len());
+        for &(o, l) in &slab.free {
+            match merged.last_mut() {
+                Some((mo, ml)) if *mo + *ml == o => *ml += l,
+                _ => merged.push((o, l)),
+            }
+        }
+        slab.free = merged;
+    }
+
+    /// Unpin and unmap every slab that holds no backup. Returns the bytes released.
+    pub fn release_unused(&mut self) -> u64 {
+        let mut released = 0;
+        for s in self.slabs.iter_mut() {
+            let unused = s
+                .as_ref()
+                .is_some_and(|s| s.free.len() == 1 && s.free[0] == (0, s.mem.len()));
+            if unused {
+                released += s.as_ref().map_or(0, |s| s.mem.len() as u64);
+                *s = None;
+            }
+        }
+        while matches!(self.slabs.last(), Some(None)) {
+            self.slabs.pop();
+        }
+        released
+    }
+
+    fn add_slab(&mut self, len: usize) -> Result<usize> {
+        let held = self.held();
+        if held + len as u64 > self.limit {
+            return Err(Error::HostOutOfMemory {
+                what: format!("pinned backup slab of {len} bytes"),
+                requested: len as u64,
+                limit: self.limit,
+                in_use: held,
+            });
+        }
+        let mem = PinnedSlab::new(self.driver.clone(), len)?;
+        let slab = Slab {
+            free: vec![(0, mem.len())],
+            mem,
+        };
+        if let Some(i) = self.slabs.iter().position(Option::is_none) {
+            self.slabs[i] = Some(slab);
+            Ok(i)
+        } else {
+            self.slabs.push(Some(slab));
+            Ok(self.slabs.len() - 1)
+        }
+    }
+
+    fn alloc_existing(&mut self, len: usize) -> Option<BackupRange> {
+        (0..self.slabs.len()).find_map(|i| self.alloc_existing_in(i, len))
+    }
+
+    fn alloc_existing_in(&mut self, i: usize, len: usize) -> Option<BackupRange> {
+        let slab = self.slabs.get_mut(i)?.as_mut()?;
+        let pos = slab.free.iter().position(|&(_, l)| l >= len)?;
+        let (o, l) = slab.free[pos];
+        if l == len {
+            slab.free.remove(pos);
+        } else {
+            slab.free[pos] = (o + len, l - len);
+        }
+        Some(BackupRange {
+            slab: i,
+            offset: o,
+            len,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::driver::host::{HostConfig, HostDriver};
+
+    fn arena(limit: u64) -> BackupArena {
+        BackupArena::new(
+            Arc::new(HostDriver::new(HostConfig::default())),
+            1 << 20,
+            limit,
+        )
+    }
+
+    #[test]
+    fn first_fit_reuses_and_merges() {
+        let mut a = arena(u64::MAX);
+        let r1 = a.alloc(4096).unwrap();
+        let r2 = a.alloc(8192).unwrap();
+        assert_eq!(a.held(), 1 << 20);
+        a.free(r1);
+        a.free(r2);
+        assert_eq!(a.free_bytes(), 1 << 20);
+        let big = a.alloc((1 << 20) - 4096).unwrap();
+        assert_eq!(big.offset, 0, "freed neighbours merged into one range");
+        a.free(big);
+        assert_eq!(a.release_unused(), 1 << 20);
+        assert_eq!(a.held(), 0);
+    }
+
+    #[test]
+    fn limit_is_enforced_and_reported() {
+        let mut a = arena(2 << 20);
+        a.alloc(2 << 20).unwrap();
+        let e = a.alloc(4096).unwrap_err();
+        assert!(
+            matches!(e, Error::HostOutOfMemory { limit, .. } if limit == 2 << 20),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn reserve_ahead_grows_free_space() {
+        let mut a = arena(u64::MAX);
+        a.reserve(3 << 20).unwrap();
+        assert!(a.free_bytes() >= 3 << 20);
+        let held = a.held();
+        a.alloc(1 << 20).unwrap();
+        assert_eq!(
+            a.held(),
+            held,
+            "reserved memory is used, nothing new pinned"
+        );
+    }
+
+    #[test]
+    fn slab_memory_is_writable() {
+        let mut a = arena(u64::MAX);
+        let r = a.alloc(1 << 16).unwrap();
+        let p = a.host_ptr(r);
+        // SAFETY: the range is 64 KiB inside a live slab.
+        unsafe {
+            std::ptr::write_bytes(p, 0x5a, 1 << 16);
+            assert_eq!(*p.add((1 << 16) - 1), 0x5a);
+        }
+    }
+}

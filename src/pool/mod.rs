@@ -1,0 +1,791 @@
+//! The caching pool: one per device, shared by every thread.
+//!
+//! Callers allocate blocks and free them back; freed blocks are cached and
+//! reused; blocks are split from segments and merged when freed
+//! ([`block`]); `trim` returns wholly free segments (and the free tail of
+//! an arena) to the driver. Every segment belongs to one tag, so blocks of
+//! different tags never share a segment and sleep can act per tag.
+//!
+//! Where a block comes from depends on its tag's [`Mode`] and its size:
+//!
+//! | mode | request | segment |
+//! |---|---|---|
+//! | `Segments` | up to `small_request_max` | shared segments of `small_segment_bytes` |
+//! | `Segments` | up to `large_segment_bytes / 2` | shared segments of `large_segment_bytes` |
+//! | `Segments` | larger | a segment of its own size (rounded to the granularity), cached after free |
+//! | `Arena` | any that fits | the tag's one big reservation, committed on demand ([`arena`]) |
+//! | [`Pool::alloc_segment`] | any | exactly one new segment, released on free (the PyTorch path) |
+//!
+//! Four quantities are kept apart: *live* bytes (blocks callers hold),
+//! *reserved* bytes (VA of the pool's segments), *tracked* bytes (physically
+//! backed) and the device's used memory; see [`crate::report`].
+
+mod arena;
+pub(crate) mod block;
+#[cfg(test)]
+mod tests;
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Instant;
+
+use crate::driver::{round_up, DevicePtr, Driver};
+use crate::error::{Error, Result};
+use crate::report::{Boundary, Report, TagUsage, Timeline};
+use crate::segment::{Segment, SleepState};
+use crate::tag::{self, TagId};
+use block::{BlockMap, Change, ReleaseError};
+
+/// How a tag's blocks are placed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Mode {
+    /// Cached segments split into blocks (small and large classes).
+    #[default]
+    Segments,
+    /// One VA reservation of `reserve_bytes` per tag; physical memory is
+    /// committed as the arena grows, in chunks of up to `grow_step` bytes
+    /// (rounded to the granularity), and `trim` decommits the free tail.
+    /// Requests that no longer fit fall back to `Segments`.
+    Arena {
+        /// VA reserved for the arena (rounded up to the granularity).
+        reserve_bytes: usize,
+        /// Largest physical chunk created at once; also the unit `trim` frees.
+        /// 0 means the granularity.
+        grow_step: usize,
+    },
+}
+
+/// Sizes and policies of a pool.
+#[derive(Debug, Clone)]
+pub struct PoolConfig {
+    /// Every block size is rounded up to this (a power of two).
+    pub align: usize,
+    /// Requests up to this size come from small segments.
+    pub small_request_max: usize,
+    /// Size of a small segment (rounded up to the granularity).
+    pub small_segment_bytes: usize,
+    /// Size of a shared large segment; requests above half of it get a segment of their own.
+    pub large_segment_bytes: usize,
+    /// Largest physical chunk of a `Segments` segment (0 = one chunk per segment).
+    pub chunk_bytes: usize,
+    /// The mode of tags without an entry in `tag_modes`.
+    pub default_mode: Mode,
+    /// Per-tag modes.
+    pub tag_modes: HashMap<TagId, Mode>,
+}
+
+impl Default for PoolConfig {
+    fn default() -> Self {
+        PoolConfig {
+            align: 512,
+            small_request_max: 1 << 20,
+            small_segment_bytes: 2 << 20,
+            large_segment_bytes: 20 << 20,
+            chunk_bytes: 0,
+            default_mode: Mode::Segments,
+            tag_modes: HashMap::new(),
+        }
+    }
+}
+
+impl PoolConfig {
+    fn validate(&self) -> Result<()> {
+        if self.align == 0 || !self.align.is_power_of_two() {
+            return Err(Error::InvalidArgument(format!(
+                "pool align {} must be a power of two",
+                self.align
+            )));
+        }
+        if self.small_segment_bytes < self.small_request_max || self.small_segment_bytes == 0 {
+            return Err(Error::InvalidArgument(format!(
+                "small_segment_bytes {} must be at least small_request_max {} and non-zero",
+                self.small_segment_bytes, self.small_request_max
+            )));
+        }
+        if self.large_segment_bytes == 0 {
+            return Err(Error::InvalidArgument(
+                "large_segment_bytes must be non-zero".into(),
+            ));
+        }
+        for m in std::iter::once(&self.default_mode).chain(self.tag_modes.values()) {
+            check_mode(*m)?;
+        }
+        Ok(())
+    }
+}
+
+fn check_mode(m: Mode) -> Result<()> {
+    if let Mode::Arena { reserve_bytes, .. } = m {
+        if reserve_bytes == 0 {
+            return Err(Error::InvalidArgument(
+                "arena reserve_bytes must be non-zero".into(),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// A block handed out by the pool. Plain data: free it with [`Pool::free`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Block {
+    /// Its address; stable for the block's life, also across sleep and wake.
+    pub ptr: DevicePtr,
+    /// Its size: the request rounded up to the pool's alignment (or the segment size).
+    pub size: usize,
+    /// The tag it was allocated under.
+    pub tag: TagId,
+}
+
+/// Which placement a segment serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SegmentClass {
+    /// Shared segment for small requests.
+    Small,
+    /// Shared or own segment for large requests.
+    Large,
+    /// A tag's expandable arena.
+    Arena,
+    /// One segment per request ([`Pool::alloc_segment`]); never split or cached.
+    Dedicated,
+}
+
+/// What [`Pool::segment_of`] tells about a segment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SegmentInfo {
+    /// Base address.
+    pub base: DevicePtr,
+    /// Bytes of VA reserved.
+    pub reserved_bytes: usize,
+    /// Bytes physically backed now.
+    pub tracked_bytes: usize,
+    /// Owning tag.
+    pub tag: TagId,
+    /// Placement class.
+    pub class: SegmentClass,
+    /// Sleep state.
+    pub sleep_state: SleepState,
+}
+
+#[derive(Debug)]
+struct SegEntry {
+    seg: Segment,
+    tag: TagId,
+    class: SegmentClass,
+    blocks: BlockMap,
+    live_bytes: usize,
+    live_blocks: usize,
+}
+
+#[derive(Debug, Default)]
+struct TagState {
+    mode: Option<Mode>,
+    asleep: bool,
+    host_backup_bytes: u64,
+    /// Base of the tag's arena, while one exists.
+    arena: Option<DevicePtr>,
+}
+
+/// Free blocks indexed for best fit: per (tag, class), ordered by (size, segment base, offset).
+type FreeIndex = HashMap<(TagId, SegmentClass), BTreeSet<(usize, DevicePtr, usize)>>;
+
+#[derive(Debug, Default)]
+struct State {
+    segs: BTreeMap<DevicePtr, SegEntry>,
+    free: FreeIndex,
+    tags: HashMap<TagId, TagState>,
+    timeline: Vec<Boundary>,
+}
+
+/// A caching pool of VMM segments on one device. `Send + Sync`; every method
+/// takes `&self` and locks internally.
+#[derive(Debug)]
+pub struct Pool {
+    driver: Arc<dyn Driver>,
+    config: PoolConfig,
+    granularity: usize,
+    created: Instant,
+    state: Mutex<State>,
+}
+
+impl Pool {
+    /// A pool on `driver`'s device.
+    pub fn new(driver: Arc<dyn Driver>, config: PoolConfig) -> Result<Pool> {
+        config.validate()?;
+        let granularity = driver.granularity();
+        let mut state = State::default();
+        for (&t, &m) in &config.tag_modes {
+            tag::check(t)?;
+            state.tags.entry(t).or_default().mode = Some(m);
+        }
+        Ok(Pool {
+            driver,
+            config,
+            granularity,
+            created: Instant::now(),
+            state: Mutex::new(state),
+        })
+    }
+
+    /// The driver underneath.
+    pub fn driver(&self) -> &Arc<dyn Driver> {
+        &self.driver
+    }
+
+    /// The device ordinal.
+    pub fn device(&self) -> i32 {
+        self.driver.device()
+    }
+
+    /// The configuration the pool was created with (per-tag modes may have changed since).
+    pub fn config(&self) -> &PoolConfig {
+        &self.config
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // The pool's own code does not panic while holding the lock except on a
+        // bug; callers behind the C ABI are better served by carrying on.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Choose how `tag`'s future blocks are placed. Refused (nothing changes)
+    /// while the tag has an arena and the mode would change.
+    pub fn set_tag_mode(&self, tag: TagId, mode: Mode) -> Result<()> {
+        tag::check(tag)?;
+        check_mode(mode)?;
+        let mut st = self.lock();
+        let current = self.mode_of(&st, tag);
+        let ts = st.tags.entry(tag).or_default();
+        if ts.arena.is_some() && current != mode {
+            return Err(Error::InvalidState(format!(
+                "tag {tag} still has an arena; free its blocks and trim before changing its mode"
+            )));
+        }
+        ts.mode = Some(mode);
+        Ok(())
+    }
+
+    /// The mode of `tag`.
+    pub fn tag_mode(&self, tag: TagId) -> Mode {
+        self.mode_of(&self.lock(), tag)
+    }
+
+    fn mode_of(&self, st: &State, tag: TagId) -> Mode {
+        st.tags
+            .get(&tag)
+            .and_then(|t| t.mode)
+            .unwrap_or(self.config.default_mode)
+    }
+
+    /// Allocate `size` bytes under the calling thread's current tag.
+    pub fn alloc(&self, size: usize) -> Result<Block> {
+        self.alloc_tagged(size, tag::current())
+    }
+
+    /// Allocate `size` bytes under `tag`.
+    pub fn alloc_tagged(&self, size: usize, tag: TagId) -> Result<Block> {
+        let size = self.check_request(size, tag)?;
+        let mut st = self.lock();
+        Self::check_awake(&st, tag)?;
+        match self.alloc_locked(&mut st, size, tag) {
+            Err(e) if e.is_out_of_memory() => {
+                // Return cached memory to the driver, then try once more.
+                // The released segments drop at the end of this statement,
+                // before the retry, so their memory is back with the driver.
+                let (released, _, _) = self.release_cached(&mut st);
+                if released == 0 {
+                    return Err(e);
+                }
+                self.alloc_locked(&mut st, size, tag)
+            }
+            r => r,
+        }
+    }
+
+    fn check_request(&self, size: usize, tag: TagId) -> Result<usize> {
+        tag::check(tag)?;
+        if size == 0 {
+            return Err(Error::InvalidArgument(format!(
+                "allocation of 0 bytes under tag {tag}"
+            )));
+        }
+        if size > isize::MAX as usize / 2 {
+            return Err(Error::InvalidArgument(format!(
+                "allocation of {size} bytes under tag {tag} is larger than any device"
+            )));
+        }
+        Ok(round_up(size, self.config.align))
+    }
+
+    fn check_awake(st: &State, tag: TagId) -> Result<()> {
+        if st.tags.get(&tag).is_some_and(|t| t.asleep) {
+            return Err(Error::InvalidState(format!(
+                "tag {tag} is asleep: wake it before allocating under it"
+            )));
+        }
+        Ok(())
+    }
+
+    fn alloc_locked(&self, st: &mut State, size: usize, tag: TagId) -> Result<Block> {
+        if let Mode::Arena {
+            reserve_bytes,
+            grow_step,
+        } = self.mode_of(st, tag)
+        {
+            if let Some(b) = self.arena_alloc(st, size, tag, reserve_bytes, grow_step)? {
+                return Ok(b);
+            }
+            // The arena is full: fall back to ordinary segments of the tag.
+        }
+        let class = if size <= self.config.small_request_max {
+            SegmentClass::Small
+        } else {
+            SegmentClass::Large
+        };
+        if let Some((base, off)) = best_fit(&st.free, tag, class, size) {
+            return Ok(take(st, base, off, size));
+        }
+        let seg_size = match class {
+            SegmentClass::Small => self.config.small_segment_bytes,
+            _ if size <= self.config.large_segment_bytes / 2 => self.config.large_segment_bytes,
+            _ => size,
+        };
+        let seg = Segment::allocate(self.driver.clone(), seg_size, self.config.chunk_bytes)?;
+        let base = insert_segment(st, seg, tag, class);
+        Ok(take(st, base, 0, size))
+    }
+
+    /// Create exactly one segment of `size` bytes (rounded up to the
+    /// granularity) for `tag` and hand it out whole. Freeing it releases the
+    /// segment (unless its tag is asleep). This is the PyTorch path: PyTorch
+    /// caches and splits on its side.
+    pub fn alloc_segment(&self, size: usize, tag: TagId) -> Result<Block> {
+        self.check_request(size, tag)?;
+        let size = round_up(size, self.granularity);
+        {
+            let st = self.lock();
+            Self::check_awake(&st, tag)?;
+        }
+        // Create outside the lock: driver calls for big segments take a while.
+        let seg = match Segment::allocate(self.driver.clone(), size, self.config.chunk_bytes) {
+            Err(e) if e.is_out_of_memory() => {
+                let released = self.trim()?;
+                if released == 0 {
+                    return Err(e);
+                }
+                Segment::allocate(self.driver.clone(), size, self.config.chunk_bytes)?
+            }
+            r => r?,
+        };
+        let mut st = self.lock();
+        // The tag may have gone to sleep meanwhile; dropping `seg` undoes it.
+        Self::check_awake(&st, tag)?;
+        let base = insert_segment(&mut st, seg, tag, SegmentClass::Dedicated);
+        Ok(take(&mut st, base, 0, size))
+    }
+
+    /// Free a block. An unknown pointer or a double free is an
+    /// `Error::UnknownPointer` and changes nothing.
+    pub fn free(&self, ptr: DevicePtr) -> Result<()> {
+        let dropped = {
+            let mut st = self.lock();
+            self.free_locked(&mut st, ptr, false)?
+        };
+        // Released segments drop here, outside the lock (dropping synchronizes the device).
+        drop(dropped);
+        Ok(())
+    }
+
+    /// Free a block made by [`Pool::alloc_segment`]; anything else is refused
+    /// with `Error::UnknownPointer` and nothing changes.
+    pub fn free_segment(&self, ptr: DevicePtr) -> Result<()> {
+        let dropped = {
+            let mut st = self.lock();
+            self.free_locked(&mut st, ptr, true)?
+        };
+        drop(dropped);
+        Ok(())
+    }
+
+    fn free_locked(
+        &self,
+        st: &mut State,
+        ptr: DevicePtr,
+        dedicated_only: bool,
+    ) -> Result<Option<Segment>> {
+        let base = segment_base(st, ptr).ok_or(Error::UnknownPointer {
+            ptr,
+            why: "not inside any segment of this pool (never allocated here, or already freed and released)",
+        })?;
+        let e = &st.segs[&base];
+        if dedicated_only && e.class != SegmentClass::Dedicated {
+            return Err(Error::UnknownPointer {
+                ptr,
+                why: "belongs to a pool block, not to a segment made by alloc_segment",
+            });
+        }
+        let (tag, class) = (e.tag, e.class);
+        let asleep = st.tags.get(&tag).is_some_and(|t| t.asleep);
+        let e = st.segs.get_mut(&base).expect("segment found above");
+        let (size, change) =
+            e.blocks
+                .release((ptr - base) as usize)
+                .map_err(|r| Error::UnknownPointer {
+                    ptr,
+                    why: match r {
+                        ReleaseError::NotABlockStart => {
+                            "inside a segment but not the start of a block"
+                        }
+                        ReleaseError::AlreadyFree => "already freed",
+                    },
+                })?;
+        e.live_bytes -= size;
+        e.live_blocks -= 1;
+        if class == SegmentClass::Dedicated {
+            // Never cached: released at once, except in an asleep tag, which
+            // keeps it (bookkeeping only) until wake or trim releases it.
+            return Ok(if asleep {
+                None
+            } else {
+                remove_segment(st, base)
+            });
+        }
+        apply(&mut st.free, tag, class, base, change);
+        Ok(None)
+    }
+
+    /// Return cached memory to the driver: wholly free segments are released
+    /// (also those of asleep tags), and the free tail of each awake arena is
+    /// decommitted. Returns the tracked (physically backed) bytes released.
+    pub fn trim(&self) -> Result<u64> {
+        let (released, dropped, error) = {
+            let mut st = self.lock();
+            self.release_cached(&mut st)
+        };
+        drop(dropped);
+        error.map_or(Ok(released), Err)
+    }
+
+    /// The trim work under the lock; segments to release are handed back to be
+    /// dropped by the caller (outside the lock where it can).
+    fn release_cached(&self, st: &mut State) -> (u64, Vec<Segment>, Option<Error>) {
+        let mut released = 0u64;
+        let wholly_free: Vec<DevicePtr> = st
+            .segs
+            .iter()
+            .filter(|(_, e)| e.blocks.is_wholly_free())
+            .map(|(&b, _)| b)
+            .collect();
+        let mut dropped = Vec::with_capacity(wholly_free.len());
+        for base in wholly_free {
+            if let Some(seg) = remove_segment(st, base) {
+                released += seg.mapped_bytes() as u64;
+                dropped.push(seg);
+            }
+        }
+        let (from_tails, error) = self.arena_trim_tails(st);
+        (released + from_tails, dropped, error)
+    }
+
+    /// The segment holding `ptr`, if any.
+    pub fn segment_of(&self, ptr: DevicePtr) -> Option<SegmentInfo> {
+        let st = self.lock();
+        let base = segment_base(&st, ptr)?;
+        let e = &st.segs[&base];
+        Some(SegmentInfo {
+            base,
+            reserved_bytes: e.seg.reserved(),
+            tracked_bytes: e.seg.mapped_bytes(),
+            tag: e.tag,
+            class: e.class,
+            sleep_state: e.seg.sleep_state(),
+        })
+    }
+
+    /// Every live block, in address order (for tests and debugging).
+    pub fn live_blocks(&self) -> Vec<Block> {
+        let st = self.lock();
+        let mut out = Vec::new();
+        for (&base, e) in &st.segs {
+            for (off, b) in e.blocks.iter().filter(|(_, b)| b.live) {
+                out.push(Block {
+                    ptr: base + off as u64,
+                    size: b.size,
+                    tag: e.tag,
+                });
+            }
+        }
+        out
+    }
+
+    /// The memory report now: per tag and in total.
+    pub fn report(&self) -> Report {
+        let mut usage: BTreeMap<TagId, TagUsage> = BTreeMap::new();
+        {
+            let st = self.lock();
+            for e in st.segs.values() {
+                let u = usage
+                    .entry(e.tag)
+                    .or_insert_with(|| TagUsage::new(&tag::name_of(e.tag)));
+                u.live_bytes += e.live_bytes as u64;
+                u.live_blocks += e.live_blocks as u64;
+                u.reserved_bytes += e.seg.reserved() as u64;
+                u.tracked_bytes += e.seg.mapped_bytes() as u64;
+                u.segments += 1;
+                u.add_sleep_state(e.seg.sleep_state(), e.seg.committed() as u64);
+            }
+            for (&t, ts) in &st.tags {
+                if ts.asleep || ts.host_backup_bytes > 0 {
+                    let u = usage
+                        .entry(t)
+                        .or_insert_with(|| TagUsage::new(&tag::name_of(t)));
+                    u.asleep = ts.asleep;
+                    u.host_backup_bytes = ts.host_backup_bytes;
+                }
+            }
+        }
+        let mem = self.driver.mem_info().ok();
+        Report::new(
+            self.driver.describe(),
+            self.device(),
+            usage.into_values().collect(),
+            mem,
+        )
+    }
+
+    /// Take a report and record it in the timeline as boundary `name`.
+    pub fn snapshot(&self, name: &str) -> Report {
+        let report = self.report();
+        let at_s = self.created.elapsed().as_secs_f64();
+        self.lock().timeline.push(Boundary {
+            name: name.to_owned(),
+            at_s,
+            report: report.clone(),
+        });
+        report
+    }
+
+    /// Every snapshot taken so far, oldest first.
+    pub fn timeline(&self) -> Timeline {
+        Timeline {
+            boundaries: self.lock().timeline.clone(),
+        }
+    }
+
+    /// Record the bytes of host backup the sleep layer holds for `tag`.
+    pub fn set_host_backup_bytes(&self, tag: TagId, bytes: u64) {
+        self.lock().tags.entry(tag).or_default().host_backup_bytes = bytes;
+    }
+
+    /// True when `tag` is marked asleep.
+    pub fn is_tag_asleep(&self, tag: TagId) -> bool {
+        self.lock().tags.get(&tag).is_some_and(|t| t.asleep)
+    }
+
+    /// Run `f` on every segment of `tag` (ordinary, dedicated and arena), under
+    /// the pool lock. For the sleep layer.
+    #[allow(dead_code)] // called by the sleep layer (src/sleep.rs) and tests
+    pub(crate) fn with_tag_segments<R>(
+        &self,
+        tag: TagId,
+        f: impl FnOnce(&mut [&mut Segment]) -> R,
+    ) -> R {
+        let mut st = self.lock();
+        let mut segs: Vec<&mut Segment> = st
+            .segs
+            .values_mut()
+            .filter(|e| e.tag == tag)
+            .map(|e| &mut e.seg)
+            .collect();
+        f(&mut segs)
+    }
+
+    /// Mark `tag` asleep (allocation refused, frees only update bookkeeping) or awake.
+    #[allow(dead_code)] // called by the sleep layer (src/sleep.rs) and tests
+    pub(crate) fn set_tag_asleep(&self, tag: TagId, asleep: bool) {
+        let dropped = {
+            let mut st = self.lock();
+            st.tags.entry(tag).or_default().asleep = asleep;
+            if asleep {
+                Vec::new()
+            } else {
+                // Dedicated segments freed while asleep were kept; release them now.
+                let done: Vec<DevicePtr> = st
+                    .segs
+                    .iter()
+                    .filter(|(_, e)| {
+                        e.tag == tag
+                            && e.class == SegmentClass::Dedicated
+                            && e.blocks.is_wholly_free()
+                    })
+                    .map(|(&b, _)| b)
+                    .collect();
+                done.into_iter()
+                    .filter_map(|b| remove_segment(&mut st, b))
+                    .collect()
+            }
+        };
+        drop(dropped);
+    }
+
+    /// Check the pool's internal invariants; an error string names the first broken one.
+    /// For tests: blocks tile every segment, the free index matches the free
+    /// blocks, live counters match, no two segments overlap.
+    pub fn check_invariants(&self) -> std::result::Result<(), String> {
+        let st = self.lock();
+        let mut expected_free: BTreeSet<(TagId, SegmentClass, usize, DevicePtr, usize)> =
+            BTreeSet::new();
+        let mut prev_end = 0u64;
+        for (&base, e) in &st.segs {
+            if base < prev_end {
+                return Err(format!("segment {base:#x} overlaps the previous one"));
+            }
+            prev_end = base + e.seg.reserved() as u64;
+            if e.seg.ptr() != base || e.blocks.total() != e.seg.reserved() {
+                return Err(format!("segment {base:#x}: block map does not cover it"));
+            }
+            let (mut at, mut live, mut n, mut prev_free) = (0usize, 0usize, 0usize, false);
+            for (off, b) in e.blocks.iter() {
+                if off != at {
+                    return Err(format!("segment {base:#x}: gap or overlap at offset {off}"));
+                }
+                if b.live {
+                    live += b.size;
+                    n += 1;
+                    if e.class == SegmentClass::Arena
+                        && off + b.size > e.seg.committed()
+                        && e.seg.sleep_state() == SleepState::Awake
+                    {
+                        return Err(format!(
+                            "arena {base:#x}: live block at {off} (+{}) beyond committed {}",
+                            b.size,
+                            e.seg.committed()
+                        ));
+                    }
+                } else {
+                    if prev_free {
+                        return Err(format!("segment {base:#x}: adjacent free blocks at {off}"));
+                    }
+                    let indexed = e.class != SegmentClass::Dedicated;
+                    if indexed {
+                        expected_free.insert((e.tag, e.class, b.size, base, off));
+                    }
+                }
+                prev_free = !b.live;
+                at += b.size;
+            }
+            if live != e.live_bytes || n != e.live_blocks {
+                return Err(format!(
+                    "segment {base:#x}: live counters {}/{} but blocks say {live}/{n}",
+                    e.live_bytes, e.live_blocks
+                ));
+            }
+        }
+        let actual: BTreeSet<_> = st
+            .free
+            .iter()
+            .flat_map(|(&(t, c), set)| set.iter().map(move |&(s, b, o)| (t, c, s, b, o)))
+            .collect();
+        if actual != expected_free {
+            return Err(format!(
+                "free index differs from the free blocks: index has {} entries {:?}, blocks {} {:?}",
+                actual.len(),
+                actual.difference(&expected_free).collect::<Vec<_>>(),
+                expected_free.len(),
+                expected_free.difference(&actual).collect::<Vec<_>>(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+fn segment_base(st: &State, ptr: DevicePtr) -> Option<DevicePtr> {
+    let (&base, e) = st.segs.range(..=ptr).next_back()?;
+    e.seg.contains(ptr, 0).then_some(base).filter(|_| {
+        // `contains(ptr, 0)` accepts the end address; a block never starts there.
+        ptr < base + e.seg.reserved() as u64
+    })
+}
+
+fn best_fit(
+    free: &FreeIndex,
+    tag: TagId,
+    class: SegmentClass,
+    size: usize,
+) -> Option<(DevicePtr, usize)> {
+    free.get(&(tag, class))?
+        .range((size, 0, 0)..)
+        .next()
+        .map(|&(_, b, o)| (b, o))
+}
+
+fn apply(free: &mut FreeIndex, tag: TagId, class: SegmentClass, base: DevicePtr, ch: Change) {
+    let set = free.entry((tag, class)).or_default();
+    for (o, s) in ch.removed_free {
+        set.remove(&(s, base, o));
+    }
+    for (o, s) in ch.added_free {
+        set.insert((s, base, o));
+    }
+}
+
+/// Hand out `size` bytes of the free block at `base + off`.
+fn take(st: &mut State, base: DevicePtr, off: usize, size: usize) -> Block {
+    let e = st
+        .segs
+        .get_mut(&base)
+        .expect("free index names a live segment");
+    let ch = e.blocks.take(off, size);
+    e.live_bytes += size;
+    e.live_blocks += 1;
+    let (tag, class) = (e.tag, e.class);
+    if class != SegmentClass::Dedicated {
+        apply(&mut st.free, tag, class, base, ch);
+    }
+    Block {
+        ptr: base + off as u64,
+        size,
+        tag,
+    }
+}
+
+fn insert_segment(st: &mut State, seg: Segment, tag: TagId, class: SegmentClass) -> DevicePtr {
+    let base = seg.ptr();
+    let blocks = BlockMap::new(seg.reserved());
+    if class != SegmentClass::Dedicated {
+        st.free
+            .entry((tag, class))
+            .or_default()
+            .insert((seg.reserved(), base, 0));
+    }
+    st.segs.insert(
+        base,
+        SegEntry {
+            seg,
+            tag,
+            class,
+            blocks,
+            live_bytes: 0,
+            live_blocks: 0,
+        },
+    );
+    base
+}
+
+/// Remove a wholly free segment from the bookkeeping and return it (to be dropped).
+fn remove_segment(st: &mut State, base: DevicePtr) -> Option<Segment> {
+    let e = st.segs.remove(&base)?;
+    debug_assert!(e.blocks.is_wholly_free());
+    if let Some(set) = st.free.get_mut(&(e.tag, e.class)) {
+        set.remove(&(e.seg.reserved(), base, 0));
+    }
+    if e.class == SegmentClass::Arena {
+        if let Some(ts) = st.tags.get_mut(&e.tag) {
+            if ts.arena == Some(base) {
+                ts.arena = None;
+            }
+        }
+    }
+    Some(e.seg)
+}

@@ -1,0 +1,150 @@
+//! PyTorch integration: the process-global pools and the logic behind the two
+//! entry points `torch.cuda.memory.CUDAPluggableAllocator` loads
+//! (`vmmw_torch_malloc` / `vmmw_torch_free` in [`crate::ffi::torch`]).
+//!
+//! PyTorch's caching allocator still splits and caches on its side; our entry
+//! points see segment-sized requests, and each call creates or frees exactly
+//! one segment, tagged with the calling thread's current tag ([`crate::tag`]).
+//! No Python callbacks and no GIL: these paths are plain Rust behind a panic
+//! boundary. Out of memory returns NULL (PyTorch frees its cache and retries);
+//! other failures return NULL with one line on stderr; freeing an unknown
+//! pointer is reported and counted, never a crash.
+
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use crate::driver::{self, BackendChoice, DevicePtr};
+use crate::error::{Error, Result};
+use crate::pool::{Pool, PoolConfig};
+use crate::tag;
+
+fn pools() -> &'static Mutex<HashMap<i32, Arc<Pool>>> {
+    static POOLS: OnceLock<Mutex<HashMap<i32, Arc<Pool>>>> = OnceLock::new();
+    POOLS.get_or_init(|| Mutex::new(HashMap::new()))
+}
+
+/// The process-global pool of `device`, created on first use with the backend
+/// named by `VMMW_BACKEND` (auto by default). The PyTorch entry points and
+/// `vmmw_pool_default` share it. A failed creation is not cached: the next call tries again.
+pub fn global_pool(device: i32) -> Result<Arc<Pool>> {
+    if device < 0 {
+        return Err(Error::InvalidArgument(format!(
+            "device ordinal {device} is negative"
+        )));
+    }
+    // Map entries are inserted whole; a poisoned lock still holds a valid map.
+    let mut map = pools().lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(p) = map.get(&device) {
+        return Ok(p.clone());
+    }
+    let opened = driver::open(BackendChoice::from_env()?, device)?;
+    let pool = Arc::new(Pool::new(opened.driver, PoolConfig::default())?);
+    map.insert(device, pool.clone());
+    Ok(pool)
+}
+
+/// The process-global pool of `device` if it was already created.
+pub fn existing_pool(device: i32) -> Option<Arc<Pool>> {
+    pools()
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .get(&device)
+        .cloned()
+}
+
+static MALLOCS: AtomicU64 = AtomicU64::new(0);
+static FAILED_MALLOCS: AtomicU64 = AtomicU64::new(0);
+static FREES: AtomicU64 = AtomicU64::new(0);
+static UNKNOWN_FREES: AtomicU64 = AtomicU64::new(0);
+
+/// What the entry points have done in this process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
+pub struct Counters {
+    /// Successful `vmmw_torch_malloc` calls.
+    pub mallocs: u64,
+    /// `vmmw_torch_malloc` calls that returned NULL (out of memory or another error).
+    pub failed_mallocs: u64,
+    /// Successful `vmmw_torch_free` calls.
+    pub frees: u64,
+    /// `vmmw_torch_free` calls with a pointer we did not hand out (or a failure while freeing).
+    pub unknown_frees: u64,
+}
+
+/// The entry points' counters.
+pub fn counters() -> Counters {
+    Counters {
+        mallocs: MALLOCS.load(Ordering::Relaxed),
+        failed_mallocs: FAILED_MALLOCS.load(Ordering::Relaxed),
+        frees: FREES.load(Ordering::Relaxed),
+        unknown_frees: UNKNOWN_FREES.load(Ordering::Relaxed),
+    }
+}
+
+fn alloc(size: isize, device: i32) -> Result<DevicePtr> {
+    let size = usize::try_from(size)
+        .ok()
+        .filter(|&s| s > 0)
+        .ok_or_else(|| Error::InvalidArgument(format!("size {size} must be positive")))?;
+    let pool = global_pool(device)?;
+    Ok(pool.alloc_segment(size, tag::current())?.ptr)
+}
+
+/// The logic of `vmmw_torch_malloc`: one new segment of at least `size`
+/// bytes on `device` under the current tag, or NULL.
+pub fn malloc_entry(size: isize, device: i32, _stream: *mut c_void) -> *mut c_void {
+    // `_stream`: a new segment has no queued work; nothing to order against.
+    let r = catch_unwind(|| alloc(size, device))
+        .unwrap_or_else(|p| Err(Error::Panic(crate::panic_message(p.as_ref()))));
+    match r {
+        Ok(ptr) => {
+            MALLOCS.fetch_add(1, Ordering::Relaxed);
+            ptr as usize as *mut c_void
+        }
+        Err(e) => {
+            FAILED_MALLOCS.fetch_add(1, Ordering::Relaxed);
+            // Out of memory is expected traffic (PyTorch frees its cache and
+            // retries, or raises its own error); anything else deserves a line.
+            if !e.is_out_of_memory() {
+                eprintln!(
+                    "vmmweights: vmmw_torch_malloc({size} bytes, device {device}) failed: {e}"
+                );
+            }
+            std::ptr::null_mut()
+        }
+    }
+}
+
+fn free(ptr: *mut c_void, device: i32) -> Result<()> {
+    let pool = existing_pool(device).ok_or(Error::UnknownPointer {
+        ptr: ptr as usize as u64,
+        why: "no vmmweights pool exists for this device yet",
+    })?;
+    // Releasing the segment synchronizes the device before unmapping (see
+    // `Segment`'s drop), which covers the stream PyTorch passes and any other
+    // stream the memory was recorded on.
+    pool.free_segment(ptr as usize as u64)
+}
+
+/// The logic of `vmmw_torch_free`: release the segment at `ptr`. An unknown
+/// pointer is reported on stderr and counted; nothing else happens.
+pub fn free_entry(ptr: *mut c_void, size: isize, device: i32, _stream: *mut c_void) {
+    if ptr.is_null() {
+        return;
+    }
+    let r = catch_unwind(AssertUnwindSafe(|| free(ptr, device)))
+        .unwrap_or_else(|p| Err(Error::Panic(crate::panic_message(p.as_ref()))));
+    match r {
+        Ok(()) => {
+            FREES.fetch_add(1, Ordering::Relaxed);
+        }
+        Err(e) => {
+            UNKNOWN_FREES.fetch_add(1, Ordering::Relaxed);
+            eprintln!(
+                "vmmweights: vmmw_torch_free({ptr:p}, {size} bytes, device {device}) ignored: {e}"
+            );
+        }
+    }
+}
