@@ -1,0 +1,375 @@
+//! Opening a checkpoint: one `.safetensors` file, or a folder with
+//! `model.safetensors.index.json` and its shards. Headers are read and
+//! validated without reading tensor data; the files are memory-mapped so the
+//! copy engine can read (or register) their pages later.
+//!
+//! Validation, in order, each failure naming the file and, where known, the tensor:
+//! header length vs file size, header JSON, each entry's dtype (known), shape,
+//! offsets (ordered, in range, size = elements x dtype size), no two tensors
+//! overlapping, and finally the safetensors crate's own checks on the mapping.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fs::File;
+use std::path::{Component, Path, PathBuf};
+
+use memmap2::Mmap;
+
+use super::dtype::Dtype;
+use crate::error::{Error, Result};
+
+/// The index file name Hugging Face uses for sharded checkpoints.
+pub const INDEX_FILE: &str = "model.safetensors.index.json";
+
+/// Largest header accepted (the safetensors crate's limit).
+const MAX_HEADER: u64 = 100_000_000;
+
+/// One tensor of a checkpoint: where its bytes are and what they are.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TensorInfo {
+    /// The tensor's name in the checkpoint.
+    pub name: String,
+    /// Index into [`Checkpoint::shards`].
+    pub shard: usize,
+    /// Element type.
+    pub dtype: Dtype,
+    /// Shape (row-major).
+    pub shape: Vec<usize>,
+    /// Absolute byte offset of the first element in the shard file.
+    pub offset: u64,
+    /// Bytes of data.
+    pub len: u64,
+}
+
+impl TensorInfo {
+    /// Number of elements.
+    pub fn numel(&self) -> usize {
+        self.shape.iter().product()
+    }
+}
+
+/// One open, mapped shard file.
+#[derive(Debug)]
+pub struct Shard {
+    /// The path as resolved inside the checkpoint (symlinks not followed in the name).
+    pub path: PathBuf,
+    /// The open file (used for positional reads when the data is not page-cached).
+    pub file: File,
+    /// A read-only mapping of the whole file (None for an empty file).
+    pub map: Option<Mmap>,
+    /// File size in bytes.
+    pub len: u64,
+}
+
+impl Shard {
+    /// Address of byte `offset` of the mapping.
+    pub fn ptr(&self, offset: u64) -> *const u8 {
+        match &self.map {
+            // `offset <= len` is guaranteed by validation for every tensor range.
+            Some(m) => m.as_ptr().wrapping_add(offset as usize),
+            None => std::ptr::null(),
+        }
+    }
+}
+
+/// An opened, validated checkpoint.
+#[derive(Debug)]
+pub struct Checkpoint {
+    /// The file or folder that was opened.
+    pub root: PathBuf,
+    /// Shard files, in index order (one entry for a single file).
+    pub shards: Vec<Shard>,
+    /// Every tensor by name.
+    pub tensors: BTreeMap<String, TensorInfo>,
+}
+
+#[derive(serde::Deserialize)]
+struct Entry {
+    dtype: String,
+    shape: Vec<u64>,
+    data_offsets: [u64; 2],
+}
+
+#[derive(serde::Deserialize)]
+struct Index {
+    weight_map: BTreeMap<String, String>,
+}
+
+impl Checkpoint {
+    /// Open `path`: a `.safetensors` file, or a folder holding
+    /// `model.safetensors.index.json` (or a single `model.safetensors`).
+    pub fn open(path: impl AsRef<Path>) -> Result<Checkpoint> {
+        let root = path.as_ref().to_path_buf();
+        let meta = std::fs::metadata(&root).map_err(|e| Error::io(&root, e))?;
+        if !meta.is_dir() {
+            let (shard, tensors) = open_shard(&root, 0)?;
+            return Ok(Checkpoint {
+                root,
+                shards: vec![shard],
+                tensors: tensors.into_iter().map(|t| (t.name.clone(), t)).collect(),
+            });
+        }
+        let index_path = root.join(INDEX_FILE);
+        if !index_path.exists() {
+            let single = root.join("model.safetensors");
+            if single.exists() {
+                let (shard, tensors) = open_shard(&single, 0)?;
+                return Ok(Checkpoint {
+                    root,
+                    shards: vec![shard],
+                    tensors: tensors.into_iter().map(|t| (t.name.clone(), t)).collect(),
+                });
+            }
+            return Err(Error::checkpoint(
+                &root,
+                None,
+                format!("folder holds neither {INDEX_FILE} nor model.safetensors"),
+            ));
+        }
+        Self::open_index(root, &index_path)
+    }
+
+    fn open_index(root: PathBuf, index_path: &Path) -> Result<Checkpoint> {
+        let text = std::fs::read_to_string(index_path).map_err(|e| Error::io(index_path, e))?;
+        let index: Index = serde_json::from_str(&text).map_err(|e| {
+            Error::checkpoint(index_path, None, format!("index JSON is invalid: {e}"))
+        })?;
+        // Shard file names in order of first appearance (sorted names give a stable order).
+        let mut names: Vec<&str> = index.weight_map.values().map(String::as_str).collect();
+        names.sort_unstable();
+        names.dedup();
+        let mut shards = Vec::with_capacity(names.len());
+        let mut tensors = BTreeMap::new();
+        let mut shard_of: HashMap<&str, usize> = HashMap::new();
+        // Every name must resolve before any shard is read.
+        let paths = names
+            .iter()
+            .map(|n| resolve_inside(&root, index_path, n))
+            .collect::<Result<Vec<_>>>()?;
+        for (i, (name, path)) in names.iter().zip(paths).enumerate() {
+            let (shard, list) = open_shard(&path, i)?;
+            for t in list {
+                match index.weight_map.get(&t.name) {
+                    Some(n) if n == name => {}
+                    Some(n) => {
+                        return Err(Error::checkpoint(
+                            &path,
+                            Some(&t.name),
+                            format!("tensor is in this shard but the index places it in `{n}`"),
+                        ))
+                    }
+                    None => {
+                        return Err(Error::checkpoint(
+                            &path,
+                            Some(&t.name),
+                            format!("tensor is in this shard but missing from {INDEX_FILE}"),
+                        ))
+                    }
+                }
+                tensors.insert(t.name.clone(), t);
+            }
+            shard_of.insert(name, i);
+            shards.push(shard);
+        }
+        for (tensor, file) in &index.weight_map {
+            if !tensors.contains_key(tensor) {
+                return Err(Error::checkpoint(
+                    &shards[shard_of[file.as_str()]].path,
+                    Some(tensor),
+                    format!("{INDEX_FILE} places the tensor in this shard, but the shard does not hold it"),
+                ));
+            }
+        }
+        Ok(Checkpoint {
+            root,
+            shards,
+            tensors,
+        })
+    }
+
+    /// Total bytes of tensor data.
+    pub fn data_bytes(&self) -> u64 {
+        self.tensors.values().map(|t| t.len).sum()
+    }
+
+    /// The tensor named `name`.
+    pub fn tensor(&self, name: &str) -> Option<&TensorInfo> {
+        self.tensors.get(name)
+    }
+
+    /// The bytes of a tensor, read through the mapping (for tests and tools).
+    pub fn tensor_bytes(&self, name: &str) -> Option<&[u8]> {
+        let t = self.tensors.get(name)?;
+        let m = self.shards[t.shard].map.as_ref()?;
+        m.get(t.offset as usize..(t.offset + t.len) as usize)
+    }
+}
+
+/// Resolve a shard name from the index inside `root`: relative, no `..`, no
+/// root or prefix components. The final file may itself be a symlink (the
+/// Hugging Face cache layout), which is followed as usual when opened.
+fn resolve_inside(root: &Path, index_path: &Path, name: &str) -> Result<PathBuf> {
+    let p = Path::new(name);
+    let ok = !name.is_empty()
+        && p.components()
+            .all(|c| matches!(c, Component::Normal(_) | Component::CurDir));
+    if !ok {
+        return Err(Error::checkpoint(
+            index_path,
+            None,
+            format!("shard name `{name}` must be a relative path inside the checkpoint folder (no `..`, no absolute path)"),
+        ));
+    }
+    let path = root.join(p);
+    if !path.exists() {
+        return Err(Error::checkpoint(
+            index_path,
+            None,
+            format!(
+                "shard `{name}` named by the index does not exist ({})",
+                path.display()
+            ),
+        ));
+    }
+    Ok(path)
+}
+
+fn bad(path: &Path, tensor: Option<&str>, reason: String) -> Error {
+    Error::checkpoint(path, tensor, reason)
+}
+
+/// Open, map and validate one shard; returns its tensors sorted by offset.
+fn open_shard(path: &Path, index: usize) -> Result<(Shard, Vec<TensorInfo>)> {
+    let file = File::open(path).map_err(|e| Error::io(path, e))?;
+    let len = file.metadata().map_err(|e| Error::io(path, e))?.len();
+    if len < 8 {
+        return Err(bad(
+            path,
+            None,
+            format!("file is {len} bytes, too short for the 8-byte header length"),
+        ));
+    }
+    let mut lenbuf = [0u8; 8];
+    read_exact_at(&file, &mut lenbuf, 0).map_err(|e| Error::io(path, e))?;
+    let n = u64::from_le_bytes(lenbuf);
+    if n > MAX_HEADER || n > len - 8 {
+        return Err(bad(
+            path,
+            None,
+            format!(
+                "header length {n} runs past the end of the file ({len} bytes) or over the {MAX_HEADER}-byte limit"
+            ),
+        ));
+    }
+    let mut header = vec![0u8; n as usize];
+    read_exact_at(&file, &mut header, 8).map_err(|e| Error::io(path, e))?;
+    let text = std::str::from_utf8(&header)
+        .map_err(|e| bad(path, None, format!("header is not UTF-8: {e}")))?;
+    let raw: BTreeMap<String, serde_json::Value> = serde_json::from_str(text)
+        .map_err(|e| bad(path, None, format!("header JSON is invalid: {e}")))?;
+    let data_start = 8 + n;
+    let data_len = len - data_start;
+    let mut tensors = Vec::with_capacity(raw.len());
+    for (name, value) in raw {
+        if name == "__metadata__" {
+            continue;
+        }
+        let e: Entry = serde_json::from_value(value)
+            .map_err(|e| bad(path, Some(&name), format!("header entry is malformed: {e}")))?;
+        let dtype = Dtype::parse(&e.dtype).ok_or_else(|| {
+            bad(
+                path,
+                Some(&name),
+                format!(
+                    "unknown dtype `{}` (known: {})",
+                    e.dtype,
+                    Dtype::known_names()
+                ),
+            )
+        })?;
+        let [begin, end] = e.data_offsets;
+        if begin > end || end > data_len {
+            return Err(bad(
+                path,
+                Some(&name),
+                format!(
+                    "data offsets [{begin}, {end}) are out of range: the data section holds {data_len} bytes (file {len} bytes; truncated?)"
+                ),
+            ));
+        }
+        let numel = e
+            .shape
+            .iter()
+            .try_fold(1u64, |a, &d| a.checked_mul(d))
+            .and_then(|n| n.checked_mul(dtype.size() as u64));
+        if numel != Some(end - begin) {
+            return Err(bad(
+                path,
+                Some(&name),
+                format!(
+                    "shape {:?} of {dtype} needs {} bytes but data offsets [{begin}, {end}) hold {}",
+                    e.shape,
+                    numel.map_or("too many".to_owned(), |v| v.to_string()),
+                    end - begin
+                ),
+            ));
+        }
+        tensors.push(TensorInfo {
+            name,
+            shard: index,
+            dtype,
+            shape: e.shape.iter().map(|&d| d as usize).collect(),
+            offset: data_start + begin,
+            len: end - begin,
+        });
+    }
+    tensors.sort_by_key(|t| (t.offset, t.len));
+    for w in tensors.windows(2) {
+        if w[1].offset < w[0].offset + w[0].len {
+            return Err(bad(
+                path,
+                Some(&w[1].name),
+                format!(
+                    "data overlaps tensor `{}` (bytes {}..{} and {}..{} of the file)",
+                    w[0].name,
+                    w[0].offset,
+                    w[0].offset + w[0].len,
+                    w[1].offset,
+                    w[1].offset + w[1].len
+                ),
+            ));
+        }
+    }
+    let map = if len > 0 {
+        // SAFETY: the mapping is read-only and private to this process's view; the
+        // file may be changed by others while mapped, which would change the bytes we
+        // copy but not memory safety of the copies (we only read through raw pointers
+        // handed to memcpy / DMA, never form references that assume immutability
+        // beyond the header check just below).
+        Some(unsafe { Mmap::map(&file) }.map_err(|e| Error::io(path, e))?)
+    } else {
+        None
+    };
+    if let Some(m) = &map {
+        safetensors::SafeTensors::read_metadata(m).map_err(|e| {
+            bad(
+                path,
+                None,
+                format!("rejected by the safetensors format checks: {e:?}"),
+            )
+        })?;
+    }
+    Ok((
+        Shard {
+            path: path.to_path_buf(),
+            file,
+            map,
+            len,
+        },
+        tensors,
+    ))
+}
+
+fn read_exact_at(file: &File, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+    use std::os::unix::fs::FileExt;
+    file.read_exact_at(buf, offset)
+}

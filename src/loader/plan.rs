@@ -1,0 +1,698 @@
+//! The load plan: every copy extent computed before any I/O.
+//!
+//! Built from a checkpoint, mapping rules and the destinations. Guarantees,
+//! checked here and reported together in one [`Error::Plan`]:
+//! - every destination byte is written by exactly one extent, or zero-filled (pad);
+//! - every source tensor is loaded or explicitly skipped;
+//! - shapes agree after slicing and fusing, and dtypes are equal or convertible
+//!   (F16, BF16, F32 in any direction);
+//! - missing destinations and unexpected sources are errors unless allowed.
+
+use std::collections::BTreeMap;
+
+use super::checkpoint::{Checkpoint, TensorInfo};
+use super::dtype::Dtype;
+use super::registry::{DestSpec, Registry};
+use super::rules::{CompiledRules, Fuse, Mapping, Pad, Rules, Shard, Tp};
+use crate::driver::{ConvertType, DevicePtr};
+use crate::error::{Error, Result};
+
+/// One 2D copy: `height` rows of `width` source bytes, `src_pitch` apart in the
+/// shard file and `dst_pitch` apart on the device. Converted on the device when
+/// `convert` is set (then a row is `width / from.size() * to.size()` bytes on the device).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Extent {
+    /// Shard index in the checkpoint.
+    pub shard: u32,
+    /// Absolute file offset of the first row.
+    pub src: u64,
+    /// Bytes between rows in the file.
+    pub src_pitch: u64,
+    /// Source bytes per row.
+    pub width: u64,
+    /// Rows.
+    pub height: u64,
+    /// Device address of the first row.
+    pub dst: DevicePtr,
+    /// Bytes between rows on the device.
+    pub dst_pitch: u64,
+    /// Element conversion `(from, to)`.
+    pub convert: Option<(ConvertType, ConvertType)>,
+    /// Index into [`Plan::sources`] (for messages).
+    pub source: u32,
+}
+
+impl Extent {
+    /// Device bytes per row.
+    pub fn dst_width(&self) -> u64 {
+        match self.convert {
+            Some((f, t)) => self.width / f.size() as u64 * t.size() as u64,
+            None => self.width,
+        }
+    }
+
+    /// Source bytes moved.
+    pub fn src_bytes(&self) -> u64 {
+        self.width * self.height
+    }
+
+    /// Device bytes written.
+    pub fn dst_bytes(&self) -> u64 {
+        self.dst_width() * self.height
+    }
+}
+
+/// A zero fill of device memory (padding).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Fill {
+    /// Device address.
+    pub dst: DevicePtr,
+    /// Bytes.
+    pub len: u64,
+}
+
+/// Options for building a plan.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct PlanOptions {
+    /// Destinations no source fills are left untouched instead of an error.
+    pub allow_missing: bool,
+    /// Sources with no destination are skipped instead of an error.
+    pub allow_unexpected: bool,
+}
+
+/// A checked plan, ready to execute.
+#[derive(Debug, Clone, Default)]
+pub struct Plan {
+    /// Copies, ordered by shard and file offset.
+    pub extents: Vec<Extent>,
+    /// Zero fills.
+    pub fills: Vec<Fill>,
+    /// Source tensor names, indexed by [`Extent::source`].
+    pub sources: Vec<String>,
+    /// Sources skipped by a rule.
+    pub skipped: Vec<String>,
+    /// Destinations left untouched (allowed missing).
+    pub missing: Vec<String>,
+    /// Sources skipped because nothing receives them (allowed unexpected).
+    pub unexpected: Vec<String>,
+}
+
+impl Plan {
+    /// Source bytes the plan reads.
+    pub fn src_bytes(&self) -> u64 {
+        self.extents.iter().map(Extent::src_bytes).sum()
+    }
+
+    /// Device bytes the plan writes (copies and fills).
+    pub fn dst_bytes(&self) -> u64 {
+        self.extents.iter().map(Extent::dst_bytes).sum::<u64>()
+            + self.fills.iter().map(|f| f.len).sum::<u64>()
+    }
+
+    /// Build the plan for `registry`'s destinations.
+    pub fn build(
+        ckpt: &Checkpoint,
+        rules: &Rules,
+        registry: &Registry,
+        opts: &PlanOptions,
+    ) -> Result<Plan> {
+        let groups = group(ckpt, &rules.compile()?, rules.tp)?;
+        let mut problems = Problems::default();
+        let mut plan = Plan::default();
+        let mut source_index: BTreeMap<String, u32> = BTreeMap::new();
+        for (name, g) in &groups.dests {
+            let Some(dest) = registry.get(name) else {
+                if g.parts.iter().all(|p| p.tie) {
+                    continue; // a tie nobody receives
+                }
+                let srcs: Vec<&str> = g.parts.iter().map(|p| p.source.as_str()).collect();
+                if opts.allow_unexpected {
+                    plan.unexpected.extend(srcs.iter().map(|s| s.to_string()));
+                } else {
+                    problems
+                        .unexpected
+                        .push(format!("{} -> `{name}`", srcs.join(", ")));
+                }
+                continue;
+            };
+            if let Some(e) = &g.error {
+                problems.mismatched.push(format!("`{name}`: {e}"));
+                continue;
+            }
+            if g.shape != dest.shape {
+                problems.mismatched.push(format!(
+                    "`{name}`: destination shape {:?}, sources give {:?} ({})",
+                    dest.shape,
+                    g.shape,
+                    g.describe()
+                ));
+                continue;
+            }
+            let mut convs = Vec::new();
+            let mut ok = true;
+            for p in &g.parts {
+                let src = p.info.dtype;
+                if src == dest.dtype {
+                    convs.push(None);
+                } else if let (Some(f), Some(t)) = (src.convert_type(), dest.dtype.convert_type()) {
+                    convs.push(Some((f, t)));
+                } else {
+                    problems.mismatched.push(format!(
+                        "`{name}`: destination dtype {}, source `{}` is {src} (only F16/BF16/F32 convert)",
+                        dest.dtype, p.source
+                    ));
+                    ok = false;
+                }
+            }
+            if !ok {
+                continue;
+            }
+            for (p, conv) in g.parts.iter().zip(convs) {
+                let next = source_index.len() as u32;
+                let idx = *source_index.entry(p.source.clone()).or_insert(next);
+                let dst_box_start = {
+                    let mut s = vec![0; g.shape.len()];
+                    if let Some(f) = &p.fuse {
+                        s[f.dim] = p.offset;
+                    }
+                    s
+                };
+                box_copy(
+                    &p.info,
+                    &p.slice_start,
+                    &p.slice_len,
+                    dest.ptr,
+                    dest.dtype,
+                    &dest.shape,
+                    &dst_box_start,
+                    conv,
+                    idx,
+                    &mut plan.extents,
+                );
+            }
+            if let Some((dim, covered)) = g.pad_region {
+                pad_fills(
+                    dest.ptr,
+                    dest.dtype,
+                    &dest.shape,
+                    dim,
+                    covered,
+                    &mut plan.fills,
+                );
+            }
+        }
+        for d in registry.iter() {
+            if !groups.dests.contains_key(&d.name) {
+                if opts.allow_missing {
+                    plan.missing.push(d.name.clone());
+                } else {
+                    problems.missing.push(format!("`{}`", d.name));
+                }
+            }
+        }
+        problems.mismatched.extend(groups.problems);
+        problems.into_result()?;
+        plan.skipped = groups.skipped;
+        plan.sources = vec![String::new(); source_index.len()];
+        for (n, i) in source_index {
+            plan.sources[i as usize] = n;
+        }
+        plan.extents.sort_by_key(|e| (e.shard, e.src));
+        Ok(plan)
+    }
+
+    /// The destinations the rules produce from `ckpt` (for the loader to
+    /// allocate them). Element type: `rules.dtype`, else the source's.
+    pub fn destinations(ckpt: &Checkpoint, rules: &Rules) -> Result<Vec<DestSpec>> {
+        let groups = group(ckpt, &rules.compile()?, rules.tp)?;
+        let mut problems = Problems::default();
+        let mut out = Vec::new();
+        for (name, g) in &groups.dests {
+            if let Some(e) = &g.error {
+                problems.mismatched.push(format!("`{name}`: {e}"));
+                continue;
+            }
+            let dt0 = g.parts[0].info.dtype;
+            if rules.dtype.is_none() && g.parts.iter().any(|p| p.info.dtype != dt0) {
+                problems.mismatched.push(format!(
+                    "`{name}`: parts have different dtypes ({}); set `dtype` in the rules",
+                    g.describe()
+                ));
+                continue;
+            }
+            out.push(DestSpec {
+                name: name.clone(),
+                dtype: rules.dtype.unwrap_or(dt0),
+                shape: g.shape.clone(),
+            });
+        }
+        problems.mismatched.extend(groups.problems);
+        problems.into_result()?;
+        // Allocate in file order, so neighbours on disk are neighbours in memory.
+        out.sort_by_key(|s| {
+            let p = &groups.dests[&s.name].parts[0].info;
+            (p.shard, p.offset)
+        });
+        Ok(out)
+    }
+}
+
+#[derive(Default)]
+struct Problems {
+    missing: Vec<String>,
+    unexpected: Vec<String>,
+    mismatched: Vec<String>,
+}
+
+impl Problems {
+    fn into_result(self) -> Result<()> {
+        if self.missing.is_empty() && self.unexpected.is_empty() && self.mismatched.is_empty() {
+            return Ok(());
+        }
+        let mut s = String::new();
+        if !self.missing.is_empty() {
+            s += &format!(
+                "missing ({} destinations no checkpoint tensor fills): {}\n",
+                self.missing.len(),
+                self.missing.join(", ")
+            );
+        }
+        if !self.unexpected.is_empty() {
+            s += &format!(
+                "unexpected ({} checkpoint tensors with no destination): {}\n",
+                self.unexpected.len(),
+                self.unexpected.join(", ")
+            );
+        }
+        if !self.mismatched.is_empty() {
+            s += &format!("mismatched ({}):\n", self.mismatched.len());
+            for m in &self.mismatched {
+                s += &format!("  {m}\n");
+            }
+        }
+        Err(Error::Plan(s.trim_end().to_owned()))
+    }
+}
+
+/// One source feeding (a slice of) a destination.
+struct Part {
+    source: String,
+    tie: bool,
+    info: TensorInfo,
+    slice_start: Vec<usize>,
+    slice_len: Vec<usize>,
+    fuse: Option<Fuse>,
+    pad: Option<Pad>,
+    /// Offset along the fuse dim, computed in `layout`.
+    offset: usize,
+}
+
+#[derive(Default)]
+struct DestGroup {
+    parts: Vec<Part>,
+    shape: Vec<usize>,
+    /// (dim, covered length) when the destination is padded.
+    pad_region: Option<(usize, usize)>,
+    error: Option<String>,
+}
+
+impl DestGroup {
+    fn describe(&self) -> String {
+        self.parts
+            .iter()
+            .map(|p| {
+                format!(
+                    "`{}` {:?} sliced to {:?}",
+                    p.source, p.info.shape, p.slice_len
+                )
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+}
+
+struct Groups {
+    dests: BTreeMap<String, DestGroup>,
+    skipped: Vec<String>,
+    problems: Vec<String>,
+}
+
+/// Map every source through the rules and lay out each destination.
+fn group(ckpt: &Checkpoint, rules: &CompiledRules, tp: Option<Tp>) -> Result<Groups> {
+    let mut sources: Vec<(String, bool, &TensorInfo)> = ckpt
+        .tensors
+        .iter()
+        .map(|(n, t)| (n.clone(), false, t))
+        .collect();
+    let mut problems = Vec::new();
+    for tie in &rules.rules.ties {
+        if ckpt.tensors.contains_key(&tie.to) {
+            continue;
+        }
+        // Neither tensor present: nothing to tie (a missing destination reports it).
+        if let Some(t) = ckpt.tensors.get(&tie.from) {
+            sources.push((tie.to.clone(), true, t));
+        }
+    }
+    let mut dests: BTreeMap<String, DestGroup> = BTreeMap::new();
+    let mut skipped = Vec::new();
+    for (name, tie, info) in sources {
+        match rules.map(&name) {
+            Mapping::Skip => skipped.push(name),
+            Mapping::Load {
+                dest,
+                fuse,
+                shard,
+                pad,
+            } => {
+                let (slice_start, slice_len) = match slice(&info.shape, shard.as_ref(), tp) {
+                    Ok(s) => s,
+                    Err(e) => {
+                        problems.push(format!("`{name}` (shape {:?}): {e}", info.shape));
+                        continue;
+                    }
+                };
+                if let Some(f) = &fuse {
+                    if f.dim >= info.shape.len() {
+                        problems.push(format!(
+                            "`{name}`: fuse dim {} but the tensor has {} dims",
+                            f.dim,
+                            info.shape.len()
+                        ));
+                        continue;
+                    }
+                }
+                dests.entry(dest).or_default().parts.push(Part {
+                    source: name,
+                    tie,
+                    info: info.clone(),
+                    slice_start,
+                    slice_len,
+                    fuse,
+                    pad,
+                    offset: 0,
+                });
+            }
+        }
+    }
+    for g in dests.values_mut() {
+        if let Err(e) = layout(g) {
+            g.error = Some(e);
+        }
+    }
+    Ok(Groups {
+        dests,
+        skipped,
+        problems,
+    })
+}
+
+/// The tensor-parallel slice of `shape` for this rank: (start, len) per dim.
+fn slice(
+    shape: &[usize],
+    shard: Option<&Shard>,
+    tp: Option<Tp>,
+) -> std::result::Result<(Vec<usize>, Vec<usize>), String> {
+    let start = vec![0; shape.len()];
+    let len = shape.to_vec();
+    let (Some(s), Some(tp)) = (shard, tp) else {
+        return Ok((start, len));
+    };
+    let (mut start, mut len) = (start, len);
+    if s.dim >= shape.len() {
+        return Err(format!(
+            "shard dim {} but the tensor has {} dims",
+            s.dim,
+            shape.len()
+        ));
+    }
+    let size = shape[s.dim];
+    let (a, l) = match s.head_dim {
+        Some(hd) => {
+            if hd == 0 || size % hd != 0 {
+                return Err(format!(
+                    "dim {} of {size} is not a whole number of heads of {hd}",
+                    s.dim
+                ));
+            }
+            let heads = size / hd;
+            if tp.world <= heads {
+                if heads % tp.world != 0 {
+                    return Err(format!(
+                        "{heads} heads do not split over {} ranks",
+                        tp.world
+                    ));
+                }
+                let per = heads / tp.world;
+                (tp.rank * per * hd, per * hd)
+            } else {
+                if tp.world % heads != 0 {
+                    return Err(format!(
+                        "{} ranks are not a multiple of {heads} heads (needed to replicate them)",
+                        tp.world
+                    ));
+                }
+                let head = tp.rank / (tp.world / heads);
+                (head * hd, hd)
+            }
+        }
+        None => {
+            if size % tp.world != 0 {
+                return Err(format!(
+                    "dim {} of {size} does not split over {} ranks",
+                    s.dim, tp.world
+                ));
+            }
+            let per = size / tp.world;
+            (tp.rank * per, per)
+        }
+    };
+    start[s.dim] = a;
+    len[s.dim] = l;
+    Ok((start, len))
+}
+
+/// Order fused parts, compute their offsets, the destination shape and padding.
+fn layout(g: &mut DestGroup) -> std::result::Result<(), String> {
+    let fused = g.parts.iter().filter(|p| p.fuse.is_some()).count();
+    if fused == 0 && g.parts.len() > 1 {
+        return Err(format!(
+            "fed by several sources without a fuse rule ({})",
+            g.describe()
+        ));
+    }
+    if fused > 0 && fused != g.parts.len() {
+        return Err(format!(
+            "some parts are fused and some not ({})",
+            g.describe()
+        ));
+    }
+    let rank = g.parts[0].slice_len.len();
+    if g.parts.iter().any(|p| p.slice_len.len() != rank) {
+        return Err(format!("parts have different ranks ({})", g.describe()));
+    }
+    let mut shape = g.parts[0].slice_len.clone();
+    if fused > 0 {
+        let dim = g.parts[0].fuse.as_ref().map_or(0, |f| f.dim);
+        if g.parts
+            .iter()
+            .any(|p| p.fuse.as_ref().map(|f| f.dim) != Some(dim))
+        {
+            return Err(format!(
+                "parts fuse along different dims ({})",
+                g.describe()
+            ));
+        }
+        g.parts
+            .sort_by_key(|p| p.fuse.as_ref().map_or(0, |f| f.index));
+        let mut next = 0;
+        for i in 0..g.parts.len() {
+            if i > 0
+                && g.parts[i].fuse.as_ref().map(|f| f.index)
+                    == g.parts[i - 1].fuse.as_ref().map(|f| f.index)
+            {
+                return Err(format!(
+                    "`{}` and `{}` have the same fuse index",
+                    g.parts[i - 1].source,
+                    g.parts[i].source
+                ));
+            }
+            let p = &mut g.parts[i];
+            p.offset = p.fuse.as_ref().and_then(|f| f.offset).unwrap_or(next);
+            next = p.offset + p.slice_len[dim];
+        }
+        for p in &g.parts {
+            for (d, (&have, &want)) in p.slice_len.iter().zip(&shape).enumerate() {
+                if d != dim && have != want {
+                    return Err(format!(
+                        "parts disagree on dim {d} ({}), only dim {dim} may differ",
+                        g.describe()
+                    ));
+                }
+            }
+        }
+        // Coverage along the fuse dim: exactly once, no gaps.
+        let mut iv: Vec<(usize, usize, &str)> = g
+            .parts
+            .iter()
+            .map(|p| (p.offset, p.offset + p.slice_len[dim], p.source.as_str()))
+            .collect();
+        iv.sort_unstable();
+        let mut end = 0;
+        for (a, b, s) in &iv {
+            if *a < end {
+                return Err(format!(
+                    "`{s}` overlaps another part at {a}..{end} along dim {dim}"
+                ));
+            }
+            if *a > end {
+                return Err(format!(
+                    "elements {end}..{a} along dim {dim} are fed by no source"
+                ));
+            }
+            end = *b;
+        }
+        shape[dim] = end;
+    }
+    if let Some(pad) = g.parts.iter().find_map(|p| p.pad.clone()) {
+        if pad.dim >= rank {
+            return Err(format!(
+                "pad dim {} but the destination has {rank} dims",
+                pad.dim
+            ));
+        }
+        let covered = shape[pad.dim];
+        let padded = pad.padded(covered);
+        if padded > covered {
+            shape[pad.dim] = padded;
+            g.pad_region = Some((pad.dim, covered));
+        }
+    }
+    g.shape = shape;
+    Ok(())
+}
+
+fn strides(shape: &[usize]) -> Vec<u64> {
+    let mut s = vec![1u64; shape.len()];
+    for i in (0..shape.len().saturating_sub(1)).rev() {
+        s[i] = s[i + 1] * shape[i + 1] as u64;
+    }
+    s
+}
+
+/// Emit the 2D copies moving box `len` at `src_start` of the source tensor to
+/// `dst_start` of the destination.
+#[allow(clippy::too_many_arguments)]
+fn box_copy(
+    src: &TensorInfo,
+    src_start: &[usize],
+    len: &[usize],
+    dst: DevicePtr,
+    dst_dtype: Dtype,
+    dst_shape: &[usize],
+    dst_start: &[usize],
+    convert: Option<(ConvertType, ConvertType)>,
+    source: u32,
+    out: &mut Vec<Extent>,
+) {
+    let n = len.len();
+    if len.contains(&0) {
+        return;
+    }
+    let (es, ed) = (src.dtype.size() as u64, dst_dtype.size() as u64);
+    if n == 0 {
+        out.push(Extent {
+            shard: src.shard as u32,
+            src: src.offset,
+            src_pitch: es,
+            width: es,
+            height: 1,
+            dst,
+            dst_pitch: ed,
+            convert,
+            source,
+        });
+        return;
+    }
+    let (ss, ds) = (strides(&src.shape), strides(dst_shape));
+    // k: the outermost dim from which the box is contiguous in both tensors.
+    let mut k = n - 1;
+    while k > 0 && len[k] == src.shape[k] && len[k] == dst_shape[k] {
+        k -= 1;
+    }
+    let run = len[k] as u64 * ss[k]; // elements per contiguous run (inner dims are full)
+    let (height, sp, dp) = if k == 0 {
+        (1, run * es, run * ed)
+    } else {
+        (len[k - 1] as u64, ss[k - 1] * es, ds[k - 1] * ed)
+    };
+    // Iterate the dims before k-1 (or none).
+    let outer_dims = k.saturating_sub(1);
+    let mut idx = vec![0usize; outer_dims];
+    loop {
+        let mut so = 0u64;
+        let mut dof = 0u64;
+        for d in 0..n {
+            let i = if d < outer_dims { idx[d] } else { 0 };
+            so += (src_start[d] + i) as u64 * ss[d];
+            dof += (dst_start[d] + i) as u64 * ds[d];
+        }
+        let mut e = Extent {
+            shard: src.shard as u32,
+            src: src.offset + so * es,
+            src_pitch: sp,
+            width: run * es,
+            height,
+            dst: dst + dof * ed,
+            dst_pitch: dp,
+            convert,
+            source,
+        };
+        if e.height > 1 && e.src_pitch == e.width && e.dst_pitch == e.dst_width() {
+            e.width *= e.height;
+            e.height = 1;
+        }
+        if e.height == 1 {
+            e.src_pitch = e.width;
+            e.dst_pitch = e.dst_width();
+        }
+        out.push(e);
+        // Next outer index.
+        let mut d = outer_dims;
+        loop {
+            if d == 0 {
+                return;
+            }
+            d -= 1;
+            idx[d] += 1;
+            if idx[d] < len[d] {
+                break;
+            }
+            idx[d] = 0;
+        }
+    }
+}
+
+/// Zero fills for the part of `shape` at or beyond `covered` along `dim`.
+fn pad_fills(
+    dst: DevicePtr,
+    dtype: Dtype,
+    shape: &[usize],
+    dim: usize,
+    covered: usize,
+    out: &mut Vec<Fill>,
+) {
+    let st = strides(shape);
+    let es = dtype.size() as u64;
+    let outer: usize = shape[..dim].iter().product();
+    let block = st[dim] * es;
+    let pitch = shape[dim] as u64 * block;
+    for o in 0..outer as u64 {
+        let a = dst + o * pitch + covered as u64 * block;
+        let len = (shape[dim] - covered) as u64 * block;
+        match out.last_mut() {
+            Some(f) if f.dst + f.len == a => f.len += len,
+            _ => out.push(Fill { dst: a, len }),
+        }
+    }
+}

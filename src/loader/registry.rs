@@ -1,0 +1,195 @@
+//! Destinations: the parameters the loader fills, each a device pointer with
+//! a name, dtype and shape. Registered by the caller (from C, Go, or a
+//! PyTorch model's `data_ptr()`), or allocated by the loader from the plan
+//! through a [`DestAllocator`] (the pool implements it; [`SegmentAllocator`]
+//! is a simple one over segments).
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use super::dtype::Dtype;
+use crate::driver::{DevicePtr, Driver};
+use crate::error::{Error, Result};
+use crate::segment::Segment;
+
+/// One destination parameter.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Destination {
+    /// The destination name the mapping rules produce.
+    pub name: String,
+    /// Device address of element 0.
+    pub ptr: DevicePtr,
+    /// Element type.
+    pub dtype: Dtype,
+    /// Shape (row-major, contiguous).
+    pub shape: Vec<usize>,
+}
+
+impl Destination {
+    /// Bytes the destination spans.
+    pub fn bytes(&self) -> usize {
+        self.shape.iter().product::<usize>() * self.dtype.size()
+    }
+}
+
+/// What a destination must look like (name, dtype, shape), without memory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DestSpec {
+    /// Destination name.
+    pub name: String,
+    /// Element type.
+    pub dtype: Dtype,
+    /// Shape.
+    pub shape: Vec<usize>,
+}
+
+impl DestSpec {
+    /// Bytes the destination needs.
+    pub fn bytes(&self) -> usize {
+        self.shape.iter().product::<usize>() * self.dtype.size()
+    }
+}
+
+/// Device memory for destinations the loader allocates itself.
+pub trait DestAllocator {
+    /// Allocate `bytes` of device memory (aligned to at least 256 bytes).
+    fn alloc(&self, bytes: usize) -> Result<DevicePtr>;
+}
+
+/// The set of destinations a load fills, by name.
+#[derive(Debug, Clone, Default)]
+pub struct Registry {
+    dests: BTreeMap<String, Destination>,
+}
+
+impl Registry {
+    /// An empty registry.
+    pub fn new() -> Registry {
+        Registry::default()
+    }
+
+    /// Register a destination. Rejects a duplicate name, a NULL pointer, an
+    /// empty name, and a range that overlaps an already registered destination.
+    pub fn register(
+        &mut self,
+        name: &str,
+        ptr: DevicePtr,
+        dtype: Dtype,
+        shape: &[usize],
+    ) -> Result<()> {
+        if name.is_empty() {
+            return Err(Error::InvalidArgument(
+                "destination name must not be empty".into(),
+            ));
+        }
+        if ptr == 0 {
+            return Err(Error::InvalidArgument(format!(
+                "destination `{name}` has a NULL device pointer"
+            )));
+        }
+        if self.dests.contains_key(name) {
+            return Err(Error::InvalidArgument(format!(
+                "destination `{name}` is already registered"
+            )));
+        }
+        let d = Destination {
+            name: name.to_owned(),
+            ptr,
+            dtype,
+            shape: shape.to_vec(),
+        };
+        let (lo, hi) = (d.ptr, d.ptr + d.bytes() as u64);
+        if let Some(o) = self.dests.values().find(|o| {
+            let (a, b) = (o.ptr, o.ptr + o.bytes() as u64);
+            lo < b && a < hi && d.bytes() > 0 && o.bytes() > 0
+        }) {
+            return Err(Error::InvalidArgument(format!(
+                "destination `{name}` [{lo:#x}, {hi:#x}) overlaps destination `{}` [{:#x}, {:#x})",
+                o.name,
+                o.ptr,
+                o.ptr + o.bytes() as u64
+            )));
+        }
+        self.dests.insert(d.name.clone(), d);
+        Ok(())
+    }
+
+    /// Allocate and register every spec through `alloc`. On failure nothing is registered
+    /// (memory already obtained from `alloc` stays with the allocator).
+    pub fn allocate(&mut self, specs: &[DestSpec], alloc: &dyn DestAllocator) -> Result<()> {
+        let mut staged = self.clone();
+        for s in specs {
+            let ptr = alloc.alloc(s.bytes().max(1))?;
+            staged.register(&s.name, ptr, s.dtype, &s.shape)?;
+        }
+        *self = staged;
+        Ok(())
+    }
+
+    /// The destination named `name`.
+    pub fn get(&self, name: &str) -> Option<&Destination> {
+        self.dests.get(name)
+    }
+
+    /// Every destination, by name.
+    pub fn iter(&self) -> impl Iterator<Item = &Destination> {
+        self.dests.values()
+    }
+
+    /// Number of destinations.
+    pub fn len(&self) -> usize {
+        self.dests.len()
+    }
+
+    /// True when nothing is registered.
+    pub fn is_empty(&self) -> bool {
+        self.dests.is_empty()
+    }
+}
+
+/// A bump allocator over segments: carves destinations out of segments of at
+/// least `segment_bytes`, 256-byte aligned. Memory lives as long as the allocator.
+#[derive(Debug)]
+pub struct SegmentAllocator {
+    driver: Arc<dyn Driver>,
+    segment_bytes: usize,
+    state: Mutex<(Vec<Segment>, usize)>,
+}
+
+const ALIGN: usize = 256;
+
+impl SegmentAllocator {
+    /// An allocator that maps segments of at least `segment_bytes` on `driver`.
+    pub fn new(driver: Arc<dyn Driver>, segment_bytes: usize) -> SegmentAllocator {
+        SegmentAllocator {
+            driver,
+            segment_bytes: segment_bytes.max(1),
+            state: Mutex::new((Vec::new(), 0)),
+        }
+    }
+
+    /// The segments allocated so far.
+    pub fn segment_count(&self) -> usize {
+        self.state.lock().unwrap_or_else(|e| e.into_inner()).0.len()
+    }
+}
+
+impl DestAllocator for SegmentAllocator {
+    fn alloc(&self, bytes: usize) -> Result<DevicePtr> {
+        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let (segs, used) = &mut *st;
+        let need = bytes.div_ceil(ALIGN) * ALIGN;
+        if let Some(last) = segs.last() {
+            if *used + need <= last.reserved() {
+                let p = last.ptr() + *used as u64;
+                *used += need;
+                return Ok(p);
+            }
+        }
+        let seg = Segment::allocate(self.driver.clone(), need.max(self.segment_bytes), 0)?;
+        let p = seg.ptr();
+        segs.push(seg);
+        *used = need;
+        Ok(p)
+    }
+}
