@@ -162,6 +162,11 @@
 #define VMMW_BUFFER_TOO_SMALL 16
 
 /**
+ * The tag every allocation gets when no scope is open ("default").
+ */
+#define VMMW_TAG_DEFAULT 0
+
+/**
  * An opened backend for one device. Thread-safe: every function taking a
  * `const vmmw_device_t*` may be called concurrently.
  */
@@ -174,6 +179,12 @@ typedef struct vmmw_device_t vmmw_device_t;
  * so it may be read from any thread.
  */
 typedef struct vmmw_error_t vmmw_error_t;
+
+/**
+ * A caching pool on one device. Thread-safe: every function taking a pool
+ * may be called concurrently, except `vmmw_pool_free`.
+ */
+typedef struct vmmw_pool_t vmmw_pool_t;
 
 /**
  * One VA reservation and the physical memory mapped into it. Thread-safe:
@@ -210,6 +221,110 @@ typedef struct vmmw_host_counts_t {
    */
   uint64_t events;
 } vmmw_host_counts_t;
+
+/**
+ * How to create a pool. All-zero is a valid value: the `VMMW_BACKEND_AUTO`
+ * backend on device 0 with default sizes (every size field: 0 = default).
+ */
+typedef struct vmmw_pool_options_t {
+  /**
+   * An opened device to use; NULL opens `backend` on `device`. The pool
+   * keeps the driver alive on its own (the handle may be freed afterwards).
+   */
+  const struct vmmw_device_t *device_handle;
+  /**
+   * A `VMMW_BACKEND_*` value (used when `device_handle` is NULL).
+   */
+  int32_t backend;
+  /**
+   * CUDA device ordinal (used when `device_handle` is NULL).
+   */
+  int32_t device;
+  /**
+   * Every block size is rounded up to this power of two (default 512).
+   */
+  uint64_t align;
+  /**
+   * Requests up to this size come from small segments (default 1 MiB).
+   */
+  uint64_t small_request_max;
+  /**
+   * Size of a small segment (default 2 MiB).
+   */
+  uint64_t small_segment_bytes;
+  /**
+   * Size of a shared large segment (default 20 MiB); larger requests get their own.
+   */
+  uint64_t large_segment_bytes;
+  /**
+   * Largest physical chunk of a segment (default 0: one chunk per segment).
+   */
+  uint64_t chunk_bytes;
+} vmmw_pool_options_t;
+
+/**
+ * A pool's memory, for all tags or one. The four quantities are kept apart:
+ * live (blocks held), reserved (VA), tracked (physically backed) and the
+ * device's used memory (every process).
+ */
+typedef struct vmmw_report_t {
+  /**
+   * Bytes of blocks held by callers.
+   */
+  uint64_t live_bytes;
+  /**
+   * Number of blocks held by callers.
+   */
+  uint64_t live_blocks;
+  /**
+   * Bytes of VA reserved by the pool's segments.
+   */
+  uint64_t reserved_bytes;
+  /**
+   * Bytes physically backed now.
+   */
+  uint64_t tracked_bytes;
+  /**
+   * Number of segments.
+   */
+  uint64_t segments;
+  /**
+   * Committed bytes of awake segments.
+   */
+  uint64_t awake_bytes;
+  /**
+   * Committed bytes asleep with a host backup.
+   */
+  uint64_t offloaded_bytes;
+  /**
+   * Committed bytes asleep with contents dropped.
+   */
+  uint64_t discarded_bytes;
+  /**
+   * Committed bytes asleep, to be reloaded from their checkpoint.
+   */
+  uint64_t reloadable_bytes;
+  /**
+   * Host memory holding backups.
+   */
+  uint64_t host_backup_bytes;
+  /**
+   * The device's used memory (total - free, every process); 0 when unknown.
+   */
+  uint64_t device_used_bytes;
+  /**
+   * The device's total memory; 0 when unknown.
+   */
+  uint64_t device_total_bytes;
+  /**
+   * 1 when the tag (for the total: any tag) is asleep, else 0.
+   */
+  uint32_t asleep;
+  /**
+   * Number of tags with an entry in the report.
+   */
+  uint32_t tags;
+} vmmw_report_t;
 
 /**
  * Sizes and address of a segment.
@@ -379,6 +494,163 @@ int32_t vmmw_error_status(const struct vmmw_error_t *error);
 void vmmw_error_free(struct vmmw_error_t *error);
 
 /**
+ * Create a pool. `options` may be NULL (all defaults). On success `*out`
+ * receives a new handle owned by the caller (`vmmw_pool_free`). Errors:
+ * `VMMW_INVALID_ARGUMENT` (bad sizes or backend), `VMMW_DRIVER_UNAVAILABLE`.
+ *
+ * # Safety
+ * `options` is NULL or readable; `out` is writable; `error` is NULL or writable.
+ */
+int32_t vmmw_pool_new(const struct vmmw_pool_options_t *options, struct vmmw_pool_t **out, struct vmmw_error_t **error);
+
+/**
+ * The process-global pool of `device` (the one the PyTorch entry points
+ * `vmmw_torch_malloc`/`vmmw_torch_free` use), created on first use with the
+ * backend named by `VMMW_BACKEND` (auto by default). `*out` is borrowed: it
+ * stays valid until the process exits, every call returns the same pointer,
+ * and `vmmw_pool_free` on it does nothing.
+ *
+ * # Safety
+ * `out` is writable; `error` is NULL or writable.
+ */
+int32_t vmmw_pool_default(int32_t device, struct vmmw_pool_t **out, struct vmmw_error_t **error);
+
+/**
+ * Free a pool handle. NULL and the pools of `vmmw_pool_default` are accepted
+ * and ignored. Blocks still allocated are released with the pool (their
+ * pointers become invalid); the device is synchronized first.
+ *
+ * # Safety
+ * `pool` is NULL or a live handle, not used afterwards (unless global) and
+ * not concurrently.
+ */
+void vmmw_pool_free(struct vmmw_pool_t *pool);
+
+/**
+ * Allocate `size` bytes under the calling thread's current tag. `*out_ptr`
+ * receives the device address (stable for the block's life, also across sleep
+ * and wake). Errors: `VMMW_OUT_OF_MEMORY` (after returning cached memory and
+ * retrying), `VMMW_INVALID_STATE` (the tag is asleep), `VMMW_INVALID_ARGUMENT` (size 0).
+ *
+ * # Safety
+ * `pool` is a live handle; `out_ptr` is writable; `error` is NULL or writable.
+ */
+int32_t vmmw_pool_alloc(const struct vmmw_pool_t *pool, uint64_t size, uint64_t *out_ptr, struct vmmw_error_t **error);
+
+/**
+ * Allocate `size` bytes under `tag` (ignoring the thread's scopes).
+ *
+ * # Safety
+ * As `vmmw_pool_alloc`.
+ */
+int32_t vmmw_pool_alloc_tagged(const struct vmmw_pool_t *pool, uint64_t size, uint32_t tag, uint64_t *out_ptr, struct vmmw_error_t **error);
+
+/**
+ * Free a block (it returns to the pool's cache; see `vmmw_pool_trim`).
+ * `VMMW_UNKNOWN_POINTER` (nothing changes) for a pointer that is not the
+ * start of a live block of this pool, or a double free.
+ *
+ * # Safety
+ * `pool` is a live handle; `error` is NULL or writable.
+ */
+int32_t vmmw_pool_free_ptr(const struct vmmw_pool_t *pool, uint64_t ptr, struct vmmw_error_t **error);
+
+/**
+ * Return cached memory to the driver; `*released` receives the physically
+ * backed bytes released.
+ *
+ * # Safety
+ * `pool` is a live handle; `released` is writable; `error` is NULL or writable.
+ */
+int32_t vmmw_pool_trim(const struct vmmw_pool_t *pool, uint64_t *released, struct vmmw_error_t **error);
+
+/**
+ * Place `tag`'s future blocks in one arena: `reserve_bytes` of VA reserved
+ * once, physical memory committed as it grows in steps of up to `grow_step`
+ * bytes (0 = granularity). `VMMW_INVALID_STATE` if the tag has an arena of
+ * other dimensions still in use.
+ *
+ * # Safety
+ * `pool` is a live handle; `error` is NULL or writable.
+ */
+int32_t vmmw_pool_set_tag_arena(const struct vmmw_pool_t *pool, uint32_t tag, uint64_t reserve_bytes, uint64_t grow_step, struct vmmw_error_t **error);
+
+/**
+ * Place `tag`'s future blocks in cached, split segments (the default).
+ *
+ * # Safety
+ * `pool` is a live handle; `error` is NULL or writable.
+ */
+int32_t vmmw_pool_set_tag_segments(const struct vmmw_pool_t *pool, uint32_t tag, struct vmmw_error_t **error);
+
+/**
+ * The pool's memory summed over all tags.
+ *
+ * # Safety
+ * `pool` is a live handle; `out` is writable; `error` is NULL or writable.
+ */
+int32_t vmmw_pool_report(const struct vmmw_pool_t *pool, struct vmmw_report_t *out, struct vmmw_error_t **error);
+
+/**
+ * The pool's memory of one tag (all zero when the tag has nothing in this
+ * pool; `tags` is then 0, else 1). `VMMW_UNKNOWN_TAG` for an unregistered id.
+ *
+ * # Safety
+ * `pool` is a live handle; `out` is writable; `error` is NULL or writable.
+ */
+int32_t vmmw_pool_report_tag(const struct vmmw_pool_t *pool, uint32_t tag, struct vmmw_report_t *out, struct vmmw_error_t **error);
+
+/**
+ * The full memory report (per tag and total) as JSON, into `buf` (the buffer
+ * contract of `vmmw_device_describe`: `VMMW_BUFFER_TOO_SMALL` with `*needed`).
+ *
+ * # Safety
+ * `pool` is a live handle; `buf` is NULL or writable for `cap` bytes;
+ * `needed` and `error` are NULL or writable.
+ */
+int32_t vmmw_pool_report_json(const struct vmmw_pool_t *pool, char *buf, size_t cap, size_t *needed, struct vmmw_error_t **error);
+
+/**
+ * Record the current report in the pool's timeline as boundary `name`
+ * ("after load", "asleep", ...).
+ *
+ * # Safety
+ * `pool` is a live handle; `name` is a NUL-terminated string; `error` is NULL or writable.
+ */
+int32_t vmmw_pool_snapshot(const struct vmmw_pool_t *pool, const char *name, struct vmmw_error_t **error);
+
+/**
+ * Every snapshot so far as JSON, into `buf` (buffer contract as `vmmw_pool_report_json`).
+ *
+ * # Safety
+ * As `vmmw_pool_report_json`.
+ */
+int32_t vmmw_pool_timeline_json(const struct vmmw_pool_t *pool, char *buf, size_t cap, size_t *needed, struct vmmw_error_t **error);
+
+/**
+ * Copy `len` bytes from host memory `src` to pool memory at device address
+ * `dst`, and wait for the copy. The range must lie in one awake segment of
+ * this pool (`VMMW_UNKNOWN_POINTER`, `VMMW_INVALID_STATE` when asleep,
+ * `VMMW_INVALID_ARGUMENT` otherwise; nothing copied). Must not race with
+ * sleeping the tag that owns the range.
+ *
+ * # Safety
+ * `pool` is a live handle; `src` is readable for `len` bytes (NULL when `len`
+ * is 0); `error` is NULL or writable.
+ */
+int32_t vmmw_pool_write(const struct vmmw_pool_t *pool, uint64_t dst, const void *src, size_t len, struct vmmw_error_t **error);
+
+/**
+ * Copy `len` bytes of pool memory at device address `src` into host memory
+ * `dst`, and wait for the copy. Same range rules as `vmmw_pool_write`.
+ *
+ * # Safety
+ * `pool` is a live handle; `dst` is writable for `len` bytes (NULL when `len`
+ * is 0); `error` is NULL or writable.
+ */
+int32_t vmmw_pool_read(const struct vmmw_pool_t *pool, uint64_t src, void *dst, size_t len, struct vmmw_error_t **error);
+
+/**
  * Reserve and back `size` bytes (rounded up to the granularity) on `device`,
  * in physical chunks of at most `chunk_size` bytes (0 = one chunk).
  *
@@ -437,6 +709,63 @@ int32_t vmmw_segment_read(const struct vmmw_segment_t *segment, uint64_t offset,
  * Never NULL; the string is static (never free it). Thread-safe.
  */
 const char *vmmw_status_name(int32_t status);
+
+/**
+ * The id of tag `name`, registering it on first use; the same name always
+ * gives the same id for the life of the process. Names are 1 to 64 bytes of
+ * UTF-8 without control characters (`VMMW_INVALID_ARGUMENT` otherwise).
+ * Thread-safe.
+ *
+ * # Safety
+ * `name` is NULL or a NUL-terminated string; `out` is writable; `error` is NULL or writable.
+ */
+int32_t vmmw_tag_id(const char *name, uint32_t *out, struct vmmw_error_t **error);
+
+/**
+ * The name of a registered tag, into `buf` (the buffer contract of
+ * `vmmw_device_describe`). `VMMW_UNKNOWN_TAG` for an id never handed out.
+ *
+ * # Safety
+ * `buf` is NULL or writable for `cap` bytes; `needed` and `error` are NULL or writable.
+ */
+int32_t vmmw_tag_name(uint32_t tag, char *buf, size_t cap, size_t *needed, struct vmmw_error_t **error);
+
+/**
+ * Open a tag scope on the calling OS thread: allocations made by this thread
+ * get `tag` until the matching `vmmw_tag_pop`. Scopes nest. `VMMW_UNKNOWN_TAG`
+ * for an id not from `vmmw_tag_id`. (Go callers must lock the goroutine to its
+ * thread for the scope; the Go binding does.)
+ *
+ * # Safety
+ * `error` is NULL or writable.
+ */
+int32_t vmmw_tag_push(uint32_t tag, struct vmmw_error_t **error);
+
+/**
+ * Close the innermost tag scope of the calling OS thread.
+ * `VMMW_INVALID_STATE` (nothing changes) when no scope is open.
+ *
+ * # Safety
+ * `error` is NULL or writable.
+ */
+int32_t vmmw_tag_pop(struct vmmw_error_t **error);
+
+/**
+ * The tag allocations on the calling thread get now: the innermost scope,
+ * else the process default.
+ *
+ * # Safety
+ * `out` is writable; `error` is NULL or writable.
+ */
+int32_t vmmw_tag_current(uint32_t *out, struct vmmw_error_t **error);
+
+/**
+ * Set the tag used by threads with no open scope (initially `VMMW_TAG_DEFAULT`).
+ *
+ * # Safety
+ * `error` is NULL or writable.
+ */
+int32_t vmmw_tag_set_process_default(uint32_t tag, struct vmmw_error_t **error);
 
 /**
  * Allocate one segment of at least `size` bytes on `device`, tagged with the

@@ -71,7 +71,6 @@ pub(crate) unsafe fn arg<'a, T>(p: *const T, name: &'static str) -> Result<&'a T
 ///
 /// # Safety
 /// `p` is NULL or a NUL-terminated string that outlives `'a`.
-#[allow(dead_code)] // used by the tag and loader entry points
 pub(crate) unsafe fn str_arg<'a>(p: *const c_char, name: &'static str) -> Result<&'a str> {
     if p.is_null() {
         return Err(Error::NullArgument(name));
