@@ -30,6 +30,7 @@ use crate::driver::{DevicePtr, Driver, EventId, StreamId};
 use crate::error::{Error, Result};
 use crate::reload::ReloadSource;
 use crate::segment::{Segment, SleepState};
+use crate::tag::TagId;
 
 /// What sleep does with a tag's memory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
@@ -126,7 +127,7 @@ pub struct CycleReport {
 /// bytes in order (piece k holds the bytes right after piece k-1).
 #[derive(Debug, Clone)]
 struct SegmentBackup {
-    tag: u32,
+    tag: TagId,
     pieces: Vec<BackupRange>,
 }
 
@@ -171,7 +172,7 @@ struct EngineState {
     /// Backups by segment base address. A backup stays assigned after wake
     /// (unless configured otherwise), so the next sleep reuses the same memory.
     backups: HashMap<DevicePtr, SegmentBackup>,
-    reload: HashMap<u32, Vec<Arc<dyn ReloadSource>>>,
+    reload: HashMap<TagId, Vec<Arc<dyn ReloadSource>>>,
     options: SleepOptions,
 }
 
@@ -242,13 +243,25 @@ impl SleepEngine {
     }
 
     /// Backup bytes assigned to segments, per tag.
-    pub fn backup_bytes_by_tag(&self) -> HashMap<u32, u64> {
+    pub fn backup_bytes_by_tag(&self) -> HashMap<TagId, u64> {
         let s = self.lock();
         let mut m = HashMap::new();
         for b in s.backups.values() {
             *m.entry(b.tag).or_insert(0) += b.len() as u64;
         }
         m
+    }
+
+    /// Drop the backups of segments for which `live` is false (freed since
+    /// they last slept), returning their memory to the arena.
+    pub fn retain_backups(&self, live: &dyn Fn(DevicePtr) -> bool) {
+        let mut s = self.lock();
+        let gone: Vec<DevicePtr> = s.backups.keys().copied().filter(|&va| !live(va)).collect();
+        for va in gone {
+            if let Some(b) = s.backups.remove(&va) {
+                b.pieces.into_iter().for_each(|p| s.arena.free(p));
+            }
+        }
     }
 
     /// Forget a segment that is being freed: its backup returns to the arena.
@@ -260,17 +273,17 @@ impl SleepEngine {
     }
 
     /// Register a source that can restore bytes of `tag` for the Reload policy.
-    pub fn add_reload_source(&self, tag: u32, source: Arc<dyn ReloadSource>) {
+    pub fn add_reload_source(&self, tag: TagId, source: Arc<dyn ReloadSource>) {
         self.lock().reload.entry(tag).or_default().push(source);
     }
 
     /// Drop the reload sources of `tag`.
-    pub fn clear_reload_sources(&self, tag: u32) {
+    pub fn clear_reload_sources(&self, tag: TagId) {
         self.lock().reload.remove(&tag);
     }
 
     /// True when `tag` has at least one reload source.
-    pub fn has_reload_source(&self, tag: u32) -> bool {
+    pub fn has_reload_source(&self, tag: TagId) -> bool {
         self.lock().reload.get(&tag).is_some_and(|v| !v.is_empty())
     }
 
@@ -289,7 +302,7 @@ impl SleepEngine {
     /// and the rest stay awake; the error says so, and calling again finishes.
     pub fn sleep(
         &self,
-        tag: u32,
+        tag: TagId,
         segs: &mut [&mut Segment],
         policy: Policy,
     ) -> Result<CycleReport> {
@@ -328,7 +341,7 @@ impl SleepEngine {
     fn offload(
         &self,
         s: &mut EngineState,
-        tag: u32,
+        tag: TagId,
         segs: &mut [&mut Segment],
         awake: &[usize],
         report: &mut CycleReport,
@@ -354,6 +367,9 @@ impl SleepEngine {
             });
         }
         self.ensure_streams(s)?;
+        // Our streams do not order against the caller's (PyTorch's) streams:
+        // work still queued there may be writing these bytes.
+        self.driver.synchronize()?;
         let held_before = s.arena.held();
         let piece = s.options.copy_piece_bytes.max(1 << 20);
         let streams = s.streams.clone();
@@ -408,7 +424,7 @@ impl SleepEngine {
     fn issue_offload(
         &self,
         s: &mut EngineState,
-        tag: u32,
+        tag: TagId,
         seg: &Segment,
         piece: usize,
         streams: &[StreamId],
@@ -422,6 +438,9 @@ impl SleepEngine {
             }
             let pieces = s.arena.alloc_pieces(len)?;
             s.backups.insert(seg.ptr(), SegmentBackup { tag, pieces });
+        }
+        if let Some(b) = s.backups.get_mut(&seg.ptr()) {
+            b.tag = tag;
         }
         let backup = &s.backups[&seg.ptr()];
         let mut used = vec![false; streams.len()];
@@ -458,7 +477,7 @@ impl SleepEngine {
     /// Wake the asleep segments among `segs` (all of tag `tag`). Transactional:
     /// on any failure every chunk mapped by this call is unmapped again and the
     /// segments stay asleep with their backups; the error is returned.
-    pub fn wake(&self, tag: u32, segs: &mut [&mut Segment]) -> Result<CycleReport> {
+    pub fn wake(&self, tag: TagId, segs: &mut [&mut Segment]) -> Result<CycleReport> {
         let t0 = Instant::now();
         let mut s = self.lock();
         let asleep: Vec<usize> = (0..segs.len())
@@ -527,7 +546,7 @@ impl SleepEngine {
     fn wake_inner(
         &self,
         s: &EngineState,
-        tag: u32,
+        tag: TagId,
         segs: &mut [&mut Segment],
         asleep: &[usize],
         mapped: &mut Vec<(usize, usize)>,

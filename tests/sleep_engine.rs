@@ -7,6 +7,7 @@ use vmmweights::driver::host::{FaultOp, HostConfig, HostDriver};
 use vmmweights::driver::{DevicePtr, Driver, StreamId};
 use vmmweights::reload::ReloadSource;
 use vmmweights::sleep::{Policy, SleepEngine, SleepOptions};
+use vmmweights::tag::TagId;
 use vmmweights::{Error, Segment, SleepState};
 
 const G: usize = 64 << 10;
@@ -81,7 +82,7 @@ fn offload_round_trips_over_many_cycles_with_interleaved_allocations() {
         }
         let before = h.counts().physical_bytes;
         let mut refs: Vec<&mut Segment> = segs.iter_mut().map(|(s, _, _)| s).collect();
-        let r = engine.sleep(7, &mut refs, Policy::Offload).unwrap();
+        let r = engine.sleep(TagId(7), &mut refs, Policy::Offload).unwrap();
         assert_eq!(r.segments, segs.len());
         assert_eq!(r.physical_bytes, before, "every physical byte released");
         assert_eq!(h.counts().physical_bytes, 0);
@@ -94,15 +95,15 @@ fn offload_round_trips_over_many_cycles_with_interleaved_allocations() {
         let mut refs: Vec<&mut Segment> = segs.iter_mut().map(|(s, _, _)| s).collect();
         assert_eq!(
             engine
-                .sleep(7, &mut refs, Policy::Offload)
+                .sleep(TagId(7), &mut refs, Policy::Offload)
                 .unwrap()
                 .segments,
             0
         );
-        let w = engine.wake(7, &mut refs).unwrap();
+        let w = engine.wake(TagId(7), &mut refs).unwrap();
         assert_eq!(w.physical_bytes, before);
         assert_eq!(
-            engine.wake(7, &mut refs).unwrap().segments,
+            engine.wake(TagId(7), &mut refs).unwrap().segments,
             0,
             "wake of awake is a no-op"
         );
@@ -135,15 +136,19 @@ fn second_sleep_reuses_pinned_backup_and_reserve_ahead_pins_before() {
     engine.reserve_backup(8 << 20).unwrap();
     let mut seg = Segment::allocate(d.clone(), 6 << 20, G).unwrap();
     fill(d.as_ref(), &seg, 3);
-    let r1 = engine.sleep(1, &mut [&mut seg], Policy::Offload).unwrap();
+    let r1 = engine
+        .sleep(TagId(1), &mut [&mut seg], Policy::Offload)
+        .unwrap();
     assert_eq!(
         r1.newly_pinned_bytes, 0,
         "reserve-ahead covered the first sleep"
     );
-    engine.wake(1, &mut [&mut seg]).unwrap();
-    let r2 = engine.sleep(1, &mut [&mut seg], Policy::Offload).unwrap();
+    engine.wake(TagId(1), &mut [&mut seg]).unwrap();
+    let r2 = engine
+        .sleep(TagId(1), &mut [&mut seg], Policy::Offload)
+        .unwrap();
     assert_eq!(r2.newly_pinned_bytes, 0);
-    assert_eq!(engine.backup_bytes_by_tag()[&1], 6 << 20);
+    assert_eq!(engine.backup_bytes_by_tag()[&TagId(1)], 6 << 20);
 }
 
 #[test]
@@ -158,14 +163,16 @@ fn discard_comes_back_mapped_with_debug_pattern() {
     );
     let mut seg = Segment::allocate(d.clone(), 3 * G, G).unwrap();
     fill(d.as_ref(), &seg, 11);
-    engine.sleep(2, &mut [&mut seg], Policy::Discard).unwrap();
+    engine
+        .sleep(TagId(2), &mut [&mut seg], Policy::Discard)
+        .unwrap();
     assert_eq!(seg.sleep_state(), SleepState::Discarded);
     assert_eq!(h.counts().physical_bytes, 0);
     assert!(
         engine.backup_bytes_by_tag().is_empty(),
         "discard keeps no backup"
     );
-    engine.wake(2, &mut [&mut seg]).unwrap();
+    engine.wake(TagId(2), &mut [&mut seg]).unwrap();
     assert!(read(d.as_ref(), &seg).iter().all(|&b| b == 0xA5));
 }
 
@@ -178,12 +185,12 @@ fn wake_fails_cleanly_when_memory_is_short_then_succeeds() {
     let da = fill(d.as_ref(), &a, 5);
     let db = fill(d.as_ref(), &b, 6);
     engine
-        .sleep(3, &mut [&mut a, &mut b], Policy::Offload)
+        .sleep(TagId(3), &mut [&mut a, &mut b], Policy::Offload)
         .unwrap();
 
     // Not enough free memory: refused before anything is mapped, with both numbers.
     h.set_memory_limit(10 << 20);
-    let e = engine.wake(3, &mut [&mut a, &mut b]).unwrap_err();
+    let e = engine.wake(TagId(3), &mut [&mut a, &mut b]).unwrap_err();
     match &e {
         Error::OutOfMemory {
             requested, free, ..
@@ -198,7 +205,7 @@ fn wake_fails_cleanly_when_memory_is_short_then_succeeds() {
     // Enough by the numbers, but a create fails midway: everything rolls back.
     h.set_memory_limit(64 << 20);
     h.fail_nth(FaultOp::Create, 2);
-    let e = engine.wake(3, &mut [&mut a, &mut b]).unwrap_err();
+    let e = engine.wake(TagId(3), &mut [&mut a, &mut b]).unwrap_err();
     assert!(e.is_out_of_memory(), "{e}");
     assert_eq!(
         h.counts().physical_bytes,
@@ -211,11 +218,11 @@ fn wake_fails_cleanly_when_memory_is_short_then_succeeds() {
 
     // A map failure in the second segment (chunks were coalesced at the first wake attempt), likewise.
     h.fail_nth(FaultOp::Map, 2);
-    engine.wake(3, &mut [&mut a, &mut b]).unwrap_err();
+    engine.wake(TagId(3), &mut [&mut a, &mut b]).unwrap_err();
     assert_eq!(h.counts().mappings, 0);
 
     // Memory available again: everything comes back intact.
-    engine.wake(3, &mut [&mut a, &mut b]).unwrap();
+    engine.wake(TagId(3), &mut [&mut a, &mut b]).unwrap();
     assert!(read(d.as_ref(), &a) == da);
     assert!(read(d.as_ref(), &b) == db);
 }
@@ -233,7 +240,7 @@ fn offload_over_the_host_limit_changes_nothing() {
     let mut seg = Segment::allocate(d.clone(), 8 << 20, G).unwrap();
     let data = fill(d.as_ref(), &seg, 9);
     let e = engine
-        .sleep(4, &mut [&mut seg], Policy::Offload)
+        .sleep(TagId(4), &mut [&mut seg], Policy::Offload)
         .unwrap_err();
     assert!(
         matches!(e, Error::HostOutOfMemory { requested, .. } if requested == 8 << 20),
@@ -290,21 +297,23 @@ fn reload_restores_from_the_source_and_needs_one() {
     let engine = SleepEngine::new(d.clone(), options());
     let mut seg = Segment::allocate(d.clone(), 4 * G, G).unwrap();
     let e = engine
-        .sleep(5, &mut [&mut seg], Policy::Reload)
+        .sleep(TagId(5), &mut [&mut seg], Policy::Reload)
         .unwrap_err();
     assert!(matches!(e, Error::InvalidState(_)), "{e}");
     assert_eq!(seg.sleep_state(), SleepState::Awake);
 
     engine.add_reload_source(
-        5,
+        TagId(5),
         Arc::new(PatternSource {
             ranges: vec![(seg.ptr(), seg.committed())],
         }),
     );
-    engine.sleep(5, &mut [&mut seg], Policy::Reload).unwrap();
+    engine
+        .sleep(TagId(5), &mut [&mut seg], Policy::Reload)
+        .unwrap();
     assert_eq!(seg.sleep_state(), SleepState::Reloadable);
     assert_eq!(h.counts().physical_bytes, 0);
-    let r = engine.wake(5, &mut [&mut seg]).unwrap();
+    let r = engine.wake(TagId(5), &mut [&mut seg]).unwrap();
     assert_eq!(r.reloaded_bytes, seg.committed() as u64);
     let got = read(d.as_ref(), &seg);
     assert!(got
@@ -337,8 +346,8 @@ fn concurrent_sleep_and_wake_from_threads_are_safe() {
                         Policy::Offload
                     };
                     let mut refs: Vec<&mut Segment> = segs.iter_mut().collect();
-                    engine.sleep(t as u32, &mut refs, policy).unwrap();
-                    engine.wake(t as u32, &mut refs).unwrap();
+                    engine.sleep(TagId(t as u32), &mut refs, policy).unwrap();
+                    engine.wake(TagId(t as u32), &mut refs).unwrap();
                     if policy == Policy::Offload {
                         for (s, want) in segs.iter().zip(&data) {
                             assert!(&read(d.as_ref(), s) == want);
@@ -373,7 +382,9 @@ fn child_touches_asleep_memory() {
     let (_h, d) = host(1 << 30);
     let engine = SleepEngine::new(d.clone(), options());
     let mut seg = Segment::allocate(d.clone(), 2 * G, G).unwrap();
-    engine.sleep(1, &mut [&mut seg], Policy::Offload).unwrap();
+    engine
+        .sleep(TagId(1), &mut [&mut seg], Policy::Offload)
+        .unwrap();
     // SAFETY: deliberately invalid: the memory is asleep and must fault.
     unsafe { std::ptr::write_volatile(seg.ptr() as *mut u8, 1) };
     eprintln!("write to asleep memory did not fault");

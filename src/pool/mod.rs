@@ -22,6 +22,8 @@
 
 mod arena;
 pub(crate) mod block;
+mod dest;
+mod sleep;
 #[cfg(test)]
 mod tests;
 
@@ -35,6 +37,7 @@ use crate::report::{Boundary, Report, TagUsage, Timeline};
 use crate::segment::{Segment, SleepState};
 use crate::tag::{self, TagId};
 use block::{BlockMap, Change, ReleaseError};
+pub use sleep::TagCycle;
 
 /// How a tag's blocks are placed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
@@ -73,6 +76,8 @@ pub struct PoolConfig {
     pub default_mode: Mode,
     /// Per-tag modes.
     pub tag_modes: HashMap<TagId, Mode>,
+    /// Sleep/wake tunables (copy pieces, streams, host-memory limit, debug fill).
+    pub sleep: crate::sleep::SleepOptions,
 }
 
 impl Default for PoolConfig {
@@ -85,6 +90,7 @@ impl Default for PoolConfig {
             chunk_bytes: 0,
             default_mode: Mode::Segments,
             tag_modes: HashMap::new(),
+            sleep: crate::sleep::SleepOptions::default(),
         }
     }
 }
@@ -207,6 +213,7 @@ pub struct Pool {
     granularity: usize,
     created: Instant,
     state: Mutex<State>,
+    sleep: crate::sleep::SleepEngine,
 }
 
 impl Pool {
@@ -220,6 +227,7 @@ impl Pool {
             state.tags.entry(t).or_default().mode = Some(m);
         }
         Ok(Pool {
+            sleep: crate::sleep::SleepEngine::new(driver.clone(), config.sleep.clone()),
             driver,
             config,
             granularity,
@@ -585,7 +593,6 @@ impl Pool {
 
     /// Run `f` on every segment of `tag` (ordinary, dedicated and arena), under
     /// the pool lock. For the sleep layer.
-    #[allow(dead_code)] // called by the sleep layer (src/sleep.rs) and tests
     pub(crate) fn with_tag_segments<R>(
         &self,
         tag: TagId,
@@ -602,7 +609,6 @@ impl Pool {
     }
 
     /// Mark `tag` asleep (allocation refused, frees only update bookkeeping) or awake.
-    #[allow(dead_code)] // called by the sleep layer (src/sleep.rs) and tests
     pub(crate) fn set_tag_asleep(&self, tag: TagId, asleep: bool) {
         let dropped = {
             let mut st = self.lock();

@@ -5,6 +5,7 @@
 mod backend;
 mod bench_alloc;
 mod bench_pool;
+mod bench_sleep;
 mod demo;
 
 use std::process::ExitCode;
@@ -27,6 +28,8 @@ enum Command {
     BenchAlloc(bench_alloc::Args),
     /// Median cost of a cached alloc+free pair in the caching pool, per size.
     BenchPool(bench_pool::Args),
+    /// Sleep/wake of ~16 GB of 8B-shaped weights against the per-segment pinning reference.
+    BenchSleep(bench_sleep::Args),
 }
 
 fn main() -> ExitCode {
@@ -34,6 +37,7 @@ fn main() -> ExitCode {
         Command::Demo(a) => demo::run(a),
         Command::BenchAlloc(a) => bench_alloc::run(a),
         Command::BenchPool(a) => bench_pool::run(a),
+        Command::BenchSleep(a) => bench_sleep::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

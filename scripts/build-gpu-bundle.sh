@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Builds, here, everything the GPU machine runs (it has no Rust toolchain) and
+# copies it into .gpu/ (git-ignored), which the `run` tool carries:
+#   .gpu/vmmw                     the command line
+#   .gpu/libvmmweights.so         the cdylib (for C/C++/Go/PyTorch checks)
+#   .gpu/tests/<target>           every test executable (integration tests by
+#                                 name, the library's unit tests as `lib`,
+#                                 the command line's as `bin-vmmw`)
+#   .gpu/MANIFEST                 commit, build time, file list
+# Debug info is stripped from the copies to keep the carried tree small;
+# symbols stay, so backtraces still name functions.
+# Then on the GPU machine, from the repo root: bash scripts/gpu-check.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export CARGO_TERM_COLOR=never
+
+cargo build --release --bins --lib
+json=$(cargo test --release --no-run --message-format=json)
+
+rm -rf .gpu
+mkdir -p .gpu/tests
+cp target/release/vmmw target/release/libvmmweights.so .gpu/
+
+# One executable per test target; the JSON names each and where it was built.
+echo "$json" | python3 -c '
+import json, sys
+for line in sys.stdin:
+    line = line.strip()
+    if not line.startswith("{"):
+        continue
+    m = json.loads(line)
+    if m.get("reason") != "compiler-artifact" or not m.get("executable"):
+        continue
+    if not m.get("profile", {}).get("test"):
+        continue
+    t = m["target"]
+    kinds = t["kind"]
+    name = "lib" if "lib" in kinds or "cdylib" in kinds else t["name"]
+    if "bin" in kinds:
+        name = "bin-" + t["name"]
+    print(name + "\t" + m["executable"])
+' | while IFS=$'\t' read -r name exe; do
+  cp "$exe" ".gpu/tests/$name"
+done
+
+strip --strip-debug .gpu/vmmw .gpu/libvmmweights.so .gpu/tests/*
+{
+  echo "commit $(git rev-parse HEAD)$(git diff --quiet HEAD || echo ' (with uncommitted changes)')"
+  echo "built $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(uname -n), $(rustc --version)"
+  (cd .gpu && find . -type f ! -name MANIFEST | sort | xargs ls -l | awk '{print $5, $9}')
+} > .gpu/MANIFEST
+cat .gpu/MANIFEST
+echo "bundle: $(du -sh .gpu | cut -f1) in .gpu/"

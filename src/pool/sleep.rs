@@ -1,0 +1,183 @@
+//! Sleep and wake of a pool's tags: each tag's segments go through the pool's
+//! [`SleepEngine`], under the pool lock, and the tag is marked asleep so no
+//! block is handed out from memory that is not there.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use super::Pool;
+use crate::driver::DevicePtr;
+use crate::error::{Error, Result};
+use crate::reload::ReloadSource;
+use crate::segment::SleepState;
+use crate::sleep::{CycleReport, Policy, SleepEngine, SleepOptions};
+use crate::tag::{self, TagId};
+
+/// What one sleep or wake call did to one tag.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct TagCycle {
+    /// The tag.
+    pub tag: TagId,
+    /// Its name.
+    pub name: String,
+    /// The policy it slept with (None for wake).
+    pub policy: Option<Policy>,
+    /// What happened.
+    pub report: CycleReport,
+}
+
+impl Pool {
+    /// The sleep engine (backup arena, streams, reload sources) of this pool.
+    pub fn sleep_engine(&self) -> &SleepEngine {
+        &self.sleep
+    }
+
+    /// Change the sleep options (copy piece size, streams, host-memory limit, debug fill...).
+    pub fn set_sleep_options(&self, options: SleepOptions) {
+        self.sleep.set_options(options);
+    }
+
+    /// Put each listed tag to sleep with its policy. Every pointer stays valid;
+    /// touching a sleeping tag's memory faults until it wakes. A tag already
+    /// asleep is left as it is. Tags are processed in order; on an error the
+    /// tags before it are asleep and the failing tag is as the error says.
+    pub fn sleep(&self, items: &[(TagId, Policy)]) -> Result<Vec<TagCycle>> {
+        for &(t, _) in items {
+            tag::check(t)?;
+        }
+        self.forget_freed_backups();
+        let mut out = Vec::with_capacity(items.len());
+        for &(t, policy) in items {
+            // Refuse allocations first, so nothing is carved from memory going away.
+            self.set_tag_asleep(t, true);
+            let r = self.with_tag_segments(t, |segs| self.sleep.sleep(t, segs, policy));
+            let any_asleep = self.with_tag_segments(t, |segs| {
+                segs.iter().any(|s| s.sleep_state() != SleepState::Awake)
+            });
+            if !any_asleep {
+                self.set_tag_asleep(t, false);
+            }
+            self.publish_backup_bytes();
+            let report = r?;
+            out.push(TagCycle {
+                tag: t,
+                name: tag::name_of(t),
+                policy: Some(policy),
+                report,
+            });
+        }
+        Ok(out)
+    }
+
+    /// Wake the listed tags (all asleep tags when `tags` is empty). The bytes
+    /// needed by all of them are checked against the device's free memory
+    /// before anything is mapped; each tag's wake is transactional.
+    pub fn wake(&self, tags: &[TagId]) -> Result<Vec<TagCycle>> {
+        for &t in tags {
+            tag::check(t)?;
+        }
+        let tags: Vec<TagId> = if tags.is_empty() {
+            self.asleep_tags()
+        } else {
+            tags.to_vec()
+        };
+        let needed: u64 = tags
+            .iter()
+            .map(|&t| {
+                self.with_tag_segments(t, |segs| {
+                    segs.iter()
+                        .map(|s| (s.committed() - s.mapped_bytes()) as u64)
+                        .sum::<u64>()
+                })
+            })
+            .sum();
+        let free = self.driver.mem_info()?.free;
+        if needed > free {
+            let names: Vec<String> = tags.iter().map(|t| tag::name_of(*t)).collect();
+            return Err(Error::OutOfMemory {
+                what: format!("wake of tags [{}]", names.join(", ")),
+                requested: needed,
+                free,
+            });
+        }
+        let mut out = Vec::with_capacity(tags.len());
+        for t in tags {
+            let r = self.with_tag_segments(t, |segs| self.sleep.wake(t, segs));
+            let report = r?;
+            self.set_tag_asleep(t, false);
+            self.publish_backup_bytes();
+            out.push(TagCycle {
+                tag: t,
+                name: tag::name_of(t),
+                policy: None,
+                report,
+            });
+        }
+        Ok(out)
+    }
+
+    /// Pin `bytes` of host backup ahead of time, so even the first offload
+    /// sleep runs at the link's rate.
+    pub fn reserve_backup(&self, bytes: u64) -> Result<()> {
+        self.sleep.reserve_backup(bytes)
+    }
+
+    /// Unpin backup memory not holding an asleep segment's contents. Returns bytes unpinned.
+    pub fn release_backup(&self) -> u64 {
+        let asleep = self.asleep_segment_bases();
+        let r = self.sleep.release_backup(&|va| !asleep.contains(&va));
+        self.publish_backup_bytes();
+        r
+    }
+
+    /// Register where `tag`'s bytes can be reloaded from (the loader's executed plan).
+    pub fn add_reload_source(&self, tag: TagId, source: Arc<dyn ReloadSource>) -> Result<()> {
+        tag::check(tag)?;
+        self.sleep.add_reload_source(tag, source);
+        Ok(())
+    }
+
+    /// Tags that have at least one asleep segment or are marked asleep.
+    pub fn asleep_tags(&self) -> Vec<TagId> {
+        let st = self.lock();
+        let mut v: Vec<TagId> = st
+            .tags
+            .iter()
+            .filter(|(_, ts)| ts.asleep)
+            .map(|(&t, _)| t)
+            .collect();
+        for e in st.segs.values() {
+            if e.seg.sleep_state() != SleepState::Awake && !v.contains(&e.tag) {
+                v.push(e.tag);
+            }
+        }
+        v.sort();
+        v
+    }
+
+    fn asleep_segment_bases(&self) -> HashSet<DevicePtr> {
+        let st = self.lock();
+        st.segs
+            .iter()
+            .filter(|(_, e)| e.seg.sleep_state() != SleepState::Awake)
+            .map(|(&b, _)| b)
+            .collect()
+    }
+
+    /// Backups of segments the pool no longer has go back to the arena.
+    fn forget_freed_backups(&self) {
+        let live: HashSet<DevicePtr> = self.lock().segs.keys().copied().collect();
+        self.sleep.retain_backups(&|va| live.contains(&va));
+    }
+
+    fn publish_backup_bytes(&self) {
+        let by_tag = self.sleep.backup_bytes_by_tag();
+        let mut st = self.lock();
+        for (t, ts) in st.tags.iter_mut() {
+            ts.host_backup_bytes = by_tag.get(t).copied().unwrap_or(0);
+        }
+        for (t, b) in by_tag {
+            st.tags.entry(t).or_default().host_backup_bytes = b;
+        }
+    }
+}
