@@ -273,3 +273,43 @@ def trim(device: int = 0) -> int:
     released = ctypes.c_uint64()
     _call("vmmw_pool_trim", _pool_handle(device), ctypes.byref(released))
     return released.value
+
+
+# --- sleep and wake ----------------------------------------------------------------
+
+POLICIES = {"offload": 0, "discard": 1, "reload": 2}
+
+
+class _TagPolicy(ctypes.Structure):
+    # vmmw_tag_policy_t: { uint32_t tag; int32_t policy; }
+    _fields_ = [("tag", ctypes.c_uint32), ("policy", ctypes.c_int32)]
+
+
+def sleep(device: int = 0, **policies: str) -> None:
+    """Release the device memory behind the listed tags, keeping every pointer:
+    `sleep(weights="offload", kv_cache="discard")`. Offload keeps a pinned host
+    backup; discard drops the contents; reload restores them from the
+    checkpoint they were loaded from. Touching sleeping memory faults.
+    Synchronizes the device first, so queued kernels finish."""
+    import torch
+
+    torch.cuda.synchronize(device)
+    items = (_TagPolicy * len(policies))()
+    for i, (tag, policy) in enumerate(policies.items()):
+        if policy not in POLICIES:
+            raise ValueError(f"unknown policy {policy!r} for tag {tag!r}: expected one of {sorted(POLICIES)}")
+        items[i].tag = tag_id(tag)
+        items[i].policy = POLICIES[policy]
+    _call("vmmw_pool_sleep", _pool_handle(device), items, ctypes.c_size_t(len(policies)))
+
+
+def wake(*tags: str, device: int = 0) -> None:
+    """Bring the listed tags back (all sleeping tags when none is named), at the
+    same addresses; offloaded contents are restored byte for byte."""
+    ids = (ctypes.c_uint32 * max(len(tags), 1))(*[tag_id(t) for t in tags])
+    _call("vmmw_pool_wake", _pool_handle(device), ids, ctypes.c_size_t(len(tags)))
+
+
+def reserve_backup(nbytes: int, device: int = 0) -> None:
+    """Pin `nbytes` of host backup ahead of time, so the first sleep runs at the link's rate."""
+    _call("vmmw_pool_reserve_backup", _pool_handle(device), ctypes.c_uint64(nbytes))

@@ -1,3 +1,32 @@
-//! The C ABI.
+//! The C ABI: every `vmmw_*` function of `include/vmmweights.h`.
+//!
+//! Conventions every function here follows (the header repeats them):
+//! - it returns an `int32_t` status, one of the `VMMW_*` codes (the numbers of
+//!   [`crate::error::Status`], which never change); the few exceptions are
+//!   infallible accessors (`vmmw_status_name`, `vmmw_error_message`,
+//!   `vmmw_version_string`) and `_free` functions;
+//! - a panic inside the library is caught at the boundary and becomes
+//!   `VMMW_PANIC`; nothing unwinds into C and nothing aborts the process;
+//! - every pointer argument is checked for NULL (`VMMW_NULL_ARGUMENT`);
+//! - out-parameters are written only on success (the one documented exception:
+//!   `*needed` on `VMMW_BUFFER_TOO_SMALL`);
+//! - fallible functions take a last argument `vmmw_error_t** error` (may be
+//!   NULL): on failure, when non-NULL, `*error` receives an owned error object
+//!   that the caller frees with `vmmw_error_free`. No thread-local "last error",
+//!   so callers whose threads migrate (Go goroutines) read the right message.
+//!
+//! The module is the only source cbindgen reads (`scripts/gen-header.sh`), so
+//! everything C sees is declared in these files.
 
+#![allow(non_camel_case_types)]
+
+pub(crate) mod boundary;
+pub mod buffer;
+pub mod device;
+pub mod error;
+pub mod pool;
+pub mod segment;
+pub mod status;
+pub mod tag;
 pub mod torch;
+pub mod version;

@@ -22,6 +22,7 @@
 
 mod arena;
 pub(crate) mod block;
+mod dest;
 mod sleep;
 #[cfg(test)]
 mod tests;

@@ -212,16 +212,89 @@ pub struct Args {
     /// Also write the results as JSON to this file.
     #[arg(long)]
     json: Option<std::path::PathBuf>,
+    /// A checkpoint (file or folder) to load into the pool for the Reload rows:
+    /// load it, sleep with Reload (no backup), time the wake from the page cache.
+    #[arg(long)]
+    reload_checkpoint: Option<std::path::PathBuf>,
 }
 
 /// Run the benchmark.
 pub fn run(args: Args) -> Result<()> {
     let opened = args.backend.open()?;
     println!("backend: {}", opened.reason);
-    bench(opened.driver, args.scale_div, args.json.as_deref())
+    bench(
+        opened.driver,
+        args.scale_div,
+        args.json.as_deref(),
+        args.reload_checkpoint.as_deref(),
+    )
 }
 
-fn bench(d: Arc<dyn Driver>, scale_div: usize, json: Option<&std::path::Path>) -> Result<()> {
+/// Load `path` into pool memory of tag "weights", sleep it with Reload and
+/// time the wake. Returns (bytes loaded, load seconds, reload-wake seconds, discard-sleep seconds).
+fn reload_rows(d: &Arc<dyn Driver>, path: &std::path::Path) -> Result<(f64, f64, f64, f64)> {
+    use vmmweights::loader::{self, Checkpoint, Control, LoadOptions, Plan, Registry, Rules};
+    use vmmweights::{tag, Pool, PoolConfig};
+    let pool = Pool::new(d.clone(), PoolConfig::default())?;
+    let weights = tag::id("weights")?;
+    let ckpt = Checkpoint::open(path)?;
+    let rules = Rules::default();
+    let mut reg = Registry::new();
+    {
+        let _scope = tag::scope(weights)?;
+        reg.allocate(&Plan::destinations(&ckpt, &rules)?, &pool)?;
+    }
+    let t = Instant::now();
+    let plan = loader::load(
+        d,
+        ckpt,
+        &rules,
+        &reg,
+        &LoadOptions::default(),
+        &Control::default(),
+    )?;
+    let load_s = t.elapsed().as_secs_f64();
+    let bytes: f64 = reg.iter().map(|x| x.bytes() as f64).sum();
+    let probe: Vec<(u64, Vec<u8>)> = reg
+        .iter()
+        .take(8)
+        .map(|x| {
+            let n = x.bytes().min(4096);
+            let mut v = vec![0u8; n];
+            // SAFETY: `n` bytes of a loaded, awake destination.
+            let r = unsafe { d.copy_dtoh_async(v.as_mut_ptr(), x.ptr, n, StreamId::DEFAULT) };
+            r.map(|_| (x.ptr, v))
+        })
+        .collect::<Result<_>>()?;
+    d.synchronize()?;
+    pool.add_reload_source(weights, Arc::new(plan))?;
+    let slept = pool.sleep(&[(weights, Policy::Reload)])?;
+    let woke = pool.wake(&[weights])?;
+    for (ptr, want) in &probe {
+        let mut got = vec![0u8; want.len()];
+        // SAFETY: as above, after wake.
+        unsafe { d.copy_dtoh_async(got.as_mut_ptr(), *ptr, got.len(), StreamId::DEFAULT)? };
+        d.synchronize()?;
+        if &got != want {
+            return Err(Error::InvalidState(format!(
+                "tensor at {ptr:#x} differs after Reload wake"
+            )));
+        }
+    }
+    Ok((
+        bytes,
+        load_s,
+        woke[0].report.seconds,
+        slept[0].report.seconds,
+    ))
+}
+
+fn bench(
+    d: Arc<dyn Driver>,
+    scale_div: usize,
+    json: Option<&std::path::Path>,
+    reload: Option<&std::path::Path>,
+) -> Result<()> {
     if d.kind() != BackendKind::Cuda {
         return Err(Error::Unsupported(format!(
             "bench-sleep measures the GPU link and needs the cuda backend (got {}); run it on the GPU machine",
@@ -378,6 +451,32 @@ fn bench(d: Arc<dyn Driver>, scale_div: usize, json: Option<&std::path::Path>) -
         "<= 0.015 s",
     ));
     drop(arena);
+    drop(engine);
+
+    if let Some(path) = reload {
+        let (rb, load_s, wake_s, sleep_s) = reload_rows(&d, path)?;
+        rows.push(row(
+            "ours: load of the Reload checkpoint (page-cached)",
+            load_s,
+            rb,
+            Some(h2d),
+            "-",
+        ));
+        rows.push(row(
+            "ours: sleep with Reload (no backup)",
+            sleep_s,
+            rb,
+            None,
+            "-",
+        ));
+        rows.push(row(
+            "ours: Reload wake from the page cache",
+            wake_s,
+            rb,
+            Some(h2d),
+            ">= 0.85 of h2d",
+        ));
+    }
 
     println!();
     println!(

@@ -1,0 +1,66 @@
+package vmmw
+
+// #cgo CFLAGS: -I${SRCDIR}/../../include
+// #cgo LDFLAGS: -lvmmweights
+// #include <stdlib.h>
+// #include "vmmweights.h"
+import "C"
+
+import (
+	"unsafe"
+)
+
+// call runs one C function that reports failure through a vmmw_error_t**,
+// and turns its status and error object into a Go error (freeing the object).
+// The error object is created per call, so the message is this call's even if
+// the goroutine moved between OS threads.
+func call(f func(errOut **C.vmmw_error_t) C.int32_t) error {
+	var cerr *C.vmmw_error_t
+	rc := f(&cerr)
+	if rc == C.VMMW_OK {
+		C.vmmw_error_free(cerr) // never set on success; NULL is accepted
+		return nil
+	}
+	msg := Status(rc).String()
+	if cerr != nil {
+		msg = C.GoString(C.vmmw_error_message(cerr))
+		C.vmmw_error_free(cerr)
+	}
+	return &Error{Status: Status(rc), Message: msg}
+}
+
+// readString reads a string through the C buffer protocol (buf, cap, *needed).
+func readString(f func(buf *C.char, capacity C.size_t, needed *C.size_t, errOut **C.vmmw_error_t) C.int32_t) (string, error) {
+	buf := make([]byte, 128)
+	for attempt := 0; attempt < 4; attempt++ {
+		var needed C.size_t
+		err := call(func(e **C.vmmw_error_t) C.int32_t {
+			return f((*C.char)(unsafe.Pointer(&buf[0])), C.size_t(len(buf)), &needed, e)
+		})
+		if err == nil {
+			return string(buf[:int(needed)-1]), nil
+		}
+		if !isStatus(err, StatusBufferTooSmall) {
+			return "", err
+		}
+		buf = make([]byte, int(needed))
+	}
+	return "", &Error{Status: StatusBufferTooSmall, Message: "string kept growing while read"}
+}
+
+// bytesPtr is the address of b's first byte, or nil for an empty slice. The
+// C side only reads or writes it during the call.
+func bytesPtr(b []byte) unsafe.Pointer {
+	if len(b) == 0 {
+		return nil
+	}
+	return unsafe.Pointer(&b[0])
+}
+
+// Version is the library's version at run time ("0.1.0").
+func Version() string {
+	return C.GoString(C.vmmw_version_string())
+}
+
+// HeaderVersion is the version of the header this package was compiled against.
+const HeaderVersion = C.VMMW_VERSION_STRING

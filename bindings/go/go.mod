@@ -1,0 +1,3 @@
+module github.com/vmmweights/vmmweights/bindings/go
+
+go 1.20

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# C ABI: header drift check, C tests under ASan+UBSan (as C and as C++), and
+# the C example.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+if ! command -v cbindgen >/dev/null; then
+  export PATH="$HOME/.cargo/bin:$PATH"
+  command -v cbindgen >/dev/null || cargo install cbindgen --locked
+fi
+bash scripts/check-header.sh
+
+source scripts/lib-env.sh
+out=$(mktemp -d)
+trap 'rm -rf "$out"' EXIT
+san=(-g -O1 -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer)
+link=(-L"$VMMW_LIB_DIR" -lvmmweights -Wl,-rpath,"$VMMW_LIB_DIR")
+warn=(-Wall -Wextra -Werror)
+export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1
+for t in tests/c/test_*.c; do
+  name=$(basename "$t" .c)
+  gcc -std=c11 "${warn[@]}" -Wpedantic "${san[@]}" -Iinclude "$t" -o "$out/$name-c" "${link[@]}"
+  g++ -x c++ -std=c++17 "${warn[@]}" "${san[@]}" -Iinclude "$t" -o "$out/$name-cxx" "${link[@]}"
+  echo "--- $name (C)";   "$out/$name-c"
+  echo "--- $name (C++)"; "$out/$name-cxx"
+done
+
+echo "--- examples/c"
+gcc -std=c11 "${warn[@]}" "${san[@]}" -Iinclude examples/c/main.c -o "$out/example-c" "${link[@]}"
+"$out/example-c"

@@ -1,0 +1,358 @@
+//! `vmmw_device_t`: an opened backend (CUDA or the host simulation) for one device.
+//!
+//! Opening one picks the backend; pools and segments made from it keep the
+//! driver alive on their own, so the handle may be freed before them.
+
+use std::ffi::c_char;
+use std::sync::Arc;
+
+use super::boundary::{arg, call, call_out, free_handle, into_handle};
+use super::buffer::write_str;
+use super::error::vmmw_error_t;
+use crate::driver::host::{FaultOp, HostDriver};
+use crate::driver::{self, BackendChoice, BackendKind, DevicePtr, Driver, Opened, StreamId};
+use crate::error::{Error, Result};
+
+/// Backend choice: the `VMMW_BACKEND` environment variable when set ("host",
+/// "cuda", "auto"), else CUDA when a driver and the device are present, else host.
+pub const VMMW_BACKEND_AUTO: i32 = 0;
+/// The host simulation of CUDA VMM (no GPU needed).
+pub const VMMW_BACKEND_HOST: i32 = 1;
+/// The CUDA driver; opening fails with `VMMW_DRIVER_UNAVAILABLE` without one.
+pub const VMMW_BACKEND_CUDA: i32 = 2;
+
+/// Host backend fault injection: the reserve primitive.
+pub const VMMW_FAULT_RESERVE: i32 = 0;
+/// Host backend fault injection: physical memory creation (fails as out-of-memory).
+pub const VMMW_FAULT_CREATE: i32 = 1;
+/// Host backend fault injection: the map primitive.
+pub const VMMW_FAULT_MAP: i32 = 2;
+/// Host backend fault injection: the set-access primitive.
+pub const VMMW_FAULT_SET_ACCESS: i32 = 3;
+
+/// An opened backend for one device. Thread-safe: every function taking a
+/// `const vmmw_device_t*` may be called concurrently.
+pub struct vmmw_device_t {
+    opened: Opened,
+}
+
+impl vmmw_device_t {
+    /// The driver behind this handle.
+    pub(crate) fn driver(&self) -> &Arc<dyn Driver> {
+        &self.opened.driver
+    }
+
+    fn host(&self) -> Result<&HostDriver> {
+        self.opened.driver.as_host().ok_or_else(|| {
+            Error::Unsupported(format!(
+                "host-backend test hooks need the host backend; this device is {}",
+                self.opened.driver.describe()
+            ))
+        })
+    }
+}
+
+/// Live objects of the host backend, for leak checks in tests.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct vmmw_host_counts_t {
+    /// VA reservations not yet freed.
+    pub reservations: u64,
+    /// Physical handles not yet released.
+    pub handles: u64,
+    /// Mapped ranges.
+    pub mappings: u64,
+    /// Bytes of simulated device memory in use.
+    pub physical_bytes: u64,
+    /// Streams not yet destroyed.
+    pub streams: u64,
+    /// Events not yet destroyed.
+    pub events: u64,
+}
+
+pub(crate) fn backend_choice(backend: i32) -> Result<BackendChoice> {
+    match backend {
+        VMMW_BACKEND_AUTO => BackendChoice::from_env(),
+        VMMW_BACKEND_HOST => Ok(BackendChoice::Host),
+        VMMW_BACKEND_CUDA => Ok(BackendChoice::Cuda),
+        other => Err(Error::InvalidArgument(format!(
+            "backend {other} is not one of VMMW_BACKEND_AUTO (0), VMMW_BACKEND_HOST (1), VMMW_BACKEND_CUDA (2)"
+        ))),
+    }
+}
+
+/// Open `backend` (a `VMMW_BACKEND_*` value) for CUDA device ordinal `device`.
+///
+/// On success `*out` receives a new handle owned by the caller (free it with
+/// `vmmw_device_free`). Errors: `VMMW_INVALID_ARGUMENT` (unknown backend,
+/// negative device, bad `VMMW_BACKEND`/`VMMW_HOST_*` variables),
+/// `VMMW_DRIVER_UNAVAILABLE` (CUDA requested but unusable), `VMMW_NULL_ARGUMENT`.
+/// Thread-safe.
+///
+/// # Safety
+/// `out` is writable; `error` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn vmmw_device_open(
+    backend: i32,
+    device: i32,
+    out: *mut *mut vmmw_device_t,
+    error: *mut *mut vmmw_error_t,
+) -> i32 {
+    call_out(out, "out", error, || {
+        let choice = backend_choice(backend)?;
+        if device < 0 {
+            return Err(Error::InvalidArgument(format!(
+                "device ordinal {device} must not be negative"
+            )));
+        }
+        let opened = driver::open(choice, device)?;
+        Ok(into_handle(vmmw_device_t { opened }))
+    })
+}
+
+/// Free a device handle. NULL is accepted. Pools and segments created from it
+/// stay valid (they hold the driver themselves).
+///
+/// # Safety
+/// `device` is NULL or a live handle from `vmmw_device_open`, not used
+/// afterwards and not concurrently.
+#[no_mangle]
+pub unsafe extern "C" fn vmmw_device_free(device: *mut vmmw_device_t) {
+    // SAFETY: forwarded contract.
+    unsafe { free_handle(device) }
+}
+
+/// The backend behind `device`: `VMMW_BACKEND_HOST` or `VMMW_BACKEND_CUDA`.
+///
+/// # Safety
+/// `device` is a live handle; `out` is writable; `error` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn vmmw_device_backend(
+    device: *const vmmw_device_t,
+    out: *mut i32,
+    error: *mut *mut vmmw_error_t,
+) -> i32 {
+    call_out(out, "out", error, || {
+        // SAFETY: forwarded contract.
+        let d = unsafe { arg(device, "device") }?;
+        Ok(match d.driver().kind() {
+            BackendKind::Host => VMMW_BACKEND_HOST,
+            BackendKind::Cuda => VMMW_BACKEND_CUDA,
+        })
+    })
+}
+
+/// The mapping granularity in bytes (2 MiB on an H200 and by default on host):
+/// every reservation and physical allocation is a multiple of it.
+///
+/// # Safety
+/// `device` is a live handle; `out` is writable; `error` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn vmmw_device_granularity(
+    device: *const vmmw_device_t,
+    out: *mut u64,
+    error: *mut *mut vmmw_error_t,
+) -> i32 {
+    call_out(out, "out", error, || {
+        // SAFETY: forwarded contract.
+        let d = unsafe { arg(device, "device") }?;
+        Ok(d.driver().granularity() as u64)
+    })
+}
+
+/// Free and total device memory in bytes (`cuMemGetInfo`, or the host backend's limit).
+///
+/// # Safety
+/// `device` is a live handle; `free_bytes` and `total_bytes` are writable;
+/// `error` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn vmmw_device_mem_info(
+    device: *const vmmw_device_t,
+    free_bytes: *mut u64,
+    total_bytes: *mut u64,
+    error: *mut *mut vmmw_error_t,
+) -> i32 {
+    call_out(free_bytes, "free_bytes", error, || {
+        if total_bytes.is_null() {
+            return Err(Error::NullArgument("total_bytes"));
+        }
+        // SAFETY: forwarded contract.
+        let d = unsafe { arg(device, "device") }?;
+        let info = d.driver().mem_info()?;
+        // SAFETY: checked non-NULL above; writable per the contract. Written
+        // only now that the call has succeeded.
+        unsafe { total_bytes.write(info.total) };
+        Ok(info.free)
+    })
+}
+
+/// A human-readable description of the device ("NVIDIA H200 (cuda, device 0)").
+///
+/// Copies the text and a NUL into `buf[0..cap)`. `*needed` (when `needed` is
+/// not NULL) receives the size required including the NUL, also on
+/// `VMMW_BUFFER_TOO_SMALL`; pass `buf` NULL and `cap` 0 to query it.
+///
+/// # Safety
+/// `device` is a live handle; `buf` is NULL or writable for `cap` bytes;
+/// `needed` and `error` are NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn vmmw_device_describe(
+    device: *const vmmw_device_t,
+    buf: *mut c_char,
+    cap: usize,
+    needed: *mut usize,
+    error: *mut *mut vmmw_error_t,
+) -> i32 {
+    call(error, || {
+        // SAFETY: forwarded contract.
+        let d = unsafe { arg(device, "device") }?;
+        // SAFETY: forwarded contract.
+        unsafe { write_str(&d.driver().describe(), buf, cap, needed) }
+    })
+}
+
+/// Why this backend was chosen (useful with `VMMW_BACKEND_AUTO`), into a
+/// buffer with the same contract as `vmmw_device_describe`.
+///
+/// # Safety
+/// As `vmmw_device_describe`.
+#[no_mangle]
+pub unsafe extern "C" fn vmmw_device_choice_reason(
+    device: *const vmmw_device_t,
+    buf: *mut c_char,
+    cap: usize,
+    needed: *mut usize,
+    error: *mut *mut vmmw_error_t,
+) -> i32 {
+    call(error, || {
+        // SAFETY: forwarded contract.
+        let d = unsafe { arg(device, "device") }?;
+        // SAFETY: forwarded contract.
+        unsafe { write_str(&d.opened.reason, buf, cap, needed) }
+    })
+}
+
+/// Wait until all work queued on the device has finished.
+///
+/// # Safety
+/// `device` is a live handle; `error` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn vmmw_device_synchronize(
+    device: *const vmmw_device_t,
+    error: *mut *mut vmmw_error_t,
+) -> i32 {
+    call(error, || {
+        // SAFETY: forwarded contract.
+        let d = unsafe { arg(device, "device") }?;
+        d.driver().synchronize()
+    })
+}
+
+/// Testing hook: set the host backend's simulated device memory to `bytes`.
+/// `VMMW_UNSUPPORTED` on the CUDA backend.
+///
+/// # Safety
+/// `device` is a live handle; `error` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn vmmw_host_set_memory_limit(
+    device: *const vmmw_device_t,
+    bytes: u64,
+    error: *mut *mut vmmw_error_t,
+) -> i32 {
+    call(error, || {
+        // SAFETY: forwarded contract.
+        let d = unsafe { arg(device, "device") }?;
+        d.host()?.set_memory_limit(bytes);
+        Ok(())
+    })
+}
+
+/// Testing hook: make the `n`-th next call of primitive `op` (a `VMMW_FAULT_*`
+/// value) fail on the host backend; `n` = 0 clears it. `VMMW_UNSUPPORTED` on CUDA.
+///
+/// # Safety
+/// `device` is a live handle; `error` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn vmmw_host_fail_nth(
+    device: *const vmmw_device_t,
+    op: i32,
+    n: u64,
+    error: *mut *mut vmmw_error_t,
+) -> i32 {
+    call(error, || {
+        // SAFETY: forwarded contract.
+        let d = unsafe { arg(device, "device") }?;
+        let op = match op {
+            VMMW_FAULT_RESERVE => FaultOp::Reserve,
+            VMMW_FAULT_CREATE => FaultOp::Create,
+            VMMW_FAULT_MAP => FaultOp::Map,
+            VMMW_FAULT_SET_ACCESS => FaultOp::SetAccess,
+            other => {
+                return Err(Error::InvalidArgument(format!(
+                "fault op {other} is not one of VMMW_FAULT_RESERVE..VMMW_FAULT_SET_ACCESS (0..3)"
+            )))
+            }
+        };
+        d.host()?.fail_nth(op, n);
+        Ok(())
+    })
+}
+
+/// Testing hook: the host backend's live objects, for leak checks.
+/// `VMMW_UNSUPPORTED` on CUDA.
+///
+/// # Safety
+/// `device` is a live handle; `out` is writable; `error` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn vmmw_host_counts(
+    device: *const vmmw_device_t,
+    out: *mut vmmw_host_counts_t,
+    error: *mut *mut vmmw_error_t,
+) -> i32 {
+    call_out(out, "out", error, || {
+        // SAFETY: forwarded contract.
+        let d = unsafe { arg(device, "device") }?;
+        let c = d.host()?.counts();
+        Ok(vmmw_host_counts_t {
+            reservations: c.reservations as u64,
+            handles: c.handles as u64,
+            mappings: c.mappings as u64,
+            physical_bytes: c.physical_bytes,
+            streams: c.streams as u64,
+            events: c.events as u64,
+        })
+    })
+}
+
+/// Copy host bytes to device memory and wait for the copy.
+///
+/// # Safety
+/// `[dst, dst + src.len())` must be mapped, accessible device memory that no
+/// other thread unmaps during the call.
+pub(crate) unsafe fn copy_to_device(driver: &dyn Driver, dst: DevicePtr, src: &[u8]) -> Result<()> {
+    if src.is_empty() {
+        return Ok(());
+    }
+    // SAFETY: `src` is a live slice (pageable host memory; the call below
+    // waits for the copy); `dst` is mapped per this function's contract.
+    unsafe { driver.copy_htod_async(dst, src.as_ptr(), src.len(), StreamId::DEFAULT) }?;
+    driver.stream_synchronize(StreamId::DEFAULT)
+}
+
+/// Copy device memory to host bytes and wait for the copy.
+///
+/// # Safety
+/// As [`copy_to_device`] for `[src, src + dst.len())`.
+pub(crate) unsafe fn copy_to_host(
+    driver: &dyn Driver,
+    dst: &mut [u8],
+    src: DevicePtr,
+) -> Result<()> {
+    if dst.is_empty() {
+        return Ok(());
+    }
+    // SAFETY: `dst` is a live, exclusive slice kept until the synchronize
+    // below; `src` is mapped per this function's contract.
+    unsafe { driver.copy_dtoh_async(dst.as_mut_ptr(), src, dst.len(), StreamId::DEFAULT) }?;
+    driver.stream_synchronize(StreamId::DEFAULT)
+}

@@ -1,0 +1,566 @@
+//! `vmmw_pool_t`: the caching pool of VMM segments, from C.
+//!
+//! A handle is either owned (from `vmmw_pool_new`) or the process-global pool
+//! of a device (from `vmmw_pool_default`, shared with the PyTorch entry
+//! points), which lives until the process exits.
+
+use std::collections::HashMap;
+use std::ffi::{c_char, c_void};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use super::boundary::{
+    arg, bytes_arg, bytes_mut_arg, call, call_out, free_handle, into_handle, str_arg,
+};
+use super::buffer::write_str;
+use super::device::{backend_choice, copy_to_device, copy_to_host, vmmw_device_t};
+use super::error::vmmw_error_t;
+use super::segment::to_usize;
+use crate::driver;
+use crate::error::{Error, Result};
+use crate::pool::{Mode, Pool, PoolConfig};
+use crate::report::TagUsage;
+use crate::segment::SleepState;
+use crate::tag::TagId;
+
+/// A caching pool on one device. Thread-safe: every function taking a pool
+/// may be called concurrently, except `vmmw_pool_free`.
+pub struct vmmw_pool_t {
+    pub(crate) pool: Arc<Pool>,
+    /// True for the process-global pools of `vmmw_pool_default` (never freed).
+    global: bool,
+}
+
+/// How to create a pool. All-zero is a valid value: the `VMMW_BACKEND_AUTO`
+/// backend on device 0 with default sizes (every size field: 0 = default).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct vmmw_pool_options_t {
+    /// An opened device to use; NULL opens `backend` on `device`. The pool
+    /// keeps the driver alive on its own (the handle may be freed afterwards).
+    pub device_handle: *const vmmw_device_t,
+    /// A `VMMW_BACKEND_*` value (used when `device_handle` is NULL).
+    pub backend: i32,
+    /// CUDA device ordinal (used when `device_handle` is NULL).
+    pub device: i32,
+    /// Every block size is rounded up to this power of two (default 512).
+    pub align: u64,
+    /// Requests up to this size come from small segments (default 1 MiB).
+    pub small_request_max: u64,
+    /// Size of a small segment (default 2 MiB).
+    pub small_segment_bytes: u64,
+    /// Size of a shared large segment (default 20 MiB); larger requests get their own.
+    pub large_segment_bytes: u64,
+    /// Largest physical chunk of a segment (default 0: one chunk per segment).
+    pub chunk_bytes: u64,
+}
+
+/// A pool's memory, for all tags or one. The four quantities are kept apart:
+/// live (blocks held), reserved (VA), tracked (physically backed) and the
+/// device's used memory (every process).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct vmmw_report_t {
+    /// Bytes of blocks held by callers.
+    pub live_bytes: u64,
+    /// Number of blocks held by callers.
+    pub live_blocks: u64,
+    /// Bytes of VA reserved by the pool's segments.
+    pub reserved_bytes: u64,
+    /// Bytes physically backed now.
+    pub tracked_bytes: u64,
+    /// Number of segments.
+    pub segments: u64,
+    /// Committed bytes of awake segments.
+    pub awake_bytes: u64,
+    /// Committed bytes asleep with a host backup.
+    pub offloaded_bytes: u64,
+    /// Committed bytes asleep with contents dropped.
+    pub discarded_bytes: u64,
+    /// Committed bytes asleep, to be reloaded from their checkpoint.
+    pub reloadable_bytes: u64,
+    /// Host memory holding backups.
+    pub host_backup_bytes: u64,
+    /// The device's used memory (total - free, every process); 0 when unknown.
+    pub device_used_bytes: u64,
+    /// The device's total memory; 0 when unknown.
+    pub device_total_bytes: u64,
+    /// 1 when the tag (for the total: any tag) is asleep, else 0.
+    pub asleep: u32,
+    /// Number of tags with an entry in the report.
+    pub tags: u32,
+}
+
+impl vmmw_pool_t {
+    pub(crate) fn owned(pool: Arc<Pool>) -> vmmw_pool_t {
+        vmmw_pool_t {
+            pool,
+            global: false,
+        }
+    }
+}
+
+fn or_default(v: u64, d: usize, name: &str) -> Result<usize> {
+    if v == 0 {
+        Ok(d)
+    } else {
+        to_usize(v, name)
+    }
+}
+
+fn config_from(o: &vmmw_pool_options_t) -> Result<PoolConfig> {
+    let d = PoolConfig::default();
+    Ok(PoolConfig {
+        align: or_default(o.align, d.align, "align")?,
+        small_request_max: or_default(
+            o.small_request_max,
+            d.small_request_max,
+            "small_request_max",
+        )?,
+        small_segment_bytes: or_default(
+            o.small_segment_bytes,
+            d.small_segment_bytes,
+            "small_segment_bytes",
+        )?,
+        large_segment_bytes: or_default(
+            o.large_segment_bytes,
+            d.large_segment_bytes,
+            "large_segment_bytes",
+        )?,
+        chunk_bytes: to_usize(o.chunk_bytes, "chunk_bytes")?,
+        ..d
+    })
+}
+
+/// Create a pool. `options` may be NULL (all defaults). On success `*out`
+/// receives a new handle owned by the caller (`vmmw_pool_free`). Errors:
+/// `VMMW_INVALID_ARGUMENT` (bad sizes or backend), `VMMW_DRIVER_UNAVAILABLE`.
+///
+/// # Safety
+/// `options` is NULL or readable; `out` is writable; `error` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn vmmw_pool_new(
+    options: *const vmmw_pool_options_t,
+    out: *mut *mut vmmw_pool_t,
+    error: *mut *mut vmmw_error_t,
+) -> i32 {
+    call_out(out, "out", error, || {
+        // SAFETY: forwarded contract (NULL means defaults).
+        let o = unsafe { options.as_ref() }
+            .copied()
+            .unwrap_or(vmmw_pool_options_t {
+                device_handle: std::ptr::null(),
+                backend: 0,
+                device: 0,
+                align: 0,
+                small_request_max: 0,
+                small_segment_bytes: 0,
+                large_segment_bytes: 0,
+                chunk_bytes: 0,
+            });
+        let config = config_from(&o)?;
+        // SAFETY: forwarded contract: NULL or a live device handle.
+        let driver = match unsafe { o.device_handle.as_ref() } {
+            Some(d) => d.driver().clone(),
+            None => {
+                if o.device < 0 {
+                    return Err(Error::InvalidArgument(format!(
+                        "device ordinal {} must not be negative",
+                        o.device
+                    )));
+                }
+                driver::open(backend_choice(o.backend)?, o.device)?.driver
+            }
+        };
+        let pool = Pool::new(driver, config)?;
+        Ok(into_handle(vmmw_pool_t::owned(Arc::new(pool))))
+    })
+}
+
+/// The process-global pool of `device` (the one the PyTorch entry points
+/// `vmmw_torch_malloc`/`vmmw_torch_free` use), created on first use with the
+/// backend named by `VMMW_BACKEND` (auto by default). `*out` is borrowed: it
+/// stays valid until the process exits, every call returns the same pointer,
+/// and `vmmw_pool_free` on it does nothing.
+///
+/// # Safety
+/// `out` is writable; `error` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn vmmw_pool_default(
+    device: i32,
+    out: *mut *mut vmmw_pool_t,
+    error: *mut *mut vmmw_error_t,
+) -> i32 {
+    call_out(out, "out", error, || {
+        static HANDLES: OnceLock<Mutex<HashMap<i32, usize>>> = OnceLock::new();
+        let mut map = HANDLES
+            .get_or_init(Default::default)
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if let Some(&p) = map.get(&device) {
+            return Ok(p as *mut vmmw_pool_t);
+        }
+        let pool = crate::torch::global_pool(device)?;
+        // Leaked on purpose: the global pool lives as long as the process.
+        let p = into_handle(vmmw_pool_t { pool, global: true });
+        map.insert(device, p as usize);
+        Ok(p)
+    })
+}
+
+/// Free a pool handle. NULL and the pools of `vmmw_pool_default` are accepted
+/// and ignored. Blocks still allocated are released with the pool (their
+/// pointers become invalid); the device is synchronized first.
+///
+/// # Safety
+/// `pool` is NULL or a live handle, not used afterwards (unless global) and
+/// not concurrently.
+#[no_mangle]
+pub unsafe extern "C" fn vmmw_pool_free(pool: *mut vmmw_pool_t) {
+    // SAFETY: forwarded contract.
+    if unsafe { pool.as_ref() }.is_some_and(|p| p.global) {
+        return;
+    }
+    // SAFETY: forwarded contract.
+    unsafe { free_handle(pool) }
+}
+
+fn size_arg(size: u64) -> Result<usize> {
+    to_usize(size, "size")
+}
+
+/// Allocate `size` bytes under the calling thread's current tag. `*out_ptr`
+/// receives the device address (stable for the block's life, also across sleep
+/// and wake). Errors: `VMMW_OUT_OF_MEMORY` (after returning cached memory and
+/// retrying), `VMMW_INVALID_STATE` (the tag is asleep), `VMMW_INVALID_ARGUMENT` (size 0).
+///
+/// # Safety
+/// `pool` is a live handle; `out_ptr` is writable; `error` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn vmmw_pool_alloc(
+    pool: *const vmmw_pool_t,
+    size: u64,
+    out_ptr: *mut u64,
+    error: *mut *mut vmmw_error_t,
+) -> i32 {
+    call_out(out_ptr, "out_ptr", error, || {
+        // SAFETY: forwarded contract.
+        let p = unsafe { arg(pool, "pool") }?;
+        Ok(p.pool.alloc(size_arg(size)?)?.ptr)
+    })
+}
+
+/// Allocate `size` bytes under `tag` (ignoring the thread's scopes).
+///
+/// # Safety
+/// As `vmmw_pool_alloc`.
+#[no_mangle]
+pub unsafe extern "C" fn vmmw_pool_alloc_tagged(
+    pool: *const vmmw_pool_t,
+    size: u64,
+    tag: u32,
+    out_ptr: *mut u64,
+    error: *mut *mut vmmw_error_t,
+) -> i32 {
+    call_out(out_ptr, "out_ptr", error, || {
+        // SAFETY: forwarded contract.
+        let p = unsafe { arg(pool, "pool") }?;
+        Ok(p.pool.alloc_tagged(size_arg(size)?, TagId(tag))?.ptr)
+    })
+}
+
+/// Free a block (it returns to the pool's cache; see `vmmw_pool_trim`).
+/// `VMMW_UNKNOWN_POINTER` (nothing changes) for a pointer that is not the
+/// start of a live block of this pool, or a double free.
+///
+/// # Safety
+/// `pool` is a live handle; `error` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn vmmw_pool_free_ptr(
+    pool: *const vmmw_pool_t,
+    ptr: u64,
+    error: *mut *mut vmmw_error_t,
+) -> i32 {
+    call(error, || {
+        // SAFETY: forwarded contract.
+        unsafe { arg(pool, "pool") }?.pool.free(ptr)
+    })
+}
+
+/// Return cached memory to the driver; `*released` receives the physically
+/// backed bytes released.
+///
+/// # Safety
+/// `pool` is a live handle; `released` is writable; `error` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn vmmw_pool_trim(
+    pool: *const vmmw_pool_t,
+    released: *mut u64,
+    error: *mut *mut vmmw_error_t,
+) -> i32 {
+    call_out(released, "released", error, || {
+        // SAFETY: forwarded contract.
+        unsafe { arg(pool, "pool") }?.pool.trim()
+    })
+}
+
+/// Place `tag`'s future blocks in one arena: `reserve_bytes` of VA reserved
+/// once, physical memory committed as it grows in steps of up to `grow_step`
+/// bytes (0 = granularity). `VMMW_INVALID_STATE` if the tag has an arena of
+/// other dimensions still in use.
+///
+/// # Safety
+/// `pool` is a live handle; `error` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn vmmw_pool_set_tag_arena(
+    pool: *const vmmw_pool_t,
+    tag: u32,
+    reserve_bytes: u64,
+    grow_step: u64,
+    error: *mut *mut vmmw_error_t,
+) -> i32 {
+    call(error, || {
+        // SAFETY: forwarded contract.
+        let p = unsafe { arg(pool, "pool") }?;
+        let mode = Mode::Arena {
+            reserve_bytes: to_usize(reserve_bytes, "reserve_bytes")?,
+            grow_step: to_usize(grow_step, "grow_step")?,
+        };
+        p.pool.set_tag_mode(TagId(tag), mode)
+    })
+}
+
+/// Place `tag`'s future blocks in cached, split segments (the default).
+///
+/// # Safety
+/// `pool` is a live handle; `error` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn vmmw_pool_set_tag_segments(
+    pool: *const vmmw_pool_t,
+    tag: u32,
+    error: *mut *mut vmmw_error_t,
+) -> i32 {
+    call(error, || {
+        // SAFETY: forwarded contract.
+        unsafe { arg(pool, "pool") }?
+            .pool
+            .set_tag_mode(TagId(tag), Mode::Segments)
+    })
+}
+
+fn to_c_report(u: &TagUsage, used: Option<u64>, total: Option<u64>, tags: usize) -> vmmw_report_t {
+    vmmw_report_t {
+        live_bytes: u.live_bytes,
+        live_blocks: u.live_blocks,
+        reserved_bytes: u.reserved_bytes,
+        tracked_bytes: u.tracked_bytes,
+        segments: u.segments,
+        awake_bytes: u.awake_bytes,
+        offloaded_bytes: u.offloaded_bytes,
+        discarded_bytes: u.discarded_bytes,
+        reloadable_bytes: u.reloadable_bytes,
+        host_backup_bytes: u.host_backup_bytes,
+        device_used_bytes: used.unwrap_or(0),
+        device_total_bytes: total.unwrap_or(0),
+        asleep: u32::from(u.asleep),
+        tags: u32::try_from(tags).unwrap_or(u32::MAX),
+    }
+}
+
+/// The pool's memory summed over all tags.
+///
+/// # Safety
+/// `pool` is a live handle; `out` is writable; `error` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn vmmw_pool_report(
+    pool: *const vmmw_pool_t,
+    out: *mut vmmw_report_t,
+    error: *mut *mut vmmw_error_t,
+) -> i32 {
+    call_out(out, "out", error, || {
+        // SAFETY: forwarded contract.
+        let r = unsafe { arg(pool, "pool") }?.pool.report();
+        Ok(to_c_report(
+            &r.total,
+            r.device_used_bytes,
+            r.device_total_bytes,
+            r.tags.len(),
+        ))
+    })
+}
+
+/// The pool's memory of one tag (all zero when the tag has nothing in this
+/// pool; `tags` is then 0, else 1). `VMMW_UNKNOWN_TAG` for an unregistered id.
+///
+/// # Safety
+/// `pool` is a live handle; `out` is writable; `error` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn vmmw_pool_report_tag(
+    pool: *const vmmw_pool_t,
+    tag: u32,
+    out: *mut vmmw_report_t,
+    error: *mut *mut vmmw_error_t,
+) -> i32 {
+    call_out(out, "out", error, || {
+        // SAFETY: forwarded contract.
+        let p = unsafe { arg(pool, "pool") }?;
+        crate::tag::check(TagId(tag))?;
+        let r = p.pool.report();
+        let name = crate::tag::name_of(TagId(tag));
+        Ok(match r.tag(&name) {
+            Some(u) => to_c_report(u, r.device_used_bytes, r.device_total_bytes, 1),
+            None => to_c_report(
+                &TagUsage::new(&name),
+                r.device_used_bytes,
+                r.device_total_bytes,
+                0,
+            ),
+        })
+    })
+}
+
+/// The full memory report (per tag and total) as JSON, into `buf` (the buffer
+/// contract of `vmmw_device_describe`: `VMMW_BUFFER_TOO_SMALL` with `*needed`).
+///
+/// # Safety
+/// `pool` is a live handle; `buf` is NULL or writable for `cap` bytes;
+/// `needed` and `error` are NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn vmmw_pool_report_json(
+    pool: *const vmmw_pool_t,
+    buf: *mut c_char,
+    cap: usize,
+    needed: *mut usize,
+    error: *mut *mut vmmw_error_t,
+) -> i32 {
+    call(error, || {
+        // SAFETY: forwarded contract.
+        let json = unsafe { arg(pool, "pool") }?.pool.report().to_json();
+        // SAFETY: forwarded contract.
+        unsafe { write_str(&json, buf, cap, needed) }
+    })
+}
+
+/// Record the current report in the pool's timeline as boundary `name`
+/// ("after load", "asleep", ...).
+///
+/// # Safety
+/// `pool` is a live handle; `name` is a NUL-terminated string; `error` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn vmmw_pool_snapshot(
+    pool: *const vmmw_pool_t,
+    name: *const c_char,
+    error: *mut *mut vmmw_error_t,
+) -> i32 {
+    call(error, || {
+        // SAFETY: forwarded contract.
+        let p = unsafe { arg(pool, "pool") }?;
+        // SAFETY: forwarded contract.
+        let name = unsafe { str_arg(name, "name") }?;
+        p.pool.snapshot(name);
+        Ok(())
+    })
+}
+
+/// Every snapshot so far as JSON, into `buf` (buffer contract as `vmmw_pool_report_json`).
+///
+/// # Safety
+/// As `vmmw_pool_report_json`.
+#[no_mangle]
+pub unsafe extern "C" fn vmmw_pool_timeline_json(
+    pool: *const vmmw_pool_t,
+    buf: *mut c_char,
+    cap: usize,
+    needed: *mut usize,
+    error: *mut *mut vmmw_error_t,
+) -> i32 {
+    call(error, || {
+        // SAFETY: forwarded contract.
+        let json = unsafe { arg(pool, "pool") }?.pool.timeline().to_json();
+        // SAFETY: forwarded contract.
+        unsafe { write_str(&json, buf, cap, needed) }
+    })
+}
+
+/// Check that `[ptr, ptr+len)` lies in one awake, mapped segment of the pool.
+fn checked_pool_range(pool: &Pool, ptr: u64, len: usize) -> Result<()> {
+    let end = ptr.checked_add(len as u64).ok_or_else(|| {
+        Error::InvalidArgument(format!("range at {ptr:#x} of {len} bytes overflows"))
+    })?;
+    let seg = pool.segment_of(ptr).ok_or(Error::UnknownPointer {
+        ptr,
+        why: "not inside any segment of this pool",
+    })?;
+    if seg.sleep_state != SleepState::Awake {
+        return Err(Error::InvalidState(format!(
+            "{ptr:#x} is in tag `{}`, which is asleep: wake it before touching its memory",
+            crate::tag::name_of(seg.tag)
+        )));
+    }
+    if end > seg.base + seg.tracked_bytes as u64 {
+        return Err(Error::InvalidArgument(format!(
+            "range [{ptr:#x}, {end:#x}) runs past the mapped part of its segment [{:#x}, {:#x})",
+            seg.base,
+            seg.base + seg.tracked_bytes as u64
+        )));
+    }
+    Ok(())
+}
+
+/// Copy `len` bytes from host memory `src` to pool memory at device address
+/// `dst`, and wait for the copy. The range must lie in one awake segment of
+/// this pool (`VMMW_UNKNOWN_POINTER`, `VMMW_INVALID_STATE` when asleep,
+/// `VMMW_INVALID_ARGUMENT` otherwise; nothing copied). Must not race with
+/// sleeping the tag that owns the range.
+///
+/// # Safety
+/// `pool` is a live handle; `src` is readable for `len` bytes (NULL when `len`
+/// is 0); `error` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn vmmw_pool_write(
+    pool: *const vmmw_pool_t,
+    dst: u64,
+    src: *const c_void,
+    len: usize,
+    error: *mut *mut vmmw_error_t,
+) -> i32 {
+    call(error, || {
+        // SAFETY: forwarded contract.
+        let p = unsafe { arg(pool, "pool") }?;
+        // SAFETY: forwarded contract.
+        let bytes = unsafe { bytes_arg(src.cast(), len, "src") }?;
+        if len == 0 {
+            return Ok(());
+        }
+        checked_pool_range(&p.pool, dst, len)?;
+        // SAFETY: the range is mapped (checked above; the caller does not sleep it meanwhile).
+        unsafe { copy_to_device(p.pool.driver().as_ref(), dst, bytes) }
+    })
+}
+
+/// Copy `len` bytes of pool memory at device address `src` into host memory
+/// `dst`, and wait for the copy. Same range rules as `vmmw_pool_write`.
+///
+/// # Safety
+/// `pool` is a live handle; `dst` is writable for `len` bytes (NULL when `len`
+/// is 0); `error` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn vmmw_pool_read(
+    pool: *const vmmw_pool_t,
+    src: u64,
+    dst: *mut c_void,
+    len: usize,
+    error: *mut *mut vmmw_error_t,
+) -> i32 {
+    call(error, || {
+        // SAFETY: forwarded contract.
+        let p = unsafe { arg(pool, "pool") }?;
+        // SAFETY: forwarded contract.
+        let bytes = unsafe { bytes_mut_arg(dst.cast(), len, "dst") }?;
+        if len == 0 {
+            return Ok(());
+        }
+        checked_pool_range(&p.pool, src, len)?;
+        // SAFETY: as in `vmmw_pool_write`.
+        unsafe { copy_to_host(p.pool.driver().as_ref(), bytes, src) }
+    })
+}

@@ -1,0 +1,148 @@
+//! The status codes as C constants (`VMMW_OK`, ...) and their names.
+//!
+//! The values are written as literals so cbindgen can copy them into the
+//! header; a test checks each one against [`Status`], the single source of the
+//! numbers.
+
+use std::ffi::c_char;
+
+use crate::error::Status;
+
+/// Success.
+pub const VMMW_OK: i32 = 0;
+/// An argument was out of range or malformed.
+pub const VMMW_INVALID_ARGUMENT: i32 = 1;
+/// A required pointer argument was NULL.
+pub const VMMW_NULL_ARGUMENT: i32 = 2;
+/// The device (or the simulated device) has not enough free memory.
+pub const VMMW_OUT_OF_MEMORY: i32 = 3;
+/// Host memory (pinned backup, staging) could not be allocated or exceeds its limit.
+pub const VMMW_HOST_OUT_OF_MEMORY: i32 = 4;
+/// No usable CUDA driver or device.
+pub const VMMW_DRIVER_UNAVAILABLE: i32 = 5;
+/// A CUDA driver call failed; the error message names the call.
+pub const VMMW_DRIVER_ERROR: i32 = 6;
+/// A pointer that this library did not hand out, or one already freed.
+pub const VMMW_UNKNOWN_POINTER: i32 = 7;
+/// A tag name or id that is not registered.
+pub const VMMW_UNKNOWN_TAG: i32 = 8;
+/// The operation is not valid in the current state.
+pub const VMMW_INVALID_STATE: i32 = 9;
+/// A checkpoint file is truncated, corrupt or otherwise invalid.
+pub const VMMW_CHECKPOINT_INVALID: i32 = 10;
+/// An operating-system I/O error.
+pub const VMMW_IO: i32 = 11;
+/// The load plan does not match the destinations.
+pub const VMMW_PLAN_MISMATCH: i32 = 12;
+/// The operation was cancelled by the caller.
+pub const VMMW_CANCELLED: i32 = 13;
+/// A panic was caught at the C boundary; the library state may be inconsistent.
+pub const VMMW_PANIC: i32 = 14;
+/// Not supported by this backend or build.
+pub const VMMW_UNSUPPORTED: i32 = 15;
+/// A caller-provided buffer is too small; `*needed` holds the size required.
+pub const VMMW_BUFFER_TOO_SMALL: i32 = 16;
+
+/// Every status, in numeric order (for the name lookup and the tests).
+pub(crate) const ALL: [Status; 17] = [
+    Status::Ok,
+    Status::InvalidArgument,
+    Status::NullArgument,
+    Status::OutOfMemory,
+    Status::HostOutOfMemory,
+    Status::DriverUnavailable,
+    Status::DriverError,
+    Status::UnknownPointer,
+    Status::UnknownTag,
+    Status::InvalidState,
+    Status::CheckpointInvalid,
+    Status::Io,
+    Status::PlanMismatch,
+    Status::Cancelled,
+    Status::Panic,
+    Status::Unsupported,
+    Status::BufferTooSmall,
+];
+
+/// The static name of a status code ("VMMW_OUT_OF_MEMORY"), or
+/// "VMMW_UNKNOWN_STATUS" for a number this library does not define.
+///
+/// Never NULL; the string is static (never free it). Thread-safe.
+#[no_mangle]
+pub extern "C" fn vmmw_status_name(status: i32) -> *const c_char {
+    let name: &'static [u8] = usize::try_from(status)
+        .ok()
+        .and_then(|i| ALL.get(i))
+        .map_or(b"VMMW_UNKNOWN_STATUS\0", |s| status_name_nul(*s));
+    name.as_ptr().cast()
+}
+
+/// The NUL-terminated static name of `s`.
+fn status_name_nul(s: Status) -> &'static [u8] {
+    match s {
+        Status::Ok => b"VMMW_OK\0",
+        Status::InvalidArgument => b"VMMW_INVALID_ARGUMENT\0",
+        Status::NullArgument => b"VMMW_NULL_ARGUMENT\0",
+        Status::OutOfMemory => b"VMMW_OUT_OF_MEMORY\0",
+        Status::HostOutOfMemory => b"VMMW_HOST_OUT_OF_MEMORY\0",
+        Status::DriverUnavailable => b"VMMW_DRIVER_UNAVAILABLE\0",
+        Status::DriverError => b"VMMW_DRIVER_ERROR\0",
+        Status::UnknownPointer => b"VMMW_UNKNOWN_POINTER\0",
+        Status::UnknownTag => b"VMMW_UNKNOWN_TAG\0",
+        Status::InvalidState => b"VMMW_INVALID_STATE\0",
+        Status::CheckpointInvalid => b"VMMW_CHECKPOINT_INVALID\0",
+        Status::Io => b"VMMW_IO\0",
+        Status::PlanMismatch => b"VMMW_PLAN_MISMATCH\0",
+        Status::Cancelled => b"VMMW_CANCELLED\0",
+        Status::Panic => b"VMMW_PANIC\0",
+        Status::Unsupported => b"VMMW_UNSUPPORTED\0",
+        Status::BufferTooSmall => b"VMMW_BUFFER_TOO_SMALL\0",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::ffi::CStr;
+
+    #[test]
+    fn constants_match_the_status_enum() {
+        let consts = [
+            VMMW_OK,
+            VMMW_INVALID_ARGUMENT,
+            VMMW_NULL_ARGUMENT,
+            VMMW_OUT_OF_MEMORY,
+            VMMW_HOST_OUT_OF_MEMORY,
+            VMMW_DRIVER_UNAVAILABLE,
+            VMMW_DRIVER_ERROR,
+            VMMW_UNKNOWN_POINTER,
+            VMMW_UNKNOWN_TAG,
+            VMMW_INVALID_STATE,
+            VMMW_CHECKPOINT_INVALID,
+            VMMW_IO,
+            VMMW_PLAN_MISMATCH,
+            VMMW_CANCELLED,
+            VMMW_PANIC,
+            VMMW_UNSUPPORTED,
+            VMMW_BUFFER_TOO_SMALL,
+        ];
+        for (i, (c, s)) in consts.iter().zip(ALL).enumerate() {
+            assert_eq!(*c, s as i32, "{}", s.name());
+            assert_eq!(i as i32, s as i32, "ALL must be in numeric order");
+        }
+    }
+
+    #[test]
+    fn names_match_the_rust_names() {
+        for s in ALL {
+            // SAFETY: vmmw_status_name returns a static NUL-terminated string.
+            let c = unsafe { CStr::from_ptr(vmmw_status_name(s as i32)) };
+            assert_eq!(c.to_str().unwrap(), s.name());
+        }
+        for bad in [-1, 17, i32::MAX, i32::MIN] {
+            // SAFETY: as above.
+            let c = unsafe { CStr::from_ptr(vmmw_status_name(bad)) };
+            assert_eq!(c.to_str().unwrap(), "VMMW_UNKNOWN_STATUS");
+        }
+    }
+}
