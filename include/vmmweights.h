@@ -77,6 +77,22 @@
 #define VMMW_FAULT_SET_ACCESS 3
 
 /**
+ * Sleep policy: copy to a pinned host backup, restored byte for byte at wake.
+ */
+#define VMMW_POLICY_OFFLOAD 0
+
+/**
+ * Sleep policy: drop the contents (undefined after wake), e.g. a KV cache.
+ */
+#define VMMW_POLICY_DISCARD 1
+
+/**
+ * Sleep policy: keep no backup; restore at wake from the checkpoint the bytes
+ * were loaded from (needs a load through `vmmw_loader_load` into this pool).
+ */
+#define VMMW_POLICY_RELOAD 2
+
+/**
  * Success.
  */
 #define VMMW_OK 0
@@ -351,6 +367,63 @@ typedef struct vmmw_segment_info_t {
    */
   uint64_t chunks;
 } vmmw_segment_info_t;
+
+/**
+ * One tag and the policy it sleeps with.
+ */
+typedef struct vmmw_tag_policy_t {
+  /**
+   * A tag id from `vmmw_tag_id`.
+   */
+  uint32_t tag;
+  /**
+   * A `VMMW_POLICY_*` value.
+   */
+  int32_t policy;
+} vmmw_tag_policy_t;
+
+/**
+ * Tunables of a pool's sleep engine. Every field: 0 = default.
+ */
+typedef struct vmmw_sleep_options_t {
+  /**
+   * Bytes per copy on one stream (default 64 MiB).
+   */
+  uint64_t copy_piece_bytes;
+  /**
+   * Streams the copies are spread over (default 2).
+   */
+  uint32_t streams;
+  /**
+   * 1: fill discarded memory with `debug_fill_byte` at wake, so stale reads show.
+   */
+  uint32_t debug_fill;
+  /**
+   * Merge unmapped chunks into physical chunks of at most this at wake (default 1 GiB).
+   */
+  uint64_t wake_coalesce_bytes;
+  /**
+   * Size of each pinned backup slab.
+   */
+  uint64_t backup_slab_bytes;
+  /**
+   * Cap on pinned backup memory (default unlimited): an offload beyond it
+   * fails with `VMMW_HOST_OUT_OF_MEMORY` before anything moves.
+   */
+  uint64_t host_memory_limit;
+  /**
+   * 1: free a segment's backup once it is awake again.
+   */
+  uint32_t free_backup_after_wake;
+  /**
+   * 1: also unpin backup slabs that hold nothing after wake.
+   */
+  uint32_t release_pinned_after_wake;
+  /**
+   * The byte `debug_fill` writes.
+   */
+  uint8_t debug_fill_byte;
+} vmmw_sleep_options_t;
 
 #ifdef __cplusplus
 extern "C" {
@@ -701,6 +774,75 @@ int32_t vmmw_segment_write(const struct vmmw_segment_t *segment, uint64_t offset
  * when `len` is 0); `error` is NULL or writable.
  */
 int32_t vmmw_segment_read(const struct vmmw_segment_t *segment, uint64_t offset, void *dst, size_t len, struct vmmw_error_t **error);
+
+/**
+ * Put the `n` listed tags to sleep, each with its policy. Every pointer stays
+ * valid; touching a sleeping tag's memory faults until it wakes; allocating
+ * in it fails with `VMMW_INVALID_STATE`. A tag already asleep is left as is.
+ * The caller must make sure no queued GPU work still uses the memory (the
+ * library synchronizes the device before unmapping, but cannot see work
+ * queued later). Every entry is checked before anything moves
+ * (`VMMW_INVALID_ARGUMENT`, `VMMW_UNKNOWN_TAG`). Tags are processed in order;
+ * on a failure the earlier tags are asleep and the error names the failing one.
+ *
+ * # Safety
+ * `pool` is a live handle; `items` is readable for `n` entries (NULL when `n`
+ * is 0); `error` is NULL or writable.
+ */
+int32_t vmmw_pool_sleep(const struct vmmw_pool_t *pool, const struct vmmw_tag_policy_t *items, size_t n, struct vmmw_error_t **error);
+
+/**
+ * Wake the `n` listed tags (every sleeping tag when `n` is 0), at the same
+ * addresses. Offloaded contents come back byte for byte, reloadable ones are
+ * re-read from their checkpoint, discarded ones are undefined. The bytes
+ * needed are checked against free device memory first (`VMMW_OUT_OF_MEMORY`,
+ * nothing changes); each tag's wake is transactional (on failure it stays
+ * asleep with its backup intact, and a later wake can succeed).
+ *
+ * # Safety
+ * `pool` is a live handle; `tags` is readable for `n` entries (NULL when `n`
+ * is 0); `error` is NULL or writable.
+ */
+int32_t vmmw_pool_wake(const struct vmmw_pool_t *pool, const uint32_t *tags, size_t n, struct vmmw_error_t **error);
+
+/**
+ * Pin `bytes` of host backup memory ahead of time, so even the first offload
+ * sleep runs at the link's rate (pinning at sleep time is slow).
+ * `VMMW_HOST_OUT_OF_MEMORY` beyond the sleep options' host-memory limit.
+ *
+ * # Safety
+ * `pool` is a live handle; `error` is NULL or writable.
+ */
+int32_t vmmw_pool_reserve_backup(const struct vmmw_pool_t *pool, uint64_t bytes, struct vmmw_error_t **error);
+
+/**
+ * Unpin backup memory that holds no sleeping tag's contents; `*released`
+ * receives the bytes unpinned.
+ *
+ * # Safety
+ * `pool` is a live handle; `released` is writable; `error` is NULL or writable.
+ */
+int32_t vmmw_pool_release_backup(const struct vmmw_pool_t *pool, uint64_t *released, struct vmmw_error_t **error);
+
+/**
+ * Replace the pool's sleep options (`options` NULL: all defaults). The
+ * host-memory limit applies to future pinning.
+ *
+ * # Safety
+ * `pool` is a live handle; `options` is NULL or readable; `error` is NULL or writable.
+ */
+int32_t vmmw_pool_set_sleep_options(const struct vmmw_pool_t *pool, const struct vmmw_sleep_options_t *options, struct vmmw_error_t **error);
+
+/**
+ * What the last successful `vmmw_pool_sleep` or `vmmw_pool_wake` on this
+ * handle did, per tag (segments, bytes released or mapped, bytes copied,
+ * seconds), as JSON into `buf` (buffer contract of `vmmw_device_describe`).
+ *
+ * # Safety
+ * `pool` is a live handle; `buf` is NULL or writable for `cap` bytes;
+ * `needed` and `error` are NULL or writable.
+ */
+int32_t vmmw_pool_last_cycle_json(const struct vmmw_pool_t *pool, char *buf, size_t cap, size_t *needed, struct vmmw_error_t **error);
 
 /**
  * The static name of a status code ("VMMW_OUT_OF_MEMORY"), or

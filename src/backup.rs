@@ -159,6 +159,9 @@ pub struct BackupArena {
     slabs: Vec<Option<Slab>>,
     slab_bytes: usize,
     limit: u64,
+    /// Bytes the current sleep still expects to need: new slabs are no larger
+    /// than that, so a small first sleep pins little.
+    growth_hint: Option<u64>,
 }
 
 impl BackupArena {
@@ -169,6 +172,7 @@ impl BackupArena {
             slabs: Vec::new(),
             slab_bytes: slab_bytes.max(crate::driver::host::page_size()),
             limit,
+            growth_hint: None,
         }
     }
 
@@ -200,6 +204,18 @@ impl BackupArena {
         self.limit = limit;
     }
 
+    /// Expect `bytes` more backup in the current operation (None: no expectation).
+    pub fn set_growth_hint(&mut self, bytes: Option<u64>) {
+        self.growth_hint = bytes;
+    }
+
+    fn new_slab_len(&self, missing: usize) -> usize {
+        let cap = self
+            .growth_hint
+            .map_or(self.slab_bytes, |h| self.slab_bytes.min(h as usize));
+        missing.max(cap)
+    }
+
     /// The host address of a range.
     pub fn host_ptr(&self, r: BackupRange) -> *mut u8 {
         let slab = self.slabs[r.slab]
@@ -218,7 +234,7 @@ impl BackupArena {
         if let Some(r) = self.alloc_existing(len) {
             return Ok(r);
         }
-        let idx = self.add_slab(len.max(self.slab_bytes))?;
+        let idx = self.add_slab(self.new_slab_len(len))?;
         self.alloc_existing_in(idx, len)
             .ok_or_else(|| Error::InvalidState("new backup slab too small".into()))
     }
@@ -246,7 +262,7 @@ impl BackupArena {
             };
             let r = match got {
                 Some(r) => r,
-                None => match self.add_slab(missing.max(self.slab_bytes)) {
+                None => match self.add_slab(self.new_slab_len(missing)) {
                     Ok(i) => self
                         .alloc_existing_in(i, missing)
                         .ok_or_else(|| Error::InvalidState("new backup slab too small".into()))?,
@@ -320,6 +336,9 @@ impl BackupArena {
             });
         }
         let mem = PinnedSlab::new(self.driver.clone(), len)?;
+        if let Some(h) = self.growth_hint.as_mut() {
+            *h = h.saturating_sub(mem.len() as u64);
+        }
         let slab = Slab {
             free: vec![(0, mem.len())],
             mem,

@@ -371,6 +371,7 @@ impl SleepEngine {
         // work still queued there may be writing these bytes.
         self.driver.synchronize()?;
         let held_before = s.arena.held();
+        s.arena.set_growth_hint(Some(need_new));
         let piece = s.options.copy_piece_bytes.max(1 << 20);
         let streams = s.streams.clone();
         let mut next_stream = 0usize;
@@ -410,6 +411,7 @@ impl SleepEngine {
                 }
             }
         }
+        s.arena.set_growth_hint(None);
         report.newly_pinned_bytes = s.arena.held().saturating_sub(held_before);
         match failure {
             None => Ok(()),

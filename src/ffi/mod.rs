@@ -26,6 +26,7 @@ pub mod device;
 pub mod error;
 pub mod pool;
 pub mod segment;
+pub mod sleep;
 pub mod status;
 pub mod tag;
 pub mod torch;

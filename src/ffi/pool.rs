@@ -28,6 +28,8 @@ pub struct vmmw_pool_t {
     pub(crate) pool: Arc<Pool>,
     /// True for the process-global pools of `vmmw_pool_default` (never freed).
     global: bool,
+    /// What the last sleep or wake through this handle did (`vmmw_pool_last_cycle_json`).
+    pub(crate) last_cycles: Mutex<Vec<crate::pool::TagCycle>>,
 }
 
 /// How to create a pool. All-zero is a valid value: the `VMMW_BACKEND_AUTO`
@@ -95,6 +97,7 @@ impl vmmw_pool_t {
         vmmw_pool_t {
             pool,
             global: false,
+            last_cycles: Mutex::new(Vec::new()),
         }
     }
 }
@@ -201,7 +204,11 @@ pub unsafe extern "C" fn vmmw_pool_default(
         }
         let pool = crate::torch::global_pool(device)?;
         // Leaked on purpose: the global pool lives as long as the process.
-        let p = into_handle(vmmw_pool_t { pool, global: true });
+        let p = into_handle(vmmw_pool_t {
+            pool,
+            global: true,
+            last_cycles: Mutex::new(Vec::new()),
+        });
         map.insert(device, p as usize);
         Ok(p)
     })

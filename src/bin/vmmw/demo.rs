@@ -1,12 +1,20 @@
-//! `vmmw demo`: the smallest end-to-end run of the library on whichever backend
-//! is available. Allocates a few segments, writes and verifies them, unmaps and
-//! remaps one (as sleep/wake will) to show its pointer is stable, frees
-//! everything and reports. Any error or mismatch exits non-zero.
+//! `vmmw demo`: the library's main job end to end, on whichever backend is
+//! available (the host backend without a GPU). Writes a small Llama-shaped
+//! checkpoint, loads it in place into pool memory tagged "weights" (q/k/v and
+//! gate/up fused, as an engine holds them), adds a "kv_cache" arena, sleeps
+//! (weights offloaded, cache discarded), wakes, verifies every weight byte at
+//! the same address, then sleeps and wakes once more with the Reload policy
+//! (no host backup: bytes come back from the checkpoint), and prints the
+//! memory report's timeline. Any error or mismatch exits non-zero.
 
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use safetensors::tensor::TensorView;
 use vmmweights::driver::StreamId;
-use vmmweights::{DevicePtr, Driver, Error, Result, Segment};
+use vmmweights::loader::{self, Checkpoint, Control, LoadOptions, Plan, Registry, Rules};
+use vmmweights::sleep::Policy;
+use vmmweights::{tag, DevicePtr, Driver, Error, Mode, Pool, PoolConfig, Result};
 
 use crate::backend::BackendArgs;
 
@@ -15,140 +23,256 @@ use crate::backend::BackendArgs;
 pub struct Args {
     #[command(flatten)]
     backend: BackendArgs,
+    /// Transformer layers of the generated checkpoint.
+    #[arg(long, default_value_t = 4)]
+    layers: usize,
+    /// Hidden size of the generated checkpoint.
+    #[arg(long, default_value_t = 512)]
+    hidden: usize,
 }
 
-const MIB: usize = 1 << 20;
-
-/// (name, bytes asked for, chunk size; 0 = one chunk)
-const SEGMENTS: [(&str, usize, usize); 3] = [
-    ("small", MIB + 1, 0),
-    ("medium", 20 * MIB, 0),
-    ("chunked", 64 * MIB, 8 * MIB),
-];
+const MIB: f64 = (1 << 20) as f64;
+const HEAD_DIM: usize = 64;
 
 pub fn run(args: Args) -> Result<()> {
     let opened = args.backend.open()?;
     let d = opened.driver;
     println!("backend: {} ({})", d.kind(), d.describe());
     println!("  why:   {}", opened.reason);
-    let free_before = d.mem_info()?.free;
 
-    let mut segs = Vec::new();
-    let mut verified = 0usize;
-    for (i, &(name, size, chunk)) in SEGMENTS.iter().enumerate() {
-        let seg = Segment::allocate(d.clone(), size, chunk)?;
-        write_and_verify(&d, name, seg.ptr(), seg.reserved(), i as u64 + 1)?;
-        verified += seg.reserved();
+    let dir = std::env::temp_dir().join(format!("vmmw-demo-{}", std::process::id()));
+    let result = demo(&d, &dir, args.layers.max(1), args.hidden.max(HEAD_DIM * 4));
+    let _ = std::fs::remove_dir_all(&dir);
+    result
+}
+
+fn demo(d: &Arc<dyn Driver>, dir: &Path, layers: usize, hidden: usize) -> Result<()> {
+    let file = write_checkpoint(dir, layers, hidden)?;
+    let ckpt = Checkpoint::open(&file)?;
+    println!(
+        "checkpoint: {} ({} tensors, {:.1} MiB, bf16, Llama names)",
+        file.display(),
+        ckpt.tensors.len(),
+        std::fs::metadata(&file)
+            .map_err(|e| Error::io(&file, e))?
+            .len() as f64
+            / MIB
+    );
+
+    let pool = Pool::new(d.clone(), PoolConfig::default())?;
+    let weights = tag::id("weights")?;
+    let kv = tag::id("kv_cache")?;
+    pool.set_tag_mode(
+        kv,
+        Mode::Arena {
+            reserve_bytes: 1 << 30,
+            grow_step: 64 << 20,
+        },
+    )?;
+
+    // Parameters are allocated first, fused as an engine holds them; the
+    // loader then fills them in place.
+    let rules = Rules::preset("llama", None, HEAD_DIM)?;
+    let mut reg = Registry::new();
+    {
+        let _scope = tag::scope(weights)?;
+        reg.allocate(&Plan::destinations(&ckpt, &rules)?, &pool)?;
+    }
+    let names: Vec<String> = reg.iter().map(|x| x.name.clone()).collect();
+    println!(
+        "parameters: {} destinations, e.g. {}",
+        names.len(),
+        names
+            .iter()
+            .filter(|n| n.contains("qkv") || n.contains("gate_up"))
+            .take(2)
+            .cloned()
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    let progress = |done: u64, total: u64| {
+        if done == total {
+            println!(
+                "  progress: {:.1} of {:.1} MiB",
+                done as f64 / MIB,
+                total as f64 / MIB
+            );
+        }
+    };
+    let ctl = Control {
+        progress: Some(&progress),
+        cancel: None,
+    };
+    let plan = loader::load(d, ckpt, &rules, &reg, &LoadOptions::default(), &ctl)?;
+    println!(
+        "load: {:.1} MiB in {:.3} s",
+        plan.stats.bytes as f64 / MIB,
+        plan.stats.seconds
+    );
+    let loaded = checksums(d, &reg)?;
+    pool.snapshot("loaded");
+
+    let cache = {
+        let _scope = tag::scope(kv)?;
+        pool.alloc(96 << 20)?
+    };
+    // SAFETY: the cache block is awake and `size` bytes long.
+    unsafe { d.memset_async(cache.ptr, 0x11, cache.size, StreamId::DEFAULT)? };
+    d.synchronize()?;
+    pool.snapshot("cache allocated");
+
+    for cycle in pool.sleep(&[(weights, Policy::Offload), (kv, Policy::Discard)])? {
         println!(
-            "segment {name:8} asked {size:>9} B -> {:>4} MiB at {:#x} in {} chunk(s), written and read back",
-            seg.reserved() / MIB,
-            seg.ptr(),
-            seg.chunks().len()
+            "sleep {:10} {:?}: {} segment(s), {:.1} MiB released in {:.4} s",
+            cycle.name,
+            cycle.policy.unwrap_or(Policy::Discard),
+            cycle.report.segments,
+            cycle.report.physical_bytes as f64 / MIB,
+            cycle.report.seconds
         );
-        segs.push(seg);
     }
+    pool.snapshot("asleep (weights offloaded, cache discarded)");
+    for cycle in pool.wake(&[])? {
+        println!(
+            "wake  {:10}: {} segment(s), {:.1} MiB mapped, {:.1} MiB restored in {:.4} s",
+            cycle.name,
+            cycle.report.segments,
+            cycle.report.physical_bytes as f64 / MIB,
+            cycle.report.copied_bytes as f64 / MIB,
+            cycle.report.seconds
+        );
+    }
+    verify(d, &reg, &loaded, "offload")?;
+    pool.snapshot("awake");
 
-    // A sleep-like cycle on the chunked segment: release its memory, keep its VA.
-    let seg = segs.last_mut().expect("SEGMENTS is not empty");
-    let ptr = seg.ptr();
-    d.synchronize()?; // nothing queued may touch memory being unmapped
-    let free_awake = d.mem_info()?.free;
-    seg.unmap_all()?;
-    let free_asleep = d.mem_info()?.free;
+    pool.add_reload_source(weights, Arc::new(plan))?;
+    pool.sleep(&[(weights, Policy::Reload)])?;
+    pool.snapshot("asleep (weights reloadable, no backup)");
+    let woke = pool.wake(&[weights])?;
     println!(
-        "unmap_all: {} MiB mapped, device free memory +{} MiB, pointer kept at {ptr:#x}",
-        seg.mapped_bytes() / MIB,
-        free_asleep.saturating_sub(free_awake) >> 20
+        "reload wake: {:.1} MiB restored from the checkpoint in {:.4} s",
+        woke[0].report.reloaded_bytes as f64 / MIB,
+        woke[0].report.seconds
     );
-    seg.map_all()?;
-    if seg.ptr() != ptr {
-        return Err(Error::InvalidState(format!(
-            "pointer moved across unmap/map: {ptr:#x} -> {:#x}",
-            seg.ptr()
-        )));
-    }
-    // Contents after a remap are undefined (discard): write and verify again.
-    write_and_verify(&d, "chunked (remapped)", ptr, seg.reserved(), 99)?;
-    verified += seg.reserved();
-    println!(
-        "map_all:   {} MiB mapped again at the same pointer {ptr:#x}, written and read back",
-        seg.mapped_bytes() / MIB
-    );
+    verify(d, &reg, &loaded, "reload")?;
 
-    let reserved: usize = segs.iter().map(|s| s.reserved()).sum();
-    let count = segs.len();
-    drop(segs);
-    let free_after = d.mem_info()?.free;
-    if let Some(h) = d.as_host() {
-        let c = h.counts();
-        if c.reservations + c.handles + c.mappings != 0 {
-            return Err(Error::InvalidState(format!(
-                "host backend objects left after freeing every segment: {c:?}"
-            )));
-        }
+    pool.free(cache.ptr)?;
+    for x in reg.iter() {
+        pool.free(x.ptr)?;
     }
-    println!("report:");
-    println!("  backend            {}", d.kind());
+    pool.trim()?;
+    pool.release_backup();
+    pool.snapshot("freed and trimmed");
+    println!("\n{}", pool.timeline());
     println!(
-        "  segments           {count}, {} MiB reserved and mapped",
-        reserved / MIB
+        "demo: OK: every weight byte verified after offload and reload cycles, pointers unchanged"
     );
-    println!(
-        "  verified           {} MiB written and read back",
-        verified / MIB
-    );
-    println!("  pointer stable     yes, across unmap_all/map_all");
-    println!(
-        "  device free memory {} MiB before, {} MiB after ({})",
-        free_before >> 20,
-        free_after >> 20,
-        if free_after == free_before {
-            "all returned".to_owned()
-        } else {
-            format!("{:+} B", free_after as i128 - free_before as i128)
-        }
-    );
-    println!("demo: OK");
     Ok(())
 }
 
-/// Deterministic bytes, different per seed.
-fn pattern(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let mut v = vec![0u8; len.next_multiple_of(8)];
-    for w in v.chunks_exact_mut(8) {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        w.copy_from_slice(&x.to_le_bytes());
+/// A Llama-shaped bf16 checkpoint with deterministic values.
+fn write_checkpoint(dir: &Path, layers: usize, hidden: usize) -> Result<PathBuf> {
+    std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+    let (heads, kv_heads, inter, vocab) =
+        (hidden / HEAD_DIM, hidden / HEAD_DIM / 2, hidden * 3, 4096);
+    let mut shapes: Vec<(String, Vec<usize>)> =
+        vec![("model.embed_tokens.weight".into(), vec![vocab, hidden])];
+    for l in 0..layers {
+        let p = format!("model.layers.{l}");
+        shapes.push((format!("{p}.input_layernorm.weight"), vec![hidden]));
+        shapes.push((format!("{p}.post_attention_layernorm.weight"), vec![hidden]));
+        shapes.push((
+            format!("{p}.self_attn.q_proj.weight"),
+            vec![heads * HEAD_DIM, hidden],
+        ));
+        shapes.push((
+            format!("{p}.self_attn.k_proj.weight"),
+            vec![kv_heads * HEAD_DIM, hidden],
+        ));
+        shapes.push((
+            format!("{p}.self_attn.v_proj.weight"),
+            vec![kv_heads * HEAD_DIM, hidden],
+        ));
+        shapes.push((
+            format!("{p}.self_attn.o_proj.weight"),
+            vec![hidden, heads * HEAD_DIM],
+        ));
+        shapes.push((format!("{p}.mlp.gate_proj.weight"), vec![inter, hidden]));
+        shapes.push((format!("{p}.mlp.up_proj.weight"), vec![inter, hidden]));
+        shapes.push((format!("{p}.mlp.down_proj.weight"), vec![hidden, inter]));
     }
-    v.truncate(len);
-    v
+    shapes.push(("model.norm.weight".into(), vec![hidden]));
+    shapes.push(("lm_head.weight".into(), vec![vocab, hidden]));
+    let data: Vec<(String, Vec<usize>, Vec<u8>)> = shapes
+        .into_iter()
+        .enumerate()
+        .map(|(i, (n, s))| {
+            let len = s.iter().product::<usize>() * 2;
+            let mut x = (i as u64 + 1).wrapping_mul(0x9e3779b97f4a7c15);
+            let bytes = (0..len)
+                .map(|_| {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    x as u8
+                })
+                .collect();
+            (n, s, bytes)
+        })
+        .collect();
+    let views = data
+        .iter()
+        .map(|(n, s, b)| {
+            TensorView::new(safetensors::Dtype::BF16, s.clone(), b)
+                .map(|v| (n.clone(), v))
+                .map_err(|e| Error::InvalidArgument(format!("tensor {n}: {e}")))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let path = dir.join("model.safetensors");
+    safetensors::serialize_to_file(views, None, &path)
+        .map_err(|e| Error::InvalidArgument(format!("writing {}: {e}", path.display())))?;
+    Ok(path)
 }
 
-fn write_and_verify(
+fn read(d: &dyn Driver, ptr: DevicePtr, len: usize) -> Result<Vec<u8>> {
+    let mut v = vec![0u8; len];
+    // SAFETY: `ptr` is an awake destination of at least `len` bytes.
+    unsafe { d.copy_dtoh_async(v.as_mut_ptr(), ptr, len, StreamId::DEFAULT)? };
+    d.synchronize()?;
+    Ok(v)
+}
+
+/// FNV-1a of every destination's bytes.
+fn checksums(d: &Arc<dyn Driver>, reg: &Registry) -> Result<Vec<(String, DevicePtr, u64)>> {
+    reg.iter()
+        .map(|x| {
+            let bytes = read(d.as_ref(), x.ptr, x.bytes())?;
+            let h = bytes.iter().fold(0xcbf29ce484222325u64, |h, &b| {
+                (h ^ b as u64).wrapping_mul(0x100000001b3)
+            });
+            Ok((x.name.clone(), x.ptr, h))
+        })
+        .collect()
+}
+
+fn verify(
     d: &Arc<dyn Driver>,
-    name: &str,
-    ptr: DevicePtr,
-    len: usize,
-    seed: u64,
+    reg: &Registry,
+    want: &[(String, DevicePtr, u64)],
+    what: &str,
 ) -> Result<()> {
-    let data = pattern(len, seed);
-    let mut back = vec![0u8; len];
-    // SAFETY: [ptr, ptr+len) is a mapped, accessible segment; both host buffers
-    // live until the stream is synchronized below.
-    unsafe {
-        d.copy_htod_async(ptr, data.as_ptr(), len, StreamId::DEFAULT)?;
-        d.copy_dtoh_async(back.as_mut_ptr(), ptr, len, StreamId::DEFAULT)?;
+    let got = checksums(d, reg)?;
+    for (w, g) in want.iter().zip(&got) {
+        if w != g {
+            return Err(Error::InvalidState(format!(
+                "after the {what} cycle, parameter `{}` at {:#x} differs from what was loaded",
+                w.0, w.1
+            )));
+        }
     }
-    d.stream_synchronize(StreamId::DEFAULT)?;
-    if let Some(i) = data.iter().zip(&back).position(|(a, b)| a != b) {
-        return Err(Error::InvalidState(format!(
-            "segment {name}: byte {i} at {:#x} reads {:#04x}, wrote {:#04x}",
-            ptr + i as u64,
-            back[i],
-            data[i]
-        )));
-    }
+    println!(
+        "verified {} parameters after the {what} cycle: same bytes, same addresses",
+        got.len()
+    );
     Ok(())
 }

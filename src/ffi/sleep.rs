@@ -1,0 +1,268 @@
+//! Sleep and wake from C: release the physical memory behind a pool's tags
+//! while every pointer stays valid, and bring it back at the same addresses.
+
+use std::ffi::c_char;
+
+use super::boundary::{arg, call, call_out};
+use super::buffer::write_str;
+use super::error::vmmw_error_t;
+use super::pool::vmmw_pool_t;
+use super::segment::to_usize;
+use crate::error::{Error, Result};
+use crate::pool::TagCycle;
+use crate::sleep::{Policy, SleepOptions};
+use crate::tag::TagId;
+
+/// Sleep policy: copy to a pinned host backup, restored byte for byte at wake.
+pub const VMMW_POLICY_OFFLOAD: i32 = 0;
+/// Sleep policy: drop the contents (undefined after wake), e.g. a KV cache.
+pub const VMMW_POLICY_DISCARD: i32 = 1;
+/// Sleep policy: keep no backup; restore at wake from the checkpoint the bytes
+/// were loaded from (needs a load through `vmmw_loader_load` into this pool).
+pub const VMMW_POLICY_RELOAD: i32 = 2;
+
+/// One tag and the policy it sleeps with.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct vmmw_tag_policy_t {
+    /// A tag id from `vmmw_tag_id`.
+    pub tag: u32,
+    /// A `VMMW_POLICY_*` value.
+    pub policy: i32,
+}
+
+/// Tunables of a pool's sleep engine. Every field: 0 = default.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct vmmw_sleep_options_t {
+    /// Bytes per copy on one stream (default 64 MiB).
+    pub copy_piece_bytes: u64,
+    /// Streams the copies are spread over (default 2).
+    pub streams: u32,
+    /// 1: fill discarded memory with `debug_fill_byte` at wake, so stale reads show.
+    pub debug_fill: u32,
+    /// Merge unmapped chunks into physical chunks of at most this at wake (default 1 GiB).
+    pub wake_coalesce_bytes: u64,
+    /// Size of each pinned backup slab.
+    pub backup_slab_bytes: u64,
+    /// Cap on pinned backup memory (default unlimited): an offload beyond it
+    /// fails with `VMMW_HOST_OUT_OF_MEMORY` before anything moves.
+    pub host_memory_limit: u64,
+    /// 1: free a segment's backup once it is awake again.
+    pub free_backup_after_wake: u32,
+    /// 1: also unpin backup slabs that hold nothing after wake.
+    pub release_pinned_after_wake: u32,
+    /// The byte `debug_fill` writes.
+    pub debug_fill_byte: u8,
+}
+
+fn policy(p: i32, tag: u32) -> Result<Policy> {
+    match p {
+        VMMW_POLICY_OFFLOAD => Ok(Policy::Offload),
+        VMMW_POLICY_DISCARD => Ok(Policy::Discard),
+        VMMW_POLICY_RELOAD => Ok(Policy::Reload),
+        other => Err(Error::InvalidArgument(format!(
+            "policy {other} for tag {tag} is not VMMW_POLICY_OFFLOAD (0), _DISCARD (1) or _RELOAD (2)"
+        ))),
+    }
+}
+
+fn record(p: &vmmw_pool_t, cycles: Vec<TagCycle>) {
+    *p.last_cycles.lock().unwrap_or_else(|e| e.into_inner()) = cycles;
+}
+
+/// Put the `n` listed tags to sleep, each with its policy. Every pointer stays
+/// valid; touching a sleeping tag's memory faults until it wakes; allocating
+/// in it fails with `VMMW_INVALID_STATE`. A tag already asleep is left as is.
+/// The caller must make sure no queued GPU work still uses the memory (the
+/// library synchronizes the device before unmapping, but cannot see work
+/// queued later). Every entry is checked before anything moves
+/// (`VMMW_INVALID_ARGUMENT`, `VMMW_UNKNOWN_TAG`). Tags are processed in order;
+/// on a failure the earlier tags are asleep and the error names the failing one.
+///
+/// # Safety
+/// `pool` is a live handle; `items` is readable for `n` entries (NULL when `n`
+/// is 0); `error` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn vmmw_pool_sleep(
+    pool: *const vmmw_pool_t,
+    items: *const vmmw_tag_policy_t,
+    n: usize,
+    error: *mut *mut vmmw_error_t,
+) -> i32 {
+    call(error, || {
+        // SAFETY: forwarded contract.
+        let p = unsafe { arg(pool, "pool") }?;
+        let items: &[vmmw_tag_policy_t] = if n == 0 {
+            &[]
+        } else if items.is_null() {
+            return Err(Error::NullArgument("items"));
+        } else {
+            // SAFETY: non-NULL and readable for `n` entries per the contract.
+            unsafe { std::slice::from_raw_parts(items, n) }
+        };
+        let list = items
+            .iter()
+            .map(|i| Ok((TagId(i.tag), policy(i.policy, i.tag)?)))
+            .collect::<Result<Vec<_>>>()?;
+        let cycles = p.pool.sleep(&list)?;
+        record(p, cycles);
+        Ok(())
+    })
+}
+
+/// Wake the `n` listed tags (every sleeping tag when `n` is 0), at the same
+/// addresses. Offloaded contents come back byte for byte, reloadable ones are
+/// re-read from their checkpoint, discarded ones are undefined. The bytes
+/// needed are checked against free device memory first (`VMMW_OUT_OF_MEMORY`,
+/// nothing changes); each tag's wake is transactional (on failure it stays
+/// asleep with its backup intact, and a later wake can succeed).
+///
+/// # Safety
+/// `pool` is a live handle; `tags` is readable for `n` entries (NULL when `n`
+/// is 0); `error` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn vmmw_pool_wake(
+    pool: *const vmmw_pool_t,
+    tags: *const u32,
+    n: usize,
+    error: *mut *mut vmmw_error_t,
+) -> i32 {
+    call(error, || {
+        // SAFETY: forwarded contract.
+        let p = unsafe { arg(pool, "pool") }?;
+        let tags: Vec<TagId> = if n == 0 {
+            Vec::new()
+        } else if tags.is_null() {
+            return Err(Error::NullArgument("tags"));
+        } else {
+            // SAFETY: non-NULL and readable for `n` entries per the contract.
+            unsafe { std::slice::from_raw_parts(tags, n) }
+                .iter()
+                .map(|&t| TagId(t))
+                .collect()
+        };
+        let cycles = p.pool.wake(&tags)?;
+        record(p, cycles);
+        Ok(())
+    })
+}
+
+/// Pin `bytes` of host backup memory ahead of time, so even the first offload
+/// sleep runs at the link's rate (pinning at sleep time is slow).
+/// `VMMW_HOST_OUT_OF_MEMORY` beyond the sleep options' host-memory limit.
+///
+/// # Safety
+/// `pool` is a live handle; `error` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn vmmw_pool_reserve_backup(
+    pool: *const vmmw_pool_t,
+    bytes: u64,
+    error: *mut *mut vmmw_error_t,
+) -> i32 {
+    call(error, || {
+        // SAFETY: forwarded contract.
+        unsafe { arg(pool, "pool") }?.pool.reserve_backup(bytes)
+    })
+}
+
+/// Unpin backup memory that holds no sleeping tag's contents; `*released`
+/// receives the bytes unpinned.
+///
+/// # Safety
+/// `pool` is a live handle; `released` is writable; `error` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn vmmw_pool_release_backup(
+    pool: *const vmmw_pool_t,
+    released: *mut u64,
+    error: *mut *mut vmmw_error_t,
+) -> i32 {
+    call_out(released, "released", error, || {
+        // SAFETY: forwarded contract.
+        Ok(unsafe { arg(pool, "pool") }?.pool.release_backup())
+    })
+}
+
+/// Replace the pool's sleep options (`options` NULL: all defaults). The
+/// host-memory limit applies to future pinning.
+///
+/// # Safety
+/// `pool` is a live handle; `options` is NULL or readable; `error` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn vmmw_pool_set_sleep_options(
+    pool: *const vmmw_pool_t,
+    options: *const vmmw_sleep_options_t,
+    error: *mut *mut vmmw_error_t,
+) -> i32 {
+    call(error, || {
+        // SAFETY: forwarded contract.
+        let p = unsafe { arg(pool, "pool") }?;
+        // SAFETY: forwarded contract (NULL means defaults).
+        let o = unsafe { options.as_ref() }.copied().unwrap_or_default();
+        let d = SleepOptions::default();
+        let nz = |v: u64, d: usize, name: &str| -> Result<usize> {
+            if v == 0 {
+                Ok(d)
+            } else {
+                to_usize(v, name)
+            }
+        };
+        let opts = SleepOptions {
+            copy_piece_bytes: nz(o.copy_piece_bytes, d.copy_piece_bytes, "copy_piece_bytes")?,
+            streams: if o.streams == 0 {
+                d.streams
+            } else {
+                o.streams as usize
+            },
+            wake_coalesce_bytes: nz(
+                o.wake_coalesce_bytes,
+                d.wake_coalesce_bytes,
+                "wake_coalesce_bytes",
+            )?,
+            backup_slab_bytes: nz(
+                o.backup_slab_bytes,
+                d.backup_slab_bytes,
+                "backup_slab_bytes",
+            )?,
+            host_memory_limit: if o.host_memory_limit == 0 {
+                d.host_memory_limit
+            } else {
+                o.host_memory_limit
+            },
+            free_backup_after_wake: o.free_backup_after_wake != 0,
+            release_pinned_after_wake: o.release_pinned_after_wake != 0,
+            debug_fill_discarded: (o.debug_fill != 0).then_some(o.debug_fill_byte),
+        };
+        p.pool.set_sleep_options(opts);
+        Ok(())
+    })
+}
+
+/// What the last successful `vmmw_pool_sleep` or `vmmw_pool_wake` on this
+/// handle did, per tag (segments, bytes released or mapped, bytes copied,
+/// seconds), as JSON into `buf` (buffer contract of `vmmw_device_describe`).
+///
+/// # Safety
+/// `pool` is a live handle; `buf` is NULL or writable for `cap` bytes;
+/// `needed` and `error` are NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn vmmw_pool_last_cycle_json(
+    pool: *const vmmw_pool_t,
+    buf: *mut c_char,
+    cap: usize,
+    needed: *mut usize,
+    error: *mut *mut vmmw_error_t,
+) -> i32 {
+    call(error, || {
+        // SAFETY: forwarded contract.
+        let p = unsafe { arg(pool, "pool") }?;
+        let json = {
+            let c = p.last_cycles.lock().unwrap_or_else(|e| e.into_inner());
+            serde_json::to_string_pretty(&*c).map_err(|e| {
+                Error::InvalidState(format!("cannot serialize the cycle report: {e}"))
+            })?
+        };
+        // SAFETY: forwarded contract.
+        unsafe { write_str(&json, buf, cap, needed) }
+    })
+}
