@@ -4,9 +4,12 @@
 
 mod backend;
 mod bench_alloc;
+mod bench_load;
 mod bench_pool;
 mod bench_sleep;
 mod demo;
+mod inspect;
+mod load;
 
 use std::process::ExitCode;
 
@@ -28,6 +31,12 @@ enum Command {
     BenchAlloc(bench_alloc::Args),
     /// Median cost of a cached alloc+free pair in the caching pool, per size.
     BenchPool(bench_pool::Args),
+    /// Validate a checkpoint's headers and show its tensors and mapped destinations.
+    Inspect(inspect::Args),
+    /// Load a checkpoint into device memory the loader allocates.
+    Load(load::Args),
+    /// Load speed against the link and the disk, page-cached and cold, same run.
+    BenchLoad(bench_load::Args),
     /// Sleep/wake of ~16 GB of 8B-shaped weights against the per-segment pinning reference.
     BenchSleep(bench_sleep::Args),
 }
@@ -37,6 +46,9 @@ fn main() -> ExitCode {
         Command::Demo(a) => demo::run(a),
         Command::BenchAlloc(a) => bench_alloc::run(a),
         Command::BenchPool(a) => bench_pool::run(a),
+        Command::Inspect(a) => inspect::run(a),
+        Command::Load(a) => load::run(a),
+        Command::BenchLoad(a) => bench_load::run(a),
         Command::BenchSleep(a) => bench_sleep::run(a),
     };
     match result {

@@ -1,0 +1,326 @@
+//! `vmmw bench-load`: how fast a checkpoint loads into device memory, against
+//! the link and the disk, measured in the same run.
+//!
+//! Measures: the pinned host->device link (one 2 GiB copy, median of 5); our
+//! load with page-cached files for each strategy (median of `--repeat`); with
+//! `--cold`, the disk's parallel read rate and our load with the page cache
+//! dropped. Prints GB/s (10^9 bytes/s) and the ratios to the targets (>= 90% of
+//! the link page-cached, >= 95% of the disk cold).
+
+use std::os::unix::fs::FileExt;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use vmmweights::driver::host::parse_bytes;
+use vmmweights::loader::staging::Pinned;
+use vmmweights::loader::*;
+use vmmweights::{Driver, Error, Result, Segment};
+
+use crate::backend::BackendArgs;
+
+/// Options of `vmmw bench-load`.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    #[command(flatten)]
+    backend: BackendArgs,
+    /// Checkpoint file or folder.
+    #[arg(long)]
+    checkpoint: std::path::PathBuf,
+    /// Mapping preset (llama, mistral, qwen, qwen2, qwen3) or `none` for names as they are.
+    #[arg(long, default_value = "qwen3")]
+    preset: String,
+    /// Head dimension for the preset.
+    #[arg(long, default_value_t = 128)]
+    head_dim: usize,
+    /// Strategies to time page-cached, comma-separated (auto, direct, staged, read, simple).
+    #[arg(long, default_value = "auto,direct,staged", value_delimiter = ',')]
+    strategies: Vec<String>,
+    /// Timed loads per strategy (median reported).
+    #[arg(long, default_value_t = 3)]
+    repeat: usize,
+    /// Worker threads (0 = CPUs, at most 16).
+    #[arg(long, default_value_t = 0)]
+    threads: usize,
+    /// Direct-path window size.
+    #[arg(long, default_value = "64M")]
+    window: String,
+    /// Staging slot size.
+    #[arg(long, default_value = "16M")]
+    slot: String,
+    /// Also drop the page cache and measure the disk and a cold load (needs root).
+    #[arg(long)]
+    cold: bool,
+    /// Check every extent's first and last bytes on the device against the file.
+    #[arg(long)]
+    verify: bool,
+    /// Bytes of the link measurement's copy.
+    #[arg(long, default_value = "2G")]
+    link_bytes: String,
+    /// Write the results as JSON here.
+    #[arg(long)]
+    json: Option<std::path::PathBuf>,
+}
+
+#[derive(Debug, serde::Serialize)]
+struct Run {
+    strategy: Strategy,
+    cache: &'static str,
+    seconds: Vec<f64>,
+    median_s: f64,
+    gbps: f64,
+    copy_gbps: f64,
+    ratio: Option<f64>,
+    stats: CopyStats,
+}
+
+#[derive(Debug, serde::Serialize)]
+struct Report {
+    device: String,
+    checkpoint: String,
+    bytes: u64,
+    tensors: usize,
+    destinations: usize,
+    link_htod_gbps: f64,
+    disk_read_gbps: Option<f64>,
+    runs: Vec<Run>,
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+/// Pinned host->device bandwidth: one `len`-byte copy, median of 5.
+fn link_bandwidth(d: &Arc<dyn Driver>, len: usize) -> Result<f64> {
+    let host = Pinned::new(d.as_ref(), len)?;
+    let dev = Segment::allocate(d.clone(), len, 0)?;
+    let s = d.stream_create()?;
+    let mut t = Vec::new();
+    for _ in 0..6 {
+        let t0 = Instant::now();
+        // SAFETY: both buffers hold `len` bytes and outlive the synchronized copy.
+        unsafe { d.copy_htod_async(dev.ptr(), host.ptr(), len, s) }?;
+        d.stream_synchronize(s)?;
+        t.push(t0.elapsed().as_secs_f64());
+    }
+    d.stream_destroy(s)?;
+    t.remove(0); // warm-up
+    Ok(len as f64 / median(&mut t) / 1e9)
+}
+
+fn drop_caches() -> Result<()> {
+    // SAFETY: sync(2) takes no arguments and cannot fail.
+    unsafe { libc::sync() };
+    std::fs::write("/proc/sys/vm/drop_caches", "3")
+        .map_err(|e| Error::io("/proc/sys/vm/drop_caches", e))
+}
+
+/// The disk's parallel read rate over the checkpoint's files (page cache dropped first).
+fn disk_bandwidth(ckpt: &Checkpoint, threads: usize) -> Result<f64> {
+    drop_caches()?;
+    let chunk = 16u64 << 20;
+    let work: Vec<(usize, u64)> = ckpt
+        .shards
+        .iter()
+        .enumerate()
+        .flat_map(|(i, s)| (0..s.len.div_ceil(chunk)).map(move |k| (i, k * chunk)))
+        .collect();
+    let next = AtomicUsize::new(0);
+    let bytes = AtomicU64::new(0);
+    let t0 = Instant::now();
+    std::thread::scope(|sc| {
+        for _ in 0..threads {
+            sc.spawn(|| {
+                let mut buf = vec![0u8; chunk as usize];
+                loop {
+                    let i = next.fetch_add(1, Ordering::SeqCst);
+                    let Some(&(s, off)) = work.get(i) else { break };
+                    if let Ok(n) = ckpt.shards[s].file.read_at(&mut buf, off) {
+                        bytes.fetch_add(n as u64, Ordering::SeqCst);
+                    }
+                }
+            });
+        }
+    });
+    Ok(bytes.load(Ordering::SeqCst) as f64 / t0.elapsed().as_secs_f64() / 1e9)
+}
+
+fn verify(d: &dyn Driver, ex: &ExecutedPlan) -> Result<usize> {
+    let ck = ex.checkpoint();
+    let mut n = 0;
+    for e in ex.plan().extents.iter().filter(|e| e.convert.is_none()) {
+        let shard = &ck.shards[e.shard as usize];
+        let m = shard.map.as_ref().expect("mapped");
+        for r in [0, e.height - 1] {
+            let len = e.width.min(1 << 16) as usize;
+            let src = (e.src + r * e.src_pitch) as usize;
+            let mut got = vec![0u8; len];
+            // SAFETY: a row of a loaded destination; `got` has `len` bytes.
+            unsafe {
+                d.copy_dtoh_async(
+                    got.as_mut_ptr(),
+                    e.dst + r * e.dst_pitch,
+                    len,
+                    vmmweights::driver::StreamId::DEFAULT,
+                )
+            }?;
+            d.synchronize()?;
+            if got[..] != m[src..src + len] {
+                return Err(Error::InvalidState(format!(
+                    "verify: device bytes at {:#x} differ from {} byte {src}",
+                    e.dst + r * e.dst_pitch,
+                    shard.path.display()
+                )));
+            }
+            n += 1;
+        }
+    }
+    Ok(n)
+}
+
+pub fn run(a: Args) -> Result<()> {
+    let opened = a.backend.open()?;
+    let d = opened.driver.clone();
+    println!("backend: {} ({})", d.describe(), opened.reason);
+    let rules = if a.preset == "none" {
+        Rules::default()
+    } else {
+        Rules::preset(&a.preset, None, a.head_dim)?
+    };
+    let ckpt = Checkpoint::open(&a.checkpoint)?;
+    let bytes = ckpt.data_bytes();
+    let tensors = ckpt.tensors.len();
+    let specs = Plan::destinations(&ckpt, &rules)?;
+    let total: usize = specs.iter().map(|s| s.bytes().div_ceil(256) * 256).sum();
+    let alloc = SegmentAllocator::new(d.clone(), total);
+    let mut reg = Registry::new();
+    reg.allocate(&specs, &alloc)?;
+    println!(
+        "checkpoint: {} ({} shards, {tensors} tensors, {:.2} GB) -> {} destinations",
+        a.checkpoint.display(),
+        ckpt.shards.len(),
+        bytes as f64 / 1e9,
+        reg.len()
+    );
+    drop(ckpt);
+    let link_bytes = parse_bytes(&a.link_bytes).map_err(Error::InvalidArgument)? as usize;
+    let link = link_bandwidth(&d, link_bytes)?;
+    println!(
+        "link host->device (pinned, {} MiB, median of 5): {link:.1} GB/s",
+        link_bytes >> 20
+    );
+
+    let base = CopyOptions {
+        strategy: Strategy::Auto,
+        threads: a.threads,
+        window_bytes: parse_bytes(&a.window).map_err(Error::InvalidArgument)? as usize,
+        slot_bytes: parse_bytes(&a.slot).map_err(Error::InvalidArgument)? as usize,
+    };
+    let load_once = |strategy: Strategy| -> Result<(f64, ExecutedPlan)> {
+        let t0 = Instant::now();
+        let ckpt = Checkpoint::open(&a.checkpoint)?;
+        let opts = LoadOptions {
+            copy: CopyOptions { strategy, ..base },
+            ..Default::default()
+        };
+        let ex = load(&d, ckpt, &rules, &reg, &opts, &Control::default())?;
+        Ok((t0.elapsed().as_secs_f64(), ex))
+    };
+    // Warm the page cache (and the driver) once.
+    let (_, ex) = load_once(Strategy::Staged)?;
+    if a.verify {
+        println!("verify: {} rows match the file", verify(d.as_ref(), &ex)?);
+    }
+    drop(ex);
+    let mut runs = Vec::new();
+    println!(
+        "{:<8} {:<7} {:>9} {:>9} {:>9} {:>8}",
+        "strategy", "cache", "median_s", "GB/s", "copyGB/s", "of link"
+    );
+    for s in &a.strategies {
+        let strategy = Strategy::parse(s)?;
+        let mut secs = Vec::new();
+        let mut last = None;
+        for _ in 0..a.repeat.max(1) {
+            let (t, ex) = load_once(strategy)?;
+            secs.push(t);
+            last = Some(ex.stats);
+        }
+        let stats = last.expect("at least one run");
+        let med = median(&mut secs.clone());
+        let gbps = bytes as f64 / med / 1e9;
+        println!(
+            "{:<8} {:<7} {:>9.3} {:>9.1} {:>9.1} {:>7.0}%",
+            s,
+            "cached",
+            med,
+            gbps,
+            stats.gbps(),
+            100.0 * gbps / link
+        );
+        runs.push(Run {
+            strategy,
+            cache: "cached",
+            seconds: secs,
+            median_s: med,
+            gbps,
+            copy_gbps: stats.gbps(),
+            ratio: Some(gbps / link),
+            stats,
+        });
+    }
+    let mut disk = None;
+    if a.cold {
+        let threads = if a.threads == 0 { 16 } else { a.threads };
+        let ck = Checkpoint::open(&a.checkpoint)?;
+        match disk_bandwidth(&ck, threads) {
+            Err(e) => println!("cold: not measured: {e}"),
+            Ok(rate) => {
+                drop(ck);
+                println!("disk parallel read ({threads} threads, 16 MiB reads): {rate:.2} GB/s");
+                disk = Some(rate);
+                drop_caches()?;
+                let (t, ex) = load_once(Strategy::Auto)?;
+                let gbps = bytes as f64 / t / 1e9;
+                println!(
+                    "{:<8} {:<7} {:>9.3} {:>9.1} {:>9.1} {:>7.0}% of disk",
+                    "auto",
+                    "cold",
+                    t,
+                    gbps,
+                    ex.stats.gbps(),
+                    100.0 * gbps / rate
+                );
+                runs.push(Run {
+                    strategy: Strategy::Auto,
+                    cache: "cold",
+                    seconds: vec![t],
+                    median_s: t,
+                    gbps,
+                    copy_gbps: ex.stats.gbps(),
+                    ratio: Some(gbps / rate),
+                    stats: ex.stats,
+                });
+            }
+        }
+    }
+    let report = Report {
+        device: d.describe(),
+        checkpoint: a.checkpoint.display().to_string(),
+        bytes,
+        tensors,
+        destinations: reg.len(),
+        link_htod_gbps: link,
+        disk_read_gbps: disk,
+        runs,
+    };
+    if let Some(p) = &a.json {
+        std::fs::write(
+            p,
+            serde_json::to_string_pretty(&report).expect("serializable"),
+        )
+        .map_err(|e| Error::io(p, e))?;
+    }
+    Ok(())
+}

@@ -1,0 +1,118 @@
+"""GPU test: a transformers model's state dict saved as safetensors, the model
+rebuilt inside our MemPool with every parameter zeroed, loaded in place by our
+loader through the C API (vmmw_loader_*): the forward output is bitwise equal.
+
+Run with PYTHONPATH=examples/torch and VMMW_LIB=<path to libvmmweights.so>.
+Skips (with the reason) without PyTorch, CUDA, transformers, or a library
+that does not export the vmmw_loader_* functions yet.
+
+C API used (agreed with the FFI owner; every call returns a vmmw status and
+takes a trailing `vmmw_error** err`):
+  vmmw_loader_open(void* pool, const char* checkpoint, void** loader, err)
+  vmmw_loader_set_preset(loader, const char* family, uint32 tp_rank, uint32 tp_world, size_t head_dim, err)
+  vmmw_loader_set_rules_json(loader, const char* json, err)
+  vmmw_loader_register(loader, const char* name, uint64 device_ptr, const char* dtype,
+                       const int64* shape, size_t ndim, err)
+  vmmw_loader_set_options(loader, const char* strategy, uint32 threads, int allow_missing,
+                          int allow_unexpected, err)
+  vmmw_loader_run(loader, progress_fn(uint64 done, uint64 total, void* user) or NULL, void* user,
+                  const int* cancel or NULL, uint64* bytes_loaded, err)
+  vmmw_loader_free(loader)              (void)
+"""
+
+import ctypes
+import os
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="PyTorch is not installed")
+if not torch.cuda.is_available():
+    pytest.skip("no CUDA device: the loader's PyTorch test needs a GPU", allow_module_level=True)
+if os.environ.get("VMMW_BACKEND", "auto").lower() == "host":
+    pytest.skip("VMMW_BACKEND=host: PyTorch needs real device memory", allow_module_level=True)
+transformers = pytest.importorskip("transformers", reason="transformers is not installed")
+st = pytest.importorskip("safetensors.torch", reason="safetensors is not installed")
+
+import vmmweights_torch as vt  # noqa: E402
+
+PROGRESS = ctypes.CFUNCTYPE(None, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_void_p)
+DTYPES = {torch.bfloat16: b"BF16", torch.float16: b"F16", torch.float32: b"F32"}
+
+
+def loader_api():
+    lib = vt.lib()
+    if getattr(lib, "vmmw_loader_open", None) is None:
+        pytest.skip(f"{vt.library_path()} does not export vmmw_loader_* yet (FFI not landed)")
+    err = ctypes.POINTER(ctypes.c_void_p)
+    vp = ctypes.c_void_p
+    sigs = {
+        "vmmw_loader_open": [vp, ctypes.c_char_p, ctypes.POINTER(vp), err],
+        "vmmw_loader_set_preset": [vp, ctypes.c_char_p, ctypes.c_uint32, ctypes.c_uint32, ctypes.c_size_t, err],
+        "vmmw_loader_register": [
+            vp, ctypes.c_char_p, ctypes.c_uint64, ctypes.c_char_p,
+            ctypes.POINTER(ctypes.c_int64), ctypes.c_size_t, err,
+        ],
+        "vmmw_loader_set_options": [vp, ctypes.c_char_p, ctypes.c_uint32, ctypes.c_int, ctypes.c_int, err],
+        "vmmw_loader_run": [vp, PROGRESS, vp, ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_uint64), err],
+    }
+    for name, args in sigs.items():
+        fn = getattr(lib, name)
+        fn.restype = ctypes.c_int
+        fn.argtypes = args
+    lib.vmmw_loader_free.restype = None
+    lib.vmmw_loader_free.argtypes = [vp]
+    return lib
+
+
+def build(cfg):
+    torch.manual_seed(0)
+    return transformers.LlamaForCausalLM(cfg).to(device="cuda", dtype=torch.bfloat16).eval()
+
+
+@pytest.mark.parametrize("strategy", [b"auto", b"direct", b"staged"])
+def test_forward_is_bitwise_equal_after_loading_into_our_pool(tmp_path, strategy):
+    lib = loader_api()
+    cfg = transformers.LlamaConfig(
+        vocab_size=32000, hidden_size=1024, intermediate_size=2816, num_hidden_layers=4,
+        num_attention_heads=16, num_key_value_heads=4, max_position_embeddings=512,
+        tie_word_embeddings=False,
+    )
+    ref_model = build(cfg)
+    path = tmp_path / "model.safetensors"
+    st.save_file({k: v.contiguous() for k, v in ref_model.state_dict().items()}, str(path))
+    ids = torch.randint(0, cfg.vocab_size, (2, 64), device="cuda", generator=torch.Generator("cuda").manual_seed(1))
+    with torch.no_grad():
+        want = ref_model(ids).logits.clone()
+    del ref_model
+    torch.cuda.empty_cache()
+
+    with vt.use_pool("weights"):
+        model = transformers.LlamaForCausalLM(cfg).to(device="cuda", dtype=torch.bfloat16).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.zero_()
+    assert all(int(p.abs().sum()) == 0 for p in model.parameters())
+
+    loader = ctypes.c_void_p()
+    vt._call("vmmw_loader_open", vt._pool_handle(0), str(path).encode(), ctypes.byref(loader))
+    try:
+        for name, t in model.state_dict().items():
+            shape = (ctypes.c_int64 * t.dim())(*t.shape)
+            vt._call("vmmw_loader_register", loader, name.encode(), ctypes.c_uint64(t.data_ptr()),
+                     DTYPES[t.dtype], shape, ctypes.c_size_t(t.dim()))
+        vt._call("vmmw_loader_set_options", loader, strategy, ctypes.c_uint32(0), 0, 0)
+        seen = []
+        cb = PROGRESS(lambda done, total, user: seen.append((done, total)))
+        loaded = ctypes.c_uint64()
+        vt._call("vmmw_loader_run", loader, cb, None, None, ctypes.byref(loaded))
+    finally:
+        lib.vmmw_loader_free(loader)
+    torch.cuda.synchronize()
+    total = sum(t.numel() * t.element_size() for t in model.state_dict().values())
+    assert loaded.value == total
+    assert seen and seen[-1] == (total, total)
+    with torch.no_grad():
+        got = model(ids).logits
+    assert torch.equal(got, want), f"max abs diff {float((got.float() - want.float()).abs().max())}"
+    del model
+    vt.release_pools("weights")
