@@ -77,6 +77,36 @@
 #define VMMW_FAULT_SET_ACCESS 3
 
 /**
+ * Copy strategy: direct DMA from page-cached windows, reads for the rest.
+ */
+#define VMMW_COPY_AUTO 0
+
+/**
+ * Copy strategy: register mmap windows read-only and DMA from the page cache.
+ */
+#define VMMW_COPY_DIRECT 1
+
+/**
+ * Copy strategy: memcpy into pinned slots, then DMA.
+ */
+#define VMMW_COPY_STAGED 2
+
+/**
+ * Copy strategy: pread into pinned slots, then DMA (cold data).
+ */
+#define VMMW_COPY_READ 3
+
+/**
+ * Copy strategy: one thread, no pinning (the reference path).
+ */
+#define VMMW_COPY_SIMPLE 4
+
+/**
+ * Most dimensions a destination can report through `vmmw_destination_t`.
+ */
+#define VMMW_MAX_DIMS 8
+
+/**
  * Sleep policy: copy to a pinned host backup, restored byte for byte at wake.
  */
 #define VMMW_POLICY_OFFLOAD 0
@@ -197,6 +227,13 @@ typedef struct vmmw_device_t vmmw_device_t;
 typedef struct vmmw_error_t vmmw_error_t;
 
 /**
+ * A checkpoint being loaded. Thread-safe: calls on one loader serialize
+ * (a load holds it for its duration), except `vmmw_loader_cancel`, which may
+ * be called from any thread while a load runs.
+ */
+typedef struct vmmw_loader_t vmmw_loader_t;
+
+/**
  * A caching pool on one device. Thread-safe: every function taking a pool
  * may be called concurrently, except `vmmw_pool_free`.
  */
@@ -237,6 +274,150 @@ typedef struct vmmw_host_counts_t {
    */
   uint64_t events;
 } vmmw_host_counts_t;
+
+/**
+ * Options of a load. All-zero is the default.
+ */
+typedef struct vmmw_load_options_t {
+  /**
+   * 1: registered destinations no source fills are left untouched instead of an error.
+   */
+  uint32_t allow_missing;
+  /**
+   * 1: checkpoint tensors with no destination are skipped instead of an error.
+   */
+  uint32_t allow_unexpected;
+  /**
+   * A `VMMW_COPY_*` strategy.
+   */
+  int32_t strategy;
+  /**
+   * Worker threads (0 = number of CPUs, at most 16).
+   */
+  uint32_t threads;
+  /**
+   * Bytes of file registered per direct window (0 = default).
+   */
+  uint64_t window_bytes;
+  /**
+   * Bytes per pinned staging slot (0 = default).
+   */
+  uint64_t slot_bytes;
+} vmmw_load_options_t;
+
+/**
+ * One destination parameter.
+ */
+typedef struct vmmw_destination_t {
+  /**
+   * Device address of element 0.
+   */
+  uint64_t ptr;
+  /**
+   * Bytes it spans.
+   */
+  uint64_t bytes;
+  /**
+   * Element type name ("BF16", "F32", ...), NUL-terminated.
+   */
+  char dtype[16];
+  /**
+   * Number of dimensions (at most `VMMW_MAX_DIMS`).
+   */
+  uint32_t ndim;
+  /**
+   * The shape; entries past `ndim` are 0.
+   */
+  uint64_t shape[VMMW_MAX_DIMS];
+} vmmw_destination_t;
+
+/**
+ * What a plan will do (from `vmmw_loader_plan`).
+ */
+typedef struct vmmw_plan_summary_t {
+  /**
+   * Copies planned.
+   */
+  uint64_t extents;
+  /**
+   * Zero fills planned (padding).
+   */
+  uint64_t fills;
+  /**
+   * Bytes read from the checkpoint.
+   */
+  uint64_t src_bytes;
+  /**
+   * Bytes written to destinations.
+   */
+  uint64_t dst_bytes;
+  /**
+   * Source tensors loaded.
+   */
+  uint64_t sources;
+  /**
+   * Source tensors skipped by a rule.
+   */
+  uint64_t skipped;
+  /**
+   * Destinations left untouched (allowed missing).
+   */
+  uint64_t missing;
+  /**
+   * Sources with no destination (allowed unexpected).
+   */
+  uint64_t unexpected;
+  /**
+   * Destinations registered.
+   */
+  uint64_t destinations;
+} vmmw_plan_summary_t;
+
+/**
+ * Progress of a load: called on the loading thread with the bytes done and
+ * the total. Return 0 to continue, non-zero to request cancellation (as
+ * `vmmw_loader_cancel`: copies still in flight finish, and a load whose copies
+ * all completed still succeeds). Must not call back into the same loader.
+ */
+typedef int32_t (*vmmw_progress_fn)(uint64_t done, uint64_t total, void *user);
+
+/**
+ * What a load did (from `vmmw_loader_result`).
+ */
+typedef struct vmmw_load_result_t {
+  /**
+   * Source bytes copied.
+   */
+  uint64_t bytes;
+  /**
+   * Wall time in seconds.
+   */
+  double seconds;
+  /**
+   * Source bytes per second, in GB/s (10^9).
+   */
+  double gbps;
+  /**
+   * Bytes through the direct (registered mmap) path.
+   */
+  uint64_t direct_bytes;
+  /**
+   * Bytes staged by memcpy.
+   */
+  uint64_t staged_bytes;
+  /**
+   * Bytes staged by pread.
+   */
+  uint64_t read_bytes;
+  /**
+   * Bytes zero-filled.
+   */
+  uint64_t filled_bytes;
+  /**
+   * Worker threads used.
+   */
+  uint32_t threads;
+} vmmw_load_result_t;
 
 /**
  * How to create a pool. All-zero is a valid value: the `VMMW_BACKEND_AUTO`
@@ -565,6 +746,169 @@ int32_t vmmw_error_status(const struct vmmw_error_t *error);
  * not yet freed; it must not be used afterwards.
  */
 void vmmw_error_free(struct vmmw_error_t *error);
+
+/**
+ * Open a checkpoint: a `.safetensors` file, or a folder holding
+ * `model.safetensors.index.json` (or one `model.safetensors`). Headers are
+ * read and validated now (`VMMW_IO`, `VMMW_CHECKPOINT_INVALID` naming the file
+ * and tensor). On success `*out` receives a new loader owned by the caller
+ * (`vmmw_loader_free`). Initial rules: none (every tensor to the destination
+ * of its own name).
+ *
+ * # Safety
+ * `path` is a NUL-terminated string; `out` is writable; `error` is NULL or writable.
+ */
+int32_t vmmw_loader_open(const char *path, struct vmmw_loader_t **out, struct vmmw_error_t **error);
+
+/**
+ * Free a loader. NULL is accepted. Destinations it allocated stay in their
+ * pool (free them with `vmmw_pool_free_ptr`, or with the pool); the reload
+ * source a load registered in the pool stays valid.
+ *
+ * # Safety
+ * `loader` is NULL or a live handle, not used afterwards and not concurrently.
+ */
+void vmmw_loader_free(struct vmmw_loader_t *loader);
+
+/**
+ * Replace the mapping rules with their JSON form (see docs: match/to/fuse/
+ * shard/pad/skip, ties, tp, dtype). Checked now (`VMMW_INVALID_ARGUMENT`
+ * naming the bad field or regex; the previous rules stay).
+ *
+ * # Safety
+ * `loader` is a live handle; `json` is a NUL-terminated string; `error` is NULL or writable.
+ */
+int32_t vmmw_loader_set_rules_json(const struct vmmw_loader_t *loader, const char *json, struct vmmw_error_t **error);
+
+/**
+ * Replace the mapping rules with a preset for a Hugging Face family
+ * ("llama", "mistral", "qwen", "qwen2", "qwen3"): q/k/v fused into
+ * `qkv_proj`, gate/up into `gate_up_proj`; with `tp_world` > 0, sharded for
+ * rank `tp_rank`, kv heads cut by `head_dim`.
+ *
+ * # Safety
+ * `loader` is a live handle; `family` is a NUL-terminated string; `error` is NULL or writable.
+ */
+int32_t vmmw_loader_set_rules_preset(const struct vmmw_loader_t *loader, const char *family, uint32_t tp_rank, uint32_t tp_world, uint32_t head_dim, struct vmmw_error_t **error);
+
+/**
+ * Set the load options (`options` NULL: defaults).
+ *
+ * # Safety
+ * `loader` is a live handle; `options` is NULL or readable; `error` is NULL or writable.
+ */
+int32_t vmmw_loader_set_options(const struct vmmw_loader_t *loader, const struct vmmw_load_options_t *options, struct vmmw_error_t **error);
+
+/**
+ * Register a destination parameter: `ndim` dimensions `shape` of `dtype`
+ * ("BF16", "F16", "F32", ... or "bfloat16", "float16", "float32") at device
+ * address `ptr`, contiguous, row-major. The memory stays the caller's; the
+ * loader only writes it during `vmmw_loader_load`. Refused
+ * (`VMMW_INVALID_ARGUMENT`, nothing registered): empty or duplicate name,
+ * NULL `ptr`, overlap with another destination.
+ *
+ * # Safety
+ * `loader` is a live handle; `name` and `dtype` are NUL-terminated strings;
+ * `shape` is readable for `ndim` entries (NULL when `ndim` is 0: a scalar);
+ * `error` is NULL or writable.
+ */
+int32_t vmmw_loader_register(const struct vmmw_loader_t *loader, const char *name, uint64_t ptr, const char *dtype, const uint64_t *shape, size_t ndim, struct vmmw_error_t **error);
+
+/**
+ * Allocate every destination the rules produce from this checkpoint (names,
+ * dtypes and shapes as the plan needs them: fused, sharded, padded) in
+ * `pool` under `tag`, and register them. On failure nothing is registered
+ * and every block taken is freed again. The blocks belong to the pool: find
+ * them with `vmmw_loader_destination`, free them with `vmmw_pool_free_ptr`
+ * (or with the pool).
+ *
+ * # Safety
+ * `loader` and `pool` are live handles; `error` is NULL or writable.
+ */
+int32_t vmmw_loader_allocate(const struct vmmw_loader_t *loader, const struct vmmw_pool_t *pool, uint32_t tag, struct vmmw_error_t **error);
+
+/**
+ * Number of registered destinations.
+ *
+ * # Safety
+ * `loader` is a live handle; `out` is writable; `error` is NULL or writable.
+ */
+int32_t vmmw_loader_destination_count(const struct vmmw_loader_t *loader, size_t *out, struct vmmw_error_t **error);
+
+/**
+ * The name of destination `index` (0 ≤ index < count, in name order), into
+ * `buf` (buffer contract of `vmmw_device_describe`).
+ *
+ * # Safety
+ * `loader` is a live handle; `buf` is NULL or writable for `cap` bytes;
+ * `needed` and `error` are NULL or writable.
+ */
+int32_t vmmw_loader_destination_name(const struct vmmw_loader_t *loader, size_t index, char *buf, size_t cap, size_t *needed, struct vmmw_error_t **error);
+
+/**
+ * The destination named `name`. `VMMW_INVALID_ARGUMENT` when none is
+ * registered under it, or it has more than `VMMW_MAX_DIMS` dimensions.
+ *
+ * # Safety
+ * `loader` is a live handle; `name` is a NUL-terminated string; `out` is
+ * writable; `error` is NULL or writable.
+ */
+int32_t vmmw_loader_destination(const struct vmmw_loader_t *loader, const char *name, struct vmmw_destination_t *out, struct vmmw_error_t **error);
+
+/**
+ * Build and check the plan against the registered destinations without
+ * writing anything: every missing, unexpected, mis-shaped or mis-typed tensor
+ * is listed in one `VMMW_PLAN_MISMATCH` message.
+ *
+ * # Safety
+ * `loader` is a live handle; `out` is writable; `error` is NULL or writable.
+ */
+int32_t vmmw_loader_plan(const struct vmmw_loader_t *loader, struct vmmw_plan_summary_t *out, struct vmmw_error_t **error);
+
+/**
+ * Load the checkpoint into the registered destinations on `pool`'s device,
+ * calling `progress(done, total, user)` (may be NULL) on this thread as
+ * bytes land. Blocks until done. Cancel from another thread with
+ * `vmmw_loader_cancel`, or by returning non-zero from `progress`: the load
+ * stops with `VMMW_CANCELLED` (destinations partly written). A cancel
+ * requested before the load starts stops it before any byte is written. Plan errors are
+ * found before any byte is written. The executed plan is registered in the
+ * pool as the reload source of the tags that own the destinations, so those
+ * tags can sleep with `VMMW_POLICY_RELOAD`. A loader can load again (the
+ * checkpoint is reopened).
+ *
+ * # Safety
+ * `loader` and `pool` are live handles; `progress` is NULL or a function
+ * safe to call with `user`; `error` is NULL or writable.
+ */
+int32_t vmmw_loader_load(const struct vmmw_loader_t *loader, const struct vmmw_pool_t *pool, vmmw_progress_fn progress, void *user, struct vmmw_error_t **error);
+
+/**
+ * Ask the running load of this loader (or, when none runs, the next one) to
+ * stop; it fails with `VMMW_CANCELLED`. Thread-safe; returns at once.
+ *
+ * # Safety
+ * `loader` is a live handle; `error` is NULL or writable.
+ */
+int32_t vmmw_loader_cancel(const struct vmmw_loader_t *loader, struct vmmw_error_t **error);
+
+/**
+ * What the last successful load did. `VMMW_INVALID_STATE` before one.
+ *
+ * # Safety
+ * `loader` is a live handle; `out` is writable; `error` is NULL or writable.
+ */
+int32_t vmmw_loader_result(const struct vmmw_loader_t *loader, struct vmmw_load_result_t *out, struct vmmw_error_t **error);
+
+/**
+ * The last load's statistics and plan summary as JSON, into `buf` (buffer
+ * contract of `vmmw_device_describe`). `VMMW_INVALID_STATE` before a load.
+ *
+ * # Safety
+ * `loader` is a live handle; `buf` is NULL or writable for `cap` bytes;
+ * `needed` and `error` are NULL or writable.
+ */
+int32_t vmmw_loader_result_json(const struct vmmw_loader_t *loader, char *buf, size_t cap, size_t *needed, struct vmmw_error_t **error);
 
 /**
  * Create a pool. `options` may be NULL (all defaults). On success `*out`

@@ -24,6 +24,7 @@ pub(crate) mod boundary;
 pub mod buffer;
 pub mod device;
 pub mod error;
+pub mod loader;
 pub mod pool;
 pub mod segment;
 pub mod sleep;

@@ -1,0 +1,696 @@
+//! `vmmw_loader_t`: load a safetensors checkpoint in place into device memory.
+//!
+//! Flow: open the checkpoint, set mapping rules (JSON or a preset), register
+//! destination parameters (your own device pointers) or let the loader
+//! allocate them from a pool, check the plan, load (with a progress callback
+//! and cancellation), read the result. Every check happens before any byte
+//! is written: on a plan error the destinations are untouched.
+
+use std::collections::BTreeSet;
+use std::ffi::{c_char, c_void};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use super::boundary::{arg, call, call_out, free_handle, into_handle, str_arg};
+use super::buffer::write_str;
+use super::error::vmmw_error_t;
+use super::pool::vmmw_pool_t;
+use super::segment::to_usize;
+use crate::driver::DevicePtr;
+use crate::error::{Error, Result};
+use crate::loader::{
+    self, Checkpoint, Control, CopyStats, DestAllocator, Dtype, ExecutedPlan, LoadOptions, Plan,
+    Registry, Rules, Strategy, Tp,
+};
+use crate::pool::Pool;
+use crate::tag::TagId;
+
+/// Copy strategy: direct DMA from page-cached windows, reads for the rest.
+pub const VMMW_COPY_AUTO: i32 = 0;
+/// Copy strategy: register mmap windows read-only and DMA from the page cache.
+pub const VMMW_COPY_DIRECT: i32 = 1;
+/// Copy strategy: memcpy into pinned slots, then DMA.
+pub const VMMW_COPY_STAGED: i32 = 2;
+/// Copy strategy: pread into pinned slots, then DMA (cold data).
+pub const VMMW_COPY_READ: i32 = 3;
+/// Copy strategy: one thread, no pinning (the reference path).
+pub const VMMW_COPY_SIMPLE: i32 = 4;
+
+/// Most dimensions a destination can report through `vmmw_destination_t`.
+pub const VMMW_MAX_DIMS: usize = 8;
+
+/// Progress of a load: called on the loading thread with the bytes done and
+/// the total. Return 0 to continue, non-zero to request cancellation (as
+/// `vmmw_loader_cancel`: copies still in flight finish, and a load whose copies
+/// all completed still succeeds). Must not call back into the same loader.
+pub type vmmw_progress_fn =
+    Option<unsafe extern "C" fn(done: u64, total: u64, user: *mut c_void) -> i32>;
+
+/// Options of a load. All-zero is the default.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct vmmw_load_options_t {
+    /// 1: registered destinations no source fills are left untouched instead of an error.
+    pub allow_missing: u32,
+    /// 1: checkpoint tensors with no destination are skipped instead of an error.
+    pub allow_unexpected: u32,
+    /// A `VMMW_COPY_*` strategy.
+    pub strategy: i32,
+    /// Worker threads (0 = number of CPUs, at most 16).
+    pub threads: u32,
+    /// Bytes of file registered per direct window (0 = default).
+    pub window_bytes: u64,
+    /// Bytes per pinned staging slot (0 = default).
+    pub slot_bytes: u64,
+}
+
+/// One destination parameter.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct vmmw_destination_t {
+    /// Device address of element 0.
+    pub ptr: u64,
+    /// Bytes it spans.
+    pub bytes: u64,
+    /// Element type name ("BF16", "F32", ...), NUL-terminated.
+    pub dtype: [c_char; 16],
+    /// Number of dimensions (at most `VMMW_MAX_DIMS`).
+    pub ndim: u32,
+    /// The shape; entries past `ndim` are 0.
+    pub shape: [u64; VMMW_MAX_DIMS],
+}
+
+/// What a plan will do (from `vmmw_loader_plan`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct vmmw_plan_summary_t {
+    /// Copies planned.
+    pub extents: u64,
+    /// Zero fills planned (padding).
+    pub fills: u64,
+    /// Bytes read from the checkpoint.
+    pub src_bytes: u64,
+    /// Bytes written to destinations.
+    pub dst_bytes: u64,
+    /// Source tensors loaded.
+    pub sources: u64,
+    /// Source tensors skipped by a rule.
+    pub skipped: u64,
+    /// Destinations left untouched (allowed missing).
+    pub missing: u64,
+    /// Sources with no destination (allowed unexpected).
+    pub unexpected: u64,
+    /// Destinations registered.
+    pub destinations: u64,
+}
+
+/// What a load did (from `vmmw_loader_result`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct vmmw_load_result_t {
+    /// Source bytes copied.
+    pub bytes: u64,
+    /// Wall time in seconds.
+    pub seconds: f64,
+    /// Source bytes per second, in GB/s (10^9).
+    pub gbps: f64,
+    /// Bytes through the direct (registered mmap) path.
+    pub direct_bytes: u64,
+    /// Bytes staged by memcpy.
+    pub staged_bytes: u64,
+    /// Bytes staged by pread.
+    pub read_bytes: u64,
+    /// Bytes zero-filled.
+    pub filled_bytes: u64,
+    /// Worker threads used.
+    pub threads: u32,
+}
+
+struct LoaderState {
+    path: PathBuf,
+    /// Opened lazily again after a load consumed it.
+    ckpt: Option<Checkpoint>,
+    rules: Rules,
+    registry: Registry,
+    options: LoadOptions,
+    executed: Option<Arc<ExecutedPlan>>,
+}
+
+impl LoaderState {
+    fn ckpt(&mut self) -> Result<&Checkpoint> {
+        if self.ckpt.is_none() {
+            self.ckpt = Some(Checkpoint::open(&self.path)?);
+        }
+        Ok(self.ckpt.as_ref().expect("set above"))
+    }
+}
+
+/// A checkpoint being loaded. Thread-safe: calls on one loader serialize
+/// (a load holds it for its duration), except `vmmw_loader_cancel`, which may
+/// be called from any thread while a load runs.
+pub struct vmmw_loader_t {
+    state: Mutex<LoaderState>,
+    cancel: AtomicBool,
+}
+
+impl vmmw_loader_t {
+    fn lock(&self) -> MutexGuard<'_, LoaderState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// Open a checkpoint: a `.safetensors` file, or a folder holding
+/// `model.safetensors.index.json` (or one `model.safetensors`). Headers are
+/// read and validated now (`VMMW_IO`, `VMMW_CHECKPOINT_INVALID` naming the file
+/// and tensor). On success `*out` receives a new loader owned by the caller
+/// (`vmmw_loader_free`). Initial rules: none (every tensor to the destination
+/// of its own name).
+///
+/// # Safety
+/// `path` is a NUL-terminated string; `out` is writable; `error` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn vmmw_loader_open(
+    path: *const c_char,
+    out: *mut *mut vmmw_loader_t,
+    error: *mut *mut vmmw_error_t,
+) -> i32 {
+    call_out(out, "out", error, || {
+        // SAFETY: forwarded contract.
+        let path = PathBuf::from(unsafe { str_arg(path, "path") }?);
+        let ckpt = Checkpoint::open(&path)?;
+        Ok(into_handle(vmmw_loader_t {
+            state: Mutex::new(LoaderState {
+                path,
+                ckpt: Some(ckpt),
+                rules: Rules::default(),
+                registry: Registry::new(),
+                options: LoadOptions::default(),
+                executed: None,
+            }),
+            cancel: AtomicBool::new(false),
+        }))
+    })
+}
+
+/// Free a loader. NULL is accepted. Destinations it allocated stay in their
+/// pool (free them with `vmmw_pool_free_ptr`, or with the pool); the reload
+/// source a load registered in the pool stays valid.
+///
+/// # Safety
+/// `loader` is NULL or a live handle, not used afterwards and not concurrently.
+#[no_mangle]
+pub unsafe extern "C" fn vmmw_loader_free(loader: *mut vmmw_loader_t) {
+    // SAFETY: forwarded contract.
+    unsafe { free_handle(loader) }
+}
+
+/// Replace the mapping rules with their JSON form (see docs: match/to/fuse/
+/// shard/pad/skip, ties, tp, dtype). Checked now (`VMMW_INVALID_ARGUMENT`
+/// naming the bad field or regex; the previous rules stay).
+///
+/// # Safety
+/// `loader` is a live handle; `json` is a NUL-terminated string; `error` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn vmmw_loader_set_rules_json(
+    loader: *const vmmw_loader_t,
+    json: *const c_char,
+    error: *mut *mut vmmw_error_t,
+) -> i32 {
+    call(error, || {
+        // SAFETY: forwarded contract.
+        let l = unsafe { arg(loader, "loader") }?;
+        // SAFETY: forwarded contract.
+        let rules = Rules::from_json(unsafe { str_arg(json, "json") }?)?;
+        rules.compile()?;
+        l.lock().rules = rules;
+        Ok(())
+    })
+}
+
+/// Replace the mapping rules with a preset for a Hugging Face family
+/// ("llama", "mistral", "qwen", "qwen2", "qwen3"): q/k/v fused into
+/// `qkv_proj`, gate/up into `gate_up_proj`; with `tp_world` > 0, sharded for
+/// rank `tp_rank`, kv heads cut by `head_dim`.
+///
+/// # Safety
+/// `loader` is a live handle; `family` is a NUL-terminated string; `error` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn vmmw_loader_set_rules_preset(
+    loader: *const vmmw_loader_t,
+    family: *const c_char,
+    tp_rank: u32,
+    tp_world: u32,
+    head_dim: u32,
+    error: *mut *mut vmmw_error_t,
+) -> i32 {
+    call(error, || {
+        // SAFETY: forwarded contract.
+        let l = unsafe { arg(loader, "loader") }?;
+        // SAFETY: forwarded contract.
+        let family = unsafe { str_arg(family, "family") }?;
+        let tp = (tp_world > 0).then_some(Tp {
+            rank: tp_rank as usize,
+            world: tp_world as usize,
+        });
+        let rules = Rules::preset(family, tp, head_dim as usize)?;
+        rules.compile()?;
+        l.lock().rules = rules;
+        Ok(())
+    })
+}
+
+/// Set the load options (`options` NULL: defaults).
+///
+/// # Safety
+/// `loader` is a live handle; `options` is NULL or readable; `error` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn vmmw_loader_set_options(
+    loader: *const vmmw_loader_t,
+    options: *const vmmw_load_options_t,
+    error: *mut *mut vmmw_error_t,
+) -> i32 {
+    call(error, || {
+        // SAFETY: forwarded contract.
+        let l = unsafe { arg(loader, "loader") }?;
+        // SAFETY: forwarded contract (NULL means defaults).
+        let o = unsafe { options.as_ref() }.copied().unwrap_or_default();
+        let mut opts = LoadOptions::default();
+        opts.plan.allow_missing = o.allow_missing != 0;
+        opts.plan.allow_unexpected = o.allow_unexpected != 0;
+        opts.copy.strategy = match o.strategy {
+            VMMW_COPY_AUTO => Strategy::Auto,
+            VMMW_COPY_DIRECT => Strategy::Direct,
+            VMMW_COPY_STAGED => Strategy::Staged,
+            VMMW_COPY_READ => Strategy::Read,
+            VMMW_COPY_SIMPLE => Strategy::Simple,
+            other => {
+                return Err(Error::InvalidArgument(format!(
+                    "copy strategy {other} is not one of VMMW_COPY_AUTO..VMMW_COPY_SIMPLE (0..4)"
+                )))
+            }
+        };
+        opts.copy.threads = o.threads as usize;
+        if o.window_bytes != 0 {
+            opts.copy.window_bytes = to_usize(o.window_bytes, "window_bytes")?;
+        }
+        if o.slot_bytes != 0 {
+            opts.copy.slot_bytes = to_usize(o.slot_bytes, "slot_bytes")?;
+        }
+        l.lock().options = opts;
+        Ok(())
+    })
+}
+
+fn parse_dtype(s: &str) -> Result<Dtype> {
+    Dtype::parse(s).ok_or_else(|| {
+        Error::InvalidArgument(format!(
+            "unknown dtype `{s}`: expected one of {}",
+            Dtype::known_names()
+        ))
+    })
+}
+
+/// Register a destination parameter: `ndim` dimensions `shape` of `dtype`
+/// ("BF16", "F16", "F32", ... or "bfloat16", "float16", "float32") at device
+/// address `ptr`, contiguous, row-major. The memory stays the caller's; the
+/// loader only writes it during `vmmw_loader_load`. Refused
+/// (`VMMW_INVALID_ARGUMENT`, nothing registered): empty or duplicate name,
+/// NULL `ptr`, overlap with another destination.
+///
+/// # Safety
+/// `loader` is a live handle; `name` and `dtype` are NUL-terminated strings;
+/// `shape` is readable for `ndim` entries (NULL when `ndim` is 0: a scalar);
+/// `error` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn vmmw_loader_register(
+    loader: *const vmmw_loader_t,
+    name: *const c_char,
+    ptr: u64,
+    dtype: *const c_char,
+    shape: *const u64,
+    ndim: usize,
+    error: *mut *mut vmmw_error_t,
+) -> i32 {
+    call(error, || {
+        // SAFETY: forwarded contract.
+        let l = unsafe { arg(loader, "loader") }?;
+        // SAFETY: forwarded contract.
+        let name = unsafe { str_arg(name, "name") }?;
+        // SAFETY: forwarded contract.
+        let dtype = parse_dtype(unsafe { str_arg(dtype, "dtype") }?)?;
+        let shape: &[u64] = if ndim == 0 {
+            &[]
+        } else if shape.is_null() {
+            return Err(Error::NullArgument("shape"));
+        } else {
+            // SAFETY: non-NULL and readable for `ndim` entries per the contract.
+            unsafe { std::slice::from_raw_parts(shape, ndim) }
+        };
+        let shape = shape
+            .iter()
+            .map(|&d| to_usize(d, "shape"))
+            .collect::<Result<Vec<_>>>()?;
+        l.lock().registry.register(name, ptr, dtype, &shape)
+    })
+}
+
+/// Allocates destinations from a pool under one tag, remembering them so a
+/// failure can give them back.
+struct PoolDest<'a> {
+    pool: &'a Pool,
+    tag: TagId,
+    taken: Mutex<Vec<DevicePtr>>,
+}
+
+impl DestAllocator for PoolDest<'_> {
+    fn alloc(&self, bytes: usize) -> Result<DevicePtr> {
+        let b = self.pool.alloc_tagged(bytes, self.tag)?;
+        self.taken
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(b.ptr);
+        Ok(b.ptr)
+    }
+}
+
+/// Allocate every destination the rules produce from this checkpoint (names,
+/// dtypes and shapes as the plan needs them: fused, sharded, padded) in
+/// `pool` under `tag`, and register them. On failure nothing is registered
+/// and every block taken is freed again. The blocks belong to the pool: find
+/// them with `vmmw_loader_destination`, free them with `vmmw_pool_free_ptr`
+/// (or with the pool).
+///
+/// # Safety
+/// `loader` and `pool` are live handles; `error` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn vmmw_loader_allocate(
+    loader: *const vmmw_loader_t,
+    pool: *const vmmw_pool_t,
+    tag: u32,
+    error: *mut *mut vmmw_error_t,
+) -> i32 {
+    call(error, || {
+        // SAFETY: forwarded contract.
+        let l = unsafe { arg(loader, "loader") }?;
+        // SAFETY: forwarded contract.
+        let p = unsafe { arg(pool, "pool") }?;
+        crate::tag::check(TagId(tag))?;
+        let mut st = l.lock();
+        let rules = st.rules.clone();
+        let specs = Plan::destinations(st.ckpt()?, &rules)?;
+        let alloc = PoolDest {
+            pool: &p.pool,
+            tag: TagId(tag),
+            taken: Mutex::new(Vec::new()),
+        };
+        let r = st.registry.allocate(&specs, &alloc);
+        if r.is_err() {
+            for ptr in alloc.taken.into_inner().unwrap_or_else(|e| e.into_inner()) {
+                let _ = p.pool.free(ptr);
+            }
+        }
+        r
+    })
+}
+
+/// Number of registered destinations.
+///
+/// # Safety
+/// `loader` is a live handle; `out` is writable; `error` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn vmmw_loader_destination_count(
+    loader: *const vmmw_loader_t,
+    out: *mut usize,
+    error: *mut *mut vmmw_error_t,
+) -> i32 {
+    call_out(out, "out", error, || {
+        // SAFETY: forwarded contract.
+        Ok(unsafe { arg(loader, "loader") }?.lock().registry.len())
+    })
+}
+
+/// The name of destination `index` (0 ≤ index < count, in name order), into
+/// `buf` (buffer contract of `vmmw_device_describe`).
+///
+/// # Safety
+/// `loader` is a live handle; `buf` is NULL or writable for `cap` bytes;
+/// `needed` and `error` are NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn vmmw_loader_destination_name(
+    loader: *const vmmw_loader_t,
+    index: usize,
+    buf: *mut c_char,
+    cap: usize,
+    needed: *mut usize,
+    error: *mut *mut vmmw_error_t,
+) -> i32 {
+    call(error, || {
+        // SAFETY: forwarded contract.
+        let st = unsafe { arg(loader, "loader") }?.lock();
+        let n = st.registry.len();
+        let d = st.registry.iter().nth(index).ok_or_else(|| {
+            Error::InvalidArgument(format!(
+                "destination index {index} is not below the count {n}"
+            ))
+        })?;
+        // SAFETY: forwarded contract.
+        unsafe { write_str(&d.name, buf, cap, needed) }
+    })
+}
+
+/// The destination named `name`. `VMMW_INVALID_ARGUMENT` when none is
+/// registered under it, or it has more than `VMMW_MAX_DIMS` dimensions.
+///
+/// # Safety
+/// `loader` is a live handle; `name` is a NUL-terminated string; `out` is
+/// writable; `error` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn vmmw_loader_destination(
+    loader: *const vmmw_loader_t,
+    name: *const c_char,
+    out: *mut vmmw_destination_t,
+    error: *mut *mut vmmw_error_t,
+) -> i32 {
+    call_out(out, "out", error, || {
+        // SAFETY: forwarded contract.
+        let st = unsafe { arg(loader, "loader") }?.lock();
+        // SAFETY: forwarded contract.
+        let name = unsafe { str_arg(name, "name") }?;
+        let d = st.registry.get(name).ok_or_else(|| {
+            Error::InvalidArgument(format!("no destination `{name}` is registered"))
+        })?;
+        if d.shape.len() > VMMW_MAX_DIMS {
+            return Err(Error::InvalidArgument(format!(
+                "destination `{name}` has {} dimensions; vmmw_destination_t holds {VMMW_MAX_DIMS}",
+                d.shape.len()
+            )));
+        }
+        let mut out = vmmw_destination_t {
+            ptr: d.ptr,
+            bytes: d.bytes() as u64,
+            dtype: [0; 16],
+            ndim: d.shape.len() as u32,
+            shape: [0; VMMW_MAX_DIMS],
+        };
+        for (o, &s) in out.shape.iter_mut().zip(&d.shape) {
+            *o = s as u64;
+        }
+        for (o, b) in out.dtype.iter_mut().zip(d.dtype.name().bytes().take(15)) {
+            *o = b as c_char;
+        }
+        Ok(out)
+    })
+}
+
+/// Build and check the plan against the registered destinations without
+/// writing anything: every missing, unexpected, mis-shaped or mis-typed tensor
+/// is listed in one `VMMW_PLAN_MISMATCH` message.
+///
+/// # Safety
+/// `loader` is a live handle; `out` is writable; `error` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn vmmw_loader_plan(
+    loader: *const vmmw_loader_t,
+    out: *mut vmmw_plan_summary_t,
+    error: *mut *mut vmmw_error_t,
+) -> i32 {
+    call_out(out, "out", error, || {
+        // SAFETY: forwarded contract.
+        let mut st = unsafe { arg(loader, "loader") }?.lock();
+        let (rules, opts) = (st.rules.clone(), st.options.plan);
+        st.ckpt()?;
+        let ckpt = st.ckpt.as_ref().expect("opened above");
+        let plan = Plan::build(ckpt, &rules, &st.registry, &opts)?;
+        Ok(vmmw_plan_summary_t {
+            extents: plan.extents.len() as u64,
+            fills: plan.fills.len() as u64,
+            src_bytes: plan.src_bytes(),
+            dst_bytes: plan.dst_bytes(),
+            sources: plan.sources.len() as u64,
+            skipped: plan.skipped.len() as u64,
+            missing: plan.missing.len() as u64,
+            unexpected: plan.unexpected.len() as u64,
+            destinations: st.registry.len() as u64,
+        })
+    })
+}
+
+/// Load the checkpoint into the registered destinations on `pool`'s device,
+/// calling `progress(done, total, user)` (may be NULL) on this thread as
+/// bytes land. Blocks until done. Cancel from another thread with
+/// `vmmw_loader_cancel`, or by returning non-zero from `progress`: the load
+/// stops with `VMMW_CANCELLED` (destinations partly written). A cancel
+/// requested before the load starts stops it before any byte is written. Plan errors are
+/// found before any byte is written. The executed plan is registered in the
+/// pool as the reload source of the tags that own the destinations, so those
+/// tags can sleep with `VMMW_POLICY_RELOAD`. A loader can load again (the
+/// checkpoint is reopened).
+///
+/// # Safety
+/// `loader` and `pool` are live handles; `progress` is NULL or a function
+/// safe to call with `user`; `error` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn vmmw_loader_load(
+    loader: *const vmmw_loader_t,
+    pool: *const vmmw_pool_t,
+    progress: vmmw_progress_fn,
+    user: *mut c_void,
+    error: *mut *mut vmmw_error_t,
+) -> i32 {
+    call(error, || {
+        // SAFETY: forwarded contract.
+        let l = unsafe { arg(loader, "loader") }?;
+        // SAFETY: forwarded contract.
+        let p = unsafe { arg(pool, "pool") }?;
+        let mut st = l.lock();
+        st.ckpt()?;
+        let ckpt = st.ckpt.take().expect("opened above");
+        let on_progress = |done: u64, total: u64| {
+            if let Some(f) = progress {
+                // SAFETY: the caller guarantees `progress` may be called with `user`.
+                if unsafe { f(done, total, user) } != 0 {
+                    l.cancel.store(true, Ordering::Release);
+                }
+            }
+        };
+        let ctl = Control {
+            progress: Some(&on_progress),
+            cancel: Some(&l.cancel),
+        };
+        let result = loader::load(
+            p.pool.driver(),
+            ckpt,
+            &st.rules,
+            &st.registry,
+            &st.options,
+            &ctl,
+        );
+        l.cancel.store(false, Ordering::Release);
+        let executed = Arc::new(result?);
+        let tags: BTreeSet<TagId> = st
+            .registry
+            .iter()
+            .filter_map(|d| p.pool.segment_of(d.ptr).map(|s| s.tag))
+            .collect();
+        for t in tags {
+            p.pool.add_reload_source(t, executed.clone())?;
+        }
+        st.executed = Some(executed);
+        Ok(())
+    })
+}
+
+/// Ask the running load of this loader (or, when none runs, the next one) to
+/// stop; it fails with `VMMW_CANCELLED`. Thread-safe; returns at once.
+///
+/// # Safety
+/// `loader` is a live handle; `error` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn vmmw_loader_cancel(
+    loader: *const vmmw_loader_t,
+    error: *mut *mut vmmw_error_t,
+) -> i32 {
+    call(error, || {
+        // SAFETY: forwarded contract.
+        unsafe { arg(loader, "loader") }?
+            .cancel
+            .store(true, Ordering::Release);
+        Ok(())
+    })
+}
+
+fn stats_of(l: &vmmw_loader_t) -> Result<CopyStats> {
+    l.lock()
+        .executed
+        .as_ref()
+        .map(|e| e.stats)
+        .ok_or_else(|| Error::InvalidState("no load has completed on this loader yet".into()))
+}
+
+/// What the last successful load did. `VMMW_INVALID_STATE` before one.
+///
+/// # Safety
+/// `loader` is a live handle; `out` is writable; `error` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn vmmw_loader_result(
+    loader: *const vmmw_loader_t,
+    out: *mut vmmw_load_result_t,
+    error: *mut *mut vmmw_error_t,
+) -> i32 {
+    call_out(out, "out", error, || {
+        // SAFETY: forwarded contract.
+        let s = stats_of(unsafe { arg(loader, "loader") }?)?;
+        Ok(vmmw_load_result_t {
+            bytes: s.bytes,
+            seconds: s.seconds,
+            gbps: s.gbps(),
+            direct_bytes: s.direct_bytes,
+            staged_bytes: s.staged_bytes,
+            read_bytes: s.read_bytes,
+            filled_bytes: s.filled_bytes,
+            threads: s.threads as u32,
+        })
+    })
+}
+
+/// The last load's statistics and plan summary as JSON, into `buf` (buffer
+/// contract of `vmmw_device_describe`). `VMMW_INVALID_STATE` before a load.
+///
+/// # Safety
+/// `loader` is a live handle; `buf` is NULL or writable for `cap` bytes;
+/// `needed` and `error` are NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn vmmw_loader_result_json(
+    loader: *const vmmw_loader_t,
+    buf: *mut c_char,
+    cap: usize,
+    needed: *mut usize,
+    error: *mut *mut vmmw_error_t,
+) -> i32 {
+    call(error, || {
+        // SAFETY: forwarded contract.
+        let l = unsafe { arg(loader, "loader") }?;
+        let json = {
+            let st = l.lock();
+            let e = st.executed.as_ref().ok_or_else(|| {
+                Error::InvalidState("no load has completed on this loader yet".into())
+            })?;
+            let plan = e.plan();
+            serde_json::to_string_pretty(&serde_json::json!({
+                "stats": e.stats,
+                "gbps": e.stats.gbps(),
+                "sources": plan.sources.len(),
+                "skipped": plan.skipped,
+                "missing": plan.missing,
+                "unexpected": plan.unexpected,
+                "src_bytes": plan.src_bytes(),
+                "dst_bytes": plan.dst_bytes(),
+                "destinations": st.registry.len(),
+            }))
+            .map_err(|e| Error::InvalidState(format!("cannot serialize the load result: {e}")))?
+        };
+        // SAFETY: forwarded contract.
+        unsafe { write_str(&json, buf, cap, needed) }
+    })
+}
