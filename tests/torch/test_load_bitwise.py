@@ -6,18 +6,11 @@ Run with PYTHONPATH=examples/torch and VMMW_LIB=<path to libvmmweights.so>.
 Skips (with the reason) without PyTorch, CUDA, transformers, or a library
 that does not export the vmmw_loader_* functions yet.
 
-C API used (agreed with the FFI owner; every call returns a vmmw status and
-takes a trailing `vmmw_error** err`):
-  vmmw_loader_open(void* pool, const char* checkpoint, void** loader, err)
-  vmmw_loader_set_preset(loader, const char* family, uint32 tp_rank, uint32 tp_world, size_t head_dim, err)
-  vmmw_loader_set_rules_json(loader, const char* json, err)
-  vmmw_loader_register(loader, const char* name, uint64 device_ptr, const char* dtype,
-                       const int64* shape, size_t ndim, err)
-  vmmw_loader_set_options(loader, const char* strategy, uint32 threads, int allow_missing,
-                          int allow_unexpected, err)
-  vmmw_loader_run(loader, progress_fn(uint64 done, uint64 total, void* user) or NULL, void* user,
-                  const int* cancel or NULL, uint64* bytes_loaded, err)
-  vmmw_loader_free(loader)              (void)
+C API used (src/ffi/loader.rs; each returns a vmmw status and takes a trailing
+`vmmw_error_t** error`):
+  vmmw_loader_open(path, &loader), vmmw_loader_register(loader, name, ptr, dtype, shape, ndim),
+  vmmw_loader_set_options(loader, &vmmw_load_options_t), vmmw_loader_load(loader, pool, progress, user),
+  vmmw_loader_result(loader, &vmmw_load_result_t), vmmw_loader_free(loader)
 """
 
 import ctypes
@@ -35,25 +28,50 @@ st = pytest.importorskip("safetensors.torch", reason="safetensors is not install
 
 import vmmweights_torch as vt  # noqa: E402
 
-PROGRESS = ctypes.CFUNCTYPE(None, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_void_p)
+PROGRESS = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_void_p)
 DTYPES = {torch.bfloat16: b"BF16", torch.float16: b"F16", torch.float32: b"F32"}
+STRATEGIES = {"auto": 0, "direct": 1, "staged": 2, "read": 3, "simple": 4}
+
+
+class LoadOptions(ctypes.Structure):
+    _fields_ = [
+        ("allow_missing", ctypes.c_uint32),
+        ("allow_unexpected", ctypes.c_uint32),
+        ("strategy", ctypes.c_int32),
+        ("threads", ctypes.c_uint32),
+        ("window_bytes", ctypes.c_uint64),
+        ("slot_bytes", ctypes.c_uint64),
+    ]
+
+
+class LoadResult(ctypes.Structure):
+    _fields_ = [
+        ("bytes", ctypes.c_uint64),
+        ("seconds", ctypes.c_double),
+        ("gbps", ctypes.c_double),
+        ("direct_bytes", ctypes.c_uint64),
+        ("staged_bytes", ctypes.c_uint64),
+        ("read_bytes", ctypes.c_uint64),
+        ("filled_bytes", ctypes.c_uint64),
+        ("threads", ctypes.c_uint32),
+    ]
 
 
 def loader_api():
     lib = vt.lib()
     if getattr(lib, "vmmw_loader_open", None) is None:
-        pytest.skip(f"{vt.library_path()} does not export vmmw_loader_* yet (FFI not landed)")
+        pytest.skip(f"{vt.library_path()} does not export vmmw_loader_* (rebuild the library)")
     err = ctypes.POINTER(ctypes.c_void_p)
     vp = ctypes.c_void_p
     sigs = {
-        "vmmw_loader_open": [vp, ctypes.c_char_p, ctypes.POINTER(vp), err],
-        "vmmw_loader_set_preset": [vp, ctypes.c_char_p, ctypes.c_uint32, ctypes.c_uint32, ctypes.c_size_t, err],
+        "vmmw_loader_open": [ctypes.c_char_p, ctypes.POINTER(vp), err],
         "vmmw_loader_register": [
             vp, ctypes.c_char_p, ctypes.c_uint64, ctypes.c_char_p,
-            ctypes.POINTER(ctypes.c_int64), ctypes.c_size_t, err,
+            ctypes.POINTER(ctypes.c_uint64), ctypes.c_size_t, err,
         ],
-        "vmmw_loader_set_options": [vp, ctypes.c_char_p, ctypes.c_uint32, ctypes.c_int, ctypes.c_int, err],
-        "vmmw_loader_run": [vp, PROGRESS, vp, ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_uint64), err],
+        "vmmw_loader_set_options": [vp, ctypes.POINTER(LoadOptions), err],
+        "vmmw_loader_load": [vp, vp, PROGRESS, vp, err],
+        "vmmw_loader_result": [vp, ctypes.POINTER(LoadResult), err],
     }
     for name, args in sigs.items():
         fn = getattr(lib, name)
@@ -69,7 +87,7 @@ def build(cfg):
     return transformers.LlamaForCausalLM(cfg).to(device="cuda", dtype=torch.bfloat16).eval()
 
 
-@pytest.mark.parametrize("strategy", [b"auto", b"direct", b"staged"])
+@pytest.mark.parametrize("strategy", ["auto", "direct", "staged"])
 def test_forward_is_bitwise_equal_after_loading_into_our_pool(tmp_path, strategy):
     lib = loader_api()
     cfg = transformers.LlamaConfig(
@@ -94,22 +112,29 @@ def test_forward_is_bitwise_equal_after_loading_into_our_pool(tmp_path, strategy
     assert all(int(p.abs().sum()) == 0 for p in model.parameters())
 
     loader = ctypes.c_void_p()
-    vt._call("vmmw_loader_open", vt._pool_handle(0), str(path).encode(), ctypes.byref(loader))
+    vt._call("vmmw_loader_open", str(path).encode(), ctypes.byref(loader))
+    result = LoadResult()
+    seen = []
+
+    def on_progress(done, total, user):
+        seen.append((done, total))
+        return 0
+
+    cb = PROGRESS(on_progress)
     try:
         for name, t in model.state_dict().items():
-            shape = (ctypes.c_int64 * t.dim())(*t.shape)
+            shape = (ctypes.c_uint64 * max(t.dim(), 1))(*t.shape)
             vt._call("vmmw_loader_register", loader, name.encode(), ctypes.c_uint64(t.data_ptr()),
                      DTYPES[t.dtype], shape, ctypes.c_size_t(t.dim()))
-        vt._call("vmmw_loader_set_options", loader, strategy, ctypes.c_uint32(0), 0, 0)
-        seen = []
-        cb = PROGRESS(lambda done, total, user: seen.append((done, total)))
-        loaded = ctypes.c_uint64()
-        vt._call("vmmw_loader_run", loader, cb, None, None, ctypes.byref(loaded))
+        opts = LoadOptions(strategy=STRATEGIES[strategy])
+        vt._call("vmmw_loader_set_options", loader, ctypes.byref(opts))
+        vt._call("vmmw_loader_load", loader, vt._pool_handle(0), cb, None)
+        vt._call("vmmw_loader_result", loader, ctypes.byref(result))
     finally:
         lib.vmmw_loader_free(loader)
     torch.cuda.synchronize()
     total = sum(t.numel() * t.element_size() for t in model.state_dict().values())
-    assert loaded.value == total
+    assert result.bytes == total, (result.bytes, total)
     assert seen and seen[-1] == (total, total)
     with torch.no_grad():
         got = model(ids).logits
