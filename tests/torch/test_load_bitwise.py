@@ -6,17 +6,15 @@ Run with PYTHONPATH=examples/torch and VMMW_LIB=<path to libvmmweights.so>.
 Skips (with the reason) without PyTorch, CUDA, transformers, or a library
 that does not export the vmmw_loader_* functions yet.
 
-C API used (agreed with the FFI owner; every call returns a vmmw status and
-takes a trailing `vmmw_error** err`):
-  vmmw_loader_open(void* pool, const char* checkpoint, void** loader, err)
-  vmmw_loader_set_preset(loader, const char* family, uint32 tp_rank, uint32 tp_world, size_t head_dim, err)
-  vmmw_loader_set_rules_json(loader, const char* json, err)
+C API used (include/vmmweights.h; every call returns a vmmw status and takes a
+trailing `vmmw_error_t** err`):
+  vmmw_loader_open(const char* checkpoint, vmmw_loader_t** out, err)
   vmmw_loader_register(loader, const char* name, uint64 device_ptr, const char* dtype,
-                       const int64* shape, size_t ndim, err)
-  vmmw_loader_set_options(loader, const char* strategy, uint32 threads, int allow_missing,
-                          int allow_unexpected, err)
-  vmmw_loader_run(loader, progress_fn(uint64 done, uint64 total, void* user) or NULL, void* user,
-                  const int* cancel or NULL, uint64* bytes_loaded, err)
+                       const uint64* shape, size_t ndim, err)
+  vmmw_loader_set_options(loader, const vmmw_load_options_t* options, err)
+  vmmw_loader_load(loader, const vmmw_pool_t* pool,
+                   int32 progress_fn(uint64 done, uint64 total, void* user) or NULL, void* user, err)
+  vmmw_loader_result(loader, vmmw_load_result_t* out, err)
   vmmw_loader_free(loader)              (void)
 """
 
@@ -35,7 +33,23 @@ st = pytest.importorskip("safetensors.torch", reason="safetensors is not install
 
 import vmmweights_torch as vt  # noqa: E402
 
-PROGRESS = ctypes.CFUNCTYPE(None, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_void_p)
+PROGRESS = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_void_p)
+STRATEGIES = {b"auto": 0, b"direct": 1, b"staged": 2, b"read": 3, b"simple": 4}
+
+
+class LoadOptions(ctypes.Structure):
+    # vmmw_load_options_t
+    _fields_ = [("allow_missing", ctypes.c_uint32), ("allow_unexpected", ctypes.c_uint32),
+                ("strategy", ctypes.c_int32), ("threads", ctypes.c_uint32),
+                ("window_bytes", ctypes.c_uint64), ("slot_bytes", ctypes.c_uint64)]
+
+
+class LoadResult(ctypes.Structure):
+    # vmmw_load_result_t
+    _fields_ = [("bytes", ctypes.c_uint64), ("seconds", ctypes.c_double), ("gbps", ctypes.c_double),
+                ("direct_bytes", ctypes.c_uint64), ("staged_bytes", ctypes.c_uint64),
+                ("read_bytes", ctypes.c_uint64), ("filled_bytes", ctypes.c_uint64),
+                ("threads", ctypes.c_uint32)]
 DTYPES = {torch.bfloat16: b"BF16", torch.float16: b"F16", torch.float32: b"F32"}
 
 
@@ -46,14 +60,14 @@ def loader_api():
     err = ctypes.POINTER(ctypes.c_void_p)
     vp = ctypes.c_void_p
     sigs = {
-        "vmmw_loader_open": [vp, ctypes.c_char_p, ctypes.POINTER(vp), err],
-        "vmmw_loader_set_preset": [vp, ctypes.c_char_p, ctypes.c_uint32, ctypes.c_uint32, ctypes.c_size_t, err],
+        "vmmw_loader_open": [ctypes.c_char_p, ctypes.POINTER(vp), err],
         "vmmw_loader_register": [
             vp, ctypes.c_char_p, ctypes.c_uint64, ctypes.c_char_p,
-            ctypes.POINTER(ctypes.c_int64), ctypes.c_size_t, err,
+            ctypes.POINTER(ctypes.c_uint64), ctypes.c_size_t, err,
         ],
-        "vmmw_loader_set_options": [vp, ctypes.c_char_p, ctypes.c_uint32, ctypes.c_int, ctypes.c_int, err],
-        "vmmw_loader_run": [vp, PROGRESS, vp, ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_uint64), err],
+        "vmmw_loader_set_options": [vp, ctypes.POINTER(LoadOptions), err],
+        "vmmw_loader_load": [vp, vp, PROGRESS, vp, err],
+        "vmmw_loader_result": [vp, ctypes.POINTER(LoadResult), err],
     }
     for name, args in sigs.items():
         fn = getattr(lib, name)
@@ -94,17 +108,20 @@ def test_forward_is_bitwise_equal_after_loading_into_our_pool(tmp_path, strategy
     assert all(int(p.abs().sum()) == 0 for p in model.parameters())
 
     loader = ctypes.c_void_p()
-    vt._call("vmmw_loader_open", vt._pool_handle(0), str(path).encode(), ctypes.byref(loader))
+    vt._call("vmmw_loader_open", str(path).encode(), ctypes.byref(loader))
     try:
         for name, t in model.state_dict().items():
-            shape = (ctypes.c_int64 * t.dim())(*t.shape)
+            shape = (ctypes.c_uint64 * t.dim())(*t.shape)
             vt._call("vmmw_loader_register", loader, name.encode(), ctypes.c_uint64(t.data_ptr()),
                      DTYPES[t.dtype], shape, ctypes.c_size_t(t.dim()))
-        vt._call("vmmw_loader_set_options", loader, strategy, ctypes.c_uint32(0), 0, 0)
+        opts = LoadOptions(strategy=STRATEGIES[strategy])
+        vt._call("vmmw_loader_set_options", loader, ctypes.byref(opts))
         seen = []
-        cb = PROGRESS(lambda done, total, user: seen.append((done, total)))
-        loaded = ctypes.c_uint64()
-        vt._call("vmmw_loader_run", loader, cb, None, None, ctypes.byref(loaded))
+        cb = PROGRESS(lambda done, total, user: seen.append((done, total)) or 0)
+        vt._call("vmmw_loader_load", loader, vt._pool_handle(0), cb, None)
+        result = LoadResult()
+        vt._call("vmmw_loader_result", loader, ctypes.byref(result))
+        loaded = ctypes.c_uint64(result.bytes)
     finally:
         lib.vmmw_loader_free(loader)
     torch.cuda.synchronize()
