@@ -6,16 +6,11 @@ Run with PYTHONPATH=examples/torch and VMMW_LIB=<path to libvmmweights.so>.
 Skips (with the reason) without PyTorch, CUDA, transformers, or a library
 that does not export the vmmw_loader_* functions yet.
 
-C API used (include/vmmweights.h; every call returns a vmmw status and takes a
-trailing `vmmw_error_t** err`):
-  vmmw_loader_open(const char* checkpoint, vmmw_loader_t** out, err)
-  vmmw_loader_register(loader, const char* name, uint64 device_ptr, const char* dtype,
-                       const uint64* shape, size_t ndim, err)
-  vmmw_loader_set_options(loader, const vmmw_load_options_t* options, err)
-  vmmw_loader_load(loader, const vmmw_pool_t* pool,
-                   int32 progress_fn(uint64 done, uint64 total, void* user) or NULL, void* user, err)
-  vmmw_loader_result(loader, vmmw_load_result_t* out, err)
-  vmmw_loader_free(loader)              (void)
+C API used (src/ffi/loader.rs; each returns a vmmw status and takes a trailing
+`vmmw_error_t** error`):
+  vmmw_loader_open(path, &loader), vmmw_loader_register(loader, name, ptr, dtype, shape, ndim),
+  vmmw_loader_set_options(loader, &vmmw_load_options_t), vmmw_loader_load(loader, pool, progress, user),
+  vmmw_loader_result(loader, &vmmw_load_result_t), vmmw_loader_free(loader)
 """
 
 import ctypes
@@ -33,30 +28,39 @@ st = pytest.importorskip("safetensors.torch", reason="safetensors is not install
 
 import vmmweights_torch as vt  # noqa: E402
 
-PROGRESS = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_void_p)
-STRATEGIES = {b"auto": 0, b"direct": 1, b"staged": 2, b"read": 3, b"simple": 4}
+PROGRESS = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_void_p)
+DTYPES = {torch.bfloat16: b"BF16", torch.float16: b"F16", torch.float32: b"F32"}
+STRATEGIES = {"auto": 0, "direct": 1, "staged": 2, "read": 3, "simple": 4}
 
 
 class LoadOptions(ctypes.Structure):
-    # vmmw_load_options_t
-    _fields_ = [("allow_missing", ctypes.c_uint32), ("allow_unexpected", ctypes.c_uint32),
-                ("strategy", ctypes.c_int32), ("threads", ctypes.c_uint32),
-                ("window_bytes", ctypes.c_uint64), ("slot_bytes", ctypes.c_uint64)]
+    _fields_ = [
+        ("allow_missing", ctypes.c_uint32),
+        ("allow_unexpected", ctypes.c_uint32),
+        ("strategy", ctypes.c_int32),
+        ("threads", ctypes.c_uint32),
+        ("window_bytes", ctypes.c_uint64),
+        ("slot_bytes", ctypes.c_uint64),
+    ]
 
 
 class LoadResult(ctypes.Structure):
-    # vmmw_load_result_t
-    _fields_ = [("bytes", ctypes.c_uint64), ("seconds", ctypes.c_double), ("gbps", ctypes.c_double),
-                ("direct_bytes", ctypes.c_uint64), ("staged_bytes", ctypes.c_uint64),
-                ("read_bytes", ctypes.c_uint64), ("filled_bytes", ctypes.c_uint64),
-                ("threads", ctypes.c_uint32)]
-DTYPES = {torch.bfloat16: b"BF16", torch.float16: b"F16", torch.float32: b"F32"}
+    _fields_ = [
+        ("bytes", ctypes.c_uint64),
+        ("seconds", ctypes.c_double),
+        ("gbps", ctypes.c_double),
+        ("direct_bytes", ctypes.c_uint64),
+        ("staged_bytes", ctypes.c_uint64),
+        ("read_bytes", ctypes.c_uint64),
+        ("filled_bytes", ctypes.c_uint64),
+        ("threads", ctypes.c_uint32),
+    ]
 
 
 def loader_api():
     lib = vt.lib()
     if getattr(lib, "vmmw_loader_open", None) is None:
-        pytest.skip(f"{vt.library_path()} does not export vmmw_loader_* yet (FFI not landed)")
+        pytest.skip(f"{vt.library_path()} does not export vmmw_loader_* (rebuild the library)")
     err = ctypes.POINTER(ctypes.c_void_p)
     vp = ctypes.c_void_p
     sigs = {
@@ -83,7 +87,7 @@ def build(cfg):
     return transformers.LlamaForCausalLM(cfg).to(device="cuda", dtype=torch.bfloat16).eval()
 
 
-@pytest.mark.parametrize("strategy", [b"auto", b"direct", b"staged"])
+@pytest.mark.parametrize("strategy", ["auto", "direct", "staged"])
 def test_forward_is_bitwise_equal_after_loading_into_our_pool(tmp_path, strategy):
     lib = loader_api()
     cfg = transformers.LlamaConfig(
@@ -109,24 +113,28 @@ def test_forward_is_bitwise_equal_after_loading_into_our_pool(tmp_path, strategy
 
     loader = ctypes.c_void_p()
     vt._call("vmmw_loader_open", str(path).encode(), ctypes.byref(loader))
+    result = LoadResult()
+    seen = []
+
+    def on_progress(done, total, user):
+        seen.append((done, total))
+        return 0
+
+    cb = PROGRESS(on_progress)
     try:
         for name, t in model.state_dict().items():
-            shape = (ctypes.c_uint64 * t.dim())(*t.shape)
+            shape = (ctypes.c_uint64 * max(t.dim(), 1))(*t.shape)
             vt._call("vmmw_loader_register", loader, name.encode(), ctypes.c_uint64(t.data_ptr()),
                      DTYPES[t.dtype], shape, ctypes.c_size_t(t.dim()))
         opts = LoadOptions(strategy=STRATEGIES[strategy])
         vt._call("vmmw_loader_set_options", loader, ctypes.byref(opts))
-        seen = []
-        cb = PROGRESS(lambda done, total, user: seen.append((done, total)) or 0)
         vt._call("vmmw_loader_load", loader, vt._pool_handle(0), cb, None)
-        result = LoadResult()
         vt._call("vmmw_loader_result", loader, ctypes.byref(result))
-        loaded = ctypes.c_uint64(result.bytes)
     finally:
         lib.vmmw_loader_free(loader)
     torch.cuda.synchronize()
     total = sum(t.numel() * t.element_size() for t in model.state_dict().values())
-    assert loaded.value == total
+    assert result.bytes == total, (result.bytes, total)
     assert seen and seen[-1] == (total, total)
     with torch.no_grad():
         got = model(ids).logits
