@@ -8,7 +8,7 @@ cd "$(dirname "$0")/../.."
 source scripts/lib-env.sh
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
-strict=(-std=c++17 -Wall -Wextra -Werror -Wpedantic -Iinclude -Ibindings/cpp/include)
+strict=(-std=c++17 -Wall -Wextra -Werror -Wpedantic -Iinclude -Ibindings/cpp/include -Itests/c)
 san=(-g -O1 -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer)
 link=(-L"$VMMW_LIB_DIR" -lvmmweights -Wl,-rpath,"$VMMW_LIB_DIR")
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1

@@ -3,11 +3,17 @@
 // -Wall -Wextra -Werror and ASan/UBSan by scripts/test.d/40-cpp.sh.
 #include <cstdio>
 #include <cstdlib>
+#include <algorithm>
 #include <cstring>
+#include <stdexcept>
+#include <string>
 #include <type_traits>
 #include <vector>
 
 #include "vmmweights.hpp"
+#include "safetensors_writer.h"
+
+#include <unistd.h>
 
 uint64_t granularity_from_tu_a(const vmmw::Device& d);
 
@@ -85,9 +91,99 @@ static void test_device_and_segment() {
   CHECK(dev.host_counts().handles == before.handles);
 }
 
+static void test_pool_tags_sleep() {
+  vmmw::PoolOptions o;
+  o.backend = vmmw::Backend::Host;
+  vmmw::Pool pool(o);
+  const vmmw::Tag w = vmmw::tag_id("cpp-weights");
+  const vmmw::Tag kv = vmmw::tag_id("cpp-kv");
+  CHECK(vmmw::tag_name(w) == "cpp-weights");
+  uint64_t pw = 0;
+  {
+    vmmw::TagScope scope(w);
+    CHECK(vmmw::current_tag() == w);
+    pw = pool.alloc(6u << 20);
+  }
+  CHECK(vmmw::current_tag() == VMMW_TAG_DEFAULT);
+  const uint64_t pkv = pool.alloc(1u << 20, kv);
+  CHECK(pool.report(w).live_blocks == 1 && pool.report(kv).live_blocks == 1);
+  CHECK(pool.report_json().find("cpp-weights") != std::string::npos);
+
+  std::vector<unsigned char> in(8192), out(8192);
+  for (size_t i = 0; i < in.size(); ++i) in[i] = static_cast<unsigned char>(i * 7 + 5);
+  pool.write(pw + 1000, in.data(), in.size());
+  pool.reserve_backup(8u << 20);
+  pool.sleep({{w, vmmw::Policy::Offload}, {kv, vmmw::Policy::Discard}});
+  CHECK(pool.report().asleep == 1 && pool.report(w).tracked_bytes == 0);
+  CHECK(pool.last_cycle_json().find("cpp-kv") != std::string::npos);
+  CHECK(status_of([&] { pool.read(pw + 1000, out.data(), 16); }) == VMMW_INVALID_STATE);
+  CHECK(status_of([&] { (void)pool.alloc(4096, w); }) == VMMW_INVALID_STATE);
+  pool.wake();
+  pool.read(pw + 1000, out.data(), out.size());
+  CHECK(in == out);
+  pool.free(pw);
+  pool.free(pkv);
+  CHECK(status_of([&] { pool.free(pw); }) == VMMW_UNKNOWN_POINTER);
+  CHECK(pool.trim() > 0);
+
+  vmmw::Pool g1 = vmmw::Pool::global(0);
+  vmmw::Pool g2 = vmmw::Pool::global(0);
+  CHECK(g1.get() == g2.get());
+}
+
+static void test_loader() {
+  char dir[] = "/tmp/vmmw-cpp-loader-XXXXXX";
+  CHECK(mkdtemp(dir) != nullptr);
+  const std::string path = std::string(dir) + "/model.safetensors";
+  std::vector<float> a(64 * 32), b(32);
+  for (size_t i = 0; i < a.size(); ++i) a[i] = static_cast<float>(i) * 0.25f;
+  for (size_t i = 0; i < b.size(); ++i) b[i] = -static_cast<float>(i);
+  st_tensor ts[2] = {{"layer.weight", "F32", {64, 32, 0, 0}, 2, a.data(), a.size() * 4},
+                     {"layer.bias", "F32", {32, 0, 0, 0}, 1, b.data(), b.size() * 4}};
+  CHECK(st_write(path.c_str(), ts, 2) == 0);
+
+  vmmw::PoolOptions o;
+  o.backend = vmmw::Backend::Host;
+  vmmw::Pool pool(o);
+  const vmmw::Tag w = vmmw::tag_id("cpp-loaded");
+  vmmw::Loader loader(path);
+  loader.allocate(pool, w);
+  CHECK(loader.destination_names() == (std::vector<std::string>{"layer.bias", "layer.weight"}));
+  CHECK(loader.plan().src_bytes == (a.size() + b.size()) * 4);
+
+  // An exception thrown by the progress callback cancels and comes back out.
+  bool threw = false;
+  try {
+    loader.load(pool, [](uint64_t, uint64_t) -> bool { throw std::runtime_error("stop"); });
+  } catch (const std::runtime_error& e) {
+    threw = std::string(e.what()) == "stop";
+  }
+  CHECK(threw);
+
+  uint64_t last = 0;
+  const auto r = loader.load(pool, [&](uint64_t done, uint64_t) { last = done; return true; });
+  CHECK(r.bytes == (a.size() + b.size()) * 4 && last == r.bytes);
+  const auto d = loader.destination("layer.weight");
+  std::vector<float> back(a.size());
+  pool.read(d.ptr, back.data(), back.size() * 4);
+  CHECK(back == a);
+
+  pool.sleep({{w, vmmw::Policy::Reload}});
+  pool.wake({w});
+  std::fill(back.begin(), back.end(), 0.0f);
+  pool.read(d.ptr, back.data(), back.size() * 4);
+  CHECK(back == a);
+  CHECK(loader.result_json().find("src_bytes") != std::string::npos);
+  CHECK(status_of([&] { vmmw::Loader bad(std::string(dir) + "/missing.safetensors"); }) == VMMW_IO);
+  unlink(path.c_str());
+  rmdir(dir);
+}
+
 int main() {
   test_errors();
   test_device_and_segment();
+  test_pool_tags_sleep();
+  test_loader();
   std::printf("test_wrapper: %d checks passed\n", g_checks);
   return 0;
 }

@@ -17,10 +17,13 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <exception>
+#include <functional>
 #include <memory>
 #include <stdexcept>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "vmmweights.h"
 
@@ -227,6 +230,335 @@ class Segment {
  private:
   const vmmw_segment_t* get_checked() const { return detail::live(h_, "vmmw::Segment"); }
   detail::Owned<vmmw_segment_t, vmmw_segment_free> h_;
+};
+
+// ---- tags ------------------------------------------------------------------
+
+/// A tag id: names a group of allocations that sleep and wake together.
+using Tag = uint32_t;
+
+/// The id of tag `name`, registering it on first use.
+inline Tag tag_id(const std::string& name) {
+  Tag t = 0;
+  detail::call([&](vmmw_error_t** e) { return vmmw_tag_id(name.c_str(), &t, e); });
+  return t;
+}
+
+/// The name of a registered tag.
+inline std::string tag_name(Tag tag) {
+  return detail::read_string([tag](char* b, size_t c, size_t* n, vmmw_error_t** e) {
+    return vmmw_tag_name(tag, b, c, n, e);
+  });
+}
+
+/// The tag allocations on this thread get now.
+inline Tag current_tag() {
+  Tag t = 0;
+  detail::call([&](vmmw_error_t** e) { return vmmw_tag_current(&t, e); });
+  return t;
+}
+
+/// Scope guard: allocations made by this thread get `tag` while it lives.
+/// Not movable (a scope belongs to the thread and the block that opened it).
+class TagScope {
+ public:
+  explicit TagScope(Tag tag) {
+    detail::call([&](vmmw_error_t** e) { return vmmw_tag_push(tag, e); });
+  }
+  explicit TagScope(const std::string& name) : TagScope(tag_id(name)) {}
+  ~TagScope() { (void)vmmw_tag_pop(nullptr); }
+  TagScope(const TagScope&) = delete;
+  TagScope& operator=(const TagScope&) = delete;
+  TagScope(TagScope&&) = delete;
+  TagScope& operator=(TagScope&&) = delete;
+};
+
+// ---- pool --------------------------------------------------------------------
+
+/// Sleep policies.
+enum class Policy : int32_t {
+  Offload = VMMW_POLICY_OFFLOAD,  ///< pinned host backup, restored byte for byte
+  Discard = VMMW_POLICY_DISCARD,  ///< contents dropped (e.g. a KV cache)
+  Reload = VMMW_POLICY_RELOAD,    ///< re-read from the checkpoint at wake
+};
+
+/// Pool creation options (all zero = auto backend, device 0, default sizes).
+struct PoolOptions {
+  Backend backend = Backend::Auto;
+  int32_t device = 0;
+  const Device* device_handle = nullptr;  ///< use this device instead of backend/device
+  uint64_t align = 0;
+  uint64_t small_request_max = 0;
+  uint64_t small_segment_bytes = 0;
+  uint64_t large_segment_bytes = 0;
+  uint64_t chunk_bytes = 0;
+};
+
+/// A caching pool of VMM memory (vmmw_pool_t). Thread-safe.
+class Pool {
+ public:
+  explicit Pool(const PoolOptions& o = PoolOptions()) {
+    vmmw_pool_options_t c{};
+    c.device_handle = o.device_handle != nullptr ? o.device_handle->get() : nullptr;
+    c.backend = static_cast<int32_t>(o.backend);
+    c.device = o.device;
+    c.align = o.align;
+    c.small_request_max = o.small_request_max;
+    c.small_segment_bytes = o.small_segment_bytes;
+    c.large_segment_bytes = o.large_segment_bytes;
+    c.chunk_bytes = o.chunk_bytes;
+    vmmw_pool_t* raw = nullptr;
+    detail::call([&](vmmw_error_t** e) { return vmmw_pool_new(&c, &raw, e); });
+    h_.reset(raw);
+  }
+
+  /// The process-global pool of `device` (shared with the PyTorch entry points).
+  static Pool global(int32_t device = 0) {
+    vmmw_pool_t* raw = nullptr;
+    detail::call([&](vmmw_error_t** e) { return vmmw_pool_default(device, &raw, e); });
+    return Pool(raw);
+  }
+
+  /// Allocate under the current thread's tag; returns the device address.
+  uint64_t alloc(uint64_t size) const {
+    uint64_t p = 0;
+    detail::call([&](vmmw_error_t** e) { return vmmw_pool_alloc(get_checked(), size, &p, e); });
+    return p;
+  }
+
+  /// Allocate under `tag`.
+  uint64_t alloc(uint64_t size, Tag tag) const {
+    uint64_t p = 0;
+    detail::call([&](vmmw_error_t** e) { return vmmw_pool_alloc_tagged(get_checked(), size, tag, &p, e); });
+    return p;
+  }
+
+  void free(uint64_t ptr) const {
+    detail::call([&](vmmw_error_t** e) { return vmmw_pool_free_ptr(get_checked(), ptr, e); });
+  }
+
+  /// Return cached memory to the driver; the bytes released.
+  uint64_t trim() const {
+    uint64_t r = 0;
+    detail::call([&](vmmw_error_t** e) { return vmmw_pool_trim(get_checked(), &r, e); });
+    return r;
+  }
+
+  void set_tag_arena(Tag tag, uint64_t reserve_bytes, uint64_t grow_step = 0) const {
+    detail::call([&](vmmw_error_t** e) {
+      return vmmw_pool_set_tag_arena(get_checked(), tag, reserve_bytes, grow_step, e);
+    });
+  }
+
+  void set_tag_segments(Tag tag) const {
+    detail::call([&](vmmw_error_t** e) { return vmmw_pool_set_tag_segments(get_checked(), tag, e); });
+  }
+
+  vmmw_report_t report() const {
+    vmmw_report_t r{};
+    detail::call([&](vmmw_error_t** e) { return vmmw_pool_report(get_checked(), &r, e); });
+    return r;
+  }
+
+  vmmw_report_t report(Tag tag) const {
+    vmmw_report_t r{};
+    detail::call([&](vmmw_error_t** e) { return vmmw_pool_report_tag(get_checked(), tag, &r, e); });
+    return r;
+  }
+
+  std::string report_json() const {
+    const vmmw_pool_t* p = get_checked();
+    return detail::read_string([p](char* b, size_t c, size_t* n, vmmw_error_t** e) {
+      return vmmw_pool_report_json(p, b, c, n, e);
+    });
+  }
+
+  void snapshot(const std::string& name) const {
+    detail::call([&](vmmw_error_t** e) { return vmmw_pool_snapshot(get_checked(), name.c_str(), e); });
+  }
+
+  std::string timeline_json() const {
+    const vmmw_pool_t* p = get_checked();
+    return detail::read_string([p](char* b, size_t c, size_t* n, vmmw_error_t** e) {
+      return vmmw_pool_timeline_json(p, b, c, n, e);
+    });
+  }
+
+  /// Copy host bytes to pool memory (synchronous, range-checked).
+  void write(uint64_t dst, const void* src, size_t len) const {
+    detail::call([&](vmmw_error_t** e) { return vmmw_pool_write(get_checked(), dst, src, len, e); });
+  }
+
+  /// Copy pool memory to host bytes (synchronous, range-checked).
+  void read(uint64_t src, void* dst, size_t len) const {
+    detail::call([&](vmmw_error_t** e) { return vmmw_pool_read(get_checked(), src, dst, len, e); });
+  }
+
+  /// Put tags to sleep, each with its policy; pointers stay valid.
+  void sleep(const std::vector<std::pair<Tag, Policy>>& items) const {
+    std::vector<vmmw_tag_policy_t> c;
+    c.reserve(items.size());
+    for (const auto& i : items) c.push_back(vmmw_tag_policy_t{i.first, static_cast<int32_t>(i.second)});
+    detail::call([&](vmmw_error_t** e) { return vmmw_pool_sleep(get_checked(), c.data(), c.size(), e); });
+  }
+
+  /// Wake the listed tags (all sleeping tags when empty), at the same addresses.
+  void wake(const std::vector<Tag>& tags = {}) const {
+    detail::call([&](vmmw_error_t** e) { return vmmw_pool_wake(get_checked(), tags.data(), tags.size(), e); });
+  }
+
+  /// Pin host backup memory ahead of time.
+  void reserve_backup(uint64_t bytes) const {
+    detail::call([&](vmmw_error_t** e) { return vmmw_pool_reserve_backup(get_checked(), bytes, e); });
+  }
+
+  /// Unpin backup memory not holding a sleeping tag; the bytes unpinned.
+  uint64_t release_backup() const {
+    uint64_t r = 0;
+    detail::call([&](vmmw_error_t** e) { return vmmw_pool_release_backup(get_checked(), &r, e); });
+    return r;
+  }
+
+  void set_sleep_options(const vmmw_sleep_options_t& o) const {
+    detail::call([&](vmmw_error_t** e) { return vmmw_pool_set_sleep_options(get_checked(), &o, e); });
+  }
+
+  /// What the last sleep or wake through this handle did, as JSON.
+  std::string last_cycle_json() const {
+    const vmmw_pool_t* p = get_checked();
+    return detail::read_string([p](char* b, size_t c, size_t* n, vmmw_error_t** e) {
+      return vmmw_pool_last_cycle_json(p, b, c, n, e);
+    });
+  }
+
+  const vmmw_pool_t* get() const noexcept { return h_.get(); }
+
+ private:
+  explicit Pool(vmmw_pool_t* raw) : h_(raw) {}
+  const vmmw_pool_t* get_checked() const { return detail::live(h_, "vmmw::Pool"); }
+  detail::Owned<vmmw_pool_t, vmmw_pool_free> h_;
+};
+
+// ---- loader ----------------------------------------------------------------
+
+/// Progress of a load: (bytes done, bytes total); return false to cancel.
+using Progress = std::function<bool(uint64_t done, uint64_t total)>;
+
+/// Loads a safetensors checkpoint in place (vmmw_loader_t).
+class Loader {
+ public:
+  /// Open a checkpoint file or folder; headers are validated now.
+  explicit Loader(const std::string& path) {
+    vmmw_loader_t* raw = nullptr;
+    detail::call([&](vmmw_error_t** e) { return vmmw_loader_open(path.c_str(), &raw, e); });
+    h_.reset(raw);
+  }
+
+  void set_rules_json(const std::string& json) const {
+    detail::call([&](vmmw_error_t** e) { return vmmw_loader_set_rules_json(get_checked(), json.c_str(), e); });
+  }
+
+  void set_rules_preset(const std::string& family, uint32_t tp_rank = 0, uint32_t tp_world = 0,
+                        uint32_t head_dim = 128) const {
+    detail::call([&](vmmw_error_t** e) {
+      return vmmw_loader_set_rules_preset(get_checked(), family.c_str(), tp_rank, tp_world, head_dim, e);
+    });
+  }
+
+  void set_options(const vmmw_load_options_t& o) const {
+    detail::call([&](vmmw_error_t** e) { return vmmw_loader_set_options(get_checked(), &o, e); });
+  }
+
+  /// Register your own destination at device address `ptr`.
+  void add(const std::string& name, uint64_t ptr, const std::string& dtype,
+           const std::vector<uint64_t>& shape) const {
+    detail::call([&](vmmw_error_t** e) {
+      return vmmw_loader_register(get_checked(), name.c_str(), ptr, dtype.c_str(), shape.data(), shape.size(), e);
+    });
+  }
+
+  /// Allocate every destination the plan needs from `pool` under `tag`.
+  void allocate(const Pool& pool, Tag tag) const {
+    detail::call([&](vmmw_error_t** e) { return vmmw_loader_allocate(get_checked(), pool.get(), tag, e); });
+  }
+
+  /// Names of the registered destinations, in name order.
+  std::vector<std::string> destination_names() const {
+    const vmmw_loader_t* l = get_checked();
+    size_t n = 0;
+    detail::call([&](vmmw_error_t** e) { return vmmw_loader_destination_count(l, &n, e); });
+    std::vector<std::string> out;
+    out.reserve(n);
+    for (size_t i = 0; i < n; ++i) {
+      out.push_back(detail::read_string([l, i](char* b, size_t c, size_t* nd, vmmw_error_t** e) {
+        return vmmw_loader_destination_name(l, i, b, c, nd, e);
+      }));
+    }
+    return out;
+  }
+
+  vmmw_destination_t destination(const std::string& name) const {
+    vmmw_destination_t d{};
+    detail::call([&](vmmw_error_t** e) { return vmmw_loader_destination(get_checked(), name.c_str(), &d, e); });
+    return d;
+  }
+
+  /// Check the plan without writing anything.
+  vmmw_plan_summary_t plan() const {
+    vmmw_plan_summary_t s{};
+    detail::call([&](vmmw_error_t** e) { return vmmw_loader_plan(get_checked(), &s, e); });
+    return s;
+  }
+
+  /// Load into the destinations on `pool`'s device. An exception thrown by
+  /// `progress` cancels the load and is rethrown here.
+  vmmw_load_result_t load(const Pool& pool, const Progress& progress = Progress()) const {
+    struct Ctx {
+      const Progress* fn;
+      std::exception_ptr error;
+    } ctx{&progress, nullptr};
+    auto trampoline = [](uint64_t done, uint64_t total, void* user) -> int32_t {
+      auto* c = static_cast<Ctx*>(user);
+      try {
+        return (*c->fn)(done, total) ? 0 : 1;
+      } catch (...) {
+        c->error = std::current_exception();  // never unwind into the library
+        return 1;
+      }
+    };
+    vmmw_error_t* err = nullptr;
+    int32_t rc = vmmw_loader_load(get_checked(), pool.get(), progress ? +trampoline : nullptr, &ctx, &err);
+    if (ctx.error) {
+      vmmw_error_free(err);
+      std::rethrow_exception(ctx.error);
+    }
+    detail::check(rc, err);
+    return result();
+  }
+
+  /// Stop a running load from another thread (it throws VMMW_CANCELLED).
+  void cancel() const {
+    detail::call([&](vmmw_error_t** e) { return vmmw_loader_cancel(get_checked(), e); });
+  }
+
+  vmmw_load_result_t result() const {
+    vmmw_load_result_t r{};
+    detail::call([&](vmmw_error_t** e) { return vmmw_loader_result(get_checked(), &r, e); });
+    return r;
+  }
+
+  std::string result_json() const {
+    const vmmw_loader_t* l = get_checked();
+    return detail::read_string([l](char* b, size_t c, size_t* n, vmmw_error_t** e) {
+      return vmmw_loader_result_json(l, b, c, n, e);
+    });
+  }
+
+  const vmmw_loader_t* get() const noexcept { return h_.get(); }
+
+ private:
+  const vmmw_loader_t* get_checked() const { return detail::live(h_, "vmmw::Loader"); }
+  detail::Owned<vmmw_loader_t, vmmw_loader_free> h_;
 };
 
 }  // namespace vmmw

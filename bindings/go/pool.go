@@ -1,0 +1,269 @@
+package vmmw
+
+// #include <stdlib.h>
+// #include "vmmweights.h"
+import "C"
+
+import (
+	"runtime"
+	"unsafe"
+)
+
+// PoolOptions configure NewPool; zero values mean defaults.
+type PoolOptions struct {
+	Backend           Backend
+	Device            int
+	DeviceHandle      *Device // when set, the pool uses this device instead of Backend/Device
+	Align             uint64
+	SmallRequestMax   uint64
+	SmallSegmentBytes uint64
+	LargeSegmentBytes uint64
+	ChunkBytes        uint64
+}
+
+// Pool is a caching pool of VMM memory on one device. Safe for concurrent use.
+type Pool struct {
+	ptr    *C.vmmw_pool_t
+	global bool
+}
+
+// Report holds a pool's memory, for all tags or one.
+type Report struct {
+	LiveBytes, LiveBlocks, ReservedBytes, TrackedBytes, Segments uint64
+	AwakeBytes, OffloadedBytes, DiscardedBytes, ReloadableBytes  uint64
+	HostBackupBytes, DeviceUsedBytes, DeviceTotalBytes           uint64
+	Asleep                                                       bool
+	Tags                                                         uint32
+}
+
+// Policy says what sleep does with a tag's memory.
+type Policy int32
+
+const (
+	// Offload copies to a pinned host backup, restored byte for byte at wake.
+	Offload Policy = C.VMMW_POLICY_OFFLOAD
+	// Discard drops the contents (undefined after wake).
+	Discard Policy = C.VMMW_POLICY_DISCARD
+	// Reload restores the contents from the checkpoint they were loaded from.
+	Reload Policy = C.VMMW_POLICY_RELOAD
+)
+
+// TagPolicy pairs a tag with its sleep policy.
+type TagPolicy struct {
+	Tag    Tag
+	Policy Policy
+}
+
+// NewPool creates a pool.
+func NewPool(o PoolOptions) (*Pool, error) {
+	c := C.vmmw_pool_options_t{
+		backend:             C.int32_t(o.Backend),
+		device:              C.int32_t(o.Device),
+		align:               C.uint64_t(o.Align),
+		small_request_max:   C.uint64_t(o.SmallRequestMax),
+		small_segment_bytes: C.uint64_t(o.SmallSegmentBytes),
+		large_segment_bytes: C.uint64_t(o.LargeSegmentBytes),
+		chunk_bytes:         C.uint64_t(o.ChunkBytes),
+	}
+	if o.DeviceHandle != nil {
+		dp, err := o.DeviceHandle.live()
+		if err != nil {
+			return nil, err
+		}
+		c.device_handle = dp
+	}
+	var p *C.vmmw_pool_t
+	err := call(func(e **C.vmmw_error_t) C.int32_t { return C.vmmw_pool_new(&c, &p, e) })
+	runtime.KeepAlive(o.DeviceHandle)
+	if err != nil {
+		return nil, err
+	}
+	pool := &Pool{ptr: p}
+	runtime.SetFinalizer(pool, (*Pool).Close)
+	return pool, nil
+}
+
+// GlobalPool returns the process-global pool of device (shared with the
+// PyTorch entry points). Close on it does nothing.
+func GlobalPool(device int) (*Pool, error) {
+	var p *C.vmmw_pool_t
+	if err := call(func(e **C.vmmw_error_t) C.int32_t { return C.vmmw_pool_default(C.int32_t(device), &p, e) }); err != nil {
+		return nil, err
+	}
+	return &Pool{ptr: p, global: true}, nil
+}
+
+// Close frees the pool and every block still in it. Idempotent.
+func (p *Pool) Close() error {
+	if p.ptr != nil {
+		if !p.global {
+			C.vmmw_pool_free(p.ptr)
+		}
+		p.ptr = nil
+		runtime.SetFinalizer(p, nil)
+	}
+	return nil
+}
+
+func (p *Pool) live() (*C.vmmw_pool_t, error) {
+	if p == nil || p.ptr == nil {
+		return nil, closedError("Pool")
+	}
+	return p.ptr, nil
+}
+
+// do runs one C call on the live pool and keeps the pool reachable until it returns.
+func (p *Pool) do(f func(cp *C.vmmw_pool_t, e **C.vmmw_error_t) C.int32_t) error {
+	cp, err := p.live()
+	if err != nil {
+		return err
+	}
+	err = call(func(e **C.vmmw_error_t) C.int32_t { return f(cp, e) })
+	runtime.KeepAlive(p)
+	return err
+}
+
+// Alloc allocates size bytes under the calling OS thread's current tag (see
+// WithTag); returns the device address.
+func (p *Pool) Alloc(size uint64) (uint64, error) {
+	var out C.uint64_t
+	err := p.do(func(cp *C.vmmw_pool_t, e **C.vmmw_error_t) C.int32_t {
+		return C.vmmw_pool_alloc(cp, C.uint64_t(size), &out, e)
+	})
+	return uint64(out), err
+}
+
+// AllocTagged allocates size bytes under tag.
+func (p *Pool) AllocTagged(size uint64, tag Tag) (uint64, error) {
+	var out C.uint64_t
+	err := p.do(func(cp *C.vmmw_pool_t, e **C.vmmw_error_t) C.int32_t {
+		return C.vmmw_pool_alloc_tagged(cp, C.uint64_t(size), C.uint32_t(tag), &out, e)
+	})
+	return uint64(out), err
+}
+
+// Free returns a block to the pool.
+func (p *Pool) Free(ptr uint64) error {
+	return p.do(func(cp *C.vmmw_pool_t, e **C.vmmw_error_t) C.int32_t {
+		return C.vmmw_pool_free_ptr(cp, C.uint64_t(ptr), e)
+	})
+}
+
+// Trim returns cached memory to the driver; the bytes released.
+func (p *Pool) Trim() (uint64, error) {
+	var out C.uint64_t
+	err := p.do(func(cp *C.vmmw_pool_t, e **C.vmmw_error_t) C.int32_t { return C.vmmw_pool_trim(cp, &out, e) })
+	return uint64(out), err
+}
+
+// SetTagArena places tag's future blocks in one arena of reserveBytes of VA.
+func (p *Pool) SetTagArena(tag Tag, reserveBytes, growStep uint64) error {
+	return p.do(func(cp *C.vmmw_pool_t, e **C.vmmw_error_t) C.int32_t {
+		return C.vmmw_pool_set_tag_arena(cp, C.uint32_t(tag), C.uint64_t(reserveBytes), C.uint64_t(growStep), e)
+	})
+}
+
+func reportOf(r *C.vmmw_report_t) Report {
+	return Report{uint64(r.live_bytes), uint64(r.live_blocks), uint64(r.reserved_bytes), uint64(r.tracked_bytes),
+		uint64(r.segments), uint64(r.awake_bytes), uint64(r.offloaded_bytes), uint64(r.discarded_bytes),
+		uint64(r.reloadable_bytes), uint64(r.host_backup_bytes), uint64(r.device_used_bytes),
+		uint64(r.device_total_bytes), r.asleep != 0, uint32(r.tags)}
+}
+
+// Report returns the pool's memory summed over all tags.
+func (p *Pool) Report() (Report, error) {
+	var r C.vmmw_report_t
+	err := p.do(func(cp *C.vmmw_pool_t, e **C.vmmw_error_t) C.int32_t { return C.vmmw_pool_report(cp, &r, e) })
+	return reportOf(&r), err
+}
+
+// ReportTag returns the pool's memory of one tag.
+func (p *Pool) ReportTag(tag Tag) (Report, error) {
+	var r C.vmmw_report_t
+	err := p.do(func(cp *C.vmmw_pool_t, e **C.vmmw_error_t) C.int32_t {
+		return C.vmmw_pool_report_tag(cp, C.uint32_t(tag), &r, e)
+	})
+	return reportOf(&r), err
+}
+
+// ReportJSON returns the full report (per tag and total) as JSON.
+func (p *Pool) ReportJSON() (string, error) {
+	cp, err := p.live()
+	if err != nil {
+		return "", err
+	}
+	s, err := readString(func(b *C.char, c C.size_t, n *C.size_t, e **C.vmmw_error_t) C.int32_t {
+		return C.vmmw_pool_report_json(cp, b, c, n, e)
+	})
+	runtime.KeepAlive(p)
+	return s, err
+}
+
+// Write copies b to pool memory at device address dst (synchronous, range-checked).
+func (p *Pool) Write(dst uint64, b []byte) error {
+	err := p.do(func(cp *C.vmmw_pool_t, e **C.vmmw_error_t) C.int32_t {
+		return C.vmmw_pool_write(cp, C.uint64_t(dst), bytesPtr(b), C.size_t(len(b)), e)
+	})
+	runtime.KeepAlive(b)
+	return err
+}
+
+// Read copies len(b) bytes of pool memory at device address src into b.
+func (p *Pool) Read(src uint64, b []byte) error {
+	err := p.do(func(cp *C.vmmw_pool_t, e **C.vmmw_error_t) C.int32_t {
+		return C.vmmw_pool_read(cp, C.uint64_t(src), bytesPtr(b), C.size_t(len(b)), e)
+	})
+	runtime.KeepAlive(b)
+	return err
+}
+
+// Sleep releases the device memory of the listed tags; pointers stay valid.
+func (p *Pool) Sleep(items ...TagPolicy) error {
+	if len(items) == 0 {
+		return nil
+	}
+	// C memory: the array is only read during the call, but keeping it off the
+	// Go heap makes the no-Go-pointers rule obvious.
+	n := len(items)
+	arr := unsafe.Slice((*C.vmmw_tag_policy_t)(C.malloc(C.size_t(n)*C.size_t(unsafe.Sizeof(C.vmmw_tag_policy_t{})))), n)
+	defer C.free(unsafe.Pointer(&arr[0]))
+	for i, it := range items {
+		arr[i] = C.vmmw_tag_policy_t{tag: C.uint32_t(it.Tag), policy: C.int32_t(it.Policy)}
+	}
+	return p.do(func(cp *C.vmmw_pool_t, e **C.vmmw_error_t) C.int32_t {
+		return C.vmmw_pool_sleep(cp, &arr[0], C.size_t(n), e)
+	})
+}
+
+// Wake brings the listed tags back (every sleeping tag when none is given).
+func (p *Pool) Wake(tags ...Tag) error {
+	ids := make([]C.uint32_t, len(tags))
+	for i, t := range tags {
+		ids[i] = C.uint32_t(t)
+	}
+	var first *C.uint32_t
+	if len(ids) > 0 {
+		first = &ids[0]
+	}
+	err := p.do(func(cp *C.vmmw_pool_t, e **C.vmmw_error_t) C.int32_t {
+		return C.vmmw_pool_wake(cp, first, C.size_t(len(ids)), e)
+	})
+	runtime.KeepAlive(ids)
+	return err
+}
+
+// ReserveBackup pins bytes of host backup memory ahead of time.
+func (p *Pool) ReserveBackup(bytes uint64) error {
+	return p.do(func(cp *C.vmmw_pool_t, e **C.vmmw_error_t) C.int32_t {
+		return C.vmmw_pool_reserve_backup(cp, C.uint64_t(bytes), e)
+	})
+}
+
+// ReleaseBackup unpins backup memory holding no sleeping tag; the bytes unpinned.
+func (p *Pool) ReleaseBackup() (uint64, error) {
+	var out C.uint64_t
+	err := p.do(func(cp *C.vmmw_pool_t, e **C.vmmw_error_t) C.int32_t {
+		return C.vmmw_pool_release_backup(cp, &out, e)
+	})
+	return uint64(out), err
+}

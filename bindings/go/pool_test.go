@@ -1,0 +1,208 @@
+package vmmw
+
+import (
+	"bytes"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+)
+
+func hostPool(t *testing.T) *Pool {
+	t.Helper()
+	p, err := NewPool(PoolOptions{Backend: BackendHost})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() })
+	return p
+}
+
+func mustTag(t *testing.T, name string) Tag {
+	t.Helper()
+	tag, err := TagID(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tag
+}
+
+func TestTagsAndPoolReports(t *testing.T) {
+	p := hostPool(t)
+	w := mustTag(t, "go-weights")
+	if n, _ := w.Name(); n != "go-weights" {
+		t.Fatalf("tag name %q", n)
+	}
+	var inScope uint64
+	err := WithTag(w, func() error {
+		cur, _ := CurrentTag()
+		if cur != w {
+			return fmt.Errorf("current tag %d, want %d", cur, w)
+		}
+		var err error
+		inScope, err = p.Alloc(3 << 20)
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	outside, err := p.Alloc(4096)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rw, _ := p.ReportTag(w)
+	rd, _ := p.ReportTag(TagDefault)
+	if rw.LiveBlocks != 1 || rd.LiveBlocks != 1 {
+		t.Fatalf("blocks per tag: weights %d default %d", rw.LiveBlocks, rd.LiveBlocks)
+	}
+	js, err := p.ReportJSON()
+	if err != nil || !json.Valid([]byte(js)) || !strings.Contains(js, "go-weights") {
+		t.Fatalf("report JSON %v: %s", err, js)
+	}
+	if err := p.Free(inScope); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Free(inScope); !errors.Is(err, ErrUnknownPointer) {
+		t.Fatalf("double free: %v", err)
+	}
+	p.Free(outside)
+	if released, err := p.Trim(); err != nil || released == 0 {
+		t.Fatalf("trim released %d, %v", released, err)
+	}
+}
+
+func TestSleepWakeKeepsOffloadedBytes(t *testing.T) {
+	p := hostPool(t)
+	w, kv := mustTag(t, "go-sleep-w"), mustTag(t, "go-sleep-kv")
+	pw, err := p.AllocTagged(4<<20, w)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.AllocTagged(2<<20, kv); err != nil {
+		t.Fatal(err)
+	}
+	in := bytes.Repeat([]byte("stable addresses "), 1000)
+	if err := p.Write(pw+77, in); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Sleep(TagPolicy{w, Offload}, TagPolicy{kv, Discard}); err != nil {
+		t.Fatal(err)
+	}
+	r, _ := p.Report()
+	if !r.Asleep || r.TrackedBytes != 0 || r.OffloadedBytes == 0 || r.DiscardedBytes == 0 {
+		t.Fatalf("asleep report %+v", r)
+	}
+	if err := p.Read(pw+77, make([]byte, 8)); !errors.Is(err, ErrInvalidState) {
+		t.Fatalf("read while asleep: %v", err)
+	}
+	if err := p.Sleep(TagPolicy{w, Policy(9)}); !errors.Is(err, ErrInvalidArgument) {
+		t.Fatalf("bad policy: %v", err)
+	}
+	if err := p.Wake(); err != nil {
+		t.Fatal(err)
+	}
+	out := make([]byte, len(in))
+	if err := p.Read(pw+77, out); err != nil || !bytes.Equal(in, out) {
+		t.Fatalf("after wake: %v, equal=%v", err, bytes.Equal(in, out))
+	}
+}
+
+// writeSafetensors writes F32 tensors to path.
+func writeSafetensors(t *testing.T, path string, names []string, data [][]float32) {
+	t.Helper()
+	hdr := map[string]any{}
+	var off int
+	var body bytes.Buffer
+	for i, n := range names {
+		hdr[n] = map[string]any{"dtype": "F32", "shape": []int{len(data[i])}, "data_offsets": []int{off, off + 4*len(data[i])}}
+		for _, v := range data[i] {
+			binary.Write(&body, binary.LittleEndian, math.Float32bits(v))
+		}
+		off += 4 * len(data[i])
+	}
+	h, _ := json.Marshal(hdr)
+	for len(h)%8 != 0 {
+		h = append(h, ' ')
+	}
+	var f bytes.Buffer
+	binary.Write(&f, binary.LittleEndian, uint64(len(h)))
+	f.Write(h)
+	f.Write(body.Bytes())
+	if err := os.WriteFile(path, f.Bytes(), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestLoaderLoadsAndReloads(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "model.safetensors")
+	a := make([]float32, 3000)
+	for i := range a {
+		a[i] = float32(i) / 7
+	}
+	writeSafetensors(t, path, []string{"x.weight", "y.bias"}, [][]float32{a, {1, 2, 3}})
+	if _, err := OpenLoader(filepath.Join(dir, "missing")); !errors.Is(err, ErrIO) {
+		t.Fatalf("missing checkpoint: %v", err)
+	}
+	p := hostPool(t)
+	tag := mustTag(t, "go-loaded")
+	l, err := OpenLoader(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	if err := l.Allocate(p, tag); err != nil {
+		t.Fatal(err)
+	}
+	names, _ := l.DestinationNames()
+	if strings.Join(names, ",") != "x.weight,y.bias" {
+		t.Fatalf("destinations %v", names)
+	}
+	plan, err := l.Plan()
+	if err != nil || plan.SrcBytes != 4*3003 {
+		t.Fatalf("plan %+v %v", plan, err)
+	}
+	var calls, last atomic.Uint64
+	res, err := l.Load(p, func(done, total uint64) bool { calls.Add(1); last.Store(done); return true })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Bytes != plan.SrcBytes || calls.Load() == 0 || last.Load() != res.Bytes {
+		t.Fatalf("result %+v, %d progress calls, last %d", res, calls.Load(), last.Load())
+	}
+	d, err := l.Destination("x.weight")
+	if err != nil || d.Dtype != "F32" || len(d.Shape) != 1 || d.Shape[0] != 3000 {
+		t.Fatalf("destination %+v %v", d, err)
+	}
+	check := func(when string) {
+		b := make([]byte, d.Bytes)
+		if err := p.Read(d.Ptr, b); err != nil {
+			t.Fatal(err)
+		}
+		for i := range a {
+			if math.Float32frombits(binary.LittleEndian.Uint32(b[4*i:])) != a[i] {
+				t.Fatalf("%s: element %d differs", when, i)
+			}
+		}
+	}
+	check("after load")
+	if err := p.Sleep(TagPolicy{tag, Reload}); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Wake(tag); err != nil {
+		t.Fatal(err)
+	}
+	check("after reload")
+	if err := l.Cancel(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.Load(p, nil); !errors.Is(err, ErrCancelled) {
+		t.Fatalf("cancelled load: %v", err)
+	}
+}
