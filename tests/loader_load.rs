@@ -58,14 +58,22 @@ fn every_strategy_loads_exact_bytes_single_and_sharded() {
         Strategy::Staged,
         Strategy::Read,
         Strategy::Simple,
+        Strategy::Populate,
+        Strategy::Hybrid,
     ] {
-        for (threads, window, slot) in [(1, 64 << 20, 16 << 20), (3, 8192, 4096), (4, 12288, 8192)]
-        {
+        for (threads, window, slot, depth, direct_percent) in [
+            (1, 64 << 20, 16 << 20, 0, 25),
+            (3, 8192, 4096, 1, 50),
+            (4, 12288, 8192, 2, 90),
+            (5, 4096, 4096, 4, 10),
+        ] {
             let o = CopyOptions {
                 strategy,
                 threads,
                 window_bytes: window,
                 slot_bytes: slot,
+                depth,
+                direct_percent,
             };
             identity_load(single.path(), o);
             identity_load(sharded.path(), o);
@@ -182,5 +190,181 @@ fn executed_plan_reloads_exactly_the_requested_ranges() {
     assert_eq!(n as usize, total);
     for (x, b) in reg.iter().zip(&before) {
         assert_eq!(&read(d.as_ref(), x.ptr, x.bytes()), b, "{}", x.name);
+    }
+}
+
+/// Loads with the same options on one driver share one pinned staging ring:
+/// the first pins it, later loads and the executed plan's Reload replays reuse
+/// it, and the bytes stay exact through every reuse.
+#[test]
+fn staging_ring_is_reused_across_loads_and_reload_replays() {
+    let t = generate(&SMALL, Dtype::Bf16);
+    let dir = tempfile::tempdir().unwrap();
+    write_sharded(dir.path(), &t, Dtype::Bf16, 2);
+    let d = host();
+    let rules = Rules::default();
+    let alloc = SegmentAllocator::new(d.clone(), 4 << 20);
+    let mut reg = Registry::new();
+    let ckpt = Checkpoint::open(dir.path()).unwrap();
+    reg.allocate(&Plan::destinations(&ckpt, &rules).unwrap(), &alloc)
+        .unwrap();
+    let opts = LoadOptions {
+        copy: CopyOptions {
+            strategy: Strategy::Read,
+            threads: 3,
+            slot_bytes: 8192,
+            depth: 2,
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    assert_eq!(
+        staging::cached_staging_bytes(&d),
+        0,
+        "fresh driver, no ring"
+    );
+    let first = load(&d, ckpt, &rules, &reg, &opts, &Control::default()).unwrap();
+    assert!(!first.stats.ring_reused, "{:?}", first.stats);
+    assert!(first.stats.ring_bytes >= 3 * 2 * 8192, "{:?}", first.stats);
+    let cached = staging::cached_staging_bytes(&d);
+    assert_eq!(
+        cached as u64, first.stats.ring_bytes,
+        "ring kept after the load"
+    );
+
+    fill_pattern(d.as_ref(), &reg);
+    let ckpt = Checkpoint::open(dir.path()).unwrap();
+    let second = load(&d, ckpt, &rules, &reg, &opts, &Control::default()).unwrap();
+    assert!(second.stats.ring_reused, "{:?}", second.stats);
+    assert_eq!(staging::cached_staging_bytes(&d), cached, "still one ring");
+    for (name, (_, want)) in &t {
+        let dst = reg.get(name).unwrap();
+        assert_eq!(&read(d.as_ref(), dst.ptr, dst.bytes()), want, "{name}");
+    }
+
+    // A Reload replay runs through the same ring and restores every byte.
+    fill_pattern(d.as_ref(), &reg);
+    let covered = second.covered_ranges();
+    second.reload(d.as_ref(), &covered).unwrap();
+    let replay = second.last_replay().expect("replay statistics");
+    assert!(replay.ring_reused, "{replay:?}");
+    assert_eq!(replay.read_bytes, replay.bytes, "{replay:?}");
+    for (name, (_, want)) in &t {
+        let dst = reg.get(name).unwrap();
+        assert_eq!(
+            &read(d.as_ref(), dst.ptr, dst.bytes()),
+            want,
+            "{name} after replay"
+        );
+    }
+
+    // A load needing a larger ring (rings are whole 2 MiB pages) replaces the cached one.
+    let bigger = LoadOptions {
+        copy: CopyOptions {
+            depth: 4,
+            slot_bytes: 1 << 20,
+            ..opts.copy
+        },
+        ..opts
+    };
+    let ckpt = Checkpoint::open(dir.path()).unwrap();
+    let third = load(&d, ckpt, &rules, &reg, &bigger, &Control::default()).unwrap();
+    assert!(!third.stats.ring_reused, "{:?}", third.stats);
+    assert_eq!(
+        staging::cached_staging_bytes(&d) as u64,
+        third.stats.ring_bytes
+    );
+    staging::release_staging();
+    assert_eq!(staging::cached_staging_bytes(&d), 0);
+}
+
+/// A direct load replays through the staging ring (Reload must reach the link).
+#[test]
+fn direct_load_replays_through_the_staging_ring() {
+    let t = generate(&SMALL, Dtype::Bf16);
+    let dir = tempfile::tempdir().unwrap();
+    write_file(&dir.path().join("model.safetensors"), &t, Dtype::Bf16);
+    let d = host();
+    let rules = Rules::default();
+    let alloc = SegmentAllocator::new(d.clone(), 4 << 20);
+    let mut reg = Registry::new();
+    let ckpt = Checkpoint::open(dir.path()).unwrap();
+    reg.allocate(&Plan::destinations(&ckpt, &rules).unwrap(), &alloc)
+        .unwrap();
+    let opts = LoadOptions {
+        copy: CopyOptions {
+            strategy: Strategy::Direct,
+            threads: 2,
+            window_bytes: 8192,
+            slot_bytes: 4096,
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let ex = load(&d, ckpt, &rules, &reg, &opts, &Control::default()).unwrap();
+    assert_eq!(ex.stats.direct_bytes, ex.stats.bytes);
+    assert_eq!(ex.replay_options().strategy, Strategy::Auto);
+    fill_pattern(d.as_ref(), &reg);
+    ex.reload(d.as_ref(), &ex.covered_ranges()).unwrap();
+    let replay = ex.last_replay().unwrap();
+    assert_eq!(replay.direct_bytes, 0, "{replay:?}");
+    assert_eq!(replay.staged_bytes + replay.read_bytes, replay.bytes);
+    for (name, (_, want)) in &t {
+        let dst = reg.get(name).unwrap();
+        assert_eq!(&read(d.as_ref(), dst.ptr, dst.bytes()), want, "{name}");
+    }
+}
+
+/// Fused (qwen3 preset: qkv, gate_up, tied) loads give the same device bytes
+/// through every strategy as through the plain staged path.
+#[test]
+fn fused_preset_loads_agree_across_strategies() {
+    let t = generate(&SMALL, Dtype::Bf16);
+    let dir = tempfile::tempdir().unwrap();
+    write_sharded(dir.path(), &t, Dtype::Bf16, 2);
+    let d = host();
+    let rules = Rules::preset("qwen3", None, SMALL.head_dim).unwrap();
+    let ckpt = Checkpoint::open(dir.path()).unwrap();
+    let alloc = SegmentAllocator::new(d.clone(), 8 << 20);
+    let mut reg = Registry::new();
+    reg.allocate(&Plan::destinations(&ckpt, &rules).unwrap(), &alloc)
+        .unwrap();
+    let run = |strategy: Strategy, threads: usize, slot: usize, depth: usize| {
+        fill_pattern(d.as_ref(), &reg);
+        let ckpt = Checkpoint::open(dir.path()).unwrap();
+        let opts = LoadOptions {
+            copy: CopyOptions {
+                strategy,
+                threads,
+                slot_bytes: slot,
+                window_bytes: 2 * slot,
+                depth,
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        load(&d, ckpt, &rules, &reg, &opts, &Control::default()).unwrap();
+        reg.iter()
+            .map(|x| (x.name.clone(), read(d.as_ref(), x.ptr, x.bytes())))
+            .collect::<Vec<_>>()
+    };
+    let want = run(Strategy::Simple, 1, 16 << 20, 0);
+    for strategy in [
+        Strategy::Auto,
+        Strategy::Staged,
+        Strategy::Read,
+        Strategy::Populate,
+        Strategy::Hybrid,
+        Strategy::Direct,
+    ] {
+        for (threads, slot, depth) in [(0, 16 << 20, 0), (3, 4096, 1), (2, 12288, 2)] {
+            let got = run(strategy, threads, slot, depth);
+            for ((n, a), (_, b)) in got.iter().zip(&want) {
+                assert!(
+                    a == b,
+                    "{n} differs with {strategy:?} threads {threads} slot {slot}"
+                );
+            }
+        }
     }
 }

@@ -75,13 +75,19 @@ fn world_1_2_4_give_exact_slices_of_the_full_tensors() {
             let mut reg = Registry::new();
             reg.allocate(&specs, &alloc).unwrap();
             fill_pattern(d.as_ref(), &reg);
-            for strategy in [Strategy::Direct, Strategy::Staged] {
+            for strategy in [
+                Strategy::Direct,
+                Strategy::Staged,
+                Strategy::Read,
+                Strategy::Hybrid,
+            ] {
                 let opts = LoadOptions {
                     copy: CopyOptions {
                         strategy,
                         threads: 2,
                         window_bytes: 8192,
                         slot_bytes: 4096,
+                        ..Default::default()
                     },
                     ..Default::default()
                 };

@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 
 use super::checkpoint::Shard;
 use super::plan::{Extent, Fill};
-use super::staging::{resident_fraction, Pinned};
+use super::staging::{acquire_ring, resident_fraction, return_ring};
 use crate::driver::{DevicePtr, Driver, EventId, StreamId};
 use crate::error::{Error, Result};
 use crate::segment::Segment;
@@ -37,9 +37,8 @@ use crate::segment::Segment;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Strategy {
-    /// Staged for ranges resident in the page cache, read (pread) for the rest.
-    /// (Measured on the H200 box, 5.6 GB page-cached: staged 27.8 GB/s, direct
-    /// 19.0 GB/s, so page-cached data is staged rather than registered.)
+    /// Staging ring for everything: page-cached ranges filled as
+    /// `AUTO_CACHED` says, the rest by pread (chosen per slot with `mincore`).
     #[default]
     Auto,
     /// Register mmap windows read-only and DMA from the page cache.
@@ -50,6 +49,12 @@ pub enum Strategy {
     Read,
     /// One thread, copies from the mapping without pinning.
     Simple,
+    /// Like `staged`, but each slot's pages are first faulted in at once with
+    /// `madvise(MADV_POPULATE_READ)`.
+    Populate,
+    /// `direct` for `direct_percent` of the bytes, concurrently with `read`
+    /// for the rest (different CPU costs, one link).
+    Hybrid,
 }
 
 impl Strategy {
@@ -61,8 +66,10 @@ impl Strategy {
             "staged" => Ok(Strategy::Staged),
             "read" => Ok(Strategy::Read),
             "simple" => Ok(Strategy::Simple),
+            "populate" => Ok(Strategy::Populate),
+            "hybrid" => Ok(Strategy::Hybrid),
             o => Err(Error::InvalidArgument(format!(
-                "unknown copy strategy `{o}`: expected auto, direct, staged, read or simple"
+                "unknown copy strategy `{o}`: expected auto, direct, staged, read, simple, populate or hybrid"
             ))),
         }
     }
@@ -77,8 +84,12 @@ pub struct CopyOptions {
     pub threads: usize,
     /// Bytes of file registered per direct window.
     pub window_bytes: usize,
-    /// Bytes per pinned staging slot (each worker has two).
+    /// Bytes per pinned staging slot.
     pub slot_bytes: usize,
+    /// Staging slots per worker (0 = 3): transfers in flight while it fills the next.
+    pub depth: usize,
+    /// Share of the bytes, in percent, that `Hybrid` sends through direct windows.
+    pub direct_percent: u8,
 }
 
 impl Default for CopyOptions {
@@ -88,6 +99,8 @@ impl Default for CopyOptions {
             threads: 0,
             window_bytes: 64 << 20,
             slot_bytes: 16 << 20,
+            depth: 3,
+            direct_percent: 25,
         }
     }
 }
@@ -142,6 +155,22 @@ pub struct CopyStats {
     pub filled_bytes: u64,
     /// Worker threads used.
     pub threads: usize,
+    /// Whether the pinned staging ring was reused from an earlier load or replay.
+    pub ring_reused: bool,
+    /// Bytes of the staging ring (0 when nothing was staged).
+    pub ring_bytes: u64,
+    /// Seconds spent acquiring (or pinning) the staging ring.
+    pub ring_seconds: f64,
+    /// Seconds spent on zero fills.
+    pub fill_zero_seconds: f64,
+    /// Seconds filling slots (memcpy or pread), summed over staging workers.
+    pub slot_fill_seconds: f64,
+    /// Seconds queuing transfers, summed over staging workers.
+    pub issue_seconds: f64,
+    /// Seconds waiting for a slot's (or scratch buffer's) transfers, summed over workers.
+    pub wait_seconds: f64,
+    /// Seconds of the direct (registered window) phase, wall.
+    pub direct_seconds: f64,
 }
 
 impl CopyStats {
@@ -242,51 +271,144 @@ pub fn execute(
     let _ = d.stream_destroy(stream);
     r?;
 
+    stats.fill_zero_seconds = t0.elapsed().as_secs_f64();
+
     // Partition: conversions always stage; the rest by strategy.
     let (mut direct, mut staged): (Vec<Extent>, Vec<Extent>) = match opts.strategy {
         Strategy::Direct | Strategy::Simple => extents.iter().partition(|e| e.convert.is_none()),
-        Strategy::Auto | Strategy::Staged | Strategy::Read => (Vec::new(), extents.to_vec()),
+        Strategy::Hybrid => hybrid_split(extents, opts.direct_percent),
+        _ => (Vec::new(), extents.to_vec()),
     };
     direct.sort_by_key(|e| (e.shard, e.src));
     let windows = make_windows(shards, &direct, opts.window_bytes.max(PAGE as usize) as u64);
     staged.sort_by_key(|e| (e.shard, e.src));
-    let jobs = make_jobs(&staged, opts.slot_bytes.max(PAGE as usize) as u64);
+    let slot_bytes = (opts.slot_bytes.max(PAGE as usize) as u64).div_ceil(PAGE) * PAGE;
+    let jobs = make_jobs(&staged, slot_bytes);
 
     let shared = Shared::default();
     let register = opts.strategy != Strategy::Simple;
     let direct_bytes: u64 = windows.iter().map(Window::bytes).sum();
     let next = AtomicUsize::new(0);
-    run_workers(threads.min(windows.len()), &shared, ctl, total, &|| {
-        direct_worker(d, shards, &windows, &next, &shared, register)
-    });
+    // Hybrid runs both paths at once: a quarter of the threads on windows.
+    let (n_direct, n_staged) = if opts.strategy == Strategy::Hybrid && !windows.is_empty() {
+        let nd = (threads / 4).max(1).min(windows.len());
+        (nd, threads.saturating_sub(nd).max(1).min(jobs.len()))
+    } else if !windows.is_empty() {
+        (threads.min(windows.len()), 0)
+    } else {
+        (0, threads.min(jobs.len()))
+    };
+    let direct_only = |w: usize| direct_worker(d, shards, &windows, &next, &shared, register, w);
+    if opts.strategy != Strategy::Hybrid {
+        let td = Instant::now();
+        run_workers(n_direct, &shared, ctl, total, &direct_only);
+        stats.direct_seconds = td.elapsed().as_secs_f64();
+    }
     stats.direct_bytes = direct_bytes;
-    if !shared.stop.load(Ordering::SeqCst) && !jobs.is_empty() {
-        let read_mode = match opts.strategy {
-            Strategy::Read => ReadMode::Pread,
-            Strategy::Staged | Strategy::Simple | Strategy::Direct => ReadMode::Memcpy,
-            Strategy::Auto => ReadMode::ByResidency,
+    let staging = opts.strategy == Strategy::Hybrid || !shared.stop.load(Ordering::SeqCst);
+    if staging && !jobs.is_empty() && n_staged > 0 {
+        let fill = match opts.strategy {
+            Strategy::Read | Strategy::Hybrid => SlotFill::Pread,
+            Strategy::Populate => SlotFill::Populate,
+            Strategy::Staged | Strategy::Simple | Strategy::Direct => SlotFill::Memcpy,
+            Strategy::Auto => SlotFill::ByResidency,
         };
+        let depth = if opts.depth == 0 { 3 } else { opts.depth };
+        let tr = Instant::now();
+        let ring_len = n_staged * depth * slot_bytes as usize;
+        let (ring, reused) = acquire_ring(driver, ring_len)?;
+        stats.ring_seconds = tr.elapsed().as_secs_f64();
+        stats.ring_reused = reused;
+        stats.ring_bytes = ring.len() as u64;
         let needs_scratch = jobs
             .iter()
             .any(|j| j.pieces.iter().any(|p| p.convert.is_some()));
-        let counters = (AtomicU64::new(0), AtomicU64::new(0));
-        let next = AtomicUsize::new(0);
-        let slot = opts.slot_bytes.max(PAGE as usize);
-        run_workers(threads.min(jobs.len()), &shared, ctl, total, &|| {
-            staged_worker(
-                driver,
-                shards,
-                &jobs,
-                &next,
-                &shared,
-                slot,
-                needs_scratch,
-                read_mode,
-                &counters,
-            )
-        });
-        stats.staged_bytes = counters.0.load(Ordering::SeqCst);
-        stats.read_bytes = counters.1.load(Ordering::SeqCst);
+        let scratch_seg = if needs_scratch {
+            Some(Segment::allocate(
+                driver.clone(),
+                2 * slot_bytes as usize,
+                0,
+            )?)
+        } else {
+            None
+        };
+        let mut scratch_events = Vec::new();
+        let setup = (|| -> Result<Option<Mutex<Scratch>>> {
+            let Some(seg) = scratch_seg.as_ref() else {
+                return Ok(None);
+            };
+            for _ in 0..2 {
+                scratch_events.push(d.event_create()?);
+            }
+            Ok(Some(Mutex::new(Scratch {
+                bufs: [
+                    (seg.ptr(), scratch_events[0], false),
+                    (seg.ptr() + slot_bytes, scratch_events[1], false),
+                ],
+                turn: 0,
+            })))
+        })();
+        let scratch = match setup {
+            Ok(s) => s,
+            Err(e) => {
+                for ev in scratch_events {
+                    let _ = d.event_destroy(ev);
+                }
+                return_ring(ring);
+                return Err(e);
+            }
+        };
+        let stage = Stage {
+            d,
+            shards,
+            jobs: &jobs,
+            next: AtomicUsize::new(0),
+            sh: &shared,
+            ring: ring.ptr(),
+            slot_bytes: slot_bytes as usize,
+            depth,
+            fill,
+            scratch,
+            staged: AtomicU64::new(0),
+            read: AtomicU64::new(0),
+            fill_ns: AtomicU64::new(0),
+            wait_ns: AtomicU64::new(0),
+            issue_ns: AtomicU64::new(0),
+        };
+        let td = Instant::now();
+        let direct_secs = AtomicU64::new(0);
+        run_workers(
+            n_direct_for(opts, n_direct) + n_staged,
+            &shared,
+            ctl,
+            total,
+            &|w| {
+                if opts.strategy == Strategy::Hybrid && w < n_direct {
+                    let r = direct_only(w);
+                    direct_secs.store(ns(td), Ordering::Relaxed);
+                    r
+                } else {
+                    stage.worker(w - n_direct_for(opts, n_direct))
+                }
+            },
+        );
+        if opts.strategy == Strategy::Hybrid {
+            stats.direct_seconds = direct_secs.load(Ordering::Relaxed) as f64 / 1e9;
+        }
+        // Every worker synchronized its slots (and the scratch events ride on
+        // their streams), so the ring and scratch are idle now.
+        for ev in scratch_events {
+            let _ = d.event_destroy(ev);
+        }
+        drop(scratch_seg);
+        return_ring(ring);
+        stats.staged_bytes = stage.staged.load(Ordering::SeqCst);
+        stats.read_bytes = stage.read.load(Ordering::SeqCst);
+        stats.slot_fill_seconds = stage.fill_ns.load(Ordering::Relaxed) as f64 / 1e9;
+        stats.wait_seconds = stage.wait_ns.load(Ordering::Relaxed) as f64 / 1e9;
+        stats.issue_seconds = stage.issue_ns.load(Ordering::Relaxed) as f64 / 1e9;
+    } else if opts.strategy == Strategy::Hybrid {
+        run_workers(n_direct, &shared, ctl, total, &direct_only);
     }
     let done = shared.done.load(Ordering::SeqCst);
     if let Some(e) = shared
@@ -315,16 +437,16 @@ fn run_workers(
     shared: &Shared,
     ctl: &Control<'_>,
     total: u64,
-    work: &(dyn Fn() -> Result<()> + Sync),
+    work: &(dyn Fn(usize) -> Result<()> + Sync),
 ) {
     if n == 0 {
         return;
     }
     std::thread::scope(|s| {
         let handles: Vec<_> = (0..n)
-            .map(|_| {
-                s.spawn(|| {
-                    if let Err(e) = work() {
+            .map(|w| {
+                s.spawn(move || {
+                    if let Err(e) = work(w) {
                         shared.fail(e);
                     }
                 })
@@ -518,7 +640,7 @@ fn make_windows(shards: &[Shard], extents: &[Extent], wbytes: u64) -> Vec<Window
 
 /// Split extents into pieces of at most `slot` source bytes (row groups, or
 /// 4 KiB-multiple chunks of one row: element-aligned for every dtype) and pack
-/// them into jobs.
+/// them, in file order, into jobs of one shard each.
 fn make_jobs(extents: &[Extent], slot: u64) -> Vec<Job> {
     let chunk = (slot / PAGE).max(1) * PAGE;
     let mut pieces = Vec::new();
@@ -564,7 +686,8 @@ fn make_jobs(extents: &[Extent], slot: u64) -> Vec<Job> {
     for p in pieces {
         let b = p.src_bytes();
         match jobs.last_mut() {
-            Some(j) if j.bytes + b <= slot => {
+            // A job reads one shard (its fill reads one file).
+            Some(j) if j.bytes + b <= slot && j.pieces[0].shard == p.shard => {
                 j.bytes += b;
                 j.pieces.push(p);
             }
@@ -608,6 +731,36 @@ unsafe fn issue(
     }
 }
 
+/// Threads the staging phase runs for direct windows (Hybrid runs both at once).
+fn n_direct_for(opts: &CopyOptions, n_direct: usize) -> usize {
+    if opts.strategy == Strategy::Hybrid {
+        n_direct
+    } else {
+        0
+    }
+}
+
+/// Hybrid's split: every extent without conversion is a candidate for direct;
+/// whole extents go there, in file order spread evenly, until `percent` of the bytes.
+fn hybrid_split(extents: &[Extent], percent: u8) -> (Vec<Extent>, Vec<Extent>) {
+    let total: u64 = extents.iter().map(Extent::src_bytes).sum();
+    let goal = total / 100 * percent.min(100) as u64;
+    let (mut direct, mut staged) = (Vec::new(), Vec::new());
+    let (mut seen, mut sent) = (0u64, 0u64);
+    for e in extents {
+        seen += e.src_bytes();
+        // Keep the direct share proportional to the bytes seen so far.
+        if e.convert.is_none() && sent < goal && sent * 100 < seen * percent as u64 {
+            sent += e.src_bytes();
+            direct.push(*e);
+        } else {
+            staged.push(*e);
+        }
+    }
+    (direct, staged)
+}
+
+#[allow(clippy::too_many_arguments)]
 fn direct_worker(
     d: &dyn Driver,
     shards: &[Shard],
@@ -615,6 +768,7 @@ fn direct_worker(
     next: &AtomicUsize,
     sh: &Shared,
     register: bool,
+    _worker: usize,
 ) -> Result<()> {
     let stream = d.stream_create()?;
     let mut events: Vec<EventId> = Vec::new();
@@ -677,178 +831,292 @@ fn direct_worker(
     first.map_or(Ok(()), Err)
 }
 
+/// How a staging worker fills a slot from the file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum ReadMode {
+enum SlotFill {
+    /// memcpy from the mapping (faults page-cache pages in one by one).
     Memcpy,
+    /// `madvise(MADV_POPULATE_READ)` on the job's pages, then memcpy.
+    Populate,
+    /// `pread` into the slot: no user page tables touched.
     Pread,
+    /// [`AUTO_CACHED`] when the job's pages are resident (`mincore`), pread when not.
     ByResidency,
+}
+
+/// What `Auto` does with page-cached ranges.
+const AUTO_CACHED: SlotFill = SlotFill::Pread;
+
+/// `MADV_POPULATE_READ` (Linux 5.14); older kernels answer EINVAL, harmlessly.
+const MADV_POPULATE_READ: libc::c_int = 22;
+
+/// Everything the staging workers share for one execution.
+struct Stage<'a> {
+    d: &'a dyn Driver,
+    shards: &'a [Shard],
+    jobs: &'a [Job],
+    next: AtomicUsize,
+    sh: &'a Shared,
+    ring: *mut u8,
+    slot_bytes: usize,
+    depth: usize,
+    fill: SlotFill,
+    scratch: Option<Mutex<Scratch>>,
+    staged: AtomicU64,
+    read: AtomicU64,
+    /// Nanoseconds, summed over workers.
+    fill_ns: AtomicU64,
+    wait_ns: AtomicU64,
+    issue_ns: AtomicU64,
+}
+
+// SAFETY: `ring` is a pinned buffer that outlives the execution; each worker
+// uses only its own slots of it.
+unsafe impl Sync for Stage<'_> {}
+
+/// Two slot-sized device buffers shared by all workers, for conversions: source
+/// bytes land here, a kernel writes the destination. Each buffer's event
+/// guards its reuse (recorded on whichever worker's stream used it last).
+struct Scratch {
+    bufs: [(DevicePtr, EventId, bool); 2],
+    turn: usize,
 }
 
 struct Slot {
     host: *mut u8,
-    scratch: DevicePtr,
     event: EventId,
     inflight: Option<u64>,
 }
 
-#[allow(clippy::too_many_arguments)]
-fn staged_worker(
-    driver: &Arc<dyn Driver>,
-    shards: &[Shard],
-    jobs: &[Job],
-    next: &AtomicUsize,
-    sh: &Shared,
-    slot_bytes: usize,
-    needs_scratch: bool,
-    mode: ReadMode,
-    counters: &(AtomicU64, AtomicU64),
-) -> Result<()> {
-    let d: &dyn Driver = driver.as_ref();
-    let slot_bytes = slot_bytes.div_ceil(PAGE as usize) * PAGE as usize;
-    let pinned = Pinned::new(d, 2 * slot_bytes)?;
-    let scratch = if needs_scratch {
-        Some(Segment::allocate(driver.clone(), 2 * slot_bytes, 0)?)
-    } else {
-        None
-    };
-    let stream = d.stream_create()?;
-    let mut slots: Vec<Slot> = Vec::new();
-    let r = (|| -> Result<()> {
-        for k in 0..2 {
-            slots.push(Slot {
-                // SAFETY: inside the pinned buffer of 2 * slot_bytes.
-                host: unsafe { pinned.ptr().add(k * slot_bytes) },
-                scratch: scratch
-                    .as_ref()
-                    .map_or(0, |s| s.ptr() + (k * slot_bytes) as u64),
-                event: d.event_create()?,
-                inflight: None,
-            });
-        }
-        let mut k = 0usize;
-        loop {
-            if sh.stop.load(Ordering::SeqCst) {
-                return Ok(());
+fn ns(t: Instant) -> u64 {
+    t.elapsed().as_nanos() as u64
+}
+
+impl Stage<'_> {
+    fn worker(&self, w: usize) -> Result<()> {
+        let d = self.d;
+        let stream = d.stream_create()?;
+        let mut slots: Vec<Slot> = Vec::new();
+        let r = (|| -> Result<()> {
+            for k in 0..self.depth {
+                slots.push(Slot {
+                    // SAFETY: the ring holds `workers * depth` slots of `slot_bytes`.
+                    host: unsafe { self.ring.add((w * self.depth + k) * self.slot_bytes) },
+                    event: d.event_create()?,
+                    inflight: None,
+                });
             }
-            let i = next.fetch_add(1, Ordering::SeqCst);
-            let Some(job) = jobs.get(i) else {
-                return Ok(());
-            };
-            let slot = &mut slots[k % 2];
-            k += 1;
-            if let Some(b) = slot.inflight.take() {
-                d.event_synchronize(slot.event)?;
-                sh.done.fetch_add(b, Ordering::SeqCst);
-            }
-            let pread = match mode {
-                ReadMode::Memcpy => false,
-                ReadMode::Pread => true,
-                ReadMode::ByResidency => {
-                    let (a, b) = (
-                        job.pieces[0].src,
-                        job.pieces.last().map_or(0, |p| p.src + p.src_bytes()),
-                    );
-                    let s = &shards[job.pieces[0].shard as usize];
-                    resident_fraction(s.ptr(a), b.saturating_sub(a) as usize) < 0.95
+            let mut k = 0usize;
+            loop {
+                if self.sh.stop.load(Ordering::SeqCst) {
+                    return Ok(());
                 }
-            };
-            let mut off = 0u64;
-            for p in &job.pieces {
-                let shard = &shards[p.shard as usize];
-                for r in 0..p.height {
-                    let src = p.src + r * p.src_pitch;
-                    // SAFETY: the slot has `slot_bytes >= job.bytes` bytes and the
-                    // previous copies from it completed (event synchronized above).
-                    let dst = unsafe { slot.host.add((off + r * p.width) as usize) };
-                    if pread {
-                        // SAFETY: `dst` is valid for `p.width` writable bytes (above).
-                        let buf = unsafe { std::slice::from_raw_parts_mut(dst, p.width as usize) };
-                        use std::os::unix::fs::FileExt;
-                        shard
-                            .file
-                            .read_exact_at(buf, src)
-                            .map_err(|e| Error::io(&shard.path, e))?;
-                    } else {
-                        // SAFETY: the source row lies inside the mapping (checked in
-                        // `execute`); `dst` as above.
-                        unsafe {
-                            std::ptr::copy_nonoverlapping(shard.ptr(src), dst, p.width as usize)
-                        };
+                let i = self.next.fetch_add(1, Ordering::SeqCst);
+                let Some(job) = self.jobs.get(i) else {
+                    return Ok(());
+                };
+                let slot = &mut slots[k % self.depth];
+                k += 1;
+                if let Some(b) = slot.inflight.take() {
+                    let t = Instant::now();
+                    d.event_synchronize(slot.event)?;
+                    self.wait_ns.fetch_add(ns(t), Ordering::Relaxed);
+                    self.sh.done.fetch_add(b, Ordering::SeqCst);
+                }
+                let t = Instant::now();
+                let pread = self.fill_slot(job, slot.host)?;
+                self.fill_ns.fetch_add(ns(t), Ordering::Relaxed);
+                let t = Instant::now();
+                self.issue_job(job, slot.host, stream)?;
+                d.event_record(slot.event, stream)?;
+                self.issue_ns.fetch_add(ns(t), Ordering::Relaxed);
+                slot.inflight = Some(job.bytes);
+                let c = if pread { &self.read } else { &self.staged };
+                c.fetch_add(job.bytes, Ordering::Relaxed);
+            }
+        })();
+        let mut first = r.err();
+        for s in &mut slots {
+            if let Some(b) = s.inflight.take() {
+                match d.event_synchronize(s.event) {
+                    Ok(()) => {
+                        self.sh.done.fetch_add(b, Ordering::SeqCst);
+                    }
+                    Err(e) => {
+                        first.get_or_insert(e);
                     }
                 }
-                off += p.src_bytes();
             }
-            let mut off = 0u64;
-            for p in &job.pieces {
-                // SAFETY: the slot stays untouched until this event completes.
-                let host = unsafe { slot.host.add(off as usize) };
-                match p.convert {
-                    None => {
-                        // SAFETY: the slot stays untouched until the event below completes.
-                        unsafe { issue(d, p, host, p.width, stream) }?;
-                    }
-                    Some((from, to)) => {
-                        let tmp = slot.scratch + off;
-                        // SAFETY: scratch has room for the slot's bytes; host as above.
-                        unsafe { d.copy_htod_async(tmp, host, p.src_bytes() as usize, stream) }?;
-                        let per_row = (p.width / from.size() as u64) as usize;
-                        if p.height == 1 || p.dst_pitch == p.dst_width() {
-                            // SAFETY: destination rows are a validated extent, contiguous here.
-                            unsafe {
-                                d.convert_async(
-                                    p.dst,
-                                    to,
-                                    tmp,
-                                    from,
-                                    per_row * p.height as usize,
-                                    stream,
-                                )
-                            }?;
-                        } else {
-                            for r in 0..p.height {
-                                // SAFETY: one destination row of a validated extent.
-                                unsafe {
-                                    d.convert_async(
-                                        p.dst + r * p.dst_pitch,
-                                        to,
-                                        tmp + r * p.width,
-                                        from,
-                                        per_row,
-                                        stream,
-                                    )
-                                }?;
-                            }
-                        }
-                    }
-                }
-                off += p.src_bytes();
-            }
-            d.event_record(slot.event, stream)?;
-            slot.inflight = Some(job.bytes);
-            if pread {
-                counters.1.fetch_add(job.bytes, Ordering::Relaxed);
-            } else {
-                counters.0.fetch_add(job.bytes, Ordering::Relaxed);
-            }
+            let _ = d.event_destroy(s.event);
         }
-    })();
-    let mut first = r.err();
-    for s in &mut slots {
-        if let Some(b) = s.inflight.take() {
-            match d.event_synchronize(s.event) {
-                Ok(()) => {
-                    sh.done.fetch_add(b, Ordering::SeqCst);
-                }
-                Err(e) => {
-                    first.get_or_insert(e);
-                }
-            }
+        if let Err(e) = d.stream_synchronize(stream) {
+            first.get_or_insert(e);
         }
-        let _ = d.event_destroy(s.event);
+        let _ = d.stream_destroy(stream);
+        first.map_or(Ok(()), Err)
     }
-    let _ = d.stream_synchronize(stream);
-    let _ = d.stream_destroy(stream);
-    drop(scratch);
-    drop(pinned);
-    first.map_or(Ok(()), Err)
+
+    /// Copy the job's source rows into the slot, packed in piece order.
+    /// Returns whether it used pread.
+    fn fill_slot(&self, job: &Job, host: *mut u8) -> Result<bool> {
+        let first = &job.pieces[0];
+        let shard = &self.shards[first.shard as usize];
+        // Pieces are sorted by source offset within one shard.
+        let (a, b) = job.pieces.iter().fold((u64::MAX, 0), |(a, b), p| {
+            (
+                a.min(p.src),
+                b.max(p.src + (p.height - 1) * p.src_pitch + p.width),
+            )
+        });
+        let fill = match self.fill {
+            SlotFill::ByResidency => {
+                if resident_fraction(shard.ptr(a), (b - a) as usize) >= 0.95 {
+                    AUTO_CACHED
+                } else {
+                    SlotFill::Pread
+                }
+            }
+            f => f,
+        };
+        if fill == SlotFill::Populate {
+            let lo = page_down(a);
+            // SAFETY: advice on pages of the shard's live read-only mapping
+            // (extents were checked against the file length); it only faults
+            // them in. Failure (old kernel) just leaves memcpy to fault them.
+            unsafe {
+                libc::madvise(
+                    shard.ptr(lo) as *mut libc::c_void,
+                    (b - lo) as usize,
+                    MADV_POPULATE_READ,
+                )
+            };
+        }
+        // Source runs (file offset, slot offset, length), merged when adjacent
+        // on both sides, so contiguous tensors take one read.
+        let mut runs: Vec<(u64, u64, u64)> = Vec::new();
+        let mut off = 0u64;
+        for p in &job.pieces {
+            for r in 0..p.height {
+                let (src, dst) = (p.src + r * p.src_pitch, off + r * p.width);
+                match runs.last_mut() {
+                    Some((s, o, n)) if *s + *n == src && *o + *n == dst => *n += p.width,
+                    _ => runs.push((src, dst, p.width)),
+                }
+            }
+            off += p.src_bytes();
+        }
+        for (src, dst, n) in runs {
+            // SAFETY: the slot has `slot_bytes >= job.bytes` bytes and its previous
+            // copies completed (event synchronized by the caller).
+            let dst = unsafe { host.add(dst as usize) };
+            if fill == SlotFill::Pread {
+                // SAFETY: `dst` is valid for `n` writable bytes (above).
+                let buf = unsafe { std::slice::from_raw_parts_mut(dst, n as usize) };
+                use std::os::unix::fs::FileExt;
+                shard
+                    .file
+                    .read_exact_at(buf, src)
+                    .map_err(|e| Error::io(&shard.path, e))?;
+            } else {
+                // SAFETY: the source run lies inside the mapping (checked in
+                // `execute`); `dst` as above.
+                unsafe { std::ptr::copy_nonoverlapping(shard.ptr(src), dst, n as usize) };
+            }
+        }
+        Ok(fill == SlotFill::Pread)
+    }
+
+    /// Queue the job's transfers from the slot: contiguous runs of plain pieces
+    /// as one copy, strided pieces as 2D copies, conversions through scratch.
+    fn issue_job(&self, job: &Job, host: *mut u8, stream: StreamId) -> Result<()> {
+        let d = self.d;
+        // (dst, slot offset, len) of the current contiguous run.
+        let mut run: Option<(DevicePtr, u64, u64)> = None;
+        let flush = |run: &mut Option<(DevicePtr, u64, u64)>| -> Result<()> {
+            if let Some((dst, o, n)) = run.take() {
+                // SAFETY: the slot stays untouched until the slot's event completes;
+                // the destination bytes are validated plan extents.
+                unsafe { d.copy_htod_async(dst, host.add(o as usize), n as usize, stream) }?;
+            }
+            Ok(())
+        };
+        let mut off = 0u64;
+        let mut converts = false;
+        for p in &job.pieces {
+            let n = p.src_bytes();
+            if p.convert.is_some() {
+                converts = true;
+            } else if p.height == 1 || p.dst_pitch == p.width {
+                match run.as_mut() {
+                    Some((dst, o, len)) if *dst + *len == p.dst && *o + *len == off => *len += n,
+                    _ => {
+                        flush(&mut run)?;
+                        run = Some((p.dst, off, n));
+                    }
+                }
+            } else {
+                flush(&mut run)?;
+                // SAFETY: as above.
+                unsafe { issue(d, p, host.add(off as usize), p.width, stream) }?;
+            }
+            off += n;
+        }
+        flush(&mut run)?;
+        if converts {
+            self.issue_conversions(job, host, stream)?;
+        }
+        Ok(())
+    }
+
+    fn issue_conversions(&self, job: &Job, host: *mut u8, stream: StreamId) -> Result<()> {
+        let d = self.d;
+        let scratch = self
+            .scratch
+            .as_ref()
+            .expect("scratch exists when a job converts");
+        let mut g = scratch.lock().unwrap_or_else(|p| p.into_inner());
+        let k = g.turn % 2;
+        g.turn += 1;
+        let (base, ev, used) = g.bufs[k];
+        if used {
+            let t = Instant::now();
+            d.event_synchronize(ev)?;
+            self.wait_ns.fetch_add(ns(t), Ordering::Relaxed);
+        }
+        let mut off = 0u64;
+        for p in &job.pieces {
+            if let Some((from, to)) = p.convert {
+                let tmp = base + off;
+                // SAFETY: scratch has `slot_bytes >= job.bytes`; the slot as in `issue_job`.
+                unsafe {
+                    d.copy_htod_async(tmp, host.add(off as usize), p.src_bytes() as usize, stream)
+                }?;
+                let per_row = (p.width / from.size() as u64) as usize;
+                if p.height == 1 || p.dst_pitch == p.dst_width() {
+                    // SAFETY: destination rows are a validated extent, contiguous here.
+                    unsafe {
+                        d.convert_async(p.dst, to, tmp, from, per_row * p.height as usize, stream)
+                    }?;
+                } else {
+                    for r in 0..p.height {
+                        // SAFETY: one destination row of a validated extent.
+                        unsafe {
+                            d.convert_async(
+                                p.dst + r * p.dst_pitch,
+                                to,
+                                tmp + r * p.width,
+                                from,
+                                per_row,
+                                stream,
+                            )
+                        }?;
+                    }
+                }
+            }
+            off += p.src_bytes();
+        }
+        d.event_record(ev, stream)?;
+        g.bufs[k].2 = true;
+        Ok(())
+    }
 }

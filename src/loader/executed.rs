@@ -2,10 +2,10 @@
 //! Reload policy can restore the bytes from the checkpoint instead of keeping
 //! a host backup.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use super::checkpoint::Checkpoint;
-use super::copy::{self, clip_rows, sub_extent, Control, CopyOptions, CopyStats};
+use super::copy::{self, clip_rows, sub_extent, Control, CopyOptions, CopyStats, Strategy};
 use super::plan::{Extent, Fill, Plan};
 use crate::driver::{DevicePtr, Driver};
 use crate::error::{Error, Result};
@@ -21,6 +21,7 @@ pub struct ExecutedPlan {
     /// Statistics of the load.
     pub stats: CopyStats,
     driver: Option<Arc<dyn Driver>>,
+    last_replay: Mutex<Option<CopyStats>>,
 }
 
 impl ExecutedPlan {
@@ -36,6 +37,7 @@ impl ExecutedPlan {
             copy,
             stats,
             driver: None,
+            last_replay: Mutex::new(None),
         }
     }
 
@@ -44,6 +46,25 @@ impl ExecutedPlan {
     pub(crate) fn with_driver(mut self, d: Arc<dyn Driver>) -> Self {
         self.driver = Some(d);
         self
+    }
+
+    /// The copy options a Reload replay uses: the load's tuning, but always
+    /// through the staging ring (`direct` and `simple` loads replay as `auto`),
+    /// which the load left pinned and cached, so a wake runs at the link's rate.
+    pub fn replay_options(&self) -> CopyOptions {
+        let strategy = match self.copy.strategy {
+            Strategy::Direct | Strategy::Simple => Strategy::Auto,
+            s => s,
+        };
+        CopyOptions {
+            strategy,
+            ..self.copy
+        }
+    }
+
+    /// Statistics of the latest Reload replay (None before the first).
+    pub fn last_replay(&self) -> Option<CopyStats> {
+        *self.last_replay.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// The plan that was executed.
@@ -106,9 +127,10 @@ impl ReloadSource for ExecutedPlan {
             &self.ckpt.shards,
             &ex,
             &fills,
-            &self.copy,
+            &self.replay_options(),
             &Control::default(),
         )?;
+        *self.last_replay.lock().unwrap_or_else(|p| p.into_inner()) = Some(stats);
         Ok(ex.iter().map(Extent::dst_bytes).sum::<u64>() + stats.filled_bytes)
     }
 

@@ -4,6 +4,8 @@
 //! worker that will use it, then registered with the driver. DESIGN.md: this
 //! pins at ~20 GB/s end to end where `cudaHostAlloc` manages ~1.9 GB/s.
 
+use std::sync::{Arc, Mutex, Weak};
+
 use crate::driver::Driver;
 use crate::error::{Error, Result};
 
@@ -93,6 +95,198 @@ impl Drop for Pinned<'_> {
         // SAFETY: our own mapping of `len` bytes.
         unsafe { libc::munmap(self.ptr as *mut libc::c_void, self.len) };
     }
+}
+
+/// A pinned staging ring kept across loads: anonymous memory advised to use
+/// huge pages, populated from several threads, registered once. Pinning costs
+/// far more than a load's copies into it, so it is cached process-wide (one per
+/// driver) and handed to each load and to every Reload replay; see
+/// [`acquire_ring`], [`release_staging`].
+///
+/// Holds its driver weakly, so a cached ring never keeps a driver alive; a ring
+/// outliving its driver is only unmapped.
+#[derive(Debug)]
+pub struct Ring {
+    driver: Weak<dyn Driver>,
+    ptr: *mut u8,
+    len: usize,
+}
+
+// SAFETY: the ring is plain memory owned by this value; the copy engine gives
+// each worker disjoint slots and guards reuse with events.
+unsafe impl Send for Ring {}
+// SAFETY: as above; shared references only expose the raw pointer.
+unsafe impl Sync for Ring {}
+
+impl Ring {
+    fn new(driver: &Arc<dyn Driver>, len: usize) -> Result<Ring> {
+        let len = len.max(1).div_ceil(2 << 20) * (2 << 20);
+        // SAFETY: an anonymous private mapping; no existing memory is affected.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(Error::HostOutOfMemory {
+                what: format!("pinned staging ring: {}", std::io::Error::last_os_error()),
+                requested: len as u64,
+                limit: u64::MAX,
+                in_use: 0,
+            });
+        }
+        // SAFETY: advising our own fresh mapping; failure only loses huge pages.
+        unsafe { libc::madvise(p, len, libc::MADV_HUGEPAGE) };
+        populate(p as usize, len);
+        // SAFETY: the mapping is valid for `len` bytes; Drop unregisters before unmapping.
+        if let Err(e) = unsafe { driver.host_register(p as *mut u8, len, false) } {
+            // SAFETY: our own mapping, not registered.
+            unsafe { libc::munmap(p, len) };
+            return Err(e);
+        }
+        Ok(Ring {
+            driver: Arc::downgrade(driver),
+            ptr: p as *mut u8,
+            len,
+        })
+    }
+
+    /// Start of the ring.
+    pub fn ptr(&self) -> *mut u8 {
+        self.ptr
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Always false (a ring has at least one page).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    fn belongs_to(&self, driver: &Arc<dyn Driver>) -> bool {
+        std::ptr::addr_eq(Weak::as_ptr(&self.driver), Arc::as_ptr(driver))
+    }
+}
+
+impl Drop for Ring {
+    fn drop(&mut self) {
+        if let Some(d) = self.driver.upgrade() {
+            // SAFETY: registered in `new`; every copy from the ring completed
+            // before it was handed back.
+            let _ = unsafe { d.host_unregister(self.ptr) };
+        }
+        // SAFETY: our own mapping of `len` bytes.
+        unsafe { libc::munmap(self.ptr as *mut libc::c_void, self.len) };
+    }
+}
+
+/// Touch every page of `[base, base+len)` from several threads, so the kernel
+/// faults huge pages in parallel instead of registration doing it on one.
+fn populate(base: usize, len: usize) {
+    let threads = std::thread::available_parallelism()
+        .map_or(4, |n| n.get())
+        .min(16);
+    let per = len.div_ceil(threads).div_ceil(4096) * 4096;
+    std::thread::scope(|s| {
+        for t in 0..threads {
+            let start = t * per;
+            if start >= len {
+                break;
+            }
+            let end = (start + per).min(len);
+            s.spawn(move || {
+                let mut off = start;
+                while off < end {
+                    // SAFETY: inside our writable mapping; threads write disjoint ranges.
+                    unsafe { std::ptr::write_volatile((base + off) as *mut u8, 0) };
+                    off += 4096;
+                }
+            });
+        }
+    });
+}
+
+/// The cached rings, at most one per driver.
+static RINGS: Mutex<Vec<Ring>> = Mutex::new(Vec::new());
+
+fn rings() -> std::sync::MutexGuard<'static, Vec<Ring>> {
+    RINGS.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Take the cached ring of `driver` if it has at least `len` bytes, else pin a
+/// new one. Returns the ring and whether it was reused. Give it back with
+/// [`return_ring`] once every copy from it has completed.
+pub fn acquire_ring(driver: &Arc<dyn Driver>, len: usize) -> Result<(Ring, bool)> {
+    let stale = {
+        let mut g = rings();
+        // Rings of dropped drivers, and a too-small ring of this one, go.
+        let mut stale = Vec::new();
+        let mut i = 0;
+        let mut found = None;
+        while i < g.len() {
+            if g[i].driver.strong_count() == 0 {
+                stale.push(g.swap_remove(i));
+            } else if g[i].belongs_to(driver) {
+                let r = g.swap_remove(i);
+                if r.len >= len {
+                    found = Some(r);
+                } else {
+                    stale.push(r);
+                }
+            } else {
+                i += 1;
+            }
+        }
+        if let Some(r) = found {
+            return Ok((r, true));
+        }
+        stale
+    };
+    drop(stale);
+    Ok((Ring::new(driver, len)?, false))
+}
+
+/// Hand a ring back to the cache (keeping the larger one if a concurrent load
+/// returned one for the same driver first).
+pub fn return_ring(ring: Ring) {
+    let mut g = rings();
+    let drop_old = match g.iter().position(|r| r.driver.ptr_eq(&ring.driver)) {
+        Some(i) if g[i].len >= ring.len => return drop_outside(g, ring),
+        Some(i) => Some(g.swap_remove(i)),
+        None => None,
+    };
+    g.push(ring);
+    drop(g);
+    drop(drop_old);
+}
+
+fn drop_outside(g: std::sync::MutexGuard<'static, Vec<Ring>>, ring: Ring) {
+    drop(g);
+    drop(ring);
+}
+
+/// Unpin and free every cached staging ring (they are otherwise kept for the
+/// life of the process, so later loads and Reload wakes skip pinning).
+pub fn release_staging() {
+    let all = std::mem::take(&mut *rings());
+    drop(all);
+}
+
+/// Bytes of pinned staging currently cached for `driver` (0 when none).
+pub fn cached_staging_bytes(driver: &Arc<dyn Driver>) -> usize {
+    rings()
+        .iter()
+        .filter(|r| r.belongs_to(driver))
+        .map(|r| r.len)
+        .sum()
 }
 
 /// Fraction of the pages of `[ptr, ptr+len)` resident in memory (page cache), via `mincore`.

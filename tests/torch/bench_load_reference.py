@@ -202,12 +202,13 @@ def main():
     best = None
     for r in ours["runs"]:
         if r["cache"] == "cached":
-            print(f"ours {r['strategy']:<7} page-cached: {r['gbps']:.2f} GB/s ({r['gbps'] / link:.0%} of link, "
+            print(f"ours {r.get('label', r['strategy']):<9} page-cached: {r['gbps']:.2f} GB/s "
+                  f"({r['gbps'] / link:.0%} of torch link, {r['gbps'] / ours['link_htod_gbps']:.0%} of vmmw link, "
                   f"{r['gbps'] / ref_gbps:.1f}x reference)")
             best = max(best or 0, r["gbps"])
         else:
             disk = ours.get("disk_read_gbps")
-            print(f"ours {r['strategy']:<7} cold: {r['gbps']:.2f} GB/s ({r['gbps'] / disk:.0%} of disk {disk:.2f} GB/s)")
+            print(f"ours {r.get('label', r['strategy']):<9} cold: {r['gbps']:.2f} GB/s ({r['gbps'] / disk:.0%} of disk {disk:.2f} GB/s)")
     if ref_cold:
         print(f"reference cold: {ref_cold:.2f} GB/s")
     result = {

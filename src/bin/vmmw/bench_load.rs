@@ -33,7 +33,8 @@ pub struct Args {
     /// Head dimension for the preset.
     #[arg(long, default_value_t = 128)]
     head_dim: usize,
-    /// Strategies to time page-cached, comma-separated (auto, direct, staged, read, simple).
+    /// Strategies to time page-cached, comma-separated (auto, direct, staged, read,
+    /// simple, populate, hybrid), each optionally `:SLOT` to override the slot size.
     #[arg(long, default_value = "auto,direct,staged", value_delimiter = ',')]
     strategies: Vec<String>,
     /// Timed loads per strategy (median reported).
@@ -48,6 +49,12 @@ pub struct Args {
     /// Staging slot size.
     #[arg(long, default_value = "16M")]
     slot: String,
+    /// Staging slots per worker.
+    #[arg(long, default_value_t = 3)]
+    depth: usize,
+    /// Hybrid's share of bytes sent through direct windows, percent.
+    #[arg(long, default_value_t = 25)]
+    direct_percent: u8,
     /// Also drop the page cache and measure the disk and a cold load (needs root).
     #[arg(long)]
     cold: bool,
@@ -65,6 +72,7 @@ pub struct Args {
 #[derive(Debug, serde::Serialize)]
 struct Run {
     strategy: Strategy,
+    label: String,
     cache: &'static str,
     seconds: Vec<f64>,
     median_s: f64,
@@ -216,19 +224,22 @@ pub fn run(a: Args) -> Result<()> {
         threads: a.threads,
         window_bytes: parse_bytes(&a.window).map_err(Error::InvalidArgument)? as usize,
         slot_bytes: parse_bytes(&a.slot).map_err(Error::InvalidArgument)? as usize,
+        depth: a.depth,
+        direct_percent: a.direct_percent,
     };
-    let load_once = |strategy: Strategy| -> Result<(f64, ExecutedPlan)> {
+    let load_with = |copy: CopyOptions| -> Result<(f64, ExecutedPlan)> {
         let t0 = Instant::now();
         let ckpt = Checkpoint::open(&a.checkpoint)?;
         let opts = LoadOptions {
-            copy: CopyOptions { strategy, ..base },
+            copy,
             ..Default::default()
         };
         let ex = load(&d, ckpt, &rules, &reg, &opts, &Control::default())?;
         Ok((t0.elapsed().as_secs_f64(), ex))
     };
+    let load_once = |strategy: Strategy| load_with(CopyOptions { strategy, ..base });
     // Warm the page cache (and the driver) once.
-    let (_, ex) = load_once(Strategy::Staged)?;
+    let (_, ex) = load_once(Strategy::Auto)?;
     if a.verify {
         println!("verify: {} rows match the file", verify(d.as_ref(), &ex)?);
     }
@@ -239,11 +250,16 @@ pub fn run(a: Args) -> Result<()> {
         "strategy", "cache", "median_s", "GB/s", "copyGB/s", "of link"
     );
     for s in &a.strategies {
-        let strategy = Strategy::parse(s)?;
+        let (name, slot) = s.split_once(':').unwrap_or((s, ""));
+        let strategy = Strategy::parse(name)?;
+        let mut copy = CopyOptions { strategy, ..base };
+        if !slot.is_empty() {
+            copy.slot_bytes = parse_bytes(slot).map_err(Error::InvalidArgument)? as usize;
+        }
         let mut secs = Vec::new();
         let mut last = None;
         for _ in 0..a.repeat.max(1) {
-            let (t, ex) = load_once(strategy)?;
+            let (t, ex) = load_with(copy)?;
             secs.push(t);
             last = Some(ex.stats);
         }
@@ -259,8 +275,10 @@ pub fn run(a: Args) -> Result<()> {
             stats.gbps(),
             100.0 * gbps / link
         );
+        breakdown(&stats);
         runs.push(Run {
             strategy,
+            label: s.clone(),
             cache: "cached",
             seconds: secs,
             median_s: med,
@@ -292,8 +310,10 @@ pub fn run(a: Args) -> Result<()> {
                     ex.stats.gbps(),
                     100.0 * gbps / rate
                 );
+                breakdown(&ex.stats);
                 runs.push(Run {
                     strategy: Strategy::Auto,
+                    label: "auto".into(),
                     cache: "cold",
                     seconds: vec![t],
                     median_s: t,
@@ -323,4 +343,26 @@ pub fn run(a: Args) -> Result<()> {
         .map_err(|e| Error::io(p, e))?;
     }
     Ok(())
+}
+
+/// Where a load's time went (worker sums are CPU-seconds over all workers).
+fn breakdown(s: &vmmweights::loader::CopyStats) {
+    println!(
+        "  time: copy {:.3} s wall = zero-fill {:.3} + ring {:.3} ({} MiB, {}) + direct {:.3} + staging; \
+         per-worker sums over {} threads: slot fill {:.3} s, issue {:.3} s, wait {:.3} s; \
+         bytes: staged {} read {} direct {}",
+        s.seconds,
+        s.fill_zero_seconds,
+        s.ring_seconds,
+        s.ring_bytes >> 20,
+        if s.ring_reused { "reused" } else { "pinned now" },
+        s.direct_seconds,
+        s.threads,
+        s.slot_fill_seconds,
+        s.issue_seconds,
+        s.wait_seconds,
+        s.staged_bytes,
+        s.read_bytes,
+        s.direct_bytes
+    );
 }

@@ -53,6 +53,7 @@ pub fn run(a: Args) -> Result<()> {
             threads: a.threads,
             window_bytes: parse_bytes(&a.window).map_err(Error::InvalidArgument)? as usize,
             slot_bytes: parse_bytes(&a.slot).map_err(Error::InvalidArgument)? as usize,
+            ..Default::default()
         },
         ..Default::default()
     };
