@@ -191,3 +191,54 @@ fn pad_zero_fills_and_tie_feeds_lm_head_from_embeddings() {
         );
     }
 }
+
+#[test]
+fn every_destination_byte_is_written_exactly_once() {
+    let s = Shape {
+        tied: true,
+        ..SMALL
+    };
+    let t = generate(&s, Dtype::Bf16);
+    let dir = tempfile::tempdir().unwrap();
+    write_sharded(dir.path(), &t, Dtype::Bf16, 2);
+    let d = host();
+    for (rank, world) in [(0, 1), (1, 2), (3, 4)] {
+        let mut rules = Rules::preset("qwen3", Some(Tp { rank, world }), s.head_dim).unwrap();
+        rules.dtype = Some(Dtype::F32); // conversions change row widths; coverage must still be exact
+        for r in &mut rules.rules {
+            if r.pattern.contains("lm_head") {
+                r.pad = Some(Pad {
+                    dim: 0,
+                    to: None,
+                    multiple_of: Some(64),
+                });
+            }
+        }
+        let ckpt = Checkpoint::open(dir.path()).unwrap();
+        let alloc = SegmentAllocator::new(d.clone(), 4 << 20);
+        let mut reg = Registry::new();
+        reg.allocate(&Plan::destinations(&ckpt, &rules).unwrap(), &alloc)
+            .unwrap();
+        let plan = Plan::build(&ckpt, &rules, &reg, &PlanOptions::default()).unwrap();
+        let mut iv: Vec<(u64, u64)> = Vec::new();
+        for e in &plan.extents {
+            for r in 0..e.height {
+                let a = e.dst + r * e.dst_pitch;
+                iv.push((a, a + e.dst_width()));
+            }
+        }
+        iv.extend(plan.fills.iter().map(|f| (f.dst, f.dst + f.len)));
+        iv.sort_unstable();
+        for w in iv.windows(2) {
+            assert!(w[0].1 <= w[1].0, "overlap {w:?} (world {world})");
+        }
+        let written: u64 = iv.iter().map(|(a, b)| b - a).sum();
+        let dest: u64 = reg.iter().map(|x| x.bytes() as u64).sum();
+        assert_eq!(written, dest, "world {world}");
+        assert!(
+            plan.fills.iter().map(|f| f.len).sum::<u64>() > 0,
+            "lm_head pad is zero-filled"
+        );
+        assert_eq!(plan.dst_bytes(), dest);
+    }
+}

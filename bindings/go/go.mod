@@ -1,3 +1,3 @@
 module github.com/vmmweights/vmmweights/bindings/go
 
-go 1.20
+go 1.19

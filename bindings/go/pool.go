@@ -25,7 +25,6 @@ type PoolOptions struct {
 type Pool struct {
 	ptr    *C.vmmw_pool_t
 	global bool
-	dev    *Device // keeps DeviceHandle reachable while the pool is created
 }
 
 // Report holds a pool's memory, for all tags or one.
