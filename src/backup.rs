@@ -16,12 +16,17 @@ use crate::error::{Error, Result};
 /// creating the next slab overlaps the copies into the previous one.
 pub const DEFAULT_SLAB_BYTES: usize = 1 << 30;
 
+/// Slab size of the pinning pipeline: small enough that the first copies start
+/// early, large enough that the driver's per-registration cost stays small.
+pub const PIPELINE_SLAB_BYTES: usize = 256 << 20;
+
 /// One page-locked anonymous mapping.
 #[derive(Debug)]
 pub struct PinnedSlab {
     driver: Arc<dyn Driver>,
     ptr: *mut u8,
     len: usize,
+    registered: bool,
 }
 
 // SAFETY: the slab owns its mapping exclusively; the raw pointer is only an
@@ -34,6 +39,14 @@ impl PinnedSlab {
     /// Map `len` bytes of anonymous memory, advise huge pages, populate it from
     /// several threads and register it with the driver.
     pub fn new(driver: Arc<dyn Driver>, len: usize) -> Result<PinnedSlab> {
+        let mut slab = PinnedSlab::populated(driver, len)?;
+        slab.register()?;
+        Ok(slab)
+    }
+
+    /// Map and populate `len` bytes, not yet registered (the first stage of
+    /// the pinning pipeline; `register` is the second).
+    pub fn populated(driver: Arc<dyn Driver>, len: usize) -> Result<PinnedSlab> {
         if len == 0 {
             return Err(Error::InvalidArgument("pinned slab of 0 bytes".into()));
         }
@@ -67,17 +80,21 @@ impl PinnedSlab {
             driver,
             ptr: raw as *mut u8,
             len,
+            registered: false,
         };
         slab.populate(page);
-        // SAFETY: the mapping is valid for `len` bytes and lives until Drop,
-        // which unregisters before unmapping.
-        if let Err(e) = unsafe { slab.driver.host_register(slab.ptr, len, false) } {
-            // SAFETY: our own mapping, not registered.
-            unsafe { libc::munmap(raw, len) };
-            std::mem::forget(slab);
-            return Err(e);
-        }
         Ok(slab)
+    }
+
+    /// Page-lock the slab with the driver (a no-op when already registered).
+    pub fn register(&mut self) -> Result<()> {
+        if !self.registered {
+            // SAFETY: the mapping is valid for `len` bytes and lives until Drop,
+            // which unregisters before unmapping.
+            unsafe { self.driver.host_register(self.ptr, self.len, false)? };
+            self.registered = true;
+        }
+        Ok(())
     }
 
     /// Fault every page in from several threads, so registering does not do it
@@ -124,10 +141,18 @@ impl PinnedSlab {
     }
 }
 
+impl Drop for BackupArena {
+    fn drop(&mut self) {
+        self.finish_prefetch();
+    }
+}
+
 impl Drop for PinnedSlab {
     fn drop(&mut self) {
-        // SAFETY: registered in `new`; the owner has synchronized every copy.
-        let _ = unsafe { self.driver.host_unregister(self.ptr) };
+        if self.registered {
+            // SAFETY: registered by `register`; the owner has synchronized every copy.
+            let _ = unsafe { self.driver.host_unregister(self.ptr) };
+        }
         // SAFETY: our own mapping of `len` bytes.
         unsafe { libc::munmap(self.ptr as *mut libc::c_void, self.len) };
     }
@@ -162,6 +187,48 @@ pub struct BackupArena {
     /// Bytes the current sleep still expects to need: new slabs are no larger
     /// than that, so a small first sleep pins little.
     growth_hint: Option<u64>,
+    /// Slabs being pinned in the background, in order.
+    prefetch: Option<Prefetch>,
+}
+
+/// The pinning pipeline: one thread maps and populates slabs (with many
+/// threads of its own), a second registers them with the driver, so the two
+/// stages overlap each other and the copies into slabs already pinned.
+#[derive(Debug)]
+struct Prefetch {
+    ready: std::sync::mpsc::Receiver<Result<PinnedSlab>>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl Prefetch {
+    fn start(driver: Arc<dyn Driver>, sizes: Vec<usize>) -> Prefetch {
+        use std::sync::mpsc::sync_channel;
+        let (pop_tx, pop_rx) = sync_channel::<Result<PinnedSlab>>(1);
+        let (ready_tx, ready_rx) = sync_channel::<Result<PinnedSlab>>(2);
+        let d = driver.clone();
+        let populate = std::thread::spawn(move || {
+            for len in sizes {
+                let slab = PinnedSlab::populated(d.clone(), len);
+                let failed = slab.is_err();
+                if pop_tx.send(slab).is_err() || failed {
+                    return;
+                }
+            }
+        });
+        let register = std::thread::spawn(move || {
+            for slab in pop_rx {
+                let slab = slab.and_then(|mut s| s.register().map(|_| s));
+                let failed = slab.is_err();
+                if ready_tx.send(slab).is_err() || failed {
+                    return;
+                }
+            }
+        });
+        Prefetch {
+            ready: ready_rx,
+            threads: vec![populate, register],
+        }
+    }
 }
 
 impl BackupArena {
@@ -173,6 +240,7 @@ impl BackupArena {
             slab_bytes: slab_bytes.max(crate::driver::host::page_size()),
             limit,
             growth_hint: None,
+            prefetch: None,
         }
     }
 
@@ -202,6 +270,68 @@ impl BackupArena {
     /// Change the limit (does not release memory already held).
     pub fn set_limit(&mut self, limit: u64) {
         self.limit = limit;
+    }
+
+    /// Start pinning `bytes` in the background, in slabs of at most
+    /// `piece` bytes, to be taken in order by later allocations. The caller
+    /// has checked `bytes` against the limit. Call `finish_prefetch` after.
+    pub fn start_prefetch(&mut self, bytes: u64, piece: usize) {
+        self.finish_prefetch();
+        let piece = piece.max(crate::driver::host::page_size());
+        let mut sizes = Vec::new();
+        let mut left = bytes as usize;
+        while left > 0 {
+            let n = left.min(piece);
+            sizes.push(n);
+            left -= n;
+        }
+        if !sizes.is_empty() {
+            self.prefetch = Some(Prefetch::start(self.driver.clone(), sizes));
+        }
+    }
+
+    /// Wait for the background pinning to stop; slabs it made that no
+    /// allocation took stay in the arena as free memory.
+    pub fn finish_prefetch(&mut self) {
+        if let Some(p) = self.prefetch.take() {
+            let Prefetch { ready, threads } = p;
+            for slab in ready.iter().flatten() {
+                self.push_slab(slab);
+            }
+            for t in threads {
+                let _ = t.join();
+            }
+        }
+    }
+
+    /// The next slab of the background pinning, if one is coming.
+    fn take_prefetched(&mut self) -> Option<Result<usize>> {
+        let p = self.prefetch.as_ref()?;
+        match p.ready.recv() {
+            Ok(Ok(slab)) => Some(Ok(self.push_slab(slab))),
+            Ok(Err(e)) => {
+                self.finish_prefetch();
+                Some(Err(e))
+            }
+            Err(_) => {
+                self.finish_prefetch();
+                None
+            }
+        }
+    }
+
+    fn push_slab(&mut self, mem: PinnedSlab) -> usize {
+        let slab = Slab {
+            free: vec![(0, mem.len())],
+            mem,
+        };
+        if let Some(i) = self.slabs.iter().position(Option::is_none) {
+            self.slabs[i] = Some(slab);
+            i
+        } else {
+            self.slabs.push(Some(slab));
+            self.slabs.len() - 1
+        }
     }
 
     /// Expect `bytes` more backup in the current operation (None: no expectation).
@@ -260,6 +390,18 @@ impl BackupArena {
                 Some((i, l)) if l > 0 => self.alloc_existing_in(i, l.min(missing)),
                 _ => None,
             };
+            if got.is_none() {
+                match self.take_prefetched() {
+                    Some(Ok(_)) => continue,
+                    Some(Err(e)) => {
+                        for p in pieces {
+                            self.free(p);
+                        }
+                        return Err(e);
+                    }
+                    None => {}
+                }
+            }
             let r = match got {
                 Some(r) => r,
                 None => match self.add_slab(self.new_slab_len(missing)) {
@@ -282,6 +424,19 @@ impl BackupArena {
 
     /// Make sure at least `bytes` are free, adding slabs as needed (reserve-ahead).
     pub fn reserve(&mut self, bytes: u64) -> Result<()> {
+        let missing = bytes.saturating_sub(self.free_bytes());
+        if missing > 0 && self.held() + missing <= self.limit {
+            self.start_prefetch(missing, PIPELINE_SLAB_BYTES);
+            let mut first_error = None;
+            while let Some(r) = self.take_prefetched() {
+                if let Err(e) = r {
+                    first_error.get_or_insert(e);
+                }
+            }
+            if let Some(e) = first_error {
+                return Err(e);
+            }
+        }
         while self.free_bytes() < bytes {
             let missing = (bytes - self.free_bytes()) as usize;
             self.add_slab(missing.min(self.slab_bytes).max(1))?;
@@ -339,17 +494,7 @@ impl BackupArena {
         if let Some(h) = self.growth_hint.as_mut() {
             *h = h.saturating_sub(mem.len() as u64);
         }
-        let slab = Slab {
-            free: vec![(0, mem.len())],
-            mem,
-        };
-        if let Some(i) = self.slabs.iter().position(Option::is_none) {
-            self.slabs[i] = Some(slab);
-            Ok(i)
-        } else {
-            self.slabs.push(Some(slab));
-            Ok(self.slabs.len() - 1)
-        }
+        Ok(self.push_slab(mem))
     }
 
     fn alloc_existing(&mut self, len: usize) -> Option<BackupRange> {
@@ -425,6 +570,21 @@ mod tests {
             held,
             "reserved memory is used, nothing new pinned"
         );
+    }
+
+    #[test]
+    fn prefetched_slabs_serve_allocations_in_order_and_leftovers_stay_free() {
+        let mut a = arena(u64::MAX);
+        a.start_prefetch(5 << 20, 2 << 20); // slabs of 2, 2 and 1 MiB
+        let pieces = a.alloc_pieces(3 << 20).unwrap();
+        assert_eq!(pieces.iter().map(|p| p.len).sum::<usize>(), 3 << 20);
+        assert!(
+            pieces.len() >= 2,
+            "a backup spans prefetched slabs: {pieces:?}"
+        );
+        a.finish_prefetch();
+        assert_eq!(a.held(), 5 << 20, "nothing pinned beyond the prefetch");
+        assert_eq!(a.free_bytes(), 2 << 20);
     }
 
     #[test]

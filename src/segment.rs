@@ -248,6 +248,44 @@ impl Segment {
         self.chunks = out;
     }
 
+    /// Re-cut every run of adjacent unmapped chunks into chunks of `max` bytes
+    /// (the last of a run smaller; granularity multiples), so that waking maps
+    /// few chunks and the first copy can start after a small create. Mapped
+    /// chunks are left as they are.
+    pub fn rechunk_unmapped(&mut self, max: usize) {
+        let g = self.driver.granularity();
+        let max = round_up(max.max(g), g);
+        let mut out: Vec<Chunk> = Vec::with_capacity(self.chunks.len());
+        let mut run: Option<(usize, usize)> = None; // (offset, len) of the pending unmapped run
+        let flush = |run: &mut Option<(usize, usize)>, out: &mut Vec<Chunk>| {
+            if let Some((mut off, mut len)) = run.take() {
+                while len > 0 {
+                    let n = len.min(max);
+                    out.push(Chunk {
+                        offset: off,
+                        size: n,
+                        handle: None,
+                    });
+                    off += n;
+                    len -= n;
+                }
+            }
+        };
+        for c in self.chunks.drain(..) {
+            if c.handle.is_none() {
+                run = Some(match run {
+                    Some((o, l)) => (o, l + c.size),
+                    None => (c.offset, c.size),
+                });
+            } else {
+                flush(&mut run, &mut out);
+                out.push(c);
+            }
+        }
+        flush(&mut run, &mut out);
+        self.chunks = out;
+    }
+
     /// Unmap and release every mapped chunk, keeping the VA (for sleep). On a
     /// failure the remaining chunks are still tried; the first error is returned.
     pub fn unmap_all(&mut self) -> Result<()> {

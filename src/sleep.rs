@@ -75,11 +75,13 @@ pub struct SleepOptions {
     pub copy_piece_bytes: usize,
     /// Streams the copies are spread over (at least 2).
     pub streams: usize,
-    /// At wake, adjacent unmapped chunks are merged into physical chunks of at
-    /// most this size, so that waking costs few driver calls.
+    /// At wake, each run of unmapped chunks is re-cut into physical chunks of
+    /// this size: few driver calls, and the first copy starts after one small create.
     pub wake_coalesce_bytes: usize,
-    /// Size of each pinned backup slab.
+    /// Size of each pinned backup slab made on demand.
     pub backup_slab_bytes: usize,
+    /// Slab size of the background pinning pipeline (first sleep, reserve-ahead).
+    pub pipeline_slab_bytes: usize,
     /// Cap on pinned backup memory.
     pub host_memory_limit: u64,
     /// Free the backup of a segment once it is awake again (the memory stays
@@ -96,8 +98,9 @@ impl Default for SleepOptions {
         SleepOptions {
             copy_piece_bytes: 64 << 20,
             streams: 2,
-            wake_coalesce_bytes: 1 << 30,
+            wake_coalesce_bytes: 256 << 20,
             backup_slab_bytes: DEFAULT_SLAB_BYTES,
+            pipeline_slab_bytes: crate::backup::PIPELINE_SLAB_BYTES,
             host_memory_limit: u64::MAX,
             free_backup_after_wake: false,
             release_pinned_after_wake: false,
@@ -372,6 +375,13 @@ impl SleepEngine {
         self.driver.synchronize()?;
         let held_before = s.arena.held();
         s.arena.set_growth_hint(Some(need_new));
+        // Pin what is missing in the background, so pinning overlaps itself
+        // (populate | register) and the copies into slabs already pinned.
+        let missing = need_new.saturating_sub(s.arena.free_bytes());
+        if missing > 0 {
+            s.arena
+                .start_prefetch(missing, s.options.pipeline_slab_bytes);
+        }
         let piece = s.options.copy_piece_bytes.max(1 << 20);
         let streams = s.streams.clone();
         let mut next_stream = 0usize;
@@ -411,6 +421,7 @@ impl SleepEngine {
                 }
             }
         }
+        s.arena.finish_prefetch();
         s.arena.set_growth_hint(None);
         report.newly_pinned_bytes = s.arena.held().saturating_sub(held_before);
         match failure {
@@ -514,7 +525,7 @@ impl SleepEngine {
         self.ensure_streams(&mut s)?;
         let coalesce = s.options.wake_coalesce_bytes;
         for &i in &asleep {
-            segs[i].coalesce_unmapped(coalesce);
+            segs[i].rechunk_unmapped(coalesce);
         }
         let mut mapped: Vec<(usize, usize)> = Vec::new();
         let result = self.wake_inner(&s, tag, segs, &asleep, &mut mapped, &mut report);

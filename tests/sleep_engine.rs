@@ -413,3 +413,26 @@ fn touching_asleep_memory_faults() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+#[test]
+fn rechunk_recuts_unmapped_runs_and_keeps_contents_through_wake() {
+    let (h, d) = host(1 << 30);
+    let engine = SleepEngine::new(
+        d.clone(),
+        SleepOptions {
+            wake_coalesce_bytes: 3 * G,
+            ..options()
+        },
+    );
+    let mut seg = Segment::allocate(d.clone(), 10 * G, G).unwrap();
+    assert_eq!(seg.chunks().len(), 10);
+    let data = fill(d.as_ref(), &seg, 77);
+    engine
+        .sleep(TagId(9), &mut [&mut seg], Policy::Offload)
+        .unwrap();
+    engine.wake(TagId(9), &mut [&mut seg]).unwrap();
+    let sizes: Vec<usize> = seg.chunks().iter().map(|c| c.size).collect();
+    assert_eq!(sizes, vec![3 * G, 3 * G, 3 * G, G], "runs re-cut at wake");
+    assert_eq!(h.counts().handles, 4);
+    assert!(read(d.as_ref(), &seg) == data);
+}

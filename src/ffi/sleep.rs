@@ -232,6 +232,7 @@ pub unsafe extern "C" fn vmmw_pool_set_sleep_options(
             free_backup_after_wake: o.free_backup_after_wake != 0,
             release_pinned_after_wake: o.release_pinned_after_wake != 0,
             debug_fill_discarded: (o.debug_fill != 0).then_some(o.debug_fill_byte),
+            pipeline_slab_bytes: d.pipeline_slab_bytes,
         };
         p.pool.set_sleep_options(opts);
         Ok(())

@@ -89,6 +89,11 @@ def test_llama_weights_in_the_pool_are_reported_and_come_back():
     assert logits.shape == (2, 64, cfg.vocab_size)
     assert torch.isfinite(logits.float()).all()
 
+    # The forward pass itself takes device memory outside any allocator (lazily
+    # loaded kernel modules, the cuBLAS handle), so "memory is back" is measured
+    # from here: deleting and trimming must return what we tracked.
+    torch.cuda.synchronize()
+    free_loaded, _ = torch.cuda.mem_get_info()
     del model, logits, ids
     vt.release_pools()
     released = vt.trim()
@@ -98,11 +103,14 @@ def test_llama_weights_in_the_pool_are_reported_and_come_back():
     settle()
     after = vt.tag_usage(vt.report(), "weights")
     free2, _ = torch.cuda.mem_get_info()
-    print(f"trim released {released / MiB:.1f} MiB; device free back to {(free2 - free0) / MiB:+.1f} MiB of start")
+    print(
+        f"trim released {released / MiB:.1f} MiB; device free rose {(free2 - free_loaded) / MiB:.1f} MiB "
+        f"(tracked was {tracked / MiB:.1f} MiB); {(free2 - free0) / MiB:+.1f} MiB against the start"
+    )
     assert after["live_bytes"] == before["live_bytes"], after
     assert after["tracked_bytes"] == before["tracked_bytes"], after
     assert torch.cuda.memory_allocated() == allocated0
-    assert free2 >= free0 - 32 * MiB, "device memory must come back after delete + release + trim"
+    assert free2 - free_loaded >= tracked - 32 * MiB, "device memory must come back after delete + release + trim"
 
 
 def test_each_tag_gets_its_own_segments():

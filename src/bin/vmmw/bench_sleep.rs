@@ -367,8 +367,48 @@ fn bench(
         later.push(engine.sleep(TagId(1), &mut refs, Policy::Offload)?.seconds);
         wakes.push(engine.wake(TagId(1), &mut refs)?.seconds);
     }
+    // Variants of the copy pipeline, with the backup present.
+    let base = engine.options();
+    let mut variants = Vec::new();
+    for (piece, streams, chunk) in [
+        (64usize << 20, 2usize, 256usize << 20),
+        (256 << 20, 2, 256 << 20),
+        (64 << 20, 4, 256 << 20),
+        (64 << 20, 2, 1 << 30),
+    ] {
+        engine.set_options(SleepOptions {
+            copy_piece_bytes: piece / scale_div.max(1),
+            streams,
+            wake_coalesce_bytes: chunk / scale_div.max(1),
+            ..base.clone()
+        });
+        let (mut s, mut w) = (Vec::new(), Vec::new());
+        for _ in 0..3 {
+            s.push(engine.sleep(TagId(1), &mut refs, Policy::Offload)?.seconds);
+            w.push(engine.wake(TagId(1), &mut refs)?.seconds);
+        }
+        variants.push((piece >> 20, streams, chunk >> 20, median(s), median(w)));
+    }
+    engine.set_options(base);
     drop(refs);
     verify(d.as_ref(), &segs)?;
+    for (piece, streams, chunk, s, w) in &variants {
+        let label = format!("piece {piece} MiB, {streams} streams, wake chunk {chunk} MiB");
+        rows.push(row(
+            &format!("variant {label}: sleep"),
+            *s,
+            bytes,
+            Some(d2h),
+            "-",
+        ));
+        rows.push(row(
+            &format!("variant {label}: wake"),
+            *w,
+            bytes,
+            Some(h2d),
+            "-",
+        ));
+    }
     rows.push(row(
         "ours: first sleep, no reserve-ahead",
         first.seconds,
