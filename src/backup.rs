@@ -267,6 +267,11 @@ impl BackupArena {
         self.limit
     }
 
+    /// Change the size of slabs made on demand from now on.
+    pub fn set_slab_bytes(&mut self, bytes: usize) {
+        self.slab_bytes = bytes.max(crate::driver::host::page_size());
+    }
+
     /// Change the limit (does not release memory already held).
     pub fn set_limit(&mut self, limit: u64) {
         self.limit = limit;

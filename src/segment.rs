@@ -214,8 +214,12 @@ impl Segment {
     pub fn unmap_chunk(&mut self, i: usize) -> Result<()> {
         let c = self.chunks[i];
         if let Some(h) = c.handle {
-            self.unmap_release(c.offset, c.size, h)?;
+            let va = self.va + c.offset as u64;
+            self.driver.unmap(va, c.size)?;
+            // Unmapped: the chunk has no memory behind it any more, whatever
+            // the release says, so a later map_chunk must map it again.
             self.chunks[i].handle = None;
+            self.driver.release(h)?;
         }
         Ok(())
     }

@@ -218,6 +218,7 @@ impl SleepEngine {
     pub fn set_options(&self, options: SleepOptions) {
         let mut s = self.lock();
         s.arena.set_limit(options.host_memory_limit);
+        s.arena.set_slab_bytes(options.backup_slab_bytes);
         s.options = options;
     }
 
@@ -276,8 +277,20 @@ impl SleepEngine {
     }
 
     /// Register a source that can restore bytes of `tag` for the Reload policy.
+    /// Sources whose every range the new one also covers are dropped: a newer
+    /// load into the same parameters supersedes the older one (no replay of
+    /// stale loads, no checkpoints kept open for nothing).
     pub fn add_reload_source(&self, tag: TagId, source: Arc<dyn ReloadSource>) {
-        self.lock().reload.entry(tag).or_default().push(source);
+        let new_ranges = source.covered_ranges();
+        let covers = |&(a, l): &(DevicePtr, usize)| {
+            new_ranges
+                .iter()
+                .any(|&(b, m)| b <= a && a + l as u64 <= b + m as u64)
+        };
+        let mut s = self.lock();
+        let list = s.reload.entry(tag).or_default();
+        list.retain(|old| !old.covered_ranges().iter().all(covers));
+        list.push(source);
     }
 
     /// Drop the reload sources of `tag`.
@@ -330,10 +343,16 @@ impl SleepEngine {
                 // No queued work may still touch memory that is unmapped.
                 self.driver.synchronize()?;
                 for &i in &awake {
-                    report.physical_bytes += segs[i].mapped_bytes() as u64;
-                    segs[i].unmap_all()?;
-                    segs[i].set_sleep_state(policy.asleep_state());
-                    report.segments += 1;
+                    let mapped = segs[i].mapped_bytes() as u64;
+                    let r = segs[i].unmap_all();
+                    // Once any chunk is gone the segment is asleep: wake maps
+                    // every chunk that has no memory, whatever failed here.
+                    if (segs[i].mapped_bytes() as u64) < mapped || r.is_ok() {
+                        segs[i].set_sleep_state(policy.asleep_state());
+                        report.segments += 1;
+                    }
+                    report.physical_bytes += mapped - segs[i].mapped_bytes() as u64;
+                    r?;
                 }
             }
         }
@@ -356,7 +375,7 @@ impl SleepEngine {
                 .backups
                 .get(&segs[i].ptr())
                 .is_some_and(|b| b.len() == segs[i].committed());
-            if !have {
+            if !have && segs[i].committed() > 0 {
                 need_new += segs[i].committed() as u64;
             }
         }
@@ -390,6 +409,13 @@ impl SleepEngine {
         let mut pending: Vec<(usize, Vec<EventId>)> = Vec::new();
         let mut failure: Option<Error> = None;
         for &i in awake {
+            if segs[i].committed() == 0 {
+                // Nothing committed (an arena whose first commit failed): asleep
+                // trivially, with no backup.
+                segs[i].set_sleep_state(SleepState::Offloaded);
+                report.segments += 1;
+                continue;
+            }
             match self.issue_offload(s, tag, segs[i], piece, &streams, &mut next_stream) {
                 Ok((events, bytes)) => {
                     report.copied_bytes += bytes;
@@ -408,17 +434,28 @@ impl SleepEngine {
             for &e in &events {
                 let _ = self.driver.event_destroy(e);
             }
-            match waited.and_then(|_| {
-                report.physical_bytes += segs[i].mapped_bytes() as u64;
-                segs[i].unmap_all()
-            }) {
-                Ok(()) => {
-                    segs[i].set_sleep_state(SleepState::Offloaded);
-                    report.segments += 1;
-                }
-                Err(e) => {
-                    failure.get_or_insert(e);
-                }
+            if let Err(e) = waited {
+                failure.get_or_insert(e);
+                continue;
+            }
+            let mapped = segs[i].mapped_bytes() as u64;
+            let r = segs[i].unmap_all();
+            if (segs[i].mapped_bytes() as u64) < mapped || r.is_ok() {
+                // The backup is complete (its events were waited on); once any
+                // chunk is gone the segment is asleep and wake restores it all.
+                segs[i].set_sleep_state(SleepState::Offloaded);
+                report.segments += 1;
+            }
+            report.physical_bytes += mapped - segs[i].mapped_bytes() as u64;
+            if let Err(e) = r {
+                failure.get_or_insert(e);
+            }
+        }
+        if failure.is_some() {
+            // Copies of a segment whose issue failed midway are covered by no
+            // event: wait for them before anyone may reuse or free the backup.
+            for &st in &streams {
+                let _ = self.driver.stream_synchronize(st);
             }
         }
         s.arena.finish_prefetch();
@@ -571,7 +608,7 @@ impl SleepEngine {
         for &i in asleep {
             let state = segs[i].sleep_state();
             let backup = match state {
-                SleepState::Offloaded => {
+                SleepState::Offloaded if segs[i].committed() > 0 => {
                     let b = s.backups.get(&segs[i].ptr()).ok_or_else(|| {
                         Error::InvalidState(format!(
                             "segment at {:#x} is offloaded but has no backup",

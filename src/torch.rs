@@ -12,6 +12,7 @@
 
 use std::collections::HashMap;
 use std::ffi::c_void;
+use std::io::Write;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -108,7 +109,8 @@ pub fn malloc_entry(size: isize, device: i32, _stream: *mut c_void) -> *mut c_vo
             // Out of memory is expected traffic (PyTorch frees its cache and
             // retries, or raises its own error); anything else deserves a line.
             if !e.is_out_of_memory() {
-                eprintln!(
+                let _ = writeln!(
+                    std::io::stderr(),
                     "vmmweights: vmmw_torch_malloc({size} bytes, device {device}) failed: {e}"
                 );
             }
@@ -142,7 +144,8 @@ pub fn free_entry(ptr: *mut c_void, size: isize, device: i32, _stream: *mut c_vo
         }
         Err(e) => {
             UNKNOWN_FREES.fetch_add(1, Ordering::Relaxed);
-            eprintln!(
+            let _ = writeln!(
+                std::io::stderr(),
                 "vmmweights: vmmw_torch_free({ptr:p}, {size} bytes, device {device}) ignored: {e}"
             );
         }

@@ -565,6 +565,20 @@ pub unsafe extern "C" fn vmmw_loader_load(
         let p = unsafe { arg(pool, "pool") }?;
         let mut st = l.lock();
         st.ckpt()?;
+        // Destinations in this pool must be awake: writing into a sleeping tag
+        // would fault. (Destinations outside the pool are the caller's memory.)
+        for d in st.registry.iter() {
+            if let Some(seg) = p.pool.segment_of(d.ptr) {
+                if seg.sleep_state != crate::segment::SleepState::Awake {
+                    return Err(Error::InvalidState(format!(
+                        "destination `{}` at {:#x} is in tag {}, which is asleep: wake it before loading",
+                        d.name,
+                        d.ptr,
+                        crate::tag::name_of(seg.tag)
+                    )));
+                }
+            }
+        }
         let ckpt = st.ckpt.take().expect("opened above");
         let on_progress = |done: u64, total: u64| {
             if let Some(f) = progress {

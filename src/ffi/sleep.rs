@@ -41,7 +41,7 @@ pub struct vmmw_sleep_options_t {
     pub streams: u32,
     /// 1: fill discarded memory with `debug_fill_byte` at wake, so stale reads show.
     pub debug_fill: u32,
-    /// Merge unmapped chunks into physical chunks of at most this at wake (default 1 GiB).
+    /// At wake, re-cut unmapped runs into physical chunks of this size (default 256 MiB).
     pub wake_coalesce_bytes: u64,
     /// Size of each pinned backup slab.
     pub backup_slab_bytes: u64,

@@ -188,7 +188,6 @@ struct SegEntry {
 struct TagState {
     mode: Option<Mode>,
     asleep: bool,
-    host_backup_bytes: u64,
     /// Base of the tag's arena, while one exists.
     arena: Option<DevicePtr>,
 }
@@ -366,7 +365,7 @@ impl Pool {
 
     /// Create exactly one segment of `size` bytes (rounded up to the
     /// granularity) for `tag` and hand it out whole. Freeing it releases the
-    /// segment (unless its tag is asleep). This is the PyTorch path: PyTorch
+    /// segment. This is the PyTorch path: PyTorch
     /// caches and splits on its side.
     pub fn alloc_segment(&self, size: usize, tag: TagId) -> Result<Block> {
         self.check_request(size, tag)?;
@@ -434,7 +433,6 @@ impl Pool {
             });
         }
         let (tag, class) = (e.tag, e.class);
-        let asleep = st.tags.get(&tag).is_some_and(|t| t.asleep);
         let e = st.segs.get_mut(&base).expect("segment found above");
         let (size, change) =
             e.blocks
@@ -451,13 +449,10 @@ impl Pool {
         e.live_bytes -= size;
         e.live_blocks -= 1;
         if class == SegmentClass::Dedicated {
-            // Never cached: released at once, except in an asleep tag, which
-            // keeps it (bookkeeping only) until wake or trim releases it.
-            return Ok(if asleep {
-                None
-            } else {
-                remove_segment(st, base)
-            });
+            // Never cached: released at once. In an asleep tag the segment has
+            // no physical memory (sleep runs under the pool lock, so it is wholly
+            // asleep), and dropping it only returns its VA; its backup goes too.
+            return Ok(self.remove_segment(st, base));
         }
         apply(&mut st.free, tag, class, base, change);
         Ok(None)
@@ -487,7 +482,7 @@ impl Pool {
             .collect();
         let mut dropped = Vec::with_capacity(wholly_free.len());
         for base in wholly_free {
-            if let Some(seg) = remove_segment(st, base) {
+            if let Some(seg) = self.remove_segment(st, base) {
                 released += seg.mapped_bytes() as u64;
                 dropped.push(seg);
             }
@@ -543,13 +538,17 @@ impl Pool {
                 u.segments += 1;
                 u.add_sleep_state(e.seg.sleep_state(), e.seg.committed() as u64);
             }
+            // Backup bytes straight from the sleep engine (pool lock, then
+            // engine lock: the allowed order), so frees and trims show at once.
+            let backups = self.sleep.backup_bytes_by_tag();
             for (&t, ts) in &st.tags {
-                if ts.asleep || ts.host_backup_bytes > 0 {
+                let backup = backups.get(&t).copied().unwrap_or(0);
+                if ts.asleep || backup > 0 {
                     let u = usage
                         .entry(t)
                         .or_insert_with(|| TagUsage::new(&tag::name_of(t)));
                     u.asleep = ts.asleep;
-                    u.host_backup_bytes = ts.host_backup_bytes;
+                    u.host_backup_bytes = backup;
                 }
             }
         }
@@ -581,18 +580,14 @@ impl Pool {
         }
     }
 
-    /// Record the bytes of host backup the sleep layer holds for `tag`.
-    pub fn set_host_backup_bytes(&self, tag: TagId, bytes: u64) {
-        self.lock().tags.entry(tag).or_default().host_backup_bytes = bytes;
-    }
-
     /// True when `tag` is marked asleep.
     pub fn is_tag_asleep(&self, tag: TagId) -> bool {
         self.lock().tags.get(&tag).is_some_and(|t| t.asleep)
     }
 
     /// Run `f` on every segment of `tag` (ordinary, dedicated and arena), under
-    /// the pool lock. For the sleep layer.
+    /// the pool lock. For tests; the sleep layer works on the state directly.
+    #[cfg(test)]
     pub(crate) fn with_tag_segments<R>(
         &self,
         tag: TagId,
@@ -609,6 +604,7 @@ impl Pool {
     }
 
     /// Mark `tag` asleep (allocation refused, frees only update bookkeeping) or awake.
+    #[cfg(test)]
     pub(crate) fn set_tag_asleep(&self, tag: TagId, asleep: bool) {
         let dropped = {
             let mut st = self.lock();
@@ -628,11 +624,19 @@ impl Pool {
                     .map(|(&b, _)| b)
                     .collect();
                 done.into_iter()
-                    .filter_map(|b| remove_segment(&mut st, b))
+                    .filter_map(|b| self.remove_segment(&mut st, b))
                     .collect()
             }
         };
         drop(dropped);
+    }
+
+    /// Remove a wholly free segment (see [`remove_segment`]) and return its
+    /// host backup, if it had one, to the sleep engine's arena.
+    fn remove_segment(&self, st: &mut State, base: DevicePtr) -> Option<Segment> {
+        let seg = remove_segment(st, base)?;
+        self.sleep.forget_segment(base);
+        Some(seg)
     }
 
     /// Check the pool's internal invariants; an error string names the first broken one.

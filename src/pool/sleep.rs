@@ -5,11 +5,11 @@
 use std::collections::HashSet;
 use std::sync::Arc;
 
-use super::Pool;
+use super::{Pool, State};
 use crate::driver::DevicePtr;
 use crate::error::{Error, Result};
 use crate::reload::ReloadSource;
-use crate::segment::SleepState;
+use crate::segment::{Segment, SleepState};
 use crate::sleep::{CycleReport, Policy, SleepEngine, SleepOptions};
 use crate::tag::{self, TagId};
 
@@ -45,25 +45,34 @@ impl Pool {
         for &(t, _) in items {
             tag::check(t)?;
         }
-        self.forget_freed_backups();
         let mut out = Vec::with_capacity(items.len());
         for &(t, policy) in items {
-            // Refuse allocations first, so nothing is carved from memory going away.
-            self.set_tag_asleep(t, true);
-            let r = self.with_tag_segments(t, |segs| self.sleep.sleep(t, segs, policy));
-            let any_asleep = self.with_tag_segments(t, |segs| {
-                segs.iter().any(|s| s.sleep_state() != SleepState::Awake)
-            });
-            if !any_asleep {
-                self.set_tag_asleep(t, false);
-            }
-            self.publish_backup_bytes();
-            let report = r?;
+            // One pool-lock hold per tag: marking the tag asleep, the engine's
+            // work and settling the mark cannot interleave with another
+            // thread's wake of the same tag or with allocations in it.
+            let r = {
+                let mut st = self.lock();
+                self.forget_freed_backups_locked(&st);
+                st.tags.entry(t).or_default().asleep = true;
+                let mut segs: Vec<&mut Segment> = st
+                    .segs
+                    .values_mut()
+                    .filter(|e| e.tag == t)
+                    .map(|e| &mut e.seg)
+                    .collect();
+                let r = self.sleep.sleep(t, &mut segs, policy);
+                let any_asleep = segs.iter().any(|s| s.sleep_state() != SleepState::Awake);
+                drop(segs);
+                if !any_asleep {
+                    st.tags.entry(t).or_default().asleep = false;
+                }
+                r
+            };
             out.push(TagCycle {
                 tag: t,
                 name: tag::name_of(t),
                 policy: Some(policy),
-                report,
+                report: r?,
             });
         }
         Ok(out)
@@ -81,16 +90,14 @@ impl Pool {
         } else {
             tags.to_vec()
         };
-        let needed: u64 = tags
-            .iter()
-            .map(|&t| {
-                self.with_tag_segments(t, |segs| {
-                    segs.iter()
-                        .map(|s| (s.committed() - s.mapped_bytes()) as u64)
-                        .sum::<u64>()
-                })
-            })
-            .sum();
+        let needed: u64 = {
+            let st = self.lock();
+            st.segs
+                .values()
+                .filter(|e| tags.contains(&e.tag))
+                .map(|e| (e.seg.committed() - e.seg.mapped_bytes()) as u64)
+                .sum()
+        };
         let free = self.driver.mem_info()?.free;
         if needed > free {
             let names: Vec<String> = tags.iter().map(|t| tag::name_of(*t)).collect();
@@ -102,15 +109,27 @@ impl Pool {
         }
         let mut out = Vec::with_capacity(tags.len());
         for t in tags {
-            let r = self.with_tag_segments(t, |segs| self.sleep.wake(t, segs));
-            let report = r?;
-            self.set_tag_asleep(t, false);
-            self.publish_backup_bytes();
+            let r = {
+                let mut st = self.lock();
+                let mut segs: Vec<&mut Segment> = st
+                    .segs
+                    .values_mut()
+                    .filter(|e| e.tag == t)
+                    .map(|e| &mut e.seg)
+                    .collect();
+                let r = self.sleep.wake(t, &mut segs);
+                let all_awake = segs.iter().all(|s| s.sleep_state() == SleepState::Awake);
+                drop(segs);
+                if all_awake {
+                    st.tags.entry(t).or_default().asleep = false;
+                }
+                r
+            };
             out.push(TagCycle {
                 tag: t,
                 name: tag::name_of(t),
                 policy: None,
-                report,
+                report: r?,
             });
         }
         Ok(out)
@@ -124,10 +143,17 @@ impl Pool {
 
     /// Unpin backup memory not holding an asleep segment's contents. Returns bytes unpinned.
     pub fn release_backup(&self) -> u64 {
-        let asleep = self.asleep_segment_bases();
-        let r = self.sleep.release_backup(&|va| !asleep.contains(&va));
-        self.publish_backup_bytes();
-        r
+        // Under the pool lock, so no sleep can reuse a backup between the
+        // snapshot of asleep segments and the release.
+        let st = self.lock();
+        self.forget_freed_backups_locked(&st);
+        let asleep: HashSet<DevicePtr> = st
+            .segs
+            .iter()
+            .filter(|(_, e)| e.seg.sleep_state() != SleepState::Awake)
+            .map(|(&b, _)| b)
+            .collect();
+        self.sleep.release_backup(&|va| !asleep.contains(&va))
     }
 
     /// Register where `tag`'s bytes can be reloaded from (the loader's executed plan).
@@ -155,29 +181,8 @@ impl Pool {
         v
     }
 
-    fn asleep_segment_bases(&self) -> HashSet<DevicePtr> {
-        let st = self.lock();
-        st.segs
-            .iter()
-            .filter(|(_, e)| e.seg.sleep_state() != SleepState::Awake)
-            .map(|(&b, _)| b)
-            .collect()
-    }
-
     /// Backups of segments the pool no longer has go back to the arena.
-    fn forget_freed_backups(&self) {
-        let live: HashSet<DevicePtr> = self.lock().segs.keys().copied().collect();
-        self.sleep.retain_backups(&|va| live.contains(&va));
-    }
-
-    fn publish_backup_bytes(&self) {
-        let by_tag = self.sleep.backup_bytes_by_tag();
-        let mut st = self.lock();
-        for (t, ts) in st.tags.iter_mut() {
-            ts.host_backup_bytes = by_tag.get(t).copied().unwrap_or(0);
-        }
-        for (t, b) in by_tag {
-            st.tags.entry(t).or_default().host_backup_bytes = b;
-        }
+    fn forget_freed_backups_locked(&self, st: &State) {
+        self.sleep.retain_backups(&|va| st.segs.contains_key(&va));
     }
 }
