@@ -60,6 +60,7 @@ fn every_strategy_loads_exact_bytes_single_and_sharded() {
         Strategy::Simple,
         Strategy::Populate,
         Strategy::Hybrid,
+        Strategy::Stream,
     ] {
         for (threads, window, slot, depth, direct_percent) in [
             (1, 64 << 20, 16 << 20, 0, 25),
@@ -356,6 +357,7 @@ fn fused_preset_loads_agree_across_strategies() {
         Strategy::Populate,
         Strategy::Hybrid,
         Strategy::Direct,
+        Strategy::Stream,
     ] {
         for (threads, slot, depth) in [(0, 16 << 20, 0), (3, 4096, 1), (2, 12288, 2)] {
             let got = run(strategy, threads, slot, depth);

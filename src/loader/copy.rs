@@ -36,6 +36,7 @@ use std::time::{Duration, Instant};
 use super::checkpoint::Shard;
 use super::plan::{Extent, Fill};
 use super::staging::{acquire_ring, resident_fraction, return_ring};
+use super::stream_copy::stream_copy;
 use crate::driver::{DevicePtr, Driver, EventId, StreamId};
 use crate::error::{Error, Result};
 use crate::segment::Segment;
@@ -62,6 +63,8 @@ pub enum Strategy {
     /// `direct` for `direct_percent` of the bytes, concurrently with staging
     /// (as `auto`) for the rest (different CPU costs, one link).
     Hybrid,
+    /// Like `staged`, but slots are filled with streaming (non-temporal) stores.
+    Stream,
 }
 
 impl Strategy {
@@ -75,8 +78,9 @@ impl Strategy {
             "simple" => Ok(Strategy::Simple),
             "populate" => Ok(Strategy::Populate),
             "hybrid" => Ok(Strategy::Hybrid),
+            "stream" => Ok(Strategy::Stream),
             o => Err(Error::InvalidArgument(format!(
-                "unknown copy strategy `{o}`: expected auto, direct, staged, read, simple, populate or hybrid"
+                "unknown copy strategy `{o}`: expected auto, direct, staged, read, simple, populate, hybrid or stream"
             ))),
         }
     }
@@ -319,6 +323,7 @@ pub fn execute(
             Strategy::Read => SlotFill::Pread,
             Strategy::Hybrid => SlotFill::ByResidency,
             Strategy::Populate => SlotFill::Populate,
+            Strategy::Stream => SlotFill::Stream,
             Strategy::Staged | Strategy::Simple | Strategy::Direct => SlotFill::Memcpy,
             Strategy::Auto => SlotFill::ByResidency,
         };
@@ -849,6 +854,8 @@ enum SlotFill {
     Populate,
     /// `pread` into the slot: no user page tables touched.
     Pread,
+    /// Copy from the mapping with streaming stores ([`stream_copy`]).
+    Stream,
     /// [`AUTO_CACHED`] when the job's pages are resident (`mincore`), pread when not.
     ByResidency,
 }
@@ -1034,9 +1041,12 @@ impl Stage<'_> {
                     .file
                     .read_exact_at(buf, src)
                     .map_err(|e| Error::io(&shard.path, e))?;
-            } else {
+            } else if fill == SlotFill::Stream {
                 // SAFETY: the source run lies inside the mapping (checked in
-                // `execute`); `dst` as above.
+                // `execute`); `dst` as above; a slot never overlaps the mapping.
+                unsafe { stream_copy(dst, shard.ptr(src), n as usize) };
+            } else {
+                // SAFETY: as above.
                 unsafe { std::ptr::copy_nonoverlapping(shard.ptr(src), dst, n as usize) };
             }
         }

@@ -24,6 +24,7 @@ pub mod plan;
 pub mod registry;
 pub mod rules;
 pub mod staging;
+pub mod stream_copy;
 
 use std::sync::Arc;
 

@@ -152,7 +152,7 @@ def main():
     ap.add_argument("--out", default="bench/results/load.json")
     ap.add_argument("--cold", action="store_true", help="also measure disk and cold loads (drops the page cache)")
     ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--strategies", default="auto,direct,staged")
+    ap.add_argument("--strategies", default="auto,stream,staged,direct")
     ap.add_argument("--extra", default="", help="extra arguments for vmmw bench-load")
     a = ap.parse_args()
 

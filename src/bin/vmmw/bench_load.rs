@@ -34,8 +34,12 @@ pub struct Args {
     #[arg(long, default_value_t = 128)]
     head_dim: usize,
     /// Strategies to time page-cached, comma-separated (auto, direct, staged, read,
-    /// simple, populate, hybrid), each optionally `name[:SLOT][@DIRECT_PERCENT][#THREADS][^DEPTH]`.
-    #[arg(long, default_value = "auto,direct,staged", value_delimiter = ',')]
+    /// simple, populate, hybrid, stream), each optionally `name[:SLOT][@DIRECT_PERCENT][#THREADS][^DEPTH]`.
+    #[arg(
+        long,
+        default_value = "auto,stream,staged,direct",
+        value_delimiter = ','
+    )]
     strategies: Vec<String>,
     /// Timed loads per strategy (median reported).
     #[arg(long, default_value_t = 3)]

@@ -19,7 +19,7 @@ pub struct Args {
     checkpoint: std::path::PathBuf,
     #[command(flatten)]
     rules: RuleArgs,
-    /// Copy strategy: auto, direct, staged, read, simple.
+    /// Copy strategy: auto, direct, staged, read, simple, populate, hybrid, stream.
     #[arg(long, default_value = "auto")]
     strategy: String,
     /// Worker threads (0 = CPUs, at most 16).
