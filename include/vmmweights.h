@@ -580,7 +580,7 @@ typedef struct vmmw_sleep_options_t {
    */
   uint32_t debug_fill;
   /**
-   * Merge unmapped chunks into physical chunks of at most this at wake (default 1 GiB).
+   * At wake, re-cut unmapped runs into physical chunks of this size (default 256 MiB).
    */
   uint64_t wake_coalesce_bytes;
   /**
