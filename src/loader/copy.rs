@@ -861,11 +861,12 @@ enum SlotFill {
 }
 
 /// What `Auto` does with page-cached ranges. Measured on the H200 box (16.4 GB
-/// page-cached, 16 threads, 16 MiB slots): memcpy 37.8 GB/s, populate+memcpy
-/// 36.8, pread 33.8 (glibc's large memcpy streams its stores; pread's kernel
-/// copy does not). memcpy also leaves the load's page tables in place, which
-/// Reload replays (same mapping) then reuse.
-const AUTO_CACHED: SlotFill = SlotFill::Memcpy;
+/// page-cached, 16 threads, same run, bench/results/2026-11-29-load-bench-v3.md):
+/// streaming stores 47.2 GB/s, memcpy 42.1, staged memcpy 40.7; earlier runs:
+/// populate+memcpy 36.8, pread 33.8. The fill is bound by host memory traffic
+/// (the DMA reads the slots at the same time), and streaming stores skip the
+/// read-for-ownership of the destination lines: one memory pass less.
+const AUTO_CACHED: SlotFill = SlotFill::Stream;
 
 /// `MADV_POPULATE_READ` (Linux 5.14); older kernels answer EINVAL, harmlessly.
 const MADV_POPULATE_READ: libc::c_int = 22;
