@@ -18,4 +18,14 @@ pub trait ReloadSource: Send + Sync + std::fmt::Debug {
     /// The device ranges this source writes, so sleep can tell which bytes of a
     /// tag are restorable and which would come back undefined.
     fn covered_ranges(&self) -> Vec<(DevicePtr, usize)>;
+
+    /// Called once the tag has gone to sleep with Reload: start whatever makes
+    /// the next `reload` faster (the loader pins the checkpoint's page cache in
+    /// the background). Must return at once.
+    fn prepare(&self) {}
+
+    /// Block until the work `prepare` started is done (for benchmarks and
+    /// callers who want a predictable wake). `reload` never needs it: it uses
+    /// the prepared path only when ready.
+    fn wait_prepared(&self) {}
 }

@@ -298,6 +298,16 @@ impl SleepEngine {
         self.lock().reload.remove(&tag);
     }
 
+    /// Wait until every reload source of `tag` has finished what it prepares
+    /// after a Reload sleep (e.g. pinning the checkpoint's page cache).
+    pub fn wait_reload_prepared(&self, tag: TagId) {
+        let sources: Vec<Arc<dyn ReloadSource>> =
+            self.lock().reload.get(&tag).cloned().unwrap_or_default();
+        for src in sources {
+            src.wait_prepared();
+        }
+    }
+
     /// True when `tag` has at least one reload source.
     pub fn has_reload_source(&self, tag: TagId) -> bool {
         self.lock().reload.get(&tag).is_some_and(|v| !v.is_empty())
@@ -353,6 +363,11 @@ impl SleepEngine {
                     }
                     report.physical_bytes += mapped - segs[i].mapped_bytes() as u64;
                     r?;
+                }
+                if policy == Policy::Reload {
+                    for src in s.reload.get(&tag).into_iter().flatten() {
+                        src.prepare();
+                    }
                 }
             }
         }

@@ -48,7 +48,8 @@ fn reload_wake_restores_loaded_bytes_from_the_checkpoint() {
         .collect();
     assert!(before.iter().any(|(_, b)| b.iter().any(|&x| x != 0)));
 
-    pool.add_reload_source(weights, Arc::new(plan)).unwrap();
+    let plan = Arc::new(plan);
+    pool.add_reload_source(weights, plan.clone()).unwrap();
     let tracked = pool
         .report()
         .tag("test-reload-weights")
@@ -73,6 +74,25 @@ fn reload_wake_restores_loaded_bytes_from_the_checkpoint() {
         assert!(
             &read(d.as_ref(), *ptr, bytes.len()) == bytes,
             "tensor at {ptr:#x}"
+        );
+    }
+
+    // The Reload sleep pinned the checkpoint's page cache in the background;
+    // once that is done, the next wake DMAs from it (no staging copy).
+    pool.sleep_engine().wait_reload_prepared(weights);
+    let pinned = plan.pinned_source_bytes().unwrap();
+    assert!(pinned >= loaded, "pinned {pinned} of {loaded} loaded bytes");
+    pool.sleep(&[(weights, Policy::Reload)]).unwrap();
+    pool.wake(&[weights]).unwrap();
+    let replay = plan.last_replay().unwrap();
+    assert!(
+        replay.direct_bytes > 0 && replay.staged_bytes == 0,
+        "{replay:?}"
+    );
+    for (ptr, bytes) in &before {
+        assert!(
+            &read(d.as_ref(), *ptr, bytes.len()) == bytes,
+            "tensor at {ptr:#x} after the pinned replay"
         );
     }
 }

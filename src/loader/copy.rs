@@ -65,6 +65,10 @@ pub enum Strategy {
     Hybrid,
     /// Like `staged`, but slots are filled with streaming (non-temporal) stores.
     Stream,
+    /// DMA straight from the mapping, which the caller has already registered
+    /// with the driver (Reload replays after `ExecutedPlan` pinned the
+    /// checkpoint's page cache): no per-window registration, no staging copy.
+    Registered,
 }
 
 impl Strategy {
@@ -76,6 +80,7 @@ impl Strategy {
             "staged" => Ok(Strategy::Staged),
             "read" => Ok(Strategy::Read),
             "simple" => Ok(Strategy::Simple),
+            "registered" => Ok(Strategy::Registered),
             "populate" => Ok(Strategy::Populate),
             "hybrid" => Ok(Strategy::Hybrid),
             "stream" => Ok(Strategy::Stream),
@@ -287,7 +292,9 @@ pub fn execute(
 
     // Partition: conversions always stage; the rest by strategy.
     let (mut direct, mut staged): (Vec<Extent>, Vec<Extent>) = match opts.strategy {
-        Strategy::Direct | Strategy::Simple => extents.iter().partition(|e| e.convert.is_none()),
+        Strategy::Direct | Strategy::Simple | Strategy::Registered => {
+            extents.iter().partition(|e| e.convert.is_none())
+        }
         Strategy::Hybrid => hybrid_split(extents, opts.direct_percent),
         _ => (Vec::new(), extents.to_vec()),
     };
@@ -298,7 +305,7 @@ pub fn execute(
     let jobs = make_jobs(&staged, slot_bytes);
 
     let shared = Shared::default();
-    let register = opts.strategy != Strategy::Simple;
+    let register = !matches!(opts.strategy, Strategy::Simple | Strategy::Registered);
     let direct_bytes: u64 = windows.iter().map(Window::bytes).sum();
     let next = AtomicUsize::new(0);
     // Hybrid runs both paths at once: a quarter of the threads on windows.
@@ -324,7 +331,9 @@ pub fn execute(
             Strategy::Hybrid => SlotFill::ByResidency,
             Strategy::Populate => SlotFill::Populate,
             Strategy::Stream => SlotFill::Stream,
-            Strategy::Staged | Strategy::Simple | Strategy::Direct => SlotFill::Memcpy,
+            Strategy::Staged | Strategy::Simple | Strategy::Direct | Strategy::Registered => {
+                SlotFill::Memcpy
+            }
             Strategy::Auto => SlotFill::ByResidency,
         };
         let depth = if opts.depth == 0 { 3 } else { opts.depth };

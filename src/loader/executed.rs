@@ -2,7 +2,8 @@
 //! Reload policy can restore the bytes from the checkpoint instead of keeping
 //! a host backup.
 
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
 
 use super::checkpoint::Checkpoint;
 use super::copy::{self, clip_rows, sub_extent, Control, CopyOptions, CopyStats, Strategy};
@@ -22,6 +23,62 @@ pub struct ExecutedPlan {
     pub stats: CopyStats,
     driver: Option<Arc<dyn Driver>>,
     last_replay: Mutex<Option<CopyStats>>,
+    pins: Mutex<PinState>,
+}
+
+/// The checkpoint's page cache registered with the driver for Reload: after a
+/// Reload sleep the spans the plan reads are pinned in the background, so the
+/// next wake DMAs straight from the page cache (no staging copy, one memory
+/// pass) at the link's rate. They stay pinned until the plan is dropped (a
+/// newer load superseding it, or the pool going away).
+#[derive(Debug, Default)]
+enum PinState {
+    #[default]
+    None,
+    Pinning(JoinHandle<Result<Pins>>),
+    Pinned(Pins),
+    /// Pinning failed (e.g. the driver refused the registration): replays stage.
+    Failed(String),
+}
+
+/// Registered spans (address, length) of the checkpoint's mappings.
+#[derive(Debug)]
+struct Pins {
+    driver: Arc<dyn Driver>,
+    spans: Vec<(usize, usize)>,
+    /// Keeps the mappings alive as long as they are registered.
+    _ckpt: Arc<Checkpoint>,
+}
+
+impl Drop for Pins {
+    fn drop(&mut self) {
+        for &(p, _) in &self.spans {
+            // SAFETY: registered by `pin_spans`; no replay runs (the plan, which
+            // serializes replays through `pins`, is being dropped or replaced).
+            let _ = unsafe { self.driver.host_unregister(p as *mut u8) };
+        }
+    }
+}
+
+/// Register every span; on a failure unregister the ones done.
+fn pin_spans(
+    driver: Arc<dyn Driver>,
+    ckpt: Arc<Checkpoint>,
+    spans: Vec<(usize, usize)>,
+) -> Result<Pins> {
+    let mut pins = Pins {
+        driver,
+        spans: Vec::with_capacity(spans.len()),
+        _ckpt: ckpt,
+    };
+    for (p, len) in spans {
+        // SAFETY: the span lies inside a shard's read-only mapping (page-aligned,
+        // clamped to its page-rounded length), which `_ckpt` keeps alive until
+        // `Pins` unregisters it.
+        unsafe { pins.driver.host_register(p as *mut u8, len, true)? };
+        pins.spans.push((p, len));
+    }
+    Ok(pins)
 }
 
 impl ExecutedPlan {
@@ -38,6 +95,7 @@ impl ExecutedPlan {
             stats,
             driver: None,
             last_replay: Mutex::new(None),
+            pins: Mutex::new(PinState::None),
         }
     }
 
@@ -59,6 +117,61 @@ impl ExecutedPlan {
         CopyOptions {
             strategy,
             ..self.copy
+        }
+    }
+
+    fn pins(&self) -> MutexGuard<'_, PinState> {
+        self.pins.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The page-aligned spans of each shard's mapping that the plan reads.
+    fn source_spans(&self) -> Vec<(usize, usize)> {
+        const PAGE: u64 = 4096;
+        let mut per_shard: std::collections::BTreeMap<u32, (u64, u64)> = Default::default();
+        for e in &self.plan.extents {
+            let lo = e.src / PAGE * PAGE;
+            let hi = (e.src + (e.height - 1) * e.src_pitch + e.width).div_ceil(PAGE) * PAGE;
+            let r = per_shard.entry(e.shard).or_insert((lo, hi));
+            r.0 = r.0.min(lo);
+            r.1 = r.1.max(hi);
+        }
+        per_shard
+            .into_iter()
+            .filter_map(|(shard, (lo, hi))| {
+                let sh = self.ckpt.shards.get(shard as usize)?;
+                sh.map.as_ref()?;
+                let hi = hi.min(sh.len.div_ceil(PAGE) * PAGE);
+                (lo < hi).then(|| (sh.ptr(lo) as usize, (hi - lo) as usize))
+            })
+            .collect()
+    }
+
+    /// Bytes of the checkpoint's page cache registered for replays (0 while
+    /// pinning runs or when it was never started), or why pinning failed.
+    pub fn pinned_source_bytes(&self) -> std::result::Result<u64, String> {
+        let mut st = self.pins();
+        Self::settle(&mut st, false);
+        match &*st {
+            PinState::Pinned(p) => Ok(p.spans.iter().map(|&(_, l)| l as u64).sum()),
+            PinState::Failed(why) => Err(why.clone()),
+            _ => Ok(0),
+        }
+    }
+
+    /// Turn a finished (or, with `wait`, any) pinning thread into its result.
+    fn settle(st: &mut PinState, wait: bool) {
+        let done = match st {
+            PinState::Pinning(h) => wait || h.is_finished(),
+            _ => false,
+        };
+        if done {
+            if let PinState::Pinning(h) = std::mem::take(st) {
+                *st = match h.join() {
+                    Ok(Ok(p)) => PinState::Pinned(p),
+                    Ok(Err(e)) => PinState::Failed(e.to_string()),
+                    Err(_) => PinState::Failed("pinning thread panicked".into()),
+                };
+            }
         }
     }
 
@@ -122,14 +235,24 @@ impl ReloadSource for ExecutedPlan {
             ));
         }
         let (ex, fills) = self.clipped(ranges);
+        // Hold the pin state through the replay, so the registration cannot be
+        // dropped under it. DMA from the pinned page cache when pinning is done;
+        // stage otherwise (never wait for a pinning still running).
+        let mut pins = self.pins();
+        Self::settle(&mut pins, false);
+        let mut opts = self.replay_options();
+        if matches!(*pins, PinState::Pinned(_)) {
+            opts.strategy = Strategy::Registered;
+        }
         let stats = copy::execute(
             &d,
             &self.ckpt.shards,
             &ex,
             &fills,
-            &self.replay_options(),
+            &opts,
             &Control::default(),
         )?;
+        drop(pins);
         *self.last_replay.lock().unwrap_or_else(|p| p.into_inner()) = Some(stats);
         Ok(ex.iter().map(Extent::dst_bytes).sum::<u64>() + stats.filled_bytes)
     }
@@ -156,5 +279,21 @@ impl ReloadSource for ExecutedPlan {
             }
         }
         out
+    }
+
+    fn prepare(&self) {
+        let Some(d) = self.driver.clone() else {
+            return;
+        };
+        let mut st = self.pins();
+        if matches!(*st, PinState::None) {
+            let spans = self.source_spans();
+            let ckpt = self.ckpt.clone();
+            *st = PinState::Pinning(std::thread::spawn(move || pin_spans(d, ckpt, spans)));
+        }
+    }
+
+    fn wait_prepared(&self) {
+        Self::settle(&mut self.pins(), true);
     }
 }
