@@ -50,40 +50,13 @@ impl PinnedSlab {
         if len == 0 {
             return Err(Error::InvalidArgument("pinned slab of 0 bytes".into()));
         }
-        let page = crate::driver::host::page_size();
-        let len = crate::driver::round_up(len, page);
-        // SAFETY: a fresh private anonymous mapping; touches no existing memory.
-        let raw = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        if raw == libc::MAP_FAILED {
-            return Err(Error::HostOutOfMemory {
-                what: format!(
-                    "mapping a {len}-byte backup slab: {}",
-                    std::io::Error::last_os_error()
-                ),
-                requested: len as u64,
-                limit: u64::MAX,
-                in_use: 0,
-            });
-        }
-        // SAFETY: advice on the mapping just created; failure is harmless.
-        unsafe { libc::madvise(raw, len, libc::MADV_HUGEPAGE) };
-        let slab = PinnedSlab {
+        let (ptr, len) = crate::hostmem::map_populated(len, "mapping a backup slab")?;
+        Ok(PinnedSlab {
             driver,
-            ptr: raw as *mut u8,
+            ptr,
             len,
             registered: false,
-        };
-        slab.populate(page);
-        Ok(slab)
+        })
     }
 
     /// Page-lock the slab with the driver (a no-op when already registered).
@@ -95,34 +68,6 @@ impl PinnedSlab {
             self.registered = true;
         }
         Ok(())
-    }
-
-    /// Fault every page in from several threads, so registering does not do it
-    /// page by page on one thread.
-    fn populate(&self, page: usize) {
-        let threads = std::thread::available_parallelism()
-            .map_or(4, |n| n.get())
-            .min(16);
-        let per = crate::driver::round_up(self.len.div_ceil(threads), page);
-        let base = self.ptr as usize;
-        std::thread::scope(|s| {
-            for t in 0..threads {
-                let start = t * per;
-                if start >= self.len {
-                    break;
-                }
-                let end = (start + per).min(self.len);
-                s.spawn(move || {
-                    let mut off = start;
-                    while off < end {
-                        // SAFETY: off < len, inside our writable mapping; each
-                        // thread writes a disjoint range.
-                        unsafe { std::ptr::write_volatile((base + off) as *mut u8, 0) };
-                        off += page;
-                    }
-                });
-            }
-        });
     }
 
     /// The slab's address.
@@ -153,8 +98,8 @@ impl Drop for PinnedSlab {
             // SAFETY: registered by `register`; the owner has synchronized every copy.
             let _ = unsafe { self.driver.host_unregister(self.ptr) };
         }
-        // SAFETY: our own mapping of `len` bytes.
-        unsafe { libc::munmap(self.ptr as *mut libc::c_void, self.len) };
+        // SAFETY: mapped by `populated`, unregistered above, no copy uses it.
+        unsafe { crate::hostmem::unmap(self.ptr, self.len) };
     }
 }
 
@@ -531,7 +476,7 @@ mod tests {
     fn arena(limit: u64) -> BackupArena {
         BackupArena::new(
             Arc::new(HostDriver::new(HostConfig::default())),
-            1 << 20,
+            2 << 20,
             limit,
         )
     }
@@ -541,14 +486,14 @@ mod tests {
         let mut a = arena(u64::MAX);
         let r1 = a.alloc(4096).unwrap();
         let r2 = a.alloc(8192).unwrap();
-        assert_eq!(a.held(), 1 << 20);
+        assert_eq!(a.held(), 2 << 20, "slabs are whole 2 MiB pages");
         a.free(r1);
         a.free(r2);
-        assert_eq!(a.free_bytes(), 1 << 20);
-        let big = a.alloc((1 << 20) - 4096).unwrap();
+        assert_eq!(a.free_bytes(), 2 << 20);
+        let big = a.alloc((2 << 20) - 4096).unwrap();
         assert_eq!(big.offset, 0, "freed neighbours merged into one range");
         a.free(big);
-        assert_eq!(a.release_unused(), 1 << 20);
+        assert_eq!(a.release_unused(), 2 << 20);
         assert_eq!(a.held(), 0);
     }
 
@@ -580,7 +525,7 @@ mod tests {
     #[test]
     fn prefetched_slabs_serve_allocations_in_order_and_leftovers_stay_free() {
         let mut a = arena(u64::MAX);
-        a.start_prefetch(5 << 20, 2 << 20); // slabs of 2, 2 and 1 MiB
+        a.start_prefetch(6 << 20, 2 << 20); // three slabs of 2 MiB
         let pieces = a.alloc_pieces(3 << 20).unwrap();
         assert_eq!(pieces.iter().map(|p| p.len).sum::<usize>(), 3 << 20);
         assert!(
@@ -588,8 +533,8 @@ mod tests {
             "a backup spans prefetched slabs: {pieces:?}"
         );
         a.finish_prefetch();
-        assert_eq!(a.held(), 5 << 20, "nothing pinned beyond the prefetch");
-        assert_eq!(a.free_bytes(), 2 << 20);
+        assert_eq!(a.held(), 6 << 20, "nothing pinned beyond the prefetch");
+        assert_eq!(a.free_bytes(), 3 << 20);
     }
 
     #[test]

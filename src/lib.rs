@@ -21,6 +21,7 @@ pub mod convert;
 pub mod driver;
 pub mod error;
 pub mod ffi;
+pub mod hostmem;
 pub mod loader;
 pub mod pool;
 pub mod reload;

@@ -7,7 +7,7 @@
 use std::sync::{Arc, Mutex, Weak};
 
 use crate::driver::Driver;
-use crate::error::{Error, Result};
+use crate::error::Result;
 
 /// One registered, page-locked host buffer. Unregistered and unmapped on drop.
 #[derive(Debug)]
@@ -28,41 +28,13 @@ unsafe impl Sync for Pinned<'_> {}
 impl<'d> Pinned<'d> {
     /// Map `len` bytes, advise huge pages, touch every page, register them.
     pub fn new(driver: &'d dyn Driver, len: usize) -> Result<Pinned<'d>> {
-        let len = len.max(1).div_ceil(2 << 20) * (2 << 20);
-        // SAFETY: an anonymous private mapping; no existing memory is affected.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return Err(Error::HostOutOfMemory {
-                what: "pinned staging buffer".into(),
-                requested: len as u64,
-                limit: u64::MAX,
-                in_use: 0,
-            });
-        }
+        let (ptr, len) = crate::hostmem::map_populated(len, "pinned staging buffer")?;
         let mut me = Pinned {
             driver,
-            ptr: p as *mut u8,
+            ptr,
             len,
             registered: false,
         };
-        // SAFETY: advising our own fresh mapping; failure only loses huge pages.
-        unsafe { libc::madvise(p, len, libc::MADV_HUGEPAGE) };
-        let page = 4096;
-        let mut off = 0;
-        while off < len {
-            // SAFETY: inside our mapping; writing populates the page.
-            unsafe { me.ptr.add(off).write_volatile(0) };
-            off += page;
-        }
         // SAFETY: the mapping is valid and outlives the registration (unregistered in drop).
         unsafe { driver.host_register(me.ptr, len, false) }?;
         me.registered = true;
@@ -92,8 +64,8 @@ impl Drop for Pinned<'_> {
             // this buffer before dropping it.
             let _ = unsafe { self.driver.host_unregister(self.ptr) };
         }
-        // SAFETY: our own mapping of `len` bytes.
-        unsafe { libc::munmap(self.ptr as *mut libc::c_void, self.len) };
+        // SAFETY: mapped by `map_populated`, unregistered above, no copy uses it.
+        unsafe { crate::hostmem::unmap(self.ptr, self.len) };
     }
 }
 
@@ -120,38 +92,16 @@ unsafe impl Sync for Ring {}
 
 impl Ring {
     fn new(driver: &Arc<dyn Driver>, len: usize) -> Result<Ring> {
-        let len = len.max(1).div_ceil(2 << 20) * (2 << 20);
-        // SAFETY: an anonymous private mapping; no existing memory is affected.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return Err(Error::HostOutOfMemory {
-                what: format!("pinned staging ring: {}", std::io::Error::last_os_error()),
-                requested: len as u64,
-                limit: u64::MAX,
-                in_use: 0,
-            });
-        }
-        // SAFETY: advising our own fresh mapping; failure only loses huge pages.
-        unsafe { libc::madvise(p, len, libc::MADV_HUGEPAGE) };
-        populate(p as usize, len);
+        let (p, len) = crate::hostmem::map_populated(len, "pinned staging ring")?;
         // SAFETY: the mapping is valid for `len` bytes; Drop unregisters before unmapping.
-        if let Err(e) = unsafe { driver.host_register(p as *mut u8, len, false) } {
-            // SAFETY: our own mapping, not registered.
-            unsafe { libc::munmap(p, len) };
+        if let Err(e) = unsafe { driver.host_register(p, len, false) } {
+            // SAFETY: our own mapping, not registered, not shared.
+            unsafe { crate::hostmem::unmap(p, len) };
             return Err(e);
         }
         Ok(Ring {
             driver: Arc::downgrade(driver),
-            ptr: p as *mut u8,
+            ptr: p,
             len,
         })
     }
@@ -183,35 +133,9 @@ impl Drop for Ring {
             // before it was handed back.
             let _ = unsafe { d.host_unregister(self.ptr) };
         }
-        // SAFETY: our own mapping of `len` bytes.
-        unsafe { libc::munmap(self.ptr as *mut libc::c_void, self.len) };
+        // SAFETY: mapped by `map_populated`, unregistered above, no copy uses it.
+        unsafe { crate::hostmem::unmap(self.ptr, self.len) };
     }
-}
-
-/// Touch every page of `[base, base+len)` from several threads, so the kernel
-/// faults huge pages in parallel instead of registration doing it on one.
-fn populate(base: usize, len: usize) {
-    let threads = std::thread::available_parallelism()
-        .map_or(4, |n| n.get())
-        .min(16);
-    let per = len.div_ceil(threads).div_ceil(4096) * 4096;
-    std::thread::scope(|s| {
-        for t in 0..threads {
-            let start = t * per;
-            if start >= len {
-                break;
-            }
-            let end = (start + per).min(len);
-            s.spawn(move || {
-                let mut off = start;
-                while off < end {
-                    // SAFETY: inside our writable mapping; threads write disjoint ranges.
-                    unsafe { std::ptr::write_volatile((base + off) as *mut u8, 0) };
-                    off += 4096;
-                }
-            });
-        }
-    });
 }
 
 /// The cached rings, at most one per driver.

@@ -1,0 +1,89 @@
+//! Anonymous host memory made for pinning: mapped with huge pages advised and
+//! populated from many threads, so registering it with the driver afterwards
+//! does not fault it in page by page on one thread. DESIGN.md: this path pins
+//! about ten times faster than `cudaHostAlloc` on the H200 test machine.
+//! Shared by the sleep backup arena and the loader's staging memory.
+
+use crate::error::{Error, Result};
+
+/// Map `len` bytes (rounded up to 2 MiB) of private anonymous memory, advise
+/// huge pages and touch every page from several threads. Returns the address
+/// and the rounded length; free it with [`unmap`].
+pub fn map_populated(len: usize, what: &str) -> Result<(*mut u8, usize)> {
+    let len = len.max(1).div_ceil(2 << 20) * (2 << 20);
+    // SAFETY: a fresh private anonymous mapping; no existing memory is affected.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err(Error::HostOutOfMemory {
+            what: format!("{what}: {}", std::io::Error::last_os_error()),
+            requested: len as u64,
+            limit: u64::MAX,
+            in_use: 0,
+        });
+    }
+    // SAFETY: advice on our own fresh mapping; failure only loses huge pages.
+    unsafe { libc::madvise(p, len, libc::MADV_HUGEPAGE) };
+    populate(p as usize, len);
+    Ok((p as *mut u8, len))
+}
+
+/// Unmap memory from [`map_populated`].
+///
+/// # Safety
+/// `ptr`/`len` must be exactly what `map_populated` returned, not yet unmapped,
+/// not registered with a driver any more, and no longer used.
+pub unsafe fn unmap(ptr: *mut u8, len: usize) {
+    // SAFETY: forwarded from the caller's contract.
+    unsafe { libc::munmap(ptr as *mut libc::c_void, len) };
+}
+
+/// Touch every page of `[base, base+len)` from several threads.
+fn populate(base: usize, len: usize) {
+    let page = crate::driver::host::page_size();
+    let threads = std::thread::available_parallelism()
+        .map_or(4, |n| n.get())
+        .min(16);
+    let per = len.div_ceil(threads).div_ceil(page) * page;
+    std::thread::scope(|s| {
+        for t in 0..threads {
+            let start = t * per;
+            if start >= len {
+                break;
+            }
+            let end = (start + per).min(len);
+            s.spawn(move || {
+                let mut off = start;
+                while off < end {
+                    // SAFETY: inside the caller's writable mapping; threads write
+                    // disjoint ranges.
+                    unsafe { std::ptr::write_volatile((base + off) as *mut u8, 0) };
+                    off += page;
+                }
+            });
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn mapping_is_rounded_writable_and_zeroed() {
+        let (p, len) = super::map_populated(3 << 20, "test").unwrap();
+        assert_eq!(len, 4 << 20);
+        // SAFETY: `len` bytes of our own mapping.
+        unsafe {
+            assert_eq!(*p.add(len - 1), 0);
+            p.add(len - 1).write(7);
+            super::unmap(p, len);
+        }
+    }
+}
