@@ -81,22 +81,22 @@ pub(crate) unsafe fn str_arg<'a>(p: *const c_char, name: &'static str) -> Result
         .map_err(|e| Error::InvalidArgument(format!("`{name}` is not valid UTF-8: {e}")))
 }
 
-/// Borrow `len` bytes at `p` (`p` may be NULL only when `len` is 0).
+/// Borrow `len` elements at `p` (`p` may be NULL only when `len` is 0).
 ///
 /// # Safety
-/// `p` points to `len` readable bytes that outlive `'a` (or `len` is 0).
-pub(crate) unsafe fn bytes_arg<'a>(
-    p: *const u8,
+/// `p` points to `len` readable elements that outlive `'a` (or `len` is 0).
+pub(crate) unsafe fn slice_arg<'a, T>(
+    p: *const T,
     len: usize,
     name: &'static str,
-) -> Result<&'a [u8]> {
+) -> Result<&'a [T]> {
     if len == 0 {
         return Ok(&[]);
     }
     if p.is_null() {
         return Err(Error::NullArgument(name));
     }
-    // SAFETY: non-NULL and valid for `len` bytes per the caller's contract.
+    // SAFETY: non-NULL and valid for `len` elements per the caller's contract.
     Ok(unsafe { std::slice::from_raw_parts(p, len) })
 }
 

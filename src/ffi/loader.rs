@@ -12,7 +12,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use super::boundary::{arg, call, call_out, free_handle, into_handle, str_arg};
+use super::boundary::{arg, call, call_out, free_handle, into_handle, slice_arg, str_arg};
 use super::buffer::write_str;
 use super::error::vmmw_error_t;
 use super::pool::vmmw_pool_t;
@@ -339,14 +339,8 @@ pub unsafe extern "C" fn vmmw_loader_register(
         let name = unsafe { str_arg(name, "name") }?;
         // SAFETY: forwarded contract.
         let dtype = parse_dtype(unsafe { str_arg(dtype, "dtype") }?)?;
-        let shape: &[u64] = if ndim == 0 {
-            &[]
-        } else if shape.is_null() {
-            return Err(Error::NullArgument("shape"));
-        } else {
-            // SAFETY: non-NULL and readable for `ndim` entries per the contract.
-            unsafe { std::slice::from_raw_parts(shape, ndim) }
-        };
+        // SAFETY: forwarded contract (`shape` readable for `ndim` entries).
+        let shape: &[u64] = unsafe { slice_arg(shape, ndim, "shape") }?;
         let shape = shape
             .iter()
             .map(|&d| to_usize(d, "shape"))

@@ -9,7 +9,7 @@ use std::ffi::{c_char, c_void};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use super::boundary::{
-    arg, bytes_arg, bytes_mut_arg, call, call_out, free_handle, into_handle, str_arg,
+    arg, bytes_mut_arg, call, call_out, free_handle, into_handle, slice_arg, str_arg,
 };
 use super::buffer::write_str;
 use super::device::{backend_choice, copy_to_device, copy_to_host, vmmw_device_t};
@@ -534,7 +534,7 @@ pub unsafe extern "C" fn vmmw_pool_write(
         // SAFETY: forwarded contract.
         let p = unsafe { arg(pool, "pool") }?;
         // SAFETY: forwarded contract.
-        let bytes = unsafe { bytes_arg(src.cast(), len, "src") }?;
+        let bytes = unsafe { slice_arg(src.cast(), len, "src") }?;
         if len == 0 {
             return Ok(());
         }

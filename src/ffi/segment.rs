@@ -5,7 +5,7 @@
 use std::ffi::c_void;
 use std::sync::Mutex;
 
-use super::boundary::{arg, bytes_arg, bytes_mut_arg, call, call_out, free_handle, into_handle};
+use super::boundary::{arg, bytes_mut_arg, call, call_out, free_handle, into_handle, slice_arg};
 use super::device::{copy_to_device, copy_to_host, vmmw_device_t};
 use super::error::vmmw_error_t;
 use crate::error::{Error, Result};
@@ -124,7 +124,7 @@ pub unsafe extern "C" fn vmmw_segment_write(
         // SAFETY: forwarded contract.
         let s = unsafe { arg(segment, "segment") }?.lock();
         // SAFETY: forwarded contract.
-        let bytes = unsafe { bytes_arg(src.cast(), len, "src") }?;
+        let bytes = unsafe { slice_arg(src.cast(), len, "src") }?;
         let dst = checked_range(&s, offset, len)?;
         // SAFETY: `checked_range` verified the range is mapped; the lock keeps
         // it mapped for the duration of the copy.

@@ -3,7 +3,7 @@
 
 use std::ffi::c_char;
 
-use super::boundary::{arg, call, call_out};
+use super::boundary::{arg, call, call_out, slice_arg};
 use super::buffer::write_str;
 use super::error::vmmw_error_t;
 use super::pool::vmmw_pool_t;
@@ -93,14 +93,8 @@ pub unsafe extern "C" fn vmmw_pool_sleep(
     call(error, || {
         // SAFETY: forwarded contract.
         let p = unsafe { arg(pool, "pool") }?;
-        let items: &[vmmw_tag_policy_t] = if n == 0 {
-            &[]
-        } else if items.is_null() {
-            return Err(Error::NullArgument("items"));
-        } else {
-            // SAFETY: non-NULL and readable for `n` entries per the contract.
-            unsafe { std::slice::from_raw_parts(items, n) }
-        };
+        // SAFETY: forwarded contract (`items` readable for `n` entries).
+        let items: &[vmmw_tag_policy_t] = unsafe { slice_arg(items, n, "items") }?;
         let list = items
             .iter()
             .map(|i| Ok((TagId(i.tag), policy(i.policy, i.tag)?)))
@@ -131,17 +125,11 @@ pub unsafe extern "C" fn vmmw_pool_wake(
     call(error, || {
         // SAFETY: forwarded contract.
         let p = unsafe { arg(pool, "pool") }?;
-        let tags: Vec<TagId> = if n == 0 {
-            Vec::new()
-        } else if tags.is_null() {
-            return Err(Error::NullArgument("tags"));
-        } else {
-            // SAFETY: non-NULL and readable for `n` entries per the contract.
-            unsafe { std::slice::from_raw_parts(tags, n) }
-                .iter()
-                .map(|&t| TagId(t))
-                .collect()
-        };
+        // SAFETY: forwarded contract (`tags` readable for `n` entries).
+        let tags: Vec<TagId> = unsafe { slice_arg(tags, n, "tags") }?
+            .iter()
+            .map(|&t| TagId(t))
+            .collect();
         let cycles = p.pool.wake(&tags)?;
         record(p, cycles);
         Ok(())
