@@ -235,30 +235,15 @@ impl Segment {
         Ok(())
     }
 
-    /// Merge runs of adjacent unmapped chunks into chunks of at most `max`
-    /// bytes, so that waking them costs fewer driver calls. Mapped chunks are
-    /// left as they are.
-    pub fn coalesce_unmapped(&mut self, max: usize) {
-        let mut out: Vec<Chunk> = Vec::with_capacity(self.chunks.len());
-        for c in self.chunks.drain(..) {
-            if let Some(last) = out.last_mut() {
-                if last.handle.is_none() && c.handle.is_none() && last.size + c.size <= max {
-                    last.size += c.size;
-                    continue;
-                }
-            }
-            out.push(c);
-        }
-        self.chunks = out;
-    }
-
     /// Re-cut every run of adjacent unmapped chunks into chunks of `max` bytes
     /// (the last of a run smaller; granularity multiples), so that waking maps
     /// few chunks and the first copy can start after a small create. Mapped
     /// chunks are left as they are.
     pub fn rechunk_unmapped(&mut self, max: usize) {
         let g = self.driver.granularity();
-        let max = round_up(max.max(g), g);
+        // No chunk can be larger than the reservation; clamping first also keeps
+        // the rounding from overflowing for "no limit" (usize::MAX).
+        let max = round_up(max.clamp(g, self.reserved), g);
         let mut out: Vec<Chunk> = Vec::with_capacity(self.chunks.len());
         let mut run: Option<(usize, usize)> = None; // (offset, len) of the pending unmapped run
         let flush = |run: &mut Option<(usize, usize)>, out: &mut Vec<Chunk>| {

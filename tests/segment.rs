@@ -555,8 +555,8 @@ fn commit_and_decommit_grow_and_shrink() {
 }
 
 #[test]
-fn coalesce_unmapped_merges_adjacent_runs() {
-    on_each_backend("coalesce_unmapped_merges_adjacent_runs", |b| {
+fn rechunk_unmapped_merges_adjacent_runs() {
+    on_each_backend("rechunk_unmapped_merges_adjacent_runs", |b| {
         let d = &b.driver;
         let g = d.granularity();
         let mut seg = Segment::allocate(d.clone(), 6 * g, g).unwrap();
@@ -569,7 +569,7 @@ fn coalesce_unmapped_merges_adjacent_runs() {
                 .map(|c| (c.offset / g, c.size / g, c.handle.is_some()))
                 .collect()
         };
-        seg.coalesce_unmapped(2 * g);
+        seg.rechunk_unmapped(2 * g);
         assert_eq!(
             layout(&seg),
             vec![
@@ -580,7 +580,7 @@ fn coalesce_unmapped_merges_adjacent_runs() {
                 (5, 1, false)
             ]
         );
-        seg.coalesce_unmapped(usize::MAX);
+        seg.rechunk_unmapped(usize::MAX);
         assert_eq!(
             layout(&seg),
             vec![(0, 1, true), (1, 3, false), (4, 1, true), (5, 1, false)]
