@@ -256,18 +256,6 @@ impl SleepEngine {
         m
     }
 
-    /// Drop the backups of segments for which `live` is false (freed since
-    /// they last slept), returning their memory to the arena.
-    pub fn retain_backups(&self, live: &dyn Fn(DevicePtr) -> bool) {
-        let mut s = self.lock();
-        let gone: Vec<DevicePtr> = s.backups.keys().copied().filter(|&va| !live(va)).collect();
-        for va in gone {
-            if let Some(b) = s.backups.remove(&va) {
-                b.pieces.into_iter().for_each(|p| s.arena.free(p));
-            }
-        }
-    }
-
     /// Forget a segment that is being freed: its backup returns to the arena.
     pub fn forget_segment(&self, va: DevicePtr) {
         let mut s = self.lock();

@@ -606,29 +606,7 @@ impl Pool {
     /// Mark `tag` asleep (allocation refused, frees only update bookkeeping) or awake.
     #[cfg(test)]
     pub(crate) fn set_tag_asleep(&self, tag: TagId, asleep: bool) {
-        let dropped = {
-            let mut st = self.lock();
-            st.tags.entry(tag).or_default().asleep = asleep;
-            if asleep {
-                Vec::new()
-            } else {
-                // Dedicated segments freed while asleep were kept; release them now.
-                let done: Vec<DevicePtr> = st
-                    .segs
-                    .iter()
-                    .filter(|(_, e)| {
-                        e.tag == tag
-                            && e.class == SegmentClass::Dedicated
-                            && e.blocks.is_wholly_free()
-                    })
-                    .map(|(&b, _)| b)
-                    .collect();
-                done.into_iter()
-                    .filter_map(|b| self.remove_segment(&mut st, b))
-                    .collect()
-            }
-        };
-        drop(dropped);
+        self.lock().tags.entry(tag).or_default().asleep = asleep;
     }
 
     /// Remove a wholly free segment (see [`remove_segment`]) and return its
@@ -783,7 +761,9 @@ fn insert_segment(st: &mut State, seg: Segment, tag: TagId, class: SegmentClass)
     base
 }
 
-/// Remove a wholly free segment from the bookkeeping and return it (to be dropped).
+/// Remove a wholly free segment from the bookkeeping and return it (to be
+/// dropped). Called only through [`Pool::remove_segment`], which also returns
+/// the segment's backup to the sleep engine: no other path removes segments.
 fn remove_segment(st: &mut State, base: DevicePtr) -> Option<Segment> {
     let e = st.segs.remove(&base)?;
     debug_assert!(e.blocks.is_wholly_free());

@@ -5,7 +5,7 @@
 use std::collections::HashSet;
 use std::sync::Arc;
 
-use super::{Pool, State};
+use super::Pool;
 use crate::driver::DevicePtr;
 use crate::error::{Error, Result};
 use crate::reload::ReloadSource;
@@ -52,7 +52,6 @@ impl Pool {
             // thread's wake of the same tag or with allocations in it.
             let r = {
                 let mut st = self.lock();
-                self.forget_freed_backups_locked(&st);
                 st.tags.entry(t).or_default().asleep = true;
                 let mut segs: Vec<&mut Segment> = st
                     .segs
@@ -146,7 +145,6 @@ impl Pool {
         // Under the pool lock, so no sleep can reuse a backup between the
         // snapshot of asleep segments and the release.
         let st = self.lock();
-        self.forget_freed_backups_locked(&st);
         let asleep: HashSet<DevicePtr> = st
             .segs
             .iter()
@@ -179,10 +177,5 @@ impl Pool {
         }
         v.sort();
         v
-    }
-
-    /// Backups of segments the pool no longer has go back to the arena.
-    fn forget_freed_backups_locked(&self, st: &State) {
-        self.sleep.retain_backups(&|va| st.segs.contains_key(&va));
     }
 }
