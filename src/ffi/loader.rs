@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use super::boundary::{arg, call, call_out, free_handle, into_handle, slice_arg, str_arg};
 use super::buffer::write_str;
 use super::error::vmmw_error_t;
-use super::pool::vmmw_pool_t;
+use super::pool::{ensure_awake, vmmw_pool_t};
 use super::segment::to_usize;
 use crate::driver::DevicePtr;
 use crate::error::{Error, Result};
@@ -563,14 +563,7 @@ pub unsafe extern "C" fn vmmw_loader_load(
         // would fault. (Destinations outside the pool are the caller's memory.)
         for d in st.registry.iter() {
             if let Some(seg) = p.pool.segment_of(d.ptr) {
-                if seg.sleep_state != crate::segment::SleepState::Awake {
-                    return Err(Error::InvalidState(format!(
-                        "destination `{}` at {:#x} is in tag {}, which is asleep: wake it before loading",
-                        d.name,
-                        d.ptr,
-                        crate::tag::name_of(seg.tag)
-                    )));
-                }
+                ensure_awake(&seg, d.ptr, &format!("destination `{}`", d.name))?;
             }
         }
         let ckpt = st.ckpt.take().expect("opened above");

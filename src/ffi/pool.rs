@@ -17,6 +17,7 @@ use super::error::vmmw_error_t;
 use super::segment::to_usize;
 use crate::driver;
 use crate::error::{Error, Result};
+use crate::pool::SegmentInfo;
 use crate::pool::{Mode, Pool, PoolConfig};
 use crate::report::TagUsage;
 use crate::segment::SleepState;
@@ -488,6 +489,18 @@ pub unsafe extern "C" fn vmmw_pool_timeline_json(
     })
 }
 
+/// `InvalidState` naming `what` and the tag when `seg` (which holds `ptr`) is
+/// asleep: its memory would fault if touched.
+pub(crate) fn ensure_awake(seg: &SegmentInfo, ptr: u64, what: &str) -> Result<()> {
+    if seg.sleep_state != SleepState::Awake {
+        return Err(Error::InvalidState(format!(
+            "{what} at {ptr:#x} is in tag `{}`, which is asleep: wake it before touching its memory",
+            crate::tag::name_of(seg.tag)
+        )));
+    }
+    Ok(())
+}
+
 /// Check that `[ptr, ptr+len)` lies in one awake, mapped segment of the pool.
 fn checked_pool_range(pool: &Pool, ptr: u64, len: usize) -> Result<()> {
     let end = ptr.checked_add(len as u64).ok_or_else(|| {
@@ -497,12 +510,7 @@ fn checked_pool_range(pool: &Pool, ptr: u64, len: usize) -> Result<()> {
         ptr,
         why: "not inside any segment of this pool",
     })?;
-    if seg.sleep_state != SleepState::Awake {
-        return Err(Error::InvalidState(format!(
-            "{ptr:#x} is in tag `{}`, which is asleep: wake it before touching its memory",
-            crate::tag::name_of(seg.tag)
-        )));
-    }
+    ensure_awake(&seg, ptr, "range")?;
     if end > seg.base + seg.tracked_bytes as u64 {
         return Err(Error::InvalidArgument(format!(
             "range [{ptr:#x}, {end:#x}) runs past the mapped part of its segment [{:#x}, {:#x})",
