@@ -77,7 +77,9 @@
 #define VMMW_FAULT_SET_ACCESS 3
 
 /**
- * Copy strategy: direct DMA from page-cached windows, reads for the rest.
+ * Copy strategy (the default): page-cached data copied into a pinned staging
+ * ring sized to stay in the CPU's last-level cache, then DMA; data not in the
+ * page cache read into large slots with pread.
  */
 #define VMMW_COPY_AUTO 0
 
@@ -300,7 +302,8 @@ typedef struct vmmw_load_options_t {
    */
   uint64_t window_bytes;
   /**
-   * Bytes per pinned staging slot (0 = default).
+   * Bytes per pinned staging slot (0 = sized to keep the slots in use in the
+   * CPU's last-level cache).
    */
   uint64_t slot_bytes;
 } vmmw_load_options_t;

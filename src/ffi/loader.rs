@@ -26,7 +26,9 @@ use crate::loader::{
 use crate::pool::Pool;
 use crate::tag::TagId;
 
-/// Copy strategy: direct DMA from page-cached windows, reads for the rest.
+/// Copy strategy (the default): page-cached data copied into a pinned staging
+/// ring sized to stay in the CPU's last-level cache, then DMA; data not in the
+/// page cache read into large slots with pread.
 pub const VMMW_COPY_AUTO: i32 = 0;
 /// Copy strategy: register mmap windows read-only and DMA from the page cache.
 pub const VMMW_COPY_DIRECT: i32 = 1;
@@ -61,7 +63,8 @@ pub struct vmmw_load_options_t {
     pub threads: u32,
     /// Bytes of file registered per direct window (0 = default).
     pub window_bytes: u64,
-    /// Bytes per pinned staging slot (0 = default).
+    /// Bytes per pinned staging slot (0 = sized to keep the slots in use in the
+    /// CPU's last-level cache).
     pub slot_bytes: u64,
 }
 

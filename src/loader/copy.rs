@@ -34,9 +34,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use super::checkpoint::Shard;
+use super::geometry::{self, CachedFill, Geometry};
 use super::plan::{Extent, Fill};
-use super::staging::{acquire_ring, resident_fraction, return_ring};
-use super::stream_copy::stream_copy;
+use super::slot_copy::{cached_copy, stream_copy};
+use super::staging::{acquire_ring, resident_fraction, resident_share, return_ring};
 use crate::driver::{DevicePtr, Driver, EventId, StreamId};
 use crate::error::{Error, Result};
 use crate::segment::Segment;
@@ -45,8 +46,10 @@ use crate::segment::Segment;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Strategy {
-    /// Staging ring for everything: page-cached ranges filled as
-    /// `AUTO_CACHED` says, the rest by pread (chosen per slot with `mincore`).
+    /// Staging ring for everything: page-cached ranges copied into slots sized
+    /// to stay in the CPU cache (streaming stores into large slots when they
+    /// cannot), the rest by pread (chosen per slot with `mincore`); see
+    /// [`super::geometry`].
     #[default]
     Auto,
     /// Register mmap windows read-only and DMA from the page cache.
@@ -100,9 +103,11 @@ pub struct CopyOptions {
     pub threads: usize,
     /// Bytes of file registered per direct window.
     pub window_bytes: usize,
-    /// Bytes per pinned staging slot.
+    /// Bytes per pinned staging slot (0 = chosen to keep the slots in use in
+    /// the CPU's last-level cache, see [`geometry`]).
     pub slot_bytes: usize,
-    /// Staging slots per worker (0 = 3): transfers in flight while it fills the next.
+    /// Staging slots per worker: transfers in flight while it fills the next
+    /// (0 = chosen with the slot size).
     pub depth: usize,
     /// Share of the bytes, in percent, that `Hybrid` sends through direct windows.
     pub direct_percent: u8,
@@ -114,8 +119,8 @@ impl Default for CopyOptions {
             strategy: Strategy::Auto,
             threads: 0,
             window_bytes: 64 << 20,
-            slot_bytes: 16 << 20,
-            depth: 3,
+            slot_bytes: 0,
+            depth: 0,
             direct_percent: 25,
         }
     }
@@ -188,6 +193,13 @@ pub struct CopyStats {
     pub wait_seconds: f64,
     /// Seconds of the direct (registered window) phase, wall.
     pub direct_seconds: f64,
+    /// Bytes per staging slot used (0 when nothing was staged).
+    pub slot_bytes: u64,
+    /// Staging slots per worker used.
+    pub depth: usize,
+    /// Whether page-cached slots were filled to stay in the CPU cache (else
+    /// with streaming stores or plain copies, as the strategy says).
+    pub cache_resident: bool,
 }
 
 impl CopyStats {
@@ -301,7 +313,13 @@ pub fn execute(
     direct.sort_by_key(|e| (e.shard, e.src));
     let windows = make_windows(shards, &direct, opts.window_bytes.max(PAGE as usize) as u64);
     staged.sort_by_key(|e| (e.shard, e.src));
-    let slot_bytes = (opts.slot_bytes.max(PAGE as usize) as u64).div_ceil(PAGE) * PAGE;
+    let staging_workers = if opts.strategy == Strategy::Hybrid {
+        threads - (threads / 4).max(1).min(threads - 1)
+    } else {
+        threads
+    };
+    let geom = staging_geometry(opts, shards, &staged, staging_workers);
+    let slot_bytes = (geom.slot_bytes.max(PAGE as usize) as u64).div_ceil(PAGE) * PAGE;
     let jobs = make_jobs(&staged, slot_bytes);
 
     let shared = Shared::default();
@@ -336,7 +354,17 @@ pub fn execute(
             }
             Strategy::Auto => SlotFill::ByResidency,
         };
-        let depth = if opts.depth == 0 { 3 } else { opts.depth };
+        let cached = match geom.fill {
+            CachedFill::CacheResident => SlotFill::Memcpy,
+            CachedFill::Streaming => SlotFill::Stream,
+        };
+        let depth = geom.depth;
+        stats.slot_bytes = slot_bytes;
+        stats.depth = depth;
+        stats.cache_resident = match fill {
+            SlotFill::ByResidency => cached == SlotFill::Memcpy,
+            f => f == SlotFill::Memcpy && geom.fill == CachedFill::CacheResident,
+        };
         let tr = Instant::now();
         let ring_len = n_staged * depth * slot_bytes as usize;
         let (ring, reused) = acquire_ring(driver, ring_len)?;
@@ -391,6 +419,7 @@ pub fn execute(
             slot_bytes: slot_bytes as usize,
             depth,
             fill,
+            cached,
             scratch,
             staged: AtomicU64::new(0),
             read: AtomicU64::new(0),
@@ -664,6 +693,32 @@ fn make_windows(shards: &[Shard], extents: &[Extent], wbytes: u64) -> Vec<Window
 /// Split extents into pieces of at most `slot` source bytes (row groups, or
 /// 4 KiB-multiple chunks of one row: element-aligned for every dtype) and pack
 /// them, in file order, into jobs of one shard each.
+/// Slot size, depth and page-cached fill for `workers` staging workers:
+/// [`geometry::with_overrides`] for the CPU's last-level cache and the caller's
+/// explicit slot size or depth, except that `read`, and `auto`/`hybrid` on a
+/// checkpoint mostly not in the page cache, keep large slots: those slots are
+/// filled by `pread`, and large reads keep the disk busy.
+fn staging_geometry(
+    opts: &CopyOptions,
+    shards: &[Shard],
+    staged: &[Extent],
+    workers: usize,
+) -> Geometry {
+    let nonzero = |v: usize| (v != 0).then_some(v);
+    let (slot, depth) = (nonzero(opts.slot_bytes), nonzero(opts.depth));
+    let cold = match opts.strategy {
+        Strategy::Read => true,
+        Strategy::Auto | Strategy::Hybrid => resident_share(shards, staged) < 0.5,
+        _ => false,
+    };
+    let llc = if cold {
+        None
+    } else {
+        geometry::last_level_cache_bytes()
+    };
+    geometry::with_overrides(llc, workers, slot, depth)
+}
+
 fn make_jobs(extents: &[Extent], slot: u64) -> Vec<Job> {
     let chunk = (slot / PAGE).max(1) * PAGE;
     let mut pieces = Vec::new();
@@ -857,7 +912,8 @@ fn direct_worker(
 /// How a staging worker fills a slot from the file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum SlotFill {
-    /// memcpy from the mapping (faults page-cache pages in one by one).
+    /// Plain stores from the mapping ([`cached_copy`]; faults page-cache pages
+    /// in one by one).
     Memcpy,
     /// `madvise(MADV_POPULATE_READ)` on the job's pages, then memcpy.
     Populate,
@@ -865,17 +921,9 @@ enum SlotFill {
     Pread,
     /// Copy from the mapping with streaming stores ([`stream_copy`]).
     Stream,
-    /// [`AUTO_CACHED`] when the job's pages are resident (`mincore`), pread when not.
+    /// `Stage::cached` when the job's pages are resident (`mincore`), pread when not.
     ByResidency,
 }
-
-/// What `Auto` does with page-cached ranges. Measured on the H200 box (16.4 GB
-/// page-cached, 16 threads, same run, bench/results/2026-11-29-load-bench-v3.md):
-/// streaming stores 47.2 GB/s, memcpy 42.1, staged memcpy 40.7; earlier runs:
-/// populate+memcpy 36.8, pread 33.8. The fill is bound by host memory traffic
-/// (the DMA reads the slots at the same time), and streaming stores skip the
-/// read-for-ownership of the destination lines: one memory pass less.
-const AUTO_CACHED: SlotFill = SlotFill::Stream;
 
 /// `MADV_POPULATE_READ` (Linux 5.14); older kernels answer EINVAL, harmlessly.
 const MADV_POPULATE_READ: libc::c_int = 22;
@@ -891,6 +939,9 @@ struct Stage<'a> {
     slot_bytes: usize,
     depth: usize,
     fill: SlotFill,
+    /// What `ByResidency` uses for resident slots: `Memcpy` when the slots in
+    /// use fit in the CPU cache, else `Stream` (see [`geometry`]).
+    cached: SlotFill,
     scratch: Option<Mutex<Scratch>>,
     staged: AtomicU64,
     read: AtomicU64,
@@ -1005,7 +1056,7 @@ impl Stage<'_> {
         let fill = match self.fill {
             SlotFill::ByResidency => {
                 if resident_fraction(shard.ptr(a), (b - a) as usize) >= 0.95 {
-                    AUTO_CACHED
+                    self.cached
                 } else {
                     SlotFill::Pread
                 }
@@ -1057,7 +1108,7 @@ impl Stage<'_> {
                 unsafe { stream_copy(dst, shard.ptr(src), n as usize) };
             } else {
                 // SAFETY: as above.
-                unsafe { std::ptr::copy_nonoverlapping(shard.ptr(src), dst, n as usize) };
+                unsafe { cached_copy(dst, shard.ptr(src), n as usize) };
             }
         }
         Ok(fill == SlotFill::Pread)

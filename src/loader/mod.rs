@@ -20,11 +20,12 @@ pub mod checkpoint;
 pub mod copy;
 pub mod dtype;
 pub mod executed;
+pub mod geometry;
 pub mod plan;
 pub mod registry;
 pub mod rules;
+pub mod slot_copy;
 pub mod staging;
-pub mod stream_copy;
 
 use std::sync::Arc;
 

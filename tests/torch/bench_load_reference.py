@@ -152,7 +152,9 @@ def main():
     ap.add_argument("--out", default="bench/results/load.json")
     ap.add_argument("--cold", action="store_true", help="also measure disk and cold loads (drops the page cache)")
     ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--strategies", default="auto,stream,staged,direct")
+    # auto is the default; stream:16M^3 is auto's shape before cache-sized
+    # slots (2026-11-29 v5), kept for the comparison in the same run.
+    ap.add_argument("--strategies", default="auto,staged,stream,stream:16M^3,direct")
     ap.add_argument("--extra", default="", help="extra arguments for vmmw bench-load")
     a = ap.parse_args()
 
@@ -215,6 +217,10 @@ def main():
         "checkpoint_bytes": nbytes, "layers": a.layers, "link_torch_gbps": link,
         "reference_cached_gbps": ref_gbps, "reference_cached_s": ref_s, "reference_cold_gbps": ref_cold,
         "ours": ours, "best_cached_ratio_of_link": (best or 0) / link,
+        # The default strategy against the faster of the two link measurements.
+        "auto_cached_ratio_of_link": next(
+            (r["gbps"] / max(link, ours["link_htod_gbps"]) for r in ours["runs"]
+             if r["cache"] == "cached" and r.get("label", r["strategy"]) == "auto"), None),
         "targets": {"cached_of_link": 0.90, "cold_of_disk": 0.95},
     }
     with open(a.out, "w") as f:

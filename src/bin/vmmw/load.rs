@@ -28,8 +28,8 @@ pub struct Args {
     /// Direct-path window size.
     #[arg(long, default_value = "64M")]
     window: String,
-    /// Staging slot size.
-    #[arg(long, default_value = "16M")]
+    /// Staging slot size (0: sized to keep the slots in use in the CPU cache).
+    #[arg(long, default_value = "0")]
     slot: String,
     /// Print progress.
     #[arg(long)]

@@ -1,13 +1,35 @@
-//! A copy with non-temporal (streaming) stores, for filling staging slots.
+//! How a staging worker copies page-cached bytes into a pinned slot.
 //!
-//! A plain large `memcpy` (glibc uses ordinary stores up to a threshold tied
-//! to the L3 size, well above a 16 MiB slot on big servers) reads every
-//! destination line before writing it and leaves it dirty in the cache, where
-//! the DMA engine must then snoop it. Streaming stores write straight to
-//! memory: one memory pass less per byte in a copy that is memory-bound when
-//! 16 threads fill slots while the device reads others. Measured on the 2-core
-//! build host, page cache -> anonymous huge-page buffer, 16 MiB chunks:
-//! memcpy 3.6-4.0 GB/s, streaming 4.4-5.3 GB/s (not yet measured on the H200).
+//! Two flavours, picked by [`super::geometry`]:
+//! - [`cached_copy`]: plain (temporal) stores, so the slot stays in the CPU's
+//!   last-level cache and the DMA engine reads it from there. Used when the
+//!   slots in use fit in that cache.
+//! - [`stream_copy`]: non-temporal stores straight to DRAM. A plain copy into a
+//!   slot the cache cannot keep reads every destination line before writing it
+//!   (read-for-ownership) and then evicts it dirty, so streaming saves one
+//!   memory pass per byte when the ring is larger than the cache.
+
+/// Piece size for [`cached_copy`]: glibc's `memcpy` switches to non-temporal
+/// stores above a threshold derived from the cache size per thread (as low as a
+/// few hundred KiB on many-core machines), which would push the slot out of
+/// the cache; pieces this small stay below it everywhere.
+const CACHED_PIECE: usize = 128 << 10;
+
+/// Copy `n` bytes from `src` to `dst` with ordinary stores, in pieces that
+/// `memcpy` keeps temporal.
+///
+/// # Safety
+/// As `std::ptr::copy_nonoverlapping`: `src` readable and `dst` writable for
+/// `n` bytes, the ranges not overlapping.
+pub unsafe fn cached_copy(dst: *mut u8, src: *const u8, n: usize) {
+    let mut i = 0;
+    while i < n {
+        let k = CACHED_PIECE.min(n - i);
+        // SAFETY: `i + k <= n`, inside the caller's ranges.
+        unsafe { std::ptr::copy_nonoverlapping(src.add(i), dst.add(i), k) };
+        i += k;
+    }
+}
 
 /// Copy `n` bytes from `src` to `dst` with streaming stores where the target
 /// supports them (x86_64: SSE2, always present), else `copy_nonoverlapping`.
@@ -58,7 +80,31 @@ pub unsafe fn stream_copy(dst: *mut u8, src: *const u8, n: usize) {
 
 #[cfg(test)]
 mod tests {
-    use super::stream_copy;
+    use super::{cached_copy, stream_copy, CACHED_PIECE};
+
+    #[test]
+    fn cached_copy_copies_across_piece_boundaries_exactly() {
+        let n = 3 * CACHED_PIECE + 123;
+        let src: Vec<u8> = (0..n + 64).map(|i| (i * 13 + 5) as u8).collect();
+        for (so, d_off, len) in [
+            (0, 0, n),
+            (7, 3, n - 7),
+            (1, 0, CACHED_PIECE),
+            (0, 9, 1),
+            (5, 5, 0),
+        ] {
+            let mut dst = vec![0xEEu8; n + 64];
+            // SAFETY: both ranges are inside their vectors and disjoint.
+            unsafe { cached_copy(dst.as_mut_ptr().add(d_off), src.as_ptr().add(so), len) };
+            assert_eq!(
+                &dst[d_off..d_off + len],
+                &src[so..so + len],
+                "{so} {d_off} {len}"
+            );
+            assert!(dst[..d_off].iter().all(|&b| b == 0xEE));
+            assert!(dst[d_off + len..].iter().all(|&b| b == 0xEE));
+        }
+    }
 
     #[test]
     fn copies_every_length_and_alignment_exactly() {
