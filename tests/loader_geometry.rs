@@ -25,10 +25,10 @@ const MEDIUM: Shape = Shape {
     qk_norm: true,
 };
 
-/// Load `dir` (written from `t`) with default options; assert every tensor's
-/// bytes against `t` (not the file, which would pull it into the page cache);
-/// return the stats.
-fn load_default(dir: &std::path::Path, t: &Tensors) -> CopyStats {
+/// Load `dir` (written from `t`) with `copy`; assert every tensor's bytes
+/// against `t` (not the file, which would pull it into the page cache); return
+/// the stats.
+fn load_with(dir: &std::path::Path, t: &Tensors, copy: CopyOptions) -> CopyStats {
     let d = host();
     let ckpt = Checkpoint::open(dir).unwrap();
     let rules = Rules::default();
@@ -37,15 +37,11 @@ fn load_default(dir: &std::path::Path, t: &Tensors) -> CopyStats {
     reg.allocate(&Plan::destinations(&ckpt, &rules).unwrap(), &alloc)
         .unwrap();
     fill_pattern(d.as_ref(), &reg);
-    let ex = load(
-        &d,
-        ckpt,
-        &rules,
-        &reg,
-        &LoadOptions::default(),
-        &Control::default(),
-    )
-    .unwrap();
+    let opts = LoadOptions {
+        copy,
+        ..Default::default()
+    };
+    let ex = load(&d, ckpt, &rules, &reg, &opts, &Control::default()).unwrap();
     assert_eq!(reg.iter().count(), t.len());
     for (n, (_, bytes)) in t {
         let dst = reg.get(n).unwrap();
@@ -55,6 +51,16 @@ fn load_default(dir: &std::path::Path, t: &Tensors) -> CopyStats {
         );
     }
     ex.stats
+}
+
+fn load_default(dir: &std::path::Path, t: &Tensors) -> CopyStats {
+    load_with(dir, t, CopyOptions::default())
+}
+
+/// The geometry `workers` staging workers should get on this machine.
+fn expected(workers: usize) -> geometry::Geometry {
+    let usable = geometry::usable_cache_bytes(geometry::last_level_caches(), workers);
+    geometry::for_cache(usable, workers)
 }
 
 fn shard_files(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
@@ -92,7 +98,7 @@ fn page_cached_load_uses_the_slots_sized_for_this_machines_cache() {
     let dir = tempfile::tempdir().unwrap();
     write_sharded(dir.path(), &t, Dtype::Bf16, 2);
     let stats = load_default(dir.path(), &t);
-    let want = geometry::for_cache(geometry::last_level_cache_bytes(), stats.threads);
+    let want = expected(stats.threads);
     assert_eq!(stats.slot_bytes, want.slot_bytes as u64, "{stats:?}");
     assert_eq!(stats.depth, want.depth, "{stats:?}");
     assert_eq!(
@@ -102,6 +108,72 @@ fn page_cached_load_uses_the_slots_sized_for_this_machines_cache() {
     );
     assert_eq!(stats.read_bytes, 0, "page-cached data is copied, not read");
     assert!(stats.ring_bytes >= (stats.threads * want.depth * want.slot_bytes) as u64);
+    // Cache-resident slots are filled with plain stores, the others streamed.
+    let want_streamed = match want.fill {
+        CachedFill::CacheResident => 0,
+        CachedFill::Streaming => stats.staged_bytes,
+    };
+    assert_eq!(stats.streamed_bytes, want_streamed, "{stats:?}");
+}
+
+#[test]
+fn slots_given_too_large_for_the_cache_are_streamed() {
+    let t = generate(&MEDIUM, Dtype::Bf16);
+    let dir = tempfile::tempdir().unwrap();
+    write_sharded(dir.path(), &t, Dtype::Bf16, 2);
+    let slot = 32 << 20;
+    let stats = load_with(
+        dir.path(),
+        &t,
+        CopyOptions {
+            threads: 2,
+            slot_bytes: slot,
+            ..Default::default()
+        },
+    );
+    let usable = geometry::usable_cache_bytes(geometry::last_level_caches(), 2);
+    let want = geometry::with_overrides(usable, 2, Some(slot), None);
+    assert_eq!(
+        (stats.slot_bytes, stats.depth),
+        (slot as u64, want.depth),
+        "{stats:?}"
+    );
+    assert_eq!(stats.staged_bytes, stats.bytes, "{stats:?}");
+    // 2 x 2 x 32 MiB fits half of a last-level cache only from 256 MiB up: on
+    // smaller ones (CI's) this takes the streaming branch.
+    if want.fill == CachedFill::Streaming {
+        assert_eq!(want.depth, geometry::LARGE.depth);
+        assert!(!stats.cache_resident, "{stats:?}");
+        assert_eq!(stats.streamed_bytes, stats.staged_bytes, "{stats:?}");
+    } else {
+        assert!(stats.cache_resident, "{stats:?}");
+        assert_eq!(stats.streamed_bytes, 0, "{stats:?}");
+    }
+}
+
+#[test]
+fn hybrid_without_direct_windows_sizes_slots_for_all_its_workers() {
+    let t = generate(&MEDIUM, Dtype::Bf16);
+    let dir = tempfile::tempdir().unwrap();
+    write_sharded(dir.path(), &t, Dtype::Bf16, 2);
+    // 0% direct: no windows, so all 3 threads stage.
+    let stats = load_with(
+        dir.path(),
+        &t,
+        CopyOptions {
+            strategy: Strategy::Hybrid,
+            threads: 3,
+            direct_percent: 0,
+            ..Default::default()
+        },
+    );
+    assert_eq!(stats.direct_bytes, 0, "{stats:?}");
+    let want = expected(3);
+    assert_eq!(
+        (stats.slot_bytes, stats.depth),
+        (want.slot_bytes as u64, want.depth),
+        "{stats:?}"
+    );
 }
 
 #[test]

@@ -75,7 +75,8 @@ pub enum Strategy {
 }
 
 impl Strategy {
-    /// Parse `auto`, `direct`, `staged`, `read`, `simple`.
+    /// Parse `auto`, `direct`, `staged`, `read`, `simple`, `registered`,
+    /// `populate`, `hybrid` or `stream` (case-insensitive; empty is `auto`).
     pub fn parse(s: &str) -> Result<Strategy> {
         match s.trim().to_ascii_lowercase().as_str() {
             "auto" | "" => Ok(Strategy::Auto),
@@ -197,9 +198,11 @@ pub struct CopyStats {
     pub slot_bytes: u64,
     /// Staging slots per worker used.
     pub depth: usize,
-    /// Whether page-cached slots were filled to stay in the CPU cache (else
-    /// with streaming stores or plain copies, as the strategy says).
+    /// Whether the slots in use were sized to stay in the CPU cache and
+    /// page-cached slots filled with plain stores to keep them there.
     pub cache_resident: bool,
+    /// Bytes of `staged_bytes` filled with streaming (non-temporal) stores.
+    pub streamed_bytes: u64,
 }
 
 impl CopyStats {
@@ -313,8 +316,12 @@ pub fn execute(
     direct.sort_by_key(|e| (e.shard, e.src));
     let windows = make_windows(shards, &direct, opts.window_bytes.max(PAGE as usize) as u64);
     staged.sort_by_key(|e| (e.shard, e.src));
-    let staging_workers = if opts.strategy == Strategy::Hybrid {
-        threads - (threads / 4).max(1).min(threads - 1)
+    // As `n_staged` below, before the cap at the number of jobs (which
+    // depends on the slot size chosen here).
+    let staging_workers = if opts.strategy == Strategy::Hybrid && !windows.is_empty() {
+        threads
+            .saturating_sub((threads / 4).max(1).min(windows.len()))
+            .max(1)
     } else {
         threads
     };
@@ -423,6 +430,7 @@ pub fn execute(
             scratch,
             staged: AtomicU64::new(0),
             read: AtomicU64::new(0),
+            streamed: AtomicU64::new(0),
             fill_ns: AtomicU64::new(0),
             wait_ns: AtomicU64::new(0),
             issue_ns: AtomicU64::new(0),
@@ -456,6 +464,7 @@ pub fn execute(
         return_ring(ring);
         stats.staged_bytes = stage.staged.load(Ordering::SeqCst);
         stats.read_bytes = stage.read.load(Ordering::SeqCst);
+        stats.streamed_bytes = stage.streamed.load(Ordering::SeqCst);
         stats.slot_fill_seconds = stage.fill_ns.load(Ordering::Relaxed) as f64 / 1e9;
         stats.wait_seconds = stage.wait_ns.load(Ordering::Relaxed) as f64 / 1e9;
         stats.issue_seconds = stage.issue_ns.load(Ordering::Relaxed) as f64 / 1e9;
@@ -714,7 +723,7 @@ fn staging_geometry(
     let llc = if cold {
         None
     } else {
-        geometry::last_level_cache_bytes()
+        geometry::usable_cache_bytes(geometry::last_level_caches(), workers)
     };
     geometry::with_overrides(llc, workers, slot, depth)
 }
@@ -945,6 +954,8 @@ struct Stage<'a> {
     scratch: Option<Mutex<Scratch>>,
     staged: AtomicU64,
     read: AtomicU64,
+    /// Bytes filled with streaming stores (part of `staged`).
+    streamed: AtomicU64,
     /// Nanoseconds, summed over workers.
     fill_ns: AtomicU64,
     wait_ns: AtomicU64,
@@ -1007,15 +1018,22 @@ impl Stage<'_> {
                     self.sh.done.fetch_add(b, Ordering::SeqCst);
                 }
                 let t = Instant::now();
-                let pread = self.fill_slot(job, slot.host)?;
+                let used = self.fill_slot(job, slot.host)?;
                 self.fill_ns.fetch_add(ns(t), Ordering::Relaxed);
                 let t = Instant::now();
                 self.issue_job(job, slot.host, stream)?;
                 d.event_record(slot.event, stream)?;
                 self.issue_ns.fetch_add(ns(t), Ordering::Relaxed);
                 slot.inflight = Some(job.bytes);
-                let c = if pread { &self.read } else { &self.staged };
+                let c = if used == SlotFill::Pread {
+                    &self.read
+                } else {
+                    &self.staged
+                };
                 c.fetch_add(job.bytes, Ordering::Relaxed);
+                if used == SlotFill::Stream {
+                    self.streamed.fetch_add(job.bytes, Ordering::Relaxed);
+                }
             }
         })();
         let mut first = r.err();
@@ -1042,8 +1060,8 @@ impl Stage<'_> {
     }
 
     /// Copy the job's source rows into the slot, packed in piece order.
-    /// Returns whether it used pread.
-    fn fill_slot(&self, job: &Job, host: *mut u8) -> Result<bool> {
+    /// Returns the fill it used (never `ByResidency`).
+    fn fill_slot(&self, job: &Job, host: *mut u8) -> Result<SlotFill> {
         let first = &job.pieces[0];
         let shard = &self.shards[first.shard as usize];
         // Pieces are sorted by source offset within one shard.
@@ -1111,7 +1129,7 @@ impl Stage<'_> {
                 unsafe { cached_copy(dst, shard.ptr(src), n as usize) };
             }
         }
-        Ok(fill == SlotFill::Pread)
+        Ok(fill)
     }
 
     /// Queue the job's transfers from the slot: contiguous runs of plain pieces

@@ -108,7 +108,9 @@ impl ExecutedPlan {
 
     /// The copy options a Reload replay uses: the load's tuning, but always
     /// through the staging ring (`direct` and `simple` loads replay as `auto`),
-    /// which the load left pinned and cached, so a wake runs at the link's rate.
+    /// which a staged load left pinned and cached, so a wake runs at the link's
+    /// rate. A replay that finds the checkpoint gone from the page cache reads
+    /// it with large slots (disk-bound anyway) and pins a larger ring for them.
     pub fn replay_options(&self) -> CopyOptions {
         let strategy = match self.copy.strategy {
             Strategy::Direct | Strategy::Simple => Strategy::Auto,

@@ -53,8 +53,8 @@ pub const LARGE: Geometry = Geometry {
     fill: CachedFill::Streaming,
 };
 
-/// The geometry for `workers` staging workers when the last-level cache holds
-/// `llc_bytes` (None: unknown). The ring in use gets at most half the cache,
+/// The geometry for `workers` staging workers when they can fill `llc_bytes`
+/// of last-level cache (None: unknown; see [`usable_cache_bytes`]). The ring in use gets at most half the cache,
 /// since the page-cache reads stream through it too.
 pub fn for_cache(llc_bytes: Option<u64>, workers: usize) -> Geometry {
     let Some(llc) = llc_bytes else {
@@ -73,36 +73,76 @@ pub fn for_cache(llc_bytes: Option<u64>, workers: usize) -> Geometry {
     }
 }
 
-/// [`for_cache`], with the caller's slot size and depth where given. The fill
-/// stays cache-resident only while `workers * depth * slot` fits the same
-/// budget (half the cache).
+/// [`for_cache`], with the caller's slot size and depth where given (0 or None:
+/// chosen). The fill stays cache-resident only while `workers * depth * slot`
+/// fits the same budget (half the cache); a slot size given alone then gets
+/// the cache-resident depth, or the large shape's depth when it does not fit.
 pub fn with_overrides(
     llc_bytes: Option<u64>,
     workers: usize,
     slot_bytes: Option<usize>,
     depth: Option<usize>,
 ) -> Geometry {
-    let mut g = for_cache(llc_bytes, workers);
-    if slot_bytes.is_none() && depth.is_none() {
-        return g;
-    }
-    g.slot_bytes = slot_bytes.unwrap_or(g.slot_bytes);
-    g.depth = depth.unwrap_or(g.depth).max(1);
-    let ring = (workers.max(1) as u128) * (g.depth as u128) * (g.slot_bytes as u128);
-    let fits = llc_bytes.is_some_and(|llc| ring <= (llc / 2) as u128);
-    g.fill = if fits {
-        CachedFill::CacheResident
-    } else {
-        CachedFill::Streaming
+    let (slot_bytes, depth) = (slot_bytes.filter(|&v| v > 0), depth.filter(|&v| v > 0));
+    let g = for_cache(llc_bytes, workers);
+    let Some(slot) = slot_bytes else {
+        let Some(depth) = depth else {
+            return g;
+        };
+        return fitted(llc_bytes, workers, g.slot_bytes, depth, depth);
     };
-    g
+    // A slot size alone keeps the cache-resident depth while that fits, else
+    // the large shape's depth.
+    match depth {
+        Some(d) => fitted(llc_bytes, workers, slot, d, d),
+        None => fitted(llc_bytes, workers, slot, CACHED_DEPTH, LARGE.depth),
+    }
 }
 
-/// Total bytes of last-level cache shared by the CPUs this process may run on,
-/// from sysfs (read once). None when sysfs does not say.
-pub fn last_level_cache_bytes() -> Option<u64> {
-    static LLC: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
-    *LLC.get_or_init(|| llc_from_sysfs(Path::new("/sys/devices/system/cpu"), &allowed_cpus()))
+/// `slot` bytes x `depth_if_fits` per worker, cache-resident when that fits in
+/// half the cache; else streaming with `depth_else`.
+fn fitted(
+    llc_bytes: Option<u64>,
+    workers: usize,
+    slot: usize,
+    depth_if_fits: usize,
+    depth_else: usize,
+) -> Geometry {
+    let ring = (workers.max(1) as u128) * (depth_if_fits as u128) * (slot as u128);
+    if llc_bytes.is_some_and(|llc| ring <= (llc / 2) as u128) {
+        Geometry {
+            slot_bytes: slot,
+            depth: depth_if_fits,
+            fill: CachedFill::CacheResident,
+        }
+    } else {
+        Geometry {
+            slot_bytes: slot,
+            depth: depth_else,
+            fill: CachedFill::Streaming,
+        }
+    }
+}
+
+/// The caches at the highest level sysfs describes for the CPUs this process
+/// may run on (read once): one size per distinct cache. Empty when sysfs does
+/// not say.
+pub fn last_level_caches() -> &'static [u64] {
+    static LLC: std::sync::OnceLock<Vec<u64>> = std::sync::OnceLock::new();
+    LLC.get_or_init(|| llc_from_sysfs(Path::new("/sys/devices/system/cpu"), &allowed_cpus()))
+}
+
+/// Bytes of last-level cache `workers` threads can fill: the `workers`
+/// largest of `caches` together (a thread uses the cache of the CPU it runs
+/// on, so per-core caches count once per worker, not once per CPU). None when
+/// `caches` is empty.
+pub fn usable_cache_bytes(caches: &[u64], workers: usize) -> Option<u64> {
+    if caches.is_empty() {
+        return None;
+    }
+    let mut v = caches.to_vec();
+    v.sort_unstable_by(|a, b| b.cmp(a));
+    Some(v.iter().take(workers.max(1)).sum())
 }
 
 /// CPUs in this thread's affinity mask (all CPUs `0..1024` when it cannot be read).
@@ -121,10 +161,10 @@ fn allowed_cpus() -> Vec<usize> {
         .collect()
 }
 
-/// Sum of the distinct highest-level caches of `cpus`, as described under
-/// `root` (`cpuN/cache/indexK/{level,type,size,shared_cpu_list}`). A cache
-/// shared by several CPUs counts once (keyed by its CPU list).
-pub(crate) fn llc_from_sysfs(root: &Path, cpus: &[usize]) -> Option<u64> {
+/// The sizes of the distinct highest-level caches of `cpus`, as described
+/// under `root` (`cpuN/cache/indexK/{level,type,size,shared_cpu_list}`). A
+/// cache shared by several CPUs is listed once (keyed by its CPU list).
+pub(crate) fn llc_from_sysfs(root: &Path, cpus: &[usize]) -> Vec<u64> {
     let mut best_level = 0u32;
     let mut seen: Vec<(u32, String, u64)> = Vec::new();
     for &cpu in cpus {
@@ -152,12 +192,10 @@ pub(crate) fn llc_from_sysfs(root: &Path, cpus: &[usize]) -> Option<u64> {
             }
         }
     }
-    let total: u64 = seen
-        .iter()
+    seen.into_iter()
         .filter(|(l, _, _)| *l == best_level)
         .map(|(_, _, s)| s)
-        .sum();
-    (total > 0).then_some(total)
+        .collect()
 }
 
 /// "307200K", "2048K", "32M", "512" (bytes) as sysfs writes cache sizes.
@@ -219,17 +257,39 @@ mod tests {
             (g.slot_bytes, g.depth, g.fill),
             (16 * MIB, 3, CachedFill::Streaming)
         );
+        // A slot alone that does not fit gets the large shape's depth, as before
+        // cache-sized slots existed; one that fits gets two.
+        let g = with_overrides(llc, 16, Some(16 * MIB), None);
+        assert_eq!(
+            (g.slot_bytes, g.depth, g.fill),
+            (16 * MIB, 3, CachedFill::Streaming)
+        );
+        let g = with_overrides(llc, 4, Some(16 * MIB), None);
+        assert_eq!(
+            (g.slot_bytes, g.depth, g.fill),
+            (16 * MIB, 2, CachedFill::CacheResident)
+        );
         // Depth alone, on a cache too small for the default: the large slot stays.
         let g = with_overrides(Some(32 << 20), 16, None, Some(2));
         assert_eq!(
             (g.slot_bytes, g.depth, g.fill),
             (16 * MIB, 2, CachedFill::Streaming)
         );
-        // Unknown cache: never cache-resident; depth 0 means 1.
+        // Depth alone that no longer fits the cache-sized slots: streaming.
+        let g = with_overrides(llc, 16, None, Some(4));
+        assert_eq!(
+            (g.slot_bytes, g.depth, g.fill),
+            (4 * MIB, 4, CachedFill::Streaming)
+        );
+        // Unknown cache: never cache-resident; 0 means chosen, as in CopyOptions.
         let g = with_overrides(None, 1, Some(4096), Some(0));
         assert_eq!(
             (g.slot_bytes, g.depth, g.fill),
-            (4096, 1, CachedFill::Streaming)
+            (4096, 3, CachedFill::Streaming)
+        );
+        assert_eq!(
+            with_overrides(llc, 16, Some(0), Some(0)),
+            for_cache(llc, 16)
         );
     }
 
@@ -273,12 +333,30 @@ mod tests {
             let shared = if cpu < 2 { "0-1" } else { "2-3" };
             write_cache(root, cpu, 3, 3, "Unified", "32768K", shared);
         }
-        assert_eq!(llc_from_sysfs(root, &[0, 1, 2, 3]), Some(64 << 20));
-        assert_eq!(llc_from_sysfs(root, &[0, 1]), Some(32 << 20));
-        assert_eq!(llc_from_sysfs(root, &[3]), Some(32 << 20));
+        assert_eq!(
+            llc_from_sysfs(root, &[0, 1, 2, 3]),
+            vec![32 << 20, 32 << 20]
+        );
+        assert_eq!(llc_from_sysfs(root, &[0, 1]), vec![32 << 20]);
+        assert_eq!(llc_from_sysfs(root, &[3]), vec![32 << 20]);
         // CPUs sysfs does not describe are ignored; none at all is unknown.
-        assert_eq!(llc_from_sysfs(root, &[3, 99]), Some(32 << 20));
-        assert_eq!(llc_from_sysfs(root, &[99]), None);
+        assert_eq!(llc_from_sysfs(root, &[3, 99]), vec![32 << 20]);
+        assert_eq!(llc_from_sysfs(root, &[99]), Vec::<u64>::new());
+    }
+
+    #[test]
+    fn per_core_caches_count_once_per_worker() {
+        // 64 CPUs with private 2 MiB L2s and no L3 (common on Arm servers):
+        // 16 workers can fill 32 MiB, not 128, which is too small for
+        // cache-resident slots.
+        let caches = vec![2u64 << 20; 64];
+        assert_eq!(usable_cache_bytes(&caches, 16), Some(32 << 20));
+        assert_eq!(for_cache(usable_cache_bytes(&caches, 16), 16), LARGE);
+        // One shared L3 serves every worker; of two slices, a lone worker uses one.
+        assert_eq!(usable_cache_bytes(&[300 << 20], 16), Some(300 << 20));
+        assert_eq!(usable_cache_bytes(&[32 << 20, 64 << 20], 1), Some(64 << 20));
+        assert_eq!(usable_cache_bytes(&[32 << 20, 64 << 20], 0), Some(64 << 20));
+        assert_eq!(usable_cache_bytes(&[], 16), None);
     }
 
     #[test]
@@ -289,13 +367,13 @@ mod tests {
             write_cache(root, cpu, 0, 1, "Data", "32K", &cpu.to_string());
             write_cache(root, cpu, 1, 2, "Unified", "1024K", &cpu.to_string());
         }
-        assert_eq!(llc_from_sysfs(root, &[0, 1]), Some(2 << 20));
+        assert_eq!(llc_from_sysfs(root, &[0, 1]), vec![1 << 20, 1 << 20]);
     }
 
     #[test]
     fn this_machine_reports_some_cache_or_none_without_failing() {
         // Whatever the CI machine has; the point is that reading real sysfs works.
-        if let Some(b) = last_level_cache_bytes() {
+        for &b in last_level_caches() {
             assert!(b >= 4096, "implausible last-level cache of {b} bytes");
         }
     }

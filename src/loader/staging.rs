@@ -204,6 +204,22 @@ pub fn release_staging() {
     drop(all);
 }
 
+/// Unpin and free the cached staging ring of `driver`; returns its bytes (0
+/// when none is cached). A load or Reload replay running now holds its ring
+/// outside the cache and caches it again when it finishes.
+pub fn release_staging_for(driver: &Arc<dyn Driver>) -> usize {
+    let mine: Vec<Ring> = {
+        let mut g = rings();
+        let (mine, rest): (Vec<Ring>, Vec<Ring>) = std::mem::take(&mut *g)
+            .into_iter()
+            .partition(|r| r.belongs_to(driver));
+        *g = rest;
+        mine
+    };
+    // Unregistered outside the lock: unpinning takes a while.
+    mine.iter().map(|r| r.len).sum()
+}
+
 /// Bytes of pinned staging currently cached for `driver` (0 when none).
 pub fn cached_staging_bytes(driver: &Arc<dyn Driver>) -> usize {
     rings()
@@ -214,31 +230,43 @@ pub fn cached_staging_bytes(driver: &Arc<dyn Driver>) -> usize {
 }
 
 /// Estimated share of the source bytes of `extents` that are in the page cache:
-/// `mincore` on up to 64 probes of 1 MiB spread evenly over the extents (a few
+/// `mincore` on 64 probes of up to 1 MiB at evenly spaced source bytes (a few
 /// hundred microseconds, where checking all of a 16 GB checkpoint would take
 /// tens of milliseconds).
 pub fn resident_share(shards: &[super::Shard], extents: &[super::Extent]) -> f64 {
-    const PROBES: usize = 64;
+    const PROBES: u64 = 64;
     const PROBE_BYTES: u64 = 1 << 20;
-    if extents.is_empty() {
+    let total: u64 = extents.iter().map(super::Extent::src_bytes).sum();
+    if total == 0 {
         return 1.0;
     }
-    let step = extents.len().div_ceil(PROBES);
     let (mut weighted, mut weight) = (0.0, 0.0);
-    for e in extents.iter().step_by(step) {
-        let Some(shard) = shards.get(e.shard as usize) else {
-            continue;
-        };
-        if shard.map.is_none() {
-            continue;
+    let (mut k, mut before) = (0u64, 0u64);
+    for e in extents {
+        let n = e.src_bytes();
+        // Probes whose evenly spaced source byte falls inside this extent.
+        while k < PROBES && (k * total / PROBES) < before + n {
+            let within = k * total / PROBES - before;
+            k += 1;
+            let Some(shard) = shards.get(e.shard as usize).filter(|s| s.map.is_some()) else {
+                continue;
+            };
+            let (row, col) = (within / e.width, within % e.width);
+            let at = e.src + row * e.src_pitch + col;
+            // Contiguous rows read on; a strided extent's probe stays in its row.
+            let run = if e.src_pitch == e.width {
+                n - within
+            } else {
+                e.width - col
+            };
+            let len = run.min(PROBE_BYTES).min(shard.len.saturating_sub(at));
+            if len == 0 {
+                continue;
+            }
+            weighted += resident_fraction(shard.ptr(at), len as usize) * len as f64;
+            weight += len as f64;
         }
-        let span = (e.height - 1) * e.src_pitch + e.width;
-        let len = span.min(PROBE_BYTES).min(shard.len.saturating_sub(e.src));
-        if len == 0 {
-            continue;
-        }
-        weighted += resident_fraction(shard.ptr(e.src), len as usize) * len as f64;
-        weight += len as f64;
+        before += n;
     }
     if weight == 0.0 {
         1.0

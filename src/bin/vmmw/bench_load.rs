@@ -432,7 +432,7 @@ fn breakdown(s: &vmmweights::loader::CopyStats) {
     println!(
         "  time: copy {:.3} s wall = zero-fill {:.3} + ring {:.3} ({} MiB, {}; {} x {} KiB slots per worker{}) + direct {:.3} + staging; \
          per-worker sums over {} threads: slot fill {:.3} s, issue {:.3} s, wait {:.3} s; \
-         bytes: staged {} read {} direct {}",
+         bytes: staged {} (streamed {}) read {} direct {}",
         s.seconds,
         s.fill_zero_seconds,
         s.ring_seconds,
@@ -447,6 +447,7 @@ fn breakdown(s: &vmmweights::loader::CopyStats) {
         s.issue_seconds,
         s.wait_seconds,
         s.staged_bytes,
+        s.streamed_bytes,
         s.read_bytes,
         s.direct_bytes
     );
