@@ -259,6 +259,26 @@ func (p *Pool) ReserveBackup(bytes uint64) error {
 	})
 }
 
+// StagingBytes is the pinned host staging the loader keeps cached for this
+// pool's device (loads and Reload wakes pin a ring once and reuse it).
+func (p *Pool) StagingBytes() (uint64, error) {
+	var out C.uint64_t
+	err := p.do(func(cp *C.vmmw_pool_t, e **C.vmmw_error_t) C.int32_t {
+		return C.vmmw_pool_staging_bytes(cp, &out, e)
+	})
+	return uint64(out), err
+}
+
+// ReleaseStaging unpins the loader's cached staging ring for this pool's
+// device; the bytes unpinned. The next load pins a new one.
+func (p *Pool) ReleaseStaging() (uint64, error) {
+	var out C.uint64_t
+	err := p.do(func(cp *C.vmmw_pool_t, e **C.vmmw_error_t) C.int32_t {
+		return C.vmmw_pool_release_staging(cp, &out, e)
+	})
+	return uint64(out), err
+}
+
 // ReleaseBackup unpins backup memory holding no sleeping tag; the bytes unpinned.
 func (p *Pool) ReleaseBackup() (uint64, error) {
 	var out C.uint64_t

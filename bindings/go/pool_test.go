@@ -192,6 +192,16 @@ func TestLoaderLoadsAndReloads(t *testing.T) {
 		}
 	}
 	check("after load")
+	staging, err := p.StagingBytes()
+	if err != nil || staging == 0 {
+		t.Fatalf("staging after a default load: %d %v", staging, err)
+	}
+	if released, err := p.ReleaseStaging(); err != nil || released != staging {
+		t.Fatalf("released %d of %d: %v", released, staging, err)
+	}
+	if staging, err := p.StagingBytes(); err != nil || staging != 0 {
+		t.Fatalf("staging after release: %d %v", staging, err)
+	}
 	if err := p.Sleep(TagPolicy{tag, Reload}); err != nil {
 		t.Fatal(err)
 	}

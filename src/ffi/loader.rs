@@ -698,3 +698,43 @@ pub unsafe extern "C" fn vmmw_loader_result_json(
         unsafe { write_str(&json, buf, cap, needed) }
     })
 }
+
+/// Bytes of pinned host staging the loader keeps cached for this pool's device
+/// into `*out` (0 when none). Loads and Reload wakes pin a staging ring once
+/// (sized to the CPU's last-level cache, 128 MiB on a 300 MiB L3 with 16
+/// workers) and reuse it. Thread-safe.
+///
+/// # Safety
+/// `pool` is a live handle; `out` is writable; `error` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn vmmw_pool_staging_bytes(
+    pool: *const vmmw_pool_t,
+    out: *mut u64,
+    error: *mut *mut vmmw_error_t,
+) -> i32 {
+    call_out(out, "out", error, || {
+        // SAFETY: forwarded contract.
+        let p = unsafe { arg(pool, "pool") }?;
+        Ok(loader::staging::cached_staging_bytes(p.pool.driver()) as u64)
+    })
+}
+
+/// Unpin and free the staging ring cached for this pool's device;
+/// `*released` receives its bytes (0 when none was cached). The next load or
+/// Reload wake pins a new one (milliseconds). A load running concurrently
+/// keeps its ring and caches it again when it finishes. Thread-safe.
+///
+/// # Safety
+/// `pool` is a live handle; `released` is writable; `error` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn vmmw_pool_release_staging(
+    pool: *const vmmw_pool_t,
+    released: *mut u64,
+    error: *mut *mut vmmw_error_t,
+) -> i32 {
+    call_out(released, "released", error, || {
+        // SAFETY: forwarded contract.
+        let p = unsafe { arg(pool, "pool") }?;
+        Ok(loader::staging::release_staging_for(p.pool.driver()) as u64)
+    })
+}

@@ -125,6 +125,32 @@ int main(void) {
   CHECK_OK(vmmw_pool_read(pool, da.ptr, back_a, sizeof back_a, &err));
   CHECK(memcmp(back_a, wa, sizeof wa) == 0);
 
+  /* A staged load keeps its pinned ring cached; releasing it frees exactly that,
+   * and the next load pins a new one. */
+  lo.strategy = VMMW_COPY_STAGED;
+  CHECK_OK(vmmw_loader_set_options(ld, &lo, &err));
+  CHECK_OK(vmmw_loader_load(ld, pool, NULL, NULL, &err));
+  uint64_t staging = 0, released = 1;
+  CHECK_OK(vmmw_pool_staging_bytes(pool, &staging, &err));
+  CHECK(staging > 0);
+  CHECK_OK(vmmw_pool_release_staging(pool, &released, &err));
+  CHECK(released == staging);
+  CHECK_OK(vmmw_pool_staging_bytes(pool, &staging, &err));
+  CHECK(staging == 0);
+  CHECK_OK(vmmw_pool_release_staging(pool, &released, &err));
+  CHECK(released == 0);
+  CHECK_STATUS(VMMW_NULL_ARGUMENT, vmmw_pool_staging_bytes(NULL, &staging, NULL));
+  CHECK_STATUS(VMMW_NULL_ARGUMENT, vmmw_pool_staging_bytes(pool, NULL, NULL));
+  CHECK_STATUS(VMMW_NULL_ARGUMENT, vmmw_pool_release_staging(NULL, &released, NULL));
+  CHECK_STATUS(VMMW_NULL_ARGUMENT, vmmw_pool_release_staging(pool, NULL, NULL));
+  memset(back_a, 0, sizeof back_a);
+  CHECK_OK(vmmw_pool_write(pool, da.ptr, back_a, sizeof back_a, &err));
+  CHECK_OK(vmmw_loader_load(ld, pool, NULL, NULL, &err));
+  CHECK_OK(vmmw_pool_read(pool, da.ptr, back_a, sizeof back_a, &err));
+  CHECK(memcmp(back_a, wa, sizeof wa) == 0);
+  CHECK_OK(vmmw_pool_staging_bytes(pool, &staging, &err));
+  CHECK(staging > 0);
+
   /* A plan mismatch is found before anything is written. */
   vmmw_loader_t* ld2 = NULL;
   CHECK_OK(vmmw_loader_open(path, &ld2, &err));

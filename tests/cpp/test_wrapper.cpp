@@ -167,6 +167,11 @@ static void test_loader() {
   std::vector<float> back(a.size());
   pool.read(d.ptr, back.data(), back.size() * 4);
   CHECK(back == a);
+  // The default (staged) load left its pinned ring cached; releasing frees it.
+  const uint64_t staging = pool.staging_bytes();
+  CHECK(staging > 0);
+  CHECK(pool.release_staging() == staging);
+  CHECK(pool.staging_bytes() == 0 && pool.release_staging() == 0);
 
   pool.sleep({{w, vmmw::Policy::Reload}});
   pool.wake({w});

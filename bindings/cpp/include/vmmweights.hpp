@@ -419,6 +419,21 @@ class Pool {
     return r;
   }
 
+  /// Bytes of pinned host staging the loader keeps cached for this pool's device.
+  uint64_t staging_bytes() const {
+    uint64_t r = 0;
+    detail::call([&](vmmw_error_t** e) { return vmmw_pool_staging_bytes(get_checked(), &r, e); });
+    return r;
+  }
+
+  /// Unpin the loader's cached staging ring for this device; the bytes unpinned.
+  /// The next load pins a new one.
+  uint64_t release_staging() const {
+    uint64_t r = 0;
+    detail::call([&](vmmw_error_t** e) { return vmmw_pool_release_staging(get_checked(), &r, e); });
+    return r;
+  }
+
   void set_sleep_options(const vmmw_sleep_options_t& o) const {
     detail::call([&](vmmw_error_t** e) { return vmmw_pool_set_sleep_options(get_checked(), &o, e); });
   }
