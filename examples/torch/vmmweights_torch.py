@@ -90,6 +90,8 @@ def _declare(l: ctypes.CDLL) -> None:
             [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_size_t), err_pp],
         ),
         "vmmw_pool_trim": (ctypes.c_int, [ctypes.c_void_p, ctypes.POINTER(ctypes.c_uint64), err_pp]),
+        "vmmw_pool_staging_bytes": (ctypes.c_int, [ctypes.c_void_p, ctypes.POINTER(ctypes.c_uint64), err_pp]),
+        "vmmw_pool_release_staging": (ctypes.c_int, [ctypes.c_void_p, ctypes.POINTER(ctypes.c_uint64), err_pp]),
     }
     for name, (res, args) in sigs.items():
         fn = getattr(l, name, None)  # absent in builds without that C function
@@ -308,6 +310,20 @@ def wake(*tags: str, device: int = 0) -> None:
     same addresses; offloaded contents are restored byte for byte."""
     ids = (ctypes.c_uint32 * max(len(tags), 1))(*[tag_id(t) for t in tags])
     _call("vmmw_pool_wake", _pool_handle(device), ids, ctypes.c_size_t(len(tags)))
+
+
+def staging_bytes(device: int = 0) -> int:
+    """Pinned host staging the loader keeps cached for this device (reused by later loads and Reload wakes)."""
+    out = ctypes.c_uint64()
+    _call("vmmw_pool_staging_bytes", _pool_handle(device), ctypes.byref(out))
+    return out.value
+
+
+def release_staging(device: int = 0) -> int:
+    """Unpin the loader's cached staging ring for this device; the bytes unpinned."""
+    out = ctypes.c_uint64()
+    _call("vmmw_pool_release_staging", _pool_handle(device), ctypes.byref(out))
+    return out.value
 
 
 def reserve_backup(nbytes: int, device: int = 0) -> None:

@@ -290,6 +290,7 @@ pub fn run(a: Args) -> Result<()> {
         ex.stats.ring_seconds,
         bytes as f64 / first_s / 1e9
     );
+    breakdown(&ex.stats);
     if a.verify {
         println!("verify: {} rows match the file", verify(d.as_ref(), &ex)?);
     }

@@ -504,7 +504,7 @@ fn bench(
     if let Some(path) = reload {
         let (rb, load_s, wake_s, sleep_s) = reload_rows(&d, path)?;
         rows.push(row(
-            "ours: load of the Reload checkpoint (page-cached)",
+            "ours: first load in the process (page-cached)",
             load_s,
             rb,
             Some(h2d),
