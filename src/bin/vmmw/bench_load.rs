@@ -50,6 +50,10 @@ pub struct Args {
     /// Direct-path window size.
     #[arg(long, default_value = "64M")]
     window: String,
+    /// Where the destinations live: `segment` (one segment, laid out in plan
+    /// order) or `pool` (the caching pool, as an engine allocates parameters).
+    #[arg(long, default_value = "segment", value_parser = ["segment", "pool"])]
+    dest: String,
     /// Staging slot size (0: sized to keep the slots in use in the CPU cache).
     #[arg(long, default_value = "0")]
     slot: String,
@@ -243,15 +247,24 @@ pub fn run(a: Args) -> Result<()> {
     let tensors = ckpt.tensors.len();
     let specs = Plan::destinations(&ckpt, &rules)?;
     let total: usize = specs.iter().map(|s| s.bytes().div_ceil(256) * 256).sum();
-    let alloc = SegmentAllocator::new(d.clone(), total);
+    let alloc: Box<dyn vmmweights::loader::DestAllocator> = if a.dest == "pool" {
+        Box::new(vmmweights::Pool::new(d.clone(), Default::default())?)
+    } else {
+        Box::new(SegmentAllocator::new(d.clone(), total))
+    };
     let mut reg = Registry::new();
-    reg.allocate(&specs, &alloc)?;
+    reg.allocate(&specs, alloc.as_ref())?;
     println!(
-        "checkpoint: {} ({} shards, {tensors} tensors, {:.2} GB) -> {} destinations",
+        "checkpoint: {} ({} shards, {tensors} tensors, {:.2} GB) -> {} destinations in {}",
         a.checkpoint.display(),
         ckpt.shards.len(),
         bytes as f64 / 1e9,
-        reg.len()
+        reg.len(),
+        if a.dest == "pool" {
+            "the pool"
+        } else {
+            "one segment"
+        }
     );
     drop(ckpt);
     let link_bytes = parse_bytes(&a.link_bytes).map_err(Error::InvalidArgument)? as usize;

@@ -254,6 +254,17 @@ fn reload_rows(d: &Arc<dyn Driver>, path: &std::path::Path) -> Result<(f64, f64,
         &Control::default(),
     )?;
     let load_s = t.elapsed().as_secs_f64();
+    let st = &plan.stats;
+    println!(
+        "reload: first load of the checkpoint: {:.3} s; copied {} B (streamed {}), read from disk {} B, ring {} MiB ({}, {:.3} s)",
+        load_s,
+        st.staged_bytes,
+        st.streamed_bytes,
+        st.read_bytes,
+        st.ring_bytes >> 20,
+        if st.ring_reused { "reused" } else { "pinned now" },
+        st.ring_seconds
+    );
     let bytes: f64 = reg.iter().map(|x| x.bytes() as f64).sum();
     let probe: Vec<(u64, Vec<u8>)> = reg
         .iter()
