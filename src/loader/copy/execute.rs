@@ -1,0 +1,349 @@
+//! One execution: zero fills, split the extents between direct windows and
+//! staging jobs, run the workers, and gather their errors and stats.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use super::direct::direct_worker;
+use super::jobs::{hybrid_split, make_jobs, make_windows, Window};
+use super::options::{Control, CopyOptions, CopyStats, Strategy};
+use super::staged::{ns, Scratch, SlotFill, Stage};
+use super::PAGE;
+use crate::driver::Driver;
+use crate::error::{Error, Result};
+use crate::loader::checkpoint::Shard;
+use crate::loader::geometry::{self, CachedFill, Geometry};
+use crate::loader::plan::{Extent, Fill};
+use crate::loader::staging::{acquire_ring, resident_share, return_ring};
+use crate::segment::Segment;
+
+#[derive(Default)]
+pub(super) struct Shared {
+    pub(super) stop: AtomicBool,
+    pub(super) done: AtomicU64,
+    error: Mutex<Option<Error>>,
+}
+
+impl Shared {
+    fn fail(&self, e: Error) {
+        let mut g = self.error.lock().unwrap_or_else(|p| p.into_inner());
+        g.get_or_insert(e);
+        self.stop.store(true, Ordering::SeqCst);
+    }
+}
+
+/// Copy `extents` and zero `fills` into device memory. Synchronous: every copy
+/// has completed when it returns.
+pub fn execute(
+    driver: &Arc<dyn Driver>,
+    shards: &[Shard],
+    extents: &[Extent],
+    fills: &[Fill],
+    opts: &CopyOptions,
+    ctl: &Control<'_>,
+) -> Result<CopyStats> {
+    let t0 = Instant::now();
+    let total: u64 = extents.iter().map(Extent::src_bytes).sum();
+    let threads = opts.thread_count();
+    let mut stats = CopyStats {
+        threads,
+        ..Default::default()
+    };
+    if ctl.cancel.is_some_and(|c| c.load(Ordering::SeqCst)) {
+        return Err(Error::Cancelled { done: 0, total });
+    }
+    for e in extents {
+        let s = &shards[e.shard as usize];
+        if s.map.is_none() || e.src + (e.height - 1) * e.src_pitch + e.width > s.len {
+            return Err(Error::checkpoint(
+                &s.path,
+                None,
+                format!(
+                    "copy extent at byte {} runs past the end of the file ({} bytes)",
+                    e.src, s.len
+                ),
+            ));
+        }
+    }
+
+    let d: &dyn Driver = driver.as_ref();
+    let stream = d.stream_create()?;
+    let r = (|| {
+        for f in fills {
+            // SAFETY: fills come from a validated plan: inside registered destinations.
+            unsafe { d.memset_async(f.dst, 0, f.len as usize, stream) }?;
+            stats.filled_bytes += f.len;
+        }
+        Ok::<(), Error>(())
+    })();
+    let r = r.and_then(|_| d.stream_synchronize(stream));
+    let _ = d.stream_destroy(stream);
+    r?;
+
+    stats.fill_zero_seconds = t0.elapsed().as_secs_f64();
+
+    // Partition: conversions always stage; the rest by strategy.
+    let (mut direct, mut staged): (Vec<Extent>, Vec<Extent>) = match opts.strategy {
+        Strategy::Direct | Strategy::Simple | Strategy::Registered => {
+            extents.iter().partition(|e| e.convert.is_none())
+        }
+        Strategy::Hybrid => hybrid_split(extents, opts.direct_percent),
+        _ => (Vec::new(), extents.to_vec()),
+    };
+    direct.sort_by_key(|e| (e.shard, e.src));
+    let windows = make_windows(shards, &direct, opts.window_bytes.max(PAGE as usize) as u64);
+    staged.sort_by_key(|e| (e.shard, e.src));
+    // As `n_staged` below, before the cap at the number of jobs (which
+    // depends on the slot size chosen here).
+    let staging_workers = if opts.strategy == Strategy::Hybrid && !windows.is_empty() {
+        threads
+            .saturating_sub((threads / 4).max(1).min(windows.len()))
+            .max(1)
+    } else {
+        threads
+    };
+    let geom = staging_geometry(opts, shards, &staged, staging_workers);
+    let slot_bytes = (geom.slot_bytes.max(PAGE as usize) as u64).div_ceil(PAGE) * PAGE;
+    let jobs = make_jobs(&staged, slot_bytes);
+
+    let shared = Shared::default();
+    let register = !matches!(opts.strategy, Strategy::Simple | Strategy::Registered);
+    let direct_bytes: u64 = windows.iter().map(Window::bytes).sum();
+    let next = AtomicUsize::new(0);
+    // Hybrid runs both paths at once: a quarter of the threads on windows.
+    let (n_direct, n_staged) = if opts.strategy == Strategy::Hybrid && !windows.is_empty() {
+        let nd = (threads / 4).max(1).min(windows.len());
+        (nd, threads.saturating_sub(nd).max(1).min(jobs.len()))
+    } else if !windows.is_empty() {
+        (threads.min(windows.len()), 0)
+    } else {
+        (0, threads.min(jobs.len()))
+    };
+    let direct_only = |w: usize| direct_worker(d, shards, &windows, &next, &shared, register, w);
+    if opts.strategy != Strategy::Hybrid {
+        let td = Instant::now();
+        run_workers(n_direct, &shared, ctl, total, &direct_only);
+        stats.direct_seconds = td.elapsed().as_secs_f64();
+    }
+    stats.direct_bytes = direct_bytes;
+    let staging = opts.strategy == Strategy::Hybrid || !shared.stop.load(Ordering::SeqCst);
+    if staging && !jobs.is_empty() && n_staged > 0 {
+        let fill = match opts.strategy {
+            Strategy::Read => SlotFill::Pread,
+            Strategy::Hybrid => SlotFill::ByResidency,
+            Strategy::Populate => SlotFill::Populate,
+            Strategy::Stream => SlotFill::Stream,
+            Strategy::Staged | Strategy::Simple | Strategy::Direct | Strategy::Registered => {
+                SlotFill::Memcpy
+            }
+            Strategy::Auto => SlotFill::ByResidency,
+        };
+        let cached = match geom.fill {
+            CachedFill::CacheResident => SlotFill::Memcpy,
+            CachedFill::Streaming => SlotFill::Stream,
+        };
+        let depth = geom.depth;
+        stats.slot_bytes = slot_bytes;
+        stats.depth = depth;
+        stats.cache_resident = match fill {
+            SlotFill::ByResidency => cached == SlotFill::Memcpy,
+            f => f == SlotFill::Memcpy && geom.fill == CachedFill::CacheResident,
+        };
+        let tr = Instant::now();
+        let ring_len = n_staged * depth * slot_bytes as usize;
+        let (ring, reused) = acquire_ring(driver, ring_len)?;
+        stats.ring_seconds = tr.elapsed().as_secs_f64();
+        stats.ring_reused = reused;
+        stats.ring_bytes = ring.len() as u64;
+        let needs_scratch = jobs
+            .iter()
+            .any(|j| j.pieces.iter().any(|p| p.convert.is_some()));
+        let scratch_seg = if needs_scratch {
+            Some(Segment::allocate(
+                driver.clone(),
+                2 * slot_bytes as usize,
+                0,
+            )?)
+        } else {
+            None
+        };
+        let mut scratch_events = Vec::new();
+        let setup = (|| -> Result<Option<Mutex<Scratch>>> {
+            let Some(seg) = scratch_seg.as_ref() else {
+                return Ok(None);
+            };
+            for _ in 0..2 {
+                scratch_events.push(d.event_create()?);
+            }
+            Ok(Some(Mutex::new(Scratch {
+                bufs: [
+                    (seg.ptr(), scratch_events[0], false),
+                    (seg.ptr() + slot_bytes, scratch_events[1], false),
+                ],
+                turn: 0,
+            })))
+        })();
+        let scratch = match setup {
+            Ok(s) => s,
+            Err(e) => {
+                for ev in scratch_events {
+                    let _ = d.event_destroy(ev);
+                }
+                return_ring(ring);
+                return Err(e);
+            }
+        };
+        let stage = Stage {
+            d,
+            shards,
+            jobs: &jobs,
+            next: AtomicUsize::new(0),
+            sh: &shared,
+            ring: ring.ptr(),
+            slot_bytes: slot_bytes as usize,
+            depth,
+            fill,
+            cached,
+            scratch,
+            staged: AtomicU64::new(0),
+            read: AtomicU64::new(0),
+            streamed: AtomicU64::new(0),
+            fill_ns: AtomicU64::new(0),
+            wait_ns: AtomicU64::new(0),
+            issue_ns: AtomicU64::new(0),
+        };
+        let td = Instant::now();
+        let direct_secs = AtomicU64::new(0);
+        run_workers(
+            n_direct_for(opts, n_direct) + n_staged,
+            &shared,
+            ctl,
+            total,
+            &|w| {
+                if opts.strategy == Strategy::Hybrid && w < n_direct {
+                    let r = direct_only(w);
+                    direct_secs.store(ns(td), Ordering::Relaxed);
+                    r
+                } else {
+                    stage.worker(w - n_direct_for(opts, n_direct))
+                }
+            },
+        );
+        if opts.strategy == Strategy::Hybrid {
+            stats.direct_seconds = direct_secs.load(Ordering::Relaxed) as f64 / 1e9;
+        }
+        // Every worker synchronized its slots (and the scratch events ride on
+        // their streams), so the ring and scratch are idle now.
+        for ev in scratch_events {
+            let _ = d.event_destroy(ev);
+        }
+        drop(scratch_seg);
+        return_ring(ring);
+        stats.staged_bytes = stage.staged.load(Ordering::SeqCst);
+        stats.read_bytes = stage.read.load(Ordering::SeqCst);
+        stats.streamed_bytes = stage.streamed.load(Ordering::SeqCst);
+        stats.slot_fill_seconds = stage.fill_ns.load(Ordering::Relaxed) as f64 / 1e9;
+        stats.wait_seconds = stage.wait_ns.load(Ordering::Relaxed) as f64 / 1e9;
+        stats.issue_seconds = stage.issue_ns.load(Ordering::Relaxed) as f64 / 1e9;
+    } else if opts.strategy == Strategy::Hybrid {
+        run_workers(n_direct, &shared, ctl, total, &direct_only);
+    }
+    let done = shared.done.load(Ordering::SeqCst);
+    if let Some(e) = shared
+        .error
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .take()
+    {
+        return Err(e);
+    }
+    if shared.stop.load(Ordering::SeqCst) || done < total {
+        return Err(Error::Cancelled { done, total });
+    }
+    if let Some(p) = ctl.progress {
+        p(total, total);
+    }
+    stats.bytes = total;
+    stats.seconds = t0.elapsed().as_secs_f64();
+    Ok(stats)
+}
+
+/// Run `work` on `n` threads; poll progress and cancellation on the calling
+/// thread until they finish. A worker's error stops the others.
+fn run_workers(
+    n: usize,
+    shared: &Shared,
+    ctl: &Control<'_>,
+    total: u64,
+    work: &(dyn Fn(usize) -> Result<()> + Sync),
+) {
+    if n == 0 {
+        return;
+    }
+    std::thread::scope(|s| {
+        let handles: Vec<_> = (0..n)
+            .map(|w| {
+                s.spawn(move || {
+                    if let Err(e) = work(w) {
+                        shared.fail(e);
+                    }
+                })
+            })
+            .collect();
+        let mut last = u64::MAX;
+        while !handles.iter().all(|h| h.is_finished()) {
+            if ctl.cancel.is_some_and(|c| c.load(Ordering::SeqCst)) {
+                shared.stop.store(true, Ordering::SeqCst);
+            }
+            let done = shared.done.load(Ordering::Relaxed);
+            if done != last {
+                if let Some(p) = ctl.progress {
+                    p(done, total);
+                }
+                last = done;
+            }
+            std::thread::sleep(Duration::from_micros(500));
+        }
+        for h in handles {
+            if let Err(p) = h.join() {
+                shared.fail(Error::Panic(crate::panic_message(p.as_ref())));
+            }
+        }
+    });
+}
+
+/// Slot size, depth and page-cached fill for `workers` staging workers:
+/// [`geometry::with_overrides`] for the CPU's last-level cache and the caller's
+/// explicit slot size or depth, except that `read`, and `auto`/`hybrid` on a
+/// checkpoint mostly not in the page cache, keep large slots: those slots are
+/// filled by `pread`, and large reads keep the disk busy.
+fn staging_geometry(
+    opts: &CopyOptions,
+    shards: &[Shard],
+    staged: &[Extent],
+    workers: usize,
+) -> Geometry {
+    let nonzero = |v: usize| (v != 0).then_some(v);
+    let (slot, depth) = (nonzero(opts.slot_bytes), nonzero(opts.depth));
+    let cold = match opts.strategy {
+        Strategy::Read => true,
+        Strategy::Auto | Strategy::Hybrid => resident_share(shards, staged) < 0.5,
+        _ => false,
+    };
+    let llc = if cold {
+        None
+    } else {
+        geometry::usable_cache_bytes(geometry::last_level_caches(), workers)
+    };
+    geometry::with_overrides(llc, workers, slot, depth)
+}
+
+/// Threads the staging phase runs for direct windows (Hybrid runs both at once).
+fn n_direct_for(opts: &CopyOptions, n_direct: usize) -> usize {
+    if opts.strategy == Strategy::Hybrid {
+        n_direct
+    } else {
+        0
+    }
+}
