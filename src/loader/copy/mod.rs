@@ -12,6 +12,9 @@
 //!   the page cache: the **read** path; **populate** faults a slot's pages in
 //!   at once first) into their own slots of a pinned staging ring (`depth` per
 //!   worker, events guard reuse) and queue async copies on their own stream.
+//!   Slot size and depth keep the slots in use in the CPU's last-level cache
+//!   where they fit ([`geometry`](crate::loader::geometry)); **stream** fills
+//!   with streaming stores, for rings that cannot fit.
 //!   The ring is pinned once and cached process-wide per driver
 //!   ([`super::staging::acquire_ring`]), so later loads and Reload replays skip
 //!   pinning. A job reads one shard; adjacent pieces are read and transferred
