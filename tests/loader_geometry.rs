@@ -12,6 +12,14 @@ use vmmweights::loader::geometry::{self, CachedFill};
 use vmmweights::loader::staging::resident_fraction;
 use vmmweights::loader::*;
 
+/// Loads in one process share the cache (`geometry::ActiveWorkers`), so the
+/// tests here, which check the geometry one load gets, run one at a time.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 /// About 28 MB of bf16: enough 1 MiB residency probes to tell cached from cold.
 const MEDIUM: Shape = Shape {
     layers: 4,
@@ -59,7 +67,8 @@ fn load_default(dir: &std::path::Path, t: &Tensors) -> CopyStats {
 
 /// The geometry `workers` staging workers should get on this machine.
 fn expected(workers: usize) -> geometry::Geometry {
-    let usable = geometry::usable_cache_bytes(geometry::last_level_caches(), workers);
+    // No other load runs meanwhile (`serial`).
+    let usable = geometry::cache_share(geometry::last_level_caches(), workers, 0);
     geometry::for_cache(usable, workers)
 }
 
@@ -94,6 +103,7 @@ fn drop_from_page_cache(files: &[std::path::PathBuf]) -> f64 {
 
 #[test]
 fn page_cached_load_uses_the_slots_sized_for_this_machines_cache() {
+    let _one = serial();
     let t = generate(&MEDIUM, Dtype::Bf16);
     let dir = tempfile::tempdir().unwrap();
     write_sharded(dir.path(), &t, Dtype::Bf16, 2);
@@ -118,6 +128,7 @@ fn page_cached_load_uses_the_slots_sized_for_this_machines_cache() {
 
 #[test]
 fn slots_given_too_large_for_the_cache_are_streamed() {
+    let _one = serial();
     let t = generate(&MEDIUM, Dtype::Bf16);
     let dir = tempfile::tempdir().unwrap();
     write_sharded(dir.path(), &t, Dtype::Bf16, 2);
@@ -131,7 +142,7 @@ fn slots_given_too_large_for_the_cache_are_streamed() {
             ..Default::default()
         },
     );
-    let usable = geometry::usable_cache_bytes(geometry::last_level_caches(), 2);
+    let usable = geometry::cache_share(geometry::last_level_caches(), 2, 0);
     let want = geometry::with_overrides(usable, 2, Some(slot), None);
     assert_eq!(
         (stats.slot_bytes, stats.depth),
@@ -152,7 +163,41 @@ fn slots_given_too_large_for_the_cache_are_streamed() {
 }
 
 #[test]
+fn a_load_running_meanwhile_leaves_a_smaller_share_of_the_cache() {
+    let _one = serial();
+    let t = generate(&MEDIUM, Dtype::Bf16);
+    let dir = tempfile::tempdir().unwrap();
+    write_sharded(dir.path(), &t, Dtype::Bf16, 2);
+    let caches = geometry::last_level_caches();
+    // Stand-in for loads on other devices: 62 staging workers running.
+    let (others, _) = geometry::ActiveWorkers::enter(62);
+    let stats = load_with(
+        dir.path(),
+        &t,
+        CopyOptions {
+            threads: 2,
+            ..Default::default()
+        },
+    );
+    drop(others);
+    let shared = geometry::for_cache(geometry::cache_share(caches, 2, 62), 2);
+    assert_eq!(
+        (stats.slot_bytes, stats.depth),
+        (shared.slot_bytes as u64, shared.depth),
+        "{stats:?}"
+    );
+    // Where this machine's cache would give 2 workers alone cache-resident
+    // slots, 64 workers sharing it get less or none (CI's 32 MiB L3: 4 MiB
+    // slots alone, the large streamed shape shared).
+    let alone = geometry::for_cache(geometry::cache_share(caches, 2, 0), 2);
+    if alone.fill == CachedFill::CacheResident {
+        assert!(shared.slot_bytes < alone.slot_bytes || shared == geometry::LARGE);
+    }
+}
+
+#[test]
 fn hybrid_without_direct_windows_sizes_slots_for_all_its_workers() {
+    let _one = serial();
     let t = generate(&MEDIUM, Dtype::Bf16);
     let dir = tempfile::tempdir().unwrap();
     write_sharded(dir.path(), &t, Dtype::Bf16, 2);
@@ -178,6 +223,7 @@ fn hybrid_without_direct_windows_sizes_slots_for_all_its_workers() {
 
 #[test]
 fn cold_checkpoint_is_read_with_large_slots() {
+    let _one = serial();
     let t = generate(&MEDIUM, Dtype::Bf16);
     let dir = tempfile::tempdir().unwrap();
     write_sharded(dir.path(), &t, Dtype::Bf16, 2);

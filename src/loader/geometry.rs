@@ -13,6 +13,7 @@
 //! the best choice while the ring could not fit).
 
 use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// How a staging worker fills a slot from page-cached data.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -122,6 +123,38 @@ fn fitted(
             fill: CachedFill::Streaming,
         }
     }
+}
+
+/// Staging workers of the executions running now in this process (several
+/// devices loading at once): they share one last-level cache.
+static ACTIVE_WORKERS: AtomicUsize = AtomicUsize::new(0);
+
+/// Counts an execution's staging workers as active until dropped, so loads
+/// that start meanwhile size their slots for what is left of the cache.
+#[derive(Debug)]
+pub struct ActiveWorkers(usize);
+
+impl ActiveWorkers {
+    /// Count `workers` in; returns the guard and how many were active before.
+    pub fn enter(workers: usize) -> (ActiveWorkers, usize) {
+        let before = ACTIVE_WORKERS.fetch_add(workers, Ordering::SeqCst);
+        (ActiveWorkers(workers), before)
+    }
+}
+
+impl Drop for ActiveWorkers {
+    fn drop(&mut self) {
+        ACTIVE_WORKERS.fetch_sub(self.0, Ordering::SeqCst);
+    }
+}
+
+/// The part of the last-level cache our `workers` may fill while `others`
+/// staging workers of other executions run: what all of them can use
+/// together ([`usable_cache_bytes`]), split by worker count.
+pub fn cache_share(caches: &[u64], workers: usize, others: usize) -> Option<u64> {
+    let mine = workers.max(1);
+    let all = mine + others;
+    usable_cache_bytes(caches, all).map(|b| (b as u128 * mine as u128 / all as u128) as u64)
 }
 
 /// The caches at the highest level sysfs describes for the CPUs this process
@@ -357,6 +390,37 @@ mod tests {
         assert_eq!(usable_cache_bytes(&[32 << 20, 64 << 20], 1), Some(64 << 20));
         assert_eq!(usable_cache_bytes(&[32 << 20, 64 << 20], 0), Some(64 << 20));
         assert_eq!(usable_cache_bytes(&[], 16), None);
+    }
+
+    #[test]
+    fn concurrent_loads_split_the_cache_by_workers() {
+        let l3 = [300u64 << 20];
+        assert_eq!(cache_share(&l3, 16, 0), Some(300 << 20));
+        assert_eq!(cache_share(&l3, 16, 16), Some(150 << 20));
+        // Two 16-worker loads at once still get 2 MiB slots; a third streams.
+        assert_eq!(for_cache(cache_share(&l3, 16, 16), 16).slot_bytes, 2 * MIB);
+        assert_eq!(for_cache(cache_share(&l3, 16, 32), 16), LARGE);
+        // Per-core caches: other loads' workers bring their own cores' caches.
+        let l2 = vec![2u64 << 20; 64];
+        assert_eq!(cache_share(&l2, 16, 16), Some(32 << 20));
+        assert_eq!(cache_share(&[], 16, 0), None);
+    }
+
+    #[test]
+    fn active_workers_count_until_dropped() {
+        // Other tests in this process may load at the same time, so only
+        // lower bounds hold: what this test itself keeps active.
+        let (a, _) = ActiveWorkers::enter(1000);
+        let (b, before_b) = ActiveWorkers::enter(7);
+        assert!(before_b >= 1000, "{before_b}");
+        drop(a);
+        let (_c, before_c) = ActiveWorkers::enter(1);
+        assert!(before_c >= 7, "{before_c}");
+        assert!(
+            before_c < 1000,
+            "the dropped 1000 still counted: {before_c}"
+        );
+        drop(b);
     }
 
     #[test]

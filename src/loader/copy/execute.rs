@@ -103,7 +103,14 @@ pub fn execute(
     } else {
         threads
     };
-    let geom = staging_geometry(opts, shards, &staged, staging_workers);
+    // Counted while this execution runs, so concurrent loads share the cache.
+    let (_active, others) = if staged.is_empty() {
+        (None, 0)
+    } else {
+        let (guard, others) = geometry::ActiveWorkers::enter(staging_workers);
+        (Some(guard), others)
+    };
+    let geom = staging_geometry(opts, shards, &staged, staging_workers, others);
     let slot_bytes = (geom.slot_bytes.max(PAGE as usize) as u64).div_ceil(PAGE) * PAGE;
     let jobs = make_jobs(&staged, slot_bytes);
 
@@ -313,8 +320,9 @@ fn run_workers(
     });
 }
 
-/// Slot size, depth and page-cached fill for `workers` staging workers:
-/// [`geometry::with_overrides`] for the CPU's last-level cache and the caller's
+/// Slot size, depth and page-cached fill for `workers` staging workers while
+/// `others` of other executions run: [`geometry::with_overrides`] for this
+/// execution's share of the CPU's last-level cache and the caller's
 /// explicit slot size or depth, except that `read`, and `auto`/`hybrid` on a
 /// checkpoint mostly not in the page cache, keep large slots: those slots are
 /// filled by `pread`, and large reads keep the disk busy.
@@ -323,6 +331,7 @@ fn staging_geometry(
     shards: &[Shard],
     staged: &[Extent],
     workers: usize,
+    others: usize,
 ) -> Geometry {
     let nonzero = |v: usize| (v != 0).then_some(v);
     let (slot, depth) = (nonzero(opts.slot_bytes), nonzero(opts.depth));
@@ -334,7 +343,7 @@ fn staging_geometry(
     let llc = if cold {
         None
     } else {
-        geometry::usable_cache_bytes(geometry::last_level_caches(), workers)
+        geometry::cache_share(geometry::last_level_caches(), workers, others)
     };
     geometry::with_overrides(llc, workers, slot, depth)
 }
