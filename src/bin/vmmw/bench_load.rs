@@ -66,8 +66,9 @@ pub struct Args {
     /// Also drop the page cache and measure the disk and a cold load (needs root).
     #[arg(long)]
     cold: bool,
-    /// Cold rounds: each measures the disk, then a cold load (medians reported),
-    /// so a disk whose speed drifts is compared with itself.
+    /// Cold rounds: each measures the disk, then a cold load (means reported:
+    /// a median of two would pair one round's disk with the other's load), so
+    /// a disk whose speed drifts is compared with itself.
     #[arg(long, default_value_t = 2)]
     cold_repeat: usize,
     /// Check every extent's first and last bytes on the device against the file.
@@ -414,11 +415,13 @@ pub fn run(a: Args) -> Result<()> {
             last = Some(ex.stats);
         }
         if let Some(stats) = last {
-            let rate = median(&mut rates.clone());
-            let t = median(&mut secs.clone());
-            let gbps = bytes as f64 / t / 1e9;
+            let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
+            let rate = mean(&rates);
+            let per_round: Vec<f64> = secs.iter().map(|t| bytes as f64 / t / 1e9).collect();
+            let gbps = mean(&per_round);
+            let t = bytes as f64 / gbps / 1e9;
             println!(
-                "disk parallel read, median of {}: {rate:.2} GB/s",
+                "disk parallel read, mean of {}: {rate:.2} GB/s",
                 rates.len()
             );
             println!(
@@ -436,6 +439,7 @@ pub fn run(a: Args) -> Result<()> {
                 label: "auto".into(),
                 cache: "cold",
                 seconds: secs,
+                // Cold: the time of the mean rate over the rounds.
                 median_s: t,
                 gbps,
                 copy_gbps: stats.gbps(),
