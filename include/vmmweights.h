@@ -914,10 +914,12 @@ int32_t vmmw_loader_result(const struct vmmw_loader_t *loader, struct vmmw_load_
 int32_t vmmw_loader_result_json(const struct vmmw_loader_t *loader, char *buf, size_t cap, size_t *needed, struct vmmw_error_t **error);
 
 /**
- * Bytes of pinned host staging the loader keeps cached for this pool's device
- * into `*out` (0 when none). Loads and Reload wakes pin a staging ring once
- * (sized to the CPU's last-level cache, 128 MiB on a 300 MiB L3 with 16
- * workers) and reuse it. Thread-safe.
+ * Bytes of pinned host staging the loader keeps cached for this pool's
+ * driver into `*out` (0 when none). Loads and Reload wakes pin a staging ring
+ * once (sized to the CPU's last-level cache, 128 MiB on a 300 MiB L3 with 16
+ * workers) and reuse it. The cache is per opened driver: pools created from
+ * one `vmmw_device_t` share it; a pool that opened its device itself
+ * (`device_handle` NULL) has its own. Thread-safe.
  *
  * # Safety
  * `pool` is a live handle; `out` is writable; `error` is NULL or writable.
@@ -925,7 +927,8 @@ int32_t vmmw_loader_result_json(const struct vmmw_loader_t *loader, char *buf, s
 int32_t vmmw_pool_staging_bytes(const struct vmmw_pool_t *pool, uint64_t *out, struct vmmw_error_t **error);
 
 /**
- * Unpin and free the staging ring cached for this pool's device;
+ * Unpin and free the staging ring cached for this pool's driver (see
+ * `vmmw_pool_staging_bytes`);
  * `*released` receives its bytes (0 when none was cached). The next load or
  * Reload wake pins a new one (milliseconds). A load running concurrently
  * keeps its ring and caches it again when it finishes. Thread-safe.

@@ -260,7 +260,8 @@ func (p *Pool) ReserveBackup(bytes uint64) error {
 }
 
 // StagingBytes is the pinned host staging the loader keeps cached for this
-// pool's device (loads and Reload wakes pin a ring once and reuse it).
+// pool's driver (loads and Reload wakes pin a ring once and reuse it; pools
+// made from one Device share it).
 func (p *Pool) StagingBytes() (uint64, error) {
 	var out C.uint64_t
 	err := p.do(func(cp *C.vmmw_pool_t, e **C.vmmw_error_t) C.int32_t {
@@ -270,7 +271,7 @@ func (p *Pool) StagingBytes() (uint64, error) {
 }
 
 // ReleaseStaging unpins the loader's cached staging ring for this pool's
-// device; the bytes unpinned. The next load pins a new one.
+// driver; the bytes unpinned. The next load pins a new one.
 func (p *Pool) ReleaseStaging() (uint64, error) {
 	var out C.uint64_t
 	err := p.do(func(cp *C.vmmw_pool_t, e **C.vmmw_error_t) C.int32_t {

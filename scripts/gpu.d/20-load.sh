@@ -42,7 +42,7 @@ cold = [x for x in o["runs"] if x["cache"] == "cold"]
 s = "link %.1f GB/s; reference %.2f; ours auto %.1f GB/s (%.0f%% of link, target 90%%), best %s %.1f" % (
     link, r["reference_cached_gbps"], auto["gbps"], 100 * auto["gbps"] / link, best.get("label", best["strategy"]), best["gbps"])
 if cold and o.get("disk_read_gbps"):
-    s += "; cold %.2f GB/s (%.0f%% of disk %.2f)" % (cold[0]["gbps"], 100 * cold[0]["gbps"] / o["disk_read_gbps"], o["disk_read_gbps"])
+    s += "; cold %.2f GB/s (%.0f%% of disk %.2f)" % (cold[0]["gbps"], 100 * cold[0]["ratio"], o["disk_read_gbps"])
 print(s)' "$out")
   result "load: bench" INFO "$summary"
 else

@@ -129,8 +129,11 @@ fn fitted(
 /// devices loading at once): they share one last-level cache.
 static ACTIVE_WORKERS: AtomicUsize = AtomicUsize::new(0);
 
-/// Counts an execution's staging workers as active until dropped, so loads
-/// that start meanwhile size their slots for what is left of the cache.
+/// Counts an execution's staging workers as active until dropped, so a load
+/// that starts meanwhile sizes its slots for its share of the cache by worker
+/// count ([`cache_share`]). Loads already running keep the slots they chose:
+/// first come, first sized; two 16-worker loads started together on a
+/// 300 MiB L3 take 128 + 64 MiB, and a third streams.
 #[derive(Debug)]
 pub struct ActiveWorkers(usize);
 

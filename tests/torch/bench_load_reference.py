@@ -210,7 +210,8 @@ def main():
             best = max(best or 0, r["gbps"])
         else:
             disk = ours.get("disk_read_gbps")
-            print(f"ours {r.get('label', r['strategy']):<9} cold: {r['gbps']:.2f} GB/s ({r['gbps'] / disk:.0%} of disk {disk:.2f} GB/s)")
+            print(f"ours {r.get('label', r['strategy']):<9} cold: {r['gbps']:.2f} GB/s ({r['ratio']:.0%} of disk, "
+                  f"mean of the rounds' ratios; disk {disk:.2f} GB/s, mean)")
     if ref_cold:
         print(f"reference cold: {ref_cold:.2f} GB/s")
     result = {

@@ -419,14 +419,15 @@ class Pool {
     return r;
   }
 
-  /// Bytes of pinned host staging the loader keeps cached for this pool's device.
+  /// Bytes of pinned host staging the loader keeps cached for this pool's driver
+  /// (shared by pools made from one vmmw_device_t).
   uint64_t staging_bytes() const {
     uint64_t r = 0;
     detail::call([&](vmmw_error_t** e) { return vmmw_pool_staging_bytes(get_checked(), &r, e); });
     return r;
   }
 
-  /// Unpin the loader's cached staging ring for this device; the bytes unpinned.
+  /// Unpin the loader's cached staging ring for this pool's driver; the bytes unpinned.
   /// The next load pins a new one.
   uint64_t release_staging() const {
     uint64_t r = 0;

@@ -256,7 +256,7 @@ fn reload_rows(d: &Arc<dyn Driver>, path: &std::path::Path) -> Result<(f64, f64,
     let load_s = t.elapsed().as_secs_f64();
     let st = &plan.stats;
     println!(
-        "reload: first load of the checkpoint: {:.3} s; copied {} B (streamed {}), read from disk {} B, ring {} MiB ({}, {:.3} s)",
+        "reload: first load of the checkpoint: {:.3} s; copied from the page cache {} B (streamed {}), read with pread (not in the page cache) {} B, ring {} MiB ({}, {:.3} s)",
         load_s,
         st.staged_bytes,
         st.streamed_bytes,
@@ -515,7 +515,7 @@ fn bench(
     if let Some(path) = reload {
         let (rb, load_s, wake_s, sleep_s) = reload_rows(&d, path)?;
         rows.push(row(
-            "ours: first load in the process (page-cached)",
+            "ours: first load in the process (page cache as found)",
             load_s,
             rb,
             Some(h2d),

@@ -23,6 +23,8 @@ pub(super) struct Shared {
     pub(super) stop: AtomicBool,
     pub(super) done: AtomicU64,
     error: Mutex<Option<Error>>,
+    /// A worker panicked: it unwound without waiting for its queued copies.
+    panicked: AtomicBool,
 }
 
 impl Shared {
@@ -104,13 +106,15 @@ pub fn execute(
         threads
     };
     // Counted while this execution runs, so concurrent loads share the cache.
-    let (_active, others) = if staged.is_empty() {
+    // Cold loads read into large slots and leave the cache alone.
+    let cold = !staged.is_empty() && reads_cold(opts, shards, &staged);
+    let (_active, others) = if staged.is_empty() || cold {
         (None, 0)
     } else {
         let (guard, others) = geometry::ActiveWorkers::enter(staging_workers);
         (Some(guard), others)
     };
-    let geom = staging_geometry(opts, shards, &staged, staging_workers, others);
+    let geom = staging_geometry(opts, cold, staging_workers, others);
     let slot_bytes = (geom.slot_bytes.max(PAGE as usize) as u64).div_ceil(PAGE) * PAGE;
     let jobs = make_jobs(&staged, slot_bytes);
 
@@ -241,12 +245,21 @@ pub fn execute(
             stats.direct_seconds = direct_secs.load(Ordering::Relaxed) as f64 / 1e9;
         }
         // Every worker synchronized its slots (and the scratch events ride on
-        // their streams), so the ring and scratch are idle now.
+        // their streams), so the ring and scratch are idle now; except after a
+        // panic, which skipped that wait: then wait for the device, and if even
+        // that fails, never free or reuse them (a leak, not a device reading
+        // memory that was handed out again).
+        let idle = !shared.panicked.load(Ordering::SeqCst) || d.synchronize().is_ok();
         for ev in scratch_events {
             let _ = d.event_destroy(ev);
         }
-        drop(scratch_seg);
-        return_ring(ring);
+        if idle {
+            drop(scratch_seg);
+            return_ring(ring);
+        } else {
+            std::mem::forget(scratch_seg);
+            std::mem::forget(ring);
+        }
         stats.staged_bytes = stage.staged.load(Ordering::SeqCst);
         stats.read_bytes = stage.read.load(Ordering::SeqCst);
         stats.streamed_bytes = stage.streamed.load(Ordering::SeqCst);
@@ -314,6 +327,7 @@ fn run_workers(
         }
         for h in handles {
             if let Err(p) = h.join() {
+                shared.panicked.store(true, Ordering::SeqCst);
                 shared.fail(Error::Panic(crate::panic_message(p.as_ref())));
             }
         }
@@ -326,26 +340,26 @@ fn run_workers(
 /// explicit slot size or depth, except that `read`, and `auto`/`hybrid` on a
 /// checkpoint mostly not in the page cache, keep large slots: those slots are
 /// filled by `pread`, and large reads keep the disk busy.
-fn staging_geometry(
-    opts: &CopyOptions,
-    shards: &[Shard],
-    staged: &[Extent],
-    workers: usize,
-    others: usize,
-) -> Geometry {
+fn staging_geometry(opts: &CopyOptions, cold: bool, workers: usize, others: usize) -> Geometry {
     let nonzero = |v: usize| (v != 0).then_some(v);
     let (slot, depth) = (nonzero(opts.slot_bytes), nonzero(opts.depth));
-    let cold = match opts.strategy {
-        Strategy::Read => true,
-        Strategy::Auto | Strategy::Hybrid => resident_share(shards, staged) < 0.5,
-        _ => false,
-    };
     let llc = if cold {
         None
     } else {
         geometry::cache_share(geometry::last_level_caches(), workers, others)
     };
     geometry::with_overrides(llc, workers, slot, depth)
+}
+
+/// Whether the staged slots will be filled by `pread` from disk: always for
+/// `read`; for `auto`/`hybrid` when most of the sampled source bytes are not
+/// in the page cache.
+fn reads_cold(opts: &CopyOptions, shards: &[Shard], staged: &[Extent]) -> bool {
+    match opts.strategy {
+        Strategy::Read => true,
+        Strategy::Auto | Strategy::Hybrid => resident_share(shards, staged) < 0.5,
+        _ => false,
+    }
 }
 
 /// Threads the staging phase runs for direct windows (Hybrid runs both at once).
