@@ -33,6 +33,14 @@ const MEDIUM: Shape = Shape {
     qk_norm: true,
 };
 
+/// A fresh two-shard MEDIUM checkpoint: its tensors and the folder holding it.
+fn medium_checkpoint() -> (Tensors, tempfile::TempDir) {
+    let t = generate(&MEDIUM, Dtype::Bf16);
+    let dir = tempfile::tempdir().unwrap();
+    write_sharded(dir.path(), &t, Dtype::Bf16, 2);
+    (t, dir)
+}
+
 /// Load `dir` (written from `t`) with `copy`; assert every tensor's bytes
 /// against `t` (not the file, which would pull it into the page cache); return
 /// the stats.
@@ -104,9 +112,7 @@ fn drop_from_page_cache(files: &[std::path::PathBuf]) -> f64 {
 #[test]
 fn page_cached_load_uses_the_slots_sized_for_this_machines_cache() {
     let _one = serial();
-    let t = generate(&MEDIUM, Dtype::Bf16);
-    let dir = tempfile::tempdir().unwrap();
-    write_sharded(dir.path(), &t, Dtype::Bf16, 2);
+    let (t, dir) = medium_checkpoint();
     let stats = load_default(dir.path(), &t);
     let want = expected(stats.threads);
     assert_eq!(stats.slot_bytes, want.slot_bytes as u64, "{stats:?}");
@@ -129,9 +135,7 @@ fn page_cached_load_uses_the_slots_sized_for_this_machines_cache() {
 #[test]
 fn slots_given_too_large_for_the_cache_are_streamed() {
     let _one = serial();
-    let t = generate(&MEDIUM, Dtype::Bf16);
-    let dir = tempfile::tempdir().unwrap();
-    write_sharded(dir.path(), &t, Dtype::Bf16, 2);
+    let (t, dir) = medium_checkpoint();
     let slot = 32 << 20;
     let stats = load_with(
         dir.path(),
@@ -165,9 +169,7 @@ fn slots_given_too_large_for_the_cache_are_streamed() {
 #[test]
 fn a_load_running_meanwhile_leaves_a_smaller_share_of_the_cache() {
     let _one = serial();
-    let t = generate(&MEDIUM, Dtype::Bf16);
-    let dir = tempfile::tempdir().unwrap();
-    write_sharded(dir.path(), &t, Dtype::Bf16, 2);
+    let (t, dir) = medium_checkpoint();
     let caches = geometry::last_level_caches();
     // Stand-in for loads on other devices: 62 staging workers running.
     let (others, _) = geometry::ActiveWorkers::enter(62);
@@ -198,9 +200,7 @@ fn a_load_running_meanwhile_leaves_a_smaller_share_of_the_cache() {
 #[test]
 fn hybrid_without_direct_windows_sizes_slots_for_all_its_workers() {
     let _one = serial();
-    let t = generate(&MEDIUM, Dtype::Bf16);
-    let dir = tempfile::tempdir().unwrap();
-    write_sharded(dir.path(), &t, Dtype::Bf16, 2);
+    let (t, dir) = medium_checkpoint();
     // 0% direct: no windows, so all 3 threads stage.
     let stats = load_with(
         dir.path(),
@@ -224,9 +224,7 @@ fn hybrid_without_direct_windows_sizes_slots_for_all_its_workers() {
 #[test]
 fn cold_checkpoint_is_read_with_large_slots() {
     let _one = serial();
-    let t = generate(&MEDIUM, Dtype::Bf16);
-    let dir = tempfile::tempdir().unwrap();
-    write_sharded(dir.path(), &t, Dtype::Bf16, 2);
+    let (t, dir) = medium_checkpoint();
     let left = drop_from_page_cache(&shard_files(dir.path()));
     if left > 0.2 {
         eprintln!(
