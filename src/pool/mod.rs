@@ -203,6 +203,17 @@ struct State {
     timeline: Vec<Boundary>,
 }
 
+impl State {
+    /// Every segment of `tag`, for sleep and wake to act on.
+    fn tag_segments(&mut self, tag: TagId) -> Vec<&mut Segment> {
+        self.segs
+            .values_mut()
+            .filter(|e| e.tag == tag)
+            .map(|e| &mut e.seg)
+            .collect()
+    }
+}
+
 /// A caching pool of VMM segments on one device. `Send + Sync`; every method
 /// takes `&self` and locks internally.
 #[derive(Debug)]
@@ -593,14 +604,7 @@ impl Pool {
         tag: TagId,
         f: impl FnOnce(&mut [&mut Segment]) -> R,
     ) -> R {
-        let mut st = self.lock();
-        let mut segs: Vec<&mut Segment> = st
-            .segs
-            .values_mut()
-            .filter(|e| e.tag == tag)
-            .map(|e| &mut e.seg)
-            .collect();
-        f(&mut segs)
+        f(&mut self.lock().tag_segments(tag))
     }
 
     /// Mark `tag` asleep (allocation refused, frees only update bookkeeping) or awake.

@@ -9,7 +9,7 @@ use super::Pool;
 use crate::driver::DevicePtr;
 use crate::error::{Error, Result};
 use crate::reload::ReloadSource;
-use crate::segment::{Segment, SleepState};
+use crate::segment::SleepState;
 use crate::sleep::{CycleReport, Policy, SleepEngine, SleepOptions};
 use crate::tag::{self, TagId};
 
@@ -53,12 +53,7 @@ impl Pool {
             let r = {
                 let mut st = self.lock();
                 st.tags.entry(t).or_default().asleep = true;
-                let mut segs: Vec<&mut Segment> = st
-                    .segs
-                    .values_mut()
-                    .filter(|e| e.tag == t)
-                    .map(|e| &mut e.seg)
-                    .collect();
+                let mut segs = st.tag_segments(t);
                 let r = self.sleep.sleep(t, &mut segs, policy);
                 let any_asleep = segs.iter().any(|s| s.sleep_state() != SleepState::Awake);
                 drop(segs);
@@ -110,12 +105,7 @@ impl Pool {
         for t in tags {
             let r = {
                 let mut st = self.lock();
-                let mut segs: Vec<&mut Segment> = st
-                    .segs
-                    .values_mut()
-                    .filter(|e| e.tag == t)
-                    .map(|e| &mut e.seg)
-                    .collect();
+                let mut segs = st.tag_segments(t);
                 let r = self.sleep.wake(t, &mut segs);
                 let all_awake = segs.iter().all(|s| s.sleep_state() == SleepState::Awake);
                 drop(segs);
