@@ -15,7 +15,6 @@ pub struct Pinned<'d> {
     driver: &'d dyn Driver,
     ptr: *mut u8,
     len: usize,
-    registered: bool,
 }
 
 // SAFETY: the buffer is plain memory owned by this value; access to its bytes is
@@ -28,17 +27,8 @@ unsafe impl Sync for Pinned<'_> {}
 impl<'d> Pinned<'d> {
     /// Map `len` bytes, advise huge pages, touch every page, register them.
     pub fn new(driver: &'d dyn Driver, len: usize) -> Result<Pinned<'d>> {
-        let (ptr, len) = crate::hostmem::map_populated(len, "pinned staging buffer")?;
-        let mut me = Pinned {
-            driver,
-            ptr,
-            len,
-            registered: false,
-        };
-        // SAFETY: the mapping is valid and outlives the registration (unregistered in drop).
-        unsafe { driver.host_register(me.ptr, len, false) }?;
-        me.registered = true;
-        Ok(me)
+        let (ptr, len) = map_registered(driver, len, "pinned staging buffer")?;
+        Ok(Pinned { driver, ptr, len })
     }
 
     /// Start of the buffer.
@@ -57,13 +47,26 @@ impl<'d> Pinned<'d> {
     }
 }
 
+/// Map `len` bytes (huge pages, populated from several threads) and register
+/// them with `driver`; the mapping is undone when registration fails. The
+/// caller unregisters and unmaps (`what` names the buffer in errors).
+fn map_registered(driver: &dyn Driver, len: usize, what: &str) -> Result<(*mut u8, usize)> {
+    let (p, len) = crate::hostmem::map_populated(len, what)?;
+    // SAFETY: the mapping is valid for `len` bytes; the caller unregisters it
+    // before unmapping.
+    if let Err(e) = unsafe { driver.host_register(p, len, false) } {
+        // SAFETY: our own mapping, not registered, not shared.
+        unsafe { crate::hostmem::unmap(p, len) };
+        return Err(e);
+    }
+    Ok((p, len))
+}
+
 impl Drop for Pinned<'_> {
     fn drop(&mut self) {
-        if self.registered {
-            // SAFETY: registered in `new`; the engine synchronizes every copy from
-            // this buffer before dropping it.
-            let _ = unsafe { self.driver.host_unregister(self.ptr) };
-        }
+        // SAFETY: registered in `new`; the engine synchronizes every copy from
+        // this buffer before dropping it.
+        let _ = unsafe { self.driver.host_unregister(self.ptr) };
         // SAFETY: mapped by `map_populated`, unregistered above, no copy uses it.
         unsafe { crate::hostmem::unmap(self.ptr, self.len) };
     }
@@ -92,13 +95,7 @@ unsafe impl Sync for Ring {}
 
 impl Ring {
     fn new(driver: &Arc<dyn Driver>, len: usize) -> Result<Ring> {
-        let (p, len) = crate::hostmem::map_populated(len, "pinned staging ring")?;
-        // SAFETY: the mapping is valid for `len` bytes; Drop unregisters before unmapping.
-        if let Err(e) = unsafe { driver.host_register(p, len, false) } {
-            // SAFETY: our own mapping, not registered, not shared.
-            unsafe { crate::hostmem::unmap(p, len) };
-            return Err(e);
-        }
+        let (p, len) = map_registered(driver.as_ref(), len, "pinned staging ring")?;
         Ok(Ring {
             driver: Arc::downgrade(driver),
             ptr: p,
