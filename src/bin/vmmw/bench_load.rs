@@ -140,11 +140,14 @@ fn drop_caches() -> Result<()> {
         .map_err(|e| Error::io("/proc/sys/vm/drop_caches", e))
 }
 
-/// The host's page-cache read rate by memcpy: `threads` threads copy the whole
-/// (page-cached) checkpoint, 16 MiB at a time, from a fresh mapping into their
-/// own buffers; no device involved. The ceiling of any staging path on this host.
-fn cache_copy_bandwidth(path: &std::path::Path, threads: usize) -> Result<f64> {
-    let ckpt = Checkpoint::open(path)?;
+/// GB/s of `threads` threads running `read(buffer, shard, offset)` over every
+/// 16 MiB chunk of the checkpoint's files; `read` returns the bytes it moved.
+/// Each thread has its own buffer, allocated before the clock starts.
+fn chunked_rate(
+    ckpt: &Checkpoint,
+    threads: usize,
+    read: impl Fn(&mut [u8], &vmmweights::loader::Shard, u64) -> u64 + Sync,
+) -> f64 {
     let chunk = 16u64 << 20;
     let work: Vec<(usize, u64)> = ckpt
         .shards
@@ -158,51 +161,38 @@ fn cache_copy_bandwidth(path: &std::path::Path, threads: usize) -> Result<f64> {
     let t0 = Instant::now();
     std::thread::scope(|sc| {
         for buf in bufs.iter_mut() {
-            let (next, bytes, work, ckpt) = (&next, &bytes, &work, &ckpt);
+            let (next, bytes, work, read) = (&next, &bytes, &work, &read);
             sc.spawn(move || loop {
                 let i = next.fetch_add(1, Ordering::SeqCst);
                 let Some(&(s, off)) = work.get(i) else { break };
-                let sh = &ckpt.shards[s];
-                let n = chunk.min(sh.len - off) as usize;
-                // SAFETY: `off + n <= len` inside the shard's mapping; `buf` holds `chunk` bytes.
-                unsafe { std::ptr::copy_nonoverlapping(sh.ptr(off), buf.as_mut_ptr(), n) };
-                bytes.fetch_add(n as u64, Ordering::SeqCst);
+                bytes.fetch_add(read(buf, &ckpt.shards[s], off), Ordering::SeqCst);
             });
         }
     });
     let secs = t0.elapsed().as_secs_f64();
     std::hint::black_box(&bufs);
-    Ok(bytes.load(Ordering::SeqCst) as f64 / secs / 1e9)
+    bytes.load(Ordering::SeqCst) as f64 / secs / 1e9
+}
+
+/// The host's page-cache read rate by memcpy: `threads` threads copy the whole
+/// (page-cached) checkpoint, 16 MiB at a time, from a fresh mapping into their
+/// own buffers; no device involved. The ceiling of any staging path on this host.
+fn cache_copy_bandwidth(path: &std::path::Path, threads: usize) -> Result<f64> {
+    let ckpt = Checkpoint::open(path)?;
+    Ok(chunked_rate(&ckpt, threads, |buf, sh, off| {
+        let n = (buf.len() as u64).min(sh.len - off) as usize;
+        // SAFETY: `off + n <= len` inside the shard's mapping; `buf` holds at least `n` bytes.
+        unsafe { std::ptr::copy_nonoverlapping(sh.ptr(off), buf.as_mut_ptr(), n) };
+        n as u64
+    }))
 }
 
 /// The disk's parallel read rate over the checkpoint's files (page cache dropped first).
 fn disk_bandwidth(ckpt: &Checkpoint, threads: usize) -> Result<f64> {
     drop_caches()?;
-    let chunk = 16u64 << 20;
-    let work: Vec<(usize, u64)> = ckpt
-        .shards
-        .iter()
-        .enumerate()
-        .flat_map(|(i, s)| (0..s.len.div_ceil(chunk)).map(move |k| (i, k * chunk)))
-        .collect();
-    let next = AtomicUsize::new(0);
-    let bytes = AtomicU64::new(0);
-    let t0 = Instant::now();
-    std::thread::scope(|sc| {
-        for _ in 0..threads {
-            sc.spawn(|| {
-                let mut buf = vec![0u8; chunk as usize];
-                loop {
-                    let i = next.fetch_add(1, Ordering::SeqCst);
-                    let Some(&(s, off)) = work.get(i) else { break };
-                    if let Ok(n) = ckpt.shards[s].file.read_at(&mut buf, off) {
-                        bytes.fetch_add(n as u64, Ordering::SeqCst);
-                    }
-                }
-            });
-        }
-    });
-    Ok(bytes.load(Ordering::SeqCst) as f64 / t0.elapsed().as_secs_f64() / 1e9)
+    Ok(chunked_rate(ckpt, threads, |buf, sh, off| {
+        sh.file.read_at(buf, off).map_or(0, |n| n as u64)
+    }))
 }
 
 fn verify(d: &dyn Driver, ex: &ExecutedPlan) -> Result<usize> {
