@@ -59,10 +59,7 @@ fn every_conversion_pair_matches_the_cpu_reference() {
                 .unwrap();
                 rules.dtype = Some(dst);
                 let ckpt = Checkpoint::open(dir.path()).unwrap();
-                let alloc = SegmentAllocator::new(d.clone(), 4 << 20);
-                let mut reg = Registry::new();
-                reg.allocate(&Plan::destinations(&ckpt, &rules).unwrap(), &alloc)
-                    .unwrap();
+                let (_alloc, reg) = allocate_for(&d, &ckpt, &rules, 4 << 20);
                 fill_pattern(d.as_ref(), &reg);
                 let opts = LoadOptions {
                     copy: CopyOptions {

@@ -48,10 +48,7 @@ fn load_with(dir: &std::path::Path, t: &Tensors, copy: CopyOptions) -> CopyStats
     let d = host();
     let ckpt = Checkpoint::open(dir).unwrap();
     let rules = Rules::default();
-    let alloc = SegmentAllocator::new(d.clone(), 64 << 20);
-    let mut reg = Registry::new();
-    reg.allocate(&Plan::destinations(&ckpt, &rules).unwrap(), &alloc)
-        .unwrap();
+    let (_alloc, reg) = allocate_for(&d, &ckpt, &rules, 64 << 20);
     fill_pattern(d.as_ref(), &reg);
     let opts = LoadOptions {
         copy,

@@ -16,10 +16,7 @@ fn identity_load(dir: &std::path::Path, opts: CopyOptions) {
     let d = host();
     let ckpt = Checkpoint::open(dir).unwrap();
     let rules = Rules::default();
-    let alloc = SegmentAllocator::new(d.clone(), 4 << 20);
-    let mut reg = Registry::new();
-    reg.allocate(&Plan::destinations(&ckpt, &rules).unwrap(), &alloc)
-        .unwrap();
+    let (_alloc, reg) = allocate_for(&d, &ckpt, &rules, 4 << 20);
     fill_pattern(d.as_ref(), &reg);
     let expect: Vec<(String, Vec<u8>)> = ckpt
         .tensors
@@ -102,11 +99,8 @@ fn progress_reaches_total_and_cancel_leaves_destinations_untouched() {
     write_sharded(dir.path(), &t, Dtype::Bf16, 2);
     let d = host();
     let rules = Rules::default();
-    let alloc = SegmentAllocator::new(d.clone(), 4 << 20);
-    let mut reg = Registry::new();
     let ckpt = Checkpoint::open(dir.path()).unwrap();
-    reg.allocate(&Plan::destinations(&ckpt, &rules).unwrap(), &alloc)
-        .unwrap();
+    let (_alloc, reg) = allocate_for(&d, &ckpt, &rules, 4 << 20);
     fill_pattern(d.as_ref(), &reg);
 
     let cancel = AtomicBool::new(true);
@@ -141,10 +135,7 @@ fn executed_plan_reloads_exactly_the_requested_ranges() {
     let d = host();
     let rules = Rules::preset("qwen3", Some(Tp { rank: 1, world: 2 }), SMALL.head_dim).unwrap();
     let ckpt = Checkpoint::open(dir.path()).unwrap();
-    let alloc = SegmentAllocator::new(d.clone(), 8 << 20);
-    let mut reg = Registry::new();
-    reg.allocate(&Plan::destinations(&ckpt, &rules).unwrap(), &alloc)
-        .unwrap();
+    let (_alloc, reg) = allocate_for(&d, &ckpt, &rules, 8 << 20);
     let ex = load(
         &d,
         ckpt,
@@ -204,11 +195,8 @@ fn staging_ring_is_reused_across_loads_and_reload_replays() {
     write_sharded(dir.path(), &t, Dtype::Bf16, 2);
     let d = host();
     let rules = Rules::default();
-    let alloc = SegmentAllocator::new(d.clone(), 4 << 20);
-    let mut reg = Registry::new();
     let ckpt = Checkpoint::open(dir.path()).unwrap();
-    reg.allocate(&Plan::destinations(&ckpt, &rules).unwrap(), &alloc)
-        .unwrap();
+    let (_alloc, reg) = allocate_for(&d, &ckpt, &rules, 4 << 20);
     let opts = LoadOptions {
         copy: CopyOptions {
             strategy: Strategy::Read,
@@ -287,11 +275,8 @@ fn direct_load_replays_through_the_staging_ring() {
     write_file(&dir.path().join("model.safetensors"), &t, Dtype::Bf16);
     let d = host();
     let rules = Rules::default();
-    let alloc = SegmentAllocator::new(d.clone(), 4 << 20);
-    let mut reg = Registry::new();
     let ckpt = Checkpoint::open(dir.path()).unwrap();
-    reg.allocate(&Plan::destinations(&ckpt, &rules).unwrap(), &alloc)
-        .unwrap();
+    let (_alloc, reg) = allocate_for(&d, &ckpt, &rules, 4 << 20);
     let opts = LoadOptions {
         copy: CopyOptions {
             strategy: Strategy::Direct,
@@ -326,10 +311,7 @@ fn fused_preset_loads_agree_across_strategies() {
     let d = host();
     let rules = Rules::preset("qwen3", None, SMALL.head_dim).unwrap();
     let ckpt = Checkpoint::open(dir.path()).unwrap();
-    let alloc = SegmentAllocator::new(d.clone(), 8 << 20);
-    let mut reg = Registry::new();
-    reg.allocate(&Plan::destinations(&ckpt, &rules).unwrap(), &alloc)
-        .unwrap();
+    let (_alloc, reg) = allocate_for(&d, &ckpt, &rules, 8 << 20);
     let run = |strategy: Strategy, threads: usize, slot: usize, depth: usize| {
         fill_pattern(d.as_ref(), &reg);
         let ckpt = Checkpoint::open(dir.path()).unwrap();

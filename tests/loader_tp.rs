@@ -121,10 +121,7 @@ fn kv_heads_replicate_when_world_exceeds_them() {
     for rank in 0..4 {
         let rules = Rules::preset("qwen3", Some(Tp { rank, world: 4 }), s.head_dim).unwrap();
         let ckpt = Checkpoint::open(dir.path()).unwrap();
-        let alloc = SegmentAllocator::new(d.clone(), 4 << 20);
-        let mut reg = Registry::new();
-        reg.allocate(&Plan::destinations(&ckpt, &rules).unwrap(), &alloc)
-            .unwrap();
+        let (_alloc, reg) = allocate_for(&d, &ckpt, &rules, 4 << 20);
         load(
             &d,
             ckpt,
@@ -167,10 +164,7 @@ fn pad_zero_fills_and_tie_feeds_lm_head_from_embeddings() {
     }
     let d = host();
     let ckpt = Checkpoint::open(dir.path()).unwrap();
-    let alloc = SegmentAllocator::new(d.clone(), 4 << 20);
-    let mut reg = Registry::new();
-    reg.allocate(&Plan::destinations(&ckpt, &rules).unwrap(), &alloc)
-        .unwrap();
+    let (_alloc, reg) = allocate_for(&d, &ckpt, &rules, 4 << 20);
     fill_pattern(d.as_ref(), &reg);
     load(
         &d,
@@ -221,10 +215,7 @@ fn every_destination_byte_is_written_exactly_once() {
             }
         }
         let ckpt = Checkpoint::open(dir.path()).unwrap();
-        let alloc = SegmentAllocator::new(d.clone(), 4 << 20);
-        let mut reg = Registry::new();
-        reg.allocate(&Plan::destinations(&ckpt, &rules).unwrap(), &alloc)
-            .unwrap();
+        let (_alloc, reg) = allocate_for(&d, &ckpt, &rules, 4 << 20);
         let plan = Plan::build(&ckpt, &rules, &reg, &PlanOptions::default()).unwrap();
         let mut iv: Vec<(u64, u64)> = Vec::new();
         for e in &plan.extents {

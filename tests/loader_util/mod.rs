@@ -9,7 +9,7 @@ use std::sync::Arc;
 use safetensors::tensor::TensorView;
 use safetensors::Dtype as StDtype;
 use vmmweights::driver::host::{HostConfig, HostDriver};
-use vmmweights::loader::{Dtype, Registry};
+use vmmweights::loader::{Checkpoint, Dtype, Plan, Registry, Rules, SegmentAllocator};
 use vmmweights::{DevicePtr, Driver};
 
 pub const PATTERN: u8 = 0xA5;
@@ -168,6 +168,21 @@ pub fn write_index(dir: &Path, weight_map: &BTreeMap<String, String>) {
 
 pub fn host() -> Arc<dyn Driver> {
     Arc::new(HostDriver::new(HostConfig::default()))
+}
+
+/// Destinations for every tensor `rules` map `ckpt` to, allocated from one
+/// segment of `bytes` (keep the allocator alive as long as the registry).
+pub fn allocate_for(
+    d: &Arc<dyn Driver>,
+    ckpt: &Checkpoint,
+    rules: &Rules,
+    bytes: usize,
+) -> (SegmentAllocator, Registry) {
+    let alloc = SegmentAllocator::new(d.clone(), bytes);
+    let mut reg = Registry::new();
+    reg.allocate(&Plan::destinations(ckpt, rules).unwrap(), &alloc)
+        .unwrap();
+    (alloc, reg)
 }
 
 /// Fill every destination with `PATTERN`.
