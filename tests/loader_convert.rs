@@ -142,3 +142,76 @@ fn non_float_dtypes_do_not_convert() {
         "{m}"
     );
 }
+
+/// A checkpoint where some tensors convert and some do not loads exactly with
+/// every strategy: the direct-window strategies (and Reload's `registered`
+/// replay) send the unconverted tensors through windows and must still stage
+/// the conversions afterwards.
+#[test]
+fn mixed_dtypes_load_with_every_strategy() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("model.safetensors");
+    let a = from_f32(
+        &(0..4096).map(|i| i as f32 / 7.0).collect::<Vec<_>>(),
+        Dtype::F32,
+    );
+    let b = from_f32(
+        &(0..6000).map(|i| -(i as f32) / 3.0).collect::<Vec<_>>(),
+        Dtype::Bf16,
+    );
+    let views = vec![
+        (
+            "a.weight".to_string(),
+            safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![64, 64], &a)
+                .unwrap(),
+        ),
+        (
+            "b.weight".to_string(),
+            safetensors::tensor::TensorView::new(safetensors::Dtype::BF16, vec![6000], &b).unwrap(),
+        ),
+    ];
+    safetensors::serialize_to_file(views, None, &path).unwrap();
+    let want_a = from_f32(&to_f32(&a, Dtype::F32), Dtype::Bf16);
+    let d = host();
+    let rules = Rules {
+        dtype: Some(Dtype::Bf16),
+        ..Default::default()
+    };
+    let ckpt = Checkpoint::open(&path).unwrap();
+    let (_alloc, reg) = allocate_for(&d, &ckpt, &rules, 4 << 20);
+    for strategy in [
+        Strategy::Auto,
+        Strategy::Direct,
+        Strategy::Staged,
+        Strategy::Read,
+        Strategy::Simple,
+        Strategy::Populate,
+        Strategy::Hybrid,
+        Strategy::Stream,
+        Strategy::Registered,
+    ] {
+        fill_pattern(d.as_ref(), &reg);
+        let opts = LoadOptions {
+            copy: CopyOptions {
+                strategy,
+                threads: 2,
+                window_bytes: 8192,
+                slot_bytes: 4096,
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let ckpt = Checkpoint::open(&path).unwrap();
+        let ex = load(&d, ckpt, &rules, &reg, &opts, &Control::default())
+            .unwrap_or_else(|e| panic!("{strategy:?}: {e}"));
+        assert_eq!(ex.stats.bytes, (a.len() + b.len()) as u64, "{strategy:?}");
+        let x = reg.get("a.weight").unwrap();
+        assert_eq!(
+            read(d.as_ref(), x.ptr, x.bytes()),
+            want_a,
+            "{strategy:?}: a"
+        );
+        let x = reg.get("b.weight").unwrap();
+        assert_eq!(read(d.as_ref(), x.ptr, x.bytes()), b, "{strategy:?}: b");
+    }
+}

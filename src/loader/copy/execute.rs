@@ -96,12 +96,19 @@ pub fn execute(
     direct.sort_by_key(|e| (e.shard, e.src));
     let windows = make_windows(shards, &direct, opts.window_bytes.max(PAGE as usize) as u64);
     staged.sort_by_key(|e| (e.shard, e.src));
-    // As `n_staged` below, before the cap at the number of jobs (which
-    // depends on the slot size chosen here).
-    let staging_workers = if opts.strategy == Strategy::Hybrid && !windows.is_empty() {
-        threads
-            .saturating_sub((threads / 4).max(1).min(windows.len()))
-            .max(1)
+    // Hybrid runs both paths at once, a quarter of the threads on windows;
+    // the other strategies run their windows first, then stage the rest
+    // (conversions) on every thread.
+    let hybrid = opts.strategy == Strategy::Hybrid && !windows.is_empty();
+    let n_direct = if hybrid {
+        (threads / 4).max(1).min(windows.len())
+    } else {
+        threads.min(windows.len())
+    };
+    // Before the cap at the number of jobs, which depends on the slot size
+    // chosen for them.
+    let staging_workers = if hybrid {
+        threads.saturating_sub(n_direct).max(1)
     } else {
         threads
     };
@@ -122,15 +129,7 @@ pub fn execute(
     let register = !matches!(opts.strategy, Strategy::Simple | Strategy::Registered);
     let direct_bytes: u64 = windows.iter().map(Window::bytes).sum();
     let next = AtomicUsize::new(0);
-    // Hybrid runs both paths at once: a quarter of the threads on windows.
-    let (n_direct, n_staged) = if opts.strategy == Strategy::Hybrid && !windows.is_empty() {
-        let nd = (threads / 4).max(1).min(windows.len());
-        (nd, threads.saturating_sub(nd).max(1).min(jobs.len()))
-    } else if !windows.is_empty() {
-        (threads.min(windows.len()), 0)
-    } else {
-        (0, threads.min(jobs.len()))
-    };
+    let n_staged = staging_workers.min(jobs.len());
     let direct_only = |w: usize| direct_worker(d, shards, &windows, &next, &shared, register, w);
     if opts.strategy != Strategy::Hybrid {
         let td = Instant::now();
