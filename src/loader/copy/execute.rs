@@ -107,6 +107,8 @@ pub fn execute(
     };
     // Before the cap at the number of jobs, which depends on the slot size
     // chosen for them.
+    // Direct workers that run alongside the staging ones.
+    let concurrent_direct = if hybrid { n_direct } else { 0 };
     let staging_workers = if hybrid {
         threads.saturating_sub(n_direct).max(1)
     } else {
@@ -131,13 +133,13 @@ pub fn execute(
     let next = AtomicUsize::new(0);
     let n_staged = staging_workers.min(jobs.len());
     let direct_only = |w: usize| direct_worker(d, shards, &windows, &next, &shared, register, w);
-    if opts.strategy != Strategy::Hybrid {
+    if !hybrid {
         let td = Instant::now();
         run_workers(n_direct, &shared, ctl, total, &direct_only);
         stats.direct_seconds = td.elapsed().as_secs_f64();
     }
     stats.direct_bytes = direct_bytes;
-    let staging = opts.strategy == Strategy::Hybrid || !shared.stop.load(Ordering::SeqCst);
+    let staging = hybrid || !shared.stop.load(Ordering::SeqCst);
     if staging && !jobs.is_empty() && n_staged > 0 {
         let fill = match opts.strategy {
             Strategy::Read => SlotFill::Pread,
@@ -225,22 +227,16 @@ pub fn execute(
         };
         let td = Instant::now();
         let direct_secs = AtomicU64::new(0);
-        run_workers(
-            n_direct_for(opts, n_direct) + n_staged,
-            &shared,
-            ctl,
-            total,
-            &|w| {
-                if opts.strategy == Strategy::Hybrid && w < n_direct {
-                    let r = direct_only(w);
-                    direct_secs.store(ns(td), Ordering::Relaxed);
-                    r
-                } else {
-                    stage.worker(w - n_direct_for(opts, n_direct))
-                }
-            },
-        );
-        if opts.strategy == Strategy::Hybrid {
+        run_workers(concurrent_direct + n_staged, &shared, ctl, total, &|w| {
+            if w < concurrent_direct {
+                let r = direct_only(w);
+                direct_secs.store(ns(td), Ordering::Relaxed);
+                r
+            } else {
+                stage.worker(w - concurrent_direct)
+            }
+        });
+        if hybrid {
             stats.direct_seconds = direct_secs.load(Ordering::Relaxed) as f64 / 1e9;
         }
         // Every worker synchronized its slots (and the scratch events ride on
@@ -265,7 +261,7 @@ pub fn execute(
         stats.slot_fill_seconds = stage.fill_ns.load(Ordering::Relaxed) as f64 / 1e9;
         stats.wait_seconds = stage.wait_ns.load(Ordering::Relaxed) as f64 / 1e9;
         stats.issue_seconds = stage.issue_ns.load(Ordering::Relaxed) as f64 / 1e9;
-    } else if opts.strategy == Strategy::Hybrid {
+    } else if hybrid {
         run_workers(n_direct, &shared, ctl, total, &direct_only);
     }
     let done = shared.done.load(Ordering::SeqCst);
@@ -358,14 +354,5 @@ fn reads_cold(opts: &CopyOptions, shards: &[Shard], staged: &[Extent]) -> bool {
         Strategy::Read => true,
         Strategy::Auto | Strategy::Hybrid => resident_share(shards, staged) < 0.5,
         _ => false,
-    }
-}
-
-/// Threads the staging phase runs for direct windows (Hybrid runs both at once).
-fn n_direct_for(opts: &CopyOptions, n_direct: usize) -> usize {
-    if opts.strategy == Strategy::Hybrid {
-        n_direct
-    } else {
-        0
     }
 }
