@@ -48,7 +48,7 @@ pub unsafe fn unmap(ptr: *mut u8, len: usize) {
 
 /// Touch every page of `[base, base+len)` from several threads.
 fn populate(base: usize, len: usize) {
-    let page = crate::driver::host::page_size();
+    let page = crate::units::page_size();
     let threads = std::thread::available_parallelism()
         .map_or(4, |n| n.get())
         .min(16);

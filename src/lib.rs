@@ -16,20 +16,17 @@
 #![warn(missing_docs)]
 #![deny(unsafe_op_in_unsafe_fn)]
 
-pub mod backup;
-pub mod convert;
 pub mod driver;
 pub mod error;
 pub mod ffi;
 pub mod hostmem;
 pub mod loader;
 pub mod pool;
-pub mod reload;
 pub mod report;
 pub mod segment;
 pub mod sleep;
 pub mod tag;
-pub mod torch;
+pub mod units;
 
 pub use driver::{BackendChoice, BackendKind, DevicePtr, Driver};
 pub use error::{Error, Result, Status};

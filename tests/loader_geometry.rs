@@ -8,8 +8,8 @@ mod loader_util;
 use std::os::fd::AsRawFd;
 
 use loader_util::*;
-use vmmweights::loader::geometry::{self, CachedFill};
-use vmmweights::loader::staging::resident_fraction;
+use vmmweights::loader::copy::geometry::{self, CachedFill};
+use vmmweights::loader::copy::staging::resident_fraction;
 use vmmweights::loader::*;
 
 /// Loads in one process share the cache (`geometry::ActiveWorkers`), so the

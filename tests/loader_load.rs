@@ -8,8 +8,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
 use loader_util::*;
+use vmmweights::loader::copy::staging;
 use vmmweights::loader::*;
-use vmmweights::reload::ReloadSource;
+use vmmweights::sleep::reload::ReloadSource;
 use vmmweights::Error;
 
 fn identity_load(dir: &std::path::Path, opts: CopyOptions) {

@@ -7,15 +7,16 @@ use std::ffi::c_void;
 use std::ptr::null_mut;
 
 use vmmweights::ffi::torch::{vmmw_torch_free, vmmw_torch_malloc};
-use vmmweights::{tag, torch};
+use vmmweights::pool::torch;
+use vmmweights::tag;
 
 #[test]
 fn torch_entry_points_on_the_host_backend() {
     std::env::set_var("VMMW_BACKEND", "host");
-    let pool = torch::global_pool(0).unwrap();
+    let pool = vmmweights::pool::registry::global_pool(0).unwrap();
     assert!(std::sync::Arc::ptr_eq(
         &pool,
-        &torch::global_pool(0).unwrap()
+        &vmmweights::pool::registry::global_pool(0).unwrap()
     ));
     let host = || {
         pool.driver()

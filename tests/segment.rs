@@ -839,7 +839,7 @@ fn conversion_kernels_match_the_cpu_bit_for_bit() {
             let mut want = vec![0u8; count * to.size()];
             // SAFETY: both buffers are sized for `count` elements of their types.
             unsafe {
-                vmmweights::convert::convert_on_cpu(
+                vmmweights::driver::convert::convert_on_cpu(
                     want.as_mut_ptr(),
                     to,
                     src.as_ptr(),

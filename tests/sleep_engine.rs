@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use vmmweights::driver::host::{FaultOp, HostConfig, HostDriver};
 use vmmweights::driver::{DevicePtr, Driver, StreamId};
-use vmmweights::reload::ReloadSource;
+use vmmweights::sleep::reload::ReloadSource;
 use vmmweights::sleep::{Policy, SleepEngine, SleepOptions};
 use vmmweights::tag::TagId;
 use vmmweights::{Error, Segment, SleepState};

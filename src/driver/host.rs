@@ -18,6 +18,7 @@ use std::sync::Mutex;
 
 use super::{BackendKind, ConvertType, DevicePtr, Driver, EventId, MemInfo, PhysHandle, StreamId};
 use crate::error::{Error, Result};
+use crate::units::{page_size, parse_bytes};
 
 /// Default simulated granularity: 2 MiB, as on an H200.
 pub const DEFAULT_GRANULARITY: usize = 2 << 20;
@@ -70,22 +71,6 @@ impl HostConfig {
         }
         Ok(())
     }
-}
-
-/// Parse "4096", "64K", "2M", "16G" (binary multiples).
-pub fn parse_bytes(s: &str) -> std::result::Result<u64, String> {
-    let s = s.trim();
-    let (num, mul) = match s.chars().last() {
-        Some('k' | 'K') => (&s[..s.len() - 1], 1u64 << 10),
-        Some('m' | 'M') => (&s[..s.len() - 1], 1u64 << 20),
-        Some('g' | 'G') => (&s[..s.len() - 1], 1u64 << 30),
-        _ => (s, 1),
-    };
-    let n: u64 = num
-        .trim()
-        .parse()
-        .map_err(|_| "expected a number of bytes, optionally with K, M or G".to_owned())?;
-    n.checked_mul(mul).ok_or_else(|| "too large".to_owned())
 }
 
 /// Which primitive an injected failure hits.
@@ -268,17 +253,6 @@ fn injected(call: &'static str) -> Error {
         code: -1,
         name: "injected failure".to_owned(),
         detail: ": fault injection on the host backend".to_owned(),
-    }
-}
-
-/// The OS page size.
-pub fn page_size() -> usize {
-    // SAFETY: sysconf has no memory-safety preconditions.
-    let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-    if p > 0 {
-        p as usize
-    } else {
-        4096
     }
 }
 
@@ -720,7 +694,13 @@ impl Driver for HostDriver {
         // SAFETY: the caller guarantees both ranges are valid, sized for `count`
         // elements of their types, and do not overlap.
         unsafe {
-            crate::convert::convert_on_cpu(dst as *mut u8, to, src as *const u8, from, count)
+            crate::driver::convert::convert_on_cpu(
+                dst as *mut u8,
+                to,
+                src as *const u8,
+                from,
+                count,
+            )
         };
         Ok(())
     }

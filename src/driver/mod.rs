@@ -18,6 +18,7 @@
 //! - `release` drops the handle; memory is returned once it is also unmapped.
 //! - `free_va` returns the reservation; everything in it must be unmapped first.
 
+pub mod convert;
 pub mod cuda;
 pub mod host;
 pub mod kernels;

@@ -717,7 +717,7 @@ pub unsafe extern "C" fn vmmw_pool_staging_bytes(
     call_out(out, "out", error, || {
         // SAFETY: forwarded contract.
         let p = unsafe { arg(pool, "pool") }?;
-        Ok(loader::staging::cached_staging_bytes(p.pool.driver()) as u64)
+        Ok(loader::copy::staging::cached_staging_bytes(p.pool.driver()) as u64)
     })
 }
 
@@ -738,6 +738,6 @@ pub unsafe extern "C" fn vmmw_pool_release_staging(
     call_out(released, "released", error, || {
         // SAFETY: forwarded contract.
         let p = unsafe { arg(pool, "pool") }?;
-        Ok(loader::staging::release_staging_for(p.pool.driver()) as u64)
+        Ok(loader::copy::staging::release_staging_for(p.pool.driver()) as u64)
     })
 }

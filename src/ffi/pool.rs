@@ -203,7 +203,7 @@ pub unsafe extern "C" fn vmmw_pool_default(
         if let Some(&p) = map.get(&device) {
             return Ok(p as *mut vmmw_pool_t);
         }
-        let pool = crate::torch::global_pool(device)?;
+        let pool = crate::pool::registry::global_pool(device)?;
         // Leaked on purpose: the global pool lives as long as the process.
         let p = into_handle(vmmw_pool_t {
             pool,

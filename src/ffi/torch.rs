@@ -17,7 +17,7 @@ pub unsafe extern "C" fn vmmw_torch_malloc(
     device: i32,
     stream: *mut c_void,
 ) -> *mut c_void {
-    crate::torch::malloc_entry(size, device, stream)
+    crate::pool::torch::malloc_entry(size, device, stream)
 }
 
 /// Free a segment returned by [`vmmw_torch_malloc`], after the device has
@@ -34,5 +34,5 @@ pub unsafe extern "C" fn vmmw_torch_free(
     device: i32,
     stream: *mut c_void,
 ) {
-    crate::torch::free_entry(ptr, size, device, stream)
+    crate::pool::torch::free_entry(ptr, size, device, stream)
 }

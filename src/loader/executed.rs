@@ -10,7 +10,7 @@ use super::copy::{self, clip_rows, sub_extent, Control, CopyOptions, CopyStats, 
 use super::plan::{Extent, Fill, Plan};
 use crate::driver::{DevicePtr, Driver};
 use crate::error::{Error, Result};
-use crate::reload::ReloadSource;
+use crate::sleep::reload::ReloadSource;
 
 /// A finished load: the checkpoint (files kept open and mapped), the plan, and
 /// the statistics of the copy.

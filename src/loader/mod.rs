@@ -20,12 +20,9 @@ pub mod checkpoint;
 pub mod copy;
 pub mod dtype;
 pub mod executed;
-pub mod geometry;
 pub mod plan;
 pub mod registry;
 pub mod rules;
-pub mod slot_copy;
-pub mod staging;
 
 use std::sync::Arc;
 

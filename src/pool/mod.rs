@@ -23,9 +23,11 @@
 mod arena;
 pub(crate) mod block;
 mod dest;
+pub mod registry;
 mod sleep;
 #[cfg(test)]
 mod tests;
+pub mod torch;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};

@@ -8,8 +8,8 @@ use std::sync::Arc;
 use super::Pool;
 use crate::driver::DevicePtr;
 use crate::error::{Error, Result};
-use crate::reload::ReloadSource;
 use crate::segment::SleepState;
+use crate::sleep::reload::ReloadSource;
 use crate::sleep::{CycleReport, Policy, SleepEngine, SleepOptions};
 use crate::tag::{self, TagId};
 

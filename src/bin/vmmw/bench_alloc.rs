@@ -7,7 +7,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use vmmweights::driver::cuda::CudaDriver;
-use vmmweights::driver::host::{parse_bytes, HostConfig, HostDriver};
+use vmmweights::driver::host::{HostConfig, HostDriver};
+use vmmweights::units::parse_bytes;
 use vmmweights::{BackendChoice, Driver, Error, Result, Segment};
 
 use crate::backend::BackendArgs;

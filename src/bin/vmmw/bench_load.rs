@@ -12,9 +12,9 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-use vmmweights::driver::host::parse_bytes;
-use vmmweights::loader::staging::Pinned;
+use vmmweights::loader::copy::staging::Pinned;
 use vmmweights::loader::*;
+use vmmweights::units::parse_bytes;
 use vmmweights::{Driver, Error, Result, Segment};
 
 use crate::backend::BackendArgs;

@@ -9,7 +9,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use vmmweights::driver::host::parse_bytes;
+use vmmweights::units::parse_bytes;
 use vmmweights::{tag, Error, Pool, PoolConfig, Result};
 
 use crate::backend::BackendArgs;

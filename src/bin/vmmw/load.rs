@@ -3,8 +3,8 @@
 
 use std::sync::atomic::AtomicBool;
 
-use vmmweights::driver::host::parse_bytes;
 use vmmweights::loader::*;
+use vmmweights::units::parse_bytes;
 use vmmweights::{Error, Result};
 
 use crate::backend::BackendArgs;

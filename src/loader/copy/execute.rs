@@ -13,9 +13,9 @@ use super::PAGE;
 use crate::driver::Driver;
 use crate::error::{Error, Result};
 use crate::loader::checkpoint::Shard;
-use crate::loader::geometry::{self, CachedFill, Geometry};
+use crate::loader::copy::geometry::{self, CachedFill, Geometry};
+use crate::loader::copy::staging::{acquire_ring, resident_share, return_ring};
 use crate::loader::plan::{Extent, Fill};
-use crate::loader::staging::{acquire_ring, resident_share, return_ring};
 use crate::segment::Segment;
 
 #[derive(Default)]

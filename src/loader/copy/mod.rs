@@ -13,10 +13,10 @@
 //!   at once first) into their own slots of a pinned staging ring (`depth` per
 //!   worker, events guard reuse) and queue async copies on their own stream.
 //!   Slot size and depth keep the slots in use in the CPU's last-level cache
-//!   where they fit ([`geometry`](crate::loader::geometry)); **stream** fills
+//!   where they fit ([`geometry`](crate::loader::copy::geometry)); **stream** fills
 //!   with streaming stores, for rings that cannot fit.
 //!   The ring is pinned once and cached process-wide per driver
-//!   ([`super::staging::acquire_ring`]), so later loads and Reload replays skip
+//!   ([`staging::acquire_ring`]), so later loads and Reload replays skip
 //!   pinning. A job reads one shard; adjacent pieces are read and transferred
 //!   as one. Conversions always go this way: source bytes land in one of two
 //!   slot-sized device scratch buffers shared by all workers, then a
@@ -35,10 +35,13 @@
 mod direct;
 mod execute;
 mod extents;
+pub mod geometry;
 mod issue;
 mod jobs;
 mod options;
+pub mod slot_copy;
 mod staged;
+pub mod staging;
 
 pub use execute::execute;
 pub(crate) use extents::{clip_rows, sub_extent};

@@ -13,7 +13,7 @@ pub enum Strategy {
     /// Staging ring for everything: page-cached ranges copied into slots sized
     /// to stay in the CPU cache (streaming stores into large slots when they
     /// cannot), the rest by pread (chosen per slot with `mincore`); see
-    /// [`geometry`](crate::loader::geometry).
+    /// [`geometry`](crate::loader::copy::geometry).
     #[default]
     Auto,
     /// Register mmap windows read-only and DMA from the page cache.
@@ -69,7 +69,7 @@ pub struct CopyOptions {
     /// Bytes of file registered per direct window.
     pub window_bytes: usize,
     /// Bytes per pinned staging slot (0 = chosen to keep the slots in use in
-    /// the CPU's last-level cache, see [`geometry`](crate::loader::geometry)).
+    /// the CPU's last-level cache, see [`geometry`](crate::loader::copy::geometry)).
     pub slot_bytes: usize,
     /// Staging slots per worker: transfers in flight while it fills the next
     /// (0 = chosen with the slot size).

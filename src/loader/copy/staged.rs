@@ -13,8 +13,8 @@ use super::page_down;
 use crate::driver::{DevicePtr, Driver, EventId, StreamId};
 use crate::error::{Error, Result};
 use crate::loader::checkpoint::Shard;
-use crate::loader::slot_copy::{cached_copy, stream_copy};
-use crate::loader::staging::resident_fraction;
+use crate::loader::copy::slot_copy::{cached_copy, stream_copy};
+use crate::loader::copy::staging::resident_fraction;
 
 /// How a staging worker fills a slot from the file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -47,7 +47,7 @@ pub(super) struct Stage<'a> {
     pub(super) depth: usize,
     pub(super) fill: SlotFill,
     /// What `ByResidency` uses for resident slots: `Memcpy` when the slots in
-    /// use fit in the CPU cache, else `Stream` (see [`geometry`](crate::loader::geometry)).
+    /// use fit in the CPU cache, else `Stream` (see [`geometry`](crate::loader::copy::geometry)).
     pub(super) cached: SlotFill,
     pub(super) scratch: Option<Mutex<Scratch>>,
     pub(super) staged: AtomicU64,

@@ -1,35 +1,15 @@
-//! Sleep and wake: release the physical memory behind live allocations and
-//! bring it back at the same addresses.
-//!
-//! Per segment, a state machine (`SleepState` on the segment):
-//! `Awake -> {Offloaded | Discarded | Reloadable} -> Awake`. Sleeping an asleep
-//! segment and waking an awake one are no-ops. The VA reservation is never
-//! touched, so every pointer stays valid across any number of cycles.
-//!
-//! - Offload copies the contents into a pinned host backup (a [`BackupArena`]
-//!   that persists across cycles), then unmaps and releases.
-//! - Discard waits for queued work, then unmaps and releases.
-//! - Reload keeps no backup; at wake the tag's [`ReloadSource`]s (the loader's
-//!   executed plans) write the bytes again from the checkpoint.
-//!
-//! Wake is transactional: it compares the bytes it needs with the device's
-//! free memory before mapping anything, and if a create or map still fails
-//! midway, every chunk it mapped is unmapped again, the segments stay asleep
-//! with their backups intact, and a later wake can succeed.
-//!
-//! Speed: copies are cut into pieces issued round-robin on several streams;
-//! at sleep, creating the next backup slab overlaps the copies already queued,
-//! and at wake, creating and mapping chunk k+1 overlaps copying chunk k.
+//! The sleep engine: per-segment transitions of one tag, the streams and
+//! events they run on, and the backup arena they fill.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
-use crate::backup::{BackupArena, BackupRange, DEFAULT_SLAB_BYTES};
 use crate::driver::{DevicePtr, Driver, EventId, StreamId};
 use crate::error::{Error, Result};
-use crate::reload::ReloadSource;
 use crate::segment::{Segment, SleepState};
+use crate::sleep::backup::{BackupArena, BackupRange, DEFAULT_SLAB_BYTES};
+use crate::sleep::reload::ReloadSource;
 use crate::tag::TagId;
 
 /// What sleep does with a tag's memory.
@@ -100,7 +80,7 @@ impl Default for SleepOptions {
             streams: 2,
             wake_coalesce_bytes: 256 << 20,
             backup_slab_bytes: DEFAULT_SLAB_BYTES,
-            pipeline_slab_bytes: crate::backup::PIPELINE_SLAB_BYTES,
+            pipeline_slab_bytes: crate::sleep::backup::PIPELINE_SLAB_BYTES,
             host_memory_limit: u64::MAX,
             free_backup_after_wake: false,
             release_pinned_after_wake: false,

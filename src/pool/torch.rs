@@ -1,4 +1,4 @@
-//! PyTorch integration: the process-global pools and the logic behind the two
+//! PyTorch integration: the logic behind the two
 //! entry points `torch.cuda.memory.CUDAPluggableAllocator` loads
 //! (`vmmw_torch_malloc` / `vmmw_torch_free` in [`crate::ffi::torch`]).
 //!
@@ -10,51 +10,15 @@
 //! other failures return NULL with one line on stderr; freeing an unknown
 //! pointer is reported and counted, never a crash.
 
-use std::collections::HashMap;
 use std::ffi::c_void;
 use std::io::Write;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
 
-use crate::driver::{self, BackendChoice, DevicePtr};
+use super::registry::{existing_pool, global_pool};
+use crate::driver::DevicePtr;
 use crate::error::{Error, Result};
-use crate::pool::{Pool, PoolConfig};
 use crate::tag;
-
-fn pools() -> &'static Mutex<HashMap<i32, Arc<Pool>>> {
-    static POOLS: OnceLock<Mutex<HashMap<i32, Arc<Pool>>>> = OnceLock::new();
-    POOLS.get_or_init(|| Mutex::new(HashMap::new()))
-}
-
-/// The process-global pool of `device`, created on first use with the backend
-/// named by `VMMW_BACKEND` (auto by default). The PyTorch entry points and
-/// `vmmw_pool_default` share it. A failed creation is not cached: the next call tries again.
-pub fn global_pool(device: i32) -> Result<Arc<Pool>> {
-    if device < 0 {
-        return Err(Error::InvalidArgument(format!(
-            "device ordinal {device} is negative"
-        )));
-    }
-    // Map entries are inserted whole; a poisoned lock still holds a valid map.
-    let mut map = pools().lock().unwrap_or_else(|p| p.into_inner());
-    if let Some(p) = map.get(&device) {
-        return Ok(p.clone());
-    }
-    let opened = driver::open(BackendChoice::from_env()?, device)?;
-    let pool = Arc::new(Pool::new(opened.driver, PoolConfig::default())?);
-    map.insert(device, pool.clone());
-    Ok(pool)
-}
-
-/// The process-global pool of `device` if it was already created.
-pub fn existing_pool(device: i32) -> Option<Arc<Pool>> {
-    pools()
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .get(&device)
-        .cloned()
-}
 
 static MALLOCS: AtomicU64 = AtomicU64::new(0);
 static FAILED_MALLOCS: AtomicU64 = AtomicU64::new(0);

@@ -182,7 +182,7 @@ impl BackupArena {
         BackupArena {
             driver,
             slabs: Vec::new(),
-            slab_bytes: slab_bytes.max(crate::driver::host::page_size()),
+            slab_bytes: slab_bytes.max(crate::units::page_size()),
             limit,
             growth_hint: None,
             prefetch: None,
@@ -214,7 +214,7 @@ impl BackupArena {
 
     /// Change the size of slabs made on demand from now on.
     pub fn set_slab_bytes(&mut self, bytes: usize) {
-        self.slab_bytes = bytes.max(crate::driver::host::page_size());
+        self.slab_bytes = bytes.max(crate::units::page_size());
     }
 
     /// Change the limit (does not release memory already held).
@@ -227,7 +227,7 @@ impl BackupArena {
     /// has checked `bytes` against the limit. Call `finish_prefetch` after.
     pub fn start_prefetch(&mut self, bytes: u64, piece: usize) {
         self.finish_prefetch();
-        let piece = piece.max(crate::driver::host::page_size());
+        let piece = piece.max(crate::units::page_size());
         let mut sizes = Vec::new();
         let mut left = bytes as usize;
         while left > 0 {

@@ -230,10 +230,10 @@ pub fn cached_staging_bytes(driver: &Arc<dyn Driver>) -> usize {
 /// `mincore` on 64 probes of up to 1 MiB at evenly spaced source bytes (a few
 /// hundred microseconds, where checking all of a 16 GB checkpoint would take
 /// tens of milliseconds).
-pub fn resident_share(shards: &[super::Shard], extents: &[super::Extent]) -> f64 {
+pub fn resident_share(shards: &[crate::loader::Shard], extents: &[crate::loader::Extent]) -> f64 {
     const PROBES: u64 = 64;
     const PROBE_BYTES: u64 = 1 << 20;
-    let total: u64 = extents.iter().map(super::Extent::src_bytes).sum();
+    let total: u64 = extents.iter().map(crate::loader::Extent::src_bytes).sum();
     if total == 0 {
         return 1.0;
     }

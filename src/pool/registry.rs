@@ -1,0 +1,44 @@
+//! The process-wide pool registry: one pool per device, created on first use
+//! with the backend `VMMW_BACKEND` names. The PyTorch entry points and
+//! `vmmw_pool_default` share it.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use super::{Pool, PoolConfig};
+use crate::driver::{self, BackendChoice};
+use crate::error::{Error, Result};
+
+fn pools() -> &'static Mutex<HashMap<i32, Arc<Pool>>> {
+    static POOLS: OnceLock<Mutex<HashMap<i32, Arc<Pool>>>> = OnceLock::new();
+    POOLS.get_or_init(|| Mutex::new(HashMap::new()))
+}
+
+/// The process-global pool of `device`, created on first use with the backend
+/// named by `VMMW_BACKEND` (auto by default). The PyTorch entry points and
+/// `vmmw_pool_default` share it. A failed creation is not cached: the next call tries again.
+pub fn global_pool(device: i32) -> Result<Arc<Pool>> {
+    if device < 0 {
+        return Err(Error::InvalidArgument(format!(
+            "device ordinal {device} is negative"
+        )));
+    }
+    // Map entries are inserted whole; a poisoned lock still holds a valid map.
+    let mut map = pools().lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(p) = map.get(&device) {
+        return Ok(p.clone());
+    }
+    let opened = driver::open(BackendChoice::from_env()?, device)?;
+    let pool = Arc::new(Pool::new(opened.driver, PoolConfig::default())?);
+    map.insert(device, pool.clone());
+    Ok(pool)
+}
+
+/// The process-global pool of `device` if it was already created.
+pub fn existing_pool(device: i32) -> Option<Arc<Pool>> {
+    pools()
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .get(&device)
+        .cloned()
+}
