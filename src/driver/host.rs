@@ -84,6 +84,22 @@ pub enum FaultOp {
     Map,
     /// `set_access`.
     SetAccess,
+    /// `unmap` (fails before anything is unmapped).
+    Unmap,
+    /// `release` (fails before the handle is released).
+    Release,
+    /// `copy_htod_async`, before any byte is copied.
+    CopyHtod,
+    /// `copy_dtoh_async`, before any byte is copied.
+    CopyDtoh,
+    /// `copy_2d_htod_async`, before any byte is copied.
+    Copy2dHtod,
+    /// `memset_async`, before any byte is written.
+    Memset,
+    /// `convert_async`, before any element is written.
+    Convert,
+    /// `host_register` (pinning host memory).
+    HostRegister,
 }
 
 /// Live objects of the host backend, for leak checks.
@@ -197,6 +213,14 @@ impl HostDriver {
             }
         }
         false
+    }
+
+    /// Take an injected failure of `op`, if one is due, as the error of `call`.
+    fn fault(&self, op: FaultOp, call: &'static str) -> Result<()> {
+        if Self::take_fault(&mut self.state(), op) {
+            return Err(injected(call));
+        }
+        Ok(())
     }
 
     fn check_aligned(&self, what: &str, va: u64, size: usize) -> Result<()> {
@@ -403,6 +427,9 @@ impl Driver for HostDriver {
 
     fn release(&self, handle: PhysHandle) -> Result<()> {
         let mut s = self.state();
+        if Self::take_fault(&mut s, FaultOp::Release) {
+            return Err(injected("release"));
+        }
         let p = match s.handles.get_mut(&handle.0) {
             Some(p) if !p.released => p,
             _ => {
@@ -515,6 +542,9 @@ impl Driver for HostDriver {
     fn unmap(&self, va: DevicePtr, size: usize) -> Result<()> {
         self.check_aligned("unmap", va, size)?;
         let mut s = self.state();
+        if Self::take_fault(&mut s, FaultOp::Unmap) {
+            return Err(injected("unmap"));
+        }
         // cuMemUnmap requires the range to cover whole mappings.
         let end = va + size as u64;
         let covered: Vec<(u64, usize, u64)> = s
@@ -625,6 +655,7 @@ impl Driver for HostDriver {
         len: usize,
         _stream: StreamId,
     ) -> Result<()> {
+        self.fault(FaultOp::CopyHtod, "copy_htod")?;
         // SAFETY: the caller guarantees both ranges are valid for `len` bytes.
         unsafe { std::ptr::copy_nonoverlapping(src, dst as *mut u8, len) };
         Ok(())
@@ -637,6 +668,7 @@ impl Driver for HostDriver {
         len: usize,
         _stream: StreamId,
     ) -> Result<()> {
+        self.fault(FaultOp::CopyDtoh, "copy_dtoh")?;
         // SAFETY: the caller guarantees both ranges are valid for `len` bytes.
         unsafe { std::ptr::copy_nonoverlapping(src as *const u8, dst, len) };
         Ok(())
@@ -652,6 +684,7 @@ impl Driver for HostDriver {
         height: usize,
         _stream: StreamId,
     ) -> Result<()> {
+        self.fault(FaultOp::Copy2dHtod, "copy_2d_htod")?;
         if width > dst_pitch || width > src_pitch {
             return Err(Error::InvalidArgument(format!(
                 "copy_2d: width {width} exceeds a pitch (dst {dst_pitch}, src {src_pitch})"
@@ -677,6 +710,7 @@ impl Driver for HostDriver {
         len: usize,
         _stream: StreamId,
     ) -> Result<()> {
+        self.fault(FaultOp::Memset, "memset")?;
         // SAFETY: the caller guarantees the range is mapped and writable.
         unsafe { std::ptr::write_bytes(dst as *mut u8, value, len) };
         Ok(())
@@ -691,6 +725,7 @@ impl Driver for HostDriver {
         count: usize,
         _stream: StreamId,
     ) -> Result<()> {
+        self.fault(FaultOp::Convert, "convert")?;
         // SAFETY: the caller guarantees both ranges are valid, sized for `count`
         // elements of their types, and do not overlap.
         unsafe {
@@ -706,7 +741,7 @@ impl Driver for HostDriver {
     }
 
     unsafe fn host_register(&self, _ptr: *mut u8, _len: usize, _read_only: bool) -> Result<()> {
-        Ok(())
+        self.fault(FaultOp::HostRegister, "host_register")
     }
 
     unsafe fn host_unregister(&self, _ptr: *mut u8) -> Result<()> {
