@@ -568,6 +568,17 @@ fn layout(g: &mut DestGroup) -> std::result::Result<(), String> {
             g.pad_region = Some((pad.dim, covered));
         }
     }
+    // Widest dtype is 8 bytes: a shape whose bytes overflow can never be allocated.
+    if shape
+        .iter()
+        .try_fold(8usize, |a, &d| a.checked_mul(d))
+        .is_none()
+    {
+        return Err(format!(
+            "destination shape {shape:?} holds more bytes than any memory ({})",
+            g.describe()
+        ));
+    }
     g.shape = shape;
     Ok(())
 }
