@@ -52,12 +52,14 @@ impl Pool {
             // thread's wake of the same tag or with allocations in it.
             let r = {
                 let mut st = self.lock();
+                let was_asleep = st.tags.get(&t).is_some_and(|ts| ts.asleep);
                 st.tags.entry(t).or_default().asleep = true;
                 let mut segs = st.tag_segments(t);
                 let r = self.sleep.sleep(t, &mut segs, policy);
                 let any_asleep = segs.iter().any(|s| s.sleep_state() != SleepState::Awake);
                 drop(segs);
-                if !any_asleep {
+                // A tag already asleep stays so, even when trim has left it no segments.
+                if !any_asleep && !was_asleep {
                     st.tags.entry(t).or_default().asleep = false;
                 }
                 r
