@@ -199,6 +199,11 @@ impl HostDriver {
         }
     }
 
+    /// True while an injected failure of `op` is armed and has not fired yet.
+    pub fn fault_pending(&self, op: FaultOp) -> bool {
+        self.state().faults.contains_key(&op)
+    }
+
     /// Clear every injected failure.
     pub fn clear_faults(&self) {
         self.state().faults.clear();
