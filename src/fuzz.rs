@@ -20,7 +20,7 @@ use crate::loader::{Checkpoint, Dtype, Plan, PlanOptions, Registry, Rules};
 
 /// The bytes of a small valid safetensors file holding `tensors`
 /// (`(name, dtype, shape)`, data filled with a counter). For seeds and fixtures.
-pub fn tiny_safetensors(tensors: &[(&str, Dtype, &[usize])]) -> Vec<u8> {
+pub fn tiny_safetensors(tensors: &[TinyTensor]) -> Vec<u8> {
     let mut header = serde_json::Map::new();
     let mut at = 0usize;
     for (name, dtype, shape) in tensors {
@@ -123,8 +123,11 @@ pub fn fuzz_safetensors_header(data: &[u8]) {
     drop(f.file);
 }
 
+/// A tensor of a generated file: name, dtype, shape.
+pub type TinyTensor<'a> = (&'a str, Dtype, &'a [usize]);
+
 /// The shards every index input is resolved against.
-const INDEX_SHARDS: [(&str, &[(&str, Dtype, &[usize])]); 3] = [
+const INDEX_SHARDS: [(&str, &[TinyTensor]); 3] = [
     (
         "model-00001-of-00002.safetensors",
         &[("a", Dtype::F32, &[2, 2]), ("b", Dtype::Bf16, &[3])],

@@ -209,7 +209,7 @@ fn typed(e: &Error) -> Result<(), String> {
 /// Run `phase` with `op` failing at its `nth` call. Returns whether the fault
 /// fired and the host objects leaked after the pool was dropped.
 fn case(phase: Phase, op: FaultOp, nth: u64) -> Result<(bool, usize), String> {
-    let mut w = World::new();
+    let w = World::new();
     let (off, dis, rel) = (w.off, w.dis, w.rel);
     let all = [off, dis, rel];
     // Put the tags to sleep first where the phase is a wake.

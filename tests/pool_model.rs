@@ -84,7 +84,7 @@ fn check_bytes(ptr: u64, l: &Live) -> Result<(), TestCaseError> {
     let s = unsafe { std::slice::from_raw_parts(ptr as usize as *const u8, l.size) };
     if let Some(want) = &l.loaded {
         prop_assert!(
-            &s[..want.len()] == &want[..],
+            s[..want.len()] == want[..],
             "loaded block {ptr:#x} differs from its checkpoint bytes"
         );
     } else if let Some(seed) = l.seed {
