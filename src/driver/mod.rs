@@ -22,6 +22,7 @@ pub mod convert;
 pub mod cuda;
 pub mod host;
 pub mod kernels;
+pub mod sync_copy;
 
 use std::fmt;
 use std::sync::Arc;

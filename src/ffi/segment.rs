@@ -6,8 +6,9 @@ use std::ffi::c_void;
 use std::sync::Mutex;
 
 use super::boundary::{arg, bytes_mut_arg, call, call_out, free_handle, into_handle, slice_arg};
-use super::device::{copy_to_device, copy_to_host, vmmw_device_t};
+use super::device::vmmw_device_t;
 use super::error::vmmw_error_t;
+use crate::driver::sync_copy::{copy_to_device, copy_to_host};
 use crate::error::{Error, Result};
 use crate::segment::Segment;
 

@@ -20,9 +20,9 @@
 //! *reserved* bytes (VA of the pool's segments), *tracked* bytes (physically
 //! backed) and the device's used memory; see [`crate::report`].
 
+mod access;
 mod arena;
 pub(crate) mod block;
-mod dest;
 pub mod registry;
 mod sleep;
 #[cfg(test)]

@@ -240,13 +240,16 @@ fn reload_rows(d: &Arc<dyn Driver>, path: &std::path::Path) -> Result<(f64, f64,
     let ckpt = Checkpoint::open(path)?;
     let rules = Rules::default();
     let mut reg = Registry::new();
-    {
-        let _scope = tag::scope(weights)?;
-        reg.allocate(&Plan::destinations(&ckpt, &rules)?, &pool)?;
-    }
+    loader::allocate_in_pool(
+        &mut reg,
+        &Plan::destinations(&ckpt, &rules)?,
+        &pool,
+        weights,
+    )?;
     let t = Instant::now();
-    let plan = loader::load(
-        d,
+    // The load also registers itself as the weights' reload source.
+    let plan = loader::load_into_pool(
+        &pool,
         ckpt,
         &rules,
         &reg,
@@ -278,7 +281,6 @@ fn reload_rows(d: &Arc<dyn Driver>, path: &std::path::Path) -> Result<(f64, f64,
         })
         .collect::<Result<_>>()?;
     d.synchronize()?;
-    pool.add_reload_source(weights, Arc::new(plan))?;
     let slept = pool.sleep(&[(weights, Policy::Reload)])?;
     // The Reload sleep starts pinning the checkpoint's page cache in the
     // background; a wake that comes later DMAs straight from it.
