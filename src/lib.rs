@@ -34,14 +34,3 @@ pub use pool::{Block, Mode, Pool, PoolConfig};
 pub use report::{Report, Timeline};
 pub use segment::{Segment, SleepState};
 pub use tag::TagId;
-
-/// The text of a caught panic payload.
-pub(crate) fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
-    if let Some(s) = p.downcast_ref::<&str>() {
-        (*s).to_owned()
-    } else if let Some(s) = p.downcast_ref::<String>() {
-        s.clone()
-    } else {
-        "unknown panic".to_owned()
-    }
-}

@@ -3,10 +3,10 @@
 //! check before a load, reload-source registration, and checked pool reads
 //! and writes. Host backend.
 
-mod loader_util;
-mod pool_common;
+mod common;
 
-use loader_util::{generate, write_sharded, SMALL};
+use common::loader::{generate, write_sharded, SMALL};
+use common::pool;
 use vmmweights::loader::{
     allocate_in_pool, load_into_pool, Checkpoint, Control, Dtype, LoadOptions, Plan, Registry,
     Rules,
@@ -30,8 +30,8 @@ fn read(pool: &Pool, ptr: u64, len: usize) -> Vec<u8> {
 
 #[test]
 fn failed_tagged_allocation_gives_every_block_back() {
-    let h = pool_common::host(2 * pool_common::G as u64);
-    let pool = Pool::new(pool_common::dyn_driver(&h), pool_common::small_config()).unwrap();
+    let h = pool::host(2 * pool::G as u64);
+    let pool = Pool::new(pool::dyn_driver(&h), pool::small_config()).unwrap();
     let t = tag::id("test-into-pool-rollback").unwrap();
     let (_dir, ckpt) = checkpoint();
     let specs = Plan::destinations(&ckpt, &Rules::default()).unwrap();
@@ -48,8 +48,8 @@ fn failed_tagged_allocation_gives_every_block_back() {
 
 #[test]
 fn load_into_pool_checks_awake_and_registers_the_reload_source() {
-    let h = pool_common::host(1 << 30);
-    let pool = Pool::new(pool_common::dyn_driver(&h), pool_common::small_config()).unwrap();
+    let h = pool::host(1 << 30);
+    let pool = Pool::new(pool::dyn_driver(&h), pool::small_config()).unwrap();
     let t = tag::id("test-into-pool-load").unwrap();
     let (_dir, ckpt) = checkpoint();
     let rules = Rules::default();
@@ -84,8 +84,8 @@ fn load_into_pool_checks_awake_and_registers_the_reload_source() {
 
 #[test]
 fn pool_read_write_refuse_ranges_outside_one_awake_segment() {
-    let h = pool_common::host(1 << 30);
-    let pool = Pool::new(pool_common::dyn_driver(&h), pool_common::small_config()).unwrap();
+    let h = pool::host(1 << 30);
+    let pool = Pool::new(pool::dyn_driver(&h), pool::small_config()).unwrap();
     let t = tag::id("test-into-pool-range").unwrap();
     let b = pool.alloc_tagged(4096, t).unwrap();
     let data = vec![7u8; 4096];

@@ -14,8 +14,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use super::boundary::{arg, call, call_out, free_handle, into_handle, slice_arg, str_arg};
 use super::buffer::write_str;
 use super::error::vmmw_error_t;
+use super::numbers::{or_default, to_usize};
 use super::pool::vmmw_pool_t;
-use super::segment::to_usize;
 use crate::error::{Error, Result};
 use crate::loader::{
     self, Checkpoint, Control, CopyStats, Dtype, ExecutedPlan, LoadOptions, Plan, Registry, Rules,
@@ -291,12 +291,9 @@ pub unsafe extern "C" fn vmmw_loader_set_options(
             }
         };
         opts.copy.threads = o.threads as usize;
-        if o.window_bytes != 0 {
-            opts.copy.window_bytes = to_usize(o.window_bytes, "window_bytes")?;
-        }
-        if o.slot_bytes != 0 {
-            opts.copy.slot_bytes = to_usize(o.slot_bytes, "slot_bytes")?;
-        }
+        opts.copy.window_bytes =
+            or_default(o.window_bytes, opts.copy.window_bytes, "window_bytes")?;
+        opts.copy.slot_bytes = or_default(o.slot_bytes, opts.copy.slot_bytes, "slot_bytes")?;
         l.lock().options = opts;
         Ok(())
     })

@@ -14,7 +14,7 @@ use super::boundary::{
 use super::buffer::write_str;
 use super::device::{backend_choice, vmmw_device_t};
 use super::error::vmmw_error_t;
-use super::segment::to_usize;
+use super::numbers::{or_default, to_usize};
 use crate::driver;
 use crate::error::{Error, Result};
 use crate::pool::{Mode, Pool, PoolConfig};
@@ -98,14 +98,6 @@ impl vmmw_pool_t {
             global: false,
             last_cycles: Mutex::new(Vec::new()),
         }
-    }
-}
-
-fn or_default(v: u64, d: usize, name: &str) -> Result<usize> {
-    if v == 0 {
-        Ok(d)
-    } else {
-        to_usize(v, name)
     }
 }
 

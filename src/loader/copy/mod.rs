@@ -39,6 +39,7 @@ pub mod geometry;
 mod issue;
 mod jobs;
 mod options;
+mod shared;
 pub mod slot_copy;
 mod staged;
 pub mod staging;

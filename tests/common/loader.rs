@@ -206,16 +206,7 @@ pub fn fill_pattern(d: &dyn Driver, reg: &Registry) {
 pub fn read(d: &dyn Driver, ptr: DevicePtr, len: usize) -> Vec<u8> {
     let mut v = vec![0u8; len];
     // SAFETY: the range is a mapped destination; `v` has `len` bytes.
-    unsafe {
-        d.copy_dtoh_async(
-            v.as_mut_ptr(),
-            ptr,
-            len,
-            vmmweights::driver::StreamId::DEFAULT,
-        )
-    }
-    .unwrap();
-    d.synchronize().unwrap();
+    unsafe { vmmweights::driver::sync_copy::copy_to_host(d, &mut v, ptr) }.unwrap();
     v
 }
 
