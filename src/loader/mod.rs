@@ -2,6 +2,11 @@
 //! destinations through rules, plan every copy before any I/O, then copy in
 //! place into device memory at the link's rate.
 //!
+//! Loading into a [`Pool`](crate::Pool) (destinations allocated under one tag,
+//! the awake check, the reload source registered for sleep): [`allocate_in_pool`]
+//! and [`load_into_pool`], the calls the C API and the command line use. Into
+//! memory of your own: [`load`] with any [`DestAllocator`], as below.
+//!
 //! ```no_run
 //! # use std::sync::Arc;
 //! # use vmmweights::loader::*;
