@@ -12,6 +12,7 @@ The command-line program (src/bin) sits above every layer and is only checked
 for rule 4. `--print` prints the top-level graph.
 
 Usage: python3 scripts/check-layers.py [--print] [ROOT]
+       python3 scripts/check-layers.py --self-test   (the checks fail on bad trees)
 """
 import os
 import re
@@ -107,7 +108,52 @@ def absolute(mod, segs):
     return tuple(base + segs[i:])
 
 
+def self_test():
+    """Each rule fails on a small tree that breaks it, and a clean tree passes."""
+    import subprocess
+    import tempfile
+
+    def tree(files):
+        d = tempfile.mkdtemp()
+        for path, text in files.items():
+            os.makedirs(os.path.dirname(os.path.join(d, path)), exist_ok=True)
+            with open(os.path.join(d, path), "w", encoding="utf-8") as f:
+                f.write(text)
+        return d
+
+    base = {
+        "src/lib.rs": "pub mod error; pub mod pool; pub mod loader;\npub use error::Result;\n",
+        "src/error.rs": "pub type Result<T> = std::result::Result<T, ()>;\n",
+        "src/pool/mod.rs": "mod a;\nmod b;\nuse crate::Result;\n",
+        "src/pool/a.rs": "use super::b::X;\n",
+        "src/pool/b.rs": "pub struct X;\n#[cfg(test)]\nmod tests {\n    use super::*;\n}\n",
+        "src/loader/mod.rs": "use crate::pool;\n// crate::loader::nothing in a comment\n",
+    }
+    cases = [
+        ("clean", {}, None),
+        ("upward", {"src/pool/a.rs": "use super::b::X;\nuse crate::loader;\n"}, "upward import"),
+        ("circle", {"src/pool/b.rs": "use super::a::Y;\npub struct X;\n"}, "import circle"),
+        ("unlisted", {"src/lib.rs": base["src/lib.rs"] + "pub mod extra;\n",
+                      "src/extra.rs": "\n"}, "not in LAYERS"),
+        ("cudarc", {"src/pool/b.rs": "use cudarc::driver::sys;\npub struct X;\n"}, "uses cudarc"),
+        ("re-export", {"src/error.rs": "pub use crate::loader::L as Result;\n"}, "upward import"),
+    ]
+    failed = 0
+    for name, change, expect in cases:
+        files = dict(base)
+        files.update(change)
+        r = subprocess.run([sys.executable, __file__, tree(files)], capture_output=True, text=True)
+        ok = r.returncode == 0 if expect is None else (r.returncode != 0 and expect in r.stderr)
+        print(f"check-layers self-test {name}: {'ok' if ok else 'FAILED'}")
+        if not ok:
+            failed += 1
+            print(r.stdout + r.stderr, file=sys.stderr)
+    sys.exit(1 if failed else 0)
+
+
 def main():
+    if "--self-test" in sys.argv:
+        self_test()
     args = [a for a in sys.argv[1:] if not a.startswith("--")]
     root = args[0] if args else os.path.join(os.path.dirname(__file__), "..")
     files = parse(root)

@@ -232,6 +232,35 @@ fn populate(base: usize, len: usize) {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
+    use super::PinnedHost;
+    use crate::driver::host::{HostConfig, HostDriver};
+    use crate::driver::Driver;
+
+    #[test]
+    fn registration_follows_the_driver_it_was_made_with() {
+        let d: Arc<dyn Driver> = Arc::new(HostDriver::new(HostConfig::default()));
+        let other: Arc<dyn Driver> = Arc::new(HostDriver::new(HostConfig::default()));
+        let strong = PinnedHost::new(&d, 1, "test").unwrap();
+        assert_eq!(strong.len(), 2 << 20);
+        assert!(strong.registered_with(&d) && !strong.registered_with(&other));
+        let weak = PinnedHost::new_weak(&other, 1, "test").unwrap();
+        assert!(weak.registered_with(&other) && !weak.same_driver(&strong));
+        let populated = PinnedHost::populated(1, "test").unwrap();
+        assert!(!populated.registered_with(&d) && !populated.same_driver(&strong));
+        drop(other);
+        assert!(
+            !weak.driver_alive(),
+            "a weak registration does not keep its driver"
+        );
+        assert!(strong.driver_alive());
+        let own = PinnedHost::driver_allocated(&d, 4096).unwrap();
+        assert_eq!(own.len(), 4096);
+        // SAFETY: 4096 bytes of our own allocation.
+        unsafe { own.ptr().add(4095).write(1) };
+    }
+
     #[test]
     fn mapping_is_rounded_writable_and_zeroed() {
         let (p, len) = super::map_populated(3 << 20, "test").unwrap();
