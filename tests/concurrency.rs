@@ -7,13 +7,13 @@
 //!
 //! Each test prints how many operations it ran.
 
-mod pool_common;
+mod common;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
-use pool_common::*;
+use common::pool::*;
 use vmmweights::loader::{self, Checkpoint, Control, Dtype, LoadOptions, Plan, Registry, Rules};
 use vmmweights::sleep::Policy;
 use vmmweights::{tag, Error, Pool};

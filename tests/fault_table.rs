@@ -12,12 +12,12 @@
 //! The summary (cases, faults that fired, leaks) is printed; run with
 //! `--nocapture` to see it.
 
-mod pool_common;
+mod common;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use pool_common::*;
+use common::pool::*;
 use vmmweights::driver::host::{FaultOp, HostDriver};
 use vmmweights::loader::{
     self, Checkpoint, Control, Dtype, ExecutedPlan, LoadOptions, Plan, Registry, Rules,

@@ -10,13 +10,13 @@
 //! woken from reload. Dropping the pool leaves nothing behind in the host
 //! backend. Cases: `PROPTEST_CASES` (default 64).
 
-mod pool_common;
+mod common;
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use pool_common::*;
+use common::pool::*;
 use proptest::prelude::*;
 use vmmweights::loader::{self, Checkpoint, Control, Dtype, LoadOptions, Plan, Registry, Rules};
 use vmmweights::sleep::Policy;
