@@ -464,3 +464,33 @@ proptest! {
         );
     }
 }
+
+/// Sequences proptest once shrank a real bug to, replayed on every run.
+#[test]
+fn regressions() {
+    use Op::*;
+    let cases: Vec<Vec<Op>> = vec![
+        // Sleep, free everything, trim (no segments left), sleep again: the
+        // second sleep cleared the asleep flag and let allocations in.
+        vec![
+            ScopedAlloc { tag: 0, size: 1 },
+            Sleep {
+                tag: 0,
+                policy: Policy::Offload,
+            },
+            Free { pick: 0 },
+            Trim,
+            Sleep {
+                tag: 0,
+                policy: Policy::Offload,
+            },
+            Alloc { tag: 0, size: 100 },
+        ],
+    ];
+    for ops in cases {
+        let mut h = Harness::new();
+        if let Err(e) = h.run(&ops) {
+            panic!("{ops:?}: {e}");
+        }
+    }
+}
