@@ -1,6 +1,6 @@
 //! Out of memory at wake made real, and a sleep/wake soak, on whichever
 //! backend `VMMW_BACKEND` names: `host` in CI (the twin), `cuda` on the GPU
-//! machine (scripts/gpu.d/60-reliability.sh). With `VMMW_BACKEND=cuda` and no
+//! machine (scripts/gpu.d/65-reliability.sh). With `VMMW_BACKEND=cuda` and no
 //! usable device the tests fail; with it unset and no device they run on host.
 //!
 //! - Wake OOM: a tag is offloaded, the device is filled with another
