@@ -23,7 +23,7 @@ use crate::backend::BackendArgs;
 #[derive(clap::Args, Debug)]
 pub struct Args {
     #[command(flatten)]
-    backend: BackendArgs,
+    pub backend: BackendArgs,
     /// Checkpoint file or folder.
     #[arg(long)]
     checkpoint: std::path::PathBuf,
@@ -48,14 +48,14 @@ pub struct Args {
     #[arg(long, default_value_t = 0)]
     threads: usize,
     /// Direct-path window size.
-    #[arg(long, default_value = "64M")]
+    #[arg(long, default_value = "64M", value_parser = crate::parse::size_text)]
     window: String,
     /// Where the destinations live: `segment` (one segment, laid out in plan
     /// order) or `pool` (the caching pool, as an engine allocates parameters).
     #[arg(long, default_value = "segment", value_parser = ["segment", "pool"])]
     dest: String,
     /// Staging slot size (0: sized to keep the slots in use in the CPU cache).
-    #[arg(long, default_value = "0")]
+    #[arg(long, default_value = "0", value_parser = crate::parse::size_text)]
     slot: String,
     /// Staging slots per worker (0: chosen with the slot size).
     #[arg(long, default_value_t = 0)]
@@ -75,11 +75,15 @@ pub struct Args {
     #[arg(long)]
     verify: bool,
     /// Bytes of the link measurement's copy.
-    #[arg(long, default_value = "2G")]
+    #[arg(long, default_value = "2G", value_parser = crate::parse::size_text)]
     link_bytes: String,
-    /// Write the results as JSON here.
-    #[arg(long)]
-    json: Option<std::path::PathBuf>,
+    /// Write the results as JSON to FILE; `--json` alone (or `--json -`) prints
+    /// them on stdout and moves the other lines to stderr.
+    #[arg(long, value_name = "FILE", num_args = 0..=1, default_missing_value = "-")]
+    pub json: Option<std::path::PathBuf>,
+    /// Draw the results as an SVG chart to FILE.svg.
+    #[arg(long, value_name = "FILE.svg")]
+    pub chart: Option<std::path::PathBuf>,
 }
 
 #[derive(Debug, serde::Serialize)]
