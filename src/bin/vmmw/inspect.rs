@@ -103,9 +103,16 @@ pub fn dest_json(s: &DestSpec) -> Value {
 pub fn run(a: Args) -> CliResult<Value> {
     let rules = a.rules.rules()?;
     let ckpt = lib(Checkpoint::open(&a.checkpoint))?;
-    println!("checkpoint: {}", a.checkpoint.display());
+    println!(
+        "checkpoint: {}",
+        escape_name(&a.checkpoint.display().to_string())
+    );
     for s in &ckpt.shards {
-        println!("  shard {} ({} bytes)", s.path.display(), s.len);
+        println!(
+            "  shard {} ({} bytes)",
+            escape_name(&s.path.display().to_string()),
+            s.len
+        );
     }
     let mut by_dtype: BTreeMap<String, (usize, u64)> = BTreeMap::new();
     for t in ckpt.tensors.values() {

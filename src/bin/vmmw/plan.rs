@@ -119,7 +119,7 @@ pub fn run(a: Args) -> CliResult<Value> {
 
     println!(
         "plan: {} ({} destinations; reads {} of the checkpoint, writes {})",
-        a.checkpoint.display(),
+        escape_name(&a.checkpoint.display().to_string()),
         reg.len(),
         human_bytes(plan.src_bytes()),
         human_bytes(plan.dst_bytes())
