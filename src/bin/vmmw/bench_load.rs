@@ -288,8 +288,16 @@ pub fn run(a: Args) -> Result<()> {
             copy,
             ..Default::default()
         };
-        let ex = load(&d, ckpt, &rules, &reg, &opts, &Control::default())?;
-        Ok((t0.elapsed().as_secs_f64(), ex))
+        // A bar on a terminal only; off one (the GPU scripts) nothing is drawn.
+        let bar = crate::output::Progress::new("load", false);
+        let show = |done: u64, total: u64| bar.update(done, total);
+        let ctl = Control {
+            progress: Some(&show),
+            cancel: None,
+        };
+        let ex = load(&d, ckpt, &rules, &reg, &opts, &ctl);
+        bar.finish();
+        Ok((t0.elapsed().as_secs_f64(), ex?))
     };
     let load_once = |strategy: Strategy| load_with(CopyOptions { strategy, ..base });
     // Warm the page cache (and the driver) once. This is also the process's

@@ -5,6 +5,7 @@
 use std::io::{IsTerminal, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::OnceLock;
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
@@ -140,7 +141,8 @@ pub fn read_json(f: &ScratchFile) -> CliResult<serde_json::Value> {
 /// Byte progress: a bar with bytes, rate and time left when stderr is a
 /// terminal; otherwise a plain line per tenth when asked for, or nothing.
 pub struct Progress {
-    bar: Option<ProgressBar>,
+    /// On a terminal: the bar, made at the first update (when the total is known).
+    bar: Option<OnceLock<ProgressBar>>,
     lines: bool,
     label: String,
     tenth: AtomicU64,
@@ -149,29 +151,31 @@ pub struct Progress {
 impl Progress {
     /// Progress for `label` ("load"); `lines` asks for plain lines off a terminal.
     pub fn new(label: &str, lines: bool) -> Progress {
-        let bar = std::io::stderr().is_terminal().then(|| {
-            let bar = ProgressBar::with_draw_target(Some(0), ProgressDrawTarget::stderr());
-            bar.set_style(
-                ProgressStyle::with_template(
-                    "{msg:>8} [{bar:32}] {binary_bytes}/{binary_total_bytes} {binary_bytes_per_sec}, {eta} left",
-                )
-                .expect("a fixed, valid template")
-                .progress_chars("=> "),
-            );
-            bar.set_message(label.to_owned());
-            bar
-        });
         Progress {
-            bar,
+            bar: std::io::stderr().is_terminal().then(OnceLock::new),
             lines,
             label: label.to_owned(),
             tenth: AtomicU64::new(0),
         }
     }
 
+    fn make_bar(&self, total: u64) -> ProgressBar {
+        let bar = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr());
+        bar.set_style(
+            ProgressStyle::with_template(
+                "{msg:>8} [{bar:32}] {binary_bytes}/{binary_total_bytes} {binary_bytes_per_sec}, {eta} left",
+            )
+            .expect("a fixed, valid template")
+            .progress_chars("=> "),
+        );
+        bar.set_message(self.label.clone());
+        bar
+    }
+
     /// Record `done` of `total` bytes.
     pub fn update(&self, done: u64, total: u64) {
-        if let Some(bar) = &self.bar {
+        if let Some(cell) = &self.bar {
+            let bar = cell.get_or_init(|| self.make_bar(total));
             bar.set_length(total);
             bar.set_position(done);
         } else if self.lines && total > 0 {
@@ -190,7 +194,7 @@ impl Progress {
 
     /// Remove the bar (the caller prints the summary).
     pub fn finish(&self) {
-        if let Some(bar) = &self.bar {
+        if let Some(bar) = self.bar.as_ref().and_then(OnceLock::get) {
             bar.finish_and_clear();
         }
     }
