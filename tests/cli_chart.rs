@@ -1,9 +1,9 @@
 //! `--chart FILE.svg`: the file is written, parses as XML, is an SVG document
 //! and shows what the run did (step names, sleep marks, result labels).
 
-mod cli_util;
+mod common;
 
-use cli_util::*;
+use common::cli::*;
 
 #[test]
 fn demo_chart_draws_the_timeline_with_sleep_and_wake_marked() {

@@ -2,9 +2,9 @@
 //! value and what was expected, checked before any device work; failures of
 //! the machine exit 1; names with control characters are escaped.
 
-mod cli_util;
+mod common;
 
-use cli_util::*;
+use common::cli::*;
 
 #[test]
 fn help_documents_exit_codes_and_describes_demo() {

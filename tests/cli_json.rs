@@ -1,9 +1,9 @@
 //! `--json` on every command: stdout is one JSON document of the documented
 //! shape (docs/CLI.md), parsed back here and checked against the input.
 
-mod cli_util;
+mod common;
 
-use cli_util::*;
+use common::cli::*;
 use serde_json::Value;
 
 fn names(v: &Value) -> Vec<String> {

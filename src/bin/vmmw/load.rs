@@ -65,10 +65,7 @@ pub fn run(a: Args) -> CliResult<Value> {
     let pool = lib(Pool::new(d.clone(), PoolConfig::default()))?;
     let weights = lib(tag::id("weights"))?;
     let mut reg = Registry::new();
-    {
-        let _scope = lib(tag::scope(weights))?;
-        lib(reg.allocate(&specs, &pool))?;
-    }
+    lib(allocate_in_pool(&mut reg, &specs, &pool, weights))?;
     pool.snapshot("allocated");
     let opts = LoadOptions {
         copy: CopyOptions {
@@ -87,7 +84,7 @@ pub fn run(a: Args) -> CliResult<Value> {
         progress: Some(&show),
         cancel: Some(&cancel),
     };
-    let loaded = load(&d, ckpt, &rules, &reg, &opts, &ctl);
+    let loaded = load_into_pool(&pool, ckpt, &rules, &reg, &opts, &ctl);
     progress.finish();
     let ex = lib(loaded)?;
     pool.snapshot("loaded");

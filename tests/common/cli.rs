@@ -1,14 +1,10 @@
 //! Running the built `vmmw` binary on the host backend, and the small
 //! checkpoints the CLI tests use.
-#![allow(dead_code)]
 
 use std::path::Path;
 use std::process::Command;
 
-#[path = "../loader_util/mod.rs"]
-pub mod loader_util;
-
-pub use loader_util::{generate, write_file, SMALL};
+pub use super::loader::{generate, write_file, SMALL};
 pub use vmmweights::loader::Dtype;
 
 /// What one run of `vmmw` gave.
