@@ -213,6 +213,30 @@ fn other_bad_options_exit_2_with_what_was_expected() {
             &["--chart", "/nonexistent"],
         ),
         (&["bench-pool", "--chart", "x.txt"], &["--chart", "x.txt"]),
+        (
+            &[
+                "bench-load",
+                "--checkpoint",
+                &ckpt,
+                "--strategies",
+                "auto,staged:4Q",
+            ],
+            &["--strategies", "4Q"],
+        ),
+        (
+            &[
+                "bench-load",
+                "--checkpoint",
+                &ckpt,
+                "--strategies",
+                "staged@200",
+            ],
+            &["--strategies", "staged@200", "DIRECT_PERCENT"],
+        ),
+        (
+            &["bench-load", "--checkpoint", &ckpt, "--preset", "gpt"],
+            &["--preset", "gpt", "none"],
+        ),
     ];
     for (args, want) in cases {
         let r = vmmw(args);
@@ -261,6 +285,7 @@ fn input_is_checked_before_the_device_is_opened() {
         vec!["load", ckpt.as_str(), "--chart", "/nonexistent/c.svg"],
         vec!["demo", "--chart", "c.pdf"],
         vec!["bench-sleep", "--chart", "/nonexistent/c.svg"],
+        vec!["bench-load", "--checkpoint", "/nonexistent/ckpt"],
     ] {
         let r = vmmw_env(&args, &cuda);
         assert_eq!(r.code, 2, "{args:?}: {}", r.all());

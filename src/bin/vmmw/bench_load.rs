@@ -28,7 +28,7 @@ pub struct Args {
     #[arg(long)]
     checkpoint: std::path::PathBuf,
     /// Mapping preset (llama, mistral, qwen, qwen2, qwen3) or `none` for names as they are.
-    #[arg(long, default_value = "qwen3")]
+    #[arg(long, default_value = "qwen3", value_parser = preset_or_none)]
     preset: String,
     /// Head dimension for the preset.
     #[arg(long, default_value_t = 128)]
@@ -38,9 +38,10 @@ pub struct Args {
     #[arg(
         long,
         default_value = "auto,stream,staged,direct",
-        value_delimiter = ','
+        value_delimiter = ',',
+        value_parser = StrategySpec::parse
     )]
-    strategies: Vec<String>,
+    strategies: Vec<StrategySpec>,
     /// Timed loads per strategy (median reported).
     #[arg(long, default_value_t = 3)]
     repeat: usize,
@@ -84,6 +85,70 @@ pub struct Args {
     /// Draw the results as an SVG chart to FILE.svg.
     #[arg(long, value_name = "FILE.svg")]
     pub chart: Option<std::path::PathBuf>,
+}
+
+/// One `--strategies` entry: `name[:SLOT][@DIRECT_PERCENT][#THREADS][^DEPTH]`,
+/// checked while the command line is read.
+#[derive(Debug, Clone)]
+struct StrategySpec {
+    text: String,
+    strategy: Strategy,
+    slot: Option<usize>,
+    direct_percent: Option<u8>,
+    threads: Option<usize>,
+    depth: Option<usize>,
+}
+
+impl StrategySpec {
+    fn parse(s: &str) -> std::result::Result<StrategySpec, String> {
+        let (rest, depth) = s.split_once('^').unwrap_or((s, ""));
+        let (rest, threads) = rest.split_once('#').unwrap_or((rest, ""));
+        let (rest, pct) = rest.split_once('@').unwrap_or((rest, ""));
+        let (name, slot) = rest.split_once(':').unwrap_or((rest, ""));
+        let bad = |w: &str, v: &str| {
+            format!("`{s}`: {w} `{v}`; expected name[:SLOT][@DIRECT_PERCENT][#THREADS][^DEPTH], e.g. staged:4M#8")
+        };
+        let num = |w: &str, v: &str| -> std::result::Result<Option<usize>, String> {
+            (!v.is_empty())
+                .then(|| v.parse().map_err(|_| bad(w, v)))
+                .transpose()
+        };
+        Ok(StrategySpec {
+            text: s.to_owned(),
+            strategy: crate::parse::strategy(name)?,
+            slot: (!slot.is_empty())
+                .then(|| crate::parse::size_usize(slot))
+                .transpose()?,
+            direct_percent: (!pct.is_empty())
+                .then(|| match pct.parse::<u8>() {
+                    Ok(p) if p <= 100 => Ok(p),
+                    _ => Err(bad("direct percent", pct)),
+                })
+                .transpose()?,
+            threads: num("thread count", threads)?,
+            depth: num("depth", depth)?,
+        })
+    }
+
+    fn apply(&self, base: CopyOptions) -> CopyOptions {
+        let mut c = CopyOptions {
+            strategy: self.strategy,
+            ..base
+        };
+        if let Some(v) = self.slot {
+            c.slot_bytes = v;
+        }
+        if let Some(v) = self.direct_percent {
+            c.direct_percent = v;
+        }
+        if let Some(v) = self.threads {
+            c.threads = v;
+        }
+        if let Some(v) = self.depth {
+            c.depth = v;
+        }
+        c
+    }
 }
 
 #[derive(Debug, serde::Serialize)]
@@ -232,10 +297,16 @@ fn verify(d: &dyn Driver, ex: &ExecutedPlan) -> Result<usize> {
     Ok(n)
 }
 
+fn preset_or_none(s: &str) -> std::result::Result<String, String> {
+    if s == "none" {
+        Ok(s.to_owned())
+    } else {
+        crate::parse::preset(s).map_err(|e| format!("{e}, or none"))
+    }
+}
+
 pub fn run(a: Args) -> Result<()> {
-    let opened = a.backend.open()?;
-    let d = opened.driver.clone();
-    println!("backend: {} ({})", d.describe(), opened.reason);
+    // The checkpoint and its mapping are checked before the device is opened.
     let rules = if a.preset == "none" {
         Rules::default()
     } else {
@@ -245,6 +316,9 @@ pub fn run(a: Args) -> Result<()> {
     let bytes = ckpt.data_bytes();
     let tensors = ckpt.tensors.len();
     let specs = Plan::destinations(&ckpt, &rules)?;
+    let opened = a.backend.open()?;
+    let d = opened.driver.clone();
+    println!("backend: {} ({})", d.describe(), opened.reason);
     let total: usize = specs.iter().map(|s| s.bytes().div_ceil(256) * 256).sum();
     let alloc: Box<dyn vmmweights::loader::DestAllocator> = if a.dest == "pool" {
         Box::new(vmmweights::Pool::new(d.clone(), Default::default())?)
@@ -335,27 +409,9 @@ pub fn run(a: Args) -> Result<()> {
         "{:<8} {:<7} {:>9} {:>9} {:>9} {:>8}",
         "strategy", "cache", "median_s", "GB/s", "copyGB/s", "of link"
     );
-    for s in &a.strategies {
-        // name[:SLOT][@DIRECT_PERCENT][#THREADS][^DEPTH]
-        let (rest, depth) = s.split_once('^').unwrap_or((s, ""));
-        let (rest, threads) = rest.split_once('#').unwrap_or((rest, ""));
-        let (rest, pct) = rest.split_once('@').unwrap_or((rest, ""));
-        let (name, slot) = rest.split_once(':').unwrap_or((rest, ""));
-        let strategy = Strategy::parse(name)?;
-        let mut copy = CopyOptions { strategy, ..base };
-        let bad = |w: &str| Error::InvalidArgument(format!("strategy spec `{s}`: bad {w}"));
-        if !slot.is_empty() {
-            copy.slot_bytes = parse_bytes(slot).map_err(Error::InvalidArgument)? as usize;
-        }
-        if !pct.is_empty() {
-            copy.direct_percent = pct.parse().map_err(|_| bad("direct percent"))?;
-        }
-        if !threads.is_empty() {
-            copy.threads = threads.parse().map_err(|_| bad("thread count"))?;
-        }
-        if !depth.is_empty() {
-            copy.depth = depth.parse().map_err(|_| bad("depth"))?;
-        }
+    for spec in &a.strategies {
+        let s = &spec.text;
+        let copy = spec.apply(base);
         let mut secs = Vec::new();
         let mut last = None;
         for _ in 0..a.repeat.max(1) {
@@ -378,7 +434,7 @@ pub fn run(a: Args) -> Result<()> {
         );
         breakdown(&stats);
         runs.push(Run {
-            strategy,
+            strategy: spec.strategy,
             label: s.clone(),
             cache: "cached",
             seconds: secs,
