@@ -286,6 +286,7 @@ fn input_is_checked_before_the_device_is_opened() {
         vec!["demo", "--chart", "c.pdf"],
         vec!["bench-sleep", "--chart", "/nonexistent/c.svg"],
         vec!["bench-load", "--checkpoint", "/nonexistent/ckpt"],
+        vec!["bench-sleep", "--reload-checkpoint", "/nonexistent/ckpt"],
     ] {
         let r = vmmw_env(&args, &cuda);
         assert_eq!(r.code, 2, "{args:?}: {}", r.all());

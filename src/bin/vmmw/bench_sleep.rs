@@ -162,7 +162,7 @@ pub struct Args {
     /// A checkpoint (file or folder) to load into the pool for the Reload rows:
     /// load it, sleep with Reload (no backup), time the wake from the page cache.
     #[arg(long)]
-    reload_checkpoint: Option<std::path::PathBuf>,
+    pub reload_checkpoint: Option<std::path::PathBuf>,
 }
 
 /// Run the benchmark.

@@ -131,6 +131,10 @@ impl Command {
             }
             Command::BenchSleep(mut a) => {
                 let p = bench_chart::prepare(&a.backend, &a.chart, &mut a.json)?;
+                if let Some(c) = &a.reload_checkpoint {
+                    // Headers only, before any device work.
+                    lib(vmmweights::loader::Checkpoint::open(c))?;
+                }
                 bench_sleep::run(a)?;
                 p.draw(bench_chart::Bench::Sleep)?;
                 Ok(None)
