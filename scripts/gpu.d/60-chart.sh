@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Charts (issue 15) on the GPU: the demo on the cuda backend with a checkpoint
 # big enough to read (8 layers, hidden 2048: ~0.9 GB), its memory timeline as
-# an SVG (demo-timeline.svg) and as JSON (demo.json). To commit:
-#   cp .gpu/out/demo-timeline.svg bench/results/DATE-demo-timeline-h200.svg
-# (vmmw report demo.json --chart X.svg redraws it anywhere.)
+# an SVG (demo-timeline.svg) and as JSON (demo.json). To commit it, copy
+# demo-timeline.svg to bench/results/demo-timeline.svg and point the README's
+# image at it (vmmw report demo.json --chart X.svg redraws it anywhere).
 # bench-sleep's results chart comes from 50-sleep.sh (sleep-bench.svg).
 set -uo pipefail
 source scripts/gpu-lib.sh
