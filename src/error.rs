@@ -50,6 +50,8 @@ pub enum Status {
     Unsupported = 15,
     /// A caller-provided buffer is too small; the required size was written where documented.
     BufferTooSmall = 16,
+    /// A load is writing into the tag: sleep it once the load has returned (or cancel the load).
+    LoadInProgress = 17,
 }
 
 impl Status {
@@ -73,6 +75,7 @@ impl Status {
             Status::Panic => "VMMW_PANIC",
             Status::Unsupported => "VMMW_UNSUPPORTED",
             Status::BufferTooSmall => "VMMW_BUFFER_TOO_SMALL",
+            Status::LoadInProgress => "VMMW_LOAD_IN_PROGRESS",
         }
     }
 }
@@ -188,6 +191,15 @@ pub enum Error {
     #[error("internal error (panic caught at the C boundary): {0}")]
     Panic(String),
 
+    /// A sleep was asked for a tag that a load is writing into.
+    #[error("tag `{tag}` has {loads} load(s) in progress: sleep it once the load has returned, or cancel the load first (nothing was changed)")]
+    LoadInProgress {
+        /// The tag's name.
+        tag: String,
+        /// Loads writing into it.
+        loads: usize,
+    },
+
     /// A caller buffer is too small.
     #[error("buffer too small: need {needed} bytes, got {got}")]
     BufferTooSmall {
@@ -218,6 +230,7 @@ impl Error {
             Error::Unsupported(_) => Status::Unsupported,
             Error::Panic(_) => Status::Panic,
             Error::BufferTooSmall { .. } => Status::BufferTooSmall,
+            Error::LoadInProgress { .. } => Status::LoadInProgress,
         }
     }
 
@@ -263,6 +276,7 @@ mod tests {
         assert_eq!(Status::PlanMismatch as i32, 12);
         assert_eq!(Status::Panic as i32, 14);
         assert_eq!(Status::BufferTooSmall as i32, 16);
+        assert_eq!(Status::LoadInProgress as i32, 17);
     }
 
     #[test]

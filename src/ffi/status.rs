@@ -42,9 +42,11 @@ pub const VMMW_PANIC: i32 = 14;
 pub const VMMW_UNSUPPORTED: i32 = 15;
 /// A caller-provided buffer is too small; `*needed` holds the size required.
 pub const VMMW_BUFFER_TOO_SMALL: i32 = 16;
+/// A load is writing into the tag: sleep it once the load has returned (or cancel the load).
+pub const VMMW_LOAD_IN_PROGRESS: i32 = 17;
 
 /// Every status, in numeric order (for the name lookup and the tests).
-pub(crate) const ALL: [Status; 17] = [
+pub(crate) const ALL: [Status; 18] = [
     Status::Ok,
     Status::InvalidArgument,
     Status::NullArgument,
@@ -62,6 +64,7 @@ pub(crate) const ALL: [Status; 17] = [
     Status::Panic,
     Status::Unsupported,
     Status::BufferTooSmall,
+    Status::LoadInProgress,
 ];
 
 /// The static name of a status code ("VMMW_OUT_OF_MEMORY"), or
@@ -97,6 +100,7 @@ fn status_name_nul(s: Status) -> &'static [u8] {
         Status::Panic => b"VMMW_PANIC\0",
         Status::Unsupported => b"VMMW_UNSUPPORTED\0",
         Status::BufferTooSmall => b"VMMW_BUFFER_TOO_SMALL\0",
+        Status::LoadInProgress => b"VMMW_LOAD_IN_PROGRESS\0",
     }
 }
 
@@ -125,6 +129,7 @@ mod tests {
             VMMW_PANIC,
             VMMW_UNSUPPORTED,
             VMMW_BUFFER_TOO_SMALL,
+            VMMW_LOAD_IN_PROGRESS,
         ];
         for (i, (c, s)) in consts.iter().zip(ALL).enumerate() {
             assert_eq!(*c, s as i32, "{}", s.name());
@@ -139,7 +144,7 @@ mod tests {
             let c = unsafe { CStr::from_ptr(vmmw_status_name(s as i32)) };
             assert_eq!(c.to_str().unwrap(), s.name());
         }
-        for bad in [-1, 17, i32::MAX, i32::MIN] {
+        for bad in [-1, 18, i32::MAX, i32::MIN] {
             // SAFETY: as above.
             let c = unsafe { CStr::from_ptr(vmmw_status_name(bad)) };
             assert_eq!(c.to_str().unwrap(), "VMMW_UNKNOWN_STATUS");
