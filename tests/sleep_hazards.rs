@@ -645,3 +645,88 @@ fn allocations_in_other_tags_return_at_once_during_a_long_wake() {
     );
     pool.check_invariants().unwrap();
 }
+
+/// Shared by the load's progress callback and the thread that tries to sleep.
+struct Rendezvous {
+    started: AtomicBool,
+    tried: AtomicBool,
+}
+
+unsafe extern "C" fn wait_for_sleeper(_done: u64, _total: u64, user: *mut std::ffi::c_void) -> i32 {
+    // SAFETY: `user` is the test's Rendezvous, alive for the whole load.
+    let r = unsafe { &*(user as *const Rendezvous) };
+    r.started.store(true, Ordering::SeqCst);
+    let t0 = Instant::now();
+    while !r.tried.load(Ordering::SeqCst) && t0.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    0
+}
+
+#[test]
+fn sleep_from_another_thread_during_a_c_api_load_is_refused() {
+    use std::ffi::CString;
+    use std::ptr;
+    use vmmweights::ffi::loader::{
+        vmmw_loader_allocate, vmmw_loader_free, vmmw_loader_load, vmmw_loader_open,
+    };
+    use vmmweights::ffi::pool::{vmmw_pool_free, vmmw_pool_new};
+    use vmmweights::ffi::sleep::{vmmw_pool_sleep, vmmw_tag_policy_t, VMMW_POLICY_DISCARD};
+    std::env::set_var("VMMW_BACKEND", "host");
+    let dir = checkpoint_dir();
+    let path = CString::new(dir.path().to_str().unwrap()).unwrap();
+    let t = tag::id("hz-c-loading").unwrap();
+    let r = Rendezvous {
+        started: AtomicBool::new(false),
+        tried: AtomicBool::new(false),
+    };
+    struct Handle(*mut vmmweights::ffi::pool::vmmw_pool_t);
+    // SAFETY: the pool handle is thread-safe (documented); it outlives the scope.
+    unsafe impl Send for Handle {}
+    unsafe impl Sync for Handle {}
+    // SAFETY: every pointer passed is valid for the call; handles are freed once.
+    unsafe {
+        let mut pool = ptr::null_mut();
+        assert_eq!(vmmw_pool_new(ptr::null(), &mut pool, ptr::null_mut()), 0);
+        let mut loader = ptr::null_mut();
+        assert_eq!(
+            vmmw_loader_open(path.as_ptr(), &mut loader, ptr::null_mut()),
+            0
+        );
+        assert_eq!(vmmw_loader_allocate(loader, pool, t.0, ptr::null_mut()), 0);
+        let h = Handle(pool);
+        let rc = std::thread::scope(|s| {
+            let sleeper = s.spawn(|| {
+                while !r.started.load(Ordering::SeqCst) {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                let items = [vmmw_tag_policy_t {
+                    tag: t.0,
+                    policy: VMMW_POLICY_DISCARD,
+                }];
+                let hp = &h;
+                let rc = vmmw_pool_sleep(hp.0, items.as_ptr(), 1, ptr::null_mut());
+                r.tried.store(true, Ordering::SeqCst);
+                rc
+            });
+            let load = vmmw_loader_load(
+                loader,
+                pool,
+                Some(wait_for_sleeper),
+                &r as *const Rendezvous as *mut std::ffi::c_void,
+                ptr::null_mut(),
+            );
+            (load, sleeper.join().unwrap())
+        });
+        assert_eq!(rc.0, 0, "the load completes");
+        assert_eq!(rc.1, Status::LoadInProgress as i32, "the sleep is refused");
+        // Once the load returned, the tag sleeps.
+        let items = [vmmw_tag_policy_t {
+            tag: t.0,
+            policy: VMMW_POLICY_DISCARD,
+        }];
+        assert_eq!(vmmw_pool_sleep(pool, items.as_ptr(), 1, ptr::null_mut()), 0);
+        vmmw_loader_free(loader);
+        vmmw_pool_free(pool);
+    }
+}

@@ -6,7 +6,6 @@
 //! and cancellation), read the result. Every check happens before any byte
 //! is written: on a plan error the destinations are untouched.
 
-use std::collections::BTreeSet;
 use std::ffi::{c_char, c_void};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -15,7 +14,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use super::boundary::{arg, call, call_out, free_handle, into_handle, slice_arg, str_arg};
 use super::buffer::write_str;
 use super::error::vmmw_error_t;
-use super::pool::{ensure_awake, vmmw_pool_t};
+use super::pool::vmmw_pool_t;
 use super::segment::to_usize;
 use crate::driver::DevicePtr;
 use crate::error::{Error, Result};
@@ -537,12 +536,26 @@ pub unsafe extern "C" fn vmmw_loader_plan(
 /// calling `progress(done, total, user)` (may be NULL) on this thread as
 /// bytes land. Blocks until done. Cancel from another thread with
 /// `vmmw_loader_cancel`, or by returning non-zero from `progress`: the load
-/// stops with `VMMW_CANCELLED` (destinations partly written). A cancel
-/// requested before the load starts stops it before any byte is written. Plan errors are
-/// found before any byte is written. The executed plan is registered in the
+/// stops with `VMMW_CANCELLED`. A cancel requested before the load starts
+/// stops it before any byte is written. Plan errors, and a checkpoint file
+/// changed since `vmmw_loader_open` (`VMMW_CHECKPOINT_INVALID`), are found
+/// before any byte is written. Any error once copying started (cancel, an
+/// I/O error reading a shard, a driver error) leaves the destinations partly
+/// written, with no rollback: each byte holds its old value or the
+/// checkpoint's; load again to finish. After any failed load, older reload
+/// sources no longer replay these destinations (a later Reload sleep keeps
+/// their bytes in the host backup).
+///
+/// Pool tags holding destinations must be awake (`VMMW_INVALID_STATE` naming
+/// the destination otherwise) and are pinned for the whole load, checked and
+/// pinned under one lock: `vmmw_pool_sleep` of them, from another thread or
+/// from `progress`, fails with `VMMW_LOAD_IN_PROGRESS` and changes nothing.
+/// The executed plan is registered in the
 /// pool as the reload source of the tags that own the destinations, so those
-/// tags can sleep with `VMMW_POLICY_RELOAD`. A loader can load again (the
-/// checkpoint is reopened).
+/// tags can sleep with `VMMW_POLICY_RELOAD`; it stops covering a block once
+/// the block is freed. A loader can load again (the checkpoint is reopened);
+/// the loader keeps its last checkpoint open and mapped until it is freed or
+/// loads again.
 ///
 /// # Safety
 /// `loader` and `pool` are live handles; `progress` is NULL or a function
@@ -562,13 +575,18 @@ pub unsafe extern "C" fn vmmw_loader_load(
         let p = unsafe { arg(pool, "pool") }?;
         let mut st = l.lock();
         st.ckpt()?;
-        // Destinations in this pool must be awake: writing into a sleeping tag
-        // would fault. (Destinations outside the pool are the caller's memory.)
-        for d in st.registry.iter() {
-            if let Some(seg) = p.pool.segment_of(d.ptr) {
-                ensure_awake(&seg, d.ptr, &format!("destination `{}`", d.name))?;
-            }
-        }
+        // The pool tags holding destinations must be awake, and stay so until
+        // the load returns: checked and pinned under one pool-lock hold; a
+        // sleep of them meanwhile fails with VMMW_LOAD_IN_PROGRESS.
+        // (Destinations outside the pool are the caller's memory.)
+        let dests: Vec<(DevicePtr, usize, String)> = st
+            .registry
+            .iter()
+            .map(|d| (d.ptr, d.bytes(), d.name.clone()))
+            .collect();
+        let refs: Vec<(DevicePtr, usize, &str)> =
+            dests.iter().map(|(p, b, n)| (*p, *b, n.as_str())).collect();
+        let pin = p.pool.pin_for_load(&refs)?;
         let ckpt = st.ckpt.take().expect("opened above");
         let on_progress = |done: u64, total: u64| {
             if let Some(f) = progress {
@@ -591,15 +609,23 @@ pub unsafe extern "C" fn vmmw_loader_load(
             &ctl,
         );
         l.cancel.store(false, Ordering::Release);
-        let executed = Arc::new(result?);
-        let tags: BTreeSet<TagId> = st
-            .registry
-            .iter()
-            .filter_map(|d| p.pool.segment_of(d.ptr).map(|s| s.tag))
-            .collect();
-        for t in tags {
+        let executed = match result {
+            Ok(e) => Arc::new(e),
+            Err(e) => {
+                // The destinations may be partly written: no older load may
+                // replay them (a later Reload sleep keeps them on the host).
+                for &(ptr, bytes, _) in &refs {
+                    if let Some(seg) = p.pool.segment_of(ptr) {
+                        p.pool.retire_reload_range(seg.tag, ptr, bytes);
+                    }
+                }
+                return Err(e);
+            }
+        };
+        for &t in pin.tags() {
             p.pool.add_reload_source(t, executed.clone())?;
         }
+        drop(pin);
         st.executed = Some(executed);
         Ok(())
     })
