@@ -816,6 +816,22 @@ int32_t vmmw_loader_set_rules_preset(const struct vmmw_loader_t *loader, const c
 int32_t vmmw_loader_set_options(const struct vmmw_loader_t *loader, const struct vmmw_load_options_t *options, struct vmmw_error_t **error);
 
 /**
+ * Keep (`enable` 1) or not (0, the default) a checksum of every loaded
+ * extent at the next loads of this loader, so each wake of a tag asleep
+ * with `VMMW_POLICY_RELOAD` proves, before restoring anything, that the
+ * checkpoint still holds the bytes loaded: a file rewritten in place fails
+ * the wake with `VMMW_CHECKPOINT_INVALID` even when its size and
+ * modification time were kept. It costs one more read of the loaded bytes at
+ * load and one at each Reload wake. Without it, device, inode, size and
+ * modification time are still checked at every wake. Other values of
+ * `enable`: `VMMW_INVALID_ARGUMENT`. Thread-safe (serializes with a running load).
+ *
+ * # Safety
+ * `loader` is a live handle; `error` is NULL or writable.
+ */
+int32_t vmmw_loader_set_reload_check(const struct vmmw_loader_t *loader, uint32_t enable, struct vmmw_error_t **error);
+
+/**
  * Register a destination parameter: `ndim` dimensions `shape` of `dtype`
  * ("BF16", "F16", "F32", ... or "bfloat16", "float16", "float32") at device
  * address `ptr`, contiguous, row-major. The memory stays the caller's; the

@@ -299,7 +299,44 @@ pub unsafe extern "C" fn vmmw_loader_set_options(
         if o.slot_bytes != 0 {
             opts.copy.slot_bytes = to_usize(o.slot_bytes, "slot_bytes")?;
         }
-        l.lock().options = opts;
+        let mut st = l.lock();
+        opts.reload_check = st.options.reload_check;
+        st.options = opts;
+        Ok(())
+    })
+}
+
+/// Keep (`enable` 1) or not (0, the default) a checksum of every loaded
+/// extent at the next loads of this loader, so each wake of a tag asleep
+/// with `VMMW_POLICY_RELOAD` proves, before restoring anything, that the
+/// checkpoint still holds the bytes loaded: a file rewritten in place fails
+/// the wake with `VMMW_CHECKPOINT_INVALID` even when its size and
+/// modification time were kept. It costs one more read of the loaded bytes at
+/// load and one at each Reload wake. Without it, device, inode, size and
+/// modification time are still checked at every wake. Other values of
+/// `enable`: `VMMW_INVALID_ARGUMENT`. Thread-safe (serializes with a running load).
+///
+/// # Safety
+/// `loader` is a live handle; `error` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn vmmw_loader_set_reload_check(
+    loader: *const vmmw_loader_t,
+    enable: u32,
+    error: *mut *mut vmmw_error_t,
+) -> i32 {
+    call(error, || {
+        // SAFETY: forwarded contract.
+        let l = unsafe { arg(loader, "loader") }?;
+        let on = match enable {
+            0 => false,
+            1 => true,
+            other => {
+                return Err(Error::InvalidArgument(format!(
+                    "reload check flag {other} is neither 0 nor 1"
+                )))
+            }
+        };
+        l.lock().options.reload_check = on;
         Ok(())
     })
 }

@@ -491,6 +491,11 @@ class Loader {
     detail::call([&](vmmw_error_t** e) { return vmmw_loader_set_options(get_checked(), &o, e); });
   }
 
+  /// Keep content checksums at load, so Reload wakes prove the checkpoint unchanged.
+  void set_reload_check(bool enable) const {
+    detail::call([&](vmmw_error_t** e) { return vmmw_loader_set_reload_check(get_checked(), enable ? 1 : 0, e); });
+  }
+
   /// Register your own destination at device address `ptr`.
   void add(const std::string& name, uint64_t ptr, const std::string& dtype,
            const std::vector<uint64_t>& shape) const {
