@@ -479,6 +479,10 @@ fn a_retried_sleep_releases_what_a_failed_unmap_left_mapped() {
         let u = pool.report().tag(&name).unwrap().clone();
         assert!(u.tracked_bytes > 0, "a chunk is still mapped");
         assert!(u.asleep);
+        assert_eq!(
+            u.awake_bytes, u.tracked_bytes,
+            "what is still mapped is not reported asleep"
+        );
         pool.sleep(&[(t, policy)]).unwrap();
         let u = pool.report().tag(&name).unwrap().clone();
         assert_eq!(u.tracked_bytes, 0, "the retry released every chunk");

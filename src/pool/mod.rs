@@ -633,7 +633,16 @@ impl Pool {
                 u.reserved_bytes += e.seg.reserved() as u64;
                 u.tracked_bytes += e.seg.mapped_bytes() as u64;
                 u.segments += 1;
-                u.add_sleep_state(e.seg.sleep_state(), e.seg.committed() as u64);
+                // A segment a failed sleep left partly mapped counts its
+                // mapped chunks as awake: never asleep while memory is there.
+                let (committed, mapped) = (e.seg.committed() as u64, e.seg.mapped_bytes() as u64);
+                match e.seg.sleep_state() {
+                    SleepState::Awake => u.add_sleep_state(SleepState::Awake, committed),
+                    s => {
+                        u.add_sleep_state(s, committed.saturating_sub(mapped));
+                        u.add_sleep_state(SleepState::Awake, mapped.min(committed));
+                    }
+                }
             }
             // Backup bytes straight from the sleep engine (pool lock, then
             // engine lock: the allowed order), so frees and trims show at once.
