@@ -8,7 +8,7 @@
 //! small sizes, so CI runs the same code (the host-only regression tests are in
 //! `sleep_hazards.rs`). `VMMW_BACKEND=cuda` without a usable driver fails.
 
-mod loader_util;
+mod common;
 
 use std::ffi::{c_void, CString};
 use std::path::{Path, PathBuf};
@@ -16,7 +16,7 @@ use std::ptr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use loader_util::*;
+use common::loader::*;
 use vmmweights::driver::{ConvertType, StreamId};
 use vmmweights::ffi::loader::{
     vmmw_destination_t, vmmw_loader_allocate, vmmw_loader_destination, vmmw_loader_free,

@@ -4,7 +4,7 @@
 //! allocations in other tags, and Reload of a tag that holds more than the
 //! checkpoint (a "model-like" tag: buffers, later allocations, padding).
 
-mod loader_util;
+mod common;
 
 use std::os::unix::fs::FileExt;
 use std::path::Path;
@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use loader_util::*;
+use common::loader::*;
 use vmmweights::driver::host::{FaultOp, HostConfig, HostDriver};
 use vmmweights::driver::StreamId;
 use vmmweights::loader::*;

@@ -6,12 +6,12 @@
 //! segment and waking an awake one are no-ops. The VA reservation is never
 //! touched, so every pointer stays valid across any number of cycles.
 //!
-//! - Offload copies the contents into a pinned host backup (a [`BackupArena`]
+//! - Offload copies the contents into a pinned host backup (a [`BackupArena`](backup::BackupArena)
 //!   that persists across cycles), then unmaps and releases.
 //! - Discard waits for queued work, then unmaps and releases.
 //! - Reload keeps in the host backup only the bytes no reload source covers
 //!   (model buffers, later allocations, padding); at wake the tag's
-//!   [`ReloadSource`]s (the loader's executed plans) write the rest again from
+//!   [`ReloadSource`](reload::ReloadSource)s (the loader's executed plans) write the rest again from
 //!   the checkpoint, after checking it is unchanged. A source stops covering a
 //!   block once it is freed, so nothing stale is replayed.
 //! - The pool lock is not held across copies and reloads: a tag in transition

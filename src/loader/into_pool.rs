@@ -1,0 +1,117 @@
+//! Loading into a [`Pool`]: destinations allocated from the pool under one tag
+//! (given back if any allocation fails), the awake check and pin of the tags a
+//! load writes into, and the executed plan registered as the reload source of
+//! every tag it filled. The C API, the command line and the tests call these, so all
+//! of them follow the same steps.
+
+use std::sync::{Arc, Mutex};
+
+use super::{load, Checkpoint, Control, DestAllocator, DestSpec, ExecutedPlan, LoadOptions};
+use super::{Registry, Rules};
+use crate::driver::DevicePtr;
+use crate::error::Result;
+use crate::pool::Pool;
+use crate::tag::{self, TagId};
+
+/// Parameters the loader allocates from a plan come from the pool, in the
+/// calling thread's tag. Nothing is given back on failure; see
+/// [`allocate_in_pool`] for that.
+impl DestAllocator for Pool {
+    fn alloc(&self, bytes: usize) -> Result<DevicePtr> {
+        // The pool aligns every block to at least 512 bytes.
+        Ok(Pool::alloc(self, bytes)?.ptr)
+    }
+}
+
+/// Allocates destinations from a pool under one tag, remembering them so a
+/// failure can give them back.
+struct TaggedPoolDest<'a> {
+    pool: &'a Pool,
+    tag: TagId,
+    taken: Mutex<Vec<DevicePtr>>,
+}
+
+impl DestAllocator for TaggedPoolDest<'_> {
+    fn alloc(&self, bytes: usize) -> Result<DevicePtr> {
+        let b = self.pool.alloc_tagged(bytes, self.tag)?;
+        self.taken
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(b.ptr);
+        Ok(b.ptr)
+    }
+}
+
+/// Allocate every destination of `specs` in `pool` under `tag` and register
+/// them in `registry`. On failure nothing is registered and every block taken
+/// is freed again. The blocks belong to the pool.
+pub fn allocate_in_pool(
+    registry: &mut Registry,
+    specs: &[DestSpec],
+    pool: &Pool,
+    tag: TagId,
+) -> Result<()> {
+    tag::check(tag)?;
+    let alloc = TaggedPoolDest {
+        pool,
+        tag,
+        taken: Mutex::new(Vec::new()),
+    };
+    let r = registry.allocate(specs, &alloc);
+    if r.is_err() {
+        for ptr in alloc.taken.into_inner().unwrap_or_else(|e| e.into_inner()) {
+            let _ = pool.free(ptr);
+        }
+    }
+    r
+}
+
+/// Load `ckpt` into `registry`'s destinations on `pool`'s device (as
+/// [`load`]), then register the executed plan in the pool as the reload
+/// source of every tag that owns a destination, so those tags can sleep with
+/// the Reload policy.
+///
+/// The pool tags holding destinations must be awake (`InvalidState` naming
+/// the destination and its tag, nothing written) and are pinned for the whole
+/// load, checked and pinned under one pool-lock hold
+/// ([`Pool::pin_for_load`]): a sleep of them meanwhile, from another thread
+/// or from the progress callback, fails with
+/// [`Error::LoadInProgress`](crate::Error::LoadInProgress) and changes
+/// nothing. Destinations outside the pool are the caller's memory.
+///
+/// On an error once copying started the destinations are partly written (see
+/// [`load`]); then no older reload source replays them any more (a later
+/// Reload sleep keeps their bytes in the host backup). For simplicity the same
+/// holds after errors found before any byte was written.
+pub fn load_into_pool(
+    pool: &Pool,
+    ckpt: Checkpoint,
+    rules: &Rules,
+    registry: &Registry,
+    opts: &LoadOptions,
+    ctl: &Control<'_>,
+) -> Result<Arc<ExecutedPlan>> {
+    let dests: Vec<(DevicePtr, usize, &str)> = registry
+        .iter()
+        .map(|d| (d.ptr, d.bytes(), d.name.as_str()))
+        .collect();
+    let pin = pool.pin_for_load(&dests)?;
+    let executed = match load(pool.driver(), ckpt, rules, registry, opts, ctl) {
+        Ok(e) => Arc::new(e),
+        Err(e) => {
+            for &(ptr, bytes, _) in &dests {
+                if let Some(seg) = pool.segment_of(ptr) {
+                    pool.retire_reload_range(seg.tag, ptr, bytes);
+                }
+            }
+            return Err(e);
+        }
+    };
+    // Registered before the pin drops: no sleep sees the tags between the
+    // load and its source.
+    for &t in pin.tags() {
+        pool.add_reload_source(t, executed.clone())?;
+    }
+    drop(pin);
+    Ok(executed)
+}
