@@ -273,10 +273,13 @@ impl ReloadSource for ExecutedPlan {
     }
 
     /// Unpin the checkpoint's page cache (the mappings go with the plan).
+    /// Waits for a replay running now; a pinning still running finishes and
+    /// is undone on a thread of its own.
     fn retire(&self) {
-        let mut st = self.pins();
-        Self::settle(&mut st, true);
-        *st = PinState::None;
+        let old = std::mem::take(&mut *self.pins());
+        if let PinState::Pinning(h) = old {
+            std::thread::spawn(move || drop(h.join()));
+        }
     }
 
     fn reload(&self, driver: &dyn Driver, ranges: &[(DevicePtr, usize)]) -> Result<u64> {

@@ -435,22 +435,25 @@ impl Pool {
     /// Free a block. An unknown pointer or a double free is an
     /// `Error::UnknownPointer` and changes nothing.
     pub fn free(&self, ptr: DevicePtr) -> Result<()> {
-        let dropped = {
+        let (dropped, retired) = {
             let mut st = self.lock();
             self.free_locked(&mut st, ptr, false)?
         };
-        // Released outside the lock (releasing synchronizes the device); the
-        // block is free either way, an error says its memory is still mapped.
+        // Outside the lock: retiring a reload source waits for a replay using
+        // it, and releasing synchronizes the device. The block is free either
+        // way; an error says its memory is still mapped.
+        drop(retired);
         self.release_segments(dropped.into_iter().collect())
     }
 
     /// Free a block made by [`Pool::alloc_segment`]; anything else is refused
     /// with `Error::UnknownPointer` and nothing changes.
     pub fn free_segment(&self, ptr: DevicePtr) -> Result<()> {
-        let dropped = {
+        let (dropped, retired) = {
             let mut st = self.lock();
             self.free_locked(&mut st, ptr, true)?
         };
+        drop(retired);
         self.release_segments(dropped.into_iter().collect())
     }
 
@@ -509,7 +512,7 @@ impl Pool {
         st: &mut State,
         ptr: DevicePtr,
         dedicated_only: bool,
-    ) -> Result<Option<Segment>> {
+    ) -> Result<(Option<Segment>, crate::sleep::Retired)> {
         let base = segment_base(st, ptr).ok_or(Error::UnknownPointer {
             ptr,
             why: "not inside any segment of this pool (never allocated here, or already freed and released)",
@@ -538,20 +541,19 @@ impl Pool {
         e.live_bytes -= size;
         e.live_blocks -= 1;
         // What a load wrote there is gone: never replay it into a later block.
-        self.sleep.retire_range(tag, ptr, size);
+        let retired = self.sleep.retire_range(tag, ptr, size);
         if class == SegmentClass::Dedicated {
             if st.in_transition(tag) {
                 // The running sleep or wake still uses the segment.
                 st.deferred.push(base);
-                return Ok(None);
+                return Ok((None, retired));
             }
-            // Never cached: released at once. In an asleep tag the segment has
-            // no physical memory (sleep runs under the pool lock, so it is wholly
-            // asleep), and dropping it only returns its VA; its backup goes too.
-            return Ok(self.remove_segment(st, base));
+            // Never cached: released at once (in an asleep tag it holds little
+            // or no physical memory; its VA and its backup go too).
+            return Ok((self.remove_segment(st, base), retired));
         }
         apply(&mut st.free, tag, class, base, change);
-        Ok(None)
+        Ok((None, retired))
     }
 
     /// Return cached memory to the driver: wholly free segments are released

@@ -270,7 +270,7 @@ impl Pool {
     /// reload sources wrote (a load into them failed midway): no source
     /// restores them; a later Reload sleep keeps them in the host backup.
     pub fn retire_reload_range(&self, tag: TagId, ptr: DevicePtr, len: usize) {
-        self.sleep.retire_range(tag, ptr, len);
+        drop(self.sleep.retire_range(tag, ptr, len));
     }
 
     /// Pin `bytes` of host backup ahead of time, so even the first offload

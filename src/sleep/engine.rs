@@ -224,6 +224,18 @@ impl EngineState {
     }
 }
 
+/// Reload sources no tag registers any more; [`ReloadSource::retire`] runs
+/// on each when this drops.
+#[must_use = "dropping it retires the sources: drop it where that may block"]
+#[derive(Debug, Default)]
+pub struct Retired(Vec<Arc<dyn ReloadSource>>);
+
+impl Drop for Retired {
+    fn drop(&mut self) {
+        self.0.iter().for_each(|r| r.retire());
+    }
+}
+
 /// A reload source and the device ranges it restores in one wake.
 type Replay = (Arc<dyn ReloadSource>, Vec<(DevicePtr, usize)>);
 
@@ -385,12 +397,14 @@ impl SleepEngine {
 
     /// The bytes `[ptr, ptr+len)` of `tag` no longer hold what any source
     /// wrote (the block was freed, or a load into it failed midway): no source
-    /// restores them any more; sources left with nothing are dropped.
-    pub fn retire_range(&self, tag: TagId, ptr: DevicePtr, len: usize) {
+    /// restores them any more; sources left with nothing are dropped, and
+    /// [`ReloadSource::retire`] runs when the returned value drops (callers
+    /// holding a lock drop it after releasing theirs).
+    pub fn retire_range(&self, tag: TagId, ptr: DevicePtr, len: usize) -> Retired {
         let retired = {
             let mut s = self.lock();
             let Some(list) = s.reload.get_mut(&tag) else {
-                return;
+                return Retired(Vec::new());
             };
             let mut dropped = Vec::new();
             list.retain_mut(|r| {
@@ -406,7 +420,7 @@ impl SleepEngine {
             }
             s.unregistered(dropped)
         };
-        retired.iter().for_each(|r| r.retire());
+        Retired(retired)
     }
 
     /// Drop the reload sources of `tag`. Its segments asleep with Reload then
