@@ -26,7 +26,10 @@ pub const VMMW_POLICY_DISCARD: i32 = 1;
 /// loaded (device, inode, size, modification time; and content checksums when
 /// the load asked for them, `vmmw_loader_set_reload_check`): a changed file
 /// fails the wake with `VMMW_CHECKPOINT_INVALID` naming it, the tag stays
-/// asleep, and `vmmw_pool_forget_reload` then lets it wake.
+/// asleep, and `vmmw_pool_forget_reload` then lets it wake. The check runs
+/// right before the files are read: a file truncated while that very wake
+/// reads it is not caught (a read through its mapping can then fault), so do not
+/// modify checkpoints that sleeping tags reload from.
 pub const VMMW_POLICY_RELOAD: i32 = 2;
 
 /// One tag and the policy it sleeps with.

@@ -149,7 +149,7 @@ fn demo(d: &Arc<dyn Driver>, dir: &Path, layers: usize, hidden: usize) -> Result
     pool.snapshot("awake");
 
     pool.sleep(&[(weights, Policy::Reload)])?;
-    pool.snapshot("asleep (weights reloadable, no backup)");
+    pool.snapshot("asleep (weights reloadable, host keeps only unloaded bytes)");
     let woke = pool.wake(&[weights])?;
     println!(
         "reload wake: {:.1} MiB restored from the checkpoint in {:.4} s",
