@@ -84,6 +84,10 @@ pub enum FaultOp {
     Map,
     /// `set_access`.
     SetAccess,
+    /// `unmap` (nothing is unmapped).
+    Unmap,
+    /// `synchronize` (as a device that refuses to synchronize).
+    Synchronize,
 }
 
 /// Live objects of the host backend, for leak checks.
@@ -515,6 +519,9 @@ impl Driver for HostDriver {
     fn unmap(&self, va: DevicePtr, size: usize) -> Result<()> {
         self.check_aligned("unmap", va, size)?;
         let mut s = self.state();
+        if Self::take_fault(&mut s, FaultOp::Unmap) {
+            return Err(injected("unmap"));
+        }
         // cuMemUnmap requires the range to cover whole mappings.
         let end = va + size as u64;
         let covered: Vec<(u64, usize, u64)> = s
@@ -566,6 +573,9 @@ impl Driver for HostDriver {
     }
 
     fn synchronize(&self) -> Result<()> {
+        if Self::take_fault(&mut self.state(), FaultOp::Synchronize) {
+            return Err(injected("synchronize"));
+        }
         Ok(())
     }
 

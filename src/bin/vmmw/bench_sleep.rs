@@ -160,7 +160,7 @@ pub struct Args {
     #[arg(long, value_name = "FILE.svg")]
     pub chart: Option<std::path::PathBuf>,
     /// A checkpoint (file or folder) to load into the pool for the Reload rows:
-    /// load it, sleep with Reload (no backup), time the wake from the page cache.
+    /// load it, sleep with Reload (the host keeps only bytes the load did not write), time the wake from the page cache.
     #[arg(long)]
     pub reload_checkpoint: Option<std::path::PathBuf>,
 }
@@ -468,7 +468,7 @@ fn bench(
             "-",
         ));
         rows.push(row(
-            "ours: sleep with Reload (no backup)",
+            "ours: sleep with Reload (host keeps unloaded bytes only)",
             sleep_s,
             rb,
             None,

@@ -167,7 +167,7 @@ fn demo(
     pool.snapshot("awake");
 
     pool.sleep(&[(weights, Policy::Reload)])?;
-    pool.snapshot("asleep (weights reloadable, no backup)");
+    pool.snapshot("asleep (weights reloadable, host keeps only unloaded bytes)");
     let woke = pool.wake(&[weights])?;
     println!(
         "reload wake: {:.1} MiB restored from the checkpoint in {:.4} s",
