@@ -25,7 +25,7 @@ use vmmweights::loader::{
 use vmmweights::sleep::Policy;
 use vmmweights::{tag, Error, Pool, TagId};
 
-const OPS: [FaultOp; 12] = [
+const OPS: [FaultOp; 13] = [
     FaultOp::Reserve,
     FaultOp::Create,
     FaultOp::Map,
@@ -38,6 +38,7 @@ const OPS: [FaultOp; 12] = [
     FaultOp::Memset,
     FaultOp::Convert,
     FaultOp::HostRegister,
+    FaultOp::Synchronize,
 ];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

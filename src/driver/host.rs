@@ -45,7 +45,7 @@ impl Default for HostConfig {
 
 impl HostConfig {
     /// Defaults, overridden by `VMMW_HOST_GRANULARITY` and `VMMW_HOST_MEMORY`
-    /// (bytes, with an optional K, M or G suffix).
+    /// (byte counts as [`crate::units::parse_bytes`] reads them: 64M, 1GiB).
     pub fn from_env() -> Result<HostConfig> {
         let mut c = HostConfig::default();
         if let Ok(v) = std::env::var("VMMW_HOST_GRANULARITY") {
@@ -100,6 +100,8 @@ pub enum FaultOp {
     Convert,
     /// `host_register` (pinning host memory).
     HostRegister,
+    /// `synchronize` (as a device that refuses to synchronize).
+    Synchronize,
 }
 
 /// Live objects of the host backend, for leak checks.
@@ -601,6 +603,9 @@ impl Driver for HostDriver {
     }
 
     fn synchronize(&self) -> Result<()> {
+        if Self::take_fault(&mut self.state(), FaultOp::Synchronize) {
+            return Err(injected("synchronize"));
+        }
         Ok(())
     }
 
