@@ -52,3 +52,10 @@ func CurrentTag() (Tag, error) {
 	err := call(func(e **C.vmmw_error_t) C.int32_t { return C.vmmw_tag_current(&t, e) })
 	return Tag(t), err
 }
+
+// SetProcessDefaultTag makes tag the tag of allocations made outside any
+// WithTag scope, on every thread of the process (TagDefault restores it).
+// The PyTorch entry points and Pool.Alloc use it.
+func SetProcessDefaultTag(tag Tag) error {
+	return call(func(e **C.vmmw_error_t) C.int32_t { return C.vmmw_tag_set_process_default(C.uint32_t(tag), e) })
+}

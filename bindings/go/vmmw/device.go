@@ -4,6 +4,7 @@ package vmmw
 import "C"
 
 import (
+	"fmt"
 	"runtime"
 )
 
@@ -20,12 +21,28 @@ const (
 	BackendCuda Backend = C.VMMW_BACKEND_CUDA
 )
 
+// String is the backend's short name ("auto", "host", "cuda").
+func (b Backend) String() string {
+	switch b {
+	case BackendAuto:
+		return "auto"
+	case BackendHost:
+		return "host"
+	case BackendCuda:
+		return "cuda"
+	}
+	return fmt.Sprintf("Backend(%d)", int32(b))
+}
+
+// FaultPoint is a host-backend driver step that HostFailNth can make fail (testing).
+type FaultPoint int32
+
 // Fault injection points of the host backend (testing).
 const (
-	FaultReserve   = C.VMMW_FAULT_RESERVE
-	FaultCreate    = C.VMMW_FAULT_CREATE
-	FaultMap       = C.VMMW_FAULT_MAP
-	FaultSetAccess = C.VMMW_FAULT_SET_ACCESS
+	FaultReserve   FaultPoint = C.VMMW_FAULT_RESERVE
+	FaultCreate    FaultPoint = C.VMMW_FAULT_CREATE
+	FaultMap       FaultPoint = C.VMMW_FAULT_MAP
+	FaultSetAccess FaultPoint = C.VMMW_FAULT_SET_ACCESS
 )
 
 // Device is an opened backend for one device.
@@ -166,7 +183,7 @@ func (d *Device) HostSetMemoryLimit(bytes uint64) error {
 }
 
 // HostFailNth makes the n-th next call of a Fault* primitive fail (testing); n = 0 clears.
-func (d *Device) HostFailNth(op int, n uint64) error {
+func (d *Device) HostFailNth(op FaultPoint, n uint64) error {
 	p, err := d.live()
 	if err != nil {
 		return err

@@ -3,6 +3,7 @@ package vmmw
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"runtime"
 	"strconv"
 	"strings"
@@ -24,6 +25,10 @@ func hostDevice(t *testing.T) *Device {
 func TestVersionMatchesHeader(t *testing.T) {
 	if Version() != HeaderVersion {
 		t.Fatalf("library %q, header %q", Version(), HeaderVersion)
+	}
+	major, minor, patch := VersionParts()
+	if fmt.Sprintf("%d.%d.%d", major, minor, patch) != Version() {
+		t.Fatalf("VersionParts %d.%d.%d, Version %q", major, minor, patch, Version())
 	}
 }
 

@@ -1,9 +1,14 @@
 package vmmw
 
-// #cgo CFLAGS: -I${SRCDIR}/../../include
-// #cgo LDFLAGS: -lvmmweights
+// The library and its header come from the installed C package, found through
+// pkg-config (PKG_CONFIG_PATH=<prefix>/lib/pkgconfig); see the package doc.
+
+// #cgo pkg-config: vmmweights
 // #include <stdlib.h>
 // #include "vmmweights.h"
+// #if !defined(VMMW_VERSION_MAJOR) || VMMW_VERSION_MAJOR != 0 || VMMW_VERSION_MINOR != 1
+// #error "this Go package wraps the vmmweights 0.1 C API: install a matching libvmmweights (pkg-config --modversion vmmweights)"
+// #endif
 import "C"
 
 import (
@@ -60,6 +65,11 @@ func bytesPtr(b []byte) unsafe.Pointer {
 // Version is the library's version at run time ("0.1.0").
 func Version() string {
 	return C.GoString(C.vmmw_version_string())
+}
+
+// VersionParts is the library's version at run time as numbers.
+func VersionParts() (major, minor, patch int) {
+	return int(C.vmmw_version_major()), int(C.vmmw_version_minor()), int(C.vmmw_version_patch())
 }
 
 // HeaderVersion is the version of the header this package was compiled against.

@@ -5,20 +5,29 @@ package vmmw
 import "C"
 
 import (
+	"context"
+	"fmt"
 	"runtime"
 	"unsafe"
 )
 
 // PoolOptions configure NewPool; zero values mean defaults.
 type PoolOptions struct {
-	Backend           Backend
-	Device            int
-	DeviceHandle      *Device // when set, the pool uses this device instead of Backend/Device
-	Align             uint64
-	SmallRequestMax   uint64
+	// Backend and Device pick the device the pool opens (BackendAuto, 0 by default).
+	Backend Backend
+	Device  int
+	// DeviceHandle, when set, is used instead of Backend and Device; pools
+	// made from one Device share its driver and staging cache.
+	DeviceHandle *Device
+	// Align is the alignment of every block (0: 512 bytes).
+	Align uint64
+	// SmallRequestMax is the largest request served from small segments.
+	SmallRequestMax uint64
+	// SmallSegmentBytes and LargeSegmentBytes size new segments.
 	SmallSegmentBytes uint64
 	LargeSegmentBytes uint64
-	ChunkBytes        uint64
+	// ChunkBytes is the physical chunk size a segment is mapped in.
+	ChunkBytes uint64
 }
 
 // Pool is a caching pool of VMM memory on one device. Safe for concurrent use.
@@ -38,6 +47,19 @@ type Report struct {
 
 // Policy says what sleep does with a tag's memory.
 type Policy int32
+
+// String is the policy's short name ("offload", "discard", "reload").
+func (p Policy) String() string {
+	switch p {
+	case Offload:
+		return "offload"
+	case Discard:
+		return "discard"
+	case Reload:
+		return "reload"
+	}
+	return fmt.Sprintf("Policy(%d)", int32(p))
+}
 
 const (
 	// Offload copies to a pinned host backup, restored byte for byte at wake.
@@ -163,6 +185,14 @@ func (p *Pool) SetTagArena(tag Tag, reserveBytes, growStep uint64) error {
 	})
 }
 
+// SetTagSegments places tag's future blocks in cached, split segments (the
+// default; undoes SetTagArena for blocks allocated from now on).
+func (p *Pool) SetTagSegments(tag Tag) error {
+	return p.do(func(cp *C.vmmw_pool_t, e **C.vmmw_error_t) C.int32_t {
+		return C.vmmw_pool_set_tag_segments(cp, C.uint32_t(tag), e)
+	})
+}
+
 func reportOf(r *C.vmmw_report_t) Report {
 	return Report{uint64(r.live_bytes), uint64(r.live_blocks), uint64(r.reserved_bytes), uint64(r.tracked_bytes),
 		uint64(r.segments), uint64(r.awake_bytes), uint64(r.offloaded_bytes), uint64(r.discarded_bytes),
@@ -236,7 +266,15 @@ func (p *Pool) Sleep(items ...TagPolicy) error {
 }
 
 // Wake brings the listed tags back (every sleeping tag when none is given).
-func (p *Pool) Wake(tags ...Tag) error {
+//
+// A wake is transactional: it either maps every listed tag again, or it
+// returns each to its asleep state with its backup intact. It has no
+// cancellation point of its own, so ctx is checked before the wake starts
+// (a done ctx returns its error and changes nothing) and not during it.
+func (p *Pool) Wake(ctx context.Context, tags ...Tag) error {
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("wake not started: %w", err)
+	}
 	ids := make([]C.uint32_t, len(tags))
 	for i, t := range tags {
 		ids[i] = C.uint32_t(t)
@@ -287,4 +325,88 @@ func (p *Pool) ReleaseBackup() (uint64, error) {
 		return C.vmmw_pool_release_backup(cp, &out, e)
 	})
 	return uint64(out), err
+}
+
+// Snapshot records the current report in the pool's timeline as boundary
+// name ("after load", "asleep", ...).
+func (p *Pool) Snapshot(name string) error {
+	cs := C.CString(name)
+	defer C.free(unsafe.Pointer(cs))
+	return p.do(func(cp *C.vmmw_pool_t, e **C.vmmw_error_t) C.int32_t {
+		return C.vmmw_pool_snapshot(cp, cs, e)
+	})
+}
+
+// TimelineJSON is every snapshot so far, as JSON.
+func (p *Pool) TimelineJSON() (string, error) {
+	return p.readString(func(cp *C.vmmw_pool_t, b *C.char, c C.size_t, n *C.size_t, e **C.vmmw_error_t) C.int32_t {
+		return C.vmmw_pool_timeline_json(cp, b, c, n, e)
+	})
+}
+
+// LastCycleJSON says what the last successful Sleep or Wake on this pool did,
+// per tag (segments, bytes released or mapped, bytes copied, seconds), as JSON.
+func (p *Pool) LastCycleJSON() (string, error) {
+	return p.readString(func(cp *C.vmmw_pool_t, b *C.char, c C.size_t, n *C.size_t, e **C.vmmw_error_t) C.int32_t {
+		return C.vmmw_pool_last_cycle_json(cp, b, c, n, e)
+	})
+}
+
+func (p *Pool) readString(f func(cp *C.vmmw_pool_t, b *C.char, c C.size_t, n *C.size_t, e **C.vmmw_error_t) C.int32_t) (string, error) {
+	cp, err := p.live()
+	if err != nil {
+		return "", err
+	}
+	s, err := readString(func(b *C.char, c C.size_t, n *C.size_t, e **C.vmmw_error_t) C.int32_t {
+		return f(cp, b, c, n, e)
+	})
+	runtime.KeepAlive(p)
+	return s, err
+}
+
+// SleepOptions tune a pool's sleep engine; zero values mean defaults.
+type SleepOptions struct {
+	// CopyPieceBytes is the size of one copy on one stream (0: 64 MiB).
+	CopyPieceBytes uint64
+	// Streams is the number of streams copies are spread over (0: 2).
+	Streams uint32
+	// DebugFill fills discarded memory with DebugFillByte at wake, so stale reads show.
+	DebugFill     bool
+	DebugFillByte uint8
+	// WakeCoalesceBytes re-cuts unmapped runs into chunks of this size at wake (0: 256 MiB).
+	WakeCoalesceBytes uint64
+	// BackupSlabBytes is the size of each pinned backup slab (0: default).
+	BackupSlabBytes uint64
+	// HostMemoryLimit caps pinned backup memory (0: unlimited); an offload
+	// beyond it fails with ErrHostOutOfMemory before anything moves.
+	HostMemoryLimit uint64
+	// FreeBackupAfterWake frees a segment's backup once it is awake again.
+	FreeBackupAfterWake bool
+	// ReleasePinnedAfterWake also unpins backup slabs that hold nothing after wake.
+	ReleasePinnedAfterWake bool
+}
+
+// SetSleepOptions replaces the pool's sleep options; the host memory limit
+// applies to future pinning.
+func (p *Pool) SetSleepOptions(o SleepOptions) error {
+	b := func(v bool) C.uint32_t {
+		if v {
+			return 1
+		}
+		return 0
+	}
+	c := C.vmmw_sleep_options_t{
+		copy_piece_bytes:          C.uint64_t(o.CopyPieceBytes),
+		streams:                   C.uint32_t(o.Streams),
+		debug_fill:                b(o.DebugFill),
+		wake_coalesce_bytes:       C.uint64_t(o.WakeCoalesceBytes),
+		backup_slab_bytes:         C.uint64_t(o.BackupSlabBytes),
+		host_memory_limit:         C.uint64_t(o.HostMemoryLimit),
+		free_backup_after_wake:    b(o.FreeBackupAfterWake),
+		release_pinned_after_wake: b(o.ReleasePinnedAfterWake),
+		debug_fill_byte:           C.uint8_t(o.DebugFillByte),
+	}
+	return p.do(func(cp *C.vmmw_pool_t, e **C.vmmw_error_t) C.int32_t {
+		return C.vmmw_pool_set_sleep_options(cp, &c, e)
+	})
 }

@@ -6,26 +6,63 @@ package vmmw
 import "C"
 
 import (
+	"context"
+	"fmt"
 	"runtime"
 	"runtime/cgo"
+	"sync"
 	"unsafe"
 )
 
+// CopyStrategy says how a load moves bytes from the checkpoint to the device.
+type CopyStrategy int32
+
 // Copy strategies of LoadOptions.
 const (
-	CopyAuto   = C.VMMW_COPY_AUTO
-	CopyDirect = C.VMMW_COPY_DIRECT
-	CopyStaged = C.VMMW_COPY_STAGED
-	CopyRead   = C.VMMW_COPY_READ
-	CopySimple = C.VMMW_COPY_SIMPLE
+	// CopyAuto (the default) stages page-cached data through a pinned ring
+	// sized to the CPU's last-level cache and reads cold data with pread.
+	CopyAuto CopyStrategy = C.VMMW_COPY_AUTO
+	// CopyDirect registers mmap windows read-only and DMAs from the page cache.
+	CopyDirect CopyStrategy = C.VMMW_COPY_DIRECT
+	// CopyStaged memcpys into pinned slots, then DMAs.
+	CopyStaged CopyStrategy = C.VMMW_COPY_STAGED
+	// CopyRead preads into pinned slots, then DMAs (cold data).
+	CopyRead CopyStrategy = C.VMMW_COPY_READ
+	// CopySimple uses one thread and no pinning (the reference path).
+	CopySimple CopyStrategy = C.VMMW_COPY_SIMPLE
 )
+
+// String is the strategy's short name ("auto", "direct", ...).
+func (s CopyStrategy) String() string {
+	switch s {
+	case CopyAuto:
+		return "auto"
+	case CopyDirect:
+		return "direct"
+	case CopyStaged:
+		return "staged"
+	case CopyRead:
+		return "read"
+	case CopySimple:
+		return "simple"
+	}
+	return fmt.Sprintf("CopyStrategy(%d)", int32(s))
+}
 
 // LoadOptions tune a load; zero values mean defaults.
 type LoadOptions struct {
-	AllowMissing, AllowUnexpected bool
-	Strategy                      int
-	Threads                       uint32
-	WindowBytes, SlotBytes        uint64
+	// AllowMissing leaves destinations no source fills untouched instead of failing.
+	AllowMissing bool
+	// AllowUnexpected skips checkpoint tensors with no destination instead of failing.
+	AllowUnexpected bool
+	// Strategy picks the copy path (CopyAuto by default).
+	Strategy CopyStrategy
+	// Threads is the number of worker threads (0: one per CPU, at most 16).
+	Threads uint32
+	// WindowBytes is the file span registered per direct window (0: default).
+	WindowBytes uint64
+	// SlotBytes is the size of each pinned staging slot (0: sized to the CPU's cache).
+	SlotBytes uint64
 }
 
 // Destination is one parameter the loader fills.
@@ -51,6 +88,12 @@ type LoadResult struct {
 // Loader loads a safetensors checkpoint in place into device memory.
 type Loader struct {
 	ptr *C.vmmw_loader_t
+
+	// cancelMu orders a context's cancellation against the end of a load, so
+	// a cancel never reaches the C loader after the load it was meant for has
+	// passed its last cancellation point (it would stop the next load).
+	cancelMu sync.Mutex
+	loading  bool
 }
 
 // OpenLoader opens a checkpoint file or folder; headers are validated now.
@@ -209,32 +252,86 @@ func vmmwGoProgress(done, total C.uint64_t, user unsafe.Pointer) C.int32_t {
 	return 0
 }
 
-// Load loads the checkpoint into the destinations on pool's device. progress
-// (may be nil) is called on the loading thread; returning false cancels.
-func (l *Loader) Load(pool *Pool, progress func(done, total uint64) bool) (LoadResult, error) {
+// Load loads the checkpoint into the destinations on pool's device.
+//
+// progress (may be nil) is called on the loading thread with the bytes done
+// and the total; returning false cancels. Cancelling ctx cancels too (through
+// the loader's Cancel, from another goroutine, so a load waiting on the disk
+// stops at once): copies in flight finish, then Load returns an error that
+// matches both ctx.Err() and ErrCancelled under errors.Is; the destinations
+// are then partly written. A ctx already done returns before anything is
+// written. A load whose copies all completed succeeds even if ctx is
+// cancelled at its very end.
+func (l *Loader) Load(ctx context.Context, pool *Pool, progress func(done, total uint64) bool) (LoadResult, error) {
+	if err := ctx.Err(); err != nil {
+		return LoadResult{}, fmt.Errorf("load not started: %w", err)
+	}
 	cp, err := pool.live()
 	if err != nil {
 		return LoadResult{}, err
 	}
-	var fn C.vmmw_progress_fn
-	var user unsafe.Pointer
-	if progress != nil {
-		h := cgo.NewHandle(progress)
-		defer h.Delete()
-		user = C.malloc(C.size_t(unsafe.Sizeof(C.uintptr_t(0))))
-		defer C.free(user)
-		*(*C.uintptr_t)(user) = C.uintptr_t(h)
-		fn = C.vmmw_progress_fn(C.vmmwGoProgress)
+	if l == nil || l.ptr == nil {
+		return LoadResult{}, closedError("Loader")
 	}
+	// The callback also closes the window for context cancellation once every
+	// byte is done (done == total), the loader's last cancellation point.
+	cb := func(done, total uint64) bool {
+		if done >= total {
+			l.cancelMu.Lock()
+			l.loading = false
+			l.cancelMu.Unlock()
+		}
+		return progress == nil || progress(done, total)
+	}
+	h := cgo.NewHandle(cb)
+	defer h.Delete()
+	user := C.malloc(C.size_t(unsafe.Sizeof(C.uintptr_t(0))))
+	defer C.free(user)
+	*(*C.uintptr_t)(user) = C.uintptr_t(h)
+
+	l.cancelMu.Lock()
+	l.loading = true
+	l.cancelMu.Unlock()
+	stop := make(chan struct{})
+	watched := make(chan struct{})
+	go func() {
+		defer close(watched)
+		select {
+		case <-ctx.Done():
+			l.cancelMu.Lock()
+			if l.loading {
+				C.vmmw_loader_cancel(l.ptr, nil)
+			}
+			l.cancelMu.Unlock()
+		case <-stop:
+		}
+	}()
 	err = l.do(func(cl *C.vmmw_loader_t, e **C.vmmw_error_t) C.int32_t {
-		return C.vmmw_loader_load(cl, cp, fn, user, e)
+		return C.vmmw_loader_load(cl, cp, C.vmmw_progress_fn(C.vmmwGoProgress), user, e)
 	})
+	l.cancelMu.Lock()
+	l.loading = false
+	l.cancelMu.Unlock()
+	close(stop)
+	<-watched
 	runtime.KeepAlive(pool)
 	if err != nil {
+		if ctxErr := ctx.Err(); ctxErr != nil && isStatus(err, StatusCancelled) {
+			return LoadResult{}, &contextError{ctx: ctxErr, lib: err}
+		}
 		return LoadResult{}, err
 	}
 	return l.Result()
 }
+
+// contextError is a library error caused by a cancelled context: it matches
+// both under errors.Is.
+type contextError struct {
+	ctx, lib error
+}
+
+func (e *contextError) Error() string   { return e.ctx.Error() + ": " + e.lib.Error() }
+func (e *contextError) Unwrap() []error { return []error{e.ctx, e.lib} }
 
 // Cancel asks a running load (or the next one) to stop with ErrCancelled.
 func (l *Loader) Cancel() error {
@@ -247,4 +344,18 @@ func (l *Loader) Result() (LoadResult, error) {
 	err := l.do(func(cl *C.vmmw_loader_t, e **C.vmmw_error_t) C.int32_t { return C.vmmw_loader_result(cl, &r, e) })
 	return LoadResult{uint64(r.bytes), float64(r.seconds), float64(r.gbps), uint64(r.direct_bytes),
 		uint64(r.staged_bytes), uint64(r.read_bytes), uint64(r.filled_bytes), uint32(r.threads)}, err
+}
+
+// ResultJSON is the last load's statistics and plan summary as JSON.
+// ErrInvalidState before a load has completed.
+func (l *Loader) ResultJSON() (string, error) {
+	if l == nil || l.ptr == nil {
+		return "", closedError("Loader")
+	}
+	cl := l.ptr
+	s, err := readString(func(b *C.char, c C.size_t, n *C.size_t, e **C.vmmw_error_t) C.int32_t {
+		return C.vmmw_loader_result_json(cl, b, c, n, e)
+	})
+	runtime.KeepAlive(l)
+	return s, err
 }
