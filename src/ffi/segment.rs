@@ -8,11 +8,12 @@ use std::sync::Mutex;
 use super::boundary::{arg, bytes_mut_arg, call, call_out, free_handle, into_handle, slice_arg};
 use super::device::{copy_to_device, copy_to_host, vmmw_device_t};
 use super::error::vmmw_error_t;
+use super::status::vmmw_status_t;
 use crate::error::{Error, Result};
 use crate::segment::Segment;
 
 /// One VA reservation and the physical memory mapped into it. Thread-safe:
-/// functions taking a `const vmmw_segment_t*` may be called concurrently.
+/// calls may run concurrently, except `vmmw_segment_free`.
 pub struct vmmw_segment_t {
     seg: Mutex<Segment>,
 }
@@ -58,7 +59,7 @@ pub unsafe extern "C" fn vmmw_segment_new(
     chunk_size: u64,
     out: *mut *mut vmmw_segment_t,
     error: *mut *mut vmmw_error_t,
-) -> i32 {
+) -> vmmw_status_t {
     call_out(out, "out", error, || {
         // SAFETY: forwarded contract.
         let d = unsafe { arg(device, "device") }?;
@@ -91,7 +92,7 @@ pub unsafe extern "C" fn vmmw_segment_info(
     segment: *const vmmw_segment_t,
     out: *mut vmmw_segment_info_t,
     error: *mut *mut vmmw_error_t,
-) -> i32 {
+) -> vmmw_status_t {
     call_out(out, "out", error, || {
         // SAFETY: forwarded contract.
         let s = unsafe { arg(segment, "segment") }?.lock();
@@ -114,12 +115,12 @@ pub unsafe extern "C" fn vmmw_segment_info(
 /// when `len` is 0); `error` is NULL or writable.
 #[no_mangle]
 pub unsafe extern "C" fn vmmw_segment_write(
-    segment: *const vmmw_segment_t,
+    segment: *mut vmmw_segment_t,
     offset: u64,
     src: *const c_void,
     len: usize,
     error: *mut *mut vmmw_error_t,
-) -> i32 {
+) -> vmmw_status_t {
     call(error, || {
         // SAFETY: forwarded contract.
         let s = unsafe { arg(segment, "segment") }?.lock();
@@ -145,7 +146,7 @@ pub unsafe extern "C" fn vmmw_segment_read(
     dst: *mut c_void,
     len: usize,
     error: *mut *mut vmmw_error_t,
-) -> i32 {
+) -> vmmw_status_t {
     call(error, || {
         // SAFETY: forwarded contract.
         let s = unsafe { arg(segment, "segment") }?.lock();

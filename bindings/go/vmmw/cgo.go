@@ -19,7 +19,7 @@ import (
 // and turns its status and error object into a Go error (freeing the object).
 // The error object is created per call, so the message is this call's even if
 // the goroutine moved between OS threads.
-func call(f func(errOut **C.vmmw_error_t) C.int32_t) error {
+func call(f func(errOut **C.vmmw_error_t) C.vmmw_status_t) error {
 	var cerr *C.vmmw_error_t
 	rc := f(&cerr)
 	if rc == C.VMMW_OK {
@@ -35,11 +35,11 @@ func call(f func(errOut **C.vmmw_error_t) C.int32_t) error {
 }
 
 // readString reads a string through the C buffer protocol (buf, cap, *needed).
-func readString(f func(buf *C.char, capacity C.size_t, needed *C.size_t, errOut **C.vmmw_error_t) C.int32_t) (string, error) {
+func readString(f func(buf *C.char, capacity C.size_t, needed *C.size_t, errOut **C.vmmw_error_t) C.vmmw_status_t) (string, error) {
 	buf := make([]byte, 128)
 	for attempt := 0; attempt < 4; attempt++ {
 		var needed C.size_t
-		err := call(func(e **C.vmmw_error_t) C.int32_t {
+		err := call(func(e **C.vmmw_error_t) C.vmmw_status_t {
 			return f((*C.char)(unsafe.Pointer(&buf[0])), C.size_t(len(buf)), &needed, e)
 		})
 		if err == nil {

@@ -101,7 +101,7 @@ func OpenLoader(path string) (*Loader, error) {
 	cs := C.CString(path)
 	defer C.free(unsafe.Pointer(cs))
 	var p *C.vmmw_loader_t
-	if err := call(func(e **C.vmmw_error_t) C.int32_t { return C.vmmw_loader_open(cs, &p, e) }); err != nil {
+	if err := call(func(e **C.vmmw_error_t) C.vmmw_status_t { return C.vmmw_loader_open(cs, &p, e) }); err != nil {
 		return nil, err
 	}
 	l := &Loader{ptr: p}
@@ -119,12 +119,12 @@ func (l *Loader) Close() error {
 	return nil
 }
 
-func (l *Loader) do(f func(cl *C.vmmw_loader_t, e **C.vmmw_error_t) C.int32_t) error {
+func (l *Loader) do(f func(cl *C.vmmw_loader_t, e **C.vmmw_error_t) C.vmmw_status_t) error {
 	if l == nil || l.ptr == nil {
 		return closedError("Loader")
 	}
 	cl := l.ptr
-	err := call(func(e **C.vmmw_error_t) C.int32_t { return f(cl, e) })
+	err := call(func(e **C.vmmw_error_t) C.vmmw_status_t { return f(cl, e) })
 	runtime.KeepAlive(l)
 	return err
 }
@@ -133,7 +133,7 @@ func (l *Loader) do(f func(cl *C.vmmw_loader_t, e **C.vmmw_error_t) C.int32_t) e
 func (l *Loader) SetRulesJSON(json string) error {
 	cs := C.CString(json)
 	defer C.free(unsafe.Pointer(cs))
-	return l.do(func(cl *C.vmmw_loader_t, e **C.vmmw_error_t) C.int32_t {
+	return l.do(func(cl *C.vmmw_loader_t, e **C.vmmw_error_t) C.vmmw_status_t {
 		return C.vmmw_loader_set_rules_json(cl, cs, e)
 	})
 }
@@ -142,7 +142,7 @@ func (l *Loader) SetRulesJSON(json string) error {
 func (l *Loader) SetRulesPreset(family string, tpRank, tpWorld, headDim uint32) error {
 	cs := C.CString(family)
 	defer C.free(unsafe.Pointer(cs))
-	return l.do(func(cl *C.vmmw_loader_t, e **C.vmmw_error_t) C.int32_t {
+	return l.do(func(cl *C.vmmw_loader_t, e **C.vmmw_error_t) C.vmmw_status_t {
 		return C.vmmw_loader_set_rules_preset(cl, cs, C.uint32_t(tpRank), C.uint32_t(tpWorld), C.uint32_t(headDim), e)
 	})
 }
@@ -156,9 +156,11 @@ func (l *Loader) SetOptions(o LoadOptions) error {
 		return 0
 	}
 	c := C.vmmw_load_options_t{allow_missing: b(o.AllowMissing), allow_unexpected: b(o.AllowUnexpected),
-		strategy: C.int32_t(o.Strategy), threads: C.uint32_t(o.Threads),
+		size: C.size_t(unsafe.Sizeof(C.vmmw_load_options_t{})), strategy: C.vmmw_copy_strategy_t(o.Strategy), threads: C.uint32_t(o.Threads),
 		window_bytes: C.uint64_t(o.WindowBytes), slot_bytes: C.uint64_t(o.SlotBytes)}
-	return l.do(func(cl *C.vmmw_loader_t, e **C.vmmw_error_t) C.int32_t { return C.vmmw_loader_set_options(cl, &c, e) })
+	return l.do(func(cl *C.vmmw_loader_t, e **C.vmmw_error_t) C.vmmw_status_t {
+		return C.vmmw_loader_set_options(cl, &c, e)
+	})
 }
 
 // Register adds a destination of your own at device address ptr.
@@ -174,7 +176,7 @@ func (l *Loader) Register(name string, ptr uint64, dtype string, shape []uint64)
 	if len(cs) > 0 {
 		first = &cs[0]
 	}
-	err := l.do(func(cl *C.vmmw_loader_t, e **C.vmmw_error_t) C.int32_t {
+	err := l.do(func(cl *C.vmmw_loader_t, e **C.vmmw_error_t) C.vmmw_status_t {
 		return C.vmmw_loader_register(cl, cn, C.uint64_t(ptr), cd, first, C.size_t(len(cs)), e)
 	})
 	runtime.KeepAlive(cs)
@@ -187,7 +189,7 @@ func (l *Loader) Allocate(pool *Pool, tag Tag) error {
 	if err != nil {
 		return err
 	}
-	err = l.do(func(cl *C.vmmw_loader_t, e **C.vmmw_error_t) C.int32_t {
+	err = l.do(func(cl *C.vmmw_loader_t, e **C.vmmw_error_t) C.vmmw_status_t {
 		return C.vmmw_loader_allocate(cl, cp, C.uint32_t(tag), e)
 	})
 	runtime.KeepAlive(pool)
@@ -197,7 +199,7 @@ func (l *Loader) Allocate(pool *Pool, tag Tag) error {
 // DestinationNames lists the registered destinations, in name order.
 func (l *Loader) DestinationNames() ([]string, error) {
 	var n C.size_t
-	if err := l.do(func(cl *C.vmmw_loader_t, e **C.vmmw_error_t) C.int32_t {
+	if err := l.do(func(cl *C.vmmw_loader_t, e **C.vmmw_error_t) C.vmmw_status_t {
 		return C.vmmw_loader_destination_count(cl, &n, e)
 	}); err != nil {
 		return nil, err
@@ -205,7 +207,7 @@ func (l *Loader) DestinationNames() ([]string, error) {
 	names := make([]string, 0, int(n))
 	for i := C.size_t(0); i < n; i++ {
 		cl := l.ptr
-		s, err := readString(func(b *C.char, c C.size_t, nd *C.size_t, e **C.vmmw_error_t) C.int32_t {
+		s, err := readString(func(b *C.char, c C.size_t, nd *C.size_t, e **C.vmmw_error_t) C.vmmw_status_t {
 			return C.vmmw_loader_destination_name(cl, i, b, c, nd, e)
 		})
 		runtime.KeepAlive(l)
@@ -222,7 +224,7 @@ func (l *Loader) Destination(name string) (Destination, error) {
 	cs := C.CString(name)
 	defer C.free(unsafe.Pointer(cs))
 	var d C.vmmw_destination_t
-	if err := l.do(func(cl *C.vmmw_loader_t, e **C.vmmw_error_t) C.int32_t {
+	if err := l.do(func(cl *C.vmmw_loader_t, e **C.vmmw_error_t) C.vmmw_status_t {
 		return C.vmmw_loader_destination(cl, cs, &d, e)
 	}); err != nil {
 		return Destination{}, err
@@ -237,13 +239,13 @@ func (l *Loader) Destination(name string) (Destination, error) {
 // Plan checks the plan without writing anything.
 func (l *Loader) Plan() (PlanSummary, error) {
 	var s C.vmmw_plan_summary_t
-	err := l.do(func(cl *C.vmmw_loader_t, e **C.vmmw_error_t) C.int32_t { return C.vmmw_loader_plan(cl, &s, e) })
+	err := l.do(func(cl *C.vmmw_loader_t, e **C.vmmw_error_t) C.vmmw_status_t { return C.vmmw_loader_plan(cl, &s, e) })
 	return PlanSummary{uint64(s.extents), uint64(s.fills), uint64(s.src_bytes), uint64(s.dst_bytes),
 		uint64(s.sources), uint64(s.skipped), uint64(s.missing), uint64(s.unexpected), uint64(s.destinations)}, err
 }
 
 //export vmmwGoProgress
-func vmmwGoProgress(done, total C.uint64_t, user unsafe.Pointer) C.int32_t {
+func vmmwGoProgress(done, total C.uint64_t, user unsafe.Pointer) C.vmmw_status_t {
 	// user points to C memory holding the cgo.Handle: no Go pointer crossed into C.
 	h := cgo.Handle(*(*C.uintptr_t)(user))
 	if fn := h.Value().(func(done, total uint64) bool); !fn(uint64(done), uint64(total)) {
@@ -306,7 +308,7 @@ func (l *Loader) Load(ctx context.Context, pool *Pool, progress func(done, total
 		case <-stop:
 		}
 	}()
-	err = l.do(func(cl *C.vmmw_loader_t, e **C.vmmw_error_t) C.int32_t {
+	err = l.do(func(cl *C.vmmw_loader_t, e **C.vmmw_error_t) C.vmmw_status_t {
 		return C.vmmw_loader_load(cl, cp, C.vmmw_progress_fn(C.vmmwGoProgress), user, e)
 	})
 	l.cancelMu.Lock()
@@ -335,13 +337,13 @@ func (e *contextError) Unwrap() []error { return []error{e.ctx, e.lib} }
 
 // Cancel asks a running load (or the next one) to stop with ErrCancelled.
 func (l *Loader) Cancel() error {
-	return l.do(func(cl *C.vmmw_loader_t, e **C.vmmw_error_t) C.int32_t { return C.vmmw_loader_cancel(cl, e) })
+	return l.do(func(cl *C.vmmw_loader_t, e **C.vmmw_error_t) C.vmmw_status_t { return C.vmmw_loader_cancel(cl, e) })
 }
 
 // Result says what the last successful load did.
 func (l *Loader) Result() (LoadResult, error) {
 	var r C.vmmw_load_result_t
-	err := l.do(func(cl *C.vmmw_loader_t, e **C.vmmw_error_t) C.int32_t { return C.vmmw_loader_result(cl, &r, e) })
+	err := l.do(func(cl *C.vmmw_loader_t, e **C.vmmw_error_t) C.vmmw_status_t { return C.vmmw_loader_result(cl, &r, e) })
 	return LoadResult{uint64(r.bytes), float64(r.seconds), float64(r.gbps), uint64(r.direct_bytes),
 		uint64(r.staged_bytes), uint64(r.read_bytes), uint64(r.filled_bytes), uint32(r.threads)}, err
 }
@@ -353,7 +355,7 @@ func (l *Loader) ResultJSON() (string, error) {
 		return "", closedError("Loader")
 	}
 	cl := l.ptr
-	s, err := readString(func(b *C.char, c C.size_t, n *C.size_t, e **C.vmmw_error_t) C.int32_t {
+	s, err := readString(func(b *C.char, c C.size_t, n *C.size_t, e **C.vmmw_error_t) C.vmmw_status_t {
 		return C.vmmw_loader_result_json(cl, b, c, n, e)
 	})
 	runtime.KeepAlive(l)

@@ -79,7 +79,8 @@ type TagPolicy struct {
 // NewPool creates a pool.
 func NewPool(o PoolOptions) (*Pool, error) {
 	c := C.vmmw_pool_options_t{
-		backend:             C.int32_t(o.Backend),
+		size:                C.size_t(unsafe.Sizeof(C.vmmw_pool_options_t{})),
+		backend:             C.vmmw_backend_t(o.Backend),
 		device:              C.int32_t(o.Device),
 		align:               C.uint64_t(o.Align),
 		small_request_max:   C.uint64_t(o.SmallRequestMax),
@@ -95,7 +96,7 @@ func NewPool(o PoolOptions) (*Pool, error) {
 		c.device_handle = dp
 	}
 	var p *C.vmmw_pool_t
-	err := call(func(e **C.vmmw_error_t) C.int32_t { return C.vmmw_pool_new(&c, &p, e) })
+	err := call(func(e **C.vmmw_error_t) C.vmmw_status_t { return C.vmmw_pool_new(&c, &p, e) })
 	runtime.KeepAlive(o.DeviceHandle)
 	if err != nil {
 		return nil, err
@@ -109,7 +110,7 @@ func NewPool(o PoolOptions) (*Pool, error) {
 // PyTorch entry points). Close on it does nothing.
 func GlobalPool(device int) (*Pool, error) {
 	var p *C.vmmw_pool_t
-	if err := call(func(e **C.vmmw_error_t) C.int32_t { return C.vmmw_pool_default(C.int32_t(device), &p, e) }); err != nil {
+	if err := call(func(e **C.vmmw_error_t) C.vmmw_status_t { return C.vmmw_pool_default(C.int32_t(device), &p, e) }); err != nil {
 		return nil, err
 	}
 	return &Pool{ptr: p, global: true}, nil
@@ -135,12 +136,12 @@ func (p *Pool) live() (*C.vmmw_pool_t, error) {
 }
 
 // do runs one C call on the live pool and keeps the pool reachable until it returns.
-func (p *Pool) do(f func(cp *C.vmmw_pool_t, e **C.vmmw_error_t) C.int32_t) error {
+func (p *Pool) do(f func(cp *C.vmmw_pool_t, e **C.vmmw_error_t) C.vmmw_status_t) error {
 	cp, err := p.live()
 	if err != nil {
 		return err
 	}
-	err = call(func(e **C.vmmw_error_t) C.int32_t { return f(cp, e) })
+	err = call(func(e **C.vmmw_error_t) C.vmmw_status_t { return f(cp, e) })
 	runtime.KeepAlive(p)
 	return err
 }
@@ -149,7 +150,7 @@ func (p *Pool) do(f func(cp *C.vmmw_pool_t, e **C.vmmw_error_t) C.int32_t) error
 // WithTag); returns the device address.
 func (p *Pool) Alloc(size uint64) (uint64, error) {
 	var out C.uint64_t
-	err := p.do(func(cp *C.vmmw_pool_t, e **C.vmmw_error_t) C.int32_t {
+	err := p.do(func(cp *C.vmmw_pool_t, e **C.vmmw_error_t) C.vmmw_status_t {
 		return C.vmmw_pool_alloc(cp, C.uint64_t(size), &out, e)
 	})
 	return uint64(out), err
@@ -158,7 +159,7 @@ func (p *Pool) Alloc(size uint64) (uint64, error) {
 // AllocTagged allocates size bytes under tag.
 func (p *Pool) AllocTagged(size uint64, tag Tag) (uint64, error) {
 	var out C.uint64_t
-	err := p.do(func(cp *C.vmmw_pool_t, e **C.vmmw_error_t) C.int32_t {
+	err := p.do(func(cp *C.vmmw_pool_t, e **C.vmmw_error_t) C.vmmw_status_t {
 		return C.vmmw_pool_alloc_tagged(cp, C.uint64_t(size), C.uint32_t(tag), &out, e)
 	})
 	return uint64(out), err
@@ -166,21 +167,21 @@ func (p *Pool) AllocTagged(size uint64, tag Tag) (uint64, error) {
 
 // Free returns a block to the pool.
 func (p *Pool) Free(ptr uint64) error {
-	return p.do(func(cp *C.vmmw_pool_t, e **C.vmmw_error_t) C.int32_t {
-		return C.vmmw_pool_free_ptr(cp, C.uint64_t(ptr), e)
+	return p.do(func(cp *C.vmmw_pool_t, e **C.vmmw_error_t) C.vmmw_status_t {
+		return C.vmmw_pool_dealloc(cp, C.uint64_t(ptr), e)
 	})
 }
 
 // Trim returns cached memory to the driver; the bytes released.
 func (p *Pool) Trim() (uint64, error) {
 	var out C.uint64_t
-	err := p.do(func(cp *C.vmmw_pool_t, e **C.vmmw_error_t) C.int32_t { return C.vmmw_pool_trim(cp, &out, e) })
+	err := p.do(func(cp *C.vmmw_pool_t, e **C.vmmw_error_t) C.vmmw_status_t { return C.vmmw_pool_trim(cp, &out, e) })
 	return uint64(out), err
 }
 
 // SetTagArena places tag's future blocks in one arena of reserveBytes of VA.
 func (p *Pool) SetTagArena(tag Tag, reserveBytes, growStep uint64) error {
-	return p.do(func(cp *C.vmmw_pool_t, e **C.vmmw_error_t) C.int32_t {
+	return p.do(func(cp *C.vmmw_pool_t, e **C.vmmw_error_t) C.vmmw_status_t {
 		return C.vmmw_pool_set_tag_arena(cp, C.uint32_t(tag), C.uint64_t(reserveBytes), C.uint64_t(growStep), e)
 	})
 }
@@ -188,7 +189,7 @@ func (p *Pool) SetTagArena(tag Tag, reserveBytes, growStep uint64) error {
 // SetTagSegments places tag's future blocks in cached, split segments (the
 // default; undoes SetTagArena for blocks allocated from now on).
 func (p *Pool) SetTagSegments(tag Tag) error {
-	return p.do(func(cp *C.vmmw_pool_t, e **C.vmmw_error_t) C.int32_t {
+	return p.do(func(cp *C.vmmw_pool_t, e **C.vmmw_error_t) C.vmmw_status_t {
 		return C.vmmw_pool_set_tag_segments(cp, C.uint32_t(tag), e)
 	})
 }
@@ -203,14 +204,14 @@ func reportOf(r *C.vmmw_report_t) Report {
 // Report returns the pool's memory summed over all tags.
 func (p *Pool) Report() (Report, error) {
 	var r C.vmmw_report_t
-	err := p.do(func(cp *C.vmmw_pool_t, e **C.vmmw_error_t) C.int32_t { return C.vmmw_pool_report(cp, &r, e) })
+	err := p.do(func(cp *C.vmmw_pool_t, e **C.vmmw_error_t) C.vmmw_status_t { return C.vmmw_pool_report(cp, &r, e) })
 	return reportOf(&r), err
 }
 
 // ReportTag returns the pool's memory of one tag.
 func (p *Pool) ReportTag(tag Tag) (Report, error) {
 	var r C.vmmw_report_t
-	err := p.do(func(cp *C.vmmw_pool_t, e **C.vmmw_error_t) C.int32_t {
+	err := p.do(func(cp *C.vmmw_pool_t, e **C.vmmw_error_t) C.vmmw_status_t {
 		return C.vmmw_pool_report_tag(cp, C.uint32_t(tag), &r, e)
 	})
 	return reportOf(&r), err
@@ -222,7 +223,7 @@ func (p *Pool) ReportJSON() (string, error) {
 	if err != nil {
 		return "", err
 	}
-	s, err := readString(func(b *C.char, c C.size_t, n *C.size_t, e **C.vmmw_error_t) C.int32_t {
+	s, err := readString(func(b *C.char, c C.size_t, n *C.size_t, e **C.vmmw_error_t) C.vmmw_status_t {
 		return C.vmmw_pool_report_json(cp, b, c, n, e)
 	})
 	runtime.KeepAlive(p)
@@ -231,7 +232,7 @@ func (p *Pool) ReportJSON() (string, error) {
 
 // Write copies b to pool memory at device address dst (synchronous, range-checked).
 func (p *Pool) Write(dst uint64, b []byte) error {
-	err := p.do(func(cp *C.vmmw_pool_t, e **C.vmmw_error_t) C.int32_t {
+	err := p.do(func(cp *C.vmmw_pool_t, e **C.vmmw_error_t) C.vmmw_status_t {
 		return C.vmmw_pool_write(cp, C.uint64_t(dst), bytesPtr(b), C.size_t(len(b)), e)
 	})
 	runtime.KeepAlive(b)
@@ -240,7 +241,7 @@ func (p *Pool) Write(dst uint64, b []byte) error {
 
 // Read copies len(b) bytes of pool memory at device address src into b.
 func (p *Pool) Read(src uint64, b []byte) error {
-	err := p.do(func(cp *C.vmmw_pool_t, e **C.vmmw_error_t) C.int32_t {
+	err := p.do(func(cp *C.vmmw_pool_t, e **C.vmmw_error_t) C.vmmw_status_t {
 		return C.vmmw_pool_read(cp, C.uint64_t(src), bytesPtr(b), C.size_t(len(b)), e)
 	})
 	runtime.KeepAlive(b)
@@ -258,9 +259,9 @@ func (p *Pool) Sleep(items ...TagPolicy) error {
 	arr := unsafe.Slice((*C.vmmw_tag_policy_t)(C.malloc(C.size_t(n)*C.size_t(unsafe.Sizeof(C.vmmw_tag_policy_t{})))), n)
 	defer C.free(unsafe.Pointer(&arr[0]))
 	for i, it := range items {
-		arr[i] = C.vmmw_tag_policy_t{tag: C.uint32_t(it.Tag), policy: C.int32_t(it.Policy)}
+		arr[i] = C.vmmw_tag_policy_t{tag: C.uint32_t(it.Tag), policy: C.vmmw_policy_t(it.Policy)}
 	}
-	return p.do(func(cp *C.vmmw_pool_t, e **C.vmmw_error_t) C.int32_t {
+	return p.do(func(cp *C.vmmw_pool_t, e **C.vmmw_error_t) C.vmmw_status_t {
 		return C.vmmw_pool_sleep(cp, &arr[0], C.size_t(n), e)
 	})
 }
@@ -283,7 +284,7 @@ func (p *Pool) Wake(ctx context.Context, tags ...Tag) error {
 	if len(ids) > 0 {
 		first = &ids[0]
 	}
-	err := p.do(func(cp *C.vmmw_pool_t, e **C.vmmw_error_t) C.int32_t {
+	err := p.do(func(cp *C.vmmw_pool_t, e **C.vmmw_error_t) C.vmmw_status_t {
 		return C.vmmw_pool_wake(cp, first, C.size_t(len(ids)), e)
 	})
 	runtime.KeepAlive(ids)
@@ -292,7 +293,7 @@ func (p *Pool) Wake(ctx context.Context, tags ...Tag) error {
 
 // ReserveBackup pins bytes of host backup memory ahead of time.
 func (p *Pool) ReserveBackup(bytes uint64) error {
-	return p.do(func(cp *C.vmmw_pool_t, e **C.vmmw_error_t) C.int32_t {
+	return p.do(func(cp *C.vmmw_pool_t, e **C.vmmw_error_t) C.vmmw_status_t {
 		return C.vmmw_pool_reserve_backup(cp, C.uint64_t(bytes), e)
 	})
 }
@@ -302,7 +303,7 @@ func (p *Pool) ReserveBackup(bytes uint64) error {
 // made from one Device share it).
 func (p *Pool) StagingBytes() (uint64, error) {
 	var out C.uint64_t
-	err := p.do(func(cp *C.vmmw_pool_t, e **C.vmmw_error_t) C.int32_t {
+	err := p.do(func(cp *C.vmmw_pool_t, e **C.vmmw_error_t) C.vmmw_status_t {
 		return C.vmmw_pool_staging_bytes(cp, &out, e)
 	})
 	return uint64(out), err
@@ -312,7 +313,7 @@ func (p *Pool) StagingBytes() (uint64, error) {
 // driver; the bytes unpinned. The next load pins a new one.
 func (p *Pool) ReleaseStaging() (uint64, error) {
 	var out C.uint64_t
-	err := p.do(func(cp *C.vmmw_pool_t, e **C.vmmw_error_t) C.int32_t {
+	err := p.do(func(cp *C.vmmw_pool_t, e **C.vmmw_error_t) C.vmmw_status_t {
 		return C.vmmw_pool_release_staging(cp, &out, e)
 	})
 	return uint64(out), err
@@ -321,7 +322,7 @@ func (p *Pool) ReleaseStaging() (uint64, error) {
 // ReleaseBackup unpins backup memory holding no sleeping tag; the bytes unpinned.
 func (p *Pool) ReleaseBackup() (uint64, error) {
 	var out C.uint64_t
-	err := p.do(func(cp *C.vmmw_pool_t, e **C.vmmw_error_t) C.int32_t {
+	err := p.do(func(cp *C.vmmw_pool_t, e **C.vmmw_error_t) C.vmmw_status_t {
 		return C.vmmw_pool_release_backup(cp, &out, e)
 	})
 	return uint64(out), err
@@ -332,14 +333,14 @@ func (p *Pool) ReleaseBackup() (uint64, error) {
 func (p *Pool) Snapshot(name string) error {
 	cs := C.CString(name)
 	defer C.free(unsafe.Pointer(cs))
-	return p.do(func(cp *C.vmmw_pool_t, e **C.vmmw_error_t) C.int32_t {
+	return p.do(func(cp *C.vmmw_pool_t, e **C.vmmw_error_t) C.vmmw_status_t {
 		return C.vmmw_pool_snapshot(cp, cs, e)
 	})
 }
 
 // TimelineJSON is every snapshot so far, as JSON.
 func (p *Pool) TimelineJSON() (string, error) {
-	return p.readString(func(cp *C.vmmw_pool_t, b *C.char, c C.size_t, n *C.size_t, e **C.vmmw_error_t) C.int32_t {
+	return p.readString(func(cp *C.vmmw_pool_t, b *C.char, c C.size_t, n *C.size_t, e **C.vmmw_error_t) C.vmmw_status_t {
 		return C.vmmw_pool_timeline_json(cp, b, c, n, e)
 	})
 }
@@ -347,17 +348,17 @@ func (p *Pool) TimelineJSON() (string, error) {
 // LastCycleJSON says what the last successful Sleep or Wake on this pool did,
 // per tag (segments, bytes released or mapped, bytes copied, seconds), as JSON.
 func (p *Pool) LastCycleJSON() (string, error) {
-	return p.readString(func(cp *C.vmmw_pool_t, b *C.char, c C.size_t, n *C.size_t, e **C.vmmw_error_t) C.int32_t {
+	return p.readString(func(cp *C.vmmw_pool_t, b *C.char, c C.size_t, n *C.size_t, e **C.vmmw_error_t) C.vmmw_status_t {
 		return C.vmmw_pool_last_cycle_json(cp, b, c, n, e)
 	})
 }
 
-func (p *Pool) readString(f func(cp *C.vmmw_pool_t, b *C.char, c C.size_t, n *C.size_t, e **C.vmmw_error_t) C.int32_t) (string, error) {
+func (p *Pool) readString(f func(cp *C.vmmw_pool_t, b *C.char, c C.size_t, n *C.size_t, e **C.vmmw_error_t) C.vmmw_status_t) (string, error) {
 	cp, err := p.live()
 	if err != nil {
 		return "", err
 	}
-	s, err := readString(func(b *C.char, c C.size_t, n *C.size_t, e **C.vmmw_error_t) C.int32_t {
+	s, err := readString(func(b *C.char, c C.size_t, n *C.size_t, e **C.vmmw_error_t) C.vmmw_status_t {
 		return f(cp, b, c, n, e)
 	})
 	runtime.KeepAlive(p)
@@ -396,6 +397,7 @@ func (p *Pool) SetSleepOptions(o SleepOptions) error {
 		return 0
 	}
 	c := C.vmmw_sleep_options_t{
+		size:                      C.size_t(unsafe.Sizeof(C.vmmw_sleep_options_t{})),
 		copy_piece_bytes:          C.uint64_t(o.CopyPieceBytes),
 		streams:                   C.uint32_t(o.Streams),
 		debug_fill:                b(o.DebugFill),
@@ -406,7 +408,7 @@ func (p *Pool) SetSleepOptions(o SleepOptions) error {
 		release_pinned_after_wake: b(o.ReleasePinnedAfterWake),
 		debug_fill_byte:           C.uint8_t(o.DebugFillByte),
 	}
-	return p.do(func(cp *C.vmmw_pool_t, e **C.vmmw_error_t) C.int32_t {
+	return p.do(func(cp *C.vmmw_pool_t, e **C.vmmw_error_t) C.vmmw_status_t {
 		return C.vmmw_pool_set_sleep_options(cp, &c, e)
 	})
 }
