@@ -50,6 +50,9 @@ pub const VMMW_UNSUPPORTED: vmmw_status_t = 15;
 /// A caller-provided buffer is too small; `*needed` holds the size required.
 pub const VMMW_BUFFER_TOO_SMALL: vmmw_status_t = 16;
 
+// Retired codes keep their number here as a comment and are never reused
+// (docs/ABI.md), e.g. `// 99: VMMW_EXAMPLE, retired in 1.3: why`. None yet.
+
 /// Every status, in numeric order (for the name lookup and the tests).
 pub(crate) const ALL: [Status; 17] = [
     Status::Ok,
