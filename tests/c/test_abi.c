@@ -153,7 +153,18 @@ static void test_named_types_and_deprecated_alias(void) {
   vmmw_pool_free(pool);
 }
 
+/* Every handle type vmmw_X_t has a vmmw_X_free that accepts NULL. */
+static void test_every_free_accepts_null(void) {
+  vmmw_device_free(NULL);
+  vmmw_error_free(NULL);
+  vmmw_loader_free(NULL);
+  vmmw_pool_free(NULL);
+  vmmw_segment_free(NULL);
+  CHECK(1);
+}
+
 int main(void) {
+  test_every_free_accepts_null();
   test_older_smaller_structs_still_work();
   test_unset_and_newer_sizes();
   test_named_types_and_deprecated_alias();
