@@ -786,8 +786,9 @@ vmmw_status_t vmmw_loader_open(const char *path, struct vmmw_loader_t **out, str
 void vmmw_loader_free(struct vmmw_loader_t *loader);
 
 /**
- * Replace the mapping rules with their JSON form (see docs: match/to/fuse/
- * shard/pad/skip, ties, tp, dtype). Checked now (`VMMW_INVALID_ARGUMENT`
+ * Replace the mapping rules with their JSON form (docs/RULES.md: every
+ * field, match/to/fuse/shard/pad/skip, ties, tp, dtype, with an example of
+ * each). Checked now (`VMMW_INVALID_ARGUMENT`
  * naming the bad field or regex; the previous rules stay).
  *
  * # Safety

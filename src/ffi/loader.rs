@@ -234,8 +234,9 @@ pub unsafe extern "C" fn vmmw_loader_free(loader: *mut vmmw_loader_t) {
     unsafe { free_handle(loader) }
 }
 
-/// Replace the mapping rules with their JSON form (see docs: match/to/fuse/
-/// shard/pad/skip, ties, tp, dtype). Checked now (`VMMW_INVALID_ARGUMENT`
+/// Replace the mapping rules with their JSON form (docs/RULES.md: every
+/// field, match/to/fuse/shard/pad/skip, ties, tp, dtype, with an example of
+/// each). Checked now (`VMMW_INVALID_ARGUMENT`
 /// naming the bad field or regex; the previous rules stay).
 ///
 /// # Safety
