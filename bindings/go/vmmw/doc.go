@@ -13,8 +13,8 @@
 //	export PKG_CONFIG_PATH=/opt/vmmweights/lib/pkgconfig
 //	go get github.com/vmmweights/vmmweights/bindings/go/vmmw
 //
-// The shared library is found at run time through the usual means (the
-// system's library path, LD_LIBRARY_PATH, or -Wl,-rpath in CGO_LDFLAGS). The
+// At run time the shared library is found through the rpath the installed
+// pkg-config file adds (or the system's library path for a /usr install). The
 // package refuses to compile against a header of another minor version than
 // the one it wraps.
 //
