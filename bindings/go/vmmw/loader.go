@@ -305,9 +305,15 @@ func (l *Loader) Load(ctx context.Context, pool *Pool, progress func(done, total
 				C.vmmw_loader_cancel(l.ptr, nil)
 			}
 			l.cancelMu.Unlock()
+			if testHookCancelForwarded != nil {
+				testHookCancelForwarded()
+			}
 		case <-stop:
 		}
 	}()
+	if testHookBeforeLoad != nil {
+		testHookBeforeLoad()
+	}
 	err = l.do(func(cl *C.vmmw_loader_t, e **C.vmmw_error_t) C.vmmw_status_t {
 		return C.vmmw_loader_load(cl, cp, C.vmmw_progress_fn(C.vmmwGoProgress), user, e)
 	})
@@ -325,6 +331,11 @@ func (l *Loader) Load(ctx context.Context, pool *Pool, progress func(done, total
 	}
 	return l.Result()
 }
+
+// Test hooks (nil outside tests): testHookBeforeLoad runs just before the C
+// load starts; testHookCancelForwarded runs after a context's cancellation
+// reached the loader.
+var testHookBeforeLoad, testHookCancelForwarded func()
 
 // contextError is a library error caused by a cancelled context: it matches
 // both under errors.Is.

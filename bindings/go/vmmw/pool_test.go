@@ -243,7 +243,7 @@ func loadedPool(t *testing.T, tagName string, n int) (*Pool, *Loader, Tag) {
 }
 
 func TestLoadContextCancelStopsOnlyThatLoad(t *testing.T) {
-	p, l, _ := loadedPool(t, "go-ctx", 1<<20)
+	p, l, _ := loadedPool(t, "go-ctx", 4<<20)
 	done, cancel := context.WithCancel(context.Background())
 	cancel()
 	if _, err := l.Load(done, p, nil); !errors.Is(err, context.Canceled) {
@@ -252,19 +252,19 @@ func TestLoadContextCancelStopsOnlyThatLoad(t *testing.T) {
 	if _, err := l.Result(); !errors.Is(err, ErrInvalidState) {
 		t.Fatalf("a load ran despite the done context: %v", err)
 	}
-	// Cancel from inside the load (the first progress call), as a caller's
-	// deadline would: the error matches both the context and the library.
+	// A context cancelled once the load is under way reaches the loader
+	// through vmmw_loader_cancel: the hooks cancel just before the C load
+	// starts and wait until the cancellation was forwarded, so the loader
+	// sees it at its first cancellation point.
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	_, err := l.Load(ctx, p, func(done, total uint64) bool {
-		cancel()
-		for i := 0; i < 200 && ctx.Err() == nil; i++ {
-			runtime.Gosched()
-		}
-		return true
-	})
-	if err != nil && !(errors.Is(err, context.Canceled) && errors.Is(err, ErrCancelled)) {
-		t.Fatalf("cancelled load: %v", err)
+	forwarded := make(chan struct{})
+	testHookCancelForwarded = func() { close(forwarded) }
+	testHookBeforeLoad = func() { cancel(); <-forwarded }
+	_, err := l.Load(ctx, p, nil)
+	testHookBeforeLoad, testHookCancelForwarded = nil, nil
+	if !errors.Is(err, context.Canceled) || !errors.Is(err, ErrCancelled) {
+		t.Fatalf("load cancelled through its context: %v", err)
 	}
 	// Whatever the race, the next load is not cancelled by the old context.
 	for i := 0; i < 20; i++ {
@@ -277,7 +277,7 @@ func TestLoadContextCancelStopsOnlyThatLoad(t *testing.T) {
 	}
 	js, err := l.ResultJSON()
 	var parsed map[string]any
-	if err != nil || json.Unmarshal([]byte(js), &parsed) != nil || parsed["src_bytes"] != float64(4<<20) {
+	if err != nil || json.Unmarshal([]byte(js), &parsed) != nil || parsed["src_bytes"] != float64(16<<20) {
 		t.Fatalf("ResultJSON %v: %s", err, js)
 	}
 }
