@@ -70,6 +70,16 @@ run_clean cmake --build "$out/consumer/build" >/dev/null
 said=$(run_clean "$out/consumer/build/consumer_c" "$ckpt") && tail -n 2 <<<"$said"
 said=$(run_clean "$out/consumer/build/consumer_cpp" --mib 4) && tail -n 2 <<<"$said"
 
+echo "--- pkg-config --static: Libs.private is enough to link libvmmweights.a"
+pc_static=$(run_clean PKG_CONFIG_PATH="$prefix/lib/pkgconfig" pkg-config --static --cflags --libs vmmweights)
+# shellcheck disable=SC2086 # word splitting of the flags is intended
+run_clean gcc -std=c11 examples/c/main.c "$prefix/lib/libvmmweights.a" ${pc_static//-lvmmweights/} \
+  -o "$out/consumer/static_c"
+if readelf -d "$out/consumer/static_c" | grep -q 'libvmmweights.so'; then
+  echo "static_c links libvmmweights.so, not the static library" >&2; exit 1
+fi
+said=$(run_clean "$out/consumer/static_c" "$ckpt") && tail -n 1 <<<"$said"
+
 echo "--- Go consumer: the module by its path, the library through PKG_CONFIG_PATH only"
 mkdir "$out/go"
 cp tests/install/go/main.go "$out/go/"
