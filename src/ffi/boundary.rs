@@ -20,7 +20,7 @@ pub(crate) fn call(
     body: impl FnOnce() -> Result<()>,
 ) -> vmmw_status_t {
     let outcome = catch_unwind(AssertUnwindSafe(body))
-        .unwrap_or_else(|p| Err(Error::Panic(crate::panic_message(&*p))));
+        .unwrap_or_else(|p| Err(Error::Panic(crate::error::panic_message(&*p))));
     match outcome {
         Ok(()) => VMMW_OK,
         Err(e) => report(error, &e),

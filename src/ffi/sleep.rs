@@ -6,9 +6,9 @@ use std::ffi::c_char;
 use super::boundary::{arg, call, call_out, slice_arg};
 use super::buffer::write_str;
 use super::error::vmmw_error_t;
+use super::numbers::or_default;
 use super::options::{read_sized, SizedOptions};
 use super::pool::vmmw_pool_t;
-use super::segment::to_usize;
 use super::status::vmmw_status_t;
 use crate::error::{Error, Result};
 use crate::pool::TagCycle;
@@ -218,26 +218,23 @@ pub unsafe extern "C" fn vmmw_pool_set_sleep_options(
         // SAFETY: forwarded contract (NULL means defaults).
         let o = unsafe { read_sized(options) }?.unwrap_or_else(vmmw_sleep_options_t::defaults);
         let d = SleepOptions::default();
-        let nz = |v: u64, d: usize, name: &str| -> Result<usize> {
-            if v == 0 {
-                Ok(d)
-            } else {
-                to_usize(v, name)
-            }
-        };
         let opts = SleepOptions {
-            copy_piece_bytes: nz(o.copy_piece_bytes, d.copy_piece_bytes, "copy_piece_bytes")?,
+            copy_piece_bytes: or_default(
+                o.copy_piece_bytes,
+                d.copy_piece_bytes,
+                "copy_piece_bytes",
+            )?,
             streams: if o.streams == 0 {
                 d.streams
             } else {
                 o.streams as usize
             },
-            wake_coalesce_bytes: nz(
+            wake_coalesce_bytes: or_default(
                 o.wake_coalesce_bytes,
                 d.wake_coalesce_bytes,
                 "wake_coalesce_bytes",
             )?,
-            backup_slab_bytes: nz(
+            backup_slab_bytes: or_default(
                 o.backup_slab_bytes,
                 d.backup_slab_bytes,
                 "backup_slab_bytes",
