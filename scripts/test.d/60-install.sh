@@ -95,6 +95,7 @@ cmake -S "$out/subdir" -B "$out/subdir/build" "${gen[@]}" -DVMMW_SOURCE_DIR="$re
   -DVMMW_CARGO_PROFILE=dev >/dev/null
 cmake --build "$out/subdir/build" >/dev/null
 "$out/subdir/build/subdir_c" "$ckpt" >/dev/null
+"$out/subdir/build/subdir_c_static" "$ckpt" >/dev/null
 cmake --install "$out/subdir/build" --prefix "$out/subdir-prefix" >/dev/null
 installed=$(cd "$out/subdir-prefix" && find . -type f -o -type l | sort | tr '\n' ' ')
 [[ "$installed" == "./bin/subdir_c " ]] || { echo "add_subdirectory parent installed: $installed" >&2; exit 1; }
