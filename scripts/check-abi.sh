@@ -3,6 +3,7 @@
 # baseline in abi/ (docs/ABI.md says what the baseline promises).
 #   abi/vmmweights.symbols  vmmw_* functions exported by libvmmweights.so (nm -D)
 #   abi/vmmweights.decls    declarations of include/vmmweights.h (scripts/abi-decls.py)
+# Also fails when an opaque handle type vmmw_X_t has no vmmw_X_free.
 # Fails when a symbol or declaration of the baseline is gone or changed (a
 # changed prototype, struct layout or constant shows as one line removed and
 # one added), or when the library and the header disagree. Additions pass
@@ -33,6 +34,11 @@ fi
 if missing=$(comm -13 "$tmp/exported" <(sort -u "$tmp/declared" "$tmp/testing")) && [[ -n "$missing" ]]; then
   echo "declared in a header but not exported by $lib:" >&2; echo "$missing" | sed 's/^/  /' >&2; status=1
 fi
+
+# Every opaque handle type vmmw_X_t has its destructor vmmw_X_free.
+for t in $(sed -n 's/^typedef struct \(vmmw_[a-z0-9_]*\)_t vmmw_[a-z0-9_]*_t;$/\1/p' "$tmp/decls"); do
+  grep -q "^void ${t}_free(" "$tmp/decls" || { echo "handle ${t}_t has no ${t}_free" >&2; status=1; }
+done
 
 if [[ "${1:-}" == "--update" ]]; then
   [[ $status == 0 ]] || { echo "not updating abi/: fix the header/library mismatch first" >&2; exit 1; }
