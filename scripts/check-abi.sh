@@ -3,11 +3,10 @@
 # baseline in abi/ (docs/ABI.md says what the baseline promises).
 #   abi/vmmweights.symbols  vmmw_* functions exported by libvmmweights.so (nm -D)
 #   abi/vmmweights.decls    declarations of include/vmmweights.h (scripts/abi-decls.py)
-# Also fails when an opaque handle type vmmw_X_t has no vmmw_X_free.
 # Fails when a symbol or declaration of the baseline is gone or changed (a
 # changed prototype, struct layout or constant shows as one line removed and
-# one added), or when the library and the header disagree. Additions pass
-# with a note. Symbols declared only in include/vmmweights_testing.h are not
+# one added), when the library and the header disagree, or when an opaque
+# handle type vmmw_X_t has no vmmw_X_free. Additions pass with a note. Symbols declared only in include/vmmweights_testing.h are not
 # part of the ABI and are left out.
 # Usage: scripts/check-abi.sh [--update]   (--update rewrites the baseline, on purpose)
 set -euo pipefail
