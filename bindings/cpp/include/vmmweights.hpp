@@ -474,8 +474,8 @@ class Pool {
 
   /// Drop a tag's reload sources: a Reload-asleep tag whose checkpoint changed
   /// then wakes with its backed-up bytes (loaded bytes undefined; load again).
-  void forget_reload(Tag tag) const {
-    detail::call([&](vmmw_error_t** e) { return vmmw_pool_forget_reload(get_checked(), tag, e); });
+  void forget_reload(Tag tag) {
+    detail::call([&](vmmw_error_t** e) { return vmmw_pool_forget_reload(get_mut(), tag, e); });
   }
 
   /// Pin host backup memory ahead of time.
@@ -713,8 +713,8 @@ class Loader {
   }
 
   /// Keep content checksums at load, so Reload wakes prove the checkpoint unchanged.
-  void set_reload_check(bool enable) const {
-    detail::call([&](vmmw_error_t** e) { return vmmw_loader_set_reload_check(get_checked(), enable ? 1 : 0, e); });
+  void set_reload_check(bool enable) {
+    detail::call([&](vmmw_error_t** e) { return vmmw_loader_set_reload_check(get_mut(), enable ? 1 : 0, e); });
   }
 
   /// Register your own destination at device address `ptr`.
