@@ -50,6 +50,12 @@ pub enum Status {
     Unsupported = 15,
     /// A caller-provided buffer is too small; the required size was written where documented.
     BufferTooSmall = 16,
+    /// Sharing across processes refused: a peer not allowed, a malformed or
+    /// hostile manifest, a protocol violation, or the owner refusing the attach.
+    ShareRefused = 17,
+    /// The owner revoked a share (it slept the tag under the revoke policy):
+    /// detach, and attach again once it is awake.
+    ShareRevoked = 18,
 }
 
 impl Status {
@@ -73,6 +79,8 @@ impl Status {
             Status::Panic => "VMMW_PANIC",
             Status::Unsupported => "VMMW_UNSUPPORTED",
             Status::BufferTooSmall => "VMMW_BUFFER_TOO_SMALL",
+            Status::ShareRefused => "VMMW_SHARE_REFUSED",
+            Status::ShareRevoked => "VMMW_SHARE_REVOKED",
         }
     }
 }
@@ -196,6 +204,24 @@ pub enum Error {
         /// Bytes provided.
         got: usize,
     },
+
+    /// Sharing with another process was refused (see [`Status::ShareRefused`]).
+    #[error("share {}: {reason}", path.display())]
+    ShareRefused {
+        /// The share's socket path.
+        path: PathBuf,
+        /// What was refused and why, with the values involved.
+        reason: String,
+    },
+
+    /// The owner revoked the share (see [`Status::ShareRevoked`]).
+    #[error("share {}: revoked by the owner ({reason}); detach and attach again once the owner's tag is awake", path.display())]
+    ShareRevoked {
+        /// The share's socket path.
+        path: PathBuf,
+        /// Why the owner revoked it.
+        reason: String,
+    },
 }
 
 impl Error {
@@ -218,6 +244,8 @@ impl Error {
             Error::Unsupported(_) => Status::Unsupported,
             Error::Panic(_) => Status::Panic,
             Error::BufferTooSmall { .. } => Status::BufferTooSmall,
+            Error::ShareRefused { .. } => Status::ShareRefused,
+            Error::ShareRevoked { .. } => Status::ShareRevoked,
         }
     }
 
@@ -263,6 +291,8 @@ mod tests {
         assert_eq!(Status::PlanMismatch as i32, 12);
         assert_eq!(Status::Panic as i32, 14);
         assert_eq!(Status::BufferTooSmall as i32, 16);
+        assert_eq!(Status::ShareRefused as i32, 17);
+        assert_eq!(Status::ShareRevoked as i32, 18);
     }
 
     #[test]

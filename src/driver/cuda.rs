@@ -482,7 +482,11 @@ impl Driver for CudaDriver {
     }
 
     fn set_access_read_only(&self, va: DevicePtr, size: usize) -> Result<()> {
-        self.set_access_flags(va, size, sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READ)
+        self.set_access_flags(
+            va,
+            size,
+            sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READ,
+        )
     }
 
     fn unmap(&self, va: DevicePtr, size: usize) -> Result<()> {

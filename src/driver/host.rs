@@ -269,19 +269,12 @@ impl HostDriver {
             )));
         }
         // SAFETY: the range is fully mapped by us (checked above).
-        let rc = unsafe {
-            libc::mprotect(
-                va as *mut libc::c_void,
-                size,
-                prot,
-            )
-        };
+        let rc = unsafe { libc::mprotect(va as *mut libc::c_void, size, prot) };
         if rc != 0 {
             return Err(errno_error("mprotect", format!("[{va:#x}, +{size})")));
         }
         Ok(())
     }
-
 
     fn unmap_range(&self, va: DevicePtr, size: usize) -> Result<()> {
         self.check_aligned("unmap", va, size)?;
@@ -589,7 +582,10 @@ impl Driver for HostDriver {
         // SAFETY: fd is an open memfd owned by a live handle (checked under the lock).
         let dup = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) };
         if dup < 0 {
-            return Err(errno_error("fcntl", format!("duplicating handle {}", handle.0)));
+            return Err(errno_error(
+                "fcntl",
+                format!("duplicating handle {}", handle.0),
+            ));
         }
         // SAFETY: `dup` is a fresh descriptor that nothing else owns.
         Ok(unsafe { OwnedFd::from_raw_fd(dup) })

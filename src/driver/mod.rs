@@ -50,7 +50,7 @@ impl StreamId {
 pub struct EventId(pub u64);
 
 /// Which implementation is behind a [`Driver`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum BackendKind {
     /// Simulated on host memory.

@@ -42,9 +42,15 @@ pub const VMMW_PANIC: i32 = 14;
 pub const VMMW_UNSUPPORTED: i32 = 15;
 /// A caller-provided buffer is too small; `*needed` holds the size required.
 pub const VMMW_BUFFER_TOO_SMALL: i32 = 16;
+/// Sharing across processes was refused: the peer is not allowed, the manifest
+/// is malformed, or the owner refused the attach (its tag asleep); the message says which.
+pub const VMMW_SHARE_REFUSED: i32 = 17;
+/// The owner revoked a share (it slept the tag under the revoke policy):
+/// detach, then attach again once the owner's tag is awake.
+pub const VMMW_SHARE_REVOKED: i32 = 18;
 
 /// Every status, in numeric order (for the name lookup and the tests).
-pub(crate) const ALL: [Status; 17] = [
+pub(crate) const ALL: [Status; 19] = [
     Status::Ok,
     Status::InvalidArgument,
     Status::NullArgument,
@@ -62,6 +68,8 @@ pub(crate) const ALL: [Status; 17] = [
     Status::Panic,
     Status::Unsupported,
     Status::BufferTooSmall,
+    Status::ShareRefused,
+    Status::ShareRevoked,
 ];
 
 /// The static name of a status code ("VMMW_OUT_OF_MEMORY"), or
@@ -97,6 +105,8 @@ fn status_name_nul(s: Status) -> &'static [u8] {
         Status::Panic => b"VMMW_PANIC\0",
         Status::Unsupported => b"VMMW_UNSUPPORTED\0",
         Status::BufferTooSmall => b"VMMW_BUFFER_TOO_SMALL\0",
+        Status::ShareRefused => b"VMMW_SHARE_REFUSED\0",
+        Status::ShareRevoked => b"VMMW_SHARE_REVOKED\0",
     }
 }
 
@@ -125,6 +135,8 @@ mod tests {
             VMMW_PANIC,
             VMMW_UNSUPPORTED,
             VMMW_BUFFER_TOO_SMALL,
+            VMMW_SHARE_REFUSED,
+            VMMW_SHARE_REVOKED,
         ];
         for (i, (c, s)) in consts.iter().zip(ALL).enumerate() {
             assert_eq!(*c, s as i32, "{}", s.name());
@@ -139,7 +151,7 @@ mod tests {
             let c = unsafe { CStr::from_ptr(vmmw_status_name(s as i32)) };
             assert_eq!(c.to_str().unwrap(), s.name());
         }
-        for bad in [-1, 17, i32::MAX, i32::MIN] {
+        for bad in [-1, 19, i32::MAX, i32::MIN] {
             // SAFETY: as above.
             let c = unsafe { CStr::from_ptr(vmmw_status_name(bad)) };
             assert_eq!(c.to_str().unwrap(), "VMMW_UNKNOWN_STATUS");

@@ -24,6 +24,7 @@ mod arena;
 pub(crate) mod block;
 mod dest;
 pub mod registry;
+pub mod shares;
 mod sleep;
 #[cfg(test)]
 mod tests;
@@ -226,6 +227,7 @@ pub struct Pool {
     created: Instant,
     state: Mutex<State>,
     sleep: crate::sleep::SleepEngine,
+    shares: shares::ShareGate,
 }
 
 impl Pool {
@@ -245,6 +247,7 @@ impl Pool {
             granularity,
             created: Instant::now(),
             state: Mutex::new(state),
+            shares: shares::ShareGate::default(),
         })
     }
 
@@ -598,9 +601,14 @@ impl Pool {
         self.lock().tags.get(&tag).is_some_and(|t| t.asleep)
     }
 
+    /// Tags offered to other processes (see [`shares`]).
+    pub fn shares(&self) -> &shares::ShareGate {
+        &self.shares
+    }
+
     /// Run `f` on every segment of `tag` (ordinary, dedicated and arena), under
-    /// the pool lock. For tests; the sleep layer works on the state directly.
-    #[cfg(test)]
+    /// the pool lock. For tests and the share layer's export; the sleep layer
+    /// works on the state directly.
     pub(crate) fn with_tag_segments<R>(
         &self,
         tag: TagId,

@@ -47,6 +47,10 @@ impl Pool {
         }
         let mut out = Vec::with_capacity(items.len());
         for &(t, policy) in items {
+            // A shared tag's shares may refuse the sleep; the gate stays locked
+            // through the sleep so no importer attaches to memory going away.
+            let gate = self.shares.lock();
+            gate.before_sleep(t)?;
             // One pool-lock hold per tag: marking the tag asleep, the engine's
             // work and settling the mark cannot interleave with another
             // thread's wake of the same tag or with allocations in it.
@@ -62,6 +66,7 @@ impl Pool {
                 }
                 r
             };
+            drop(gate);
             out.push(TagCycle {
                 tag: t,
                 name: tag::name_of(t),
