@@ -608,7 +608,8 @@ fn a_wrong_peer_is_refused_on_either_side() {
     assert_eq!(fd_count(), fds0);
 }
 
-/// A fake owner that sends `hello` and `nfds` memfds of `G` bytes, then waits.
+/// A fake owner that sends `hello`, `nfds` memfds of `G` bytes and the end
+/// of the handshake, then waits.
 fn fake_owner(path: &Path, hello: Vec<u8>, nfds: usize) -> std::thread::JoinHandle<()> {
     let listener = UnixListener::bind(path).unwrap();
     std::thread::spawn(move || {
@@ -619,6 +620,7 @@ fn fake_owner(path: &Path, hello: Vec<u8>, nfds: usize) -> std::thread::JoinHand
         let fds: Vec<OwnedFd> = handles.iter().map(|&h| d.export_fd(h).unwrap()).collect();
         let borrowed: Vec<_> = fds.iter().map(|f| f.as_fd()).collect();
         let _ = wire::send_fds(&s, &borrowed);
+        let _ = s.write_all(b"E");
         drop(fds);
         for h in handles {
             d.release(h).unwrap();

@@ -28,6 +28,7 @@ pub mod loader;
 mod numbers;
 pub mod pool;
 pub mod segment;
+pub mod share;
 pub mod sleep;
 pub mod status;
 pub mod tag;

@@ -111,6 +111,16 @@ struct Notices {
     owner_gone: bool,
 }
 
+impl Notices {
+    fn apply(&mut self, n: Notice) {
+        match n {
+            Notice::Version(v) => self.version = v,
+            Notice::Revoked => self.revoked = true,
+            Notice::Ready => {}
+        }
+    }
+}
+
 /// An attached share. Dropping it detaches.
 #[derive(Debug)]
 pub struct Attachment {
@@ -192,6 +202,12 @@ impl Attachment {
                 break;
             }
         }
+        let early = if fds.len() == want {
+            wire::read_until_ready(&sock, &mut fds)
+                .map_err(|e| refused(path, format!("finishing the handshake: {e}")))?
+        } else {
+            Vec::new()
+        };
         if fds.len() != want {
             return Err(refused(
                 path,
@@ -231,7 +247,13 @@ impl Attachment {
             .enumerate()
             .map(|(i, t)| (t.name.clone(), i))
             .collect();
-        let version = manifest.version;
+        let mut notices = Notices {
+            version: manifest.version,
+            ..Notices::default()
+        };
+        for n in early {
+            notices.apply(n);
+        }
         Ok(Attachment {
             path: path.to_path_buf(),
             sock,
@@ -240,10 +262,7 @@ impl Attachment {
             layout,
             read_write: options.read_write,
             mapping,
-            notices: Mutex::new(Notices {
-                version,
-                ..Notices::default()
-            }),
+            notices: Mutex::new(notices),
         })
     }
 
@@ -255,10 +274,7 @@ impl Attachment {
             let (got, closed) = wire::poll_notices(&self.sock, pending)
                 .map_err(|e| refused(&self.path, format!("reading the owner's notices: {e}")))?;
             for x in got {
-                match x {
-                    Notice::Version(v) => n.version = v,
-                    Notice::Revoked => n.revoked = true,
-                }
+                n.apply(x);
             }
             n.owner_gone |= closed;
         }

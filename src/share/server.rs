@@ -105,7 +105,7 @@ impl Shared {
         }
         // Export under the gate: the tag is wholly awake for this attach, and a
         // sleep waits until the connection is counted.
-        let (id, exported) = {
+        let (id, exported, sent_version) = {
             let gate = self.pool.shares().lock();
             let mut c = self.conns();
             let version = c.version;
@@ -121,7 +121,7 @@ impl Shared {
                     let id = c.next_id;
                     c.open.insert(id, None);
                     drop(gate);
-                    (id, x)
+                    (id, x, version)
                 }
                 Err(e) => {
                     drop(c);
@@ -145,10 +145,17 @@ impl Shared {
                         c.open.remove(&id);
                         return;
                     }
+                    // Notices that came while the manifest was on its way.
+                    if c.version != sent_version {
+                        let _ = wire::send_notice(&clone, Notice::Version(c.version));
+                    }
                     if let Some(pos) = c.revoke_pending.iter().position(|&p| p == id) {
                         c.revoke_pending.swap_remove(pos);
                         let _ = wire::send_notice(&clone, Notice::Revoked);
                     }
+                    // Registered before the importer's attach returns, so every
+                    // later notice reaches it.
+                    let _ = wire::send_notice(&clone, Notice::Ready);
                     c.open.insert(id, Some(clone));
                 }
                 Err(_) => {

@@ -4,7 +4,9 @@
 //! 1. `MAGIC`, the JSON length (u64 little-endian), the JSON of a [`Hello`];
 //! 2. for a manifest, the chunks' descriptors in batches of at most
 //!    [`FDS_PER_MESSAGE`], each batch one byte with `SCM_RIGHTS` beside it;
-//! 3. later, notices: `V` + u64 (new weights version), `R` (revoked).
+//! 3. `E`: the handshake is over and the importer is counted (notices sent
+//!    meanwhile come before it);
+//! 4. later, notices: `V` + u64 (new weights version), `R` (revoked).
 //!
 //! Every read goes through `recvmsg` with a control buffer, so no descriptor
 //! is ever dropped unseen: each one received becomes an [`OwnedFd`] and is
@@ -29,6 +31,8 @@ pub enum Notice {
     Version(u64),
     /// The owner revoked the share.
     Revoked,
+    /// End of the handshake (sent once).
+    Ready,
 }
 
 /// The peer's credentials (`SO_PEERCRED`).
@@ -267,6 +271,7 @@ pub fn notice_bytes(n: Notice) -> Vec<u8> {
             b
         }
         Notice::Revoked => vec![b'R'],
+        Notice::Ready => vec![b'E'],
     }
 }
 
@@ -327,6 +332,10 @@ pub fn poll_notices(sock: &UnixStream, pending: &mut Vec<u8>) -> io::Result<(Vec
                 out.push(Notice::Revoked);
                 i += 1;
             }
+            b'E' => {
+                out.push(Notice::Ready);
+                i += 1;
+            }
             b'V' if pending.len() - i >= 9 => {
                 let v = u64::from_le_bytes(pending[i + 1..i + 9].try_into().expect("8 bytes"));
                 out.push(Notice::Version(v));
@@ -343,6 +352,30 @@ pub fn poll_notices(sock: &UnixStream, pending: &mut Vec<u8>) -> io::Result<(Vec
     }
     pending.drain(..i);
     Ok((out, closed))
+}
+
+/// Read notices (blocking) up to and including the end of the handshake.
+pub fn read_until_ready(sock: &UnixStream, fds: &mut Vec<OwnedFd>) -> io::Result<Vec<Notice>> {
+    let mut out = Vec::new();
+    loop {
+        let mut b = [0u8; 1];
+        recv_exact(sock, &mut b, fds)?;
+        match b[0] {
+            b'E' => return Ok(out),
+            b'R' => out.push(Notice::Revoked),
+            b'V' => {
+                let mut v = [0u8; 8];
+                recv_exact(sock, &mut v, fds)?;
+                out.push(Notice::Version(u64::from_le_bytes(v)));
+            }
+            other => {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!("unknown handshake byte {other:#04x} from the owner"),
+                ))
+            }
+        }
+    }
 }
 
 /// Read and discard whatever an importer sends (it sends nothing); returns
