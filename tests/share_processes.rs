@@ -255,8 +255,9 @@ fn child() {
         "owner" => child_owner(&path),
         "importer" => child_importer(&path),
         "handshake" => {
-            // Connect, read part of the manifest, then hang until killed.
+            // Connect, ask, read part of the manifest, then hang until killed.
             let mut s = UnixStream::connect(&path).unwrap();
+            s.write_all(b"r").unwrap();
             let mut b = [0u8; 4];
             std::io::Read::read_exact(&mut s, &mut b).unwrap();
             println!("@partial");
@@ -604,6 +605,16 @@ fn a_wrong_peer_is_refused_on_either_side() {
     )
     .unwrap_err();
     assert!(e.to_string().contains("not an allowed user"), "{e}");
+    // A peer that does not speak the protocol is refused and not counted.
+    let mut raw = UnixStream::connect(&path).unwrap();
+    raw.write_all(b"x").unwrap();
+    let mut stray = Vec::new();
+    match wire::read_hello(&raw, &mut stray).unwrap() {
+        Hello::Refused(why) => assert!(why.contains("access request"), "{why}"),
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+    assert!(stray.is_empty());
+    drop(raw);
     wait_until("refused peers uncounted", || server.attached() == 0);
     assert_eq!(fd_count(), fds0);
 }

@@ -168,6 +168,8 @@ impl Attachment {
                 ),
             ));
         }
+        std::io::Write::write_all(&mut &sock, if options.read_write { b"w" } else { b"r" })
+            .map_err(|e| Error::io(path, e))?;
         let mut fds = Vec::new();
         let hello = wire::read_hello(&sock, &mut fds)
             .map_err(|e| refused(path, format!("reading the manifest: {e}")))?;

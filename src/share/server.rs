@@ -86,6 +86,12 @@ impl Shared {
 
     /// One connection, from handshake to close.
     fn serve(&self, mut sock: UnixStream) {
+        // The request is read before anything is refused, so the importer
+        // never writes into a closed socket and always reads the reason.
+        let mut ask = [0u8; 1];
+        let _ = sock.set_read_timeout(Some(std::time::Duration::from_secs(30)));
+        let asked = std::io::Read::read_exact(&mut sock, &mut ask);
+        let _ = sock.set_read_timeout(None);
         let cred = match wire::peer_cred(&sock) {
             Ok(c) => c,
             Err(e) => return self.refuse(&mut sock, format!("peer credentials unavailable: {e}")),
@@ -102,6 +108,22 @@ impl Shared {
                     cred.pid, cred.uid
                 ),
             );
+        }
+        match (asked, ask[0]) {
+            (Ok(()), b'r') => {}
+            (Ok(()), b'w') if self.options.allow_write => {}
+            (Ok(()), b'w') => {
+                return self.refuse(
+                    &mut sock,
+                    "read-write access asked, the owner shares read-only".into(),
+                )
+            }
+            _ => {
+                return self.refuse(
+                    &mut sock,
+                    "no valid access request (r or w) received".into(),
+                )
+            }
         }
         // Export under the gate: the tag is wholly awake for this attach, and a
         // sleep waits until the connection is counted.

@@ -1,5 +1,8 @@
 //! The bytes on a share's Unix socket, and the descriptors beside them.
 //!
+//! Importer to owner: one byte, `r` (read-only) or `w` (read-write), then
+//! nothing until it closes.
+//!
 //! Owner to importer, in order:
 //! 1. `MAGIC`, the JSON length (u64 little-endian), the JSON of a [`Hello`];
 //! 2. for a manifest, the chunks' descriptors in batches of at most
