@@ -27,6 +27,8 @@ const (
 	StatusPanic             Status = C.VMMW_PANIC
 	StatusUnsupported       Status = C.VMMW_UNSUPPORTED
 	StatusBufferTooSmall    Status = C.VMMW_BUFFER_TOO_SMALL
+	StatusShareRefused      Status = C.VMMW_SHARE_REFUSED
+	StatusShareRevoked      Status = C.VMMW_SHARE_REVOKED
 )
 
 // String is the C name of the status ("VMMW_OUT_OF_MEMORY").
@@ -69,6 +71,8 @@ var (
 	ErrPanic             = &Error{Status: StatusPanic}
 	ErrUnsupported       = &Error{Status: StatusUnsupported}
 	ErrBufferTooSmall    = &Error{Status: StatusBufferTooSmall}
+	ErrShareRefused      = &Error{Status: StatusShareRefused}
+	ErrShareRevoked      = &Error{Status: StatusShareRevoked}
 )
 
 func isStatus(err error, s Status) bool {
