@@ -1311,6 +1311,17 @@ int32_t vmmw_share_version(const struct vmmw_share_t *share, uint64_t *out, stru
 int32_t vmmw_share_owner_connected(const struct vmmw_share_t *share, uint32_t *out, struct vmmw_error_t **error);
 
 /**
+ * Copy `len` bytes of the share at this process's address `src` (inside the
+ * share's mapped range) into host memory `dst`, and wait for the copy.
+ * `VMMW_SHARE_REVOKED` once the owner revoked the share.
+ *
+ * # Safety
+ * `share` is a live handle; `dst` is writable for `len` bytes (NULL when
+ * `len` is 0); `error` is NULL or writable.
+ */
+int32_t vmmw_share_read(const struct vmmw_share_t *share, uint64_t src, void *dst, size_t len, struct vmmw_error_t **error);
+
+/**
  * Detach: unmap, release and close, then free the handle (also when an
  * unmap fails; the error is reported). Every pointer from this share becomes
  * invalid. The caller must have finished all device work that reads it.

@@ -6,9 +6,9 @@
 //! default, sleep policies, what survives whom) are in `docs/SHARING.md` and
 //! [`crate::share`].
 
-use std::ffi::c_char;
+use std::ffi::{c_char, c_void};
 
-use super::boundary::{arg, call, call_out, free_handle, into_handle, str_arg};
+use super::boundary::{arg, bytes_mut_arg, call, call_out, free_handle, into_handle, str_arg};
 use super::buffer::write_str;
 use super::device::vmmw_device_t;
 use super::error::vmmw_error_t;
@@ -315,6 +315,30 @@ pub unsafe extern "C" fn vmmw_share_owner_connected(
     call_out(out, "out", error, || {
         // SAFETY: forwarded contract.
         Ok(unsafe { arg(share, "share") }?.attachment.owner_connected() as u32)
+    })
+}
+
+/// Copy `len` bytes of the share at this process's address `src` (inside the
+/// share's mapped range) into host memory `dst`, and wait for the copy.
+/// `VMMW_SHARE_REVOKED` once the owner revoked the share.
+///
+/// # Safety
+/// `share` is a live handle; `dst` is writable for `len` bytes (NULL when
+/// `len` is 0); `error` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn vmmw_share_read(
+    share: *const vmmw_share_t,
+    src: u64,
+    dst: *mut c_void,
+    len: usize,
+    error: *mut *mut vmmw_error_t,
+) -> i32 {
+    call(error, || {
+        // SAFETY: forwarded contract.
+        let a = &unsafe { arg(share, "share") }?.attachment;
+        // SAFETY: forwarded contract.
+        let bytes = unsafe { bytes_mut_arg(dst.cast(), len, "dst") }?;
+        a.read(src, bytes)
     })
 }
 

@@ -17,6 +17,7 @@ use std::time::Duration;
 
 use super::manifest::{Hello, Layout, Manifest, SharedTensor};
 use super::wire::{self, Notice};
+use crate::driver::sync_copy::copy_to_host;
 use crate::driver::{DevicePtr, Driver, PhysHandle};
 use crate::error::{Error, Result};
 use crate::loader::dtype::Dtype;
@@ -373,6 +374,27 @@ impl Attachment {
             shape: t.shape.clone(),
             bytes: self.layout.tensor_bytes[i],
         }
+    }
+
+    /// Copy `dst.len()` bytes of the share at address `src` (inside
+    /// [`Attachment::range`]) into host memory, and wait for the copy.
+    pub fn read(&self, src: DevicePtr, dst: &mut [u8]) -> Result<()> {
+        self.check()?;
+        let (base, total) = self.range();
+        let inside = src >= base
+            && (src - base)
+                .checked_add(dst.len() as u64)
+                .is_some_and(|end| end <= total as u64);
+        if !inside {
+            return Err(Error::InvalidArgument(format!(
+                "share {}: [{src:#x}, +{}) is not inside the mapped range [{base:#x}, +{total})",
+                self.path.display(),
+                dst.len()
+            )));
+        }
+        // SAFETY: the range is inside this attachment's mapping, which stays
+        // mapped while `self` is borrowed (detach takes it by value).
+        unsafe { copy_to_host(self.mapping.driver.as_ref(), dst, src) }
     }
 
     /// Unmap, release and close; the owner sees the importer gone.

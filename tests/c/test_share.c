@@ -94,6 +94,12 @@ int main(void) {
   /* Host backend: the imported memory is readable in this process. */
   CHECK(memcmp((const void*)(uintptr_t)a.ptr, wa, sizeof wa) == 0);
   CHECK(memcmp((const void*)(uintptr_t)b.ptr, wb, sizeof wb) == 0);
+  float back[5];
+  CHECK_OK(vmmw_share_read(share, b.ptr, back, sizeof back, &err));
+  CHECK(memcmp(back, wb, sizeof wb) == 0);
+  CHECK_STATUS(VMMW_INVALID_ARGUMENT, vmmw_share_read(share, b.ptr + (64u << 20), back, sizeof back, NULL));
+  CHECK_STATUS(VMMW_INVALID_ARGUMENT, vmmw_share_read(share, UINT64_MAX - 2, back, sizeof back, NULL));
+  CHECK_STATUS(VMMW_NULL_ARGUMENT, vmmw_share_read(share, b.ptr, NULL, sizeof back, NULL));
 
   /* The owner writes in place and publishes; the importer sees both. */
   float one = 1234.5f;
