@@ -191,6 +191,20 @@ func (s *Share) OwnerConnected() (bool, error) {
 	return c != 0, err
 }
 
+// Read copies len(dst) bytes of the share at this process's address src into dst.
+func (s *Share) Read(src uint64, dst []byte) error {
+	if len(dst) == 0 {
+		return s.do(func(p *C.vmmw_share_t, e **C.vmmw_error_t) C.int32_t {
+			return C.vmmw_share_read(p, C.uint64_t(src), nil, 0, e)
+		})
+	}
+	err := s.do(func(p *C.vmmw_share_t, e **C.vmmw_error_t) C.int32_t {
+		return C.vmmw_share_read(p, C.uint64_t(src), unsafe.Pointer(&dst[0]), C.size_t(len(dst)), e)
+	})
+	runtime.KeepAlive(dst)
+	return err
+}
+
 // Detach unmaps and releases; every pointer from the share becomes invalid. Idempotent.
 func (s *Share) Detach() error {
 	if s == nil || s.ptr == nil {

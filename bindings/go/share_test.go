@@ -1,7 +1,9 @@
 package vmmw
 
 import (
+	"encoding/binary"
 	"errors"
+	"math"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -61,6 +63,13 @@ func TestShareServeAttachDetach(t *testing.T) {
 		if got[i] != a[i] {
 			t.Fatalf("element %d: %v, want %v", i, got[i], a[i])
 		}
+	}
+	b := make([]byte, d.Bytes)
+	if err := s.Read(d.Ptr, b); err != nil || math.Float32frombits(binary.LittleEndian.Uint32(b[4:])) != a[1] {
+		t.Fatalf("read %v %v", b, err)
+	}
+	if err := s.Read(d.Ptr+(64<<20), b); !errors.Is(err, ErrInvalidArgument) {
+		t.Fatalf("read outside the share: %v", err)
 	}
 	if v, err := srv.Publish(); err != nil || v != 2 {
 		t.Fatalf("publish %d %v", v, err)

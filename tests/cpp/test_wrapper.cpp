@@ -194,6 +194,10 @@ static void test_loader() {
     const auto t = share.tensor("layer.weight");
     CHECK(t.ptr != d.ptr && t.bytes == a.size() * 4 && t.ndim == 2 && t.shape[0] == 64);
     CHECK(std::memcmp(reinterpret_cast<const void*>(static_cast<uintptr_t>(t.ptr)), a.data(), t.bytes) == 0);
+    std::vector<float> got(a.size());
+    share.read(t.ptr, got.data(), got.size() * 4);
+    CHECK(got == a);
+    CHECK(status_of([&] { share.read(t.ptr + (64u << 20), got.data(), 4); }) == VMMW_INVALID_ARGUMENT);
     CHECK(share.version() == 1 && server.publish() == 2 && share.version() == 2);
     CHECK(share.owner_connected());
     CHECK(status_of([&] { pool.sleep({{w, vmmw::Policy::Offload}}); }) == VMMW_INVALID_STATE);

@@ -660,6 +660,11 @@ class Share {
     return v;
   }
 
+  /// Copy `len` bytes of the share at this process's address `src` into `dst`.
+  void read(uint64_t src, void* dst, size_t len) const {
+    detail::call([&](vmmw_error_t** e) { return vmmw_share_read(get_checked(), src, dst, len, e); });
+  }
+
   /// False once the owner stopped serving or exited (the memory stays valid).
   [[nodiscard]] bool owner_connected() const {
     uint32_t c = 0;
