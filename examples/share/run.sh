@@ -40,10 +40,22 @@ exec 3>"$dir/ctl"
 for _ in $(seq 200); do grep -q '^serving' "$dir/owner.txt" && break; sleep 0.05; done
 cat "$dir/owner.txt"
 "$dir/share" attach "$dir/w.sock" | tee "$dir/importer.txt"
+# The same from Python (ctypes), hashing in the same order.
+VMMW_LIB="$VMMW_LIB_DIR/libvmmweights.so" PYTHONPATH=examples/share python3 - "$dir/w.sock" <<'PY' | tee "$dir/python.txt"
+import sys, vmmw_share
+with vmmw_share.attach(sys.argv[1]) as s:
+    h = 0xcbf29ce484222325
+    for name in s.names():
+        for b in name.encode() + s.read(name):
+            h = ((h ^ b) * 0x100000001b3) % (1 << 64)
+    print(f"python attached {len(s.names())} tensors, version {s.version()} sum={h:016x}")
+PY
 exec 3>&-
 wait "$owner"
 owner=
 a=$(sed -n 's/.*sum=\([0-9a-f]*\).*/\1/p' "$dir/owner.txt")
 b=$(sed -n 's/.*sum=\([0-9a-f]*\).*/\1/p' "$dir/importer.txt")
-[ -n "$a" ] && [ "$a" = "$b" ] || { echo "checksums differ: owner $a, importer $b" >&2; exit 1; }
-echo "share example: owner and importer read the same bytes ($a)"
+c=$(sed -n 's/.*sum=\([0-9a-f]*\).*/\1/p' "$dir/python.txt")
+[ -n "$a" ] && [ "$a" = "$b" ] && [ "$a" = "$c" ] ||
+  { echo "checksums differ: owner $a, importer $b, python $c" >&2; exit 1; }
+echo "share example: owner, C importer and Python importer read the same bytes ($a)"
