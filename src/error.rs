@@ -61,17 +61,19 @@ pub enum Status {
     Unsupported = 15,
     /// A caller-provided buffer is too small; the required size was written where documented.
     BufferTooSmall = 16,
+    /// A load is writing into the tag: sleep it once the load has returned (or cancel the load).
+    LoadInProgress = 17,
     /// Sharing across processes refused: a peer not allowed, a malformed or
     /// hostile manifest, a protocol violation, or the owner refusing the attach.
-    ShareRefused = 17,
+    ShareRefused = 18,
     /// The owner revoked a share (it slept the tag under the revoke policy):
     /// detach, and attach again once it is awake.
-    ShareRevoked = 18,
+    ShareRevoked = 19,
 }
 
 impl Status {
     /// Every status, in numeric order.
-    pub const ALL: [Status; 19] = [
+    pub const ALL: [Status; 20] = [
         Status::Ok,
         Status::InvalidArgument,
         Status::NullArgument,
@@ -89,6 +91,7 @@ impl Status {
         Status::Panic,
         Status::Unsupported,
         Status::BufferTooSmall,
+        Status::LoadInProgress,
         Status::ShareRefused,
         Status::ShareRevoked,
     ];
@@ -119,6 +122,7 @@ impl Status {
             Status::Panic => c"VMMW_PANIC",
             Status::Unsupported => c"VMMW_UNSUPPORTED",
             Status::BufferTooSmall => c"VMMW_BUFFER_TOO_SMALL",
+            Status::LoadInProgress => c"VMMW_LOAD_IN_PROGRESS",
             Status::ShareRefused => c"VMMW_SHARE_REFUSED",
             Status::ShareRevoked => c"VMMW_SHARE_REVOKED",
         }
@@ -236,6 +240,15 @@ pub enum Error {
     #[error("internal error (panic caught at the C boundary): {0}")]
     Panic(String),
 
+    /// A sleep was asked for a tag that a load is writing into.
+    #[error("tag `{tag}` has {loads} load(s) in progress: sleep it once the load has returned, or cancel the load first (nothing was changed)")]
+    LoadInProgress {
+        /// The tag's name.
+        tag: String,
+        /// Loads writing into it.
+        loads: usize,
+    },
+
     /// A caller buffer is too small.
     #[error("buffer too small: need {needed} bytes, got {got}")]
     BufferTooSmall {
@@ -284,6 +297,7 @@ impl Error {
             Error::Unsupported(_) => Status::Unsupported,
             Error::Panic(_) => Status::Panic,
             Error::BufferTooSmall { .. } => Status::BufferTooSmall,
+            Error::LoadInProgress { .. } => Status::LoadInProgress,
             Error::ShareRefused { .. } => Status::ShareRefused,
             Error::ShareRevoked { .. } => Status::ShareRevoked,
         }
@@ -331,8 +345,9 @@ mod tests {
         assert_eq!(Status::PlanMismatch as i32, 12);
         assert_eq!(Status::Panic as i32, 14);
         assert_eq!(Status::BufferTooSmall as i32, 16);
-        assert_eq!(Status::ShareRefused as i32, 17);
-        assert_eq!(Status::ShareRevoked as i32, 18);
+        assert_eq!(Status::LoadInProgress as i32, 17);
+        assert_eq!(Status::ShareRefused as i32, 18);
+        assert_eq!(Status::ShareRevoked as i32, 19);
     }
 
     #[test]

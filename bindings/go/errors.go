@@ -27,6 +27,7 @@ const (
 	StatusPanic             Status = C.VMMW_PANIC
 	StatusUnsupported       Status = C.VMMW_UNSUPPORTED
 	StatusBufferTooSmall    Status = C.VMMW_BUFFER_TOO_SMALL
+	StatusLoadInProgress    Status = C.VMMW_LOAD_IN_PROGRESS
 	StatusShareRefused      Status = C.VMMW_SHARE_REFUSED
 	StatusShareRevoked      Status = C.VMMW_SHARE_REVOKED
 )
@@ -71,6 +72,7 @@ var (
 	ErrPanic             = &Error{Status: StatusPanic}
 	ErrUnsupported       = &Error{Status: StatusUnsupported}
 	ErrBufferTooSmall    = &Error{Status: StatusBufferTooSmall}
+	ErrLoadInProgress    = &Error{Status: StatusLoadInProgress}
 	ErrShareRefused      = &Error{Status: StatusShareRefused}
 	ErrShareRevoked      = &Error{Status: StatusShareRevoked}
 )

@@ -10,7 +10,7 @@ The tensors are the owner's memory mapped at this process's addresses,
 read-only: `torch()` builds a tensor over them without a copy (CUDA: through
 `__cuda_array_interface__`; host backend: a CPU tensor). Writing through such a
 tensor faults, and it is invalid after `detach()`. A revoked share raises
-`ShareError` with status VMMW_SHARE_REVOKED (18) on the next call.
+`ShareError` with status VMMW_SHARE_REVOKED (19) on the next call.
 
 The library is found through VMMW_LIB (a path to libvmmweights.so), else in
 target/release or target/debug of this repository. The python package
@@ -25,8 +25,8 @@ import os
 from pathlib import Path
 
 VMMW_BUFFER_TOO_SMALL = 16
-VMMW_SHARE_REFUSED = 17
-VMMW_SHARE_REVOKED = 18
+VMMW_SHARE_REFUSED = 18
+VMMW_SHARE_REVOKED = 19
 VMMW_BACKEND_AUTO = 0
 MAX_DIMS = 8
 

@@ -48,7 +48,7 @@ impl Default for HostConfig {
 
 impl HostConfig {
     /// Defaults, overridden by `VMMW_HOST_GRANULARITY` and `VMMW_HOST_MEMORY`
-    /// (bytes, with an optional K, M or G suffix).
+    /// (byte counts as [`crate::units::parse_bytes`] reads them: 64M, 1GiB).
     pub fn from_env() -> Result<HostConfig> {
         let mut c = HostConfig::default();
         if let Ok(v) = std::env::var("VMMW_HOST_GRANULARITY") {
@@ -87,6 +87,10 @@ pub enum FaultOp {
     Map,
     /// `set_access`.
     SetAccess,
+    /// `unmap` (nothing is unmapped).
+    Unmap,
+    /// `synchronize` (as a device that refuses to synchronize).
+    Synchronize,
 }
 
 /// Live objects of the host backend, for leak checks.
@@ -272,51 +276,6 @@ impl HostDriver {
         let rc = unsafe { libc::mprotect(va as *mut libc::c_void, size, prot) };
         if rc != 0 {
             return Err(errno_error("mprotect", format!("[{va:#x}, +{size})")));
-        }
-        Ok(())
-    }
-
-    fn unmap_range(&self, va: DevicePtr, size: usize) -> Result<()> {
-        self.check_aligned("unmap", va, size)?;
-        let mut s = self.state();
-        // cuMemUnmap requires the range to cover whole mappings.
-        let end = va + size as u64;
-        let covered: Vec<(u64, usize, u64)> = s
-            .mappings
-            .range(va..end)
-            .map(|(&m, &(len, h))| (m, len, h))
-            .collect();
-        if covered.is_empty() || covered.iter().any(|&(m, len, _)| m + len as u64 > end) {
-            return Err(Error::InvalidArgument(format!(
-                "unmap: [{va:#x}, +{size}) does not cover whole mapped ranges"
-            )));
-        }
-        if Self::overlaps_mapping(&s, va, 0) && !s.mappings.contains_key(&va) {
-            return Err(Error::InvalidArgument(format!(
-                "unmap: {va:#x} is inside a mapping, not at its start"
-            )));
-        }
-        // SAFETY: the range is inside our reservation; replacing it with a
-        // PROT_NONE anonymous mapping keeps the VA reserved and drops the memfd pages.
-        let rc = unsafe {
-            libc::mmap(
-                va as *mut libc::c_void,
-                size,
-                libc::PROT_NONE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED | libc::MAP_NORESERVE,
-                -1,
-                0,
-            )
-        };
-        if rc == libc::MAP_FAILED {
-            return Err(errno_error("mmap", format!("unmapping [{va:#x}, +{size})")));
-        }
-        for (m, _, h) in covered {
-            s.mappings.remove(&m);
-            if let Some(p) = s.handles.get_mut(&h) {
-                p.maps -= 1;
-            }
-            Self::drop_phys_if_done(&mut s, h);
         }
         Ok(())
     }
@@ -631,7 +590,51 @@ impl Driver for HostDriver {
     }
 
     fn unmap(&self, va: DevicePtr, size: usize) -> Result<()> {
-        self.unmap_range(va, size)
+        self.check_aligned("unmap", va, size)?;
+        let mut s = self.state();
+        if Self::take_fault(&mut s, FaultOp::Unmap) {
+            return Err(injected("unmap"));
+        }
+        // cuMemUnmap requires the range to cover whole mappings.
+        let end = va + size as u64;
+        let covered: Vec<(u64, usize, u64)> = s
+            .mappings
+            .range(va..end)
+            .map(|(&m, &(len, h))| (m, len, h))
+            .collect();
+        if covered.is_empty() || covered.iter().any(|&(m, len, _)| m + len as u64 > end) {
+            return Err(Error::InvalidArgument(format!(
+                "unmap: [{va:#x}, +{size}) does not cover whole mapped ranges"
+            )));
+        }
+        if Self::overlaps_mapping(&s, va, 0) && !s.mappings.contains_key(&va) {
+            return Err(Error::InvalidArgument(format!(
+                "unmap: {va:#x} is inside a mapping, not at its start"
+            )));
+        }
+        // SAFETY: the range is inside our reservation; replacing it with a
+        // PROT_NONE anonymous mapping keeps the VA reserved and drops the memfd pages.
+        let rc = unsafe {
+            libc::mmap(
+                va as *mut libc::c_void,
+                size,
+                libc::PROT_NONE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        if rc == libc::MAP_FAILED {
+            return Err(errno_error("mmap", format!("unmapping [{va:#x}, +{size})")));
+        }
+        for (m, _, h) in covered {
+            s.mappings.remove(&m);
+            if let Some(p) = s.handles.get_mut(&h) {
+                p.maps -= 1;
+            }
+            Self::drop_phys_if_done(&mut s, h);
+        }
+        Ok(())
     }
 
     fn mem_info(&self) -> Result<MemInfo> {
@@ -643,6 +646,9 @@ impl Driver for HostDriver {
     }
 
     fn synchronize(&self) -> Result<()> {
+        if Self::take_fault(&mut self.state(), FaultOp::Synchronize) {
+            return Err(injected("synchronize"));
+        }
         Ok(())
     }
 

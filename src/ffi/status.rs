@@ -42,12 +42,14 @@ pub const VMMW_PANIC: i32 = 14;
 pub const VMMW_UNSUPPORTED: i32 = 15;
 /// A caller-provided buffer is too small; `*needed` holds the size required.
 pub const VMMW_BUFFER_TOO_SMALL: i32 = 16;
+/// A load is writing into the tag: sleep it once the load has returned (or cancel the load).
+pub const VMMW_LOAD_IN_PROGRESS: i32 = 17;
 /// Sharing across processes was refused: the peer is not allowed, the manifest
 /// is malformed, or the owner refused the attach (its tag asleep); the message says which.
-pub const VMMW_SHARE_REFUSED: i32 = 17;
+pub const VMMW_SHARE_REFUSED: i32 = 18;
 /// The owner revoked a share (it slept the tag under the revoke policy):
 /// detach, then attach again once the owner's tag is awake.
-pub const VMMW_SHARE_REVOKED: i32 = 18;
+pub const VMMW_SHARE_REVOKED: i32 = 19;
 
 /// The static name of a status code ("VMMW_OUT_OF_MEMORY"), or
 /// "VMMW_UNKNOWN_STATUS" for a number this library does not define.
@@ -87,6 +89,7 @@ mod tests {
             VMMW_PANIC,
             VMMW_UNSUPPORTED,
             VMMW_BUFFER_TOO_SMALL,
+            VMMW_LOAD_IN_PROGRESS,
             VMMW_SHARE_REFUSED,
             VMMW_SHARE_REVOKED,
         ];
@@ -103,7 +106,7 @@ mod tests {
             let c = unsafe { CStr::from_ptr(vmmw_status_name(s as i32)) };
             assert_eq!(c.to_str().unwrap(), s.name());
         }
-        for bad in [-1, 19, i32::MAX, i32::MIN] {
+        for bad in [-1, 20, i32::MAX, i32::MIN] {
             // SAFETY: as above.
             let c = unsafe { CStr::from_ptr(vmmw_status_name(bad)) };
             assert_eq!(c.to_str().unwrap(), "VMMW_UNKNOWN_STATUS");

@@ -33,7 +33,7 @@ pub fn export(
 ) -> Result<Export> {
     let driver = pool.driver().clone();
     let tag_name = tag::name_of(tag);
-    pool.with_tag_segments(tag, |segs| {
+    pool.with_awake_tag_segments(tag, |segs| {
         // Segments by base, with their committed length.
         let bases: BTreeMap<DevicePtr, usize> = segs
             .iter()
