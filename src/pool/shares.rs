@@ -4,9 +4,10 @@
 //! The share layer registers a [`TagShare`] for each tag it serves. Before a
 //! tag sleeps, the pool asks every share of that tag; a share refuses the sleep
 //! (importers attached, refuse policy) or notifies its importers (revoke
-//! policy). The gate's lock is held for the whole sleep of that tag, and the
-//! share layer holds it while exporting a tag's memory to a new importer, so
-//! an attach sees the tag either wholly awake or not at all.
+//! policy). The gate's lock is held for the whole sleep of a shared tag, and
+//! the share layer holds it while exporting a tag's memory to a new importer
+//! or registering a share, so an attach sees the tag either wholly awake or
+//! not at all.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -37,6 +38,11 @@ pub struct GateGuard<'a> {
 }
 
 impl GateGuard<'_> {
+    /// True when `tag` has at least one share.
+    pub fn is_shared(&self, tag: TagId) -> bool {
+        self.shares.get(&tag).is_some_and(|l| !l.is_empty())
+    }
+
     /// Ask every share of `tag` whether it may sleep (see [`TagShare::before_sleep`]).
     pub fn before_sleep(&self, tag: TagId) -> Result<()> {
         for (_, s) in self.shares.get(&tag).into_iter().flatten() {
