@@ -120,7 +120,14 @@ fn owner_serves_and_importer_checksums_equal() {
     if std::env::var("VMMW_SHARE_BENCH_PATH").is_ok() {
         return;
     }
-    let d = open(0);
+    let d = match driver::open(BackendChoice::from_env().unwrap(), 0) {
+        Ok(o) => o.driver,
+        Err(e @ vmmweights::Error::DriverUnavailable(_)) => {
+            eprintln!("SKIP: no usable CUDA driver: {e}");
+            return;
+        }
+        Err(e) => panic!("{e}"),
+    };
     let cuda = d.kind() == BackendKind::Cuda;
     if !d.shareable() {
         eprintln!("SKIP: the {} backend here cannot export memory", d.kind());

@@ -480,6 +480,35 @@ fn sleep_of_a_shared_tag_is_refused_while_attached() {
 }
 
 #[test]
+fn serving_is_refused_for_an_asleep_tag_or_memory_outside_it() {
+    let _s = serial();
+    let w = Weights::new();
+    let t = tag::id(TAG).unwrap();
+    let path = sock_path("asleep-start");
+    w.pool.sleep(&[(t, Policy::Offload)]).unwrap();
+    let start = |tensors: Vec<Destination>| {
+        Server::start(w.pool.clone(), t, tensors, &path, ServeOptions::default())
+    };
+    let e = start(w.tensors.clone()).unwrap_err();
+    assert!(e.to_string().contains("asleep"), "{e}");
+    assert!(!path.exists(), "a refused start leaves no socket behind");
+    w.pool.wake(&[t]).unwrap();
+    let mut outside = w.tensors.clone();
+    outside[0].ptr += 1 << 30;
+    let e = start(outside).unwrap_err();
+    assert!(
+        e.to_string().contains("not inside the committed memory"),
+        "{e}"
+    );
+    assert!(start(Vec::new())
+        .unwrap_err()
+        .to_string()
+        .contains("no tensors"));
+    drop(start(w.tensors.clone()).unwrap());
+    assert!(!path.exists(), "stopping removes the socket");
+}
+
+#[test]
 fn sleep_under_the_revoke_policy_notifies_importers() {
     let _s = serial();
     let w = Weights::new();

@@ -19,10 +19,11 @@ bench() { # $1: label, $2: importer device
     owner_serves_and_importer_checksums_equal --nocapture --test-threads=1 >>"$log" 2>&1
   local t=$?
   local line
-  line=$(grep '^share-bench ' "$log" | tail -1)
+  # libtest may print the test's name before the line on the same line.
+  line=$(grep -o 'share-bench {.*}' "$log" | tail -1)
   if [ "$t" -ne 0 ] || [ -z "$line" ]; then
-    if grep -q '^SKIP' "$log"; then
-      result "share: $1" SKIP "$(grep -m1 '^SKIP' "$log")"
+    if grep -q 'SKIP: ' "$log"; then
+      result "share: $1" SKIP "$(grep -o -m1 'SKIP: .*' "$log")"
     else
       result "share: $1" FAIL "exit $t; see share.txt"
       rc=1
