@@ -46,8 +46,7 @@ static double now_ms(void) {
 }
 
 static int serve(const char* ckpt, const char* sock) {
-  vmmw_pool_options_t po;
-  memset(&po, 0, sizeof po);
+  vmmw_pool_options_t po = VMMW_POOL_OPTIONS_INIT;
   vmmw_pool_t* pool = NULL;
   TRY("pool", vmmw_pool_new(&po, &pool, &err_));
   uint32_t tag = 0;

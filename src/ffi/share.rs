@@ -13,31 +13,54 @@ use super::buffer::write_str;
 use super::device::vmmw_device_t;
 use super::error::vmmw_error_t;
 use super::loader::{vmmw_destination_t, vmmw_loader_t, VMMW_MAX_DIMS};
+use super::options::{read_sized, SizedOptions};
 use super::pool::vmmw_pool_t;
+use super::status::vmmw_status_t;
 use crate::error::{Error, Result};
 use crate::share::{AttachOptions, Attachment, ImportedTensor, ServeOptions, Server, SleepPolicy};
 use crate::tag::TagId;
 
+/// What the owner's sleep of a shared tag does to attached importers: one of
+/// the `VMMW_SHARE_SLEEP_*` values.
+pub type vmmw_share_sleep_policy_t = i32;
 /// Sleep policy: the owner's sleep of the shared tag fails (`VMMW_INVALID_STATE`)
 /// while any importer is attached.
-pub const VMMW_SHARE_SLEEP_REFUSE: i32 = 0;
+pub const VMMW_SHARE_SLEEP_REFUSE: vmmw_share_sleep_policy_t = 0;
 /// Sleep policy: the sleep proceeds; importers' next call fails with
 /// `VMMW_SHARE_REVOKED` and their mapping stays valid until they detach.
-pub const VMMW_SHARE_SLEEP_REVOKE: i32 = 1;
+pub const VMMW_SHARE_SLEEP_REVOKE: vmmw_share_sleep_policy_t = 1;
 
-/// How a share is served. All-zero is the default: refuse sleep while
-/// attached, read-only importers, only this process's user may attach.
+/// How a share is served. Every field but `size` 0 means the default: refuse
+/// sleep while attached, read-only importers, only this process's user may
+/// attach. Start from `VMMW_SHARE_OPTIONS_INIT` (C) so `size` is set.
 #[repr(C)]
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct vmmw_share_options_t {
+    /// `sizeof(vmmw_share_options_t)` as the caller's header declares it (see
+    /// `VMMW_SHARE_OPTIONS_INIT`): fields past it take their defaults.
+    pub size: usize,
     /// A `VMMW_SHARE_SLEEP_*` policy.
-    pub sleep_policy: i32,
+    pub sleep_policy: vmmw_share_sleep_policy_t,
     /// 1: importers may map read-write; 0: read-only only.
     pub allow_write: u32,
     /// 1: `allowed_uid` may attach instead of this process's user; 0: ignore it.
     pub use_allowed_uid: u32,
     /// The user id allowed to attach when `use_allowed_uid` is 1.
     pub allowed_uid: u32,
+}
+
+// SAFETY: repr(C), `size: usize` first, integers only.
+unsafe impl SizedOptions for vmmw_share_options_t {
+    const NAME: &'static str = "vmmw_share_options_t";
+    fn defaults() -> Self {
+        vmmw_share_options_t {
+            size: std::mem::size_of::<Self>(),
+            sleep_policy: VMMW_SHARE_SLEEP_REFUSE,
+            allow_write: 0,
+            use_allowed_uid: 0,
+            allowed_uid: 0,
+        }
+    }
 }
 
 /// A running share (owner side). Thread-safe; free with `vmmw_share_server_free`.
@@ -51,8 +74,7 @@ pub struct vmmw_share_t {
     attachment: Attachment,
 }
 
-fn serve_options(o: Option<&vmmw_share_options_t>) -> Result<ServeOptions> {
-    let o = o.copied().unwrap_or_default();
+fn serve_options(o: vmmw_share_options_t) -> Result<ServeOptions> {
     let sleep_policy = match o.sleep_policy {
         VMMW_SHARE_SLEEP_REFUSE => SleepPolicy::Refuse,
         VMMW_SHARE_SLEEP_REVOKE => SleepPolicy::Revoke,
@@ -86,26 +108,28 @@ fn serve_options(o: Option<&vmmw_share_options_t>) -> Result<ServeOptions> {
 ///
 /// # Safety
 /// `pool` and `loader` are live handles; `path` is a NUL-terminated string;
-/// `options` is NULL (defaults) or readable; `out` is writable; `error` is NULL or writable.
+/// `options` is NULL (defaults) or readable for its `size` bytes; `out` is
+/// writable; `error` is NULL or writable.
 #[no_mangle]
 pub unsafe extern "C" fn vmmw_share_serve(
-    pool: *const vmmw_pool_t,
+    pool: *mut vmmw_pool_t,
     tag: u32,
     loader: *const vmmw_loader_t,
     path: *const c_char,
     options: *const vmmw_share_options_t,
     out: *mut *mut vmmw_share_server_t,
     error: *mut *mut vmmw_error_t,
-) -> i32 {
+) -> vmmw_status_t {
     call_out(out, "out", error, || {
         // SAFETY: forwarded contract.
-        let p = unsafe { arg(pool, "pool") }?;
+        let p = unsafe { arg(pool.cast_const(), "pool") }?;
         // SAFETY: forwarded contract.
         let l = unsafe { arg(loader, "loader") }?;
         // SAFETY: forwarded contract.
         let path = unsafe { str_arg(path, "path") }?;
-        // SAFETY: forwarded contract (NULL or readable).
-        let options = serve_options(unsafe { options.as_ref() })?;
+        // SAFETY: forwarded contract (NULL, or readable for its `size` bytes).
+        let o = unsafe { read_sized(options) }?.unwrap_or_else(vmmw_share_options_t::defaults);
+        let options = serve_options(o)?;
         let server = Server::start(p.pool.clone(), TagId(tag), l.destinations(), path, options)?;
         Ok(into_handle(vmmw_share_server_t { server }))
     })
@@ -132,7 +156,7 @@ pub unsafe extern "C" fn vmmw_share_server_attached(
     server: *const vmmw_share_server_t,
     out: *mut u64,
     error: *mut *mut vmmw_error_t,
-) -> i32 {
+) -> vmmw_status_t {
     call_out(out, "out", error, || {
         // SAFETY: forwarded contract.
         Ok(unsafe { arg(server, "server") }?.server.attached() as u64)
@@ -146,13 +170,15 @@ pub unsafe extern "C" fn vmmw_share_server_attached(
 /// `server` is a live handle; `out` is writable; `error` is NULL or writable.
 #[no_mangle]
 pub unsafe extern "C" fn vmmw_share_server_publish(
-    server: *const vmmw_share_server_t,
+    server: *mut vmmw_share_server_t,
     out: *mut u64,
     error: *mut *mut vmmw_error_t,
-) -> i32 {
+) -> vmmw_status_t {
     call_out(out, "out", error, || {
         // SAFETY: forwarded contract.
-        Ok(unsafe { arg(server, "server") }?.server.publish())
+        Ok(unsafe { arg(server.cast_const(), "server") }?
+            .server
+            .publish())
     })
 }
 
@@ -175,7 +201,7 @@ pub unsafe extern "C" fn vmmw_share_attach(
     read_write: u32,
     out: *mut *mut vmmw_share_t,
     error: *mut *mut vmmw_error_t,
-) -> i32 {
+) -> vmmw_status_t {
     call_out(out, "out", error, || {
         // SAFETY: forwarded contract.
         let d = unsafe { arg(device, "device") }?;
@@ -204,7 +230,7 @@ pub unsafe extern "C" fn vmmw_share_count(
     share: *const vmmw_share_t,
     out: *mut usize,
     error: *mut *mut vmmw_error_t,
-) -> i32 {
+) -> vmmw_status_t {
     call_out(out, "out", error, || {
         // SAFETY: forwarded contract.
         Ok(unsafe { arg(share, "share") }?.attachment.len())
@@ -225,7 +251,7 @@ pub unsafe extern "C" fn vmmw_share_tensor_name(
     cap: usize,
     needed: *mut usize,
     error: *mut *mut vmmw_error_t,
-) -> i32 {
+) -> vmmw_status_t {
     call(error, || {
         // SAFETY: forwarded contract.
         let a = &unsafe { arg(share, "share") }?.attachment;
@@ -274,7 +300,7 @@ pub unsafe extern "C" fn vmmw_share_tensor(
     name: *const c_char,
     out: *mut vmmw_destination_t,
     error: *mut *mut vmmw_error_t,
-) -> i32 {
+) -> vmmw_status_t {
     call_out(out, "out", error, || {
         // SAFETY: forwarded contract.
         let a = &unsafe { arg(share, "share") }?.attachment;
@@ -294,7 +320,7 @@ pub unsafe extern "C" fn vmmw_share_version(
     share: *const vmmw_share_t,
     out: *mut u64,
     error: *mut *mut vmmw_error_t,
-) -> i32 {
+) -> vmmw_status_t {
     call_out(out, "out", error, || {
         // SAFETY: forwarded contract.
         unsafe { arg(share, "share") }?.attachment.version()
@@ -311,7 +337,7 @@ pub unsafe extern "C" fn vmmw_share_owner_connected(
     share: *const vmmw_share_t,
     out: *mut u32,
     error: *mut *mut vmmw_error_t,
-) -> i32 {
+) -> vmmw_status_t {
     call_out(out, "out", error, || {
         // SAFETY: forwarded contract.
         Ok(unsafe { arg(share, "share") }?.attachment.owner_connected() as u32)
@@ -332,7 +358,7 @@ pub unsafe extern "C" fn vmmw_share_read(
     dst: *mut c_void,
     len: usize,
     error: *mut *mut vmmw_error_t,
-) -> i32 {
+) -> vmmw_status_t {
     call(error, || {
         // SAFETY: forwarded contract.
         let a = &unsafe { arg(share, "share") }?.attachment;
@@ -352,7 +378,7 @@ pub unsafe extern "C" fn vmmw_share_read(
 pub unsafe extern "C" fn vmmw_share_detach(
     share: *mut vmmw_share_t,
     error: *mut *mut vmmw_error_t,
-) -> i32 {
+) -> vmmw_status_t {
     call(error, || {
         if share.is_null() {
             return Err(Error::NullArgument("share"));

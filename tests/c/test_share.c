@@ -33,6 +33,7 @@ int main(void) {
   /* Owner: load into a tag, serve it. */
   vmmw_pool_options_t opts;
   memset(&opts, 0, sizeof opts);
+  opts.size = sizeof opts;
   opts.backend = VMMW_BACKEND_HOST;
   vmmw_pool_t* pool = NULL;
   CHECK_OK(vmmw_pool_new(&opts, &pool, &err));
@@ -46,7 +47,11 @@ int main(void) {
   vmmw_share_server_t* server = NULL;
   vmmw_share_options_t so;
   memset(&so, 0, sizeof so);
+  so.size = sizeof so;
   so.sleep_policy = 7;
+  CHECK_STATUS(VMMW_INVALID_ARGUMENT, vmmw_share_serve(pool, tag, ld, sock, &so, &server, NULL));
+  so.sleep_policy = VMMW_SHARE_SLEEP_REFUSE;
+  so.size = 0;
   CHECK_STATUS(VMMW_INVALID_ARGUMENT, vmmw_share_serve(pool, tag, ld, sock, &so, &server, NULL));
   CHECK_STATUS(VMMW_NULL_ARGUMENT, vmmw_share_serve(pool, tag, ld, NULL, NULL, &server, NULL));
   CHECK_STATUS(VMMW_NULL_ARGUMENT, vmmw_share_serve(pool, tag, ld, sock, NULL, NULL, NULL));

@@ -43,7 +43,8 @@ func Serve(pool *Pool, tag Tag, loader *Loader, path string, o ShareOptions) (*S
 	if loader == nil || loader.ptr == nil {
 		return nil, closedError("Loader")
 	}
-	c := C.vmmw_share_options_t{sleep_policy: C.int32_t(o.SleepPolicy)}
+	c := C.vmmw_share_options_t{size: C.size_t(unsafe.Sizeof(C.vmmw_share_options_t{})),
+		sleep_policy: C.vmmw_share_sleep_policy_t(o.SleepPolicy)}
 	if o.AllowWrite {
 		c.allow_write = 1
 	}

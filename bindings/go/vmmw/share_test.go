@@ -1,6 +1,7 @@
 package vmmw
 
 import (
+	"context"
 	"encoding/binary"
 	"errors"
 	"math"
@@ -27,7 +28,7 @@ func TestShareServeAttachDetach(t *testing.T) {
 	if err := l.Allocate(p, tag); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := l.Load(p, nil); err != nil {
+	if _, err := l.Load(context.Background(), p, nil); err != nil {
 		t.Fatal(err)
 	}
 	sock := filepath.Join(dir, "w.sock")
