@@ -160,10 +160,24 @@ fn attachment_sum(a: &Attachment) -> vmmweights::Result<String> {
 // ---- the other processes -------------------------------------------------
 
 /// A process this test started, driven over its stdin and stdout.
+/// Dropping it kills the process if still running and joins the thread that
+/// reads its output, so no pipe outlives it (the tests count descriptors).
 struct Proc {
     child: Child,
-    stdin: ChildStdin,
+    stdin: Option<ChildStdin>,
     lines: Receiver<String>,
+    reader: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        drop(self.stdin.take());
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if let Some(r) = self.reader.take() {
+            let _ = r.join();
+        }
+    }
 }
 
 impl Proc {
@@ -182,7 +196,7 @@ impl Proc {
         let stdin = child.stdin.take().unwrap();
         let stdout = child.stdout.take().unwrap();
         let (tx, rx) = channel();
-        std::thread::spawn(move || {
+        let reader = std::thread::spawn(move || {
             for line in BufReader::new(stdout).lines() {
                 let Ok(line) = line else { break };
                 if tx.send(line).is_err() {
@@ -192,8 +206,9 @@ impl Proc {
         });
         Proc {
             child,
-            stdin,
+            stdin: Some(stdin),
             lines: rx,
+            reader: Some(reader),
         }
     }
 
@@ -213,9 +228,14 @@ impl Proc {
         }
     }
 
+    fn send(&mut self, cmd: &str) {
+        let stdin = self.stdin.as_mut().expect("stdin open");
+        writeln!(stdin, "{cmd}").unwrap();
+        stdin.flush().unwrap();
+    }
+
     fn ask(&mut self, cmd: &str) -> String {
-        writeln!(self.stdin, "{cmd}").unwrap();
-        self.stdin.flush().unwrap();
+        self.send(cmd);
         self.line()
     }
 
@@ -225,7 +245,9 @@ impl Proc {
     }
 
     fn finish(mut self) -> std::process::ExitStatus {
-        let _ = writeln!(self.stdin, "exit");
+        if let Some(mut stdin) = self.stdin.take() {
+            let _ = writeln!(stdin, "exit");
+        }
         self.child.wait().unwrap()
     }
 }
@@ -377,11 +399,10 @@ fn two_and_three_processes_attach_read_and_detach() {
         );
         assert_eq!((mine.dtype, mine.shape.clone()), (Dtype::F32, vec![130]));
         a.detach().unwrap();
-        assert_eq!(
-            fd_count(),
-            fds1,
-            "attach + detach leaves no descriptor behind"
-        );
+        // The owner (this process too) closes its end on its connection thread.
+        wait_until("attach + detach leaves no descriptor behind", || {
+            fd_count() == fds1
+        });
         for mut p in importers {
             let l = p.ask("detach");
             assert_eq!(field(&l, "fds_before"), field(&l, "fds_after"), "{l}");
@@ -389,7 +410,8 @@ fn two_and_three_processes_attach_read_and_detach() {
         }
         wait_until("all detached", || server.attached() == 0);
     }
-    assert_eq!(fd_count(), fds0, "serving leaves no descriptor behind");
+    // Connection threads close their ends just after their importer left.
+    wait_until("serving leaves no descriptor behind", || fd_count() == fds0);
 }
 
 #[test]
@@ -442,7 +464,7 @@ fn importers_killed_mid_handshake_or_attached_release_everything() {
         assert_eq!(attachment_sum(&a).unwrap(), w.sum());
         drop(a);
     }
-    assert_eq!(fd_count(), fds0);
+    wait_until("every descriptor closed", || fd_count() == fds0);
 }
 
 #[test]
@@ -565,7 +587,7 @@ fn read_only_mappings_fault_on_write_and_read_write_needs_the_owners_consent() {
     let _server = w.serve(&path, ServeOptions::default());
     let mut p = Proc::spawn("importer", &path, &[]);
     p.line();
-    writeln!(p.stdin, "write").unwrap();
+    p.send("write");
     let status = p.child.wait().unwrap();
     use std::os::unix::process::ExitStatusExt;
     assert_eq!(
@@ -645,7 +667,8 @@ fn a_wrong_peer_is_refused_on_either_side() {
     assert!(stray.is_empty());
     drop(raw);
     wait_until("refused peers uncounted", || server.attached() == 0);
-    assert_eq!(fd_count(), fds0);
+    // The owner's connection threads close their ends just after replying.
+    wait_until("every descriptor closed", || fd_count() == fds0);
 }
 
 /// A fake owner that sends `hello`, `nfds` memfds of `G` bytes and the end
