@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 if ! command -v cbindgen >/dev/null; then
   export PATH="$HOME/.cargo/bin:$PATH"
-  command -v cbindgen >/dev/null || cargo install cbindgen --locked
+  command -v cbindgen >/dev/null || cargo install cbindgen --version 0.29.4 --locked
 fi
 bash scripts/check-header.sh
 
@@ -27,3 +27,6 @@ done
 echo "--- examples/c"
 gcc -std=c11 "${warn[@]}" "${san[@]}" -Iinclude examples/c/main.c -o "$out/example-c" "${link[@]}"
 "$out/example-c"
+
+echo "--- examples/share (two processes)"
+bash examples/share/run.sh
