@@ -99,3 +99,24 @@ for name, text in rules_seeds.items():
     write("planner", name, text.encode() + b"\0")
 write("planner", "llama-tp-own-file", json.dumps(llama).encode() + b"\0" + st([("model.layers.0.self_attn.q_proj.weight", "BF16", [4, 4]), ("model.layers.0.self_attn.k_proj.weight", "BF16", [2, 4])]))
 write("planner", "noop-own-file", b"{}\0" + st([("a", "F32", [2, 2]), ("b", "BF16", [3])]))
+
+G = 2 << 20
+def manifest(**kw):
+    m = {"format": 1, "version": 1, "backend": "host", "tag": "weights", "owner_pid": 1, "writable": False,
+         "chunks": [G, 2 * G], "tensors": [{"name": "w", "dtype": "BF16", "shape": [1024, 1024], "offset": G}]}
+    m.update(kw)
+    return json.dumps({"manifest": m})
+t = "share_manifest"
+write(t, "valid", manifest())
+write(t, "valid-cuda-two-tensors", manifest(backend="cuda", tensors=[
+    {"name": "a", "dtype": "F32", "shape": [16], "offset": 0}, {"name": "b", "dtype": "U8", "shape": [3, 5], "offset": 64}]))
+write(t, "refused", json.dumps({"refused": "owner is asleep"}))
+write(t, "tensor-past-end", manifest(tensors=[{"name": "w", "dtype": "F32", "shape": [G], "offset": 2 * G}]))
+write(t, "offset-overflow", manifest(tensors=[{"name": "w", "dtype": "U8", "shape": [2], "offset": 2**64 - 1}]))
+write(t, "shape-overflow", manifest(tensors=[{"name": "w", "dtype": "F64", "shape": [2**40, 2**40], "offset": 0}]))
+write(t, "chunk-sum-overflow", manifest(chunks=[2**63, 2**63]))
+write(t, "odd-chunk", manifest(chunks=[G + 1]))
+write(t, "no-chunks", manifest(chunks=[]))
+write(t, "duplicate-names", manifest(tensors=[{"name": "w", "dtype": "U8", "shape": [1], "offset": 0}] * 2))
+write(t, "misaligned", manifest(tensors=[{"name": "w", "dtype": "F32", "shape": [1], "offset": 2}]))
+write(t, "bad-format", manifest(format=2))

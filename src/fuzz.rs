@@ -352,3 +352,40 @@ pub fn fuzz_plan(data: &[u8]) {
     }
     drop(f.file);
 }
+
+/// The share manifest another process sends (JSON of a `Hello`): parse, then
+/// validate for both backends and two granularities. An accepted layout
+/// covers exactly its chunks and every tensor lies inside them, sized as its
+/// shape says.
+#[doc(hidden)]
+pub fn fuzz_share_manifest(data: &[u8]) {
+    use crate::driver::BackendKind;
+    use crate::share::manifest::Hello;
+    let Ok(Hello::Manifest(m)) = serde_json::from_slice::<Hello>(data) else {
+        return;
+    };
+    for backend in [BackendKind::Host, BackendKind::Cuda] {
+        for granularity in [4096usize, 2 << 20] {
+            let Ok(layout) = m.validate(backend, granularity) else {
+                continue;
+            };
+            assert_eq!(layout.chunks.len(), m.chunks.len());
+            let sum: u64 = m.chunks.iter().sum();
+            assert_eq!(
+                layout.total as u64, sum,
+                "total is not the sum of the chunks"
+            );
+            assert!(layout.chunks.iter().all(|&c| c > 0 && c % granularity == 0));
+            assert_eq!(layout.tensor_bytes.len(), m.tensors.len());
+            for (t, &bytes) in m.tensors.iter().zip(&layout.tensor_bytes) {
+                let want = t
+                    .shape
+                    .iter()
+                    .try_fold(t.dtype.size() as u64, |a, &d| a.checked_mul(d));
+                assert_eq!(want, Some(bytes as u64), "tensor `{}` size", t.name);
+                let end = t.offset.checked_add(bytes as u64).expect("end overflows");
+                assert!(end <= sum, "tensor `{}` ends at {end}, past {sum}", t.name);
+            }
+        }
+    }
+}

@@ -70,6 +70,32 @@ fn planner_corpus() {
     replay("planner", 8, fuzz::fuzz_plan);
 }
 
+#[test]
+fn share_manifest_corpus() {
+    replay("share_manifest", 10, fuzz::fuzz_share_manifest);
+}
+
+/// The manifest seeds: the valid ones validate, the hostile ones are refused.
+#[test]
+fn manifest_seeds_are_accepted_or_refused_as_named() {
+    use vmmweights::driver::BackendKind;
+    use vmmweights::share::manifest::Hello;
+    for f in inputs("share_manifest") {
+        let name = f.file_name().unwrap().to_str().unwrap().to_owned();
+        let Ok(Hello::Manifest(m)) = serde_json::from_slice::<Hello>(&std::fs::read(&f).unwrap())
+        else {
+            continue;
+        };
+        let backend = if name.contains("cuda") {
+            BackendKind::Cuda
+        } else {
+            BackendKind::Host
+        };
+        let r = m.validate(backend, 2 << 20);
+        assert_eq!(r.is_ok(), name.starts_with("valid"), "{name}: {r:?}");
+    }
+}
+
 /// Seeds that every version must refuse (the outcome of the others, such as
 /// control characters in names, is the loader's validation policy, tested in
 /// tests/loader_hostile.rs).
