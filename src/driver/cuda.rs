@@ -440,6 +440,31 @@ impl Driver for CudaDriver {
         )
     }
 
+    fn peer_readable(&self, va: DevicePtr, len: usize, reader: i32) -> Result<bool> {
+        if len == 0 {
+            return Ok(true);
+        }
+        self.bind()?;
+        // SAFETY: CUmemLocation is a plain C struct; both fields are set below.
+        let mut loc: sys::CUmemLocation = unsafe { std::mem::zeroed() };
+        loc.type_ = sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
+        loc.id = Self::cu_device_of(reader)?;
+        let g = self.granularity as u64;
+        let end = va + len as u64;
+        // One query per granule: a range may span several mappings.
+        let mut p = va;
+        while p < end {
+            let mut flags: std::ffi::c_ulonglong = 0;
+            // SAFETY: writes one integer; `loc` is valid; an unmapped `p` is an error code.
+            let rc = unsafe { sys::cuMemGetAccess(&mut flags, &loc, p) };
+            if rc != sys::CUresult::CUDA_SUCCESS || flags == 0 {
+                return Ok(false);
+            }
+            p = (p / g + 1) * g;
+        }
+        Ok(true)
+    }
+
     fn can_access_peer(&self, peer: i32) -> Result<bool> {
         let dev = Self::cu_device_of(peer)?;
         if peer == self.ordinal {

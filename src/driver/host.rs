@@ -665,6 +665,10 @@ impl Driver for HostDriver {
         Ok(())
     }
 
+    fn peer_readable(&self, va: DevicePtr, len: usize, reader: i32) -> Result<bool> {
+        Ok(range_allows(va, len, self.device, reader, AccessMode::Read))
+    }
+
     fn can_access_peer(&self, peer: i32) -> Result<bool> {
         let count = host_device_count()?;
         if !(0..count).contains(&peer) {

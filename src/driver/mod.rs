@@ -187,6 +187,10 @@ pub trait Driver: Send + Sync + fmt::Debug {
     /// True when this device can map memory of `peer` and copy from it
     /// (`cuDeviceCanAccessPeer`). An error when `peer` does not exist.
     fn can_access_peer(&self, peer: i32) -> Result<bool>;
+    /// True when device `reader` may read every byte of `[va, va+len)`, memory
+    /// of this device (`cuMemGetAccess`, checked at every granule). Lets a
+    /// multi-device load refuse before any copy instead of faulting midway.
+    fn peer_readable(&self, va: DevicePtr, len: usize, reader: i32) -> Result<bool>;
     /// The mapping granularity of this device's memory when `device` (this
     /// one or a peer) is to access it; a segment shared with peers uses the
     /// largest over every device listed.
