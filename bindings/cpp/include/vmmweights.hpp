@@ -407,6 +407,32 @@ class Pool {
     detail::call([&](vmmw_error_t** e) { return vmmw_pool_wake(get_checked(), tags.data(), tags.size(), e); });
   }
 
+  /// Grant peer devices access to every segment of `tag`, kept across
+  /// sleep/wake and for new segments; peers missing from the list lose it.
+  void set_peer_access(Tag tag, const std::vector<vmmw_peer_access_t>& peers) const {
+    detail::call([&](vmmw_error_t** e) {
+      return vmmw_pool_set_peer_access(get_checked(), tag, peers.data(), peers.size(), e);
+    });
+  }
+
+  /// The peers granted access to `tag`, sorted by device.
+  std::vector<vmmw_peer_access_t> peer_access(Tag tag) const {
+    size_t n = 0;
+    detail::call([&](vmmw_error_t** e) { return vmmw_pool_peer_access_count(get_checked(), tag, &n, e); });
+    std::vector<vmmw_peer_access_t> out(n);
+    for (size_t i = 0; i < n; ++i) {
+      detail::call([&](vmmw_error_t** e) { return vmmw_pool_peer_access_at(get_checked(), tag, i, &out[i], e); });
+    }
+    return out;
+  }
+
+  /// Whether this pool's device can reach memory of device `peer`.
+  bool can_access_peer(int32_t peer) const {
+    int32_t can = 0;
+    detail::call([&](vmmw_error_t** e) { return vmmw_pool_can_access_peer(get_checked(), peer, &can, e); });
+    return can != 0;
+  }
+
   /// Pin host backup memory ahead of time.
   void reserve_backup(uint64_t bytes) const {
     detail::call([&](vmmw_error_t** e) { return vmmw_pool_reserve_backup(get_checked(), bytes, e); });
@@ -576,6 +602,32 @@ class Loader {
   const vmmw_loader_t* get_checked() const { return detail::live(h_, "vmmw::Loader"); }
   detail::Owned<vmmw_loader_t, vmmw_loader_free> h_;
 };
+
+/// How a load over several devices divides the work.
+enum class MultiMode : int32_t {
+  Replicas = VMMW_MULTI_REPLICAS,  ///< all of it on every device; host memory read once, shares exchanged peer to peer
+  Ranks = VMMW_MULTI_RANKS,        ///< each device loads its own loader's plan (tensor-parallel ranks)
+};
+
+/// One load into several devices: `loaders[i]`'s destinations on `pools[i]`
+/// (vmmw_loader_load_devices). Cancel with `loaders[0]->cancel()`.
+inline vmmw_multi_result_t load_devices(const std::vector<const Loader*>& loaders,
+                                        const std::vector<const Pool*>& pools, MultiMode mode) {
+  if (loaders.size() != pools.size()) {
+    throw std::invalid_argument("vmmw::load_devices: one pool per loader");
+  }
+  std::vector<const vmmw_loader_t*> ls;
+  std::vector<const vmmw_pool_t*> ps;
+  for (size_t i = 0; i < loaders.size(); ++i) {
+    ls.push_back(loaders[i] != nullptr ? loaders[i]->get() : nullptr);
+    ps.push_back(pools[i] != nullptr ? pools[i]->get() : nullptr);
+  }
+  vmmw_multi_result_t r{};
+  detail::call([&](vmmw_error_t** e) {
+    return vmmw_loader_load_devices(ls.data(), ps.data(), ls.size(), static_cast<int32_t>(mode), &r, e);
+  });
+  return r;
+}
 
 }  // namespace vmmw
 
