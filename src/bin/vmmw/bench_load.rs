@@ -80,6 +80,10 @@ pub struct Args {
     /// Write the results as JSON here.
     #[arg(long)]
     json: Option<std::path::PathBuf>,
+    /// Several devices (`0,1`): time the checkpoint as replicas on all of them
+    /// and as tensor-parallel ranks, against one device's load (see bench_multi.rs).
+    #[arg(long, value_delimiter = ',')]
+    devices: Vec<i32>,
 }
 
 #[derive(Debug, serde::Serialize)]
@@ -195,7 +199,7 @@ fn disk_bandwidth(ckpt: &Checkpoint, threads: usize) -> Result<f64> {
     }))
 }
 
-fn verify(d: &dyn Driver, ex: &ExecutedPlan) -> Result<usize> {
+pub(crate) fn verify(d: &dyn Driver, ex: &ExecutedPlan) -> Result<usize> {
     let ck = ex.checkpoint();
     let mut n = 0;
     for e in ex.plan().extents.iter().filter(|e| e.convert.is_none()) {
@@ -229,6 +233,18 @@ fn verify(d: &dyn Driver, ex: &ExecutedPlan) -> Result<usize> {
 }
 
 pub fn run(a: Args) -> Result<()> {
+    if a.devices.len() > 1 {
+        return crate::bench_multi::run(crate::bench_multi::MultiArgs {
+            backend: &a.backend,
+            checkpoint: &a.checkpoint,
+            preset: &a.preset,
+            head_dim: a.head_dim,
+            devices: &a.devices,
+            repeat: a.repeat,
+            verify: a.verify,
+            json: a.json.as_deref(),
+        });
+    }
     let opened = a.backend.open()?;
     let d = opened.driver.clone();
     println!("backend: {} ({})", d.describe(), opened.reason);
