@@ -12,6 +12,17 @@ use vmmweights::{tag, Error, Pool, PoolConfig, Result};
 
 use crate::backend::BackendArgs;
 
+/// A progress line: on stdout, or on stderr when the JSON goes to stdout (`--json -`).
+macro_rules! say {
+    ($m:expr, $($arg:tt)*) => {
+        if $m.json == Some(Path::new("-")) {
+            eprintln!($($arg)*);
+        } else {
+            println!($($arg)*);
+        }
+    };
+}
+
 /// What `--devices` runs with.
 pub struct MultiArgs<'a> {
     pub backend: &'a BackendArgs,
@@ -97,7 +108,8 @@ pub fn run(m: MultiArgs<'_>) -> Result<()> {
     let mut pools = Vec::new();
     for &dev in m.devices {
         let opened = driver::open(choice, dev)?;
-        println!(
+        say!(
+            m,
             "device {dev}: {} ({source}: {})",
             opened.driver.describe(),
             opened.reason
@@ -109,7 +121,8 @@ pub fn run(m: MultiArgs<'_>) -> Result<()> {
     let rules = rules_for(m.preset, None, m.head_dim)?;
     let ckpt = Checkpoint::open(m.checkpoint)?;
     let bytes = ckpt.data_bytes();
-    println!(
+    say!(
+        m,
         "checkpoint: {} ({:.2} GB) onto {n} devices",
         m.checkpoint.display(),
         bytes as f64 / 1e9
@@ -139,9 +152,11 @@ pub fn run(m: MultiArgs<'_>) -> Result<()> {
         }
     }
     let one = phase(secs, delivered, None, verified);
-    println!(
+    say!(
+        m,
         "one device: {:.3} s, {:.1} GB/s",
-        one.median_s, one.aggregate_gbps
+        one.median_s,
+        one.aggregate_gbps
     );
     free_all(&pools[0], &reg)?;
 
@@ -157,7 +172,7 @@ pub fn run(m: MultiArgs<'_>) -> Result<()> {
         &vec![rules.clone(); n],
         MultiMode::Replicas,
     )?;
-    println!(
+    say!(m,
         "replicas on {n} devices: {:.3} s, {:.1} GB/s delivered ({:.2}x one device; target 2x the link)",
         replicas.median_s,
         replicas.aggregate_gbps,
@@ -169,7 +184,10 @@ pub fn run(m: MultiArgs<'_>) -> Result<()> {
 
     // Tensor-parallel ranks: each device its slices, all at once.
     let ranks = if m.preset == "none" {
-        println!("ranks: skipped (needs a preset for tensor-parallel rules)");
+        say!(
+            m,
+            "ranks: skipped (needs a preset for tensor-parallel rules)"
+        );
         None
     } else {
         let rules: Vec<Rules> = (0..n)
@@ -181,9 +199,11 @@ pub fn run(m: MultiArgs<'_>) -> Result<()> {
             .map(|(p, r)| allocate(p, &ckpt, r, "bench-multi-ranks"))
             .collect::<Result<_>>()?;
         let ph = timed(&m, &pools, &regs, &rules, MultiMode::Ranks)?;
-        println!(
+        say!(
+            m,
             "{n} tensor-parallel ranks: {:.3} s ({:.1} GB/s delivered)",
-            ph.median_s, ph.aggregate_gbps
+            ph.median_s,
+            ph.aggregate_gbps
         );
         for (p, r) in pools.iter().zip(&regs) {
             free_all(p, r)?;
@@ -202,8 +222,12 @@ pub fn run(m: MultiArgs<'_>) -> Result<()> {
     if let Some(path) = m.json {
         let text = serde_json::to_string_pretty(&report)
             .map_err(|e| Error::InvalidState(format!("report to JSON: {e}")))?;
-        std::fs::write(path, text).map_err(|e| Error::io(path, e))?;
-        println!("wrote {}", path.display());
+        if path == Path::new("-") {
+            println!("{text}");
+        } else {
+            std::fs::write(path, text).map_err(|e| Error::io(path, e))?;
+            say!(m, "wrote {}", path.display());
+        }
     }
     Ok(())
 }
