@@ -537,3 +537,46 @@ fn a_rank_whose_link_fails_once_is_redone_whole() {
     assert!(e.to_string().contains("device 1"), "{e}");
     assert_full(&pools[0], &regs[0], &t, 0, world);
 }
+
+#[test]
+fn replicas_asleep_without_backups_wake_by_one_fan_out() {
+    let (dir, t, pools, regs, rules) = replica_setup(3, "multi-wake-fanout");
+    load_replicas(&dir, &pools, &regs, &rules).unwrap();
+    let tag = tag::id("multi-wake-fanout").unwrap();
+    for p in &pools {
+        p.sleep(&[(tag, Policy::Discard)]).unwrap();
+        assert!(p.is_tag_asleep(tag));
+    }
+    let targets: Vec<PoolLoad> = pools
+        .iter()
+        .zip(&regs)
+        .map(|(pool, registry)| PoolLoad {
+            pool,
+            rules: &rules,
+            registry,
+        })
+        .collect();
+    let plan = Plan::build(
+        &Checkpoint::open(dir.path()).unwrap(),
+        &rules,
+        &regs[0],
+        &PlanOptions::default(),
+    )
+    .unwrap();
+    let woken = wake_replicas(
+        Checkpoint::open(dir.path()).unwrap(),
+        &targets,
+        &LoadOptions::default(),
+        &Control::default(),
+    )
+    .unwrap();
+    assert_eq!(
+        woken.stats.host_bytes,
+        plan.src_bytes(),
+        "host memory read once"
+    );
+    for (p, r) in pools.iter().zip(&regs) {
+        assert!(!p.is_tag_asleep(tag));
+        assert_full(p, r, &t, 0, 1);
+    }
+}

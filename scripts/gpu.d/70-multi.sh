@@ -5,7 +5,8 @@
 #    ranks through vmmw_loader_load_devices, every destination compared with
 #    the full tensors sliced in PyTorch (tests/torch/multi_gpu.py load);
 # 3. vmmw bench-load --devices: one GPU vs replicas vs ranks in one run, with a
-#    device-side check of every extent on every GPU;
+#    device-side check of every extent on every GPU, and the wake of one GPU
+#    (Reload) vs the replicas' fan-out wake (Discard + wake_replicas);
 # 4. an all-reduce through torch.distributed's NCCL over tensors in our pool.
 # NVLink multicast stays off (gpu-check.sh exports NCCL_NVLS_ENABLE=0 and the like).
 # Writes multi-topo.txt, multi-tests.txt, multi.json to $VMMW_GPU_OUT.
@@ -67,6 +68,9 @@ s = "one GPU %.1f GB/s; replicas %.1f GB/s delivered (%.2fx, target >= 110 GB/s)
     one["aggregate_gbps"], rep["aggregate_gbps"], r["replicas_speedup"])
 if ranks:
     s += "; ranks %.3f s (target <= 0.22 s for two)" % ranks["median_s"]
+w1, wn = r["one_device_wake"], r["replicas_wake"]
+s += "; wake one GPU %.1f GB/s, replicas %.1f GB/s (%.2fx, target 1.8x)" % (
+    w1["aggregate_gbps"], wn["aggregate_gbps"], wn["aggregate_gbps"] / w1["aggregate_gbps"])
 print(s)' "$out")
   result "multi-gpu: bench" INFO "$summary"
 else

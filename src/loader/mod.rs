@@ -41,7 +41,7 @@ pub use dtype::Dtype;
 pub use executed::ExecutedPlan;
 pub use into_pool::{allocate_in_pool, load_into_pool};
 pub use multi::{load_multi, DeviceLoad, MultiLoaded, MultiMode, MultiStats};
-pub use multi_pools::{load_multi_into_pools, PoolLoad};
+pub use multi_pools::{load_multi_into_pools, wake_replicas, PoolLoad};
 pub use plan::{Extent, Fill, Plan, PlanOptions};
 pub use registry::{DestAllocator, DestSpec, Destination, Registry, SegmentAllocator};
 pub use rules::{Fuse, Pad, Rule, Rules, Shard as ShardRule, Tie, Tp};

@@ -104,3 +104,37 @@ pub fn load_multi_into_pools(
     }
     Ok(loaded)
 }
+
+/// Wake replicas by the same fan-out as [`MultiMode::Replicas`]: every
+/// target's tags that own destinations are woken (memory mapped again at the
+/// same addresses, peer grants set again), then the checkpoint, one copy in
+/// host memory (the page cache), is loaded once and fanned out over peer
+/// copies. Meant for replicas put to sleep with
+/// [`Policy::Discard`](crate::sleep::Policy::Discard): no per-device backup is
+/// kept, and the wake reads host memory once instead of once per device.
+///
+/// On an error after the wake the tags are awake and the destinations hold
+/// what the load reached (see [`load_multi`]); loading again repairs them.
+pub fn wake_replicas(
+    ckpt: Checkpoint,
+    targets: &[PoolLoad<'_>],
+    opts: &LoadOptions,
+    ctl: &Control<'_>,
+) -> Result<MultiLoaded> {
+    for t in targets {
+        let mut tags = BTreeSet::new();
+        for d in t.registry.iter() {
+            if let Some(seg) = t.pool.segment_of(d.ptr) {
+                tags.insert(seg.tag);
+            }
+        }
+        let asleep: Vec<TagId> = tags
+            .into_iter()
+            .filter(|&tag| t.pool.is_tag_asleep(tag))
+            .collect();
+        if !asleep.is_empty() {
+            t.pool.wake(&asleep)?;
+        }
+    }
+    load_multi_into_pools(ckpt, targets, MultiMode::Replicas, opts, ctl)
+}

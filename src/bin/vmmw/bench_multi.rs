@@ -8,6 +8,7 @@ use std::time::Instant;
 
 use vmmweights::driver;
 use vmmweights::loader::*;
+use vmmweights::sleep::Policy;
 use vmmweights::{tag, Error, Pool, PoolConfig, Result};
 
 use crate::backend::BackendArgs;
@@ -56,7 +57,11 @@ struct Report {
     checkpoint: String,
     bytes: u64,
     one_device: Phase,
+    /// One device's wake of its loaded tag slept with Reload.
+    one_device_wake: Phase,
     replicas: Phase,
+    /// The replicas slept with Discard, woken by one fan-out (`wake_replicas`).
+    replicas_wake: Phase,
     ranks: Option<Phase>,
     /// Replicas' aggregate rate over one device's rate.
     replicas_speedup: f64,
@@ -152,6 +157,16 @@ pub fn run(m: MultiArgs<'_>) -> Result<()> {
         }
     }
     let one = phase(secs, delivered, None, verified);
+    // One device's wake of the loaded tag (Reload: replayed from the checkpoint).
+    let one_tag = tag::id("bench-multi-one")?;
+    let mut wakes = Vec::new();
+    for _ in 0..repeat {
+        pools[0].sleep(&[(one_tag, Policy::Reload)])?;
+        let t = Instant::now();
+        pools[0].wake(&[one_tag])?;
+        wakes.push(t.elapsed().as_secs_f64());
+    }
+    let one_wake = phase(wakes, delivered, None, 0);
     say!(
         m,
         "one device: {:.3} s, {:.1} GB/s",
@@ -178,6 +193,45 @@ pub fn run(m: MultiArgs<'_>) -> Result<()> {
         replicas.aggregate_gbps,
         replicas.aggregate_gbps / one.aggregate_gbps
     );
+    // Wake of the replicas: asleep with no backup (Discard), woken by one
+    // fan-out from the checkpoint in host memory.
+    let rep_tag = tag::id("bench-multi-replicas")?;
+    let targets: Vec<PoolLoad<'_>> = pools
+        .iter()
+        .zip(&regs)
+        .map(|(pool, registry)| PoolLoad {
+            pool,
+            rules: &rules,
+            registry,
+        })
+        .collect();
+    let mut wakes = Vec::new();
+    let mut last = None;
+    for _ in 0..repeat {
+        for p in &pools {
+            p.sleep(&[(rep_tag, Policy::Discard)])?;
+        }
+        let t = Instant::now();
+        let w = wake_replicas(
+            Checkpoint::open(m.checkpoint)?,
+            &targets,
+            &LoadOptions::default(),
+            &Control::default(),
+        )?;
+        wakes.push(t.elapsed().as_secs_f64());
+        last = Some(w.stats);
+    }
+    let replicas_wake = phase(wakes, replicas.delivered_bytes, last, 0);
+    say!(
+        m,
+        "wake: one device (Reload) {:.3} s, {:.1} GB/s; {n} replicas by fan-out {:.3} s, {:.1} GB/s ({:.2}x; target 1.8x)",
+        one_wake.median_s,
+        one_wake.aggregate_gbps,
+        replicas_wake.median_s,
+        replicas_wake.aggregate_gbps,
+        replicas_wake.aggregate_gbps / one_wake.aggregate_gbps
+    );
+    drop(targets);
     for (p, r) in pools.iter().zip(&regs) {
         free_all(p, r)?;
     }
@@ -216,7 +270,9 @@ pub fn run(m: MultiArgs<'_>) -> Result<()> {
         bytes,
         replicas_speedup: replicas.aggregate_gbps / one.aggregate_gbps,
         one_device: one,
+        one_device_wake: one_wake,
         replicas,
+        replicas_wake,
         ranks,
     };
     if let Some(path) = m.json {
