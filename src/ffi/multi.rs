@@ -8,23 +8,30 @@ use super::boundary::{arg, call, call_out, slice_arg};
 use super::error::vmmw_error_t;
 use super::loader::vmmw_loader_t;
 use super::pool::vmmw_pool_t;
+use super::status::vmmw_status_t;
 use crate::driver::{AccessMode, PeerAccess};
 use crate::error::{Error, Result};
 use crate::loader::{self, Control, MultiMode, PoolLoad};
 use crate::tag::TagId;
 
+/// What a peer device may do with a tag's memory: one of the `VMMW_ACCESS_*` values.
+pub type vmmw_access_t = i32;
+
 /// Peer access: none (revokes an earlier grant).
-pub const VMMW_ACCESS_NONE: i32 = 0;
+pub const VMMW_ACCESS_NONE: vmmw_access_t = 0;
 /// Peer access: read only.
-pub const VMMW_ACCESS_READ: i32 = 1;
+pub const VMMW_ACCESS_READ: vmmw_access_t = 1;
 /// Peer access: read and write.
-pub const VMMW_ACCESS_READWRITE: i32 = 2;
+pub const VMMW_ACCESS_READWRITE: vmmw_access_t = 2;
+
+/// How `vmmw_loader_load_devices` divides the work: one of the `VMMW_MULTI_*` values.
+pub type vmmw_multi_mode_t = i32;
 
 /// Multi-device load: every device gets all of the checkpoint; each loads a
 /// share from host memory and pulls the others' shares over peer copies.
-pub const VMMW_MULTI_REPLICAS: i32 = 0;
+pub const VMMW_MULTI_REPLICAS: vmmw_multi_mode_t = 0;
 /// Multi-device load: each device loads its own loader's plan (tensor-parallel ranks).
-pub const VMMW_MULTI_RANKS: i32 = 1;
+pub const VMMW_MULTI_RANKS: vmmw_multi_mode_t = 1;
 
 /// One peer device's access to a tag's memory.
 #[repr(C)]
@@ -33,7 +40,7 @@ pub struct vmmw_peer_access_t {
     /// The peer's device ordinal.
     pub device: i32,
     /// A `VMMW_ACCESS_*` value.
-    pub access: i32,
+    pub access: vmmw_access_t,
 }
 
 /// What a multi-device load did (`vmmw_loader_load_devices`).
@@ -58,7 +65,7 @@ pub struct vmmw_multi_result_t {
     pub recovered_devices: u32,
 }
 
-fn access_mode(v: i32, device: i32) -> Result<AccessMode> {
+fn access_mode(v: vmmw_access_t, device: i32) -> Result<AccessMode> {
     match v {
         VMMW_ACCESS_NONE => Ok(AccessMode::None),
         VMMW_ACCESS_READ => Ok(AccessMode::Read),
@@ -83,12 +90,12 @@ fn access_mode(v: i32, device: i32) -> Result<AccessMode> {
 /// 0); `error` is NULL or writable.
 #[no_mangle]
 pub unsafe extern "C" fn vmmw_pool_set_peer_access(
-    pool: *const vmmw_pool_t,
+    pool: *mut vmmw_pool_t,
     tag: u32,
     peers: *const vmmw_peer_access_t,
     count: usize,
     error: *mut *mut vmmw_error_t,
-) -> i32 {
+) -> vmmw_status_t {
     call(error, || {
         // SAFETY: forwarded contract.
         let p = unsafe { arg(pool, "pool") }?;
@@ -118,7 +125,7 @@ pub unsafe extern "C" fn vmmw_pool_peer_access_count(
     tag: u32,
     out: *mut usize,
     error: *mut *mut vmmw_error_t,
-) -> i32 {
+) -> vmmw_status_t {
     call_out(out, "out", error, || {
         // SAFETY: forwarded contract.
         let p = unsafe { arg(pool, "pool") }?;
@@ -138,7 +145,7 @@ pub unsafe extern "C" fn vmmw_pool_peer_access_at(
     index: usize,
     out: *mut vmmw_peer_access_t,
     error: *mut *mut vmmw_error_t,
-) -> i32 {
+) -> vmmw_status_t {
     call_out(out, "out", error, || {
         // SAFETY: forwarded contract.
         let p = unsafe { arg(pool, "pool") }?;
@@ -172,7 +179,7 @@ pub unsafe extern "C" fn vmmw_pool_can_access_peer(
     peer: i32,
     out: *mut i32,
     error: *mut *mut vmmw_error_t,
-) -> i32 {
+) -> vmmw_status_t {
     call_out(out, "out", error, || {
         // SAFETY: forwarded contract.
         let p = unsafe { arg(pool, "pool") }?;
@@ -210,13 +217,13 @@ pub unsafe extern "C" fn vmmw_pool_can_access_peer(
 /// or writable; `error` is NULL or writable.
 #[no_mangle]
 pub unsafe extern "C" fn vmmw_loader_load_devices(
-    loaders: *const *const vmmw_loader_t,
-    pools: *const *const vmmw_pool_t,
+    loaders: *const *mut vmmw_loader_t,
+    pools: *const *mut vmmw_pool_t,
     count: usize,
-    mode: i32,
+    mode: vmmw_multi_mode_t,
     out: *mut vmmw_multi_result_t,
     error: *mut *mut vmmw_error_t,
-) -> i32 {
+) -> vmmw_status_t {
     call(error, || {
         // SAFETY: forwarded contract.
         let ls = unsafe { slice_arg(loaders, count, "loaders") }?;

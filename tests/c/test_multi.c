@@ -31,6 +31,7 @@ int main(void) {
   for (int d = 0; d < 2; ++d) {
     vmmw_pool_options_t opts;
     memset(&opts, 0, sizeof opts);
+    opts.size = sizeof opts;
     opts.backend = VMMW_BACKEND_HOST;
     opts.device = d;
     CHECK_OK(vmmw_pool_new(&opts, &pools[d], &err));
