@@ -59,9 +59,9 @@ int main(void) {
     CHECK_OK(vmmw_loader_open(path, &ld[d], &err));
     CHECK_OK(vmmw_loader_allocate(ld[d], pools[d], tag, &err));
   }
-  const vmmw_loader_t* cl[2] = {ld[0], ld[1]};
-  const vmmw_pool_t* cp[2] = {pools[0], pools[1]};
-  const vmmw_loader_t* twice[2] = {ld[0], ld[0]};
+  vmmw_loader_t* cl[2] = {ld[0], ld[1]};
+  vmmw_pool_t* cp[2] = {pools[0], pools[1]};
+  vmmw_loader_t* twice[2] = {ld[0], ld[0]};
   CHECK_STATUS(VMMW_INVALID_ARGUMENT, vmmw_loader_load_devices(twice, cp, 2, VMMW_MULTI_REPLICAS, NULL, NULL));
   CHECK_STATUS(VMMW_INVALID_ARGUMENT, vmmw_loader_load_devices(cl, cp, 2, 9, NULL, NULL));
   CHECK_STATUS(VMMW_INVALID_ARGUMENT, vmmw_loader_load_devices(cl, cp, 0, VMMW_MULTI_REPLICAS, NULL, NULL));
