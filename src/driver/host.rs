@@ -6,7 +6,9 @@
 //! - set_access = `mprotect(PROT_READ|PROT_WRITE)`;
 //! - unmap    = an anonymous `PROT_NONE` mapping `MAP_FIXED` over the range, so the VA
 //!   stays reserved and touching it faults, as on a GPU;
-//! - release  = close the memfd; the memory is returned once it is also unmapped.
+//! - release  = close the memfd; the memory is returned once it is also unmapped;
+//! - export_fd / import_fd = `dup` of the memfd, and mapping a received one: the
+//!   same file in every process, so writes are seen everywhere, as with CUDA IPC.
 //!
 //! Several devices: [`HostDriver::for_device`] gives device `n` of
 //! [`host_device_count`] simulated devices, each with memory of its own. All
@@ -21,6 +23,7 @@
 //! failures testable.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
 
@@ -187,6 +190,8 @@ struct Phys {
     size: usize,
     released: bool,
     maps: usize,
+    /// Counted against the memory limit: created here, not imported.
+    counted: bool,
 }
 
 #[derive(Debug, Default)]
@@ -362,9 +367,71 @@ impl HostDriver {
             .is_some_and(|p| p.released && p.maps == 0);
         if done {
             if let Some(p) = s.handles.remove(&id) {
-                s.physical_bytes -= p.size as u64;
+                if p.counted {
+                    s.physical_bytes -= p.size as u64;
+                }
             }
         }
+    }
+
+    /// `mprotect` a fully mapped range (set_access and its read-only twin).
+    /// `mprotect` a fully mapped range and record it, with the peers granted,
+    /// in the interconnect table (per mapping).
+    fn protect(
+        &self,
+        va: DevicePtr,
+        size: usize,
+        prot: libc::c_int,
+        peers: &[PeerAccess],
+    ) -> Result<()> {
+        self.check_aligned("set_access", va, size)?;
+        let mut s = self.state();
+        if Self::take_fault(&mut s, FaultOp::SetAccess) {
+            return Err(injected("set_access"));
+        }
+        // Every byte must be mapped, as cuMemSetAccess requires.
+        let end = va + size as u64;
+        let mut cursor = va;
+        let mut covered = Vec::new();
+        for (&m, &(len, _)) in s.mappings.range(..end) {
+            let m_end = m + len as u64;
+            if m_end <= cursor {
+                continue;
+            }
+            if m > cursor {
+                break;
+            }
+            covered.push((m, m_end));
+            cursor = m_end;
+        }
+        if cursor < end {
+            return Err(Error::InvalidState(format!(
+                "set_access: [{va:#x}, +{size}) is not fully mapped"
+            )));
+        }
+        // SAFETY: the range is fully mapped by us (checked above).
+        let rc = unsafe { libc::mprotect(va as *mut libc::c_void, size, prot) };
+        if rc != 0 {
+            return Err(errno_error("mprotect", format!("[{va:#x}, +{size})")));
+        }
+        let granted: Vec<PeerAccess> = peers
+            .iter()
+            .copied()
+            .filter(|p| p.mode != AccessMode::None)
+            .collect();
+        let mut table = interconnect();
+        for (m, m_end) in covered {
+            table.insert(
+                m,
+                Mapped {
+                    end: m_end,
+                    driver: self.id,
+                    device: self.device,
+                    peers: granted.clone(),
+                },
+            );
+        }
+        Ok(())
     }
 }
 
@@ -527,6 +594,7 @@ impl Driver for HostDriver {
                 size,
                 released: false,
                 maps: 0,
+                counted: true,
             },
         );
         s.physical_bytes += size as u64;
@@ -611,62 +679,74 @@ impl Driver for HostDriver {
     }
 
     fn set_access_peers(&self, va: DevicePtr, size: usize, peers: &[PeerAccess]) -> Result<()> {
-        self.check_aligned("set_access", va, size)?;
         super::check_peer_list(self.device, peers, |p| self.can_access_peer(p))?;
-        let mut s = self.state();
-        if Self::take_fault(&mut s, FaultOp::SetAccess) {
-            return Err(injected("set_access"));
-        }
-        // Every byte must be mapped, as cuMemSetAccess requires; the ranges
-        // are recorded per mapping in the interconnect table.
-        let end = va + size as u64;
-        let mut cursor = va;
-        let mut covered = Vec::new();
-        for (&m, &(len, _)) in s.mappings.range(..end) {
-            let m_end = m + len as u64;
-            if m_end <= cursor {
-                continue;
+        self.protect(va, size, libc::PROT_READ | libc::PROT_WRITE, peers)
+    }
+
+    fn shareable(&self) -> bool {
+        true
+    }
+
+    fn export_fd(&self, handle: PhysHandle) -> Result<OwnedFd> {
+        let s = self.state();
+        let fd = match s.handles.get(&handle.0) {
+            Some(p) if !p.released => p.fd,
+            _ => {
+                return Err(Error::InvalidArgument(format!(
+                    "export_fd: unknown or released handle {}",
+                    handle.0
+                )))
             }
-            if m > cursor {
-                break;
-            }
-            covered.push((m, m_end));
-            cursor = m_end;
+        };
+        // SAFETY: fd is an open memfd owned by a live handle (checked under the lock).
+        let dup = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) };
+        if dup < 0 {
+            return Err(errno_error(
+                "fcntl",
+                format!("duplicating handle {}", handle.0),
+            ));
         }
-        if cursor < end {
-            return Err(Error::InvalidState(format!(
-                "set_access: [{va:#x}, +{size}) is not fully mapped"
+        // SAFETY: `dup` is a fresh descriptor that nothing else owns.
+        Ok(unsafe { OwnedFd::from_raw_fd(dup) })
+    }
+
+    fn import_fd(&self, fd: OwnedFd, size: usize) -> Result<PhysHandle> {
+        if size == 0 || size % self.granularity != 0 {
+            return Err(Error::InvalidArgument(format!(
+                "import_fd: size {size} must be a non-zero multiple of the granularity {}",
+                self.granularity
             )));
         }
-        // SAFETY: the range is fully mapped by us (checked above).
-        let rc = unsafe {
-            libc::mprotect(
-                va as *mut libc::c_void,
+        // SAFETY: an all-zero `stat` is a valid value for fstat to overwrite.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: fd is open (owned) and `st` is writable.
+        if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0 {
+            return Err(errno_error("fstat", "an imported descriptor".into()));
+        }
+        if st.st_mode & libc::S_IFMT != libc::S_IFREG || (st.st_size as u64) < size as u64 {
+            return Err(Error::InvalidArgument(format!(
+                "import_fd: the descriptor is not physical memory of {size} bytes (a file of {} bytes, mode {:o})",
+                st.st_size, st.st_mode
+            )));
+        }
+        let mut s = self.state();
+        let id = s.next_handle;
+        s.next_handle += 1;
+        s.handles.insert(
+            id,
+            Phys {
+                fd: fd.into_raw_fd(),
                 size,
-                libc::PROT_READ | libc::PROT_WRITE,
-            )
-        };
-        if rc != 0 {
-            return Err(errno_error("mprotect", format!("[{va:#x}, +{size})")));
-        }
-        let granted: Vec<PeerAccess> = peers
-            .iter()
-            .copied()
-            .filter(|p| p.mode != AccessMode::None)
-            .collect();
-        let mut table = interconnect();
-        for (m, m_end) in covered {
-            table.insert(
-                m,
-                Mapped {
-                    end: m_end,
-                    driver: self.id,
-                    device: self.device,
-                    peers: granted.clone(),
-                },
-            );
-        }
-        Ok(())
+                released: false,
+                maps: 0,
+                counted: false,
+            },
+        );
+        Ok(PhysHandle(id))
+    }
+
+    fn set_access_read_only(&self, va: DevicePtr, size: usize) -> Result<()> {
+        self.protect(va, size, libc::PROT_READ, &[])
     }
 
     fn peer_readable(&self, va: DevicePtr, len: usize, reader: i32) -> Result<bool> {
