@@ -82,7 +82,7 @@ class _Cai:
     """A device pointer as an int16 tensor (viewed as bf16 afterwards)."""
 
     def __init__(self, ptr, numel):
-        self.__cuda_array_interface__ = {"shape": (numel,), "typestr": "<i2", "data": (ptr, False), "version": 3}
+        self.__cuda_array_interface__ = {"shape": (numel,), "typestr": "<i2", "data": (ptr, False), "strides": None, "version": 3}
 
 
 def destinations(loader, device):
