@@ -27,7 +27,7 @@ use vmmweights::loader::{
 use vmmweights::sleep::Policy;
 use vmmweights::{tag, Error, Pool, TagId};
 
-const OPS: [FaultOp; 13] = [
+const OPS: [FaultOp; 12] = [
     FaultOp::Reserve,
     FaultOp::Create,
     FaultOp::Map,
@@ -36,7 +36,6 @@ const OPS: [FaultOp; 13] = [
     FaultOp::Release,
     FaultOp::CopyHtod,
     FaultOp::CopyDtoh,
-    FaultOp::Copy2dHtod,
     FaultOp::Memset,
     FaultOp::Convert,
     FaultOp::HostRegister,
