@@ -147,7 +147,7 @@ pub enum Error {
     InvalidState(String),
 
     /// A checkpoint is invalid. Names the file and, where known, the tensor.
-    #[error("invalid checkpoint {}{}: {reason}", file.display(), tensor.as_ref().map(|t| format!(" (tensor `{t}`)")).unwrap_or_default())]
+    #[error("invalid checkpoint {}{}: {reason}", file.display(), tensor.as_ref().map(|t| format!(" (tensor `{}`)", t.escape_debug())).unwrap_or_default())]
     Checkpoint {
         /// The file that is wrong.
         file: PathBuf,

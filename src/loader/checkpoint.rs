@@ -4,13 +4,23 @@
 //! copy engine can read (or register) their pages later.
 //!
 //! Validation, in order, each failure naming the file and, where known, the tensor:
-//! header length vs file size, header JSON, each entry's dtype (known), shape,
-//! offsets (ordered, in range, size = elements x dtype size), no two tensors
-//! overlapping, and finally the safetensors crate's own checks on the mapping.
+//! the file is a regular file (after following symlinks; opened non-blocking,
+//! so a FIFO or device cannot hang the open), header length vs file size and
+//! the header cap, header JSON (no duplicate names, bounded nesting), each
+//! entry's dtype (known), shape (at most [`MAX_DIMS`] dims, byte size fits in
+//! u64), offsets (ordered, in range, size = elements x dtype size), no two
+//! tensors overlapping, and finally the safetensors crate's own checks on the
+//! mapping. Index files are capped at [`MAX_INDEX`] bytes. Names are printed
+//! escaped (`escape_debug`), so control characters cannot forge messages.
+//!
+//! A shard that changes size or modification time after it was opened is
+//! refused by [`Checkpoint::check_unchanged`], which the loader calls before
+//! any byte is written and again after the copies.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
 use std::path::{Component, Path, PathBuf};
+use std::time::SystemTime;
 
 use memmap2::Mmap;
 
@@ -21,7 +31,13 @@ use crate::error::{Error, Result};
 pub const INDEX_FILE: &str = "model.safetensors.index.json";
 
 /// Largest header accepted (the safetensors crate's limit).
-const MAX_HEADER: u64 = 100_000_000;
+pub const MAX_HEADER: u64 = 100_000_000;
+
+/// Largest index file accepted (real ones are well under 1 MB).
+pub const MAX_INDEX: u64 = 64 << 20;
+
+/// Most dimensions a tensor may have.
+pub const MAX_DIMS: usize = 64;
 
 /// One tensor of a checkpoint: where its bytes are and what they are.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -58,9 +74,31 @@ pub struct Shard {
     pub map: Option<Mmap>,
     /// File size in bytes.
     pub len: u64,
+    /// Modification time when opened (None where the file system has none).
+    pub modified: Option<SystemTime>,
 }
 
 impl Shard {
+    /// Refuse the shard when its size or modification time differs from when
+    /// it was opened: its header no longer describes its bytes.
+    pub fn check_unchanged(&self) -> Result<()> {
+        let meta = self.file.metadata().map_err(|e| Error::io(&self.path, e))?;
+        let modified = meta.modified().ok();
+        if meta.len() != self.len || modified != self.modified {
+            return Err(Error::checkpoint(
+                &self.path,
+                None,
+                format!(
+                    "file changed after it was opened (size {} bytes, now {}; modification time {}); open the checkpoint again",
+                    self.len,
+                    meta.len(),
+                    if modified == self.modified { "unchanged" } else { "changed" }
+                ),
+            ));
+        }
+        Ok(())
+    }
+
     /// Address of byte `offset` of the mapping.
     pub fn ptr(&self, offset: u64) -> *const u8 {
         match &self.map {
@@ -129,7 +167,7 @@ impl Checkpoint {
     }
 
     fn open_index(root: PathBuf, index_path: &Path) -> Result<Checkpoint> {
-        let text = std::fs::read_to_string(index_path).map_err(|e| Error::io(index_path, e))?;
+        let text = read_index(index_path)?;
         let index: Index = serde_json::from_str(&text).map_err(|e| {
             Error::checkpoint(index_path, None, format!("index JSON is invalid: {e}"))
         })?;
@@ -154,7 +192,10 @@ impl Checkpoint {
                         return Err(Error::checkpoint(
                             &path,
                             Some(&t.name),
-                            format!("tensor is in this shard but the index places it in `{n}`"),
+                            format!(
+                                "tensor is in this shard but the index places it in `{}`",
+                                n.escape_debug()
+                            ),
                         ))
                     }
                     None => {
@@ -184,6 +225,12 @@ impl Checkpoint {
             shards,
             tensors,
         })
+    }
+
+    /// Refuse the checkpoint when any shard changed since it was opened
+    /// (see [`Shard::check_unchanged`]).
+    pub fn check_unchanged(&self) -> Result<()> {
+        self.shards.iter().try_for_each(Shard::check_unchanged)
     }
 
     /// Total bytes of tensor data.
@@ -216,7 +263,7 @@ fn resolve_inside(root: &Path, index_path: &Path, name: &str) -> Result<PathBuf>
         return Err(Error::checkpoint(
             index_path,
             None,
-            format!("shard name `{name}` must be a relative path inside the checkpoint folder (no `..`, no absolute path)"),
+            format!("shard name `{}` must be a relative path inside the checkpoint folder (no `..`, no absolute path)", name.escape_debug()),
         ));
     }
     let path = root.join(p);
@@ -225,7 +272,8 @@ fn resolve_inside(root: &Path, index_path: &Path, name: &str) -> Result<PathBuf>
             index_path,
             None,
             format!(
-                "shard `{name}` named by the index does not exist ({})",
+                "shard `{}` named by the index does not exist ({})",
+                name.escape_debug(),
                 path.display()
             ),
         ));
@@ -237,10 +285,105 @@ fn bad(path: &Path, tensor: Option<&str>, reason: String) -> Error {
     Error::checkpoint(path, tensor, reason)
 }
 
+/// Open `path` for reading only if it is a regular file (symlinks followed).
+/// The open is non-blocking, so a FIFO is refused instead of waiting for a writer.
+fn open_regular(path: &Path) -> Result<(File, std::fs::Metadata)> {
+    use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(path)
+        .map_err(|e| Error::io(path, e))?;
+    let meta = file.metadata().map_err(|e| Error::io(path, e))?;
+    let ft = meta.file_type();
+    if !ft.is_file() {
+        let kind = if ft.is_dir() {
+            "a directory"
+        } else if ft.is_fifo() {
+            "a FIFO"
+        } else if ft.is_char_device() || ft.is_block_device() {
+            "a device"
+        } else if ft.is_socket() {
+            "a socket"
+        } else {
+            "not a regular file"
+        };
+        return Err(bad(
+            path,
+            None,
+            format!("is {kind}; checkpoint files must be regular files"),
+        ));
+    }
+    Ok((file, meta))
+}
+
+/// Read an index file: a regular file of at most [`MAX_INDEX`] bytes.
+fn read_index(path: &Path) -> Result<String> {
+    use std::io::Read;
+    let (file, meta) = open_regular(path)?;
+    if meta.len() > MAX_INDEX {
+        return Err(bad(
+            path,
+            None,
+            format!(
+                "index file is {} bytes, over the {MAX_INDEX}-byte limit",
+                meta.len()
+            ),
+        ));
+    }
+    let mut text = String::new();
+    // `take` bounds the read even if the file grows after the size check.
+    file.take(MAX_INDEX + 1)
+        .read_to_string(&mut text)
+        .map_err(|e| Error::io(path, e))?;
+    if text.len() as u64 > MAX_INDEX {
+        return Err(bad(
+            path,
+            None,
+            format!("index file grew over the {MAX_INDEX}-byte limit while read"),
+        ));
+    }
+    Ok(text)
+}
+
+/// A header's entries in file order, refusing duplicate names.
+struct HeaderEntries(Vec<(String, serde_json::Value)>);
+
+impl<'de> serde::Deserialize<'de> for HeaderEntries {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = HeaderEntries;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a JSON object of tensor entries")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> std::result::Result<HeaderEntries, A::Error> {
+                let mut seen = std::collections::HashSet::new();
+                let mut out = Vec::new();
+                while let Some((k, v)) = map.next_entry::<String, serde_json::Value>()? {
+                    if !seen.insert(k.clone()) {
+                        return Err(serde::de::Error::custom(format!(
+                            "tensor name `{}` appears twice",
+                            k.escape_debug()
+                        )));
+                    }
+                    out.push((k, v));
+                }
+                Ok(HeaderEntries(out))
+            }
+        }
+        d.deserialize_map(V)
+    }
+}
+
 /// Open, map and validate one shard; returns its tensors sorted by offset.
 fn open_shard(path: &Path, index: usize) -> Result<(Shard, Vec<TensorInfo>)> {
-    let file = File::open(path).map_err(|e| Error::io(path, e))?;
-    let len = file.metadata().map_err(|e| Error::io(path, e))?.len();
+    let (file, meta) = open_regular(path)?;
+    let len = meta.len();
+    let modified = meta.modified().ok();
     if len < 8 {
         return Err(bad(
             path,
@@ -264,7 +407,7 @@ fn open_shard(path: &Path, index: usize) -> Result<(Shard, Vec<TensorInfo>)> {
     read_exact_at(&file, &mut header, 8).map_err(|e| Error::io(path, e))?;
     let text = std::str::from_utf8(&header)
         .map_err(|e| bad(path, None, format!("header is not UTF-8: {e}")))?;
-    let raw: BTreeMap<String, serde_json::Value> = serde_json::from_str(text)
+    let HeaderEntries(raw) = serde_json::from_str(text)
         .map_err(|e| bad(path, None, format!("header JSON is invalid: {e}")))?;
     let data_start = 8 + n;
     let data_len = len - data_start;
@@ -286,6 +429,16 @@ fn open_shard(path: &Path, index: usize) -> Result<(Shard, Vec<TensorInfo>)> {
                 ),
             )
         })?;
+        if e.shape.len() > MAX_DIMS {
+            return Err(bad(
+                path,
+                Some(&name),
+                format!(
+                    "shape has {} dimensions, over the limit of {MAX_DIMS}",
+                    e.shape.len()
+                ),
+            ));
+        }
         let [begin, end] = e.data_offsets;
         if begin > end || end > data_len {
             return Err(bad(
@@ -330,7 +483,7 @@ fn open_shard(path: &Path, index: usize) -> Result<(Shard, Vec<TensorInfo>)> {
                 Some(&w[1].name),
                 format!(
                     "data overlaps tensor `{}` (bytes {}..{} and {}..{} of the file)",
-                    w[0].name,
+                    w[0].name.escape_debug(),
                     w[0].offset,
                     w[0].offset + w[0].len,
                     w[1].offset,
@@ -364,6 +517,7 @@ fn open_shard(path: &Path, index: usize) -> Result<(Shard, Vec<TensorInfo>)> {
             file,
             map,
             len,
+            modified,
         },
         tensors,
     ))

@@ -48,9 +48,11 @@ pub struct LoadOptions {
 
 /// Plan and execute a load of `ckpt` into `registry`'s destinations.
 ///
-/// Every check (checkpoint, rules, plan) happens before any byte is written:
-/// on such an error the destinations are untouched. On [`crate::Error::Cancelled`]
-/// or a driver error during the copy, destinations are partly written.
+/// Every check (checkpoint unchanged since open, rules, plan) happens before
+/// any byte is written: on such an error the destinations are untouched. On
+/// [`crate::Error::Cancelled`] or a driver error during the copy, destinations
+/// are partly written; a shard that changed during the copy is reported after
+/// it (`Error::Checkpoint`), the destinations then hold what was read.
 /// Returns the executed plan, which sleep's Reload policy can replay.
 pub fn load(
     driver: &Arc<dyn Driver>,
@@ -60,6 +62,7 @@ pub fn load(
     opts: &LoadOptions,
     ctl: &Control<'_>,
 ) -> Result<ExecutedPlan> {
+    ckpt.check_unchanged()?;
     let plan = Plan::build(&ckpt, rules, registry, &opts.plan)?;
     let stats = copy::execute(
         driver,
@@ -69,5 +72,7 @@ pub fn load(
         &opts.copy,
         ctl,
     )?;
+    // A shard rewritten during the copies may have given torn data.
+    ckpt.check_unchanged()?;
     Ok(ExecutedPlan::new(Arc::new(ckpt), plan, opts.copy, stats).with_driver(driver.clone()))
 }
