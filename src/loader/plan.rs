@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 
 use super::checkpoint::{Checkpoint, TensorInfo};
 use super::dtype::Dtype;
-use super::registry::{DestSpec, Registry};
+use super::registry::{byte_size, DestSpec, Registry};
 use super::rules::{CompiledRules, Fuse, Mapping, Pad, Rules, Shard, Tp};
 use crate::driver::{ConvertType, DevicePtr};
 use crate::error::{Error, Result};
@@ -519,7 +519,12 @@ fn layout(g: &mut DestGroup) -> std::result::Result<(), String> {
             }
             let p = &mut g.parts[i];
             p.offset = p.fuse.as_ref().and_then(|f| f.offset).unwrap_or(next);
-            next = p.offset + p.slice_len[dim];
+            next = p.offset.checked_add(p.slice_len[dim]).ok_or_else(|| {
+                format!(
+                    "`{}`: fuse offset {} plus {} elements along dim {dim} overflows",
+                    p.source, p.offset, p.slice_len[dim]
+                )
+            })?;
         }
         for p in &g.parts {
             for (d, (&have, &want)) in p.slice_len.iter().zip(&shape).enumerate() {
@@ -562,11 +567,23 @@ fn layout(g: &mut DestGroup) -> std::result::Result<(), String> {
             ));
         }
         let covered = shape[pad.dim];
-        let padded = pad.padded(covered);
+        let padded = pad.padded(covered).ok_or_else(|| {
+            format!(
+                "pad of dim {} ({covered} elements) to a multiple of {:?} overflows",
+                pad.dim, pad.multiple_of
+            )
+        })?;
         if padded > covered {
             shape[pad.dim] = padded;
             g.pad_region = Some((pad.dim, covered));
         }
+    }
+    // Every size derived from the shape (bytes, strides, offsets) must fit:
+    // 8 bytes is the largest element any destination can have.
+    if byte_size(&shape, Dtype::F64).is_none() {
+        return Err(format!(
+            "destination shape {shape:?} is too large: its byte size overflows"
+        ));
     }
     g.shape = shape;
     Ok(())

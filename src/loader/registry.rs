@@ -25,10 +25,18 @@ pub struct Destination {
     pub shape: Vec<usize>,
 }
 
+/// Bytes of a contiguous tensor of `shape` and `dtype`; None when the count
+/// overflows (a shape no memory can hold).
+pub fn byte_size(shape: &[usize], dtype: Dtype) -> Option<usize> {
+    shape
+        .iter()
+        .try_fold(dtype.size(), |acc, &d| acc.checked_mul(d))
+}
+
 impl Destination {
-    /// Bytes the destination spans.
+    /// Bytes the destination spans (registered destinations always fit).
     pub fn bytes(&self) -> usize {
-        self.shape.iter().product::<usize>() * self.dtype.size()
+        byte_size(&self.shape, self.dtype).unwrap_or(usize::MAX)
     }
 }
 
@@ -44,9 +52,10 @@ pub struct DestSpec {
 }
 
 impl DestSpec {
-    /// Bytes the destination needs.
+    /// Bytes the destination needs (usize::MAX when the shape overflows, which
+    /// no allocator can satisfy; [`crate::loader::Plan::destinations`] refuses such shapes).
     pub fn bytes(&self) -> usize {
-        self.shape.iter().product::<usize>() * self.dtype.size()
+        byte_size(&self.shape, self.dtype).unwrap_or(usize::MAX)
     }
 }
 
@@ -69,7 +78,9 @@ impl Registry {
     }
 
     /// Register a destination. Rejects a duplicate name, a NULL pointer, an
-    /// empty name, and a range that overlaps an already registered destination.
+    /// empty name, a shape whose byte size overflows or whose range runs past
+    /// the end of the address space, and a range that overlaps an already
+    /// registered destination.
     pub fn register(
         &mut self,
         name: &str,
@@ -92,13 +103,20 @@ impl Registry {
                 "destination `{name}` is already registered"
             )));
         }
+        let bytes = byte_size(shape, dtype)
+            .filter(|&b| b as u64 <= u64::MAX - ptr)
+            .ok_or_else(|| {
+                Error::InvalidArgument(format!(
+                    "destination `{name}`: shape {shape:?} of {dtype} at {ptr:#x} does not fit in the address space (byte size overflows)"
+                ))
+            })?;
         let d = Destination {
             name: name.to_owned(),
             ptr,
             dtype,
             shape: shape.to_vec(),
         };
-        let (lo, hi) = (d.ptr, d.ptr + d.bytes() as u64);
+        let (lo, hi) = (d.ptr, d.ptr + bytes as u64);
         if let Some(o) = self.dests.values().find(|o| {
             let (a, b) = (o.ptr, o.ptr + o.bytes() as u64);
             lo < b && a < hi && d.bytes() > 0 && o.bytes() > 0
