@@ -110,7 +110,7 @@ fn demo(d: &Arc<dyn Driver>, dir: &Path, layers: usize, hidden: usize) -> Result
         plan.stats.seconds
     );
     let loaded = checksums(d, &reg)?;
-    pool.snapshot("loaded");
+    pool.snapshot("loaded")?;
 
     let cache = {
         let _scope = tag::scope(kv)?;
@@ -119,7 +119,7 @@ fn demo(d: &Arc<dyn Driver>, dir: &Path, layers: usize, hidden: usize) -> Result
     // SAFETY: the cache block is awake and `size` bytes long.
     unsafe { d.memset_async(cache.ptr, 0x11, cache.size, StreamId::DEFAULT)? };
     d.synchronize()?;
-    pool.snapshot("cache allocated");
+    pool.snapshot("cache allocated")?;
 
     for cycle in pool.sleep(&[(weights, Policy::Offload), (kv, Policy::Discard)])? {
         println!(
@@ -131,7 +131,7 @@ fn demo(d: &Arc<dyn Driver>, dir: &Path, layers: usize, hidden: usize) -> Result
             cycle.report.seconds
         );
     }
-    pool.snapshot("asleep (weights offloaded, cache discarded)");
+    pool.snapshot("asleep (weights offloaded, cache discarded)")?;
     for cycle in pool.wake(&[])? {
         println!(
             "wake  {:10}: {} segment(s), {:.1} MiB mapped, {:.1} MiB restored in {:.4} s",
@@ -143,11 +143,11 @@ fn demo(d: &Arc<dyn Driver>, dir: &Path, layers: usize, hidden: usize) -> Result
         );
     }
     verify(d, &reg, &loaded, "offload")?;
-    pool.snapshot("awake");
+    pool.snapshot("awake")?;
 
     pool.add_reload_source(weights, Arc::new(plan))?;
     pool.sleep(&[(weights, Policy::Reload)])?;
-    pool.snapshot("asleep (weights reloadable, no backup)");
+    pool.snapshot("asleep (weights reloadable, no backup)")?;
     let woke = pool.wake(&[weights])?;
     println!(
         "reload wake: {:.1} MiB restored from the checkpoint in {:.4} s",
@@ -162,7 +162,7 @@ fn demo(d: &Arc<dyn Driver>, dir: &Path, layers: usize, hidden: usize) -> Result
     }
     pool.trim()?;
     pool.release_backup();
-    pool.snapshot("freed and trimmed");
+    pool.snapshot("freed and trimmed")?;
     println!("\n{}", pool.timeline());
     println!(
         "demo: OK: every weight byte verified after offload and reload cycles, pointers unchanged"
