@@ -33,8 +33,10 @@ impl Pool {
     }
 
     /// Change the sleep options (copy piece size, streams, host-memory limit, debug fill...).
-    pub fn set_sleep_options(&self, options: SleepOptions) {
+    pub fn set_sleep_options(&self, options: SleepOptions) -> Result<()> {
+        options.validate()?;
         self.sleep.set_options(options);
+        Ok(())
     }
 
     /// Put each listed tag to sleep with its policy. Every pointer stays valid;

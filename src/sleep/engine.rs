@@ -73,6 +73,37 @@ pub struct SleepOptions {
     pub debug_fill_discarded: Option<u8>,
 }
 
+/// Most streams a sleep engine spreads copies over.
+pub const MAX_STREAMS: usize = 64;
+
+impl SleepOptions {
+    /// Refuse values no machine can honour: more than [`MAX_STREAMS`] streams,
+    /// or sizes over [`crate::units::MAX_BYTES`]. Zero sizes are refused too
+    /// (the C layer maps 0 to the default before this check).
+    pub fn validate(&self) -> Result<()> {
+        if self.streams == 0 || self.streams > MAX_STREAMS {
+            return Err(Error::InvalidArgument(format!(
+                "sleep option streams = {} must be in 1..={MAX_STREAMS}",
+                self.streams
+            )));
+        }
+        let max = crate::units::MAX_BYTES;
+        for (what, n) in [
+            ("copy_piece_bytes", self.copy_piece_bytes),
+            ("wake_coalesce_bytes", self.wake_coalesce_bytes),
+            ("backup_slab_bytes", self.backup_slab_bytes),
+            ("pipeline_slab_bytes", self.pipeline_slab_bytes),
+        ] {
+            if n == 0 || n > max {
+                return Err(Error::InvalidArgument(format!(
+                    "sleep option {what} = {n} must be in 1..={max} (2^56)"
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
 impl Default for SleepOptions {
     fn default() -> Self {
         SleepOptions {
@@ -343,6 +374,15 @@ impl SleepEngine {
         Ok(report)
     }
 
+    /// Back up and release the awake segments `awake` of `segs`.
+    ///
+    /// A backup covers a segment's whole committed range, not only its live
+    /// blocks: the engine works on segments and never sees the pool's block
+    /// map, and a wake then restores every chunk with whole-chunk copies. A
+    /// tag holding one small block in a segment of its own therefore backs up
+    /// the granularity (2 MiB); the need is checked against the limit and the
+    /// host's available memory before anything moves, so too much fails with
+    /// `HostOutOfMemory`. Arena-mode tags pack small blocks into one segment.
     fn offload(
         &self,
         s: &mut EngineState,
@@ -371,6 +411,12 @@ impl SleepEngine {
                 in_use: s.arena.held(),
             });
         }
+        // And against the host: populating more than it has available wakes
+        // the kernel's out-of-memory killer instead of returning an error.
+        crate::hostmem::check_available(
+            need_new.saturating_sub(s.arena.free_bytes()),
+            &format!("backup for sleeping tag {tag}"),
+        )?;
         self.ensure_streams(s)?;
         // Our streams do not order against the caller's (PyTorch's) streams:
         // work still queued there may be writing these bytes.
