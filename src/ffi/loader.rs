@@ -59,12 +59,12 @@ pub struct vmmw_load_options_t {
     pub allow_unexpected: u32,
     /// A `VMMW_COPY_*` strategy.
     pub strategy: i32,
-    /// Worker threads (0 = number of CPUs, at most 16).
+    /// Worker threads (0 = number of CPUs, at most 16; at most 256 when set).
     pub threads: u32,
-    /// Bytes of file registered per direct window (0 = default).
+    /// Bytes of file registered per direct window (0 = default; at most 4 GiB).
     pub window_bytes: u64,
     /// Bytes per pinned staging slot (0 = sized to keep the slots in use in the
-    /// CPU's last-level cache).
+    /// CPU's last-level cache; at most 4 GiB).
     pub slot_bytes: u64,
 }
 
@@ -300,6 +300,7 @@ pub unsafe extern "C" fn vmmw_loader_set_options(
         if o.slot_bytes != 0 {
             opts.copy.slot_bytes = to_usize(o.slot_bytes, "slot_bytes")?;
         }
+        opts.copy.validate()?;
         l.lock().options = opts;
         Ok(())
     })
@@ -590,7 +591,11 @@ pub unsafe extern "C" fn vmmw_loader_load(
             &st.options,
             &ctl,
         );
-        l.cancel.store(false, Ordering::Release);
+        // The load consumed a cancel only if it ran its copies: a load refused
+        // for another reason (plan, checkpoint) leaves a pending cancel pending.
+        if matches!(&result, Ok(_) | Err(Error::Cancelled { .. })) {
+            l.cancel.store(false, Ordering::Release);
+        }
         let executed = Arc::new(result?);
         let tags: BTreeSet<TagId> = st
             .registry

@@ -449,7 +449,10 @@ pub unsafe extern "C" fn vmmw_pool_report_json(
 }
 
 /// Record the current report in the pool's timeline as boundary `name`
-/// ("after load", "asleep", ...).
+/// ("after load", "asleep", ...). The timeline keeps the last 1024
+/// boundaries (older ones are dropped and counted in its JSON as `dropped`);
+/// `vmmw_pool_clear_timeline` empties it. `VMMW_INVALID_ARGUMENT` for a name
+/// over 256 bytes or not UTF-8.
 ///
 /// # Safety
 /// `pool` is a live handle; `name` is a NUL-terminated string; `error` is NULL or writable.
@@ -464,8 +467,7 @@ pub unsafe extern "C" fn vmmw_pool_snapshot(
         let p = unsafe { arg(pool, "pool") }?;
         // SAFETY: forwarded contract.
         let name = unsafe { str_arg(name, "name") }?;
-        p.pool.snapshot(name);
-        Ok(())
+        p.pool.snapshot(name).map(|_| ())
     })
 }
 
@@ -486,6 +488,28 @@ pub unsafe extern "C" fn vmmw_pool_timeline_json(
         let json = unsafe { arg(pool, "pool") }?.pool.timeline().to_json();
         // SAFETY: forwarded contract.
         unsafe { write_str(&json, buf, cap, needed) }
+    })
+}
+
+/// Forget every snapshot of the pool's timeline; `*cleared` (NULL: not
+/// written) receives how many were kept. Thread-safe.
+///
+/// # Safety
+/// `pool` is a live handle; `cleared` and `error` are NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn vmmw_pool_clear_timeline(
+    pool: *const vmmw_pool_t,
+    cleared: *mut u64,
+    error: *mut *mut vmmw_error_t,
+) -> i32 {
+    call(error, || {
+        // SAFETY: forwarded contract.
+        let n = unsafe { arg(pool, "pool") }?.pool.clear_timeline() as u64;
+        // SAFETY: forwarded contract (`cleared` NULL or writable).
+        if let Some(c) = unsafe { cleared.as_mut() } {
+            *c = n;
+        }
+        Ok(())
     })
 }
 

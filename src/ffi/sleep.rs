@@ -37,7 +37,7 @@ pub struct vmmw_tag_policy_t {
 pub struct vmmw_sleep_options_t {
     /// Bytes per copy on one stream (default 64 MiB).
     pub copy_piece_bytes: u64,
-    /// Streams the copies are spread over (default 2).
+    /// Streams the copies are spread over (default 2, at most 64).
     pub streams: u32,
     /// 1: fill discarded memory with `debug_fill_byte` at wake, so stale reads show.
     pub debug_fill: u32,
@@ -222,8 +222,7 @@ pub unsafe extern "C" fn vmmw_pool_set_sleep_options(
             debug_fill_discarded: (o.debug_fill != 0).then_some(o.debug_fill_byte),
             pipeline_slab_bytes: d.pipeline_slab_bytes,
         };
-        p.pool.set_sleep_options(opts);
-        Ok(())
+        p.pool.set_sleep_options(opts)
     })
 }
 
