@@ -294,16 +294,16 @@ typedef struct vmmw_load_options_t {
    */
   int32_t strategy;
   /**
-   * Worker threads (0 = number of CPUs, at most 16).
+   * Worker threads (0 = number of CPUs, at most 16; at most 256 when set).
    */
   uint32_t threads;
   /**
-   * Bytes of file registered per direct window (0 = default).
+   * Bytes of file registered per direct window (0 = default; at most 4 GiB).
    */
   uint64_t window_bytes;
   /**
    * Bytes per pinned staging slot (0 = sized to keep the slots in use in the
-   * CPU's last-level cache).
+   * CPU's last-level cache; at most 4 GiB).
    */
   uint64_t slot_bytes;
 } vmmw_load_options_t;
@@ -575,7 +575,7 @@ typedef struct vmmw_sleep_options_t {
    */
   uint64_t copy_piece_bytes;
   /**
-   * Streams the copies are spread over (default 2).
+   * Streams the copies are spread over (default 2, at most 64).
    */
   uint32_t streams;
   /**
@@ -1057,7 +1057,10 @@ int32_t vmmw_pool_report_json(const struct vmmw_pool_t *pool, char *buf, size_t 
 
 /**
  * Record the current report in the pool's timeline as boundary `name`
- * ("after load", "asleep", ...).
+ * ("after load", "asleep", ...). The timeline keeps the last 1024
+ * boundaries (older ones are dropped and counted in its JSON as `dropped`);
+ * `vmmw_pool_clear_timeline` empties it. `VMMW_INVALID_ARGUMENT` for a name
+ * over 256 bytes or not UTF-8.
  *
  * # Safety
  * `pool` is a live handle; `name` is a NUL-terminated string; `error` is NULL or writable.
@@ -1071,6 +1074,15 @@ int32_t vmmw_pool_snapshot(const struct vmmw_pool_t *pool, const char *name, str
  * As `vmmw_pool_report_json`.
  */
 int32_t vmmw_pool_timeline_json(const struct vmmw_pool_t *pool, char *buf, size_t cap, size_t *needed, struct vmmw_error_t **error);
+
+/**
+ * Forget every snapshot of the pool's timeline; `*cleared` (NULL: not
+ * written) receives how many were kept. Thread-safe.
+ *
+ * # Safety
+ * `pool` is a live handle; `cleared` and `error` are NULL or writable.
+ */
+int32_t vmmw_pool_clear_timeline(const struct vmmw_pool_t *pool, uint64_t *cleared, struct vmmw_error_t **error);
 
 /**
  * Copy `len` bytes from host memory `src` to pool memory at device address
