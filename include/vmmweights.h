@@ -818,6 +818,21 @@ int32_t vmmw_loader_set_options(const struct vmmw_loader_t *loader, const struct
 int32_t vmmw_loader_register(const struct vmmw_loader_t *loader, const char *name, uint64_t ptr, const char *dtype, const uint64_t *shape, size_t ndim, struct vmmw_error_t **error);
 
 /**
+ * Declare `[ptr, ptr + bytes)` as device memory the caller owns outside the
+ * pool loads run on (`cudaMalloc`'d, another allocator's). A load checks every
+ * destination before writing anything: it must lie inside one live, awake
+ * block of the pool passed to `vmmw_loader_load` (else `VMMW_UNKNOWN_POINTER`,
+ * `VMMW_INVALID_ARGUMENT` when it runs past its block, `VMMW_INVALID_STATE`
+ * when asleep), unless it lies wholly inside one range declared here; the
+ * caller then vouches that the range is mapped while loads run.
+ * `VMMW_INVALID_ARGUMENT` for a NULL, empty or overflowing range.
+ *
+ * # Safety
+ * `loader` is a live handle; `error` is NULL or writable.
+ */
+int32_t vmmw_loader_declare_foreign(const struct vmmw_loader_t *loader, uint64_t ptr, uint64_t bytes, struct vmmw_error_t **error);
+
+/**
  * Allocate every destination the rules produce from this checkpoint (names,
  * dtypes and shapes as the plan needs them: fused, sharded, padded) in
  * `pool` under `tag`, and register them. On failure nothing is registered

@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use super::boundary::{arg, call, call_out, free_handle, into_handle, slice_arg, str_arg};
 use super::buffer::write_str;
 use super::error::vmmw_error_t;
-use super::pool::{ensure_awake, vmmw_pool_t};
+use super::pool::vmmw_pool_t;
 use super::segment::to_usize;
 use crate::driver::DevicePtr;
 use crate::error::{Error, Result};
@@ -353,6 +353,31 @@ pub unsafe extern "C" fn vmmw_loader_register(
     })
 }
 
+/// Declare `[ptr, ptr + bytes)` as device memory the caller owns outside the
+/// pool loads run on (`cudaMalloc`'d, another allocator's). A load checks every
+/// destination before writing anything: it must lie inside one live, awake
+/// block of the pool passed to `vmmw_loader_load` (else `VMMW_UNKNOWN_POINTER`,
+/// `VMMW_INVALID_ARGUMENT` when it runs past its block, `VMMW_INVALID_STATE`
+/// when asleep), unless it lies wholly inside one range declared here; the
+/// caller then vouches that the range is mapped while loads run.
+/// `VMMW_INVALID_ARGUMENT` for a NULL, empty or overflowing range.
+///
+/// # Safety
+/// `loader` is a live handle; `error` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn vmmw_loader_declare_foreign(
+    loader: *const vmmw_loader_t,
+    ptr: u64,
+    bytes: u64,
+    error: *mut *mut vmmw_error_t,
+) -> i32 {
+    call(error, || {
+        // SAFETY: forwarded contract.
+        let l = unsafe { arg(loader, "loader") }?;
+        l.lock().registry.declare_foreign(ptr, bytes)
+    })
+}
+
 /// Allocates destinations from a pool under one tag, remembering them so a
 /// failure can give them back.
 struct PoolDest<'a> {
@@ -563,12 +588,16 @@ pub unsafe extern "C" fn vmmw_loader_load(
         let p = unsafe { arg(pool, "pool") }?;
         let mut st = l.lock();
         st.ckpt()?;
-        // Destinations in this pool must be awake: writing into a sleeping tag
-        // would fault. (Destinations outside the pool are the caller's memory.)
+        // Every destination lies in one live, awake block of this pool (or in
+        // a range the caller declared its own): writing anywhere else would
+        // overwrite a neighbour or fault.
         for d in st.registry.iter() {
-            if let Some(seg) = p.pool.segment_of(d.ptr) {
-                ensure_awake(&seg, d.ptr, &format!("destination `{}`", d.name))?;
+            let len = d.bytes();
+            if len == 0 || st.registry.in_foreign(d.ptr, len as u64) {
+                continue;
             }
+            p.pool
+                .check_live_range(d.ptr, len, &format!("destination `{}`", d.name))?;
         }
         let ckpt = st.ckpt.take().expect("opened above");
         let on_progress = |done: u64, total: u64| {

@@ -65,10 +65,12 @@ pub trait DestAllocator {
     fn alloc(&self, bytes: usize) -> Result<DevicePtr>;
 }
 
-/// The set of destinations a load fills, by name.
+/// The set of destinations a load fills, by name, and the device ranges the
+/// caller declared as its own (memory outside any pool the load checks).
 #[derive(Debug, Clone, Default)]
 pub struct Registry {
     dests: BTreeMap<String, Destination>,
+    foreign: Vec<(DevicePtr, u64)>,
 }
 
 impl Registry {
@@ -142,6 +144,28 @@ impl Registry {
         }
         *self = staged;
         Ok(())
+    }
+
+    /// Declare `[ptr, ptr + len)` as device memory the caller owns outside
+    /// the pool a load runs on (cudaMalloc'd, another allocator's): a
+    /// destination lying wholly inside one declared range is not checked
+    /// against the pool. The caller vouches that it is mapped and stays so
+    /// while loads run. Refuses an empty or overflowing range.
+    pub fn declare_foreign(&mut self, ptr: DevicePtr, len: u64) -> Result<()> {
+        if ptr == 0 || len == 0 || ptr.checked_add(len).is_none() {
+            return Err(Error::InvalidArgument(format!(
+                "foreign range at {ptr:#x} of {len} bytes must be non-NULL, non-empty and inside the address space"
+            )));
+        }
+        self.foreign.push((ptr, len));
+        Ok(())
+    }
+
+    /// True when `[ptr, ptr + len)` lies wholly inside one declared foreign range.
+    pub fn in_foreign(&self, ptr: DevicePtr, len: u64) -> bool {
+        self.foreign
+            .iter()
+            .any(|&(a, l)| ptr >= a && ptr.saturating_add(len) <= a + l)
     }
 
     /// The destination named `name`.

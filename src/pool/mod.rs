@@ -23,6 +23,7 @@
 mod arena;
 pub(crate) mod block;
 mod dest;
+mod range;
 pub mod registry;
 mod sleep;
 #[cfg(test)]

@@ -492,6 +492,9 @@ impl SleepEngine {
         report.newly_pinned_bytes = s.arena.held().saturating_sub(held_before);
         match failure {
             None => Ok(()),
+            // Nothing went to sleep: the tag is as before, and the cause
+            // (out of host memory, a driver error) is the whole story.
+            Some(e) if report.segments == 0 => Err(e),
             Some(e) => Err(Error::InvalidState(format!(
                 "sleep of tag {tag} stopped after {} of {} segments (those are asleep with their backups, the rest awake; sleeping again finishes): {e}",
                 report.segments,

@@ -384,6 +384,13 @@ class Pool {
     });
   }
 
+  /// Forget every snapshot of the timeline; returns how many were kept.
+  uint64_t clear_timeline() const {
+    uint64_t n = 0;
+    detail::call([&](vmmw_error_t** e) { return vmmw_pool_clear_timeline(get_checked(), &n, e); });
+    return n;
+  }
+
   /// Copy host bytes to pool memory (synchronous, range-checked).
   void write(uint64_t dst, const void* src, size_t len) const {
     detail::call([&](vmmw_error_t** e) { return vmmw_pool_write(get_checked(), dst, src, len, e); });
@@ -491,6 +498,12 @@ class Loader {
     detail::call([&](vmmw_error_t** e) {
       return vmmw_loader_register(get_checked(), name.c_str(), ptr, dtype.c_str(), shape.data(), shape.size(), e);
     });
+  }
+
+  /// Declare `[ptr, ptr + bytes)` as device memory you own outside the pool
+  /// loads run on; destinations inside it are not checked against the pool.
+  void declare_foreign(uint64_t ptr, uint64_t bytes) const {
+    detail::call([&](vmmw_error_t** e) { return vmmw_loader_declare_foreign(get_checked(), ptr, bytes, e); });
   }
 
   /// Allocate every destination the plan needs from `pool` under `tag`.

@@ -1,0 +1,55 @@
+//! Checking a caller's device range against the pool: the loader writes
+//! destinations and `vmmw_pool_write` copies only into memory the pool has
+//! handed out and that is mapped now.
+
+use super::{segment_base, Pool};
+use crate::driver::DevicePtr;
+use crate::error::{Error, Result};
+use crate::segment::SleepState;
+use crate::tag::TagId;
+
+impl Pool {
+    /// Check that `[ptr, ptr + len)` lies inside one live block of this pool
+    /// whose segment is awake and mapped over the whole range. Returns the
+    /// block's tag. `what` names the range in errors ("destination `w`").
+    ///
+    /// Errors: `UnknownPointer` when `ptr` is in no segment of this pool or in
+    /// a free block, `InvalidArgument` when the range runs past its block (or
+    /// overflows), `InvalidState` when the block's tag is asleep.
+    pub fn check_live_range(&self, ptr: DevicePtr, len: usize, what: &str) -> Result<TagId> {
+        let end = ptr.checked_add(len as u64).ok_or_else(|| {
+            Error::InvalidArgument(format!(
+                "{what} at {ptr:#x} of {len} bytes runs past the end of the address space"
+            ))
+        })?;
+        let st = self.lock();
+        let base = segment_base(&st, ptr).ok_or(Error::UnknownPointer {
+            ptr,
+            why: "not inside any segment of this pool",
+        })?;
+        let e = &st.segs[&base];
+        let off = (ptr - base) as usize;
+        let (boff, b) =
+            e.blocks
+                .containing(off)
+                .filter(|(_, b)| b.live)
+                .ok_or(Error::UnknownPointer {
+                    ptr,
+                    why: "inside a free block of this pool (freed, or never allocated)",
+                })?;
+        let (bstart, bend) = (base + boff as u64, base + (boff + b.size) as u64);
+        if end > bend {
+            return Err(Error::InvalidArgument(format!(
+                "{what} [{ptr:#x}, {end:#x}) runs past the end of its block [{bstart:#x}, {bend:#x}) ({} bytes too many): it would overwrite memory it does not own",
+                end - bend
+            )));
+        }
+        if e.seg.sleep_state() != SleepState::Awake || end > base + e.seg.mapped_bytes() as u64 {
+            return Err(Error::InvalidState(format!(
+                "{what} at {ptr:#x} is in tag `{}`, which is asleep: wake it first",
+                crate::tag::name_of(e.tag)
+            )));
+        }
+        Ok(e.tag)
+    }
+}
