@@ -622,6 +622,10 @@ extern "C" {
  * `VMMW_DRIVER_UNAVAILABLE` (CUDA requested but unusable), `VMMW_NULL_ARGUMENT`.
  * Thread-safe.
  *
+ * Bad input: `VMMW_NULL_ARGUMENT` (`out`); `VMMW_INVALID_ARGUMENT` (unknown
+ * backend, negative device, bad environment variables);
+ * `VMMW_DRIVER_UNAVAILABLE`.
+ *
  * # Safety
  * `out` is writable; `error` is NULL or writable.
  */
@@ -630,6 +634,9 @@ int32_t vmmw_device_open(int32_t backend, int32_t device, struct vmmw_device_t *
 /**
  * Free a device handle. NULL is accepted. Pools and segments created from it
  * stay valid (they hold the driver themselves).
+ *
+ * Bad input: NULL is ignored. A handle already freed, or not from this
+ * library, cannot be detected (undefined behaviour).
  *
  * # Safety
  * `device` is NULL or a live handle from `vmmw_device_open`, not used
@@ -640,6 +647,8 @@ void vmmw_device_free(struct vmmw_device_t *device);
 /**
  * The backend behind `device`: `VMMW_BACKEND_HOST` or `VMMW_BACKEND_CUDA`.
  *
+ * Bad input: `VMMW_NULL_ARGUMENT` (`device`, `out`).
+ *
  * # Safety
  * `device` is a live handle; `out` is writable; `error` is NULL or writable.
  */
@@ -649,6 +658,8 @@ int32_t vmmw_device_backend(const struct vmmw_device_t *device, int32_t *out, st
  * The mapping granularity in bytes (2 MiB on an H200 and by default on host):
  * every reservation and physical allocation is a multiple of it.
  *
+ * Bad input: `VMMW_NULL_ARGUMENT` (`device`, `out`).
+ *
  * # Safety
  * `device` is a live handle; `out` is writable; `error` is NULL or writable.
  */
@@ -656,6 +667,9 @@ int32_t vmmw_device_granularity(const struct vmmw_device_t *device, uint64_t *ou
 
 /**
  * Free and total device memory in bytes (`cuMemGetInfo`, or the host backend's limit).
+ *
+ * Bad input: `VMMW_NULL_ARGUMENT` (`device`, `free_bytes`, `total_bytes`;
+ * nothing written).
  *
  * # Safety
  * `device` is a live handle; `free_bytes` and `total_bytes` are writable;
@@ -670,6 +684,11 @@ int32_t vmmw_device_mem_info(const struct vmmw_device_t *device, uint64_t *free_
  * not NULL) receives the size required including the NUL, also on
  * `VMMW_BUFFER_TOO_SMALL`; pass `buf` NULL and `cap` 0 to query it.
  *
+ * Bad input: `VMMW_NULL_ARGUMENT` (`device`); the buffer contract:
+ * `VMMW_BUFFER_TOO_SMALL` with `*needed` set when `cap` is short (nothing
+ * written to `buf`), `VMMW_NULL_ARGUMENT` with nothing written when `buf` is
+ * NULL and `cap` > 0.
+ *
  * # Safety
  * `device` is a live handle; `buf` is NULL or writable for `cap` bytes;
  * `needed` and `error` are NULL or writable.
@@ -680,6 +699,11 @@ int32_t vmmw_device_describe(const struct vmmw_device_t *device, char *buf, size
  * Why this backend was chosen (useful with `VMMW_BACKEND_AUTO`), into a
  * buffer with the same contract as `vmmw_device_describe`.
  *
+ * Bad input: `VMMW_NULL_ARGUMENT` (`device`); the buffer contract:
+ * `VMMW_BUFFER_TOO_SMALL` with `*needed` set when `cap` is short (nothing
+ * written to `buf`), `VMMW_NULL_ARGUMENT` with nothing written when `buf` is
+ * NULL and `cap` > 0.
+ *
  * # Safety
  * As `vmmw_device_describe`.
  */
@@ -687,6 +711,8 @@ int32_t vmmw_device_choice_reason(const struct vmmw_device_t *device, char *buf,
 
 /**
  * Wait until all work queued on the device has finished.
+ *
+ * Bad input: `VMMW_NULL_ARGUMENT` (`device`).
  *
  * # Safety
  * `device` is a live handle; `error` is NULL or writable.
@@ -697,6 +723,9 @@ int32_t vmmw_device_synchronize(const struct vmmw_device_t *device, struct vmmw_
  * Testing hook: set the host backend's simulated device memory to `bytes`.
  * `VMMW_UNSUPPORTED` on the CUDA backend.
  *
+ * Bad input: `VMMW_NULL_ARGUMENT` (`device`); `VMMW_UNSUPPORTED` (CUDA
+ * backend).
+ *
  * # Safety
  * `device` is a live handle; `error` is NULL or writable.
  */
@@ -706,6 +735,9 @@ int32_t vmmw_host_set_memory_limit(const struct vmmw_device_t *device, uint64_t 
  * Testing hook: make the `n`-th next call of primitive `op` (a `VMMW_FAULT_*`
  * value) fail on the host backend; `n` = 0 clears it. `VMMW_UNSUPPORTED` on CUDA.
  *
+ * Bad input: `VMMW_NULL_ARGUMENT` (`device`); `VMMW_INVALID_ARGUMENT` (unknown
+ * `op`); `VMMW_UNSUPPORTED` (CUDA backend).
+ *
  * # Safety
  * `device` is a live handle; `error` is NULL or writable.
  */
@@ -714,6 +746,9 @@ int32_t vmmw_host_fail_nth(const struct vmmw_device_t *device, int32_t op, uint6
 /**
  * Testing hook: the host backend's live objects, for leak checks.
  * `VMMW_UNSUPPORTED` on CUDA.
+ *
+ * Bad input: `VMMW_NULL_ARGUMENT` (`device`, `out`); `VMMW_UNSUPPORTED` (CUDA
+ * backend).
  *
  * # Safety
  * `device` is a live handle; `out` is writable; `error` is NULL or writable.
@@ -726,6 +761,8 @@ int32_t vmmw_host_counts(const struct vmmw_device_t *device, struct vmmw_host_co
  * The string is owned by `error` and valid until `vmmw_error_free(error)`.
  * Returns "" when `error` is NULL. Thread-safe.
  *
+ * Bad input: none: NULL gives "".
+ *
  * # Safety
  * `error` is NULL or an object returned through a `vmmw_error_t**` argument
  * and not yet freed.
@@ -736,6 +773,8 @@ const char *vmmw_error_message(const struct vmmw_error_t *error);
  * The status code of `error` (a `VMMW_*` value); `VMMW_NULL_ARGUMENT` when
  * `error` is NULL. Thread-safe.
  *
+ * Bad input: NULL gives `VMMW_NULL_ARGUMENT`.
+ *
  * # Safety
  * As `vmmw_error_message`.
  */
@@ -743,6 +782,9 @@ int32_t vmmw_error_status(const struct vmmw_error_t *error);
 
 /**
  * Free an error object. NULL is accepted and ignored.
+ *
+ * Bad input: NULL is ignored. An object already freed cannot be detected
+ * (undefined behaviour).
  *
  * # Safety
  * `error` is NULL or an object returned through a `vmmw_error_t**` argument,
@@ -758,6 +800,13 @@ void vmmw_error_free(struct vmmw_error_t *error);
  * (`vmmw_loader_free`). Initial rules: none (every tensor to the destination
  * of its own name).
  *
+ * Bad input: `VMMW_NULL_ARGUMENT` (`path`, `out`); `VMMW_IO` (missing,
+ * unreadable); `VMMW_CHECKPOINT_INVALID` (not a regular file: FIFO, device,
+ * socket; index over 64 MiB; header over 100 MB or past the end; bad JSON,
+ * duplicate names, unknown dtype, more than 64 dims, overflowing shapes,
+ * offsets out of range or overlapping; shard names with `..` or absolute;
+ * missing shards). Opens never block.
+ *
  * # Safety
  * `path` is a NUL-terminated string; `out` is writable; `error` is NULL or writable.
  */
@@ -768,6 +817,9 @@ int32_t vmmw_loader_open(const char *path, struct vmmw_loader_t **out, struct vm
  * pool (free them with `vmmw_pool_free_ptr`, or with the pool); the reload
  * source a load registered in the pool stays valid.
  *
+ * Bad input: NULL is ignored. A handle already freed cannot be detected
+ * (undefined behaviour).
+ *
  * # Safety
  * `loader` is NULL or a live handle, not used afterwards and not concurrently.
  */
@@ -777,6 +829,11 @@ void vmmw_loader_free(struct vmmw_loader_t *loader);
  * Replace the mapping rules with their JSON form (see docs: match/to/fuse/
  * shard/pad/skip, ties, tp, dtype). Checked now (`VMMW_INVALID_ARGUMENT`
  * naming the bad field or regex; the previous rules stay).
+ *
+ * Bad input: `VMMW_NULL_ARGUMENT` (`loader`, `json`); `VMMW_INVALID_ARGUMENT`
+ * (bad JSON, unknown field, bad regex, rank not below world; the previous
+ * rules stay). Sizes the rules produce are checked at plan time
+ * (`VMMW_PLAN_MISMATCH` on overflow).
  *
  * # Safety
  * `loader` is a live handle; `json` is a NUL-terminated string; `error` is NULL or writable.
@@ -789,6 +846,9 @@ int32_t vmmw_loader_set_rules_json(const struct vmmw_loader_t *loader, const cha
  * `qkv_proj`, gate/up into `gate_up_proj`; with `tp_world` > 0, sharded for
  * rank `tp_rank`, kv heads cut by `head_dim`.
  *
+ * Bad input: `VMMW_NULL_ARGUMENT` (`loader`, `family`);
+ * `VMMW_INVALID_ARGUMENT` (unknown family, `tp_rank` >= `tp_world`).
+ *
  * # Safety
  * `loader` is a live handle; `family` is a NUL-terminated string; `error` is NULL or writable.
  */
@@ -796,6 +856,10 @@ int32_t vmmw_loader_set_rules_preset(const struct vmmw_loader_t *loader, const c
 
 /**
  * Set the load options (`options` NULL: defaults).
+ *
+ * Bad input: `VMMW_NULL_ARGUMENT` (`loader`); `VMMW_INVALID_ARGUMENT` (unknown
+ * strategy, `threads` over 256, `slot_bytes` or `window_bytes` over 4 GiB; the
+ * previous options stay).
  *
  * # Safety
  * `loader` is a live handle; `options` is NULL or readable; `error` is NULL or writable.
@@ -809,6 +873,11 @@ int32_t vmmw_loader_set_options(const struct vmmw_loader_t *loader, const struct
  * loader only writes it during `vmmw_loader_load`. Refused
  * (`VMMW_INVALID_ARGUMENT`, nothing registered): empty or duplicate name,
  * NULL `ptr`, overlap with another destination.
+ *
+ * Bad input: `VMMW_NULL_ARGUMENT` (`loader`, `name`, `dtype`; `shape` with
+ * `ndim` > 0); `VMMW_INVALID_ARGUMENT` (empty or duplicate name, unknown
+ * dtype, NULL `ptr`, byte size overflowing or past the end of the address
+ * space, overlap). Checked against the pool at load.
  *
  * # Safety
  * `loader` is a live handle; `name` and `dtype` are NUL-terminated strings;
@@ -827,6 +896,9 @@ int32_t vmmw_loader_register(const struct vmmw_loader_t *loader, const char *nam
  * caller then vouches that the range is mapped while loads run.
  * `VMMW_INVALID_ARGUMENT` for a NULL, empty or overflowing range.
  *
+ * Bad input: `VMMW_NULL_ARGUMENT` (`loader`); `VMMW_INVALID_ARGUMENT` (NULL
+ * `ptr`, `bytes` 0, overflowing range).
+ *
  * # Safety
  * `loader` is a live handle; `error` is NULL or writable.
  */
@@ -840,6 +912,11 @@ int32_t vmmw_loader_declare_foreign(const struct vmmw_loader_t *loader, uint64_t
  * them with `vmmw_loader_destination`, free them with `vmmw_pool_free_ptr`
  * (or with the pool).
  *
+ * Bad input: `VMMW_NULL_ARGUMENT` (`loader`, `pool`); `VMMW_UNKNOWN_TAG`;
+ * `VMMW_PLAN_MISMATCH` (rules give an overflowing shape, or parts that do not
+ * fit); `VMMW_OUT_OF_MEMORY`; `VMMW_INVALID_STATE` (tag asleep). Nothing
+ * registered on error.
+ *
  * # Safety
  * `loader` and `pool` are live handles; `error` is NULL or writable.
  */
@@ -847,6 +924,8 @@ int32_t vmmw_loader_allocate(const struct vmmw_loader_t *loader, const struct vm
 
 /**
  * Number of registered destinations.
+ *
+ * Bad input: `VMMW_NULL_ARGUMENT` (`loader`, `out`).
  *
  * # Safety
  * `loader` is a live handle; `out` is writable; `error` is NULL or writable.
@@ -856,6 +935,11 @@ int32_t vmmw_loader_destination_count(const struct vmmw_loader_t *loader, size_t
 /**
  * The name of destination `index` (0 ≤ index < count, in name order), into
  * `buf` (buffer contract of `vmmw_device_describe`).
+ *
+ * Bad input: `VMMW_NULL_ARGUMENT` (`loader`); `VMMW_INVALID_ARGUMENT` (`index`
+ * not below the count); the buffer contract: `VMMW_BUFFER_TOO_SMALL` with
+ * `*needed` set when `cap` is short (nothing written to `buf`),
+ * `VMMW_NULL_ARGUMENT` with nothing written when `buf` is NULL and `cap` > 0.
  *
  * # Safety
  * `loader` is a live handle; `buf` is NULL or writable for `cap` bytes;
@@ -867,6 +951,10 @@ int32_t vmmw_loader_destination_name(const struct vmmw_loader_t *loader, size_t 
  * The destination named `name`. `VMMW_INVALID_ARGUMENT` when none is
  * registered under it, or it has more than `VMMW_MAX_DIMS` dimensions.
  *
+ * Bad input: `VMMW_NULL_ARGUMENT` (`loader`, `name`, `out`);
+ * `VMMW_INVALID_ARGUMENT` (no such destination, more than `VMMW_MAX_DIMS`
+ * dims).
+ *
  * # Safety
  * `loader` is a live handle; `name` is a NUL-terminated string; `out` is
  * writable; `error` is NULL or writable.
@@ -877,6 +965,9 @@ int32_t vmmw_loader_destination(const struct vmmw_loader_t *loader, const char *
  * Build and check the plan against the registered destinations without
  * writing anything: every missing, unexpected, mis-shaped or mis-typed tensor
  * is listed in one `VMMW_PLAN_MISMATCH` message.
+ *
+ * Bad input: `VMMW_NULL_ARGUMENT` (`loader`, `out`); `VMMW_PLAN_MISMATCH`;
+ * `VMMW_CHECKPOINT_INVALID`/`VMMW_IO` (reopening the checkpoint).
  *
  * # Safety
  * `loader` is a live handle; `out` is writable; `error` is NULL or writable.
@@ -895,6 +986,14 @@ int32_t vmmw_loader_plan(const struct vmmw_loader_t *loader, struct vmmw_plan_su
  * tags can sleep with `VMMW_POLICY_RELOAD`. A loader can load again (the
  * checkpoint is reopened).
  *
+ * Bad input: `VMMW_NULL_ARGUMENT` (`loader`, `pool`); before any byte is
+ * written: `VMMW_CHECKPOINT_INVALID` (a shard changed since open),
+ * `VMMW_PLAN_MISMATCH`, `VMMW_UNKNOWN_POINTER` (a destination outside this
+ * pool's live blocks and not declared foreign), `VMMW_INVALID_ARGUMENT` (a
+ * destination running past its block), `VMMW_INVALID_STATE` (asleep); during
+ * the copy: `VMMW_CANCELLED`, `VMMW_DRIVER_ERROR`. A pending cancel survives a
+ * load refused before its copies.
+ *
  * # Safety
  * `loader` and `pool` are live handles; `progress` is NULL or a function
  * safe to call with `user`; `error` is NULL or writable.
@@ -905,6 +1004,8 @@ int32_t vmmw_loader_load(const struct vmmw_loader_t *loader, const struct vmmw_p
  * Ask the running load of this loader (or, when none runs, the next one) to
  * stop; it fails with `VMMW_CANCELLED`. Thread-safe; returns at once.
  *
+ * Bad input: `VMMW_NULL_ARGUMENT` (`loader`).
+ *
  * # Safety
  * `loader` is a live handle; `error` is NULL or writable.
  */
@@ -912,6 +1013,9 @@ int32_t vmmw_loader_cancel(const struct vmmw_loader_t *loader, struct vmmw_error
 
 /**
  * What the last successful load did. `VMMW_INVALID_STATE` before one.
+ *
+ * Bad input: `VMMW_NULL_ARGUMENT` (`loader`, `out`); `VMMW_INVALID_STATE` (no
+ * load completed).
  *
  * # Safety
  * `loader` is a live handle; `out` is writable; `error` is NULL or writable.
@@ -921,6 +1025,11 @@ int32_t vmmw_loader_result(const struct vmmw_loader_t *loader, struct vmmw_load_
 /**
  * The last load's statistics and plan summary as JSON, into `buf` (buffer
  * contract of `vmmw_device_describe`). `VMMW_INVALID_STATE` before a load.
+ *
+ * Bad input: `VMMW_NULL_ARGUMENT` (`loader`); `VMMW_INVALID_STATE` (no load
+ * completed); the buffer contract: `VMMW_BUFFER_TOO_SMALL` with `*needed` set
+ * when `cap` is short (nothing written to `buf`), `VMMW_NULL_ARGUMENT` with
+ * nothing written when `buf` is NULL and `cap` > 0.
  *
  * # Safety
  * `loader` is a live handle; `buf` is NULL or writable for `cap` bytes;
@@ -936,6 +1045,8 @@ int32_t vmmw_loader_result_json(const struct vmmw_loader_t *loader, char *buf, s
  * one `vmmw_device_t` share it; a pool that opened its device itself
  * (`device_handle` NULL) has its own. Thread-safe.
  *
+ * Bad input: `VMMW_NULL_ARGUMENT` (`pool`, `out`).
+ *
  * # Safety
  * `pool` is a live handle; `out` is writable; `error` is NULL or writable.
  */
@@ -948,6 +1059,8 @@ int32_t vmmw_pool_staging_bytes(const struct vmmw_pool_t *pool, uint64_t *out, s
  * Reload wake pins a new one (milliseconds). A load running concurrently
  * keeps its ring and caches it again when it finishes. Thread-safe.
  *
+ * Bad input: `VMMW_NULL_ARGUMENT` (`pool`, `released`).
+ *
  * # Safety
  * `pool` is a live handle; `released` is writable; `error` is NULL or writable.
  */
@@ -957,6 +1070,10 @@ int32_t vmmw_pool_release_staging(const struct vmmw_pool_t *pool, uint64_t *rele
  * Create a pool. `options` may be NULL (all defaults). On success `*out`
  * receives a new handle owned by the caller (`vmmw_pool_free`). Errors:
  * `VMMW_INVALID_ARGUMENT` (bad sizes or backend), `VMMW_DRIVER_UNAVAILABLE`.
+ *
+ * Bad input: `VMMW_NULL_ARGUMENT` (`out`); `VMMW_INVALID_ARGUMENT` (unknown
+ * backend, `align` not a power of two, a size over 2^56 or inconsistent
+ * sizes); `VMMW_DRIVER_UNAVAILABLE`.
  *
  * # Safety
  * `options` is NULL or readable; `out` is writable; `error` is NULL or writable.
@@ -970,6 +1087,9 @@ int32_t vmmw_pool_new(const struct vmmw_pool_options_t *options, struct vmmw_poo
  * stays valid until the process exits, every call returns the same pointer,
  * and `vmmw_pool_free` on it does nothing.
  *
+ * Bad input: `VMMW_NULL_ARGUMENT` (`out`); `VMMW_INVALID_ARGUMENT` (negative
+ * device); `VMMW_DRIVER_UNAVAILABLE`.
+ *
  * # Safety
  * `out` is writable; `error` is NULL or writable.
  */
@@ -979,6 +1099,9 @@ int32_t vmmw_pool_default(int32_t device, struct vmmw_pool_t **out, struct vmmw_
  * Free a pool handle. NULL and the pools of `vmmw_pool_default` are accepted
  * and ignored. Blocks still allocated are released with the pool (their
  * pointers become invalid); the device is synchronized first.
+ *
+ * Bad input: NULL and global pools are ignored. A handle already freed cannot
+ * be detected (undefined behaviour).
  *
  * # Safety
  * `pool` is NULL or a live handle, not used afterwards (unless global) and
@@ -992,6 +1115,11 @@ void vmmw_pool_free(struct vmmw_pool_t *pool);
  * and wake). Errors: `VMMW_OUT_OF_MEMORY` (after returning cached memory and
  * retrying), `VMMW_INVALID_STATE` (the tag is asleep), `VMMW_INVALID_ARGUMENT` (size 0).
  *
+ * Bad input: `VMMW_NULL_ARGUMENT` (`pool`, `out_ptr`); `VMMW_INVALID_ARGUMENT`
+ * (`size` 0); `VMMW_OUT_OF_MEMORY` (also for sizes larger than the device, up
+ * to `UINT64_MAX`); `VMMW_INVALID_STATE` (tag asleep). `*out_ptr` untouched on
+ * error.
+ *
  * # Safety
  * `pool` is a live handle; `out_ptr` is writable; `error` is NULL or writable.
  */
@@ -999,6 +1127,10 @@ int32_t vmmw_pool_alloc(const struct vmmw_pool_t *pool, uint64_t size, uint64_t 
 
 /**
  * Allocate `size` bytes under `tag` (ignoring the thread's scopes).
+ *
+ * Bad input: `VMMW_NULL_ARGUMENT` (`pool`, `out_ptr`); `VMMW_UNKNOWN_TAG`;
+ * `VMMW_INVALID_ARGUMENT` (`size` 0); `VMMW_OUT_OF_MEMORY` (also for sizes
+ * larger than the device); `VMMW_INVALID_STATE` (tag asleep).
  *
  * # Safety
  * As `vmmw_pool_alloc`.
@@ -1010,6 +1142,9 @@ int32_t vmmw_pool_alloc_tagged(const struct vmmw_pool_t *pool, uint64_t size, ui
  * `VMMW_UNKNOWN_POINTER` (nothing changes) for a pointer that is not the
  * start of a live block of this pool, or a double free.
  *
+ * Bad input: `VMMW_NULL_ARGUMENT` (`pool`); `VMMW_UNKNOWN_POINTER` (0,
+ * foreign, interior or already freed pointer; nothing changes).
+ *
  * # Safety
  * `pool` is a live handle; `error` is NULL or writable.
  */
@@ -1018,6 +1153,8 @@ int32_t vmmw_pool_free_ptr(const struct vmmw_pool_t *pool, uint64_t ptr, struct 
 /**
  * Return cached memory to the driver; `*released` receives the physically
  * backed bytes released.
+ *
+ * Bad input: `VMMW_NULL_ARGUMENT` (`pool`, `released`).
  *
  * # Safety
  * `pool` is a live handle; `released` is writable; `error` is NULL or writable.
@@ -1030,6 +1167,10 @@ int32_t vmmw_pool_trim(const struct vmmw_pool_t *pool, uint64_t *released, struc
  * bytes (0 = granularity). `VMMW_INVALID_STATE` if the tag has an arena of
  * other dimensions still in use.
  *
+ * Bad input: `VMMW_NULL_ARGUMENT` (`pool`); `VMMW_UNKNOWN_TAG`;
+ * `VMMW_INVALID_ARGUMENT` (`reserve_bytes` 0, sizes over 2^56);
+ * `VMMW_INVALID_STATE` (an arena of other dimensions in use).
+ *
  * # Safety
  * `pool` is a live handle; `error` is NULL or writable.
  */
@@ -1038,6 +1179,8 @@ int32_t vmmw_pool_set_tag_arena(const struct vmmw_pool_t *pool, uint32_t tag, ui
 /**
  * Place `tag`'s future blocks in cached, split segments (the default).
  *
+ * Bad input: `VMMW_NULL_ARGUMENT` (`pool`); `VMMW_UNKNOWN_TAG`.
+ *
  * # Safety
  * `pool` is a live handle; `error` is NULL or writable.
  */
@@ -1045,6 +1188,8 @@ int32_t vmmw_pool_set_tag_segments(const struct vmmw_pool_t *pool, uint32_t tag,
 
 /**
  * The pool's memory summed over all tags.
+ *
+ * Bad input: `VMMW_NULL_ARGUMENT` (`pool`, `out`).
  *
  * # Safety
  * `pool` is a live handle; `out` is writable; `error` is NULL or writable.
@@ -1055,6 +1200,8 @@ int32_t vmmw_pool_report(const struct vmmw_pool_t *pool, struct vmmw_report_t *o
  * The pool's memory of one tag (all zero when the tag has nothing in this
  * pool; `tags` is then 0, else 1). `VMMW_UNKNOWN_TAG` for an unregistered id.
  *
+ * Bad input: `VMMW_NULL_ARGUMENT` (`pool`, `out`); `VMMW_UNKNOWN_TAG`.
+ *
  * # Safety
  * `pool` is a live handle; `out` is writable; `error` is NULL or writable.
  */
@@ -1063,6 +1210,11 @@ int32_t vmmw_pool_report_tag(const struct vmmw_pool_t *pool, uint32_t tag, struc
 /**
  * The full memory report (per tag and total) as JSON, into `buf` (the buffer
  * contract of `vmmw_device_describe`: `VMMW_BUFFER_TOO_SMALL` with `*needed`).
+ *
+ * Bad input: `VMMW_NULL_ARGUMENT` (`pool`); the buffer contract:
+ * `VMMW_BUFFER_TOO_SMALL` with `*needed` set when `cap` is short (nothing
+ * written to `buf`), `VMMW_NULL_ARGUMENT` with nothing written when `buf` is
+ * NULL and `cap` > 0.
  *
  * # Safety
  * `pool` is a live handle; `buf` is NULL or writable for `cap` bytes;
@@ -1077,6 +1229,9 @@ int32_t vmmw_pool_report_json(const struct vmmw_pool_t *pool, char *buf, size_t 
  * `vmmw_pool_clear_timeline` empties it. `VMMW_INVALID_ARGUMENT` for a name
  * over 256 bytes or not UTF-8.
  *
+ * Bad input: `VMMW_NULL_ARGUMENT` (`pool`, `name`); `VMMW_INVALID_ARGUMENT`
+ * (name not UTF-8 or over 256 bytes).
+ *
  * # Safety
  * `pool` is a live handle; `name` is a NUL-terminated string; `error` is NULL or writable.
  */
@@ -1084,6 +1239,11 @@ int32_t vmmw_pool_snapshot(const struct vmmw_pool_t *pool, const char *name, str
 
 /**
  * Every snapshot so far as JSON, into `buf` (buffer contract as `vmmw_pool_report_json`).
+ *
+ * Bad input: `VMMW_NULL_ARGUMENT` (`pool`); the buffer contract:
+ * `VMMW_BUFFER_TOO_SMALL` with `*needed` set when `cap` is short (nothing
+ * written to `buf`), `VMMW_NULL_ARGUMENT` with nothing written when `buf` is
+ * NULL and `cap` > 0.
  *
  * # Safety
  * As `vmmw_pool_report_json`.
@@ -1093,6 +1253,8 @@ int32_t vmmw_pool_timeline_json(const struct vmmw_pool_t *pool, char *buf, size_
 /**
  * Forget every snapshot of the pool's timeline; `*cleared` (NULL: not
  * written) receives how many were kept. Thread-safe.
+ *
+ * Bad input: `VMMW_NULL_ARGUMENT` (`pool`).
  *
  * # Safety
  * `pool` is a live handle; `cleared` and `error` are NULL or writable.
@@ -1106,6 +1268,11 @@ int32_t vmmw_pool_clear_timeline(const struct vmmw_pool_t *pool, uint64_t *clear
  * `VMMW_INVALID_ARGUMENT` otherwise; nothing copied). Must not race with
  * sleeping the tag that owns the range.
  *
+ * Bad input: `VMMW_NULL_ARGUMENT` (`pool`; `src` with `len` > 0);
+ * `VMMW_UNKNOWN_POINTER` (not in this pool); `VMMW_INVALID_STATE` (asleep);
+ * `VMMW_INVALID_ARGUMENT` (past the mapped part, or overflowing). Nothing
+ * copied.
+ *
  * # Safety
  * `pool` is a live handle; `src` is readable for `len` bytes (NULL when `len`
  * is 0); `error` is NULL or writable.
@@ -1115,6 +1282,11 @@ int32_t vmmw_pool_write(const struct vmmw_pool_t *pool, uint64_t dst, const void
 /**
  * Copy `len` bytes of pool memory at device address `src` into host memory
  * `dst`, and wait for the copy. Same range rules as `vmmw_pool_write`.
+ *
+ * Bad input: `VMMW_NULL_ARGUMENT` (`pool`; `dst` with `len` > 0);
+ * `VMMW_UNKNOWN_POINTER` (not in this pool); `VMMW_INVALID_STATE` (asleep);
+ * `VMMW_INVALID_ARGUMENT` (past the mapped part, or overflowing). Nothing
+ * copied.
  *
  * # Safety
  * `pool` is a live handle; `dst` is writable for `len` bytes (NULL when `len`
@@ -1131,6 +1303,10 @@ int32_t vmmw_pool_read(const struct vmmw_pool_t *pool, uint64_t src, void *dst, 
  * keeps the device's driver alive. Errors: `VMMW_INVALID_ARGUMENT` (size 0),
  * `VMMW_OUT_OF_MEMORY`, `VMMW_DRIVER_ERROR`; on failure nothing is left allocated.
  *
+ * Bad input: `VMMW_NULL_ARGUMENT` (`device`, `out`); `VMMW_INVALID_ARGUMENT`
+ * (`size` 0, `size` or `chunk_size` over 2^56); `VMMW_OUT_OF_MEMORY`;
+ * `VMMW_DRIVER_ERROR`. Nothing is left allocated.
+ *
  * # Safety
  * `device` is a live handle; `out` is writable; `error` is NULL or writable.
  */
@@ -1140,6 +1316,9 @@ int32_t vmmw_segment_new(const struct vmmw_device_t *device, uint64_t size, uint
  * Free a segment: waits for the device, unmaps, releases its memory and its
  * VA. NULL is accepted.
  *
+ * Bad input: NULL is ignored. A handle already freed cannot be detected
+ * (undefined behaviour).
+ *
  * # Safety
  * `segment` is NULL or a live handle, not used afterwards and not concurrently.
  */
@@ -1147,6 +1326,8 @@ void vmmw_segment_free(struct vmmw_segment_t *segment);
 
 /**
  * The segment's address and sizes.
+ *
+ * Bad input: `VMMW_NULL_ARGUMENT` (`segment`, `out`).
  *
  * # Safety
  * `segment` is a live handle; `out` is writable; `error` is NULL or writable.
@@ -1158,6 +1339,10 @@ int32_t vmmw_segment_info(const struct vmmw_segment_t *segment, struct vmmw_segm
  * wait for the copy. The range must lie in the committed, mapped part
  * (`VMMW_INVALID_ARGUMENT` / `VMMW_INVALID_STATE` otherwise; nothing copied).
  *
+ * Bad input: `VMMW_NULL_ARGUMENT` (`segment`; `src` with `len` > 0);
+ * `VMMW_INVALID_ARGUMENT` (range outside the committed part, or overflowing);
+ * `VMMW_INVALID_STATE` (a chunk unmapped). Nothing copied.
+ *
  * # Safety
  * `segment` is a live handle; `src` is readable for `len` bytes (may be NULL
  * when `len` is 0); `error` is NULL or writable.
@@ -1167,6 +1352,10 @@ int32_t vmmw_segment_write(const struct vmmw_segment_t *segment, uint64_t offset
 /**
  * Copy `len` bytes of the segment at `offset` into host memory `dst`, and
  * wait for the copy. Same range rules as `vmmw_segment_write`.
+ *
+ * Bad input: `VMMW_NULL_ARGUMENT` (`segment`; `dst` with `len` > 0);
+ * `VMMW_INVALID_ARGUMENT` (range outside the committed part, or overflowing);
+ * `VMMW_INVALID_STATE` (a chunk unmapped). Nothing copied.
  *
  * # Safety
  * `segment` is a live handle; `dst` is writable for `len` bytes (may be NULL
@@ -1184,6 +1373,14 @@ int32_t vmmw_segment_read(const struct vmmw_segment_t *segment, uint64_t offset,
  * (`VMMW_INVALID_ARGUMENT`, `VMMW_UNKNOWN_TAG`). Tags are processed in order;
  * on a failure the earlier tags are asleep and the error names the failing one.
  *
+ * Bad input: `VMMW_NULL_ARGUMENT` (`pool`; `items` with `n` > 0);
+ * `VMMW_INVALID_ARGUMENT` (unknown policy) and `VMMW_UNKNOWN_TAG`, both
+ * checked before anything moves; `VMMW_INVALID_STATE` (Reload for a tag with
+ * no load behind it); `VMMW_HOST_OUT_OF_MEMORY` (a backup over the limit or
+ * over the host's available memory; that tag stays awake). Backups cover whole
+ * committed segments, not only live blocks: a tag holding one small block in
+ * its own segment backs up the granularity.
+ *
  * # Safety
  * `pool` is a live handle; `items` is readable for `n` entries (NULL when `n`
  * is 0); `error` is NULL or writable.
@@ -1198,6 +1395,10 @@ int32_t vmmw_pool_sleep(const struct vmmw_pool_t *pool, const struct vmmw_tag_po
  * nothing changes); each tag's wake is transactional (on failure it stays
  * asleep with its backup intact, and a later wake can succeed).
  *
+ * Bad input: `VMMW_NULL_ARGUMENT` (`pool`; `tags` with `n` > 0);
+ * `VMMW_UNKNOWN_TAG`; `VMMW_OUT_OF_MEMORY` (nothing changes). Waking an awake
+ * tag does nothing.
+ *
  * # Safety
  * `pool` is a live handle; `tags` is readable for `n` entries (NULL when `n`
  * is 0); `error` is NULL or writable.
@@ -1209,6 +1410,11 @@ int32_t vmmw_pool_wake(const struct vmmw_pool_t *pool, const uint32_t *tags, siz
  * sleep runs at the link's rate (pinning at sleep time is slow).
  * `VMMW_HOST_OUT_OF_MEMORY` beyond the sleep options' host-memory limit.
  *
+ * Bad input: `VMMW_NULL_ARGUMENT` (`pool`); `VMMW_HOST_OUT_OF_MEMORY` (over
+ * the host-memory limit or the host's available memory, checked before
+ * pinning: any size up to `UINT64_MAX` is refused at once; a failure midway
+ * unpins what this call pinned).
+ *
  * # Safety
  * `pool` is a live handle; `error` is NULL or writable.
  */
@@ -1217,6 +1423,8 @@ int32_t vmmw_pool_reserve_backup(const struct vmmw_pool_t *pool, uint64_t bytes,
 /**
  * Unpin backup memory that holds no sleeping tag's contents; `*released`
  * receives the bytes unpinned.
+ *
+ * Bad input: `VMMW_NULL_ARGUMENT` (`pool`, `released`).
  *
  * # Safety
  * `pool` is a live handle; `released` is writable; `error` is NULL or writable.
@@ -1227,6 +1435,9 @@ int32_t vmmw_pool_release_backup(const struct vmmw_pool_t *pool, uint64_t *relea
  * Replace the pool's sleep options (`options` NULL: all defaults). The
  * host-memory limit applies to future pinning.
  *
+ * Bad input: `VMMW_NULL_ARGUMENT` (`pool`); `VMMW_INVALID_ARGUMENT` (`streams`
+ * over 64, a size over 2^56; the previous options stay).
+ *
  * # Safety
  * `pool` is a live handle; `options` is NULL or readable; `error` is NULL or writable.
  */
@@ -1236,6 +1447,11 @@ int32_t vmmw_pool_set_sleep_options(const struct vmmw_pool_t *pool, const struct
  * What the last successful `vmmw_pool_sleep` or `vmmw_pool_wake` on this
  * handle did, per tag (segments, bytes released or mapped, bytes copied,
  * seconds), as JSON into `buf` (buffer contract of `vmmw_device_describe`).
+ *
+ * Bad input: `VMMW_NULL_ARGUMENT` (`pool`); the buffer contract:
+ * `VMMW_BUFFER_TOO_SMALL` with `*needed` set when `cap` is short (nothing
+ * written to `buf`), `VMMW_NULL_ARGUMENT` with nothing written when `buf` is
+ * NULL and `cap` > 0.
  *
  * # Safety
  * `pool` is a live handle; `buf` is NULL or writable for `cap` bytes;
@@ -1248,6 +1464,9 @@ int32_t vmmw_pool_last_cycle_json(const struct vmmw_pool_t *pool, char *buf, siz
  * "VMMW_UNKNOWN_STATUS" for a number this library does not define.
  *
  * Never NULL; the string is static (never free it). Thread-safe.
+ *
+ * Bad input: a number this library does not define gives
+ * "VMMW_UNKNOWN_STATUS".
  */
 const char *vmmw_status_name(int32_t status);
 
@@ -1257,6 +1476,9 @@ const char *vmmw_status_name(int32_t status);
  * UTF-8 without control characters (`VMMW_INVALID_ARGUMENT` otherwise).
  * Thread-safe.
  *
+ * Bad input: `VMMW_NULL_ARGUMENT` (`name`, `out`); `VMMW_INVALID_ARGUMENT`
+ * (empty, over 64 bytes, not UTF-8, control characters).
+ *
  * # Safety
  * `name` is NULL or a NUL-terminated string; `out` is writable; `error` is NULL or writable.
  */
@@ -1265,6 +1487,10 @@ int32_t vmmw_tag_id(const char *name, uint32_t *out, struct vmmw_error_t **error
 /**
  * The name of a registered tag, into `buf` (the buffer contract of
  * `vmmw_device_describe`). `VMMW_UNKNOWN_TAG` for an id never handed out.
+ *
+ * Bad input: `VMMW_UNKNOWN_TAG`; the buffer contract: `VMMW_BUFFER_TOO_SMALL`
+ * with `*needed` set when `cap` is short (nothing written to `buf`),
+ * `VMMW_NULL_ARGUMENT` with nothing written when `buf` is NULL and `cap` > 0.
  *
  * # Safety
  * `buf` is NULL or writable for `cap` bytes; `needed` and `error` are NULL or writable.
@@ -1277,6 +1503,8 @@ int32_t vmmw_tag_name(uint32_t tag, char *buf, size_t cap, size_t *needed, struc
  * for an id not from `vmmw_tag_id`. (Go callers must lock the goroutine to its
  * thread for the scope; the Go binding does.)
  *
+ * Bad input: `VMMW_UNKNOWN_TAG`.
+ *
  * # Safety
  * `error` is NULL or writable.
  */
@@ -1285,6 +1513,8 @@ int32_t vmmw_tag_push(uint32_t tag, struct vmmw_error_t **error);
 /**
  * Close the innermost tag scope of the calling OS thread.
  * `VMMW_INVALID_STATE` (nothing changes) when no scope is open.
+ *
+ * Bad input: `VMMW_INVALID_STATE` (no scope open; nothing changes).
  *
  * # Safety
  * `error` is NULL or writable.
@@ -1295,6 +1525,8 @@ int32_t vmmw_tag_pop(struct vmmw_error_t **error);
  * The tag allocations on the calling thread get now: the innermost scope,
  * else the process default.
  *
+ * Bad input: `VMMW_NULL_ARGUMENT` (`out`).
+ *
  * # Safety
  * `out` is writable; `error` is NULL or writable.
  */
@@ -1302,6 +1534,8 @@ int32_t vmmw_tag_current(uint32_t *out, struct vmmw_error_t **error);
 
 /**
  * Set the tag used by threads with no open scope (initially `VMMW_TAG_DEFAULT`).
+ *
+ * Bad input: `VMMW_UNKNOWN_TAG`.
  *
  * # Safety
  * `error` is NULL or writable.
@@ -1313,6 +1547,9 @@ int32_t vmmw_tag_set_process_default(uint32_t tag, struct vmmw_error_t **error);
  * calling thread's current tag. Returns NULL when out of memory or on any
  * other failure (reported on stderr). Never unwinds.
  *
+ * Bad input: returns NULL (size <= 0, negative device, out of memory, any
+ * failure); never a status.
+ *
  * # Safety
  * Safe to call with any arguments; `stream` is not dereferenced.
  */
@@ -1322,6 +1559,9 @@ void *vmmw_torch_malloc(ptrdiff_t size, int32_t device, void *stream);
  * Free a segment returned by [`vmmw_torch_malloc`], after the device has
  * finished all queued work. An unknown pointer is reported on stderr and
  * counted, never a crash. Never unwinds.
+ *
+ * Bad input: ignored and reported on stderr (NULL, unknown or already freed
+ * pointer).
  *
  * # Safety
  * Safe to call with any arguments; `ptr` is only looked up, never

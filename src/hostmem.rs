@@ -15,13 +15,20 @@ pub fn available() -> Option<u64> {
     kb.checked_mul(1024)
 }
 
+/// Host memory left available after any pinning: the out-of-memory killer
+/// acts before available memory reaches zero.
+const HEADROOM: u64 = 256 << 20;
+
 /// Refuse to populate `len` bytes for `what` when the host does not have them
-/// available: touching them would wake the kernel's out-of-memory killer
-/// instead of returning an error.
+/// available (with [`HEADROOM`] to spare): touching them would wake the
+/// kernel's out-of-memory killer instead of returning an error.
 pub fn check_available(len: u64, what: &str) -> Result<()> {
+    if len == 0 {
+        return Ok(());
+    }
     match available() {
-        Some(avail) if len > avail => Err(Error::HostOutOfMemory {
-            what: format!("{what}: the host has only {avail} bytes available"),
+        Some(avail) if len.saturating_add(HEADROOM) > avail => Err(Error::HostOutOfMemory {
+            what: format!("{what}: the host has {avail} bytes available and keeps {HEADROOM} free"),
             requested: len,
             limit: avail,
             in_use: 0,

@@ -170,6 +170,13 @@ impl vmmw_loader_t {
 /// (`vmmw_loader_free`). Initial rules: none (every tensor to the destination
 /// of its own name).
 ///
+/// Bad input: `VMMW_NULL_ARGUMENT` (`path`, `out`); `VMMW_IO` (missing,
+/// unreadable); `VMMW_CHECKPOINT_INVALID` (not a regular file: FIFO, device,
+/// socket; index over 64 MiB; header over 100 MB or past the end; bad JSON,
+/// duplicate names, unknown dtype, more than 64 dims, overflowing shapes,
+/// offsets out of range or overlapping; shard names with `..` or absolute;
+/// missing shards). Opens never block.
+///
 /// # Safety
 /// `path` is a NUL-terminated string; `out` is writable; `error` is NULL or writable.
 #[no_mangle]
@@ -200,6 +207,9 @@ pub unsafe extern "C" fn vmmw_loader_open(
 /// pool (free them with `vmmw_pool_free_ptr`, or with the pool); the reload
 /// source a load registered in the pool stays valid.
 ///
+/// Bad input: NULL is ignored. A handle already freed cannot be detected
+/// (undefined behaviour).
+///
 /// # Safety
 /// `loader` is NULL or a live handle, not used afterwards and not concurrently.
 #[no_mangle]
@@ -211,6 +221,11 @@ pub unsafe extern "C" fn vmmw_loader_free(loader: *mut vmmw_loader_t) {
 /// Replace the mapping rules with their JSON form (see docs: match/to/fuse/
 /// shard/pad/skip, ties, tp, dtype). Checked now (`VMMW_INVALID_ARGUMENT`
 /// naming the bad field or regex; the previous rules stay).
+///
+/// Bad input: `VMMW_NULL_ARGUMENT` (`loader`, `json`); `VMMW_INVALID_ARGUMENT`
+/// (bad JSON, unknown field, bad regex, rank not below world; the previous
+/// rules stay). Sizes the rules produce are checked at plan time
+/// (`VMMW_PLAN_MISMATCH` on overflow).
 ///
 /// # Safety
 /// `loader` is a live handle; `json` is a NUL-terminated string; `error` is NULL or writable.
@@ -235,6 +250,9 @@ pub unsafe extern "C" fn vmmw_loader_set_rules_json(
 /// ("llama", "mistral", "qwen", "qwen2", "qwen3"): q/k/v fused into
 /// `qkv_proj`, gate/up into `gate_up_proj`; with `tp_world` > 0, sharded for
 /// rank `tp_rank`, kv heads cut by `head_dim`.
+///
+/// Bad input: `VMMW_NULL_ARGUMENT` (`loader`, `family`);
+/// `VMMW_INVALID_ARGUMENT` (unknown family, `tp_rank` >= `tp_world`).
 ///
 /// # Safety
 /// `loader` is a live handle; `family` is a NUL-terminated string; `error` is NULL or writable.
@@ -264,6 +282,10 @@ pub unsafe extern "C" fn vmmw_loader_set_rules_preset(
 }
 
 /// Set the load options (`options` NULL: defaults).
+///
+/// Bad input: `VMMW_NULL_ARGUMENT` (`loader`); `VMMW_INVALID_ARGUMENT` (unknown
+/// strategy, `threads` over 256, `slot_bytes` or `window_bytes` over 4 GiB; the
+/// previous options stay).
 ///
 /// # Safety
 /// `loader` is a live handle; `options` is NULL or readable; `error` is NULL or writable.
@@ -322,6 +344,11 @@ fn parse_dtype(s: &str) -> Result<Dtype> {
 /// (`VMMW_INVALID_ARGUMENT`, nothing registered): empty or duplicate name,
 /// NULL `ptr`, overlap with another destination.
 ///
+/// Bad input: `VMMW_NULL_ARGUMENT` (`loader`, `name`, `dtype`; `shape` with
+/// `ndim` > 0); `VMMW_INVALID_ARGUMENT` (empty or duplicate name, unknown
+/// dtype, NULL `ptr`, byte size overflowing or past the end of the address
+/// space, overlap). Checked against the pool at load.
+///
 /// # Safety
 /// `loader` is a live handle; `name` and `dtype` are NUL-terminated strings;
 /// `shape` is readable for `ndim` entries (NULL when `ndim` is 0: a scalar);
@@ -361,6 +388,9 @@ pub unsafe extern "C" fn vmmw_loader_register(
 /// when asleep), unless it lies wholly inside one range declared here; the
 /// caller then vouches that the range is mapped while loads run.
 /// `VMMW_INVALID_ARGUMENT` for a NULL, empty or overflowing range.
+///
+/// Bad input: `VMMW_NULL_ARGUMENT` (`loader`); `VMMW_INVALID_ARGUMENT` (NULL
+/// `ptr`, `bytes` 0, overflowing range).
 ///
 /// # Safety
 /// `loader` is a live handle; `error` is NULL or writable.
@@ -404,6 +434,11 @@ impl DestAllocator for PoolDest<'_> {
 /// them with `vmmw_loader_destination`, free them with `vmmw_pool_free_ptr`
 /// (or with the pool).
 ///
+/// Bad input: `VMMW_NULL_ARGUMENT` (`loader`, `pool`); `VMMW_UNKNOWN_TAG`;
+/// `VMMW_PLAN_MISMATCH` (rules give an overflowing shape, or parts that do not
+/// fit); `VMMW_OUT_OF_MEMORY`; `VMMW_INVALID_STATE` (tag asleep). Nothing
+/// registered on error.
+///
 /// # Safety
 /// `loader` and `pool` are live handles; `error` is NULL or writable.
 #[no_mangle]
@@ -439,6 +474,8 @@ pub unsafe extern "C" fn vmmw_loader_allocate(
 
 /// Number of registered destinations.
 ///
+/// Bad input: `VMMW_NULL_ARGUMENT` (`loader`, `out`).
+///
 /// # Safety
 /// `loader` is a live handle; `out` is writable; `error` is NULL or writable.
 #[no_mangle]
@@ -455,6 +492,11 @@ pub unsafe extern "C" fn vmmw_loader_destination_count(
 
 /// The name of destination `index` (0 ≤ index < count, in name order), into
 /// `buf` (buffer contract of `vmmw_device_describe`).
+///
+/// Bad input: `VMMW_NULL_ARGUMENT` (`loader`); `VMMW_INVALID_ARGUMENT` (`index`
+/// not below the count); the buffer contract: `VMMW_BUFFER_TOO_SMALL` with
+/// `*needed` set when `cap` is short (nothing written to `buf`),
+/// `VMMW_NULL_ARGUMENT` with nothing written when `buf` is NULL and `cap` > 0.
 ///
 /// # Safety
 /// `loader` is a live handle; `buf` is NULL or writable for `cap` bytes;
@@ -484,6 +526,10 @@ pub unsafe extern "C" fn vmmw_loader_destination_name(
 
 /// The destination named `name`. `VMMW_INVALID_ARGUMENT` when none is
 /// registered under it, or it has more than `VMMW_MAX_DIMS` dimensions.
+///
+/// Bad input: `VMMW_NULL_ARGUMENT` (`loader`, `name`, `out`);
+/// `VMMW_INVALID_ARGUMENT` (no such destination, more than `VMMW_MAX_DIMS`
+/// dims).
 ///
 /// # Safety
 /// `loader` is a live handle; `name` is a NUL-terminated string; `out` is
@@ -530,6 +576,9 @@ pub unsafe extern "C" fn vmmw_loader_destination(
 /// writing anything: every missing, unexpected, mis-shaped or mis-typed tensor
 /// is listed in one `VMMW_PLAN_MISMATCH` message.
 ///
+/// Bad input: `VMMW_NULL_ARGUMENT` (`loader`, `out`); `VMMW_PLAN_MISMATCH`;
+/// `VMMW_CHECKPOINT_INVALID`/`VMMW_IO` (reopening the checkpoint).
+///
 /// # Safety
 /// `loader` is a live handle; `out` is writable; `error` is NULL or writable.
 #[no_mangle]
@@ -569,6 +618,14 @@ pub unsafe extern "C" fn vmmw_loader_plan(
 /// pool as the reload source of the tags that own the destinations, so those
 /// tags can sleep with `VMMW_POLICY_RELOAD`. A loader can load again (the
 /// checkpoint is reopened).
+///
+/// Bad input: `VMMW_NULL_ARGUMENT` (`loader`, `pool`); before any byte is
+/// written: `VMMW_CHECKPOINT_INVALID` (a shard changed since open),
+/// `VMMW_PLAN_MISMATCH`, `VMMW_UNKNOWN_POINTER` (a destination outside this
+/// pool's live blocks and not declared foreign), `VMMW_INVALID_ARGUMENT` (a
+/// destination running past its block), `VMMW_INVALID_STATE` (asleep); during
+/// the copy: `VMMW_CANCELLED`, `VMMW_DRIVER_ERROR`. A pending cancel survives a
+/// load refused before its copies.
 ///
 /// # Safety
 /// `loader` and `pool` are live handles; `progress` is NULL or a function
@@ -642,6 +699,8 @@ pub unsafe extern "C" fn vmmw_loader_load(
 /// Ask the running load of this loader (or, when none runs, the next one) to
 /// stop; it fails with `VMMW_CANCELLED`. Thread-safe; returns at once.
 ///
+/// Bad input: `VMMW_NULL_ARGUMENT` (`loader`).
+///
 /// # Safety
 /// `loader` is a live handle; `error` is NULL or writable.
 #[no_mangle]
@@ -667,6 +726,9 @@ fn stats_of(l: &vmmw_loader_t) -> Result<CopyStats> {
 }
 
 /// What the last successful load did. `VMMW_INVALID_STATE` before one.
+///
+/// Bad input: `VMMW_NULL_ARGUMENT` (`loader`, `out`); `VMMW_INVALID_STATE` (no
+/// load completed).
 ///
 /// # Safety
 /// `loader` is a live handle; `out` is writable; `error` is NULL or writable.
@@ -694,6 +756,11 @@ pub unsafe extern "C" fn vmmw_loader_result(
 
 /// The last load's statistics and plan summary as JSON, into `buf` (buffer
 /// contract of `vmmw_device_describe`). `VMMW_INVALID_STATE` before a load.
+///
+/// Bad input: `VMMW_NULL_ARGUMENT` (`loader`); `VMMW_INVALID_STATE` (no load
+/// completed); the buffer contract: `VMMW_BUFFER_TOO_SMALL` with `*needed` set
+/// when `cap` is short (nothing written to `buf`), `VMMW_NULL_ARGUMENT` with
+/// nothing written when `buf` is NULL and `cap` > 0.
 ///
 /// # Safety
 /// `loader` is a live handle; `buf` is NULL or writable for `cap` bytes;
@@ -740,6 +807,8 @@ pub unsafe extern "C" fn vmmw_loader_result_json(
 /// one `vmmw_device_t` share it; a pool that opened its device itself
 /// (`device_handle` NULL) has its own. Thread-safe.
 ///
+/// Bad input: `VMMW_NULL_ARGUMENT` (`pool`, `out`).
+///
 /// # Safety
 /// `pool` is a live handle; `out` is writable; `error` is NULL or writable.
 #[no_mangle]
@@ -760,6 +829,8 @@ pub unsafe extern "C" fn vmmw_pool_staging_bytes(
 /// `*released` receives its bytes (0 when none was cached). The next load or
 /// Reload wake pins a new one (milliseconds). A load running concurrently
 /// keeps its ring and caches it again when it finishes. Thread-safe.
+///
+/// Bad input: `VMMW_NULL_ARGUMENT` (`pool`, `released`).
 ///
 /// # Safety
 /// `pool` is a live handle; `released` is writable; `error` is NULL or writable.

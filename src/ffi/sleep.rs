@@ -80,6 +80,14 @@ fn record(p: &vmmw_pool_t, cycles: Vec<TagCycle>) {
 /// (`VMMW_INVALID_ARGUMENT`, `VMMW_UNKNOWN_TAG`). Tags are processed in order;
 /// on a failure the earlier tags are asleep and the error names the failing one.
 ///
+/// Bad input: `VMMW_NULL_ARGUMENT` (`pool`; `items` with `n` > 0);
+/// `VMMW_INVALID_ARGUMENT` (unknown policy) and `VMMW_UNKNOWN_TAG`, both
+/// checked before anything moves; `VMMW_INVALID_STATE` (Reload for a tag with
+/// no load behind it); `VMMW_HOST_OUT_OF_MEMORY` (a backup over the limit or
+/// over the host's available memory; that tag stays awake). Backups cover whole
+/// committed segments, not only live blocks: a tag holding one small block in
+/// its own segment backs up the granularity.
+///
 /// # Safety
 /// `pool` is a live handle; `items` is readable for `n` entries (NULL when `n`
 /// is 0); `error` is NULL or writable.
@@ -112,6 +120,10 @@ pub unsafe extern "C" fn vmmw_pool_sleep(
 /// nothing changes); each tag's wake is transactional (on failure it stays
 /// asleep with its backup intact, and a later wake can succeed).
 ///
+/// Bad input: `VMMW_NULL_ARGUMENT` (`pool`; `tags` with `n` > 0);
+/// `VMMW_UNKNOWN_TAG`; `VMMW_OUT_OF_MEMORY` (nothing changes). Waking an awake
+/// tag does nothing.
+///
 /// # Safety
 /// `pool` is a live handle; `tags` is readable for `n` entries (NULL when `n`
 /// is 0); `error` is NULL or writable.
@@ -140,6 +152,11 @@ pub unsafe extern "C" fn vmmw_pool_wake(
 /// sleep runs at the link's rate (pinning at sleep time is slow).
 /// `VMMW_HOST_OUT_OF_MEMORY` beyond the sleep options' host-memory limit.
 ///
+/// Bad input: `VMMW_NULL_ARGUMENT` (`pool`); `VMMW_HOST_OUT_OF_MEMORY` (over
+/// the host-memory limit or the host's available memory, checked before
+/// pinning: any size up to `UINT64_MAX` is refused at once; a failure midway
+/// unpins what this call pinned).
+///
 /// # Safety
 /// `pool` is a live handle; `error` is NULL or writable.
 #[no_mangle]
@@ -157,6 +174,8 @@ pub unsafe extern "C" fn vmmw_pool_reserve_backup(
 /// Unpin backup memory that holds no sleeping tag's contents; `*released`
 /// receives the bytes unpinned.
 ///
+/// Bad input: `VMMW_NULL_ARGUMENT` (`pool`, `released`).
+///
 /// # Safety
 /// `pool` is a live handle; `released` is writable; `error` is NULL or writable.
 #[no_mangle]
@@ -173,6 +192,9 @@ pub unsafe extern "C" fn vmmw_pool_release_backup(
 
 /// Replace the pool's sleep options (`options` NULL: all defaults). The
 /// host-memory limit applies to future pinning.
+///
+/// Bad input: `VMMW_NULL_ARGUMENT` (`pool`); `VMMW_INVALID_ARGUMENT` (`streams`
+/// over 64, a size over 2^56; the previous options stay).
 ///
 /// # Safety
 /// `pool` is a live handle; `options` is NULL or readable; `error` is NULL or writable.
@@ -229,6 +251,11 @@ pub unsafe extern "C" fn vmmw_pool_set_sleep_options(
 /// What the last successful `vmmw_pool_sleep` or `vmmw_pool_wake` on this
 /// handle did, per tag (segments, bytes released or mapped, bytes copied,
 /// seconds), as JSON into `buf` (buffer contract of `vmmw_device_describe`).
+///
+/// Bad input: `VMMW_NULL_ARGUMENT` (`pool`); the buffer contract:
+/// `VMMW_BUFFER_TOO_SMALL` with `*needed` set when `cap` is short (nothing
+/// written to `buf`), `VMMW_NULL_ARGUMENT` with nothing written when `buf` is
+/// NULL and `cap` > 0.
 ///
 /// # Safety
 /// `pool` is a live handle; `buf` is NULL or writable for `cap` bytes;

@@ -68,6 +68,9 @@ pub(crate) const ALL: [Status; 17] = [
 /// "VMMW_UNKNOWN_STATUS" for a number this library does not define.
 ///
 /// Never NULL; the string is static (never free it). Thread-safe.
+///
+/// Bad input: a number this library does not define gives
+/// "VMMW_UNKNOWN_STATUS".
 #[no_mangle]
 pub extern "C" fn vmmw_status_name(status: i32) -> *const c_char {
     let name: &'static [u8] = usize::try_from(status)
