@@ -15,7 +15,10 @@
 //!
 //! A shard that changes size or modification time after it was opened is
 //! refused by [`Checkpoint::check_unchanged`], which the loader calls before
-//! any byte is written and again after the copies.
+//! any byte is written and again after the copies. A shard truncated by
+//! another process *while* a copy reads it through the mapping raises SIGBUS
+//! (the kernel's rule for mappings past a file's end); the loader cannot
+//! turn that into an error without giving up the mapping.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs::File;

@@ -9,6 +9,8 @@
  * Sanitizer (as C and as C++). With the argument `memory` it runs the
  * host-memory cases instead; 30-c.sh runs those in a plain build under
  * `ulimit -v` (the sanitizers reserve terabytes of address space).
+ * VMMW_MISUSE_BACKEND=cuda runs the pools on the CUDA backend instead
+ * (scripts/gpu.d/60-misuse.sh); the host is the default.
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
@@ -25,6 +27,7 @@
 #include "safetensors_writer.h"
 
 static char g_dir[] = "/tmp/vmmw-c-misuse-XXXXXX";
+static int32_t g_backend = VMMW_BACKEND_HOST;
 
 /* Expect `call` to fail with `want` and its message to contain `needle`. */
 #define CHECK_MSG(want, needle, call)                                                    \
@@ -45,7 +48,7 @@ static char g_dir[] = "/tmp/vmmw-c-misuse-XXXXXX";
 static vmmw_pool_t* host_pool(void) {
   vmmw_pool_options_t o;
   memset(&o, 0, sizeof o);
-  o.backend = VMMW_BACKEND_HOST;
+  o.backend = g_backend;
   vmmw_pool_t* p = NULL;
   CHECK_OK(vmmw_pool_new(&o, &p, &err));
   return p;
@@ -183,14 +186,14 @@ static void null_arguments(vmmw_pool_t* pool) {
 
 static void sizes(vmmw_pool_t* pool) {
   uint64_t p = 0;
+  vmmw_device_t* dev = NULL;
+  CHECK_OK(vmmw_device_open(g_backend, 0, &dev, &err));
   CHECK_STATUS(VMMW_INVALID_ARGUMENT, vmmw_pool_alloc(pool, 0, &p, NULL));
   const uint64_t huge[] = {(1ull << 62) - 1, 1ull << 62, 1ull << 63, UINT64_MAX, UINT64_MAX - 511};
   for (size_t i = 0; i < sizeof huge / sizeof huge[0]; ++i) {
     CHECK_MSG(VMMW_OUT_OF_MEMORY, "out of device memory", vmmw_pool_alloc(pool, huge[i], &p, ERR));
     CHECK(p == 0);
   }
-  vmmw_device_t* dev = NULL;
-  CHECK_OK(vmmw_device_open(VMMW_BACKEND_HOST, 0, &dev, &err));
   vmmw_segment_t* seg = NULL;
   CHECK_STATUS(VMMW_INVALID_ARGUMENT, vmmw_segment_new(dev, 0, 0, &seg, NULL));
   CHECK_MSG(VMMW_INVALID_ARGUMENT, "2^56", vmmw_segment_new(dev, UINT64_MAX, 0, &seg, ERR));
@@ -734,6 +737,8 @@ static int memory_cases(void) {
 }
 
 int main(int argc, char** argv) {
+  const char* b = getenv("VMMW_MISUSE_BACKEND");
+  if (b != NULL && strcmp(b, "cuda") == 0) g_backend = VMMW_BACKEND_CUDA;
   if (argc > 1 && strcmp(argv[1], "memory") == 0) return memory_cases();
   CHECK(mkdtemp(g_dir) != NULL);
   vmmw_pool_t* pool = host_pool();
