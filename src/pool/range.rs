@@ -53,3 +53,50 @@ impl Pool {
         Ok(e.tag)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use crate::driver::host::{HostConfig, HostDriver};
+    use crate::error::{Error, Status};
+    use crate::pool::{Pool, PoolConfig};
+    use crate::sleep::Policy;
+    use crate::tag;
+
+    #[test]
+    fn ranges_must_lie_in_one_live_awake_block() {
+        let pool = Pool::new(
+            Arc::new(HostDriver::new(HostConfig::default())),
+            PoolConfig::default(),
+        )
+        .unwrap();
+        let t = tag::id("unit-range").unwrap();
+        let a = pool.alloc_tagged(4096, t).unwrap();
+        let b = pool.alloc_tagged(4096, t).unwrap();
+        assert_eq!(pool.check_live_range(a.ptr, 4096, "d").unwrap(), t);
+        assert_eq!(pool.check_live_range(a.ptr + 100, 10, "d").unwrap(), t);
+        // Past the block into the neighbour: refused, naming both ends.
+        let e = pool.check_live_range(a.ptr, 8192, "d").unwrap_err();
+        assert_eq!(e.status(), Status::InvalidArgument, "{e}");
+        assert!(
+            e.to_string().contains("runs past the end of its block"),
+            "{e}"
+        );
+        // A free block, an address outside the pool, an overflowing range.
+        pool.free(b.ptr).unwrap();
+        let e = pool.check_live_range(b.ptr, 16, "d").unwrap_err();
+        assert!(matches!(e, Error::UnknownPointer { .. }), "{e}");
+        let e = pool.check_live_range(0x1000, 16, "d").unwrap_err();
+        assert!(matches!(e, Error::UnknownPointer { .. }), "{e}");
+        let e = pool.check_live_range(u64::MAX - 4, 16, "d").unwrap_err();
+        assert_eq!(e.status(), Status::InvalidArgument, "{e}");
+        // Asleep.
+        pool.sleep(&[(t, Policy::Discard)]).unwrap();
+        let e = pool.check_live_range(a.ptr, 16, "d").unwrap_err();
+        assert_eq!(e.status(), Status::InvalidState, "{e}");
+        pool.wake(&[t]).unwrap();
+        pool.check_live_range(a.ptr, 16, "d").unwrap();
+        pool.free(a.ptr).unwrap();
+    }
+}
