@@ -387,3 +387,55 @@ fn destinations_whose_byte_size_overflows_are_refused_at_register() {
     assert!(reg.is_empty(), "nothing registered");
     reg.register("w", 0x1000, Dtype::F32, &[4]).unwrap();
 }
+
+#[test]
+fn plans_that_cut_too_finely_are_refused_before_allocating_them() {
+    let dir = tempfile::tempdir().unwrap();
+    // 2^25 blocks of 2x2 bytes, sharded on the last dim over 2 ranks: 2^25
+    // two-row copies, over the plan's limit. The data is a hole in a sparse file.
+    let rows = 1u64 << 25;
+    let p = dir.path().join("rows.safetensors");
+    let h = format!(
+        r#"{{"w":{{"dtype":"U8","shape":[{rows},2,2],"data_offsets":[0,{}]}}}}"#,
+        rows * 4
+    );
+    raw(&p, &h, &[]);
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&p)
+        .unwrap()
+        .set_len(8 + h.len() as u64 + rows * 4)
+        .unwrap();
+    let rules = Rules::from_json(
+        r#"{"tp":{"rank":0,"world":2},"rules":[{"match":"w","shard":{"dim":2}}]}"#,
+    )
+    .unwrap();
+    let ckpt = Checkpoint::open(&p).unwrap();
+    let mut reg = Registry::new();
+    reg.register("w", 0x10000, Dtype::U8, &[rows as usize, 2, 1])
+        .unwrap();
+    let t0 = std::time::Instant::now();
+    let e = Plan::build(&ckpt, &rules, &reg, &PlanOptions::default()).unwrap_err();
+    assert_eq!(e.status(), Status::PlanMismatch, "{e}");
+    assert!(e.to_string().contains("limit"), "{e}");
+    assert!(
+        t0.elapsed().as_secs() < 5,
+        "refused before building the copies"
+    );
+
+    // A zero-sized source padded into a huge destination: one fill, at once.
+    let z = dir.path().join("zero.safetensors");
+    raw(
+        &z,
+        r#"{"w":{"dtype":"U8","shape":[1099511627776,0],"data_offsets":[0,0]}}"#,
+        &[],
+    );
+    let rules = Rules::from_json(r#"{"rules":[{"match":"w","pad":{"dim":1,"to":1}}]}"#).unwrap();
+    let ckpt = Checkpoint::open(&z).unwrap();
+    let mut reg = Registry::new();
+    reg.register("w", 0x10000, Dtype::U8, &[1 << 40, 1])
+        .unwrap();
+    let plan = Plan::build(&ckpt, &rules, &reg, &PlanOptions::default()).unwrap();
+    assert_eq!(plan.fills.len(), 1);
+    assert_eq!(plan.fills[0].len, 1 << 40);
+}

@@ -71,6 +71,12 @@ pub struct Fill {
     pub len: u64,
 }
 
+/// Most copies (and, separately, zero fills) one plan may hold: 16 Mi, about
+/// 1 GiB of plan. Sharding a 405B model by columns needs about 4 Mi; a
+/// checkpoint and rules that cut finer are refused before anything is
+/// allocated for them, instead of exhausting memory.
+pub const MAX_PIECES: usize = 1 << 24;
+
 /// Options for building a plan.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct PlanOptions {
@@ -177,7 +183,7 @@ impl Plan {
                     }
                     s
                 };
-                box_copy(
+                if let Err(e) = box_copy(
                     &p.info,
                     &p.slice_start,
                     &p.slice_len,
@@ -188,7 +194,9 @@ impl Plan {
                     conv,
                     idx,
                     &mut plan.extents,
-                );
+                ) {
+                    return Err(Error::Plan(format!("`{name}`: `{}` {e}", p.source)));
+                }
             }
             if let Some((dim, covered)) = g.pad_region {
                 pad_fills(
@@ -198,7 +206,8 @@ impl Plan {
                     dim,
                     covered,
                     &mut plan.fills,
-                );
+                )
+                .map_err(|e| Error::Plan(format!("`{name}` padding {e}")))?;
             }
         }
         for d in registry.iter() {
@@ -611,10 +620,10 @@ fn box_copy(
     convert: Option<(ConvertType, ConvertType)>,
     source: u32,
     out: &mut Vec<Extent>,
-) {
+) -> std::result::Result<(), String> {
     let n = len.len();
     if len.contains(&0) {
-        return;
+        return Ok(());
     }
     let (es, ed) = (src.dtype.size() as u64, dst_dtype.size() as u64);
     if n == 0 {
@@ -629,7 +638,7 @@ fn box_copy(
             convert,
             source,
         });
-        return;
+        return Ok(());
     }
     let (ss, ds) = (strides(&src.shape), strides(dst_shape));
     // k: the outermost dim from which the box is contiguous in both tensors.
@@ -645,6 +654,10 @@ fn box_copy(
     };
     // Iterate the dims before k-1 (or none).
     let outer_dims = k.saturating_sub(1);
+    let pieces: usize = len[..outer_dims].iter().product();
+    if out.len().saturating_add(pieces) > MAX_PIECES {
+        return Err(too_fragmented(pieces));
+    }
     let mut idx = vec![0usize; outer_dims];
     loop {
         let mut so = 0u64;
@@ -678,7 +691,7 @@ fn box_copy(
         let mut d = outer_dims;
         loop {
             if d == 0 {
-                return;
+                return Ok(());
             }
             d -= 1;
             idx[d] += 1;
@@ -698,12 +711,23 @@ fn pad_fills(
     dim: usize,
     covered: usize,
     out: &mut Vec<Fill>,
-) {
+) -> std::result::Result<(), String> {
     let st = strides(shape);
     let es = dtype.size() as u64;
     let outer: usize = shape[..dim].iter().product();
     let block = st[dim] * es;
     let pitch = shape[dim] as u64 * block;
+    if covered == 0 {
+        // Nothing comes from a source: one fill of the whole destination.
+        out.push(Fill {
+            dst,
+            len: outer as u64 * pitch,
+        });
+        return Ok(());
+    }
+    if out.len().saturating_add(outer) > MAX_PIECES {
+        return Err(too_fragmented(outer));
+    }
     for o in 0..outer as u64 {
         let a = dst + o * pitch + covered as u64 * block;
         let len = (shape[dim] - covered) as u64 * block;
@@ -712,4 +736,11 @@ fn pad_fills(
             _ => out.push(Fill { dst: a, len }),
         }
     }
+    Ok(())
+}
+
+fn too_fragmented(pieces: usize) -> String {
+    format!(
+        "needs {pieces} more copies or fills, over the plan's limit of {MAX_PIECES}: the slicing or padding cuts it too finely"
+    )
 }
