@@ -3,13 +3,13 @@
 //! tensor, and nothing is written (destinations hold a pattern before and
 //! after). Symlinked shards in the Hugging Face cache layout keep loading.
 
-mod loader_util;
+mod common;
 
 use std::os::unix::fs::symlink;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use loader_util::*;
+use common::loader::*;
 use vmmweights::loader::*;
 use vmmweights::{Driver, Error, Status};
 
