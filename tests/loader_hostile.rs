@@ -439,3 +439,55 @@ fn plans_that_cut_too_finely_are_refused_before_allocating_them() {
     assert_eq!(plan.fills.len(), 1);
     assert_eq!(plan.fills[0].len, 1 << 40);
 }
+
+#[test]
+fn load_into_pool_refuses_destinations_outside_one_live_block() {
+    let f = fixture();
+    let pool = vmmweights::Pool::new(host(), vmmweights::pool::PoolConfig::default()).unwrap();
+    let t = vmmweights::tag::id("test-hostile-dest").unwrap();
+    let blk = pool.alloc_tagged(4096, t).unwrap().ptr;
+    let nbr = pool.alloc_tagged(4096, t).unwrap().ptr;
+    let sentinel = vec![0x5au8; 4096];
+    // SAFETY: nothing sleeps or frees the block meanwhile.
+    unsafe { pool.write(nbr, &sentinel) }.unwrap();
+    let load_with = |reg: &Registry, rules: &Rules| {
+        let ckpt = Checkpoint::open(f.file()).unwrap();
+        load_into_pool(
+            &pool,
+            ckpt,
+            rules,
+            reg,
+            &LoadOptions::default(),
+            &Control::default(),
+        )
+    };
+    // 8196 bytes registered over a 4 KiB block: refused, the neighbour intact.
+    let pad = Rules::from_json(r#"{"rules":[{"match":"w","pad":{"dim":0,"to":683}}]}"#).unwrap();
+    let mut reg = Registry::new();
+    reg.register("w", blk, Dtype::F32, &[683, 3]).unwrap();
+    let e = load_with(&reg, &pad).unwrap_err();
+    assert_eq!(e.status(), Status::InvalidArgument, "{e}");
+    assert!(
+        e.to_string().contains("runs past the end of its block"),
+        "{e}"
+    );
+    let mut back = vec![0u8; 4096];
+    // SAFETY: as above.
+    unsafe { pool.read(nbr, &mut back) }.unwrap();
+    assert_eq!(back, sentinel);
+    // Memory of another allocator (here: the fixture's segment) is refused
+    // unless declared the caller's own.
+    let theirs = f.reg.get("w").unwrap().clone();
+    let mut reg = Registry::new();
+    reg.register("w", theirs.ptr, Dtype::F32, &[2, 3]).unwrap();
+    let e = load_with(&reg, &Rules::default()).unwrap_err();
+    assert_eq!(e.status(), Status::UnknownPointer, "{e}");
+    assert!(untouched(f.d.as_ref(), &f.reg));
+    reg.declare_foreign(theirs.ptr, 24).unwrap();
+    // The fixture's driver is another host driver: its memory is mapped in
+    // this process, so the pool's driver can copy into it.
+    load_with(&reg, &Rules::default()).unwrap();
+    assert_eq!(read(f.d.as_ref(), theirs.ptr, 24), vec![7u8; 24]);
+    pool.free(blk).unwrap();
+    pool.free(nbr).unwrap();
+}
