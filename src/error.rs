@@ -138,7 +138,7 @@ pub enum Error {
     },
 
     /// Host memory for backups or staging exhausted or over its configured limit.
-    #[error("out of host memory: {what} needs {requested} bytes; limit {limit} bytes, in use {in_use} bytes")]
+    #[error("out of host memory: {what} needs {requested} bytes; limit {}, in use {in_use} bytes", limit_text(*limit))]
     HostOutOfMemory {
         /// What was being done.
         what: String,
@@ -234,6 +234,15 @@ pub enum Error {
         /// Bytes provided.
         got: usize,
     },
+}
+
+/// A configured limit as text: "none" for `u64::MAX`.
+fn limit_text(limit: u64) -> String {
+    if limit == u64::MAX {
+        "none".to_owned()
+    } else {
+        format!("{limit} bytes")
+    }
 }
 
 impl Error {
