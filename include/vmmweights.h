@@ -875,9 +875,10 @@ int32_t vmmw_loader_set_options(const struct vmmw_loader_t *loader, const struct
  * NULL `ptr`, overlap with another destination.
  *
  * Bad input: `VMMW_NULL_ARGUMENT` (`loader`, `name`, `dtype`; `shape` with
- * `ndim` > 0); `VMMW_INVALID_ARGUMENT` (empty or duplicate name, unknown
- * dtype, NULL `ptr`, byte size overflowing or past the end of the address
- * space, overlap). Checked against the pool at load.
+ * `ndim` > 0); `VMMW_INVALID_ARGUMENT` (`ndim` over 64, refused before
+ * `shape` is read; empty or duplicate name, unknown dtype, NULL `ptr`, byte
+ * size overflowing or past the end of the address space, overlap). Checked
+ * against the pool at load.
  *
  * # Safety
  * `loader` is a live handle; `name` and `dtype` are NUL-terminated strings;

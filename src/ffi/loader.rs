@@ -339,9 +339,10 @@ fn parse_dtype(s: &str) -> Result<Dtype> {
 /// NULL `ptr`, overlap with another destination.
 ///
 /// Bad input: `VMMW_NULL_ARGUMENT` (`loader`, `name`, `dtype`; `shape` with
-/// `ndim` > 0); `VMMW_INVALID_ARGUMENT` (empty or duplicate name, unknown
-/// dtype, NULL `ptr`, byte size overflowing or past the end of the address
-/// space, overlap). Checked against the pool at load.
+/// `ndim` > 0); `VMMW_INVALID_ARGUMENT` (`ndim` over 64, refused before
+/// `shape` is read; empty or duplicate name, unknown dtype, NULL `ptr`, byte
+/// size overflowing or past the end of the address space, overlap). Checked
+/// against the pool at load.
 ///
 /// # Safety
 /// `loader` is a live handle; `name` and `dtype` are NUL-terminated strings;
@@ -364,6 +365,13 @@ pub unsafe extern "C" fn vmmw_loader_register(
         let name = unsafe { str_arg(name, "name") }?;
         // SAFETY: forwarded contract.
         let dtype = parse_dtype(unsafe { str_arg(dtype, "dtype") }?)?;
+        // Refused before `shape` is read: a wrong `ndim` must not read past the array.
+        if ndim > crate::loader::checkpoint::MAX_DIMS {
+            return Err(Error::InvalidArgument(format!(
+                "destination with {ndim} dimensions: at most {} are supported",
+                crate::loader::checkpoint::MAX_DIMS
+            )));
+        }
         // SAFETY: forwarded contract (`shape` readable for `ndim` entries).
         let shape: &[u64] = unsafe { slice_arg(shape, ndim, "shape") }?;
         let shape = shape

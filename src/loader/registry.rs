@@ -105,6 +105,13 @@ impl Registry {
                 "destination `{name}` is already registered"
             )));
         }
+        if shape.len() > super::checkpoint::MAX_DIMS {
+            return Err(Error::InvalidArgument(format!(
+                "destination `{name}` has {} dimensions; at most {} are supported",
+                shape.len(),
+                super::checkpoint::MAX_DIMS
+            )));
+        }
         let bytes = byte_size(shape, dtype)
             .filter(|&b| b as u64 <= u64::MAX - ptr)
             .ok_or_else(|| {

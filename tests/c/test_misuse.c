@@ -511,6 +511,9 @@ static void loader(vmmw_pool_t* pool) {
   CHECK_STATUS(VMMW_INVALID_ARGUMENT, vmmw_loader_register(ld, "w", UINT64_MAX - 8, "F32", end_shape, 1, NULL));
   CHECK_STATUS(VMMW_INVALID_ARGUMENT, vmmw_loader_register(ld, "w", 0, "F32", end_shape, 1, NULL));
   CHECK_STATUS(VMMW_NULL_ARGUMENT, vmmw_loader_register(ld, "w", blk, "F32", NULL, 2, NULL));
+  /* A wrong ndim is refused before the shape array is read (ASan would see it). */
+  CHECK_STATUS(VMMW_INVALID_ARGUMENT, vmmw_loader_register(ld, "w", blk, "F32", end_shape, SIZE_MAX, NULL));
+  CHECK_STATUS(VMMW_INVALID_ARGUMENT, vmmw_loader_register(ld, "w", blk, "F32", end_shape, 65, NULL));
   CHECK_OK(vmmw_loader_destination_count(ld, &count, &err));
   CHECK(count == 0);
   vmmw_loader_free(ld);
