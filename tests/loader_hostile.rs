@@ -205,6 +205,21 @@ fn non_utf8_and_control_character_names() {
 }
 
 #[test]
+fn an_index_naming_a_tensor_twice_is_refused() {
+    let f = fixture();
+    std::fs::write(
+        f.dir.path().join("model.safetensors.index.json"),
+        r#"{"weight_map": {"w": "model.safetensors", "w": "other.safetensors"}}"#,
+    )
+    .unwrap();
+    f.refused(
+        f.dir.path(),
+        Status::CheckpointInvalid,
+        &["model.safetensors.index.json", "`w` appears twice"],
+    );
+}
+
+#[test]
 fn index_with_escaping_or_missing_shards() {
     let f = fixture();
     let idx = f.dir.path().join("model.safetensors.index.json");

@@ -131,6 +131,10 @@ struct Entry {
 }
 
 #[derive(serde::Deserialize)]
+struct RawIndex {
+    weight_map: UniqueMap<String>,
+}
+
 struct Index {
     weight_map: BTreeMap<String, String>,
 }
@@ -171,9 +175,12 @@ impl Checkpoint {
 
     fn open_index(root: PathBuf, index_path: &Path) -> Result<Checkpoint> {
         let text = read_index(index_path)?;
-        let index: Index = serde_json::from_str(&text).map_err(|e| {
+        let raw: RawIndex = serde_json::from_str(&text).map_err(|e| {
             Error::checkpoint(index_path, None, format!("index JSON is invalid: {e}"))
         })?;
+        let index = Index {
+            weight_map: raw.weight_map.0.into_iter().collect(),
+        };
         // Shard file names in order of first appearance (sorted names give a stable order).
         let mut names: Vec<&str> = index.weight_map.values().map(String::as_str).collect();
         names.sort_unstable();
@@ -349,24 +356,25 @@ fn read_index(path: &Path) -> Result<String> {
     Ok(text)
 }
 
-/// A header's entries in file order, refusing duplicate names.
-struct HeaderEntries(Vec<(String, serde_json::Value)>);
+/// A JSON object's entries in file order, refusing a name that appears twice
+/// (serde_json would silently keep the last one).
+struct UniqueMap<V>(Vec<(String, V)>);
 
-impl<'de> serde::Deserialize<'de> for HeaderEntries {
+impl<'de, V: serde::Deserialize<'de>> serde::Deserialize<'de> for UniqueMap<V> {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
-        struct V;
-        impl<'de> serde::de::Visitor<'de> for V {
-            type Value = HeaderEntries;
+        struct Visit<V>(std::marker::PhantomData<V>);
+        impl<'de, V: serde::Deserialize<'de>> serde::de::Visitor<'de> for Visit<V> {
+            type Value = UniqueMap<V>;
             fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-                f.write_str("a JSON object of tensor entries")
+                f.write_str("a JSON object keyed by tensor name")
             }
             fn visit_map<A: serde::de::MapAccess<'de>>(
                 self,
                 mut map: A,
-            ) -> std::result::Result<HeaderEntries, A::Error> {
+            ) -> std::result::Result<UniqueMap<V>, A::Error> {
                 let mut seen = std::collections::HashSet::new();
                 let mut out = Vec::new();
-                while let Some((k, v)) = map.next_entry::<String, serde_json::Value>()? {
+                while let Some((k, v)) = map.next_entry::<String, V>()? {
                     if !seen.insert(k.clone()) {
                         return Err(serde::de::Error::custom(format!(
                             "tensor name `{}` appears twice",
@@ -375,10 +383,10 @@ impl<'de> serde::Deserialize<'de> for HeaderEntries {
                     }
                     out.push((k, v));
                 }
-                Ok(HeaderEntries(out))
+                Ok(UniqueMap(out))
             }
         }
-        d.deserialize_map(V)
+        d.deserialize_map(Visit(std::marker::PhantomData))
     }
 }
 
@@ -410,7 +418,7 @@ fn open_shard(path: &Path, index: usize) -> Result<(Shard, Vec<TensorInfo>)> {
     read_exact_at(&file, &mut header, 8).map_err(|e| Error::io(path, e))?;
     let text = std::str::from_utf8(&header)
         .map_err(|e| bad(path, None, format!("header is not UTF-8: {e}")))?;
-    let HeaderEntries(raw) = serde_json::from_str(text)
+    let UniqueMap::<serde_json::Value>(raw) = serde_json::from_str(text)
         .map_err(|e| bad(path, None, format!("header JSON is invalid: {e}")))?;
     let data_start = 8 + n;
     let data_len = len - data_start;
