@@ -304,7 +304,7 @@ fn a_file_that_shrinks_or_changes_after_open_is_refused_before_any_write() {
     )
     .unwrap_err();
     assert_eq!(e.status(), Status::CheckpointInvalid, "{e}");
-    assert!(e.to_string().contains("changed after it was opened"), "{e}");
+    assert!(e.to_string().contains("changed since it was opened"), "{e}");
     assert!(untouched(f.d.as_ref(), &f.reg));
 
     let ckpt = Checkpoint::open(f.file()).unwrap();
@@ -322,7 +322,7 @@ fn a_file_that_shrinks_or_changes_after_open_is_refused_before_any_write() {
         &Control::default(),
     )
     .unwrap_err();
-    assert!(e.to_string().contains("changed after it was opened"), "{e}");
+    assert!(e.to_string().contains("changed since it was opened"), "{e}");
     assert!(untouched(f.d.as_ref(), &f.reg));
 }
 

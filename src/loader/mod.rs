@@ -32,7 +32,7 @@ pub mod rules;
 
 use std::sync::Arc;
 
-pub use checkpoint::{Checkpoint, Shard, TensorInfo};
+pub use checkpoint::{Checkpoint, FileIdentity, Shard, TensorInfo};
 pub use copy::{Control, CopyOptions, CopyStats, Strategy};
 pub use dtype::Dtype;
 pub use executed::ExecutedPlan;
@@ -69,8 +69,8 @@ pub fn load(
     opts: &LoadOptions,
     ctl: &Control<'_>,
 ) -> Result<ExecutedPlan> {
-    ckpt.check_unchanged()?;
     let plan = Plan::build(&ckpt, rules, registry, &opts.plan)?;
+    ckpt.check_unchanged()?;
     let stats = copy::execute(
         driver,
         &ckpt.shards,
