@@ -383,13 +383,16 @@ pub unsafe extern "C" fn vmmw_loader_register(
 }
 
 /// Declare `[ptr, ptr + bytes)` as device memory the caller owns outside the
-/// pool loads run on (`cudaMalloc`'d, another allocator's). A load checks every
-/// destination before writing anything: it must lie inside one live, awake
-/// block of the pool passed to `vmmw_loader_load` (else `VMMW_UNKNOWN_POINTER`,
-/// `VMMW_INVALID_ARGUMENT` when it runs past its block, `VMMW_INVALID_STATE`
-/// when asleep), unless it lies wholly inside one range declared here; the
-/// caller then vouches that the range is mapped while loads run.
-/// `VMMW_INVALID_ARGUMENT` for a NULL, empty or overflowing range.
+/// pool loads run on (`cudaMalloc`'d, PyTorch's own allocator's). A load
+/// checks every destination before writing anything: one touching the memory
+/// of the pool passed to `vmmw_loader_load` must lie inside one live, awake
+/// block of it (`VMMW_UNKNOWN_POINTER` in a free block, `VMMW_INVALID_ARGUMENT`
+/// when it runs past its block, `VMMW_INVALID_STATE` when asleep), declared or
+/// not; any other destination must lie wholly inside one range declared here
+/// (else `VMMW_UNKNOWN_POINTER`, which also refuses memory of another pool).
+/// The caller vouches that a declared range is mapped while loads run.
+/// Declaring each registered tensor's own range is safe: pool memory is
+/// checked all the same.
 ///
 /// Bad input: `VMMW_NULL_ARGUMENT` (`loader`); `VMMW_INVALID_ARGUMENT` (NULL
 /// `ptr`, `bytes` 0, overflowing range).
@@ -593,11 +596,12 @@ pub unsafe extern "C" fn vmmw_loader_plan(
 ///
 /// Bad input: `VMMW_NULL_ARGUMENT` (`loader`, `pool`); before any byte is
 /// written: `VMMW_CHECKPOINT_INVALID` (a shard changed since open),
-/// `VMMW_PLAN_MISMATCH`, `VMMW_UNKNOWN_POINTER` (a destination outside this
-/// pool's live blocks and not declared foreign), `VMMW_INVALID_ARGUMENT` (a
-/// destination running past its block), `VMMW_INVALID_STATE` (asleep); during
-/// the copy: `VMMW_CANCELLED`, `VMMW_DRIVER_ERROR`. A pending cancel survives a
-/// load refused before its copies.
+/// `VMMW_PLAN_MISMATCH`, `VMMW_UNKNOWN_POINTER` (a destination in a free block
+/// of this pool, or outside it and not declared with
+/// `vmmw_loader_declare_foreign`), `VMMW_INVALID_ARGUMENT` (a destination
+/// running past its block), `VMMW_INVALID_STATE` (asleep); during the copy:
+/// `VMMW_CANCELLED`, `VMMW_DRIVER_ERROR`. A pending cancel survives a load
+/// refused before its copies.
 ///
 /// # Safety
 /// `loader` and `pool` are live handles; `progress` is NULL or a function

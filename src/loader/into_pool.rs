@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use super::{load, Checkpoint, Control, DestAllocator, DestSpec, ExecutedPlan, LoadOptions};
 use super::{Registry, Rules};
 use crate::driver::DevicePtr;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::pool::Pool;
 use crate::tag::{self, TagId};
 
@@ -72,11 +72,14 @@ pub fn allocate_in_pool(
 /// source of every tag that owns a destination, so those tags can sleep with
 /// the Reload policy.
 ///
-/// Before any byte is written, every destination must lie inside one live
-/// block of `pool` whose tag is awake, or wholly inside a range the caller
-/// declared its own ([`Registry::declare_foreign`]): `UnknownPointer` outside
-/// the pool's live blocks, `InvalidArgument` when it runs past its block
-/// (it would overwrite a neighbour), `InvalidState` when asleep.
+/// Before any byte is written, every destination touching `pool`'s memory
+/// must lie inside one live block whose tag is awake (`UnknownPointer` in a
+/// free block, `InvalidArgument` when it runs past its block and would
+/// overwrite a neighbour, `InvalidState` when asleep); every other
+/// destination must lie wholly inside a range the caller declared its own
+/// ([`Registry::declare_foreign`]; `UnknownPointer` otherwise, which also
+/// catches memory of another pool, asleep or not). A declaration never
+/// exempts pool memory from its check.
 pub fn load_into_pool(
     pool: &Pool,
     ckpt: Checkpoint,
@@ -89,10 +92,19 @@ pub fn load_into_pool(
     // tag, or memory no one mapped, faults.
     for d in registry.iter() {
         let len = d.bytes();
-        if len == 0 || registry.in_foreign(d.ptr, len as u64) {
+        let what = format!("destination `{}`", d.name);
+        if len == 0 {
             continue;
         }
-        pool.check_live_range(d.ptr, len, &format!("destination `{}`", d.name))?;
+        if pool.overlaps_segments(d.ptr, len) {
+            // Pool memory is always checked, declared foreign or not.
+            pool.check_live_range(d.ptr, len, &what)?;
+        } else if !registry.in_foreign(d.ptr, len as u64) {
+            return Err(Error::UnknownPointer {
+                ptr: d.ptr,
+                why: "a destination outside the pool the load runs on: allocate it from that pool, or declare its range the caller's own (vmmw_loader_declare_foreign)",
+            });
+        }
     }
     let executed = Arc::new(load(pool.driver(), ckpt, rules, registry, opts, ctl)?);
     let tags: BTreeSet<TagId> = registry

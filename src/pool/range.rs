@@ -9,6 +9,13 @@ use crate::segment::SleepState;
 use crate::tag::TagId;
 
 impl Pool {
+    /// True when any byte of `[ptr, ptr + len)` lies in a segment of this pool.
+    pub fn overlaps_segments(&self, ptr: DevicePtr, len: usize) -> bool {
+        let end = ptr.saturating_add(len as u64);
+        let st = self.lock();
+        segment_base(&st, ptr).is_some() || st.segs.range(ptr..end).next().is_some()
+    }
+
     /// Check that `[ptr, ptr + len)` lies inside one live block of this pool
     /// whose segment is awake and mapped over the whole range. Returns the
     /// block's tag. `what` names the range in errors ("destination `w`").
@@ -75,6 +82,12 @@ mod tests {
         let a = pool.alloc_tagged(4096, t).unwrap();
         let b = pool.alloc_tagged(4096, t).unwrap();
         assert_eq!(pool.check_live_range(a.ptr, 4096, "d").unwrap(), t);
+        assert!(pool.overlaps_segments(a.ptr, 1));
+        assert!(
+            pool.overlaps_segments(a.ptr - 4096, 8192),
+            "ends inside a segment"
+        );
+        assert!(!pool.overlaps_segments(0x1000, 4096));
         assert_eq!(pool.check_live_range(a.ptr + 100, 10, "d").unwrap(), t);
         // Past the block into the neighbour: refused, naming both ends.
         let e = pool.check_live_range(a.ptr, 8192, "d").unwrap_err();

@@ -527,6 +527,7 @@ static void loader(vmmw_pool_t* pool) {
   CHECK_OK(vmmw_loader_set_rules_json(ld, "{\"rules\":[{\"match\":\"w\",\"pad\":{\"dim\":0,\"to\":683}}]}", &err));
   uint64_t padded[2] = {683, 3}; /* 8196 bytes: past the end of a 4 KiB block */
   CHECK_OK(vmmw_loader_register(ld, "w", blk, "F32", padded, 2, &err));
+  CHECK_OK(vmmw_loader_declare_foreign(ld, blk, 8196, &err)); /* pool memory: still checked */
   CHECK_MSG(VMMW_INVALID_ARGUMENT, "runs past the end of its block", vmmw_loader_load(ld, pool, NULL, NULL, ERR));
   CHECK_OK(vmmw_pool_read(pool, nbr, back, sizeof back, &err));
   CHECK(memcmp(sentinel, back, sizeof back) == 0);
@@ -541,7 +542,7 @@ static void loader(vmmw_pool_t* pool) {
   vmmw_loader_free(ld);
   ld = open_w(path);
   CHECK_OK(vmmw_loader_register(ld, "w", 0xdead0000ull, "F32", shape, 2, &err));
-  CHECK_MSG(VMMW_UNKNOWN_POINTER, "not inside any segment", vmmw_loader_load(ld, pool, NULL, NULL, ERR));
+  CHECK_MSG(VMMW_UNKNOWN_POINTER, "vmmw_loader_declare_foreign", vmmw_loader_load(ld, pool, NULL, NULL, ERR));
   vmmw_loader_free(ld);
 
   /* Destinations asleep in pool B, loaded through pool A: refused (not
@@ -568,6 +569,10 @@ static void loader(vmmw_pool_t* pool) {
   float got[12];
   CHECK_OK(vmmw_pool_read(b, inb, got, sizeof got, &err));
   CHECK(memcmp(got, g_w, sizeof got) == 0);
+  /* Through B itself, the declaration does not exempt B's memory: checked. */
+  CHECK_OK(vmmw_pool_sleep(b, &bsleep, 1, &err));
+  CHECK_STATUS(VMMW_INVALID_STATE, vmmw_loader_load(ld, b, NULL, NULL, NULL));
+  CHECK_OK(vmmw_pool_wake(b, &btag, 1, &err));
   vmmw_loader_free(ld);
   CHECK_OK(vmmw_pool_free_ptr(b, inb, &err));
   vmmw_pool_free(b);
