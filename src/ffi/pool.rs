@@ -499,7 +499,9 @@ pub unsafe extern "C" fn vmmw_pool_snapshot(
         let p = unsafe { arg(pool, "pool") }?;
         // SAFETY: forwarded contract.
         let name = unsafe { str_arg(name, "name") }?;
-        p.pool.snapshot(name).map(|_| ())
+        crate::report::check_snapshot_name(name)?;
+        p.pool.snapshot(name);
+        Ok(())
     })
 }
 

@@ -616,23 +616,27 @@ impl Pool {
 
     /// Take a report and record it in the timeline as boundary `name`. The
     /// timeline keeps the last [`TIMELINE_CAP`](crate::report::TIMELINE_CAP)
-    /// boundaries (older ones are dropped and counted); names longer than
-    /// [`MAX_SNAPSHOT_NAME`](crate::report::MAX_SNAPSHOT_NAME) bytes are refused.
-    pub fn snapshot(&self, name: &str) -> Result<Report> {
-        crate::report::check_snapshot_name(name)?;
+    /// boundaries (older ones are dropped and counted). A name longer than
+    /// [`MAX_SNAPSHOT_NAME`](crate::report::MAX_SNAPSHOT_NAME) bytes is cut
+    /// there (the C call refuses it instead).
+    pub fn snapshot(&self, name: &str) -> Report {
         let report = self.report();
         let at_s = self.created.elapsed().as_secs_f64();
+        let mut cut = name.len().min(crate::report::MAX_SNAPSHOT_NAME);
+        while !name.is_char_boundary(cut) {
+            cut -= 1;
+        }
         let mut st = self.lock();
         if st.timeline.len() >= crate::report::TIMELINE_CAP {
             st.timeline.pop_front();
             st.timeline_dropped += 1;
         }
         st.timeline.push_back(Boundary {
-            name: name.to_owned(),
+            name: name[..cut].to_owned(),
             at_s,
             report: report.clone(),
         });
-        Ok(report)
+        report
     }
 
     /// The snapshots kept, oldest first, and how many were dropped.

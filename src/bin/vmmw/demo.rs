@@ -113,7 +113,7 @@ fn demo(d: &Arc<dyn Driver>, dir: &Path, layers: usize, hidden: usize) -> Result
         plan.stats.seconds
     );
     let loaded = checksums(&pool, &reg)?;
-    pool.snapshot("loaded")?;
+    pool.snapshot("loaded");
 
     let cache = {
         let _scope = tag::scope(kv)?;
@@ -122,7 +122,7 @@ fn demo(d: &Arc<dyn Driver>, dir: &Path, layers: usize, hidden: usize) -> Result
     // SAFETY: the cache block is awake and `size` bytes long.
     unsafe { d.memset_async(cache.ptr, 0x11, cache.size, StreamId::DEFAULT)? };
     d.synchronize()?;
-    pool.snapshot("cache allocated")?;
+    pool.snapshot("cache allocated");
 
     for cycle in pool.sleep(&[(weights, Policy::Offload), (kv, Policy::Discard)])? {
         println!(
@@ -134,7 +134,7 @@ fn demo(d: &Arc<dyn Driver>, dir: &Path, layers: usize, hidden: usize) -> Result
             cycle.report.seconds
         );
     }
-    pool.snapshot("asleep (weights offloaded, cache discarded)")?;
+    pool.snapshot("asleep (weights offloaded, cache discarded)");
     for cycle in pool.wake(&[])? {
         println!(
             "wake  {:10}: {} segment(s), {:.1} MiB mapped, {:.1} MiB restored in {:.4} s",
@@ -146,10 +146,10 @@ fn demo(d: &Arc<dyn Driver>, dir: &Path, layers: usize, hidden: usize) -> Result
         );
     }
     verify(&pool, &reg, &loaded, "offload")?;
-    pool.snapshot("awake")?;
+    pool.snapshot("awake");
 
     pool.sleep(&[(weights, Policy::Reload)])?;
-    pool.snapshot("asleep (weights reloadable, no backup)")?;
+    pool.snapshot("asleep (weights reloadable, no backup)");
     let woke = pool.wake(&[weights])?;
     println!(
         "reload wake: {:.1} MiB restored from the checkpoint in {:.4} s",
@@ -164,7 +164,7 @@ fn demo(d: &Arc<dyn Driver>, dir: &Path, layers: usize, hidden: usize) -> Result
     }
     pool.trim()?;
     pool.release_backup();
-    pool.snapshot("freed and trimmed")?;
+    pool.snapshot("freed and trimmed");
     println!("\n{}", pool.timeline());
     println!(
         "demo: OK: every weight byte verified after offload and reload cycles, pointers unchanged"
