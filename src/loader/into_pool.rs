@@ -67,27 +67,15 @@ pub fn allocate_in_pool(
     r
 }
 
-/// Load `ckpt` into `registry`'s destinations on `pool`'s device (as
-/// [`load`]), then register the executed plan in the pool as the reload
-/// source of every tag that owns a destination, so those tags can sleep with
-/// the Reload policy.
-///
-/// Before any byte is written, every destination touching `pool`'s memory
-/// must lie inside one live block whose tag is awake (`UnknownPointer` in a
-/// free block, `InvalidArgument` when it runs past its block and would
+/// Check, before a load writes anything, the destinations against `pool`:
+/// each one touching the pool's memory must lie inside one live block whose
+/// tag is awake (`UnknownPointer` in a free block, `InvalidArgument` when it runs past its block and would
 /// overwrite a neighbour, `InvalidState` when asleep); every other
 /// destination must lie wholly inside a range the caller declared its own
 /// ([`Registry::declare_foreign`]; `UnknownPointer` otherwise, which also
 /// catches memory of another pool, asleep or not). A declaration never
 /// exempts pool memory from its check.
-pub fn load_into_pool(
-    pool: &Pool,
-    ckpt: Checkpoint,
-    rules: &Rules,
-    registry: &Registry,
-    opts: &LoadOptions,
-    ctl: &Control<'_>,
-) -> Result<Arc<ExecutedPlan>> {
+pub fn check_destinations(pool: &Pool, registry: &Registry) -> Result<()> {
     // Writing past a block overwrites its neighbour; writing into a sleeping
     // tag, or memory no one mapped, faults.
     for d in registry.iter() {
@@ -106,6 +94,25 @@ pub fn load_into_pool(
             });
         }
     }
+    Ok(())
+}
+
+/// Load `ckpt` into `registry`'s destinations on `pool`'s device (as
+/// [`load`]), then register the executed plan in the pool as the reload
+/// source of every tag that owns a destination, so those tags can sleep with
+/// the Reload policy.
+///
+/// Before any byte is written the destinations are checked against the
+/// pool ([`check_destinations`]).
+pub fn load_into_pool(
+    pool: &Pool,
+    ckpt: Checkpoint,
+    rules: &Rules,
+    registry: &Registry,
+    opts: &LoadOptions,
+    ctl: &Control<'_>,
+) -> Result<Arc<ExecutedPlan>> {
+    check_destinations(pool, registry)?;
     let executed = Arc::new(load(pool.driver(), ckpt, rules, registry, opts, ctl)?);
     let tags: BTreeSet<TagId> = registry
         .iter()

@@ -36,7 +36,7 @@ pub use checkpoint::{Checkpoint, FileIdentity, Shard, TensorInfo};
 pub use copy::{Control, CopyOptions, CopyStats, Strategy};
 pub use dtype::Dtype;
 pub use executed::ExecutedPlan;
-pub use into_pool::{allocate_in_pool, load_into_pool};
+pub use into_pool::{allocate_in_pool, check_destinations, load_into_pool};
 pub use plan::{Extent, Fill, Plan, PlanOptions};
 pub use registry::{DestAllocator, DestSpec, Destination, Registry, SegmentAllocator};
 pub use rules::{Fuse, Pad, Rule, Rules, Shard as ShardRule, Tie, Tp};
