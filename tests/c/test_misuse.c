@@ -10,7 +10,7 @@
  * host-memory cases instead; 30-c.sh runs those in a plain build under
  * `ulimit -v` (the sanitizers reserve terabytes of address space).
  * VMMW_MISUSE_BACKEND=cuda runs the pools on the CUDA backend instead
- * (scripts/gpu.d/60-misuse.sh); the host is the default.
+ * (scripts/gpu.d/70-misuse.sh); the host is the default.
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
