@@ -48,6 +48,7 @@ static int32_t g_backend = VMMW_BACKEND_HOST;
 static vmmw_pool_t* host_pool(void) {
   vmmw_pool_options_t o;
   memset(&o, 0, sizeof o);
+  o.size = sizeof o;
   o.backend = g_backend;
   vmmw_pool_t* p = NULL;
   CHECK_OK(vmmw_pool_new(&o, &p, &err));
@@ -55,7 +56,7 @@ static vmmw_pool_t* host_pool(void) {
 }
 
 /* The library still works: allocate, write, read back, free. */
-static void still_usable(const vmmw_pool_t* pool) {
+static void still_usable(vmmw_pool_t* pool) {
   uint64_t p = 0;
   unsigned char in[4096], out[4096];
   for (int i = 0; i < 4096; ++i) in[i] = (unsigned char)(i * 31 + 7);
@@ -63,7 +64,7 @@ static void still_usable(const vmmw_pool_t* pool) {
   CHECK_OK(vmmw_pool_write(pool, p, in, sizeof in, &err));
   CHECK_OK(vmmw_pool_read(pool, p, out, sizeof out, &err));
   CHECK(memcmp(in, out, sizeof in) == 0);
-  CHECK_OK(vmmw_pool_free_ptr(pool, p, &err));
+  CHECK_OK(vmmw_pool_dealloc(pool, p, &err));
 }
 
 /* ---- NULL for every pointer argument ---------------------------------- */
@@ -109,7 +110,7 @@ static void null_arguments(vmmw_pool_t* pool) {
   CHECK_STATUS(VMMW_NULL_ARGUMENT, vmmw_pool_alloc(pool, 64, NULL, NULL));
   CHECK_STATUS(VMMW_NULL_ARGUMENT, vmmw_pool_alloc_tagged(NULL, 64, 0, &u64, NULL));
   CHECK_STATUS(VMMW_NULL_ARGUMENT, vmmw_pool_alloc_tagged(pool, 64, 0, NULL, NULL));
-  CHECK_STATUS(VMMW_NULL_ARGUMENT, vmmw_pool_free_ptr(NULL, 0x1000, NULL));
+  CHECK_STATUS(VMMW_NULL_ARGUMENT, vmmw_pool_dealloc(NULL, 0x1000, NULL));
   CHECK_STATUS(VMMW_NULL_ARGUMENT, vmmw_pool_trim(NULL, &u64, NULL));
   CHECK_STATUS(VMMW_NULL_ARGUMENT, vmmw_pool_set_tag_arena(NULL, 0, 1 << 20, 0, NULL));
   CHECK_STATUS(VMMW_NULL_ARGUMENT, vmmw_pool_set_tag_segments(NULL, 0, NULL));
@@ -202,6 +203,7 @@ static void sizes(vmmw_pool_t* pool) {
   /* Pool sizes of UINT64_MAX: a clear refusal naming the field, not "size 0". */
   vmmw_pool_options_t o;
   memset(&o, 0, sizeof o);
+  o.size = sizeof o;
   o.device_handle = dev;
   vmmw_pool_t* bad = NULL;
   o.large_segment_bytes = UINT64_MAX;
@@ -229,7 +231,7 @@ static void sizes(vmmw_pool_t* pool) {
   CHECK_OK(vmmw_pool_alloc(pool, 4096, &q, &err));
   CHECK_STATUS(VMMW_INVALID_ARGUMENT, vmmw_pool_write(pool, UINT64_MAX - 4, b, sizeof b, NULL));
   CHECK_STATUS(VMMW_UNKNOWN_POINTER, vmmw_pool_read(pool, 16, b, sizeof b, NULL));
-  CHECK_OK(vmmw_pool_free_ptr(pool, q, &err));
+  CHECK_OK(vmmw_pool_dealloc(pool, q, &err));
   vmmw_device_free(dev);
   still_usable(pool);
 }
@@ -240,21 +242,21 @@ static void frees(vmmw_pool_t* pool) {
   uint64_t p = 0, q = 0;
   CHECK_OK(vmmw_pool_alloc(pool, 4096, &p, &err));
   CHECK_OK(vmmw_pool_alloc(pool, 4096, &q, &err));
-  CHECK_OK(vmmw_pool_free_ptr(pool, p, &err));
-  CHECK_STATUS(VMMW_UNKNOWN_POINTER, vmmw_pool_free_ptr(pool, p, NULL));     /* double */
-  CHECK_STATUS(VMMW_UNKNOWN_POINTER, vmmw_pool_free_ptr(pool, q + 512, NULL)); /* interior */
-  CHECK_STATUS(VMMW_UNKNOWN_POINTER, vmmw_pool_free_ptr(pool, 0, NULL));
-  CHECK_STATUS(VMMW_UNKNOWN_POINTER, vmmw_pool_free_ptr(pool, 0xdead0000ull, NULL));
-  CHECK_STATUS(VMMW_UNKNOWN_POINTER, vmmw_pool_free_ptr(pool, UINT64_MAX, NULL));
+  CHECK_OK(vmmw_pool_dealloc(pool, p, &err));
+  CHECK_STATUS(VMMW_UNKNOWN_POINTER, vmmw_pool_dealloc(pool, p, NULL));     /* double */
+  CHECK_STATUS(VMMW_UNKNOWN_POINTER, vmmw_pool_dealloc(pool, q + 512, NULL)); /* interior */
+  CHECK_STATUS(VMMW_UNKNOWN_POINTER, vmmw_pool_dealloc(pool, 0, NULL));
+  CHECK_STATUS(VMMW_UNKNOWN_POINTER, vmmw_pool_dealloc(pool, 0xdead0000ull, NULL));
+  CHECK_STATUS(VMMW_UNKNOWN_POINTER, vmmw_pool_dealloc(pool, UINT64_MAX, NULL));
   /* A block of another pool is foreign here, and still live there. */
   vmmw_pool_t* other = host_pool();
   uint64_t r = 0;
   CHECK_OK(vmmw_pool_alloc(other, 4096, &r, &err));
-  CHECK_STATUS(VMMW_UNKNOWN_POINTER, vmmw_pool_free_ptr(pool, r, NULL));
+  CHECK_STATUS(VMMW_UNKNOWN_POINTER, vmmw_pool_dealloc(pool, r, NULL));
   still_usable(other);
-  CHECK_OK(vmmw_pool_free_ptr(other, r, &err));
+  CHECK_OK(vmmw_pool_dealloc(other, r, &err));
   vmmw_pool_free(other);
-  CHECK_OK(vmmw_pool_free_ptr(pool, q, &err));
+  CHECK_OK(vmmw_pool_dealloc(pool, q, &err));
   /* torch entry points: freeing what they never gave. */
   vmmw_torch_free((void*)(uintptr_t)0xdead0000ull, 64, 0, NULL);
   still_usable(pool);
@@ -274,7 +276,7 @@ static void tags(vmmw_pool_t* pool) {
   CHECK(t == first + 9999);
   uint64_t p = 0;
   CHECK_OK(vmmw_pool_alloc_tagged(pool, 64, t, &p, &err));
-  CHECK_OK(vmmw_pool_free_ptr(pool, p, &err));
+  CHECK_OK(vmmw_pool_dealloc(pool, p, &err));
   /* Bad names. */
   CHECK_STATUS(VMMW_INVALID_ARGUMENT, vmmw_tag_id("", &t, NULL));
   memset(name, 'x', sizeof name - 1);
@@ -325,6 +327,7 @@ static void sleep_wake(vmmw_pool_t* pool) {
   /* Option limits: streams = UINT32_MAX used to create streams until abort. */
   vmmw_sleep_options_t so;
   memset(&so, 0, sizeof so);
+  so.size = sizeof so;
   so.streams = UINT32_MAX;
   CHECK_MSG(VMMW_INVALID_ARGUMENT, "streams", vmmw_pool_set_sleep_options(pool, &so, ERR));
   so.streams = 65;
@@ -366,7 +369,7 @@ static void sleep_wake(vmmw_pool_t* pool) {
   CHECK_OK(vmmw_pool_read(pool, p, out, sizeof out, &err));
   CHECK(memcmp(in, out, sizeof in) == 0);
   CHECK_OK(vmmw_pool_set_sleep_options(pool, NULL, &err));
-  CHECK_OK(vmmw_pool_free_ptr(pool, p, &err));
+  CHECK_OK(vmmw_pool_dealloc(pool, p, &err));
   CHECK_OK(vmmw_pool_release_backup(pool, &released, &err));
   still_usable(pool);
 }
@@ -374,7 +377,7 @@ static void sleep_wake(vmmw_pool_t* pool) {
 /* ---- an 8-thread sleep/wake storm on one tag, 6 threads allocating elsewhere */
 
 typedef struct {
-  const vmmw_pool_t* pool;
+  vmmw_pool_t* pool;
   uint32_t tag;
   int id;
   int failures;
@@ -406,7 +409,7 @@ static void* storm_allocator(void* v) {
     if (vmmw_pool_alloc_tagged(a->pool, n, a->tag, &p, NULL) != VMMW_OK ||
         vmmw_pool_write(a->pool, p, in, n, NULL) != VMMW_OK ||
         vmmw_pool_read(a->pool, p, out, n, NULL) != VMMW_OK || memcmp(in, out, n) != 0 ||
-        vmmw_pool_free_ptr(a->pool, p, NULL) != VMMW_OK)
+        vmmw_pool_dealloc(a->pool, p, NULL) != VMMW_OK)
       a->failures++;
   }
   return NULL;
@@ -442,7 +445,7 @@ static void storm(vmmw_pool_t* pool) {
   CHECK_OK(vmmw_pool_wake(pool, &hot, 1, &err));
   CHECK_OK(vmmw_pool_read(pool, p, out, sizeof out, &err));
   CHECK(memcmp(in, out, sizeof in) == 0);
-  CHECK_OK(vmmw_pool_free_ptr(pool, p, &err));
+  CHECK_OK(vmmw_pool_dealloc(pool, p, &err));
   uint64_t released = 0;
   CHECK_OK(vmmw_pool_release_backup(pool, &released, &err));
   still_usable(pool);
@@ -470,7 +473,7 @@ static int32_t slow_progress(uint64_t done, uint64_t total, void* user) {
 static void* cancel_later(void* v) {
   struct timespec ts = {0, 5000000};
   nanosleep(&ts, NULL);
-  CHECK(vmmw_loader_cancel((const vmmw_loader_t*)v, NULL) == VMMW_OK);
+  CHECK(vmmw_loader_cancel((vmmw_loader_t*)v, NULL) == VMMW_OK);
   return NULL;
 }
 
@@ -574,13 +577,14 @@ static void loader(vmmw_pool_t* pool) {
   CHECK_STATUS(VMMW_INVALID_STATE, vmmw_loader_load(ld, b, NULL, NULL, NULL));
   CHECK_OK(vmmw_pool_wake(b, &btag, 1, &err));
   vmmw_loader_free(ld);
-  CHECK_OK(vmmw_pool_free_ptr(b, inb, &err));
+  CHECK_OK(vmmw_pool_dealloc(b, inb, &err));
   vmmw_pool_free(b);
 
   /* Load options: limits. */
   ld = open_w(path);
   vmmw_load_options_t lo;
   memset(&lo, 0, sizeof lo);
+  lo.size = sizeof lo;
   lo.threads = UINT32_MAX;
   CHECK_MSG(VMMW_INVALID_ARGUMENT, "threads", vmmw_loader_set_options(ld, &lo, ERR));
   lo.threads = 0;
@@ -630,6 +634,7 @@ static void loader(vmmw_pool_t* pool) {
     vmmw_loader_t* bl = open_w(big);
     vmmw_load_options_t so;
     memset(&so, 0, sizeof so);
+    so.size = sizeof so;
     so.strategy = VMMW_COPY_SIMPLE;
     CHECK_OK(vmmw_loader_set_options(bl, &so, &err));
     CHECK_OK(vmmw_loader_allocate(bl, pool, tag, &err));
@@ -663,8 +668,8 @@ static void loader(vmmw_pool_t* pool) {
   CHECK_MSG(VMMW_CHECKPOINT_INVALID, "device", vmmw_loader_open("/dev/zero", &none, ERR));
   CHECK(none == NULL);
   vmmw_loader_free(ld);
-  CHECK_OK(vmmw_pool_free_ptr(pool, blk, &err));
-  CHECK_OK(vmmw_pool_free_ptr(pool, nbr, &err));
+  CHECK_OK(vmmw_pool_dealloc(pool, blk, &err));
+  CHECK_OK(vmmw_pool_dealloc(pool, nbr, &err));
   CHECK(rmdir(sub) == 0);
   unlink(fifo);
   unlink(big);
@@ -733,7 +738,7 @@ static int memory_cases(void) {
     int back = -1;
     CHECK_OK(vmmw_pool_read(pool, ptrs[i], &back, sizeof back, &err));
     CHECK(back == i);
-    CHECK_OK(vmmw_pool_free_ptr(pool, ptrs[i], &err));
+    CHECK_OK(vmmw_pool_dealloc(pool, ptrs[i], &err));
   }
   CHECK_OK(vmmw_pool_release_backup(pool, &released, &err));
   uint64_t trimmed = 0;

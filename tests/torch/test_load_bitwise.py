@@ -34,7 +34,9 @@ STRATEGIES = {"auto": 0, "direct": 1, "staged": 2, "read": 3, "simple": 4}
 
 
 class LoadOptions(ctypes.Structure):
+    # vmmw_load_options_t: `size` first (set to sizeof by __init__), as the header says.
     _fields_ = [
+        ("size", ctypes.c_size_t),
         ("allow_missing", ctypes.c_uint32),
         ("allow_unexpected", ctypes.c_uint32),
         ("strategy", ctypes.c_int32),
@@ -42,6 +44,10 @@ class LoadOptions(ctypes.Structure):
         ("window_bytes", ctypes.c_uint64),
         ("slot_bytes", ctypes.c_uint64),
     ]
+
+
+    def __init__(self, **fields):
+        super().__init__(size=ctypes.sizeof(LoadOptions), **fields)
 
 
 class LoadResult(ctypes.Structure):
