@@ -450,9 +450,9 @@ class Pool {
   }
 
   /// Forget every snapshot of the timeline; returns how many were kept.
-  uint64_t clear_timeline() const {
+  uint64_t clear_timeline() {
     uint64_t n = 0;
-    detail::call([&](vmmw_error_t** e) { return vmmw_pool_clear_timeline(get_checked(), &n, e); });
+    detail::call([&](vmmw_error_t** e) { return vmmw_pool_clear_timeline(get_mut(), &n, e); });
     return n;
   }
 
@@ -481,8 +481,8 @@ class Pool {
 
   /// Drop a tag's reload sources: a Reload-asleep tag whose checkpoint changed
   /// then wakes with its backed-up bytes (loaded bytes undefined; load again).
-  void forget_reload(Tag tag) const {
-    detail::call([&](vmmw_error_t** e) { return vmmw_pool_forget_reload(get_checked(), tag, e); });
+  void forget_reload(Tag tag) {
+    detail::call([&](vmmw_error_t** e) { return vmmw_pool_forget_reload(get_mut(), tag, e); });
   }
 
   /// Pin host backup memory ahead of time.
@@ -720,8 +720,8 @@ class Loader {
   }
 
   /// Keep content checksums at load, so Reload wakes prove the checkpoint unchanged.
-  void set_reload_check(bool enable) const {
-    detail::call([&](vmmw_error_t** e) { return vmmw_loader_set_reload_check(get_checked(), enable ? 1 : 0, e); });
+  void set_reload_check(bool enable) {
+    detail::call([&](vmmw_error_t** e) { return vmmw_loader_set_reload_check(get_mut(), enable ? 1 : 0, e); });
   }
 
   /// Register your own destination at device address `ptr`.
@@ -733,9 +733,10 @@ class Loader {
   }
 
   /// Declare `[ptr, ptr + bytes)` as device memory you own outside the pool
-  /// loads run on; destinations inside it are not checked against the pool.
-  void declare_foreign(uint64_t ptr, uint64_t bytes) const {
-    detail::call([&](vmmw_error_t** e) { return vmmw_loader_declare_foreign(get_checked(), ptr, bytes, e); });
+  /// loads run on; destinations outside the pool must lie in such a range
+  /// (the pool's own memory is checked regardless).
+  void declare_foreign(uint64_t ptr, uint64_t bytes) {
+    detail::call([&](vmmw_error_t** e) { return vmmw_loader_declare_foreign(get_mut(), ptr, bytes, e); });
   }
 
   /// Allocate every destination the plan needs from `pool` under `tag`.
