@@ -34,3 +34,6 @@ echo "--- test_misuse memory (plain build, ulimit -v 3 GiB)"
 echo "--- examples/c"
 gcc -std=c11 "${warn[@]}" "${san[@]}" -Iinclude examples/c/main.c -o "$out/example-c" "${link[@]}"
 "$out/example-c"
+
+echo "--- examples/share (two processes)"
+bash examples/share/run.sh
