@@ -1525,6 +1525,12 @@ vmmw_status_t vmmw_segment_read(const struct vmmw_segment_t *segment, uint64_t o
  * `vmmw_share_server_free`. The loader may be freed afterwards (the list of
  * tensors is copied); the pool must outlive the server.
  *
+ * Bad input: `VMMW_NULL_ARGUMENT` (`pool`, `loader`, `path`, `out`);
+ * `VMMW_INVALID_ARGUMENT` (options `size` or values out of range, no
+ * destinations, a destination outside the tag's memory); `VMMW_UNKNOWN_TAG`;
+ * `VMMW_INVALID_STATE` (tag asleep); `VMMW_IO` (`path` exists or cannot be
+ * bound); `VMMW_UNSUPPORTED` (backend cannot export).
+ *
  * # Safety
  * `pool` and `loader` are live handles; `path` is a NUL-terminated string;
  * `options` is NULL (defaults) or readable for its `size` bytes; `out` is
@@ -1537,6 +1543,9 @@ vmmw_status_t vmmw_share_serve(struct vmmw_pool_t *pool, uint32_t tag, const str
  * mappings (the memory lives while they map it) and stop counting against
  * the tag's sleep policy. NULL is a no-op.
  *
+ * Bad input: NULL is ignored. A handle already freed cannot be detected
+ * (undefined behaviour).
+ *
  * # Safety
  * `server` is NULL or a live handle, not used afterwards.
  */
@@ -1544,6 +1553,8 @@ void vmmw_share_server_free(struct vmmw_share_server_t *server);
 
 /**
  * Number of importers attached now (connections open, handshakes included).
+ *
+ * Bad input: `VMMW_NULL_ARGUMENT` (`server`, `out`).
  *
  * # Safety
  * `server` is a live handle; `out` is writable; `error` is NULL or writable.
@@ -1553,6 +1564,8 @@ vmmw_status_t vmmw_share_server_attached(const struct vmmw_share_server_t *serve
 /**
  * Announce new weights written in place: the version goes up by one and
  * attached importers see it on their next call. `*out` receives the new version.
+ *
+ * Bad input: `VMMW_NULL_ARGUMENT` (`server`, `out`).
  *
  * # Safety
  * `server` is a live handle; `out` is writable; `error` is NULL or writable.
@@ -1569,6 +1582,10 @@ vmmw_status_t vmmw_share_server_publish(struct vmmw_share_server_t *server, uint
  * (`vmmw_share_detach` or `vmmw_share_free`). Takes at most 30 s when the
  * owner does not answer.
  *
+ * Bad input: `VMMW_NULL_ARGUMENT` (`device`, `path`, `out`);
+ * `VMMW_INVALID_ARGUMENT` (`read_write` not 0 or 1); `VMMW_IO` (no socket at
+ * `path`); `VMMW_SHARE_REFUSED` (with its reason).
+ *
  * # Safety
  * `device` is a live handle; `path` is a NUL-terminated string; `out` is
  * writable; `error` is NULL or writable.
@@ -1578,6 +1595,8 @@ vmmw_status_t vmmw_share_attach(const struct vmmw_device_t *device, const char *
 /**
  * Number of tensors in the share.
  *
+ * Bad input: `VMMW_NULL_ARGUMENT` (`share`, `out`).
+ *
  * # Safety
  * `share` is a live handle; `out` is writable; `error` is NULL or writable.
  */
@@ -1586,6 +1605,11 @@ vmmw_status_t vmmw_share_count(const struct vmmw_share_t *share, size_t *out, st
 /**
  * The name of tensor `index` (0 ≤ index < count, in the owner's order), into
  * `buf` (buffer contract of `vmmw_device_describe`).
+ *
+ * Bad input: `VMMW_NULL_ARGUMENT` (`share`); `VMMW_INVALID_ARGUMENT` (`index`
+ * not below the count); the buffer contract: `VMMW_BUFFER_TOO_SMALL` with
+ * `*needed` set when `cap` is short (nothing written to `buf`),
+ * `VMMW_NULL_ARGUMENT` with nothing written when `buf` is NULL and `cap` > 0.
  *
  * # Safety
  * `share` is a live handle; `buf` is NULL or writable for `cap` bytes;
@@ -1597,6 +1621,9 @@ vmmw_status_t vmmw_share_tensor_name(const struct vmmw_share_t *share, size_t in
  * The tensor called `name`, at this process's address. `VMMW_SHARE_REVOKED`
  * once the owner revoked the share; `VMMW_INVALID_ARGUMENT` for an unknown name.
  *
+ * Bad input: `VMMW_NULL_ARGUMENT` (`share`, `name`, `out`);
+ * `VMMW_INVALID_ARGUMENT` (unknown name); `VMMW_SHARE_REVOKED`.
+ *
  * # Safety
  * `share` is a live handle; `name` is a NUL-terminated string; `out` is
  * writable; `error` is NULL or writable.
@@ -1607,6 +1634,8 @@ vmmw_status_t vmmw_share_tensor(const struct vmmw_share_t *share, const char *na
  * The weights version: the manifest's, or a newer one the owner published
  * since. `VMMW_SHARE_REVOKED` once the owner revoked the share.
  *
+ * Bad input: `VMMW_NULL_ARGUMENT` (`share`, `out`); `VMMW_SHARE_REVOKED`.
+ *
  * # Safety
  * `share` is a live handle; `out` is writable; `error` is NULL or writable.
  */
@@ -1615,6 +1644,8 @@ vmmw_status_t vmmw_share_version(const struct vmmw_share_t *share, uint64_t *out
 /**
  * `*out` = 1 while the owner still serves, 0 once it stopped or exited. The
  * memory stays mapped and valid either way.
+ *
+ * Bad input: `VMMW_NULL_ARGUMENT` (`share`, `out`).
  *
  * # Safety
  * `share` is a live handle; `out` is writable; `error` is NULL or writable.
@@ -1625,6 +1656,10 @@ vmmw_status_t vmmw_share_owner_connected(const struct vmmw_share_t *share, uint3
  * Copy `len` bytes of the share at this process's address `src` (inside the
  * share's mapped range) into host memory `dst`, and wait for the copy.
  * `VMMW_SHARE_REVOKED` once the owner revoked the share.
+ *
+ * Bad input: `VMMW_NULL_ARGUMENT` (`share`; `dst` with `len` > 0);
+ * `VMMW_INVALID_ARGUMENT` (range outside the share's mapping);
+ * `VMMW_SHARE_REVOKED`. Nothing copied.
  *
  * # Safety
  * `share` is a live handle; `dst` is writable for `len` bytes (NULL when
@@ -1637,6 +1672,8 @@ vmmw_status_t vmmw_share_read(const struct vmmw_share_t *share, uint64_t src, vo
  * unmap fails; the error is reported). Every pointer from this share becomes
  * invalid. The caller must have finished all device work that reads it.
  *
+ * Bad input: `VMMW_NULL_ARGUMENT` (`share`).
+ *
  * # Safety
  * `share` is a live handle, not used afterwards; `error` is NULL or writable.
  */
@@ -1644,6 +1681,9 @@ vmmw_status_t vmmw_share_detach(struct vmmw_share_t *share, struct vmmw_error_t 
 
 /**
  * Detach ignoring errors and free the handle. NULL is a no-op.
+ *
+ * Bad input: NULL is ignored. A handle already freed cannot be detected
+ * (undefined behaviour).
  *
  * # Safety
  * `share` is NULL or a live handle, not used afterwards.
