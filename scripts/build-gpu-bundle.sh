@@ -9,6 +9,9 @@
 #   .gpu/MANIFEST                 commit, build time, file list
 # Debug info is stripped from the copies to keep the carried tree small;
 # symbols stay, so backtraces still name functions.
+# The run tool carries at most 64 MiB with the working tree, so the bundle also
+# travels packed: .gpu-pack/gpu.tar.gz (carry ".gpu-pack", then on the GPU
+# machine: tar xzf .gpu-pack/gpu.tar.gz && bash scripts/gpu-check.sh).
 # Then on the GPU machine, from the repo root: bash scripts/gpu-check.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -51,3 +54,7 @@ strip --strip-debug .gpu/vmmw .gpu/libvmmweights.so .gpu/tests/*
 } > .gpu/MANIFEST
 cat .gpu/MANIFEST
 echo "bundle: $(du -sh .gpu | cut -f1) in .gpu/"
+rm -rf .gpu-pack
+mkdir -p .gpu-pack
+tar czf .gpu-pack/gpu.tar.gz .gpu
+echo "packed: $(du -sh .gpu-pack/gpu.tar.gz | cut -f1) in .gpu-pack/ (carry it; unpack with tar xzf .gpu-pack/gpu.tar.gz)"
