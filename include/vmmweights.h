@@ -165,7 +165,7 @@
 #define VMMW_UNKNOWN_POINTER 7
 
 /**
- * A tag name or id that is not registered.
+ * A tag name or id that is not registered, or (sleep, wake) not known to the pool.
  */
 #define VMMW_UNKNOWN_TAG 8
 
@@ -808,7 +808,9 @@ int32_t vmmw_loader_set_options(const struct vmmw_loader_t *loader, const struct
  * address `ptr`, contiguous, row-major. The memory stays the caller's; the
  * loader only writes it during `vmmw_loader_load`. Refused
  * (`VMMW_INVALID_ARGUMENT`, nothing registered): empty or duplicate name,
- * NULL `ptr`, overlap with another destination.
+ * NULL `ptr`, overlap with another destination. An exact alias of a registered
+ * destination (same `ptr`, dtype and shape: tied weights) is accepted as that
+ * destination under a second name, filled from whichever name the checkpoint has.
  *
  * # Safety
  * `loader` is a live handle; `name` and `dtype` are NUL-terminated strings;
@@ -1154,7 +1156,8 @@ int32_t vmmw_segment_read(const struct vmmw_segment_t *segment, uint64_t offset,
  * The caller must make sure no queued GPU work still uses the memory (the
  * library synchronizes the device before unmapping, but cannot see work
  * queued later). Every entry is checked before anything moves
- * (`VMMW_INVALID_ARGUMENT`, `VMMW_UNKNOWN_TAG`). Tags are processed in order;
+ * (`VMMW_INVALID_ARGUMENT`; `VMMW_UNKNOWN_TAG` also for a tag that never held
+ * memory in this pool, such as a misspelling). Tags are processed in order;
  * on a failure the earlier tags are asleep and the error names the failing one.
  *
  * # Safety
@@ -1170,6 +1173,7 @@ int32_t vmmw_pool_sleep(const struct vmmw_pool_t *pool, const struct vmmw_tag_po
  * needed are checked against free device memory first (`VMMW_OUT_OF_MEMORY`,
  * nothing changes); each tag's wake is transactional (on failure it stays
  * asleep with its backup intact, and a later wake can succeed).
+ * `VMMW_UNKNOWN_TAG` (nothing changes) for a tag that never held memory in this pool.
  *
  * # Safety
  * `pool` is a live handle; `tags` is readable for `n` entries (NULL when `n`

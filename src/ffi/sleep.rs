@@ -77,7 +77,8 @@ fn record(p: &vmmw_pool_t, cycles: Vec<TagCycle>) {
 /// The caller must make sure no queued GPU work still uses the memory (the
 /// library synchronizes the device before unmapping, but cannot see work
 /// queued later). Every entry is checked before anything moves
-/// (`VMMW_INVALID_ARGUMENT`, `VMMW_UNKNOWN_TAG`). Tags are processed in order;
+/// (`VMMW_INVALID_ARGUMENT`; `VMMW_UNKNOWN_TAG` also for a tag that never held
+/// memory in this pool, such as a misspelling). Tags are processed in order;
 /// on a failure the earlier tags are asleep and the error names the failing one.
 ///
 /// # Safety
@@ -111,6 +112,7 @@ pub unsafe extern "C" fn vmmw_pool_sleep(
 /// needed are checked against free device memory first (`VMMW_OUT_OF_MEMORY`,
 /// nothing changes); each tag's wake is transactional (on failure it stays
 /// asleep with its backup intact, and a later wake can succeed).
+/// `VMMW_UNKNOWN_TAG` (nothing changes) for a tag that never held memory in this pool.
 ///
 /// # Safety
 /// `pool` is a live handle; `tags` is readable for `n` entries (NULL when `n`

@@ -24,7 +24,7 @@ pub const VMMW_DRIVER_UNAVAILABLE: i32 = 5;
 pub const VMMW_DRIVER_ERROR: i32 = 6;
 /// A pointer that this library did not hand out, or one already freed.
 pub const VMMW_UNKNOWN_POINTER: i32 = 7;
-/// A tag name or id that is not registered.
+/// A tag name or id that is not registered, or (sleep, wake) not known to the pool.
 pub const VMMW_UNKNOWN_TAG: i32 = 8;
 /// The operation is not valid in the current state.
 pub const VMMW_INVALID_STATE: i32 = 9;
