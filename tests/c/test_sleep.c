@@ -46,10 +46,10 @@ int main(void) {
   uint32_t typo = 0;
   CHECK_OK(vmmw_tag_id("sleep-weigths", &typo, &err));
   vmmw_tag_policy_t typo_items[2] = {{w, VMMW_POLICY_OFFLOAD}, {typo, VMMW_POLICY_OFFLOAD}};
-  CHECK_STATUS(VMMW_UNKNOWN_TAG, vmmw_pool_sleep(pool, typo_items, 2, &err));
-  CHECK(strstr(vmmw_error_message(err), "sleep-weigths") != NULL);
-  vmmw_error_free(err);
-  err = NULL;
+  vmmw_error_t* typo_err = NULL;
+  CHECK(vmmw_pool_sleep(pool, typo_items, 2, &typo_err) == VMMW_UNKNOWN_TAG);
+  CHECK(strstr(vmmw_error_message(typo_err), "sleep-weigths") != NULL);
+  vmmw_error_free(typo_err);
   CHECK_STATUS(VMMW_UNKNOWN_TAG, vmmw_pool_wake(pool, &typo, 1, NULL));
   CHECK_OK(vmmw_pool_report(pool, &r, &err));
   CHECK(r.asleep == 0);
