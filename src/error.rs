@@ -10,6 +10,17 @@ use std::path::PathBuf;
 /// Result alias used across the crate.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
+/// The text of a caught panic payload.
+pub(crate) fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = p.downcast_ref::<&str>() {
+        (*s).to_owned()
+    } else if let Some(s) = p.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "unknown panic".to_owned()
+    }
+}
+
 /// Stable status codes returned by every `vmmw_*` C function.
 ///
 /// The numbers are part of the ABI: never renumber, only append.
@@ -53,26 +64,53 @@ pub enum Status {
 }
 
 impl Status {
+    /// Every status, in numeric order.
+    pub const ALL: [Status; 17] = [
+        Status::Ok,
+        Status::InvalidArgument,
+        Status::NullArgument,
+        Status::OutOfMemory,
+        Status::HostOutOfMemory,
+        Status::DriverUnavailable,
+        Status::DriverError,
+        Status::UnknownPointer,
+        Status::UnknownTag,
+        Status::InvalidState,
+        Status::CheckpointInvalid,
+        Status::Io,
+        Status::PlanMismatch,
+        Status::Cancelled,
+        Status::Panic,
+        Status::Unsupported,
+        Status::BufferTooSmall,
+    ];
+
     /// A short, stable, human-readable name ("VMMW_OUT_OF_MEMORY").
     pub fn name(self) -> &'static str {
+        self.c_name().to_str().expect("status names are ASCII")
+    }
+
+    /// [`Status::name`] as a static NUL-terminated string (what
+    /// `vmmw_status_name` returns to C).
+    pub fn c_name(self) -> &'static std::ffi::CStr {
         match self {
-            Status::Ok => "VMMW_OK",
-            Status::InvalidArgument => "VMMW_INVALID_ARGUMENT",
-            Status::NullArgument => "VMMW_NULL_ARGUMENT",
-            Status::OutOfMemory => "VMMW_OUT_OF_MEMORY",
-            Status::HostOutOfMemory => "VMMW_HOST_OUT_OF_MEMORY",
-            Status::DriverUnavailable => "VMMW_DRIVER_UNAVAILABLE",
-            Status::DriverError => "VMMW_DRIVER_ERROR",
-            Status::UnknownPointer => "VMMW_UNKNOWN_POINTER",
-            Status::UnknownTag => "VMMW_UNKNOWN_TAG",
-            Status::InvalidState => "VMMW_INVALID_STATE",
-            Status::CheckpointInvalid => "VMMW_CHECKPOINT_INVALID",
-            Status::Io => "VMMW_IO",
-            Status::PlanMismatch => "VMMW_PLAN_MISMATCH",
-            Status::Cancelled => "VMMW_CANCELLED",
-            Status::Panic => "VMMW_PANIC",
-            Status::Unsupported => "VMMW_UNSUPPORTED",
-            Status::BufferTooSmall => "VMMW_BUFFER_TOO_SMALL",
+            Status::Ok => c"VMMW_OK",
+            Status::InvalidArgument => c"VMMW_INVALID_ARGUMENT",
+            Status::NullArgument => c"VMMW_NULL_ARGUMENT",
+            Status::OutOfMemory => c"VMMW_OUT_OF_MEMORY",
+            Status::HostOutOfMemory => c"VMMW_HOST_OUT_OF_MEMORY",
+            Status::DriverUnavailable => c"VMMW_DRIVER_UNAVAILABLE",
+            Status::DriverError => c"VMMW_DRIVER_ERROR",
+            Status::UnknownPointer => c"VMMW_UNKNOWN_POINTER",
+            Status::UnknownTag => c"VMMW_UNKNOWN_TAG",
+            Status::InvalidState => c"VMMW_INVALID_STATE",
+            Status::CheckpointInvalid => c"VMMW_CHECKPOINT_INVALID",
+            Status::Io => c"VMMW_IO",
+            Status::PlanMismatch => c"VMMW_PLAN_MISMATCH",
+            Status::Cancelled => c"VMMW_CANCELLED",
+            Status::Panic => c"VMMW_PANIC",
+            Status::Unsupported => c"VMMW_UNSUPPORTED",
+            Status::BufferTooSmall => c"VMMW_BUFFER_TOO_SMALL",
         }
     }
 }

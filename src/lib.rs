@@ -5,10 +5,17 @@
 //! and sleep/wake that releases the physical memory behind live tensors and
 //! restores it at the same addresses.
 //!
-//! Layers, kept apart in code and names:
+//! Layers, bottom to top; a module imports only lower layers
+//! (`docs/ARCHITECTURE.md`, enforced by `scripts/check-layers.py`):
+//! - [`error`], [`units`]: the error type and status numbers; page size, byte counts;
 //! - [`driver`]: virtual addresses and physical memory (CUDA, or the host simulation);
-//! - [`segment`]: one VA reservation and the chunks mapped into it;
-//! - the pool, tags, sleep/wake, the loader and the C ABI above them.
+//! - [`hostmem`] (pinned host buffers), [`segment`] (one VA reservation and the
+//!   chunks mapped into it), [`tag`] (tag names and per-thread scopes);
+//! - [`report`]: the memory quantities per tag;
+//! - [`sleep`]: sleep/wake of a tag's segments, the backup arena, the reload seam;
+//! - [`pool`]: the caching pool, arenas, the process-wide registry, PyTorch's entry logic;
+//! - [`loader`]: checkpoints, rules, plans and the copy engine; loading into a pool;
+//! - [`ffi`]: the C ABI, thin over the functions above.
 //!
 //! Every layer runs on both backends: the host backend gives CUDA's VMM
 //! semantics on host memory, so the whole library is tested without a GPU.
@@ -34,14 +41,3 @@ pub use pool::{Block, Mode, Pool, PoolConfig};
 pub use report::{Report, Timeline};
 pub use segment::{Segment, SleepState};
 pub use tag::TagId;
-
-/// The text of a caught panic payload.
-pub(crate) fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
-    if let Some(s) = p.downcast_ref::<&str>() {
-        (*s).to_owned()
-    } else if let Some(s) = p.downcast_ref::<String>() {
-        s.clone()
-    } else {
-        "unknown panic".to_owned()
-    }
-}

@@ -2,12 +2,12 @@
 //! with VMMW_INVALID_STATE naming the destination (it would write to unmapped
 //! memory), and works again once the tag is awake.
 
-mod loader_util;
+mod common;
 
 use std::ffi::{CStr, CString};
 use std::ptr;
 
-use loader_util::*;
+use common::loader::*;
 use vmmweights::ffi::error::{vmmw_error_free, vmmw_error_message, vmmw_error_t};
 use vmmweights::ffi::loader::{
     vmmw_loader_allocate, vmmw_loader_free, vmmw_loader_load, vmmw_loader_open,

@@ -1,10 +1,10 @@
 //! The `vmmw inspect`, `load` and `bench-load` subcommands on the host backend.
 
-mod loader_util;
+mod common;
 
 use std::process::Command;
 
-use loader_util::*;
+use common::loader::*;
 use vmmweights::loader::Dtype;
 
 fn vmmw(args: &[&str]) -> (bool, String) {

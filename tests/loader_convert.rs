@@ -1,10 +1,10 @@
 //! Dtype conversion during the load (bf16 <-> f32 <-> f16), including sliced
 //! (row-parallel, strided) tensors and rows split across staging slots.
 
-mod loader_util;
+mod common;
 
+use common::loader::*;
 use half::{bf16, f16};
-use loader_util::*;
 use vmmweights::loader::*;
 
 fn to_f32(b: &[u8], dt: Dtype) -> Vec<f32> {

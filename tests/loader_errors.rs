@@ -1,11 +1,11 @@
 //! Every bad input gets a clear error naming the file and tensor, and the
 //! destinations are untouched (filled with a pattern first, checked after).
 
-mod loader_util;
+mod common;
 
 use std::path::Path;
 
-use loader_util::*;
+use common::loader::*;
 use vmmweights::loader::*;
 use vmmweights::{Error, Status};
 

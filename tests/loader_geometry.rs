@@ -3,11 +3,11 @@
 //! last-level cache; a checkpoint dropped from the page cache is read with
 //! large slots by pread; both land the file's exact bytes.
 
-mod loader_util;
+mod common;
 
 use std::os::fd::AsRawFd;
 
-use loader_util::*;
+use common::loader::*;
 use vmmweights::loader::copy::geometry::{self, CachedFill};
 use vmmweights::loader::copy::staging::resident_fraction;
 use vmmweights::loader::*;

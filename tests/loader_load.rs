@@ -2,12 +2,12 @@
 //! for every strategy, single file and sharded, with tiny windows and slots so
 //! every cut in the copy engine is exercised.
 
-mod loader_util;
+mod common;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
-use loader_util::*;
+use common::loader::*;
 use vmmweights::loader::copy::staging;
 use vmmweights::loader::*;
 use vmmweights::sleep::reload::ReloadSource;

@@ -3,9 +3,9 @@
 //! here independently (column-parallel rows, row-parallel columns, kv heads
 //! replicated when the world exceeds them, q/k/v and gate/up fused).
 
-mod loader_util;
+mod common;
 
-use loader_util::*;
+use common::loader::*;
 use vmmweights::loader::*;
 
 fn expected(t: &Tensors, s: &Shape, name: &str, rank: usize, world: usize) -> Vec<u8> {

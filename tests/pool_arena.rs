@@ -1,9 +1,9 @@
 //! The expandable arena: one reservation per tag, tracked bytes within one
 //! granule of the live bytes while growing, within one grow step after trim.
 
-mod pool_common;
+mod common;
 
-use pool_common::*;
+use common::pool::*;
 use vmmweights::pool::SegmentClass;
 use vmmweights::{tag, Mode, Pool, TagId};
 

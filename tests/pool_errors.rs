@@ -1,9 +1,9 @@
 //! Bad input and failures change nothing: double free, unknown pointers,
 //! out of memory at the host limit, injected driver failures.
 
-mod pool_common;
+mod common;
 
-use pool_common::*;
+use common::pool::*;
 use vmmweights::driver::host::FaultOp;
 use vmmweights::{tag, Error, Mode, Pool};
 

@@ -2,12 +2,12 @@
 //! simple model: no two live blocks overlap (in addresses and in memory),
 //! report invariants hold, and everything is released on drop.
 
-mod pool_common;
+mod common;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 
-use pool_common::*;
+use common::pool::*;
 use vmmweights::{tag, Mode, Pool, TagId};
 
 /// Live blocks of every thread: ptr -> (size, tag, fill byte).

@@ -2,11 +2,11 @@
 //! Reload policy (no host backup), wake, and get the same bytes back at the
 //! same addresses, restored from the checkpoint through the executed plan.
 
-mod loader_util;
+mod common;
 
 use std::sync::Arc;
 
-use loader_util::*;
+use common::loader::*;
 use vmmweights::driver::host::{HostConfig, HostDriver};
 use vmmweights::loader::*;
 use vmmweights::sleep::Policy;

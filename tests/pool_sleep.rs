@@ -1,5 +1,5 @@
 //! Sleep/wake through the pool on the host backend: tags, policies, report,
-//! transactional wake, concurrency; and regressions from the review (lost
+//! transactional wake, concurrency; and the hazards that must not come back (lost
 //! backups, a tag flagged awake while asleep, wake needing memory for freed
 //! segments, stale backups after trim, empty arenas).
 

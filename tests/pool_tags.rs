@@ -1,11 +1,11 @@
 //! Tag scopes nest and unwind (also across panics); blocks of different tags
 //! never share a segment; the process default applies to threads without a scope.
 
-mod pool_common;
+mod common;
 
 use std::collections::HashMap;
 
-use pool_common::*;
+use common::pool::*;
 use vmmweights::{tag, Error, Pool, TagId};
 
 #[test]

@@ -10,6 +10,7 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use vmmweights::driver::cuda::CudaDriver;
 use vmmweights::driver::host::{FaultOp, HostConfig, HostCounts, HostDriver};
+use vmmweights::driver::sync_copy::{copy_to_device, copy_to_host};
 use vmmweights::driver::{self, kernels, round_up, ConvertType, StreamId};
 use vmmweights::{BackendChoice, BackendKind, DevicePtr, Driver, Error, Segment};
 
@@ -97,19 +98,14 @@ fn on_each_backend(test: &str, mut f: impl FnMut(&Backend)) {
 // ---------------------------------------------------------------- helpers
 
 fn write(d: &dyn Driver, dst: DevicePtr, bytes: &[u8]) {
-    // SAFETY: callers pass a mapped, accessible range of at least bytes.len();
-    // the stream is synchronized before `bytes` can go away.
-    unsafe { d.copy_htod_async(dst, bytes.as_ptr(), bytes.len(), StreamId::DEFAULT) }
-        .expect("copy_htod");
-    d.stream_synchronize(StreamId::DEFAULT).expect("sync");
+    // SAFETY: callers pass a mapped, accessible range of at least bytes.len().
+    unsafe { copy_to_device(d, dst, bytes) }.expect("copy_to_device");
 }
 
 fn read(d: &dyn Driver, src: DevicePtr, len: usize) -> Vec<u8> {
     let mut out = vec![0u8; len];
-    // SAFETY: callers pass a mapped, accessible range of `len` bytes; the
-    // stream is synchronized before `out` is read.
-    unsafe { d.copy_dtoh_async(out.as_mut_ptr(), src, len, StreamId::DEFAULT) }.expect("copy_dtoh");
-    d.stream_synchronize(StreamId::DEFAULT).expect("sync");
+    // SAFETY: callers pass a mapped, accessible range of `len` bytes.
+    unsafe { copy_to_host(d, &mut out, src) }.expect("copy_to_host");
     out
 }
 

@@ -101,7 +101,7 @@ impl CudaDriver {
             Ok(r) => r,
             Err(p) => Err(unavailable(format!(
                 "loading the CUDA driver failed: {}",
-                crate::panic_message(&p)
+                crate::error::panic_message(&p)
             ))),
         }
     }
@@ -629,6 +629,30 @@ impl Driver for CudaDriver {
         // SAFETY: forwarded from the caller's contract.
         check("cuMemHostUnregister", unsafe {
             sys::cuMemHostUnregister(ptr as *mut c_void)
+        })
+    }
+
+    fn host_alloc(&self, len: usize) -> Result<*mut u8> {
+        self.bind()?;
+        let mut p: *mut c_void = std::ptr::null_mut();
+        // SAFETY: writes one pointer; flags 0 = plain page-locked memory.
+        let rc = unsafe { sys::cuMemHostAlloc(&mut p, len, 0) };
+        if rc != sys::CUresult::CUDA_SUCCESS {
+            return Err(Error::HostOutOfMemory {
+                what: format!("cuMemHostAlloc of {len} bytes: {rc:?}"),
+                requested: len as u64,
+                limit: u64::MAX,
+                in_use: 0,
+            });
+        }
+        Ok(p as *mut u8)
+    }
+
+    unsafe fn host_free(&self, ptr: *mut u8, _len: usize) -> Result<()> {
+        self.bind()?;
+        // SAFETY: forwarded from the caller's contract.
+        check("cuMemFreeHost", unsafe {
+            sys::cuMemFreeHost(ptr as *mut c_void)
         })
     }
 }

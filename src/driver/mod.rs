@@ -22,6 +22,7 @@ pub mod convert;
 pub mod cuda;
 pub mod host;
 pub mod kernels;
+pub mod sync_copy;
 
 use std::fmt;
 use std::sync::Arc;
@@ -254,6 +255,18 @@ pub trait Driver: Send + Sync + fmt::Debug {
     /// # Safety
     /// `ptr` must have been registered and no copy may still use it.
     unsafe fn host_unregister(&self, ptr: *mut u8) -> Result<()>;
+
+    /// Allocate `len` bytes of page-locked host memory with the driver's own
+    /// allocator (`cuMemHostAlloc`, what PyTorch's `pin_memory` uses). Pins about
+    /// ten times slower than [`crate::hostmem::PinnedHost`]; benchmarks use it
+    /// as the reference path. Free it with [`Driver::host_free`].
+    fn host_alloc(&self, len: usize) -> Result<*mut u8>;
+    /// Free memory from [`Driver::host_alloc`].
+    ///
+    /// # Safety
+    /// `ptr`/`len` are exactly what `host_alloc` returned and asked for, not yet
+    /// freed, and no copy still uses the memory.
+    unsafe fn host_free(&self, ptr: *mut u8, len: usize) -> Result<()>;
 
     /// The host backend, when this is one (for limits and fault injection in tests).
     fn as_host(&self) -> Option<&host::HostDriver> {

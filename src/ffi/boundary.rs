@@ -17,7 +17,7 @@ use crate::error::{Error, Result};
 /// object into `*error` when `error` is non-NULL.
 pub(crate) fn call(error: *mut *mut vmmw_error_t, body: impl FnOnce() -> Result<()>) -> i32 {
     let outcome = catch_unwind(AssertUnwindSafe(body))
-        .unwrap_or_else(|p| Err(Error::Panic(crate::panic_message(&*p))));
+        .unwrap_or_else(|p| Err(Error::Panic(crate::error::panic_message(&*p))));
     match outcome {
         Ok(()) => VMMW_OK,
         Err(e) => report(error, &e),

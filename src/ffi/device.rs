@@ -10,7 +10,7 @@ use super::boundary::{arg, call, call_out, free_handle, into_handle};
 use super::buffer::write_str;
 use super::error::vmmw_error_t;
 use crate::driver::host::{FaultOp, HostDriver};
-use crate::driver::{self, BackendChoice, BackendKind, DevicePtr, Driver, Opened, StreamId};
+use crate::driver::{self, BackendChoice, BackendKind, Driver, Opened};
 use crate::error::{Error, Result};
 
 /// Backend choice: the `VMMW_BACKEND` environment variable when set ("host",
@@ -322,37 +322,4 @@ pub unsafe extern "C" fn vmmw_host_counts(
             events: c.events as u64,
         })
     })
-}
-
-/// Copy host bytes to device memory and wait for the copy.
-///
-/// # Safety
-/// `[dst, dst + src.len())` must be mapped, accessible device memory that no
-/// other thread unmaps during the call.
-pub(crate) unsafe fn copy_to_device(driver: &dyn Driver, dst: DevicePtr, src: &[u8]) -> Result<()> {
-    if src.is_empty() {
-        return Ok(());
-    }
-    // SAFETY: `src` is a live slice (pageable host memory; the call below
-    // waits for the copy); `dst` is mapped per this function's contract.
-    unsafe { driver.copy_htod_async(dst, src.as_ptr(), src.len(), StreamId::DEFAULT) }?;
-    driver.stream_synchronize(StreamId::DEFAULT)
-}
-
-/// Copy device memory to host bytes and wait for the copy.
-///
-/// # Safety
-/// As [`copy_to_device`] for `[src, src + dst.len())`.
-pub(crate) unsafe fn copy_to_host(
-    driver: &dyn Driver,
-    dst: &mut [u8],
-    src: DevicePtr,
-) -> Result<()> {
-    if dst.is_empty() {
-        return Ok(());
-    }
-    // SAFETY: `dst` is a live, exclusive slice kept until the synchronize
-    // below; `src` is mapped per this function's contract.
-    unsafe { driver.copy_dtoh_async(dst.as_mut_ptr(), src, dst.len(), StreamId::DEFAULT) }?;
-    driver.stream_synchronize(StreamId::DEFAULT)
 }

@@ -6,7 +6,6 @@
 //! and cancellation), read the result. Every check happens before any byte
 //! is written: on a plan error the destinations are untouched.
 
-use std::collections::BTreeSet;
 use std::ffi::{c_char, c_void};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -15,15 +14,13 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use super::boundary::{arg, call, call_out, free_handle, into_handle, slice_arg, str_arg};
 use super::buffer::write_str;
 use super::error::vmmw_error_t;
-use super::pool::{ensure_awake, vmmw_pool_t};
-use super::segment::to_usize;
-use crate::driver::DevicePtr;
+use super::numbers::{or_default, to_usize};
+use super::pool::vmmw_pool_t;
 use crate::error::{Error, Result};
 use crate::loader::{
-    self, Checkpoint, Control, CopyStats, DestAllocator, Dtype, ExecutedPlan, LoadOptions, Plan,
-    Registry, Rules, Strategy, Tp,
+    self, Checkpoint, Control, CopyStats, Dtype, ExecutedPlan, LoadOptions, Plan, Registry, Rules,
+    Strategy, Tp,
 };
-use crate::pool::Pool;
 use crate::tag::TagId;
 
 /// Copy strategy (the default): page-cached data copied into a pinned staging
@@ -294,12 +291,9 @@ pub unsafe extern "C" fn vmmw_loader_set_options(
             }
         };
         opts.copy.threads = o.threads as usize;
-        if o.window_bytes != 0 {
-            opts.copy.window_bytes = to_usize(o.window_bytes, "window_bytes")?;
-        }
-        if o.slot_bytes != 0 {
-            opts.copy.slot_bytes = to_usize(o.slot_bytes, "slot_bytes")?;
-        }
+        opts.copy.window_bytes =
+            or_default(o.window_bytes, opts.copy.window_bytes, "window_bytes")?;
+        opts.copy.slot_bytes = or_default(o.slot_bytes, opts.copy.slot_bytes, "slot_bytes")?;
         l.lock().options = opts;
         Ok(())
     })
@@ -354,25 +348,6 @@ pub unsafe extern "C" fn vmmw_loader_register(
     })
 }
 
-/// Allocates destinations from a pool under one tag, remembering them so a
-/// failure can give them back.
-struct PoolDest<'a> {
-    pool: &'a Pool,
-    tag: TagId,
-    taken: Mutex<Vec<DevicePtr>>,
-}
-
-impl DestAllocator for PoolDest<'_> {
-    fn alloc(&self, bytes: usize) -> Result<DevicePtr> {
-        let b = self.pool.alloc_tagged(bytes, self.tag)?;
-        self.taken
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push(b.ptr);
-        Ok(b.ptr)
-    }
-}
-
 /// Allocate every destination the rules produce from this checkpoint (names,
 /// dtypes and shapes as the plan needs them: fused, sharded, padded) in
 /// `pool` under `tag`, and register them. On failure nothing is registered
@@ -398,18 +373,7 @@ pub unsafe extern "C" fn vmmw_loader_allocate(
         let mut st = l.lock();
         let rules = st.rules.clone();
         let specs = Plan::destinations(st.ckpt()?, &rules)?;
-        let alloc = PoolDest {
-            pool: &p.pool,
-            tag: TagId(tag),
-            taken: Mutex::new(Vec::new()),
-        };
-        let r = st.registry.allocate(&specs, &alloc);
-        if r.is_err() {
-            for ptr in alloc.taken.into_inner().unwrap_or_else(|e| e.into_inner()) {
-                let _ = p.pool.free(ptr);
-            }
-        }
-        r
+        loader::allocate_in_pool(&mut st.registry, &specs, &p.pool, TagId(tag))
     })
 }
 
@@ -564,13 +528,6 @@ pub unsafe extern "C" fn vmmw_loader_load(
         let p = unsafe { arg(pool, "pool") }?;
         let mut st = l.lock();
         st.ckpt()?;
-        // Destinations in this pool must be awake: writing into a sleeping tag
-        // would fault. (Destinations outside the pool are the caller's memory.)
-        for d in st.registry.iter() {
-            if let Some(seg) = p.pool.segment_of(d.ptr) {
-                ensure_awake(&seg, d.ptr, &format!("destination `{}`", d.name))?;
-            }
-        }
         let ckpt = st.ckpt.take().expect("opened above");
         let on_progress = |done: u64, total: u64| {
             if let Some(f) = progress {
@@ -584,25 +541,10 @@ pub unsafe extern "C" fn vmmw_loader_load(
             progress: Some(&on_progress),
             cancel: Some(&l.cancel),
         };
-        let result = loader::load(
-            p.pool.driver(),
-            ckpt,
-            &st.rules,
-            &st.registry,
-            &st.options,
-            &ctl,
-        );
+        let result =
+            loader::load_into_pool(&p.pool, ckpt, &st.rules, &st.registry, &st.options, &ctl);
         l.cancel.store(false, Ordering::Release);
-        let executed = Arc::new(result?);
-        let tags: BTreeSet<TagId> = st
-            .registry
-            .iter()
-            .filter_map(|d| p.pool.segment_of(d.ptr).map(|s| s.tag))
-            .collect();
-        for t in tags {
-            p.pool.add_reload_source(t, executed.clone())?;
-        }
-        st.executed = Some(executed);
+        st.executed = Some(result?);
         Ok(())
     })
 }

@@ -25,6 +25,7 @@ pub mod buffer;
 pub mod device;
 pub mod error;
 pub mod loader;
+mod numbers;
 pub mod pool;
 pub mod segment;
 pub mod sleep;

@@ -12,15 +12,13 @@ use super::boundary::{
     arg, bytes_mut_arg, call, call_out, free_handle, into_handle, slice_arg, str_arg,
 };
 use super::buffer::write_str;
-use super::device::{backend_choice, copy_to_device, copy_to_host, vmmw_device_t};
+use super::device::{backend_choice, vmmw_device_t};
 use super::error::vmmw_error_t;
-use super::segment::to_usize;
+use super::numbers::{or_default, to_usize};
 use crate::driver;
 use crate::error::{Error, Result};
-use crate::pool::SegmentInfo;
 use crate::pool::{Mode, Pool, PoolConfig};
 use crate::report::TagUsage;
-use crate::segment::SleepState;
 use crate::tag::TagId;
 
 /// A caching pool on one device. Thread-safe: every function taking a pool
@@ -100,14 +98,6 @@ impl vmmw_pool_t {
             global: false,
             last_cycles: Mutex::new(Vec::new()),
         }
-    }
-}
-
-fn or_default(v: u64, d: usize, name: &str) -> Result<usize> {
-    if v == 0 {
-        Ok(d)
-    } else {
-        to_usize(v, name)
     }
 }
 
@@ -489,38 +479,6 @@ pub unsafe extern "C" fn vmmw_pool_timeline_json(
     })
 }
 
-/// `InvalidState` naming `what` and the tag when `seg` (which holds `ptr`) is
-/// asleep: its memory would fault if touched.
-pub(crate) fn ensure_awake(seg: &SegmentInfo, ptr: u64, what: &str) -> Result<()> {
-    if seg.sleep_state != SleepState::Awake {
-        return Err(Error::InvalidState(format!(
-            "{what} at {ptr:#x} is in tag `{}`, which is asleep: wake it before touching its memory",
-            crate::tag::name_of(seg.tag)
-        )));
-    }
-    Ok(())
-}
-
-/// Check that `[ptr, ptr+len)` lies in one awake, mapped segment of the pool.
-fn checked_pool_range(pool: &Pool, ptr: u64, len: usize) -> Result<()> {
-    let end = ptr.checked_add(len as u64).ok_or_else(|| {
-        Error::InvalidArgument(format!("range at {ptr:#x} of {len} bytes overflows"))
-    })?;
-    let seg = pool.segment_of(ptr).ok_or(Error::UnknownPointer {
-        ptr,
-        why: "not inside any segment of this pool",
-    })?;
-    ensure_awake(&seg, ptr, "range")?;
-    if end > seg.base + seg.tracked_bytes as u64 {
-        return Err(Error::InvalidArgument(format!(
-            "range [{ptr:#x}, {end:#x}) runs past the mapped part of its segment [{:#x}, {:#x})",
-            seg.base,
-            seg.base + seg.tracked_bytes as u64
-        )));
-    }
-    Ok(())
-}
-
 /// Copy `len` bytes from host memory `src` to pool memory at device address
 /// `dst`, and wait for the copy. The range must lie in one awake segment of
 /// this pool (`VMMW_UNKNOWN_POINTER`, `VMMW_INVALID_STATE` when asleep,
@@ -543,12 +501,8 @@ pub unsafe extern "C" fn vmmw_pool_write(
         let p = unsafe { arg(pool, "pool") }?;
         // SAFETY: forwarded contract.
         let bytes = unsafe { slice_arg(src.cast(), len, "src") }?;
-        if len == 0 {
-            return Ok(());
-        }
-        checked_pool_range(&p.pool, dst, len)?;
-        // SAFETY: the range is mapped (checked above; the caller does not sleep it meanwhile).
-        unsafe { copy_to_device(p.pool.driver().as_ref(), dst, bytes) }
+        // SAFETY: the caller does not sleep or free the range meanwhile.
+        unsafe { p.pool.write(dst, bytes) }
     })
 }
 
@@ -571,11 +525,7 @@ pub unsafe extern "C" fn vmmw_pool_read(
         let p = unsafe { arg(pool, "pool") }?;
         // SAFETY: forwarded contract.
         let bytes = unsafe { bytes_mut_arg(dst.cast(), len, "dst") }?;
-        if len == 0 {
-            return Ok(());
-        }
-        checked_pool_range(&p.pool, src, len)?;
         // SAFETY: as in `vmmw_pool_write`.
-        unsafe { copy_to_host(p.pool.driver().as_ref(), bytes, src) }
+        unsafe { p.pool.read(src, bytes) }
     })
 }

@@ -6,8 +6,10 @@ use std::ffi::c_void;
 use std::sync::Mutex;
 
 use super::boundary::{arg, bytes_mut_arg, call, call_out, free_handle, into_handle, slice_arg};
-use super::device::{copy_to_device, copy_to_host, vmmw_device_t};
+use super::device::vmmw_device_t;
 use super::error::vmmw_error_t;
+use super::numbers::to_usize;
+use crate::driver::sync_copy::{copy_to_device, copy_to_host};
 use crate::error::{Error, Result};
 use crate::segment::Segment;
 
@@ -179,9 +181,4 @@ fn checked_range(s: &Segment, offset: u64, len: usize) -> Result<u64> {
         )));
     }
     Ok(s.ptr() + offset)
-}
-
-pub(crate) fn to_usize(v: u64, name: &str) -> Result<usize> {
-    usize::try_from(v)
-        .map_err(|_| Error::InvalidArgument(format!("`{name}` = {v} does not fit in size_t")))
 }

@@ -6,8 +6,8 @@ use std::ffi::c_char;
 use super::boundary::{arg, call, call_out, slice_arg};
 use super::buffer::write_str;
 use super::error::vmmw_error_t;
+use super::numbers::or_default;
 use super::pool::vmmw_pool_t;
-use super::segment::to_usize;
 use crate::error::{Error, Result};
 use crate::pool::TagCycle;
 use crate::sleep::{Policy, SleepOptions};
@@ -190,26 +190,23 @@ pub unsafe extern "C" fn vmmw_pool_set_sleep_options(
         // SAFETY: forwarded contract (NULL means defaults).
         let o = unsafe { options.as_ref() }.copied().unwrap_or_default();
         let d = SleepOptions::default();
-        let nz = |v: u64, d: usize, name: &str| -> Result<usize> {
-            if v == 0 {
-                Ok(d)
-            } else {
-                to_usize(v, name)
-            }
-        };
         let opts = SleepOptions {
-            copy_piece_bytes: nz(o.copy_piece_bytes, d.copy_piece_bytes, "copy_piece_bytes")?,
+            copy_piece_bytes: or_default(
+                o.copy_piece_bytes,
+                d.copy_piece_bytes,
+                "copy_piece_bytes",
+            )?,
             streams: if o.streams == 0 {
                 d.streams
             } else {
                 o.streams as usize
             },
-            wake_coalesce_bytes: nz(
+            wake_coalesce_bytes: or_default(
                 o.wake_coalesce_bytes,
                 d.wake_coalesce_bytes,
                 "wake_coalesce_bytes",
             )?,
-            backup_slab_bytes: nz(
+            backup_slab_bytes: or_default(
                 o.backup_slab_bytes,
                 d.backup_slab_bytes,
                 "backup_slab_bytes",

@@ -1,8 +1,8 @@
 //! The status codes as C constants (`VMMW_OK`, ...) and their names.
 //!
-//! The values are written as literals so cbindgen can copy them into the
-//! header; a test checks each one against [`Status`], the single source of the
-//! numbers.
+//! [`Status`] is the single source of the numbers and names; the constants
+//! repeat the numbers as literals only because cbindgen copies literals into
+//! the header, and a test checks each one against [`Status`].
 
 use std::ffi::c_char;
 
@@ -43,61 +43,17 @@ pub const VMMW_UNSUPPORTED: i32 = 15;
 /// A caller-provided buffer is too small; `*needed` holds the size required.
 pub const VMMW_BUFFER_TOO_SMALL: i32 = 16;
 
-/// Every status, in numeric order (for the name lookup and the tests).
-pub(crate) const ALL: [Status; 17] = [
-    Status::Ok,
-    Status::InvalidArgument,
-    Status::NullArgument,
-    Status::OutOfMemory,
-    Status::HostOutOfMemory,
-    Status::DriverUnavailable,
-    Status::DriverError,
-    Status::UnknownPointer,
-    Status::UnknownTag,
-    Status::InvalidState,
-    Status::CheckpointInvalid,
-    Status::Io,
-    Status::PlanMismatch,
-    Status::Cancelled,
-    Status::Panic,
-    Status::Unsupported,
-    Status::BufferTooSmall,
-];
-
 /// The static name of a status code ("VMMW_OUT_OF_MEMORY"), or
 /// "VMMW_UNKNOWN_STATUS" for a number this library does not define.
 ///
 /// Never NULL; the string is static (never free it). Thread-safe.
 #[no_mangle]
 pub extern "C" fn vmmw_status_name(status: i32) -> *const c_char {
-    let name: &'static [u8] = usize::try_from(status)
+    usize::try_from(status)
         .ok()
-        .and_then(|i| ALL.get(i))
-        .map_or(b"VMMW_UNKNOWN_STATUS\0", |s| status_name_nul(*s));
-    name.as_ptr().cast()
-}
-
-/// The NUL-terminated static name of `s`.
-fn status_name_nul(s: Status) -> &'static [u8] {
-    match s {
-        Status::Ok => b"VMMW_OK\0",
-        Status::InvalidArgument => b"VMMW_INVALID_ARGUMENT\0",
-        Status::NullArgument => b"VMMW_NULL_ARGUMENT\0",
-        Status::OutOfMemory => b"VMMW_OUT_OF_MEMORY\0",
-        Status::HostOutOfMemory => b"VMMW_HOST_OUT_OF_MEMORY\0",
-        Status::DriverUnavailable => b"VMMW_DRIVER_UNAVAILABLE\0",
-        Status::DriverError => b"VMMW_DRIVER_ERROR\0",
-        Status::UnknownPointer => b"VMMW_UNKNOWN_POINTER\0",
-        Status::UnknownTag => b"VMMW_UNKNOWN_TAG\0",
-        Status::InvalidState => b"VMMW_INVALID_STATE\0",
-        Status::CheckpointInvalid => b"VMMW_CHECKPOINT_INVALID\0",
-        Status::Io => b"VMMW_IO\0",
-        Status::PlanMismatch => b"VMMW_PLAN_MISMATCH\0",
-        Status::Cancelled => b"VMMW_CANCELLED\0",
-        Status::Panic => b"VMMW_PANIC\0",
-        Status::Unsupported => b"VMMW_UNSUPPORTED\0",
-        Status::BufferTooSmall => b"VMMW_BUFFER_TOO_SMALL\0",
-    }
+        .and_then(|i| Status::ALL.get(i))
+        .map_or(c"VMMW_UNKNOWN_STATUS", |s| s.c_name())
+        .as_ptr()
 }
 
 #[cfg(test)]
@@ -126,7 +82,7 @@ mod tests {
             VMMW_UNSUPPORTED,
             VMMW_BUFFER_TOO_SMALL,
         ];
-        for (i, (c, s)) in consts.iter().zip(ALL).enumerate() {
+        for (i, (c, s)) in consts.iter().zip(Status::ALL).enumerate() {
             assert_eq!(*c, s as i32, "{}", s.name());
             assert_eq!(i as i32, s as i32, "ALL must be in numeric order");
         }
@@ -134,7 +90,7 @@ mod tests {
 
     #[test]
     fn names_match_the_rust_names() {
-        for s in ALL {
+        for s in Status::ALL {
             // SAFETY: vmmw_status_name returns a static NUL-terminated string.
             let c = unsafe { CStr::from_ptr(vmmw_status_name(s as i32)) };
             assert_eq!(c.to_str().unwrap(), s.name());

@@ -1,5 +1,5 @@
 //! The two symbols `torch.cuda.memory.CUDAPluggableAllocator` loads by name.
-//! Their logic lives in [`crate::torch`]; these only pin the C signatures:
+//! Their logic lives in [`crate::pool::torch`]; these only pin the C signatures:
 //! `void* malloc(ssize_t size, int device, cudaStream_t stream)` and
 //! `void free(void* ptr, ssize_t size, int device, cudaStream_t stream)`.
 

@@ -2,6 +2,11 @@
 //! destinations through rules, plan every copy before any I/O, then copy in
 //! place into device memory at the link's rate.
 //!
+//! Loading into a [`Pool`](crate::Pool) (destinations allocated under one tag,
+//! the awake check, the reload source registered for sleep): [`allocate_in_pool`]
+//! and [`load_into_pool`], the calls the C API and the command line use. Into
+//! memory of your own: [`load`] with any [`DestAllocator`], as below.
+//!
 //! ```no_run
 //! # use std::sync::Arc;
 //! # use vmmweights::loader::*;
@@ -20,6 +25,7 @@ pub mod checkpoint;
 pub mod copy;
 pub mod dtype;
 pub mod executed;
+mod into_pool;
 pub mod plan;
 pub mod registry;
 pub mod rules;
@@ -30,6 +36,7 @@ pub use checkpoint::{Checkpoint, Shard, TensorInfo};
 pub use copy::{Control, CopyOptions, CopyStats, Strategy};
 pub use dtype::Dtype;
 pub use executed::ExecutedPlan;
+pub use into_pool::{allocate_in_pool, load_into_pool};
 pub use plan::{Extent, Fill, Plan, PlanOptions};
 pub use registry::{DestAllocator, DestSpec, Destination, Registry, SegmentAllocator};
 pub use rules::{Fuse, Pad, Rule, Rules, Shard as ShardRule, Tie, Tp};

@@ -2,7 +2,7 @@
 //!
 //! Callers allocate blocks and free them back; freed blocks are cached and
 //! reused; blocks are split from segments and merged when freed
-//! ([`block`]); `trim` returns wholly free segments (and the free tail of
+//! (`block.rs`); `trim` returns wholly free segments (and the free tail of
 //! an arena) to the driver. Every segment belongs to one tag, so blocks of
 //! different tags never share a segment and sleep can act per tag.
 //!
@@ -13,16 +13,16 @@
 //! | `Segments` | up to `small_request_max` | shared segments of `small_segment_bytes` |
 //! | `Segments` | up to `large_segment_bytes / 2` | shared segments of `large_segment_bytes` |
 //! | `Segments` | larger | a segment of its own size (rounded to the granularity), cached after free |
-//! | `Arena` | any that fits | the tag's one big reservation, committed on demand ([`arena`]) |
+//! | `Arena` | any that fits | the tag's one big reservation, committed on demand (`arena.rs`) |
 //! | [`Pool::alloc_segment`] | any | exactly one new segment, released on free (the PyTorch path) |
 //!
 //! Four quantities are kept apart: *live* bytes (blocks callers hold),
 //! *reserved* bytes (VA of the pool's segments), *tracked* bytes (physically
 //! backed) and the device's used memory; see [`crate::report`].
 
+mod access;
 mod arena;
 pub(crate) mod block;
-mod dest;
 pub mod registry;
 mod sleep;
 #[cfg(test)]

@@ -62,7 +62,7 @@ fn alloc(size: isize, device: i32) -> Result<DevicePtr> {
 pub fn malloc_entry(size: isize, device: i32, _stream: *mut c_void) -> *mut c_void {
     // `_stream`: a new segment has no queued work; nothing to order against.
     let r = catch_unwind(|| alloc(size, device))
-        .unwrap_or_else(|p| Err(Error::Panic(crate::panic_message(p.as_ref()))));
+        .unwrap_or_else(|p| Err(Error::Panic(crate::error::panic_message(p.as_ref()))));
     match r {
         Ok(ptr) => {
             MALLOCS.fetch_add(1, Ordering::Relaxed);
@@ -101,7 +101,7 @@ pub fn free_entry(ptr: *mut c_void, size: isize, device: i32, _stream: *mut c_vo
         return;
     }
     let r = catch_unwind(AssertUnwindSafe(|| free(ptr, device)))
-        .unwrap_or_else(|p| Err(Error::Panic(crate::panic_message(p.as_ref()))));
+        .unwrap_or_else(|p| Err(Error::Panic(crate::error::panic_message(p.as_ref()))));
     match r {
         Ok(()) => {
             FREES.fetch_add(1, Ordering::Relaxed);

@@ -5,12 +5,13 @@
 //! Pinning is the cost to beat: `cudaHostAlloc` pins about 1.9 GB/s on the
 //! H200 machine, while mapping anonymous memory, advising huge pages, touching
 //! it from many threads and then registering it with the driver runs about
-//! ten times faster. Slabs are made that way.
+//! ten times faster. Slabs are [`PinnedHost`] buffers, made that way.
 
 use std::sync::Arc;
 
 use crate::driver::Driver;
 use crate::error::{Error, Result};
+use crate::hostmem::PinnedHost;
 
 /// Default slab size: big enough that slab count stays small, small enough that
 /// creating the next slab overlaps the copies into the previous one.
@@ -20,86 +21,25 @@ pub const DEFAULT_SLAB_BYTES: usize = 1 << 30;
 /// early, large enough that the driver's per-registration cost stays small.
 pub const PIPELINE_SLAB_BYTES: usize = 256 << 20;
 
-/// One page-locked anonymous mapping.
-#[derive(Debug)]
-pub struct PinnedSlab {
-    driver: Arc<dyn Driver>,
-    ptr: *mut u8,
-    len: usize,
-    registered: bool,
+/// Map and populate a backup slab of `len` bytes, not yet registered (the
+/// first stage of the pinning pipeline; registering is the second).
+fn populated_slab(len: usize) -> Result<PinnedHost> {
+    if len == 0 {
+        return Err(Error::InvalidArgument("pinned slab of 0 bytes".into()));
+    }
+    PinnedHost::populated(len, "mapping a backup slab")
 }
 
-// SAFETY: the slab owns its mapping exclusively; the raw pointer is only an
-// address handed to copies that the owner synchronizes.
-unsafe impl Send for PinnedSlab {}
-// SAFETY: shared references expose only the address and length.
-unsafe impl Sync for PinnedSlab {}
-
-impl PinnedSlab {
-    /// Map `len` bytes of anonymous memory, advise huge pages, populate it from
-    /// several threads and register it with the driver.
-    pub fn new(driver: Arc<dyn Driver>, len: usize) -> Result<PinnedSlab> {
-        let mut slab = PinnedSlab::populated(driver, len)?;
-        slab.register()?;
-        Ok(slab)
-    }
-
-    /// Map and populate `len` bytes, not yet registered (the first stage of
-    /// the pinning pipeline; `register` is the second).
-    pub fn populated(driver: Arc<dyn Driver>, len: usize) -> Result<PinnedSlab> {
-        if len == 0 {
-            return Err(Error::InvalidArgument("pinned slab of 0 bytes".into()));
-        }
-        let (ptr, len) = crate::hostmem::map_populated(len, "mapping a backup slab")?;
-        Ok(PinnedSlab {
-            driver,
-            ptr,
-            len,
-            registered: false,
-        })
-    }
-
-    /// Page-lock the slab with the driver (a no-op when already registered).
-    pub fn register(&mut self) -> Result<()> {
-        if !self.registered {
-            // SAFETY: the mapping is valid for `len` bytes and lives until Drop,
-            // which unregisters before unmapping.
-            unsafe { self.driver.host_register(self.ptr, self.len, false)? };
-            self.registered = true;
-        }
-        Ok(())
-    }
-
-    /// The slab's address.
-    pub fn ptr(&self) -> *mut u8 {
-        self.ptr
-    }
-
-    /// The slab's length in bytes.
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    /// Always false: slabs are never empty.
-    pub fn is_empty(&self) -> bool {
-        false
-    }
+/// A backup slab: mapped, populated and registered with `driver`.
+fn pinned_slab(driver: &Arc<dyn Driver>, len: usize) -> Result<PinnedHost> {
+    let mut slab = populated_slab(len)?;
+    slab.register(driver)?;
+    Ok(slab)
 }
 
 impl Drop for BackupArena {
     fn drop(&mut self) {
         self.finish_prefetch();
-    }
-}
-
-impl Drop for PinnedSlab {
-    fn drop(&mut self) {
-        if self.registered {
-            // SAFETY: registered by `register`; the owner has synchronized every copy.
-            let _ = unsafe { self.driver.host_unregister(self.ptr) };
-        }
-        // SAFETY: mapped by `populated`, unregistered above, no copy uses it.
-        unsafe { crate::hostmem::unmap(self.ptr, self.len) };
     }
 }
 
@@ -116,7 +56,7 @@ pub struct BackupRange {
 
 #[derive(Debug)]
 struct Slab {
-    mem: PinnedSlab,
+    mem: PinnedHost,
     /// Free ranges (offset, len), sorted by offset, merged.
     free: Vec<(usize, usize)>,
 }
@@ -141,19 +81,18 @@ pub struct BackupArena {
 /// stages overlap each other and the copies into slabs already pinned.
 #[derive(Debug)]
 struct Prefetch {
-    ready: std::sync::mpsc::Receiver<Result<PinnedSlab>>,
+    ready: std::sync::mpsc::Receiver<Result<PinnedHost>>,
     threads: Vec<std::thread::JoinHandle<()>>,
 }
 
 impl Prefetch {
     fn start(driver: Arc<dyn Driver>, sizes: Vec<usize>) -> Prefetch {
         use std::sync::mpsc::sync_channel;
-        let (pop_tx, pop_rx) = sync_channel::<Result<PinnedSlab>>(1);
-        let (ready_tx, ready_rx) = sync_channel::<Result<PinnedSlab>>(2);
-        let d = driver.clone();
+        let (pop_tx, pop_rx) = sync_channel::<Result<PinnedHost>>(1);
+        let (ready_tx, ready_rx) = sync_channel::<Result<PinnedHost>>(2);
         let populate = std::thread::spawn(move || {
             for len in sizes {
-                let slab = PinnedSlab::populated(d.clone(), len);
+                let slab = populated_slab(len);
                 let failed = slab.is_err();
                 if pop_tx.send(slab).is_err() || failed {
                     return;
@@ -162,7 +101,7 @@ impl Prefetch {
         });
         let register = std::thread::spawn(move || {
             for slab in pop_rx {
-                let slab = slab.and_then(|mut s| s.register().map(|_| s));
+                let slab = slab.and_then(|mut s| s.register(&driver).map(|_| s));
                 let failed = slab.is_err();
                 if ready_tx.send(slab).is_err() || failed {
                     return;
@@ -270,7 +209,7 @@ impl BackupArena {
         }
     }
 
-    fn push_slab(&mut self, mem: PinnedSlab) -> usize {
+    fn push_slab(&mut self, mem: PinnedHost) -> usize {
         let slab = Slab {
             free: vec![(0, mem.len())],
             mem,
@@ -440,7 +379,7 @@ impl BackupArena {
                 in_use: held,
             });
         }
-        let mem = PinnedSlab::new(self.driver.clone(), len)?;
+        let mem = pinned_slab(&self.driver, len)?;
         if let Some(h) = self.growth_hint.as_mut() {
             *h = h.saturating_sub(mem.len() as u64);
         }

@@ -6,10 +6,10 @@
 //! segment and waking an awake one are no-ops. The VA reservation is never
 //! touched, so every pointer stays valid across any number of cycles.
 //!
-//! - Offload copies the contents into a pinned host backup (a [`BackupArena`]
+//! - Offload copies the contents into a pinned host backup (a [`BackupArena`](backup::BackupArena)
 //!   that persists across cycles), then unmaps and releases.
 //! - Discard waits for queued work, then unmaps and releases.
-//! - Reload keeps no backup; at wake the tag's [`ReloadSource`]s (the loader's
+//! - Reload keeps no backup; at wake the tag's [`ReloadSource`](reload::ReloadSource)s (the loader's
 //!   executed plans) write the bytes again from the checkpoint.
 //!
 //! Wake is transactional: it compares the bytes it needs with the device's

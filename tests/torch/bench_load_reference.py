@@ -152,8 +152,8 @@ def main():
     ap.add_argument("--out", default="bench/results/load.json")
     ap.add_argument("--cold", action="store_true", help="also measure disk and cold loads (drops the page cache)")
     ap.add_argument("--repeat", type=int, default=3)
-    # auto is the default; stream:16M^3 is auto's shape before cache-sized
-    # slots (2026-11-29 v5), kept for the comparison in the same run.
+    # auto is the default; stream:16M^3 is the large-slot shape that cache-sized
+    # slots beat (bench/results/load.md), kept for the comparison in the same run.
     ap.add_argument("--strategies", default="auto,staged,stream,stream:16M^3,direct")
     ap.add_argument("--extra", default="", help="extra arguments for vmmw bench-load")
     a = ap.parse_args()

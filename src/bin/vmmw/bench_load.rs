@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-use vmmweights::loader::copy::staging::Pinned;
+use vmmweights::hostmem::PinnedHost;
 use vmmweights::loader::*;
 use vmmweights::units::parse_bytes;
 use vmmweights::{Driver, Error, Result, Segment};
@@ -117,7 +117,7 @@ fn median(v: &mut [f64]) -> f64 {
 
 /// Pinned host->device bandwidth: one `len`-byte copy, median of 5.
 fn link_bandwidth(d: &Arc<dyn Driver>, len: usize) -> Result<f64> {
-    let host = Pinned::new(d.as_ref(), len)?;
+    let host = PinnedHost::new(d, len, "pinned link-test buffer")?;
     let dev = Segment::allocate(d.clone(), len, 0)?;
     let s = d.stream_create()?;
     let mut t = Vec::new();

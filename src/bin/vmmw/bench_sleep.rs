@@ -6,7 +6,9 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+use vmmweights::driver::sync_copy::{copy_to_device, copy_to_host};
 use vmmweights::driver::{BackendKind, Driver, StreamId};
+use vmmweights::hostmem::PinnedHost;
 use vmmweights::sleep::{Policy, SleepEngine, SleepOptions};
 use vmmweights::tag::TagId;
 use vmmweights::{Error, Result, Segment};
@@ -37,55 +39,21 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
-struct Pinned {
-    ptr: *mut u8,
-    len: usize,
-}
-
-impl Pinned {
-    /// `cuMemHostAlloc`: what PyTorch's `pin_memory` and the reference do.
-    fn alloc(d: &dyn Driver, len: usize) -> Result<Pinned> {
-        use cudarc::driver::sys;
-        d.synchronize()?; // makes the context current on this thread
-        let mut p: *mut std::ffi::c_void = std::ptr::null_mut();
-        // SAFETY: writes one pointer; flags 0 = plain page-locked memory.
-        let rc = unsafe { sys::cuMemHostAlloc(&mut p, len, 0) };
-        if rc != sys::CUresult::CUDA_SUCCESS {
-            return Err(Error::HostOutOfMemory {
-                what: format!("cuMemHostAlloc of {len} bytes: {rc:?}"),
-                requested: len as u64,
-                limit: u64::MAX,
-                in_use: 0,
-            });
-        }
-        Ok(Pinned {
-            ptr: p as *mut u8,
-            len,
-        })
-    }
-}
-
-impl Drop for Pinned {
-    fn drop(&mut self) {
-        // SAFETY: allocated by cuMemHostAlloc; no copy uses it any more.
-        unsafe { cudarc::driver::sys::cuMemFreeHost(self.ptr as *mut std::ffi::c_void) };
-    }
-}
-
 /// Pinned host<->device bandwidth: one `bytes` copy each way, median of 5.
 fn link_bandwidth(d: &Arc<dyn Driver>, bytes: usize) -> Result<(f64, f64)> {
-    let host = Pinned::alloc(d.as_ref(), bytes)?;
+    // What PyTorch's `pin_memory` and the reference use.
+    let host = PinnedHost::driver_allocated(d, bytes)?;
     let dev = Segment::allocate(d.clone(), bytes, 0)?;
     let (mut h2d, mut d2h) = (Vec::new(), Vec::new());
     for _ in 0..6 {
         let t = Instant::now();
         // SAFETY: both buffers hold `bytes` bytes; synchronized before reuse.
-        unsafe { d.copy_htod_async(dev.ptr(), host.ptr, bytes, StreamId::DEFAULT)? };
+        unsafe { d.copy_htod_async(dev.ptr(), host.ptr(), bytes, StreamId::DEFAULT)? };
         d.stream_synchronize(StreamId::DEFAULT)?;
         h2d.push(bytes as f64 / t.elapsed().as_secs_f64() / 1e9);
         let t = Instant::now();
         // SAFETY: as above.
-        unsafe { d.copy_dtoh_async(host.ptr, dev.ptr(), bytes, StreamId::DEFAULT)? };
+        unsafe { d.copy_dtoh_async(host.ptr(), dev.ptr(), bytes, StreamId::DEFAULT)? };
         d.stream_synchronize(StreamId::DEFAULT)?;
         d2h.push(bytes as f64 / t.elapsed().as_secs_f64() / 1e9);
     }
@@ -108,17 +76,11 @@ fn fill(d: &dyn Driver, segs: &[Segment]) -> Result<()> {
         };
         let edge = edge_bytes(i, s.committed().min(1024));
         let tail = s.committed() - edge.len();
-        // SAFETY: both writes lie inside the segment; synchronized below.
+        // SAFETY: both writes lie inside the awake segment.
         unsafe {
-            d.copy_htod_async(s.ptr(), edge.as_ptr(), edge.len(), StreamId::DEFAULT)?;
-            d.copy_htod_async(
-                s.ptr() + tail as u64,
-                edge.as_ptr(),
-                edge.len(),
-                StreamId::DEFAULT,
-            )?;
+            copy_to_device(d, s.ptr(), &edge)?;
+            copy_to_device(d, s.ptr() + tail as u64, &edge)?;
         }
-        d.stream_synchronize(StreamId::DEFAULT)?;
     }
     Ok(())
 }
@@ -144,34 +106,15 @@ fn verify(d: &dyn Driver, segs: &[Segment]) -> Result<()> {
         let mut mid = [0u8; 64];
         let tail = s.committed() - n;
         let mid_at = (s.committed() / 2).min(s.committed().saturating_sub(64));
-        // SAFETY: the reads lie inside the awake segment; synchronized below.
-        unsafe {
-            d.copy_dtoh_async(got.as_mut_ptr(), s.ptr(), n, StreamId::DEFAULT)?;
-        }
-        d.stream_synchronize(StreamId::DEFAULT)?;
+        // SAFETY: the reads lie inside the awake segment.
+        unsafe { copy_to_host(d, &mut got, s.ptr())? };
         let head_ok = got == want;
         // SAFETY: as above.
-        unsafe {
-            d.copy_dtoh_async(
-                got.as_mut_ptr(),
-                s.ptr() + tail as u64,
-                n,
-                StreamId::DEFAULT,
-            )?
-        };
-        d.stream_synchronize(StreamId::DEFAULT)?;
+        unsafe { copy_to_host(d, &mut got, s.ptr() + tail as u64)? };
         let tail_ok = got == want;
         let mid_ok = if s.committed() > 2 * n + 64 {
             // SAFETY: as above.
-            unsafe {
-                d.copy_dtoh_async(
-                    mid.as_mut_ptr(),
-                    s.ptr() + mid_at as u64,
-                    64,
-                    StreamId::DEFAULT,
-                )?
-            };
-            d.stream_synchronize(StreamId::DEFAULT)?;
+            unsafe { copy_to_host(d, &mut mid, s.ptr() + mid_at as u64)? };
             mid.iter().all(|&b| b == (i * 37 + 1) as u8)
         } else {
             true
@@ -240,13 +183,16 @@ fn reload_rows(d: &Arc<dyn Driver>, path: &std::path::Path) -> Result<(f64, f64,
     let ckpt = Checkpoint::open(path)?;
     let rules = Rules::default();
     let mut reg = Registry::new();
-    {
-        let _scope = tag::scope(weights)?;
-        reg.allocate(&Plan::destinations(&ckpt, &rules)?, &pool)?;
-    }
+    loader::allocate_in_pool(
+        &mut reg,
+        &Plan::destinations(&ckpt, &rules)?,
+        &pool,
+        weights,
+    )?;
     let t = Instant::now();
-    let plan = loader::load(
-        d,
+    // The load also registers itself as the weights' reload source.
+    let plan = loader::load_into_pool(
+        &pool,
         ckpt,
         &rules,
         &reg,
@@ -272,13 +218,10 @@ fn reload_rows(d: &Arc<dyn Driver>, path: &std::path::Path) -> Result<(f64, f64,
         .map(|x| {
             let n = x.bytes().min(4096);
             let mut v = vec![0u8; n];
-            // SAFETY: `n` bytes of a loaded, awake destination.
-            let r = unsafe { d.copy_dtoh_async(v.as_mut_ptr(), x.ptr, n, StreamId::DEFAULT) };
-            r.map(|_| (x.ptr, v))
+            // SAFETY: `n` bytes of a loaded, awake destination; nothing sleeps it meanwhile.
+            unsafe { pool.read(x.ptr, &mut v) }.map(|_| (x.ptr, v))
         })
         .collect::<Result<_>>()?;
-    d.synchronize()?;
-    pool.add_reload_source(weights, Arc::new(plan))?;
     let slept = pool.sleep(&[(weights, Policy::Reload)])?;
     // The Reload sleep starts pinning the checkpoint's page cache in the
     // background; a wake that comes later DMAs straight from it.
@@ -292,8 +235,7 @@ fn reload_rows(d: &Arc<dyn Driver>, path: &std::path::Path) -> Result<(f64, f64,
     for (ptr, want) in &probe {
         let mut got = vec![0u8; want.len()];
         // SAFETY: as above, after wake.
-        unsafe { d.copy_dtoh_async(got.as_mut_ptr(), *ptr, got.len(), StreamId::DEFAULT)? };
-        d.synchronize()?;
+        unsafe { pool.read(*ptr, &mut got)? };
         if &got != want {
             return Err(Error::InvalidState(format!(
                 "tensor at {ptr:#x} differs after Reload wake"
@@ -348,9 +290,9 @@ fn bench(
     let t = Instant::now();
     let mut backups = Vec::new();
     for s in segs.iter_mut() {
-        let p = Pinned::alloc(d.as_ref(), s.committed())?;
+        let p = PinnedHost::driver_allocated(&d, s.committed())?;
         // SAFETY: both sides hold `committed` bytes; synchronized right after.
-        unsafe { d.copy_dtoh_async(p.ptr, s.ptr(), p.len, StreamId::DEFAULT)? };
+        unsafe { d.copy_dtoh_async(p.ptr(), s.ptr(), p.len(), StreamId::DEFAULT)? };
         d.stream_synchronize(StreamId::DEFAULT)?;
         s.unmap_all()?;
         backups.push(p);
@@ -360,7 +302,7 @@ fn bench(
     for (s, p) in segs.iter_mut().zip(&backups) {
         s.map_all()?;
         // SAFETY: the segment was just mapped; both sides hold `len` bytes.
-        unsafe { d.copy_htod_async(s.ptr(), p.ptr, p.len, StreamId::DEFAULT)? };
+        unsafe { d.copy_htod_async(s.ptr(), p.ptr(), p.len(), StreamId::DEFAULT)? };
         d.stream_synchronize(StreamId::DEFAULT)?;
     }
     let ref_wake = t.elapsed().as_secs_f64();

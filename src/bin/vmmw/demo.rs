@@ -74,10 +74,12 @@ fn demo(d: &Arc<dyn Driver>, dir: &Path, layers: usize, hidden: usize) -> Result
     // loader then fills them in place.
     let rules = Rules::preset("llama", None, HEAD_DIM)?;
     let mut reg = Registry::new();
-    {
-        let _scope = tag::scope(weights)?;
-        reg.allocate(&Plan::destinations(&ckpt, &rules)?, &pool)?;
-    }
+    loader::allocate_in_pool(
+        &mut reg,
+        &Plan::destinations(&ckpt, &rules)?,
+        &pool,
+        weights,
+    )?;
     let names: Vec<String> = reg.iter().map(|x| x.name.clone()).collect();
     println!(
         "parameters: {} destinations, e.g. {}",
@@ -103,13 +105,14 @@ fn demo(d: &Arc<dyn Driver>, dir: &Path, layers: usize, hidden: usize) -> Result
         progress: Some(&progress),
         cancel: None,
     };
-    let plan = loader::load(d, ckpt, &rules, &reg, &LoadOptions::default(), &ctl)?;
+    // The load also registers itself as the weights' reload source.
+    let plan = loader::load_into_pool(&pool, ckpt, &rules, &reg, &LoadOptions::default(), &ctl)?;
     println!(
         "load: {:.1} MiB in {:.3} s",
         plan.stats.bytes as f64 / MIB,
         plan.stats.seconds
     );
-    let loaded = checksums(d, &reg)?;
+    let loaded = checksums(&pool, &reg)?;
     pool.snapshot("loaded");
 
     let cache = {
@@ -142,10 +145,9 @@ fn demo(d: &Arc<dyn Driver>, dir: &Path, layers: usize, hidden: usize) -> Result
             cycle.report.seconds
         );
     }
-    verify(d, &reg, &loaded, "offload")?;
+    verify(&pool, &reg, &loaded, "offload")?;
     pool.snapshot("awake");
 
-    pool.add_reload_source(weights, Arc::new(plan))?;
     pool.sleep(&[(weights, Policy::Reload)])?;
     pool.snapshot("asleep (weights reloadable, no backup)");
     let woke = pool.wake(&[weights])?;
@@ -154,7 +156,7 @@ fn demo(d: &Arc<dyn Driver>, dir: &Path, layers: usize, hidden: usize) -> Result
         woke[0].report.reloaded_bytes as f64 / MIB,
         woke[0].report.seconds
     );
-    verify(d, &reg, &loaded, "reload")?;
+    verify(&pool, &reg, &loaded, "reload")?;
 
     pool.free(cache.ptr)?;
     for x in reg.iter() {
@@ -234,19 +236,18 @@ fn write_checkpoint(dir: &Path, layers: usize, hidden: usize) -> Result<PathBuf>
     Ok(path)
 }
 
-fn read(d: &dyn Driver, ptr: DevicePtr, len: usize) -> Result<Vec<u8>> {
+fn read(pool: &Pool, ptr: DevicePtr, len: usize) -> Result<Vec<u8>> {
     let mut v = vec![0u8; len];
-    // SAFETY: `ptr` is an awake destination of at least `len` bytes.
-    unsafe { d.copy_dtoh_async(v.as_mut_ptr(), ptr, len, StreamId::DEFAULT)? };
-    d.synchronize()?;
+    // SAFETY: nothing sleeps or frees the destination during the read.
+    unsafe { pool.read(ptr, &mut v)? };
     Ok(v)
 }
 
 /// FNV-1a of every destination's bytes.
-fn checksums(d: &Arc<dyn Driver>, reg: &Registry) -> Result<Vec<(String, DevicePtr, u64)>> {
+fn checksums(pool: &Pool, reg: &Registry) -> Result<Vec<(String, DevicePtr, u64)>> {
     reg.iter()
         .map(|x| {
-            let bytes = read(d.as_ref(), x.ptr, x.bytes())?;
+            let bytes = read(pool, x.ptr, x.bytes())?;
             let h = bytes.iter().fold(0xcbf29ce484222325u64, |h, &b| {
                 (h ^ b as u64).wrapping_mul(0x100000001b3)
             });
@@ -256,12 +257,12 @@ fn checksums(d: &Arc<dyn Driver>, reg: &Registry) -> Result<Vec<(String, DeviceP
 }
 
 fn verify(
-    d: &Arc<dyn Driver>,
+    pool: &Pool,
     reg: &Registry,
     want: &[(String, DevicePtr, u64)],
     what: &str,
 ) -> Result<()> {
-    let got = checksums(d, reg)?;
+    let got = checksums(pool, reg)?;
     for (w, g) in want.iter().zip(&got) {
         if w != g {
             return Err(Error::InvalidState(format!(

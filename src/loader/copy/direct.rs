@@ -4,9 +4,9 @@
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use super::execute::Shared;
 use super::issue::issue;
 use super::jobs::Window;
+use super::shared::Shared;
 use crate::driver::{Driver, EventId};
 use crate::error::Result;
 use crate::loader::checkpoint::Shard;

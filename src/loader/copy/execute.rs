@@ -1,13 +1,14 @@
 //! One execution: zero fills, split the extents between direct windows and
 //! staging jobs, run the workers, and gather their errors and stats.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use super::direct::direct_worker;
 use super::jobs::{hybrid_split, make_jobs, make_windows, Window};
 use super::options::{Control, CopyOptions, CopyStats, Strategy};
+use super::shared::Shared;
 use super::staged::{ns, Scratch, SlotFill, Stage};
 use super::PAGE;
 use crate::driver::Driver;
@@ -17,23 +18,6 @@ use crate::loader::copy::geometry::{self, CachedFill, Geometry};
 use crate::loader::copy::staging::{acquire_ring, resident_share, return_ring};
 use crate::loader::plan::{Extent, Fill};
 use crate::segment::Segment;
-
-#[derive(Default)]
-pub(super) struct Shared {
-    pub(super) stop: AtomicBool,
-    pub(super) done: AtomicU64,
-    error: Mutex<Option<Error>>,
-    /// A worker panicked: it unwound without waiting for its queued copies.
-    panicked: AtomicBool,
-}
-
-impl Shared {
-    fn fail(&self, e: Error) {
-        let mut g = self.error.lock().unwrap_or_else(|p| p.into_inner());
-        g.get_or_insert(e);
-        self.stop.store(true, Ordering::SeqCst);
-    }
-}
 
 /// Copy `extents` and zero `fills` into device memory. Synchronous: every copy
 /// has completed when it returns.
@@ -244,7 +228,7 @@ pub fn execute(
         // panic, which skipped that wait: then wait for the device, and if even
         // that fails, never free or reuse them (a leak, not a device reading
         // memory that was handed out again).
-        let idle = !shared.panicked.load(Ordering::SeqCst) || d.synchronize().is_ok();
+        let idle = !shared.panicked() || d.synchronize().is_ok();
         for ev in scratch_events {
             let _ = d.event_destroy(ev);
         }
@@ -265,12 +249,7 @@ pub fn execute(
         run_workers(n_direct, &shared, ctl, total, &direct_only);
     }
     let done = shared.done.load(Ordering::SeqCst);
-    if let Some(e) = shared
-        .error
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .take()
-    {
+    if let Some(e) = shared.take_error() {
         return Err(e);
     }
     if shared.stop.load(Ordering::SeqCst) || done < total {
@@ -322,8 +301,7 @@ fn run_workers(
         }
         for h in handles {
             if let Err(p) = h.join() {
-                shared.panicked.store(true, Ordering::SeqCst);
-                shared.fail(Error::Panic(crate::panic_message(p.as_ref())));
+                shared.fail_panicked(Error::Panic(crate::error::panic_message(p.as_ref())));
             }
         }
     });

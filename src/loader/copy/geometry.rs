@@ -7,7 +7,7 @@
 //! slots in use fit in the last-level cache, the fill writes into the cache and
 //! the DMA reads them from there: one DRAM pass per byte. Measured on the H200
 //! box (300 MiB L3, 16 threads, 16.4 GB page-cached, same runs,
-//! bench/results/2026-11-29-load-bench-v5.md): rings of 64-150 MiB filled with
+//! bench/results/load.md): rings of 64-150 MiB filled with
 //! plain stores ran at 0.90-0.93 of the link; 256 MiB rings at 0.83-0.84;
 //! 768 MiB rings at 0.72 (plain stores) and 0.80 (streaming stores, which were
 //! the best choice while the ring could not fit).

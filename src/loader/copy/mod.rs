@@ -13,7 +13,7 @@
 //!   at once first) into their own slots of a pinned staging ring (`depth` per
 //!   worker, events guard reuse) and queue async copies on their own stream.
 //!   Slot size and depth keep the slots in use in the CPU's last-level cache
-//!   where they fit ([`geometry`](crate::loader::copy::geometry)); **stream** fills
+//!   where they fit ([`geometry`]); **stream** fills
 //!   with streaming stores, for rings that cannot fit.
 //!   The ring is pinned once and cached process-wide per driver
 //!   ([`staging::acquire_ring`]), so later loads and Reload replays skip
@@ -39,6 +39,7 @@ pub mod geometry;
 mod issue;
 mod jobs;
 mod options;
+mod shared;
 pub mod slot_copy;
 mod staged;
 pub mod staging;

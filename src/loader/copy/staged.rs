@@ -6,10 +6,10 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::Instant;
 
-use super::execute::Shared;
 use super::issue::issue;
 use super::jobs::Job;
 use super::page_down;
+use super::shared::Shared;
 use crate::driver::{DevicePtr, Driver, EventId, StreamId};
 use crate::error::{Error, Result};
 use crate::loader::checkpoint::Shard;

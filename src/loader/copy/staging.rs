@@ -1,139 +1,19 @@
-//! Pinned host staging memory for the copy engine.
-//!
-//! Allocated as anonymous memory advised to use huge pages, touched by the
-//! worker that will use it, then registered with the driver. DESIGN.md: this
-//! pins at ~20 GB/s end to end where `cudaHostAlloc` manages ~1.9 GB/s.
+//! Pinned host staging memory for the copy engine: the staging ring each load
+//! and Reload replay uses, pinned once and cached process-wide per driver
+//! (pinning costs far more than a load's copies into it), and the page-cache
+//! residency probes that pick between memcpy and pread.
 
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex};
 
 use crate::driver::Driver;
 use crate::error::Result;
+use crate::hostmem::PinnedHost;
 
-/// One registered, page-locked host buffer. Unregistered and unmapped on drop.
-#[derive(Debug)]
-pub struct Pinned<'d> {
-    driver: &'d dyn Driver,
-    ptr: *mut u8,
-    len: usize,
-}
-
-// SAFETY: the buffer is plain memory owned by this value; access to its bytes is
-// coordinated by the copy engine (one worker fills a slot, the device reads it
-// only after the fill, events guard reuse).
-unsafe impl Send for Pinned<'_> {}
-// SAFETY: as above; shared references only expose the raw pointer.
-unsafe impl Sync for Pinned<'_> {}
-
-impl<'d> Pinned<'d> {
-    /// Map `len` bytes, advise huge pages, touch every page, register them.
-    pub fn new(driver: &'d dyn Driver, len: usize) -> Result<Pinned<'d>> {
-        let (ptr, len) = map_registered(driver, len, "pinned staging buffer")?;
-        Ok(Pinned { driver, ptr, len })
-    }
-
-    /// Start of the buffer.
-    pub fn ptr(&self) -> *mut u8 {
-        self.ptr
-    }
-
-    /// Length in bytes.
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    /// Always false (a buffer has at least one page).
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-}
-
-/// Map `len` bytes (huge pages, populated from several threads) and register
-/// them with `driver`; the mapping is undone when registration fails. The
-/// caller unregisters and unmaps (`what` names the buffer in errors).
-fn map_registered(driver: &dyn Driver, len: usize, what: &str) -> Result<(*mut u8, usize)> {
-    let (p, len) = crate::hostmem::map_populated(len, what)?;
-    // SAFETY: the mapping is valid for `len` bytes; the caller unregisters it
-    // before unmapping.
-    if let Err(e) = unsafe { driver.host_register(p, len, false) } {
-        // SAFETY: our own mapping, not registered, not shared.
-        unsafe { crate::hostmem::unmap(p, len) };
-        return Err(e);
-    }
-    Ok((p, len))
-}
-
-impl Drop for Pinned<'_> {
-    fn drop(&mut self) {
-        // SAFETY: registered in `new`; the engine synchronizes every copy from
-        // this buffer before dropping it.
-        let _ = unsafe { self.driver.host_unregister(self.ptr) };
-        // SAFETY: mapped by `map_populated`, unregistered above, no copy uses it.
-        unsafe { crate::hostmem::unmap(self.ptr, self.len) };
-    }
-}
-
-/// A pinned staging ring kept across loads: anonymous memory advised to use
-/// huge pages, populated from several threads, registered once. Pinning costs
-/// far more than a load's copies into it, so it is cached process-wide (one per
-/// driver) and handed to each load and to every Reload replay; see
-/// [`acquire_ring`], [`release_staging`].
-///
-/// Holds its driver weakly, so a cached ring never keeps a driver alive; a ring
-/// outliving its driver is only unmapped.
-#[derive(Debug)]
-pub struct Ring {
-    driver: Weak<dyn Driver>,
-    ptr: *mut u8,
-    len: usize,
-}
-
-// SAFETY: the ring is plain memory owned by this value; the copy engine gives
-// each worker disjoint slots and guards reuse with events.
-unsafe impl Send for Ring {}
-// SAFETY: as above; shared references only expose the raw pointer.
-unsafe impl Sync for Ring {}
-
-impl Ring {
-    fn new(driver: &Arc<dyn Driver>, len: usize) -> Result<Ring> {
-        let (p, len) = map_registered(driver.as_ref(), len, "pinned staging ring")?;
-        Ok(Ring {
-            driver: Arc::downgrade(driver),
-            ptr: p,
-            len,
-        })
-    }
-
-    /// Start of the ring.
-    pub fn ptr(&self) -> *mut u8 {
-        self.ptr
-    }
-
-    /// Length in bytes.
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    /// Always false (a ring has at least one page).
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    fn belongs_to(&self, driver: &Arc<dyn Driver>) -> bool {
-        std::ptr::addr_eq(Weak::as_ptr(&self.driver), Arc::as_ptr(driver))
-    }
-}
-
-impl Drop for Ring {
-    fn drop(&mut self) {
-        if let Some(d) = self.driver.upgrade() {
-            // SAFETY: registered in `new`; every copy from the ring completed
-            // before it was handed back.
-            let _ = unsafe { d.host_unregister(self.ptr) };
-        }
-        // SAFETY: mapped by `map_populated`, unregistered above, no copy uses it.
-        unsafe { crate::hostmem::unmap(self.ptr, self.len) };
-    }
-}
+/// A pinned staging ring kept across loads ([`PinnedHost`] holding its driver
+/// weakly, so a cached ring never keeps a driver alive; a ring outliving its
+/// driver is only unmapped). Handed to each load and to every Reload replay;
+/// see [`acquire_ring`], [`release_staging`].
+pub type Ring = PinnedHost;
 
 /// The cached rings, at most one per driver.
 static RINGS: Mutex<Vec<Ring>> = Mutex::new(Vec::new());
@@ -153,11 +33,11 @@ pub fn acquire_ring(driver: &Arc<dyn Driver>, len: usize) -> Result<(Ring, bool)
         let mut i = 0;
         let mut found = None;
         while i < g.len() {
-            if g[i].driver.strong_count() == 0 {
+            if !g[i].driver_alive() {
                 stale.push(g.swap_remove(i));
-            } else if g[i].belongs_to(driver) {
+            } else if g[i].registered_with(driver) {
                 let r = g.swap_remove(i);
-                if r.len >= len {
+                if r.len() >= len {
                     found = Some(r);
                 } else {
                     stale.push(r);
@@ -172,15 +52,15 @@ pub fn acquire_ring(driver: &Arc<dyn Driver>, len: usize) -> Result<(Ring, bool)
         stale
     };
     drop(stale);
-    Ok((Ring::new(driver, len)?, false))
+    Ok((Ring::new_weak(driver, len, "pinned staging ring")?, false))
 }
 
 /// Hand a ring back to the cache (keeping the larger one if a concurrent load
 /// returned one for the same driver first).
 pub fn return_ring(ring: Ring) {
     let mut g = rings();
-    let drop_old = match g.iter().position(|r| r.driver.ptr_eq(&ring.driver)) {
-        Some(i) if g[i].len >= ring.len => return drop_outside(g, ring),
+    let drop_old = match g.iter().position(|r| r.same_driver(&ring)) {
+        Some(i) if g[i].len() >= ring.len() => return drop_outside(g, ring),
         Some(i) => Some(g.swap_remove(i)),
         None => None,
     };
@@ -209,20 +89,20 @@ pub fn release_staging_for(driver: &Arc<dyn Driver>) -> usize {
         let mut g = rings();
         let (mine, rest): (Vec<Ring>, Vec<Ring>) = std::mem::take(&mut *g)
             .into_iter()
-            .partition(|r| r.belongs_to(driver));
+            .partition(|r| r.registered_with(driver));
         *g = rest;
         mine
     };
     // Unregistered outside the lock: unpinning takes a while.
-    mine.iter().map(|r| r.len).sum()
+    mine.iter().map(|r| r.len()).sum()
 }
 
 /// Bytes of pinned staging currently cached for `driver` (0 when none).
 pub fn cached_staging_bytes(driver: &Arc<dyn Driver>) -> usize {
     rings()
         .iter()
-        .filter(|r| r.belongs_to(driver))
-        .map(|r| r.len)
+        .filter(|r| r.registered_with(driver))
+        .map(|r| r.len())
         .sum()
 }
 

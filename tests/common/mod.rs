@@ -1,0 +1,8 @@
+//! Helpers shared by the integration tests, one file per area: `loader`
+//! (generated checkpoints, destinations, device reads) and `pool` (a small
+//! host driver and pool sizes, a deterministic RNG, byte patterns). Each test
+//! file includes this module with `mod common;` and uses what it needs.
+#![allow(dead_code)]
+
+pub mod loader;
+pub mod pool;
