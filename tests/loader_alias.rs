@@ -2,9 +2,9 @@
 //! `state_dict()`): one destination under two names, filled from whichever
 //! name the checkpoint has; partial overlaps stay an error.
 
-mod loader_util;
+mod common;
 
-use loader_util::*;
+use common::loader::*;
 use vmmweights::loader::*;
 use vmmweights::Error;
 
