@@ -18,7 +18,7 @@ echo "--- maturin build"
   || { cat "$work/maturin.log"; exit 1; }
 tail -2 "$work/maturin.log"
 wheel=$(ls "$work"/dist/vmmweights-*.whl)
-unzip -l "$wheel" | grep -q 'vmmweights/vmmweights/libvmmweights.so' || { echo "the wheel lacks libvmmweights.so" >&2; exit 1; }
+"$py" -c 'import sys, zipfile; n = zipfile.ZipFile(sys.argv[1]).namelist(); sys.exit(0 if "vmmweights/vmmweights/libvmmweights.so" in n else "the wheel lacks libvmmweights.so: %s" % n)' "$wheel"
 "$py" -m pip install --quiet "$wheel"
 echo "--- installed: $("$py" -c 'import vmmweights as v; print(v.__file__, v.library_path(), v.version())')"
 (cd "$work" && env -u VMMW_LIB "$py" -c '

@@ -54,3 +54,31 @@ def test_load_reports_every_problem_before_writing(tmp_path):
     assert all(int(p.abs().sum()) == 0 for p in model.parameters()), "nothing written"
     del model
     vt.release_pools("weights")
+
+
+def test_tensor_views_of_loader_allocated_memory(tmp_path):
+    """vmmweights.load allocates fused destinations from the qwen2 preset in
+    our pool; as_tensor views them (no copy) and they equal the file's."""
+    import vmmweights as vw
+    from safetensors import safe_open
+
+    cfg = hf.qwen2_tied()
+    hf.write(cfg, tmp_path)
+    dests, r = vw.load(tmp_path, vt.pool(), "loader-weights", preset="qwen2")
+    views = vt.tensors(dests)
+    qkv = views["model.layers.0.self_attn.qkv_proj.weight"]
+    assert qkv.dtype == torch.bfloat16 and qkv.data_ptr() == dests["model.layers.0.self_attn.qkv_proj.weight"].ptr
+    want = {}
+    for f in tmp_path.glob("*.safetensors"):
+        with safe_open(str(f), framework="pt", device="cpu") as sf:
+            want.update({k: sf.get_tensor(k) for k in sf.keys()})
+    q = want["model.layers.0.self_attn.q_proj.weight"]
+    assert torch.equal(qkv[: q.shape[0]].cpu(), q)
+    assert torch.equal(views["model.embed_tokens.weight"].cpu(), want["model.embed_tokens.weight"])
+    bias = views["model.layers.0.self_attn.qkv_proj.bias"]
+    assert torch.equal(bias[: q.shape[0]].cpu(), want["model.layers.0.self_attn.q_proj.bias"])
+    del views, qkv, bias
+    pool = vt.pool()
+    for d in dests.values():
+        pool.free(d.ptr)
+    pool.trim()

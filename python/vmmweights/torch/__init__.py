@@ -30,13 +30,14 @@ import torch
 
 from .. import tags as _tags
 from .._native import VmmwError, library_path
-from ..loader import Loader, LoadResult
+from ..loader import Destination, Loader, LoadResult
 from ..pool import Pool
 from ..report import table, tag_usage
 
 __all__ = [
     "VmmwError",
     "allocator",
+    "as_tensor",
     "graph",
     "library_path",
     "load_",
@@ -50,6 +51,7 @@ __all__ = [
     "sleep",
     "staging_bytes",
     "tag_usage",
+    "tensors",
     "trim",
     "use_pool",
     "wake",
@@ -168,6 +170,58 @@ def release_pools(tag: Optional[str] = None) -> None:
     gc.collect()
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
+
+
+# --- views of pool memory ---------------------------------------------------------
+
+# __cuda_array_interface__ type strings; BF16 has none, so it travels as int16
+# and is viewed as bfloat16 afterwards.
+_TYPESTR = {"BF16": ("<i2", torch.bfloat16), "F16": ("<f2", None), "F32": ("<f4", None),
+            "F64": ("<f8", None), "I8": ("|i1", None), "U8": ("|u1", None), "I16": ("<i2", None),
+            "I32": ("<i4", None), "I64": ("<i8", None), "BOOL": ("|b1", None)}
+
+
+class _DeviceArray:
+    """A device range described by __cuda_array_interface__ (v3), which
+    ``torch.as_tensor`` wraps without copying."""
+
+    def __init__(self, ptr: int, shape: Tuple[int, ...], typestr: str) -> None:
+        self.__cuda_array_interface__ = {
+            "shape": tuple(shape), "typestr": typestr, "data": (ptr, False), "strides": None, "version": 3,
+        }
+
+
+def as_tensor(
+    dest: Union[Destination, int],
+    shape: Optional[Tuple[int, ...]] = None,
+    dtype: Union[str, "torch.dtype", None] = None,
+    device: Union[int, torch.device, None] = None,
+) -> torch.Tensor:
+    """A ``torch.Tensor`` viewing pool memory without a copy: a
+    :class:`~vmmweights.Destination` (from ``Loader.allocate`` or
+    ``vmmweights.load``), or a device address with `shape` and `dtype`. The
+    memory stays the pool's: the view must not outlive the block, and reading
+    it while its tag sleeps faults."""
+    if isinstance(dest, Destination):
+        ptr, shape, name = dest.ptr, dest.shape if shape is None else shape, dest.dtype if dtype is None else dtype
+    else:
+        if shape is None or dtype is None:
+            raise ValueError("as_tensor(ptr, shape, dtype): a bare address needs a shape and a dtype")
+        ptr, name = int(dest), dtype
+    if isinstance(name, torch.dtype):
+        name = DTYPES[name]
+    name = {"bfloat16": "BF16", "float16": "F16", "float32": "F32"}.get(str(name), str(name).upper())
+    if name not in _TYPESTR:
+        raise ValueError(f"as_tensor: no view for dtype {name!r}: expected one of {sorted(_TYPESTR)}")
+    typestr, view = _TYPESTR[name]
+    dev = _device(device)
+    t = torch.as_tensor(_DeviceArray(ptr, tuple(shape), typestr), device=f"cuda:{dev}")
+    return t.view(view) if view is not None else t
+
+
+def tensors(dests: Mapping[str, Destination], device: Union[int, torch.device, None] = None) -> Dict[str, torch.Tensor]:
+    """:func:`as_tensor` of every destination, by name."""
+    return {n: as_tensor(d, device=device) for n, d in dests.items()}
 
 
 # --- loading --------------------------------------------------------------------------
