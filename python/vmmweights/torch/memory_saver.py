@@ -51,9 +51,18 @@ class TorchMemorySaver:
         return dev
 
     @contextlib.contextmanager
-    def region(self, tag: str = _TAG_DEFAULT, enable_cpu_backup: bool = False, **_unsupported: Any) -> Iterator[None]:
+    def region(
+        self,
+        tag: str = _TAG_DEFAULT,
+        enable_cpu_backup: bool = False,
+        enable_disk_backup: bool = False,
+        cpu_backup_backend: Optional[str] = None,
+    ) -> Iterator[None]:
         """Allocations in the block are pauseable under `tag`; with
-        `enable_cpu_backup` their contents survive pause/resume."""
+        `enable_cpu_backup` their contents survive pause/resume (in pinned
+        host memory, whatever `cpu_backup_backend` names)."""
+        if enable_disk_backup:
+            raise NotImplementedError("vmmweights keeps backups in pinned host memory; enable_disk_backup is not supported")
         dev = self._note(tag, enable_cpu_backup)
         with _use_pool(tag, dev):
             yield
@@ -67,7 +76,7 @@ class TorchMemorySaver:
         capture_error_mode: str = "global",
         tag: str = _TAG_DEFAULT,
         enable_cpu_backup: bool = False,
-        **_unsupported: Any,
+        cpu_backup_backend: Optional[str] = None,
     ) -> Iterator[None]:
         """As ``torch.cuda.graph``, with the graph's memory pauseable under `tag`."""
         if pool is not None:
