@@ -179,9 +179,10 @@ class Pool:
             items = {t["tag"]: self.default_policy(t["tag"]) for t in rep["tags"] if not t["asleep"]}
             if not items:
                 return {}
+        codes = [_policy(tag, policy) for tag, policy in items.items()]  # all checked first
         arr = (S.TagPolicy * len(items))()
-        for i, (tag, policy) in enumerate(items.items()):
-            arr[i].policy = _policy(tag, policy)
+        for i, (tag, code) in enumerate(zip(items, codes)):
+            arr[i].policy = code
             arr[i].tag = tag_id(tag)
         call("vmmw_pool_sleep", self.handle, arr, ctypes.c_size_t(len(items)))
         return self.last_cycle()
