@@ -119,8 +119,19 @@
 #define VMMW_POLICY_DISCARD 1
 
 /**
- * Sleep policy: keep no backup; restore at wake from the checkpoint the bytes
- * were loaded from (needs a load through `vmmw_loader_load` into this pool).
+ * Sleep policy: restore at wake from the checkpoint the bytes were loaded
+ * from (needs a load through `vmmw_loader_load` into this pool); every other
+ * byte of the tag's live blocks (buffers the model computes, later
+ * allocations, block padding, blocks freed and allocated again since the
+ * load) is kept in the host backup, so the host holds only those. Before
+ * anything is mapped at wake, each checkpoint file is checked to be the one
+ * loaded (device, inode, size, modification time; and content checksums when
+ * the load asked for them, `vmmw_loader_set_reload_check`): a changed file
+ * fails the wake with `VMMW_CHECKPOINT_INVALID` naming it, the tag stays
+ * asleep, and `vmmw_pool_forget_reload` then lets it wake. The check runs
+ * right before the files are read: a file truncated while that very wake
+ * reads it is not caught (a read through its mapping can then fault), so do not
+ * modify checkpoints that sleeping tags reload from.
  */
 #define VMMW_POLICY_RELOAD 2
 
@@ -208,6 +219,11 @@
  * A caller-provided buffer is too small; `*needed` holds the size required.
  */
 #define VMMW_BUFFER_TOO_SMALL 16
+
+/**
+ * A load is writing into the tag: sleep it once the load has returned (or cancel the load).
+ */
+#define VMMW_LOAD_IN_PROGRESS 17
 
 /**
  * The tag every allocation gets when no scope is open ("default").
@@ -803,6 +819,22 @@ int32_t vmmw_loader_set_rules_preset(const struct vmmw_loader_t *loader, const c
 int32_t vmmw_loader_set_options(const struct vmmw_loader_t *loader, const struct vmmw_load_options_t *options, struct vmmw_error_t **error);
 
 /**
+ * Keep (`enable` 1) or not (0, the default) a checksum of every loaded
+ * extent at the next loads of this loader, so each wake of a tag asleep
+ * with `VMMW_POLICY_RELOAD` proves, before restoring anything, that the
+ * checkpoint still holds the bytes loaded: a file rewritten in place fails
+ * the wake with `VMMW_CHECKPOINT_INVALID` even when its size and
+ * modification time were kept. It costs one more read of the loaded bytes at
+ * load and one at each Reload wake. Without it, device, inode, size and
+ * modification time are still checked at every wake. Other values of
+ * `enable`: `VMMW_INVALID_ARGUMENT`. Thread-safe (serializes with a running load).
+ *
+ * # Safety
+ * `loader` is a live handle; `error` is NULL or writable.
+ */
+int32_t vmmw_loader_set_reload_check(const struct vmmw_loader_t *loader, uint32_t enable, struct vmmw_error_t **error);
+
+/**
  * Register a destination parameter: `ndim` dimensions `shape` of `dtype`
  * ("BF16", "F16", "F32", ... or "bfloat16", "float16", "float32") at device
  * address `ptr`, contiguous, row-major. The memory stays the caller's; the
@@ -875,12 +907,26 @@ int32_t vmmw_loader_plan(const struct vmmw_loader_t *loader, struct vmmw_plan_su
  * calling `progress(done, total, user)` (may be NULL) on this thread as
  * bytes land. Blocks until done. Cancel from another thread with
  * `vmmw_loader_cancel`, or by returning non-zero from `progress`: the load
- * stops with `VMMW_CANCELLED` (destinations partly written). A cancel
- * requested before the load starts stops it before any byte is written. Plan errors are
- * found before any byte is written. The executed plan is registered in the
+ * stops with `VMMW_CANCELLED`. A cancel requested before the load starts
+ * stops it before any byte is written. Plan errors, and a checkpoint file
+ * changed since `vmmw_loader_open` (`VMMW_CHECKPOINT_INVALID`), are found
+ * before any byte is written. Any error once copying started (cancel, an
+ * I/O error reading a shard, a driver error) leaves the destinations partly
+ * written, with no rollback: each byte holds its old value or the
+ * checkpoint's; load again to finish. After any failed load, older reload
+ * sources no longer replay these destinations (a later Reload sleep keeps
+ * their bytes in the host backup).
+ *
+ * Pool tags holding destinations must be awake (`VMMW_INVALID_STATE` naming
+ * the destination otherwise) and are pinned for the whole load, checked and
+ * pinned under one lock: `vmmw_pool_sleep` of them, from another thread or
+ * from `progress`, fails with `VMMW_LOAD_IN_PROGRESS` and changes nothing.
+ * The executed plan is registered in the
  * pool as the reload source of the tags that own the destinations, so those
- * tags can sleep with `VMMW_POLICY_RELOAD`. A loader can load again (the
- * checkpoint is reopened).
+ * tags can sleep with `VMMW_POLICY_RELOAD`; it stops covering a block once
+ * the block is freed. A loader can load again (the checkpoint is reopened);
+ * the loader keeps its last checkpoint open and mapped until it is freed or
+ * loads again.
  *
  * # Safety
  * `loader` and `pool` are live handles; `progress` is NULL or a function
@@ -995,7 +1041,13 @@ int32_t vmmw_pool_alloc_tagged(const struct vmmw_pool_t *pool, uint64_t size, ui
 /**
  * Free a block (it returns to the pool's cache; see `vmmw_pool_trim`).
  * `VMMW_UNKNOWN_POINTER` (nothing changes) for a pointer that is not the
- * start of a live block of this pool, or a double free.
+ * start of a live block of this pool, or a double free. A block freed is no
+ * longer restored by a Reload wake. When freeing releases a segment and the
+ * device refuses to synchronize first, nothing is unmapped (queued work may
+ * still use it): the block is freed, the error says its memory stays mapped,
+ * and a later free or `vmmw_pool_trim` releases it. Thread-safe; also while
+ * the block's tag sleeps or wakes (the segment is then released when that
+ * call ends).
  *
  * # Safety
  * `pool` is a live handle; `error` is NULL or writable.
@@ -1004,7 +1056,9 @@ int32_t vmmw_pool_free_ptr(const struct vmmw_pool_t *pool, uint64_t ptr, struct 
 
 /**
  * Return cached memory to the driver; `*released` receives the physically
- * backed bytes released.
+ * backed bytes released. Segments of a tag being put to sleep or woken are
+ * left for a later trim; freed segments kept mapped after a failed device
+ * synchronize are released now, or the error is returned again.
  *
  * # Safety
  * `pool` is a live handle; `released` is writable; `error` is NULL or writable.
@@ -1155,10 +1209,22 @@ int32_t vmmw_segment_read(const struct vmmw_segment_t *segment, uint64_t offset,
  * in it fails with `VMMW_INVALID_STATE`. A tag already asleep is left as is.
  * The caller must make sure no queued GPU work still uses the memory (the
  * library synchronizes the device before unmapping, but cannot see work
- * queued later). Every entry is checked before anything moves
+ * queued later; when that synchronize fails nothing is unmapped and the error
+ * is returned). Every entry is checked before anything moves
  * (`VMMW_INVALID_ARGUMENT`; `VMMW_UNKNOWN_TAG` also for a tag that never held
  * memory in this pool, such as a misspelling). Tags are processed in order;
  * on a failure the earlier tags are asleep and the error names the failing one.
+ * A sleep that fails midway leaves the failing tag partly asleep (the report
+ * counts what is still mapped as tracked); calling again finishes it.
+ *
+ * Rules with other threads: a tag that a `vmmw_loader_load` is writing into
+ * is refused with `VMMW_LOAD_IN_PROGRESS` and nothing changes (also from the
+ * load's own progress callback): sleep it once the load returned, or cancel
+ * the load. The pool lock is not held across copies: while a tag sleeps or
+ * wakes, other tags allocate and free freely; allocating in that tag fails
+ * with `VMMW_INVALID_STATE`; freeing in it works (its segments are released
+ * when the call ends); a second sleep or wake of it waits for the first.
+ * Thread-safe.
  *
  * # Safety
  * `pool` is a live handle; `items` is readable for `n` entries (NULL when `n`
@@ -1172,14 +1238,29 @@ int32_t vmmw_pool_sleep(const struct vmmw_pool_t *pool, const struct vmmw_tag_po
  * re-read from their checkpoint, discarded ones are undefined. The bytes
  * needed are checked against free device memory first (`VMMW_OUT_OF_MEMORY`,
  * nothing changes); each tag's wake is transactional (on failure it stays
- * asleep with its backup intact, and a later wake can succeed).
- * `VMMW_UNKNOWN_TAG` (nothing changes) for a tag that never held memory in this pool.
+ * asleep with its backup intact, and a later wake can succeed). A Reload tag
+ * whose checkpoint changed since its load fails with `VMMW_CHECKPOINT_INVALID`
+ * before any byte is touched (see `VMMW_POLICY_RELOAD`). `VMMW_UNKNOWN_TAG`
+ * (nothing changes) for a tag that never held memory in this pool.
+ * Concurrency as in `vmmw_pool_sleep`. Thread-safe.
  *
  * # Safety
  * `pool` is a live handle; `tags` is readable for `n` entries (NULL when `n`
  * is 0); `error` is NULL or writable.
  */
 int32_t vmmw_pool_wake(const struct vmmw_pool_t *pool, const uint32_t *tags, size_t n, struct vmmw_error_t **error);
+
+/**
+ * Drop the reload sources of `tag` (what `vmmw_loader_load` registered).
+ * A tag asleep with `VMMW_POLICY_RELOAD` then wakes with its backed-up bytes
+ * restored and the loaded bytes undefined: the way to wake a tag whose
+ * checkpoint changed, then load the new file into it. Later Reload sleeps of
+ * the tag need a new load first. Thread-safe.
+ *
+ * # Safety
+ * `pool` is a live handle; `error` is NULL or writable.
+ */
+int32_t vmmw_pool_forget_reload(const struct vmmw_pool_t *pool, uint32_t tag, struct vmmw_error_t **error);
 
 /**
  * Pin `bytes` of host backup memory ahead of time, so even the first offload

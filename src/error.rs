@@ -61,11 +61,13 @@ pub enum Status {
     Unsupported = 15,
     /// A caller-provided buffer is too small; the required size was written where documented.
     BufferTooSmall = 16,
+    /// A load is writing into the tag: sleep it once the load has returned (or cancel the load).
+    LoadInProgress = 17,
 }
 
 impl Status {
     /// Every status, in numeric order.
-    pub const ALL: [Status; 17] = [
+    pub const ALL: [Status; 18] = [
         Status::Ok,
         Status::InvalidArgument,
         Status::NullArgument,
@@ -83,6 +85,7 @@ impl Status {
         Status::Panic,
         Status::Unsupported,
         Status::BufferTooSmall,
+        Status::LoadInProgress,
     ];
 
     /// A short, stable, human-readable name ("VMMW_OUT_OF_MEMORY").
@@ -111,6 +114,7 @@ impl Status {
             Status::Panic => c"VMMW_PANIC",
             Status::Unsupported => c"VMMW_UNSUPPORTED",
             Status::BufferTooSmall => c"VMMW_BUFFER_TOO_SMALL",
+            Status::LoadInProgress => c"VMMW_LOAD_IN_PROGRESS",
         }
     }
 }
@@ -226,6 +230,15 @@ pub enum Error {
     #[error("internal error (panic caught at the C boundary): {0}")]
     Panic(String),
 
+    /// A sleep was asked for a tag that a load is writing into.
+    #[error("tag `{tag}` has {loads} load(s) in progress: sleep it once the load has returned, or cancel the load first (nothing was changed)")]
+    LoadInProgress {
+        /// The tag's name.
+        tag: String,
+        /// Loads writing into it.
+        loads: usize,
+    },
+
     /// A caller buffer is too small.
     #[error("buffer too small: need {needed} bytes, got {got}")]
     BufferTooSmall {
@@ -256,6 +269,7 @@ impl Error {
             Error::Unsupported(_) => Status::Unsupported,
             Error::Panic(_) => Status::Panic,
             Error::BufferTooSmall { .. } => Status::BufferTooSmall,
+            Error::LoadInProgress { .. } => Status::LoadInProgress,
         }
     }
 
@@ -301,6 +315,7 @@ mod tests {
         assert_eq!(Status::PlanMismatch as i32, 12);
         assert_eq!(Status::Panic as i32, 14);
         assert_eq!(Status::BufferTooSmall as i32, 16);
+        assert_eq!(Status::LoadInProgress as i32, 17);
     }
 
     #[test]

@@ -12,13 +12,13 @@
 
 use std::fmt;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::driver::MemInfo;
 use crate::segment::SleepState;
 
 /// The quantities of one tag, or of all tags together.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TagUsage {
     /// The tag's name ("total" for the sum).
     pub tag: String,
@@ -85,7 +85,7 @@ impl TagUsage {
 }
 
 /// A pool's memory at one moment.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Report {
     /// The backend and device, in words.
     pub backend: String,
@@ -194,7 +194,7 @@ impl fmt::Display for Report {
 }
 
 /// One named boundary of a timeline.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Boundary {
     /// The name given to `snapshot`.
     pub name: String,
@@ -205,7 +205,7 @@ pub struct Boundary {
 }
 
 /// Snapshots at named boundaries, oldest first.
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Timeline {
     /// The boundaries.
     pub boundaries: Vec<Boundary>,
@@ -220,16 +220,27 @@ impl Timeline {
 
 impl fmt::Display for Timeline {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Wide enough for the longest boundary name and the indented tags.
+        let w = self
+            .boundaries
+            .iter()
+            .flat_map(|b| {
+                std::iter::once(b.name.chars().count())
+                    .chain(b.report.tags.iter().map(|u| u.tag.chars().count() + 2))
+            })
+            .max()
+            .unwrap_or(0)
+            .max(24);
         writeln!(
             f,
-            "{:<24} {:>9} {:>12} {:>12} {:>12} {:>12} {:>12}",
+            "{:<w$} {:>9} {:>12} {:>12} {:>12} {:>12} {:>12}",
             "boundary", "t (s)", "live", "reserved", "tracked", "host backup", "device used"
         )?;
         for b in &self.boundaries {
             let t = &b.report.total;
             writeln!(
                 f,
-                "{:<24} {:>9.3} {:>12} {:>12} {:>12} {:>12} {:>12}",
+                "{:<w$} {:>9.3} {:>12} {:>12} {:>12} {:>12} {:>12}",
                 b.name,
                 b.at_s,
                 human_bytes(t.live_bytes),
@@ -243,13 +254,14 @@ impl fmt::Display for Timeline {
             for u in &b.report.tags {
                 writeln!(
                     f,
-                    "  {:<22} {:>9} {:>12} {:>12} {:>12} {:>12}",
+                    "  {:<w2$} {:>9} {:>12} {:>12} {:>12} {:>12}",
                     u.tag,
                     "",
                     human_bytes(u.live_bytes),
                     human_bytes(u.reserved_bytes),
                     human_bytes(u.tracked_bytes),
                     human_bytes(u.host_backup_bytes),
+                    w2 = w - 2,
                 )?;
             }
         }
@@ -292,6 +304,33 @@ mod tests {
         let json: serde_json::Value = serde_json::from_str(&r.to_json()).unwrap();
         assert_eq!(json["total"]["live_bytes"], 15);
         assert_eq!(json["device_used_bytes"], 70);
+    }
+
+    #[test]
+    fn timeline_columns_stay_aligned_with_long_names() {
+        let report = |tag: &str| Report::new("host".into(), 0, vec![TagUsage::new(tag)], None);
+        let tl = Timeline {
+            boundaries: vec![
+                Boundary {
+                    name: "short".into(),
+                    at_s: 0.5,
+                    report: report("weights"),
+                },
+                Boundary {
+                    name: "asleep (weights offloaded, cache discarded)".into(),
+                    at_s: 12.25,
+                    report: report("a_tag_name_longer_than_the_column"),
+                },
+            ],
+        };
+        let text = tl.to_string();
+        let lines: Vec<&str> = text.lines().collect();
+        // Header and boundary rows share one layout; tag rows another.
+        let col = |l: &str| l.find(" B").unwrap_or(0);
+        assert_eq!(lines[0].len(), lines[1].len(), "{text}");
+        assert_eq!(lines[0].len(), lines[3].len(), "{text}");
+        assert_eq!(col(lines[1]), col(lines[3]), "{text}");
+        assert_eq!(lines[2].len(), lines[4].len(), "{text}");
     }
 
     #[test]

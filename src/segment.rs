@@ -41,7 +41,10 @@ pub enum SleepState {
 }
 
 /// One VA reservation and its chunks. Dropping it synchronizes the device,
-/// unmaps, releases and frees the VA, in that order.
+/// unmaps, releases and frees the VA, in that order; when that synchronize
+/// fails, nothing is unmapped (queued work may still use the memory): the
+/// memory and the VA are leaked, never unmapped under running work. Callers
+/// that can report the failure synchronize first (see `Pool::free`).
 #[derive(Debug)]
 pub struct Segment {
     driver: Arc<dyn Driver>,
@@ -53,6 +56,8 @@ pub struct Segment {
     chunk_size: usize,
     chunks: Vec<Chunk>,
     sleep_state: SleepState,
+    /// Unmapped handles whose release failed (see [`Segment::unmap_chunk`]).
+    orphans: Vec<PhysHandle>,
 }
 
 impl Segment {
@@ -82,6 +87,7 @@ impl Segment {
             chunk_size,
             chunks: Vec::new(),
             sleep_state: SleepState::Awake,
+            orphans: Vec::new(),
         })
     }
 
@@ -217,9 +223,13 @@ impl Segment {
             let va = self.va + c.offset as u64;
             self.driver.unmap(va, c.size)?;
             // Unmapped: the chunk has no memory behind it any more, whatever
-            // the release says, so a later map_chunk must map it again.
+            // the release says, so a later map_chunk must map it again. A
+            // handle whose release fails is kept and released later.
             self.chunks[i].handle = None;
-            self.driver.release(h)?;
+            if let Err(e) = self.driver.release(h) {
+                self.orphans.push(h);
+                return Err(e);
+            }
         }
         Ok(())
     }
@@ -278,7 +288,7 @@ impl Segment {
     /// Unmap and release every mapped chunk, keeping the VA (for sleep). On a
     /// failure the remaining chunks are still tried; the first error is returned.
     pub fn unmap_all(&mut self) -> Result<()> {
-        let mut first_error = None;
+        let mut first_error = self.retry_orphans().err();
         for i in 0..self.chunks.len() {
             if let Err(e) = self.unmap_chunk(i) {
                 first_error.get_or_insert(e);
@@ -304,26 +314,47 @@ impl Segment {
         Ok(())
     }
 
+    /// Put `h`, made by [`map_new_at`] for chunk `i`'s range, in chunk `i`
+    /// (wake maps outside the pool lock, then installs). Refused when the
+    /// chunk already has memory.
+    pub fn install_handle(&mut self, i: usize, h: PhysHandle) -> Result<()> {
+        match self.chunks.get_mut(i) {
+            Some(c) if c.handle.is_none() => {
+                c.handle = Some(h);
+                Ok(())
+            }
+            _ => Err(Error::InvalidState(format!(
+                "chunk {i} of segment {:#x} is mapped already or does not exist",
+                self.va
+            ))),
+        }
+    }
+
+    /// Physical handles unmapped whose release failed; retried by every later
+    /// unmap and by drop.
+    pub fn unreleased_handles(&self) -> usize {
+        self.orphans.len()
+    }
+
     fn map_new(&self, offset: usize, size: usize) -> Result<PhysHandle> {
-        let va = self.va + offset as u64;
-        let h = self.driver.create(size)?;
-        if let Err(e) = self.driver.map(va, size, h) {
-            let _ = self.driver.release(h);
-            return Err(e);
-        }
-        if let Err(e) = self.driver.set_access(va, size) {
-            let _ = self.driver.unmap(va, size);
-            let _ = self.driver.release(h);
-            return Err(e);
-        }
-        Ok(h)
+        map_new_at(self.driver.as_ref(), self.va + offset as u64, size)
     }
 
     fn unmap_release(&self, offset: usize, size: usize, h: PhysHandle) -> Result<()> {
-        let va = self.va + offset as u64;
-        let unmapped = self.driver.unmap(va, size);
-        let released = self.driver.release(h);
-        unmapped.and(released)
+        unmap_release_at(self.driver.as_ref(), self.va + offset as u64, size, h)
+    }
+
+    fn retry_orphans(&mut self) -> Result<()> {
+        let mut first_error = None;
+        let driver = self.driver.clone();
+        self.orphans.retain(|&h| match driver.release(h) {
+            Ok(()) => false,
+            Err(e) => {
+                first_error.get_or_insert(e);
+                true
+            }
+        });
+        first_error.map_or(Ok(()), Err)
     }
 
     fn undo_chunks_from(&mut self, first: usize) {
@@ -337,11 +368,41 @@ impl Segment {
     }
 }
 
+/// Create `size` bytes of physical memory, map them at `va` and grant access.
+/// On failure nothing is left behind.
+pub fn map_new_at(driver: &dyn Driver, va: DevicePtr, size: usize) -> Result<PhysHandle> {
+    let h = driver.create(size)?;
+    if let Err(e) = driver.map(va, size, h) {
+        let _ = driver.release(h);
+        return Err(e);
+    }
+    if let Err(e) = driver.set_access(va, size) {
+        let _ = driver.unmap(va, size);
+        let _ = driver.release(h);
+        return Err(e);
+    }
+    Ok(h)
+}
+
+/// Unmap `[va, va+size)` and release `h` (both tried; the first error returned).
+pub fn unmap_release_at(
+    driver: &dyn Driver,
+    va: DevicePtr,
+    size: usize,
+    h: PhysHandle,
+) -> Result<()> {
+    let unmapped = driver.unmap(va, size);
+    let released = driver.release(h);
+    unmapped.and(released)
+}
+
 impl Drop for Segment {
     fn drop(&mut self) {
-        if self.chunks.iter().any(|c| c.handle.is_some()) {
-            // No queued work may still touch the memory when it is unmapped.
-            let _ = self.driver.synchronize();
+        let _ = self.retry_orphans();
+        if self.chunks.iter().any(|c| c.handle.is_some()) && self.driver.synchronize().is_err() {
+            // Queued work may still use this memory: leak it rather than
+            // unmap under running kernels.
+            return;
         }
         self.undo_chunks_from(0);
         let _ = self.driver.free_va(self.va, self.reserved);

@@ -27,6 +27,7 @@ fn identity_load(dir: &std::path::Path, opts: CopyOptions) {
     let lo = LoadOptions {
         plan: PlanOptions::default(),
         copy: opts,
+        reload_check: false,
     };
     let ex = load(&d, ckpt, &rules, &reg, &lo, &Control::default()).unwrap();
     for (n, bytes) in &expect {

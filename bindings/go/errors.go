@@ -27,6 +27,7 @@ const (
 	StatusPanic             Status = C.VMMW_PANIC
 	StatusUnsupported       Status = C.VMMW_UNSUPPORTED
 	StatusBufferTooSmall    Status = C.VMMW_BUFFER_TOO_SMALL
+	StatusLoadInProgress    Status = C.VMMW_LOAD_IN_PROGRESS
 )
 
 // String is the C name of the status ("VMMW_OUT_OF_MEMORY").
@@ -69,6 +70,7 @@ var (
 	ErrPanic             = &Error{Status: StatusPanic}
 	ErrUnsupported       = &Error{Status: StatusUnsupported}
 	ErrBufferTooSmall    = &Error{Status: StatusBufferTooSmall}
+	ErrLoadInProgress    = &Error{Status: StatusLoadInProgress}
 )
 
 func isStatus(err error, s Status) bool {

@@ -118,6 +118,20 @@ func (l *Loader) SetOptions(o LoadOptions) error {
 	return l.do(func(cl *C.vmmw_loader_t, e **C.vmmw_error_t) C.int32_t { return C.vmmw_loader_set_options(cl, &c, e) })
 }
 
+// SetReloadCheck makes the next loads keep a checksum of every loaded extent,
+// so each wake of a tag asleep with PolicyReload proves, before restoring
+// anything, that the checkpoint still holds those bytes (StatusCheckpointInvalid
+// otherwise, also for a rewrite that kept size and modification time).
+func (l *Loader) SetReloadCheck(enable bool) error {
+	var v C.uint32_t
+	if enable {
+		v = 1
+	}
+	return l.do(func(cl *C.vmmw_loader_t, e **C.vmmw_error_t) C.int32_t {
+		return C.vmmw_loader_set_reload_check(cl, v, e)
+	})
+}
+
 // Register adds a destination of your own at device address ptr.
 func (l *Loader) Register(name string, ptr uint64, dtype string, shape []uint64) error {
 	cn, cd := C.CString(name), C.CString(dtype)

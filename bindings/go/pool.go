@@ -252,6 +252,16 @@ func (p *Pool) Wake(tags ...Tag) error {
 	return err
 }
 
+// ForgetReload drops tag's reload sources: a tag asleep with PolicyReload
+// whose checkpoint changed (Wake fails with StatusCheckpointInvalid) then
+// wakes with its backed-up bytes restored and the loaded bytes undefined;
+// load the new file after the wake.
+func (p *Pool) ForgetReload(tag Tag) error {
+	return p.do(func(cp *C.vmmw_pool_t, e **C.vmmw_error_t) C.int32_t {
+		return C.vmmw_pool_forget_reload(cp, C.uint32_t(tag), e)
+	})
+}
+
 // ReserveBackup pins bytes of host backup memory ahead of time.
 func (p *Pool) ReserveBackup(bytes uint64) error {
 	return p.do(func(cp *C.vmmw_pool_t, e **C.vmmw_error_t) C.int32_t {

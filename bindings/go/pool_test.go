@@ -209,6 +209,46 @@ func TestLoaderLoadsAndReloads(t *testing.T) {
 		t.Fatal(err)
 	}
 	check("after reload")
+
+	// A sleep asked from inside the load is refused with ErrLoadInProgress.
+	var sleepErr error
+	if _, err := l.Load(p, func(done, total uint64) bool {
+		sleepErr = p.Sleep(TagPolicy{tag, Discard})
+		return true
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if !errors.Is(sleepErr, ErrLoadInProgress) {
+		t.Fatalf("sleep during the load: %v", sleepErr)
+	}
+
+	// The file rewritten while the tag sleeps with Reload: the wake is refused
+	// and the tag stays asleep; forgetting the sources lets it wake, then the
+	// new file loads.
+	if err := l.SetReloadCheck(true); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.Load(p, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Sleep(TagPolicy{tag, Reload}); err != nil {
+		t.Fatal(err)
+	}
+	a[0] = -1
+	writeSafetensors(t, path, []string{"x.weight", "y.bias"}, [][]float32{a, {1, 2, 3}})
+	if err := p.Wake(tag); !errors.Is(err, ErrCheckpointInvalid) {
+		t.Fatalf("wake after the file changed: %v", err)
+	}
+	if err := p.ForgetReload(tag); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Wake(tag); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.Load(p, nil); err != nil {
+		t.Fatal(err)
+	}
+	check("after loading the rewritten file")
 	if err := l.Cancel(); err != nil {
 		t.Fatal(err)
 	}

@@ -8,7 +8,7 @@
 //   4. sleep: weights offloaded to pinned host memory, a "kv" tag discarded;
 //      the device memory is released, the pointers stay
 //   5. wake; verify the checksums again at the same addresses
-//   6. sleep with the reload policy (no host copy: re-read from the
+//   6. sleep with the reload policy (re-read from the
 //      checkpoint at wake), wake, verify again
 //
 // Usage: example_shared [--mib N] [--tensors N] [--require-cuda] [--json FILE]

@@ -115,11 +115,6 @@ def test_unknown_tag_at_sleep_and_wake_is_an_error_and_changes_nothing(pool, ckp
     assert pool.report()["tags"] == before
 
 
-@pytest.mark.xfail(
-    reason="issue 11: keeping the bytes a Reload plan does not cover is built in the core by the "
-    "sleep/wake hazards work; remove this mark once it is merged",
-    strict=False,
-)
 def test_reload_keeps_bytes_outside_the_plan(pool, ckpt):
     """Memory of a reload-tagged segment that the load did not write (a buffer
     the model computes itself, a block allocated later) survives the cycle."""

@@ -47,7 +47,7 @@ def library_path() -> str:
 
     In order: ``$VMMW_LIB`` (a file), the library inside the installed package,
     then (for a source checkout with ``python/`` on ``PYTHONPATH``) the
-    repository's ``target/release`` or ``target/debug``. Pass it to
+    repository's ``target/release`` or ``target/debug`` (the newer). Pass it to
     ``torch.cuda.memory.CUDAPluggableAllocator``.
     """
     env = os.environ.get("VMMW_LIB")
@@ -60,10 +60,9 @@ def library_path() -> str:
     if packaged.is_file():
         return str(packaged)
     repo = _HERE.parents[1]
-    for sub in ("target/release", "target/debug"):
-        p = repo / sub / _SONAME
-        if p.is_file():
-            return str(p)
+    built = [p for p in (repo / "target/release" / _SONAME, repo / "target/debug" / _SONAME) if p.is_file()]
+    if built:  # the one built last: a stale release build must not shadow a fresh debug one
+        return str(max(built, key=lambda p: p.stat().st_mtime))
     raise FileNotFoundError(
         f"{_SONAME} not found: not in the package ({packaged}), VMMW_LIB is unset, "
         f"and no {repo}/target/{{release,debug}}/{_SONAME}; install the wheel "

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Sleep/wake (issue #5): bench-sleep on ~16 GB of 8B-shaped weights against the
 # per-segment pinning reference, with the link measured in the same run; the
-# Reload rows use the checkpoint 20-load.sh generated, when it is there.
+# Reload rows use the checkpoint 20-load.sh generated, when it is there; the
+# results are drawn as bars in sleep-bench.svg.
 # Then the PyTorch sleep test (weights offloaded, kv cache discarded, forward bitwise equal).
 set -uo pipefail
 source scripts/gpu-lib.sh
@@ -10,7 +11,7 @@ ckpt="${LOAD_DIR:-/root/vmmw-ckpt-8b}"
 reload=()
 [ -e "$ckpt" ] && reload=(--reload-checkpoint "$ckpt")
 out="$VMMW_GPU_OUT/sleep-bench"
-.gpu/vmmw bench-sleep --backend cuda --json "$out.json" "${reload[@]}" 2>&1 | tee "$out.txt"
+.gpu/vmmw bench-sleep --backend cuda --json "$out.json" --chart "$out.svg" "${reload[@]}" 2>&1 | tee "$out.txt"
 t=${PIPESTATUS[0]}
 if [ "$t" -eq 0 ]; then
   wake=$(grep -E '^ours: wake' "$out.txt" | awk '{print $(NF-3)}')

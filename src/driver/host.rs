@@ -45,7 +45,7 @@ impl Default for HostConfig {
 
 impl HostConfig {
     /// Defaults, overridden by `VMMW_HOST_GRANULARITY` and `VMMW_HOST_MEMORY`
-    /// (bytes, with an optional K, M or G suffix).
+    /// (byte counts as [`crate::units::parse_bytes`] reads them: 64M, 1GiB).
     pub fn from_env() -> Result<HostConfig> {
         let mut c = HostConfig::default();
         if let Ok(v) = std::env::var("VMMW_HOST_GRANULARITY") {
@@ -84,6 +84,10 @@ pub enum FaultOp {
     Map,
     /// `set_access`.
     SetAccess,
+    /// `unmap` (nothing is unmapped).
+    Unmap,
+    /// `synchronize` (as a device that refuses to synchronize).
+    Synchronize,
 }
 
 /// Live objects of the host backend, for leak checks.
@@ -515,6 +519,9 @@ impl Driver for HostDriver {
     fn unmap(&self, va: DevicePtr, size: usize) -> Result<()> {
         self.check_aligned("unmap", va, size)?;
         let mut s = self.state();
+        if Self::take_fault(&mut s, FaultOp::Unmap) {
+            return Err(injected("unmap"));
+        }
         // cuMemUnmap requires the range to cover whole mappings.
         let end = va + size as u64;
         let covered: Vec<(u64, usize, u64)> = s
@@ -566,6 +573,9 @@ impl Driver for HostDriver {
     }
 
     fn synchronize(&self) -> Result<()> {
+        if Self::take_fault(&mut self.state(), FaultOp::Synchronize) {
+            return Err(injected("synchronize"));
+        }
         Ok(())
     }
 

@@ -294,7 +294,44 @@ pub unsafe extern "C" fn vmmw_loader_set_options(
         opts.copy.window_bytes =
             or_default(o.window_bytes, opts.copy.window_bytes, "window_bytes")?;
         opts.copy.slot_bytes = or_default(o.slot_bytes, opts.copy.slot_bytes, "slot_bytes")?;
-        l.lock().options = opts;
+        let mut st = l.lock();
+        opts.reload_check = st.options.reload_check;
+        st.options = opts;
+        Ok(())
+    })
+}
+
+/// Keep (`enable` 1) or not (0, the default) a checksum of every loaded
+/// extent at the next loads of this loader, so each wake of a tag asleep
+/// with `VMMW_POLICY_RELOAD` proves, before restoring anything, that the
+/// checkpoint still holds the bytes loaded: a file rewritten in place fails
+/// the wake with `VMMW_CHECKPOINT_INVALID` even when its size and
+/// modification time were kept. It costs one more read of the loaded bytes at
+/// load and one at each Reload wake. Without it, device, inode, size and
+/// modification time are still checked at every wake. Other values of
+/// `enable`: `VMMW_INVALID_ARGUMENT`. Thread-safe (serializes with a running load).
+///
+/// # Safety
+/// `loader` is a live handle; `error` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn vmmw_loader_set_reload_check(
+    loader: *const vmmw_loader_t,
+    enable: u32,
+    error: *mut *mut vmmw_error_t,
+) -> i32 {
+    call(error, || {
+        // SAFETY: forwarded contract.
+        let l = unsafe { arg(loader, "loader") }?;
+        let on = match enable {
+            0 => false,
+            1 => true,
+            other => {
+                return Err(Error::InvalidArgument(format!(
+                    "reload check flag {other} is neither 0 nor 1"
+                )))
+            }
+        };
+        l.lock().options.reload_check = on;
         Ok(())
     })
 }
@@ -503,12 +540,26 @@ pub unsafe extern "C" fn vmmw_loader_plan(
 /// calling `progress(done, total, user)` (may be NULL) on this thread as
 /// bytes land. Blocks until done. Cancel from another thread with
 /// `vmmw_loader_cancel`, or by returning non-zero from `progress`: the load
-/// stops with `VMMW_CANCELLED` (destinations partly written). A cancel
-/// requested before the load starts stops it before any byte is written. Plan errors are
-/// found before any byte is written. The executed plan is registered in the
+/// stops with `VMMW_CANCELLED`. A cancel requested before the load starts
+/// stops it before any byte is written. Plan errors, and a checkpoint file
+/// changed since `vmmw_loader_open` (`VMMW_CHECKPOINT_INVALID`), are found
+/// before any byte is written. Any error once copying started (cancel, an
+/// I/O error reading a shard, a driver error) leaves the destinations partly
+/// written, with no rollback: each byte holds its old value or the
+/// checkpoint's; load again to finish. After any failed load, older reload
+/// sources no longer replay these destinations (a later Reload sleep keeps
+/// their bytes in the host backup).
+///
+/// Pool tags holding destinations must be awake (`VMMW_INVALID_STATE` naming
+/// the destination otherwise) and are pinned for the whole load, checked and
+/// pinned under one lock: `vmmw_pool_sleep` of them, from another thread or
+/// from `progress`, fails with `VMMW_LOAD_IN_PROGRESS` and changes nothing.
+/// The executed plan is registered in the
 /// pool as the reload source of the tags that own the destinations, so those
-/// tags can sleep with `VMMW_POLICY_RELOAD`. A loader can load again (the
-/// checkpoint is reopened).
+/// tags can sleep with `VMMW_POLICY_RELOAD`; it stops covering a block once
+/// the block is freed. A loader can load again (the checkpoint is reopened);
+/// the loader keeps its last checkpoint open and mapped until it is freed or
+/// loads again.
 ///
 /// # Safety
 /// `loader` and `pool` are live handles; `progress` is NULL or a function

@@ -268,7 +268,13 @@ pub unsafe extern "C" fn vmmw_pool_alloc_tagged(
 
 /// Free a block (it returns to the pool's cache; see `vmmw_pool_trim`).
 /// `VMMW_UNKNOWN_POINTER` (nothing changes) for a pointer that is not the
-/// start of a live block of this pool, or a double free.
+/// start of a live block of this pool, or a double free. A block freed is no
+/// longer restored by a Reload wake. When freeing releases a segment and the
+/// device refuses to synchronize first, nothing is unmapped (queued work may
+/// still use it): the block is freed, the error says its memory stays mapped,
+/// and a later free or `vmmw_pool_trim` releases it. Thread-safe; also while
+/// the block's tag sleeps or wakes (the segment is then released when that
+/// call ends).
 ///
 /// # Safety
 /// `pool` is a live handle; `error` is NULL or writable.
@@ -285,7 +291,9 @@ pub unsafe extern "C" fn vmmw_pool_free_ptr(
 }
 
 /// Return cached memory to the driver; `*released` receives the physically
-/// backed bytes released.
+/// backed bytes released. Segments of a tag being put to sleep or woken are
+/// left for a later trim; freed segments kept mapped after a failed device
+/// synchronize are released now, or the error is returned again.
 ///
 /// # Safety
 /// `pool` is a live handle; `released` is writable; `error` is NULL or writable.

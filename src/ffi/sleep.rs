@@ -17,8 +17,19 @@ use crate::tag::TagId;
 pub const VMMW_POLICY_OFFLOAD: i32 = 0;
 /// Sleep policy: drop the contents (undefined after wake), e.g. a KV cache.
 pub const VMMW_POLICY_DISCARD: i32 = 1;
-/// Sleep policy: keep no backup; restore at wake from the checkpoint the bytes
-/// were loaded from (needs a load through `vmmw_loader_load` into this pool).
+/// Sleep policy: restore at wake from the checkpoint the bytes were loaded
+/// from (needs a load through `vmmw_loader_load` into this pool); every other
+/// byte of the tag's live blocks (buffers the model computes, later
+/// allocations, block padding, blocks freed and allocated again since the
+/// load) is kept in the host backup, so the host holds only those. Before
+/// anything is mapped at wake, each checkpoint file is checked to be the one
+/// loaded (device, inode, size, modification time; and content checksums when
+/// the load asked for them, `vmmw_loader_set_reload_check`): a changed file
+/// fails the wake with `VMMW_CHECKPOINT_INVALID` naming it, the tag stays
+/// asleep, and `vmmw_pool_forget_reload` then lets it wake. The check runs
+/// right before the files are read: a file truncated while that very wake
+/// reads it is not caught (a read through its mapping can then fault), so do not
+/// modify checkpoints that sleeping tags reload from.
 pub const VMMW_POLICY_RELOAD: i32 = 2;
 
 /// One tag and the policy it sleeps with.
@@ -76,10 +87,22 @@ fn record(p: &vmmw_pool_t, cycles: Vec<TagCycle>) {
 /// in it fails with `VMMW_INVALID_STATE`. A tag already asleep is left as is.
 /// The caller must make sure no queued GPU work still uses the memory (the
 /// library synchronizes the device before unmapping, but cannot see work
-/// queued later). Every entry is checked before anything moves
+/// queued later; when that synchronize fails nothing is unmapped and the error
+/// is returned). Every entry is checked before anything moves
 /// (`VMMW_INVALID_ARGUMENT`; `VMMW_UNKNOWN_TAG` also for a tag that never held
 /// memory in this pool, such as a misspelling). Tags are processed in order;
 /// on a failure the earlier tags are asleep and the error names the failing one.
+/// A sleep that fails midway leaves the failing tag partly asleep (the report
+/// counts what is still mapped as tracked); calling again finishes it.
+///
+/// Rules with other threads: a tag that a `vmmw_loader_load` is writing into
+/// is refused with `VMMW_LOAD_IN_PROGRESS` and nothing changes (also from the
+/// load's own progress callback): sleep it once the load returned, or cancel
+/// the load. The pool lock is not held across copies: while a tag sleeps or
+/// wakes, other tags allocate and free freely; allocating in that tag fails
+/// with `VMMW_INVALID_STATE`; freeing in it works (its segments are released
+/// when the call ends); a second sleep or wake of it waits for the first.
+/// Thread-safe.
 ///
 /// # Safety
 /// `pool` is a live handle; `items` is readable for `n` entries (NULL when `n`
@@ -111,8 +134,11 @@ pub unsafe extern "C" fn vmmw_pool_sleep(
 /// re-read from their checkpoint, discarded ones are undefined. The bytes
 /// needed are checked against free device memory first (`VMMW_OUT_OF_MEMORY`,
 /// nothing changes); each tag's wake is transactional (on failure it stays
-/// asleep with its backup intact, and a later wake can succeed).
-/// `VMMW_UNKNOWN_TAG` (nothing changes) for a tag that never held memory in this pool.
+/// asleep with its backup intact, and a later wake can succeed). A Reload tag
+/// whose checkpoint changed since its load fails with `VMMW_CHECKPOINT_INVALID`
+/// before any byte is touched (see `VMMW_POLICY_RELOAD`). `VMMW_UNKNOWN_TAG`
+/// (nothing changes) for a tag that never held memory in this pool.
+/// Concurrency as in `vmmw_pool_sleep`. Thread-safe.
 ///
 /// # Safety
 /// `pool` is a live handle; `tags` is readable for `n` entries (NULL when `n`
@@ -135,6 +161,28 @@ pub unsafe extern "C" fn vmmw_pool_wake(
         let cycles = p.pool.wake(&tags)?;
         record(p, cycles);
         Ok(())
+    })
+}
+
+/// Drop the reload sources of `tag` (what `vmmw_loader_load` registered).
+/// A tag asleep with `VMMW_POLICY_RELOAD` then wakes with its backed-up bytes
+/// restored and the loaded bytes undefined: the way to wake a tag whose
+/// checkpoint changed, then load the new file into it. Later Reload sleeps of
+/// the tag need a new load first. Thread-safe.
+///
+/// # Safety
+/// `pool` is a live handle; `error` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn vmmw_pool_forget_reload(
+    pool: *const vmmw_pool_t,
+    tag: u32,
+    error: *mut *mut vmmw_error_t,
+) -> i32 {
+    call(error, || {
+        // SAFETY: forwarded contract.
+        unsafe { arg(pool, "pool") }?
+            .pool
+            .forget_reload_sources(TagId(tag))
     })
 }
 

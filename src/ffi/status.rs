@@ -42,6 +42,8 @@ pub const VMMW_PANIC: i32 = 14;
 pub const VMMW_UNSUPPORTED: i32 = 15;
 /// A caller-provided buffer is too small; `*needed` holds the size required.
 pub const VMMW_BUFFER_TOO_SMALL: i32 = 16;
+/// A load is writing into the tag: sleep it once the load has returned (or cancel the load).
+pub const VMMW_LOAD_IN_PROGRESS: i32 = 17;
 
 /// The static name of a status code ("VMMW_OUT_OF_MEMORY"), or
 /// "VMMW_UNKNOWN_STATUS" for a number this library does not define.
@@ -81,6 +83,7 @@ mod tests {
             VMMW_PANIC,
             VMMW_UNSUPPORTED,
             VMMW_BUFFER_TOO_SMALL,
+            VMMW_LOAD_IN_PROGRESS,
         ];
         for (i, (c, s)) in consts.iter().zip(Status::ALL).enumerate() {
             assert_eq!(*c, s as i32, "{}", s.name());
@@ -95,7 +98,7 @@ mod tests {
             let c = unsafe { CStr::from_ptr(vmmw_status_name(s as i32)) };
             assert_eq!(c.to_str().unwrap(), s.name());
         }
-        for bad in [-1, 17, i32::MAX, i32::MIN] {
+        for bad in [-1, 18, i32::MAX, i32::MIN] {
             // SAFETY: as above.
             let c = unsafe { CStr::from_ptr(vmmw_status_name(bad)) };
             assert_eq!(c.to_str().unwrap(), "VMMW_UNKNOWN_STATUS");

@@ -47,6 +47,34 @@ impl TensorInfo {
     }
 }
 
+/// What identifies a file's contents without reading them: device, inode,
+/// size and modification time, recorded when a shard is opened.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FileIdentity {
+    /// Device of the file system.
+    pub dev: u64,
+    /// Inode number.
+    pub ino: u64,
+    /// Size in bytes.
+    pub len: u64,
+    /// Modification time, nanoseconds since the epoch.
+    pub mtime_ns: i128,
+}
+
+impl FileIdentity {
+    /// The identity of an open file, from `fstat`.
+    pub fn of(file: &File) -> std::io::Result<FileIdentity> {
+        use std::os::unix::fs::MetadataExt;
+        let m = file.metadata()?;
+        Ok(FileIdentity {
+            dev: m.dev(),
+            ino: m.ino(),
+            len: m.len(),
+            mtime_ns: m.mtime() as i128 * 1_000_000_000 + m.mtime_nsec() as i128,
+        })
+    }
+}
+
 /// One open, mapped shard file.
 #[derive(Debug)]
 pub struct Shard {
@@ -58,9 +86,33 @@ pub struct Shard {
     pub map: Option<Mmap>,
     /// File size in bytes.
     pub len: u64,
+    /// Identity, size and modification time when opened.
+    pub identity: FileIdentity,
 }
 
 impl Shard {
+    /// Check, without reading data, that the open file is still what was
+    /// opened: same device, inode, size and modification time. A file
+    /// truncated or rewritten in place since fails with
+    /// `Error::Checkpoint` naming it; nothing is read. (A file replaced by
+    /// rename is not a change here: this shard keeps the old file open and
+    /// mapped, whose bytes are still those that were loaded.)
+    pub fn check_unchanged(&self) -> Result<()> {
+        let now = FileIdentity::of(&self.file).map_err(|e| Error::io(&self.path, e))?;
+        if now == self.identity {
+            return Ok(());
+        }
+        let was = self.identity;
+        Err(Error::checkpoint(
+            &self.path,
+            None,
+            format!(
+                "the file changed since it was opened for loading (size {} -> {} bytes, mtime {} -> {} ns, inode {} -> {}): its bytes may no longer be those loaded, so nothing is read from it; load the new file again (a tag asleep with Reload stays asleep: forget its reload sources, wake it, then load)",
+                was.len, now.len, was.mtime_ns, now.mtime_ns, was.ino, now.ino
+            ),
+        ))
+    }
+
     /// Address of byte `offset` of the mapping.
     pub fn ptr(&self, offset: u64) -> *const u8 {
         match &self.map {
@@ -196,6 +248,11 @@ impl Checkpoint {
         self.tensors.get(name)
     }
 
+    /// [`Shard::check_unchanged`] for every shard.
+    pub fn check_unchanged(&self) -> Result<()> {
+        self.shards.iter().try_for_each(Shard::check_unchanged)
+    }
+
     /// The bytes of a tensor, read through the mapping (for tests and tools).
     pub fn tensor_bytes(&self, name: &str) -> Option<&[u8]> {
         let t = self.tensors.get(name)?;
@@ -240,7 +297,8 @@ fn bad(path: &Path, tensor: Option<&str>, reason: String) -> Error {
 /// Open, map and validate one shard; returns its tensors sorted by offset.
 fn open_shard(path: &Path, index: usize) -> Result<(Shard, Vec<TensorInfo>)> {
     let file = File::open(path).map_err(|e| Error::io(path, e))?;
-    let len = file.metadata().map_err(|e| Error::io(path, e))?.len();
+    let identity = FileIdentity::of(&file).map_err(|e| Error::io(path, e))?;
+    let len = identity.len;
     if len < 8 {
         return Err(bad(
             path,
@@ -340,11 +398,14 @@ fn open_shard(path: &Path, index: usize) -> Result<(Shard, Vec<TensorInfo>)> {
         }
     }
     let map = if len > 0 {
-        // SAFETY: the mapping is read-only and private to this process's view; the
-        // file may be changed by others while mapped, which would change the bytes we
-        // copy but not memory safety of the copies (we only read through raw pointers
-        // handed to memcpy / DMA, never form references that assume immutability
-        // beyond the header check just below).
+        // SAFETY: the mapping is read-only. Another process may still change the
+        // file while it is mapped: rewritten bytes change what we copy (the
+        // loader and reload compare `identity` before reading, see
+        // `check_unchanged`), and pages past a truncated end raise SIGBUS when
+        // touched. So every read through the mapping follows a
+        // `check_unchanged` of this shard (load and every Reload replay); a
+        // truncation racing that read itself is not caught. We never form
+        // references that assume immutability beyond the header check below.
         Some(unsafe { Mmap::map(&file) }.map_err(|e| Error::io(path, e))?)
     } else {
         None
@@ -364,6 +425,7 @@ fn open_shard(path: &Path, index: usize) -> Result<(Shard, Vec<TensorInfo>)> {
             file,
             map,
             len,
+            identity,
         },
         tensors,
     ))

@@ -24,6 +24,9 @@ pub struct ExecutedPlan {
     driver: Option<Arc<dyn Driver>>,
     last_replay: Mutex<Option<CopyStats>>,
     pins: Mutex<PinState>,
+    /// One checksum per plan extent of the source bytes loaded, when the load
+    /// asked for the content check ([`crate::loader::LoadOptions::reload_check`]).
+    checksums: Option<Vec<u64>>,
 }
 
 /// The checkpoint's page cache registered with the driver for Reload: after a
@@ -96,7 +99,26 @@ impl ExecutedPlan {
             driver: None,
             last_replay: Mutex::new(None),
             pins: Mutex::new(PinState::None),
+            checksums: None,
         }
+    }
+
+    /// Keep a checksum of every extent's source bytes, read back from the
+    /// files now, so each Reload wake can prove the files still hold them.
+    pub(crate) fn with_checksums(mut self) -> Result<Self> {
+        let sums = self
+            .plan
+            .extents
+            .iter()
+            .map(|e| super::checksum::extent(&self.ckpt.shards[e.shard as usize], e))
+            .collect::<Result<Vec<_>>>()?;
+        self.checksums = Some(sums);
+        Ok(self)
+    }
+
+    /// True when the load kept content checksums for Reload.
+    pub fn has_checksums(&self) -> bool {
+        self.checksums.is_some()
     }
 
     /// Keep the driver the load ran on, for [`ReloadSource::reload`] (which needs
@@ -225,6 +247,41 @@ impl ExecutedPlan {
 }
 
 impl ReloadSource for ExecutedPlan {
+    /// Every shard's identity, size and modification time (always), then,
+    /// when the load kept them, every extent's checksum, read with `pread`
+    /// (a file shrunk meanwhile gives an error, never a fault).
+    fn check(&self) -> Result<()> {
+        self.ckpt.check_unchanged()?;
+        if let Some(sums) = &self.checksums {
+            for (e, &want) in self.plan.extents.iter().zip(sums) {
+                let shard = &self.ckpt.shards[e.shard as usize];
+                let got = super::checksum::extent(shard, e)?;
+                if got != want {
+                    return Err(Error::checkpoint(
+                        &shard.path,
+                        None,
+                        format!(
+                            "bytes {}..{} were rewritten since they were loaded (checksum {want:#018x}, now {got:#018x}), though size and mtime did not change: nothing was restored; forget the tag's reload sources, wake it, and load again",
+                            e.src,
+                            e.src + (e.height - 1) * e.src_pitch + e.width
+                        ),
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Unpin the checkpoint's page cache (the mappings go with the plan).
+    /// Waits for a replay running now; a pinning still running finishes and
+    /// is undone on a thread of its own.
+    fn retire(&self) {
+        let old = std::mem::take(&mut *self.pins());
+        if let PinState::Pinning(h) = old {
+            std::thread::spawn(move || drop(h.join()));
+        }
+    }
+
     fn reload(&self, driver: &dyn Driver, ranges: &[(DevicePtr, usize)]) -> Result<u64> {
         let Some(d) = self.driver.clone() else {
             return Err(Error::InvalidState(
@@ -236,6 +293,9 @@ impl ReloadSource for ExecutedPlan {
                 "reload on a different driver than the one the checkpoint was loaded with".into(),
             ));
         }
+        // The engine checked before mapping; checked again right before the
+        // mapping is read, for callers that replay directly.
+        self.ckpt.check_unchanged()?;
         let (ex, fills) = self.clipped(ranges);
         // Hold the pin state through the replay, so the registration cannot be
         // dropped under it. DMA from the pinned page cache when pinning is done;

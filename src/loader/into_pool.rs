@@ -1,10 +1,9 @@
 //! Loading into a [`Pool`]: destinations allocated from the pool under one tag
-//! (given back if any allocation fails), the awake check before a load writes
-//! pool memory, and the executed plan registered as the reload source of every
-//! tag it filled. The C API, the command line and the tests call these, so all
+//! (given back if any allocation fails), the awake check and pin of the tags a
+//! load writes into, and the executed plan registered as the reload source of
+//! every tag it filled. The C API, the command line and the tests call these, so all
 //! of them follow the same steps.
 
-use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
 
 use super::{load, Checkpoint, Control, DestAllocator, DestSpec, ExecutedPlan, LoadOptions};
@@ -72,9 +71,18 @@ pub fn allocate_in_pool(
 /// source of every tag that owns a destination, so those tags can sleep with
 /// the Reload policy.
 ///
-/// Destinations inside the pool must be awake (`InvalidState` naming the
-/// destination and its tag, nothing written); destinations outside it are the
-/// caller's memory.
+/// The pool tags holding destinations must be awake (`InvalidState` naming
+/// the destination and its tag, nothing written) and are pinned for the whole
+/// load, checked and pinned under one pool-lock hold
+/// ([`Pool::pin_for_load`]): a sleep of them meanwhile, from another thread
+/// or from the progress callback, fails with
+/// [`Error::LoadInProgress`](crate::Error::LoadInProgress) and changes
+/// nothing. Destinations outside the pool are the caller's memory.
+///
+/// On an error once copying started the destinations are partly written (see
+/// [`load`]); then no older reload source replays them any more (a later
+/// Reload sleep keeps their bytes in the host backup). For simplicity the same
+/// holds after errors found before any byte was written.
 pub fn load_into_pool(
     pool: &Pool,
     ckpt: Checkpoint,
@@ -83,19 +91,27 @@ pub fn load_into_pool(
     opts: &LoadOptions,
     ctl: &Control<'_>,
 ) -> Result<Arc<ExecutedPlan>> {
-    // Writing into a sleeping tag would fault.
-    for d in registry.iter() {
-        if let Some(seg) = pool.segment_of(d.ptr) {
-            seg.ensure_awake(d.ptr, &format!("destination `{}`", d.name))?;
-        }
-    }
-    let executed = Arc::new(load(pool.driver(), ckpt, rules, registry, opts, ctl)?);
-    let tags: BTreeSet<TagId> = registry
+    let dests: Vec<(DevicePtr, usize, &str)> = registry
         .iter()
-        .filter_map(|d| pool.segment_of(d.ptr).map(|s| s.tag))
+        .map(|d| (d.ptr, d.bytes(), d.name.as_str()))
         .collect();
-    for t in tags {
+    let pin = pool.pin_for_load(&dests)?;
+    let executed = match load(pool.driver(), ckpt, rules, registry, opts, ctl) {
+        Ok(e) => Arc::new(e),
+        Err(e) => {
+            for &(ptr, bytes, _) in &dests {
+                if let Some(seg) = pool.segment_of(ptr) {
+                    pool.retire_reload_range(seg.tag, ptr, bytes);
+                }
+            }
+            return Err(e);
+        }
+    };
+    // Registered before the pin drops: no sleep sees the tags between the
+    // load and its source.
+    for &t in pin.tags() {
         pool.add_reload_source(t, executed.clone())?;
     }
+    drop(pin);
     Ok(executed)
 }

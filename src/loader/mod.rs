@@ -22,6 +22,7 @@
 //! ```
 
 pub mod checkpoint;
+mod checksum;
 pub mod copy;
 pub mod dtype;
 pub mod executed;
@@ -32,7 +33,7 @@ pub mod rules;
 
 use std::sync::Arc;
 
-pub use checkpoint::{Checkpoint, Shard, TensorInfo};
+pub use checkpoint::{Checkpoint, FileIdentity, Shard, TensorInfo};
 pub use copy::{Control, CopyOptions, CopyStats, Strategy};
 pub use dtype::Dtype;
 pub use executed::ExecutedPlan;
@@ -51,13 +52,25 @@ pub struct LoadOptions {
     pub plan: PlanOptions,
     /// Copy engine options.
     pub copy: CopyOptions,
+    /// Keep a checksum of every loaded extent (one more read of the loaded
+    /// bytes, through `pread`), so each Reload wake also proves, before
+    /// restoring anything, that the files still hold them, also when a file
+    /// was rewritten in place keeping its size and modification time. Off by
+    /// default: identity, size and modification time are always checked.
+    pub reload_check: bool,
 }
 
 /// Plan and execute a load of `ckpt` into `registry`'s destinations.
 ///
-/// Every check (checkpoint, rules, plan) happens before any byte is written:
-/// on such an error the destinations are untouched. On [`crate::Error::Cancelled`]
-/// or a driver error during the copy, destinations are partly written.
+/// Every check (checkpoint, rules, plan, and that no shard changed since it
+/// was opened) happens before any byte is written: on such an error the
+/// destinations are untouched. An error once copying has started
+/// ([`crate::Error::Cancelled`], an I/O error reading a shard, a driver error)
+/// leaves the destinations partly written, with no rollback: each byte holds
+/// its old value or the checkpoint's, in units of whole copy slots or windows.
+/// Load again to finish (callers that register reload sources must also stop
+/// older sources from replaying those bytes, see
+/// [`crate::Pool::retire_reload_range`]).
 /// Returns the executed plan, which sleep's Reload policy can replay.
 pub fn load(
     driver: &Arc<dyn Driver>,
@@ -68,6 +81,7 @@ pub fn load(
     ctl: &Control<'_>,
 ) -> Result<ExecutedPlan> {
     let plan = Plan::build(&ckpt, rules, registry, &opts.plan)?;
+    ckpt.check_unchanged()?;
     let stats = copy::execute(
         driver,
         &ckpt.shards,
@@ -76,5 +90,11 @@ pub fn load(
         &opts.copy,
         ctl,
     )?;
-    Ok(ExecutedPlan::new(Arc::new(ckpt), plan, opts.copy, stats).with_driver(driver.clone()))
+    let executed =
+        ExecutedPlan::new(Arc::new(ckpt), plan, opts.copy, stats).with_driver(driver.clone());
+    if opts.reload_check {
+        executed.with_checksums()
+    } else {
+        Ok(executed)
+    }
 }

@@ -68,7 +68,7 @@ impl Pool {
         let arenas: Vec<_> = st
             .tags
             .values()
-            .filter(|t| !t.asleep)
+            .filter(|t| !t.asleep && !t.transition)
             .filter_map(|t| t.arena)
             .collect();
         let mut released = 0u64;

@@ -39,7 +39,7 @@ use crate::report::{Boundary, Report, TagUsage, Timeline};
 use crate::segment::{Segment, SleepState};
 use crate::tag::{self, TagId};
 use block::{BlockMap, Change, ReleaseError};
-pub use sleep::TagCycle;
+pub use sleep::{LoadPin, TagCycle};
 
 /// How a tag's blocks are placed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
@@ -190,6 +190,12 @@ struct SegEntry {
 struct TagState {
     mode: Option<Mode>,
     asleep: bool,
+    /// A sleep or wake of the tag is running (without the pool lock):
+    /// allocation in it is refused, its segments are neither trimmed nor
+    /// released until it ends, a second sleep or wake of it waits.
+    transition: bool,
+    /// Loads writing into the tag now ([`Pool::pin_for_load`]): sleep is refused.
+    loads: usize,
     /// Base of the tag's arena, while one exists.
     arena: Option<DevicePtr>,
 }
@@ -203,9 +209,20 @@ struct State {
     free: FreeIndex,
     tags: HashMap<TagId, TagState>,
     timeline: Vec<Boundary>,
+    /// Dedicated segments freed while their tag was in transition: released
+    /// when the transition ends.
+    deferred: Vec<DevicePtr>,
+    /// Segments released while the device refused to synchronize: kept mapped
+    /// (queued work may still use them) until a later free or trim finds the
+    /// device idle.
+    zombies: Vec<Segment>,
 }
 
 impl State {
+    fn in_transition(&self, tag: TagId) -> bool {
+        self.tags.get(&tag).is_some_and(|t| t.transition)
+    }
+
     /// Every segment of `tag`, for sleep and wake to act on.
     fn tag_segments(&mut self, tag: TagId) -> Vec<&mut Segment> {
         self.segs
@@ -225,6 +242,8 @@ pub struct Pool {
     granularity: usize,
     created: Instant,
     state: Mutex<State>,
+    /// Signalled when a tag's transition or a load pin ends.
+    settled: std::sync::Condvar,
     sleep: crate::sleep::SleepEngine,
 }
 
@@ -245,6 +264,7 @@ impl Pool {
             granularity,
             created: Instant::now(),
             state: Mutex::new(state),
+            settled: std::sync::Condvar::new(),
         })
     }
 
@@ -313,7 +333,9 @@ impl Pool {
                 // Return cached memory to the driver, then try once more.
                 // The released segments drop at the end of this statement,
                 // before the retry, so their memory is back with the driver.
-                let (released, _, _) = self.release_cached(&mut st);
+                let (released, dropped, _) = self.release_cached(&mut st);
+                // Released under the lock here: the retry needs the memory back.
+                self.release_segments_locked(&mut st, dropped);
                 if released == 0 {
                     return Err(e);
                 }
@@ -339,6 +361,11 @@ impl Pool {
     }
 
     fn check_awake(st: &State, tag: TagId) -> Result<()> {
+        if st.in_transition(tag) {
+            return Err(Error::InvalidState(format!(
+                "tag {tag} is being put to sleep or woken: allocate under it once that call returns"
+            )));
+        }
         if st.tags.get(&tag).is_some_and(|t| t.asleep) {
             return Err(Error::InvalidState(format!(
                 "tag {tag} is asleep: wake it before allocating under it"
@@ -408,24 +435,76 @@ impl Pool {
     /// Free a block. An unknown pointer or a double free is an
     /// `Error::UnknownPointer` and changes nothing.
     pub fn free(&self, ptr: DevicePtr) -> Result<()> {
-        let dropped = {
+        let (dropped, retired) = {
             let mut st = self.lock();
             self.free_locked(&mut st, ptr, false)?
         };
-        // Released segments drop here, outside the lock (dropping synchronizes the device).
-        drop(dropped);
-        Ok(())
+        // Outside the lock: retiring a reload source waits for a replay using
+        // it, and releasing synchronizes the device. The block is free either
+        // way; an error says its memory is still mapped.
+        drop(retired);
+        self.release_segments(dropped.into_iter().collect())
     }
 
     /// Free a block made by [`Pool::alloc_segment`]; anything else is refused
     /// with `Error::UnknownPointer` and nothing changes.
     pub fn free_segment(&self, ptr: DevicePtr) -> Result<()> {
-        let dropped = {
+        let (dropped, retired) = {
             let mut st = self.lock();
             self.free_locked(&mut st, ptr, true)?
         };
-        drop(dropped);
+        drop(retired);
+        self.release_segments(dropped.into_iter().collect())
+    }
+
+    /// Synchronize the device, then drop `segs` (unmap, release, free VA).
+    /// When the synchronize fails nothing is unmapped: the segments (and any
+    /// kept from earlier failures) wait in the pool for a later release or
+    /// trim, and the error is returned.
+    fn release_segments(&self, segs: Vec<Segment>) -> Result<()> {
+        let zombies = std::mem::take(&mut self.lock().zombies);
+        self.release_now_or_keep(segs, zombies)
+    }
+
+    fn release_segments_locked(&self, st: &mut State, segs: Vec<Segment>) {
+        let zombies = std::mem::take(&mut st.zombies);
+        if let Err(kept) = self.try_release(segs, zombies) {
+            st.zombies = kept;
+        }
+    }
+
+    fn release_now_or_keep(&self, segs: Vec<Segment>, zombies: Vec<Segment>) -> Result<()> {
+        if segs.is_empty() && zombies.is_empty() {
+            return Ok(());
+        }
+        match self.try_release(segs, zombies) {
+            Ok(()) => Ok(()),
+            Err(kept) => {
+                let n = kept.len();
+                self.lock().zombies.extend(kept);
+                Err(Error::InvalidState(format!(
+                    "{n} freed segment(s) stay mapped: the device refused to synchronize, so queued work may still use them; a later free or trim releases them"
+                )))
+            }
+        }
+    }
+
+    fn try_release(
+        &self,
+        mut segs: Vec<Segment>,
+        zombies: Vec<Segment>,
+    ) -> std::result::Result<(), Vec<Segment>> {
+        segs.extend(zombies);
+        if segs.iter().any(|s| s.mapped_bytes() > 0) && self.driver.synchronize().is_err() {
+            return Err(segs);
+        }
+        drop(segs);
         Ok(())
+    }
+
+    /// Segments freed but kept mapped because the device refused to synchronize.
+    pub fn segments_awaiting_release(&self) -> usize {
+        self.lock().zombies.len()
     }
 
     fn free_locked(
@@ -433,7 +512,7 @@ impl Pool {
         st: &mut State,
         ptr: DevicePtr,
         dedicated_only: bool,
-    ) -> Result<Option<Segment>> {
+    ) -> Result<(Option<Segment>, crate::sleep::Retired)> {
         let base = segment_base(st, ptr).ok_or(Error::UnknownPointer {
             ptr,
             why: "not inside any segment of this pool (never allocated here, or already freed and released)",
@@ -461,14 +540,20 @@ impl Pool {
                 })?;
         e.live_bytes -= size;
         e.live_blocks -= 1;
+        // What a load wrote there is gone: never replay it into a later block.
+        let retired = self.sleep.retire_range(tag, ptr, size);
         if class == SegmentClass::Dedicated {
-            // Never cached: released at once. In an asleep tag the segment has
-            // no physical memory (sleep runs under the pool lock, so it is wholly
-            // asleep), and dropping it only returns its VA; its backup goes too.
-            return Ok(self.remove_segment(st, base));
+            if st.in_transition(tag) {
+                // The running sleep or wake still uses the segment.
+                st.deferred.push(base);
+                return Ok((None, retired));
+            }
+            // Never cached: released at once (in an asleep tag it holds little
+            // or no physical memory; its VA and its backup go too).
+            return Ok((self.remove_segment(st, base), retired));
         }
         apply(&mut st.free, tag, class, base, change);
-        Ok(None)
+        Ok((None, retired))
     }
 
     /// Return cached memory to the driver: wholly free segments are released
@@ -479,8 +564,9 @@ impl Pool {
             let mut st = self.lock();
             self.release_cached(&mut st)
         };
-        drop(dropped);
-        error.map_or(Ok(released), Err)
+        let released_ok = self.release_segments(dropped);
+        error.map_or(Ok(()), Err)?;
+        released_ok.map(|()| released)
     }
 
     /// The trim work under the lock; segments to release are handed back to be
@@ -490,7 +576,7 @@ impl Pool {
         let wholly_free: Vec<DevicePtr> = st
             .segs
             .iter()
-            .filter(|(_, e)| e.blocks.is_wholly_free())
+            .filter(|(_, e)| e.blocks.is_wholly_free() && !st.in_transition(e.tag))
             .map(|(&b, _)| b)
             .collect();
         let mut dropped = Vec::with_capacity(wholly_free.len());
@@ -549,7 +635,16 @@ impl Pool {
                 u.reserved_bytes += e.seg.reserved() as u64;
                 u.tracked_bytes += e.seg.mapped_bytes() as u64;
                 u.segments += 1;
-                u.add_sleep_state(e.seg.sleep_state(), e.seg.committed() as u64);
+                // A segment a failed sleep left partly mapped counts its
+                // mapped chunks as awake: never asleep while memory is there.
+                let (committed, mapped) = (e.seg.committed() as u64, e.seg.mapped_bytes() as u64);
+                match e.seg.sleep_state() {
+                    SleepState::Awake => u.add_sleep_state(SleepState::Awake, committed),
+                    s => {
+                        u.add_sleep_state(s, committed.saturating_sub(mapped));
+                        u.add_sleep_state(SleepState::Awake, mapped.min(committed));
+                    }
+                }
             }
             // Backup bytes straight from the sleep engine (pool lock, then
             // engine lock: the allowed order), so frees and trims show at once.

@@ -1,6 +1,7 @@
 //! Sleep and wake of a pool's tags: each tag's segments go through the pool's
-//! [`SleepEngine`], under the pool lock, and the tag is marked asleep so no
-//! block is handed out from memory that is not there.
+//! [`SleepEngine`], which takes the pool lock only for short steps; the tag is
+//! marked in transition (and asleep, for sleep) so no block is handed out from
+//! memory that is not there.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -26,6 +27,33 @@ pub struct TagCycle {
     pub report: CycleReport,
 }
 
+/// Tags a running load writes into (see [`Pool::pin_for_load`]); dropping it
+/// lets them sleep again.
+#[derive(Debug)]
+pub struct LoadPin<'a> {
+    pool: &'a Pool,
+    tags: Vec<TagId>,
+}
+
+impl LoadPin<'_> {
+    /// The pool tags pinned: those owning at least one destination.
+    pub fn tags(&self) -> &[TagId] {
+        &self.tags
+    }
+}
+
+impl Drop for LoadPin<'_> {
+    fn drop(&mut self) {
+        let mut st = self.pool.lock();
+        for t in &self.tags {
+            if let Some(ts) = st.tags.get_mut(t) {
+                ts.loads = ts.loads.saturating_sub(1);
+            }
+        }
+        self.pool.settled.notify_all();
+    }
+}
+
 impl Pool {
     /// The sleep engine (backup arena, streams, reload sources) of this pool.
     pub fn sleep_engine(&self) -> &SleepEngine {
@@ -39,29 +67,33 @@ impl Pool {
 
     /// Put each listed tag to sleep with its policy. Every pointer stays valid;
     /// touching a sleeping tag's memory faults until it wakes. A tag already
-    /// asleep is left as it is. Tags are processed in order; on an error the
-    /// tags before it are asleep and the failing tag is as the error says.
+    /// asleep is left as it is (what an earlier failed sleep left mapped is
+    /// released). Tags are processed in order; on an error the tags before it
+    /// are asleep and the failing tag is as the error says.
+    ///
+    /// Rules while a tag sleeps or wakes: the pool lock is held only for short
+    /// bookkeeping steps, never across copies or reloads; allocation in that
+    /// tag is refused (`InvalidState`), other tags allocate and free freely;
+    /// a second sleep or wake of the same tag waits for the first. A tag that
+    /// a load is writing into ([`Pool::pin_for_load`]) is refused with
+    /// [`Error::LoadInProgress`] and nothing changes: sleep once the load has
+    /// returned, or cancel it first.
     pub fn sleep(&self, items: &[(TagId, Policy)]) -> Result<Vec<TagCycle>> {
         for &(t, _) in items {
             self.check_known(t)?;
         }
         let mut out = Vec::with_capacity(items.len());
         for &(t, policy) in items {
-            // One pool-lock hold per tag: marking the tag asleep, the engine's
-            // work and settling the mark cannot interleave with another
-            // thread's wake of the same tag or with allocations in it.
-            let r = {
-                let mut st = self.lock();
-                st.tags.entry(t).or_default().asleep = true;
-                let mut segs = st.tag_segments(t);
-                let r = self.sleep.sleep(t, &mut segs, policy);
-                let any_asleep = segs.iter().any(|s| s.sleep_state() != SleepState::Awake);
-                drop(segs);
-                if !any_asleep {
-                    st.tags.entry(t).or_default().asleep = false;
-                }
-                r
-            };
+            self.begin_transition(t, true)?;
+            // Bytes of free blocks carry nothing: Reload backs up only live ones.
+            let in_use = self.live_ranges(t);
+            let r = self.sleep.sleep_tag(
+                t,
+                policy,
+                &|f| f(&mut self.lock().tag_segments(t)),
+                Some(&in_use),
+            );
+            self.end_transition(t);
             out.push(TagCycle {
                 tag: t,
                 name: tag::name_of(t),
@@ -74,7 +106,9 @@ impl Pool {
 
     /// Wake the listed tags (all asleep tags when `tags` is empty). The bytes
     /// needed by all of them are checked against the device's free memory
-    /// before anything is mapped; each tag's wake is transactional.
+    /// before anything is mapped; each tag's wake is transactional (see
+    /// [`SleepEngine::wake_tag`]). The rules of [`Pool::sleep`] about the
+    /// pool lock and concurrent calls hold here too.
     pub fn wake(&self, tags: &[TagId]) -> Result<Vec<TagCycle>> {
         for &t in tags {
             self.check_known(t)?;
@@ -103,17 +137,11 @@ impl Pool {
         }
         let mut out = Vec::with_capacity(tags.len());
         for t in tags {
-            let r = {
-                let mut st = self.lock();
-                let mut segs = st.tag_segments(t);
-                let r = self.sleep.wake(t, &mut segs);
-                let all_awake = segs.iter().all(|s| s.sleep_state() == SleepState::Awake);
-                drop(segs);
-                if all_awake {
-                    st.tags.entry(t).or_default().asleep = false;
-                }
-                r
-            };
+            self.begin_transition(t, false)?;
+            let r = self
+                .sleep
+                .wake_tag(t, &|f| f(&mut self.lock().tag_segments(t)));
+            self.end_transition(t);
             out.push(TagCycle {
                 tag: t,
                 name: tag::name_of(t),
@@ -141,6 +169,127 @@ impl Pool {
         )))
     }
 
+    /// Every live block of `t`, as normalized device ranges.
+    fn live_ranges(&self, t: TagId) -> Vec<(DevicePtr, usize)> {
+        let st = self.lock();
+        let v = st
+            .segs
+            .iter()
+            .filter(|(_, e)| e.tag == t)
+            .flat_map(|(&base, e)| {
+                e.blocks
+                    .iter()
+                    .filter(|(_, b)| b.live)
+                    .map(move |(off, b)| (base + off as u64, b.size))
+            })
+            .collect();
+        crate::sleep::ranges::normalize(v)
+    }
+
+    /// Mark `t` in transition (waiting for one already running); a sleep also
+    /// marks it asleep at once, so no block is handed out from memory about to
+    /// go. Refused while a load writes into the tag, when `sleeping`.
+    fn begin_transition(&self, t: TagId, sleeping: bool) -> Result<()> {
+        let mut st = self.lock();
+        while st.in_transition(t) {
+            st = self.settled.wait(st).unwrap_or_else(|p| p.into_inner());
+        }
+        let ts = st.tags.entry(t).or_default();
+        if sleeping && ts.loads > 0 {
+            return Err(Error::LoadInProgress {
+                tag: tag::name_of(t),
+                loads: ts.loads,
+            });
+        }
+        ts.transition = true;
+        if sleeping {
+            ts.asleep = true;
+        }
+        Ok(())
+    }
+
+    /// End `t`'s transition: the tag is asleep while any segment is, and the
+    /// dedicated segments freed meanwhile are released.
+    fn end_transition(&self, t: TagId) {
+        let released = {
+            let mut st = self.lock();
+            let any_asleep = st
+                .segs
+                .values()
+                .any(|e| e.tag == t && e.seg.sleep_state() != SleepState::Awake);
+            let ts = st.tags.entry(t).or_default();
+            ts.transition = false;
+            ts.asleep = any_asleep;
+            let deferred = std::mem::take(&mut st.deferred);
+            let mut released = Vec::new();
+            for base in deferred {
+                let ours = st.segs.get(&base).is_some_and(|e| e.tag == t);
+                if !ours {
+                    st.deferred.push(base);
+                } else if st.segs[&base].blocks.is_wholly_free() {
+                    released.extend(self.remove_segment(&mut st, base));
+                }
+            }
+            self.settled.notify_all();
+            released
+        };
+        // A failure keeps them for a later free or trim, which reports it.
+        let _ = self.release_segments(released);
+    }
+
+    /// Pin the pool tags that own `dests` (`(address, bytes, name)`) for a
+    /// load: each must be awake and not in transition (checked, and the pin
+    /// taken, under one lock hold), and until the returned guard drops, sleep
+    /// of those tags is refused with [`Error::LoadInProgress`]. Destinations
+    /// outside this pool are the caller's memory and are not checked.
+    pub fn pin_for_load(&self, dests: &[(DevicePtr, usize, &str)]) -> Result<LoadPin<'_>> {
+        let mut st = self.lock();
+        let mut tags: Vec<TagId> = Vec::new();
+        for &(ptr, _, name) in dests {
+            let Some(base) = super::segment_base(&st, ptr) else {
+                continue;
+            };
+            let e = &st.segs[&base];
+            let ts = st.tags.get(&e.tag);
+            let state = if ts.is_some_and(|t| t.transition) {
+                Some("being put to sleep or woken")
+            } else if ts.is_some_and(|t| t.asleep) || e.seg.sleep_state() != SleepState::Awake {
+                Some("asleep")
+            } else {
+                None
+            };
+            if let Some(state) = state {
+                return Err(Error::InvalidState(format!(
+                    "destination `{name}` at {ptr:#x} is in tag {} ({state}): wake the tag before loading into it",
+                    tag::name_of(e.tag)
+                )));
+            }
+            if !tags.contains(&e.tag) {
+                tags.push(e.tag);
+            }
+        }
+        for &t in &tags {
+            st.tags.entry(t).or_default().loads += 1;
+        }
+        Ok(LoadPin { pool: self, tags })
+    }
+
+    /// Drop `tag`'s reload sources. Its segments asleep with Reload then wake
+    /// with their backed-up bytes restored and the loaded bytes undefined:
+    /// the way to wake a tag whose checkpoint changed, then load it again.
+    pub fn forget_reload_sources(&self, tag: TagId) -> Result<()> {
+        tag::check(tag)?;
+        self.sleep.clear_reload_sources(tag);
+        Ok(())
+    }
+
+    /// The bytes `[ptr, ptr+len)` of `tag` no longer hold what the tag's
+    /// reload sources wrote (a load into them failed midway): no source
+    /// restores them; a later Reload sleep keeps them in the host backup.
+    pub fn retire_reload_range(&self, tag: TagId, ptr: DevicePtr, len: usize) {
+        drop(self.sleep.retire_range(tag, ptr, len));
+    }
+
     /// Pin `bytes` of host backup ahead of time, so even the first offload
     /// sleep runs at the link's rate.
     pub fn reserve_backup(&self, bytes: u64) -> Result<()> {
@@ -149,8 +298,9 @@ impl Pool {
 
     /// Unpin backup memory not holding an asleep segment's contents. Returns bytes unpinned.
     pub fn release_backup(&self) -> u64 {
-        // Under the pool lock, so no sleep can reuse a backup between the
-        // snapshot of asleep segments and the release.
+        // Under the pool lock, so no sleep can start between the snapshot of
+        // asleep segments and the release (the engine keeps the backups of a
+        // transition already running).
         let st = self.lock();
         let asleep: HashSet<DevicePtr> = st
             .segs
@@ -161,11 +311,27 @@ impl Pool {
         self.sleep.release_backup(&|va| !asleep.contains(&va))
     }
 
-    /// Register where `tag`'s bytes can be reloaded from (the loader's executed plan).
+    /// Register where `tag`'s bytes can be reloaded from (the loader's
+    /// executed plan): the source restores what it wrote inside the tag's
+    /// segments, and the bytes it covers are taken from older sources.
     pub fn add_reload_source(&self, tag: TagId, source: Arc<dyn ReloadSource>) -> Result<()> {
         tag::check(tag)?;
-        self.sleep.add_reload_source(tag, source);
+        let within: Vec<(DevicePtr, usize)> = {
+            let st = self.lock();
+            st.segs
+                .iter()
+                .filter(|(_, e)| e.tag == tag)
+                .map(|(&b, e)| (b, e.seg.reserved()))
+                .collect()
+        };
+        self.sleep
+            .add_reload_source_within(tag, source, Some(&within));
         Ok(())
+    }
+
+    /// The device bytes of `tag` its reload sources restore at wake.
+    pub fn reload_coverage(&self, tag: TagId) -> Vec<(DevicePtr, usize)> {
+        self.sleep.reload_coverage(tag)
     }
 
     /// Tags that have at least one asleep segment or are marked asleep.

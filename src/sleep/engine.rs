@@ -1,14 +1,16 @@
 //! The sleep engine: per-segment transitions of one tag, the streams and
 //! events they run on, and the backup arena they fill.
 
-use std::collections::HashMap;
+use std::cell::RefCell;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
-use crate::driver::{DevicePtr, Driver, EventId, StreamId};
+use crate::driver::{DevicePtr, Driver, EventId, PhysHandle, StreamId};
 use crate::error::{Error, Result};
-use crate::segment::{Segment, SleepState};
+use crate::segment::{map_new_at, unmap_release_at, Segment, SleepState};
 use crate::sleep::backup::{BackupArena, BackupRange, DEFAULT_SLAB_BYTES};
+use crate::sleep::ranges;
 use crate::sleep::reload::ReloadSource;
 use crate::tag::TagId;
 
@@ -21,7 +23,9 @@ pub enum Policy {
     Offload = 0,
     /// Release; contents are undefined after wake.
     Discard = 1,
-    /// Release with no backup; restored from the checkpoint the bytes were loaded from.
+    /// Release; the bytes the loader wrote (and no block freed since) are
+    /// restored from the checkpoint they were loaded from, every other byte of
+    /// the tag's segments is kept in the host backup.
     Reload = 2,
 }
 
@@ -106,11 +110,21 @@ pub struct CycleReport {
     pub seconds: f64,
 }
 
-/// A segment's backup: pieces of the arena that together hold its committed
-/// bytes in order (piece k holds the bytes right after piece k-1).
+/// Access to one tag's segments for the short steps of a sleep or wake that
+/// read or change them: the callee gets every segment of the tag, in a stable
+/// order, and the pool holds its lock only for the call. Copies, reloads and
+/// driver map calls run between these calls, with no pool lock held.
+pub type TagSegments<'a> = &'a dyn Fn(&mut dyn FnMut(&mut [&mut Segment]));
+
+/// A segment's backup: the segment byte ranges it holds and the pieces of the
+/// arena their bytes lie in, back to back (piece k holds the bytes right
+/// after piece k-1). Offload holds the whole committed range; Reload only the
+/// bytes no reload source covers.
 #[derive(Debug, Clone)]
 struct SegmentBackup {
     tag: TagId,
+    /// `(segment offset, len)`, sorted and disjoint.
+    ranges: Vec<(usize, usize)>,
     pieces: Vec<BackupRange>,
 }
 
@@ -119,8 +133,20 @@ impl SegmentBackup {
         self.pieces.iter().map(|p| p.len).sum()
     }
 
-    /// Split the segment range `[off, off+len)` into spans of at most `max`
-    /// bytes that each lie in one backup piece: `(segment offset, host ptr, n)`.
+    /// Host address of backup byte `at` and the bytes left in its piece.
+    fn locate(&self, arena: &BackupArena, mut at: usize) -> (*mut u8, usize) {
+        for p in &self.pieces {
+            if at < p.len {
+                // SAFETY: `at < p.len`, inside the piece.
+                return (unsafe { arena.host_ptr(*p).add(at) }, p.len - at);
+            }
+            at -= p.len;
+        }
+        unreachable!("backup offset {at} beyond its pieces")
+    }
+
+    /// The held bytes of segment range `[off, off+len)` as spans of at most
+    /// `max` bytes that each lie in one piece: `(segment offset, host ptr, n)`.
     fn spans(
         &self,
         arena: &BackupArena,
@@ -129,23 +155,29 @@ impl SegmentBackup {
         max: usize,
     ) -> Vec<(usize, *mut u8, usize)> {
         let mut out = Vec::new();
-        let mut piece_start = 0;
-        for p in &self.pieces {
-            let piece_end = piece_start + p.len;
-            let lo = off.max(piece_start);
-            let hi = (off + len).min(piece_end);
+        let mut base = 0usize;
+        for &(ro, rl) in &self.ranges {
+            let (lo, hi) = (off.max(ro), (off + len).min(ro + rl));
             let mut at = lo;
             while at < hi {
-                let n = max.min(hi - at);
-                // SAFETY: `at - piece_start < p.len`, inside the piece.
-                let host = unsafe { arena.host_ptr(*p).add(at - piece_start) };
+                let (host, left) = self.locate(arena, base + at - ro);
+                let n = max.min(hi - at).min(left);
                 out.push((at, host, n));
                 at += n;
             }
-            piece_start = piece_end;
+            base += rl;
         }
         out
     }
+}
+
+/// A reload source registered for a tag, with the device bytes it still
+/// restores: what it wrote inside the tag's segments, less the blocks freed
+/// since and the bytes a newer load wrote.
+#[derive(Debug)]
+struct Registered {
+    src: Arc<dyn ReloadSource>,
+    live: Vec<(DevicePtr, usize)>,
 }
 
 #[derive(Debug)]
@@ -155,15 +187,76 @@ struct EngineState {
     /// Backups by segment base address. A backup stays assigned after wake
     /// (unless configured otherwise), so the next sleep reuses the same memory.
     backups: HashMap<DevicePtr, SegmentBackup>,
-    reload: HashMap<TagId, Vec<Arc<dyn ReloadSource>>>,
+    reload: HashMap<TagId, Vec<Registered>>,
+    /// Segments of the sleep or wake running now: their backups are in use.
+    busy: HashSet<DevicePtr>,
     options: SleepOptions,
 }
 
-/// Sleep and wake for the segments of one device. Calls are serialized.
+impl EngineState {
+    /// The sources among `dropped` that no tag registers any more.
+    fn unregistered(&self, dropped: Vec<Arc<dyn ReloadSource>>) -> Vec<Arc<dyn ReloadSource>> {
+        let same = |a: &Arc<dyn ReloadSource>, b: &Arc<dyn ReloadSource>| {
+            std::ptr::addr_eq(Arc::as_ptr(a), Arc::as_ptr(b))
+        };
+        dropped
+            .into_iter()
+            .filter(|d| !self.reload.values().flatten().any(|r| same(&r.src, d)))
+            .collect()
+    }
+
+    /// Union of what `tag`'s sources still restore.
+    fn coverage(&self, tag: TagId) -> Vec<(DevicePtr, usize)> {
+        ranges::normalize(
+            self.reload
+                .get(&tag)
+                .into_iter()
+                .flatten()
+                .flat_map(|r| r.live.iter().copied())
+                .collect(),
+        )
+    }
+
+    fn free_backup(&mut self, va: DevicePtr) {
+        if let Some(b) = self.backups.remove(&va) {
+            b.pieces.into_iter().for_each(|p| self.arena.free(p));
+        }
+    }
+}
+
+/// Reload sources no tag registers any more; [`ReloadSource::retire`] runs
+/// on each when this drops.
+#[must_use = "dropping it retires the sources: drop it where that may block"]
+#[derive(Debug, Default)]
+pub struct Retired(Vec<Arc<dyn ReloadSource>>);
+
+impl Drop for Retired {
+    fn drop(&mut self) {
+        self.0.iter().for_each(|r| r.retire());
+    }
+}
+
+/// A reload source and the device ranges it restores in one wake.
+type Replay = (Arc<dyn ReloadSource>, Vec<(DevicePtr, usize)>);
+
+/// What a sleep or wake knows about one segment between its locked steps.
+#[derive(Debug)]
+struct SegTodo {
+    ptr: DevicePtr,
+    committed: usize,
+    state: SleepState,
+    chunks: Vec<crate::segment::Chunk>,
+}
+
+/// Sleep and wake for the segments of one device. Transitions (sleep or wake
+/// of one tag) run one at a time; the engine's bookkeeping lock is held only
+/// for short steps, never across copies, so frees, reports and allocations of
+/// other tags go on meanwhile.
 #[derive(Debug)]
 pub struct SleepEngine {
     driver: Arc<dyn Driver>,
     state: Mutex<EngineState>,
+    transition: Mutex<()>,
 }
 
 impl SleepEngine {
@@ -179,14 +272,20 @@ impl SleepEngine {
                 streams: Vec::new(),
                 backups: HashMap::new(),
                 reload: HashMap::new(),
+                busy: HashSet::new(),
                 options,
             }),
+            transition: Mutex::new(()),
             driver,
         }
     }
 
     fn lock(&self) -> MutexGuard<'_, EngineState> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn one_transition(&self) -> MutexGuard<'_, ()> {
+        self.transition.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// The current options.
@@ -209,14 +308,18 @@ impl SleepEngine {
     }
 
     /// Unpin every backup slab that holds no backup of an asleep segment. The
-    /// backups of awake segments are dropped first. Returns bytes unpinned.
+    /// backups of awake segments are dropped first (except those of a sleep
+    /// running now). Returns bytes unpinned.
     pub fn release_backup(&self, awake: &dyn Fn(DevicePtr) -> bool) -> u64 {
         let mut s = self.lock();
-        let stale: Vec<DevicePtr> = s.backups.keys().copied().filter(|&va| awake(va)).collect();
+        let stale: Vec<DevicePtr> = s
+            .backups
+            .keys()
+            .copied()
+            .filter(|va| awake(*va) && !s.busy.contains(va))
+            .collect();
         for va in stale {
-            if let Some(b) = s.backups.remove(&va) {
-                b.pieces.into_iter().for_each(|p| s.arena.free(p));
-            }
+            s.free_backup(va);
         }
         s.arena.release_unused()
     }
@@ -238,40 +341,125 @@ impl SleepEngine {
 
     /// Forget a segment that is being freed: its backup returns to the arena.
     pub fn forget_segment(&self, va: DevicePtr) {
-        let mut s = self.lock();
-        if let Some(b) = s.backups.remove(&va) {
-            b.pieces.into_iter().for_each(|p| s.arena.free(p));
-        }
+        self.lock().free_backup(va);
     }
 
-    /// Register a source that can restore bytes of `tag` for the Reload policy.
-    /// Sources whose every range the new one also covers are dropped: a newer
-    /// load into the same parameters supersedes the older one (no replay of
-    /// stale loads, no checkpoints kept open for nothing).
+    /// Register a source that can restore bytes of `tag` for the Reload
+    /// policy, covering every range it wrote. See [`Self::add_reload_source_within`].
     pub fn add_reload_source(&self, tag: TagId, source: Arc<dyn ReloadSource>) {
-        let new_ranges = source.covered_ranges();
-        let covers = |&(a, l): &(DevicePtr, usize)| {
-            new_ranges
-                .iter()
-                .any(|&(b, m)| b <= a && a + l as u64 <= b + m as u64)
-        };
-        let mut s = self.lock();
-        let list = s.reload.entry(tag).or_default();
-        list.retain(|old| !old.covered_ranges().iter().all(covers));
-        list.push(source);
+        self.add_reload_source_within(tag, source, None);
     }
 
-    /// Drop the reload sources of `tag`.
+    /// Register a source for `tag`, restoring the bytes it wrote that lie
+    /// inside `within` (the tag's segments; `None`: all it wrote). The bytes it
+    /// covers are taken from the tag's older sources (a newer load into the
+    /// same parameters supersedes the older one); an older source left with
+    /// nothing is dropped, so no stale load is replayed and no checkpoint is
+    /// kept open for nothing.
+    pub fn add_reload_source_within(
+        &self,
+        tag: TagId,
+        source: Arc<dyn ReloadSource>,
+        within: Option<&[(DevicePtr, usize)]>,
+    ) {
+        let covered = ranges::normalize(source.covered_ranges());
+        let live = match within {
+            None => covered,
+            Some(w) => ranges::normalize(
+                w.iter()
+                    .flat_map(|&(a, l)| ranges::intersect(&covered, a, l))
+                    .collect(),
+            ),
+        };
+        let retired = {
+            let mut s = self.lock();
+            let list = s.reload.entry(tag).or_default();
+            for r in list.iter_mut() {
+                for &(a, l) in &live {
+                    r.live = ranges::subtract(&r.live, a, l);
+                }
+            }
+            let mut dropped = Vec::new();
+            list.retain(|r| {
+                let keep = !r.live.is_empty();
+                if !keep {
+                    dropped.push(r.src.clone());
+                }
+                keep
+            });
+            if !live.is_empty() {
+                list.push(Registered { src: source, live });
+            }
+            s.unregistered(dropped)
+        };
+        retired.iter().for_each(|r| r.retire());
+    }
+
+    /// The bytes `[ptr, ptr+len)` of `tag` no longer hold what any source
+    /// wrote (the block was freed, or a load into it failed midway): no source
+    /// restores them any more; sources left with nothing are dropped, and
+    /// [`ReloadSource::retire`] runs when the returned value drops (callers
+    /// holding a lock drop it after releasing theirs).
+    pub fn retire_range(&self, tag: TagId, ptr: DevicePtr, len: usize) -> Retired {
+        let retired = {
+            let mut s = self.lock();
+            let Some(list) = s.reload.get_mut(&tag) else {
+                return Retired(Vec::new());
+            };
+            let mut dropped = Vec::new();
+            list.retain_mut(|r| {
+                r.live = ranges::subtract(&r.live, ptr, len);
+                let keep = !r.live.is_empty();
+                if !keep {
+                    dropped.push(r.src.clone());
+                }
+                keep
+            });
+            if list.is_empty() {
+                s.reload.remove(&tag);
+            }
+            s.unregistered(dropped)
+        };
+        Retired(retired)
+    }
+
+    /// Drop the reload sources of `tag`. Its segments asleep with Reload then
+    /// wake with their backed-up bytes restored and the loaded bytes undefined
+    /// (load them again after the wake).
     pub fn clear_reload_sources(&self, tag: TagId) {
-        self.lock().reload.remove(&tag);
+        let retired = {
+            let mut s = self.lock();
+            let dropped = s
+                .reload
+                .remove(&tag)
+                .unwrap_or_default()
+                .into_iter()
+                .map(|r| r.src)
+                .collect();
+            s.unregistered(dropped)
+        };
+        retired.iter().for_each(|r| r.retire());
+    }
+
+    /// The device bytes of `tag` its reload sources restore at wake.
+    pub fn reload_coverage(&self, tag: TagId) -> Vec<(DevicePtr, usize)> {
+        self.lock().coverage(tag)
+    }
+
+    fn sources(&self, tag: TagId) -> Vec<Arc<dyn ReloadSource>> {
+        let s = self.lock();
+        s.reload
+            .get(&tag)
+            .into_iter()
+            .flatten()
+            .map(|r| r.src.clone())
+            .collect()
     }
 
     /// Wait until every reload source of `tag` has finished what it prepares
     /// after a Reload sleep (e.g. pinning the checkpoint's page cache).
     pub fn wait_reload_prepared(&self, tag: TagId) {
-        let sources: Vec<Arc<dyn ReloadSource>> =
-            self.lock().reload.get(&tag).cloned().unwrap_or_default();
-        for src in sources {
+        for src in self.sources(tag) {
             src.wait_prepared();
         }
     }
@@ -289,117 +477,147 @@ impl SleepEngine {
         Ok(())
     }
 
-    /// Put the awake segments among `segs` (all of tag `tag`) to sleep with `policy`.
-    ///
-    /// Offload checks the host-memory limit before anything moves. If a copy
-    /// fails midway, the segments already copied are asleep with their backups
-    /// and the rest stay awake; the error says so, and calling again finishes.
+    /// Put the awake segments among `segs` (all of tag `tag`) to sleep with
+    /// `policy`. See [`Self::sleep_tag`].
     pub fn sleep(
         &self,
         tag: TagId,
         segs: &mut [&mut Segment],
         policy: Policy,
     ) -> Result<CycleReport> {
+        let cell = RefCell::new(segs);
+        self.sleep_tag(tag, policy, &|f| f(&mut cell.borrow_mut()), None)
+    }
+
+    /// Put `tag`'s awake segments to sleep with `policy`, and release what an
+    /// earlier failed sleep left mapped.
+    ///
+    /// Offload keeps every committed byte in the host backup; Reload keeps the
+    /// bytes of `in_use` (the tag's live blocks; `None`: every committed
+    /// byte) that no reload source covers; Discard keeps none. The host-memory limit
+    /// is checked before anything moves, and the device is synchronized before
+    /// the copies and the unmaps: when that synchronize fails, nothing is
+    /// unmapped and the error is returned. If a copy or an unmap fails midway,
+    /// the segments done are asleep with their backups, a segment whose unmap
+    /// failed is asleep with some chunks still mapped (counted as tracked), and
+    /// the rest stay awake; the error says so, and calling again finishes the
+    /// job, unmapping what is left.
+    pub fn sleep_tag(
+        &self,
+        tag: TagId,
+        policy: Policy,
+        segs: TagSegments<'_>,
+        in_use: Option<&[(DevicePtr, usize)]>,
+    ) -> Result<CycleReport> {
         let t0 = Instant::now();
-        let mut s = self.lock();
-        let awake: Vec<usize> = (0..segs.len())
-            .filter(|&i| segs[i].sleep_state() == SleepState::Awake)
-            .collect();
+        let _one = self.one_transition();
         let mut report = CycleReport::default();
-        if awake.is_empty() {
+        let mut todo: Vec<SegTodo> = Vec::new();
+        segs(&mut |ss| {
+            for seg in ss.iter() {
+                if seg.sleep_state() == SleepState::Awake || seg.mapped_bytes() > 0 {
+                    todo.push(SegTodo {
+                        ptr: seg.ptr(),
+                        committed: seg.committed(),
+                        state: seg.sleep_state(),
+                        chunks: seg.chunks().to_vec(),
+                    });
+                }
+            }
+        });
+        if todo.is_empty() {
             report.seconds = t0.elapsed().as_secs_f64();
             return Ok(report);
         }
-        match policy {
-            Policy::Offload => self.offload(&mut s, tag, segs, &awake, &mut report)?,
-            Policy::Discard | Policy::Reload => {
-                if policy == Policy::Reload && !s.reload.get(&tag).is_some_and(|v| !v.is_empty()) {
-                    return Err(Error::InvalidState(format!(
-                        "tag {tag} has no reload source (load it with the loader first, or use Offload/Discard)"
-                    )));
+        if policy == Policy::Reload && !self.has_reload_source(tag) {
+            return Err(Error::InvalidState(format!(
+                "tag {tag} has no reload source (load it with the loader first, or use Offload/Discard)"
+            )));
+        }
+        // What each awake segment keeps on the host; a segment an earlier
+        // sleep left partly mapped has its backup already and only unmaps.
+        let coverage = self.lock().coverage(tag);
+        let keep: Vec<Vec<(usize, usize)>> = todo
+            .iter()
+            .map(|t| {
+                if t.state != SleepState::Awake || t.committed == 0 {
+                    return Vec::new();
                 }
-                // No queued work may still touch memory that is unmapped.
-                self.driver.synchronize()?;
-                for &i in &awake {
-                    let mapped = segs[i].mapped_bytes() as u64;
-                    let r = segs[i].unmap_all();
-                    // Once any chunk is gone the segment is asleep: wake maps
-                    // every chunk that has no memory, whatever failed here.
-                    if (segs[i].mapped_bytes() as u64) < mapped || r.is_ok() {
-                        segs[i].set_sleep_state(policy.asleep_state());
-                        report.segments += 1;
+                match policy {
+                    Policy::Offload => vec![(0, t.committed)],
+                    Policy::Discard => Vec::new(),
+                    Policy::Reload => {
+                        let mut rest = match in_use {
+                            None => vec![(t.ptr, t.committed)],
+                            Some(u) => ranges::intersect(u, t.ptr, t.committed),
+                        };
+                        for &(a, l) in &ranges::intersect(&coverage, t.ptr, t.committed) {
+                            rest = ranges::subtract(&rest, a, l);
+                        }
+                        rest.iter()
+                            .map(|&(a, l)| ((a - t.ptr) as usize, l))
+                            .collect()
                     }
-                    report.physical_bytes += mapped - segs[i].mapped_bytes() as u64;
-                    r?;
                 }
-                if policy == Policy::Reload {
-                    for src in s.reload.get(&tag).into_iter().flatten() {
-                        src.prepare();
-                    }
+            })
+            .collect();
+        let (streams, piece, held_before, need_new) = {
+            let mut s = self.lock();
+            let mut need_new = 0u64;
+            for (t, k) in todo.iter().zip(&keep) {
+                let have = s.backups.get(&t.ptr).is_some_and(|b| &b.ranges == k);
+                if !have {
+                    need_new += k.iter().map(|&(_, l)| l as u64).sum::<u64>();
                 }
             }
-        }
-        report.seconds = t0.elapsed().as_secs_f64();
-        Ok(report)
-    }
-
-    fn offload(
-        &self,
-        s: &mut EngineState,
-        tag: TagId,
-        segs: &mut [&mut Segment],
-        awake: &[usize],
-        report: &mut CycleReport,
-    ) -> Result<()> {
-        // Check the host-memory limit before anything moves.
-        let mut need_new = 0u64;
-        for &i in awake {
-            let have = s
-                .backups
-                .get(&segs[i].ptr())
-                .is_some_and(|b| b.len() == segs[i].committed());
-            if !have && segs[i].committed() > 0 {
-                need_new += segs[i].committed() as u64;
+            let can_pin = s.arena.limit().saturating_sub(s.arena.held()) + s.arena.free_bytes();
+            if need_new > can_pin {
+                return Err(Error::HostOutOfMemory {
+                    what: format!("backup for sleeping tag {tag}"),
+                    requested: need_new,
+                    limit: s.arena.limit(),
+                    in_use: s.arena.held(),
+                });
             }
-        }
-        let can_pin = s.arena.limit().saturating_sub(s.arena.held()) + s.arena.free_bytes();
-        if need_new > can_pin {
-            return Err(Error::HostOutOfMemory {
-                what: format!("backup for sleeping tag {tag}"),
-                requested: need_new,
-                limit: s.arena.limit(),
-                in_use: s.arena.held(),
-            });
-        }
-        self.ensure_streams(s)?;
-        // Our streams do not order against the caller's (PyTorch's) streams:
-        // work still queued there may be writing these bytes.
+            self.ensure_streams(&mut s)?;
+            (
+                s.streams.clone(),
+                s.options.copy_piece_bytes.max(1 << 20),
+                s.arena.held(),
+                need_new,
+            )
+        };
+        // Work still queued on other streams (the caller's) may be writing
+        // these bytes; none may touch memory once it is unmapped.
         self.driver.synchronize()?;
-        let held_before = s.arena.held();
-        s.arena.set_growth_hint(Some(need_new));
-        // Pin what is missing in the background, so pinning overlaps itself
-        // (populate | register) and the copies into slabs already pinned.
-        let missing = need_new.saturating_sub(s.arena.free_bytes());
-        if missing > 0 {
-            s.arena
-                .start_prefetch(missing, s.options.pipeline_slab_bytes);
+        {
+            let mut s = self.lock();
+            s.arena.set_growth_hint(Some(need_new));
+            // Pin what is missing in the background, so pinning overlaps itself
+            // (populate | register) and the copies into slabs already pinned.
+            let missing = need_new.saturating_sub(s.arena.free_bytes());
+            if missing > 0 {
+                let slab = s.options.pipeline_slab_bytes;
+                s.arena.start_prefetch(missing, slab);
+            }
+            s.busy.extend(todo.iter().map(|t| t.ptr));
         }
-        let piece = s.options.copy_piece_bytes.max(1 << 20);
-        let streams = s.streams.clone();
         let mut next_stream = 0usize;
         // Issue every copy, one event per segment per stream it used; unmap
         // each segment once its events complete.
         let mut pending: Vec<(usize, Vec<EventId>)> = Vec::new();
         let mut failure: Option<Error> = None;
-        for &i in awake {
-            if segs[i].committed() == 0 {
-                // Nothing committed (an arena whose first commit failed): asleep
-                // trivially, with no backup.
-                segs[i].set_sleep_state(SleepState::Offloaded);
-                report.segments += 1;
+        for (i, t) in todo.iter().enumerate() {
+            if keep[i].is_empty() {
+                if t.state == SleepState::Awake {
+                    // A backup from an earlier Offload must not be restored
+                    // over what this sleep does not keep.
+                    self.lock().free_backup(t.ptr);
+                }
+                pending.push((i, Vec::new()));
                 continue;
             }
-            match self.issue_offload(s, tag, segs[i], piece, &streams, &mut next_stream) {
+            match self.issue_backup(tag, t, &keep[i], piece, &streams, &mut next_stream) {
                 Ok((events, bytes)) => {
                     report.copied_bytes += bytes;
                     pending.push((i, events));
@@ -410,6 +628,7 @@ impl SleepEngine {
                 }
             }
         }
+        let mut release: Vec<usize> = Vec::new();
         for (i, events) in pending {
             let waited = events
                 .iter()
@@ -417,23 +636,40 @@ impl SleepEngine {
             for &e in &events {
                 let _ = self.driver.event_destroy(e);
             }
-            if let Err(e) = waited {
-                failure.get_or_insert(e);
-                continue;
-            }
-            let mapped = segs[i].mapped_bytes() as u64;
-            let r = segs[i].unmap_all();
-            if (segs[i].mapped_bytes() as u64) < mapped || r.is_ok() {
-                // The backup is complete (its events were waited on); once any
-                // chunk is gone the segment is asleep and wake restores it all.
-                segs[i].set_sleep_state(SleepState::Offloaded);
-                report.segments += 1;
-            }
-            report.physical_bytes += mapped - segs[i].mapped_bytes() as u64;
-            if let Err(e) = r {
-                failure.get_or_insert(e);
+            match waited {
+                Ok(()) => release.push(i),
+                Err(e) => {
+                    failure.get_or_insert(e);
+                }
             }
         }
+        let mut done = 0usize;
+        segs(&mut |ss| {
+            for &i in &release {
+                let t = &todo[i];
+                let Some(seg) = ss.iter_mut().find(|s| s.ptr() == t.ptr) else {
+                    continue;
+                };
+                let mapped = seg.mapped_bytes() as u64;
+                let r = seg.unmap_all();
+                if t.state == SleepState::Awake
+                    && ((seg.mapped_bytes() as u64) < mapped || r.is_ok())
+                {
+                    // The backup is complete (its events were waited on); once
+                    // any chunk is gone the segment is asleep, and both a
+                    // retried sleep and wake take care of what is still mapped.
+                    seg.set_sleep_state(policy.asleep_state());
+                    report.segments += 1;
+                }
+                if r.is_ok() {
+                    done += 1;
+                }
+                report.physical_bytes += mapped - seg.mapped_bytes() as u64;
+                if let Err(e) = r {
+                    failure.get_or_insert(e);
+                }
+            }
+        });
         if failure.is_some() {
             // Copies of a segment whose issue failed midway are covered by no
             // event: wait for them before anyone may reuse or free the backup.
@@ -441,57 +677,76 @@ impl SleepEngine {
                 let _ = self.driver.stream_synchronize(st);
             }
         }
-        s.arena.finish_prefetch();
-        s.arena.set_growth_hint(None);
-        report.newly_pinned_bytes = s.arena.held().saturating_sub(held_before);
+        {
+            let mut s = self.lock();
+            s.arena.finish_prefetch();
+            s.arena.set_growth_hint(None);
+            report.newly_pinned_bytes = s.arena.held().saturating_sub(held_before);
+            for t in &todo {
+                s.busy.remove(&t.ptr);
+            }
+        }
+        report.seconds = t0.elapsed().as_secs_f64();
         match failure {
-            None => Ok(()),
+            None => {
+                if policy == Policy::Reload {
+                    self.sources(tag).iter().for_each(|s| s.prepare());
+                }
+                Ok(report)
+            }
             Some(e) => Err(Error::InvalidState(format!(
-                "sleep of tag {tag} stopped after {} of {} segments (those are asleep with their backups, the rest awake; sleeping again finishes): {e}",
-                report.segments,
-                awake.len()
+                "sleep of tag {tag} stopped after {done} of {} segments (those are asleep with their backups, the rest awake or partly mapped; sleeping again finishes): {e}",
+                todo.len()
             ))),
         }
     }
 
-    fn issue_offload(
+    /// Give `t` a backup holding `keep` and queue its device-to-host copies.
+    /// The arena is locked only to place the backup; the copies run without it.
+    fn issue_backup(
         &self,
-        s: &mut EngineState,
         tag: TagId,
-        seg: &Segment,
+        t: &SegTodo,
+        keep: &[(usize, usize)],
         piece: usize,
         streams: &[StreamId],
         next_stream: &mut usize,
     ) -> Result<(Vec<EventId>, u64)> {
-        let len = seg.committed();
-        let reuse = s.backups.get(&seg.ptr()).is_some_and(|b| b.len() == len);
-        if !reuse {
-            if let Some(old) = s.backups.remove(&seg.ptr()) {
-                old.pieces.into_iter().for_each(|p| s.arena.free(p));
+        let spans = {
+            let mut s = self.lock();
+            let reuse = s.backups.get(&t.ptr).is_some_and(|b| b.ranges == keep);
+            if !reuse {
+                s.free_backup(t.ptr);
+                let len = keep.iter().map(|&(_, l)| l).sum();
+                let pieces = s.arena.alloc_pieces(len)?;
+                s.backups.insert(
+                    t.ptr,
+                    SegmentBackup {
+                        tag,
+                        ranges: keep.to_vec(),
+                        pieces,
+                    },
+                );
             }
-            let pieces = s.arena.alloc_pieces(len)?;
-            s.backups.insert(seg.ptr(), SegmentBackup { tag, pieces });
-        }
-        if let Some(b) = s.backups.get_mut(&seg.ptr()) {
+            let b = s.backups.get_mut(&t.ptr).expect("inserted above");
             b.tag = tag;
-        }
-        let backup = &s.backups[&seg.ptr()];
+            let b = &s.backups[&t.ptr];
+            b.spans(&s.arena, 0, t.committed, piece)
+        };
         let mut used = vec![false; streams.len()];
         let mut copied = 0u64;
-        for c in seg.chunks() {
-            for (at, host, n) in backup.spans(&s.arena, c.offset, c.size, piece) {
-                let k = *next_stream % streams.len();
-                *next_stream += 1;
-                // SAFETY: the chunk is mapped (the segment is awake); `host` points
-                // into a backup piece with `n` bytes left; the backup outlives the
-                // copy, which is synchronized before unmap.
-                unsafe {
-                    self.driver
-                        .copy_dtoh_async(host, seg.ptr() + at as u64, n, streams[k])?
-                };
-                used[k] = true;
-                copied += n as u64;
-            }
+        for (at, host, n) in spans {
+            let k = *next_stream % streams.len();
+            *next_stream += 1;
+            // SAFETY: the segment is awake (mapped) and in this transition, so
+            // no one unmaps it; `host` points into its backup with `n` bytes
+            // left, kept (busy) until the copy is synchronized before unmap.
+            unsafe {
+                self.driver
+                    .copy_dtoh_async(host, t.ptr + at as u64, n, streams[k])?
+            };
+            used[k] = true;
+            copied += n as u64;
         }
         let mut events = Vec::new();
         for (k, &u) in used.iter().enumerate() {
@@ -507,151 +762,223 @@ impl SleepEngine {
         Ok((events, copied))
     }
 
-    /// Wake the asleep segments among `segs` (all of tag `tag`). Transactional:
-    /// on any failure every chunk mapped by this call is unmapped again and the
-    /// segments stay asleep with their backups; the error is returned.
+    /// Wake the asleep segments among `segs` (all of tag `tag`). See [`Self::wake_tag`].
     pub fn wake(&self, tag: TagId, segs: &mut [&mut Segment]) -> Result<CycleReport> {
+        let cell = RefCell::new(segs);
+        self.wake_tag(tag, &|f| f(&mut cell.borrow_mut()))
+    }
+
+    /// Wake `tag`'s asleep segments. Transactional: free memory is checked
+    /// and every reload source is [checked](ReloadSource::check) before
+    /// anything is mapped; on any later failure every chunk mapped by this
+    /// call is unmapped again (once the device is known idle; if even that
+    /// synchronize fails they stay mapped and the segment stays asleep) and the
+    /// segments stay asleep with their backups; the error is returned.
+    ///
+    /// Each segment gets back its backed-up bytes, then the bytes its tag's
+    /// reload sources cover; bytes of a Discard sleep come back undefined.
+    pub fn wake_tag(&self, tag: TagId, segs: TagSegments<'_>) -> Result<CycleReport> {
         let t0 = Instant::now();
-        let mut s = self.lock();
-        let asleep: Vec<usize> = (0..segs.len())
-            .filter(|&i| segs[i].sleep_state() != SleepState::Awake)
-            .collect();
+        let _one = self.one_transition();
+        let coalesce = self.lock().options.wake_coalesce_bytes;
+        let mut todo: Vec<SegTodo> = Vec::new();
+        segs(&mut |ss| {
+            for seg in ss.iter_mut() {
+                if seg.sleep_state() != SleepState::Awake {
+                    seg.rechunk_unmapped(coalesce);
+                    todo.push(SegTodo {
+                        ptr: seg.ptr(),
+                        committed: seg.committed(),
+                        state: seg.sleep_state(),
+                        chunks: seg.chunks().to_vec(),
+                    });
+                }
+            }
+        });
         let mut report = CycleReport::default();
-        if asleep.is_empty() {
+        if todo.is_empty() {
             report.seconds = t0.elapsed().as_secs_f64();
             return Ok(report);
         }
-        let needed: u64 = asleep
-            .iter()
-            .map(|&i| (segs[i].committed() - segs[i].mapped_bytes()) as u64)
-            .sum();
+        let unmapped = |t: &SegTodo| {
+            t.chunks
+                .iter()
+                .filter(|c| c.handle.is_none())
+                .map(|c| c.size as u64)
+                .sum::<u64>()
+        };
+        let needed: u64 = todo.iter().map(unmapped).sum();
         let free = self.driver.mem_info()?.free;
         if needed > free {
             return Err(Error::OutOfMemory {
-                what: format!("wake of tag {tag} ({} segments)", asleep.len()),
+                what: format!("wake of tag {tag} ({} segments)", todo.len()),
                 requested: needed,
                 free,
             });
         }
-        for &i in asleep.iter() {
-            if segs[i].sleep_state() == SleepState::Reloadable
-                && !s.reload.get(&tag).is_some_and(|v| !v.is_empty())
-            {
-                return Err(Error::InvalidState(format!(
-                    "tag {tag} sleeps with Reload but its reload source is gone"
-                )));
-            }
+        // What each source restores here, checked before any byte is touched.
+        let reloadable: Vec<(DevicePtr, usize)> = todo
+            .iter()
+            .filter(|t| t.state == SleepState::Reloadable)
+            .map(|t| (t.ptr, t.committed))
+            .collect();
+        let sources: Vec<Replay> = if reloadable.is_empty() {
+            Vec::new()
+        } else {
+            let s = self.lock();
+            s.reload
+                .get(&tag)
+                .into_iter()
+                .flatten()
+                .map(|r| {
+                    let parts = reloadable
+                        .iter()
+                        .flat_map(|&(a, l)| ranges::intersect(&r.live, a, l))
+                        .collect::<Vec<_>>();
+                    (r.src.clone(), parts)
+                })
+                .filter(|(_, parts)| !parts.is_empty())
+                .collect()
+        };
+        for (src, _) in &sources {
+            src.check()?;
         }
-        self.ensure_streams(&mut s)?;
-        let coalesce = s.options.wake_coalesce_bytes;
-        for &i in &asleep {
-            segs[i].rechunk_unmapped(coalesce);
+        {
+            let mut s = self.lock();
+            self.ensure_streams(&mut s)?;
+            s.busy.extend(todo.iter().map(|t| t.ptr));
         }
-        let mut mapped: Vec<(usize, usize)> = Vec::new();
-        let result = self.wake_inner(&s, tag, segs, &asleep, &mut mapped, &mut report);
-        if let Err(e) = result {
-            // Copies may still target chunks we are about to unmap.
-            for &st in &s.streams {
-                let _ = self.driver.stream_synchronize(st);
+        let mut made: Vec<(usize, usize, PhysHandle)> = Vec::new();
+        let result = self.restore(&todo, &sources, &mut made, &mut report);
+        let streams = self.lock().streams.clone();
+        let installed = match result {
+            Ok(()) => true,
+            Err(_) => {
+                // Copies may still target chunks about to be unmapped: unmap
+                // only once the device is known idle.
+                let mut idle = true;
+                for &st in &streams {
+                    idle &= self.driver.stream_synchronize(st).is_ok();
+                }
+                idle &= self.driver.synchronize().is_ok();
+                if idle {
+                    for &(i, c, h) in made.iter().rev() {
+                        let (t, ch) = (&todo[i], todo[i].chunks[c]);
+                        let _ = unmap_release_at(
+                            self.driver.as_ref(),
+                            t.ptr + ch.offset as u64,
+                            ch.size,
+                            h,
+                        );
+                    }
+                }
+                !idle
             }
-            let _ = self.driver.synchronize();
-            for &(i, c) in mapped.iter().rev() {
-                let _ = segs[i].unmap_chunk(c);
-            }
-            return Err(e);
+        };
+        if installed {
+            let mut ok = true;
+            segs(&mut |ss| {
+                for (i, t) in todo.iter().enumerate() {
+                    let Some(seg) = ss.iter_mut().find(|s| s.ptr() == t.ptr) else {
+                        continue;
+                    };
+                    for &(_, c, h) in made.iter().filter(|m| m.0 == i) {
+                        ok &= seg.install_handle(c, h).is_ok();
+                    }
+                    if result.is_ok() && seg.is_fully_mapped() {
+                        seg.set_sleep_state(SleepState::Awake);
+                    }
+                }
+            });
+            debug_assert!(ok, "the chunks of a segment in transition do not change");
         }
-        for &i in &asleep {
-            segs[i].set_sleep_state(SleepState::Awake);
-            if s.options.free_backup_after_wake {
-                if let Some(b) = s.backups.remove(&segs[i].ptr()) {
-                    b.pieces.into_iter().for_each(|p| s.arena.free(p));
+        {
+            let mut s = self.lock();
+            for t in &todo {
+                s.busy.remove(&t.ptr);
+                if result.is_ok() && s.options.free_backup_after_wake {
+                    s.free_backup(t.ptr);
                 }
             }
+            if result.is_ok() && s.options.release_pinned_after_wake {
+                s.arena.release_unused();
+            }
         }
-        if s.options.release_pinned_after_wake {
-            s.arena.release_unused();
-        }
-        report.segments = asleep.len();
+        result?;
+        report.segments = todo.len();
         report.seconds = t0.elapsed().as_secs_f64();
         Ok(report)
     }
 
-    fn wake_inner(
+    /// Map every unmapped chunk of `todo`, copy the backups in, fill discarded
+    /// memory when asked, then run the reload sources. No segment is touched:
+    /// the handles made are listed in `made` for the caller to install or undo.
+    fn restore(
         &self,
-        s: &EngineState,
-        tag: TagId,
-        segs: &mut [&mut Segment],
-        asleep: &[usize],
-        mapped: &mut Vec<(usize, usize)>,
+        todo: &[SegTodo],
+        sources: &[Replay],
+        made: &mut Vec<(usize, usize, PhysHandle)>,
         report: &mut CycleReport,
     ) -> Result<()> {
-        let piece = s.options.copy_piece_bytes.max(1 << 20);
+        let (piece, streams, fill) = {
+            let s = self.lock();
+            (
+                s.options.copy_piece_bytes.max(1 << 20),
+                s.streams.clone(),
+                s.options.debug_fill_discarded,
+            )
+        };
         let mut next_stream = 0usize;
-        let mut reload_ranges: Vec<(DevicePtr, usize)> = Vec::new();
-        for &i in asleep {
-            let state = segs[i].sleep_state();
-            let backup = match state {
-                SleepState::Offloaded if segs[i].committed() > 0 => {
-                    let b = s.backups.get(&segs[i].ptr()).ok_or_else(|| {
-                        Error::InvalidState(format!(
-                            "segment at {:#x} is offloaded but has no backup",
-                            segs[i].ptr()
-                        ))
-                    })?;
-                    Some(b)
+        for (i, t) in todo.iter().enumerate() {
+            if t.state == SleepState::Offloaded
+                && t.committed > 0
+                && !self.lock().backups.contains_key(&t.ptr)
+            {
+                return Err(Error::InvalidState(format!(
+                    "segment at {:#x} is offloaded but has no backup",
+                    t.ptr
+                )));
+            }
+            for (c, chunk) in t.chunks.iter().enumerate() {
+                let va = t.ptr + chunk.offset as u64;
+                if chunk.handle.is_none() {
+                    let h = map_new_at(self.driver.as_ref(), va, chunk.size)?;
+                    made.push((i, c, h));
+                    report.physical_bytes += chunk.size as u64;
                 }
-                _ => None,
-            };
-            for c in 0..segs[i].chunks().len() {
-                let chunk = segs[i].chunks()[c];
-                if chunk.handle.is_some() {
-                    continue;
+                let spans = {
+                    let s = self.lock();
+                    s.backups
+                        .get(&t.ptr)
+                        .filter(|_| t.state != SleepState::Discarded)
+                        .map(|b| b.spans(&s.arena, chunk.offset, chunk.size, piece))
+                        .unwrap_or_default()
+                };
+                for (at, host, n) in spans {
+                    let st = streams[next_stream % streams.len()];
+                    next_stream += 1;
+                    // SAFETY: the chunk is mapped (just now or before); `host`
+                    // points into the segment's backup with `n` bytes left,
+                    // kept (busy) until the streams are synchronized below.
+                    unsafe {
+                        self.driver
+                            .copy_htod_async(t.ptr + at as u64, host, n, st)?
+                    };
+                    report.copied_bytes += n as u64;
                 }
-                segs[i].map_chunk(c)?;
-                mapped.push((i, c));
-                report.physical_bytes += chunk.size as u64;
-                let va = segs[i].ptr() + chunk.offset as u64;
-                match (state, backup) {
-                    (SleepState::Offloaded, Some(b)) => {
-                        for (at, host, n) in b.spans(&s.arena, chunk.offset, chunk.size, piece) {
-                            let st = s.streams[next_stream % s.streams.len()];
-                            next_stream += 1;
-                            // SAFETY: the chunk was just mapped; `host` points into a
-                            // backup piece with `n` bytes left, alive (engine lock
-                            // held) until the streams are synchronized below.
-                            unsafe {
-                                self.driver.copy_htod_async(
-                                    segs[i].ptr() + at as u64,
-                                    host,
-                                    n,
-                                    st,
-                                )?
-                            };
-                            report.copied_bytes += n as u64;
-                        }
-                    }
-                    (SleepState::Discarded, _) => {
-                        if let Some(byte) = s.options.debug_fill_discarded {
-                            let st = s.streams[next_stream % s.streams.len()];
-                            next_stream += 1;
-                            // SAFETY: the chunk was just mapped with access granted.
-                            unsafe { self.driver.memset_async(va, byte, chunk.size, st)? };
-                        }
-                    }
-                    (SleepState::Reloadable, _) => reload_ranges.push((va, chunk.size)),
-                    _ => {}
+                if let (SleepState::Discarded, Some(byte)) = (t.state, fill) {
+                    let st = streams[next_stream % streams.len()];
+                    next_stream += 1;
+                    // SAFETY: the chunk is mapped with access granted.
+                    unsafe { self.driver.memset_async(va, byte, chunk.size, st)? };
                 }
             }
         }
-        for &st in &s.streams {
+        for &st in &streams {
             self.driver.stream_synchronize(st)?;
         }
-        if !reload_ranges.is_empty() {
-            if let Some(sources) = s.reload.get(&tag) {
-                for src in sources {
-                    report.reloaded_bytes += src.reload(self.driver.as_ref(), &reload_ranges)?;
-                }
-            }
+        for (src, parts) in sources {
+            report.reloaded_bytes += src.reload(self.driver.as_ref(), parts)?;
         }
         Ok(())
     }

@@ -9,8 +9,13 @@
 //! - Offload copies the contents into a pinned host backup (a [`BackupArena`](backup::BackupArena)
 //!   that persists across cycles), then unmaps and releases.
 //! - Discard waits for queued work, then unmaps and releases.
-//! - Reload keeps no backup; at wake the tag's [`ReloadSource`](reload::ReloadSource)s (the loader's
-//!   executed plans) write the bytes again from the checkpoint.
+//! - Reload keeps in the host backup only the bytes no reload source covers
+//!   (model buffers, later allocations, padding); at wake the tag's
+//!   [`ReloadSource`](reload::ReloadSource)s (the loader's executed plans) write the rest again from
+//!   the checkpoint, after checking it is unchanged. A source stops covering a
+//!   block once it is freed, so nothing stale is replayed.
+//! - The pool lock is not held across copies and reloads: a tag in transition
+//!   is marked, its allocations are refused, other tags carry on.
 //!
 //! Wake is transactional: it compares the bytes it needs with the device's
 //! free memory before mapping anything, and if a create or map still fails
@@ -23,6 +28,7 @@
 
 pub mod backup;
 mod engine;
+pub mod ranges;
 pub mod reload;
 
 pub use engine::*;

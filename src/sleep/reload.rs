@@ -6,9 +6,14 @@ use crate::error::Result;
 
 /// Restores device bytes from their source (the loader's executed plan).
 ///
-/// Sleep with the Reload policy keeps no host backup; at wake, after the
-/// memory is mapped again, every registered source for the tag is asked to
-/// restore the parts of `ranges` it wrote at load time.
+/// Sleep with the Reload policy keeps in the host backup only the bytes that
+/// no registered source covers (buffers a model computes itself, later
+/// allocations, padding); at wake, [`ReloadSource::check`] runs for every
+/// source before any memory is mapped, then, once the memory is mapped again,
+/// every source restores the parts of `ranges` it still covers. A source's
+/// coverage shrinks as the blocks it wrote are freed (the engine tracks that,
+/// not the source); a source left with no coverage is dropped and
+/// [`ReloadSource::retire`] is called.
 pub trait ReloadSource: Send + Sync + std::fmt::Debug {
     /// Re-copy every byte this source originally wrote that falls inside one of
     /// `ranges` (`(address, length)` pairs), clipped to them. Returns the bytes
@@ -18,6 +23,18 @@ pub trait ReloadSource: Send + Sync + std::fmt::Debug {
     /// The device ranges this source writes, so sleep can tell which bytes of a
     /// tag are restorable and which would come back undefined.
     fn covered_ranges(&self) -> Vec<(DevicePtr, usize)>;
+
+    /// Check, before any byte is touched, that `reload` can restore exactly
+    /// what was loaded (the loader checks each file's identity, size and
+    /// modification time, and the optional content checksums). An error here
+    /// leaves the tag asleep with its backup intact.
+    fn check(&self) -> Result<()> {
+        Ok(())
+    }
+
+    /// Called when the engine drops its last registration of this source:
+    /// release what only replays needed (pinned page cache, mappings).
+    fn retire(&self) {}
 
     /// Called once the tag has gone to sleep with Reload: start whatever makes
     /// the next `reload` faster (the loader pins the checkpoint's page cache in

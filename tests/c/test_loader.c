@@ -27,6 +27,22 @@ static int32_t on_progress(uint64_t done, uint64_t total, void* user) {
   return p->cancel_at_call != 0 && p->calls >= p->cancel_at_call;
 }
 
+typedef struct {
+  vmmw_pool_t* pool;
+  uint32_t tag;
+  int32_t rc;
+} sleeper_t;
+
+/* Tries to put the tag being loaded to sleep from inside the load. */
+static int32_t sleep_in_progress(uint64_t done, uint64_t total, void* user) {
+  (void)done;
+  (void)total;
+  sleeper_t* s = (sleeper_t*)user;
+  vmmw_tag_policy_t it = {s->tag, VMMW_POLICY_DISCARD};
+  s->rc = vmmw_pool_sleep(s->pool, &it, 1, NULL);
+  return 0;
+}
+
 int main(void) {
   char dir[] = "/tmp/vmmw-c-loader-XXXXXX";
   CHECK(mkdtemp(dir) != NULL);
@@ -115,15 +131,46 @@ int main(void) {
   CHECK(strstr(json, "\"src_bytes\"") != NULL);
   free(json);
 
-  /* Reload policy: no backup; wake re-reads the checkpoint into the same addresses. */
+  /* Reload policy: the host keeps only the live bytes the loader did not write
+   * (here the padding of each block); wake re-reads the checkpoint into the
+   * same addresses. */
   vmmw_tag_policy_t item = {tag, VMMW_POLICY_RELOAD};
   CHECK_OK(vmmw_pool_sleep(pool, &item, 1, &err));
   CHECK_OK(vmmw_pool_report_tag(pool, tag, &rt, &err));
-  CHECK(rt.reloadable_bytes > 0 && rt.host_backup_bytes == 0 && rt.tracked_bytes == 0);
+  CHECK(rt.reloadable_bytes > 0 && rt.tracked_bytes == 0);
+  CHECK(rt.host_backup_bytes == rt.live_bytes - plan.dst_bytes);
   CHECK_OK(vmmw_pool_wake(pool, &tag, 1, &err));
   memset(back_a, 0, sizeof back_a);
   CHECK_OK(vmmw_pool_read(pool, da.ptr, back_a, sizeof back_a, &err));
   CHECK(memcmp(back_a, wa, sizeof wa) == 0);
+
+  /* A sleep of a tag being loaded is refused, here from the progress callback. */
+  sleeper_t sl = {pool, tag, -1};
+  CHECK_OK(vmmw_loader_load(ld, pool, sleep_in_progress, &sl, &err));
+  CHECK(sl.rc == VMMW_LOAD_IN_PROGRESS);
+
+  /* The checkpoint rewritten while its tag sleeps with Reload: the wake is
+   * refused before any byte moves and the tag stays asleep; forgetting the
+   * reload sources lets it wake, then the new file loads. */
+  CHECK_STATUS(VMMW_INVALID_ARGUMENT, vmmw_loader_set_reload_check(ld, 2, NULL));
+  CHECK_OK(vmmw_loader_set_reload_check(ld, 1, &err));
+  CHECK_OK(vmmw_loader_load(ld, pool, NULL, NULL, &err));
+  CHECK_OK(vmmw_pool_sleep(pool, &item, 1, &err));
+  wb[0] = -1.0f;
+  CHECK(st_write(path, ts, 2) == 0);
+  err = NULL;
+  CHECK(vmmw_pool_wake(pool, &tag, 1, &err) == VMMW_CHECKPOINT_INVALID);
+  CHECK(strstr(vmmw_error_message(err), "model.safetensors") != NULL);
+  vmmw_error_free(err);
+  CHECK_OK(vmmw_pool_report_tag(pool, tag, &rt, &err));
+  CHECK(rt.asleep && rt.tracked_bytes == 0);
+  CHECK_STATUS(VMMW_NULL_ARGUMENT, vmmw_pool_forget_reload(NULL, tag, NULL));
+  CHECK_OK(vmmw_pool_forget_reload(pool, tag, &err));
+  CHECK_OK(vmmw_pool_wake(pool, &tag, 1, &err));
+  CHECK_OK(vmmw_loader_load(ld, pool, NULL, NULL, &err));
+  CHECK_OK(vmmw_pool_read(pool, dc.ptr, back_c, sizeof back_c, &err));
+  CHECK(back_c[0] == -1.0f);
+  CHECK_OK(vmmw_loader_set_reload_check(ld, 0, &err));
 
   /* A staged load keeps its pinned ring cached; releasing it frees exactly that,
    * and the next load pins a new one. */

@@ -1,8 +1,10 @@
 //! Helpers shared by the integration tests, one file per area: `loader`
-//! (generated checkpoints, destinations, device reads) and `pool` (a small
+//! (generated checkpoints, destinations, device reads), `cli` (running the
+//! built `vmmw`, parsing its charts) and `pool` (a small
 //! host driver and pool sizes, a deterministic RNG, byte patterns). Each test
 //! file includes this module with `mod common;` and uses what it needs.
 #![allow(dead_code)]
 
+pub mod cli;
 pub mod loader;
 pub mod pool;

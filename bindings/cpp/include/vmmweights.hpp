@@ -407,6 +407,12 @@ class Pool {
     detail::call([&](vmmw_error_t** e) { return vmmw_pool_wake(get_checked(), tags.data(), tags.size(), e); });
   }
 
+  /// Drop a tag's reload sources: a Reload-asleep tag whose checkpoint changed
+  /// then wakes with its backed-up bytes (loaded bytes undefined; load again).
+  void forget_reload(Tag tag) const {
+    detail::call([&](vmmw_error_t** e) { return vmmw_pool_forget_reload(get_checked(), tag, e); });
+  }
+
   /// Pin host backup memory ahead of time.
   void reserve_backup(uint64_t bytes) const {
     detail::call([&](vmmw_error_t** e) { return vmmw_pool_reserve_backup(get_checked(), bytes, e); });
@@ -483,6 +489,11 @@ class Loader {
 
   void set_options(const vmmw_load_options_t& o) const {
     detail::call([&](vmmw_error_t** e) { return vmmw_loader_set_options(get_checked(), &o, e); });
+  }
+
+  /// Keep content checksums at load, so Reload wakes prove the checkpoint unchanged.
+  void set_reload_check(bool enable) const {
+    detail::call([&](vmmw_error_t** e) { return vmmw_loader_set_reload_check(get_checked(), enable ? 1 : 0, e); });
   }
 
   /// Register your own destination at device address `ptr`.

@@ -17,7 +17,7 @@ use crate::backend::BackendArgs;
 #[derive(clap::Args, Debug)]
 pub struct Args {
     #[command(flatten)]
-    backend: BackendArgs,
+    pub backend: BackendArgs,
     /// Timed iterations per size and method.
     #[arg(long, default_value_t = 20)]
     iters: usize,
@@ -25,14 +25,18 @@ pub struct Args {
     #[arg(long, default_value_t = 2)]
     warmup: usize,
     /// Sizes, comma-separated, with K/M/G suffixes.
-    #[arg(long, default_value = "2M,20M,256M,4G", value_delimiter = ',')]
+    #[arg(long, default_value = "2M,20M,256M,4G", value_delimiter = ',', value_parser = crate::parse::size_text)]
     sizes: Vec<String>,
     /// Chunk size of the chunked-segment variant (run for sizes above it).
-    #[arg(long, default_value = "2M")]
+    #[arg(long, default_value = "2M", value_parser = crate::parse::size_text)]
     chunk: String,
-    /// Also write the results as JSON to this file.
-    #[arg(long)]
-    json: Option<std::path::PathBuf>,
+    /// Write the results as JSON to FILE; `--json` alone (or `--json -`) prints
+    /// them on stdout and moves the other lines to stderr.
+    #[arg(long, value_name = "FILE", num_args = 0..=1, default_missing_value = "-")]
+    pub json: Option<std::path::PathBuf>,
+    /// Draw the results as an SVG chart to FILE.svg.
+    #[arg(long, value_name = "FILE.svg")]
+    pub chart: Option<std::path::PathBuf>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]

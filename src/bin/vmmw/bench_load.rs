@@ -23,12 +23,12 @@ use crate::backend::BackendArgs;
 #[derive(clap::Args, Debug)]
 pub struct Args {
     #[command(flatten)]
-    backend: BackendArgs,
+    pub backend: BackendArgs,
     /// Checkpoint file or folder.
     #[arg(long)]
     checkpoint: std::path::PathBuf,
     /// Mapping preset (llama, mistral, qwen, qwen2, qwen3) or `none` for names as they are.
-    #[arg(long, default_value = "qwen3")]
+    #[arg(long, default_value = "qwen3", value_parser = preset_or_none)]
     preset: String,
     /// Head dimension for the preset.
     #[arg(long, default_value_t = 128)]
@@ -38,9 +38,10 @@ pub struct Args {
     #[arg(
         long,
         default_value = "auto,stream,staged,direct",
-        value_delimiter = ','
+        value_delimiter = ',',
+        value_parser = StrategySpec::parse
     )]
-    strategies: Vec<String>,
+    strategies: Vec<StrategySpec>,
     /// Timed loads per strategy (median reported).
     #[arg(long, default_value_t = 3)]
     repeat: usize,
@@ -48,14 +49,14 @@ pub struct Args {
     #[arg(long, default_value_t = 0)]
     threads: usize,
     /// Direct-path window size.
-    #[arg(long, default_value = "64M")]
+    #[arg(long, default_value = "64M", value_parser = crate::parse::size_text)]
     window: String,
     /// Where the destinations live: `segment` (one segment, laid out in plan
     /// order) or `pool` (the caching pool, as an engine allocates parameters).
     #[arg(long, default_value = "segment", value_parser = ["segment", "pool"])]
     dest: String,
     /// Staging slot size (0: sized to keep the slots in use in the CPU cache).
-    #[arg(long, default_value = "0")]
+    #[arg(long, default_value = "0", value_parser = crate::parse::size_text)]
     slot: String,
     /// Staging slots per worker (0: chosen with the slot size).
     #[arg(long, default_value_t = 0)]
@@ -75,11 +76,79 @@ pub struct Args {
     #[arg(long)]
     verify: bool,
     /// Bytes of the link measurement's copy.
-    #[arg(long, default_value = "2G")]
+    #[arg(long, default_value = "2G", value_parser = crate::parse::size_text)]
     link_bytes: String,
-    /// Write the results as JSON here.
-    #[arg(long)]
-    json: Option<std::path::PathBuf>,
+    /// Write the results as JSON to FILE; `--json` alone (or `--json -`) prints
+    /// them on stdout and moves the other lines to stderr.
+    #[arg(long, value_name = "FILE", num_args = 0..=1, default_missing_value = "-")]
+    pub json: Option<std::path::PathBuf>,
+    /// Draw the results as an SVG chart to FILE.svg.
+    #[arg(long, value_name = "FILE.svg")]
+    pub chart: Option<std::path::PathBuf>,
+}
+
+/// One `--strategies` entry: `name[:SLOT][@DIRECT_PERCENT][#THREADS][^DEPTH]`,
+/// checked while the command line is read.
+#[derive(Debug, Clone)]
+struct StrategySpec {
+    text: String,
+    strategy: Strategy,
+    slot: Option<usize>,
+    direct_percent: Option<u8>,
+    threads: Option<usize>,
+    depth: Option<usize>,
+}
+
+impl StrategySpec {
+    fn parse(s: &str) -> std::result::Result<StrategySpec, String> {
+        let (rest, depth) = s.split_once('^').unwrap_or((s, ""));
+        let (rest, threads) = rest.split_once('#').unwrap_or((rest, ""));
+        let (rest, pct) = rest.split_once('@').unwrap_or((rest, ""));
+        let (name, slot) = rest.split_once(':').unwrap_or((rest, ""));
+        let bad = |w: &str, v: &str| {
+            format!("`{s}`: {w} `{v}`; expected name[:SLOT][@DIRECT_PERCENT][#THREADS][^DEPTH], e.g. staged:4M#8")
+        };
+        let num = |w: &str, v: &str| -> std::result::Result<Option<usize>, String> {
+            (!v.is_empty())
+                .then(|| v.parse().map_err(|_| bad(w, v)))
+                .transpose()
+        };
+        Ok(StrategySpec {
+            text: s.to_owned(),
+            strategy: crate::parse::strategy(name)?,
+            slot: (!slot.is_empty())
+                .then(|| crate::parse::size_usize(slot))
+                .transpose()?,
+            direct_percent: (!pct.is_empty())
+                .then(|| match pct.parse::<u8>() {
+                    Ok(p) if p <= 100 => Ok(p),
+                    _ => Err(bad("direct percent", pct)),
+                })
+                .transpose()?,
+            threads: num("thread count", threads)?,
+            depth: num("depth", depth)?,
+        })
+    }
+
+    fn apply(&self, base: CopyOptions) -> CopyOptions {
+        let mut c = CopyOptions {
+            strategy: self.strategy,
+            ..base
+        };
+        if let Some(v) = self.slot {
+            c.slot_bytes = v;
+        }
+        if let Some(v) = self.direct_percent {
+            c.direct_percent = v;
+        }
+        if let Some(v) = self.threads {
+            c.threads = v;
+        }
+        if let Some(v) = self.depth {
+            c.depth = v;
+        }
+        c
+    }
 }
 
 #[derive(Debug, serde::Serialize)]
@@ -228,10 +297,16 @@ fn verify(d: &dyn Driver, ex: &ExecutedPlan) -> Result<usize> {
     Ok(n)
 }
 
+fn preset_or_none(s: &str) -> std::result::Result<String, String> {
+    if s == "none" {
+        Ok(s.to_owned())
+    } else {
+        crate::parse::preset(s).map_err(|e| format!("{e}, or none"))
+    }
+}
+
 pub fn run(a: Args) -> Result<()> {
-    let opened = a.backend.open()?;
-    let d = opened.driver.clone();
-    println!("backend: {} ({})", d.describe(), opened.reason);
+    // The checkpoint and its mapping are checked before the device is opened.
     let rules = if a.preset == "none" {
         Rules::default()
     } else {
@@ -241,6 +316,9 @@ pub fn run(a: Args) -> Result<()> {
     let bytes = ckpt.data_bytes();
     let tensors = ckpt.tensors.len();
     let specs = Plan::destinations(&ckpt, &rules)?;
+    let opened = a.backend.open()?;
+    let d = opened.driver.clone();
+    println!("backend: {} ({})", d.describe(), opened.reason);
     let total: usize = specs.iter().map(|s| s.bytes().div_ceil(256) * 256).sum();
     let alloc: Box<dyn vmmweights::loader::DestAllocator> = if a.dest == "pool" {
         Box::new(vmmweights::Pool::new(d.clone(), Default::default())?)
@@ -284,8 +362,16 @@ pub fn run(a: Args) -> Result<()> {
             copy,
             ..Default::default()
         };
-        let ex = load(&d, ckpt, &rules, &reg, &opts, &Control::default())?;
-        Ok((t0.elapsed().as_secs_f64(), ex))
+        // A bar on a terminal only; off one (the GPU scripts) nothing is drawn.
+        let bar = crate::output::Progress::new("load", false);
+        let show = |done: u64, total: u64| bar.update(done, total);
+        let ctl = Control {
+            progress: Some(&show),
+            cancel: None,
+        };
+        let ex = load(&d, ckpt, &rules, &reg, &opts, &ctl);
+        bar.finish();
+        Ok((t0.elapsed().as_secs_f64(), ex?))
     };
     let load_once = |strategy: Strategy| load_with(CopyOptions { strategy, ..base });
     // Warm the page cache (and the driver) once. This is also the process's
@@ -323,27 +409,9 @@ pub fn run(a: Args) -> Result<()> {
         "{:<8} {:<7} {:>9} {:>9} {:>9} {:>8}",
         "strategy", "cache", "median_s", "GB/s", "copyGB/s", "of link"
     );
-    for s in &a.strategies {
-        // name[:SLOT][@DIRECT_PERCENT][#THREADS][^DEPTH]
-        let (rest, depth) = s.split_once('^').unwrap_or((s, ""));
-        let (rest, threads) = rest.split_once('#').unwrap_or((rest, ""));
-        let (rest, pct) = rest.split_once('@').unwrap_or((rest, ""));
-        let (name, slot) = rest.split_once(':').unwrap_or((rest, ""));
-        let strategy = Strategy::parse(name)?;
-        let mut copy = CopyOptions { strategy, ..base };
-        let bad = |w: &str| Error::InvalidArgument(format!("strategy spec `{s}`: bad {w}"));
-        if !slot.is_empty() {
-            copy.slot_bytes = parse_bytes(slot).map_err(Error::InvalidArgument)? as usize;
-        }
-        if !pct.is_empty() {
-            copy.direct_percent = pct.parse().map_err(|_| bad("direct percent"))?;
-        }
-        if !threads.is_empty() {
-            copy.threads = threads.parse().map_err(|_| bad("thread count"))?;
-        }
-        if !depth.is_empty() {
-            copy.depth = depth.parse().map_err(|_| bad("depth"))?;
-        }
+    for spec in &a.strategies {
+        let s = &spec.text;
+        let copy = spec.apply(base);
         let mut secs = Vec::new();
         let mut last = None;
         for _ in 0..a.repeat.max(1) {
@@ -366,7 +434,7 @@ pub fn run(a: Args) -> Result<()> {
         );
         breakdown(&stats);
         runs.push(Run {
-            strategy,
+            strategy: spec.strategy,
             label: s.clone(),
             cache: "cached",
             seconds: secs,

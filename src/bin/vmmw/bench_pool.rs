@@ -18,9 +18,9 @@ use crate::backend::BackendArgs;
 #[derive(clap::Args, Debug)]
 pub struct Args {
     #[command(flatten)]
-    backend: BackendArgs,
+    pub backend: BackendArgs,
     /// Sizes, comma-separated, with K/M/G suffixes.
-    #[arg(long, default_value = "512,64K,1M,16M,256M", value_delimiter = ',')]
+    #[arg(long, default_value = "512,64K,1M,16M,256M", value_delimiter = ',', value_parser = crate::parse::size_text)]
     sizes: Vec<String>,
     /// Timed batches per size (the median is over these).
     #[arg(long, default_value_t = 200)]
@@ -28,9 +28,13 @@ pub struct Args {
     /// Alloc+free pairs per batch.
     #[arg(long, default_value_t = 100)]
     pairs: usize,
-    /// Also write the results as JSON to this file.
-    #[arg(long)]
-    json: Option<std::path::PathBuf>,
+    /// Write the results as JSON to FILE; `--json` alone (or `--json -`) prints
+    /// them on stdout and moves the other lines to stderr.
+    #[arg(long, value_name = "FILE", num_args = 0..=1, default_missing_value = "-")]
+    pub json: Option<std::path::PathBuf>,
+    /// Draw the results as an SVG chart to FILE.svg.
+    #[arg(long, value_name = "FILE.svg")]
+    pub chart: Option<std::path::PathBuf>,
 }
 
 #[derive(Debug, serde::Serialize)]

@@ -148,17 +148,21 @@ pub struct Row {
 #[derive(clap::Args, Debug)]
 pub struct Args {
     #[command(flatten)]
-    backend: crate::backend::BackendArgs,
+    pub backend: crate::backend::BackendArgs,
     /// Divide every segment size by this (1 = the full 16.4 GB model).
     #[arg(long, default_value_t = 1)]
     scale_div: usize,
-    /// Also write the results as JSON to this file.
-    #[arg(long)]
-    json: Option<std::path::PathBuf>,
+    /// Write the results as JSON to FILE; `--json` alone (or `--json -`) prints
+    /// them on stdout and moves the other lines to stderr.
+    #[arg(long, value_name = "FILE", num_args = 0..=1, default_missing_value = "-")]
+    pub json: Option<std::path::PathBuf>,
+    /// Draw the results as an SVG chart to FILE.svg.
+    #[arg(long, value_name = "FILE.svg")]
+    pub chart: Option<std::path::PathBuf>,
     /// A checkpoint (file or folder) to load into the pool for the Reload rows:
-    /// load it, sleep with Reload (no backup), time the wake from the page cache.
+    /// load it, sleep with Reload (the host keeps only bytes the load did not write), time the wake from the page cache.
     #[arg(long)]
-    reload_checkpoint: Option<std::path::PathBuf>,
+    pub reload_checkpoint: Option<std::path::PathBuf>,
 }
 
 /// Run the benchmark.
@@ -464,7 +468,7 @@ fn bench(
             "-",
         ));
         rows.push(row(
-            "ours: sleep with Reload (no backup)",
+            "ours: sleep with Reload (host keeps unloaded bytes only)",
             sleep_s,
             rb,
             None,

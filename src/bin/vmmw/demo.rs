@@ -24,29 +24,47 @@ pub struct Args {
     #[command(flatten)]
     backend: BackendArgs,
     /// Transformer layers of the generated checkpoint.
-    #[arg(long, default_value_t = 4)]
-    layers: usize,
-    /// Hidden size of the generated checkpoint.
-    #[arg(long, default_value_t = 512)]
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=256))]
+    layers: u16,
+    /// Hidden size of the generated checkpoint (a multiple of 128).
+    #[arg(long, default_value_t = 512, value_parser = crate::parse::demo_hidden)]
     hidden: usize,
+    /// Draw the pool's timeline as an SVG chart to FILE.svg.
+    #[arg(long, value_name = "FILE.svg")]
+    chart: Option<std::path::PathBuf>,
+    /// Print one JSON document (docs/CLI.md) instead of the text.
+    #[arg(long)]
+    pub json: bool,
 }
 
 const MIB: f64 = (1 << 20) as f64;
 const HEAD_DIM: usize = 64;
 
-pub fn run(args: Args) -> Result<()> {
+pub fn run(args: Args) -> crate::exit::CliResult<serde_json::Value> {
+    args.backend.check()?;
+    let chart = args
+        .chart
+        .as_deref()
+        .map(crate::chart::check_path)
+        .transpose()?;
     let opened = args.backend.open()?;
     let d = opened.driver;
     println!("backend: {} ({})", d.kind(), d.describe());
     println!("  why:   {}", opened.reason);
 
     let dir = std::env::temp_dir().join(format!("vmmw-demo-{}", std::process::id()));
-    let result = demo(&d, &dir, args.layers.max(1), args.hidden.max(HEAD_DIM * 4));
+    let result = demo(&d, &dir, args.layers as usize, args.hidden);
     let _ = std::fs::remove_dir_all(&dir);
-    result
+    let timeline = result?;
+    crate::demo_out::finish(&d, &opened.reason, chart.as_deref(), timeline)
 }
 
-fn demo(d: &Arc<dyn Driver>, dir: &Path, layers: usize, hidden: usize) -> Result<()> {
+fn demo(
+    d: &Arc<dyn Driver>,
+    dir: &Path,
+    layers: usize,
+    hidden: usize,
+) -> Result<vmmweights::report::Timeline> {
     let file = write_checkpoint(dir, layers, hidden)?;
     let ckpt = Checkpoint::open(&file)?;
     println!(
@@ -149,7 +167,7 @@ fn demo(d: &Arc<dyn Driver>, dir: &Path, layers: usize, hidden: usize) -> Result
     pool.snapshot("awake");
 
     pool.sleep(&[(weights, Policy::Reload)])?;
-    pool.snapshot("asleep (weights reloadable, no backup)");
+    pool.snapshot("asleep (weights reloadable, host keeps only unloaded bytes)");
     let woke = pool.wake(&[weights])?;
     println!(
         "reload wake: {:.1} MiB restored from the checkpoint in {:.4} s",
@@ -165,11 +183,7 @@ fn demo(d: &Arc<dyn Driver>, dir: &Path, layers: usize, hidden: usize) -> Result
     pool.trim()?;
     pool.release_backup();
     pool.snapshot("freed and trimmed");
-    println!("\n{}", pool.timeline());
-    println!(
-        "demo: OK: every weight byte verified after offload and reload cycles, pointers unchanged"
-    );
-    Ok(())
+    Ok(pool.timeline())
 }
 
 /// A Llama-shaped bf16 checkpoint with deterministic values.

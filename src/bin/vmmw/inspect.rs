@@ -1,57 +1,77 @@
 //! `vmmw inspect`: what a checkpoint holds (validated headers, no data read),
-//! and with `--preset`/`--rules`, the destinations the mapping rules produce.
+//! and with `--preset`/`--rules`/`--tp-world`, the destinations the mapping
+//! rules produce.
 
 use std::collections::BTreeMap;
 
-use vmmweights::loader::{Checkpoint, Plan, Rules, Tp};
-use vmmweights::{Error, Result};
+use serde_json::{json, Value};
+use vmmweights::loader::{Checkpoint, DestSpec, Dtype, Plan, Rules, Tp};
+use vmmweights::Error;
 
-/// Mapping-rule options shared by `inspect` and `load`.
+use crate::exit::{CliError, CliResult};
+use crate::lib;
+use crate::output::escape_name;
+
+/// Mapping-rule options shared by `inspect`, `plan` and `load`.
 #[derive(clap::Args, Debug, Clone)]
 pub struct RuleArgs {
     /// Mapping preset: llama, mistral, qwen, qwen2, qwen3.
-    #[arg(long)]
+    #[arg(long, value_parser = crate::parse::preset)]
     pub preset: Option<String>,
-    /// Mapping rules as a JSON file (overrides --preset).
-    #[arg(long)]
+    /// Mapping rules as a JSON file (overrides --preset; `inspect --print-rules` writes one).
+    #[arg(long, value_name = "FILE")]
     pub rules: Option<std::path::PathBuf>,
     /// Head dimension for the preset's kv-head sharding.
-    #[arg(long, default_value_t = 128)]
-    pub head_dim: usize,
-    /// Tensor-parallel rank.
+    #[arg(long, default_value_t = 128, value_parser = clap::value_parser!(u32).range(1..))]
+    pub head_dim: u32,
+    /// Tensor-parallel rank (0 ..= --tp-world - 1).
     #[arg(long, default_value_t = 0)]
     pub tp_rank: usize,
     /// Tensor-parallel world size (1 = no sharding).
-    #[arg(long, default_value_t = 1)]
-    pub tp_world: usize,
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=4096))]
+    pub tp_world: u32,
     /// Destination dtype (BF16, F16, F32) when the loader allocates them.
-    #[arg(long)]
-    pub dtype: Option<String>,
+    #[arg(long, value_parser = crate::parse::dtype)]
+    pub dtype: Option<Dtype>,
 }
 
 impl RuleArgs {
+    /// Whether any option asks for a mapping other than names as they are.
+    pub fn any(&self) -> bool {
+        self.preset.is_some() || self.rules.is_some() || self.tp_world > 1 || self.dtype.is_some()
+    }
+
     /// The rules these options describe (identity names when none given).
-    pub fn rules(&self) -> Result<Rules> {
+    pub fn rules(&self) -> CliResult<Rules> {
+        if self.tp_rank >= self.tp_world as usize {
+            return Err(CliError::bad_input(format!(
+                "--tp-rank {}: expected a rank below --tp-world {}",
+                self.tp_rank, self.tp_world
+            )));
+        }
         let tp = (self.tp_world > 1).then_some(Tp {
             rank: self.tp_rank,
-            world: self.tp_world,
+            world: self.tp_world as usize,
         });
         let mut r = match (&self.rules, &self.preset) {
             (Some(p), _) => {
-                let text = std::fs::read_to_string(p).map_err(|e| Error::io(p, e))?;
-                Rules::from_json(&text)?
+                let text = lib(std::fs::read_to_string(p).map_err(|e| Error::io(p, e)))?;
+                Rules::from_json(&text).map_err(|e| {
+                    CliError::bad_input(format!(
+                        "--rules {}: {}",
+                        p.display(),
+                        crate::backend::strip_kind(&e)
+                    ))
+                })?
             }
-            (None, Some(p)) => Rules::preset(p, None, self.head_dim)?,
+            (None, Some(p)) => lib(Rules::preset(p, None, self.head_dim as usize))?,
             (None, None) => Rules::default(),
         };
         if tp.is_some() {
             r.tp = tp;
         }
-        if let Some(d) = &self.dtype {
-            r.dtype = Some(
-                vmmweights::loader::Dtype::parse(d)
-                    .ok_or_else(|| Error::InvalidArgument(format!("unknown dtype `{d}`")))?,
-            );
+        if let Some(d) = self.dtype {
+            r.dtype = Some(d);
         }
         Ok(r)
     }
@@ -70,17 +90,33 @@ pub struct Args {
     /// Print the mapping rules as JSON (to save, edit and pass with --rules).
     #[arg(long)]
     print_rules: bool,
+    /// Print one JSON document (docs/CLI.md) instead of the text.
+    #[arg(long)]
+    pub json: bool,
 }
 
-pub fn run(a: Args) -> Result<()> {
-    let ckpt = Checkpoint::open(&a.checkpoint)?;
-    println!("checkpoint: {}", a.checkpoint.display());
+/// A destination as JSON.
+pub fn dest_json(s: &DestSpec) -> Value {
+    json!({"name": s.name, "dtype": s.dtype.name(), "shape": s.shape, "bytes": s.bytes()})
+}
+
+pub fn run(a: Args) -> CliResult<Value> {
+    let rules = a.rules.rules()?;
+    let ckpt = lib(Checkpoint::open(&a.checkpoint))?;
+    println!(
+        "checkpoint: {}",
+        escape_name(&a.checkpoint.display().to_string())
+    );
     for s in &ckpt.shards {
-        println!("  shard {} ({} bytes)", s.path.display(), s.len);
+        println!(
+            "  shard {} ({} bytes)",
+            escape_name(&s.path.display().to_string()),
+            s.len
+        );
     }
     let mut by_dtype: BTreeMap<String, (usize, u64)> = BTreeMap::new();
     for t in ckpt.tensors.values() {
-        let e = by_dtype.entry(t.dtype.to_string()).or_default();
+        let e = by_dtype.entry(t.dtype.name().to_owned()).or_default();
         e.0 += 1;
         e.1 += t.len;
     }
@@ -96,20 +132,49 @@ pub fn run(a: Args) -> Result<()> {
         for t in ckpt.tensors.values() {
             println!(
                 "  {} {} {:?} shard {} @ {}",
-                t.name, t.dtype, t.shape, t.shard, t.offset
+                escape_name(&t.name),
+                t.dtype,
+                t.shape,
+                t.shard,
+                t.offset
             );
         }
     }
-    if a.rules.preset.is_some() || a.rules.rules.is_some() || a.rules.tp_world > 1 {
-        let rules = a.rules.rules()?;
-        if a.print_rules {
-            println!("{}", rules.to_json());
-        }
-        let specs = Plan::destinations(&ckpt, &rules)?;
+    if a.print_rules {
+        println!("{}", rules.to_json());
+    }
+    let specs = if a.rules.any() {
+        let specs = lib(Plan::destinations(&ckpt, &rules))?;
         println!("destinations ({}):", specs.len());
         for s in &specs {
-            println!("  {} {} {:?}", s.name, s.dtype, s.shape);
+            println!("  {} {} {:?}", escape_name(&s.name), s.dtype, s.shape);
         }
+        Some(specs)
+    } else {
+        None
+    };
+    let mut doc = json!({
+        "checkpoint": a.checkpoint.display().to_string(),
+        "shards": ckpt.shards.iter().map(|s| json!({"path": s.path.display().to_string(), "bytes": s.len})).collect::<Vec<_>>(),
+        "dtypes": by_dtype.iter().map(|(d, (n, b))| (d.clone(), json!({"tensors": n, "bytes": b}))).collect::<serde_json::Map<_, _>>(),
+        "tensor_count": ckpt.tensors.len(),
+        "data_bytes": ckpt.data_bytes(),
+    });
+    if a.tensors {
+        doc["tensors"] = ckpt
+            .tensors
+            .values()
+            .map(|t| {
+                json!({"name": t.name, "dtype": t.dtype.name(), "shape": t.shape,
+                       "shard": t.shard, "offset": t.offset, "bytes": t.len})
+            })
+            .collect();
     }
-    Ok(())
+    if let Some(specs) = &specs {
+        doc["destinations"] = specs.iter().map(dest_json).collect();
+    }
+    if a.print_rules {
+        doc["rules"] = serde_json::from_str(&rules.to_json()).unwrap_or(Value::Null);
+    }
+    Ok(doc)
 }

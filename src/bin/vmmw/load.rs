@@ -1,14 +1,18 @@
-//! `vmmw load`: load a checkpoint into destinations the loader allocates on
-//! the chosen backend, and report what moved and how fast.
+//! `vmmw load`: load a checkpoint into pool memory tagged "weights" on the
+//! chosen backend, and report what moved and how fast, with the pool's
+//! timeline (allocated, loaded, freed) as JSON or a chart.
 
 use std::sync::atomic::AtomicBool;
 
+use serde_json::{json, Value};
 use vmmweights::loader::*;
-use vmmweights::units::parse_bytes;
-use vmmweights::{Error, Result};
+use vmmweights::{tag, Pool, PoolConfig};
 
 use crate::backend::BackendArgs;
+use crate::exit::CliResult;
 use crate::inspect::RuleArgs;
+use crate::lib;
+use crate::output::{escape_name, Progress};
 
 /// Options of `vmmw load`.
 #[derive(clap::Args, Debug)]
@@ -20,50 +24,70 @@ pub struct Args {
     #[command(flatten)]
     rules: RuleArgs,
     /// Copy strategy: auto, direct, staged, read, simple, populate, hybrid, stream.
-    #[arg(long, default_value = "auto")]
-    strategy: String,
+    #[arg(long, default_value = "auto", value_parser = crate::parse::strategy)]
+    strategy: Strategy,
     /// Worker threads (0 = CPUs, at most 16).
-    #[arg(long, default_value_t = 0)]
-    threads: usize,
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..=16))]
+    threads: u8,
     /// Direct-path window size.
-    #[arg(long, default_value = "64M")]
-    window: String,
+    #[arg(long, default_value = "64M", value_parser = crate::parse::size_usize)]
+    window: usize,
     /// Staging slot size (0: sized to keep the slots in use in the CPU cache).
-    #[arg(long, default_value = "0")]
-    slot: String,
-    /// Print progress.
+    #[arg(long, default_value = "0", value_parser = crate::parse::size_usize)]
+    slot: usize,
+    /// Report progress off a terminal too, as a line per tenth on stderr
+    /// (on a terminal a progress bar is always drawn).
     #[arg(long)]
     progress: bool,
+    /// Draw the pool's timeline (allocated, loaded, freed) as an SVG chart to FILE.svg.
+    #[arg(long, value_name = "FILE.svg")]
+    chart: Option<std::path::PathBuf>,
+    /// Print one JSON document (docs/CLI.md) instead of the text.
+    #[arg(long)]
+    pub json: bool,
 }
 
-pub fn run(a: Args) -> Result<()> {
-    let opened = a.backend.open()?;
+pub fn run(a: Args) -> CliResult<Value> {
+    // Everything the user wrote is checked before the device is opened.
+    a.backend.check()?;
+    let chart = a
+        .chart
+        .as_deref()
+        .map(crate::chart::check_path)
+        .transpose()?;
+    let rules = a.rules.rules()?;
+    let ckpt = lib(Checkpoint::open(&a.checkpoint))?;
+    let specs = lib(Plan::destinations(&ckpt, &rules))?;
+
+    let opened = lib(a.backend.open())?;
     let d = opened.driver.clone();
     println!("backend: {} ({})", d.describe(), opened.reason);
-    let rules = a.rules.rules()?;
-    let ckpt = Checkpoint::open(&a.checkpoint)?;
-    let specs = Plan::destinations(&ckpt, &rules)?;
-    let total: usize = specs.iter().map(|s| s.bytes().div_ceil(256) * 256).sum();
-    let alloc = SegmentAllocator::new(d.clone(), total.max(1));
+    let pool = lib(Pool::new(d.clone(), PoolConfig::default()))?;
+    let weights = lib(tag::id("weights"))?;
     let mut reg = Registry::new();
-    reg.allocate(&specs, &alloc)?;
+    lib(allocate_in_pool(&mut reg, &specs, &pool, weights))?;
+    pool.snapshot("allocated");
     let opts = LoadOptions {
         copy: CopyOptions {
-            strategy: Strategy::parse(&a.strategy)?,
-            threads: a.threads,
-            window_bytes: parse_bytes(&a.window).map_err(Error::InvalidArgument)? as usize,
-            slot_bytes: parse_bytes(&a.slot).map_err(Error::InvalidArgument)? as usize,
+            strategy: a.strategy,
+            threads: a.threads as usize,
+            window_bytes: a.window,
+            slot_bytes: a.slot,
             ..Default::default()
         },
         ..Default::default()
     };
     let cancel = AtomicBool::new(false);
-    let show = |done: u64, total: u64| eprintln!("  {done} / {total} bytes");
+    let progress = Progress::new("load", a.progress);
+    let show = |done: u64, total: u64| progress.update(done, total);
     let ctl = Control {
-        progress: a.progress.then_some(&show as &dyn Fn(u64, u64)),
+        progress: Some(&show),
         cancel: Some(&cancel),
     };
-    let ex = load(&d, ckpt, &rules, &reg, &opts, &ctl)?;
+    let loaded = load_into_pool(&pool, ckpt, &rules, &reg, &opts, &ctl);
+    progress.finish();
+    let ex = lib(loaded)?;
+    pool.snapshot("loaded");
     let s = ex.stats;
     println!(
         "loaded {} bytes into {} destinations in {:.3} s ({:.2} GB/s): direct {} staged {} read {} zero-filled {}, {} threads",
@@ -77,8 +101,41 @@ pub fn run(a: Args) -> Result<()> {
         s.filled_bytes,
         s.threads
     );
-    if !ex.plan().skipped.is_empty() {
-        println!("skipped by rules: {}", ex.plan().skipped.join(", "));
+    let skipped = ex.plan().skipped.clone();
+    if !skipped.is_empty() {
+        let names: Vec<String> = skipped.iter().map(|n| escape_name(n)).collect();
+        println!("skipped by rules: {}", names.join(", "));
     }
-    Ok(())
+    drop(ex);
+    for x in reg.iter() {
+        lib(pool.free(x.ptr))?;
+    }
+    lib(pool.trim())?;
+    pool.snapshot("freed and trimmed");
+    let timeline = pool.timeline();
+    if let Some(path) = &chart {
+        let title = format!(
+            "vmmw load {} on {}",
+            a.checkpoint.file_name().map_or_else(
+                || a.checkpoint.display().to_string(),
+                |f| f.to_string_lossy().into_owned()
+            ),
+            d.describe()
+        );
+        crate::chart::timeline(path, &title, &timeline)?;
+        println!("chart: {}", path.display());
+    }
+    Ok(json!({
+        "backend": d.kind().to_string(),
+        "device": d.describe(),
+        "reason": opened.reason,
+        "checkpoint": a.checkpoint.display().to_string(),
+        "destinations": reg.len(),
+        "bytes": s.bytes,
+        "seconds": s.seconds,
+        "gbps": s.gbps(),
+        "stats": serde_json::to_value(s).unwrap_or(Value::Null),
+        "skipped": skipped,
+        "timeline": timeline,
+    }))
 }

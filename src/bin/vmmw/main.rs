@@ -1,23 +1,40 @@
 //! `vmmw`: the command line. A plain dispatcher: each subcommand lives in its
 //! own file with its own `Args` and `run`; adding one is a `mod` line, an enum
-//! variant and a match arm.
+//! variant and a match arm. `main` owns what every command shares: the exit
+//! codes (see `exit`) and where `--json` output goes (see `output`).
 
 mod backend;
 mod bench_alloc;
+mod bench_chart;
 mod bench_load;
 mod bench_pool;
 mod bench_sleep;
+mod chart;
 mod demo;
+mod demo_out;
+mod exit;
 mod inspect;
 mod load;
+mod output;
+mod parse;
+mod plan;
+mod report;
 
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use serde_json::{json, Value};
+
+use exit::{CliError, CliResult};
+use output::{JsonTarget, StdoutToStderr};
 
 /// Model weights in GPU memory through CUDA virtual memory management.
+///
+/// Every command runs on the cuda backend when a GPU is present and on the
+/// host backend (a simulation in host memory) otherwise; --backend or
+/// VMMW_BACKEND picks one.
 #[derive(Parser)]
-#[command(name = "vmmw", version, about)]
+#[command(name = "vmmw", version, about, long_about, after_help = exit::HELP_EXIT_CODES)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -25,37 +42,135 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Allocate, write, verify, unmap/remap and free a few segments; report which backend ran.
+    /// Write a small Llama-shaped checkpoint, load it in place into pool memory, sleep
+    /// (weights offloaded, a cache discarded), wake, reload from the checkpoint,
+    /// verify every byte at the same address, and print the memory timeline.
+    #[command(after_help = exit::HELP_EXIT_CODES)]
     Demo(demo::Args),
+    /// Validate a checkpoint's headers and show its tensors and mapped destinations.
+    #[command(after_help = exit::HELP_EXIT_CODES)]
+    Inspect(inspect::Args),
+    /// The mapping without loading: each destination with its sources, slices and
+    /// offsets, and what is missing, unexpected or skipped.
+    #[command(after_help = exit::HELP_EXIT_CODES)]
+    Plan(plan::Args),
+    /// Load a checkpoint into pool memory and report what moved and how fast.
+    #[command(after_help = exit::HELP_EXIT_CODES)]
+    Load(load::Args),
+    /// Show a saved memory timeline (from `demo --json` or `load --json`) as a table or a chart.
+    #[command(after_help = exit::HELP_EXIT_CODES)]
+    Report(report::Args),
     /// Median cost of segment allocate+free against cuMemAlloc/cuMemFree, same sizes, same run.
+    #[command(after_help = exit::HELP_EXIT_CODES)]
     BenchAlloc(bench_alloc::Args),
     /// Median cost of a cached alloc+free pair in the caching pool, per size.
+    #[command(after_help = exit::HELP_EXIT_CODES)]
     BenchPool(bench_pool::Args),
-    /// Validate a checkpoint's headers and show its tensors and mapped destinations.
-    Inspect(inspect::Args),
-    /// Load a checkpoint into device memory the loader allocates.
-    Load(load::Args),
     /// Load speed against the link and the disk, page-cached and cold, same run.
+    #[command(after_help = exit::HELP_EXIT_CODES)]
     BenchLoad(bench_load::Args),
     /// Sleep/wake of ~16 GB of 8B-shaped weights against the per-segment pinning reference.
+    #[command(after_help = exit::HELP_EXIT_CODES)]
     BenchSleep(bench_sleep::Args),
 }
 
-fn main() -> ExitCode {
-    let result = match Cli::parse().command {
-        Command::Demo(a) => demo::run(a),
-        Command::BenchAlloc(a) => bench_alloc::run(a),
-        Command::BenchPool(a) => bench_pool::run(a),
-        Command::Inspect(a) => inspect::run(a),
-        Command::Load(a) => load::run(a),
-        Command::BenchLoad(a) => bench_load::run(a),
-        Command::BenchSleep(a) => bench_sleep::run(a),
-    };
-    match result {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("vmmw: error: {e}");
-            ExitCode::FAILURE
+/// What a command asked for on stdout, decided before it runs.
+enum Json {
+    /// Human output only.
+    Off,
+    /// The command returns the document.
+    Returned,
+    /// A benchmark writes it to a scratch file; it is copied to stdout.
+    Bench(output::ScratchFile),
+}
+
+impl Command {
+    fn json(&mut self) -> Json {
+        let bench = |j: &mut Option<std::path::PathBuf>| match JsonTarget::resolve(j) {
+            JsonTarget::Stdout(f) => Json::Bench(f),
+            JsonTarget::Off | JsonTarget::File => Json::Off,
+        };
+        let flag = |on: bool| if on { Json::Returned } else { Json::Off };
+        match self {
+            Command::Demo(a) => flag(a.json),
+            Command::Inspect(a) => flag(a.json),
+            Command::Plan(a) => flag(a.json),
+            Command::Load(a) => flag(a.json),
+            Command::Report(a) => flag(a.json),
+            Command::BenchAlloc(a) => bench(&mut a.json),
+            Command::BenchPool(a) => bench(&mut a.json),
+            Command::BenchLoad(a) => bench(&mut a.json),
+            Command::BenchSleep(a) => bench(&mut a.json),
         }
     }
+
+    fn run(self) -> CliResult<Option<Value>> {
+        match self {
+            Command::Demo(a) => demo::run(a).map(Some),
+            Command::Inspect(a) => inspect::run(a).map(Some),
+            Command::Plan(a) => plan::run(a).map(Some),
+            Command::Load(a) => load::run(a).map(Some),
+            Command::Report(a) => report::run(a).map(Some),
+            Command::BenchAlloc(mut a) => {
+                let p = bench_chart::prepare(&a.backend, &a.chart, &mut a.json)?;
+                bench_alloc::run(a)?;
+                p.draw(bench_chart::Bench::Alloc)?;
+                Ok(None)
+            }
+            Command::BenchPool(mut a) => {
+                let p = bench_chart::prepare(&a.backend, &a.chart, &mut a.json)?;
+                bench_pool::run(a)?;
+                p.draw(bench_chart::Bench::Pool)?;
+                Ok(None)
+            }
+            Command::BenchLoad(mut a) => {
+                let p = bench_chart::prepare(&a.backend, &a.chart, &mut a.json)?;
+                bench_load::run(a)?;
+                p.draw(bench_chart::Bench::Load)?;
+                Ok(None)
+            }
+            Command::BenchSleep(mut a) => {
+                let p = bench_chart::prepare(&a.backend, &a.chart, &mut a.json)?;
+                if let Some(c) = &a.reload_checkpoint {
+                    // Headers only, before any device work.
+                    lib(vmmweights::loader::Checkpoint::open(c))?;
+                }
+                bench_sleep::run(a)?;
+                p.draw(bench_chart::Bench::Sleep)?;
+                Ok(None)
+            }
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    let mut command = Cli::parse().command;
+    let json = command.json();
+    let redirect = (!matches!(json, Json::Off)).then(StdoutToStderr::new);
+    let result = command.run().and_then(|doc| match &json {
+        Json::Bench(f) => output::read_json(f).map(Some),
+        _ => Ok(doc),
+    });
+    match result {
+        Ok(doc) => {
+            if let Some(r) = redirect {
+                r.finish(&doc.unwrap_or(Value::Null));
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("vmmw: error: {e}");
+            if let Some(r) = redirect {
+                r.finish(&json!({
+                    "error": { "kind": e.kind(), "exit_code": e.code, "message": e.message }
+                }));
+            }
+            ExitCode::from(e.code)
+        }
+    }
+}
+
+/// Turn a library error into the command's error (for `?` in commands).
+pub fn lib<T>(r: vmmweights::Result<T>) -> CliResult<T> {
+    r.map_err(CliError::from)
 }

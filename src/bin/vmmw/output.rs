@@ -1,0 +1,214 @@
+//! What `vmmw` writes: names escaped before they reach a terminal, stdout
+//! kept for one JSON document under `--json`, and byte progress drawn as a bar
+//! only on a terminal.
+
+use std::io::{IsTerminal, Write};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::OnceLock;
+
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+
+use crate::exit::{CliError, CliResult};
+
+/// Whether `c` must not reach a terminal raw: C0/C1 controls, and the
+/// bidirectional overrides that reorder what follows them.
+fn is_hazard(c: char) -> bool {
+    c.is_control() || matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+}
+
+fn escape(s: &str, keep_newlines: bool) -> String {
+    if !s.chars().any(is_hazard) {
+        return s.to_owned();
+    }
+    let mut out = String::with_capacity(s.len() + 8);
+    for c in s.chars() {
+        if keep_newlines && c == '\n' {
+            out.push(c);
+        } else if is_hazard(c) {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// A tensor or destination name as it may be printed: every control
+/// character (newline and escape included) written as `\n`, `\u{1b}`.
+pub fn escape_name(s: &str) -> String {
+    escape(s, false)
+}
+
+/// A message as it may be printed: like [`escape_name`], but line breaks stay.
+pub fn escape_controls(s: &str) -> String {
+    escape(s, true)
+}
+
+/// While alive, fd 1 points at stderr, so that every human line goes there;
+/// [`StdoutToStderr::finish`] restores fd 1 and writes the JSON document to it.
+pub struct StdoutToStderr {
+    saved: Option<OwnedFd>,
+}
+
+impl StdoutToStderr {
+    /// Redirect fd 1 to fd 2 (nothing happens when that fails: the JSON then
+    /// follows the human lines on stdout, and the failure is reported).
+    pub fn new() -> StdoutToStderr {
+        let _ = std::io::stdout().flush();
+        // SAFETY: dup has no memory-safety preconditions; a valid result is a
+        // new descriptor we own.
+        let fd = unsafe { libc::dup(1) };
+        if fd < 0 {
+            eprintln!("vmmw: warning: could not save stdout; JSON follows the other output");
+            return StdoutToStderr { saved: None };
+        }
+        // SAFETY: `fd` was just returned by dup and nothing else owns it.
+        let saved = unsafe { OwnedFd::from_raw_fd(fd) };
+        // SAFETY: dup2 on two open descriptors has no memory-safety preconditions.
+        if unsafe { libc::dup2(2, 1) } < 0 {
+            eprintln!("vmmw: warning: could not point stdout at stderr");
+        }
+        StdoutToStderr { saved: Some(saved) }
+    }
+
+    fn restore(&mut self) {
+        let _ = std::io::stdout().flush();
+        if let Some(saved) = self.saved.take() {
+            // SAFETY: both descriptors are open; `saved` is closed when dropped after.
+            unsafe { libc::dup2(saved.as_raw_fd(), 1) };
+        }
+    }
+
+    /// Restore stdout and write `doc` to it as pretty JSON and a newline.
+    pub fn finish(mut self, doc: &serde_json::Value) {
+        self.restore();
+        let text = serde_json::to_string_pretty(doc).expect("a JSON value serializes");
+        let mut out = std::io::stdout().lock();
+        let _ = writeln!(out, "{text}");
+        let _ = out.flush();
+    }
+}
+
+impl Drop for StdoutToStderr {
+    fn drop(&mut self) {
+        self.restore();
+    }
+}
+
+/// Where a benchmark's `--json [FILE]` goes.
+pub enum JsonTarget {
+    /// No `--json`.
+    Off,
+    /// `--json` alone (or `--json -`): stdout, through a scratch file the benchmark writes.
+    Stdout(ScratchFile),
+    /// `--json FILE`.
+    File,
+}
+
+/// A file in the temporary folder, removed when dropped.
+pub struct ScratchFile(pub std::path::PathBuf);
+
+impl Drop for ScratchFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+impl JsonTarget {
+    /// Resolve a benchmark's `json` option, replacing `-` with a scratch file's path.
+    pub fn resolve(json: &mut Option<std::path::PathBuf>) -> JsonTarget {
+        match json {
+            None => JsonTarget::Off,
+            Some(p) if p.as_os_str() == "-" => {
+                let f = std::env::temp_dir().join(format!("vmmw-{}.json", std::process::id()));
+                *p = f.clone();
+                JsonTarget::Stdout(ScratchFile(f))
+            }
+            Some(_) => JsonTarget::File,
+        }
+    }
+}
+
+/// Read back the JSON document a benchmark wrote to a scratch file.
+pub fn read_json(f: &ScratchFile) -> CliResult<serde_json::Value> {
+    let text = std::fs::read_to_string(&f.0)
+        .map_err(|e| CliError::failure(format!("reading {}: {e}", f.0.display())))?;
+    serde_json::from_str(&text)
+        .map_err(|e| CliError::failure(format!("{} is not JSON: {e}", f.0.display())))
+}
+
+/// Byte progress: a bar with bytes, rate and time left when stderr is a
+/// terminal; otherwise a plain line per tenth when asked for, or nothing.
+pub struct Progress {
+    /// On a terminal: the bar, made at the first update (when the total is known).
+    bar: Option<OnceLock<ProgressBar>>,
+    lines: bool,
+    label: String,
+    tenth: AtomicU64,
+}
+
+impl Progress {
+    /// Progress for `label` ("load"); `lines` asks for plain lines off a terminal.
+    pub fn new(label: &str, lines: bool) -> Progress {
+        Progress {
+            bar: std::io::stderr().is_terminal().then(OnceLock::new),
+            lines,
+            label: label.to_owned(),
+            tenth: AtomicU64::new(0),
+        }
+    }
+
+    fn make_bar(&self, total: u64) -> ProgressBar {
+        let bar = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr());
+        bar.set_style(
+            ProgressStyle::with_template(
+                "{msg:>8} [{bar:32}] {binary_bytes}/{binary_total_bytes} {binary_bytes_per_sec}, {eta} left",
+            )
+            .expect("a fixed, valid template")
+            .progress_chars("=> "),
+        );
+        bar.set_message(self.label.clone());
+        bar
+    }
+
+    /// Record `done` of `total` bytes.
+    pub fn update(&self, done: u64, total: u64) {
+        if let Some(cell) = &self.bar {
+            let bar = cell.get_or_init(|| self.make_bar(total));
+            bar.set_length(total);
+            bar.set_position(done);
+        } else if self.lines && total > 0 {
+            let tenth = done.saturating_mul(10) / total;
+            if self.tenth.fetch_max(tenth + 1, Ordering::Relaxed) < tenth + 1 {
+                eprintln!(
+                    "{}: {} of {} bytes ({}%)",
+                    self.label,
+                    done,
+                    total,
+                    done.saturating_mul(100) / total
+                );
+            }
+        }
+    }
+
+    /// Remove the bar (the caller prints the summary).
+    pub fn finish(&self) {
+        if let Some(bar) = self.bar.as_ref().and_then(OnceLock::get) {
+            bar.finish_and_clear();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_escaped_and_plain_names_are_not() {
+        assert_eq!(escape_name("model.embed"), "model.embed");
+        assert_eq!(escape_name("a\u{1b}[31mb\nc"), "a\\u{1b}[31mb\\nc");
+        assert_eq!(escape_name("x\u{202e}y"), "x\\u{202e}y");
+        assert_eq!(escape_controls("one\ntwo\u{7}"), "one\ntwo\\u{7}");
+    }
+}
