@@ -4,10 +4,12 @@ tags; progress and cancel; errors that change nothing."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 import vmmweights as vw
-from safetensors_writer import llama_like, write_sharded
+from safetensors_writer import llama_like, write_file, write_sharded
 
 
 @pytest.fixture
@@ -124,6 +126,9 @@ def test_reload_keeps_bytes_outside_the_plan(pool, ckpt):
     pattern = bytes(range(256)) * 16
     pool.write(extra, pattern)
     pool.sleep(weights="reload")
+    w = vw.tag_usage(pool.report(), "weights")
+    loaded = sum(d.bytes for d in dests.values())
+    assert w["host_backup_bytes"] == w["live_bytes"] - loaded, "the host holds only the uncovered bytes"
     pool.wake("weights")
     assert contents(pool, dests) == {n: t[2] for n, t in tensors.items()}
     assert pool.read(extra, len(pattern)) == pattern, "bytes the plan does not cover were lost"
@@ -209,3 +214,35 @@ def test_tag_scope_tags_allocations():
 
         assert tags.current() == "scoped"
     assert vw.tag_name(vw.tag_id("scoped")) == "scoped"
+
+
+def test_reload_check_refuses_a_checkpoint_rewritten_in_place(pool, tmp_path):
+    tensors = llama_like()
+    path = tmp_path / "model.safetensors"
+    write_file(path, tensors)
+    dests, _ = vw.load(path, pool, "weights", reload_check=True)
+    extra = pool.alloc(4096, "weights")
+    pool.write(extra, b"\x07" * 4096)
+    pool.sleep(weights="reload")
+    st = path.stat()
+    data = bytearray(path.read_bytes())
+    data[-64:] = bytes(64)  # same size, same modification time: only the checksums see it
+    path.write_bytes(bytes(data))
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    with pytest.raises(vw.VmmwError) as e:
+        pool.wake("weights")
+    assert e.value.status_name == "VMMW_CHECKPOINT_INVALID" and "model.safetensors" in e.value.message
+    assert vw.tag_usage(pool.report(), "weights")["asleep"], "the refused tag stays asleep"
+    pool.forget_reload("weights")
+    pool.wake("weights")
+    assert pool.read(extra, 4096) == b"\x07" * 4096, "bytes outside the plan come back"
+    # Loaded again from the new file, the tag can sleep with reload once more.
+    with vw.Loader(path) as ld:
+        for n, d in dests.items():
+            ld.register(n, d.ptr, d.dtype, d.shape)
+        ld.load(pool)
+    pool.sleep(weights="reload")
+    pool.wake("weights")
+    last = dests[list(tensors)[-1]]
+    assert pool.read(last.ptr, last.bytes) == bytes(data[-last.bytes:]), "the new file's bytes"
+    assert pool.read(extra, 4096) == b"\x07" * 4096

@@ -126,6 +126,8 @@ _SIGNATURES: dict[str, tuple[Any, list[Any], bool]] = {
         True,
     ),
     "vmmw_loader_set_options": (_I32, [_P, ctypes.POINTER(S.LoadOptions)], True),
+    "vmmw_loader_set_reload_check": (_I32, [_P, ctypes.c_uint32], True),
+    "vmmw_pool_forget_reload": (_I32, [_P, ctypes.c_uint32], True),
     "vmmw_loader_register": (
         _I32,
         [_P, ctypes.c_char_p, ctypes.c_uint64, ctypes.c_char_p, _U64P, ctypes.c_size_t],

@@ -154,6 +154,17 @@ class Loader:
         call("vmmw_loader_set_options", self.handle, ctypes.byref(opts))
         return self
 
+    def reload_check(self, enable: bool = True) -> "Loader":
+        """Keep a checksum of every loaded extent at this loader's next loads,
+        so each wake of a tag asleep with ``"reload"`` first proves the
+        checkpoint still holds the bytes loaded (a file rewritten in place
+        fails the wake with ``VMMW_CHECKPOINT_INVALID``, the tag stays asleep;
+        see ``Pool.forget_reload``). Costs one more read of the loaded bytes at
+        load and at each Reload wake. Without it, the files' identity, size
+        and modification time are still checked at every wake."""
+        call("vmmw_loader_set_reload_check", self.handle, ctypes.c_uint32(1 if enable else 0))
+        return self
+
     # --- destinations -------------------------------------------------------------------
 
     def register(self, name: str, ptr: int, dtype: str, shape: Sequence[int]) -> None:
@@ -246,14 +257,18 @@ def load(
     rules: Union[str, Mapping[str, Any], None] = None,
     strategy: str = "auto",
     progress: Optional[Progress] = None,
+    reload_check: bool = False,
 ) -> Tuple[Dict[str, Destination], LoadResult]:
     """Allocate the checkpoint's destinations in `pool` under `tag` and load
-    them: the destinations by name, and what the load did."""
+    them: the destinations by name, and what the load did. `reload_check`:
+    see :meth:`Loader.reload_check`."""
     with Loader(path) as ld:
         if preset is not None:
             ld.preset(preset, tp_rank, tp_world, head_dim)
         if rules is not None:
             ld.rules(rules)
         ld.options(strategy)
+        if reload_check:
+            ld.reload_check()
         dests = ld.allocate(pool, tag)
         return dests, ld.load(pool, progress)

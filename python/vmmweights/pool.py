@@ -196,6 +196,13 @@ class Pool:
         call("vmmw_pool_wake", self.handle, ids, ctypes.c_size_t(len(tags)))
         return self.last_cycle()
 
+    def forget_reload(self, tag: str) -> None:
+        """Drop what loads registered to restore `tag` from: a tag asleep with
+        ``"reload"`` then wakes with its other bytes restored and the loaded
+        ones undefined. The way out when its checkpoint changed (the wake
+        failed with ``VMMW_CHECKPOINT_INVALID``): forget, wake, load again."""
+        call("vmmw_pool_forget_reload", self.handle, ctypes.c_uint32(tag_id(tag)))
+
     def last_cycle(self) -> Dict[str, Any]:
         """What the last sleep or wake through this handle did, per tag."""
         return json.loads(call_text("vmmw_pool_last_cycle_json", self.handle))

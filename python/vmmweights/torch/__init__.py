@@ -38,6 +38,7 @@ __all__ = [
     "VmmwError",
     "allocator",
     "as_tensor",
+    "forget_reload",
     "graph",
     "library_path",
     "load_",
@@ -274,6 +275,7 @@ def load_(
     allow_missing: bool = False,
     allow_unexpected: bool = False,
     threads: int = 0,
+    reload_check: bool = False,
 ) -> LoadResult:
     """Load the safetensors checkpoint at `path` in place into the tensors of
     `target` (a module: its ``state_dict(keep_vars=True)``; or a dict of
@@ -282,6 +284,8 @@ def load_(
     `preset` ("llama", "qwen2", ...) maps Hugging Face names to fused
     destinations (``qkv_proj``, ``gate_up_proj``), sharded for `tp_rank` of
     `tp_world`. `progress`: True for a tqdm bar, or ``f(done, total)``.
+    `reload_check`: keep checksums so a Reload wake proves the checkpoint
+    unchanged (see ``vmmweights.Loader.reload_check``).
 
     Tensors in our pool (:func:`use_pool`) can then sleep with ``"reload"``.
     Returns what the load did (bytes, seconds, gbps). Every problem
@@ -309,6 +313,8 @@ def load_(
             if rules is not None:
                 ld.rules(rules)
             ld.options(strategy, threads=threads, allow_missing=allow_missing, allow_unexpected=allow_unexpected)
+            if reload_check:
+                ld.reload_check()
             for name, t in tensors.items():
                 if t.numel() == 0:
                     continue
@@ -336,6 +342,11 @@ def wake(*tags: str, device: Union[int, torch.device, None] = None) -> Dict[str,
     """Bring the listed tags back (every sleeping tag when none is named) at
     the same addresses."""
     return pool(device).wake(*tags)
+
+
+def forget_reload(tag: str, device: Union[int, torch.device, None] = None) -> None:
+    """Drop what loads registered to restore `tag` from (see ``Pool.forget_reload``)."""
+    pool(device).forget_reload(tag)
 
 
 def reserve_backup(nbytes: int, device: Union[int, torch.device, None] = None) -> None:
