@@ -30,7 +30,8 @@ CONFIGS = {"qwen2-tied": qwen2_tied, "llama-untied": llama_untied}
 
 
 def build(cfg) -> torch.nn.Module:
-    return transformers.AutoModelForCausalLM.from_config(cfg, torch_dtype=torch.bfloat16)
+    # Built in float32 then cast: the dtype keyword of from_config changed name across versions.
+    return transformers.AutoModelForCausalLM.from_config(cfg).to(torch.bfloat16)
 
 
 def write(cfg, folder) -> tuple:
@@ -41,7 +42,7 @@ def write(cfg, folder) -> tuple:
         for n, p in model.named_parameters():
             if n.endswith(".bias"):
                 p.normal_(0, 0.5)
-    model.save_pretrained(folder, max_shard_size="2MB", safe_serialization=True)
+    model.save_pretrained(folder, max_shard_size="2MB")  # safetensors, sharded, with an index
     ids = inputs(cfg)
     with torch.no_grad():
         want = model(ids).logits.clone()
