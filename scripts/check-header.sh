@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
-# Header drift test: regenerates the header into a temp file and fails, showing
-# the diff, when it differs from the committed include/vmmweights.h.
+# Header drift test: regenerates both headers into temp files and fails,
+# showing the diff, when either differs from the committed one.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-fresh=$(mktemp --suffix=.h)
-trap 'rm -f "$fresh"' EXIT
-bash scripts/gen-header.sh "$fresh"
-if ! diff -u include/vmmweights.h "$fresh"; then
-  echo "include/vmmweights.h drifted from src/ffi: run scripts/gen-header.sh and commit it" >&2
-  exit 1
-fi
-echo "header drift check: include/vmmweights.h matches src/ffi"
+fresh=$(mktemp -d)
+trap 'rm -rf "$fresh"' EXIT
+bash scripts/gen-header.sh "$fresh/vmmweights.h" "$fresh/vmmweights_testing.h"
+status=0
+for h in vmmweights.h vmmweights_testing.h; do
+  if ! diff -u "include/$h" "$fresh/$h"; then
+    echo "include/$h drifted from src/ffi: run scripts/gen-header.sh and commit it" >&2
+    status=1
+  fi
+done
+[[ $status == 0 ]] && echo "header drift check: include/vmmweights.h and include/vmmweights_testing.h match src/ffi"
+exit $status

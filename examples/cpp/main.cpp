@@ -155,7 +155,7 @@ int main(int argc, char** argv) {
     std::printf("load:    %.3f s, %.2f GB/s (%llu bytes, %u threads)\n", loaded.seconds, loaded.gbps,
                 static_cast<unsigned long long>(loaded.bytes), loaded.threads);
     bad += verify(pool, loader, tensors, "after load");
-    const uint64_t kv_ptr = pool.alloc(8u << 20, kv);
+    vmmw::Block kv_cache = pool.alloc(8u << 20, kv);  // given back when it goes out of scope
     pool.snapshot("loaded");
 
     pool.reserve_backup(plan.dst_bytes);
@@ -188,7 +188,7 @@ int main(int argc, char** argv) {
                 reload_wake_s);
     bad += verify(pool, loader, tensors, "after reload + wake");
     pool.snapshot("awake");
-    pool.free(kv_ptr);
+    kv_cache.free();
 
     if (!o.json.empty()) {
       std::ofstream j(o.json);

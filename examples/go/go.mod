@@ -1,6 +1,6 @@
 module github.com/vmmweights/vmmweights/examples/go
 
-go 1.19
+go 1.20
 
 require github.com/vmmweights/vmmweights/bindings/go v0.0.0
 

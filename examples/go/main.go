@@ -3,11 +3,12 @@
 // offloaded to host memory, device memory released, pointers kept), wake, and
 // the memory report.
 //
-//	CGO_LDFLAGS="-L$LIB -Wl,-rpath,$LIB" go run . [checkpoint]
+//	PKG_CONFIG_PATH=<prefix>/lib/pkgconfig go run . [checkpoint]
 package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/binary"
 	"fmt"
 	"log"
@@ -15,7 +16,7 @@ import (
 	"os"
 	"path/filepath"
 
-	vmmw "github.com/vmmweights/vmmweights/bindings/go"
+	"github.com/vmmweights/vmmweights/bindings/go/vmmw"
 )
 
 // writeCheckpoint writes one F32 tensor "embed.weight" [512, 256].
@@ -68,7 +69,7 @@ func main() {
 	if err := loader.Allocate(pool, weights); err != nil {
 		log.Fatal(err)
 	}
-	res, err := loader.Load(pool, func(done, total uint64) bool { return true })
+	res, err := loader.Load(context.Background(), pool, func(done, total uint64) bool { return true })
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -99,7 +100,7 @@ func main() {
 		log.Fatal(err)
 	}
 	show("asleep")
-	if err := pool.Wake(weights); err != nil {
+	if err := pool.Wake(context.Background(), weights); err != nil {
 		log.Fatal(err)
 	}
 	show("awake")

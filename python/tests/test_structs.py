@@ -21,6 +21,7 @@ C_TYPES = {
     "uint8_t": ctypes.c_uint8,
     "double": ctypes.c_double,
     "char": ctypes.c_char,
+    "size_t": ctypes.c_size_t,
 }
 
 
@@ -28,6 +29,8 @@ def header_structs() -> dict:
     if not HEADER.is_file():
         pytest.skip(f"{HEADER} not found: run from a source checkout")
     text = re.sub(r"/\*.*?\*/", "", HEADER.read_text(), flags=re.S)
+    for base, alias in re.findall(r"typedef (\w+) (vmmw_\w+_t);", text):  # named enum types
+        C_TYPES[alias] = C_TYPES[base]
     defines = {m[0]: int(m[1]) for m in re.findall(r"#define (\w+) (\d+)\s", text)}
     out = {}
     for name, body in re.findall(r"typedef struct (vmmw_\w+) \{(.*?)\} \1;", text, flags=re.S):
@@ -62,3 +65,25 @@ def test_struct_matches_header(name):
     assert [f for f, _ in got] == [f for f, _ in want], f"{name}: field names/order differ"
     for (f, g), (_, w) in zip(got, want):
         assert same(g, w), f"{name}.{f}: ctypes {g} vs header {w}"
+
+
+def header_functions() -> dict:
+    if not HEADER.is_file():
+        pytest.skip(f"{HEADER} not found: run from a source checkout")
+    text = re.sub(r"/\*.*?\*/", "", HEADER.read_text(), flags=re.S)
+    out = {}
+    for name, args in re.findall(r"\b(vmmw_\w+)\(([^()]*)\);", text):
+        args = args.strip()
+        out[name] = 0 if args in ("", "void") else args.count(",") + 1
+    return out
+
+
+def test_declared_functions_match_header_arity():
+    """Every C function the package declares exists in the header with the
+    number of arguments declared (the trailing error argument included)."""
+    from vmmweights import _native
+
+    funcs = header_functions()
+    for name, (_res, args, has_err) in _native._SIGNATURES.items():
+        assert name in funcs, f"{name} is not in the header"
+        assert funcs[name] == len(args) + has_err, f"{name}: {funcs[name]} arguments in the header"

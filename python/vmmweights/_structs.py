@@ -13,10 +13,19 @@ MAX_DIMS = 8
 u32, i32, u64, u8, f64 = ctypes.c_uint32, ctypes.c_int32, ctypes.c_uint64, ctypes.c_uint8, ctypes.c_double
 
 
-class LoadOptions(ctypes.Structure):
+class _Sized(ctypes.Structure):
+    """An options struct whose first field `size` is its own size, so the
+    library knows which version of the struct it was given."""
+
+    def __init__(self, **fields: object) -> None:
+        super().__init__(size=ctypes.sizeof(self), **fields)
+
+
+class LoadOptions(_Sized):
     """vmmw_load_options_t"""
 
     _fields_ = [
+        ("size", ctypes.c_size_t),
         ("allow_missing", u32),
         ("allow_unexpected", u32),
         ("strategy", i32),
@@ -69,10 +78,11 @@ class LoadResult(ctypes.Structure):
     ]
 
 
-class PoolOptions(ctypes.Structure):
+class PoolOptions(_Sized):
     """vmmw_pool_options_t"""
 
     _fields_ = [
+        ("size", ctypes.c_size_t),
         ("device_handle", ctypes.c_void_p),
         ("backend", i32),
         ("device", i32),
@@ -90,10 +100,11 @@ class TagPolicy(ctypes.Structure):
     _fields_ = [("tag", u32), ("policy", i32)]
 
 
-class SleepOptions(ctypes.Structure):
+class SleepOptions(_Sized):
     """vmmw_sleep_options_t"""
 
     _fields_ = [
+        ("size", ctypes.c_size_t),
         ("copy_piece_bytes", u64),
         ("streams", u32),
         ("debug_fill", u32),

@@ -123,7 +123,7 @@ class Pool:
 
     def free(self, ptr: int) -> None:
         """Free a block (it returns to the pool's cache; see :meth:`trim`)."""
-        call("vmmw_pool_free_ptr", self.handle, ctypes.c_uint64(ptr))
+        call("vmmw_pool_dealloc", self.handle, ctypes.c_uint64(ptr))
 
     def write(self, ptr: int, data: bytes) -> None:
         """Copy `data` to pool memory at `ptr` (one awake segment) and wait."""

@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 if ! command -v cbindgen >/dev/null; then
   export PATH="$HOME/.cargo/bin:$PATH"
-  command -v cbindgen >/dev/null || cargo install cbindgen --locked
+  command -v cbindgen >/dev/null || cargo install cbindgen --version 0.29.4 --locked
 fi
 bash scripts/check-header.sh
 

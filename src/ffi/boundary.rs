@@ -10,12 +10,15 @@ use std::ffi::{c_char, CStr};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use super::error::vmmw_error_t;
-use super::status::VMMW_OK;
+use super::status::{vmmw_status_t, VMMW_OK};
 use crate::error::{Error, Result};
 
 /// Run `body`; return `VMMW_OK` or the error's status, storing the error
 /// object into `*error` when `error` is non-NULL.
-pub(crate) fn call(error: *mut *mut vmmw_error_t, body: impl FnOnce() -> Result<()>) -> i32 {
+pub(crate) fn call(
+    error: *mut *mut vmmw_error_t,
+    body: impl FnOnce() -> Result<()>,
+) -> vmmw_status_t {
     let outcome = catch_unwind(AssertUnwindSafe(body))
         .unwrap_or_else(|p| Err(Error::Panic(crate::error::panic_message(&*p))));
     match outcome {
@@ -31,7 +34,7 @@ pub(crate) fn call_out<T>(
     out_name: &'static str,
     error: *mut *mut vmmw_error_t,
     body: impl FnOnce() -> Result<T>,
-) -> i32 {
+) -> vmmw_status_t {
     call(error, || {
         if out.is_null() {
             return Err(Error::NullArgument(out_name));
@@ -46,7 +49,7 @@ pub(crate) fn call_out<T>(
 
 /// Store `e` into `*error` (when asked) and return its status. Never panics
 /// out: a failure to build the object (allocation) just leaves `*error` as is.
-fn report(error: *mut *mut vmmw_error_t, e: &Error) -> i32 {
+fn report(error: *mut *mut vmmw_error_t, e: &Error) -> vmmw_status_t {
     let status = e.status() as i32;
     if !error.is_null() {
         if let Ok(obj) = catch_unwind(AssertUnwindSafe(|| vmmw_error_t::from_error(e))) {

@@ -9,29 +9,23 @@ use std::sync::Arc;
 use super::boundary::{arg, call, call_out, free_handle, into_handle};
 use super::buffer::write_str;
 use super::error::vmmw_error_t;
-use crate::driver::host::{FaultOp, HostDriver};
+use super::status::vmmw_status_t;
 use crate::driver::{self, BackendChoice, BackendKind, Driver, Opened};
 use crate::error::{Error, Result};
 
+/// Which implementation opens a device: one of the `VMMW_BACKEND_*` values.
+pub type vmmw_backend_t = i32;
+
 /// Backend choice: the `VMMW_BACKEND` environment variable when set ("host",
 /// "cuda", "auto"), else CUDA when a driver and the device are present, else host.
-pub const VMMW_BACKEND_AUTO: i32 = 0;
+pub const VMMW_BACKEND_AUTO: vmmw_backend_t = 0;
 /// The host simulation of CUDA VMM (no GPU needed).
-pub const VMMW_BACKEND_HOST: i32 = 1;
+pub const VMMW_BACKEND_HOST: vmmw_backend_t = 1;
 /// The CUDA driver; opening fails with `VMMW_DRIVER_UNAVAILABLE` without one.
-pub const VMMW_BACKEND_CUDA: i32 = 2;
-
-/// Host backend fault injection: the reserve primitive.
-pub const VMMW_FAULT_RESERVE: i32 = 0;
-/// Host backend fault injection: physical memory creation (fails as out-of-memory).
-pub const VMMW_FAULT_CREATE: i32 = 1;
-/// Host backend fault injection: the map primitive.
-pub const VMMW_FAULT_MAP: i32 = 2;
-/// Host backend fault injection: the set-access primitive.
-pub const VMMW_FAULT_SET_ACCESS: i32 = 3;
+pub const VMMW_BACKEND_CUDA: vmmw_backend_t = 2;
 
 /// An opened backend for one device. Thread-safe: every function taking a
-/// `const vmmw_device_t*` may be called concurrently.
+/// device may be called concurrently, except `vmmw_device_free`.
 pub struct vmmw_device_t {
     opened: Opened,
 }
@@ -41,36 +35,9 @@ impl vmmw_device_t {
     pub(crate) fn driver(&self) -> &Arc<dyn Driver> {
         &self.opened.driver
     }
-
-    fn host(&self) -> Result<&HostDriver> {
-        self.opened.driver.as_host().ok_or_else(|| {
-            Error::Unsupported(format!(
-                "host-backend test hooks need the host backend; this device is {}",
-                self.opened.driver.describe()
-            ))
-        })
-    }
 }
 
-/// Live objects of the host backend, for leak checks in tests.
-#[repr(C)]
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct vmmw_host_counts_t {
-    /// VA reservations not yet freed.
-    pub reservations: u64,
-    /// Physical handles not yet released.
-    pub handles: u64,
-    /// Mapped ranges.
-    pub mappings: u64,
-    /// Bytes of simulated device memory in use.
-    pub physical_bytes: u64,
-    /// Streams not yet destroyed.
-    pub streams: u64,
-    /// Events not yet destroyed.
-    pub events: u64,
-}
-
-pub(crate) fn backend_choice(backend: i32) -> Result<BackendChoice> {
+pub(crate) fn backend_choice(backend: vmmw_backend_t) -> Result<BackendChoice> {
     match backend {
         VMMW_BACKEND_AUTO => BackendChoice::from_env(),
         VMMW_BACKEND_HOST => Ok(BackendChoice::Host),
@@ -93,11 +60,11 @@ pub(crate) fn backend_choice(backend: i32) -> Result<BackendChoice> {
 /// `out` is writable; `error` is NULL or writable.
 #[no_mangle]
 pub unsafe extern "C" fn vmmw_device_open(
-    backend: i32,
+    backend: vmmw_backend_t,
     device: i32,
     out: *mut *mut vmmw_device_t,
     error: *mut *mut vmmw_error_t,
-) -> i32 {
+) -> vmmw_status_t {
     call_out(out, "out", error, || {
         let choice = backend_choice(backend)?;
         if device < 0 {
@@ -129,9 +96,9 @@ pub unsafe extern "C" fn vmmw_device_free(device: *mut vmmw_device_t) {
 #[no_mangle]
 pub unsafe extern "C" fn vmmw_device_backend(
     device: *const vmmw_device_t,
-    out: *mut i32,
+    out: *mut vmmw_backend_t,
     error: *mut *mut vmmw_error_t,
-) -> i32 {
+) -> vmmw_status_t {
     call_out(out, "out", error, || {
         // SAFETY: forwarded contract.
         let d = unsafe { arg(device, "device") }?;
@@ -152,7 +119,7 @@ pub unsafe extern "C" fn vmmw_device_granularity(
     device: *const vmmw_device_t,
     out: *mut u64,
     error: *mut *mut vmmw_error_t,
-) -> i32 {
+) -> vmmw_status_t {
     call_out(out, "out", error, || {
         // SAFETY: forwarded contract.
         let d = unsafe { arg(device, "device") }?;
@@ -171,7 +138,7 @@ pub unsafe extern "C" fn vmmw_device_mem_info(
     free_bytes: *mut u64,
     total_bytes: *mut u64,
     error: *mut *mut vmmw_error_t,
-) -> i32 {
+) -> vmmw_status_t {
     call_out(free_bytes, "free_bytes", error, || {
         if total_bytes.is_null() {
             return Err(Error::NullArgument("total_bytes"));
@@ -202,7 +169,7 @@ pub unsafe extern "C" fn vmmw_device_describe(
     cap: usize,
     needed: *mut usize,
     error: *mut *mut vmmw_error_t,
-) -> i32 {
+) -> vmmw_status_t {
     call(error, || {
         // SAFETY: forwarded contract.
         let d = unsafe { arg(device, "device") }?;
@@ -223,7 +190,7 @@ pub unsafe extern "C" fn vmmw_device_choice_reason(
     cap: usize,
     needed: *mut usize,
     error: *mut *mut vmmw_error_t,
-) -> i32 {
+) -> vmmw_status_t {
     call(error, || {
         // SAFETY: forwarded contract.
         let d = unsafe { arg(device, "device") }?;
@@ -240,86 +207,10 @@ pub unsafe extern "C" fn vmmw_device_choice_reason(
 pub unsafe extern "C" fn vmmw_device_synchronize(
     device: *const vmmw_device_t,
     error: *mut *mut vmmw_error_t,
-) -> i32 {
+) -> vmmw_status_t {
     call(error, || {
         // SAFETY: forwarded contract.
         let d = unsafe { arg(device, "device") }?;
         d.driver().synchronize()
-    })
-}
-
-/// Testing hook: set the host backend's simulated device memory to `bytes`.
-/// `VMMW_UNSUPPORTED` on the CUDA backend.
-///
-/// # Safety
-/// `device` is a live handle; `error` is NULL or writable.
-#[no_mangle]
-pub unsafe extern "C" fn vmmw_host_set_memory_limit(
-    device: *const vmmw_device_t,
-    bytes: u64,
-    error: *mut *mut vmmw_error_t,
-) -> i32 {
-    call(error, || {
-        // SAFETY: forwarded contract.
-        let d = unsafe { arg(device, "device") }?;
-        d.host()?.set_memory_limit(bytes);
-        Ok(())
-    })
-}
-
-/// Testing hook: make the `n`-th next call of primitive `op` (a `VMMW_FAULT_*`
-/// value) fail on the host backend; `n` = 0 clears it. `VMMW_UNSUPPORTED` on CUDA.
-///
-/// # Safety
-/// `device` is a live handle; `error` is NULL or writable.
-#[no_mangle]
-pub unsafe extern "C" fn vmmw_host_fail_nth(
-    device: *const vmmw_device_t,
-    op: i32,
-    n: u64,
-    error: *mut *mut vmmw_error_t,
-) -> i32 {
-    call(error, || {
-        // SAFETY: forwarded contract.
-        let d = unsafe { arg(device, "device") }?;
-        let op = match op {
-            VMMW_FAULT_RESERVE => FaultOp::Reserve,
-            VMMW_FAULT_CREATE => FaultOp::Create,
-            VMMW_FAULT_MAP => FaultOp::Map,
-            VMMW_FAULT_SET_ACCESS => FaultOp::SetAccess,
-            other => {
-                return Err(Error::InvalidArgument(format!(
-                "fault op {other} is not one of VMMW_FAULT_RESERVE..VMMW_FAULT_SET_ACCESS (0..3)"
-            )))
-            }
-        };
-        d.host()?.fail_nth(op, n);
-        Ok(())
-    })
-}
-
-/// Testing hook: the host backend's live objects, for leak checks.
-/// `VMMW_UNSUPPORTED` on CUDA.
-///
-/// # Safety
-/// `device` is a live handle; `out` is writable; `error` is NULL or writable.
-#[no_mangle]
-pub unsafe extern "C" fn vmmw_host_counts(
-    device: *const vmmw_device_t,
-    out: *mut vmmw_host_counts_t,
-    error: *mut *mut vmmw_error_t,
-) -> i32 {
-    call_out(out, "out", error, || {
-        // SAFETY: forwarded contract.
-        let d = unsafe { arg(device, "device") }?;
-        let c = d.host()?.counts();
-        Ok(vmmw_host_counts_t {
-            reservations: c.reservations as u64,
-            handles: c.handles as u64,
-            mappings: c.mappings as u64,
-            physical_bytes: c.physical_bytes,
-            streams: c.streams as u64,
-            events: c.events as u64,
-        })
     })
 }

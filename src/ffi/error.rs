@@ -6,6 +6,8 @@
 
 use std::ffi::{c_char, CString};
 
+use super::status::vmmw_status_t;
+
 use crate::error::Error;
 
 /// An error returned through a `vmmw_error_t** error` argument.
@@ -13,7 +15,7 @@ use crate::error::Error;
 /// Owned by the caller once returned; free it with `vmmw_error_free`. Immutable,
 /// so it may be read from any thread.
 pub struct vmmw_error_t {
-    status: i32,
+    status: vmmw_status_t,
     message: CString,
 }
 
@@ -23,7 +25,7 @@ impl vmmw_error_t {
     pub(crate) fn from_error(e: &Error) -> vmmw_error_t {
         let text = e.to_string().replace('\0', "\u{FFFD}");
         vmmw_error_t {
-            status: e.status() as i32,
+            status: e.status() as vmmw_status_t,
             // The replacement above removed every NUL, so this cannot fail;
             // fall back to an empty message rather than panicking.
             message: CString::new(text).unwrap_or_default(),
@@ -54,7 +56,7 @@ pub unsafe extern "C" fn vmmw_error_message(error: *const vmmw_error_t) -> *cons
 /// # Safety
 /// As `vmmw_error_message`.
 #[no_mangle]
-pub unsafe extern "C" fn vmmw_error_status(error: *const vmmw_error_t) -> i32 {
+pub unsafe extern "C" fn vmmw_error_status(error: *const vmmw_error_t) -> vmmw_status_t {
     // SAFETY: the caller passes NULL or a live error object.
     match unsafe { error.as_ref() } {
         Some(e) => e.status,

@@ -15,7 +15,9 @@ use super::boundary::{arg, call, call_out, free_handle, into_handle, slice_arg, 
 use super::buffer::write_str;
 use super::error::vmmw_error_t;
 use super::numbers::{or_default, to_usize};
+use super::options::{read_sized, SizedOptions};
 use super::pool::vmmw_pool_t;
+use super::status::vmmw_status_t;
 use crate::error::{Error, Result};
 use crate::loader::{
     self, Checkpoint, Control, CopyStats, Dtype, ExecutedPlan, LoadOptions, Plan, Registry, Rules,
@@ -23,18 +25,22 @@ use crate::loader::{
 };
 use crate::tag::TagId;
 
+/// How a load moves bytes from the checkpoint to the device: one of the
+/// `VMMW_COPY_*` values.
+pub type vmmw_copy_strategy_t = i32;
+
 /// Copy strategy (the default): page-cached data copied into a pinned staging
 /// ring sized to stay in the CPU's last-level cache, then DMA; data not in the
 /// page cache read into large slots with pread.
-pub const VMMW_COPY_AUTO: i32 = 0;
+pub const VMMW_COPY_AUTO: vmmw_copy_strategy_t = 0;
 /// Copy strategy: register mmap windows read-only and DMA from the page cache.
-pub const VMMW_COPY_DIRECT: i32 = 1;
+pub const VMMW_COPY_DIRECT: vmmw_copy_strategy_t = 1;
 /// Copy strategy: memcpy into pinned slots, then DMA.
-pub const VMMW_COPY_STAGED: i32 = 2;
+pub const VMMW_COPY_STAGED: vmmw_copy_strategy_t = 2;
 /// Copy strategy: pread into pinned slots, then DMA (cold data).
-pub const VMMW_COPY_READ: i32 = 3;
+pub const VMMW_COPY_READ: vmmw_copy_strategy_t = 3;
 /// Copy strategy: one thread, no pinning (the reference path).
-pub const VMMW_COPY_SIMPLE: i32 = 4;
+pub const VMMW_COPY_SIMPLE: vmmw_copy_strategy_t = 4;
 
 /// Most dimensions a destination can report through `vmmw_destination_t`.
 pub const VMMW_MAX_DIMS: usize = 8;
@@ -46,16 +52,20 @@ pub const VMMW_MAX_DIMS: usize = 8;
 pub type vmmw_progress_fn =
     Option<unsafe extern "C" fn(done: u64, total: u64, user: *mut c_void) -> i32>;
 
-/// Options of a load. All-zero is the default.
+/// Options of a load. Every field but `size` 0 means the default. Start from
+/// `VMMW_LOAD_OPTIONS_INIT` (C) so `size` is set.
 #[repr(C)]
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct vmmw_load_options_t {
+    /// `sizeof(vmmw_load_options_t)` as the caller's header declares it (see
+    /// `VMMW_LOAD_OPTIONS_INIT`): fields past it take their defaults.
+    pub size: usize,
     /// 1: registered destinations no source fills are left untouched instead of an error.
     pub allow_missing: u32,
     /// 1: checkpoint tensors with no destination are skipped instead of an error.
     pub allow_unexpected: u32,
     /// A `VMMW_COPY_*` strategy.
-    pub strategy: i32,
+    pub strategy: vmmw_copy_strategy_t,
     /// Worker threads (0 = number of CPUs, at most 16).
     pub threads: u32,
     /// Bytes of file registered per direct window (0 = default).
@@ -63,6 +73,22 @@ pub struct vmmw_load_options_t {
     /// Bytes per pinned staging slot (0 = sized to keep the slots in use in the
     /// CPU's last-level cache).
     pub slot_bytes: u64,
+}
+
+// SAFETY: repr(C), `size: usize` first, integers only.
+unsafe impl SizedOptions for vmmw_load_options_t {
+    const NAME: &'static str = "vmmw_load_options_t";
+    fn defaults() -> Self {
+        vmmw_load_options_t {
+            size: std::mem::size_of::<Self>(),
+            allow_missing: 0,
+            allow_unexpected: 0,
+            strategy: VMMW_COPY_AUTO,
+            threads: 0,
+            window_bytes: 0,
+            slot_bytes: 0,
+        }
+    }
 }
 
 /// One destination parameter.
@@ -174,7 +200,7 @@ pub unsafe extern "C" fn vmmw_loader_open(
     path: *const c_char,
     out: *mut *mut vmmw_loader_t,
     error: *mut *mut vmmw_error_t,
-) -> i32 {
+) -> vmmw_status_t {
     call_out(out, "out", error, || {
         // SAFETY: forwarded contract.
         let path = PathBuf::from(unsafe { str_arg(path, "path") }?);
@@ -194,7 +220,7 @@ pub unsafe extern "C" fn vmmw_loader_open(
 }
 
 /// Free a loader. NULL is accepted. Destinations it allocated stay in their
-/// pool (free them with `vmmw_pool_free_ptr`, or with the pool); the reload
+/// pool (free them with `vmmw_pool_dealloc`, or with the pool); the reload
 /// source a load registered in the pool stays valid.
 ///
 /// # Safety
@@ -205,18 +231,19 @@ pub unsafe extern "C" fn vmmw_loader_free(loader: *mut vmmw_loader_t) {
     unsafe { free_handle(loader) }
 }
 
-/// Replace the mapping rules with their JSON form (see docs: match/to/fuse/
-/// shard/pad/skip, ties, tp, dtype). Checked now (`VMMW_INVALID_ARGUMENT`
+/// Replace the mapping rules with their JSON form (docs/RULES.md: every
+/// field, match/to/fuse/shard/pad/skip, ties, tp, dtype, with an example of
+/// each). Checked now (`VMMW_INVALID_ARGUMENT`
 /// naming the bad field or regex; the previous rules stay).
 ///
 /// # Safety
 /// `loader` is a live handle; `json` is a NUL-terminated string; `error` is NULL or writable.
 #[no_mangle]
 pub unsafe extern "C" fn vmmw_loader_set_rules_json(
-    loader: *const vmmw_loader_t,
+    loader: *mut vmmw_loader_t,
     json: *const c_char,
     error: *mut *mut vmmw_error_t,
-) -> i32 {
+) -> vmmw_status_t {
     call(error, || {
         // SAFETY: forwarded contract.
         let l = unsafe { arg(loader, "loader") }?;
@@ -237,13 +264,13 @@ pub unsafe extern "C" fn vmmw_loader_set_rules_json(
 /// `loader` is a live handle; `family` is a NUL-terminated string; `error` is NULL or writable.
 #[no_mangle]
 pub unsafe extern "C" fn vmmw_loader_set_rules_preset(
-    loader: *const vmmw_loader_t,
+    loader: *mut vmmw_loader_t,
     family: *const c_char,
     tp_rank: u32,
     tp_world: u32,
     head_dim: u32,
     error: *mut *mut vmmw_error_t,
-) -> i32 {
+) -> vmmw_status_t {
     call(error, || {
         // SAFETY: forwarded contract.
         let l = unsafe { arg(loader, "loader") }?;
@@ -260,21 +287,23 @@ pub unsafe extern "C" fn vmmw_loader_set_rules_preset(
     })
 }
 
-/// Set the load options (`options` NULL: defaults).
+/// Set the load options (`options` NULL: defaults). `options->size` must be
+/// set (`VMMW_LOAD_OPTIONS_INIT`); see `vmmw_load_options_t`.
 ///
 /// # Safety
-/// `loader` is a live handle; `options` is NULL or readable; `error` is NULL or writable.
+/// `loader` is a live handle; `options` is NULL or readable for
+/// `options->size` bytes; `error` is NULL or writable.
 #[no_mangle]
 pub unsafe extern "C" fn vmmw_loader_set_options(
-    loader: *const vmmw_loader_t,
+    loader: *mut vmmw_loader_t,
     options: *const vmmw_load_options_t,
     error: *mut *mut vmmw_error_t,
-) -> i32 {
+) -> vmmw_status_t {
     call(error, || {
         // SAFETY: forwarded contract.
         let l = unsafe { arg(loader, "loader") }?;
         // SAFETY: forwarded contract (NULL means defaults).
-        let o = unsafe { options.as_ref() }.copied().unwrap_or_default();
+        let o = unsafe { read_sized(options) }?.unwrap_or_else(vmmw_load_options_t::defaults);
         let mut opts = LoadOptions::default();
         opts.plan.allow_missing = o.allow_missing != 0;
         opts.plan.allow_unexpected = o.allow_unexpected != 0;
@@ -315,10 +344,10 @@ pub unsafe extern "C" fn vmmw_loader_set_options(
 /// `loader` is a live handle; `error` is NULL or writable.
 #[no_mangle]
 pub unsafe extern "C" fn vmmw_loader_set_reload_check(
-    loader: *const vmmw_loader_t,
+    loader: *mut vmmw_loader_t,
     enable: u32,
     error: *mut *mut vmmw_error_t,
-) -> i32 {
+) -> vmmw_status_t {
     call(error, || {
         // SAFETY: forwarded contract.
         let l = unsafe { arg(loader, "loader") }?;
@@ -360,14 +389,14 @@ fn parse_dtype(s: &str) -> Result<Dtype> {
 /// `error` is NULL or writable.
 #[no_mangle]
 pub unsafe extern "C" fn vmmw_loader_register(
-    loader: *const vmmw_loader_t,
+    loader: *mut vmmw_loader_t,
     name: *const c_char,
     ptr: u64,
     dtype: *const c_char,
     shape: *const u64,
     ndim: usize,
     error: *mut *mut vmmw_error_t,
-) -> i32 {
+) -> vmmw_status_t {
     call(error, || {
         // SAFETY: forwarded contract.
         let l = unsafe { arg(loader, "loader") }?;
@@ -389,18 +418,18 @@ pub unsafe extern "C" fn vmmw_loader_register(
 /// dtypes and shapes as the plan needs them: fused, sharded, padded) in
 /// `pool` under `tag`, and register them. On failure nothing is registered
 /// and every block taken is freed again. The blocks belong to the pool: find
-/// them with `vmmw_loader_destination`, free them with `vmmw_pool_free_ptr`
+/// them with `vmmw_loader_destination`, free them with `vmmw_pool_dealloc`
 /// (or with the pool).
 ///
 /// # Safety
 /// `loader` and `pool` are live handles; `error` is NULL or writable.
 #[no_mangle]
 pub unsafe extern "C" fn vmmw_loader_allocate(
-    loader: *const vmmw_loader_t,
-    pool: *const vmmw_pool_t,
+    loader: *mut vmmw_loader_t,
+    pool: *mut vmmw_pool_t,
     tag: u32,
     error: *mut *mut vmmw_error_t,
-) -> i32 {
+) -> vmmw_status_t {
     call(error, || {
         // SAFETY: forwarded contract.
         let l = unsafe { arg(loader, "loader") }?;
@@ -423,7 +452,7 @@ pub unsafe extern "C" fn vmmw_loader_destination_count(
     loader: *const vmmw_loader_t,
     out: *mut usize,
     error: *mut *mut vmmw_error_t,
-) -> i32 {
+) -> vmmw_status_t {
     call_out(out, "out", error, || {
         // SAFETY: forwarded contract.
         Ok(unsafe { arg(loader, "loader") }?.lock().registry.len())
@@ -444,7 +473,7 @@ pub unsafe extern "C" fn vmmw_loader_destination_name(
     cap: usize,
     needed: *mut usize,
     error: *mut *mut vmmw_error_t,
-) -> i32 {
+) -> vmmw_status_t {
     call(error, || {
         // SAFETY: forwarded contract.
         let st = unsafe { arg(loader, "loader") }?.lock();
@@ -471,7 +500,7 @@ pub unsafe extern "C" fn vmmw_loader_destination(
     name: *const c_char,
     out: *mut vmmw_destination_t,
     error: *mut *mut vmmw_error_t,
-) -> i32 {
+) -> vmmw_status_t {
     call_out(out, "out", error, || {
         // SAFETY: forwarded contract.
         let st = unsafe { arg(loader, "loader") }?.lock();
@@ -514,7 +543,7 @@ pub unsafe extern "C" fn vmmw_loader_plan(
     loader: *const vmmw_loader_t,
     out: *mut vmmw_plan_summary_t,
     error: *mut *mut vmmw_error_t,
-) -> i32 {
+) -> vmmw_status_t {
     call_out(out, "out", error, || {
         // SAFETY: forwarded contract.
         let mut st = unsafe { arg(loader, "loader") }?.lock();
@@ -566,12 +595,12 @@ pub unsafe extern "C" fn vmmw_loader_plan(
 /// safe to call with `user`; `error` is NULL or writable.
 #[no_mangle]
 pub unsafe extern "C" fn vmmw_loader_load(
-    loader: *const vmmw_loader_t,
-    pool: *const vmmw_pool_t,
+    loader: *mut vmmw_loader_t,
+    pool: *mut vmmw_pool_t,
     progress: vmmw_progress_fn,
     user: *mut c_void,
     error: *mut *mut vmmw_error_t,
-) -> i32 {
+) -> vmmw_status_t {
     call(error, || {
         // SAFETY: forwarded contract.
         let l = unsafe { arg(loader, "loader") }?;
@@ -607,9 +636,9 @@ pub unsafe extern "C" fn vmmw_loader_load(
 /// `loader` is a live handle; `error` is NULL or writable.
 #[no_mangle]
 pub unsafe extern "C" fn vmmw_loader_cancel(
-    loader: *const vmmw_loader_t,
+    loader: *mut vmmw_loader_t,
     error: *mut *mut vmmw_error_t,
-) -> i32 {
+) -> vmmw_status_t {
     call(error, || {
         // SAFETY: forwarded contract.
         unsafe { arg(loader, "loader") }?
@@ -636,7 +665,7 @@ pub unsafe extern "C" fn vmmw_loader_result(
     loader: *const vmmw_loader_t,
     out: *mut vmmw_load_result_t,
     error: *mut *mut vmmw_error_t,
-) -> i32 {
+) -> vmmw_status_t {
     call_out(out, "out", error, || {
         // SAFETY: forwarded contract.
         let s = stats_of(unsafe { arg(loader, "loader") }?)?;
@@ -666,7 +695,7 @@ pub unsafe extern "C" fn vmmw_loader_result_json(
     cap: usize,
     needed: *mut usize,
     error: *mut *mut vmmw_error_t,
-) -> i32 {
+) -> vmmw_status_t {
     call(error, || {
         // SAFETY: forwarded contract.
         let l = unsafe { arg(loader, "loader") }?;
@@ -708,7 +737,7 @@ pub unsafe extern "C" fn vmmw_pool_staging_bytes(
     pool: *const vmmw_pool_t,
     out: *mut u64,
     error: *mut *mut vmmw_error_t,
-) -> i32 {
+) -> vmmw_status_t {
     call_out(out, "out", error, || {
         // SAFETY: forwarded contract.
         let p = unsafe { arg(pool, "pool") }?;
@@ -726,10 +755,10 @@ pub unsafe extern "C" fn vmmw_pool_staging_bytes(
 /// `pool` is a live handle; `released` is writable; `error` is NULL or writable.
 #[no_mangle]
 pub unsafe extern "C" fn vmmw_pool_release_staging(
-    pool: *const vmmw_pool_t,
+    pool: *mut vmmw_pool_t,
     released: *mut u64,
     error: *mut *mut vmmw_error_t,
-) -> i32 {
+) -> vmmw_status_t {
     call_out(released, "released", error, || {
         // SAFETY: forwarded contract.
         let p = unsafe { arg(pool, "pool") }?;

@@ -12,9 +12,11 @@ use super::boundary::{
     arg, bytes_mut_arg, call, call_out, free_handle, into_handle, slice_arg, str_arg,
 };
 use super::buffer::write_str;
-use super::device::{backend_choice, vmmw_device_t};
+use super::device::{backend_choice, vmmw_backend_t, vmmw_device_t, VMMW_BACKEND_AUTO};
 use super::error::vmmw_error_t;
 use super::numbers::{or_default, to_usize};
+use super::options::{read_sized, SizedOptions};
+use super::status::vmmw_status_t;
 use crate::driver;
 use crate::error::{Error, Result};
 use crate::pool::{Mode, Pool, PoolConfig};
@@ -31,16 +33,20 @@ pub struct vmmw_pool_t {
     pub(crate) last_cycles: Mutex<Vec<crate::pool::TagCycle>>,
 }
 
-/// How to create a pool. All-zero is a valid value: the `VMMW_BACKEND_AUTO`
-/// backend on device 0 with default sizes (every size field: 0 = default).
+/// How to create a pool. Every field but `size` 0 means the default: the
+/// `VMMW_BACKEND_AUTO` backend on device 0 with default sizes. Start from
+/// `VMMW_POOL_OPTIONS_INIT` (C) so `size` is set.
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub struct vmmw_pool_options_t {
+    /// `sizeof(vmmw_pool_options_t)` as the caller's header declares it (see
+    /// `VMMW_POOL_OPTIONS_INIT`): fields past it take their defaults.
+    pub size: usize,
     /// An opened device to use; NULL opens `backend` on `device`. The pool
     /// keeps the driver alive on its own (the handle may be freed afterwards).
     pub device_handle: *const vmmw_device_t,
     /// A `VMMW_BACKEND_*` value (used when `device_handle` is NULL).
-    pub backend: i32,
+    pub backend: vmmw_backend_t,
     /// CUDA device ordinal (used when `device_handle` is NULL).
     pub device: i32,
     /// Every block size is rounded up to this power of two (default 512).
@@ -101,6 +107,24 @@ impl vmmw_pool_t {
     }
 }
 
+// SAFETY: repr(C), `size: usize` first, integers and a raw pointer only.
+unsafe impl SizedOptions for vmmw_pool_options_t {
+    const NAME: &'static str = "vmmw_pool_options_t";
+    fn defaults() -> Self {
+        vmmw_pool_options_t {
+            size: std::mem::size_of::<Self>(),
+            device_handle: std::ptr::null(),
+            backend: VMMW_BACKEND_AUTO,
+            device: 0,
+            align: 0,
+            small_request_max: 0,
+            small_segment_bytes: 0,
+            large_segment_bytes: 0,
+            chunk_bytes: 0,
+        }
+    }
+}
+
 fn config_from(o: &vmmw_pool_options_t) -> Result<PoolConfig> {
     let d = PoolConfig::default();
     Ok(PoolConfig {
@@ -130,27 +154,17 @@ fn config_from(o: &vmmw_pool_options_t) -> Result<PoolConfig> {
 /// `VMMW_INVALID_ARGUMENT` (bad sizes or backend), `VMMW_DRIVER_UNAVAILABLE`.
 ///
 /// # Safety
-/// `options` is NULL or readable; `out` is writable; `error` is NULL or writable.
+/// `options` is NULL or readable for `options->size` bytes; `out` is
+/// writable; `error` is NULL or writable.
 #[no_mangle]
 pub unsafe extern "C" fn vmmw_pool_new(
     options: *const vmmw_pool_options_t,
     out: *mut *mut vmmw_pool_t,
     error: *mut *mut vmmw_error_t,
-) -> i32 {
+) -> vmmw_status_t {
     call_out(out, "out", error, || {
         // SAFETY: forwarded contract (NULL means defaults).
-        let o = unsafe { options.as_ref() }
-            .copied()
-            .unwrap_or(vmmw_pool_options_t {
-                device_handle: std::ptr::null(),
-                backend: 0,
-                device: 0,
-                align: 0,
-                small_request_max: 0,
-                small_segment_bytes: 0,
-                large_segment_bytes: 0,
-                chunk_bytes: 0,
-            });
+        let o = unsafe { read_sized(options) }?.unwrap_or_else(vmmw_pool_options_t::defaults);
         let config = config_from(&o)?;
         // SAFETY: forwarded contract: NULL or a live device handle.
         let driver = match unsafe { o.device_handle.as_ref() } {
@@ -183,7 +197,7 @@ pub unsafe extern "C" fn vmmw_pool_default(
     device: i32,
     out: *mut *mut vmmw_pool_t,
     error: *mut *mut vmmw_error_t,
-) -> i32 {
+) -> vmmw_status_t {
     call_out(out, "out", error, || {
         static HANDLES: OnceLock<Mutex<HashMap<i32, usize>>> = OnceLock::new();
         let mut map = HANDLES
@@ -235,11 +249,11 @@ fn size_arg(size: u64) -> Result<usize> {
 /// `pool` is a live handle; `out_ptr` is writable; `error` is NULL or writable.
 #[no_mangle]
 pub unsafe extern "C" fn vmmw_pool_alloc(
-    pool: *const vmmw_pool_t,
+    pool: *mut vmmw_pool_t,
     size: u64,
     out_ptr: *mut u64,
     error: *mut *mut vmmw_error_t,
-) -> i32 {
+) -> vmmw_status_t {
     call_out(out_ptr, "out_ptr", error, || {
         // SAFETY: forwarded contract.
         let p = unsafe { arg(pool, "pool") }?;
@@ -253,12 +267,12 @@ pub unsafe extern "C" fn vmmw_pool_alloc(
 /// As `vmmw_pool_alloc`.
 #[no_mangle]
 pub unsafe extern "C" fn vmmw_pool_alloc_tagged(
-    pool: *const vmmw_pool_t,
+    pool: *mut vmmw_pool_t,
     size: u64,
     tag: u32,
     out_ptr: *mut u64,
     error: *mut *mut vmmw_error_t,
-) -> i32 {
+) -> vmmw_status_t {
     call_out(out_ptr, "out_ptr", error, || {
         // SAFETY: forwarded contract.
         let p = unsafe { arg(pool, "pool") }?;
@@ -266,7 +280,7 @@ pub unsafe extern "C" fn vmmw_pool_alloc_tagged(
     })
 }
 
-/// Free a block (it returns to the pool's cache; see `vmmw_pool_trim`).
+/// Give a block back to the pool (it returns to the pool's cache; see `vmmw_pool_trim`).
 /// `VMMW_UNKNOWN_POINTER` (nothing changes) for a pointer that is not the
 /// start of a live block of this pool, or a double free. A block freed is no
 /// longer restored by a Reload wake. When freeing releases a segment and the
@@ -275,19 +289,35 @@ pub unsafe extern "C" fn vmmw_pool_alloc_tagged(
 /// and a later free or `vmmw_pool_trim` releases it. Thread-safe; also while
 /// the block's tag sleeps or wakes (the segment is then released when that
 /// call ends).
+/// The pair of `vmmw_pool_alloc`; `vmmw_pool_free` destroys the pool itself.
 ///
 /// # Safety
 /// `pool` is a live handle; `error` is NULL or writable.
 #[no_mangle]
-pub unsafe extern "C" fn vmmw_pool_free_ptr(
-    pool: *const vmmw_pool_t,
+pub unsafe extern "C" fn vmmw_pool_dealloc(
+    pool: *mut vmmw_pool_t,
     ptr: u64,
     error: *mut *mut vmmw_error_t,
-) -> i32 {
+) -> vmmw_status_t {
     call(error, || {
         // SAFETY: forwarded contract.
         unsafe { arg(pool, "pool") }?.pool.free(ptr)
     })
+}
+
+/// The former name of `vmmw_pool_dealloc`, kept through 0.x; removed at 1.0.
+///
+/// # Safety
+/// As `vmmw_pool_dealloc`.
+#[no_mangle]
+#[deprecated(note = "renamed vmmw_pool_dealloc (vmmw_pool_free destroys the pool)")]
+pub unsafe extern "C" fn vmmw_pool_free_ptr(
+    pool: *mut vmmw_pool_t,
+    ptr: u64,
+    error: *mut *mut vmmw_error_t,
+) -> vmmw_status_t {
+    // SAFETY: forwarded contract.
+    unsafe { vmmw_pool_dealloc(pool, ptr, error) }
 }
 
 /// Return cached memory to the driver; `*released` receives the physically
@@ -299,10 +329,10 @@ pub unsafe extern "C" fn vmmw_pool_free_ptr(
 /// `pool` is a live handle; `released` is writable; `error` is NULL or writable.
 #[no_mangle]
 pub unsafe extern "C" fn vmmw_pool_trim(
-    pool: *const vmmw_pool_t,
+    pool: *mut vmmw_pool_t,
     released: *mut u64,
     error: *mut *mut vmmw_error_t,
-) -> i32 {
+) -> vmmw_status_t {
     call_out(released, "released", error, || {
         // SAFETY: forwarded contract.
         unsafe { arg(pool, "pool") }?.pool.trim()
@@ -318,12 +348,12 @@ pub unsafe extern "C" fn vmmw_pool_trim(
 /// `pool` is a live handle; `error` is NULL or writable.
 #[no_mangle]
 pub unsafe extern "C" fn vmmw_pool_set_tag_arena(
-    pool: *const vmmw_pool_t,
+    pool: *mut vmmw_pool_t,
     tag: u32,
     reserve_bytes: u64,
     grow_step: u64,
     error: *mut *mut vmmw_error_t,
-) -> i32 {
+) -> vmmw_status_t {
     call(error, || {
         // SAFETY: forwarded contract.
         let p = unsafe { arg(pool, "pool") }?;
@@ -341,10 +371,10 @@ pub unsafe extern "C" fn vmmw_pool_set_tag_arena(
 /// `pool` is a live handle; `error` is NULL or writable.
 #[no_mangle]
 pub unsafe extern "C" fn vmmw_pool_set_tag_segments(
-    pool: *const vmmw_pool_t,
+    pool: *mut vmmw_pool_t,
     tag: u32,
     error: *mut *mut vmmw_error_t,
-) -> i32 {
+) -> vmmw_status_t {
     call(error, || {
         // SAFETY: forwarded contract.
         unsafe { arg(pool, "pool") }?
@@ -381,7 +411,7 @@ pub unsafe extern "C" fn vmmw_pool_report(
     pool: *const vmmw_pool_t,
     out: *mut vmmw_report_t,
     error: *mut *mut vmmw_error_t,
-) -> i32 {
+) -> vmmw_status_t {
     call_out(out, "out", error, || {
         // SAFETY: forwarded contract.
         let r = unsafe { arg(pool, "pool") }?.pool.report();
@@ -405,7 +435,7 @@ pub unsafe extern "C" fn vmmw_pool_report_tag(
     tag: u32,
     out: *mut vmmw_report_t,
     error: *mut *mut vmmw_error_t,
-) -> i32 {
+) -> vmmw_status_t {
     call_out(out, "out", error, || {
         // SAFETY: forwarded contract.
         let p = unsafe { arg(pool, "pool") }?;
@@ -437,7 +467,7 @@ pub unsafe extern "C" fn vmmw_pool_report_json(
     cap: usize,
     needed: *mut usize,
     error: *mut *mut vmmw_error_t,
-) -> i32 {
+) -> vmmw_status_t {
     call(error, || {
         // SAFETY: forwarded contract.
         let json = unsafe { arg(pool, "pool") }?.pool.report().to_json();
@@ -453,10 +483,10 @@ pub unsafe extern "C" fn vmmw_pool_report_json(
 /// `pool` is a live handle; `name` is a NUL-terminated string; `error` is NULL or writable.
 #[no_mangle]
 pub unsafe extern "C" fn vmmw_pool_snapshot(
-    pool: *const vmmw_pool_t,
+    pool: *mut vmmw_pool_t,
     name: *const c_char,
     error: *mut *mut vmmw_error_t,
-) -> i32 {
+) -> vmmw_status_t {
     call(error, || {
         // SAFETY: forwarded contract.
         let p = unsafe { arg(pool, "pool") }?;
@@ -478,7 +508,7 @@ pub unsafe extern "C" fn vmmw_pool_timeline_json(
     cap: usize,
     needed: *mut usize,
     error: *mut *mut vmmw_error_t,
-) -> i32 {
+) -> vmmw_status_t {
     call(error, || {
         // SAFETY: forwarded contract.
         let json = unsafe { arg(pool, "pool") }?.pool.timeline().to_json();
@@ -498,12 +528,12 @@ pub unsafe extern "C" fn vmmw_pool_timeline_json(
 /// is 0); `error` is NULL or writable.
 #[no_mangle]
 pub unsafe extern "C" fn vmmw_pool_write(
-    pool: *const vmmw_pool_t,
+    pool: *mut vmmw_pool_t,
     dst: u64,
     src: *const c_void,
     len: usize,
     error: *mut *mut vmmw_error_t,
-) -> i32 {
+) -> vmmw_status_t {
     call(error, || {
         // SAFETY: forwarded contract.
         let p = unsafe { arg(pool, "pool") }?;
@@ -527,7 +557,7 @@ pub unsafe extern "C" fn vmmw_pool_read(
     dst: *mut c_void,
     len: usize,
     error: *mut *mut vmmw_error_t,
-) -> i32 {
+) -> vmmw_status_t {
     call(error, || {
         // SAFETY: forwarded contract.
         let p = unsafe { arg(pool, "pool") }?;

@@ -9,12 +9,13 @@ use super::boundary::{arg, bytes_mut_arg, call, call_out, free_handle, into_hand
 use super::device::vmmw_device_t;
 use super::error::vmmw_error_t;
 use super::numbers::to_usize;
+use super::status::vmmw_status_t;
 use crate::driver::sync_copy::{copy_to_device, copy_to_host};
 use crate::error::{Error, Result};
 use crate::segment::Segment;
 
 /// One VA reservation and the physical memory mapped into it. Thread-safe:
-/// functions taking a `const vmmw_segment_t*` may be called concurrently.
+/// calls may run concurrently, except `vmmw_segment_free`.
 pub struct vmmw_segment_t {
     seg: Mutex<Segment>,
 }
@@ -60,7 +61,7 @@ pub unsafe extern "C" fn vmmw_segment_new(
     chunk_size: u64,
     out: *mut *mut vmmw_segment_t,
     error: *mut *mut vmmw_error_t,
-) -> i32 {
+) -> vmmw_status_t {
     call_out(out, "out", error, || {
         // SAFETY: forwarded contract.
         let d = unsafe { arg(device, "device") }?;
@@ -93,7 +94,7 @@ pub unsafe extern "C" fn vmmw_segment_info(
     segment: *const vmmw_segment_t,
     out: *mut vmmw_segment_info_t,
     error: *mut *mut vmmw_error_t,
-) -> i32 {
+) -> vmmw_status_t {
     call_out(out, "out", error, || {
         // SAFETY: forwarded contract.
         let s = unsafe { arg(segment, "segment") }?.lock();
@@ -116,12 +117,12 @@ pub unsafe extern "C" fn vmmw_segment_info(
 /// when `len` is 0); `error` is NULL or writable.
 #[no_mangle]
 pub unsafe extern "C" fn vmmw_segment_write(
-    segment: *const vmmw_segment_t,
+    segment: *mut vmmw_segment_t,
     offset: u64,
     src: *const c_void,
     len: usize,
     error: *mut *mut vmmw_error_t,
-) -> i32 {
+) -> vmmw_status_t {
     call(error, || {
         // SAFETY: forwarded contract.
         let s = unsafe { arg(segment, "segment") }?.lock();
@@ -147,7 +148,7 @@ pub unsafe extern "C" fn vmmw_segment_read(
     dst: *mut c_void,
     len: usize,
     error: *mut *mut vmmw_error_t,
-) -> i32 {
+) -> vmmw_status_t {
     call(error, || {
         // SAFETY: forwarded contract.
         let s = unsafe { arg(segment, "segment") }?.lock();

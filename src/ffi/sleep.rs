@@ -7,16 +7,21 @@ use super::boundary::{arg, call, call_out, slice_arg};
 use super::buffer::write_str;
 use super::error::vmmw_error_t;
 use super::numbers::or_default;
+use super::options::{read_sized, SizedOptions};
 use super::pool::vmmw_pool_t;
+use super::status::vmmw_status_t;
 use crate::error::{Error, Result};
 use crate::pool::TagCycle;
 use crate::sleep::{Policy, SleepOptions};
 use crate::tag::TagId;
 
+/// What sleep does with a tag's memory: one of the `VMMW_POLICY_*` values.
+pub type vmmw_policy_t = i32;
+
 /// Sleep policy: copy to a pinned host backup, restored byte for byte at wake.
-pub const VMMW_POLICY_OFFLOAD: i32 = 0;
+pub const VMMW_POLICY_OFFLOAD: vmmw_policy_t = 0;
 /// Sleep policy: drop the contents (undefined after wake), e.g. a KV cache.
-pub const VMMW_POLICY_DISCARD: i32 = 1;
+pub const VMMW_POLICY_DISCARD: vmmw_policy_t = 1;
 /// Sleep policy: restore at wake from the checkpoint the bytes were loaded
 /// from (needs a load through `vmmw_loader_load` into this pool); every other
 /// byte of the tag's live blocks (buffers the model computes, later
@@ -30,7 +35,7 @@ pub const VMMW_POLICY_DISCARD: i32 = 1;
 /// right before the files are read: a file truncated while that very wake
 /// reads it is not caught (a read through its mapping can then fault), so do not
 /// modify checkpoints that sleeping tags reload from.
-pub const VMMW_POLICY_RELOAD: i32 = 2;
+pub const VMMW_POLICY_RELOAD: vmmw_policy_t = 2;
 
 /// One tag and the policy it sleeps with.
 #[repr(C)]
@@ -39,13 +44,17 @@ pub struct vmmw_tag_policy_t {
     /// A tag id from `vmmw_tag_id`.
     pub tag: u32,
     /// A `VMMW_POLICY_*` value.
-    pub policy: i32,
+    pub policy: vmmw_policy_t,
 }
 
-/// Tunables of a pool's sleep engine. Every field: 0 = default.
+/// Tunables of a pool's sleep engine. Every field but `size` 0 means the
+/// default. Start from `VMMW_SLEEP_OPTIONS_INIT` (C) so `size` is set.
 #[repr(C)]
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct vmmw_sleep_options_t {
+    /// `sizeof(vmmw_sleep_options_t)` as the caller's header declares it (see
+    /// `VMMW_SLEEP_OPTIONS_INIT`): fields past it take their defaults.
+    pub size: usize,
     /// Bytes per copy on one stream (default 64 MiB).
     pub copy_piece_bytes: u64,
     /// Streams the copies are spread over (default 2).
@@ -67,7 +76,26 @@ pub struct vmmw_sleep_options_t {
     pub debug_fill_byte: u8,
 }
 
-fn policy(p: i32, tag: u32) -> Result<Policy> {
+// SAFETY: repr(C), `size: usize` first, integers only.
+unsafe impl SizedOptions for vmmw_sleep_options_t {
+    const NAME: &'static str = "vmmw_sleep_options_t";
+    fn defaults() -> Self {
+        vmmw_sleep_options_t {
+            size: std::mem::size_of::<Self>(),
+            copy_piece_bytes: 0,
+            streams: 0,
+            debug_fill: 0,
+            wake_coalesce_bytes: 0,
+            backup_slab_bytes: 0,
+            host_memory_limit: 0,
+            free_backup_after_wake: 0,
+            release_pinned_after_wake: 0,
+            debug_fill_byte: 0,
+        }
+    }
+}
+
+fn policy(p: vmmw_policy_t, tag: u32) -> Result<Policy> {
     match p {
         VMMW_POLICY_OFFLOAD => Ok(Policy::Offload),
         VMMW_POLICY_DISCARD => Ok(Policy::Discard),
@@ -109,11 +137,11 @@ fn record(p: &vmmw_pool_t, cycles: Vec<TagCycle>) {
 /// is 0); `error` is NULL or writable.
 #[no_mangle]
 pub unsafe extern "C" fn vmmw_pool_sleep(
-    pool: *const vmmw_pool_t,
+    pool: *mut vmmw_pool_t,
     items: *const vmmw_tag_policy_t,
     n: usize,
     error: *mut *mut vmmw_error_t,
-) -> i32 {
+) -> vmmw_status_t {
     call(error, || {
         // SAFETY: forwarded contract.
         let p = unsafe { arg(pool, "pool") }?;
@@ -145,11 +173,11 @@ pub unsafe extern "C" fn vmmw_pool_sleep(
 /// is 0); `error` is NULL or writable.
 #[no_mangle]
 pub unsafe extern "C" fn vmmw_pool_wake(
-    pool: *const vmmw_pool_t,
+    pool: *mut vmmw_pool_t,
     tags: *const u32,
     n: usize,
     error: *mut *mut vmmw_error_t,
-) -> i32 {
+) -> vmmw_status_t {
     call(error, || {
         // SAFETY: forwarded contract.
         let p = unsafe { arg(pool, "pool") }?;
@@ -174,10 +202,10 @@ pub unsafe extern "C" fn vmmw_pool_wake(
 /// `pool` is a live handle; `error` is NULL or writable.
 #[no_mangle]
 pub unsafe extern "C" fn vmmw_pool_forget_reload(
-    pool: *const vmmw_pool_t,
+    pool: *mut vmmw_pool_t,
     tag: u32,
     error: *mut *mut vmmw_error_t,
-) -> i32 {
+) -> vmmw_status_t {
     call(error, || {
         // SAFETY: forwarded contract.
         unsafe { arg(pool, "pool") }?
@@ -194,10 +222,10 @@ pub unsafe extern "C" fn vmmw_pool_forget_reload(
 /// `pool` is a live handle; `error` is NULL or writable.
 #[no_mangle]
 pub unsafe extern "C" fn vmmw_pool_reserve_backup(
-    pool: *const vmmw_pool_t,
+    pool: *mut vmmw_pool_t,
     bytes: u64,
     error: *mut *mut vmmw_error_t,
-) -> i32 {
+) -> vmmw_status_t {
     call(error, || {
         // SAFETY: forwarded contract.
         unsafe { arg(pool, "pool") }?.pool.reserve_backup(bytes)
@@ -211,10 +239,10 @@ pub unsafe extern "C" fn vmmw_pool_reserve_backup(
 /// `pool` is a live handle; `released` is writable; `error` is NULL or writable.
 #[no_mangle]
 pub unsafe extern "C" fn vmmw_pool_release_backup(
-    pool: *const vmmw_pool_t,
+    pool: *mut vmmw_pool_t,
     released: *mut u64,
     error: *mut *mut vmmw_error_t,
-) -> i32 {
+) -> vmmw_status_t {
     call_out(released, "released", error, || {
         // SAFETY: forwarded contract.
         Ok(unsafe { arg(pool, "pool") }?.pool.release_backup())
@@ -222,21 +250,23 @@ pub unsafe extern "C" fn vmmw_pool_release_backup(
 }
 
 /// Replace the pool's sleep options (`options` NULL: all defaults). The
-/// host-memory limit applies to future pinning.
+/// host-memory limit applies to future pinning. `options->size` must be set
+/// (`VMMW_SLEEP_OPTIONS_INIT`); see `vmmw_sleep_options_t`.
 ///
 /// # Safety
-/// `pool` is a live handle; `options` is NULL or readable; `error` is NULL or writable.
+/// `pool` is a live handle; `options` is NULL or readable for
+/// `options->size` bytes; `error` is NULL or writable.
 #[no_mangle]
 pub unsafe extern "C" fn vmmw_pool_set_sleep_options(
-    pool: *const vmmw_pool_t,
+    pool: *mut vmmw_pool_t,
     options: *const vmmw_sleep_options_t,
     error: *mut *mut vmmw_error_t,
-) -> i32 {
+) -> vmmw_status_t {
     call(error, || {
         // SAFETY: forwarded contract.
         let p = unsafe { arg(pool, "pool") }?;
         // SAFETY: forwarded contract (NULL means defaults).
-        let o = unsafe { options.as_ref() }.copied().unwrap_or_default();
+        let o = unsafe { read_sized(options) }?.unwrap_or_else(vmmw_sleep_options_t::defaults);
         let d = SleepOptions::default();
         let opts = SleepOptions {
             copy_piece_bytes: or_default(
@@ -288,7 +318,7 @@ pub unsafe extern "C" fn vmmw_pool_last_cycle_json(
     cap: usize,
     needed: *mut usize,
     error: *mut *mut vmmw_error_t,
-) -> i32 {
+) -> vmmw_status_t {
     call(error, || {
         // SAFETY: forwarded contract.
         let p = unsafe { arg(pool, "pool") }?;

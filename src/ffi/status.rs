@@ -8,49 +8,59 @@ use std::ffi::c_char;
 
 use crate::error::Status;
 
+/// A status code: `VMMW_OK` (0) or one of the `VMMW_*` error codes below.
+/// Every fallible function returns one. The numbers never change; a retired
+/// code keeps its number, listed here as a comment, and is never reused.
+/// Treat a number this header does not define as an error (a newer library
+/// may return codes added after the header was made).
+pub type vmmw_status_t = i32;
+
 /// Success.
-pub const VMMW_OK: i32 = 0;
+pub const VMMW_OK: vmmw_status_t = 0;
 /// An argument was out of range or malformed.
-pub const VMMW_INVALID_ARGUMENT: i32 = 1;
+pub const VMMW_INVALID_ARGUMENT: vmmw_status_t = 1;
 /// A required pointer argument was NULL.
-pub const VMMW_NULL_ARGUMENT: i32 = 2;
+pub const VMMW_NULL_ARGUMENT: vmmw_status_t = 2;
 /// The device (or the simulated device) has not enough free memory.
-pub const VMMW_OUT_OF_MEMORY: i32 = 3;
+pub const VMMW_OUT_OF_MEMORY: vmmw_status_t = 3;
 /// Host memory (pinned backup, staging) could not be allocated or exceeds its limit.
-pub const VMMW_HOST_OUT_OF_MEMORY: i32 = 4;
+pub const VMMW_HOST_OUT_OF_MEMORY: vmmw_status_t = 4;
 /// No usable CUDA driver or device.
-pub const VMMW_DRIVER_UNAVAILABLE: i32 = 5;
+pub const VMMW_DRIVER_UNAVAILABLE: vmmw_status_t = 5;
 /// A CUDA driver call failed; the error message names the call.
-pub const VMMW_DRIVER_ERROR: i32 = 6;
+pub const VMMW_DRIVER_ERROR: vmmw_status_t = 6;
 /// A pointer that this library did not hand out, or one already freed.
-pub const VMMW_UNKNOWN_POINTER: i32 = 7;
+pub const VMMW_UNKNOWN_POINTER: vmmw_status_t = 7;
 /// A tag name or id that is not registered, or (sleep, wake) not known to the pool.
-pub const VMMW_UNKNOWN_TAG: i32 = 8;
+pub const VMMW_UNKNOWN_TAG: vmmw_status_t = 8;
 /// The operation is not valid in the current state.
-pub const VMMW_INVALID_STATE: i32 = 9;
+pub const VMMW_INVALID_STATE: vmmw_status_t = 9;
 /// A checkpoint file is truncated, corrupt or otherwise invalid.
-pub const VMMW_CHECKPOINT_INVALID: i32 = 10;
+pub const VMMW_CHECKPOINT_INVALID: vmmw_status_t = 10;
 /// An operating-system I/O error.
-pub const VMMW_IO: i32 = 11;
+pub const VMMW_IO: vmmw_status_t = 11;
 /// The load plan does not match the destinations.
-pub const VMMW_PLAN_MISMATCH: i32 = 12;
+pub const VMMW_PLAN_MISMATCH: vmmw_status_t = 12;
 /// The operation was cancelled by the caller.
-pub const VMMW_CANCELLED: i32 = 13;
+pub const VMMW_CANCELLED: vmmw_status_t = 13;
 /// A panic was caught at the C boundary; the library state may be inconsistent.
-pub const VMMW_PANIC: i32 = 14;
+pub const VMMW_PANIC: vmmw_status_t = 14;
 /// Not supported by this backend or build.
-pub const VMMW_UNSUPPORTED: i32 = 15;
+pub const VMMW_UNSUPPORTED: vmmw_status_t = 15;
 /// A caller-provided buffer is too small; `*needed` holds the size required.
-pub const VMMW_BUFFER_TOO_SMALL: i32 = 16;
+pub const VMMW_BUFFER_TOO_SMALL: vmmw_status_t = 16;
 /// A load is writing into the tag: sleep it once the load has returned (or cancel the load).
-pub const VMMW_LOAD_IN_PROGRESS: i32 = 17;
+pub const VMMW_LOAD_IN_PROGRESS: vmmw_status_t = 17;
+
+// Retired codes keep their number here as a comment and are never reused
+// (docs/ABI.md), e.g. `// 99: VMMW_EXAMPLE, retired in 1.3: why`. None yet.
 
 /// The static name of a status code ("VMMW_OUT_OF_MEMORY"), or
 /// "VMMW_UNKNOWN_STATUS" for a number this library does not define.
 ///
 /// Never NULL; the string is static (never free it). Thread-safe.
 #[no_mangle]
-pub extern "C" fn vmmw_status_name(status: i32) -> *const c_char {
+pub extern "C" fn vmmw_status_name(status: vmmw_status_t) -> *const c_char {
     usize::try_from(status)
         .ok()
         .and_then(|i| Status::ALL.get(i))

@@ -7,6 +7,7 @@ use std::ffi::c_char;
 use super::boundary::{call, call_out, str_arg};
 use super::buffer::write_str;
 use super::error::vmmw_error_t;
+use super::status::vmmw_status_t;
 use crate::error::Error;
 use crate::tag::{self, TagId};
 
@@ -25,7 +26,7 @@ pub unsafe extern "C" fn vmmw_tag_id(
     name: *const c_char,
     out: *mut u32,
     error: *mut *mut vmmw_error_t,
-) -> i32 {
+) -> vmmw_status_t {
     call_out(out, "out", error, || {
         // SAFETY: forwarded contract.
         let name = unsafe { str_arg(name, "name") }?;
@@ -45,7 +46,7 @@ pub unsafe extern "C" fn vmmw_tag_name(
     cap: usize,
     needed: *mut usize,
     error: *mut *mut vmmw_error_t,
-) -> i32 {
+) -> vmmw_status_t {
     call(error, || {
         let t = TagId(tag);
         tag::check(t)?;
@@ -65,7 +66,7 @@ pub unsafe extern "C" fn vmmw_tag_name(
 /// # Safety
 /// `error` is NULL or writable.
 #[no_mangle]
-pub unsafe extern "C" fn vmmw_tag_push(tag: u32, error: *mut *mut vmmw_error_t) -> i32 {
+pub unsafe extern "C" fn vmmw_tag_push(tag: u32, error: *mut *mut vmmw_error_t) -> vmmw_status_t {
     call(error, || tag::push(TagId(tag)))
 }
 
@@ -75,7 +76,7 @@ pub unsafe extern "C" fn vmmw_tag_push(tag: u32, error: *mut *mut vmmw_error_t) 
 /// # Safety
 /// `error` is NULL or writable.
 #[no_mangle]
-pub unsafe extern "C" fn vmmw_tag_pop(error: *mut *mut vmmw_error_t) -> i32 {
+pub unsafe extern "C" fn vmmw_tag_pop(error: *mut *mut vmmw_error_t) -> vmmw_status_t {
     call(error, || tag::pop().map(|_| ()))
 }
 
@@ -85,7 +86,10 @@ pub unsafe extern "C" fn vmmw_tag_pop(error: *mut *mut vmmw_error_t) -> i32 {
 /// # Safety
 /// `out` is writable; `error` is NULL or writable.
 #[no_mangle]
-pub unsafe extern "C" fn vmmw_tag_current(out: *mut u32, error: *mut *mut vmmw_error_t) -> i32 {
+pub unsafe extern "C" fn vmmw_tag_current(
+    out: *mut u32,
+    error: *mut *mut vmmw_error_t,
+) -> vmmw_status_t {
     call_out(out, "out", error, || Ok(tag::current().0))
 }
 
@@ -97,6 +101,6 @@ pub unsafe extern "C" fn vmmw_tag_current(out: *mut u32, error: *mut *mut vmmw_e
 pub unsafe extern "C" fn vmmw_tag_set_process_default(
     tag: u32,
     error: *mut *mut vmmw_error_t,
-) -> i32 {
+) -> vmmw_status_t {
     call(error, || tag::set_process_default(TagId(tag)))
 }

@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "vmmweights.h"
+#include "vmmweights_testing.h" /* vmmweights.h and the host backend's testing hooks */
 
 static int g_checks = 0;
 
@@ -23,7 +23,7 @@ static int g_checks = 0;
 #define CHECK_STATUS(want, call)                                                 \
   do {                                                                           \
     vmmw_error_t* check_err_ = NULL;                                             \
-    int32_t check_rc_ = (call);                                                  \
+    vmmw_status_t check_rc_ = (call);                                                  \
     (void)check_err_;                                                            \
     ++g_checks;                                                                  \
     if (check_rc_ != (want)) {                                                   \
@@ -37,7 +37,7 @@ static int g_checks = 0;
 #define CHECK_OK(call)                                                           \
   do {                                                                           \
     vmmw_error_t* err = NULL;                                                    \
-    int32_t check_rc_ = (call);                                                  \
+    vmmw_status_t check_rc_ = (call);                                                  \
     ++g_checks;                                                                  \
     if (check_rc_ != VMMW_OK) {                                                  \
       fprintf(stderr, "%s:%d: %s failed: %s: %s\n", __FILE__, __LINE__, #call,   \

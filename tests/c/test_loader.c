@@ -71,6 +71,7 @@ int main(void) {
 
   vmmw_pool_options_t opts;
   memset(&opts, 0, sizeof opts);
+  opts.size = sizeof opts;
   opts.backend = VMMW_BACKEND_HOST;
   vmmw_pool_t* pool = NULL;
   CHECK_OK(vmmw_pool_new(&opts, &pool, &err));
@@ -110,6 +111,7 @@ int main(void) {
   /* A cancel requested before the load stops it before any byte moves; then load for real. */
   vmmw_load_options_t lo;
   memset(&lo, 0, sizeof lo);
+  lo.size = sizeof lo;
   lo.strategy = VMMW_COPY_SIMPLE;
   CHECK_OK(vmmw_loader_set_options(ld, &lo, &err));
   CHECK_OK(vmmw_loader_cancel(ld, &err));

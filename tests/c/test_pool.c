@@ -41,6 +41,7 @@ static void test_tags(void) {
 static void test_pool(void) {
   vmmw_pool_options_t opts;
   memset(&opts, 0, sizeof opts);
+  opts.size = sizeof opts;
   opts.backend = VMMW_BACKEND_HOST;
   vmmw_pool_t* pool = NULL;
   CHECK_OK(vmmw_pool_new(&opts, &pool, &err));
@@ -90,14 +91,14 @@ static void test_pool(void) {
   free(json);
 
   /* Free, double free, bad pointer, trim. */
-  CHECK_OK(vmmw_pool_free_ptr(pool, p1, &err));
+  CHECK_OK(vmmw_pool_dealloc(pool, p1, &err));
   vmmw_error_t* err = NULL;
-  CHECK(vmmw_pool_free_ptr(pool, p1, &err) == VMMW_UNKNOWN_POINTER);
+  CHECK(vmmw_pool_dealloc(pool, p1, &err) == VMMW_UNKNOWN_POINTER);
   CHECK(strstr(vmmw_error_message(err), "0x") != NULL);
   vmmw_error_free(err);
-  CHECK_STATUS(VMMW_UNKNOWN_POINTER, vmmw_pool_free_ptr(pool, 12345, NULL));
-  CHECK_OK(vmmw_pool_free_ptr(pool, p2, &err));
-  CHECK_OK(vmmw_pool_free_ptr(pool, p3, &err));
+  CHECK_STATUS(VMMW_UNKNOWN_POINTER, vmmw_pool_dealloc(pool, 12345, NULL));
+  CHECK_OK(vmmw_pool_dealloc(pool, p2, &err));
+  CHECK_OK(vmmw_pool_dealloc(pool, p3, &err));
   uint64_t released = 0;
   CHECK_OK(vmmw_pool_trim(pool, &released, &err));
   CHECK(released > 0);
@@ -110,7 +111,7 @@ static void test_pool(void) {
   CHECK_OK(vmmw_pool_alloc_tagged(pool, 3u << 20, w, &p1, &err));
   CHECK_OK(vmmw_pool_report_tag(pool, w, &rw, &err));
   CHECK(rw.reserved_bytes >= (64u << 20) && rw.tracked_bytes < (64u << 20));
-  CHECK_OK(vmmw_pool_free_ptr(pool, p1, &err));
+  CHECK_OK(vmmw_pool_dealloc(pool, p1, &err));
   vmmw_pool_free(pool);
 }
 
@@ -119,6 +120,7 @@ static void test_pool_on_device_handle(void) {
   CHECK_OK(vmmw_device_open(VMMW_BACKEND_HOST, 0, &dev, &err));
   vmmw_pool_options_t opts;
   memset(&opts, 0, sizeof opts);
+  opts.size = sizeof opts;
   opts.device_handle = dev;
   vmmw_pool_t* pool = NULL;
   CHECK_OK(vmmw_pool_new(&opts, &pool, &err));
@@ -134,6 +136,7 @@ static void test_pool_on_device_handle(void) {
   vmmw_device_free(dev);
   /* Bad options are refused. */
   memset(&opts, 0, sizeof opts);
+  opts.size = sizeof opts;
   opts.backend = VMMW_BACKEND_HOST;
   opts.align = 3;
   CHECK_STATUS(VMMW_INVALID_ARGUMENT, vmmw_pool_new(&opts, &pool, NULL));
@@ -148,7 +151,7 @@ static void test_global_pool(void) {
   vmmw_pool_free(a); /* a no-op for the global pool */
   uint64_t p = 0;
   CHECK_OK(vmmw_pool_alloc(b, 4096, &p, &err));
-  CHECK_OK(vmmw_pool_free_ptr(b, p, &err));
+  CHECK_OK(vmmw_pool_dealloc(b, p, &err));
   CHECK_STATUS(VMMW_INVALID_ARGUMENT, vmmw_pool_default(-1, &a, NULL));
 }
 

@@ -20,6 +20,7 @@ int main(void) {
   CHECK_OK(vmmw_device_open(VMMW_BACKEND_HOST, 0, &dev, &err));
   vmmw_pool_options_t opts;
   memset(&opts, 0, sizeof opts);
+  opts.size = sizeof opts;
   opts.device_handle = dev;
   vmmw_pool_t* pool = NULL;
   CHECK_OK(vmmw_pool_new(&opts, &pool, &err));
@@ -57,6 +58,7 @@ int main(void) {
   /* Host-memory limit: offload that does not fit fails before anything moves. */
   vmmw_sleep_options_t so;
   memset(&so, 0, sizeof so);
+  so.size = sizeof so;
   so.host_memory_limit = 1u << 20;
   CHECK_OK(vmmw_pool_set_sleep_options(pool, &so, &err));
   vmmw_tag_policy_t off_w = {w, VMMW_POLICY_OFFLOAD};
@@ -114,8 +116,8 @@ int main(void) {
   uint64_t unpinned = 0;
   CHECK_OK(vmmw_pool_release_backup(pool, &unpinned, &err));
 
-  CHECK_OK(vmmw_pool_free_ptr(pool, pw, &err));
-  CHECK_OK(vmmw_pool_free_ptr(pool, pkv, &err));
+  CHECK_OK(vmmw_pool_dealloc(pool, pw, &err));
+  CHECK_OK(vmmw_pool_dealloc(pool, pkv, &err));
   vmmw_pool_free(pool);
   vmmw_host_counts_t c;
   CHECK_OK(vmmw_host_counts(dev, &c, &err));

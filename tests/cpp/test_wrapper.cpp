@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "vmmweights.hpp"
+#include "vmmweights_testing.hpp"
 #include "safetensors_writer.h"
 
 #include <unistd.h>
@@ -63,7 +64,7 @@ static void test_device_and_segment() {
   CHECK(!dev.choice_reason().empty());
   CHECK(dev.mem_info().total_bytes > 0);
 
-  const auto before = dev.host_counts();
+  const auto before = vmmw::testing::host_counts(dev);
   {
     vmmw::Segment seg(dev, 2 * g, g);
     CHECK(seg.info().chunks == 2);
@@ -80,15 +81,15 @@ static void test_device_and_segment() {
     CHECK(moved.ptr() == p);
     CHECK(seg.get() == nullptr);  // NOLINT(bugprone-use-after-move): documented state
     CHECK(status_of([&] { (void)seg.info(); }) == VMMW_NULL_ARGUMENT);
-    CHECK(dev.host_counts().reservations == before.reservations + 1);
+    CHECK(vmmw::testing::host_counts(dev).reservations == before.reservations + 1);
   }
   // RAII released everything.
-  const auto after = dev.host_counts();
+  const auto after = vmmw::testing::host_counts(dev);
   CHECK(after.reservations == before.reservations && after.handles == before.handles);
 
-  dev.host_set_memory_limit(g);
+  vmmw::testing::host_set_memory_limit(dev, g);
   CHECK(status_of([&] { vmmw::Segment big(dev, 4 * g); }) == VMMW_OUT_OF_MEMORY);
-  CHECK(dev.host_counts().handles == before.handles);
+  CHECK(vmmw::testing::host_counts(dev).handles == before.handles);
 }
 
 static void test_pool_tags_sleep() {
@@ -98,37 +99,88 @@ static void test_pool_tags_sleep() {
   const vmmw::Tag w = vmmw::tag_id("cpp-weights");
   const vmmw::Tag kv = vmmw::tag_id("cpp-kv");
   CHECK(vmmw::tag_name(w) == "cpp-weights");
-  uint64_t pw = 0;
+  vmmw::Block pw;
   {
     vmmw::TagScope scope(w);
     CHECK(vmmw::current_tag() == w);
     pw = pool.alloc(6u << 20);
   }
   CHECK(vmmw::current_tag() == VMMW_TAG_DEFAULT);
-  const uint64_t pkv = pool.alloc(1u << 20, kv);
+  vmmw::Block pkv = pool.alloc(1u << 20, kv);
+  CHECK(pw.size() == (6u << 20) && pw.ptr() != 0);
   CHECK(pool.report(w).live_blocks == 1 && pool.report(kv).live_blocks == 1);
   CHECK(pool.report_json().find("cpp-weights") != std::string::npos);
 
   std::vector<unsigned char> in(8192), out(8192);
   for (size_t i = 0; i < in.size(); ++i) in[i] = static_cast<unsigned char>(i * 7 + 5);
-  pool.write(pw + 1000, in.data(), in.size());
+  pool.write(pw.ptr() + 1000, in.data(), in.size());
   pool.reserve_backup(8u << 20);
   pool.sleep({{w, vmmw::Policy::Offload}, {kv, vmmw::Policy::Discard}});
   CHECK(pool.report().asleep == 1 && pool.report(w).tracked_bytes == 0);
   CHECK(pool.last_cycle_json().find("cpp-kv") != std::string::npos);
-  CHECK(status_of([&] { pool.read(pw + 1000, out.data(), 16); }) == VMMW_INVALID_STATE);
+  CHECK(status_of([&] { pool.read(pw.ptr() + 1000, out.data(), 16); }) == VMMW_INVALID_STATE);
   CHECK(status_of([&] { (void)pool.alloc(4096, w); }) == VMMW_INVALID_STATE);
   pool.wake();
-  pool.read(pw + 1000, out.data(), out.size());
+  pool.read(pw.ptr() + 1000, out.data(), out.size());
   CHECK(in == out);
-  pool.free(pw);
-  pool.free(pkv);
-  CHECK(status_of([&] { pool.free(pw); }) == VMMW_UNKNOWN_POINTER);
+
+  // Blocks give themselves back: at scope end, at reset(), or by free().
+  const uint64_t raw_w = pw.ptr();
+  pw.free();
+  CHECK(!pw && pool.report(w).live_blocks == 0);
+  CHECK(status_of([&] { pool.dealloc(raw_w); }) == VMMW_UNKNOWN_POINTER);
+  { vmmw::Block moved = std::move(pkv); CHECK(moved && !pkv); }
+  CHECK(pool.report(kv).live_blocks == 0);
+  // release() hands the address over; the adopting constructor takes it back.
+  vmmw::Block r = pool.alloc(4096, kv);
+  const uint64_t raw = r.release();
+  CHECK(!r && pool.report(kv).live_blocks == 1);
+  { vmmw::Block again(pool, raw, 4096); }
+  CHECK(pool.report(kv).live_blocks == 0);
+  // A Block keeps its pool's C handle alive past the Pool object.
+  vmmw::Block outlives;
+  {
+    vmmw::PoolOptions po;
+    po.backend = vmmw::Backend::Host;
+    vmmw::Pool short_lived(po);
+    outlives = short_lived.alloc(4096);
+    CHECK(status_of([&] { (void)short_lived.release(); }) == VMMW_INVALID_STATE);
+  }
+  outlives.free();
+
+  // Sleep options as a C++ struct; process default tag; tag modes.
+  {
+    vmmw::Pool lim(o);  // a fresh pool: nothing pinned yet
+    vmmw::SleepOptions so;
+    so.host_memory_limit = 1u << 20;
+    lim.set_sleep_options(so);
+    vmmw::Block big = lim.alloc(4u << 20, w);
+    CHECK(status_of([&] { lim.sleep({{w, vmmw::Policy::Offload}}); }) == VMMW_HOST_OUT_OF_MEMORY);
+    lim.set_sleep_options(vmmw::SleepOptions());
+    lim.sleep({{w, vmmw::Policy::Offload}});
+    lim.wake();
+  }
+  vmmw::set_process_default_tag(kv);
+  CHECK(vmmw::current_tag() == kv);
+  vmmw::set_process_default_tag(VMMW_TAG_DEFAULT);
+  pool.set_tag_arena(kv, 64u << 20);
+  pool.set_tag_segments(kv);
+  try {
+    (void)pool.alloc(uint64_t(1) << 62);
+    CHECK(false);
+  } catch (const vmmw::Error& e) {
+    CHECK(e.code() == vmmw::Status::OutOfMemory || e.code() == vmmw::Status::InvalidArgument);
+  }
   CHECK(pool.trim() > 0);
 
   vmmw::Pool g1 = vmmw::Pool::global(0);
   vmmw::Pool g2 = vmmw::Pool::global(0);
   CHECK(g1.get() == g2.get());
+  // release() and the adopting constructor round-trip a C handle.
+  vmmw_pool_t* c_pool = g1.release();
+  CHECK(g1.get() == nullptr && c_pool == g2.get());
+  vmmw::Pool adopted(c_pool);
+  CHECK(adopted.get() == g2.get());
 }
 
 static void test_loader() {
@@ -150,6 +202,9 @@ static void test_loader() {
   loader.allocate(pool, w);
   CHECK(loader.destination_names() == (std::vector<std::string>{"layer.bias", "layer.weight"}));
   CHECK(loader.plan().src_bytes == (a.size() + b.size()) * 4);
+  vmmw::LoadOptions lo;
+  lo.strategy = vmmw::CopyStrategy::Staged;
+  loader.set_options(lo);
 
   // An exception thrown by the progress callback cancels and comes back out.
   bool threw = false;
@@ -164,6 +219,7 @@ static void test_loader() {
   const auto r = loader.load(pool, [&](uint64_t done, uint64_t) { last = done; return true; });
   CHECK(r.bytes == (a.size() + b.size()) * 4 && last == r.bytes);
   const auto d = loader.destination("layer.weight");
+  CHECK(d.dtype == "F32" && d.shape == (std::vector<uint64_t>{64, 32}) && d.bytes == a.size() * 4);
   std::vector<float> back(a.size());
   pool.read(d.ptr, back.data(), back.size() * 4);
   CHECK(back == a);

@@ -9,14 +9,21 @@
 //   control flow. Code built with -fno-exceptions should call the C API directly.
 // - Handles are move-only RAII objects that free the C handle in their
 //   destructor. A moved-from object is empty (get() == nullptr); calling a
-//   method on it throws vmmw::Error with VMMW_NULL_ARGUMENT.
-// - Thread safety is the C API's: const methods may run concurrently on one
-//   object; destruction must not race with other use.
+//   method on it throws vmmw::Error with VMMW_NULL_ARGUMENT. Each adopts a C
+//   handle through its explicit pointer constructor and gives it up with
+//   release(), for code that mixes the wrapper and the C API.
+// - Pool memory comes back as vmmw::Block, which returns itself to the pool
+//   when destroyed; a Block keeps its pool's C handle alive.
+// - Enumerations are enum classes over the C values; options are C++ structs
+//   (the wrapper fills the C struct's size field).
+// - Thread safety is the C API's: methods may run concurrently on one object
+//   (const methods change nothing); destruction must not race with other use.
 #ifndef VMMWEIGHTS_HPP
 #define VMMWEIGHTS_HPP
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <exception>
 #include <functional>
 #include <memory>
@@ -27,28 +34,56 @@
 
 #include "vmmweights.h"
 
+#if VMMW_VERSION_MAJOR != 0 || VMMW_VERSION_MINOR != 1
+#error "vmmweights.hpp wraps the 0.1 C API: use the vmmweights.h of the same release"
+#endif
+
 namespace vmmw {
+
+/// Status codes (the C VMMW_* numbers, which never change).
+enum class Status : vmmw_status_t {
+  Ok = VMMW_OK,
+  InvalidArgument = VMMW_INVALID_ARGUMENT,
+  NullArgument = VMMW_NULL_ARGUMENT,
+  OutOfMemory = VMMW_OUT_OF_MEMORY,
+  HostOutOfMemory = VMMW_HOST_OUT_OF_MEMORY,
+  DriverUnavailable = VMMW_DRIVER_UNAVAILABLE,
+  DriverError = VMMW_DRIVER_ERROR,
+  UnknownPointer = VMMW_UNKNOWN_POINTER,
+  UnknownTag = VMMW_UNKNOWN_TAG,
+  InvalidState = VMMW_INVALID_STATE,
+  CheckpointInvalid = VMMW_CHECKPOINT_INVALID,
+  Io = VMMW_IO,
+  PlanMismatch = VMMW_PLAN_MISMATCH,
+  Cancelled = VMMW_CANCELLED,
+  Panic = VMMW_PANIC,
+  Unsupported = VMMW_UNSUPPORTED,
+  BufferTooSmall = VMMW_BUFFER_TOO_SMALL,
+};
 
 /// A failed vmmweights call: the C status code and the library's message.
 class Error : public std::runtime_error {
  public:
-  Error(int32_t status, const std::string& message)
+  Error(vmmw_status_t status, const std::string& message)
       : std::runtime_error(message), status_(status) {}
 
   /// The VMMW_* status code (never VMMW_OK).
-  int32_t status() const noexcept { return status_; }
+  [[nodiscard]] vmmw_status_t status() const noexcept { return status_; }
+
+  /// The status as an enum class (a number this header does not know stays as is).
+  [[nodiscard]] Status code() const noexcept { return static_cast<Status>(status_); }
 
   /// The status code's name ("VMMW_OUT_OF_MEMORY").
-  const char* status_name() const noexcept { return vmmw_status_name(status_); }
+  [[nodiscard]] const char* status_name() const noexcept { return vmmw_status_name(status_); }
 
  private:
-  int32_t status_;
+  vmmw_status_t status_;
 };
 
 namespace detail {
 
 /// Throw vmmw::Error for a non-OK status, taking ownership of `err`.
-inline void check(int32_t rc, vmmw_error_t* err) {
+inline void check(vmmw_status_t rc, vmmw_error_t* err) {
   if (rc == VMMW_OK) {
     vmmw_error_free(err);  // never set on success; harmless either way
     return;
@@ -62,7 +97,7 @@ inline void check(int32_t rc, vmmw_error_t* err) {
 template <class F>
 void call(F&& f) {
   vmmw_error_t* err = nullptr;
-  int32_t rc = std::forward<F>(f)(&err);
+  vmmw_status_t rc = std::forward<F>(f)(&err);
   check(rc, err);
 }
 
@@ -73,7 +108,7 @@ std::string read_string(F&& f) {
   for (int attempt = 0; attempt < 4; ++attempt) {
     size_t needed = 0;
     vmmw_error_t* err = nullptr;
-    int32_t rc = f(&out[0], out.size(), &needed, &err);
+    vmmw_status_t rc = f(&out[0], out.size(), &needed, &err);
     if (rc == VMMW_OK) {
       out.resize(needed > 0 ? needed - 1 : 0);
       return out;
@@ -93,20 +128,25 @@ struct Deleter {
 template <class T, void (*Free)(T*)>
 using Owned = std::unique_ptr<T, Deleter<T, Free>>;
 
+/// Throw VMMW_NULL_ARGUMENT for the use of a moved-from (empty) object.
+[[noreturn]] inline void empty_handle(const char* what) {
+  throw Error(VMMW_NULL_ARGUMENT, std::string("VMMW_NULL_ARGUMENT: use of an empty (moved-from) ") + what);
+}
+
 /// The pointer of a handle, or throw VMMW_NULL_ARGUMENT for a moved-from one.
 template <class P>
 auto live(const P& p, const char* what) -> decltype(p.get()) {
-  if (!p) throw Error(VMMW_NULL_ARGUMENT, std::string("VMMW_NULL_ARGUMENT: use of an empty (moved-from) ") + what);
+  if (!p) empty_handle(what);
   return p.get();
 }
 
 }  // namespace detail
 
 /// The library's version at run time ("0.1.0"); compare with VMMW_VERSION_STRING.
-inline std::string version() { return vmmw_version_string(); }
+[[nodiscard]] inline std::string version() { return vmmw_version_string(); }
 
 /// Which backend to open.
-enum class Backend : int32_t {
+enum class Backend : vmmw_backend_t {
   Auto = VMMW_BACKEND_AUTO,  ///< VMMW_BACKEND env var, else CUDA when usable, else host
   Host = VMMW_BACKEND_HOST,  ///< the host simulation (no GPU)
   Cuda = VMMW_BACKEND_CUDA,  ///< CUDA; throws VMMW_DRIVER_UNAVAILABLE without one
@@ -125,24 +165,27 @@ class Device {
   explicit Device(Backend backend = Backend::Auto, int32_t ordinal = 0) {
     vmmw_device_t* raw = nullptr;
     detail::call([&](vmmw_error_t** e) {
-      return vmmw_device_open(static_cast<int32_t>(backend), ordinal, &raw, e);
+      return vmmw_device_open(static_cast<vmmw_backend_t>(backend), ordinal, &raw, e);
     });
     h_.reset(raw);
   }
 
-  Backend backend() const {
-    int32_t b = 0;
+  /// Adopt a handle from vmmw_device_open (this object frees it).
+  explicit Device(vmmw_device_t* adopt) noexcept : h_(adopt) {}
+
+  [[nodiscard]] Backend backend() const {
+    vmmw_backend_t b = 0;
     detail::call([&](vmmw_error_t** e) { return vmmw_device_backend(get_checked(), &b, e); });
     return static_cast<Backend>(b);
   }
 
-  uint64_t granularity() const {
+  [[nodiscard]] uint64_t granularity() const {
     uint64_t g = 0;
     detail::call([&](vmmw_error_t** e) { return vmmw_device_granularity(get_checked(), &g, e); });
     return g;
   }
 
-  MemInfo mem_info() const {
+  [[nodiscard]] MemInfo mem_info() const {
     MemInfo m{0, 0};
     detail::call([&](vmmw_error_t** e) {
       return vmmw_device_mem_info(get_checked(), &m.free_bytes, &m.total_bytes, e);
@@ -150,7 +193,7 @@ class Device {
     return m;
   }
 
-  std::string describe() const {
+  [[nodiscard]] std::string describe() const {
     const vmmw_device_t* d = get_checked();
     return detail::read_string([d](char* b, size_t c, size_t* n, vmmw_error_t** e) {
       return vmmw_device_describe(d, b, c, n, e);
@@ -158,7 +201,7 @@ class Device {
   }
 
   /// Why this backend was chosen.
-  std::string choice_reason() const {
+  [[nodiscard]] std::string choice_reason() const {
     const vmmw_device_t* d = get_checked();
     return detail::read_string([d](char* b, size_t c, size_t* n, vmmw_error_t** e) {
       return vmmw_device_choice_reason(d, b, c, n, e);
@@ -169,25 +212,12 @@ class Device {
     detail::call([&](vmmw_error_t** e) { return vmmw_device_synchronize(get_checked(), e); });
   }
 
-  /// Testing hook (host backend): set the simulated device memory.
-  void host_set_memory_limit(uint64_t bytes) const {
-    detail::call([&](vmmw_error_t** e) { return vmmw_host_set_memory_limit(get_checked(), bytes, e); });
-  }
-
-  /// Testing hook (host backend): fail the n-th next call of a VMMW_FAULT_* primitive.
-  void host_fail_nth(int32_t op, uint64_t n) const {
-    detail::call([&](vmmw_error_t** e) { return vmmw_host_fail_nth(get_checked(), op, n, e); });
-  }
-
-  /// Testing hook (host backend): live objects, for leak checks.
-  vmmw_host_counts_t host_counts() const {
-    vmmw_host_counts_t c{};
-    detail::call([&](vmmw_error_t** e) { return vmmw_host_counts(get_checked(), &c, e); });
-    return c;
-  }
-
   /// The C handle (still owned by this object); nullptr once moved from.
-  const vmmw_device_t* get() const noexcept { return h_.get(); }
+  [[nodiscard]] const vmmw_device_t* get() const noexcept { return h_.get(); }
+  [[nodiscard]] vmmw_device_t* get() noexcept { return h_.get(); }
+
+  /// Give up ownership: the caller frees the returned handle with vmmw_device_free.
+  [[nodiscard]] vmmw_device_t* release() noexcept { return h_.release(); }
 
  private:
   const vmmw_device_t* get_checked() const { return detail::live(h_, "vmmw::Device"); }
@@ -206,18 +236,21 @@ class Segment {
     h_.reset(raw);
   }
 
-  vmmw_segment_info_t info() const {
+  /// Adopt a handle from vmmw_segment_new (this object frees it).
+  explicit Segment(vmmw_segment_t* adopt) noexcept : h_(adopt) {}
+
+  [[nodiscard]] vmmw_segment_info_t info() const {
     vmmw_segment_info_t i{};
     detail::call([&](vmmw_error_t** e) { return vmmw_segment_info(get_checked(), &i, e); });
     return i;
   }
 
   /// The base device address (stable for the segment's life).
-  uint64_t ptr() const { return info().ptr; }
+  [[nodiscard]] uint64_t ptr() const { return info().ptr; }
 
   /// Copy host bytes in at `offset` (synchronous).
-  void write(uint64_t offset, const void* src, size_t len) const {
-    detail::call([&](vmmw_error_t** e) { return vmmw_segment_write(get_checked(), offset, src, len, e); });
+  void write(uint64_t offset, const void* src, size_t len) {
+    detail::call([&](vmmw_error_t** e) { return vmmw_segment_write(get_mut(), offset, src, len, e); });
   }
 
   /// Copy bytes at `offset` out to host memory (synchronous).
@@ -225,10 +258,15 @@ class Segment {
     detail::call([&](vmmw_error_t** e) { return vmmw_segment_read(get_checked(), offset, dst, len, e); });
   }
 
-  const vmmw_segment_t* get() const noexcept { return h_.get(); }
+  [[nodiscard]] const vmmw_segment_t* get() const noexcept { return h_.get(); }
+  [[nodiscard]] vmmw_segment_t* get() noexcept { return h_.get(); }
+
+  /// Give up ownership: the caller frees the returned handle with vmmw_segment_free.
+  [[nodiscard]] vmmw_segment_t* release() noexcept { return h_.release(); }
 
  private:
   const vmmw_segment_t* get_checked() const { return detail::live(h_, "vmmw::Segment"); }
+  vmmw_segment_t* get_mut() { return detail::live(h_, "vmmw::Segment"); }
   detail::Owned<vmmw_segment_t, vmmw_segment_free> h_;
 };
 
@@ -238,24 +276,30 @@ class Segment {
 using Tag = uint32_t;
 
 /// The id of tag `name`, registering it on first use.
-inline Tag tag_id(const std::string& name) {
+[[nodiscard]] inline Tag tag_id(const std::string& name) {
   Tag t = 0;
   detail::call([&](vmmw_error_t** e) { return vmmw_tag_id(name.c_str(), &t, e); });
   return t;
 }
 
 /// The name of a registered tag.
-inline std::string tag_name(Tag tag) {
+[[nodiscard]] inline std::string tag_name(Tag tag) {
   return detail::read_string([tag](char* b, size_t c, size_t* n, vmmw_error_t** e) {
     return vmmw_tag_name(tag, b, c, n, e);
   });
 }
 
 /// The tag allocations on this thread get now.
-inline Tag current_tag() {
+[[nodiscard]] inline Tag current_tag() {
   Tag t = 0;
   detail::call([&](vmmw_error_t** e) { return vmmw_tag_current(&t, e); });
   return t;
+}
+
+/// Make `tag` the tag of allocations made outside any scope, on every thread
+/// (VMMW_TAG_DEFAULT restores the initial one).
+inline void set_process_default_tag(Tag tag) {
+  detail::call([&](vmmw_error_t** e) { return vmmw_tag_set_process_default(tag, e); });
 }
 
 /// Scope guard: allocations made by this thread get `tag` while it lives.
@@ -276,13 +320,13 @@ class TagScope {
 // ---- pool --------------------------------------------------------------------
 
 /// Sleep policies.
-enum class Policy : int32_t {
+enum class Policy : vmmw_policy_t {
   Offload = VMMW_POLICY_OFFLOAD,  ///< pinned host backup, restored byte for byte
   Discard = VMMW_POLICY_DISCARD,  ///< contents dropped (e.g. a KV cache)
   Reload = VMMW_POLICY_RELOAD,    ///< re-read from the checkpoint at wake
 };
 
-/// Pool creation options (all zero = auto backend, device 0, default sizes).
+/// Pool creation options (defaults: auto backend, device 0, default sizes).
 struct PoolOptions {
   Backend backend = Backend::Auto;
   int32_t device = 0;
@@ -294,13 +338,33 @@ struct PoolOptions {
   uint64_t chunk_bytes = 0;
 };
 
-/// A caching pool of VMM memory (vmmw_pool_t). Thread-safe.
+/// Sleep engine tunables; 0 means the default (see vmmw_sleep_options_t).
+struct SleepOptions {
+  uint64_t copy_piece_bytes = 0;
+  uint32_t streams = 0;
+  bool debug_fill = false;
+  uint8_t debug_fill_byte = 0;
+  uint64_t wake_coalesce_bytes = 0;
+  uint64_t backup_slab_bytes = 0;
+  uint64_t host_memory_limit = 0;  ///< cap on pinned backup memory (0: unlimited)
+  bool free_backup_after_wake = false;
+  bool release_pinned_after_wake = false;
+};
+
+/// A pool's memory, for all tags or one (see vmmw_report_t).
+using Report = vmmw_report_t;
+
+class Block;
+
+/// A caching pool of VMM memory (vmmw_pool_t). Thread-safe. Blocks keep the
+/// C pool alive, so a Pool may be destroyed before its Blocks.
 class Pool {
  public:
   explicit Pool(const PoolOptions& o = PoolOptions()) {
     vmmw_pool_options_t c{};
+    c.size = sizeof c;
     c.device_handle = o.device_handle != nullptr ? o.device_handle->get() : nullptr;
-    c.backend = static_cast<int32_t>(o.backend);
+    c.backend = static_cast<vmmw_backend_t>(o.backend);
     c.device = o.device;
     c.align = o.align;
     c.small_request_max = o.small_request_max;
@@ -309,75 +373,76 @@ class Pool {
     c.chunk_bytes = o.chunk_bytes;
     vmmw_pool_t* raw = nullptr;
     detail::call([&](vmmw_error_t** e) { return vmmw_pool_new(&c, &raw, e); });
-    h_.reset(raw);
+    h_ = std::make_shared<Handle>(raw);
   }
 
+  /// Adopt a handle from vmmw_pool_new or vmmw_pool_default (this object frees it).
+  explicit Pool(vmmw_pool_t* adopt) : h_(std::make_shared<Handle>(adopt)) {}
+
+  Pool(Pool&&) noexcept = default;
+  Pool& operator=(Pool&&) noexcept = default;
+  Pool(const Pool&) = delete;
+  Pool& operator=(const Pool&) = delete;
+
   /// The process-global pool of `device` (shared with the PyTorch entry points).
-  static Pool global(int32_t device = 0) {
+  [[nodiscard]] static Pool global(int32_t device = 0) {
     vmmw_pool_t* raw = nullptr;
     detail::call([&](vmmw_error_t** e) { return vmmw_pool_default(device, &raw, e); });
     return Pool(raw);
   }
 
-  /// Allocate under the current thread's tag; returns the device address.
-  uint64_t alloc(uint64_t size) const {
-    uint64_t p = 0;
-    detail::call([&](vmmw_error_t** e) { return vmmw_pool_alloc(get_checked(), size, &p, e); });
-    return p;
-  }
+  /// Allocate under the current thread's tag; the block returns itself when destroyed.
+  [[nodiscard]] Block alloc(uint64_t size);
 
   /// Allocate under `tag`.
-  uint64_t alloc(uint64_t size, Tag tag) const {
-    uint64_t p = 0;
-    detail::call([&](vmmw_error_t** e) { return vmmw_pool_alloc_tagged(get_checked(), size, tag, &p, e); });
-    return p;
-  }
+  [[nodiscard]] Block alloc(uint64_t size, Tag tag);
 
-  void free(uint64_t ptr) const {
-    detail::call([&](vmmw_error_t** e) { return vmmw_pool_free_ptr(get_checked(), ptr, e); });
+  /// Give back a block by address (one from Block::release() or the C API).
+  void dealloc(uint64_t ptr) {
+    detail::call([&](vmmw_error_t** e) { return vmmw_pool_dealloc(get_mut(), ptr, e); });
   }
 
   /// Return cached memory to the driver; the bytes released.
-  uint64_t trim() const {
+  uint64_t trim() {
     uint64_t r = 0;
-    detail::call([&](vmmw_error_t** e) { return vmmw_pool_trim(get_checked(), &r, e); });
+    detail::call([&](vmmw_error_t** e) { return vmmw_pool_trim(get_mut(), &r, e); });
     return r;
   }
 
-  void set_tag_arena(Tag tag, uint64_t reserve_bytes, uint64_t grow_step = 0) const {
+  void set_tag_arena(Tag tag, uint64_t reserve_bytes, uint64_t grow_step = 0) {
     detail::call([&](vmmw_error_t** e) {
-      return vmmw_pool_set_tag_arena(get_checked(), tag, reserve_bytes, grow_step, e);
+      return vmmw_pool_set_tag_arena(get_mut(), tag, reserve_bytes, grow_step, e);
     });
   }
 
-  void set_tag_segments(Tag tag) const {
-    detail::call([&](vmmw_error_t** e) { return vmmw_pool_set_tag_segments(get_checked(), tag, e); });
+  void set_tag_segments(Tag tag) {
+    detail::call([&](vmmw_error_t** e) { return vmmw_pool_set_tag_segments(get_mut(), tag, e); });
   }
 
-  vmmw_report_t report() const {
-    vmmw_report_t r{};
+  [[nodiscard]] Report report() const {
+    Report r{};
     detail::call([&](vmmw_error_t** e) { return vmmw_pool_report(get_checked(), &r, e); });
     return r;
   }
 
-  vmmw_report_t report(Tag tag) const {
-    vmmw_report_t r{};
+  [[nodiscard]] Report report(Tag tag) const {
+    Report r{};
     detail::call([&](vmmw_error_t** e) { return vmmw_pool_report_tag(get_checked(), tag, &r, e); });
     return r;
   }
 
-  std::string report_json() const {
+  [[nodiscard]] std::string report_json() const {
     const vmmw_pool_t* p = get_checked();
     return detail::read_string([p](char* b, size_t c, size_t* n, vmmw_error_t** e) {
       return vmmw_pool_report_json(p, b, c, n, e);
     });
   }
 
-  void snapshot(const std::string& name) const {
-    detail::call([&](vmmw_error_t** e) { return vmmw_pool_snapshot(get_checked(), name.c_str(), e); });
+  void snapshot(const std::string& name) {
+    detail::call([&](vmmw_error_t** e) { return vmmw_pool_snapshot(get_mut(), name.c_str(), e); });
   }
 
-  std::string timeline_json() const {
+  [[nodiscard]] std::string timeline_json() const {
     const vmmw_pool_t* p = get_checked();
     return detail::read_string([p](char* b, size_t c, size_t* n, vmmw_error_t** e) {
       return vmmw_pool_timeline_json(p, b, c, n, e);
@@ -385,8 +450,8 @@ class Pool {
   }
 
   /// Copy host bytes to pool memory (synchronous, range-checked).
-  void write(uint64_t dst, const void* src, size_t len) const {
-    detail::call([&](vmmw_error_t** e) { return vmmw_pool_write(get_checked(), dst, src, len, e); });
+  void write(uint64_t dst, const void* src, size_t len) {
+    detail::call([&](vmmw_error_t** e) { return vmmw_pool_write(get_mut(), dst, src, len, e); });
   }
 
   /// Copy pool memory to host bytes (synchronous, range-checked).
@@ -395,16 +460,16 @@ class Pool {
   }
 
   /// Put tags to sleep, each with its policy; pointers stay valid.
-  void sleep(const std::vector<std::pair<Tag, Policy>>& items) const {
+  void sleep(const std::vector<std::pair<Tag, Policy>>& items) {
     std::vector<vmmw_tag_policy_t> c;
     c.reserve(items.size());
-    for (const auto& i : items) c.push_back(vmmw_tag_policy_t{i.first, static_cast<int32_t>(i.second)});
-    detail::call([&](vmmw_error_t** e) { return vmmw_pool_sleep(get_checked(), c.data(), c.size(), e); });
+    for (const auto& i : items) c.push_back(vmmw_tag_policy_t{i.first, static_cast<vmmw_policy_t>(i.second)});
+    detail::call([&](vmmw_error_t** e) { return vmmw_pool_sleep(get_mut(), c.data(), c.size(), e); });
   }
 
   /// Wake the listed tags (all sleeping tags when empty), at the same addresses.
-  void wake(const std::vector<Tag>& tags = {}) const {
-    detail::call([&](vmmw_error_t** e) { return vmmw_pool_wake(get_checked(), tags.data(), tags.size(), e); });
+  void wake(const std::vector<Tag>& tags = {}) {
+    detail::call([&](vmmw_error_t** e) { return vmmw_pool_wake(get_mut(), tags.data(), tags.size(), e); });
   }
 
   /// Drop a tag's reload sources: a Reload-asleep tag whose checkpoint changed
@@ -414,20 +479,20 @@ class Pool {
   }
 
   /// Pin host backup memory ahead of time.
-  void reserve_backup(uint64_t bytes) const {
-    detail::call([&](vmmw_error_t** e) { return vmmw_pool_reserve_backup(get_checked(), bytes, e); });
+  void reserve_backup(uint64_t bytes) {
+    detail::call([&](vmmw_error_t** e) { return vmmw_pool_reserve_backup(get_mut(), bytes, e); });
   }
 
   /// Unpin backup memory not holding a sleeping tag; the bytes unpinned.
-  uint64_t release_backup() const {
+  uint64_t release_backup() {
     uint64_t r = 0;
-    detail::call([&](vmmw_error_t** e) { return vmmw_pool_release_backup(get_checked(), &r, e); });
+    detail::call([&](vmmw_error_t** e) { return vmmw_pool_release_backup(get_mut(), &r, e); });
     return r;
   }
 
   /// Bytes of pinned host staging the loader keeps cached for this pool's driver
   /// (shared by pools made from one vmmw_device_t).
-  uint64_t staging_bytes() const {
+  [[nodiscard]] uint64_t staging_bytes() const {
     uint64_t r = 0;
     detail::call([&](vmmw_error_t** e) { return vmmw_pool_staging_bytes(get_checked(), &r, e); });
     return r;
@@ -435,33 +500,178 @@ class Pool {
 
   /// Unpin the loader's cached staging ring for this pool's driver; the bytes unpinned.
   /// The next load pins a new one.
-  uint64_t release_staging() const {
+  uint64_t release_staging() {
     uint64_t r = 0;
-    detail::call([&](vmmw_error_t** e) { return vmmw_pool_release_staging(get_checked(), &r, e); });
+    detail::call([&](vmmw_error_t** e) { return vmmw_pool_release_staging(get_mut(), &r, e); });
     return r;
   }
 
-  void set_sleep_options(const vmmw_sleep_options_t& o) const {
-    detail::call([&](vmmw_error_t** e) { return vmmw_pool_set_sleep_options(get_checked(), &o, e); });
+  void set_sleep_options(const SleepOptions& o) {
+    vmmw_sleep_options_t c{};
+    c.size = sizeof c;
+    c.copy_piece_bytes = o.copy_piece_bytes;
+    c.streams = o.streams;
+    c.debug_fill = o.debug_fill ? 1 : 0;
+    c.debug_fill_byte = o.debug_fill_byte;
+    c.wake_coalesce_bytes = o.wake_coalesce_bytes;
+    c.backup_slab_bytes = o.backup_slab_bytes;
+    c.host_memory_limit = o.host_memory_limit;
+    c.free_backup_after_wake = o.free_backup_after_wake ? 1 : 0;
+    c.release_pinned_after_wake = o.release_pinned_after_wake ? 1 : 0;
+    detail::call([&](vmmw_error_t** e) { return vmmw_pool_set_sleep_options(get_mut(), &c, e); });
   }
 
   /// What the last sleep or wake through this handle did, as JSON.
-  std::string last_cycle_json() const {
+  [[nodiscard]] std::string last_cycle_json() const {
     const vmmw_pool_t* p = get_checked();
     return detail::read_string([p](char* b, size_t c, size_t* n, vmmw_error_t** e) {
       return vmmw_pool_last_cycle_json(p, b, c, n, e);
     });
   }
 
-  const vmmw_pool_t* get() const noexcept { return h_.get(); }
+  /// The C handle (still owned by this object); nullptr once moved from.
+  [[nodiscard]] const vmmw_pool_t* get() const noexcept { return h_ ? h_->raw : nullptr; }
+  [[nodiscard]] vmmw_pool_t* get() noexcept { return h_ ? h_->raw : nullptr; }
+
+  /// Give up ownership: the caller frees the returned handle with
+  /// vmmw_pool_free. Throws VMMW_INVALID_STATE while Blocks still hold it.
+  [[nodiscard]] vmmw_pool_t* release() {
+    if (h_ && h_.use_count() > 1)
+      throw Error(VMMW_INVALID_STATE, "VMMW_INVALID_STATE: vmmw::Blocks still hold this pool; release or reset them first");
+    vmmw_pool_t* raw = h_ ? h_->raw : nullptr;
+    if (h_) h_->raw = nullptr;
+    h_.reset();
+    return raw;
+  }
 
  private:
-  explicit Pool(vmmw_pool_t* raw) : h_(raw) {}
-  const vmmw_pool_t* get_checked() const { return detail::live(h_, "vmmw::Pool"); }
-  detail::Owned<vmmw_pool_t, vmmw_pool_free> h_;
+  friend class Block;
+  /// The C handle, shared with the pool's Blocks; freed with the last of them.
+  struct Handle {
+    explicit Handle(vmmw_pool_t* r) noexcept : raw(r) {}
+    ~Handle() { vmmw_pool_free(raw); }
+    Handle(const Handle&) = delete;
+    Handle& operator=(const Handle&) = delete;
+    vmmw_pool_t* raw;
+  };
+
+  const vmmw_pool_t* get_checked() const {
+    if (!h_ || h_->raw == nullptr) detail::empty_handle("vmmw::Pool");
+    return h_->raw;
+  }
+  vmmw_pool_t* get_mut() {
+    if (!h_ || h_->raw == nullptr) detail::empty_handle("vmmw::Pool");
+    return h_->raw;
+  }
+  std::shared_ptr<Handle> h_;
 };
 
+/// One block of pool memory at a stable device address. Move-only; returns
+/// itself to its pool when destroyed (or at reset()); keeps the pool alive.
+class [[nodiscard]] Block {
+ public:
+  Block() noexcept = default;
+
+  /// Adopt the block at `ptr` (from the C API, or Block::release()) of `pool`.
+  Block(Pool& pool, uint64_t ptr, uint64_t size) noexcept : pool_(pool.h_), ptr_(ptr), size_(size) {}
+
+  ~Block() { reset(); }
+  Block(Block&& o) noexcept : pool_(std::move(o.pool_)), ptr_(o.ptr_), size_(o.size_) { o.ptr_ = 0; }
+  Block& operator=(Block&& o) noexcept {
+    if (this != &o) {
+      reset();
+      pool_ = std::move(o.pool_);
+      ptr_ = o.ptr_;
+      size_ = o.size_;
+      o.ptr_ = 0;
+    }
+    return *this;
+  }
+  Block(const Block&) = delete;
+  Block& operator=(const Block&) = delete;
+
+  /// The device address (0 when empty).
+  [[nodiscard]] uint64_t ptr() const noexcept { return ptr_; }
+  /// The bytes asked for.
+  [[nodiscard]] uint64_t size() const noexcept { return size_; }
+  explicit operator bool() const noexcept { return ptr_ != 0; }
+
+  /// Give the block back now; throws vmmw::Error on failure (the destructor
+  /// cannot report one). Empty afterwards.
+  void free() {
+    if (ptr_ == 0) return;
+    const uint64_t p = ptr_;
+    ptr_ = 0;
+    auto pool = std::move(pool_);
+    detail::call([&](vmmw_error_t** e) { return vmmw_pool_dealloc(pool->raw, p, e); });
+  }
+
+  /// Give the block back now, ignoring errors (what the destructor does).
+  void reset() noexcept {
+    if (ptr_ != 0 && pool_ && pool_->raw != nullptr) (void)vmmw_pool_dealloc(pool_->raw, ptr_, nullptr);
+    ptr_ = 0;
+    pool_.reset();
+  }
+
+  /// Give up ownership: the caller returns the address with Pool::dealloc
+  /// (or vmmw_pool_dealloc). Empty afterwards.
+  [[nodiscard]] uint64_t release() noexcept {
+    const uint64_t p = ptr_;
+    ptr_ = 0;
+    pool_.reset();
+    return p;
+  }
+
+ private:
+  std::shared_ptr<Pool::Handle> pool_;
+  uint64_t ptr_ = 0;
+  uint64_t size_ = 0;
+};
+
+inline Block Pool::alloc(uint64_t size) {
+  uint64_t p = 0;
+  detail::call([&](vmmw_error_t** e) { return vmmw_pool_alloc(get_mut(), size, &p, e); });
+  return Block(*this, p, size);
+}
+
+inline Block Pool::alloc(uint64_t size, Tag tag) {
+  uint64_t p = 0;
+  detail::call([&](vmmw_error_t** e) { return vmmw_pool_alloc_tagged(get_mut(), size, tag, &p, e); });
+  return Block(*this, p, size);
+}
+
 // ---- loader ----------------------------------------------------------------
+
+/// How a load moves bytes (see VMMW_COPY_*).
+enum class CopyStrategy : vmmw_copy_strategy_t {
+  Auto = VMMW_COPY_AUTO,      ///< staged through a cache-sized pinned ring; cold data by pread
+  Direct = VMMW_COPY_DIRECT,  ///< DMA from registered mmap windows of the page cache
+  Staged = VMMW_COPY_STAGED,  ///< memcpy into pinned slots, then DMA
+  Read = VMMW_COPY_READ,      ///< pread into pinned slots, then DMA
+  Simple = VMMW_COPY_SIMPLE,  ///< one thread, no pinning (the reference path)
+};
+
+/// Load options; 0 / false means the default.
+struct LoadOptions {
+  bool allow_missing = false;     ///< leave destinations no source fills untouched
+  bool allow_unexpected = false;  ///< skip checkpoint tensors with no destination
+  CopyStrategy strategy = CopyStrategy::Auto;
+  uint32_t threads = 0;  ///< 0: one per CPU, at most 16
+  uint64_t window_bytes = 0;
+  uint64_t slot_bytes = 0;
+};
+
+/// One destination parameter.
+struct Destination {
+  uint64_t ptr = 0;
+  uint64_t bytes = 0;
+  std::string dtype;
+  std::vector<uint64_t> shape;
+};
+
+/// What a plan will do / what a load did (see the C structs).
+using PlanSummary = vmmw_plan_summary_t;
+using LoadResult = vmmw_load_result_t;
 
 /// Progress of a load: (bytes done, bytes total); return false to cancel.
 using Progress = std::function<bool(uint64_t done, uint64_t total)>;
@@ -476,19 +686,30 @@ class Loader {
     h_.reset(raw);
   }
 
-  void set_rules_json(const std::string& json) const {
-    detail::call([&](vmmw_error_t** e) { return vmmw_loader_set_rules_json(get_checked(), json.c_str(), e); });
+  /// Adopt a handle from vmmw_loader_open (this object frees it).
+  explicit Loader(vmmw_loader_t* adopt) noexcept : h_(adopt) {}
+
+  void set_rules_json(const std::string& json) {
+    detail::call([&](vmmw_error_t** e) { return vmmw_loader_set_rules_json(get_mut(), json.c_str(), e); });
   }
 
   void set_rules_preset(const std::string& family, uint32_t tp_rank = 0, uint32_t tp_world = 0,
-                        uint32_t head_dim = 128) const {
+                        uint32_t head_dim = 128) {
     detail::call([&](vmmw_error_t** e) {
-      return vmmw_loader_set_rules_preset(get_checked(), family.c_str(), tp_rank, tp_world, head_dim, e);
+      return vmmw_loader_set_rules_preset(get_mut(), family.c_str(), tp_rank, tp_world, head_dim, e);
     });
   }
 
-  void set_options(const vmmw_load_options_t& o) const {
-    detail::call([&](vmmw_error_t** e) { return vmmw_loader_set_options(get_checked(), &o, e); });
+  void set_options(const LoadOptions& o) {
+    vmmw_load_options_t c{};
+    c.size = sizeof c;
+    c.allow_missing = o.allow_missing ? 1 : 0;
+    c.allow_unexpected = o.allow_unexpected ? 1 : 0;
+    c.strategy = static_cast<vmmw_copy_strategy_t>(o.strategy);
+    c.threads = o.threads;
+    c.window_bytes = o.window_bytes;
+    c.slot_bytes = o.slot_bytes;
+    detail::call([&](vmmw_error_t** e) { return vmmw_loader_set_options(get_mut(), &c, e); });
   }
 
   /// Keep content checksums at load, so Reload wakes prove the checkpoint unchanged.
@@ -498,19 +719,19 @@ class Loader {
 
   /// Register your own destination at device address `ptr`.
   void add(const std::string& name, uint64_t ptr, const std::string& dtype,
-           const std::vector<uint64_t>& shape) const {
+           const std::vector<uint64_t>& shape) {
     detail::call([&](vmmw_error_t** e) {
-      return vmmw_loader_register(get_checked(), name.c_str(), ptr, dtype.c_str(), shape.data(), shape.size(), e);
+      return vmmw_loader_register(get_mut(), name.c_str(), ptr, dtype.c_str(), shape.data(), shape.size(), e);
     });
   }
 
   /// Allocate every destination the plan needs from `pool` under `tag`.
-  void allocate(const Pool& pool, Tag tag) const {
-    detail::call([&](vmmw_error_t** e) { return vmmw_loader_allocate(get_checked(), pool.get(), tag, e); });
+  void allocate(Pool& pool, Tag tag) {
+    detail::call([&](vmmw_error_t** e) { return vmmw_loader_allocate(get_mut(), pool.get(), tag, e); });
   }
 
   /// Names of the registered destinations, in name order.
-  std::vector<std::string> destination_names() const {
+  [[nodiscard]] std::vector<std::string> destination_names() const {
     const vmmw_loader_t* l = get_checked();
     size_t n = 0;
     detail::call([&](vmmw_error_t** e) { return vmmw_loader_destination_count(l, &n, e); });
@@ -524,22 +745,29 @@ class Loader {
     return out;
   }
 
-  vmmw_destination_t destination(const std::string& name) const {
+  [[nodiscard]] Destination destination(const std::string& name) const {
     vmmw_destination_t d{};
     detail::call([&](vmmw_error_t** e) { return vmmw_loader_destination(get_checked(), name.c_str(), &d, e); });
-    return d;
+    Destination out;
+    out.ptr = d.ptr;
+    out.bytes = d.bytes;
+    const char* begin = d.dtype;
+    const void* nul = std::memchr(begin, 0, sizeof d.dtype);
+    out.dtype.assign(begin, nul != nullptr ? static_cast<const char*>(nul) : begin + sizeof d.dtype);
+    out.shape.assign(d.shape, d.shape + (d.ndim < VMMW_MAX_DIMS ? d.ndim : VMMW_MAX_DIMS));
+    return out;
   }
 
   /// Check the plan without writing anything.
-  vmmw_plan_summary_t plan() const {
-    vmmw_plan_summary_t s{};
+  [[nodiscard]] PlanSummary plan() const {
+    PlanSummary s{};
     detail::call([&](vmmw_error_t** e) { return vmmw_loader_plan(get_checked(), &s, e); });
     return s;
   }
 
   /// Load into the destinations on `pool`'s device. An exception thrown by
   /// `progress` cancels the load and is rethrown here.
-  vmmw_load_result_t load(const Pool& pool, const Progress& progress = Progress()) const {
+  LoadResult load(Pool& pool, const Progress& progress = Progress()) {
     struct Ctx {
       const Progress* fn;
       std::exception_ptr error;
@@ -554,7 +782,7 @@ class Loader {
       }
     };
     vmmw_error_t* err = nullptr;
-    int32_t rc = vmmw_loader_load(get_checked(), pool.get(), progress ? +trampoline : nullptr, &ctx, &err);
+    vmmw_status_t rc = vmmw_loader_load(get_mut(), pool.get(), progress ? +trampoline : nullptr, &ctx, &err);
     if (ctx.error) {
       vmmw_error_free(err);
       std::rethrow_exception(ctx.error);
@@ -564,27 +792,32 @@ class Loader {
   }
 
   /// Stop a running load from another thread (it throws VMMW_CANCELLED).
-  void cancel() const {
-    detail::call([&](vmmw_error_t** e) { return vmmw_loader_cancel(get_checked(), e); });
+  void cancel() {
+    detail::call([&](vmmw_error_t** e) { return vmmw_loader_cancel(get_mut(), e); });
   }
 
-  vmmw_load_result_t result() const {
-    vmmw_load_result_t r{};
+  [[nodiscard]] LoadResult result() const {
+    LoadResult r{};
     detail::call([&](vmmw_error_t** e) { return vmmw_loader_result(get_checked(), &r, e); });
     return r;
   }
 
-  std::string result_json() const {
+  [[nodiscard]] std::string result_json() const {
     const vmmw_loader_t* l = get_checked();
     return detail::read_string([l](char* b, size_t c, size_t* n, vmmw_error_t** e) {
       return vmmw_loader_result_json(l, b, c, n, e);
     });
   }
 
-  const vmmw_loader_t* get() const noexcept { return h_.get(); }
+  [[nodiscard]] const vmmw_loader_t* get() const noexcept { return h_.get(); }
+  [[nodiscard]] vmmw_loader_t* get() noexcept { return h_.get(); }
+
+  /// Give up ownership: the caller frees the returned handle with vmmw_loader_free.
+  [[nodiscard]] vmmw_loader_t* release() noexcept { return h_.release(); }
 
  private:
   const vmmw_loader_t* get_checked() const { return detail::live(h_, "vmmw::Loader"); }
+  vmmw_loader_t* get_mut() { return detail::live(h_, "vmmw::Loader"); }
   detail::Owned<vmmw_loader_t, vmmw_loader_free> h_;
 };
 

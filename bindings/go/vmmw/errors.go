@@ -32,7 +32,7 @@ const (
 
 // String is the C name of the status ("VMMW_OUT_OF_MEMORY").
 func (s Status) String() string {
-	return C.GoString(C.vmmw_status_name(C.int32_t(s)))
+	return C.GoString(C.vmmw_status_name(C.vmmw_status_t(s)))
 }
 
 // Error is a failed vmmweights call: its status and the library's message.

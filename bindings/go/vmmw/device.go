@@ -4,6 +4,7 @@ package vmmw
 import "C"
 
 import (
+	"fmt"
 	"runtime"
 )
 
@@ -20,13 +21,18 @@ const (
 	BackendCuda Backend = C.VMMW_BACKEND_CUDA
 )
 
-// Fault injection points of the host backend (testing).
-const (
-	FaultReserve   = C.VMMW_FAULT_RESERVE
-	FaultCreate    = C.VMMW_FAULT_CREATE
-	FaultMap       = C.VMMW_FAULT_MAP
-	FaultSetAccess = C.VMMW_FAULT_SET_ACCESS
-)
+// String is the backend's short name ("auto", "host", "cuda").
+func (b Backend) String() string {
+	switch b {
+	case BackendAuto:
+		return "auto"
+	case BackendHost:
+		return "host"
+	case BackendCuda:
+		return "cuda"
+	}
+	return fmt.Sprintf("Backend(%d)", int32(b))
+}
 
 // Device is an opened backend for one device.
 type Device struct {
@@ -36,8 +42,8 @@ type Device struct {
 // OpenDevice opens backend for device ordinal `ordinal`.
 func OpenDevice(backend Backend, ordinal int) (*Device, error) {
 	var p *C.vmmw_device_t
-	if err := call(func(e **C.vmmw_error_t) C.int32_t {
-		return C.vmmw_device_open(C.int32_t(backend), C.int32_t(ordinal), &p, e)
+	if err := call(func(e **C.vmmw_error_t) C.vmmw_status_t {
+		return C.vmmw_device_open(C.vmmw_backend_t(backend), C.int32_t(ordinal), &p, e)
 	}); err != nil {
 		return nil, err
 	}
@@ -69,8 +75,8 @@ func (d *Device) Backend() (Backend, error) {
 	if err != nil {
 		return 0, err
 	}
-	var b C.int32_t
-	err = call(func(e **C.vmmw_error_t) C.int32_t { return C.vmmw_device_backend(p, &b, e) })
+	var b C.vmmw_backend_t
+	err = call(func(e **C.vmmw_error_t) C.vmmw_status_t { return C.vmmw_device_backend(p, &b, e) })
 	runtime.KeepAlive(d)
 	return Backend(b), err
 }
@@ -82,7 +88,7 @@ func (d *Device) Granularity() (uint64, error) {
 		return 0, err
 	}
 	var g C.uint64_t
-	err = call(func(e **C.vmmw_error_t) C.int32_t { return C.vmmw_device_granularity(p, &g, e) })
+	err = call(func(e **C.vmmw_error_t) C.vmmw_status_t { return C.vmmw_device_granularity(p, &g, e) })
 	runtime.KeepAlive(d)
 	return uint64(g), err
 }
@@ -94,7 +100,7 @@ func (d *Device) MemInfo() (free, total uint64, err error) {
 		return 0, 0, err
 	}
 	var f, t C.uint64_t
-	err = call(func(e **C.vmmw_error_t) C.int32_t { return C.vmmw_device_mem_info(p, &f, &t, e) })
+	err = call(func(e **C.vmmw_error_t) C.vmmw_status_t { return C.vmmw_device_mem_info(p, &f, &t, e) })
 	runtime.KeepAlive(d)
 	return uint64(f), uint64(t), err
 }
@@ -105,7 +111,7 @@ func (d *Device) Describe() (string, error) {
 	if err != nil {
 		return "", err
 	}
-	s, err := readString(func(b *C.char, c C.size_t, n *C.size_t, e **C.vmmw_error_t) C.int32_t {
+	s, err := readString(func(b *C.char, c C.size_t, n *C.size_t, e **C.vmmw_error_t) C.vmmw_status_t {
 		return C.vmmw_device_describe(p, b, c, n, e)
 	})
 	runtime.KeepAlive(d)
@@ -118,7 +124,7 @@ func (d *Device) ChoiceReason() (string, error) {
 	if err != nil {
 		return "", err
 	}
-	s, err := readString(func(b *C.char, c C.size_t, n *C.size_t, e **C.vmmw_error_t) C.int32_t {
+	s, err := readString(func(b *C.char, c C.size_t, n *C.size_t, e **C.vmmw_error_t) C.vmmw_status_t {
 		return C.vmmw_device_choice_reason(p, b, c, n, e)
 	})
 	runtime.KeepAlive(d)
@@ -131,47 +137,7 @@ func (d *Device) Synchronize() error {
 	if err != nil {
 		return err
 	}
-	err = call(func(e **C.vmmw_error_t) C.int32_t { return C.vmmw_device_synchronize(p, e) })
-	runtime.KeepAlive(d)
-	return err
-}
-
-// HostCounts are the host backend's live objects (testing).
-type HostCounts struct {
-	Reservations, Handles, Mappings, PhysicalBytes, Streams, Events uint64
-}
-
-// HostCounts returns the host backend's live objects, for leak checks.
-func (d *Device) HostCounts() (HostCounts, error) {
-	p, err := d.live()
-	if err != nil {
-		return HostCounts{}, err
-	}
-	var c C.vmmw_host_counts_t
-	err = call(func(e **C.vmmw_error_t) C.int32_t { return C.vmmw_host_counts(p, &c, e) })
-	runtime.KeepAlive(d)
-	return HostCounts{uint64(c.reservations), uint64(c.handles), uint64(c.mappings),
-		uint64(c.physical_bytes), uint64(c.streams), uint64(c.events)}, err
-}
-
-// HostSetMemoryLimit sets the host backend's simulated device memory (testing).
-func (d *Device) HostSetMemoryLimit(bytes uint64) error {
-	p, err := d.live()
-	if err != nil {
-		return err
-	}
-	err = call(func(e **C.vmmw_error_t) C.int32_t { return C.vmmw_host_set_memory_limit(p, C.uint64_t(bytes), e) })
-	runtime.KeepAlive(d)
-	return err
-}
-
-// HostFailNth makes the n-th next call of a Fault* primitive fail (testing); n = 0 clears.
-func (d *Device) HostFailNth(op int, n uint64) error {
-	p, err := d.live()
-	if err != nil {
-		return err
-	}
-	err = call(func(e **C.vmmw_error_t) C.int32_t { return C.vmmw_host_fail_nth(p, C.int32_t(op), C.uint64_t(n), e) })
+	err = call(func(e **C.vmmw_error_t) C.vmmw_status_t { return C.vmmw_device_synchronize(p, e) })
 	runtime.KeepAlive(d)
 	return err
 }

@@ -2,6 +2,7 @@ package vmmw
 
 import (
 	"bytes"
+	"context"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
@@ -9,6 +10,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -104,7 +106,7 @@ func TestSleepWakeKeepsOffloadedBytes(t *testing.T) {
 	if err := p.Sleep(TagPolicy{w, Policy(9)}); !errors.Is(err, ErrInvalidArgument) {
 		t.Fatalf("bad policy: %v", err)
 	}
-	if err := p.Wake(); err != nil {
+	if err := p.Wake(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	out := make([]byte, len(in))
@@ -169,7 +171,7 @@ func TestLoaderLoadsAndReloads(t *testing.T) {
 		t.Fatalf("plan %+v %v", plan, err)
 	}
 	var calls, last atomic.Uint64
-	res, err := l.Load(p, func(done, total uint64) bool { calls.Add(1); last.Store(done); return true })
+	res, err := l.Load(context.Background(), p, func(done, total uint64) bool { calls.Add(1); last.Store(done); return true })
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -205,7 +207,7 @@ func TestLoaderLoadsAndReloads(t *testing.T) {
 	if err := p.Sleep(TagPolicy{tag, Reload}); err != nil {
 		t.Fatal(err)
 	}
-	if err := p.Wake(tag); err != nil {
+	if err := p.Wake(context.Background(), tag); err != nil {
 		t.Fatal(err)
 	}
 	check("after reload")
@@ -252,7 +254,152 @@ func TestLoaderLoadsAndReloads(t *testing.T) {
 	if err := l.Cancel(); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := l.Load(p, nil); !errors.Is(err, ErrCancelled) {
+	if _, err := l.Load(context.Background(), p, nil); !errors.Is(err, ErrCancelled) {
 		t.Fatalf("cancelled load: %v", err)
+	}
+}
+
+// loadedPool is a host pool with one F32 checkpoint of n elements loaded
+// under a fresh tag, and its loader.
+func loadedPool(t *testing.T, tagName string, n int) (*Pool, *Loader, Tag) {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "model.safetensors")
+	a := make([]float32, n)
+	for i := range a {
+		a[i] = float32(i)
+	}
+	writeSafetensors(t, path, []string{"w"}, [][]float32{a})
+	p := hostPool(t)
+	tag := mustTag(t, tagName)
+	l, err := OpenLoader(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	if err := l.Allocate(p, tag); err != nil {
+		t.Fatal(err)
+	}
+	return p, l, tag
+}
+
+func TestLoadContextCancelStopsOnlyThatLoad(t *testing.T) {
+	p, l, _ := loadedPool(t, "go-ctx", 4<<20)
+	done, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := l.Load(done, p, nil); !errors.Is(err, context.Canceled) {
+		t.Fatalf("load with a done context: %v", err)
+	}
+	if _, err := l.Result(); !errors.Is(err, ErrInvalidState) {
+		t.Fatalf("a load ran despite the done context: %v", err)
+	}
+	// A context cancelled once the load is under way reaches the loader
+	// through vmmw_loader_cancel: the hooks cancel just before the C load
+	// starts and wait until the cancellation was forwarded, so the loader
+	// sees it at its first cancellation point.
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	forwarded := make(chan struct{})
+	testHookCancelForwarded = func() { close(forwarded) }
+	testHookBeforeLoad = func() { cancel(); <-forwarded }
+	_, err := l.Load(ctx, p, nil)
+	testHookBeforeLoad, testHookCancelForwarded = nil, nil
+	if !errors.Is(err, context.Canceled) || !errors.Is(err, ErrCancelled) {
+		t.Fatalf("load cancelled through its context: %v", err)
+	}
+	// Whatever the race, the next load is not cancelled by the old context.
+	for i := 0; i < 20; i++ {
+		ctx, cancel := context.WithCancel(context.Background())
+		_, err := l.Load(ctx, p, nil)
+		cancel()
+		if err != nil {
+			t.Fatalf("load %d after a cancelled one: %v", i, err)
+		}
+	}
+	js, err := l.ResultJSON()
+	var parsed map[string]any
+	if err != nil || json.Unmarshal([]byte(js), &parsed) != nil || parsed["src_bytes"] != float64(16<<20) {
+		t.Fatalf("ResultJSON %v: %s", err, js)
+	}
+}
+
+func TestWakeWithDoneContextChangesNothing(t *testing.T) {
+	p, _, tag := loadedPool(t, "go-wake-ctx", 4096)
+	if err := p.Sleep(TagPolicy{tag, Offload}); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := p.Wake(ctx); !errors.Is(err, context.Canceled) {
+		t.Fatalf("wake with a done context: %v", err)
+	}
+	if r, _ := p.ReportTag(tag); !r.Asleep {
+		t.Fatalf("tag woke despite the done context: %+v", r)
+	}
+	if err := p.Wake(context.Background(), tag); err != nil {
+		t.Fatal(err)
+	}
+	js, err := p.LastCycleJSON()
+	if err != nil || !json.Valid([]byte(js)) || !strings.Contains(js, "go-wake-ctx") {
+		t.Fatalf("LastCycleJSON %v: %s", err, js)
+	}
+}
+
+func TestSleepOptionsTimelineAndTagModes(t *testing.T) {
+	p := hostPool(t)
+	w := mustTag(t, "go-opts")
+	if _, err := p.AllocTagged(8<<20, w); err != nil {
+		t.Fatal(err)
+	}
+	// A host memory limit below the tag's size refuses the offload up front.
+	if err := p.SetSleepOptions(SleepOptions{HostMemoryLimit: 1 << 20}); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Sleep(TagPolicy{w, Offload}); !errors.Is(err, ErrHostOutOfMemory) {
+		t.Fatalf("offload over the host limit: %v", err)
+	}
+	if err := p.SetSleepOptions(SleepOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Snapshot("go before sleep"); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Sleep(TagPolicy{w, Offload}); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Snapshot("go asleep"); err != nil {
+		t.Fatal(err)
+	}
+	js, err := p.TimelineJSON()
+	if err != nil || !json.Valid([]byte(js)) || !strings.Contains(js, "go before sleep") || !strings.Contains(js, "go asleep") {
+		t.Fatalf("TimelineJSON %v: %s", err, js)
+	}
+	if err := p.Wake(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	a := mustTag(t, "go-arena")
+	if err := p.SetTagArena(a, 64<<20, 2<<20); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.SetTagSegments(a); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.SetTagSegments(Tag(1 << 30)); !errors.Is(err, ErrUnknownTag) {
+		t.Fatalf("unknown tag: %v", err)
+	}
+}
+
+func TestProcessDefaultTag(t *testing.T) {
+	d := mustTag(t, "go-process-default")
+	if err := SetProcessDefaultTag(d); err != nil {
+		t.Fatal(err)
+	}
+	defer SetProcessDefaultTag(TagDefault)
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	if cur, err := CurrentTag(); err != nil || cur != d {
+		t.Fatalf("current tag %d %v, want %d", cur, err, d)
+	}
+	if err := SetProcessDefaultTag(Tag(1 << 30)); !errors.Is(err, ErrUnknownTag) {
+		t.Fatalf("unknown tag: %v", err)
 	}
 }

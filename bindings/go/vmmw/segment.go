@@ -22,7 +22,7 @@ func NewSegment(d *Device, size, chunkSize uint64) (*Segment, error) {
 		return nil, err
 	}
 	var p *C.vmmw_segment_t
-	err = call(func(e **C.vmmw_error_t) C.int32_t {
+	err = call(func(e **C.vmmw_error_t) C.vmmw_status_t {
 		return C.vmmw_segment_new(dp, C.uint64_t(size), C.uint64_t(chunkSize), &p, e)
 	})
 	runtime.KeepAlive(d)
@@ -58,7 +58,7 @@ func (s *Segment) Info() (SegmentInfo, error) {
 		return SegmentInfo{}, err
 	}
 	var i C.vmmw_segment_info_t
-	err = call(func(e **C.vmmw_error_t) C.int32_t { return C.vmmw_segment_info(p, &i, e) })
+	err = call(func(e **C.vmmw_error_t) C.vmmw_status_t { return C.vmmw_segment_info(p, &i, e) })
 	runtime.KeepAlive(s)
 	return SegmentInfo{uint64(i.ptr), uint64(i.reserved), uint64(i.committed), uint64(i.mapped), uint64(i.chunks)}, err
 }
@@ -69,7 +69,7 @@ func (s *Segment) Write(offset uint64, b []byte) error {
 	if err != nil {
 		return err
 	}
-	err = call(func(e **C.vmmw_error_t) C.int32_t {
+	err = call(func(e **C.vmmw_error_t) C.vmmw_status_t {
 		return C.vmmw_segment_write(p, C.uint64_t(offset), bytesPtr(b), C.size_t(len(b)), e)
 	})
 	runtime.KeepAlive(s)
@@ -83,7 +83,7 @@ func (s *Segment) Read(offset uint64, b []byte) error {
 	if err != nil {
 		return err
 	}
-	err = call(func(e **C.vmmw_error_t) C.int32_t {
+	err = call(func(e **C.vmmw_error_t) C.vmmw_status_t {
 		return C.vmmw_segment_read(p, C.uint64_t(offset), bytesPtr(b), C.size_t(len(b)), e)
 	})
 	runtime.KeepAlive(s)

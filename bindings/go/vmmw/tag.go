@@ -20,13 +20,13 @@ func TagID(name string) (Tag, error) {
 	cs := C.CString(name)
 	defer C.free(unsafe.Pointer(cs))
 	var t C.uint32_t
-	err := call(func(e **C.vmmw_error_t) C.int32_t { return C.vmmw_tag_id(cs, &t, e) })
+	err := call(func(e **C.vmmw_error_t) C.vmmw_status_t { return C.vmmw_tag_id(cs, &t, e) })
 	return Tag(t), err
 }
 
 // Name returns the tag's registered name.
 func (t Tag) Name() (string, error) {
-	return readString(func(b *C.char, c C.size_t, n *C.size_t, e **C.vmmw_error_t) C.int32_t {
+	return readString(func(b *C.char, c C.size_t, n *C.size_t, e **C.vmmw_error_t) C.vmmw_status_t {
 		return C.vmmw_tag_name(C.uint32_t(t), b, c, n, e)
 	})
 }
@@ -38,7 +38,7 @@ func (t Tag) Name() (string, error) {
 func WithTag(tag Tag, fn func() error) error {
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
-	if err := call(func(e **C.vmmw_error_t) C.int32_t { return C.vmmw_tag_push(C.uint32_t(tag), e) }); err != nil {
+	if err := call(func(e **C.vmmw_error_t) C.vmmw_status_t { return C.vmmw_tag_push(C.uint32_t(tag), e) }); err != nil {
 		return err
 	}
 	defer C.vmmw_tag_pop(nil)
@@ -49,6 +49,13 @@ func WithTag(tag Tag, fn func() error) error {
 // (meaningful inside WithTag, where the goroutine is locked to its thread).
 func CurrentTag() (Tag, error) {
 	var t C.uint32_t
-	err := call(func(e **C.vmmw_error_t) C.int32_t { return C.vmmw_tag_current(&t, e) })
+	err := call(func(e **C.vmmw_error_t) C.vmmw_status_t { return C.vmmw_tag_current(&t, e) })
 	return Tag(t), err
+}
+
+// SetProcessDefaultTag makes tag the tag of allocations made outside any
+// WithTag scope, on every thread of the process (TagDefault restores it).
+// The PyTorch entry points and Pool.Alloc use it.
+func SetProcessDefaultTag(tag Tag) error {
+	return call(func(e **C.vmmw_error_t) C.vmmw_status_t { return C.vmmw_tag_set_process_default(C.uint32_t(tag), e) })
 }

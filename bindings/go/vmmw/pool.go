@@ -5,20 +5,29 @@ package vmmw
 import "C"
 
 import (
+	"context"
+	"fmt"
 	"runtime"
 	"unsafe"
 )
 
 // PoolOptions configure NewPool; zero values mean defaults.
 type PoolOptions struct {
-	Backend           Backend
-	Device            int
-	DeviceHandle      *Device // when set, the pool uses this device instead of Backend/Device
-	Align             uint64
-	SmallRequestMax   uint64
+	// Backend and Device pick the device the pool opens (BackendAuto, 0 by default).
+	Backend Backend
+	Device  int
+	// DeviceHandle, when set, is used instead of Backend and Device; pools
+	// made from one Device share its driver and staging cache.
+	DeviceHandle *Device
+	// Align is the alignment of every block (0: 512 bytes).
+	Align uint64
+	// SmallRequestMax is the largest request served from small segments.
+	SmallRequestMax uint64
+	// SmallSegmentBytes and LargeSegmentBytes size new segments.
 	SmallSegmentBytes uint64
 	LargeSegmentBytes uint64
-	ChunkBytes        uint64
+	// ChunkBytes is the physical chunk size a segment is mapped in.
+	ChunkBytes uint64
 }
 
 // Pool is a caching pool of VMM memory on one device. Safe for concurrent use.
@@ -39,6 +48,19 @@ type Report struct {
 // Policy says what sleep does with a tag's memory.
 type Policy int32
 
+// String is the policy's short name ("offload", "discard", "reload").
+func (p Policy) String() string {
+	switch p {
+	case Offload:
+		return "offload"
+	case Discard:
+		return "discard"
+	case Reload:
+		return "reload"
+	}
+	return fmt.Sprintf("Policy(%d)", int32(p))
+}
+
 const (
 	// Offload copies to a pinned host backup, restored byte for byte at wake.
 	Offload Policy = C.VMMW_POLICY_OFFLOAD
@@ -57,7 +79,8 @@ type TagPolicy struct {
 // NewPool creates a pool.
 func NewPool(o PoolOptions) (*Pool, error) {
 	c := C.vmmw_pool_options_t{
-		backend:             C.int32_t(o.Backend),
+		size:                C.size_t(unsafe.Sizeof(C.vmmw_pool_options_t{})),
+		backend:             C.vmmw_backend_t(o.Backend),
 		device:              C.int32_t(o.Device),
 		align:               C.uint64_t(o.Align),
 		small_request_max:   C.uint64_t(o.SmallRequestMax),
@@ -73,7 +96,7 @@ func NewPool(o PoolOptions) (*Pool, error) {
 		c.device_handle = dp
 	}
 	var p *C.vmmw_pool_t
-	err := call(func(e **C.vmmw_error_t) C.int32_t { return C.vmmw_pool_new(&c, &p, e) })
+	err := call(func(e **C.vmmw_error_t) C.vmmw_status_t { return C.vmmw_pool_new(&c, &p, e) })
 	runtime.KeepAlive(o.DeviceHandle)
 	if err != nil {
 		return nil, err
@@ -87,7 +110,7 @@ func NewPool(o PoolOptions) (*Pool, error) {
 // PyTorch entry points). Close on it does nothing.
 func GlobalPool(device int) (*Pool, error) {
 	var p *C.vmmw_pool_t
-	if err := call(func(e **C.vmmw_error_t) C.int32_t { return C.vmmw_pool_default(C.int32_t(device), &p, e) }); err != nil {
+	if err := call(func(e **C.vmmw_error_t) C.vmmw_status_t { return C.vmmw_pool_default(C.int32_t(device), &p, e) }); err != nil {
 		return nil, err
 	}
 	return &Pool{ptr: p, global: true}, nil
@@ -113,12 +136,12 @@ func (p *Pool) live() (*C.vmmw_pool_t, error) {
 }
 
 // do runs one C call on the live pool and keeps the pool reachable until it returns.
-func (p *Pool) do(f func(cp *C.vmmw_pool_t, e **C.vmmw_error_t) C.int32_t) error {
+func (p *Pool) do(f func(cp *C.vmmw_pool_t, e **C.vmmw_error_t) C.vmmw_status_t) error {
 	cp, err := p.live()
 	if err != nil {
 		return err
 	}
-	err = call(func(e **C.vmmw_error_t) C.int32_t { return f(cp, e) })
+	err = call(func(e **C.vmmw_error_t) C.vmmw_status_t { return f(cp, e) })
 	runtime.KeepAlive(p)
 	return err
 }
@@ -127,7 +150,7 @@ func (p *Pool) do(f func(cp *C.vmmw_pool_t, e **C.vmmw_error_t) C.int32_t) error
 // WithTag); returns the device address.
 func (p *Pool) Alloc(size uint64) (uint64, error) {
 	var out C.uint64_t
-	err := p.do(func(cp *C.vmmw_pool_t, e **C.vmmw_error_t) C.int32_t {
+	err := p.do(func(cp *C.vmmw_pool_t, e **C.vmmw_error_t) C.vmmw_status_t {
 		return C.vmmw_pool_alloc(cp, C.uint64_t(size), &out, e)
 	})
 	return uint64(out), err
@@ -136,7 +159,7 @@ func (p *Pool) Alloc(size uint64) (uint64, error) {
 // AllocTagged allocates size bytes under tag.
 func (p *Pool) AllocTagged(size uint64, tag Tag) (uint64, error) {
 	var out C.uint64_t
-	err := p.do(func(cp *C.vmmw_pool_t, e **C.vmmw_error_t) C.int32_t {
+	err := p.do(func(cp *C.vmmw_pool_t, e **C.vmmw_error_t) C.vmmw_status_t {
 		return C.vmmw_pool_alloc_tagged(cp, C.uint64_t(size), C.uint32_t(tag), &out, e)
 	})
 	return uint64(out), err
@@ -144,22 +167,30 @@ func (p *Pool) AllocTagged(size uint64, tag Tag) (uint64, error) {
 
 // Free returns a block to the pool.
 func (p *Pool) Free(ptr uint64) error {
-	return p.do(func(cp *C.vmmw_pool_t, e **C.vmmw_error_t) C.int32_t {
-		return C.vmmw_pool_free_ptr(cp, C.uint64_t(ptr), e)
+	return p.do(func(cp *C.vmmw_pool_t, e **C.vmmw_error_t) C.vmmw_status_t {
+		return C.vmmw_pool_dealloc(cp, C.uint64_t(ptr), e)
 	})
 }
 
 // Trim returns cached memory to the driver; the bytes released.
 func (p *Pool) Trim() (uint64, error) {
 	var out C.uint64_t
-	err := p.do(func(cp *C.vmmw_pool_t, e **C.vmmw_error_t) C.int32_t { return C.vmmw_pool_trim(cp, &out, e) })
+	err := p.do(func(cp *C.vmmw_pool_t, e **C.vmmw_error_t) C.vmmw_status_t { return C.vmmw_pool_trim(cp, &out, e) })
 	return uint64(out), err
 }
 
 // SetTagArena places tag's future blocks in one arena of reserveBytes of VA.
 func (p *Pool) SetTagArena(tag Tag, reserveBytes, growStep uint64) error {
-	return p.do(func(cp *C.vmmw_pool_t, e **C.vmmw_error_t) C.int32_t {
+	return p.do(func(cp *C.vmmw_pool_t, e **C.vmmw_error_t) C.vmmw_status_t {
 		return C.vmmw_pool_set_tag_arena(cp, C.uint32_t(tag), C.uint64_t(reserveBytes), C.uint64_t(growStep), e)
+	})
+}
+
+// SetTagSegments places tag's future blocks in cached, split segments (the
+// default; undoes SetTagArena for blocks allocated from now on).
+func (p *Pool) SetTagSegments(tag Tag) error {
+	return p.do(func(cp *C.vmmw_pool_t, e **C.vmmw_error_t) C.vmmw_status_t {
+		return C.vmmw_pool_set_tag_segments(cp, C.uint32_t(tag), e)
 	})
 }
 
@@ -173,14 +204,14 @@ func reportOf(r *C.vmmw_report_t) Report {
 // Report returns the pool's memory summed over all tags.
 func (p *Pool) Report() (Report, error) {
 	var r C.vmmw_report_t
-	err := p.do(func(cp *C.vmmw_pool_t, e **C.vmmw_error_t) C.int32_t { return C.vmmw_pool_report(cp, &r, e) })
+	err := p.do(func(cp *C.vmmw_pool_t, e **C.vmmw_error_t) C.vmmw_status_t { return C.vmmw_pool_report(cp, &r, e) })
 	return reportOf(&r), err
 }
 
 // ReportTag returns the pool's memory of one tag.
 func (p *Pool) ReportTag(tag Tag) (Report, error) {
 	var r C.vmmw_report_t
-	err := p.do(func(cp *C.vmmw_pool_t, e **C.vmmw_error_t) C.int32_t {
+	err := p.do(func(cp *C.vmmw_pool_t, e **C.vmmw_error_t) C.vmmw_status_t {
 		return C.vmmw_pool_report_tag(cp, C.uint32_t(tag), &r, e)
 	})
 	return reportOf(&r), err
@@ -192,7 +223,7 @@ func (p *Pool) ReportJSON() (string, error) {
 	if err != nil {
 		return "", err
 	}
-	s, err := readString(func(b *C.char, c C.size_t, n *C.size_t, e **C.vmmw_error_t) C.int32_t {
+	s, err := readString(func(b *C.char, c C.size_t, n *C.size_t, e **C.vmmw_error_t) C.vmmw_status_t {
 		return C.vmmw_pool_report_json(cp, b, c, n, e)
 	})
 	runtime.KeepAlive(p)
@@ -201,7 +232,7 @@ func (p *Pool) ReportJSON() (string, error) {
 
 // Write copies b to pool memory at device address dst (synchronous, range-checked).
 func (p *Pool) Write(dst uint64, b []byte) error {
-	err := p.do(func(cp *C.vmmw_pool_t, e **C.vmmw_error_t) C.int32_t {
+	err := p.do(func(cp *C.vmmw_pool_t, e **C.vmmw_error_t) C.vmmw_status_t {
 		return C.vmmw_pool_write(cp, C.uint64_t(dst), bytesPtr(b), C.size_t(len(b)), e)
 	})
 	runtime.KeepAlive(b)
@@ -210,7 +241,7 @@ func (p *Pool) Write(dst uint64, b []byte) error {
 
 // Read copies len(b) bytes of pool memory at device address src into b.
 func (p *Pool) Read(src uint64, b []byte) error {
-	err := p.do(func(cp *C.vmmw_pool_t, e **C.vmmw_error_t) C.int32_t {
+	err := p.do(func(cp *C.vmmw_pool_t, e **C.vmmw_error_t) C.vmmw_status_t {
 		return C.vmmw_pool_read(cp, C.uint64_t(src), bytesPtr(b), C.size_t(len(b)), e)
 	})
 	runtime.KeepAlive(b)
@@ -228,15 +259,23 @@ func (p *Pool) Sleep(items ...TagPolicy) error {
 	arr := unsafe.Slice((*C.vmmw_tag_policy_t)(C.malloc(C.size_t(n)*C.size_t(unsafe.Sizeof(C.vmmw_tag_policy_t{})))), n)
 	defer C.free(unsafe.Pointer(&arr[0]))
 	for i, it := range items {
-		arr[i] = C.vmmw_tag_policy_t{tag: C.uint32_t(it.Tag), policy: C.int32_t(it.Policy)}
+		arr[i] = C.vmmw_tag_policy_t{tag: C.uint32_t(it.Tag), policy: C.vmmw_policy_t(it.Policy)}
 	}
-	return p.do(func(cp *C.vmmw_pool_t, e **C.vmmw_error_t) C.int32_t {
+	return p.do(func(cp *C.vmmw_pool_t, e **C.vmmw_error_t) C.vmmw_status_t {
 		return C.vmmw_pool_sleep(cp, &arr[0], C.size_t(n), e)
 	})
 }
 
 // Wake brings the listed tags back (every sleeping tag when none is given).
-func (p *Pool) Wake(tags ...Tag) error {
+//
+// A wake is transactional: it either maps every listed tag again, or it
+// returns each to its asleep state with its backup intact. It has no
+// cancellation point of its own, so ctx is checked before the wake starts
+// (a done ctx returns its error and changes nothing) and not during it.
+func (p *Pool) Wake(ctx context.Context, tags ...Tag) error {
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("wake not started: %w", err)
+	}
 	ids := make([]C.uint32_t, len(tags))
 	for i, t := range tags {
 		ids[i] = C.uint32_t(t)
@@ -245,7 +284,7 @@ func (p *Pool) Wake(tags ...Tag) error {
 	if len(ids) > 0 {
 		first = &ids[0]
 	}
-	err := p.do(func(cp *C.vmmw_pool_t, e **C.vmmw_error_t) C.int32_t {
+	err := p.do(func(cp *C.vmmw_pool_t, e **C.vmmw_error_t) C.vmmw_status_t {
 		return C.vmmw_pool_wake(cp, first, C.size_t(len(ids)), e)
 	})
 	runtime.KeepAlive(ids)
@@ -264,7 +303,7 @@ func (p *Pool) ForgetReload(tag Tag) error {
 
 // ReserveBackup pins bytes of host backup memory ahead of time.
 func (p *Pool) ReserveBackup(bytes uint64) error {
-	return p.do(func(cp *C.vmmw_pool_t, e **C.vmmw_error_t) C.int32_t {
+	return p.do(func(cp *C.vmmw_pool_t, e **C.vmmw_error_t) C.vmmw_status_t {
 		return C.vmmw_pool_reserve_backup(cp, C.uint64_t(bytes), e)
 	})
 }
@@ -274,7 +313,7 @@ func (p *Pool) ReserveBackup(bytes uint64) error {
 // made from one Device share it).
 func (p *Pool) StagingBytes() (uint64, error) {
 	var out C.uint64_t
-	err := p.do(func(cp *C.vmmw_pool_t, e **C.vmmw_error_t) C.int32_t {
+	err := p.do(func(cp *C.vmmw_pool_t, e **C.vmmw_error_t) C.vmmw_status_t {
 		return C.vmmw_pool_staging_bytes(cp, &out, e)
 	})
 	return uint64(out), err
@@ -284,7 +323,7 @@ func (p *Pool) StagingBytes() (uint64, error) {
 // driver; the bytes unpinned. The next load pins a new one.
 func (p *Pool) ReleaseStaging() (uint64, error) {
 	var out C.uint64_t
-	err := p.do(func(cp *C.vmmw_pool_t, e **C.vmmw_error_t) C.int32_t {
+	err := p.do(func(cp *C.vmmw_pool_t, e **C.vmmw_error_t) C.vmmw_status_t {
 		return C.vmmw_pool_release_staging(cp, &out, e)
 	})
 	return uint64(out), err
@@ -293,8 +332,93 @@ func (p *Pool) ReleaseStaging() (uint64, error) {
 // ReleaseBackup unpins backup memory holding no sleeping tag; the bytes unpinned.
 func (p *Pool) ReleaseBackup() (uint64, error) {
 	var out C.uint64_t
-	err := p.do(func(cp *C.vmmw_pool_t, e **C.vmmw_error_t) C.int32_t {
+	err := p.do(func(cp *C.vmmw_pool_t, e **C.vmmw_error_t) C.vmmw_status_t {
 		return C.vmmw_pool_release_backup(cp, &out, e)
 	})
 	return uint64(out), err
+}
+
+// Snapshot records the current report in the pool's timeline as boundary
+// name ("after load", "asleep", ...).
+func (p *Pool) Snapshot(name string) error {
+	cs := C.CString(name)
+	defer C.free(unsafe.Pointer(cs))
+	return p.do(func(cp *C.vmmw_pool_t, e **C.vmmw_error_t) C.vmmw_status_t {
+		return C.vmmw_pool_snapshot(cp, cs, e)
+	})
+}
+
+// TimelineJSON is every snapshot so far, as JSON.
+func (p *Pool) TimelineJSON() (string, error) {
+	return p.readString(func(cp *C.vmmw_pool_t, b *C.char, c C.size_t, n *C.size_t, e **C.vmmw_error_t) C.vmmw_status_t {
+		return C.vmmw_pool_timeline_json(cp, b, c, n, e)
+	})
+}
+
+// LastCycleJSON says what the last successful Sleep or Wake on this pool did,
+// per tag (segments, bytes released or mapped, bytes copied, seconds), as JSON.
+func (p *Pool) LastCycleJSON() (string, error) {
+	return p.readString(func(cp *C.vmmw_pool_t, b *C.char, c C.size_t, n *C.size_t, e **C.vmmw_error_t) C.vmmw_status_t {
+		return C.vmmw_pool_last_cycle_json(cp, b, c, n, e)
+	})
+}
+
+func (p *Pool) readString(f func(cp *C.vmmw_pool_t, b *C.char, c C.size_t, n *C.size_t, e **C.vmmw_error_t) C.vmmw_status_t) (string, error) {
+	cp, err := p.live()
+	if err != nil {
+		return "", err
+	}
+	s, err := readString(func(b *C.char, c C.size_t, n *C.size_t, e **C.vmmw_error_t) C.vmmw_status_t {
+		return f(cp, b, c, n, e)
+	})
+	runtime.KeepAlive(p)
+	return s, err
+}
+
+// SleepOptions tune a pool's sleep engine; zero values mean defaults.
+type SleepOptions struct {
+	// CopyPieceBytes is the size of one copy on one stream (0: 64 MiB).
+	CopyPieceBytes uint64
+	// Streams is the number of streams copies are spread over (0: 2).
+	Streams uint32
+	// DebugFill fills discarded memory with DebugFillByte at wake, so stale reads show.
+	DebugFill     bool
+	DebugFillByte uint8
+	// WakeCoalesceBytes re-cuts unmapped runs into chunks of this size at wake (0: 256 MiB).
+	WakeCoalesceBytes uint64
+	// BackupSlabBytes is the size of each pinned backup slab (0: default).
+	BackupSlabBytes uint64
+	// HostMemoryLimit caps pinned backup memory (0: unlimited); an offload
+	// beyond it fails with ErrHostOutOfMemory before anything moves.
+	HostMemoryLimit uint64
+	// FreeBackupAfterWake frees a segment's backup once it is awake again.
+	FreeBackupAfterWake bool
+	// ReleasePinnedAfterWake also unpins backup slabs that hold nothing after wake.
+	ReleasePinnedAfterWake bool
+}
+
+// SetSleepOptions replaces the pool's sleep options; the host memory limit
+// applies to future pinning.
+func (p *Pool) SetSleepOptions(o SleepOptions) error {
+	b := func(v bool) C.uint32_t {
+		if v {
+			return 1
+		}
+		return 0
+	}
+	c := C.vmmw_sleep_options_t{
+		size:                      C.size_t(unsafe.Sizeof(C.vmmw_sleep_options_t{})),
+		copy_piece_bytes:          C.uint64_t(o.CopyPieceBytes),
+		streams:                   C.uint32_t(o.Streams),
+		debug_fill:                b(o.DebugFill),
+		wake_coalesce_bytes:       C.uint64_t(o.WakeCoalesceBytes),
+		backup_slab_bytes:         C.uint64_t(o.BackupSlabBytes),
+		host_memory_limit:         C.uint64_t(o.HostMemoryLimit),
+		free_backup_after_wake:    b(o.FreeBackupAfterWake),
+		release_pinned_after_wake: b(o.ReleasePinnedAfterWake),
+		debug_fill_byte:           C.uint8_t(o.DebugFillByte),
+	}
+	return p.do(func(cp *C.vmmw_pool_t, e **C.vmmw_error_t) C.vmmw_status_t {
+		return C.vmmw_pool_set_sleep_options(cp, &c, e)
+	})
 }

@@ -1,0 +1,118 @@
+#define VMMW_BACKEND_AUTO 0
+#define VMMW_BACKEND_CUDA 2
+#define VMMW_BACKEND_HOST 1
+#define VMMW_BUFFER_TOO_SMALL 16
+#define VMMW_CANCELLED 13
+#define VMMW_CHECKPOINT_INVALID 10
+#define VMMW_COPY_AUTO 0
+#define VMMW_COPY_DIRECT 1
+#define VMMW_COPY_READ 3
+#define VMMW_COPY_SIMPLE 4
+#define VMMW_COPY_STAGED 2
+#define VMMW_DRIVER_ERROR 6
+#define VMMW_DRIVER_UNAVAILABLE 5
+#define VMMW_HOST_OUT_OF_MEMORY 4
+#define VMMW_INVALID_ARGUMENT 1
+#define VMMW_INVALID_STATE 9
+#define VMMW_IO 11
+#define VMMW_MAX_DIMS 8
+#define VMMW_NULL_ARGUMENT 2
+#define VMMW_OK 0
+#define VMMW_OUT_OF_MEMORY 3
+#define VMMW_PANIC 14
+#define VMMW_PLAN_MISMATCH 12
+#define VMMW_POLICY_DISCARD 1
+#define VMMW_POLICY_OFFLOAD 0
+#define VMMW_POLICY_RELOAD 2
+#define VMMW_TAG_DEFAULT 0
+#define VMMW_UNKNOWN_POINTER 7
+#define VMMW_UNKNOWN_TAG 8
+#define VMMW_UNSUPPORTED 15
+const char*vmmw_error_message(const struct vmmw_error_t*error);
+const char*vmmw_status_name(vmmw_status_t status);
+const char*vmmw_version_string(void);
+typedef int32_t vmmw_backend_t;
+typedef int32_t vmmw_copy_strategy_t;
+typedef int32_t vmmw_policy_t;
+typedef int32_t vmmw_status_t;
+typedef int32_t(*vmmw_progress_fn)(uint64_t done,uint64_t total,void*user);
+typedef struct vmmw_destination_t{uint64_t ptr;uint64_t bytes;char dtype[16];uint32_t ndim;uint64_t shape[VMMW_MAX_DIMS];}vmmw_destination_t;
+typedef struct vmmw_device_t vmmw_device_t;
+typedef struct vmmw_error_t vmmw_error_t;
+typedef struct vmmw_load_options_t{size_t size;uint32_t allow_missing;uint32_t allow_unexpected;vmmw_copy_strategy_t strategy;uint32_t threads;uint64_t window_bytes;uint64_t slot_bytes;}vmmw_load_options_t;
+typedef struct vmmw_load_result_t{uint64_t bytes;double seconds;double gbps;uint64_t direct_bytes;uint64_t staged_bytes;uint64_t read_bytes;uint64_t filled_bytes;uint32_t threads;}vmmw_load_result_t;
+typedef struct vmmw_loader_t vmmw_loader_t;
+typedef struct vmmw_plan_summary_t{uint64_t extents;uint64_t fills;uint64_t src_bytes;uint64_t dst_bytes;uint64_t sources;uint64_t skipped;uint64_t missing;uint64_t unexpected;uint64_t destinations;}vmmw_plan_summary_t;
+typedef struct vmmw_pool_options_t{size_t size;const struct vmmw_device_t*device_handle;vmmw_backend_t backend;int32_t device;uint64_t align;uint64_t small_request_max;uint64_t small_segment_bytes;uint64_t large_segment_bytes;uint64_t chunk_bytes;}vmmw_pool_options_t;
+typedef struct vmmw_pool_t vmmw_pool_t;
+typedef struct vmmw_report_t{uint64_t live_bytes;uint64_t live_blocks;uint64_t reserved_bytes;uint64_t tracked_bytes;uint64_t segments;uint64_t awake_bytes;uint64_t offloaded_bytes;uint64_t discarded_bytes;uint64_t reloadable_bytes;uint64_t host_backup_bytes;uint64_t device_used_bytes;uint64_t device_total_bytes;uint32_t asleep;uint32_t tags;}vmmw_report_t;
+typedef struct vmmw_segment_info_t{uint64_t ptr;uint64_t reserved;uint64_t committed;uint64_t mapped;uint64_t chunks;}vmmw_segment_info_t;
+typedef struct vmmw_segment_t vmmw_segment_t;
+typedef struct vmmw_sleep_options_t{size_t size;uint64_t copy_piece_bytes;uint32_t streams;uint32_t debug_fill;uint64_t wake_coalesce_bytes;uint64_t backup_slab_bytes;uint64_t host_memory_limit;uint32_t free_backup_after_wake;uint32_t release_pinned_after_wake;uint8_t debug_fill_byte;}vmmw_sleep_options_t;
+typedef struct vmmw_tag_policy_t{uint32_t tag;vmmw_policy_t policy;}vmmw_tag_policy_t;
+uint32_t vmmw_version_major(void);
+uint32_t vmmw_version_minor(void);
+uint32_t vmmw_version_patch(void);
+vmmw_status_t vmmw_device_backend(const struct vmmw_device_t*device,vmmw_backend_t*out,struct vmmw_error_t**error);
+vmmw_status_t vmmw_device_choice_reason(const struct vmmw_device_t*device,char*buf,size_t cap,size_t*needed,struct vmmw_error_t**error);
+vmmw_status_t vmmw_device_describe(const struct vmmw_device_t*device,char*buf,size_t cap,size_t*needed,struct vmmw_error_t**error);
+vmmw_status_t vmmw_device_granularity(const struct vmmw_device_t*device,uint64_t*out,struct vmmw_error_t**error);
+vmmw_status_t vmmw_device_mem_info(const struct vmmw_device_t*device,uint64_t*free_bytes,uint64_t*total_bytes,struct vmmw_error_t**error);
+vmmw_status_t vmmw_device_open(vmmw_backend_t backend,int32_t device,struct vmmw_device_t**out,struct vmmw_error_t**error);
+vmmw_status_t vmmw_device_synchronize(const struct vmmw_device_t*device,struct vmmw_error_t**error);
+vmmw_status_t vmmw_error_status(const struct vmmw_error_t*error);
+vmmw_status_t vmmw_loader_allocate(struct vmmw_loader_t*loader,struct vmmw_pool_t*pool,uint32_t tag,struct vmmw_error_t**error);
+vmmw_status_t vmmw_loader_cancel(struct vmmw_loader_t*loader,struct vmmw_error_t**error);
+vmmw_status_t vmmw_loader_destination(const struct vmmw_loader_t*loader,const char*name,struct vmmw_destination_t*out,struct vmmw_error_t**error);
+vmmw_status_t vmmw_loader_destination_count(const struct vmmw_loader_t*loader,size_t*out,struct vmmw_error_t**error);
+vmmw_status_t vmmw_loader_destination_name(const struct vmmw_loader_t*loader,size_t index,char*buf,size_t cap,size_t*needed,struct vmmw_error_t**error);
+vmmw_status_t vmmw_loader_load(struct vmmw_loader_t*loader,struct vmmw_pool_t*pool,vmmw_progress_fn progress,void*user,struct vmmw_error_t**error);
+vmmw_status_t vmmw_loader_open(const char*path,struct vmmw_loader_t**out,struct vmmw_error_t**error);
+vmmw_status_t vmmw_loader_plan(const struct vmmw_loader_t*loader,struct vmmw_plan_summary_t*out,struct vmmw_error_t**error);
+vmmw_status_t vmmw_loader_register(struct vmmw_loader_t*loader,const char*name,uint64_t ptr,const char*dtype,const uint64_t*shape,size_t ndim,struct vmmw_error_t**error);
+vmmw_status_t vmmw_loader_result(const struct vmmw_loader_t*loader,struct vmmw_load_result_t*out,struct vmmw_error_t**error);
+vmmw_status_t vmmw_loader_result_json(const struct vmmw_loader_t*loader,char*buf,size_t cap,size_t*needed,struct vmmw_error_t**error);
+vmmw_status_t vmmw_loader_set_options(struct vmmw_loader_t*loader,const struct vmmw_load_options_t*options,struct vmmw_error_t**error);
+vmmw_status_t vmmw_loader_set_rules_json(struct vmmw_loader_t*loader,const char*json,struct vmmw_error_t**error);
+vmmw_status_t vmmw_loader_set_rules_preset(struct vmmw_loader_t*loader,const char*family,uint32_t tp_rank,uint32_t tp_world,uint32_t head_dim,struct vmmw_error_t**error);
+vmmw_status_t vmmw_pool_alloc(struct vmmw_pool_t*pool,uint64_t size,uint64_t*out_ptr,struct vmmw_error_t**error);
+vmmw_status_t vmmw_pool_alloc_tagged(struct vmmw_pool_t*pool,uint64_t size,uint32_t tag,uint64_t*out_ptr,struct vmmw_error_t**error);
+vmmw_status_t vmmw_pool_dealloc(struct vmmw_pool_t*pool,uint64_t ptr,struct vmmw_error_t**error);
+vmmw_status_t vmmw_pool_default(int32_t device,struct vmmw_pool_t**out,struct vmmw_error_t**error);
+vmmw_status_t vmmw_pool_free_ptr(struct vmmw_pool_t*pool,uint64_t ptr,struct vmmw_error_t**error);
+vmmw_status_t vmmw_pool_last_cycle_json(const struct vmmw_pool_t*pool,char*buf,size_t cap,size_t*needed,struct vmmw_error_t**error);
+vmmw_status_t vmmw_pool_new(const struct vmmw_pool_options_t*options,struct vmmw_pool_t**out,struct vmmw_error_t**error);
+vmmw_status_t vmmw_pool_read(const struct vmmw_pool_t*pool,uint64_t src,void*dst,size_t len,struct vmmw_error_t**error);
+vmmw_status_t vmmw_pool_release_backup(struct vmmw_pool_t*pool,uint64_t*released,struct vmmw_error_t**error);
+vmmw_status_t vmmw_pool_release_staging(struct vmmw_pool_t*pool,uint64_t*released,struct vmmw_error_t**error);
+vmmw_status_t vmmw_pool_report(const struct vmmw_pool_t*pool,struct vmmw_report_t*out,struct vmmw_error_t**error);
+vmmw_status_t vmmw_pool_report_json(const struct vmmw_pool_t*pool,char*buf,size_t cap,size_t*needed,struct vmmw_error_t**error);
+vmmw_status_t vmmw_pool_report_tag(const struct vmmw_pool_t*pool,uint32_t tag,struct vmmw_report_t*out,struct vmmw_error_t**error);
+vmmw_status_t vmmw_pool_reserve_backup(struct vmmw_pool_t*pool,uint64_t bytes,struct vmmw_error_t**error);
+vmmw_status_t vmmw_pool_set_sleep_options(struct vmmw_pool_t*pool,const struct vmmw_sleep_options_t*options,struct vmmw_error_t**error);
+vmmw_status_t vmmw_pool_set_tag_arena(struct vmmw_pool_t*pool,uint32_t tag,uint64_t reserve_bytes,uint64_t grow_step,struct vmmw_error_t**error);
+vmmw_status_t vmmw_pool_set_tag_segments(struct vmmw_pool_t*pool,uint32_t tag,struct vmmw_error_t**error);
+vmmw_status_t vmmw_pool_sleep(struct vmmw_pool_t*pool,const struct vmmw_tag_policy_t*items,size_t n,struct vmmw_error_t**error);
+vmmw_status_t vmmw_pool_snapshot(struct vmmw_pool_t*pool,const char*name,struct vmmw_error_t**error);
+vmmw_status_t vmmw_pool_staging_bytes(const struct vmmw_pool_t*pool,uint64_t*out,struct vmmw_error_t**error);
+vmmw_status_t vmmw_pool_timeline_json(const struct vmmw_pool_t*pool,char*buf,size_t cap,size_t*needed,struct vmmw_error_t**error);
+vmmw_status_t vmmw_pool_trim(struct vmmw_pool_t*pool,uint64_t*released,struct vmmw_error_t**error);
+vmmw_status_t vmmw_pool_wake(struct vmmw_pool_t*pool,const uint32_t*tags,size_t n,struct vmmw_error_t**error);
+vmmw_status_t vmmw_pool_write(struct vmmw_pool_t*pool,uint64_t dst,const void*src,size_t len,struct vmmw_error_t**error);
+vmmw_status_t vmmw_segment_info(const struct vmmw_segment_t*segment,struct vmmw_segment_info_t*out,struct vmmw_error_t**error);
+vmmw_status_t vmmw_segment_new(const struct vmmw_device_t*device,uint64_t size,uint64_t chunk_size,struct vmmw_segment_t**out,struct vmmw_error_t**error);
+vmmw_status_t vmmw_segment_read(const struct vmmw_segment_t*segment,uint64_t offset,void*dst,size_t len,struct vmmw_error_t**error);
+vmmw_status_t vmmw_segment_write(struct vmmw_segment_t*segment,uint64_t offset,const void*src,size_t len,struct vmmw_error_t**error);
+vmmw_status_t vmmw_tag_current(uint32_t*out,struct vmmw_error_t**error);
+vmmw_status_t vmmw_tag_id(const char*name,uint32_t*out,struct vmmw_error_t**error);
+vmmw_status_t vmmw_tag_name(uint32_t tag,char*buf,size_t cap,size_t*needed,struct vmmw_error_t**error);
+vmmw_status_t vmmw_tag_pop(struct vmmw_error_t**error);
+vmmw_status_t vmmw_tag_push(uint32_t tag,struct vmmw_error_t**error);
+vmmw_status_t vmmw_tag_set_process_default(uint32_t tag,struct vmmw_error_t**error);
+void vmmw_device_free(struct vmmw_device_t*device);
+void vmmw_error_free(struct vmmw_error_t*error);
+void vmmw_loader_free(struct vmmw_loader_t*loader);
+void vmmw_pool_free(struct vmmw_pool_t*pool);
+void vmmw_segment_free(struct vmmw_segment_t*segment);
+void vmmw_torch_free(void*ptr,ptrdiff_t size,int32_t device,void*stream);
+void*vmmw_torch_malloc(ptrdiff_t size,int32_t device,void*stream);
