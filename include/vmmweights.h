@@ -83,6 +83,7 @@
 #define VMMW_POOL_OPTIONS_INIT { .size = sizeof(vmmw_pool_options_t) }
 #define VMMW_LOAD_OPTIONS_INIT { .size = sizeof(vmmw_load_options_t) }
 #define VMMW_SLEEP_OPTIONS_INIT { .size = sizeof(vmmw_sleep_options_t) }
+#define VMMW_SHARE_OPTIONS_INIT { .size = sizeof(vmmw_share_options_t) }
 #endif
 
 
@@ -128,6 +129,17 @@ typedef struct vmmw_pool_t vmmw_pool_t;
  * calls may run concurrently, except `vmmw_segment_free`.
  */
 typedef struct vmmw_segment_t vmmw_segment_t;
+
+/**
+ * A running share (owner side). Thread-safe; free with `vmmw_share_server_free`.
+ */
+typedef struct vmmw_share_server_t vmmw_share_server_t;
+
+/**
+ * An attached share (importer side). Thread-safe except `vmmw_share_detach`
+ * and `vmmw_share_free`, which must not race other calls on the same handle.
+ */
+typedef struct vmmw_share_t vmmw_share_t;
 
 /**
  * A status code: `VMMW_OK` (0) or one of the `VMMW_*` error codes below.
@@ -437,6 +449,41 @@ typedef struct vmmw_segment_info_t {
 } vmmw_segment_info_t;
 
 /**
+ * What the owner's sleep of a shared tag does to attached importers: one of
+ * the `VMMW_SHARE_SLEEP_*` values.
+ */
+typedef int32_t vmmw_share_sleep_policy_t;
+
+/**
+ * How a share is served. Every field but `size` 0 means the default: refuse
+ * sleep while attached, read-only importers, only this process's user may
+ * attach. Start from `VMMW_SHARE_OPTIONS_INIT` (C) so `size` is set.
+ */
+typedef struct vmmw_share_options_t {
+  /**
+   * `sizeof(vmmw_share_options_t)` as the caller's header declares it (see
+   * `VMMW_SHARE_OPTIONS_INIT`): fields past it take their defaults.
+   */
+  size_t size;
+  /**
+   * A `VMMW_SHARE_SLEEP_*` policy.
+   */
+  vmmw_share_sleep_policy_t sleep_policy;
+  /**
+   * 1: importers may map read-write; 0: read-only only.
+   */
+  uint32_t allow_write;
+  /**
+   * 1: `allowed_uid` may attach instead of this process's user; 0: ignore it.
+   */
+  uint32_t use_allowed_uid;
+  /**
+   * The user id allowed to attach when `use_allowed_uid` is 1.
+   */
+  uint32_t allowed_uid;
+} vmmw_share_options_t;
+
+/**
  * What sleep does with a tag's memory: one of the `VMMW_POLICY_*` values.
  */
 typedef int32_t vmmw_policy_t;
@@ -546,6 +593,18 @@ typedef struct vmmw_sleep_options_t {
  * Copy strategy: one thread, no pinning (the reference path).
  */
 #define VMMW_COPY_SIMPLE 4
+
+/**
+ * Sleep policy: the owner's sleep of the shared tag fails (`VMMW_INVALID_STATE`)
+ * while any importer is attached.
+ */
+#define VMMW_SHARE_SLEEP_REFUSE 0
+
+/**
+ * Sleep policy: the sleep proceeds; importers' next call fails with
+ * `VMMW_SHARE_REVOKED` and their mapping stays valid until they detach.
+ */
+#define VMMW_SHARE_SLEEP_REVOKE 1
 
 /**
  * Sleep policy: copy to a pinned host backup, restored byte for byte at wake.
@@ -663,6 +722,18 @@ typedef struct vmmw_sleep_options_t {
  * A load is writing into the tag: sleep it once the load has returned (or cancel the load).
  */
 #define VMMW_LOAD_IN_PROGRESS 17
+
+/**
+ * Sharing across processes was refused: the peer is not allowed, the manifest
+ * is malformed, or the owner refused the attach (its tag asleep); the message says which.
+ */
+#define VMMW_SHARE_REFUSED 18
+
+/**
+ * The owner revoked a share (it slept the tag under the revoke policy):
+ * detach, then attach again once the owner's tag is awake.
+ */
+#define VMMW_SHARE_REVOKED 19
 
 #ifdef __cplusplus
 extern "C" {
@@ -1227,6 +1298,141 @@ vmmw_status_t vmmw_segment_write(struct vmmw_segment_t *segment, uint64_t offset
  * when `len` is 0); `error` is NULL or writable.
  */
 vmmw_status_t vmmw_segment_read(const struct vmmw_segment_t *segment, uint64_t offset, void *dst, size_t len, struct vmmw_error_t **error);
+
+/**
+ * Serve every destination registered in `loader` (after `vmmw_loader_allocate`
+ * or `vmmw_loader_register`; they must lie in `tag`'s memory in `pool`) on a
+ * new Unix socket at `path`, which must not exist. Checked now: the tag is
+ * awake, every destination lies in it, the backend can export its memory
+ * (`VMMW_UNSUPPORTED` otherwise). On success `*out` receives a server owned
+ * by the caller; it accepts importers on its own thread until
+ * `vmmw_share_server_free`. The loader may be freed afterwards (the list of
+ * tensors is copied); the pool must outlive the server.
+ *
+ * # Safety
+ * `pool` and `loader` are live handles; `path` is a NUL-terminated string;
+ * `options` is NULL (defaults) or readable for its `size` bytes; `out` is
+ * writable; `error` is NULL or writable.
+ */
+vmmw_status_t vmmw_share_serve(struct vmmw_pool_t *pool, uint32_t tag, const struct vmmw_loader_t *loader, const char *path, const struct vmmw_share_options_t *options, struct vmmw_share_server_t **out, struct vmmw_error_t **error);
+
+/**
+ * Stop serving and remove the socket path. Attached importers keep their
+ * mappings (the memory lives while they map it) and stop counting against
+ * the tag's sleep policy. NULL is a no-op.
+ *
+ * # Safety
+ * `server` is NULL or a live handle, not used afterwards.
+ */
+void vmmw_share_server_free(struct vmmw_share_server_t *server);
+
+/**
+ * Number of importers attached now (connections open, handshakes included).
+ *
+ * # Safety
+ * `server` is a live handle; `out` is writable; `error` is NULL or writable.
+ */
+vmmw_status_t vmmw_share_server_attached(const struct vmmw_share_server_t *server, uint64_t *out, struct vmmw_error_t **error);
+
+/**
+ * Announce new weights written in place: the version goes up by one and
+ * attached importers see it on their next call. `*out` receives the new version.
+ *
+ * # Safety
+ * `server` is a live handle; `out` is writable; `error` is NULL or writable.
+ */
+vmmw_status_t vmmw_share_server_publish(struct vmmw_share_server_t *server, uint64_t *out, struct vmmw_error_t **error);
+
+/**
+ * Attach to the share at `path` on `device` (which must use the owner's
+ * backend): receive and validate the manifest, import and map every chunk at
+ * this process's own addresses, read-only unless `read_write` is 1 and the
+ * owner allows it. Refusals (`VMMW_SHARE_REFUSED`) name the reason: peer not
+ * allowed, malformed manifest, owner's tag asleep. Nothing is left behind on
+ * failure. On success `*out` receives a handle owned by the caller
+ * (`vmmw_share_detach` or `vmmw_share_free`). Takes at most 30 s when the
+ * owner does not answer.
+ *
+ * # Safety
+ * `device` is a live handle; `path` is a NUL-terminated string; `out` is
+ * writable; `error` is NULL or writable.
+ */
+vmmw_status_t vmmw_share_attach(const struct vmmw_device_t *device, const char *path, uint32_t read_write, struct vmmw_share_t **out, struct vmmw_error_t **error);
+
+/**
+ * Number of tensors in the share.
+ *
+ * # Safety
+ * `share` is a live handle; `out` is writable; `error` is NULL or writable.
+ */
+vmmw_status_t vmmw_share_count(const struct vmmw_share_t *share, size_t *out, struct vmmw_error_t **error);
+
+/**
+ * The name of tensor `index` (0 ≤ index < count, in the owner's order), into
+ * `buf` (buffer contract of `vmmw_device_describe`).
+ *
+ * # Safety
+ * `share` is a live handle; `buf` is NULL or writable for `cap` bytes;
+ * `needed` and `error` are NULL or writable.
+ */
+vmmw_status_t vmmw_share_tensor_name(const struct vmmw_share_t *share, size_t index, char *buf, size_t cap, size_t *needed, struct vmmw_error_t **error);
+
+/**
+ * The tensor called `name`, at this process's address. `VMMW_SHARE_REVOKED`
+ * once the owner revoked the share; `VMMW_INVALID_ARGUMENT` for an unknown name.
+ *
+ * # Safety
+ * `share` is a live handle; `name` is a NUL-terminated string; `out` is
+ * writable; `error` is NULL or writable.
+ */
+vmmw_status_t vmmw_share_tensor(const struct vmmw_share_t *share, const char *name, struct vmmw_destination_t *out, struct vmmw_error_t **error);
+
+/**
+ * The weights version: the manifest's, or a newer one the owner published
+ * since. `VMMW_SHARE_REVOKED` once the owner revoked the share.
+ *
+ * # Safety
+ * `share` is a live handle; `out` is writable; `error` is NULL or writable.
+ */
+vmmw_status_t vmmw_share_version(const struct vmmw_share_t *share, uint64_t *out, struct vmmw_error_t **error);
+
+/**
+ * `*out` = 1 while the owner still serves, 0 once it stopped or exited. The
+ * memory stays mapped and valid either way.
+ *
+ * # Safety
+ * `share` is a live handle; `out` is writable; `error` is NULL or writable.
+ */
+vmmw_status_t vmmw_share_owner_connected(const struct vmmw_share_t *share, uint32_t *out, struct vmmw_error_t **error);
+
+/**
+ * Copy `len` bytes of the share at this process's address `src` (inside the
+ * share's mapped range) into host memory `dst`, and wait for the copy.
+ * `VMMW_SHARE_REVOKED` once the owner revoked the share.
+ *
+ * # Safety
+ * `share` is a live handle; `dst` is writable for `len` bytes (NULL when
+ * `len` is 0); `error` is NULL or writable.
+ */
+vmmw_status_t vmmw_share_read(const struct vmmw_share_t *share, uint64_t src, void *dst, size_t len, struct vmmw_error_t **error);
+
+/**
+ * Detach: unmap, release and close, then free the handle (also when an
+ * unmap fails; the error is reported). Every pointer from this share becomes
+ * invalid. The caller must have finished all device work that reads it.
+ *
+ * # Safety
+ * `share` is a live handle, not used afterwards; `error` is NULL or writable.
+ */
+vmmw_status_t vmmw_share_detach(struct vmmw_share_t *share, struct vmmw_error_t **error);
+
+/**
+ * Detach ignoring errors and free the handle. NULL is a no-op.
+ *
+ * # Safety
+ * `share` is NULL or a live handle, not used afterwards.
+ */
+void vmmw_share_free(struct vmmw_share_t *share);
 
 /**
  * Put the `n` listed tags to sleep, each with its policy. Every pointer stays

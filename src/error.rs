@@ -63,11 +63,17 @@ pub enum Status {
     BufferTooSmall = 16,
     /// A load is writing into the tag: sleep it once the load has returned (or cancel the load).
     LoadInProgress = 17,
+    /// Sharing across processes refused: a peer not allowed, a malformed or
+    /// hostile manifest, a protocol violation, or the owner refusing the attach.
+    ShareRefused = 18,
+    /// The owner revoked a share (it slept the tag under the revoke policy):
+    /// detach, and attach again once it is awake.
+    ShareRevoked = 19,
 }
 
 impl Status {
     /// Every status, in numeric order.
-    pub const ALL: [Status; 18] = [
+    pub const ALL: [Status; 20] = [
         Status::Ok,
         Status::InvalidArgument,
         Status::NullArgument,
@@ -86,6 +92,8 @@ impl Status {
         Status::Unsupported,
         Status::BufferTooSmall,
         Status::LoadInProgress,
+        Status::ShareRefused,
+        Status::ShareRevoked,
     ];
 
     /// A short, stable, human-readable name ("VMMW_OUT_OF_MEMORY").
@@ -115,6 +123,8 @@ impl Status {
             Status::Unsupported => c"VMMW_UNSUPPORTED",
             Status::BufferTooSmall => c"VMMW_BUFFER_TOO_SMALL",
             Status::LoadInProgress => c"VMMW_LOAD_IN_PROGRESS",
+            Status::ShareRefused => c"VMMW_SHARE_REFUSED",
+            Status::ShareRevoked => c"VMMW_SHARE_REVOKED",
         }
     }
 }
@@ -247,6 +257,24 @@ pub enum Error {
         /// Bytes provided.
         got: usize,
     },
+
+    /// Sharing with another process was refused (see [`Status::ShareRefused`]).
+    #[error("share {}: {reason}", path.display())]
+    ShareRefused {
+        /// The share's socket path.
+        path: PathBuf,
+        /// What was refused and why, with the values involved.
+        reason: String,
+    },
+
+    /// The owner revoked the share (see [`Status::ShareRevoked`]).
+    #[error("share {}: revoked by the owner ({reason}); detach and attach again once the owner's tag is awake", path.display())]
+    ShareRevoked {
+        /// The share's socket path.
+        path: PathBuf,
+        /// Why the owner revoked it.
+        reason: String,
+    },
 }
 
 impl Error {
@@ -270,6 +298,8 @@ impl Error {
             Error::Panic(_) => Status::Panic,
             Error::BufferTooSmall { .. } => Status::BufferTooSmall,
             Error::LoadInProgress { .. } => Status::LoadInProgress,
+            Error::ShareRefused { .. } => Status::ShareRefused,
+            Error::ShareRevoked { .. } => Status::ShareRevoked,
         }
     }
 
@@ -316,6 +346,8 @@ mod tests {
         assert_eq!(Status::Panic as i32, 14);
         assert_eq!(Status::BufferTooSmall as i32, 16);
         assert_eq!(Status::LoadInProgress as i32, 17);
+        assert_eq!(Status::ShareRefused as i32, 18);
+        assert_eq!(Status::ShareRevoked as i32, 19);
     }
 
     #[test]

@@ -31,6 +31,7 @@ pub mod loader;
 pub mod pool;
 pub mod report;
 pub mod segment;
+pub mod share;
 pub mod sleep;
 pub mod tag;
 pub mod units;

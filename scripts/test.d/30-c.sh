@@ -27,3 +27,6 @@ done
 echo "--- examples/c"
 gcc -std=c11 "${warn[@]}" "${san[@]}" -Iinclude examples/c/main.c -o "$out/example-c" "${link[@]}"
 "$out/example-c"
+
+echo "--- examples/share (two processes)"
+bash examples/share/run.sh

@@ -8,6 +8,8 @@
 //! made current in every entry point, since callers arrive on any thread.
 
 use std::ffi::{c_void, CStr};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::OnceLock;
 
 use cudarc::driver::sys;
@@ -29,7 +31,28 @@ pub struct CudaDriver {
     name: String,
     driver_version: i32,
     granularity: usize,
+    /// Physical memory is created exportable as a POSIX file descriptor; see `shareable_wanted`.
+    shareable: AtomicBool,
     kernels: OnceLock<std::result::Result<Kernels, String>>,
+}
+
+/// Whether to create exportable memory: the device supports POSIX file-descriptor
+/// handles and `VMMW_CUDA_SHAREABLE` is not `0` (an escape hatch for drivers or
+/// containers that refuse the handle type).
+fn shareable_wanted(dev: sys::CUdevice) -> bool {
+    if std::env::var("VMMW_CUDA_SHAREABLE").is_ok_and(|v| v.trim() == "0") {
+        return false;
+    }
+    let mut supported = 0;
+    // SAFETY: writes one int for a valid device.
+    let rc = unsafe {
+        sys::cuDeviceGetAttribute(
+            &mut supported,
+            sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED,
+            dev,
+        )
+    };
+    rc == sys::CUresult::CUDA_SUCCESS && supported != 0
 }
 
 /// The retained primary context.
@@ -183,6 +206,7 @@ impl CudaDriver {
             name,
             driver_version: version,
             granularity: 0,
+            shareable: AtomicBool::new(shareable_wanted(dev)),
             kernels: OnceLock::new(),
         };
         d.bind()?;
@@ -218,7 +242,11 @@ impl CudaDriver {
         // valid value (no handle types, no flags); the fields we need are set below.
         let mut prop: sys::CUmemAllocationProp = unsafe { std::mem::zeroed() };
         prop.type_ = sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
-        prop.requestedHandleTypes = sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_NONE;
+        prop.requestedHandleTypes = if self.shareable.load(Ordering::Relaxed) {
+            sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+        } else {
+            sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_NONE
+        };
         prop.location.type_ = sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
         prop.location.id = self.cu_device;
         prop
@@ -282,6 +310,27 @@ impl CudaDriver {
         })
     }
 
+    /// `cuMemSetAccess` for this device with `flags` (read-write or read-only).
+    fn set_access_flags(
+        &self,
+        va: DevicePtr,
+        size: usize,
+        flags: sys::CUmemAccess_flags,
+    ) -> Result<()> {
+        self.bind()?;
+        // SAFETY: CUmemAccessDesc is a plain C struct; every field is set below.
+        let mut desc: sys::CUmemAccessDesc = unsafe { std::mem::zeroed() };
+        desc.location.type_ = sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
+        desc.location.id = self.cu_device;
+        desc.flags = flags;
+        // SAFETY: one valid descriptor; the range is mapped (caller's contract).
+        check_with(
+            "cuMemSetAccess",
+            unsafe { sys::cuMemSetAccess(va, size, &desc, 1) },
+            || format!("{size} bytes at {va:#x}"),
+        )
+    }
+
     fn stream(s: StreamId) -> sys::CUstream {
         s.0 as usize as sys::CUstream
     }
@@ -335,7 +384,17 @@ impl Driver for CudaDriver {
         let prop = self.alloc_prop();
         let mut h: sys::CUmemGenericAllocationHandle = 0;
         // SAFETY: prop is fully initialised; writes one handle.
-        let rc = unsafe { sys::cuMemCreate(&mut h, size, &prop, 0) };
+        let mut rc = unsafe { sys::cuMemCreate(&mut h, size, &prop, 0) };
+        let refused = [
+            sys::CUresult::CUDA_ERROR_NOT_SUPPORTED,
+            sys::CUresult::CUDA_ERROR_INVALID_VALUE,
+        ];
+        if refused.contains(&rc) && self.shareable.swap(false, Ordering::Relaxed) {
+            // The driver refuses exportable memory here: keep working, unshareable.
+            let prop = self.alloc_prop();
+            // SAFETY: as above.
+            rc = unsafe { sys::cuMemCreate(&mut h, size, &prop, 0) };
+        }
         if rc == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY {
             let free = self.mem_info().map(|m| m.free).unwrap_or(0);
             return Err(Error::OutOfMemory {
@@ -365,17 +424,68 @@ impl Driver for CudaDriver {
     }
 
     fn set_access(&self, va: DevicePtr, size: usize) -> Result<()> {
+        self.set_access_flags(
+            va,
+            size,
+            sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+        )
+    }
+
+    fn shareable(&self) -> bool {
+        self.shareable.load(Ordering::Relaxed)
+    }
+
+    fn export_fd(&self, handle: PhysHandle) -> Result<OwnedFd> {
+        if !self.shareable() {
+            return Err(Error::Unsupported(
+                "exporting physical memory: this device's memory is not created shareable \
+                 (no POSIX file-descriptor handle support, or VMMW_CUDA_SHAREABLE=0)"
+                    .into(),
+            ));
+        }
         self.bind()?;
-        // SAFETY: CUmemAccessDesc is a plain C struct; every field is set below.
-        let mut desc: sys::CUmemAccessDesc = unsafe { std::mem::zeroed() };
-        desc.location.type_ = sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
-        desc.location.id = self.cu_device;
-        desc.flags = sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-        // SAFETY: one valid descriptor; the range is mapped (caller's contract).
-        check_with(
-            "cuMemSetAccess",
-            unsafe { sys::cuMemSetAccess(va, size, &desc, 1) },
-            || format!("{size} bytes at {va:#x}"),
+        let mut fd: std::ffi::c_int = -1;
+        // SAFETY: for the POSIX handle type the driver writes one int; the handle
+        // is live (caller's contract).
+        let rc = unsafe {
+            sys::cuMemExportToShareableHandle(
+                &mut fd as *mut std::ffi::c_int as *mut c_void,
+                handle.0,
+                sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+                0,
+            )
+        };
+        check("cuMemExportToShareableHandle", rc)?;
+        // SAFETY: a fresh descriptor the driver made for us; nothing else owns it.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        // SAFETY: fd is open; sets close-on-exec so children do not inherit VRAM.
+        unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETFD, libc::FD_CLOEXEC) };
+        Ok(fd)
+    }
+
+    fn import_fd(&self, fd: OwnedFd, size: usize) -> Result<PhysHandle> {
+        self.bind()?;
+        let mut h: sys::CUmemGenericAllocationHandle = 0;
+        // SAFETY: the POSIX handle type takes the descriptor's number cast to a
+        // pointer; the driver does not take ownership (`fd` closes on return).
+        let rc = unsafe {
+            sys::cuMemImportFromShareableHandle(
+                &mut h,
+                fd.as_raw_fd() as usize as *mut c_void,
+                sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+            )
+        };
+        check_with("cuMemImportFromShareableHandle", rc, || {
+            format!("{size} bytes")
+        })?;
+        Ok(PhysHandle(h))
+    }
+
+    fn set_access_read_only(&self, va: DevicePtr, size: usize) -> Result<()> {
+        self.set_access_flags(
+            va,
+            size,
+            sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READ,
         )
     }
 

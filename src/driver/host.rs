@@ -6,7 +6,9 @@
 //! - set_access = `mprotect(PROT_READ|PROT_WRITE)`;
 //! - unmap    = an anonymous `PROT_NONE` mapping `MAP_FIXED` over the range, so the VA
 //!   stays reserved and touching it faults, as on a GPU;
-//! - release  = close the memfd; the memory is returned once it is also unmapped.
+//! - release  = close the memfd; the memory is returned once it is also unmapped;
+//! - export_fd / import_fd = `dup` of the memfd, and mapping a received one: the
+//!   same file in every process, so writes are seen everywhere, as with CUDA IPC.
 //!
 //! Copies are `memcpy`s done at once (so every "async" call has completed when
 //! it returns); streams and events are counters that tests can check for leaks.
@@ -14,6 +16,7 @@
 //! failures testable.
 
 use std::collections::{BTreeMap, HashMap};
+use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd, OwnedFd};
 use std::sync::Mutex;
 
 use super::{BackendKind, ConvertType, DevicePtr, Driver, EventId, MemInfo, PhysHandle, StreamId};
@@ -113,6 +116,8 @@ struct Phys {
     size: usize,
     released: bool,
     maps: usize,
+    /// Counted against the memory limit: created here, not imported.
+    counted: bool,
 }
 
 #[derive(Debug, Default)]
@@ -235,9 +240,44 @@ impl HostDriver {
             .is_some_and(|p| p.released && p.maps == 0);
         if done {
             if let Some(p) = s.handles.remove(&id) {
-                s.physical_bytes -= p.size as u64;
+                if p.counted {
+                    s.physical_bytes -= p.size as u64;
+                }
             }
         }
+    }
+
+    /// `mprotect` a fully mapped range (set_access and its read-only twin).
+    fn protect(&self, va: DevicePtr, size: usize, prot: libc::c_int) -> Result<()> {
+        self.check_aligned("set_access", va, size)?;
+        let mut s = self.state();
+        if Self::take_fault(&mut s, FaultOp::SetAccess) {
+            return Err(injected("set_access"));
+        }
+        // Every byte must be mapped, as cuMemSetAccess requires.
+        let end = va + size as u64;
+        let mut cursor = va;
+        for (&m, &(len, _)) in s.mappings.range(..end) {
+            let m_end = m + len as u64;
+            if m_end <= cursor {
+                continue;
+            }
+            if m > cursor {
+                break;
+            }
+            cursor = m_end;
+        }
+        if cursor < end {
+            return Err(Error::InvalidState(format!(
+                "set_access: [{va:#x}, +{size}) is not fully mapped"
+            )));
+        }
+        // SAFETY: the range is fully mapped by us (checked above).
+        let rc = unsafe { libc::mprotect(va as *mut libc::c_void, size, prot) };
+        if rc != 0 {
+            return Err(errno_error("mprotect", format!("[{va:#x}, +{size})")));
+        }
+        Ok(())
     }
 }
 
@@ -399,6 +439,7 @@ impl Driver for HostDriver {
                 size,
                 released: false,
                 maps: 0,
+                counted: true,
             },
         );
         s.physical_bytes += size as u64;
@@ -479,41 +520,73 @@ impl Driver for HostDriver {
     }
 
     fn set_access(&self, va: DevicePtr, size: usize) -> Result<()> {
-        self.check_aligned("set_access", va, size)?;
-        let mut s = self.state();
-        if Self::take_fault(&mut s, FaultOp::SetAccess) {
-            return Err(injected("set_access"));
-        }
-        // Every byte must be mapped, as cuMemSetAccess requires.
-        let end = va + size as u64;
-        let mut cursor = va;
-        for (&m, &(len, _)) in s.mappings.range(..end) {
-            let m_end = m + len as u64;
-            if m_end <= cursor {
-                continue;
+        self.protect(va, size, libc::PROT_READ | libc::PROT_WRITE)
+    }
+
+    fn shareable(&self) -> bool {
+        true
+    }
+
+    fn export_fd(&self, handle: PhysHandle) -> Result<OwnedFd> {
+        let s = self.state();
+        let fd = match s.handles.get(&handle.0) {
+            Some(p) if !p.released => p.fd,
+            _ => {
+                return Err(Error::InvalidArgument(format!(
+                    "export_fd: unknown or released handle {}",
+                    handle.0
+                )))
             }
-            if m > cursor {
-                break;
-            }
-            cursor = m_end;
+        };
+        // SAFETY: fd is an open memfd owned by a live handle (checked under the lock).
+        let dup = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) };
+        if dup < 0 {
+            return Err(errno_error(
+                "fcntl",
+                format!("duplicating handle {}", handle.0),
+            ));
         }
-        if cursor < end {
-            return Err(Error::InvalidState(format!(
-                "set_access: [{va:#x}, +{size}) is not fully mapped"
+        // SAFETY: `dup` is a fresh descriptor that nothing else owns.
+        Ok(unsafe { OwnedFd::from_raw_fd(dup) })
+    }
+
+    fn import_fd(&self, fd: OwnedFd, size: usize) -> Result<PhysHandle> {
+        if size == 0 || size % self.granularity != 0 {
+            return Err(Error::InvalidArgument(format!(
+                "import_fd: size {size} must be a non-zero multiple of the granularity {}",
+                self.granularity
             )));
         }
-        // SAFETY: the range is fully mapped by us (checked above).
-        let rc = unsafe {
-            libc::mprotect(
-                va as *mut libc::c_void,
-                size,
-                libc::PROT_READ | libc::PROT_WRITE,
-            )
-        };
-        if rc != 0 {
-            return Err(errno_error("mprotect", format!("[{va:#x}, +{size})")));
+        // SAFETY: an all-zero `stat` is a valid value for fstat to overwrite.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: fd is open (owned) and `st` is writable.
+        if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0 {
+            return Err(errno_error("fstat", "an imported descriptor".into()));
         }
-        Ok(())
+        if st.st_mode & libc::S_IFMT != libc::S_IFREG || (st.st_size as u64) < size as u64 {
+            return Err(Error::InvalidArgument(format!(
+                "import_fd: the descriptor is not physical memory of {size} bytes (a file of {} bytes, mode {:o})",
+                st.st_size, st.st_mode
+            )));
+        }
+        let mut s = self.state();
+        let id = s.next_handle;
+        s.next_handle += 1;
+        s.handles.insert(
+            id,
+            Phys {
+                fd: fd.into_raw_fd(),
+                size,
+                released: false,
+                maps: 0,
+                counted: false,
+            },
+        );
+        Ok(PhysHandle(id))
+    }
+
+    fn set_access_read_only(&self, va: DevicePtr, size: usize) -> Result<()> {
+        self.protect(va, size, libc::PROT_READ)
     }
 
     fn unmap(&self, va: DevicePtr, size: usize) -> Result<()> {

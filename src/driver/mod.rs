@@ -25,6 +25,7 @@ pub mod kernels;
 pub mod sync_copy;
 
 use std::fmt;
+use std::os::fd::OwnedFd;
 use std::sync::Arc;
 
 use crate::error::{Error, Result};
@@ -50,7 +51,7 @@ impl StreamId {
 pub struct EventId(pub u64);
 
 /// Which implementation is behind a [`Driver`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum BackendKind {
     /// Simulated on host memory.
@@ -267,6 +268,47 @@ pub trait Driver: Send + Sync + fmt::Debug {
     /// `ptr`/`len` are exactly what `host_alloc` returned and asked for, not yet
     /// freed, and no copy still uses the memory.
     unsafe fn host_free(&self, ptr: *mut u8, len: usize) -> Result<()>;
+
+    /// True when the physical memory `create` makes can be exported with
+    /// [`Driver::export_fd`] (CUDA: created with the POSIX file-descriptor
+    /// handle type; host: always, a memfd).
+    fn shareable(&self) -> bool {
+        false
+    }
+
+    /// Export `handle` as a file descriptor another process can import with
+    /// [`Driver::import_fd`]. The descriptor is the caller's (close-on-exec);
+    /// the handle stays valid and must still be released.
+    fn export_fd(&self, handle: PhysHandle) -> Result<OwnedFd> {
+        let _ = handle;
+        Err(Error::Unsupported(format!(
+            "exporting physical memory: the {} backend cannot share memory across processes",
+            self.kind()
+        )))
+    }
+
+    /// Import `size` bytes of physical memory from a descriptor made by
+    /// [`Driver::export_fd`] in any process of this host. The descriptor is
+    /// consumed (closed once imported, or on failure); the returned handle is
+    /// released with [`Driver::release`] like one from `create`, and its memory
+    /// is not counted as this process's allocation.
+    fn import_fd(&self, fd: OwnedFd, size: usize) -> Result<PhysHandle> {
+        let _ = (fd, size);
+        Err(Error::Unsupported(format!(
+            "importing physical memory: the {} backend cannot share memory across processes",
+            self.kind()
+        )))
+    }
+
+    /// Grant read-only access to `[va, va+size)` for this device: writes fault
+    /// (CUDA: `CU_MEM_ACCESS_FLAGS_PROT_READ`; host: `PROT_READ`).
+    fn set_access_read_only(&self, va: DevicePtr, size: usize) -> Result<()> {
+        let _ = (va, size);
+        Err(Error::Unsupported(format!(
+            "read-only access: not available on the {} backend",
+            self.kind()
+        )))
+    }
 
     /// The host backend, when this is one (for limits and fault injection in tests).
     fn as_host(&self) -> Option<&host::HostDriver> {

@@ -184,6 +184,11 @@ impl vmmw_loader_t {
     fn lock(&self) -> MutexGuard<'_, LoaderState> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
+
+    /// The registered destinations, in name order (what `vmmw_share_serve` offers).
+    pub(crate) fn destinations(&self) -> Vec<crate::loader::registry::Destination> {
+        self.lock().registry.iter().cloned().collect()
+    }
 }
 
 /// Open a checkpoint: a `.safetensors` file, or a folder holding

@@ -29,6 +29,7 @@ mod numbers;
 mod options;
 pub mod pool;
 pub mod segment;
+pub mod share;
 pub mod sleep;
 pub mod status;
 pub mod tag;

@@ -51,6 +51,12 @@ pub const VMMW_UNSUPPORTED: vmmw_status_t = 15;
 pub const VMMW_BUFFER_TOO_SMALL: vmmw_status_t = 16;
 /// A load is writing into the tag: sleep it once the load has returned (or cancel the load).
 pub const VMMW_LOAD_IN_PROGRESS: vmmw_status_t = 17;
+/// Sharing across processes was refused: the peer is not allowed, the manifest
+/// is malformed, or the owner refused the attach (its tag asleep); the message says which.
+pub const VMMW_SHARE_REFUSED: vmmw_status_t = 18;
+/// The owner revoked a share (it slept the tag under the revoke policy):
+/// detach, then attach again once the owner's tag is awake.
+pub const VMMW_SHARE_REVOKED: vmmw_status_t = 19;
 
 // Retired codes keep their number here as a comment and are never reused
 // (docs/ABI.md), e.g. `// 99: VMMW_EXAMPLE, retired in 1.3: why`. None yet.
@@ -94,6 +100,8 @@ mod tests {
             VMMW_UNSUPPORTED,
             VMMW_BUFFER_TOO_SMALL,
             VMMW_LOAD_IN_PROGRESS,
+            VMMW_SHARE_REFUSED,
+            VMMW_SHARE_REVOKED,
         ];
         for (i, (c, s)) in consts.iter().zip(Status::ALL).enumerate() {
             assert_eq!(*c, s as i32, "{}", s.name());
@@ -108,7 +116,7 @@ mod tests {
             let c = unsafe { CStr::from_ptr(vmmw_status_name(s as i32)) };
             assert_eq!(c.to_str().unwrap(), s.name());
         }
-        for bad in [-1, 18, i32::MAX, i32::MIN] {
+        for bad in [-1, 20, i32::MAX, i32::MIN] {
             // SAFETY: as above.
             let c = unsafe { CStr::from_ptr(vmmw_status_name(bad)) };
             assert_eq!(c.to_str().unwrap(), "VMMW_UNKNOWN_STATUS");

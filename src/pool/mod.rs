@@ -24,6 +24,7 @@ mod access;
 mod arena;
 pub(crate) mod block;
 pub mod registry;
+pub mod shares;
 mod sleep;
 #[cfg(test)]
 mod tests;
@@ -245,6 +246,7 @@ pub struct Pool {
     /// Signalled when a tag's transition or a load pin ends.
     settled: std::sync::Condvar,
     sleep: crate::sleep::SleepEngine,
+    shares: shares::ShareGate,
 }
 
 impl Pool {
@@ -265,6 +267,7 @@ impl Pool {
             created: Instant::now(),
             state: Mutex::new(state),
             settled: std::sync::Condvar::new(),
+            shares: shares::ShareGate::default(),
         })
     }
 
@@ -693,6 +696,11 @@ impl Pool {
         self.lock().tags.get(&tag).is_some_and(|t| t.asleep)
     }
 
+    /// Tags offered to other processes (see [`shares`]).
+    pub fn shares(&self) -> &shares::ShareGate {
+        &self.shares
+    }
+
     /// Run `f` on every segment of `tag` (ordinary, dedicated and arena), under
     /// the pool lock. For tests; the sleep layer works on the state directly.
     #[cfg(test)]
@@ -702,6 +710,24 @@ impl Pool {
         f: impl FnOnce(&mut [&mut Segment]) -> R,
     ) -> R {
         f(&mut self.lock().tag_segments(tag))
+    }
+
+    /// Run `f` on every segment of `tag` under the pool lock, when the tag is
+    /// wholly awake: neither asleep nor sleeping or waking now (the share
+    /// layer's export must not see memory whose contents are on their way).
+    pub(crate) fn with_awake_tag_segments<R>(
+        &self,
+        tag: TagId,
+        f: impl FnOnce(&[&mut Segment]) -> Result<R>,
+    ) -> Result<R> {
+        let mut st = self.lock();
+        if st.tags.get(&tag).is_some_and(|t| t.asleep || t.transition) {
+            return Err(Error::InvalidState(format!(
+                "tag `{}` is asleep, or sleeping or waking now; wake it before sharing",
+                tag::name_of(tag)
+            )));
+        }
+        f(&st.tag_segments(tag))
     }
 
     /// Mark `tag` asleep (allocation refused, frees only update bookkeeping) or awake.

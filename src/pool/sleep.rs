@@ -84,7 +84,18 @@ impl Pool {
         }
         let mut out = Vec::with_capacity(items.len());
         for &(t, policy) in items {
+            // A shared tag's shares may refuse the sleep; the gate stays locked
+            // through the sleep so no importer attaches to memory going away.
+            // An unshared tag lets the gate go once its transition has begun
+            // (a share started from then on sees the transition and refuses),
+            // so sleeps of other tags are not held up.
+            let gate = self.shares.lock();
             self.begin_transition(t, true)?;
+            if let Err(e) = gate.before_sleep(t) {
+                self.end_transition(t);
+                return Err(e);
+            }
+            let gate = gate.is_shared(t).then_some(gate);
             // Bytes of free blocks carry nothing: Reload backs up only live ones.
             let in_use = self.live_ranges(t);
             let r = self.sleep.sleep_tag(
@@ -94,6 +105,7 @@ impl Pool {
                 Some(&in_use),
             );
             self.end_transition(t);
+            drop(gate);
             out.push(TagCycle {
                 tag: t,
                 name: tag::name_of(t),

@@ -236,6 +236,31 @@ static void test_loader() {
   CHECK(back == a);
   CHECK(loader.result_json().find("src_bytes") != std::string::npos);
   CHECK(status_of([&] { vmmw::Loader bad(std::string(dir) + "/missing.safetensors"); }) == VMMW_IO);
+
+  // Share the loaded tag; attach in this process (tests/share_processes.rs
+  // covers separate ones): same bytes at other addresses, read-only.
+  const std::string sock = std::string(dir) + "/weights.sock";
+  {
+    vmmw::ShareServer server(pool, w, loader, sock);
+    vmmw::Device dev(vmmw::Backend::Host);
+    CHECK(status_of([&] { vmmw::Share rw(dev, sock, true); }) == VMMW_SHARE_REFUSED);
+    vmmw::Share share(dev, sock);
+    CHECK(server.attached() == 1);
+    CHECK(share.names() == (std::vector<std::string>{"layer.bias", "layer.weight"}));
+    const auto t = share.tensor("layer.weight");
+    CHECK(t.ptr != d.ptr && t.bytes == a.size() * 4 && t.ndim == 2 && t.shape[0] == 64);
+    CHECK(std::memcmp(reinterpret_cast<const void*>(static_cast<uintptr_t>(t.ptr)), a.data(), t.bytes) == 0);
+    std::vector<float> got(a.size());
+    share.read(t.ptr, got.data(), got.size() * 4);
+    CHECK(got == a);
+    CHECK(status_of([&] { share.read(t.ptr + (64u << 20), got.data(), 4); }) == VMMW_INVALID_ARGUMENT);
+    CHECK(share.version() == 1 && server.publish() == 2 && share.version() == 2);
+    CHECK(share.owner_connected());
+    CHECK(status_of([&] { pool.sleep({{w, vmmw::Policy::Offload}}); }) == VMMW_INVALID_STATE);
+    share.detach();
+    CHECK(status_of([&] { (void)share.version(); }) == VMMW_NULL_ARGUMENT);
+  }
+  CHECK(access(sock.c_str(), F_OK) != 0);
   unlink(path.c_str());
   rmdir(dir);
 }

@@ -474,8 +474,8 @@ class Pool {
 
   /// Drop a tag's reload sources: a Reload-asleep tag whose checkpoint changed
   /// then wakes with its backed-up bytes (loaded bytes undefined; load again).
-  void forget_reload(Tag tag) const {
-    detail::call([&](vmmw_error_t** e) { return vmmw_pool_forget_reload(get_checked(), tag, e); });
+  void forget_reload(Tag tag) {
+    detail::call([&](vmmw_error_t** e) { return vmmw_pool_forget_reload(get_mut(), tag, e); });
   }
 
   /// Pin host backup memory ahead of time.
@@ -713,8 +713,8 @@ class Loader {
   }
 
   /// Keep content checksums at load, so Reload wakes prove the checkpoint unchanged.
-  void set_reload_check(bool enable) const {
-    detail::call([&](vmmw_error_t** e) { return vmmw_loader_set_reload_check(get_checked(), enable ? 1 : 0, e); });
+  void set_reload_check(bool enable) {
+    detail::call([&](vmmw_error_t** e) { return vmmw_loader_set_reload_check(get_mut(), enable ? 1 : 0, e); });
   }
 
   /// Register your own destination at device address `ptr`.
@@ -819,6 +819,131 @@ class Loader {
   const vmmw_loader_t* get_checked() const { return detail::live(h_, "vmmw::Loader"); }
   vmmw_loader_t* get_mut() { return detail::live(h_, "vmmw::Loader"); }
   detail::Owned<vmmw_loader_t, vmmw_loader_free> h_;
+};
+
+/// What the owner's sleep of a shared tag does to attached importers.
+enum class SharePolicy : int32_t {
+  Refuse = VMMW_SHARE_SLEEP_REFUSE,  ///< the sleep throws VMMW_INVALID_STATE while importers are attached
+  Revoke = VMMW_SHARE_SLEEP_REVOKE,  ///< importers' next call throws VMMW_SHARE_REVOKED
+};
+
+/// How a share is served (vmmw_share_options_t); the defaults refuse sleep
+/// while importers are attached, share read-only, and accept only this user.
+struct ShareOptions {
+  SharePolicy policy = SharePolicy::Refuse;
+  bool allow_write = false;
+  bool use_allowed_uid = false;  ///< accept `allowed_uid` instead of this process's user
+  uint32_t allowed_uid = 0;
+};
+
+/// The owner's side of a share (vmmw_share_server_t): serves a loader's
+/// destinations, which lie in one tag of a pool, on a Unix socket path.
+/// Destroying it stops serving; attached importers keep their mappings.
+class ShareServer {
+ public:
+  ShareServer(Pool& pool, Tag tag, const Loader& loader, const std::string& path,
+              const ShareOptions& o = ShareOptions()) {
+    vmmw_share_options_t c{};
+    c.size = sizeof c;
+    c.sleep_policy = static_cast<vmmw_share_sleep_policy_t>(o.policy);
+    c.allow_write = o.allow_write ? 1u : 0u;
+    c.use_allowed_uid = o.use_allowed_uid ? 1u : 0u;
+    c.allowed_uid = o.allowed_uid;
+    vmmw_share_server_t* raw = nullptr;
+    detail::call([&](vmmw_error_t** e) {
+      return vmmw_share_serve(pool.get(), tag, loader.get(), path.c_str(), &c, &raw, e);
+    });
+    h_.reset(raw);
+  }
+
+  /// Importers attached now.
+  [[nodiscard]] uint64_t attached() const {
+    uint64_t n = 0;
+    detail::call([&](vmmw_error_t** e) { return vmmw_share_server_attached(get_checked(), &n, e); });
+    return n;
+  }
+
+  /// Announce weights written in place; returns the new version.
+  uint64_t publish() {
+    uint64_t v = 0;
+    detail::call([&](vmmw_error_t** e) { return vmmw_share_server_publish(get_mut(), &v, e); });
+    return v;
+  }
+
+  const vmmw_share_server_t* get() const noexcept { return h_.get(); }
+
+ private:
+  const vmmw_share_server_t* get_checked() const { return detail::live(h_, "vmmw::ShareServer"); }
+  vmmw_share_server_t* get_mut() { return detail::live(h_, "vmmw::ShareServer"); }
+  detail::Owned<vmmw_share_server_t, vmmw_share_server_free> h_;
+};
+
+/// The importer's side (vmmw_share_t): the owner's tensors mapped at this
+/// process's addresses, read-only unless asked and allowed. Destroying it
+/// detaches (errors ignored); detach() reports them.
+class Share {
+ public:
+  Share(const Device& device, const std::string& path, bool read_write = false) {
+    vmmw_share_t* raw = nullptr;
+    detail::call([&](vmmw_error_t** e) {
+      return vmmw_share_attach(device.get(), path.c_str(), read_write ? 1u : 0u, &raw, e);
+    });
+    h_.reset(raw);
+  }
+
+  /// Tensor names, in the owner's order.
+  [[nodiscard]] std::vector<std::string> names() const {
+    const vmmw_share_t* s = get_checked();
+    size_t n = 0;
+    detail::call([&](vmmw_error_t** e) { return vmmw_share_count(s, &n, e); });
+    std::vector<std::string> out;
+    out.reserve(n);
+    for (size_t i = 0; i < n; ++i) {
+      out.push_back(detail::read_string([s, i](char* b, size_t c, size_t* nd, vmmw_error_t** e) {
+        return vmmw_share_tensor_name(s, i, b, c, nd, e);
+      }));
+    }
+    return out;
+  }
+
+  /// The tensor `name` at this process's address; throws VMMW_SHARE_REVOKED once revoked.
+  [[nodiscard]] vmmw_destination_t tensor(const std::string& name) const {
+    vmmw_destination_t d{};
+    detail::call([&](vmmw_error_t** e) { return vmmw_share_tensor(get_checked(), name.c_str(), &d, e); });
+    return d;
+  }
+
+  /// The weights version (changes when the owner publishes or revokes).
+  [[nodiscard]] uint64_t version() const {
+    uint64_t v = 0;
+    detail::call([&](vmmw_error_t** e) { return vmmw_share_version(get_checked(), &v, e); });
+    return v;
+  }
+
+  /// Copy `len` bytes of the share at this process's address `src` into `dst`.
+  void read(uint64_t src, void* dst, size_t len) const {
+    detail::call([&](vmmw_error_t** e) { return vmmw_share_read(get_checked(), src, dst, len, e); });
+  }
+
+  /// False once the owner stopped serving or exited (the memory stays valid).
+  [[nodiscard]] bool owner_connected() const {
+    uint32_t c = 0;
+    detail::call([&](vmmw_error_t** e) { return vmmw_share_owner_connected(get_checked(), &c, e); });
+    return c != 0;
+  }
+
+  /// Unmap and release now, reporting errors; the object is empty afterwards.
+  void detach() {
+    vmmw_share_t* raw = h_.release();
+    if (raw == nullptr) return;
+    detail::call([&](vmmw_error_t** e) { return vmmw_share_detach(raw, e); });
+  }
+
+  const vmmw_share_t* get() const noexcept { return h_.get(); }
+
+ private:
+  const vmmw_share_t* get_checked() const { return detail::live(h_, "vmmw::Share"); }
+  detail::Owned<vmmw_share_t, vmmw_share_free> h_;
 };
 
 }  // namespace vmmw

@@ -28,6 +28,8 @@ const (
 	StatusUnsupported       Status = C.VMMW_UNSUPPORTED
 	StatusBufferTooSmall    Status = C.VMMW_BUFFER_TOO_SMALL
 	StatusLoadInProgress    Status = C.VMMW_LOAD_IN_PROGRESS
+	StatusShareRefused      Status = C.VMMW_SHARE_REFUSED
+	StatusShareRevoked      Status = C.VMMW_SHARE_REVOKED
 )
 
 // String is the C name of the status ("VMMW_OUT_OF_MEMORY").
@@ -71,6 +73,8 @@ var (
 	ErrUnsupported       = &Error{Status: StatusUnsupported}
 	ErrBufferTooSmall    = &Error{Status: StatusBufferTooSmall}
 	ErrLoadInProgress    = &Error{Status: StatusLoadInProgress}
+	ErrShareRefused      = &Error{Status: StatusShareRefused}
+	ErrShareRevoked      = &Error{Status: StatusShareRevoked}
 )
 
 func isStatus(err error, s Status) bool {

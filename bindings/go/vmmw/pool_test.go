@@ -214,7 +214,7 @@ func TestLoaderLoadsAndReloads(t *testing.T) {
 
 	// A sleep asked from inside the load is refused with ErrLoadInProgress.
 	var sleepErr error
-	if _, err := l.Load(p, func(done, total uint64) bool {
+	if _, err := l.Load(context.Background(), p, func(done, total uint64) bool {
 		sleepErr = p.Sleep(TagPolicy{tag, Discard})
 		return true
 	}); err != nil {
@@ -230,7 +230,7 @@ func TestLoaderLoadsAndReloads(t *testing.T) {
 	if err := l.SetReloadCheck(true); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := l.Load(p, nil); err != nil {
+	if _, err := l.Load(context.Background(), p, nil); err != nil {
 		t.Fatal(err)
 	}
 	if err := p.Sleep(TagPolicy{tag, Reload}); err != nil {
@@ -238,16 +238,16 @@ func TestLoaderLoadsAndReloads(t *testing.T) {
 	}
 	a[0] = -1
 	writeSafetensors(t, path, []string{"x.weight", "y.bias"}, [][]float32{a, {1, 2, 3}})
-	if err := p.Wake(tag); !errors.Is(err, ErrCheckpointInvalid) {
+	if err := p.Wake(context.Background(), tag); !errors.Is(err, ErrCheckpointInvalid) {
 		t.Fatalf("wake after the file changed: %v", err)
 	}
 	if err := p.ForgetReload(tag); err != nil {
 		t.Fatal(err)
 	}
-	if err := p.Wake(tag); err != nil {
+	if err := p.Wake(context.Background(), tag); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := l.Load(p, nil); err != nil {
+	if _, err := l.Load(context.Background(), p, nil); err != nil {
 		t.Fatal(err)
 	}
 	check("after loading the rewritten file")

@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Sharing across processes (issue 13): the owner loads the 16.4 GB 8B-shaped
+# checkpoint (the one 20-load.sh generates; synthetic tensors of the same
+# shapes when it is absent) and serves it; a second process attaches through
+# CUDA VMM IPC (POSIX file descriptors over a Unix socket), checksums every
+# tensor and reports its attach time (target <= 50 ms). With two GPUs, again
+# with the importer on GPU 1 reading GPU 0's memory over NVLink.
+# Writes share.txt to $VMMW_GPU_OUT.
+set -uo pipefail
+source scripts/gpu-lib.sh
+export VMMW_BACKEND=cuda
+ckpt="${LOAD_DIR:-/root/vmmw-ckpt-8b}"
+[ -e "$ckpt/model.safetensors.index.json" ] && export VMMW_SHARE_CKPT="$ckpt"
+log="$VMMW_GPU_OUT/share.txt"
+: >"$log"
+rc=0
+bench() { # $1: label, $2: importer device
+  VMMW_SHARE_IMPORT_DEVICE="$2" .gpu/tests/share_attach_bench --exact \
+    owner_serves_and_importer_checksums_equal --nocapture --test-threads=1 >>"$log" 2>&1
+  local t=$?
+  local line
+  # libtest may print the test's name before the line on the same line.
+  line=$(grep -o 'share-bench {.*}' "$log" | tail -1)
+  if [ "$t" -ne 0 ] || [ -z "$line" ]; then
+    if grep -q 'SKIP: ' "$log"; then
+      result "share: $1" SKIP "$(grep -o -m1 'SKIP: .*' "$log")"
+    else
+      result "share: $1" FAIL "exit $t; see share.txt"
+      rc=1
+    fi
+    return
+  fi
+  local summary
+  summary=$(python3 -c '
+import json, sys
+r = json.loads(sys.argv[1].split(" ", 1)[1])
+ok = float(r["attach_ms"]) <= 50
+print(("PASS" if ok else "FAIL") + "\t%s, %.2f GB, %d tensors: attach %s ms (target <= 50), detach %s ms, checksums equal; load %.1f s" % (
+    r["source"], r["bytes"] / 1e9, r["tensors"], r["attach_ms"], r["detach_ms"], r["load_s"]))' "$line")
+  result "share: $1" "${summary%%$'\t'*}" "${summary#*$'\t'}"
+  [[ "$summary" == PASS* ]] || rc=1
+}
+bench "attach, same GPU" 0
+ngpu=$(nvidia-smi -L 2>/dev/null | wc -l)
+if [ "${ngpu:-0}" -ge 2 ]; then
+  bench "attach, importer on GPU 1" 1
+else
+  result "share: attach, importer on GPU 1" SKIP "one GPU on this machine"
+fi
+cat "$log"
+exit $rc

@@ -1,0 +1,30 @@
+//! Weights shared across processes: one copy in device memory, mapped by many.
+//!
+//! The owner serves a tag's tensors on a Unix socket ([`Server`]); an importer
+//! attaches by the socket path ([`Attachment`]), receives a [`Manifest`] and
+//! one file descriptor per physical chunk (`SCM_RIGHTS`), imports them
+//! (`cuMemImportFromShareableHandle`, or the memfd itself on the host
+//! backend), maps them at its own addresses and grants itself read-only
+//! access unless the owner allows writes and it asks.
+//!
+//! Lifetime rules (docs/SHARING.md has the long form):
+//! - an importer that detaches, exits or dies releases what it held: its
+//!   descriptors, handles and mappings go with it, and the owner stops counting it;
+//! - an owner that stops serving or dies leaves importers' mappings valid: the
+//!   driver keeps physical memory alive while any process maps it;
+//! - the owner's sleep of a shared tag follows the share's [`SleepPolicy`]:
+//!   refused while importers are attached, or revoked with notice (importers'
+//!   next call fails with `ShareRevoked`; their mapping stays valid until they
+//!   detach, so nothing faults);
+//! - the manifest's version goes up when the owner publishes new weights
+//!   ([`Server::publish`]) or revokes, and attached importers see it on their next call.
+
+pub mod client;
+pub mod export;
+pub mod manifest;
+pub mod server;
+pub mod wire;
+
+pub use client::{AttachOptions, Attachment, ImportedTensor};
+pub use manifest::{Manifest, SharedTensor};
+pub use server::{ServeOptions, Server, SleepPolicy};
