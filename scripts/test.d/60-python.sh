@@ -14,7 +14,8 @@ py="$work/venv/bin/python"
 "$py" -m pip install --quiet --upgrade pip
 "$py" -m pip install --quiet "maturin>=1.5,<2" cffi pytest
 echo "--- maturin build"
-(cd python && "$work/venv/bin/maturin" build --interpreter "$py" --out "$work/dist") >"$work/maturin.log" 2>&1 \
+# python/Cargo.toml re-exports the crate; the shared target dir reuses the dependencies built above.
+(cd python && CARGO_TARGET_DIR="$PWD/../target" "$work/venv/bin/maturin" build --interpreter "$py" --out "$work/dist") >"$work/maturin.log" 2>&1 \
   || { cat "$work/maturin.log"; exit 1; }
 tail -2 "$work/maturin.log"
 wheel=$(ls "$work"/dist/vmmweights-*.whl)
