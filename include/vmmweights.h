@@ -313,6 +313,68 @@ typedef struct vmmw_load_result_t {
 } vmmw_load_result_t;
 
 /**
+ * What a peer device may do with a tag's memory: one of the `VMMW_ACCESS_*` values.
+ */
+typedef int32_t vmmw_access_t;
+
+/**
+ * One peer device's access to a tag's memory.
+ */
+typedef struct vmmw_peer_access_t {
+  /**
+   * The peer's device ordinal.
+   */
+  int32_t device;
+  /**
+   * A `VMMW_ACCESS_*` value.
+   */
+  vmmw_access_t access;
+} vmmw_peer_access_t;
+
+/**
+ * How `vmmw_loader_load_devices` divides the work: one of the `VMMW_MULTI_*` values.
+ */
+typedef int32_t vmmw_multi_mode_t;
+
+/**
+ * What a multi-device load did (`vmmw_loader_load_devices`).
+ */
+typedef struct vmmw_multi_result_t {
+  /**
+   * Source bytes read from host memory, over all devices.
+   */
+  uint64_t host_bytes;
+  /**
+   * Bytes moved between devices by peer copies.
+   */
+  uint64_t peer_bytes;
+  /**
+   * Device bytes written on all devices together.
+   */
+  uint64_t delivered_bytes;
+  /**
+   * Wall time in seconds.
+   */
+  double seconds;
+  /**
+   * Seconds of the host phase (all devices at once).
+   */
+  double host_seconds;
+  /**
+   * Seconds of the peer exchange.
+   */
+  double peer_seconds;
+  /**
+   * Delivered bytes per second over all devices, in GB/s (10^9).
+   */
+  double gbps;
+  /**
+   * Devices whose share or plan failed midway and was redone.
+   */
+  uint32_t recovered_devices;
+} vmmw_multi_result_t;
+
+/**
  * How to create a pool. Every field but `size` 0 means the default: the
  * `VMMW_BACKEND_AUTO` backend on device 0 with default sizes. Start from
  * `VMMW_POOL_OPTIONS_INIT` (C) so `size` is set.
@@ -593,6 +655,32 @@ typedef struct vmmw_sleep_options_t {
  * Copy strategy: one thread, no pinning (the reference path).
  */
 #define VMMW_COPY_SIMPLE 4
+
+/**
+ * Peer access: none (revokes an earlier grant).
+ */
+#define VMMW_ACCESS_NONE 0
+
+/**
+ * Peer access: read only.
+ */
+#define VMMW_ACCESS_READ 1
+
+/**
+ * Peer access: read and write.
+ */
+#define VMMW_ACCESS_READWRITE 2
+
+/**
+ * Multi-device load: every device gets all of the checkpoint; each loads a
+ * share from host memory and pulls the others' shares over peer copies.
+ */
+#define VMMW_MULTI_REPLICAS 0
+
+/**
+ * Multi-device load: each device loads its own loader's plan (tensor-parallel ranks).
+ */
+#define VMMW_MULTI_RANKS 1
 
 /**
  * Sleep policy: the owner's sleep of the shared tag fails (`VMMW_INVALID_STATE`)
@@ -1071,6 +1159,81 @@ vmmw_status_t vmmw_pool_staging_bytes(const struct vmmw_pool_t *pool, uint64_t *
  * `pool` is a live handle; `released` is writable; `error` is NULL or writable.
  */
 vmmw_status_t vmmw_pool_release_staging(struct vmmw_pool_t *pool, uint64_t *released, struct vmmw_error_t **error);
+
+/**
+ * Grant the listed peer devices access to every segment of `tag` in `pool`:
+ * now, to segments the tag gets later, and again after every wake (access
+ * is set again whenever memory is mapped). Peers granted before and missing
+ * from the list lose their access; `count` 0 revokes all. Checked before
+ * anything changes (`VMMW_INVALID_ARGUMENT`): a peer that is the pool's own
+ * device, listed twice, missing, unable to reach the pool's device
+ * (`cuDeviceCanAccessPeer`), or an unknown access value. Thread-safe.
+ *
+ * # Safety
+ * `pool` is a live handle; `peers` points to `count` entries (or `count` is
+ * 0); `error` is NULL or writable.
+ */
+vmmw_status_t vmmw_pool_set_peer_access(struct vmmw_pool_t *pool, uint32_t tag, const struct vmmw_peer_access_t *peers, size_t count, struct vmmw_error_t **error);
+
+/**
+ * Number of peer devices granted access to `tag` in `pool`. Read the
+ * entries with `vmmw_pool_peer_access_at`. Thread-safe.
+ *
+ * # Safety
+ * `pool` is a live handle; `out` is writable; `error` is NULL or writable.
+ */
+vmmw_status_t vmmw_pool_peer_access_count(const struct vmmw_pool_t *pool, uint32_t tag, size_t *out, struct vmmw_error_t **error);
+
+/**
+ * The `index`-th peer granted access to `tag` (sorted by device);
+ * `VMMW_INVALID_ARGUMENT` when `index` is not below the count. Thread-safe.
+ *
+ * # Safety
+ * `pool` is a live handle; `out` is writable; `error` is NULL or writable.
+ */
+vmmw_status_t vmmw_pool_peer_access_at(const struct vmmw_pool_t *pool, uint32_t tag, size_t index, struct vmmw_peer_access_t *out, struct vmmw_error_t **error);
+
+/**
+ * Whether `pool`'s device can reach memory of device `peer` (1) or not (0)
+ * (`cuDeviceCanAccessPeer`; on the host backend every other simulated device).
+ * `VMMW_INVALID_ARGUMENT` when `peer` does not exist. Thread-safe.
+ *
+ * # Safety
+ * `pool` is a live handle; `out` is writable; `error` is NULL or writable.
+ */
+vmmw_status_t vmmw_pool_can_access_peer(const struct vmmw_pool_t *pool, int32_t peer, int32_t *out, struct vmmw_error_t **error);
+
+/**
+ * One load into several devices: `loaders[i]`'s destinations (registered or
+ * allocated with `vmmw_loader_allocate`) on `pools[i]`'s device, for
+ * `count` devices, all at once. Every loader must have opened the same
+ * checkpoint; the load options of `loaders[0]` apply to every device.
+ *
+ * `mode` `VMMW_MULTI_REPLICAS`: every loader has the same rules and
+ * destinations of the same names and shapes; each device loads a share of
+ * the checkpoint from host memory and pulls the other shares from the other
+ * devices over peer copies, so host memory is read once. The tags owning
+ * the destinations are granted read access for the other devices (kept
+ * afterwards; see `vmmw_pool_set_peer_access`). `VMMW_MULTI_RANKS`: each
+ * device loads its loader's plan (e.g. presets with different `tp_rank`).
+ *
+ * Every check happens before any byte is written (destinations untouched).
+ * A device that fails midway is repaired before returning: its share is
+ * loaded again by a healthy device and pulled over the peer link (replicas),
+ * or its plan is run once more (ranks), so on success every destination is
+ * fully written. If the repair fails too, the error names that device; only
+ * its destinations may be partly written. Each loader keeps its device's
+ * executed plan (`vmmw_loader_result`, Reload sleep). `out` may be NULL.
+ *
+ * Blocks until done; `vmmw_loader_cancel` on `loaders[0]` stops it
+ * (`VMMW_CANCELLED`, destinations partly written). Thread-safe; the loaders are held for the call (a
+ * loader listed twice is `VMMW_INVALID_ARGUMENT`).
+ *
+ * # Safety
+ * `loaders` and `pools` point to `count` live handles each; `out` is NULL
+ * or writable; `error` is NULL or writable.
+ */
+vmmw_status_t vmmw_loader_load_devices(struct vmmw_loader_t *const *loaders, struct vmmw_pool_t *const *pools, size_t count, vmmw_multi_mode_t mode, struct vmmw_multi_result_t *out, struct vmmw_error_t **error);
 
 /**
  * Create a pool. `options` may be NULL (all defaults). On success `*out`

@@ -11,7 +11,7 @@
 
 use std::sync::Arc;
 
-use crate::driver::{round_up, DevicePtr, Driver, PhysHandle};
+use crate::driver::{round_up, AccessMode, DevicePtr, Driver, PeerAccess, PhysHandle};
 use crate::error::{Error, Result};
 
 /// One run of a segment that is mapped to a single physical handle, or unmapped.
@@ -58,6 +58,9 @@ pub struct Segment {
     sleep_state: SleepState,
     /// Unmapped handles whose release failed (see [`Segment::unmap_chunk`]).
     orphans: Vec<PhysHandle>,
+    /// Peer devices granted access; applied to every chunk mapped later too,
+    /// so the grant outlives sleep/wake and arena growth.
+    peers: Vec<PeerAccess>,
 }
 
 impl Segment {
@@ -88,6 +91,7 @@ impl Segment {
             chunks: Vec::new(),
             sleep_state: SleepState::Awake,
             orphans: Vec::new(),
+            peers: Vec::new(),
         })
     }
 
@@ -143,6 +147,68 @@ impl Segment {
     /// Record the sleep state (set by the sleep engine once the chunks are unmapped or mapped).
     pub fn set_sleep_state(&mut self, state: SleepState) {
         self.sleep_state = state;
+    }
+
+    /// The peers granted access to this segment's memory.
+    pub fn peers(&self) -> &[PeerAccess] {
+        &self.peers
+    }
+
+    /// Grant `peers` access to every mapped chunk now and to every chunk
+    /// mapped later (wake, growth). Peers of the earlier grant missing from
+    /// `peers` lose their access. On failure the earlier grant is put back on
+    /// the chunks already changed and the error is returned.
+    pub fn set_peers(&mut self, peers: &[PeerAccess]) -> Result<()> {
+        let mut list: Vec<PeerAccess> = peers
+            .iter()
+            .copied()
+            .filter(|p| p.mode != AccessMode::None)
+            .collect();
+        list.sort();
+        // Revoke peers that had access and are no longer listed.
+        let mut apply = list.clone();
+        for old in &self.peers {
+            if !apply.iter().any(|p| p.device == old.device) {
+                apply.push(PeerAccess {
+                    device: old.device,
+                    mode: AccessMode::None,
+                });
+            }
+        }
+        let mapped: Vec<(usize, usize)> = self
+            .chunks
+            .iter()
+            .filter(|c| c.handle.is_some())
+            .map(|c| (c.offset, c.size))
+            .collect();
+        for (n, &(off, size)) in mapped.iter().enumerate() {
+            let va = self.va + off as u64;
+            if let Err(e) = self.driver.set_access_peers(va, size, &apply) {
+                let restore = self.restore_list(&list);
+                for &(o, sz) in &mapped[..n] {
+                    let _ = self
+                        .driver
+                        .set_access_peers(self.va + o as u64, sz, &restore);
+                }
+                return Err(e);
+            }
+        }
+        self.peers = list;
+        Ok(())
+    }
+
+    /// The descriptor list that puts `self.peers` back over a grant of `newer`.
+    fn restore_list(&self, newer: &[PeerAccess]) -> Vec<PeerAccess> {
+        let mut r = self.peers.clone();
+        for p in newer {
+            if !r.iter().any(|q| q.device == p.device) {
+                r.push(PeerAccess {
+                    device: p.device,
+                    mode: AccessMode::None,
+                });
+            }
+        }
+        r
     }
 
     /// The driver this segment lives on.
@@ -337,7 +403,12 @@ impl Segment {
     }
 
     fn map_new(&self, offset: usize, size: usize) -> Result<PhysHandle> {
-        map_new_at(self.driver.as_ref(), self.va + offset as u64, size)
+        map_new_at(
+            self.driver.as_ref(),
+            self.va + offset as u64,
+            size,
+            &self.peers,
+        )
     }
 
     fn unmap_release(&self, offset: usize, size: usize, h: PhysHandle) -> Result<()> {
@@ -368,15 +439,26 @@ impl Segment {
     }
 }
 
-/// Create `size` bytes of physical memory, map them at `va` and grant access.
+/// Create `size` bytes of physical memory, map them at `va` and grant access
+/// to this device and to `peers` (a segment's peer grant, [`Segment::peers`]).
 /// On failure nothing is left behind.
-pub fn map_new_at(driver: &dyn Driver, va: DevicePtr, size: usize) -> Result<PhysHandle> {
+pub fn map_new_at(
+    driver: &dyn Driver,
+    va: DevicePtr,
+    size: usize,
+    peers: &[PeerAccess],
+) -> Result<PhysHandle> {
     let h = driver.create(size)?;
     if let Err(e) = driver.map(va, size, h) {
         let _ = driver.release(h);
         return Err(e);
     }
-    if let Err(e) = driver.set_access(va, size) {
+    let access = if peers.is_empty() {
+        driver.set_access(va, size)
+    } else {
+        driver.set_access_peers(va, size, peers)
+    };
+    if let Err(e) = access {
         let _ = driver.unmap(va, size);
         let _ = driver.release(h);
         return Err(e);

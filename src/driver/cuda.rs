@@ -15,7 +15,8 @@ use std::sync::OnceLock;
 use cudarc::driver::sys;
 
 use super::{
-    kernels, BackendKind, ConvertType, DevicePtr, Driver, EventId, MemInfo, PhysHandle, StreamId,
+    kernels, AccessMode, BackendKind, ConvertType, DevicePtr, Driver, EventId, MemInfo, PeerAccess,
+    PhysHandle, StreamId,
 };
 use crate::error::{Error, Result};
 
@@ -235,6 +236,27 @@ impl CudaDriver {
         check("cuCtxSetCurrent", unsafe {
             sys::cuCtxSetCurrent(self.ctx.0)
         })
+    }
+
+    /// The `CUdevice` of ordinal `ordinal`; an error naming the device count
+    /// when there is no such device.
+    fn cu_device_of(ordinal: i32) -> Result<sys::CUdevice> {
+        let mut count = 0;
+        // SAFETY: writes one int; the library is initialised (we hold a context).
+        check("cuDeviceGetCount", unsafe {
+            sys::cuDeviceGetCount(&mut count)
+        })?;
+        if !(0..count).contains(&ordinal) {
+            return Err(Error::InvalidArgument(format!(
+                "device {ordinal} does not exist: the driver reports {count} devices"
+            )));
+        }
+        let mut dev: sys::CUdevice = 0;
+        // SAFETY: writes one CUdevice for a valid ordinal.
+        check("cuDeviceGet", unsafe {
+            sys::cuDeviceGet(&mut dev, ordinal)
+        })?;
+        Ok(dev)
     }
 
     fn alloc_prop(&self) -> sys::CUmemAllocationProp {
@@ -489,6 +511,98 @@ impl Driver for CudaDriver {
         )
     }
 
+    fn set_access_peers(&self, va: DevicePtr, size: usize, peers: &[PeerAccess]) -> Result<()> {
+        self.bind()?;
+        super::check_peer_list(self.ordinal, peers, |p| self.can_access_peer(p))?;
+        let mut descs = Vec::with_capacity(peers.len() + 1);
+        let mut push = |dev: sys::CUdevice, mode: AccessMode| {
+            // SAFETY: CUmemAccessDesc is a plain C struct; every field is set below.
+            let mut d: sys::CUmemAccessDesc = unsafe { std::mem::zeroed() };
+            d.location.type_ = sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
+            d.location.id = dev;
+            d.flags = match mode {
+                AccessMode::None => sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_NONE,
+                AccessMode::Read => sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READ,
+                AccessMode::ReadWrite => sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+            };
+            descs.push(d);
+        };
+        push(self.cu_device, AccessMode::ReadWrite);
+        for p in peers {
+            push(Self::cu_device_of(p.device)?, p.mode);
+        }
+        // SAFETY: `descs` holds descs.len() valid descriptors; the range is
+        // mapped (caller's contract).
+        check_with(
+            "cuMemSetAccess",
+            unsafe { sys::cuMemSetAccess(va, size, descs.as_ptr(), descs.len()) },
+            || {
+                let list: Vec<String> = peers
+                    .iter()
+                    .map(|p| format!("{}:{:?}", p.device, p.mode))
+                    .collect();
+                format!(
+                    "{size} bytes at {va:#x} on device {} for peers [{}]",
+                    self.ordinal,
+                    list.join(", ")
+                )
+            },
+        )
+    }
+
+    fn peer_readable(&self, va: DevicePtr, len: usize, reader: i32) -> Result<bool> {
+        if len == 0 {
+            return Ok(true);
+        }
+        self.bind()?;
+        // SAFETY: CUmemLocation is a plain C struct; both fields are set below.
+        let mut loc: sys::CUmemLocation = unsafe { std::mem::zeroed() };
+        loc.type_ = sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
+        loc.id = Self::cu_device_of(reader)?;
+        let g = self.granularity as u64;
+        let end = va + len as u64;
+        // One query per granule: a range may span several mappings.
+        let mut p = va;
+        while p < end {
+            let mut flags: std::ffi::c_ulonglong = 0;
+            // SAFETY: writes one integer; `loc` is valid; an unmapped `p` is an error code.
+            let rc = unsafe { sys::cuMemGetAccess(&mut flags, &loc, p) };
+            if rc != sys::CUresult::CUDA_SUCCESS || flags == 0 {
+                return Ok(false);
+            }
+            p = (p / g + 1) * g;
+        }
+        Ok(true)
+    }
+
+    fn can_access_peer(&self, peer: i32) -> Result<bool> {
+        let dev = Self::cu_device_of(peer)?;
+        if peer == self.ordinal {
+            return Ok(false);
+        }
+        let mut can = 0;
+        // SAFETY: writes one int for two valid devices.
+        check("cuDeviceCanAccessPeer", unsafe {
+            sys::cuDeviceCanAccessPeer(&mut can, self.cu_device, dev)
+        })?;
+        Ok(can != 0)
+    }
+
+    fn granularity_for(&self, device: i32) -> Result<usize> {
+        let mut prop = self.alloc_prop();
+        prop.location.id = Self::cu_device_of(device)?;
+        let mut g = 0usize;
+        // SAFETY: prop is a fully initialised allocation property; writes one usize.
+        check("cuMemGetAllocationGranularity", unsafe {
+            sys::cuMemGetAllocationGranularity(
+                &mut g,
+                &prop,
+                sys::CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_MINIMUM,
+            )
+        })?;
+        Ok(g.max(self.granularity))
+    }
+
     fn unmap(&self, va: DevicePtr, size: usize) -> Result<()> {
         self.bind()?;
         // SAFETY: the range covers whole mappings of ours (caller's contract).
@@ -605,6 +719,28 @@ impl Driver for CudaDriver {
         };
         check_with("cuMemcpyHtoDAsync", rc, || {
             format!("{len} bytes to {dst:#x}")
+        })
+    }
+
+    unsafe fn copy_peer_async(
+        &self,
+        dst: DevicePtr,
+        src: DevicePtr,
+        src_device: i32,
+        len: usize,
+        stream: StreamId,
+    ) -> Result<()> {
+        self.bind()?;
+        // Unified addressing: once this device may read `src` (cuMemSetAccess
+        // on the owner), a plain device-to-device copy on our stream pulls it
+        // over the peer link.
+        // SAFETY: forwarded from the caller's contract on both ranges.
+        let rc = unsafe { sys::cuMemcpyDtoDAsync_v2(dst, src, len, Self::stream(stream)) };
+        check_with("cuMemcpyDtoDAsync", rc, || {
+            format!(
+                "{len} bytes from {src:#x} (device {src_device}) to {dst:#x} (device {})",
+                self.ordinal
+            )
         })
     }
 

@@ -10,16 +10,25 @@
 //! - export_fd / import_fd = `dup` of the memfd, and mapping a received one: the
 //!   same file in every process, so writes are seen everywhere, as with CUDA IPC.
 //!
+//! Several devices: [`HostDriver::for_device`] gives device `n` of
+//! [`host_device_count`] simulated devices, each with memory of its own. All
+//! of them share the process's address space, so one process-wide table (the
+//! simulated interconnect) records which device owns each mapped range and
+//! which peers may read or write it; a peer copy checks that table the way a
+//! GPU's page tables would refuse a peer without access.
+//!
 //! Copies are `memcpy`s done at once (so every "async" call has completed when
 //! it returns); streams and events are counters that tests can check for leaks.
 //! A memory limit and fault injection make out-of-memory and mid-operation
 //! failures testable.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd, OwnedFd};
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, OnceLock};
 
-use super::{BackendKind, ConvertType, DevicePtr, Driver, EventId, MemInfo, PhysHandle, StreamId};
+use super::{AccessMode, BackendKind, ConvertType, DevicePtr, Driver, EventId, MemInfo};
+use super::{PeerAccess, PhysHandle, StreamId};
 use crate::error::{Error, Result};
 use crate::units::{page_size, parse_bytes};
 
@@ -27,6 +36,67 @@ use crate::units::{page_size, parse_bytes};
 pub const DEFAULT_GRANULARITY: usize = 2 << 20;
 /// Default simulated device memory: 64 GiB (memfd pages cost nothing until touched).
 pub const DEFAULT_MEMORY_LIMIT: u64 = 64 << 30;
+
+/// Default number of simulated devices.
+pub const DEFAULT_DEVICE_COUNT: i32 = 8;
+
+/// How many devices the host backend simulates: `VMMW_HOST_DEVICES`, else 8.
+pub fn host_device_count() -> Result<i32> {
+    match std::env::var("VMMW_HOST_DEVICES") {
+        Ok(v) => match v.trim().parse::<i32>() {
+            Ok(n) if (1..=1024).contains(&n) => Ok(n),
+            _ => Err(Error::InvalidArgument(format!(
+                "VMMW_HOST_DEVICES=`{v}`: expected a device count from 1 to 1024"
+            ))),
+        },
+        Err(_) => Ok(DEFAULT_DEVICE_COUNT),
+    }
+}
+
+/// One mapped range in the simulated interconnect: its owner and its peers.
+#[derive(Debug)]
+struct Mapped {
+    end: u64,
+    driver: u64,
+    device: i32,
+    peers: Vec<PeerAccess>,
+}
+
+/// The process-wide table of mapped ranges with access granted, by start address.
+fn interconnect() -> std::sync::MutexGuard<'static, BTreeMap<u64, Mapped>> {
+    static TABLE: OnceLock<Mutex<BTreeMap<u64, Mapped>>> = OnceLock::new();
+    TABLE
+        .get_or_init(|| Mutex::new(BTreeMap::new()))
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+}
+
+/// True when every byte of `[va, va+len)` is mapped on `owner` and `who`
+/// (the owner itself, or a peer with at least `need`) may touch it.
+fn range_allows(va: u64, len: usize, owner: i32, who: i32, need: AccessMode) -> bool {
+    let table = interconnect();
+    let end = va + len as u64;
+    let mut cursor = va;
+    for (&start, m) in table.range(..end) {
+        if m.end <= cursor {
+            continue;
+        }
+        if start > cursor || m.device != owner {
+            return false;
+        }
+        let ok = who == owner
+            || m.peers
+                .iter()
+                .any(|p| p.device == who && p.mode.allows(need));
+        if !ok {
+            return false;
+        }
+        cursor = m.end;
+    }
+    cursor >= end
+}
+
+static NEXT_DRIVER_ID: AtomicU64 = AtomicU64::new(1);
 
 /// Configuration of the host backend.
 #[derive(Debug, Clone)]
@@ -85,12 +155,16 @@ pub enum FaultOp {
     Create,
     /// `map`.
     Map,
-    /// `set_access`.
+    /// `set_access` and `set_access_peers`.
     SetAccess,
     /// `unmap` (nothing is unmapped).
     Unmap,
     /// `synchronize` (as a device that refuses to synchronize).
     Synchronize,
+    /// Host-to-device copies (`copy_htod_async`, `copy_2d_htod_async`).
+    CopyHtod,
+    /// Peer copies (`copy_peer_async`).
+    CopyPeer,
 }
 
 /// Live objects of the host backend, for leak checks.
@@ -134,20 +208,44 @@ struct State {
     streams: usize,
     events: usize,
     faults: HashMap<FaultOp, u64>,
+    /// Ops that fail on every call until cleared (a device gone bad).
+    broken: HashSet<FaultOp>,
 }
 
 /// CUDA VMM semantics on host memory. See the module docs.
 #[derive(Debug)]
 pub struct HostDriver {
     granularity: usize,
+    device: i32,
+    /// Unique per driver, so the interconnect table forgets our ranges on drop.
+    id: u64,
     state: Mutex<State>,
 }
 
 impl HostDriver {
-    /// A host backend with `config`.
+    /// A host backend with `config`, as device 0.
     pub fn new(config: HostConfig) -> HostDriver {
+        HostDriver::with_ordinal(config, 0)
+    }
+
+    /// Simulated device `device` of [`host_device_count`]; an error naming the
+    /// count when there is no such device.
+    pub fn for_device(config: HostConfig, device: i32) -> Result<HostDriver> {
+        let count = host_device_count()?;
+        if !(0..count).contains(&device) {
+            return Err(Error::InvalidArgument(format!(
+                "device {device} does not exist: the host backend simulates {count} devices \
+                 (0..{count}; set VMMW_HOST_DEVICES for more)"
+            )));
+        }
+        Ok(HostDriver::with_ordinal(config, device))
+    }
+
+    fn with_ordinal(config: HostConfig, device: i32) -> HostDriver {
         HostDriver {
             granularity: config.granularity,
+            device,
+            id: NEXT_DRIVER_ID.fetch_add(1, Ordering::Relaxed),
             state: Mutex::new(State {
                 memory_limit: config.memory_limit,
                 next_handle: 1,
@@ -192,12 +290,41 @@ impl HostDriver {
         }
     }
 
+    /// Make every call of `op` fail until [`HostDriver::clear_faults`] (a
+    /// device whose link went bad).
+    pub fn fail_always(&self, op: FaultOp) {
+        self.state().broken.insert(op);
+    }
+
     /// Clear every injected failure.
     pub fn clear_faults(&self) {
-        self.state().faults.clear();
+        let mut s = self.state();
+        s.faults.clear();
+        s.broken.clear();
+    }
+
+    /// The peers granted access to the mapped range starting at `va` (empty
+    /// when none, or when nothing of ours is mapped there with access set).
+    pub fn peer_access_at(&self, va: DevicePtr) -> Vec<PeerAccess> {
+        interconnect()
+            .get(&va)
+            .filter(|m| m.driver == self.id)
+            .map(|m| m.peers.clone())
+            .unwrap_or_default()
+    }
+
+    fn copy_fault(&self, op: FaultOp, call: &'static str) -> Result<()> {
+        let mut s = self.state();
+        if Self::take_fault(&mut s, op) {
+            return Err(injected(call));
+        }
+        Ok(())
     }
 
     fn take_fault(s: &mut State, op: FaultOp) -> bool {
+        if s.broken.contains(&op) {
+            return true;
+        }
         if let Some(n) = s.faults.get_mut(&op) {
             *n -= 1;
             if *n == 0 {
@@ -248,7 +375,15 @@ impl HostDriver {
     }
 
     /// `mprotect` a fully mapped range (set_access and its read-only twin).
-    fn protect(&self, va: DevicePtr, size: usize, prot: libc::c_int) -> Result<()> {
+    /// `mprotect` a fully mapped range and record it, with the peers granted,
+    /// in the interconnect table (per mapping).
+    fn protect(
+        &self,
+        va: DevicePtr,
+        size: usize,
+        prot: libc::c_int,
+        peers: &[PeerAccess],
+    ) -> Result<()> {
         self.check_aligned("set_access", va, size)?;
         let mut s = self.state();
         if Self::take_fault(&mut s, FaultOp::SetAccess) {
@@ -257,6 +392,7 @@ impl HostDriver {
         // Every byte must be mapped, as cuMemSetAccess requires.
         let end = va + size as u64;
         let mut cursor = va;
+        let mut covered = Vec::new();
         for (&m, &(len, _)) in s.mappings.range(..end) {
             let m_end = m + len as u64;
             if m_end <= cursor {
@@ -265,6 +401,7 @@ impl HostDriver {
             if m > cursor {
                 break;
             }
+            covered.push((m, m_end));
             cursor = m_end;
         }
         if cursor < end {
@@ -276,6 +413,23 @@ impl HostDriver {
         let rc = unsafe { libc::mprotect(va as *mut libc::c_void, size, prot) };
         if rc != 0 {
             return Err(errno_error("mprotect", format!("[{va:#x}, +{size})")));
+        }
+        let granted: Vec<PeerAccess> = peers
+            .iter()
+            .copied()
+            .filter(|p| p.mode != AccessMode::None)
+            .collect();
+        let mut table = interconnect();
+        for (m, m_end) in covered {
+            table.insert(
+                m,
+                Mapped {
+                    end: m_end,
+                    driver: self.id,
+                    device: self.device,
+                    peers: granted.clone(),
+                },
+            );
         }
         Ok(())
     }
@@ -306,13 +460,14 @@ impl Driver for HostDriver {
     }
 
     fn device(&self) -> i32 {
-        0
+        self.device
     }
 
     fn describe(&self) -> String {
         let limit = self.state().memory_limit;
         format!(
-            "host (simulated device on host memory, {} MiB granularity, {} MiB limit)",
+            "host (simulated device {} on host memory, {} MiB granularity, {} MiB limit)",
+            self.device,
             self.granularity >> 20,
             limit >> 20
         )
@@ -520,7 +675,12 @@ impl Driver for HostDriver {
     }
 
     fn set_access(&self, va: DevicePtr, size: usize) -> Result<()> {
-        self.protect(va, size, libc::PROT_READ | libc::PROT_WRITE)
+        self.set_access_peers(va, size, &[])
+    }
+
+    fn set_access_peers(&self, va: DevicePtr, size: usize, peers: &[PeerAccess]) -> Result<()> {
+        super::check_peer_list(self.device, peers, |p| self.can_access_peer(p))?;
+        self.protect(va, size, libc::PROT_READ | libc::PROT_WRITE, peers)
     }
 
     fn shareable(&self) -> bool {
@@ -586,7 +746,21 @@ impl Driver for HostDriver {
     }
 
     fn set_access_read_only(&self, va: DevicePtr, size: usize) -> Result<()> {
-        self.protect(va, size, libc::PROT_READ)
+        self.protect(va, size, libc::PROT_READ, &[])
+    }
+
+    fn peer_readable(&self, va: DevicePtr, len: usize, reader: i32) -> Result<bool> {
+        Ok(range_allows(va, len, self.device, reader, AccessMode::Read))
+    }
+
+    fn can_access_peer(&self, peer: i32) -> Result<bool> {
+        let count = host_device_count()?;
+        if !(0..count).contains(&peer) {
+            return Err(Error::InvalidArgument(format!(
+                "peer device {peer} does not exist: the host backend simulates {count} devices"
+            )));
+        }
+        Ok(peer != self.device)
     }
 
     fn unmap(&self, va: DevicePtr, size: usize) -> Result<()> {
@@ -626,6 +800,12 @@ impl Driver for HostDriver {
         };
         if rc == libc::MAP_FAILED {
             return Err(errno_error("mmap", format!("unmapping [{va:#x}, +{size})")));
+        }
+        {
+            let mut table = interconnect();
+            for &(m, _, _) in &covered {
+                table.remove(&m);
+            }
         }
         for (m, _, h) in covered {
             s.mappings.remove(&m);
@@ -708,8 +888,37 @@ impl Driver for HostDriver {
         len: usize,
         _stream: StreamId,
     ) -> Result<()> {
+        self.copy_fault(FaultOp::CopyHtod, "copy_htod")?;
         // SAFETY: the caller guarantees both ranges are valid for `len` bytes.
         unsafe { std::ptr::copy_nonoverlapping(src, dst as *mut u8, len) };
+        Ok(())
+    }
+
+    unsafe fn copy_peer_async(
+        &self,
+        dst: DevicePtr,
+        src: DevicePtr,
+        src_device: i32,
+        len: usize,
+        _stream: StreamId,
+    ) -> Result<()> {
+        self.copy_fault(FaultOp::CopyPeer, "copy_peer")?;
+        if !range_allows(dst, len, self.device, self.device, AccessMode::ReadWrite) {
+            return Err(Error::InvalidArgument(format!(
+                "copy_peer: destination [{dst:#x}, +{len}) is not mapped memory of device {}",
+                self.device
+            )));
+        }
+        if !range_allows(src, len, src_device, self.device, AccessMode::Read) {
+            return Err(Error::InvalidState(format!(
+                "copy_peer: device {} may not read [{src:#x}, +{len}) of device {src_device}: \
+                 grant it access first (set_access_peers / Pool::set_peer_access)",
+                self.device
+            )));
+        }
+        // SAFETY: both ranges are mapped and accessible (checked above), and
+        // distinct devices' memory never overlaps.
+        unsafe { std::ptr::copy_nonoverlapping(src as *const u8, dst as *mut u8, len) };
         Ok(())
     }
 
@@ -735,6 +944,7 @@ impl Driver for HostDriver {
         height: usize,
         _stream: StreamId,
     ) -> Result<()> {
+        self.copy_fault(FaultOp::CopyHtod, "copy_2d_htod")?;
         if width > dst_pitch || width > src_pitch {
             return Err(Error::InvalidArgument(format!(
                 "copy_2d: width {width} exceeds a pitch (dst {dst_pitch}, src {src_pitch})"
@@ -832,6 +1042,7 @@ impl Driver for HostDriver {
 
 impl Drop for HostDriver {
     fn drop(&mut self) {
+        interconnect().retain(|_, m| m.driver != self.id);
         let s = self.state.get_mut().unwrap_or_else(|p| p.into_inner());
         for p in s.handles.values() {
             if p.fd >= 0 {

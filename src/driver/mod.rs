@@ -125,6 +125,34 @@ pub enum ConvertType {
     F32,
 }
 
+/// How a device may touch memory that lives on another device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AccessMode {
+    /// No access (`CU_MEM_ACCESS_FLAGS_PROT_NONE`): revokes an earlier grant.
+    None,
+    /// Read only (`CU_MEM_ACCESS_FLAGS_PROT_READ`).
+    Read,
+    /// Read and write (`CU_MEM_ACCESS_FLAGS_PROT_READWRITE`).
+    ReadWrite,
+}
+
+impl AccessMode {
+    /// True when this mode allows at least what `need` asks.
+    pub fn allows(self, need: AccessMode) -> bool {
+        self >= need
+    }
+}
+
+/// One peer device's access to a range, as given to [`Driver::set_access_peers`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
+pub struct PeerAccess {
+    /// The peer's device ordinal (never the owning device).
+    pub device: i32,
+    /// What the peer may do.
+    pub mode: AccessMode,
+}
+
 /// The VMM primitives and the transfer machinery above them.
 ///
 /// Every method may be called from any thread; the CUDA backend makes the
@@ -151,6 +179,26 @@ pub trait Driver: Send + Sync + fmt::Debug {
     fn map(&self, va: DevicePtr, size: usize, handle: PhysHandle) -> Result<()>;
     /// Grant read/write access to `[va, va+size)` for this device.
     fn set_access(&self, va: DevicePtr, size: usize) -> Result<()>;
+    /// Grant read/write access to `[va, va+size)` for this device and the
+    /// listed access for each peer device (`cuMemSetAccess` with one descriptor
+    /// per device). A peer listed with [`AccessMode::None`] loses its access.
+    /// Every peer must pass [`Driver::can_access_peer`]; `peers` must not name
+    /// this device or one device twice.
+    fn set_access_peers(&self, va: DevicePtr, size: usize, peers: &[PeerAccess]) -> Result<()>;
+    /// True when this device can map memory of `peer` and copy from it
+    /// (`cuDeviceCanAccessPeer`). An error when `peer` does not exist.
+    fn can_access_peer(&self, peer: i32) -> Result<bool>;
+    /// True when device `reader` may read every byte of `[va, va+len)`, memory
+    /// of this device (`cuMemGetAccess`, checked at every granule). Lets a
+    /// multi-device load refuse before any copy instead of faulting midway.
+    fn peer_readable(&self, va: DevicePtr, len: usize, reader: i32) -> Result<bool>;
+    /// The mapping granularity of this device's memory when `device` (this
+    /// one or a peer) is to access it; a segment shared with peers uses the
+    /// largest over every device listed.
+    fn granularity_for(&self, device: i32) -> Result<usize> {
+        let _ = device;
+        Ok(self.granularity())
+    }
     /// Unmap `[va, va+size)`; the VA stays reserved and inaccessible.
     fn unmap(&self, va: DevicePtr, size: usize) -> Result<()>;
 
@@ -216,6 +264,23 @@ pub trait Driver: Send + Sync + fmt::Debug {
         src_pitch: usize,
         width: usize,
         height: usize,
+        stream: StreamId,
+    ) -> Result<()>;
+
+    /// Queue a copy of `len` bytes from `src`, memory of device `src_device`,
+    /// to `dst`, memory of this device, on this device's `stream` (a pull
+    /// over the peer link).
+    ///
+    /// # Safety
+    /// `dst..dst+len` must be mapped and accessible here; `src..src+len` must
+    /// be mapped on `src_device` and readable by this device
+    /// ([`Driver::set_access_peers`]); neither may be freed before the copy completes.
+    unsafe fn copy_peer_async(
+        &self,
+        dst: DevicePtr,
+        src: DevicePtr,
+        src_device: i32,
+        len: usize,
         stream: StreamId,
     ) -> Result<()>;
 
@@ -321,10 +386,16 @@ pub trait Driver: Send + Sync + fmt::Debug {
 /// `Auto` picks CUDA when the driver library loads and the device exists, and
 /// falls back to the host simulation otherwise; the returned [`Opened::reason`]
 /// says which was chosen and why.
+///
+/// The host backend simulates `VMMW_HOST_DEVICES` devices (8 by default):
+/// each call gives a driver with memory of its own, peers of every other.
 pub fn open(choice: BackendChoice, device: i32) -> Result<Opened> {
     match choice {
         BackendChoice::Host => Ok(Opened {
-            driver: Arc::new(host::HostDriver::new(host::HostConfig::from_env()?)),
+            driver: Arc::new(host::HostDriver::for_device(
+                host::HostConfig::from_env()?,
+                device,
+            )?),
             reason: "host backend requested".to_owned(),
         }),
         BackendChoice::Cuda => Ok(Opened {
@@ -337,7 +408,10 @@ pub fn open(choice: BackendChoice, device: i32) -> Result<Opened> {
                 reason: "auto: CUDA driver and device found".to_owned(),
             }),
             Err(e @ Error::DriverUnavailable(_)) => Ok(Opened {
-                driver: Arc::new(host::HostDriver::new(host::HostConfig::from_env()?)),
+                driver: Arc::new(host::HostDriver::for_device(
+                    host::HostConfig::from_env()?,
+                    device,
+                )?),
                 reason: format!("auto: no usable CUDA ({e}); using the host backend"),
             }),
             Err(e) => Err(e),
@@ -352,6 +426,36 @@ pub struct Opened {
     pub driver: Arc<dyn Driver>,
     /// Why this backend was chosen, for logs and the demo.
     pub reason: String,
+}
+
+/// Check a peer list for [`Driver::set_access_peers`]: no entry for the
+/// owning device, no device twice, every peer reachable.
+pub fn check_peer_list(
+    owner: i32,
+    peers: &[PeerAccess],
+    can_access: impl Fn(i32) -> Result<bool>,
+) -> Result<()> {
+    for (i, p) in peers.iter().enumerate() {
+        if p.device == owner {
+            return Err(Error::InvalidArgument(format!(
+                "peer access list names device {owner}, which owns the memory; list only peers"
+            )));
+        }
+        if peers[..i].iter().any(|q| q.device == p.device) {
+            return Err(Error::InvalidArgument(format!(
+                "peer access list names device {} twice",
+                p.device
+            )));
+        }
+        if p.mode != AccessMode::None && !can_access(p.device)? {
+            return Err(Error::InvalidArgument(format!(
+                "device {} cannot access memory of device {owner} (no peer path: \
+                 cuDeviceCanAccessPeer is 0; check `nvidia-smi topo -m`)",
+                p.device
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// Round `n` up to a multiple of `g` (a power of two or any positive number).

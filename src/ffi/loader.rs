@@ -153,18 +153,18 @@ pub struct vmmw_load_result_t {
     pub threads: u32,
 }
 
-struct LoaderState {
-    path: PathBuf,
+pub(super) struct LoaderState {
+    pub(super) path: PathBuf,
     /// Opened lazily again after a load consumed it.
-    ckpt: Option<Checkpoint>,
-    rules: Rules,
-    registry: Registry,
-    options: LoadOptions,
-    executed: Option<Arc<ExecutedPlan>>,
+    pub(super) ckpt: Option<Checkpoint>,
+    pub(super) rules: Rules,
+    pub(super) registry: Registry,
+    pub(super) options: LoadOptions,
+    pub(super) executed: Option<Arc<ExecutedPlan>>,
 }
 
 impl LoaderState {
-    fn ckpt(&mut self) -> Result<&Checkpoint> {
+    pub(super) fn ckpt(&mut self) -> Result<&Checkpoint> {
         if self.ckpt.is_none() {
             self.ckpt = Some(Checkpoint::open(&self.path)?);
         }
@@ -177,11 +177,11 @@ impl LoaderState {
 /// be called from any thread while a load runs.
 pub struct vmmw_loader_t {
     state: Mutex<LoaderState>,
-    cancel: AtomicBool,
+    pub(super) cancel: AtomicBool,
 }
 
 impl vmmw_loader_t {
-    fn lock(&self) -> MutexGuard<'_, LoaderState> {
+    pub(super) fn lock(&self) -> MutexGuard<'_, LoaderState> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 

@@ -12,7 +12,9 @@
 //!
 //! Holes left by frees in the middle stay backed and are reused best-fit.
 
-use super::{apply, best_fit, insert_segment, take, Block, Pool, SegmentClass, State};
+use super::{
+    apply, best_fit, grant_tag_peers, insert_segment, take, Block, Pool, SegmentClass, State,
+};
 use crate::driver::round_up;
 use crate::error::Result;
 use crate::segment::Segment;
@@ -35,7 +37,8 @@ impl Pool {
             } else {
                 round_up(grow_step, self.granularity)
             };
-            let seg = Segment::reserve(self.driver.clone(), reserve_bytes, step)?;
+            let mut seg = Segment::reserve(self.driver.clone(), reserve_bytes, step)?;
+            grant_tag_peers(st, tag, &mut seg)?;
             let base = insert_segment(st, seg, tag, SegmentClass::Arena);
             st.tags.entry(tag).or_default().arena = Some(base);
         }

@@ -23,6 +23,7 @@
 mod access;
 mod arena;
 pub(crate) mod block;
+mod peers;
 pub mod registry;
 pub mod shares;
 mod sleep;
@@ -199,6 +200,8 @@ struct TagState {
     loads: usize,
     /// Base of the tag's arena, while one exists.
     arena: Option<DevicePtr>,
+    /// Peer devices granted access to every segment of the tag.
+    peers: Vec<crate::driver::PeerAccess>,
 }
 
 /// Free blocks indexed for best fit: per (tag, class), ordered by (size, segment base, offset).
@@ -401,7 +404,8 @@ impl Pool {
             _ if size <= self.config.large_segment_bytes / 2 => self.config.large_segment_bytes,
             _ => size,
         };
-        let seg = Segment::allocate(self.driver.clone(), seg_size, self.config.chunk_bytes)?;
+        let mut seg = Segment::allocate(self.driver.clone(), seg_size, self.config.chunk_bytes)?;
+        grant_tag_peers(st, tag, &mut seg)?;
         let base = insert_segment(st, seg, tag, class);
         Ok(take(st, base, 0, size))
     }
@@ -418,7 +422,7 @@ impl Pool {
             Self::check_awake(&st, tag)?;
         }
         // Create outside the lock: driver calls for big segments take a while.
-        let seg = match Segment::allocate(self.driver.clone(), size, self.config.chunk_bytes) {
+        let mut seg = match Segment::allocate(self.driver.clone(), size, self.config.chunk_bytes) {
             Err(e) if e.is_out_of_memory() => {
                 let released = self.trim()?;
                 if released == 0 {
@@ -431,6 +435,7 @@ impl Pool {
         let mut st = self.lock();
         // The tag may have gone to sleep meanwhile; dropping `seg` undoes it.
         Self::check_awake(&st, tag)?;
+        grant_tag_peers(&st, tag, &mut seg)?;
         let base = insert_segment(&mut st, seg, tag, SegmentClass::Dedicated);
         Ok(take(&mut st, base, 0, size))
     }
@@ -862,6 +867,14 @@ fn take(st: &mut State, base: DevicePtr, off: usize, size: usize) -> Block {
         ptr: base + off as u64,
         size,
         tag,
+    }
+}
+
+/// Give a new segment of `tag` the tag's peer access (a no-op without peers).
+fn grant_tag_peers(st: &State, tag: TagId, seg: &mut Segment) -> Result<()> {
+    match st.tags.get(&tag) {
+        Some(t) if !t.peers.is_empty() => seg.set_peers(&t.peers),
+        _ => Ok(()),
     }
 }
 

@@ -246,6 +246,8 @@ struct SegTodo {
     committed: usize,
     state: SleepState,
     chunks: Vec<crate::segment::Chunk>,
+    /// The segment's peer grant, set again on every chunk mapped at wake.
+    peers: Vec<crate::driver::PeerAccess>,
 }
 
 /// Sleep and wake for the segments of one device. Transitions (sleep or wake
@@ -521,6 +523,7 @@ impl SleepEngine {
                         committed: seg.committed(),
                         state: seg.sleep_state(),
                         chunks: seg.chunks().to_vec(),
+                        peers: seg.peers().to_vec(),
                     });
                 }
             }
@@ -791,6 +794,7 @@ impl SleepEngine {
                         committed: seg.committed(),
                         state: seg.sleep_state(),
                         chunks: seg.chunks().to_vec(),
+                        peers: seg.peers().to_vec(),
                     });
                 }
             }
@@ -942,7 +946,7 @@ impl SleepEngine {
             for (c, chunk) in t.chunks.iter().enumerate() {
                 let va = t.ptr + chunk.offset as u64;
                 if chunk.handle.is_none() {
-                    let h = map_new_at(self.driver.as_ref(), va, chunk.size)?;
+                    let h = map_new_at(self.driver.as_ref(), va, chunk.size, &t.peers)?;
                     made.push((i, c, h));
                     report.physical_bytes += chunk.size as u64;
                 }

@@ -265,11 +265,49 @@ static void test_loader() {
   rmdir(dir);
 }
 
+static void test_devices() {
+  char dir[] = "/tmp/vmmw-cpp-multi-XXXXXX";
+  CHECK(mkdtemp(dir) != nullptr);
+  const std::string path = std::string(dir) + "/model.safetensors";
+  std::vector<float> a(16 * 8);
+  for (size_t i = 0; i < a.size(); ++i) a[i] = static_cast<float>(i) - 7.5f;
+  st_tensor ts[1] = {{"w", "F32", {16, 8, 0, 0}, 2, a.data(), a.size() * 4}};
+  CHECK(st_write(path.c_str(), ts, 1) == 0);
+  std::vector<vmmw::Pool> pools;
+  for (int32_t d = 0; d < 2; ++d) {
+    vmmw::PoolOptions o;
+    o.backend = vmmw::Backend::Host;
+    o.device = d;
+    pools.emplace_back(o);
+  }
+  CHECK(pools[0].can_access_peer(1) && !pools[0].can_access_peer(0));
+  const vmmw::Tag w = vmmw::tag_id("cpp-multi");
+  vmmw::Loader l0(path), l1(path);
+  l0.allocate(pools[0], w);
+  l1.allocate(pools[1], w);
+  const auto r = vmmw::load_devices({&l0, &l1}, {&pools[0], &pools[1]}, vmmw::MultiMode::Replicas);
+  CHECK(r.host_bytes == a.size() * 4 && r.peer_bytes == a.size() * 4);
+  for (int d = 0; d < 2; ++d) {
+    std::vector<float> back(a.size());
+    pools[d].read((d == 0 ? l0 : l1).destination("w").ptr, back.data(), back.size() * 4);
+    CHECK(back == a);
+  }
+  const auto peers = pools[1].peer_access(w);
+  CHECK(peers.size() == 1 && peers[0].device == 0 && peers[0].access == VMMW_ACCESS_READ);
+  pools[1].set_peer_access(w, {});
+  CHECK(pools[1].peer_access(w).empty());
+  CHECK(status_of([&] { vmmw::load_devices({&l0, &l0}, {&pools[0], &pools[1]}, vmmw::MultiMode::Ranks); }) ==
+        VMMW_INVALID_ARGUMENT);
+  unlink(path.c_str());
+  rmdir(dir);
+}
+
 int main() {
   test_errors();
   test_device_and_segment();
   test_pool_tags_sleep();
   test_loader();
+  test_devices();
   std::printf("test_wrapper: %d checks passed\n", g_checks);
   return 0;
 }

@@ -472,6 +472,33 @@ class Pool {
     detail::call([&](vmmw_error_t** e) { return vmmw_pool_wake(get_mut(), tags.data(), tags.size(), e); });
   }
 
+  /// Grant peer devices access to every segment of `tag`, kept across
+  /// sleep/wake and for new segments; peers missing from the list lose it.
+  void set_peer_access(Tag tag, const std::vector<vmmw_peer_access_t>& peers) {
+    detail::call([&](vmmw_error_t** e) {
+      return vmmw_pool_set_peer_access(get_mut(), tag, peers.data(), peers.size(), e);
+    });
+  }
+
+  /// The peers granted access to `tag`, sorted by device.
+  std::vector<vmmw_peer_access_t> peer_access(Tag tag) const {
+    const vmmw_pool_t* p = get_checked();
+    size_t n = 0;
+    detail::call([&](vmmw_error_t** e) { return vmmw_pool_peer_access_count(p, tag, &n, e); });
+    std::vector<vmmw_peer_access_t> out(n);
+    for (size_t i = 0; i < n; ++i) {
+      detail::call([&](vmmw_error_t** e) { return vmmw_pool_peer_access_at(p, tag, i, &out[i], e); });
+    }
+    return out;
+  }
+
+  /// Whether this pool's device can reach memory of device `peer`.
+  bool can_access_peer(int32_t peer) const {
+    int32_t can = 0;
+    detail::call([&](vmmw_error_t** e) { return vmmw_pool_can_access_peer(get_checked(), peer, &can, e); });
+    return can != 0;
+  }
+
   /// Drop a tag's reload sources: a Reload-asleep tag whose checkpoint changed
   /// then wakes with its backed-up bytes (loaded bytes undefined; load again).
   void forget_reload(Tag tag) {
@@ -945,6 +972,32 @@ class Share {
   const vmmw_share_t* get_checked() const { return detail::live(h_, "vmmw::Share"); }
   detail::Owned<vmmw_share_t, vmmw_share_free> h_;
 };
+
+/// How a load over several devices divides the work.
+enum class MultiMode : vmmw_multi_mode_t {
+  Replicas = VMMW_MULTI_REPLICAS,  ///< all of it on every device; host memory read once, shares exchanged peer to peer
+  Ranks = VMMW_MULTI_RANKS,        ///< each device loads its own loader's plan (tensor-parallel ranks)
+};
+
+/// One load into several devices: `loaders[i]`'s destinations on `pools[i]`
+/// (vmmw_loader_load_devices). Cancel with `loaders[0]->cancel()`.
+inline vmmw_multi_result_t load_devices(const std::vector<Loader*>& loaders, const std::vector<Pool*>& pools,
+                                        MultiMode mode) {
+  if (loaders.size() != pools.size()) {
+    throw std::invalid_argument("vmmw::load_devices: one pool per loader");
+  }
+  std::vector<vmmw_loader_t*> ls;
+  std::vector<vmmw_pool_t*> ps;
+  for (size_t i = 0; i < loaders.size(); ++i) {
+    ls.push_back(loaders[i] != nullptr ? loaders[i]->get() : nullptr);
+    ps.push_back(pools[i] != nullptr ? pools[i]->get() : nullptr);
+  }
+  vmmw_multi_result_t r{};
+  detail::call([&](vmmw_error_t** e) {
+    return vmmw_loader_load_devices(ls.data(), ps.data(), ls.size(), static_cast<vmmw_multi_mode_t>(mode), &r, e);
+  });
+  return r;
+}
 
 }  // namespace vmmw
 

@@ -403,3 +403,64 @@ func TestProcessDefaultTag(t *testing.T) {
 		t.Fatalf("unknown tag: %v", err)
 	}
 }
+
+func TestLoadDevicesFillsReplicasOverPeers(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "model.safetensors")
+	a := make([]float32, 512)
+	for i := range a {
+		a[i] = float32(i) * 0.5
+	}
+	writeSafetensors(t, path, []string{"w"}, [][]float32{a})
+	tag := mustTag(t, "go-multi")
+	var pools []*Pool
+	var loaders []*Loader
+	for d := 0; d < 2; d++ {
+		p, err := NewPool(PoolOptions{Backend: BackendHost, Device: d})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer p.Close()
+		if ok, err := p.CanAccessPeer(1 - d); err != nil || !ok {
+			t.Fatalf("device %d cannot reach its peer: %v", d, err)
+		}
+		l, err := OpenLoader(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer l.Close()
+		if err := l.Allocate(p, tag); err != nil {
+			t.Fatal(err)
+		}
+		pools, loaders = append(pools, p), append(loaders, l)
+	}
+	r, err := LoadDevices(loaders, pools, MultiReplicas)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.HostBytes != 4*512 || r.PeerBytes != 4*512 || r.DeliveredBytes != 2*4*512 {
+		t.Fatalf("result %+v", r)
+	}
+	for d, p := range pools {
+		dst, _ := loaders[d].Destination("w")
+		b := make([]byte, dst.Bytes)
+		if err := p.Read(dst.Ptr, b); err != nil {
+			t.Fatal(err)
+		}
+		for i := range a {
+			if math.Float32frombits(binary.LittleEndian.Uint32(b[4*i:])) != a[i] {
+				t.Fatalf("device %d element %d differs", d, i)
+			}
+		}
+	}
+	peers, err := pools[0].PeerAccess(tag)
+	if err != nil || len(peers) != 1 || peers[0] != (PeerAccess{1, AccessRead}) {
+		t.Fatalf("peers %+v %v", peers, err)
+	}
+	if err := pools[0].SetPeerAccess(tag, PeerAccess{0, AccessRead}); !errors.Is(err, ErrInvalidArgument) {
+		t.Fatalf("own device as a peer: %v", err)
+	}
+	if _, err := LoadDevices([]*Loader{loaders[0], loaders[0]}, pools, MultiRanks); !errors.Is(err, ErrInvalidArgument) {
+		t.Fatalf("loader listed twice: %v", err)
+	}
+}

@@ -85,6 +85,10 @@ pub struct Args {
     /// Draw the results as an SVG chart to FILE.svg.
     #[arg(long, value_name = "FILE.svg")]
     pub chart: Option<std::path::PathBuf>,
+    /// Several devices (`0,1`): time the checkpoint as replicas on all of them
+    /// and as tensor-parallel ranks, against one device's load (bench_multi.rs).
+    #[arg(long, value_delimiter = ',')]
+    devices: Vec<i32>,
 }
 
 /// One `--strategies` entry: `name[:SLOT][@DIRECT_PERCENT][#THREADS][^DEPTH]`,
@@ -264,7 +268,7 @@ fn disk_bandwidth(ckpt: &Checkpoint, threads: usize) -> Result<f64> {
     }))
 }
 
-fn verify(d: &dyn Driver, ex: &ExecutedPlan) -> Result<usize> {
+pub(crate) fn verify(d: &dyn Driver, ex: &ExecutedPlan) -> Result<usize> {
     let ck = ex.checkpoint();
     let mut n = 0;
     for e in ex.plan().extents.iter().filter(|e| e.convert.is_none()) {
@@ -306,6 +310,18 @@ fn preset_or_none(s: &str) -> std::result::Result<String, String> {
 }
 
 pub fn run(a: Args) -> Result<()> {
+    if a.devices.len() > 1 {
+        return crate::bench_multi::run(crate::bench_multi::MultiArgs {
+            backend: &a.backend,
+            checkpoint: &a.checkpoint,
+            preset: &a.preset,
+            head_dim: a.head_dim,
+            devices: &a.devices,
+            repeat: a.repeat,
+            verify: a.verify,
+            json: a.json.as_deref(),
+        });
+    }
     // The checkpoint and its mapping are checked before the device is opened.
     let rules = if a.preset == "none" {
         Rules::default()

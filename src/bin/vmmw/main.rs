@@ -7,6 +7,7 @@ mod backend;
 mod bench_alloc;
 mod bench_chart;
 mod bench_load;
+mod bench_multi;
 mod bench_pool;
 mod bench_sleep;
 mod chart;

@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# Several GPUs of one host (issue #12): needs >= 2 GPUs (`nvidia-smi -L`), else SKIP.
+# 1. the topology (nvidia-smi topo -m) next to the results;
+# 2. the 16.4 GB checkpoint onto every GPU as replicas and as tensor-parallel
+#    ranks through vmmw_loader_load_devices, every destination compared with
+#    the full tensors sliced in PyTorch (tests/torch/multi_gpu.py load);
+# 3. vmmw bench-load --devices: one GPU vs replicas vs ranks in one run, with a
+#    device-side check of every extent on every GPU, and the wake of one GPU
+#    (Reload) vs the replicas' fan-out wake (Discard + wake_replicas);
+# 4. an all-reduce through torch.distributed's NCCL over tensors in our pool.
+# NVLink multicast stays off (gpu-check.sh exports NCCL_NVLS_ENABLE=0 and the like).
+# Writes multi-topo.txt, multi-tests.txt, multi.json to $VMMW_GPU_OUT.
+# LOAD_LAYERS=36 (default) is the 16.4 GB checkpoint; fewer layers for quick runs.
+set -uo pipefail
+source scripts/gpu-lib.sh
+export NCCL_NVLS_ENABLE=0
+gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
+export PYTHONPATH="examples/torch:tests/torch${PYTHONPATH:+:$PYTHONPATH}"
+export VMMW_LIB="${VMMW_LIB:-$PWD/.gpu/libvmmweights.so}"
+export VMMW_BACKEND=cuda PYTHONUNBUFFERED=1
+dir="${LOAD_DIR:-/root/vmmw-ckpt-8b}"
+layers="${LOAD_LAYERS:-36}"
+if [ "${gpus:-0}" -lt 2 ]; then
+  result "multi-gpu" SKIP "nvidia-smi -L shows ${gpus:-0} GPU(s); this part needs 2 or more (machine kind nvidia-h200-x2)"
+  # One GPU: the same C path and PyTorch check with one device (no peers), as a smoke test.
+  if [ "${gpus:-0}" -eq 1 ] && python3 -c 'import torch, safetensors' 2>/dev/null; then
+    line=$(python3 tests/torch/multi_gpu.py load --dir "$dir" --layers "$layers" --devices 1 --repeat 1 2>&1 |
+      tee "$VMMW_GPU_OUT/multi-tests.txt" | grep -E '^(PASS|FAIL)' | tr '\n' ' ')
+    case "$line" in
+      *FAIL*|"") result "multi-gpu: one-GPU smoke" FAIL "${line:-no result; see multi-tests.txt}"; exit 1 ;;
+      *) result "multi-gpu: one-GPU smoke" PASS "$line" ;;
+    esac
+  fi
+  exit 0
+fi
+devices=$(seq -s, 0 $((gpus - 1)))
+nvidia-smi topo -m >"$VMMW_GPU_OUT/multi-topo.txt" 2>&1
+cat "$VMMW_GPU_OUT/multi-topo.txt"
+rc=0
+if ! python3 -c 'import torch, safetensors, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
+  result "multi-gpu: torch checks" SKIP "PyTorch with CUDA (and safetensors) is not available"
+else
+  log="$VMMW_GPU_OUT/multi-tests.txt"
+  python3 tests/torch/multi_gpu.py load --dir "$dir" --layers "$layers" --devices "$gpus" >"$log" 2>&1
+  t=$?
+  cat "$log"
+  while read -r line; do
+    case "$line" in
+      PASS*) result "multi-gpu: ${line:5:40}" PASS "${line:5}" ;;
+      FAIL*) result "multi-gpu: ${line:5:40}" FAIL "${line:5}" ;;
+    esac
+  done <"$log"
+  [ "$t" -eq 0 ] || { result "multi-gpu: load checks" FAIL "exit $t; see multi-tests.txt"; rc=1; }
+  line=$(python3 tests/torch/multi_gpu.py allreduce --devices "$gpus" 2>&1 | tee -a "$log" | grep -E '^(PASS|FAIL)')
+  case "$line" in
+    PASS*) result "multi-gpu: all-reduce" PASS "${line:5}" ;;
+    *) result "multi-gpu: all-reduce" FAIL "${line:-no result; see multi-tests.txt}"; rc=1 ;;
+  esac
+fi
+out="$VMMW_GPU_OUT/multi.json"
+if .gpu/vmmw bench-load --backend cuda --checkpoint "$dir" --preset qwen3 --devices "$devices" \
+  --verify --repeat 3 --json "$out"; then
+  summary=$(python3 -c '
+import json, sys
+r = json.load(open(sys.argv[1]))
+one, rep, ranks = r["one_device"], r["replicas"], r.get("ranks")
+s = "one GPU %.1f GB/s; replicas %.1f GB/s delivered (%.2fx, target >= 110 GB/s)" % (
+    one["aggregate_gbps"], rep["aggregate_gbps"], r["replicas_speedup"])
+if ranks:
+    s += "; ranks %.3f s (target <= 0.22 s for two)" % ranks["median_s"]
+w1, wn = r["one_device_wake"], r["replicas_wake"]
+s += "; wake one GPU %.1f GB/s, replicas %.1f GB/s (%.2fx, target 1.8x)" % (
+    w1["aggregate_gbps"], wn["aggregate_gbps"], wn["aggregate_gbps"] / w1["aggregate_gbps"])
+print(s)' "$out")
+  result "multi-gpu: bench" INFO "$summary"
+else
+  result "multi-gpu: bench" FAIL "vmmw bench-load --devices $devices failed"
+  rc=1
+fi
+exit $rc

@@ -1,0 +1,336 @@
+//! `vmmw bench-load --devices 0,1`: one checkpoint onto several devices of one
+//! host, as replicas (each device loads a share from host memory, the shares
+//! are exchanged over peer copies) and as tensor-parallel ranks (each device
+//! loads its slices), against one device's load in the same run.
+
+use std::path::Path;
+use std::time::Instant;
+
+use vmmweights::driver;
+use vmmweights::loader::*;
+use vmmweights::sleep::Policy;
+use vmmweights::{tag, Error, Pool, PoolConfig, Result};
+
+use crate::backend::BackendArgs;
+
+/// A progress line: on stdout, or on stderr when the JSON goes to stdout (`--json -`).
+macro_rules! say {
+    ($m:expr, $($arg:tt)*) => {
+        if $m.json == Some(Path::new("-")) {
+            eprintln!($($arg)*);
+        } else {
+            println!($($arg)*);
+        }
+    };
+}
+
+/// What `--devices` runs with.
+pub struct MultiArgs<'a> {
+    pub backend: &'a BackendArgs,
+    pub checkpoint: &'a Path,
+    pub preset: &'a str,
+    pub head_dim: usize,
+    pub devices: &'a [i32],
+    pub repeat: usize,
+    pub verify: bool,
+    pub json: Option<&'a Path>,
+}
+
+#[derive(Debug, serde::Serialize)]
+struct Phase {
+    /// Seconds of every timed load.
+    seconds: Vec<f64>,
+    median_s: f64,
+    /// Device bytes written on all devices together.
+    delivered_bytes: u64,
+    /// Delivered bytes per second over all devices.
+    aggregate_gbps: f64,
+    /// The last run's figures (host share, peer exchange, repairs).
+    last: Option<MultiStats>,
+    /// Extent rows checked against the file, over all devices (`--verify`).
+    verified_rows: usize,
+}
+
+#[derive(Debug, serde::Serialize)]
+struct Report {
+    devices: Vec<String>,
+    checkpoint: String,
+    bytes: u64,
+    one_device: Phase,
+    /// One device's wake of its loaded tag slept with Reload.
+    one_device_wake: Phase,
+    replicas: Phase,
+    /// The replicas slept with Discard, woken by one fan-out (`wake_replicas`).
+    replicas_wake: Phase,
+    ranks: Option<Phase>,
+    /// Replicas' aggregate rate over one device's rate.
+    replicas_speedup: f64,
+}
+
+fn median(v: &[f64]) -> f64 {
+    let mut s = v.to_vec();
+    s.sort_by(|a, b| a.total_cmp(b));
+    s[s.len() / 2]
+}
+
+fn phase(seconds: Vec<f64>, delivered: u64, last: Option<MultiStats>, verified: usize) -> Phase {
+    let m = median(&seconds);
+    Phase {
+        median_s: m,
+        aggregate_gbps: delivered as f64 / m / 1e9,
+        seconds,
+        delivered_bytes: delivered,
+        last,
+        verified_rows: verified,
+    }
+}
+
+fn rules_for(preset: &str, tp: Option<Tp>, head_dim: usize) -> Result<Rules> {
+    if preset == "none" {
+        return Ok(Rules::default());
+    }
+    Rules::preset(preset, tp, head_dim)
+}
+
+/// Destinations of `rules` in `pool` under a tag named `name`.
+fn allocate(pool: &Pool, ckpt: &Checkpoint, rules: &Rules, name: &str) -> Result<Registry> {
+    let mut reg = Registry::new();
+    let specs = Plan::destinations(ckpt, rules)?;
+    allocate_in_pool(&mut reg, &specs, pool, tag::id(name)?)?;
+    Ok(reg)
+}
+
+fn free_all(pool: &Pool, reg: &Registry) -> Result<()> {
+    for d in reg.iter() {
+        pool.free(d.ptr)?;
+    }
+    pool.trim()?;
+    Ok(())
+}
+
+pub fn run(m: MultiArgs<'_>) -> Result<()> {
+    let (choice, source) = m.backend.choice()?;
+    let mut pools = Vec::new();
+    for &dev in m.devices {
+        let opened = driver::open(choice, dev)?;
+        say!(
+            m,
+            "device {dev}: {} ({source}: {})",
+            opened.driver.describe(),
+            opened.reason
+        );
+        pools.push(Pool::new(opened.driver, PoolConfig::default())?);
+    }
+    let n = pools.len();
+    let repeat = m.repeat.max(1);
+    let rules = rules_for(m.preset, None, m.head_dim)?;
+    let ckpt = Checkpoint::open(m.checkpoint)?;
+    let bytes = ckpt.data_bytes();
+    say!(
+        m,
+        "checkpoint: {} ({:.2} GB) onto {n} devices",
+        m.checkpoint.display(),
+        bytes as f64 / 1e9
+    );
+
+    // One device, as the reference.
+    let reg = allocate(&pools[0], &ckpt, &rules, "bench-multi-one")?;
+    let mut secs = Vec::new();
+    let mut delivered = 0;
+    let mut verified = 0;
+    for i in 0..=repeat {
+        let t = Instant::now();
+        let ex = load_into_pool(
+            &pools[0],
+            Checkpoint::open(m.checkpoint)?,
+            &rules,
+            &reg,
+            &LoadOptions::default(),
+            &Control::default(),
+        )?;
+        let s = t.elapsed().as_secs_f64();
+        delivered = ex.plan().dst_bytes();
+        if i > 0 {
+            secs.push(s); // the first load pins the staging ring
+        } else if m.verify {
+            verified = crate::bench_load::verify(pools[0].driver().as_ref(), &ex)?;
+        }
+    }
+    let one = phase(secs, delivered, None, verified);
+    // One device's wake of the loaded tag (Reload: replayed from the checkpoint).
+    let one_tag = tag::id("bench-multi-one")?;
+    let mut wakes = Vec::new();
+    for _ in 0..repeat {
+        pools[0].sleep(&[(one_tag, Policy::Reload)])?;
+        let t = Instant::now();
+        pools[0].wake(&[one_tag])?;
+        wakes.push(t.elapsed().as_secs_f64());
+    }
+    let one_wake = phase(wakes, delivered, None, 0);
+    say!(
+        m,
+        "one device: {:.3} s, {:.1} GB/s",
+        one.median_s,
+        one.aggregate_gbps
+    );
+    free_all(&pools[0], &reg)?;
+
+    // Replicas: the whole checkpoint on every device, host memory read once.
+    let regs: Vec<Registry> = pools
+        .iter()
+        .map(|p| allocate(p, &ckpt, &rules, "bench-multi-replicas"))
+        .collect::<Result<_>>()?;
+    let replicas = timed(
+        &m,
+        &pools,
+        &regs,
+        &vec![rules.clone(); n],
+        MultiMode::Replicas,
+    )?;
+    say!(m,
+        "replicas on {n} devices: {:.3} s, {:.1} GB/s delivered ({:.2}x one device; target 2x the link)",
+        replicas.median_s,
+        replicas.aggregate_gbps,
+        replicas.aggregate_gbps / one.aggregate_gbps
+    );
+    // Wake of the replicas: asleep with no backup (Discard), woken by one
+    // fan-out from the checkpoint in host memory.
+    let rep_tag = tag::id("bench-multi-replicas")?;
+    let targets: Vec<PoolLoad<'_>> = pools
+        .iter()
+        .zip(&regs)
+        .map(|(pool, registry)| PoolLoad {
+            pool,
+            rules: &rules,
+            registry,
+        })
+        .collect();
+    let mut wakes = Vec::new();
+    let mut last = None;
+    for _ in 0..repeat {
+        for p in &pools {
+            p.sleep(&[(rep_tag, Policy::Discard)])?;
+        }
+        let t = Instant::now();
+        let w = wake_replicas(
+            Checkpoint::open(m.checkpoint)?,
+            &targets,
+            &LoadOptions::default(),
+            &Control::default(),
+        )?;
+        wakes.push(t.elapsed().as_secs_f64());
+        last = Some(w.stats);
+    }
+    let replicas_wake = phase(wakes, replicas.delivered_bytes, last, 0);
+    say!(
+        m,
+        "wake: one device (Reload) {:.3} s, {:.1} GB/s; {n} replicas by fan-out {:.3} s, {:.1} GB/s ({:.2}x; target 1.8x)",
+        one_wake.median_s,
+        one_wake.aggregate_gbps,
+        replicas_wake.median_s,
+        replicas_wake.aggregate_gbps,
+        replicas_wake.aggregate_gbps / one_wake.aggregate_gbps
+    );
+    drop(targets);
+    for (p, r) in pools.iter().zip(&regs) {
+        free_all(p, r)?;
+    }
+
+    // Tensor-parallel ranks: each device its slices, all at once.
+    let ranks = if m.preset == "none" {
+        say!(
+            m,
+            "ranks: skipped (needs a preset for tensor-parallel rules)"
+        );
+        None
+    } else {
+        let rules: Vec<Rules> = (0..n)
+            .map(|rank| rules_for(m.preset, Some(Tp { rank, world: n }), m.head_dim))
+            .collect::<Result<_>>()?;
+        let regs: Vec<Registry> = pools
+            .iter()
+            .zip(&rules)
+            .map(|(p, r)| allocate(p, &ckpt, r, "bench-multi-ranks"))
+            .collect::<Result<_>>()?;
+        let ph = timed(&m, &pools, &regs, &rules, MultiMode::Ranks)?;
+        say!(
+            m,
+            "{n} tensor-parallel ranks: {:.3} s ({:.1} GB/s delivered)",
+            ph.median_s,
+            ph.aggregate_gbps
+        );
+        for (p, r) in pools.iter().zip(&regs) {
+            free_all(p, r)?;
+        }
+        Some(ph)
+    };
+    let report = Report {
+        devices: pools.iter().map(|p| p.driver().describe()).collect(),
+        checkpoint: m.checkpoint.display().to_string(),
+        bytes,
+        replicas_speedup: replicas.aggregate_gbps / one.aggregate_gbps,
+        one_device: one,
+        one_device_wake: one_wake,
+        replicas,
+        replicas_wake,
+        ranks,
+    };
+    if let Some(path) = m.json {
+        let text = serde_json::to_string_pretty(&report)
+            .map_err(|e| Error::InvalidState(format!("report to JSON: {e}")))?;
+        if path == Path::new("-") {
+            println!("{text}");
+        } else {
+            std::fs::write(path, text).map_err(|e| Error::io(path, e))?;
+            say!(m, "wrote {}", path.display());
+        }
+    }
+    Ok(())
+}
+
+/// `repeat` timed multi-device loads after one untimed (which pins the
+/// staging rings and, with `--verify`, is checked on every device).
+fn timed(
+    m: &MultiArgs<'_>,
+    pools: &[Pool],
+    regs: &[Registry],
+    rules: &[Rules],
+    mode: MultiMode,
+) -> Result<Phase> {
+    let targets: Vec<PoolLoad<'_>> = pools
+        .iter()
+        .zip(regs)
+        .zip(rules)
+        .map(|((pool, registry), rules)| PoolLoad {
+            pool,
+            rules,
+            registry,
+        })
+        .collect();
+    let mut secs = Vec::new();
+    let mut last = None;
+    let mut verified = 0;
+    for i in 0..=m.repeat.max(1) {
+        let t = Instant::now();
+        let loaded = load_multi_into_pools(
+            Checkpoint::open(m.checkpoint)?,
+            &targets,
+            mode,
+            &LoadOptions::default(),
+            &Control::default(),
+        )?;
+        let s = t.elapsed().as_secs_f64();
+        if i == 0 {
+            if m.verify {
+                for (p, ex) in pools.iter().zip(&loaded.plans) {
+                    verified += crate::bench_load::verify(p.driver().as_ref(), ex)?;
+                }
+            }
+        } else {
+            secs.push(s);
+        }
+        last = Some(loaded.stats);
+    }
+    let delivered = last.as_ref().map_or(0, |s| s.delivered_bytes);
+    Ok(phase(secs, delivered, last, verified))
+}

@@ -1,0 +1,323 @@
+//! Several devices of one host: peer access to a pool tag's memory, and one
+//! load that fills destinations on several devices (replicas by fan-out over
+//! peer copies, or tensor-parallel ranks at once).
+
+use std::sync::atomic::Ordering;
+
+use super::boundary::{arg, call, call_out, slice_arg};
+use super::error::vmmw_error_t;
+use super::loader::vmmw_loader_t;
+use super::pool::vmmw_pool_t;
+use super::status::vmmw_status_t;
+use crate::driver::{AccessMode, PeerAccess};
+use crate::error::{Error, Result};
+use crate::loader::{self, Control, MultiMode, PoolLoad};
+use crate::tag::TagId;
+
+/// What a peer device may do with a tag's memory: one of the `VMMW_ACCESS_*` values.
+pub type vmmw_access_t = i32;
+
+/// Peer access: none (revokes an earlier grant).
+pub const VMMW_ACCESS_NONE: vmmw_access_t = 0;
+/// Peer access: read only.
+pub const VMMW_ACCESS_READ: vmmw_access_t = 1;
+/// Peer access: read and write.
+pub const VMMW_ACCESS_READWRITE: vmmw_access_t = 2;
+
+/// How `vmmw_loader_load_devices` divides the work: one of the `VMMW_MULTI_*` values.
+pub type vmmw_multi_mode_t = i32;
+
+/// Multi-device load: every device gets all of the checkpoint; each loads a
+/// share from host memory and pulls the others' shares over peer copies.
+pub const VMMW_MULTI_REPLICAS: vmmw_multi_mode_t = 0;
+/// Multi-device load: each device loads its own loader's plan (tensor-parallel ranks).
+pub const VMMW_MULTI_RANKS: vmmw_multi_mode_t = 1;
+
+/// One peer device's access to a tag's memory.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct vmmw_peer_access_t {
+    /// The peer's device ordinal.
+    pub device: i32,
+    /// A `VMMW_ACCESS_*` value.
+    pub access: vmmw_access_t,
+}
+
+/// What a multi-device load did (`vmmw_loader_load_devices`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct vmmw_multi_result_t {
+    /// Source bytes read from host memory, over all devices.
+    pub host_bytes: u64,
+    /// Bytes moved between devices by peer copies.
+    pub peer_bytes: u64,
+    /// Device bytes written on all devices together.
+    pub delivered_bytes: u64,
+    /// Wall time in seconds.
+    pub seconds: f64,
+    /// Seconds of the host phase (all devices at once).
+    pub host_seconds: f64,
+    /// Seconds of the peer exchange.
+    pub peer_seconds: f64,
+    /// Delivered bytes per second over all devices, in GB/s (10^9).
+    pub gbps: f64,
+    /// Devices whose share or plan failed midway and was redone.
+    pub recovered_devices: u32,
+}
+
+fn access_mode(v: vmmw_access_t, device: i32) -> Result<AccessMode> {
+    match v {
+        VMMW_ACCESS_NONE => Ok(AccessMode::None),
+        VMMW_ACCESS_READ => Ok(AccessMode::Read),
+        VMMW_ACCESS_READWRITE => Ok(AccessMode::ReadWrite),
+        other => Err(Error::InvalidArgument(format!(
+            "peer access {other} for device {device}: expected VMMW_ACCESS_NONE, \
+             VMMW_ACCESS_READ or VMMW_ACCESS_READWRITE"
+        ))),
+    }
+}
+
+/// Grant the listed peer devices access to every segment of `tag` in `pool`:
+/// now, to segments the tag gets later, and again after every wake (access
+/// is set again whenever memory is mapped). Peers granted before and missing
+/// from the list lose their access; `count` 0 revokes all. Checked before
+/// anything changes (`VMMW_INVALID_ARGUMENT`): a peer that is the pool's own
+/// device, listed twice, missing, unable to reach the pool's device
+/// (`cuDeviceCanAccessPeer`), or an unknown access value. Thread-safe.
+///
+/// # Safety
+/// `pool` is a live handle; `peers` points to `count` entries (or `count` is
+/// 0); `error` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn vmmw_pool_set_peer_access(
+    pool: *mut vmmw_pool_t,
+    tag: u32,
+    peers: *const vmmw_peer_access_t,
+    count: usize,
+    error: *mut *mut vmmw_error_t,
+) -> vmmw_status_t {
+    call(error, || {
+        // SAFETY: forwarded contract.
+        let p = unsafe { arg(pool, "pool") }?;
+        // SAFETY: forwarded contract.
+        let list = unsafe { slice_arg(peers, count, "peers") }?;
+        let peers = list
+            .iter()
+            .map(|e| {
+                Ok(PeerAccess {
+                    device: e.device,
+                    mode: access_mode(e.access, e.device)?,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        p.pool.set_peer_access(TagId(tag), &peers)
+    })
+}
+
+/// Number of peer devices granted access to `tag` in `pool`. Read the
+/// entries with `vmmw_pool_peer_access_at`. Thread-safe.
+///
+/// # Safety
+/// `pool` is a live handle; `out` is writable; `error` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn vmmw_pool_peer_access_count(
+    pool: *const vmmw_pool_t,
+    tag: u32,
+    out: *mut usize,
+    error: *mut *mut vmmw_error_t,
+) -> vmmw_status_t {
+    call_out(out, "out", error, || {
+        // SAFETY: forwarded contract.
+        let p = unsafe { arg(pool, "pool") }?;
+        Ok(p.pool.peer_access(TagId(tag)).len())
+    })
+}
+
+/// The `index`-th peer granted access to `tag` (sorted by device);
+/// `VMMW_INVALID_ARGUMENT` when `index` is not below the count. Thread-safe.
+///
+/// # Safety
+/// `pool` is a live handle; `out` is writable; `error` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn vmmw_pool_peer_access_at(
+    pool: *const vmmw_pool_t,
+    tag: u32,
+    index: usize,
+    out: *mut vmmw_peer_access_t,
+    error: *mut *mut vmmw_error_t,
+) -> vmmw_status_t {
+    call_out(out, "out", error, || {
+        // SAFETY: forwarded contract.
+        let p = unsafe { arg(pool, "pool") }?;
+        let list = p.pool.peer_access(TagId(tag));
+        let e = list.get(index).ok_or_else(|| {
+            Error::InvalidArgument(format!(
+                "peer index {index} of tag {tag}: only {} peers are granted",
+                list.len()
+            ))
+        })?;
+        Ok(vmmw_peer_access_t {
+            device: e.device,
+            access: match e.mode {
+                AccessMode::None => VMMW_ACCESS_NONE,
+                AccessMode::Read => VMMW_ACCESS_READ,
+                AccessMode::ReadWrite => VMMW_ACCESS_READWRITE,
+            },
+        })
+    })
+}
+
+/// Whether `pool`'s device can reach memory of device `peer` (1) or not (0)
+/// (`cuDeviceCanAccessPeer`; on the host backend every other simulated device).
+/// `VMMW_INVALID_ARGUMENT` when `peer` does not exist. Thread-safe.
+///
+/// # Safety
+/// `pool` is a live handle; `out` is writable; `error` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn vmmw_pool_can_access_peer(
+    pool: *const vmmw_pool_t,
+    peer: i32,
+    out: *mut i32,
+    error: *mut *mut vmmw_error_t,
+) -> vmmw_status_t {
+    call_out(out, "out", error, || {
+        // SAFETY: forwarded contract.
+        let p = unsafe { arg(pool, "pool") }?;
+        Ok(i32::from(p.pool.driver().can_access_peer(peer)?))
+    })
+}
+
+/// One load into several devices: `loaders[i]`'s destinations (registered or
+/// allocated with `vmmw_loader_allocate`) on `pools[i]`'s device, for
+/// `count` devices, all at once. Every loader must have opened the same
+/// checkpoint; the load options of `loaders[0]` apply to every device.
+///
+/// `mode` `VMMW_MULTI_REPLICAS`: every loader has the same rules and
+/// destinations of the same names and shapes; each device loads a share of
+/// the checkpoint from host memory and pulls the other shares from the other
+/// devices over peer copies, so host memory is read once. The tags owning
+/// the destinations are granted read access for the other devices (kept
+/// afterwards; see `vmmw_pool_set_peer_access`). `VMMW_MULTI_RANKS`: each
+/// device loads its loader's plan (e.g. presets with different `tp_rank`).
+///
+/// Every check happens before any byte is written (destinations untouched).
+/// A device that fails midway is repaired before returning: its share is
+/// loaded again by a healthy device and pulled over the peer link (replicas),
+/// or its plan is run once more (ranks), so on success every destination is
+/// fully written. If the repair fails too, the error names that device; only
+/// its destinations may be partly written. Each loader keeps its device's
+/// executed plan (`vmmw_loader_result`, Reload sleep). `out` may be NULL.
+///
+/// Blocks until done; `vmmw_loader_cancel` on `loaders[0]` stops it
+/// (`VMMW_CANCELLED`, destinations partly written). Thread-safe; the loaders are held for the call (a
+/// loader listed twice is `VMMW_INVALID_ARGUMENT`).
+///
+/// # Safety
+/// `loaders` and `pools` point to `count` live handles each; `out` is NULL
+/// or writable; `error` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn vmmw_loader_load_devices(
+    loaders: *const *mut vmmw_loader_t,
+    pools: *const *mut vmmw_pool_t,
+    count: usize,
+    mode: vmmw_multi_mode_t,
+    out: *mut vmmw_multi_result_t,
+    error: *mut *mut vmmw_error_t,
+) -> vmmw_status_t {
+    call(error, || {
+        // SAFETY: forwarded contract.
+        let ls = unsafe { slice_arg(loaders, count, "loaders") }?;
+        // SAFETY: forwarded contract.
+        let ps = unsafe { slice_arg(pools, count, "pools") }?;
+        if count == 0 {
+            return Err(Error::InvalidArgument(
+                "vmmw_loader_load_devices needs at least one device".into(),
+            ));
+        }
+        let mode = match mode {
+            VMMW_MULTI_REPLICAS => MultiMode::Replicas,
+            VMMW_MULTI_RANKS => MultiMode::Ranks,
+            other => {
+                return Err(Error::InvalidArgument(format!(
+                    "multi-device mode {other}: expected VMMW_MULTI_REPLICAS or VMMW_MULTI_RANKS"
+                )))
+            }
+        };
+        let mut handles = Vec::with_capacity(count);
+        for (i, (&l, &p)) in ls.iter().zip(ps).enumerate() {
+            // SAFETY: forwarded contract.
+            let l = unsafe { arg(l, "loaders[i]") }?;
+            // SAFETY: forwarded contract.
+            let p = unsafe { arg(p, "pools[i]") }?;
+            if handles
+                .iter()
+                .any(|&(o, _): &(&vmmw_loader_t, _)| std::ptr::eq(o, l))
+            {
+                return Err(Error::InvalidArgument(format!(
+                    "loaders[{i}] is listed twice: give each device its own loader"
+                )));
+            }
+            handles.push((l, p));
+        }
+        // Lock in address order so two concurrent calls cannot deadlock.
+        let mut order: Vec<usize> = (0..count).collect();
+        order.sort_by_key(|&i| handles[i].0 as *const vmmw_loader_t as usize);
+        let mut guards: Vec<Option<_>> = (0..count).map(|_| None).collect();
+        for &i in &order {
+            guards[i] = Some(handles[i].0.lock());
+        }
+        let mut guards: Vec<_> = guards.into_iter().map(|g| g.expect("locked")).collect();
+        let root = guards[0].path.clone();
+        for (i, g) in guards.iter().enumerate() {
+            if g.path != root {
+                return Err(Error::InvalidArgument(format!(
+                    "loaders[{i}] opened {}, loaders[0] {}: one checkpoint for all devices",
+                    g.path.display(),
+                    root.display()
+                )));
+            }
+        }
+        guards[0].ckpt()?;
+        let ckpt = guards[0].ckpt.take().expect("opened above");
+        let options = guards[0].options;
+        let cancel = &handles[0].0.cancel;
+        let ctl = Control {
+            progress: None,
+            cancel: Some(cancel),
+        };
+        let targets: Vec<PoolLoad<'_>> = guards
+            .iter()
+            .zip(&handles)
+            .map(|(g, (_, p))| PoolLoad {
+                pool: &p.pool,
+                rules: &g.rules,
+                registry: &g.registry,
+            })
+            .collect();
+        let result = loader::load_multi_into_pools(ckpt, &targets, mode, &options, &ctl);
+        drop(targets);
+        for (l, _) in &handles {
+            l.cancel.store(false, Ordering::Release);
+        }
+        let loaded = result?;
+        for (g, plan) in guards.iter_mut().zip(&loaded.plans) {
+            g.executed = Some(plan.clone());
+        }
+        if !out.is_null() {
+            let s = &loaded.stats;
+            let r = vmmw_multi_result_t {
+                host_bytes: s.host_bytes,
+                peer_bytes: s.peer_bytes,
+                delivered_bytes: s.delivered_bytes,
+                seconds: s.seconds,
+                host_seconds: s.host_seconds,
+                peer_seconds: s.peer_seconds,
+                gbps: s.aggregate_gbps(),
+                recovered_devices: s.recovered.len() as u32,
+            };
+            // SAFETY: non-NULL and writable per the contract.
+            unsafe { out.write(r) };
+        }
+        Ok(())
+    })
+}
