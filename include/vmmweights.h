@@ -762,7 +762,7 @@ typedef struct vmmw_sleep_options_t {
 #define VMMW_UNKNOWN_POINTER 7
 
 /**
- * A tag name or id that is not registered.
+ * A tag name or id that is not registered, or (sleep, wake) not known to the pool.
  */
 #define VMMW_UNKNOWN_TAG 8
 
@@ -1072,7 +1072,9 @@ vmmw_status_t vmmw_loader_set_reload_check(struct vmmw_loader_t *loader, uint32_
  * address `ptr`, contiguous, row-major. The memory stays the caller's; the
  * loader only writes it during `vmmw_loader_load`. Refused
  * (`VMMW_INVALID_ARGUMENT`, nothing registered): empty or duplicate name,
- * NULL `ptr`, overlap with another destination.
+ * NULL `ptr`, overlap with another destination. An exact alias of a registered
+ * destination (same `ptr`, dtype and shape: tied weights) is accepted as that
+ * destination under a second name, filled from whichever name the checkpoint has.
  *
  * Bad input: `VMMW_NULL_ARGUMENT` (`loader`, `name`, `dtype`; `shape` with
  * `ndim` > 0); `VMMW_INVALID_ARGUMENT` (`ndim` over 64, refused before
@@ -1879,7 +1881,8 @@ void vmmw_share_free(struct vmmw_share_t *share);
  * library synchronizes the device before unmapping, but cannot see work
  * queued later; when that synchronize fails nothing is unmapped and the error
  * is returned). Every entry is checked before anything moves
- * (`VMMW_INVALID_ARGUMENT`, `VMMW_UNKNOWN_TAG`). Tags are processed in order;
+ * (`VMMW_INVALID_ARGUMENT`; `VMMW_UNKNOWN_TAG` also for a tag that never held
+ * memory in this pool, such as a misspelling). Tags are processed in order;
  * on a failure the earlier tags are asleep and the error names the failing one.
  * A sleep that fails midway leaves the failing tag partly asleep (the report
  * counts what is still mapped as tracked); calling again finishes it.
@@ -1915,8 +1918,9 @@ vmmw_status_t vmmw_pool_sleep(struct vmmw_pool_t *pool, const struct vmmw_tag_po
  * nothing changes); each tag's wake is transactional (on failure it stays
  * asleep with its backup intact, and a later wake can succeed). A Reload tag
  * whose checkpoint changed since its load fails with `VMMW_CHECKPOINT_INVALID`
- * before any byte is touched (see `VMMW_POLICY_RELOAD`). Concurrency as in
- * `vmmw_pool_sleep`. Thread-safe.
+ * before any byte is touched (see `VMMW_POLICY_RELOAD`). `VMMW_UNKNOWN_TAG`
+ * (nothing changes) for a tag that never held memory in this pool.
+ * Concurrency as in `vmmw_pool_sleep`. Thread-safe.
  *
  * Bad input: `VMMW_NULL_ARGUMENT` (`pool`; `tags` with `n` > 0);
  * `VMMW_UNKNOWN_TAG`; `VMMW_OUT_OF_MEMORY` (nothing changes). Waking an awake

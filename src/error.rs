@@ -43,7 +43,7 @@ pub enum Status {
     DriverError = 6,
     /// A pointer that this library did not hand out, or one already freed.
     UnknownPointer = 7,
-    /// A tag name or id that is not registered.
+    /// A tag name or id that is not registered, or (sleep, wake) not known to the pool.
     UnknownTag = 8,
     /// The operation is not valid in the current state (e.g. allocating in a sleeping tag).
     InvalidState = 9,

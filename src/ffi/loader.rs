@@ -410,7 +410,9 @@ fn parse_dtype(s: &str) -> Result<Dtype> {
 /// address `ptr`, contiguous, row-major. The memory stays the caller's; the
 /// loader only writes it during `vmmw_loader_load`. Refused
 /// (`VMMW_INVALID_ARGUMENT`, nothing registered): empty or duplicate name,
-/// NULL `ptr`, overlap with another destination.
+/// NULL `ptr`, overlap with another destination. An exact alias of a registered
+/// destination (same `ptr`, dtype and shape: tied weights) is accepted as that
+/// destination under a second name, filled from whichever name the checkpoint has.
 ///
 /// Bad input: `VMMW_NULL_ARGUMENT` (`loader`, `name`, `dtype`; `shape` with
 /// `ndim` > 0); `VMMW_INVALID_ARGUMENT` (`ndim` over 64, refused before

@@ -117,7 +117,8 @@ fn record(p: &vmmw_pool_t, cycles: Vec<TagCycle>) {
 /// library synchronizes the device before unmapping, but cannot see work
 /// queued later; when that synchronize fails nothing is unmapped and the error
 /// is returned). Every entry is checked before anything moves
-/// (`VMMW_INVALID_ARGUMENT`, `VMMW_UNKNOWN_TAG`). Tags are processed in order;
+/// (`VMMW_INVALID_ARGUMENT`; `VMMW_UNKNOWN_TAG` also for a tag that never held
+/// memory in this pool, such as a misspelling). Tags are processed in order;
 /// on a failure the earlier tags are asleep and the error names the failing one.
 /// A sleep that fails midway leaves the failing tag partly asleep (the report
 /// counts what is still mapped as tracked); calling again finishes it.
@@ -171,8 +172,9 @@ pub unsafe extern "C" fn vmmw_pool_sleep(
 /// nothing changes); each tag's wake is transactional (on failure it stays
 /// asleep with its backup intact, and a later wake can succeed). A Reload tag
 /// whose checkpoint changed since its load fails with `VMMW_CHECKPOINT_INVALID`
-/// before any byte is touched (see `VMMW_POLICY_RELOAD`). Concurrency as in
-/// `vmmw_pool_sleep`. Thread-safe.
+/// before any byte is touched (see `VMMW_POLICY_RELOAD`). `VMMW_UNKNOWN_TAG`
+/// (nothing changes) for a tag that never held memory in this pool.
+/// Concurrency as in `vmmw_pool_sleep`. Thread-safe.
 ///
 /// Bad input: `VMMW_NULL_ARGUMENT` (`pool`; `tags` with `n` > 0);
 /// `VMMW_UNKNOWN_TAG`; `VMMW_OUT_OF_MEMORY` (nothing changes). Waking an awake

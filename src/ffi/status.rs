@@ -31,7 +31,7 @@ pub const VMMW_DRIVER_UNAVAILABLE: vmmw_status_t = 5;
 pub const VMMW_DRIVER_ERROR: vmmw_status_t = 6;
 /// A pointer that this library did not hand out, or one already freed.
 pub const VMMW_UNKNOWN_POINTER: vmmw_status_t = 7;
-/// A tag name or id that is not registered.
+/// A tag name or id that is not registered, or (sleep, wake) not known to the pool.
 pub const VMMW_UNKNOWN_TAG: vmmw_status_t = 8;
 /// The operation is not valid in the current state.
 pub const VMMW_INVALID_STATE: vmmw_status_t = 9;

@@ -126,7 +126,15 @@ impl Plan {
         let mut problems = Problems::default();
         let mut plan = Plan::default();
         let mut source_index: BTreeMap<String, u32> = BTreeMap::new();
+        let filled_by = choose_among_aliases(&groups, registry);
+        let mut alias_skipped = Vec::new();
         for (name, g) in &groups.dests {
+            let chosen = filled_by.get(registry.primary(name));
+            if chosen.is_some_and(|c| c != name) {
+                // Another name of the same destination fills it.
+                alias_skipped.extend(g.parts.iter().filter(|p| !p.tie).map(|p| p.source.clone()));
+                continue;
+            }
             let Some(dest) = registry.get(name) else {
                 if g.parts.iter().all(|p| p.tie) {
                     continue; // a tie nobody receives
@@ -211,7 +219,7 @@ impl Plan {
             }
         }
         for d in registry.iter() {
-            if !groups.dests.contains_key(&d.name) {
+            if !filled_by.contains_key(d.name.as_str()) {
                 if opts.allow_missing {
                     plan.missing.push(d.name.clone());
                 } else {
@@ -222,6 +230,7 @@ impl Plan {
         problems.mismatched.extend(groups.problems);
         problems.into_result()?;
         plan.skipped = groups.skipped;
+        plan.skipped.extend(alias_skipped);
         plan.sources = vec![String::new(); source_index.len()];
         for (n, i) in source_index {
             plan.sources[i as usize] = n;
@@ -338,6 +347,33 @@ impl DestGroup {
             .collect::<Vec<_>>()
             .join(", ")
     }
+}
+
+/// For each registered destination some group fills, the one group that
+/// does (by the destination's listed name). Aliases give a destination several
+/// names; a checkpoint tensor is preferred over a tie, then the listed name.
+fn choose_among_aliases<'a>(
+    groups: &'a Groups,
+    registry: &'a Registry,
+) -> BTreeMap<&'a str, &'a str> {
+    let mut out: BTreeMap<&str, &str> = BTreeMap::new();
+    let rank = |name: &str| {
+        let tie = groups.dests[name].parts.iter().all(|p| p.tie);
+        (tie, name != registry.primary(name))
+    };
+    for name in groups.dests.keys() {
+        if registry.get(name).is_none() {
+            continue;
+        }
+        let primary = registry.primary(name);
+        match out.get(primary) {
+            Some(cur) if rank(cur) <= rank(name) => {}
+            _ => {
+                out.insert(primary, name);
+            }
+        }
+    }
+    out
 }
 
 struct Groups {

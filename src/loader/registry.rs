@@ -67,10 +67,18 @@ pub trait DestAllocator {
 
 /// The set of destinations a load fills, by name, and the device ranges the
 /// caller declared as its own (memory outside any pool the load checks).
+///
+/// Two names may share one destination when they are exact aliases: same
+/// address, dtype and shape, as tied parameters in a PyTorch `state_dict()`
+/// (`lm_head.weight` and `model.embed_tokens.weight`). The destination is
+/// listed once, under the name registered first, and filled from whichever of
+/// its names the checkpoint has.
 #[derive(Debug, Clone, Default)]
 pub struct Registry {
     dests: BTreeMap<String, Destination>,
     foreign: Vec<(DevicePtr, u64)>,
+    /// Alias name -> the name its destination is listed under.
+    aliases: BTreeMap<String, String>,
 }
 
 impl Registry {
@@ -82,7 +90,8 @@ impl Registry {
     /// Register a destination. Rejects a duplicate name, a NULL pointer, an
     /// empty name, a shape whose byte size overflows or whose range runs past
     /// the end of the address space, and a range that overlaps an already
-    /// registered destination.
+    /// registered destination unless it is an exact alias of it (same
+    /// address, dtype and shape).
     pub fn register(
         &mut self,
         name: &str,
@@ -100,7 +109,7 @@ impl Registry {
                 "destination `{name}` has a NULL device pointer"
             )));
         }
-        if self.dests.contains_key(name) {
+        if self.dests.contains_key(name) || self.aliases.contains_key(name) {
             return Err(Error::InvalidArgument(format!(
                 "destination `{name}` is already registered"
             )));
@@ -125,6 +134,10 @@ impl Registry {
             dtype,
             shape: shape.to_vec(),
         };
+        if let Some(o) = self.dests.values().find(|o| is_alias(o, &d)) {
+            self.aliases.insert(d.name, o.name.clone());
+            return Ok(());
+        }
         let (lo, hi) = (d.ptr, d.ptr + bytes as u64);
         if let Some(o) = self.dests.values().find(|o| {
             let (a, b) = (o.ptr, o.ptr + o.bytes() as u64);
@@ -175,12 +188,23 @@ impl Registry {
             .any(|&(a, l)| ptr >= a && ptr.saturating_add(len) <= a + l)
     }
 
-    /// The destination named `name`.
+    /// The destination named `name` (also when `name` is an alias of it).
     pub fn get(&self, name: &str) -> Option<&Destination> {
-        self.dests.get(name)
+        self.dests.get(self.primary(name))
     }
 
-    /// Every destination, by name.
+    /// The name `name`'s destination is listed under: `name` itself unless it
+    /// is an alias.
+    pub fn primary<'a>(&'a self, name: &'a str) -> &'a str {
+        self.aliases.get(name).map(String::as_str).unwrap_or(name)
+    }
+
+    /// Every alias with the name its destination is listed under.
+    pub fn aliases(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.aliases.iter().map(|(a, p)| (a.as_str(), p.as_str()))
+    }
+
+    /// Every destination, once, by the name it is listed under.
     pub fn iter(&self) -> impl Iterator<Item = &Destination> {
         self.dests.values()
     }
@@ -194,6 +218,11 @@ impl Registry {
     pub fn is_empty(&self) -> bool {
         self.dests.is_empty()
     }
+}
+
+/// Exact alias: one parameter under two names (a partial overlap is not).
+fn is_alias(a: &Destination, b: &Destination) -> bool {
+    a.ptr == b.ptr && a.dtype == b.dtype && a.shape == b.shape && a.bytes() > 0
 }
 
 /// A bump allocator over segments: carves destinations out of segments of at

@@ -941,6 +941,9 @@ fn grant_tag_peers(st: &State, tag: TagId, seg: &mut Segment) -> Result<()> {
 }
 
 fn insert_segment(st: &mut State, seg: Segment, tag: TagId, class: SegmentClass) -> DevicePtr {
+    // A tag that ever held memory here is known to the pool: sleep and wake
+    // refuse the others (a misspelled tag would otherwise sleep nothing).
+    st.tags.entry(tag).or_default();
     let base = seg.ptr();
     let blocks = BlockMap::new(seg.reserved());
     if class != SegmentClass::Dedicated {
