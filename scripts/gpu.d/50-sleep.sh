@@ -14,7 +14,7 @@ out="$VMMW_GPU_OUT/sleep-bench"
 .gpu/vmmw bench-sleep --backend cuda --json "$out.json" --chart "$out.svg" "${reload[@]}" 2>&1 | tee "$out.txt"
 t=${PIPESTATUS[0]}
 if [ "$t" -eq 0 ]; then
-  wake=$(grep -E '^ours: wake' "$out.txt" | awk '{print $(NF-3)}')
+  wake=$(grep -E '^ours: wake' "$out.txt" | awk '{print $(NF-4)}')
   result "sleep: bench-sleep" PASS "wake ratio to h2d ${wake:-?}; see sleep-bench.txt"
 else
   result "sleep: bench-sleep" FAIL "exit $t"
