@@ -184,16 +184,16 @@ typedef struct vmmw_load_options_t {
    */
   vmmw_copy_strategy_t strategy;
   /**
-   * Worker threads (0 = number of CPUs, at most 16).
+   * Worker threads (0 = number of CPUs, at most 16; at most 256 when set).
    */
   uint32_t threads;
   /**
-   * Bytes of file registered per direct window (0 = default).
+   * Bytes of file registered per direct window (0 = default; at most 4 GiB).
    */
   uint64_t window_bytes;
   /**
    * Bytes per pinned staging slot (0 = sized to keep the slots in use in the
-   * CPU's last-level cache).
+   * CPU's last-level cache; at most 4 GiB).
    */
   uint64_t slot_bytes;
 } vmmw_load_options_t;
@@ -579,7 +579,7 @@ typedef struct vmmw_sleep_options_t {
    */
   uint64_t copy_piece_bytes;
   /**
-   * Streams the copies are spread over (default 2).
+   * Streams the copies are spread over (default 2, at most 64).
    */
   uint32_t streams;
   /**
@@ -762,7 +762,7 @@ typedef struct vmmw_sleep_options_t {
 #define VMMW_UNKNOWN_POINTER 7
 
 /**
- * A tag name or id that is not registered.
+ * A tag name or id that is not registered, or (sleep, wake) not known to the pool.
  */
 #define VMMW_UNKNOWN_TAG 8
 
@@ -836,6 +836,10 @@ extern "C" {
  * `VMMW_DRIVER_UNAVAILABLE` (CUDA requested but unusable), `VMMW_NULL_ARGUMENT`.
  * Thread-safe.
  *
+ * Bad input: `VMMW_NULL_ARGUMENT` (`out`); `VMMW_INVALID_ARGUMENT` (unknown
+ * backend, negative device, bad environment variables);
+ * `VMMW_DRIVER_UNAVAILABLE`.
+ *
  * # Safety
  * `out` is writable; `error` is NULL or writable.
  */
@@ -844,6 +848,9 @@ vmmw_status_t vmmw_device_open(vmmw_backend_t backend, int32_t device, struct vm
 /**
  * Free a device handle. NULL is accepted. Pools and segments created from it
  * stay valid (they hold the driver themselves).
+ *
+ * Bad input: NULL is ignored. A handle already freed, or not from this
+ * library, cannot be detected (undefined behaviour).
  *
  * # Safety
  * `device` is NULL or a live handle from `vmmw_device_open`, not used
@@ -854,6 +861,8 @@ void vmmw_device_free(struct vmmw_device_t *device);
 /**
  * The backend behind `device`: `VMMW_BACKEND_HOST` or `VMMW_BACKEND_CUDA`.
  *
+ * Bad input: `VMMW_NULL_ARGUMENT` (`device`, `out`).
+ *
  * # Safety
  * `device` is a live handle; `out` is writable; `error` is NULL or writable.
  */
@@ -863,6 +872,8 @@ vmmw_status_t vmmw_device_backend(const struct vmmw_device_t *device, vmmw_backe
  * The mapping granularity in bytes (2 MiB on an H200 and by default on host):
  * every reservation and physical allocation is a multiple of it.
  *
+ * Bad input: `VMMW_NULL_ARGUMENT` (`device`, `out`).
+ *
  * # Safety
  * `device` is a live handle; `out` is writable; `error` is NULL or writable.
  */
@@ -870,6 +881,9 @@ vmmw_status_t vmmw_device_granularity(const struct vmmw_device_t *device, uint64
 
 /**
  * Free and total device memory in bytes (`cuMemGetInfo`, or the host backend's limit).
+ *
+ * Bad input: `VMMW_NULL_ARGUMENT` (`device`, `free_bytes`, `total_bytes`;
+ * nothing written).
  *
  * # Safety
  * `device` is a live handle; `free_bytes` and `total_bytes` are writable;
@@ -884,6 +898,11 @@ vmmw_status_t vmmw_device_mem_info(const struct vmmw_device_t *device, uint64_t 
  * not NULL) receives the size required including the NUL, also on
  * `VMMW_BUFFER_TOO_SMALL`; pass `buf` NULL and `cap` 0 to query it.
  *
+ * Bad input: `VMMW_NULL_ARGUMENT` (`device`); the buffer contract:
+ * `VMMW_BUFFER_TOO_SMALL` with `*needed` set when `cap` is short (nothing
+ * written to `buf`), `VMMW_NULL_ARGUMENT` with nothing written when `buf` is
+ * NULL and `cap` > 0.
+ *
  * # Safety
  * `device` is a live handle; `buf` is NULL or writable for `cap` bytes;
  * `needed` and `error` are NULL or writable.
@@ -894,6 +913,11 @@ vmmw_status_t vmmw_device_describe(const struct vmmw_device_t *device, char *buf
  * Why this backend was chosen (useful with `VMMW_BACKEND_AUTO`), into a
  * buffer with the same contract as `vmmw_device_describe`.
  *
+ * Bad input: `VMMW_NULL_ARGUMENT` (`device`); the buffer contract:
+ * `VMMW_BUFFER_TOO_SMALL` with `*needed` set when `cap` is short (nothing
+ * written to `buf`), `VMMW_NULL_ARGUMENT` with nothing written when `buf` is
+ * NULL and `cap` > 0.
+ *
  * # Safety
  * As `vmmw_device_describe`.
  */
@@ -901,6 +925,8 @@ vmmw_status_t vmmw_device_choice_reason(const struct vmmw_device_t *device, char
 
 /**
  * Wait until all work queued on the device has finished.
+ *
+ * Bad input: `VMMW_NULL_ARGUMENT` (`device`).
  *
  * # Safety
  * `device` is a live handle; `error` is NULL or writable.
@@ -913,6 +939,8 @@ vmmw_status_t vmmw_device_synchronize(const struct vmmw_device_t *device, struct
  * The string is owned by `error` and valid until `vmmw_error_free(error)`.
  * Returns "" when `error` is NULL. Thread-safe.
  *
+ * Bad input: none: NULL gives "".
+ *
  * # Safety
  * `error` is NULL or an object returned through a `vmmw_error_t**` argument
  * and not yet freed.
@@ -923,6 +951,8 @@ const char *vmmw_error_message(const struct vmmw_error_t *error);
  * The status code of `error` (a `VMMW_*` value); `VMMW_NULL_ARGUMENT` when
  * `error` is NULL. Thread-safe.
  *
+ * Bad input: NULL gives `VMMW_NULL_ARGUMENT`.
+ *
  * # Safety
  * As `vmmw_error_message`.
  */
@@ -930,6 +960,9 @@ vmmw_status_t vmmw_error_status(const struct vmmw_error_t *error);
 
 /**
  * Free an error object. NULL is accepted and ignored.
+ *
+ * Bad input: NULL is ignored. An object already freed cannot be detected
+ * (undefined behaviour).
  *
  * # Safety
  * `error` is NULL or an object returned through a `vmmw_error_t**` argument,
@@ -945,6 +978,13 @@ void vmmw_error_free(struct vmmw_error_t *error);
  * (`vmmw_loader_free`). Initial rules: none (every tensor to the destination
  * of its own name).
  *
+ * Bad input: `VMMW_NULL_ARGUMENT` (`path`, `out`); `VMMW_IO` (missing,
+ * unreadable); `VMMW_CHECKPOINT_INVALID` (not a regular file: FIFO, device,
+ * socket; index over 64 MiB; header over 100 MB or past the end; bad JSON,
+ * duplicate names, unknown dtype, more than 64 dims, overflowing shapes,
+ * offsets out of range or overlapping; shard names with `..` or absolute;
+ * missing shards). Opens never block.
+ *
  * # Safety
  * `path` is a NUL-terminated string; `out` is writable; `error` is NULL or writable.
  */
@@ -954,6 +994,9 @@ vmmw_status_t vmmw_loader_open(const char *path, struct vmmw_loader_t **out, str
  * Free a loader. NULL is accepted. Destinations it allocated stay in their
  * pool (free them with `vmmw_pool_dealloc`, or with the pool); the reload
  * source a load registered in the pool stays valid.
+ *
+ * Bad input: NULL is ignored. A handle already freed cannot be detected
+ * (undefined behaviour).
  *
  * # Safety
  * `loader` is NULL or a live handle, not used afterwards and not concurrently.
@@ -966,6 +1009,11 @@ void vmmw_loader_free(struct vmmw_loader_t *loader);
  * each). Checked now (`VMMW_INVALID_ARGUMENT`
  * naming the bad field or regex; the previous rules stay).
  *
+ * Bad input: `VMMW_NULL_ARGUMENT` (`loader`, `json`); `VMMW_INVALID_ARGUMENT`
+ * (bad JSON, unknown field, bad regex, rank not below world; the previous
+ * rules stay). Sizes the rules produce are checked at plan time
+ * (`VMMW_PLAN_MISMATCH` on overflow).
+ *
  * # Safety
  * `loader` is a live handle; `json` is a NUL-terminated string; `error` is NULL or writable.
  */
@@ -977,6 +1025,9 @@ vmmw_status_t vmmw_loader_set_rules_json(struct vmmw_loader_t *loader, const cha
  * `qkv_proj`, gate/up into `gate_up_proj`; with `tp_world` > 0, sharded for
  * rank `tp_rank`, kv heads cut by `head_dim`.
  *
+ * Bad input: `VMMW_NULL_ARGUMENT` (`loader`, `family`);
+ * `VMMW_INVALID_ARGUMENT` (unknown family, `tp_rank` >= `tp_world`).
+ *
  * # Safety
  * `loader` is a live handle; `family` is a NUL-terminated string; `error` is NULL or writable.
  */
@@ -985,6 +1036,10 @@ vmmw_status_t vmmw_loader_set_rules_preset(struct vmmw_loader_t *loader, const c
 /**
  * Set the load options (`options` NULL: defaults). `options->size` must be
  * set (`VMMW_LOAD_OPTIONS_INIT`); see `vmmw_load_options_t`.
+ *
+ * Bad input: `VMMW_NULL_ARGUMENT` (`loader`); `VMMW_INVALID_ARGUMENT` (unknown
+ * strategy, `threads` over 256, `slot_bytes` or `window_bytes` over 4 GiB; the
+ * previous options stay).
  *
  * # Safety
  * `loader` is a live handle; `options` is NULL or readable for
@@ -1003,6 +1058,9 @@ vmmw_status_t vmmw_loader_set_options(struct vmmw_loader_t *loader, const struct
  * modification time are still checked at every wake. Other values of
  * `enable`: `VMMW_INVALID_ARGUMENT`. Thread-safe (serializes with a running load).
  *
+ * Bad input: `VMMW_NULL_ARGUMENT` (`loader`); `VMMW_INVALID_ARGUMENT`
+ * (`enable` neither 0 nor 1; the previous setting stays).
+ *
  * # Safety
  * `loader` is a live handle; `error` is NULL or writable.
  */
@@ -1014,7 +1072,15 @@ vmmw_status_t vmmw_loader_set_reload_check(struct vmmw_loader_t *loader, uint32_
  * address `ptr`, contiguous, row-major. The memory stays the caller's; the
  * loader only writes it during `vmmw_loader_load`. Refused
  * (`VMMW_INVALID_ARGUMENT`, nothing registered): empty or duplicate name,
- * NULL `ptr`, overlap with another destination.
+ * NULL `ptr`, overlap with another destination. An exact alias of a registered
+ * destination (same `ptr`, dtype and shape: tied weights) is accepted as that
+ * destination under a second name, filled from whichever name the checkpoint has.
+ *
+ * Bad input: `VMMW_NULL_ARGUMENT` (`loader`, `name`, `dtype`; `shape` with
+ * `ndim` > 0); `VMMW_INVALID_ARGUMENT` (`ndim` over 64, refused before
+ * `shape` is read; empty or duplicate name, unknown dtype, NULL `ptr`, byte
+ * size overflowing or past the end of the address space, overlap). Checked
+ * against the pool at load.
  *
  * # Safety
  * `loader` is a live handle; `name` and `dtype` are NUL-terminated strings;
@@ -1024,12 +1090,38 @@ vmmw_status_t vmmw_loader_set_reload_check(struct vmmw_loader_t *loader, uint32_
 vmmw_status_t vmmw_loader_register(struct vmmw_loader_t *loader, const char *name, uint64_t ptr, const char *dtype, const uint64_t *shape, size_t ndim, struct vmmw_error_t **error);
 
 /**
+ * Declare `[ptr, ptr + bytes)` as device memory the caller owns outside the
+ * pool loads run on (`cudaMalloc`'d, PyTorch's own allocator's). A load
+ * checks every destination before writing anything: one touching the memory
+ * of the pool passed to `vmmw_loader_load` must lie inside one live, awake
+ * block of it (`VMMW_UNKNOWN_POINTER` in a free block, `VMMW_INVALID_ARGUMENT`
+ * when it runs past its block, `VMMW_INVALID_STATE` when asleep), declared or
+ * not; any other destination must lie wholly inside one range declared here
+ * (else `VMMW_UNKNOWN_POINTER`, which also refuses memory of another pool).
+ * The caller vouches that a declared range is mapped while loads run.
+ * Declaring each registered tensor's own range is safe: pool memory is
+ * checked all the same.
+ *
+ * Bad input: `VMMW_NULL_ARGUMENT` (`loader`); `VMMW_INVALID_ARGUMENT` (NULL
+ * `ptr`, `bytes` 0, overflowing range).
+ *
+ * # Safety
+ * `loader` is a live handle; `error` is NULL or writable.
+ */
+vmmw_status_t vmmw_loader_declare_foreign(struct vmmw_loader_t *loader, uint64_t ptr, uint64_t bytes, struct vmmw_error_t **error);
+
+/**
  * Allocate every destination the rules produce from this checkpoint (names,
  * dtypes and shapes as the plan needs them: fused, sharded, padded) in
  * `pool` under `tag`, and register them. On failure nothing is registered
  * and every block taken is freed again. The blocks belong to the pool: find
  * them with `vmmw_loader_destination`, free them with `vmmw_pool_dealloc`
  * (or with the pool).
+ *
+ * Bad input: `VMMW_NULL_ARGUMENT` (`loader`, `pool`); `VMMW_UNKNOWN_TAG`;
+ * `VMMW_PLAN_MISMATCH` (rules give an overflowing shape, or parts that do not
+ * fit); `VMMW_OUT_OF_MEMORY`; `VMMW_INVALID_STATE` (tag asleep). Nothing
+ * registered on error.
  *
  * # Safety
  * `loader` and `pool` are live handles; `error` is NULL or writable.
@@ -1039,6 +1131,8 @@ vmmw_status_t vmmw_loader_allocate(struct vmmw_loader_t *loader, struct vmmw_poo
 /**
  * Number of registered destinations.
  *
+ * Bad input: `VMMW_NULL_ARGUMENT` (`loader`, `out`).
+ *
  * # Safety
  * `loader` is a live handle; `out` is writable; `error` is NULL or writable.
  */
@@ -1047,6 +1141,11 @@ vmmw_status_t vmmw_loader_destination_count(const struct vmmw_loader_t *loader, 
 /**
  * The name of destination `index` (0 ≤ index < count, in name order), into
  * `buf` (buffer contract of `vmmw_device_describe`).
+ *
+ * Bad input: `VMMW_NULL_ARGUMENT` (`loader`); `VMMW_INVALID_ARGUMENT` (`index`
+ * not below the count); the buffer contract: `VMMW_BUFFER_TOO_SMALL` with
+ * `*needed` set when `cap` is short (nothing written to `buf`),
+ * `VMMW_NULL_ARGUMENT` with nothing written when `buf` is NULL and `cap` > 0.
  *
  * # Safety
  * `loader` is a live handle; `buf` is NULL or writable for `cap` bytes;
@@ -1058,6 +1157,10 @@ vmmw_status_t vmmw_loader_destination_name(const struct vmmw_loader_t *loader, s
  * The destination named `name`. `VMMW_INVALID_ARGUMENT` when none is
  * registered under it, or it has more than `VMMW_MAX_DIMS` dimensions.
  *
+ * Bad input: `VMMW_NULL_ARGUMENT` (`loader`, `name`, `out`);
+ * `VMMW_INVALID_ARGUMENT` (no such destination, more than `VMMW_MAX_DIMS`
+ * dims).
+ *
  * # Safety
  * `loader` is a live handle; `name` is a NUL-terminated string; `out` is
  * writable; `error` is NULL or writable.
@@ -1068,6 +1171,9 @@ vmmw_status_t vmmw_loader_destination(const struct vmmw_loader_t *loader, const 
  * Build and check the plan against the registered destinations without
  * writing anything: every missing, unexpected, mis-shaped or mis-typed tensor
  * is listed in one `VMMW_PLAN_MISMATCH` message.
+ *
+ * Bad input: `VMMW_NULL_ARGUMENT` (`loader`, `out`); `VMMW_PLAN_MISMATCH`;
+ * `VMMW_CHECKPOINT_INVALID`/`VMMW_IO` (reopening the checkpoint).
  *
  * # Safety
  * `loader` is a live handle; `out` is writable; `error` is NULL or writable.
@@ -1100,6 +1206,15 @@ vmmw_status_t vmmw_loader_plan(const struct vmmw_loader_t *loader, struct vmmw_p
  * the loader keeps its last checkpoint open and mapped until it is freed or
  * loads again.
  *
+ * Bad input: `VMMW_NULL_ARGUMENT` (`loader`, `pool`); before any byte is
+ * written: `VMMW_CHECKPOINT_INVALID` (a shard changed since open),
+ * `VMMW_PLAN_MISMATCH`, `VMMW_UNKNOWN_POINTER` (a destination in a free block
+ * of this pool, or outside it and not declared with
+ * `vmmw_loader_declare_foreign`), `VMMW_INVALID_ARGUMENT` (a destination
+ * running past its block), `VMMW_INVALID_STATE` (asleep); during the copy:
+ * `VMMW_CANCELLED`, `VMMW_DRIVER_ERROR`. A pending cancel survives a load
+ * refused before its copies.
+ *
  * # Safety
  * `loader` and `pool` are live handles; `progress` is NULL or a function
  * safe to call with `user`; `error` is NULL or writable.
@@ -1110,6 +1225,8 @@ vmmw_status_t vmmw_loader_load(struct vmmw_loader_t *loader, struct vmmw_pool_t 
  * Ask the running load of this loader (or, when none runs, the next one) to
  * stop; it fails with `VMMW_CANCELLED`. Thread-safe; returns at once.
  *
+ * Bad input: `VMMW_NULL_ARGUMENT` (`loader`).
+ *
  * # Safety
  * `loader` is a live handle; `error` is NULL or writable.
  */
@@ -1117,6 +1234,9 @@ vmmw_status_t vmmw_loader_cancel(struct vmmw_loader_t *loader, struct vmmw_error
 
 /**
  * What the last successful load did. `VMMW_INVALID_STATE` before one.
+ *
+ * Bad input: `VMMW_NULL_ARGUMENT` (`loader`, `out`); `VMMW_INVALID_STATE` (no
+ * load completed).
  *
  * # Safety
  * `loader` is a live handle; `out` is writable; `error` is NULL or writable.
@@ -1126,6 +1246,11 @@ vmmw_status_t vmmw_loader_result(const struct vmmw_loader_t *loader, struct vmmw
 /**
  * The last load's statistics and plan summary as JSON, into `buf` (buffer
  * contract of `vmmw_device_describe`). `VMMW_INVALID_STATE` before a load.
+ *
+ * Bad input: `VMMW_NULL_ARGUMENT` (`loader`); `VMMW_INVALID_STATE` (no load
+ * completed); the buffer contract: `VMMW_BUFFER_TOO_SMALL` with `*needed` set
+ * when `cap` is short (nothing written to `buf`), `VMMW_NULL_ARGUMENT` with
+ * nothing written when `buf` is NULL and `cap` > 0.
  *
  * # Safety
  * `loader` is a live handle; `buf` is NULL or writable for `cap` bytes;
@@ -1141,6 +1266,8 @@ vmmw_status_t vmmw_loader_result_json(const struct vmmw_loader_t *loader, char *
  * one `vmmw_device_t` share it; a pool that opened its device itself
  * (`device_handle` NULL) has its own. Thread-safe.
  *
+ * Bad input: `VMMW_NULL_ARGUMENT` (`pool`, `out`).
+ *
  * # Safety
  * `pool` is a live handle; `out` is writable; `error` is NULL or writable.
  */
@@ -1152,6 +1279,8 @@ vmmw_status_t vmmw_pool_staging_bytes(const struct vmmw_pool_t *pool, uint64_t *
  * `*released` receives its bytes (0 when none was cached). The next load or
  * Reload wake pins a new one (milliseconds). A load running concurrently
  * keeps its ring and caches it again when it finishes. Thread-safe.
+ *
+ * Bad input: `VMMW_NULL_ARGUMENT` (`pool`, `released`).
  *
  * # Safety
  * `pool` is a live handle; `released` is writable; `error` is NULL or writable.
@@ -1167,6 +1296,11 @@ vmmw_status_t vmmw_pool_release_staging(struct vmmw_pool_t *pool, uint64_t *rele
  * device, listed twice, missing, unable to reach the pool's device
  * (`cuDeviceCanAccessPeer`), or an unknown access value. Thread-safe.
  *
+ * Bad input: `VMMW_NULL_ARGUMENT` (`pool`; `peers` with `count` > 0);
+ * `VMMW_UNKNOWN_TAG`; `VMMW_INVALID_ARGUMENT` (the pool's own device, a peer
+ * listed twice, missing or unreachable, an unknown access value); nothing
+ * changes.
+ *
  * # Safety
  * `pool` is a live handle; `peers` points to `count` entries (or `count` is
  * 0); `error` is NULL or writable.
@@ -1177,6 +1311,8 @@ vmmw_status_t vmmw_pool_set_peer_access(struct vmmw_pool_t *pool, uint32_t tag, 
  * Number of peer devices granted access to `tag` in `pool`. Read the
  * entries with `vmmw_pool_peer_access_at`. Thread-safe.
  *
+ * Bad input: `VMMW_NULL_ARGUMENT` (`pool`, `out`); `VMMW_UNKNOWN_TAG`.
+ *
  * # Safety
  * `pool` is a live handle; `out` is writable; `error` is NULL or writable.
  */
@@ -1185,6 +1321,9 @@ vmmw_status_t vmmw_pool_peer_access_count(const struct vmmw_pool_t *pool, uint32
 /**
  * The `index`-th peer granted access to `tag` (sorted by device);
  * `VMMW_INVALID_ARGUMENT` when `index` is not below the count. Thread-safe.
+ *
+ * Bad input: `VMMW_NULL_ARGUMENT` (`pool`, `out`); `VMMW_UNKNOWN_TAG`;
+ * `VMMW_INVALID_ARGUMENT` (`index` not below the count).
  *
  * # Safety
  * `pool` is a live handle; `out` is writable; `error` is NULL or writable.
@@ -1195,6 +1334,9 @@ vmmw_status_t vmmw_pool_peer_access_at(const struct vmmw_pool_t *pool, uint32_t 
  * Whether `pool`'s device can reach memory of device `peer` (1) or not (0)
  * (`cuDeviceCanAccessPeer`; on the host backend every other simulated device).
  * `VMMW_INVALID_ARGUMENT` when `peer` does not exist. Thread-safe.
+ *
+ * Bad input: `VMMW_NULL_ARGUMENT` (`pool`, `out`); `VMMW_INVALID_ARGUMENT` (no
+ * device `peer`).
  *
  * # Safety
  * `pool` is a live handle; `out` is writable; `error` is NULL or writable.
@@ -1227,6 +1369,11 @@ vmmw_status_t vmmw_pool_can_access_peer(const struct vmmw_pool_t *pool, int32_t 
  * (`VMMW_CANCELLED`, destinations partly written). Thread-safe; the loaders are held for the call (a
  * loader listed twice is `VMMW_INVALID_ARGUMENT`).
  *
+ * Bad input: `VMMW_NULL_ARGUMENT` (`loaders`, `pools` with `count` > 0, or an
+ * entry); `VMMW_INVALID_ARGUMENT` (`count` 0, a loader listed twice, an
+ * unknown `mode`); before any byte is written, each device's destinations are
+ * checked as `vmmw_loader_load` checks them.
+ *
  * # Safety
  * `loaders` and `pools` point to `count` live handles each; `out` is NULL
  * or writable; `error` is NULL or writable.
@@ -1237,6 +1384,10 @@ vmmw_status_t vmmw_loader_load_devices(struct vmmw_loader_t *const *loaders, str
  * Create a pool. `options` may be NULL (all defaults). On success `*out`
  * receives a new handle owned by the caller (`vmmw_pool_free`). Errors:
  * `VMMW_INVALID_ARGUMENT` (bad sizes or backend), `VMMW_DRIVER_UNAVAILABLE`.
+ *
+ * Bad input: `VMMW_NULL_ARGUMENT` (`out`); `VMMW_INVALID_ARGUMENT` (unknown
+ * backend, `align` not a power of two, a size over 2^56 or inconsistent
+ * sizes); `VMMW_DRIVER_UNAVAILABLE`.
  *
  * # Safety
  * `options` is NULL or readable for `options->size` bytes; `out` is
@@ -1251,6 +1402,9 @@ vmmw_status_t vmmw_pool_new(const struct vmmw_pool_options_t *options, struct vm
  * stays valid until the process exits, every call returns the same pointer,
  * and `vmmw_pool_free` on it does nothing.
  *
+ * Bad input: `VMMW_NULL_ARGUMENT` (`out`); `VMMW_INVALID_ARGUMENT` (negative
+ * device); `VMMW_DRIVER_UNAVAILABLE`.
+ *
  * # Safety
  * `out` is writable; `error` is NULL or writable.
  */
@@ -1260,6 +1414,9 @@ vmmw_status_t vmmw_pool_default(int32_t device, struct vmmw_pool_t **out, struct
  * Free a pool handle. NULL and the pools of `vmmw_pool_default` are accepted
  * and ignored. Blocks still allocated are released with the pool (their
  * pointers become invalid); the device is synchronized first.
+ *
+ * Bad input: NULL and global pools are ignored. A handle already freed cannot
+ * be detected (undefined behaviour).
  *
  * # Safety
  * `pool` is NULL or a live handle, not used afterwards (unless global) and
@@ -1273,6 +1430,11 @@ void vmmw_pool_free(struct vmmw_pool_t *pool);
  * and wake). Errors: `VMMW_OUT_OF_MEMORY` (after returning cached memory and
  * retrying), `VMMW_INVALID_STATE` (the tag is asleep), `VMMW_INVALID_ARGUMENT` (size 0).
  *
+ * Bad input: `VMMW_NULL_ARGUMENT` (`pool`, `out_ptr`); `VMMW_INVALID_ARGUMENT`
+ * (`size` 0); `VMMW_OUT_OF_MEMORY` (also for sizes larger than the device, up
+ * to `UINT64_MAX`); `VMMW_INVALID_STATE` (tag asleep). `*out_ptr` untouched on
+ * error.
+ *
  * # Safety
  * `pool` is a live handle; `out_ptr` is writable; `error` is NULL or writable.
  */
@@ -1280,6 +1442,10 @@ vmmw_status_t vmmw_pool_alloc(struct vmmw_pool_t *pool, uint64_t size, uint64_t 
 
 /**
  * Allocate `size` bytes under `tag` (ignoring the thread's scopes).
+ *
+ * Bad input: `VMMW_NULL_ARGUMENT` (`pool`, `out_ptr`); `VMMW_UNKNOWN_TAG`;
+ * `VMMW_INVALID_ARGUMENT` (`size` 0); `VMMW_OUT_OF_MEMORY` (also for sizes
+ * larger than the device); `VMMW_INVALID_STATE` (tag asleep).
  *
  * # Safety
  * As `vmmw_pool_alloc`.
@@ -1298,6 +1464,9 @@ vmmw_status_t vmmw_pool_alloc_tagged(struct vmmw_pool_t *pool, uint64_t size, ui
  * call ends).
  * The pair of `vmmw_pool_alloc`; `vmmw_pool_free` destroys the pool itself.
  *
+ * Bad input: `VMMW_NULL_ARGUMENT` (`pool`); `VMMW_UNKNOWN_POINTER` (0,
+ * foreign, interior or already freed pointer; nothing changes).
+ *
  * # Safety
  * `pool` is a live handle; `error` is NULL or writable.
  */
@@ -1305,6 +1474,9 @@ vmmw_status_t vmmw_pool_dealloc(struct vmmw_pool_t *pool, uint64_t ptr, struct v
 
 /**
  * The former name of `vmmw_pool_dealloc`, kept through 0.x; removed at 1.0.
+ *
+ * Bad input: `VMMW_NULL_ARGUMENT` (`pool`); `VMMW_UNKNOWN_POINTER` (0,
+ * foreign, interior or already freed pointer; nothing changes).
  *
  * # Safety
  * As `vmmw_pool_dealloc`.
@@ -1317,6 +1489,8 @@ VMMW_DEPRECATED("renamed vmmw_pool_dealloc (vmmw_pool_free destroys the pool)") 
  * left for a later trim; freed segments kept mapped after a failed device
  * synchronize are released now, or the error is returned again.
  *
+ * Bad input: `VMMW_NULL_ARGUMENT` (`pool`, `released`).
+ *
  * # Safety
  * `pool` is a live handle; `released` is writable; `error` is NULL or writable.
  */
@@ -1328,6 +1502,10 @@ vmmw_status_t vmmw_pool_trim(struct vmmw_pool_t *pool, uint64_t *released, struc
  * bytes (0 = granularity). `VMMW_INVALID_STATE` if the tag has an arena of
  * other dimensions still in use.
  *
+ * Bad input: `VMMW_NULL_ARGUMENT` (`pool`); `VMMW_UNKNOWN_TAG`;
+ * `VMMW_INVALID_ARGUMENT` (`reserve_bytes` 0, sizes over 2^56);
+ * `VMMW_INVALID_STATE` (an arena of other dimensions in use).
+ *
  * # Safety
  * `pool` is a live handle; `error` is NULL or writable.
  */
@@ -1336,6 +1514,8 @@ vmmw_status_t vmmw_pool_set_tag_arena(struct vmmw_pool_t *pool, uint32_t tag, ui
 /**
  * Place `tag`'s future blocks in cached, split segments (the default).
  *
+ * Bad input: `VMMW_NULL_ARGUMENT` (`pool`); `VMMW_UNKNOWN_TAG`.
+ *
  * # Safety
  * `pool` is a live handle; `error` is NULL or writable.
  */
@@ -1343,6 +1523,8 @@ vmmw_status_t vmmw_pool_set_tag_segments(struct vmmw_pool_t *pool, uint32_t tag,
 
 /**
  * The pool's memory summed over all tags.
+ *
+ * Bad input: `VMMW_NULL_ARGUMENT` (`pool`, `out`).
  *
  * # Safety
  * `pool` is a live handle; `out` is writable; `error` is NULL or writable.
@@ -1353,6 +1535,8 @@ vmmw_status_t vmmw_pool_report(const struct vmmw_pool_t *pool, struct vmmw_repor
  * The pool's memory of one tag (all zero when the tag has nothing in this
  * pool; `tags` is then 0, else 1). `VMMW_UNKNOWN_TAG` for an unregistered id.
  *
+ * Bad input: `VMMW_NULL_ARGUMENT` (`pool`, `out`); `VMMW_UNKNOWN_TAG`.
+ *
  * # Safety
  * `pool` is a live handle; `out` is writable; `error` is NULL or writable.
  */
@@ -1362,6 +1546,11 @@ vmmw_status_t vmmw_pool_report_tag(const struct vmmw_pool_t *pool, uint32_t tag,
  * The full memory report (per tag and total) as JSON, into `buf` (the buffer
  * contract of `vmmw_device_describe`: `VMMW_BUFFER_TOO_SMALL` with `*needed`).
  *
+ * Bad input: `VMMW_NULL_ARGUMENT` (`pool`); the buffer contract:
+ * `VMMW_BUFFER_TOO_SMALL` with `*needed` set when `cap` is short (nothing
+ * written to `buf`), `VMMW_NULL_ARGUMENT` with nothing written when `buf` is
+ * NULL and `cap` > 0.
+ *
  * # Safety
  * `pool` is a live handle; `buf` is NULL or writable for `cap` bytes;
  * `needed` and `error` are NULL or writable.
@@ -1370,7 +1559,13 @@ vmmw_status_t vmmw_pool_report_json(const struct vmmw_pool_t *pool, char *buf, s
 
 /**
  * Record the current report in the pool's timeline as boundary `name`
- * ("after load", "asleep", ...).
+ * ("after load", "asleep", ...). The timeline keeps the last 1024
+ * boundaries (older ones are dropped and counted in its JSON as `dropped`);
+ * `vmmw_pool_clear_timeline` empties it. `VMMW_INVALID_ARGUMENT` for a name
+ * over 256 bytes or not UTF-8.
+ *
+ * Bad input: `VMMW_NULL_ARGUMENT` (`pool`, `name`); `VMMW_INVALID_ARGUMENT`
+ * (name not UTF-8 or over 256 bytes).
  *
  * # Safety
  * `pool` is a live handle; `name` is a NUL-terminated string; `error` is NULL or writable.
@@ -1380,10 +1575,26 @@ vmmw_status_t vmmw_pool_snapshot(struct vmmw_pool_t *pool, const char *name, str
 /**
  * Every snapshot so far as JSON, into `buf` (buffer contract as `vmmw_pool_report_json`).
  *
+ * Bad input: `VMMW_NULL_ARGUMENT` (`pool`); the buffer contract:
+ * `VMMW_BUFFER_TOO_SMALL` with `*needed` set when `cap` is short (nothing
+ * written to `buf`), `VMMW_NULL_ARGUMENT` with nothing written when `buf` is
+ * NULL and `cap` > 0.
+ *
  * # Safety
  * As `vmmw_pool_report_json`.
  */
 vmmw_status_t vmmw_pool_timeline_json(const struct vmmw_pool_t *pool, char *buf, size_t cap, size_t *needed, struct vmmw_error_t **error);
+
+/**
+ * Forget every snapshot of the pool's timeline; `*cleared` (NULL: not
+ * written) receives how many were kept. Thread-safe.
+ *
+ * Bad input: `VMMW_NULL_ARGUMENT` (`pool`).
+ *
+ * # Safety
+ * `pool` is a live handle; `cleared` and `error` are NULL or writable.
+ */
+vmmw_status_t vmmw_pool_clear_timeline(struct vmmw_pool_t *pool, uint64_t *cleared, struct vmmw_error_t **error);
 
 /**
  * Copy `len` bytes from host memory `src` to pool memory at device address
@@ -1391,6 +1602,11 @@ vmmw_status_t vmmw_pool_timeline_json(const struct vmmw_pool_t *pool, char *buf,
  * this pool (`VMMW_UNKNOWN_POINTER`, `VMMW_INVALID_STATE` when asleep,
  * `VMMW_INVALID_ARGUMENT` otherwise; nothing copied). Must not race with
  * sleeping the tag that owns the range.
+ *
+ * Bad input: `VMMW_NULL_ARGUMENT` (`pool`; `src` with `len` > 0);
+ * `VMMW_UNKNOWN_POINTER` (not in this pool); `VMMW_INVALID_STATE` (asleep);
+ * `VMMW_INVALID_ARGUMENT` (past the mapped part, or overflowing). Nothing
+ * copied.
  *
  * # Safety
  * `pool` is a live handle; `src` is readable for `len` bytes (NULL when `len`
@@ -1401,6 +1617,11 @@ vmmw_status_t vmmw_pool_write(struct vmmw_pool_t *pool, uint64_t dst, const void
 /**
  * Copy `len` bytes of pool memory at device address `src` into host memory
  * `dst`, and wait for the copy. Same range rules as `vmmw_pool_write`.
+ *
+ * Bad input: `VMMW_NULL_ARGUMENT` (`pool`; `dst` with `len` > 0);
+ * `VMMW_UNKNOWN_POINTER` (not in this pool); `VMMW_INVALID_STATE` (asleep);
+ * `VMMW_INVALID_ARGUMENT` (past the mapped part, or overflowing). Nothing
+ * copied.
  *
  * # Safety
  * `pool` is a live handle; `dst` is writable for `len` bytes (NULL when `len`
@@ -1417,6 +1638,10 @@ vmmw_status_t vmmw_pool_read(const struct vmmw_pool_t *pool, uint64_t src, void 
  * keeps the device's driver alive. Errors: `VMMW_INVALID_ARGUMENT` (size 0),
  * `VMMW_OUT_OF_MEMORY`, `VMMW_DRIVER_ERROR`; on failure nothing is left allocated.
  *
+ * Bad input: `VMMW_NULL_ARGUMENT` (`device`, `out`); `VMMW_INVALID_ARGUMENT`
+ * (`size` 0, `size` or `chunk_size` over 2^56); `VMMW_OUT_OF_MEMORY`;
+ * `VMMW_DRIVER_ERROR`. Nothing is left allocated.
+ *
  * # Safety
  * `device` is a live handle; `out` is writable; `error` is NULL or writable.
  */
@@ -1426,6 +1651,9 @@ vmmw_status_t vmmw_segment_new(const struct vmmw_device_t *device, uint64_t size
  * Free a segment: waits for the device, unmaps, releases its memory and its
  * VA. NULL is accepted.
  *
+ * Bad input: NULL is ignored. A handle already freed cannot be detected
+ * (undefined behaviour).
+ *
  * # Safety
  * `segment` is NULL or a live handle, not used afterwards and not concurrently.
  */
@@ -1433,6 +1661,8 @@ void vmmw_segment_free(struct vmmw_segment_t *segment);
 
 /**
  * The segment's address and sizes.
+ *
+ * Bad input: `VMMW_NULL_ARGUMENT` (`segment`, `out`).
  *
  * # Safety
  * `segment` is a live handle; `out` is writable; `error` is NULL or writable.
@@ -1444,6 +1674,10 @@ vmmw_status_t vmmw_segment_info(const struct vmmw_segment_t *segment, struct vmm
  * wait for the copy. The range must lie in the committed, mapped part
  * (`VMMW_INVALID_ARGUMENT` / `VMMW_INVALID_STATE` otherwise; nothing copied).
  *
+ * Bad input: `VMMW_NULL_ARGUMENT` (`segment`; `src` with `len` > 0);
+ * `VMMW_INVALID_ARGUMENT` (range outside the committed part, or overflowing);
+ * `VMMW_INVALID_STATE` (a chunk unmapped). Nothing copied.
+ *
  * # Safety
  * `segment` is a live handle; `src` is readable for `len` bytes (may be NULL
  * when `len` is 0); `error` is NULL or writable.
@@ -1453,6 +1687,10 @@ vmmw_status_t vmmw_segment_write(struct vmmw_segment_t *segment, uint64_t offset
 /**
  * Copy `len` bytes of the segment at `offset` into host memory `dst`, and
  * wait for the copy. Same range rules as `vmmw_segment_write`.
+ *
+ * Bad input: `VMMW_NULL_ARGUMENT` (`segment`; `dst` with `len` > 0);
+ * `VMMW_INVALID_ARGUMENT` (range outside the committed part, or overflowing);
+ * `VMMW_INVALID_STATE` (a chunk unmapped). Nothing copied.
  *
  * # Safety
  * `segment` is a live handle; `dst` is writable for `len` bytes (may be NULL
@@ -1470,6 +1708,12 @@ vmmw_status_t vmmw_segment_read(const struct vmmw_segment_t *segment, uint64_t o
  * `vmmw_share_server_free`. The loader may be freed afterwards (the list of
  * tensors is copied); the pool must outlive the server.
  *
+ * Bad input: `VMMW_NULL_ARGUMENT` (`pool`, `loader`, `path`, `out`);
+ * `VMMW_INVALID_ARGUMENT` (options `size` or values out of range, no
+ * destinations, a destination outside the tag's memory); `VMMW_UNKNOWN_TAG`;
+ * `VMMW_INVALID_STATE` (tag asleep); `VMMW_IO` (`path` exists or cannot be
+ * bound); `VMMW_UNSUPPORTED` (backend cannot export).
+ *
  * # Safety
  * `pool` and `loader` are live handles; `path` is a NUL-terminated string;
  * `options` is NULL (defaults) or readable for its `size` bytes; `out` is
@@ -1482,6 +1726,9 @@ vmmw_status_t vmmw_share_serve(struct vmmw_pool_t *pool, uint32_t tag, const str
  * mappings (the memory lives while they map it) and stop counting against
  * the tag's sleep policy. NULL is a no-op.
  *
+ * Bad input: NULL is ignored. A handle already freed cannot be detected
+ * (undefined behaviour).
+ *
  * # Safety
  * `server` is NULL or a live handle, not used afterwards.
  */
@@ -1489,6 +1736,8 @@ void vmmw_share_server_free(struct vmmw_share_server_t *server);
 
 /**
  * Number of importers attached now (connections open, handshakes included).
+ *
+ * Bad input: `VMMW_NULL_ARGUMENT` (`server`, `out`).
  *
  * # Safety
  * `server` is a live handle; `out` is writable; `error` is NULL or writable.
@@ -1498,6 +1747,8 @@ vmmw_status_t vmmw_share_server_attached(const struct vmmw_share_server_t *serve
 /**
  * Announce new weights written in place: the version goes up by one and
  * attached importers see it on their next call. `*out` receives the new version.
+ *
+ * Bad input: `VMMW_NULL_ARGUMENT` (`server`, `out`).
  *
  * # Safety
  * `server` is a live handle; `out` is writable; `error` is NULL or writable.
@@ -1514,6 +1765,10 @@ vmmw_status_t vmmw_share_server_publish(struct vmmw_share_server_t *server, uint
  * (`vmmw_share_detach` or `vmmw_share_free`). Takes at most 30 s when the
  * owner does not answer.
  *
+ * Bad input: `VMMW_NULL_ARGUMENT` (`device`, `path`, `out`);
+ * `VMMW_INVALID_ARGUMENT` (`read_write` not 0 or 1); `VMMW_IO` (no socket at
+ * `path`); `VMMW_SHARE_REFUSED` (with its reason).
+ *
  * # Safety
  * `device` is a live handle; `path` is a NUL-terminated string; `out` is
  * writable; `error` is NULL or writable.
@@ -1523,6 +1778,8 @@ vmmw_status_t vmmw_share_attach(const struct vmmw_device_t *device, const char *
 /**
  * Number of tensors in the share.
  *
+ * Bad input: `VMMW_NULL_ARGUMENT` (`share`, `out`).
+ *
  * # Safety
  * `share` is a live handle; `out` is writable; `error` is NULL or writable.
  */
@@ -1531,6 +1788,11 @@ vmmw_status_t vmmw_share_count(const struct vmmw_share_t *share, size_t *out, st
 /**
  * The name of tensor `index` (0 ≤ index < count, in the owner's order), into
  * `buf` (buffer contract of `vmmw_device_describe`).
+ *
+ * Bad input: `VMMW_NULL_ARGUMENT` (`share`); `VMMW_INVALID_ARGUMENT` (`index`
+ * not below the count); the buffer contract: `VMMW_BUFFER_TOO_SMALL` with
+ * `*needed` set when `cap` is short (nothing written to `buf`),
+ * `VMMW_NULL_ARGUMENT` with nothing written when `buf` is NULL and `cap` > 0.
  *
  * # Safety
  * `share` is a live handle; `buf` is NULL or writable for `cap` bytes;
@@ -1542,6 +1804,9 @@ vmmw_status_t vmmw_share_tensor_name(const struct vmmw_share_t *share, size_t in
  * The tensor called `name`, at this process's address. `VMMW_SHARE_REVOKED`
  * once the owner revoked the share; `VMMW_INVALID_ARGUMENT` for an unknown name.
  *
+ * Bad input: `VMMW_NULL_ARGUMENT` (`share`, `name`, `out`);
+ * `VMMW_INVALID_ARGUMENT` (unknown name); `VMMW_SHARE_REVOKED`.
+ *
  * # Safety
  * `share` is a live handle; `name` is a NUL-terminated string; `out` is
  * writable; `error` is NULL or writable.
@@ -1552,6 +1817,8 @@ vmmw_status_t vmmw_share_tensor(const struct vmmw_share_t *share, const char *na
  * The weights version: the manifest's, or a newer one the owner published
  * since. `VMMW_SHARE_REVOKED` once the owner revoked the share.
  *
+ * Bad input: `VMMW_NULL_ARGUMENT` (`share`, `out`); `VMMW_SHARE_REVOKED`.
+ *
  * # Safety
  * `share` is a live handle; `out` is writable; `error` is NULL or writable.
  */
@@ -1560,6 +1827,8 @@ vmmw_status_t vmmw_share_version(const struct vmmw_share_t *share, uint64_t *out
 /**
  * `*out` = 1 while the owner still serves, 0 once it stopped or exited. The
  * memory stays mapped and valid either way.
+ *
+ * Bad input: `VMMW_NULL_ARGUMENT` (`share`, `out`).
  *
  * # Safety
  * `share` is a live handle; `out` is writable; `error` is NULL or writable.
@@ -1570,6 +1839,10 @@ vmmw_status_t vmmw_share_owner_connected(const struct vmmw_share_t *share, uint3
  * Copy `len` bytes of the share at this process's address `src` (inside the
  * share's mapped range) into host memory `dst`, and wait for the copy.
  * `VMMW_SHARE_REVOKED` once the owner revoked the share.
+ *
+ * Bad input: `VMMW_NULL_ARGUMENT` (`share`; `dst` with `len` > 0);
+ * `VMMW_INVALID_ARGUMENT` (range outside the share's mapping);
+ * `VMMW_SHARE_REVOKED`. Nothing copied.
  *
  * # Safety
  * `share` is a live handle; `dst` is writable for `len` bytes (NULL when
@@ -1582,6 +1855,8 @@ vmmw_status_t vmmw_share_read(const struct vmmw_share_t *share, uint64_t src, vo
  * unmap fails; the error is reported). Every pointer from this share becomes
  * invalid. The caller must have finished all device work that reads it.
  *
+ * Bad input: `VMMW_NULL_ARGUMENT` (`share`).
+ *
  * # Safety
  * `share` is a live handle, not used afterwards; `error` is NULL or writable.
  */
@@ -1589,6 +1864,9 @@ vmmw_status_t vmmw_share_detach(struct vmmw_share_t *share, struct vmmw_error_t 
 
 /**
  * Detach ignoring errors and free the handle. NULL is a no-op.
+ *
+ * Bad input: NULL is ignored. A handle already freed cannot be detected
+ * (undefined behaviour).
  *
  * # Safety
  * `share` is NULL or a live handle, not used afterwards.
@@ -1603,7 +1881,8 @@ void vmmw_share_free(struct vmmw_share_t *share);
  * library synchronizes the device before unmapping, but cannot see work
  * queued later; when that synchronize fails nothing is unmapped and the error
  * is returned). Every entry is checked before anything moves
- * (`VMMW_INVALID_ARGUMENT`, `VMMW_UNKNOWN_TAG`). Tags are processed in order;
+ * (`VMMW_INVALID_ARGUMENT`; `VMMW_UNKNOWN_TAG` also for a tag that never held
+ * memory in this pool, such as a misspelling). Tags are processed in order;
  * on a failure the earlier tags are asleep and the error names the failing one.
  * A sleep that fails midway leaves the failing tag partly asleep (the report
  * counts what is still mapped as tracked); calling again finishes it.
@@ -1616,6 +1895,14 @@ void vmmw_share_free(struct vmmw_share_t *share);
  * with `VMMW_INVALID_STATE`; freeing in it works (its segments are released
  * when the call ends); a second sleep or wake of it waits for the first.
  * Thread-safe.
+ *
+ * Bad input: `VMMW_NULL_ARGUMENT` (`pool`; `items` with `n` > 0);
+ * `VMMW_INVALID_ARGUMENT` (unknown policy) and `VMMW_UNKNOWN_TAG`, both
+ * checked before anything moves; `VMMW_INVALID_STATE` (Reload for a tag with
+ * no load behind it); `VMMW_HOST_OUT_OF_MEMORY` (a backup over the limit or
+ * over the host's available memory; that tag stays awake). Backups cover whole
+ * committed segments, not only live blocks: a tag holding one small block in
+ * its own segment backs up the granularity.
  *
  * # Safety
  * `pool` is a live handle; `items` is readable for `n` entries (NULL when `n`
@@ -1631,8 +1918,13 @@ vmmw_status_t vmmw_pool_sleep(struct vmmw_pool_t *pool, const struct vmmw_tag_po
  * nothing changes); each tag's wake is transactional (on failure it stays
  * asleep with its backup intact, and a later wake can succeed). A Reload tag
  * whose checkpoint changed since its load fails with `VMMW_CHECKPOINT_INVALID`
- * before any byte is touched (see `VMMW_POLICY_RELOAD`). Concurrency as in
- * `vmmw_pool_sleep`. Thread-safe.
+ * before any byte is touched (see `VMMW_POLICY_RELOAD`). `VMMW_UNKNOWN_TAG`
+ * (nothing changes) for a tag that never held memory in this pool.
+ * Concurrency as in `vmmw_pool_sleep`. Thread-safe.
+ *
+ * Bad input: `VMMW_NULL_ARGUMENT` (`pool`; `tags` with `n` > 0);
+ * `VMMW_UNKNOWN_TAG`; `VMMW_OUT_OF_MEMORY` (nothing changes). Waking an awake
+ * tag does nothing.
  *
  * # Safety
  * `pool` is a live handle; `tags` is readable for `n` entries (NULL when `n`
@@ -1647,6 +1939,8 @@ vmmw_status_t vmmw_pool_wake(struct vmmw_pool_t *pool, const uint32_t *tags, siz
  * checkpoint changed, then load the new file into it. Later Reload sleeps of
  * the tag need a new load first. Thread-safe.
  *
+ * Bad input: `VMMW_NULL_ARGUMENT` (`pool`); `VMMW_UNKNOWN_TAG`.
+ *
  * # Safety
  * `pool` is a live handle; `error` is NULL or writable.
  */
@@ -1657,6 +1951,11 @@ vmmw_status_t vmmw_pool_forget_reload(struct vmmw_pool_t *pool, uint32_t tag, st
  * sleep runs at the link's rate (pinning at sleep time is slow).
  * `VMMW_HOST_OUT_OF_MEMORY` beyond the sleep options' host-memory limit.
  *
+ * Bad input: `VMMW_NULL_ARGUMENT` (`pool`); `VMMW_HOST_OUT_OF_MEMORY` (over
+ * the host-memory limit or the host's available memory, checked before
+ * pinning: any size up to `UINT64_MAX` is refused at once; a failure midway
+ * unpins what this call pinned).
+ *
  * # Safety
  * `pool` is a live handle; `error` is NULL or writable.
  */
@@ -1665,6 +1964,8 @@ vmmw_status_t vmmw_pool_reserve_backup(struct vmmw_pool_t *pool, uint64_t bytes,
 /**
  * Unpin backup memory that holds no sleeping tag's contents; `*released`
  * receives the bytes unpinned.
+ *
+ * Bad input: `VMMW_NULL_ARGUMENT` (`pool`, `released`).
  *
  * # Safety
  * `pool` is a live handle; `released` is writable; `error` is NULL or writable.
@@ -1675,6 +1976,9 @@ vmmw_status_t vmmw_pool_release_backup(struct vmmw_pool_t *pool, uint64_t *relea
  * Replace the pool's sleep options (`options` NULL: all defaults). The
  * host-memory limit applies to future pinning. `options->size` must be set
  * (`VMMW_SLEEP_OPTIONS_INIT`); see `vmmw_sleep_options_t`.
+ *
+ * Bad input: `VMMW_NULL_ARGUMENT` (`pool`); `VMMW_INVALID_ARGUMENT` (`streams`
+ * over 64, a size over 2^56; the previous options stay).
  *
  * # Safety
  * `pool` is a live handle; `options` is NULL or readable for
@@ -1687,6 +1991,11 @@ vmmw_status_t vmmw_pool_set_sleep_options(struct vmmw_pool_t *pool, const struct
  * handle did, per tag (segments, bytes released or mapped, bytes copied,
  * seconds), as JSON into `buf` (buffer contract of `vmmw_device_describe`).
  *
+ * Bad input: `VMMW_NULL_ARGUMENT` (`pool`); the buffer contract:
+ * `VMMW_BUFFER_TOO_SMALL` with `*needed` set when `cap` is short (nothing
+ * written to `buf`), `VMMW_NULL_ARGUMENT` with nothing written when `buf` is
+ * NULL and `cap` > 0.
+ *
  * # Safety
  * `pool` is a live handle; `buf` is NULL or writable for `cap` bytes;
  * `needed` and `error` are NULL or writable.
@@ -1698,6 +2007,9 @@ vmmw_status_t vmmw_pool_last_cycle_json(const struct vmmw_pool_t *pool, char *bu
  * "VMMW_UNKNOWN_STATUS" for a number this library does not define.
  *
  * Never NULL; the string is static (never free it). Thread-safe.
+ *
+ * Bad input: a number this library does not define gives
+ * "VMMW_UNKNOWN_STATUS".
  */
 const char *vmmw_status_name(vmmw_status_t status);
 
@@ -1707,6 +2019,9 @@ const char *vmmw_status_name(vmmw_status_t status);
  * UTF-8 without control characters (`VMMW_INVALID_ARGUMENT` otherwise).
  * Thread-safe.
  *
+ * Bad input: `VMMW_NULL_ARGUMENT` (`name`, `out`); `VMMW_INVALID_ARGUMENT`
+ * (empty, over 64 bytes, not UTF-8, control characters).
+ *
  * # Safety
  * `name` is NULL or a NUL-terminated string; `out` is writable; `error` is NULL or writable.
  */
@@ -1715,6 +2030,10 @@ vmmw_status_t vmmw_tag_id(const char *name, uint32_t *out, struct vmmw_error_t *
 /**
  * The name of a registered tag, into `buf` (the buffer contract of
  * `vmmw_device_describe`). `VMMW_UNKNOWN_TAG` for an id never handed out.
+ *
+ * Bad input: `VMMW_UNKNOWN_TAG`; the buffer contract: `VMMW_BUFFER_TOO_SMALL`
+ * with `*needed` set when `cap` is short (nothing written to `buf`),
+ * `VMMW_NULL_ARGUMENT` with nothing written when `buf` is NULL and `cap` > 0.
  *
  * # Safety
  * `buf` is NULL or writable for `cap` bytes; `needed` and `error` are NULL or writable.
@@ -1727,6 +2046,8 @@ vmmw_status_t vmmw_tag_name(uint32_t tag, char *buf, size_t cap, size_t *needed,
  * for an id not from `vmmw_tag_id`. (Go callers must lock the goroutine to its
  * thread for the scope; the Go binding does.)
  *
+ * Bad input: `VMMW_UNKNOWN_TAG`.
+ *
  * # Safety
  * `error` is NULL or writable.
  */
@@ -1735,6 +2056,8 @@ vmmw_status_t vmmw_tag_push(uint32_t tag, struct vmmw_error_t **error);
 /**
  * Close the innermost tag scope of the calling OS thread.
  * `VMMW_INVALID_STATE` (nothing changes) when no scope is open.
+ *
+ * Bad input: `VMMW_INVALID_STATE` (no scope open; nothing changes).
  *
  * # Safety
  * `error` is NULL or writable.
@@ -1745,6 +2068,8 @@ vmmw_status_t vmmw_tag_pop(struct vmmw_error_t **error);
  * The tag allocations on the calling thread get now: the innermost scope,
  * else the process default.
  *
+ * Bad input: `VMMW_NULL_ARGUMENT` (`out`).
+ *
  * # Safety
  * `out` is writable; `error` is NULL or writable.
  */
@@ -1752,6 +2077,8 @@ vmmw_status_t vmmw_tag_current(uint32_t *out, struct vmmw_error_t **error);
 
 /**
  * Set the tag used by threads with no open scope (initially `VMMW_TAG_DEFAULT`).
+ *
+ * Bad input: `VMMW_UNKNOWN_TAG`.
  *
  * # Safety
  * `error` is NULL or writable.
@@ -1763,6 +2090,9 @@ vmmw_status_t vmmw_tag_set_process_default(uint32_t tag, struct vmmw_error_t **e
  * calling thread's current tag. Returns NULL when out of memory or on any
  * other failure (reported on stderr). Never unwinds.
  *
+ * Bad input: returns NULL (size <= 0, negative device, out of memory, any
+ * failure); never a status.
+ *
  * # Safety
  * Safe to call with any arguments; `stream` is not dereferenced.
  */
@@ -1772,6 +2102,9 @@ void *vmmw_torch_malloc(ptrdiff_t size, int32_t device, void *stream);
  * Free a segment returned by [`vmmw_torch_malloc`], after the device has
  * finished all queued work. An unknown pointer is reported on stderr and
  * counted, never a crash. Never unwinds.
+ *
+ * Bad input: ignored and reported on stderr (NULL, unknown or already freed
+ * pointer).
  *
  * # Safety
  * Safe to call with any arguments; `ptr` is only looked up, never

@@ -2,7 +2,10 @@
 # Builds, here, everything the GPU machine runs (it has no Rust toolchain) and
 # copies it into .gpu/ (git-ignored), which the `run` tool carries:
 #   .gpu/vmmw                     the command line
-#   .gpu/libvmmweights.so         the cdylib (for C/C++/Go/PyTorch checks)
+#   .gpu/libvmmweights.so         the cdylib (for C/C++/Go/PyTorch checks; the
+#                                 Python package runs from the tree's python/
+#                                 with VMMW_LIB pointing here: the GPU machine
+#                                 has neither maturin nor a network)
 #   .gpu/tests/<target>           every test executable (integration tests by
 #                                 name, the library's unit tests as `lib`,
 #                                 the command line's as `bin-vmmw`)

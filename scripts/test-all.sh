@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs every test (Rust, C, C++, Go) after installing what a fresh machine lacks.
+# Runs every test (Rust, C, C++, Go, Python) after installing what a fresh machine lacks.
 # Each part lives in scripts/test.d/NN-name.sh and runs in order; the first failure stops the run.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -43,7 +43,7 @@ pub enum Status {
     DriverError = 6,
     /// A pointer that this library did not hand out, or one already freed.
     UnknownPointer = 7,
-    /// A tag name or id that is not registered.
+    /// A tag name or id that is not registered, or (sleep, wake) not known to the pool.
     UnknownTag = 8,
     /// The operation is not valid in the current state (e.g. allocating in a sleeping tag).
     InvalidState = 9,
@@ -152,7 +152,7 @@ pub enum Error {
     },
 
     /// Host memory for backups or staging exhausted or over its configured limit.
-    #[error("out of host memory: {what} needs {requested} bytes; limit {limit} bytes, in use {in_use} bytes")]
+    #[error("out of host memory: {what} needs {requested} bytes; limit {}, in use {in_use} bytes", limit_text(*limit))]
     HostOutOfMemory {
         /// What was being done.
         what: String,
@@ -199,7 +199,7 @@ pub enum Error {
     InvalidState(String),
 
     /// A checkpoint is invalid. Names the file and, where known, the tensor.
-    #[error("invalid checkpoint {}{}: {reason}", file.display(), tensor.as_ref().map(|t| format!(" (tensor `{t}`)")).unwrap_or_default())]
+    #[error("invalid checkpoint {}{}: {reason}", file.display(), tensor.as_ref().map(|t| format!(" (tensor `{}`)", t.escape_debug())).unwrap_or_default())]
     Checkpoint {
         /// The file that is wrong.
         file: PathBuf,
@@ -275,6 +275,15 @@ pub enum Error {
         /// Why the owner revoked it.
         reason: String,
     },
+}
+
+/// A configured limit as text: "none" for `u64::MAX`.
+fn limit_text(limit: u64) -> String {
+    if limit == u64::MAX {
+        "none".to_owned()
+    } else {
+        format!("{limit} bytes")
+    }
 }
 
 impl Error {

@@ -12,11 +12,52 @@ use std::sync::{Arc, Weak};
 use crate::driver::Driver;
 use crate::error::{Error, Result};
 
+/// Host memory the kernel reports available for new allocations without
+/// swapping (`MemAvailable` of `/proc/meminfo`), or None where it is unknown.
+pub fn available() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    kb.checked_mul(1024)
+}
+
+/// Host memory left available after any pinning: the out-of-memory killer
+/// acts before available memory reaches zero.
+const HEADROOM: u64 = 256 << 20;
+
+/// Refuse to populate `len` bytes for `what` when the host does not have them
+/// available (with [`HEADROOM`] to spare): touching them would wake the
+/// kernel's out-of-memory killer instead of returning an error.
+pub fn check_available(len: u64, what: &str) -> Result<()> {
+    if len == 0 {
+        return Ok(());
+    }
+    match available() {
+        Some(avail) if len.saturating_add(HEADROOM) > avail => Err(Error::HostOutOfMemory {
+            what: format!("{what}: the host has {avail} bytes available and keeps {HEADROOM} free"),
+            requested: len,
+            limit: avail,
+            in_use: 0,
+        }),
+        _ => Ok(()),
+    }
+}
+
 /// Map `len` bytes (rounded up to 2 MiB) of private anonymous memory, advise
 /// huge pages and touch every page from several threads. Returns the address
-/// and the rounded length; free it with [`unmap`].
+/// and the rounded length; free it with [`unmap`]. Refused with
+/// `HostOutOfMemory` when the host does not have the bytes available.
 fn map_populated(len: usize, what: &str) -> Result<(*mut u8, usize)> {
+    if len > crate::units::MAX_BYTES {
+        return Err(Error::HostOutOfMemory {
+            what: what.to_owned(),
+            requested: len as u64,
+            limit: crate::units::MAX_BYTES as u64,
+            in_use: 0,
+        });
+    }
     let len = len.max(1).div_ceil(2 << 20) * (2 << 20);
+    check_available(len as u64, what)?;
     // SAFETY: a fresh private anonymous mapping; no existing memory is affected.
     let p = unsafe {
         libc::mmap(

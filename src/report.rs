@@ -204,11 +204,30 @@ pub struct Boundary {
     pub report: Report,
 }
 
+/// Most boundaries a pool's timeline keeps; older ones are dropped (and counted).
+pub const TIMELINE_CAP: usize = 1024;
+
+/// Longest snapshot name, in bytes.
+pub const MAX_SNAPSHOT_NAME: usize = 256;
+
+/// Refuse a snapshot name over [`MAX_SNAPSHOT_NAME`] bytes.
+pub fn check_snapshot_name(name: &str) -> crate::error::Result<()> {
+    if name.len() > MAX_SNAPSHOT_NAME {
+        return Err(crate::error::Error::InvalidArgument(format!(
+            "snapshot name of {} bytes is over the limit of {MAX_SNAPSHOT_NAME}",
+            name.len()
+        )));
+    }
+    Ok(())
+}
+
 /// Snapshots at named boundaries, oldest first.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Timeline {
-    /// The boundaries.
+    /// The boundaries kept (the last [`TIMELINE_CAP`]).
     pub boundaries: Vec<Boundary>,
+    /// Older boundaries dropped to stay under the cap.
+    pub dropped: u64,
 }
 
 impl Timeline {
@@ -322,6 +341,7 @@ mod tests {
                     report: report("a_tag_name_longer_than_the_column"),
                 },
             ],
+            dropped: 0,
         };
         let text = tl.to_string();
         let lines: Vec<&str> = text.lines().collect();

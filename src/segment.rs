@@ -75,6 +75,14 @@ impl Segment {
                 "segment size must be greater than zero".into(),
             ));
         }
+        for (what, n) in [("segment size", reserved), ("chunk size", chunk_size)] {
+            if n > crate::units::MAX_BYTES {
+                return Err(Error::InvalidArgument(format!(
+                    "{what} of {n} bytes is over the limit of {} bytes (2^56)",
+                    crate::units::MAX_BYTES
+                )));
+            }
+        }
         let reserved = round_up(reserved, g);
         let chunk_size = if chunk_size == 0 {
             0
@@ -226,6 +234,12 @@ impl Segment {
     /// are undone and the segment is unchanged.
     pub fn commit(&mut self, new_committed: usize) -> Result<()> {
         let g = self.driver.granularity();
+        if new_committed > self.reserved {
+            return Err(Error::InvalidArgument(format!(
+                "commit of {new_committed} bytes exceeds the segment's reservation of {} bytes",
+                self.reserved
+            )));
+        }
         let target = round_up(new_committed, g);
         if target > self.reserved {
             return Err(Error::InvalidArgument(format!(
@@ -264,7 +278,7 @@ impl Segment {
     /// The caller must make sure no queued work touches that memory.
     pub fn decommit(&mut self, new_committed: usize) -> Result<()> {
         let g = self.driver.granularity();
-        let target = round_up(new_committed, g);
+        let target = round_up(new_committed.min(self.reserved), g);
         let mut first_error = None;
         while let Some(last) = self.chunks.last().copied() {
             if last.offset < target {

@@ -1,6 +1,11 @@
 //! Sizes: the OS page size and byte counts written by people ("64M").
 //! A leaf module every layer may use.
 
+/// Largest size of any one reservation, block, segment or size option: 64
+/// PiB, above the memory of any device or host, and small enough that
+/// rounding it up to any granularity or alignment cannot overflow.
+pub const MAX_BYTES: usize = 1 << 56;
+
 /// The OS page size.
 pub fn page_size() -> usize {
     // SAFETY: sysconf has no memory-safety preconditions.

@@ -143,3 +143,36 @@ fn injected_driver_failures_change_nothing() {
     pool.free(keep.ptr).unwrap();
     pool.free(first.ptr).unwrap();
 }
+
+#[test]
+fn sleep_and_wake_refuse_a_tag_the_pool_never_held() {
+    let host = host(1 << 30);
+    let pool = Pool::new(dyn_driver(&host), small_config()).unwrap();
+    let weights = tag::id("known-weights").unwrap();
+    let typo = tag::id("known-weigths").unwrap();
+    let b = pool.alloc_tagged(4096, weights).unwrap();
+    let before = pool.report();
+    for err in [
+        pool.sleep(&[
+            (weights, vmmweights::sleep::Policy::Offload),
+            (typo, vmmweights::sleep::Policy::Offload),
+        ])
+        .unwrap_err(),
+        pool.wake(&[typo]).unwrap_err(),
+    ] {
+        assert!(matches!(err, Error::UnknownTag(_)), "{err}");
+        let msg = err.to_string();
+        assert!(
+            msg.contains("known-weigths") && msg.contains("known-weights"),
+            "{msg}"
+        );
+    }
+    assert_eq!(pool.report(), before, "nothing slept");
+    assert!(!pool.is_tag_asleep(weights));
+    // A tag whose memory was freed is still known: sleeping it is a no-op, not an error.
+    pool.free(b.ptr).unwrap();
+    pool.trim().unwrap();
+    pool.sleep(&[(weights, vmmweights::sleep::Policy::Discard)])
+        .unwrap();
+    pool.wake(&[weights]).unwrap();
+}

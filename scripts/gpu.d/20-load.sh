@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
-# Loader (issue #4) on the GPU: the bitwise-equal forward test through the C API
-# (skips until the FFI exports vmmw_loader_*), then the load benchmark in one
+# Loader (issue #4) on the GPU: the bitwise-equal forward tests through the Python package
+# (vmmweights.torch.load_ into save_pretrained models), then the load benchmark in one
 # run: link, reference (safe_open + copy_), ours page-cached per strategy with
 # a device-side check of every extent, disk read rate and a cold load.
 # Writes load-tests.txt, load.json (+ load.json.vmmw.json) to $VMMW_GPU_OUT.
 # LOAD_LAYERS=36 (default) is the 16.4 GB checkpoint; fewer layers for quick runs.
 set -uo pipefail
 source scripts/gpu-lib.sh
-export PYTHONPATH="examples/torch${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONPATH="python:tests/torch${PYTHONPATH:+:$PYTHONPATH}"
 export VMMW_LIB="${VMMW_LIB:-$PWD/.gpu/libvmmweights.so}"
 export VMMW_BACKEND=cuda PYTHONUNBUFFERED=1
 if ! python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
@@ -16,7 +16,7 @@ if ! python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else
 fi
 rc=0
 log="$VMMW_GPU_OUT/load-tests.txt"
-python3 -m pytest -q -rs tests/torch/test_load_bitwise.py >"$log" 2>&1
+python3 -m pytest -q -rs tests/torch/test_load_torch.py >"$log" 2>&1
 t=$?
 cat "$log"
 if [ "$t" -eq 0 ] && grep -q "skipped" "$log" && ! grep -q "passed" "$log"; then

@@ -14,16 +14,16 @@ out="$VMMW_GPU_OUT/sleep-bench"
 .gpu/vmmw bench-sleep --backend cuda --json "$out.json" --chart "$out.svg" "${reload[@]}" 2>&1 | tee "$out.txt"
 t=${PIPESTATUS[0]}
 if [ "$t" -eq 0 ]; then
-  wake=$(grep -E '^ours: wake' "$out.txt" | awk '{print $(NF-3)}')
+  wake=$(grep -E '^ours: wake' "$out.txt" | awk '{print $(NF-4)}')
   result "sleep: bench-sleep" PASS "wake ratio to h2d ${wake:-?}; see sleep-bench.txt"
 else
   result "sleep: bench-sleep" FAIL "exit $t"
   rc=1
 fi
 
-export PYTHONPATH="examples/torch${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONPATH="python:tests/torch${PYTHONPATH:+:$PYTHONPATH}"
 export VMMW_LIB="${VMMW_LIB:-$PWD/.gpu/libvmmweights.so}" VMMW_BACKEND=cuda PYTHONUNBUFFERED=1
-if python3 -m pytest -q -s tests/torch/test_sleep_torch.py 2>&1 | tee "$VMMW_GPU_OUT/sleep-torch.txt"; then
+if python3 -m pytest -q -s -rs tests/torch/test_sleep_torch.py 2>&1 | tee "$VMMW_GPU_OUT/sleep-torch.txt"; then
   result "sleep: PyTorch model sleep/wake" PASS "$(grep -E 'passed|skipped' "$VMMW_GPU_OUT/sleep-torch.txt" | tail -1)"
 else
   result "sleep: PyTorch model sleep/wake" FAIL "see sleep-torch.txt"

@@ -31,7 +31,7 @@ else
   rc=1
 fi
 
-export PYTHONPATH="examples/torch:tests/torch${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONPATH="python:tests/torch${PYTHONPATH:+:$PYTHONPATH}"
 export VMMW_LIB="${VMMW_LIB:-$PWD/.gpu/libvmmweights.so}" PYTHONUNBUFFERED=1
 tlog="$VMMW_GPU_OUT/hazards-torch.txt"
 VMMW_BACKEND=cuda python3 -m pytest -q -s -rs tests/torch/test_hazards_torch.py >"$tlog" 2>&1

@@ -15,7 +15,7 @@ set -uo pipefail
 source scripts/gpu-lib.sh
 export NCCL_NVLS_ENABLE=0
 gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
-export PYTHONPATH="examples/torch:tests/torch${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONPATH="python:tests/torch${PYTHONPATH:+:$PYTHONPATH}"
 export VMMW_LIB="${VMMW_LIB:-$PWD/.gpu/libvmmweights.so}"
 export VMMW_BACKEND=cuda PYTHONUNBUFFERED=1
 dir="${LOAD_DIR:-/root/vmmw-ckpt-8b}"

@@ -24,6 +24,13 @@ for t in tests/c/test_*.c; do
   echo "--- $name (C++)"; "$out/$name-cxx"
 done
 
+# Host-memory misuse cases: a plain build (the sanitizers reserve terabytes
+# of address space) under an address-space limit, so running out of host
+# memory is real and must come back as VMMW_HOST_OUT_OF_MEMORY, not a kill.
+gcc -std=c11 "${warn[@]}" -g -O1 -Iinclude tests/c/test_misuse.c -o "$out/test_misuse-plain" "${link[@]}"
+echo "--- test_misuse memory (plain build, ulimit -v 3 GiB)"
+(ulimit -v $((3 << 20)); "$out/test_misuse-plain" memory)
+
 echo "--- examples/c"
 gcc -std=c11 "${warn[@]}" "${san[@]}" -Iinclude examples/c/main.c -o "$out/example-c" "${link[@]}"
 "$out/example-c"

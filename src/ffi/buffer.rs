@@ -4,6 +4,8 @@
 //! NULL) receives the bytes required including the terminating NUL, on success
 //! and on `VMMW_BUFFER_TOO_SMALL`; `buf` may be NULL when `cap` is 0, to ask
 //! for the size first. On `VMMW_BUFFER_TOO_SMALL` nothing is written to `buf`.
+//! A NULL `buf` with a non-zero `cap` is `VMMW_NULL_ARGUMENT`, and then
+//! nothing is written at all (not `*needed` either).
 
 use std::ffi::c_char;
 
@@ -19,6 +21,9 @@ pub(crate) unsafe fn write_str(
     cap: usize,
     needed: *mut usize,
 ) -> Result<()> {
+    if buf.is_null() && cap != 0 {
+        return Err(Error::NullArgument("buf"));
+    }
     let need = text.len() + 1;
     if !needed.is_null() {
         // SAFETY: non-NULL and writable per the contract.
@@ -30,10 +35,7 @@ pub(crate) unsafe fn write_str(
             got: cap,
         });
     }
-    if buf.is_null() {
-        return Err(Error::NullArgument("buf"));
-    }
-    // SAFETY: `buf` is writable for `cap >= need` bytes and cannot overlap `text`
+    // SAFETY: `buf` is non-NULL here (a NULL `buf` has `cap` 0 < `need`) and writable for `cap >= need` bytes and cannot overlap `text`
     // (a Rust-owned string).
     unsafe {
         std::ptr::copy_nonoverlapping(text.as_ptr(), buf.cast::<u8>(), text.len());
@@ -68,5 +70,11 @@ mod tests {
         // SAFETY: big has 6 bytes.
         unsafe { write_str("hello", big.as_mut_ptr(), big.len(), std::ptr::null_mut()) }.unwrap();
         assert_eq!(big.map(|c| c as u8), *b"hello\0");
+
+        let mut untouched = 99usize;
+        // SAFETY: a NULL buffer with a non-zero cap is refused before any write.
+        let r = unsafe { write_str("hello", std::ptr::null_mut(), 64, &mut untouched) };
+        assert!(matches!(r, Err(Error::NullArgument("buf"))));
+        assert_eq!(untouched, 99, "*needed is not written on NULL_ARGUMENT");
     }
 }

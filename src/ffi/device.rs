@@ -56,6 +56,10 @@ pub(crate) fn backend_choice(backend: vmmw_backend_t) -> Result<BackendChoice> {
 /// `VMMW_DRIVER_UNAVAILABLE` (CUDA requested but unusable), `VMMW_NULL_ARGUMENT`.
 /// Thread-safe.
 ///
+/// Bad input: `VMMW_NULL_ARGUMENT` (`out`); `VMMW_INVALID_ARGUMENT` (unknown
+/// backend, negative device, bad environment variables);
+/// `VMMW_DRIVER_UNAVAILABLE`.
+///
 /// # Safety
 /// `out` is writable; `error` is NULL or writable.
 #[no_mangle]
@@ -80,6 +84,9 @@ pub unsafe extern "C" fn vmmw_device_open(
 /// Free a device handle. NULL is accepted. Pools and segments created from it
 /// stay valid (they hold the driver themselves).
 ///
+/// Bad input: NULL is ignored. A handle already freed, or not from this
+/// library, cannot be detected (undefined behaviour).
+///
 /// # Safety
 /// `device` is NULL or a live handle from `vmmw_device_open`, not used
 /// afterwards and not concurrently.
@@ -90,6 +97,8 @@ pub unsafe extern "C" fn vmmw_device_free(device: *mut vmmw_device_t) {
 }
 
 /// The backend behind `device`: `VMMW_BACKEND_HOST` or `VMMW_BACKEND_CUDA`.
+///
+/// Bad input: `VMMW_NULL_ARGUMENT` (`device`, `out`).
 ///
 /// # Safety
 /// `device` is a live handle; `out` is writable; `error` is NULL or writable.
@@ -112,6 +121,8 @@ pub unsafe extern "C" fn vmmw_device_backend(
 /// The mapping granularity in bytes (2 MiB on an H200 and by default on host):
 /// every reservation and physical allocation is a multiple of it.
 ///
+/// Bad input: `VMMW_NULL_ARGUMENT` (`device`, `out`).
+///
 /// # Safety
 /// `device` is a live handle; `out` is writable; `error` is NULL or writable.
 #[no_mangle]
@@ -128,6 +139,9 @@ pub unsafe extern "C" fn vmmw_device_granularity(
 }
 
 /// Free and total device memory in bytes (`cuMemGetInfo`, or the host backend's limit).
+///
+/// Bad input: `VMMW_NULL_ARGUMENT` (`device`, `free_bytes`, `total_bytes`;
+/// nothing written).
 ///
 /// # Safety
 /// `device` is a live handle; `free_bytes` and `total_bytes` are writable;
@@ -159,6 +173,11 @@ pub unsafe extern "C" fn vmmw_device_mem_info(
 /// not NULL) receives the size required including the NUL, also on
 /// `VMMW_BUFFER_TOO_SMALL`; pass `buf` NULL and `cap` 0 to query it.
 ///
+/// Bad input: `VMMW_NULL_ARGUMENT` (`device`); the buffer contract:
+/// `VMMW_BUFFER_TOO_SMALL` with `*needed` set when `cap` is short (nothing
+/// written to `buf`), `VMMW_NULL_ARGUMENT` with nothing written when `buf` is
+/// NULL and `cap` > 0.
+///
 /// # Safety
 /// `device` is a live handle; `buf` is NULL or writable for `cap` bytes;
 /// `needed` and `error` are NULL or writable.
@@ -181,6 +200,11 @@ pub unsafe extern "C" fn vmmw_device_describe(
 /// Why this backend was chosen (useful with `VMMW_BACKEND_AUTO`), into a
 /// buffer with the same contract as `vmmw_device_describe`.
 ///
+/// Bad input: `VMMW_NULL_ARGUMENT` (`device`); the buffer contract:
+/// `VMMW_BUFFER_TOO_SMALL` with `*needed` set when `cap` is short (nothing
+/// written to `buf`), `VMMW_NULL_ARGUMENT` with nothing written when `buf` is
+/// NULL and `cap` > 0.
+///
 /// # Safety
 /// As `vmmw_device_describe`.
 #[no_mangle]
@@ -200,6 +224,8 @@ pub unsafe extern "C" fn vmmw_device_choice_reason(
 }
 
 /// Wait until all work queued on the device has finished.
+///
+/// Bad input: `VMMW_NULL_ARGUMENT` (`device`).
 ///
 /// # Safety
 /// `device` is a live handle; `error` is NULL or writable.

@@ -38,6 +38,8 @@ impl vmmw_error_t {
 /// The string is owned by `error` and valid until `vmmw_error_free(error)`.
 /// Returns "" when `error` is NULL. Thread-safe.
 ///
+/// Bad input: none: NULL gives "".
+///
 /// # Safety
 /// `error` is NULL or an object returned through a `vmmw_error_t**` argument
 /// and not yet freed.
@@ -53,6 +55,8 @@ pub unsafe extern "C" fn vmmw_error_message(error: *const vmmw_error_t) -> *cons
 /// The status code of `error` (a `VMMW_*` value); `VMMW_NULL_ARGUMENT` when
 /// `error` is NULL. Thread-safe.
 ///
+/// Bad input: NULL gives `VMMW_NULL_ARGUMENT`.
+///
 /// # Safety
 /// As `vmmw_error_message`.
 #[no_mangle]
@@ -65,6 +69,9 @@ pub unsafe extern "C" fn vmmw_error_status(error: *const vmmw_error_t) -> vmmw_s
 }
 
 /// Free an error object. NULL is accepted and ignored.
+///
+/// Bad input: NULL is ignored. An object already freed cannot be detected
+/// (undefined behaviour).
 ///
 /// # Safety
 /// `error` is NULL or an object returned through a `vmmw_error_t**` argument,

@@ -66,12 +66,12 @@ pub struct vmmw_load_options_t {
     pub allow_unexpected: u32,
     /// A `VMMW_COPY_*` strategy.
     pub strategy: vmmw_copy_strategy_t,
-    /// Worker threads (0 = number of CPUs, at most 16).
+    /// Worker threads (0 = number of CPUs, at most 16; at most 256 when set).
     pub threads: u32,
-    /// Bytes of file registered per direct window (0 = default).
+    /// Bytes of file registered per direct window (0 = default; at most 4 GiB).
     pub window_bytes: u64,
     /// Bytes per pinned staging slot (0 = sized to keep the slots in use in the
-    /// CPU's last-level cache).
+    /// CPU's last-level cache; at most 4 GiB).
     pub slot_bytes: u64,
 }
 
@@ -198,6 +198,13 @@ impl vmmw_loader_t {
 /// (`vmmw_loader_free`). Initial rules: none (every tensor to the destination
 /// of its own name).
 ///
+/// Bad input: `VMMW_NULL_ARGUMENT` (`path`, `out`); `VMMW_IO` (missing,
+/// unreadable); `VMMW_CHECKPOINT_INVALID` (not a regular file: FIFO, device,
+/// socket; index over 64 MiB; header over 100 MB or past the end; bad JSON,
+/// duplicate names, unknown dtype, more than 64 dims, overflowing shapes,
+/// offsets out of range or overlapping; shard names with `..` or absolute;
+/// missing shards). Opens never block.
+///
 /// # Safety
 /// `path` is a NUL-terminated string; `out` is writable; `error` is NULL or writable.
 #[no_mangle]
@@ -228,6 +235,9 @@ pub unsafe extern "C" fn vmmw_loader_open(
 /// pool (free them with `vmmw_pool_dealloc`, or with the pool); the reload
 /// source a load registered in the pool stays valid.
 ///
+/// Bad input: NULL is ignored. A handle already freed cannot be detected
+/// (undefined behaviour).
+///
 /// # Safety
 /// `loader` is NULL or a live handle, not used afterwards and not concurrently.
 #[no_mangle]
@@ -240,6 +250,11 @@ pub unsafe extern "C" fn vmmw_loader_free(loader: *mut vmmw_loader_t) {
 /// field, match/to/fuse/shard/pad/skip, ties, tp, dtype, with an example of
 /// each). Checked now (`VMMW_INVALID_ARGUMENT`
 /// naming the bad field or regex; the previous rules stay).
+///
+/// Bad input: `VMMW_NULL_ARGUMENT` (`loader`, `json`); `VMMW_INVALID_ARGUMENT`
+/// (bad JSON, unknown field, bad regex, rank not below world; the previous
+/// rules stay). Sizes the rules produce are checked at plan time
+/// (`VMMW_PLAN_MISMATCH` on overflow).
 ///
 /// # Safety
 /// `loader` is a live handle; `json` is a NUL-terminated string; `error` is NULL or writable.
@@ -264,6 +279,9 @@ pub unsafe extern "C" fn vmmw_loader_set_rules_json(
 /// ("llama", "mistral", "qwen", "qwen2", "qwen3"): q/k/v fused into
 /// `qkv_proj`, gate/up into `gate_up_proj`; with `tp_world` > 0, sharded for
 /// rank `tp_rank`, kv heads cut by `head_dim`.
+///
+/// Bad input: `VMMW_NULL_ARGUMENT` (`loader`, `family`);
+/// `VMMW_INVALID_ARGUMENT` (unknown family, `tp_rank` >= `tp_world`).
 ///
 /// # Safety
 /// `loader` is a live handle; `family` is a NUL-terminated string; `error` is NULL or writable.
@@ -294,6 +312,10 @@ pub unsafe extern "C" fn vmmw_loader_set_rules_preset(
 
 /// Set the load options (`options` NULL: defaults). `options->size` must be
 /// set (`VMMW_LOAD_OPTIONS_INIT`); see `vmmw_load_options_t`.
+///
+/// Bad input: `VMMW_NULL_ARGUMENT` (`loader`); `VMMW_INVALID_ARGUMENT` (unknown
+/// strategy, `threads` over 256, `slot_bytes` or `window_bytes` over 4 GiB; the
+/// previous options stay).
 ///
 /// # Safety
 /// `loader` is a live handle; `options` is NULL or readable for
@@ -328,6 +350,7 @@ pub unsafe extern "C" fn vmmw_loader_set_options(
         opts.copy.window_bytes =
             or_default(o.window_bytes, opts.copy.window_bytes, "window_bytes")?;
         opts.copy.slot_bytes = or_default(o.slot_bytes, opts.copy.slot_bytes, "slot_bytes")?;
+        opts.copy.validate()?;
         let mut st = l.lock();
         opts.reload_check = st.options.reload_check;
         st.options = opts;
@@ -344,6 +367,9 @@ pub unsafe extern "C" fn vmmw_loader_set_options(
 /// load and one at each Reload wake. Without it, device, inode, size and
 /// modification time are still checked at every wake. Other values of
 /// `enable`: `VMMW_INVALID_ARGUMENT`. Thread-safe (serializes with a running load).
+///
+/// Bad input: `VMMW_NULL_ARGUMENT` (`loader`); `VMMW_INVALID_ARGUMENT`
+/// (`enable` neither 0 nor 1; the previous setting stays).
 ///
 /// # Safety
 /// `loader` is a live handle; `error` is NULL or writable.
@@ -384,7 +410,15 @@ fn parse_dtype(s: &str) -> Result<Dtype> {
 /// address `ptr`, contiguous, row-major. The memory stays the caller's; the
 /// loader only writes it during `vmmw_loader_load`. Refused
 /// (`VMMW_INVALID_ARGUMENT`, nothing registered): empty or duplicate name,
-/// NULL `ptr`, overlap with another destination.
+/// NULL `ptr`, overlap with another destination. An exact alias of a registered
+/// destination (same `ptr`, dtype and shape: tied weights) is accepted as that
+/// destination under a second name, filled from whichever name the checkpoint has.
+///
+/// Bad input: `VMMW_NULL_ARGUMENT` (`loader`, `name`, `dtype`; `shape` with
+/// `ndim` > 0); `VMMW_INVALID_ARGUMENT` (`ndim` over 64, refused before
+/// `shape` is read; empty or duplicate name, unknown dtype, NULL `ptr`, byte
+/// size overflowing or past the end of the address space, overlap). Checked
+/// against the pool at load.
 ///
 /// # Safety
 /// `loader` is a live handle; `name` and `dtype` are NUL-terminated strings;
@@ -407,6 +441,13 @@ pub unsafe extern "C" fn vmmw_loader_register(
         let name = unsafe { str_arg(name, "name") }?;
         // SAFETY: forwarded contract.
         let dtype = parse_dtype(unsafe { str_arg(dtype, "dtype") }?)?;
+        // Refused before `shape` is read: a wrong `ndim` must not read past the array.
+        if ndim > crate::loader::checkpoint::MAX_DIMS {
+            return Err(Error::InvalidArgument(format!(
+                "destination with {ndim} dimensions: at most {} are supported",
+                crate::loader::checkpoint::MAX_DIMS
+            )));
+        }
         // SAFETY: forwarded contract (`shape` readable for `ndim` entries).
         let shape: &[u64] = unsafe { slice_arg(shape, ndim, "shape") }?;
         let shape = shape
@@ -417,12 +458,48 @@ pub unsafe extern "C" fn vmmw_loader_register(
     })
 }
 
+/// Declare `[ptr, ptr + bytes)` as device memory the caller owns outside the
+/// pool loads run on (`cudaMalloc`'d, PyTorch's own allocator's). A load
+/// checks every destination before writing anything: one touching the memory
+/// of the pool passed to `vmmw_loader_load` must lie inside one live, awake
+/// block of it (`VMMW_UNKNOWN_POINTER` in a free block, `VMMW_INVALID_ARGUMENT`
+/// when it runs past its block, `VMMW_INVALID_STATE` when asleep), declared or
+/// not; any other destination must lie wholly inside one range declared here
+/// (else `VMMW_UNKNOWN_POINTER`, which also refuses memory of another pool).
+/// The caller vouches that a declared range is mapped while loads run.
+/// Declaring each registered tensor's own range is safe: pool memory is
+/// checked all the same.
+///
+/// Bad input: `VMMW_NULL_ARGUMENT` (`loader`); `VMMW_INVALID_ARGUMENT` (NULL
+/// `ptr`, `bytes` 0, overflowing range).
+///
+/// # Safety
+/// `loader` is a live handle; `error` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn vmmw_loader_declare_foreign(
+    loader: *mut vmmw_loader_t,
+    ptr: u64,
+    bytes: u64,
+    error: *mut *mut vmmw_error_t,
+) -> vmmw_status_t {
+    call(error, || {
+        // SAFETY: forwarded contract.
+        let l = unsafe { arg(loader, "loader") }?;
+        l.lock().registry.declare_foreign(ptr, bytes)
+    })
+}
+
 /// Allocate every destination the rules produce from this checkpoint (names,
 /// dtypes and shapes as the plan needs them: fused, sharded, padded) in
 /// `pool` under `tag`, and register them. On failure nothing is registered
 /// and every block taken is freed again. The blocks belong to the pool: find
 /// them with `vmmw_loader_destination`, free them with `vmmw_pool_dealloc`
 /// (or with the pool).
+///
+/// Bad input: `VMMW_NULL_ARGUMENT` (`loader`, `pool`); `VMMW_UNKNOWN_TAG`;
+/// `VMMW_PLAN_MISMATCH` (rules give an overflowing shape, or parts that do not
+/// fit); `VMMW_OUT_OF_MEMORY`; `VMMW_INVALID_STATE` (tag asleep). Nothing
+/// registered on error.
 ///
 /// # Safety
 /// `loader` and `pool` are live handles; `error` is NULL or writable.
@@ -448,6 +525,8 @@ pub unsafe extern "C" fn vmmw_loader_allocate(
 
 /// Number of registered destinations.
 ///
+/// Bad input: `VMMW_NULL_ARGUMENT` (`loader`, `out`).
+///
 /// # Safety
 /// `loader` is a live handle; `out` is writable; `error` is NULL or writable.
 #[no_mangle]
@@ -464,6 +543,11 @@ pub unsafe extern "C" fn vmmw_loader_destination_count(
 
 /// The name of destination `index` (0 ≤ index < count, in name order), into
 /// `buf` (buffer contract of `vmmw_device_describe`).
+///
+/// Bad input: `VMMW_NULL_ARGUMENT` (`loader`); `VMMW_INVALID_ARGUMENT` (`index`
+/// not below the count); the buffer contract: `VMMW_BUFFER_TOO_SMALL` with
+/// `*needed` set when `cap` is short (nothing written to `buf`),
+/// `VMMW_NULL_ARGUMENT` with nothing written when `buf` is NULL and `cap` > 0.
 ///
 /// # Safety
 /// `loader` is a live handle; `buf` is NULL or writable for `cap` bytes;
@@ -493,6 +577,10 @@ pub unsafe extern "C" fn vmmw_loader_destination_name(
 
 /// The destination named `name`. `VMMW_INVALID_ARGUMENT` when none is
 /// registered under it, or it has more than `VMMW_MAX_DIMS` dimensions.
+///
+/// Bad input: `VMMW_NULL_ARGUMENT` (`loader`, `name`, `out`);
+/// `VMMW_INVALID_ARGUMENT` (no such destination, more than `VMMW_MAX_DIMS`
+/// dims).
 ///
 /// # Safety
 /// `loader` is a live handle; `name` is a NUL-terminated string; `out` is
@@ -538,6 +626,9 @@ pub unsafe extern "C" fn vmmw_loader_destination(
 /// Build and check the plan against the registered destinations without
 /// writing anything: every missing, unexpected, mis-shaped or mis-typed tensor
 /// is listed in one `VMMW_PLAN_MISMATCH` message.
+///
+/// Bad input: `VMMW_NULL_ARGUMENT` (`loader`, `out`); `VMMW_PLAN_MISMATCH`;
+/// `VMMW_CHECKPOINT_INVALID`/`VMMW_IO` (reopening the checkpoint).
 ///
 /// # Safety
 /// `loader` is a live handle; `out` is writable; `error` is NULL or writable.
@@ -593,6 +684,15 @@ pub unsafe extern "C" fn vmmw_loader_plan(
 /// the loader keeps its last checkpoint open and mapped until it is freed or
 /// loads again.
 ///
+/// Bad input: `VMMW_NULL_ARGUMENT` (`loader`, `pool`); before any byte is
+/// written: `VMMW_CHECKPOINT_INVALID` (a shard changed since open),
+/// `VMMW_PLAN_MISMATCH`, `VMMW_UNKNOWN_POINTER` (a destination in a free block
+/// of this pool, or outside it and not declared with
+/// `vmmw_loader_declare_foreign`), `VMMW_INVALID_ARGUMENT` (a destination
+/// running past its block), `VMMW_INVALID_STATE` (asleep); during the copy:
+/// `VMMW_CANCELLED`, `VMMW_DRIVER_ERROR`. A pending cancel survives a load
+/// refused before its copies.
+///
 /// # Safety
 /// `loader` and `pool` are live handles; `progress` is NULL or a function
 /// safe to call with `user`; `error` is NULL or writable.
@@ -626,7 +726,11 @@ pub unsafe extern "C" fn vmmw_loader_load(
         };
         let result =
             loader::load_into_pool(&p.pool, ckpt, &st.rules, &st.registry, &st.options, &ctl);
-        l.cancel.store(false, Ordering::Release);
+        // The load consumed a cancel only if it ran its copies: a load refused
+        // for another reason (plan, checkpoint, destinations) leaves it pending.
+        if matches!(&result, Ok(_) | Err(Error::Cancelled { .. })) {
+            l.cancel.store(false, Ordering::Release);
+        }
         st.executed = Some(result?);
         Ok(())
     })
@@ -634,6 +738,8 @@ pub unsafe extern "C" fn vmmw_loader_load(
 
 /// Ask the running load of this loader (or, when none runs, the next one) to
 /// stop; it fails with `VMMW_CANCELLED`. Thread-safe; returns at once.
+///
+/// Bad input: `VMMW_NULL_ARGUMENT` (`loader`).
 ///
 /// # Safety
 /// `loader` is a live handle; `error` is NULL or writable.
@@ -661,6 +767,9 @@ fn stats_of(l: &vmmw_loader_t) -> Result<CopyStats> {
 
 /// What the last successful load did. `VMMW_INVALID_STATE` before one.
 ///
+/// Bad input: `VMMW_NULL_ARGUMENT` (`loader`, `out`); `VMMW_INVALID_STATE` (no
+/// load completed).
+///
 /// # Safety
 /// `loader` is a live handle; `out` is writable; `error` is NULL or writable.
 #[no_mangle]
@@ -687,6 +796,11 @@ pub unsafe extern "C" fn vmmw_loader_result(
 
 /// The last load's statistics and plan summary as JSON, into `buf` (buffer
 /// contract of `vmmw_device_describe`). `VMMW_INVALID_STATE` before a load.
+///
+/// Bad input: `VMMW_NULL_ARGUMENT` (`loader`); `VMMW_INVALID_STATE` (no load
+/// completed); the buffer contract: `VMMW_BUFFER_TOO_SMALL` with `*needed` set
+/// when `cap` is short (nothing written to `buf`), `VMMW_NULL_ARGUMENT` with
+/// nothing written when `buf` is NULL and `cap` > 0.
 ///
 /// # Safety
 /// `loader` is a live handle; `buf` is NULL or writable for `cap` bytes;
@@ -733,6 +847,8 @@ pub unsafe extern "C" fn vmmw_loader_result_json(
 /// one `vmmw_device_t` share it; a pool that opened its device itself
 /// (`device_handle` NULL) has its own. Thread-safe.
 ///
+/// Bad input: `VMMW_NULL_ARGUMENT` (`pool`, `out`).
+///
 /// # Safety
 /// `pool` is a live handle; `out` is writable; `error` is NULL or writable.
 #[no_mangle]
@@ -753,6 +869,8 @@ pub unsafe extern "C" fn vmmw_pool_staging_bytes(
 /// `*released` receives its bytes (0 when none was cached). The next load or
 /// Reload wake pins a new one (milliseconds). A load running concurrently
 /// keeps its ring and caches it again when it finishes. Thread-safe.
+///
+/// Bad input: `VMMW_NULL_ARGUMENT` (`pool`, `released`).
 ///
 /// # Safety
 /// `pool` is a live handle; `released` is writable; `error` is NULL or writable.

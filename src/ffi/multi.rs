@@ -85,6 +85,11 @@ fn access_mode(v: vmmw_access_t, device: i32) -> Result<AccessMode> {
 /// device, listed twice, missing, unable to reach the pool's device
 /// (`cuDeviceCanAccessPeer`), or an unknown access value. Thread-safe.
 ///
+/// Bad input: `VMMW_NULL_ARGUMENT` (`pool`; `peers` with `count` > 0);
+/// `VMMW_UNKNOWN_TAG`; `VMMW_INVALID_ARGUMENT` (the pool's own device, a peer
+/// listed twice, missing or unreachable, an unknown access value); nothing
+/// changes.
+///
 /// # Safety
 /// `pool` is a live handle; `peers` points to `count` entries (or `count` is
 /// 0); `error` is NULL or writable.
@@ -117,6 +122,8 @@ pub unsafe extern "C" fn vmmw_pool_set_peer_access(
 /// Number of peer devices granted access to `tag` in `pool`. Read the
 /// entries with `vmmw_pool_peer_access_at`. Thread-safe.
 ///
+/// Bad input: `VMMW_NULL_ARGUMENT` (`pool`, `out`); `VMMW_UNKNOWN_TAG`.
+///
 /// # Safety
 /// `pool` is a live handle; `out` is writable; `error` is NULL or writable.
 #[no_mangle]
@@ -135,6 +142,9 @@ pub unsafe extern "C" fn vmmw_pool_peer_access_count(
 
 /// The `index`-th peer granted access to `tag` (sorted by device);
 /// `VMMW_INVALID_ARGUMENT` when `index` is not below the count. Thread-safe.
+///
+/// Bad input: `VMMW_NULL_ARGUMENT` (`pool`, `out`); `VMMW_UNKNOWN_TAG`;
+/// `VMMW_INVALID_ARGUMENT` (`index` not below the count).
 ///
 /// # Safety
 /// `pool` is a live handle; `out` is writable; `error` is NULL or writable.
@@ -170,6 +180,9 @@ pub unsafe extern "C" fn vmmw_pool_peer_access_at(
 /// Whether `pool`'s device can reach memory of device `peer` (1) or not (0)
 /// (`cuDeviceCanAccessPeer`; on the host backend every other simulated device).
 /// `VMMW_INVALID_ARGUMENT` when `peer` does not exist. Thread-safe.
+///
+/// Bad input: `VMMW_NULL_ARGUMENT` (`pool`, `out`); `VMMW_INVALID_ARGUMENT` (no
+/// device `peer`).
 ///
 /// # Safety
 /// `pool` is a live handle; `out` is writable; `error` is NULL or writable.
@@ -211,6 +224,11 @@ pub unsafe extern "C" fn vmmw_pool_can_access_peer(
 /// Blocks until done; `vmmw_loader_cancel` on `loaders[0]` stops it
 /// (`VMMW_CANCELLED`, destinations partly written). Thread-safe; the loaders are held for the call (a
 /// loader listed twice is `VMMW_INVALID_ARGUMENT`).
+///
+/// Bad input: `VMMW_NULL_ARGUMENT` (`loaders`, `pools` with `count` > 0, or an
+/// entry); `VMMW_INVALID_ARGUMENT` (`count` 0, a loader listed twice, an
+/// unknown `mode`); before any byte is written, each device's destinations are
+/// checked as `vmmw_loader_load` checks them.
 ///
 /// # Safety
 /// `loaders` and `pools` point to `count` live handles each; `out` is NULL

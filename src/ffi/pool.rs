@@ -153,6 +153,10 @@ fn config_from(o: &vmmw_pool_options_t) -> Result<PoolConfig> {
 /// receives a new handle owned by the caller (`vmmw_pool_free`). Errors:
 /// `VMMW_INVALID_ARGUMENT` (bad sizes or backend), `VMMW_DRIVER_UNAVAILABLE`.
 ///
+/// Bad input: `VMMW_NULL_ARGUMENT` (`out`); `VMMW_INVALID_ARGUMENT` (unknown
+/// backend, `align` not a power of two, a size over 2^56 or inconsistent
+/// sizes); `VMMW_DRIVER_UNAVAILABLE`.
+///
 /// # Safety
 /// `options` is NULL or readable for `options->size` bytes; `out` is
 /// writable; `error` is NULL or writable.
@@ -190,6 +194,9 @@ pub unsafe extern "C" fn vmmw_pool_new(
 /// stays valid until the process exits, every call returns the same pointer,
 /// and `vmmw_pool_free` on it does nothing.
 ///
+/// Bad input: `VMMW_NULL_ARGUMENT` (`out`); `VMMW_INVALID_ARGUMENT` (negative
+/// device); `VMMW_DRIVER_UNAVAILABLE`.
+///
 /// # Safety
 /// `out` is writable; `error` is NULL or writable.
 #[no_mangle]
@@ -223,6 +230,9 @@ pub unsafe extern "C" fn vmmw_pool_default(
 /// and ignored. Blocks still allocated are released with the pool (their
 /// pointers become invalid); the device is synchronized first.
 ///
+/// Bad input: NULL and global pools are ignored. A handle already freed cannot
+/// be detected (undefined behaviour).
+///
 /// # Safety
 /// `pool` is NULL or a live handle, not used afterwards (unless global) and
 /// not concurrently.
@@ -245,6 +255,11 @@ fn size_arg(size: u64) -> Result<usize> {
 /// and wake). Errors: `VMMW_OUT_OF_MEMORY` (after returning cached memory and
 /// retrying), `VMMW_INVALID_STATE` (the tag is asleep), `VMMW_INVALID_ARGUMENT` (size 0).
 ///
+/// Bad input: `VMMW_NULL_ARGUMENT` (`pool`, `out_ptr`); `VMMW_INVALID_ARGUMENT`
+/// (`size` 0); `VMMW_OUT_OF_MEMORY` (also for sizes larger than the device, up
+/// to `UINT64_MAX`); `VMMW_INVALID_STATE` (tag asleep). `*out_ptr` untouched on
+/// error.
+///
 /// # Safety
 /// `pool` is a live handle; `out_ptr` is writable; `error` is NULL or writable.
 #[no_mangle]
@@ -262,6 +277,10 @@ pub unsafe extern "C" fn vmmw_pool_alloc(
 }
 
 /// Allocate `size` bytes under `tag` (ignoring the thread's scopes).
+///
+/// Bad input: `VMMW_NULL_ARGUMENT` (`pool`, `out_ptr`); `VMMW_UNKNOWN_TAG`;
+/// `VMMW_INVALID_ARGUMENT` (`size` 0); `VMMW_OUT_OF_MEMORY` (also for sizes
+/// larger than the device); `VMMW_INVALID_STATE` (tag asleep).
 ///
 /// # Safety
 /// As `vmmw_pool_alloc`.
@@ -291,6 +310,9 @@ pub unsafe extern "C" fn vmmw_pool_alloc_tagged(
 /// call ends).
 /// The pair of `vmmw_pool_alloc`; `vmmw_pool_free` destroys the pool itself.
 ///
+/// Bad input: `VMMW_NULL_ARGUMENT` (`pool`); `VMMW_UNKNOWN_POINTER` (0,
+/// foreign, interior or already freed pointer; nothing changes).
+///
 /// # Safety
 /// `pool` is a live handle; `error` is NULL or writable.
 #[no_mangle]
@@ -306,6 +328,9 @@ pub unsafe extern "C" fn vmmw_pool_dealloc(
 }
 
 /// The former name of `vmmw_pool_dealloc`, kept through 0.x; removed at 1.0.
+///
+/// Bad input: `VMMW_NULL_ARGUMENT` (`pool`); `VMMW_UNKNOWN_POINTER` (0,
+/// foreign, interior or already freed pointer; nothing changes).
 ///
 /// # Safety
 /// As `vmmw_pool_dealloc`.
@@ -325,6 +350,8 @@ pub unsafe extern "C" fn vmmw_pool_free_ptr(
 /// left for a later trim; freed segments kept mapped after a failed device
 /// synchronize are released now, or the error is returned again.
 ///
+/// Bad input: `VMMW_NULL_ARGUMENT` (`pool`, `released`).
+///
 /// # Safety
 /// `pool` is a live handle; `released` is writable; `error` is NULL or writable.
 #[no_mangle]
@@ -343,6 +370,10 @@ pub unsafe extern "C" fn vmmw_pool_trim(
 /// once, physical memory committed as it grows in steps of up to `grow_step`
 /// bytes (0 = granularity). `VMMW_INVALID_STATE` if the tag has an arena of
 /// other dimensions still in use.
+///
+/// Bad input: `VMMW_NULL_ARGUMENT` (`pool`); `VMMW_UNKNOWN_TAG`;
+/// `VMMW_INVALID_ARGUMENT` (`reserve_bytes` 0, sizes over 2^56);
+/// `VMMW_INVALID_STATE` (an arena of other dimensions in use).
 ///
 /// # Safety
 /// `pool` is a live handle; `error` is NULL or writable.
@@ -366,6 +397,8 @@ pub unsafe extern "C" fn vmmw_pool_set_tag_arena(
 }
 
 /// Place `tag`'s future blocks in cached, split segments (the default).
+///
+/// Bad input: `VMMW_NULL_ARGUMENT` (`pool`); `VMMW_UNKNOWN_TAG`.
 ///
 /// # Safety
 /// `pool` is a live handle; `error` is NULL or writable.
@@ -404,6 +437,8 @@ fn to_c_report(u: &TagUsage, used: Option<u64>, total: Option<u64>, tags: usize)
 
 /// The pool's memory summed over all tags.
 ///
+/// Bad input: `VMMW_NULL_ARGUMENT` (`pool`, `out`).
+///
 /// # Safety
 /// `pool` is a live handle; `out` is writable; `error` is NULL or writable.
 #[no_mangle]
@@ -426,6 +461,8 @@ pub unsafe extern "C" fn vmmw_pool_report(
 
 /// The pool's memory of one tag (all zero when the tag has nothing in this
 /// pool; `tags` is then 0, else 1). `VMMW_UNKNOWN_TAG` for an unregistered id.
+///
+/// Bad input: `VMMW_NULL_ARGUMENT` (`pool`, `out`); `VMMW_UNKNOWN_TAG`.
 ///
 /// # Safety
 /// `pool` is a live handle; `out` is writable; `error` is NULL or writable.
@@ -457,6 +494,11 @@ pub unsafe extern "C" fn vmmw_pool_report_tag(
 /// The full memory report (per tag and total) as JSON, into `buf` (the buffer
 /// contract of `vmmw_device_describe`: `VMMW_BUFFER_TOO_SMALL` with `*needed`).
 ///
+/// Bad input: `VMMW_NULL_ARGUMENT` (`pool`); the buffer contract:
+/// `VMMW_BUFFER_TOO_SMALL` with `*needed` set when `cap` is short (nothing
+/// written to `buf`), `VMMW_NULL_ARGUMENT` with nothing written when `buf` is
+/// NULL and `cap` > 0.
+///
 /// # Safety
 /// `pool` is a live handle; `buf` is NULL or writable for `cap` bytes;
 /// `needed` and `error` are NULL or writable.
@@ -477,7 +519,13 @@ pub unsafe extern "C" fn vmmw_pool_report_json(
 }
 
 /// Record the current report in the pool's timeline as boundary `name`
-/// ("after load", "asleep", ...).
+/// ("after load", "asleep", ...). The timeline keeps the last 1024
+/// boundaries (older ones are dropped and counted in its JSON as `dropped`);
+/// `vmmw_pool_clear_timeline` empties it. `VMMW_INVALID_ARGUMENT` for a name
+/// over 256 bytes or not UTF-8.
+///
+/// Bad input: `VMMW_NULL_ARGUMENT` (`pool`, `name`); `VMMW_INVALID_ARGUMENT`
+/// (name not UTF-8 or over 256 bytes).
 ///
 /// # Safety
 /// `pool` is a live handle; `name` is a NUL-terminated string; `error` is NULL or writable.
@@ -492,12 +540,18 @@ pub unsafe extern "C" fn vmmw_pool_snapshot(
         let p = unsafe { arg(pool, "pool") }?;
         // SAFETY: forwarded contract.
         let name = unsafe { str_arg(name, "name") }?;
+        crate::report::check_snapshot_name(name)?;
         p.pool.snapshot(name);
         Ok(())
     })
 }
 
 /// Every snapshot so far as JSON, into `buf` (buffer contract as `vmmw_pool_report_json`).
+///
+/// Bad input: `VMMW_NULL_ARGUMENT` (`pool`); the buffer contract:
+/// `VMMW_BUFFER_TOO_SMALL` with `*needed` set when `cap` is short (nothing
+/// written to `buf`), `VMMW_NULL_ARGUMENT` with nothing written when `buf` is
+/// NULL and `cap` > 0.
 ///
 /// # Safety
 /// As `vmmw_pool_report_json`.
@@ -517,11 +571,40 @@ pub unsafe extern "C" fn vmmw_pool_timeline_json(
     })
 }
 
+/// Forget every snapshot of the pool's timeline; `*cleared` (NULL: not
+/// written) receives how many were kept. Thread-safe.
+///
+/// Bad input: `VMMW_NULL_ARGUMENT` (`pool`).
+///
+/// # Safety
+/// `pool` is a live handle; `cleared` and `error` are NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn vmmw_pool_clear_timeline(
+    pool: *mut vmmw_pool_t,
+    cleared: *mut u64,
+    error: *mut *mut vmmw_error_t,
+) -> vmmw_status_t {
+    call(error, || {
+        // SAFETY: forwarded contract.
+        let n = unsafe { arg(pool, "pool") }?.pool.clear_timeline() as u64;
+        // SAFETY: forwarded contract (`cleared` NULL or writable).
+        if let Some(c) = unsafe { cleared.as_mut() } {
+            *c = n;
+        }
+        Ok(())
+    })
+}
+
 /// Copy `len` bytes from host memory `src` to pool memory at device address
 /// `dst`, and wait for the copy. The range must lie in one awake segment of
 /// this pool (`VMMW_UNKNOWN_POINTER`, `VMMW_INVALID_STATE` when asleep,
 /// `VMMW_INVALID_ARGUMENT` otherwise; nothing copied). Must not race with
 /// sleeping the tag that owns the range.
+///
+/// Bad input: `VMMW_NULL_ARGUMENT` (`pool`; `src` with `len` > 0);
+/// `VMMW_UNKNOWN_POINTER` (not in this pool); `VMMW_INVALID_STATE` (asleep);
+/// `VMMW_INVALID_ARGUMENT` (past the mapped part, or overflowing). Nothing
+/// copied.
 ///
 /// # Safety
 /// `pool` is a live handle; `src` is readable for `len` bytes (NULL when `len`
@@ -546,6 +629,11 @@ pub unsafe extern "C" fn vmmw_pool_write(
 
 /// Copy `len` bytes of pool memory at device address `src` into host memory
 /// `dst`, and wait for the copy. Same range rules as `vmmw_pool_write`.
+///
+/// Bad input: `VMMW_NULL_ARGUMENT` (`pool`; `dst` with `len` > 0);
+/// `VMMW_UNKNOWN_POINTER` (not in this pool); `VMMW_INVALID_STATE` (asleep);
+/// `VMMW_INVALID_ARGUMENT` (past the mapped part, or overflowing). Nothing
+/// copied.
 ///
 /// # Safety
 /// `pool` is a live handle; `dst` is writable for `len` bytes (NULL when `len`

@@ -52,6 +52,10 @@ pub struct vmmw_segment_info_t {
 /// keeps the device's driver alive. Errors: `VMMW_INVALID_ARGUMENT` (size 0),
 /// `VMMW_OUT_OF_MEMORY`, `VMMW_DRIVER_ERROR`; on failure nothing is left allocated.
 ///
+/// Bad input: `VMMW_NULL_ARGUMENT` (`device`, `out`); `VMMW_INVALID_ARGUMENT`
+/// (`size` 0, `size` or `chunk_size` over 2^56); `VMMW_OUT_OF_MEMORY`;
+/// `VMMW_DRIVER_ERROR`. Nothing is left allocated.
+///
 /// # Safety
 /// `device` is a live handle; `out` is writable; `error` is NULL or writable.
 #[no_mangle]
@@ -77,6 +81,9 @@ pub unsafe extern "C" fn vmmw_segment_new(
 /// Free a segment: waits for the device, unmaps, releases its memory and its
 /// VA. NULL is accepted.
 ///
+/// Bad input: NULL is ignored. A handle already freed cannot be detected
+/// (undefined behaviour).
+///
 /// # Safety
 /// `segment` is NULL or a live handle, not used afterwards and not concurrently.
 #[no_mangle]
@@ -86,6 +93,8 @@ pub unsafe extern "C" fn vmmw_segment_free(segment: *mut vmmw_segment_t) {
 }
 
 /// The segment's address and sizes.
+///
+/// Bad input: `VMMW_NULL_ARGUMENT` (`segment`, `out`).
 ///
 /// # Safety
 /// `segment` is a live handle; `out` is writable; `error` is NULL or writable.
@@ -112,6 +121,10 @@ pub unsafe extern "C" fn vmmw_segment_info(
 /// wait for the copy. The range must lie in the committed, mapped part
 /// (`VMMW_INVALID_ARGUMENT` / `VMMW_INVALID_STATE` otherwise; nothing copied).
 ///
+/// Bad input: `VMMW_NULL_ARGUMENT` (`segment`; `src` with `len` > 0);
+/// `VMMW_INVALID_ARGUMENT` (range outside the committed part, or overflowing);
+/// `VMMW_INVALID_STATE` (a chunk unmapped). Nothing copied.
+///
 /// # Safety
 /// `segment` is a live handle; `src` is readable for `len` bytes (may be NULL
 /// when `len` is 0); `error` is NULL or writable.
@@ -137,6 +150,10 @@ pub unsafe extern "C" fn vmmw_segment_write(
 
 /// Copy `len` bytes of the segment at `offset` into host memory `dst`, and
 /// wait for the copy. Same range rules as `vmmw_segment_write`.
+///
+/// Bad input: `VMMW_NULL_ARGUMENT` (`segment`; `dst` with `len` > 0);
+/// `VMMW_INVALID_ARGUMENT` (range outside the committed part, or overflowing);
+/// `VMMW_INVALID_STATE` (a chunk unmapped). Nothing copied.
 ///
 /// # Safety
 /// `segment` is a live handle; `dst` is writable for `len` bytes (may be NULL

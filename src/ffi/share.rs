@@ -106,6 +106,12 @@ fn serve_options(o: vmmw_share_options_t) -> Result<ServeOptions> {
 /// `vmmw_share_server_free`. The loader may be freed afterwards (the list of
 /// tensors is copied); the pool must outlive the server.
 ///
+/// Bad input: `VMMW_NULL_ARGUMENT` (`pool`, `loader`, `path`, `out`);
+/// `VMMW_INVALID_ARGUMENT` (options `size` or values out of range, no
+/// destinations, a destination outside the tag's memory); `VMMW_UNKNOWN_TAG`;
+/// `VMMW_INVALID_STATE` (tag asleep); `VMMW_IO` (`path` exists or cannot be
+/// bound); `VMMW_UNSUPPORTED` (backend cannot export).
+///
 /// # Safety
 /// `pool` and `loader` are live handles; `path` is a NUL-terminated string;
 /// `options` is NULL (defaults) or readable for its `size` bytes; `out` is
@@ -139,6 +145,9 @@ pub unsafe extern "C" fn vmmw_share_serve(
 /// mappings (the memory lives while they map it) and stop counting against
 /// the tag's sleep policy. NULL is a no-op.
 ///
+/// Bad input: NULL is ignored. A handle already freed cannot be detected
+/// (undefined behaviour).
+///
 /// # Safety
 /// `server` is NULL or a live handle, not used afterwards.
 #[no_mangle]
@@ -148,6 +157,8 @@ pub unsafe extern "C" fn vmmw_share_server_free(server: *mut vmmw_share_server_t
 }
 
 /// Number of importers attached now (connections open, handshakes included).
+///
+/// Bad input: `VMMW_NULL_ARGUMENT` (`server`, `out`).
 ///
 /// # Safety
 /// `server` is a live handle; `out` is writable; `error` is NULL or writable.
@@ -165,6 +176,8 @@ pub unsafe extern "C" fn vmmw_share_server_attached(
 
 /// Announce new weights written in place: the version goes up by one and
 /// attached importers see it on their next call. `*out` receives the new version.
+///
+/// Bad input: `VMMW_NULL_ARGUMENT` (`server`, `out`).
 ///
 /// # Safety
 /// `server` is a live handle; `out` is writable; `error` is NULL or writable.
@@ -190,6 +203,10 @@ pub unsafe extern "C" fn vmmw_share_server_publish(
 /// failure. On success `*out` receives a handle owned by the caller
 /// (`vmmw_share_detach` or `vmmw_share_free`). Takes at most 30 s when the
 /// owner does not answer.
+///
+/// Bad input: `VMMW_NULL_ARGUMENT` (`device`, `path`, `out`);
+/// `VMMW_INVALID_ARGUMENT` (`read_write` not 0 or 1); `VMMW_IO` (no socket at
+/// `path`); `VMMW_SHARE_REFUSED` (with its reason).
 ///
 /// # Safety
 /// `device` is a live handle; `path` is a NUL-terminated string; `out` is
@@ -223,6 +240,8 @@ pub unsafe extern "C" fn vmmw_share_attach(
 
 /// Number of tensors in the share.
 ///
+/// Bad input: `VMMW_NULL_ARGUMENT` (`share`, `out`).
+///
 /// # Safety
 /// `share` is a live handle; `out` is writable; `error` is NULL or writable.
 #[no_mangle]
@@ -239,6 +258,11 @@ pub unsafe extern "C" fn vmmw_share_count(
 
 /// The name of tensor `index` (0 ≤ index < count, in the owner's order), into
 /// `buf` (buffer contract of `vmmw_device_describe`).
+///
+/// Bad input: `VMMW_NULL_ARGUMENT` (`share`); `VMMW_INVALID_ARGUMENT` (`index`
+/// not below the count); the buffer contract: `VMMW_BUFFER_TOO_SMALL` with
+/// `*needed` set when `cap` is short (nothing written to `buf`),
+/// `VMMW_NULL_ARGUMENT` with nothing written when `buf` is NULL and `cap` > 0.
 ///
 /// # Safety
 /// `share` is a live handle; `buf` is NULL or writable for `cap` bytes;
@@ -291,6 +315,9 @@ fn destination(t: &ImportedTensor) -> Result<vmmw_destination_t> {
 /// The tensor called `name`, at this process's address. `VMMW_SHARE_REVOKED`
 /// once the owner revoked the share; `VMMW_INVALID_ARGUMENT` for an unknown name.
 ///
+/// Bad input: `VMMW_NULL_ARGUMENT` (`share`, `name`, `out`);
+/// `VMMW_INVALID_ARGUMENT` (unknown name); `VMMW_SHARE_REVOKED`.
+///
 /// # Safety
 /// `share` is a live handle; `name` is a NUL-terminated string; `out` is
 /// writable; `error` is NULL or writable.
@@ -313,6 +340,8 @@ pub unsafe extern "C" fn vmmw_share_tensor(
 /// The weights version: the manifest's, or a newer one the owner published
 /// since. `VMMW_SHARE_REVOKED` once the owner revoked the share.
 ///
+/// Bad input: `VMMW_NULL_ARGUMENT` (`share`, `out`); `VMMW_SHARE_REVOKED`.
+///
 /// # Safety
 /// `share` is a live handle; `out` is writable; `error` is NULL or writable.
 #[no_mangle]
@@ -329,6 +358,8 @@ pub unsafe extern "C" fn vmmw_share_version(
 
 /// `*out` = 1 while the owner still serves, 0 once it stopped or exited. The
 /// memory stays mapped and valid either way.
+///
+/// Bad input: `VMMW_NULL_ARGUMENT` (`share`, `out`).
 ///
 /// # Safety
 /// `share` is a live handle; `out` is writable; `error` is NULL or writable.
@@ -347,6 +378,10 @@ pub unsafe extern "C" fn vmmw_share_owner_connected(
 /// Copy `len` bytes of the share at this process's address `src` (inside the
 /// share's mapped range) into host memory `dst`, and wait for the copy.
 /// `VMMW_SHARE_REVOKED` once the owner revoked the share.
+///
+/// Bad input: `VMMW_NULL_ARGUMENT` (`share`; `dst` with `len` > 0);
+/// `VMMW_INVALID_ARGUMENT` (range outside the share's mapping);
+/// `VMMW_SHARE_REVOKED`. Nothing copied.
 ///
 /// # Safety
 /// `share` is a live handle; `dst` is writable for `len` bytes (NULL when
@@ -372,6 +407,8 @@ pub unsafe extern "C" fn vmmw_share_read(
 /// unmap fails; the error is reported). Every pointer from this share becomes
 /// invalid. The caller must have finished all device work that reads it.
 ///
+/// Bad input: `VMMW_NULL_ARGUMENT` (`share`).
+///
 /// # Safety
 /// `share` is a live handle, not used afterwards; `error` is NULL or writable.
 #[no_mangle]
@@ -390,6 +427,9 @@ pub unsafe extern "C" fn vmmw_share_detach(
 }
 
 /// Detach ignoring errors and free the handle. NULL is a no-op.
+///
+/// Bad input: NULL is ignored. A handle already freed cannot be detected
+/// (undefined behaviour).
 ///
 /// # Safety
 /// `share` is NULL or a live handle, not used afterwards.

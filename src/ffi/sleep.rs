@@ -57,7 +57,7 @@ pub struct vmmw_sleep_options_t {
     pub size: usize,
     /// Bytes per copy on one stream (default 64 MiB).
     pub copy_piece_bytes: u64,
-    /// Streams the copies are spread over (default 2).
+    /// Streams the copies are spread over (default 2, at most 64).
     pub streams: u32,
     /// 1: fill discarded memory with `debug_fill_byte` at wake, so stale reads show.
     pub debug_fill: u32,
@@ -117,7 +117,8 @@ fn record(p: &vmmw_pool_t, cycles: Vec<TagCycle>) {
 /// library synchronizes the device before unmapping, but cannot see work
 /// queued later; when that synchronize fails nothing is unmapped and the error
 /// is returned). Every entry is checked before anything moves
-/// (`VMMW_INVALID_ARGUMENT`, `VMMW_UNKNOWN_TAG`). Tags are processed in order;
+/// (`VMMW_INVALID_ARGUMENT`; `VMMW_UNKNOWN_TAG` also for a tag that never held
+/// memory in this pool, such as a misspelling). Tags are processed in order;
 /// on a failure the earlier tags are asleep and the error names the failing one.
 /// A sleep that fails midway leaves the failing tag partly asleep (the report
 /// counts what is still mapped as tracked); calling again finishes it.
@@ -130,6 +131,14 @@ fn record(p: &vmmw_pool_t, cycles: Vec<TagCycle>) {
 /// with `VMMW_INVALID_STATE`; freeing in it works (its segments are released
 /// when the call ends); a second sleep or wake of it waits for the first.
 /// Thread-safe.
+///
+/// Bad input: `VMMW_NULL_ARGUMENT` (`pool`; `items` with `n` > 0);
+/// `VMMW_INVALID_ARGUMENT` (unknown policy) and `VMMW_UNKNOWN_TAG`, both
+/// checked before anything moves; `VMMW_INVALID_STATE` (Reload for a tag with
+/// no load behind it); `VMMW_HOST_OUT_OF_MEMORY` (a backup over the limit or
+/// over the host's available memory; that tag stays awake). Backups cover whole
+/// committed segments, not only live blocks: a tag holding one small block in
+/// its own segment backs up the granularity.
 ///
 /// # Safety
 /// `pool` is a live handle; `items` is readable for `n` entries (NULL when `n`
@@ -163,8 +172,13 @@ pub unsafe extern "C" fn vmmw_pool_sleep(
 /// nothing changes); each tag's wake is transactional (on failure it stays
 /// asleep with its backup intact, and a later wake can succeed). A Reload tag
 /// whose checkpoint changed since its load fails with `VMMW_CHECKPOINT_INVALID`
-/// before any byte is touched (see `VMMW_POLICY_RELOAD`). Concurrency as in
-/// `vmmw_pool_sleep`. Thread-safe.
+/// before any byte is touched (see `VMMW_POLICY_RELOAD`). `VMMW_UNKNOWN_TAG`
+/// (nothing changes) for a tag that never held memory in this pool.
+/// Concurrency as in `vmmw_pool_sleep`. Thread-safe.
+///
+/// Bad input: `VMMW_NULL_ARGUMENT` (`pool`; `tags` with `n` > 0);
+/// `VMMW_UNKNOWN_TAG`; `VMMW_OUT_OF_MEMORY` (nothing changes). Waking an awake
+/// tag does nothing.
 ///
 /// # Safety
 /// `pool` is a live handle; `tags` is readable for `n` entries (NULL when `n`
@@ -196,6 +210,8 @@ pub unsafe extern "C" fn vmmw_pool_wake(
 /// checkpoint changed, then load the new file into it. Later Reload sleeps of
 /// the tag need a new load first. Thread-safe.
 ///
+/// Bad input: `VMMW_NULL_ARGUMENT` (`pool`); `VMMW_UNKNOWN_TAG`.
+///
 /// # Safety
 /// `pool` is a live handle; `error` is NULL or writable.
 #[no_mangle]
@@ -216,6 +232,11 @@ pub unsafe extern "C" fn vmmw_pool_forget_reload(
 /// sleep runs at the link's rate (pinning at sleep time is slow).
 /// `VMMW_HOST_OUT_OF_MEMORY` beyond the sleep options' host-memory limit.
 ///
+/// Bad input: `VMMW_NULL_ARGUMENT` (`pool`); `VMMW_HOST_OUT_OF_MEMORY` (over
+/// the host-memory limit or the host's available memory, checked before
+/// pinning: any size up to `UINT64_MAX` is refused at once; a failure midway
+/// unpins what this call pinned).
+///
 /// # Safety
 /// `pool` is a live handle; `error` is NULL or writable.
 #[no_mangle]
@@ -232,6 +253,8 @@ pub unsafe extern "C" fn vmmw_pool_reserve_backup(
 
 /// Unpin backup memory that holds no sleeping tag's contents; `*released`
 /// receives the bytes unpinned.
+///
+/// Bad input: `VMMW_NULL_ARGUMENT` (`pool`, `released`).
 ///
 /// # Safety
 /// `pool` is a live handle; `released` is writable; `error` is NULL or writable.
@@ -250,6 +273,9 @@ pub unsafe extern "C" fn vmmw_pool_release_backup(
 /// Replace the pool's sleep options (`options` NULL: all defaults). The
 /// host-memory limit applies to future pinning. `options->size` must be set
 /// (`VMMW_SLEEP_OPTIONS_INIT`); see `vmmw_sleep_options_t`.
+///
+/// Bad input: `VMMW_NULL_ARGUMENT` (`pool`); `VMMW_INVALID_ARGUMENT` (`streams`
+/// over 64, a size over 2^56; the previous options stay).
 ///
 /// # Safety
 /// `pool` is a live handle; `options` is NULL or readable for
@@ -297,14 +323,18 @@ pub unsafe extern "C" fn vmmw_pool_set_sleep_options(
             debug_fill_discarded: (o.debug_fill != 0).then_some(o.debug_fill_byte),
             pipeline_slab_bytes: d.pipeline_slab_bytes,
         };
-        p.pool.set_sleep_options(opts);
-        Ok(())
+        p.pool.set_sleep_options(opts)
     })
 }
 
 /// What the last successful `vmmw_pool_sleep` or `vmmw_pool_wake` on this
 /// handle did, per tag (segments, bytes released or mapped, bytes copied,
 /// seconds), as JSON into `buf` (buffer contract of `vmmw_device_describe`).
+///
+/// Bad input: `VMMW_NULL_ARGUMENT` (`pool`); the buffer contract:
+/// `VMMW_BUFFER_TOO_SMALL` with `*needed` set when `cap` is short (nothing
+/// written to `buf`), `VMMW_NULL_ARGUMENT` with nothing written when `buf` is
+/// NULL and `cap` > 0.
 ///
 /// # Safety
 /// `pool` is a live handle; `buf` is NULL or writable for `cap` bytes;

@@ -31,7 +31,7 @@ pub const VMMW_DRIVER_UNAVAILABLE: vmmw_status_t = 5;
 pub const VMMW_DRIVER_ERROR: vmmw_status_t = 6;
 /// A pointer that this library did not hand out, or one already freed.
 pub const VMMW_UNKNOWN_POINTER: vmmw_status_t = 7;
-/// A tag name or id that is not registered.
+/// A tag name or id that is not registered, or (sleep, wake) not known to the pool.
 pub const VMMW_UNKNOWN_TAG: vmmw_status_t = 8;
 /// The operation is not valid in the current state.
 pub const VMMW_INVALID_STATE: vmmw_status_t = 9;
@@ -65,6 +65,9 @@ pub const VMMW_SHARE_REVOKED: vmmw_status_t = 19;
 /// "VMMW_UNKNOWN_STATUS" for a number this library does not define.
 ///
 /// Never NULL; the string is static (never free it). Thread-safe.
+///
+/// Bad input: a number this library does not define gives
+/// "VMMW_UNKNOWN_STATUS".
 #[no_mangle]
 pub extern "C" fn vmmw_status_name(status: vmmw_status_t) -> *const c_char {
     usize::try_from(status)

@@ -19,6 +19,9 @@ pub const VMMW_TAG_DEFAULT: u32 = 0;
 /// UTF-8 without control characters (`VMMW_INVALID_ARGUMENT` otherwise).
 /// Thread-safe.
 ///
+/// Bad input: `VMMW_NULL_ARGUMENT` (`name`, `out`); `VMMW_INVALID_ARGUMENT`
+/// (empty, over 64 bytes, not UTF-8, control characters).
+///
 /// # Safety
 /// `name` is NULL or a NUL-terminated string; `out` is writable; `error` is NULL or writable.
 #[no_mangle]
@@ -36,6 +39,10 @@ pub unsafe extern "C" fn vmmw_tag_id(
 
 /// The name of a registered tag, into `buf` (the buffer contract of
 /// `vmmw_device_describe`). `VMMW_UNKNOWN_TAG` for an id never handed out.
+///
+/// Bad input: `VMMW_UNKNOWN_TAG`; the buffer contract: `VMMW_BUFFER_TOO_SMALL`
+/// with `*needed` set when `cap` is short (nothing written to `buf`),
+/// `VMMW_NULL_ARGUMENT` with nothing written when `buf` is NULL and `cap` > 0.
 ///
 /// # Safety
 /// `buf` is NULL or writable for `cap` bytes; `needed` and `error` are NULL or writable.
@@ -63,6 +70,8 @@ pub unsafe extern "C" fn vmmw_tag_name(
 /// for an id not from `vmmw_tag_id`. (Go callers must lock the goroutine to its
 /// thread for the scope; the Go binding does.)
 ///
+/// Bad input: `VMMW_UNKNOWN_TAG`.
+///
 /// # Safety
 /// `error` is NULL or writable.
 #[no_mangle]
@@ -73,6 +82,8 @@ pub unsafe extern "C" fn vmmw_tag_push(tag: u32, error: *mut *mut vmmw_error_t) 
 /// Close the innermost tag scope of the calling OS thread.
 /// `VMMW_INVALID_STATE` (nothing changes) when no scope is open.
 ///
+/// Bad input: `VMMW_INVALID_STATE` (no scope open; nothing changes).
+///
 /// # Safety
 /// `error` is NULL or writable.
 #[no_mangle]
@@ -82,6 +93,8 @@ pub unsafe extern "C" fn vmmw_tag_pop(error: *mut *mut vmmw_error_t) -> vmmw_sta
 
 /// The tag allocations on the calling thread get now: the innermost scope,
 /// else the process default.
+///
+/// Bad input: `VMMW_NULL_ARGUMENT` (`out`).
 ///
 /// # Safety
 /// `out` is writable; `error` is NULL or writable.
@@ -94,6 +107,8 @@ pub unsafe extern "C" fn vmmw_tag_current(
 }
 
 /// Set the tag used by threads with no open scope (initially `VMMW_TAG_DEFAULT`).
+///
+/// Bad input: `VMMW_UNKNOWN_TAG`.
 ///
 /// # Safety
 /// `error` is NULL or writable.

@@ -9,6 +9,9 @@ use std::ffi::c_void;
 /// calling thread's current tag. Returns NULL when out of memory or on any
 /// other failure (reported on stderr). Never unwinds.
 ///
+/// Bad input: returns NULL (size <= 0, negative device, out of memory, any
+/// failure); never a status.
+///
 /// # Safety
 /// Safe to call with any arguments; `stream` is not dereferenced.
 #[no_mangle]
@@ -23,6 +26,9 @@ pub unsafe extern "C" fn vmmw_torch_malloc(
 /// Free a segment returned by [`vmmw_torch_malloc`], after the device has
 /// finished all queued work. An unknown pointer is reported on stderr and
 /// counted, never a crash. Never unwinds.
+///
+/// Bad input: ignored and reported on stderr (NULL, unknown or already freed
+/// pointer).
 ///
 /// # Safety
 /// Safe to call with any arguments; `ptr` is only looked up, never

@@ -4,9 +4,21 @@
 //! copy engine can read (or register) their pages later.
 //!
 //! Validation, in order, each failure naming the file and, where known, the tensor:
-//! header length vs file size, header JSON, each entry's dtype (known), shape,
-//! offsets (ordered, in range, size = elements x dtype size), no two tensors
-//! overlapping, and finally the safetensors crate's own checks on the mapping.
+//! the file is a regular file (after following symlinks; opened non-blocking,
+//! so a FIFO or device cannot hang the open), header length vs file size and
+//! the header cap, header JSON (no duplicate names, bounded nesting), each
+//! entry's dtype (known), shape (at most [`MAX_DIMS`] dims, byte size fits in
+//! u64), offsets (ordered, in range, size = elements x dtype size), no two
+//! tensors overlapping, and finally the safetensors crate's own checks on the
+//! mapping. Index files are capped at [`MAX_INDEX`] bytes. Names are printed
+//! escaped (`escape_debug`), so control characters cannot forge messages.
+//!
+//! A shard whose device, inode, size or modification time changed after it
+//! was opened is refused by [`Checkpoint::check_unchanged`], which the loader calls before
+//! any byte is written and again after the copies. A shard truncated by
+//! another process *while* a copy reads it through the mapping raises SIGBUS
+//! (the kernel's rule for mappings past a file's end); the loader cannot
+//! turn that into an error without giving up the mapping.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
@@ -21,7 +33,13 @@ use crate::error::{Error, Result};
 pub const INDEX_FILE: &str = "model.safetensors.index.json";
 
 /// Largest header accepted (the safetensors crate's limit).
-const MAX_HEADER: u64 = 100_000_000;
+pub const MAX_HEADER: u64 = 100_000_000;
+
+/// Largest index file accepted (real ones are well under 1 MB).
+pub const MAX_INDEX: u64 = 64 << 20;
+
+/// Most dimensions a tensor may have.
+pub const MAX_DIMS: usize = 64;
 
 /// One tensor of a checkpoint: where its bytes are and what they are.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -142,6 +160,10 @@ struct Entry {
 }
 
 #[derive(serde::Deserialize)]
+struct RawIndex {
+    weight_map: UniqueMap<String>,
+}
+
 struct Index {
     weight_map: BTreeMap<String, String>,
 }
@@ -181,10 +203,13 @@ impl Checkpoint {
     }
 
     fn open_index(root: PathBuf, index_path: &Path) -> Result<Checkpoint> {
-        let text = std::fs::read_to_string(index_path).map_err(|e| Error::io(index_path, e))?;
-        let index: Index = serde_json::from_str(&text).map_err(|e| {
+        let text = read_index(index_path)?;
+        let raw: RawIndex = serde_json::from_str(&text).map_err(|e| {
             Error::checkpoint(index_path, None, format!("index JSON is invalid: {e}"))
         })?;
+        let index = Index {
+            weight_map: raw.weight_map.0.into_iter().collect(),
+        };
         // Shard file names in order of first appearance (sorted names give a stable order).
         let mut names: Vec<&str> = index.weight_map.values().map(String::as_str).collect();
         names.sort_unstable();
@@ -206,7 +231,10 @@ impl Checkpoint {
                         return Err(Error::checkpoint(
                             &path,
                             Some(&t.name),
-                            format!("tensor is in this shard but the index places it in `{n}`"),
+                            format!(
+                                "tensor is in this shard but the index places it in `{}`",
+                                n.escape_debug()
+                            ),
                         ))
                     }
                     None => {
@@ -273,7 +301,7 @@ fn resolve_inside(root: &Path, index_path: &Path, name: &str) -> Result<PathBuf>
         return Err(Error::checkpoint(
             index_path,
             None,
-            format!("shard name `{name}` must be a relative path inside the checkpoint folder (no `..`, no absolute path)"),
+            format!("shard name `{}` must be a relative path inside the checkpoint folder (no `..`, no absolute path)", name.escape_debug()),
         ));
     }
     let path = root.join(p);
@@ -282,7 +310,8 @@ fn resolve_inside(root: &Path, index_path: &Path, name: &str) -> Result<PathBuf>
             index_path,
             None,
             format!(
-                "shard `{name}` named by the index does not exist ({})",
+                "shard `{}` named by the index does not exist ({})",
+                name.escape_debug(),
                 path.display()
             ),
         ));
@@ -294,9 +323,104 @@ fn bad(path: &Path, tensor: Option<&str>, reason: String) -> Error {
     Error::checkpoint(path, tensor, reason)
 }
 
+/// Open `path` for reading only if it is a regular file (symlinks followed).
+/// The open is non-blocking, so a FIFO is refused instead of waiting for a writer.
+fn open_regular(path: &Path) -> Result<(File, std::fs::Metadata)> {
+    use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(path)
+        .map_err(|e| Error::io(path, e))?;
+    let meta = file.metadata().map_err(|e| Error::io(path, e))?;
+    let ft = meta.file_type();
+    if !ft.is_file() {
+        let kind = if ft.is_dir() {
+            "a directory"
+        } else if ft.is_fifo() {
+            "a FIFO"
+        } else if ft.is_char_device() || ft.is_block_device() {
+            "a device"
+        } else if ft.is_socket() {
+            "a socket"
+        } else {
+            "not a regular file"
+        };
+        return Err(bad(
+            path,
+            None,
+            format!("is {kind}; checkpoint files must be regular files"),
+        ));
+    }
+    Ok((file, meta))
+}
+
+/// Read an index file: a regular file of at most [`MAX_INDEX`] bytes.
+fn read_index(path: &Path) -> Result<String> {
+    use std::io::Read;
+    let (file, meta) = open_regular(path)?;
+    if meta.len() > MAX_INDEX {
+        return Err(bad(
+            path,
+            None,
+            format!(
+                "index file is {} bytes, over the {MAX_INDEX}-byte limit",
+                meta.len()
+            ),
+        ));
+    }
+    let mut text = String::new();
+    // `take` bounds the read even if the file grows after the size check.
+    file.take(MAX_INDEX + 1)
+        .read_to_string(&mut text)
+        .map_err(|e| Error::io(path, e))?;
+    if text.len() as u64 > MAX_INDEX {
+        return Err(bad(
+            path,
+            None,
+            format!("index file grew over the {MAX_INDEX}-byte limit while read"),
+        ));
+    }
+    Ok(text)
+}
+
+/// A JSON object's entries in file order, refusing a name that appears twice
+/// (serde_json would silently keep the last one).
+struct UniqueMap<V>(Vec<(String, V)>);
+
+impl<'de, V: serde::Deserialize<'de>> serde::Deserialize<'de> for UniqueMap<V> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        struct Visit<V>(std::marker::PhantomData<V>);
+        impl<'de, V: serde::Deserialize<'de>> serde::de::Visitor<'de> for Visit<V> {
+            type Value = UniqueMap<V>;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a JSON object keyed by tensor name")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> std::result::Result<UniqueMap<V>, A::Error> {
+                let mut seen = std::collections::HashSet::new();
+                let mut out = Vec::new();
+                while let Some((k, v)) = map.next_entry::<String, V>()? {
+                    if !seen.insert(k.clone()) {
+                        return Err(serde::de::Error::custom(format!(
+                            "tensor name `{}` appears twice",
+                            k.escape_debug()
+                        )));
+                    }
+                    out.push((k, v));
+                }
+                Ok(UniqueMap(out))
+            }
+        }
+        d.deserialize_map(Visit(std::marker::PhantomData))
+    }
+}
+
 /// Open, map and validate one shard; returns its tensors sorted by offset.
 fn open_shard(path: &Path, index: usize) -> Result<(Shard, Vec<TensorInfo>)> {
-    let file = File::open(path).map_err(|e| Error::io(path, e))?;
+    let (file, _) = open_regular(path)?;
     let identity = FileIdentity::of(&file).map_err(|e| Error::io(path, e))?;
     let len = identity.len;
     if len < 8 {
@@ -322,7 +446,7 @@ fn open_shard(path: &Path, index: usize) -> Result<(Shard, Vec<TensorInfo>)> {
     read_exact_at(&file, &mut header, 8).map_err(|e| Error::io(path, e))?;
     let text = std::str::from_utf8(&header)
         .map_err(|e| bad(path, None, format!("header is not UTF-8: {e}")))?;
-    let raw: BTreeMap<String, serde_json::Value> = serde_json::from_str(text)
+    let UniqueMap::<serde_json::Value>(raw) = serde_json::from_str(text)
         .map_err(|e| bad(path, None, format!("header JSON is invalid: {e}")))?;
     let data_start = 8 + n;
     let data_len = len - data_start;
@@ -344,6 +468,16 @@ fn open_shard(path: &Path, index: usize) -> Result<(Shard, Vec<TensorInfo>)> {
                 ),
             )
         })?;
+        if e.shape.len() > MAX_DIMS {
+            return Err(bad(
+                path,
+                Some(&name),
+                format!(
+                    "shape has {} dimensions, over the limit of {MAX_DIMS}",
+                    e.shape.len()
+                ),
+            ));
+        }
         let [begin, end] = e.data_offsets;
         if begin > end || end > data_len {
             return Err(bad(
@@ -388,7 +522,7 @@ fn open_shard(path: &Path, index: usize) -> Result<(Shard, Vec<TensorInfo>)> {
                 Some(&w[1].name),
                 format!(
                     "data overlaps tensor `{}` (bytes {}..{} and {}..{} of the file)",
-                    w[0].name,
+                    w[0].name.escape_debug(),
                     w[0].offset,
                     w[0].offset + w[0].len,
                     w[1].offset,

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use super::{load, Checkpoint, Control, DestAllocator, DestSpec, ExecutedPlan, LoadOptions};
 use super::{Registry, Rules};
 use crate::driver::DevicePtr;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::pool::Pool;
 use crate::tag::{self, TagId};
 
@@ -66,6 +66,36 @@ pub fn allocate_in_pool(
     r
 }
 
+/// Check, before a load writes anything, the destinations against `pool`:
+/// each one touching the pool's memory must lie inside one live block whose
+/// tag is awake (`UnknownPointer` in a free block, `InvalidArgument` when it runs past its block and would
+/// overwrite a neighbour, `InvalidState` when asleep); every other
+/// destination must lie wholly inside a range the caller declared its own
+/// ([`Registry::declare_foreign`]; `UnknownPointer` otherwise, which also
+/// catches memory of another pool, asleep or not). A declaration never
+/// exempts pool memory from its check.
+pub fn check_destinations(pool: &Pool, registry: &Registry) -> Result<()> {
+    // Writing past a block overwrites its neighbour; writing into a sleeping
+    // tag, or memory no one mapped, faults.
+    for d in registry.iter() {
+        let len = d.bytes();
+        let what = format!("destination `{}`", d.name);
+        if len == 0 {
+            continue;
+        }
+        if pool.overlaps_segments(d.ptr, len) {
+            // Pool memory is always checked, declared foreign or not.
+            pool.check_live_range(d.ptr, len, &what)?;
+        } else if !registry.in_foreign(d.ptr, len as u64) {
+            return Err(Error::UnknownPointer {
+                ptr: d.ptr,
+                why: "a destination outside the pool the load runs on: allocate it from that pool, or declare its range the caller's own (vmmw_loader_declare_foreign)",
+            });
+        }
+    }
+    Ok(())
+}
+
 /// Load `ckpt` into `registry`'s destinations on `pool`'s device (as
 /// [`load`]), then register the executed plan in the pool as the reload
 /// source of every tag that owns a destination, so those tags can sleep with
@@ -77,7 +107,9 @@ pub fn allocate_in_pool(
 /// ([`Pool::pin_for_load`]): a sleep of them meanwhile, from another thread
 /// or from the progress callback, fails with
 /// [`Error::LoadInProgress`](crate::Error::LoadInProgress) and changes
-/// nothing. Destinations outside the pool are the caller's memory.
+/// nothing. Before that the destinations are checked against the pool
+/// ([`check_destinations`]): outside the pool only declared ranges are
+/// written.
 ///
 /// On an error once copying started the destinations are partly written (see
 /// [`load`]); then no older reload source replays them any more (a later
@@ -91,6 +123,7 @@ pub fn load_into_pool(
     opts: &LoadOptions,
     ctl: &Control<'_>,
 ) -> Result<Arc<ExecutedPlan>> {
+    check_destinations(pool, registry)?;
     let dests: Vec<(DevicePtr, usize, &str)> = registry
         .iter()
         .map(|d| (d.ptr, d.bytes(), d.name.as_str()))

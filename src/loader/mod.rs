@@ -39,7 +39,7 @@ pub use checkpoint::{Checkpoint, FileIdentity, Shard, TensorInfo};
 pub use copy::{Control, CopyOptions, CopyStats, Strategy};
 pub use dtype::Dtype;
 pub use executed::ExecutedPlan;
-pub use into_pool::{allocate_in_pool, load_into_pool};
+pub use into_pool::{allocate_in_pool, check_destinations, load_into_pool};
 pub use multi::{load_multi, DeviceLoad, MultiLoaded, MultiMode, MultiStats};
 pub use multi_pools::{load_multi_into_pools, wake_replicas, PoolLoad};
 pub use plan::{Extent, Fill, Plan, PlanOptions};
@@ -94,6 +94,8 @@ pub fn load(
         &opts.copy,
         ctl,
     )?;
+    // A shard rewritten during the copies may have given torn data.
+    ckpt.check_unchanged()?;
     let executed =
         ExecutedPlan::new(Arc::new(ckpt), plan, opts.copy, stats).with_driver(driver.clone());
     if opts.reload_check {

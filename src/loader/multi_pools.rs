@@ -24,7 +24,9 @@ pub struct PoolLoad<'a> {
 
 /// Load `ckpt` into every listed pool's destinations (see [`load_multi`]).
 ///
-/// Destinations inside a pool must be awake (`InvalidState`, nothing written).
+/// Each pool's destinations are checked as [`super::check_destinations`]
+/// does (in one live, awake block of that pool, or in a declared foreign
+/// range; nothing written otherwise).
 /// For [`MultiMode::Replicas`] every tag that owns a destination is granted
 /// read access for every other listed device (added to the tag's grants and
 /// kept afterwards, so later loads and wakes can fan out too); when the load
@@ -39,6 +41,7 @@ pub fn load_multi_into_pools(
 ) -> Result<MultiLoaded> {
     let mut tags: Vec<BTreeSet<TagId>> = Vec::with_capacity(targets.len());
     for t in targets {
+        super::check_destinations(t.pool, t.registry)?;
         let mut owned = BTreeSet::new();
         for d in t.registry.iter() {
             if let Some(seg) = t.pool.segment_of(d.ptr) {

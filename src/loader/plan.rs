@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 
 use super::checkpoint::{Checkpoint, TensorInfo};
 use super::dtype::Dtype;
-use super::registry::{DestSpec, Registry};
+use super::registry::{byte_size, DestSpec, Registry};
 use super::rules::{CompiledRules, Fuse, Mapping, Pad, Rules, Shard, Tp};
 use crate::driver::{ConvertType, DevicePtr};
 use crate::error::{Error, Result};
@@ -71,6 +71,12 @@ pub struct Fill {
     pub len: u64,
 }
 
+/// Most copies (and, separately, zero fills) one plan may hold: 16 Mi, about
+/// 1 GiB of plan. Sharding a 405B model by columns needs about 4 Mi; a
+/// checkpoint and rules that cut finer are refused before anything is
+/// allocated for them, instead of exhausting memory.
+pub const MAX_PIECES: usize = 1 << 24;
+
 /// Options for building a plan.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct PlanOptions {
@@ -120,7 +126,15 @@ impl Plan {
         let mut problems = Problems::default();
         let mut plan = Plan::default();
         let mut source_index: BTreeMap<String, u32> = BTreeMap::new();
+        let filled_by = choose_among_aliases(&groups, registry);
+        let mut alias_skipped = Vec::new();
         for (name, g) in &groups.dests {
+            let chosen = filled_by.get(registry.primary(name));
+            if chosen.is_some_and(|c| c != name) {
+                // Another name of the same destination fills it.
+                alias_skipped.extend(g.parts.iter().filter(|p| !p.tie).map(|p| p.source.clone()));
+                continue;
+            }
             let Some(dest) = registry.get(name) else {
                 if g.parts.iter().all(|p| p.tie) {
                     continue; // a tie nobody receives
@@ -177,7 +191,7 @@ impl Plan {
                     }
                     s
                 };
-                box_copy(
+                if let Err(e) = box_copy(
                     &p.info,
                     &p.slice_start,
                     &p.slice_len,
@@ -188,7 +202,9 @@ impl Plan {
                     conv,
                     idx,
                     &mut plan.extents,
-                );
+                ) {
+                    return Err(Error::Plan(format!("`{name}`: `{}` {e}", p.source)));
+                }
             }
             if let Some((dim, covered)) = g.pad_region {
                 pad_fills(
@@ -198,11 +214,12 @@ impl Plan {
                     dim,
                     covered,
                     &mut plan.fills,
-                );
+                )
+                .map_err(|e| Error::Plan(format!("`{name}` padding {e}")))?;
             }
         }
         for d in registry.iter() {
-            if !groups.dests.contains_key(&d.name) {
+            if !filled_by.contains_key(d.name.as_str()) {
                 if opts.allow_missing {
                     plan.missing.push(d.name.clone());
                 } else {
@@ -213,6 +230,7 @@ impl Plan {
         problems.mismatched.extend(groups.problems);
         problems.into_result()?;
         plan.skipped = groups.skipped;
+        plan.skipped.extend(alias_skipped);
         plan.sources = vec![String::new(); source_index.len()];
         for (n, i) in source_index {
             plan.sources[i as usize] = n;
@@ -329,6 +347,33 @@ impl DestGroup {
             .collect::<Vec<_>>()
             .join(", ")
     }
+}
+
+/// For each registered destination some group fills, the one group that
+/// does (by the destination's listed name). Aliases give a destination several
+/// names; a checkpoint tensor is preferred over a tie, then the listed name.
+fn choose_among_aliases<'a>(
+    groups: &'a Groups,
+    registry: &'a Registry,
+) -> BTreeMap<&'a str, &'a str> {
+    let mut out: BTreeMap<&str, &str> = BTreeMap::new();
+    let rank = |name: &str| {
+        let tie = groups.dests[name].parts.iter().all(|p| p.tie);
+        (tie, name != registry.primary(name))
+    };
+    for name in groups.dests.keys() {
+        if registry.get(name).is_none() {
+            continue;
+        }
+        let primary = registry.primary(name);
+        match out.get(primary) {
+            Some(cur) if rank(cur) <= rank(name) => {}
+            _ => {
+                out.insert(primary, name);
+            }
+        }
+    }
+    out
 }
 
 struct Groups {
@@ -519,7 +564,12 @@ fn layout(g: &mut DestGroup) -> std::result::Result<(), String> {
             }
             let p = &mut g.parts[i];
             p.offset = p.fuse.as_ref().and_then(|f| f.offset).unwrap_or(next);
-            next = p.offset + p.slice_len[dim];
+            next = p.offset.checked_add(p.slice_len[dim]).ok_or_else(|| {
+                format!(
+                    "`{}`: fuse offset {} plus {} elements along dim {dim} overflows",
+                    p.source, p.offset, p.slice_len[dim]
+                )
+            })?;
         }
         for p in &g.parts {
             for (d, (&have, &want)) in p.slice_len.iter().zip(&shape).enumerate() {
@@ -562,21 +612,22 @@ fn layout(g: &mut DestGroup) -> std::result::Result<(), String> {
             ));
         }
         let covered = shape[pad.dim];
-        let padded = pad.padded(covered);
+        let padded = pad.padded(covered).ok_or_else(|| {
+            format!(
+                "pad of dim {} ({covered} elements) to a multiple of {:?} overflows",
+                pad.dim, pad.multiple_of
+            )
+        })?;
         if padded > covered {
             shape[pad.dim] = padded;
             g.pad_region = Some((pad.dim, covered));
         }
     }
-    // Widest dtype is 8 bytes: a shape whose bytes overflow can never be allocated.
-    if shape
-        .iter()
-        .try_fold(8usize, |a, &d| a.checked_mul(d))
-        .is_none()
-    {
+    // Every size derived from the shape (bytes, strides, offsets) must fit:
+    // 8 bytes is the largest element any destination can have.
+    if byte_size(&shape, Dtype::F64).is_none() {
         return Err(format!(
-            "destination shape {shape:?} holds more bytes than any memory ({})",
-            g.describe()
+            "destination shape {shape:?} is too large: its byte size overflows"
         ));
     }
     g.shape = shape;
@@ -605,10 +656,10 @@ fn box_copy(
     convert: Option<(ConvertType, ConvertType)>,
     source: u32,
     out: &mut Vec<Extent>,
-) {
+) -> std::result::Result<(), String> {
     let n = len.len();
     if len.contains(&0) {
-        return;
+        return Ok(());
     }
     let (es, ed) = (src.dtype.size() as u64, dst_dtype.size() as u64);
     if n == 0 {
@@ -623,7 +674,7 @@ fn box_copy(
             convert,
             source,
         });
-        return;
+        return Ok(());
     }
     let (ss, ds) = (strides(&src.shape), strides(dst_shape));
     // k: the outermost dim from which the box is contiguous in both tensors.
@@ -639,6 +690,10 @@ fn box_copy(
     };
     // Iterate the dims before k-1 (or none).
     let outer_dims = k.saturating_sub(1);
+    let pieces: usize = len[..outer_dims].iter().product();
+    if out.len().saturating_add(pieces) > MAX_PIECES {
+        return Err(too_fragmented(pieces));
+    }
     let mut idx = vec![0usize; outer_dims];
     loop {
         let mut so = 0u64;
@@ -672,7 +727,7 @@ fn box_copy(
         let mut d = outer_dims;
         loop {
             if d == 0 {
-                return;
+                return Ok(());
             }
             d -= 1;
             idx[d] += 1;
@@ -692,12 +747,23 @@ fn pad_fills(
     dim: usize,
     covered: usize,
     out: &mut Vec<Fill>,
-) {
+) -> std::result::Result<(), String> {
     let st = strides(shape);
     let es = dtype.size() as u64;
     let outer: usize = shape[..dim].iter().product();
     let block = st[dim] * es;
     let pitch = shape[dim] as u64 * block;
+    if covered == 0 {
+        // Nothing comes from a source: one fill of the whole destination.
+        out.push(Fill {
+            dst,
+            len: outer as u64 * pitch,
+        });
+        return Ok(());
+    }
+    if out.len().saturating_add(outer) > MAX_PIECES {
+        return Err(too_fragmented(outer));
+    }
     for o in 0..outer as u64 {
         let a = dst + o * pitch + covered as u64 * block;
         let len = (shape[dim] - covered) as u64 * block;
@@ -706,4 +772,11 @@ fn pad_fills(
             _ => out.push(Fill { dst: a, len }),
         }
     }
+    Ok(())
+}
+
+fn too_fragmented(pieces: usize) -> String {
+    format!(
+        "needs {pieces} more copies or fills, over the plan's limit of {MAX_PIECES}: the slicing or padding cuts it too finely"
+    )
 }

@@ -25,10 +25,18 @@ pub struct Destination {
     pub shape: Vec<usize>,
 }
 
+/// Bytes of a contiguous tensor of `shape` and `dtype`; None when the count
+/// overflows (a shape no memory can hold).
+pub fn byte_size(shape: &[usize], dtype: Dtype) -> Option<usize> {
+    shape
+        .iter()
+        .try_fold(dtype.size(), |acc, &d| acc.checked_mul(d))
+}
+
 impl Destination {
-    /// Bytes the destination spans.
+    /// Bytes the destination spans (registered destinations always fit).
     pub fn bytes(&self) -> usize {
-        self.shape.iter().product::<usize>() * self.dtype.size()
+        byte_size(&self.shape, self.dtype).unwrap_or(usize::MAX)
     }
 }
 
@@ -44,9 +52,10 @@ pub struct DestSpec {
 }
 
 impl DestSpec {
-    /// Bytes the destination needs.
+    /// Bytes the destination needs (usize::MAX when the shape overflows, which
+    /// no allocator can satisfy; [`crate::loader::Plan::destinations`] refuses such shapes).
     pub fn bytes(&self) -> usize {
-        self.shape.iter().product::<usize>() * self.dtype.size()
+        byte_size(&self.shape, self.dtype).unwrap_or(usize::MAX)
     }
 }
 
@@ -56,10 +65,20 @@ pub trait DestAllocator {
     fn alloc(&self, bytes: usize) -> Result<DevicePtr>;
 }
 
-/// The set of destinations a load fills, by name.
+/// The set of destinations a load fills, by name, and the device ranges the
+/// caller declared as its own (memory outside any pool the load checks).
+///
+/// Two names may share one destination when they are exact aliases: same
+/// address, dtype and shape, as tied parameters in a PyTorch `state_dict()`
+/// (`lm_head.weight` and `model.embed_tokens.weight`). The destination is
+/// listed once, under the name registered first, and filled from whichever of
+/// its names the checkpoint has.
 #[derive(Debug, Clone, Default)]
 pub struct Registry {
     dests: BTreeMap<String, Destination>,
+    foreign: Vec<(DevicePtr, u64)>,
+    /// Alias name -> the name its destination is listed under.
+    aliases: BTreeMap<String, String>,
 }
 
 impl Registry {
@@ -69,7 +88,10 @@ impl Registry {
     }
 
     /// Register a destination. Rejects a duplicate name, a NULL pointer, an
-    /// empty name, and a range that overlaps an already registered destination.
+    /// empty name, a shape whose byte size overflows or whose range runs past
+    /// the end of the address space, and a range that overlaps an already
+    /// registered destination unless it is an exact alias of it (same
+    /// address, dtype and shape).
     pub fn register(
         &mut self,
         name: &str,
@@ -87,18 +109,36 @@ impl Registry {
                 "destination `{name}` has a NULL device pointer"
             )));
         }
-        if self.dests.contains_key(name) {
+        if self.dests.contains_key(name) || self.aliases.contains_key(name) {
             return Err(Error::InvalidArgument(format!(
                 "destination `{name}` is already registered"
             )));
         }
+        if shape.len() > super::checkpoint::MAX_DIMS {
+            return Err(Error::InvalidArgument(format!(
+                "destination `{name}` has {} dimensions; at most {} are supported",
+                shape.len(),
+                super::checkpoint::MAX_DIMS
+            )));
+        }
+        let bytes = byte_size(shape, dtype)
+            .filter(|&b| b as u64 <= u64::MAX - ptr)
+            .ok_or_else(|| {
+                Error::InvalidArgument(format!(
+                    "destination `{name}`: shape {shape:?} of {dtype} at {ptr:#x} does not fit in the address space (byte size overflows)"
+                ))
+            })?;
         let d = Destination {
             name: name.to_owned(),
             ptr,
             dtype,
             shape: shape.to_vec(),
         };
-        let (lo, hi) = (d.ptr, d.ptr + d.bytes() as u64);
+        if let Some(o) = self.dests.values().find(|o| is_alias(o, &d)) {
+            self.aliases.insert(d.name, o.name.clone());
+            return Ok(());
+        }
+        let (lo, hi) = (d.ptr, d.ptr + bytes as u64);
         if let Some(o) = self.dests.values().find(|o| {
             let (a, b) = (o.ptr, o.ptr + o.bytes() as u64);
             lo < b && a < hi && d.bytes() > 0 && o.bytes() > 0
@@ -126,12 +166,45 @@ impl Registry {
         Ok(())
     }
 
-    /// The destination named `name`.
-    pub fn get(&self, name: &str) -> Option<&Destination> {
-        self.dests.get(name)
+    /// Declare `[ptr, ptr + len)` as device memory the caller owns outside
+    /// the pool a load runs on (cudaMalloc'd, another allocator's): a
+    /// destination lying wholly inside one declared range is not checked
+    /// against the pool. The caller vouches that it is mapped and stays so
+    /// while loads run. Refuses an empty or overflowing range.
+    pub fn declare_foreign(&mut self, ptr: DevicePtr, len: u64) -> Result<()> {
+        if ptr == 0 || len == 0 || ptr.checked_add(len).is_none() {
+            return Err(Error::InvalidArgument(format!(
+                "foreign range at {ptr:#x} of {len} bytes must be non-NULL, non-empty and inside the address space"
+            )));
+        }
+        self.foreign.push((ptr, len));
+        Ok(())
     }
 
-    /// Every destination, by name.
+    /// True when `[ptr, ptr + len)` lies wholly inside one declared foreign range.
+    pub fn in_foreign(&self, ptr: DevicePtr, len: u64) -> bool {
+        self.foreign
+            .iter()
+            .any(|&(a, l)| ptr >= a && ptr.saturating_add(len) <= a + l)
+    }
+
+    /// The destination named `name` (also when `name` is an alias of it).
+    pub fn get(&self, name: &str) -> Option<&Destination> {
+        self.dests.get(self.primary(name))
+    }
+
+    /// The name `name`'s destination is listed under: `name` itself unless it
+    /// is an alias.
+    pub fn primary<'a>(&'a self, name: &'a str) -> &'a str {
+        self.aliases.get(name).map(String::as_str).unwrap_or(name)
+    }
+
+    /// Every alias with the name its destination is listed under.
+    pub fn aliases(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.aliases.iter().map(|(a, p)| (a.as_str(), p.as_str()))
+    }
+
+    /// Every destination, once, by the name it is listed under.
     pub fn iter(&self) -> impl Iterator<Item = &Destination> {
         self.dests.values()
     }
@@ -145,6 +218,11 @@ impl Registry {
     pub fn is_empty(&self) -> bool {
         self.dests.is_empty()
     }
+}
+
+/// Exact alias: one parameter under two names (a partial overlap is not).
+fn is_alias(a: &Destination, b: &Destination) -> bool {
+    a.ptr == b.ptr && a.dtype == b.dtype && a.shape == b.shape && a.bytes() > 0
 }
 
 /// A bump allocator over segments: carves destinations out of segments of at

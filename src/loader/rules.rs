@@ -89,16 +89,17 @@ pub struct Pad {
 }
 
 impl Pad {
-    /// The padded length of a dimension of `len` elements.
-    pub fn padded(&self, len: usize) -> usize {
+    /// The padded length of a dimension of `len` elements; None when
+    /// rounding up to `multiple_of` overflows.
+    pub fn padded(&self, len: usize) -> Option<usize> {
         let mut n = len;
         if let Some(m) = self.multiple_of.filter(|&m| m > 0) {
-            n = n.div_ceil(m) * m;
+            n = n.checked_next_multiple_of(m)?;
         }
         if let Some(t) = self.to {
             n = n.max(t);
         }
-        n
+        Some(n)
     }
 }
 

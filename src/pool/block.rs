@@ -139,6 +139,15 @@ impl BlockMap {
             .map_or(0, |(&o, b)| o + b.size)
     }
 
+    /// The block holding byte `offset`: `(its offset, record)`.
+    pub fn containing(&self, offset: usize) -> Option<(usize, BlockRec)> {
+        self.blocks
+            .range(..=offset)
+            .next_back()
+            .filter(|(&o, b)| offset < o + b.size)
+            .map(|(&o, &b)| (o, b))
+    }
+
     /// Every block in address order, for invariant checks.
     pub fn iter(&self) -> impl Iterator<Item = (usize, BlockRec)> + '_ {
         self.blocks.iter().map(|(&o, &b)| (o, b))

@@ -24,6 +24,7 @@ mod access;
 mod arena;
 pub(crate) mod block;
 mod peers;
+mod range;
 pub mod registry;
 pub mod shares;
 mod sleep;
@@ -118,6 +119,21 @@ impl PoolConfig {
                 "large_segment_bytes must be non-zero".into(),
             ));
         }
+        let max = crate::units::MAX_BYTES;
+        for (what, n) in [
+            ("align", self.align),
+            ("small_request_max", self.small_request_max),
+            ("small_segment_bytes", self.small_segment_bytes),
+            ("large_segment_bytes", self.large_segment_bytes),
+            ("chunk_bytes", self.chunk_bytes),
+        ] {
+            if n > max {
+                return Err(Error::InvalidArgument(format!(
+                    "pool {what} of {n} bytes is over the limit of {max} bytes (2^56)"
+                )));
+            }
+        }
+        self.sleep.validate()?;
         for m in std::iter::once(&self.default_mode).chain(self.tag_modes.values()) {
             check_mode(*m)?;
         }
@@ -126,11 +142,21 @@ impl PoolConfig {
 }
 
 fn check_mode(m: Mode) -> Result<()> {
-    if let Mode::Arena { reserve_bytes, .. } = m {
+    if let Mode::Arena {
+        reserve_bytes,
+        grow_step,
+    } = m
+    {
         if reserve_bytes == 0 {
             return Err(Error::InvalidArgument(
                 "arena reserve_bytes must be non-zero".into(),
             ));
+        }
+        let max = crate::units::MAX_BYTES;
+        if reserve_bytes > max || grow_step > max {
+            return Err(Error::InvalidArgument(format!(
+                "arena reserve_bytes {reserve_bytes} and grow_step {grow_step} must be at most {max} bytes (2^56)"
+            )));
         }
     }
     Ok(())
@@ -212,7 +238,9 @@ struct State {
     segs: BTreeMap<DevicePtr, SegEntry>,
     free: FreeIndex,
     tags: HashMap<TagId, TagState>,
-    timeline: Vec<Boundary>,
+    timeline: std::collections::VecDeque<Boundary>,
+    /// Boundaries dropped from the front of the full timeline.
+    timeline_dropped: u64,
     /// Dedicated segments freed while their tag was in transition: released
     /// when the transition ends.
     deferred: Vec<DevicePtr>,
@@ -358,10 +386,22 @@ impl Pool {
                 "allocation of 0 bytes under tag {tag}"
             )));
         }
-        if size > isize::MAX as usize / 2 {
-            return Err(Error::InvalidArgument(format!(
-                "allocation of {size} bytes under tag {tag} is larger than any device"
-            )));
+        // Larger than the device: out of memory, without asking the driver
+        // (whose reservation of such a size fails with a generic error).
+        // Requests under 1 GiB skip the query: no device is that small.
+        let total = if size >= 1 << 30 {
+            self.driver.mem_info().map_or(u64::MAX, |m| m.total)
+        } else {
+            u64::MAX
+        };
+        if size > crate::units::MAX_BYTES || size as u64 > total {
+            return Err(Error::OutOfMemory {
+                what: format!(
+                    "allocation under tag {tag} (larger than the device's {total} bytes)"
+                ),
+                requested: size as u64,
+                free: self.driver.mem_info().map_or(0, |m| m.free),
+            });
         }
         Ok(round_up(size, self.config.align))
     }
@@ -677,23 +717,45 @@ impl Pool {
         )
     }
 
-    /// Take a report and record it in the timeline as boundary `name`.
+    /// Take a report and record it in the timeline as boundary `name`. The
+    /// timeline keeps the last [`TIMELINE_CAP`](crate::report::TIMELINE_CAP)
+    /// boundaries (older ones are dropped and counted). A name longer than
+    /// [`MAX_SNAPSHOT_NAME`](crate::report::MAX_SNAPSHOT_NAME) bytes is cut
+    /// there (the C call refuses it instead).
     pub fn snapshot(&self, name: &str) -> Report {
         let report = self.report();
         let at_s = self.created.elapsed().as_secs_f64();
-        self.lock().timeline.push(Boundary {
-            name: name.to_owned(),
+        let mut cut = name.len().min(crate::report::MAX_SNAPSHOT_NAME);
+        while !name.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        let mut st = self.lock();
+        if st.timeline.len() >= crate::report::TIMELINE_CAP {
+            st.timeline.pop_front();
+            st.timeline_dropped += 1;
+        }
+        st.timeline.push_back(Boundary {
+            name: name[..cut].to_owned(),
             at_s,
             report: report.clone(),
         });
         report
     }
 
-    /// Every snapshot taken so far, oldest first.
+    /// The snapshots kept, oldest first, and how many were dropped.
     pub fn timeline(&self) -> Timeline {
+        let st = self.lock();
         Timeline {
-            boundaries: self.lock().timeline.clone(),
+            boundaries: st.timeline.iter().cloned().collect(),
+            dropped: st.timeline_dropped,
         }
+    }
+
+    /// Forget every snapshot (and the dropped count). Returns how many were kept.
+    pub fn clear_timeline(&self) -> usize {
+        let mut st = self.lock();
+        st.timeline_dropped = 0;
+        std::mem::take(&mut st.timeline).len()
     }
 
     /// True when `tag` is marked asleep.
@@ -879,6 +941,9 @@ fn grant_tag_peers(st: &State, tag: TagId, seg: &mut Segment) -> Result<()> {
 }
 
 fn insert_segment(st: &mut State, seg: Segment, tag: TagId, class: SegmentClass) -> DevicePtr {
+    // A tag that ever held memory here is known to the pool: sleep and wake
+    // refuse the others (a misspelled tag would otherwise sleep nothing).
+    st.tags.entry(tag).or_default();
     let base = seg.ptr();
     let blocks = BlockMap::new(seg.reserved());
     if class != SegmentClass::Dedicated {

@@ -61,8 +61,10 @@ impl Pool {
     }
 
     /// Change the sleep options (copy piece size, streams, host-memory limit, debug fill...).
-    pub fn set_sleep_options(&self, options: SleepOptions) {
+    pub fn set_sleep_options(&self, options: SleepOptions) -> Result<()> {
+        options.validate()?;
         self.sleep.set_options(options);
+        Ok(())
     }
 
     /// Put each listed tag to sleep with its policy. Every pointer stays valid;
@@ -80,7 +82,7 @@ impl Pool {
     /// returned, or cancel it first.
     pub fn sleep(&self, items: &[(TagId, Policy)]) -> Result<Vec<TagCycle>> {
         for &(t, _) in items {
-            tag::check(t)?;
+            self.check_known(t)?;
         }
         let mut out = Vec::with_capacity(items.len());
         for &(t, policy) in items {
@@ -123,7 +125,7 @@ impl Pool {
     /// pool lock and concurrent calls hold here too.
     pub fn wake(&self, tags: &[TagId]) -> Result<Vec<TagCycle>> {
         for &t in tags {
-            tag::check(t)?;
+            self.check_known(t)?;
         }
         let tags: Vec<TagId> = if tags.is_empty() {
             self.asleep_tags()
@@ -162,6 +164,23 @@ impl Pool {
             });
         }
         Ok(out)
+    }
+
+    /// `Error::UnknownTag` unless `tag` is registered and has held memory in
+    /// this pool (or was configured in it): sleeping or waking a misspelled
+    /// tag must not succeed doing nothing.
+    fn check_known(&self, t: TagId) -> Result<()> {
+        tag::check(t)?;
+        let st = self.lock();
+        if st.tags.contains_key(&t) {
+            return Ok(());
+        }
+        let mut known: Vec<String> = st.tags.keys().map(|k| tag::name_of(*k)).collect();
+        known.sort();
+        Err(Error::UnknownTag(format!(
+            "{t}: it never held memory in this pool (its tags: [{}]); check the spelling",
+            known.join(", ")
+        )))
     }
 
     /// Every live block of `t`, as normalized device ranges.

@@ -312,19 +312,50 @@ impl BackupArena {
     }
 
     /// Make sure at least `bytes` are free, adding slabs as needed (reserve-ahead).
+    /// Checked before anything is pinned: the limit and the host's available
+    /// memory (`HostOutOfMemory`). On a failure midway, the slabs this call
+    /// pinned are unpinned again: the arena is as before.
     pub fn reserve(&mut self, bytes: u64) -> Result<()> {
         let missing = bytes.saturating_sub(self.free_bytes());
-        if missing > 0 && self.held() + missing <= self.limit {
-            self.start_prefetch(missing, PIPELINE_SLAB_BYTES);
-            let mut first_error = None;
-            while let Some(r) = self.take_prefetched() {
-                if let Err(e) = r {
-                    first_error.get_or_insert(e);
+        if missing == 0 {
+            return Ok(());
+        }
+        let held = self.held();
+        if held.saturating_add(missing) > self.limit {
+            return Err(Error::HostOutOfMemory {
+                what: format!("reserving {bytes} bytes of pinned backup"),
+                requested: missing,
+                limit: self.limit,
+                in_use: held,
+            });
+        }
+        crate::hostmem::check_available(missing, "reserving pinned backup")?;
+        let was_free: Vec<bool> = self.slabs.iter().map(Option::is_none).collect();
+        let r = self.reserve_missing(bytes, missing);
+        if r.is_err() {
+            // Undo: slabs that are new (a fresh index or a refilled hole) go.
+            for (i, slab) in self.slabs.iter_mut().enumerate() {
+                if !matches!(was_free.get(i), Some(false)) {
+                    *slab = None;
                 }
             }
-            if let Some(e) = first_error {
-                return Err(e);
+            while matches!(self.slabs.last(), Some(None)) {
+                self.slabs.pop();
             }
+        }
+        r
+    }
+
+    fn reserve_missing(&mut self, bytes: u64, missing: u64) -> Result<()> {
+        self.start_prefetch(missing, PIPELINE_SLAB_BYTES);
+        let mut first_error = None;
+        while let Some(r) = self.take_prefetched() {
+            if let Err(e) = r {
+                first_error.get_or_insert(e);
+            }
+        }
+        if let Some(e) = first_error {
+            return Err(e);
         }
         while self.free_bytes() < bytes {
             let missing = (bytes - self.free_bytes()) as usize;
@@ -371,7 +402,7 @@ impl BackupArena {
 
     fn add_slab(&mut self, len: usize) -> Result<usize> {
         let held = self.held();
-        if held + len as u64 > self.limit {
+        if held.saturating_add(len as u64) > self.limit {
             return Err(Error::HostOutOfMemory {
                 what: format!("pinned backup slab of {len} bytes"),
                 requested: len as u64,
@@ -445,6 +476,22 @@ mod tests {
             matches!(e, Error::HostOutOfMemory { limit, .. } if limit == 2 << 20),
             "{e}"
         );
+    }
+
+    #[test]
+    fn reserve_checks_the_limit_before_pinning() {
+        let mut a = arena(8 << 20);
+        a.reserve(2 << 20).unwrap();
+        let held = a.held();
+        // Over the limit: refused before anything is pinned (1 << 63 would be
+        // 2^35 slabs).
+        for bytes in [1u64 << 63, u64::MAX, 16 << 20] {
+            let e = a.reserve(bytes).unwrap_err();
+            assert!(matches!(e, Error::HostOutOfMemory { .. }), "{e}");
+            assert_eq!(a.held(), held, "nothing pinned by a refused reserve");
+        }
+        assert!(a.free_bytes() >= 2 << 20, "earlier reserve kept");
+        a.reserve(6 << 20).unwrap();
     }
 
     #[test]

@@ -77,6 +77,37 @@ pub struct SleepOptions {
     pub debug_fill_discarded: Option<u8>,
 }
 
+/// Most streams a sleep engine spreads copies over.
+pub const MAX_STREAMS: usize = 64;
+
+impl SleepOptions {
+    /// Refuse values no machine can honour: more than [`MAX_STREAMS`] streams,
+    /// or sizes over [`crate::units::MAX_BYTES`]. Zero sizes are refused too
+    /// (the C layer maps 0 to the default before this check).
+    pub fn validate(&self) -> Result<()> {
+        if self.streams == 0 || self.streams > MAX_STREAMS {
+            return Err(Error::InvalidArgument(format!(
+                "sleep option streams = {} must be in 1..={MAX_STREAMS}",
+                self.streams
+            )));
+        }
+        let max = crate::units::MAX_BYTES;
+        for (what, n) in [
+            ("copy_piece_bytes", self.copy_piece_bytes),
+            ("wake_coalesce_bytes", self.wake_coalesce_bytes),
+            ("backup_slab_bytes", self.backup_slab_bytes),
+            ("pipeline_slab_bytes", self.pipeline_slab_bytes),
+        ] {
+            if n == 0 || n > max {
+                return Err(Error::InvalidArgument(format!(
+                    "sleep option {what} = {n} must be in 1..={max} (2^56)"
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
 impl Default for SleepOptions {
     fn default() -> Self {
         SleepOptions {
@@ -494,7 +525,10 @@ impl SleepEngine {
     /// Put `tag`'s awake segments to sleep with `policy`, and release what an
     /// earlier failed sleep left mapped.
     ///
-    /// Offload keeps every committed byte in the host backup; Reload keeps the
+    /// Offload keeps every committed byte in the host backup (whole
+    /// segments: a tag holding one small block in a segment of its own backs
+    /// up the granularity; the need is checked against the limit and the
+    /// host's available memory before anything moves); Reload keeps the
     /// bytes of `in_use` (the tag's live blocks; `None`: every committed
     /// byte) that no reload source covers; Discard keeps none. The host-memory limit
     /// is checked before anything moves, and the device is synchronized before
@@ -582,6 +616,12 @@ impl SleepEngine {
                     in_use: s.arena.held(),
                 });
             }
+            // And against the host: populating more than it has available
+            // wakes the kernel's out-of-memory killer instead of an error.
+            crate::hostmem::check_available(
+                need_new.saturating_sub(s.arena.free_bytes()),
+                &format!("backup for sleeping tag {tag}"),
+            )?;
             self.ensure_streams(&mut s)?;
             (
                 s.streams.clone(),
@@ -697,6 +737,9 @@ impl SleepEngine {
                 }
                 Ok(report)
             }
+            // Nothing was unmapped: the tag is as before, and the cause (out
+            // of host memory, a driver error) is the whole story.
+            Some(e) if report.segments == 0 && report.physical_bytes == 0 => Err(e),
             Some(e) => Err(Error::InvalidState(format!(
                 "sleep of tag {tag} stopped after {done} of {} segments (those are asleep with their backups, the rest awake or partly mapped; sleeping again finishes): {e}",
                 todo.len()

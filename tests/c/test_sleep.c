@@ -42,6 +42,19 @@ int main(void) {
   CHECK(r.asleep == 0);
   CHECK_STATUS(VMMW_NULL_ARGUMENT, vmmw_pool_sleep(pool, NULL, 1, NULL));
 
+  /* A tag this pool never held memory for (a misspelling) is refused at sleep
+   * and wake, before anything moves: it would otherwise sleep nothing. */
+  uint32_t typo = 0;
+  CHECK_OK(vmmw_tag_id("sleep-weigths", &typo, &err));
+  vmmw_tag_policy_t typo_items[2] = {{w, VMMW_POLICY_OFFLOAD}, {typo, VMMW_POLICY_OFFLOAD}};
+  vmmw_error_t* typo_err = NULL;
+  CHECK(vmmw_pool_sleep(pool, typo_items, 2, &typo_err) == VMMW_UNKNOWN_TAG);
+  CHECK(strstr(vmmw_error_message(typo_err), "sleep-weigths") != NULL);
+  vmmw_error_free(typo_err);
+  CHECK_STATUS(VMMW_UNKNOWN_TAG, vmmw_pool_wake(pool, &typo, 1, NULL));
+  CHECK_OK(vmmw_pool_report(pool, &r, &err));
+  CHECK(r.asleep == 0);
+
   /* Host-memory limit: offload that does not fit fails before anything moves. */
   vmmw_sleep_options_t so;
   memset(&so, 0, sizeof so);

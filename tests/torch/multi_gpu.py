@@ -7,7 +7,7 @@
       safetensors and sliced in PyTorch (q/gate/up rows, o/down columns,
       vocabulary rows, kv heads replicated when ranks outnumber them).
   python3 tests/torch/multi_gpu.py allreduce [--devices 2]
-      one process per GPU, tensors allocated in our pool (vmmweights_torch
+      one process per GPU, tensors allocated in our pool (vmmweights.torch
       MemPool), all-reduced through torch.distributed's NCCL; checks the sum.
 
 Prints one summary line per check; exits non-zero on any mismatch. Keep
@@ -24,7 +24,9 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "examples", "torch"))
 sys.path.insert(0, os.path.dirname(__file__))
-import vmmweights_torch as vt  # noqa: E402
+import vmmweights as vw  # noqa: E402
+import vmmweights.torch as vt  # noqa: E402
+from vmmweights import _native  # noqa: E402
 
 HD = 128
 VP = ctypes.c_void_p
@@ -55,9 +57,9 @@ class MultiResult(ctypes.Structure):
 
 
 def declare():
-    lib = vt.lib()
+    lib = _native.lib()
     if getattr(lib, "vmmw_loader_load_devices", None) is None:
-        sys.exit(f"{vt.library_path()} does not export vmmw_loader_load_devices; rebuild it")
+        sys.exit(f"{vw.library_path()} does not export vmmw_loader_load_devices; rebuild it")
     sigs = {
         "vmmw_loader_open": [ctypes.c_char_p, ctypes.POINTER(VP), ERR],
         "vmmw_loader_set_rules_preset": [VP, ctypes.c_char_p, ctypes.c_uint32, ctypes.c_uint32, ctypes.c_uint32, ERR],
@@ -78,6 +80,14 @@ def declare():
     return lib
 
 
+def _call(name, *args):
+    """`name(*args, &error)` on the library; vmmweights.VmmwError on failure."""
+    err = ctypes.c_void_p()
+    status = getattr(_native.lib(), name)(*args, ctypes.byref(err))
+    if status != 0:
+        _native._raise(name, status, err)
+
+
 class _Cai:
     """A device pointer as an int16 tensor (viewed as bf16 afterwards)."""
 
@@ -87,13 +97,13 @@ class _Cai:
 
 def destinations(loader, device):
     n = ctypes.c_size_t()
-    vt._call("vmmw_loader_destination_count", loader, ctypes.byref(n))
+    _call("vmmw_loader_destination_count", loader, ctypes.byref(n))
     out = {}
     for i in range(n.value):
         buf = ctypes.create_string_buffer(512)
-        vt._call("vmmw_loader_destination_name", loader, ctypes.c_size_t(i), buf, ctypes.c_size_t(512), None)
+        _call("vmmw_loader_destination_name", loader, ctypes.c_size_t(i), buf, ctypes.c_size_t(512), None)
         d = Destination()
-        vt._call("vmmw_loader_destination", loader, buf.value, ctypes.byref(d))
+        _call("vmmw_loader_destination", loader, buf.value, ctypes.byref(d))
         assert d.dtype.value == b"BF16", d.dtype.value
         shape = [d.shape[k] for k in range(d.ndim)]
         with torch.cuda.device(device):
@@ -165,23 +175,23 @@ def load(args):
     kv_heads = 8
     failures = 0
     for mode, name in ((0, "replicas"), (1, "ranks")):
-        tag = vt.tag_id(f"multi-{name}")
+        tag = vw.tag_id(f"multi-{name}")
         loaders = []
         for k in range(n):
             ld = VP()
-            vt._call("vmmw_loader_open", args.dir.encode(), ctypes.byref(ld))
+            _call("vmmw_loader_open", args.dir.encode(), ctypes.byref(ld))
             world = n if mode == 1 else 0
-            vt._call("vmmw_loader_set_rules_preset", ld, b"qwen3", ctypes.c_uint32(k if mode == 1 else 0),
+            _call("vmmw_loader_set_rules_preset", ld, b"qwen3", ctypes.c_uint32(k if mode == 1 else 0),
                      ctypes.c_uint32(world), ctypes.c_uint32(HD))
-            vt._call("vmmw_loader_allocate", ld, vt._pool_handle(k), ctypes.c_uint32(tag))
+            _call("vmmw_loader_allocate", ld, vw.Pool.default(k).handle, ctypes.c_uint32(tag))
             loaders.append(ld)
         ls = (VP * n)(*[x.value for x in loaders])
-        ps = (VP * n)(*[vt._pool_handle(k).value for k in range(n)])
+        ps = (VP * n)(*[vw.Pool.default(k).handle.value for k in range(n)])
         times = []
         for _ in range(args.repeat + 1):
             res = MultiResult()
             t = time.perf_counter()
-            vt._call("vmmw_loader_load_devices", ls, ps, ctypes.c_size_t(n), ctypes.c_int32(mode), ctypes.byref(res))
+            _call("vmmw_loader_load_devices", ls, ps, ctypes.c_size_t(n), ctypes.c_int32(mode), ctypes.byref(res))
             times.append(time.perf_counter() - t)
         best = sorted(times[1:])[len(times[1:]) // 2]
         bad = 0

@@ -12,10 +12,9 @@ loaded in place through the C API, then:
 - a sleep asked from the load's progress callback is refused with
   VMMW_LOAD_IN_PROGRESS and the load completes (forward bitwise equal).
 
-Run with PYTHONPATH=examples/torch:tests/torch and VMMW_LIB=<libvmmweights.so>.
+Run with the vmmweights package importable (PYTHONPATH=python, VMMW_LIB=<libvmmweights.so>).
 """
 
-import ctypes
 import os
 
 import pytest
@@ -28,8 +27,7 @@ if os.environ.get("VMMW_BACKEND", "auto").lower() == "host":
 transformers = pytest.importorskip("transformers", reason="transformers is not installed")
 st = pytest.importorskip("safetensors.torch", reason="safetensors is not installed")
 
-import vmmweights_torch as vt  # noqa: E402
-from test_load_bitwise import DTYPES, PROGRESS, loader_api  # noqa: E402
+import vmmweights.torch as vt  # noqa: E402
 
 VMMW_CHECKPOINT_INVALID = 10
 VMMW_LOAD_IN_PROGRESS = 17
@@ -60,18 +58,7 @@ def reference(tmp_path):
 
 
 def load_into(model, path, progress=None):
-    lib = loader_api()
-    loader = ctypes.c_void_p()
-    vt._call("vmmw_loader_open", str(path).encode(), ctypes.byref(loader))
-    cb = PROGRESS(progress or (lambda done, total, user: 0))
-    try:
-        for name, t in model.state_dict().items():
-            shape = (ctypes.c_uint64 * max(t.dim(), 1))(*t.shape)
-            vt._call("vmmw_loader_register", loader, name.encode(), ctypes.c_uint64(t.data_ptr()),
-                     DTYPES[t.dtype], shape, ctypes.c_size_t(t.dim()))
-        vt._call("vmmw_loader_load", loader, vt._pool_handle(0), cb, None)
-    finally:
-        lib.vmmw_loader_free(loader)
+    vt.load_(model, str(path), progress=progress)
     torch.cuda.synchronize()
 
 
@@ -114,7 +101,7 @@ def test_reload_keeps_unloaded_bytes_and_a_changed_checkpoint_is_refused(tmp_pat
     assert "model.safetensors" in refused.value.message
     u = vt.tag_usage(vt.report(), tag)
     assert u["asleep"] and u["tracked_bytes"] == 0, u
-    vt._call("vmmw_pool_forget_reload", vt._pool_handle(0), ctypes.c_uint32(vt.tag_id(tag)))
+    vt.forget_reload(tag)
     vt.wake(tag)
     assert torch.equal(extra, torch.arange(1 << 20, device="cuda", dtype=torch.float32))
     path.write_bytes(original)
@@ -135,13 +122,13 @@ def test_sleep_from_the_load_progress_is_refused_and_the_load_completes(tmp_path
             p.zero_()
     statuses = []
 
-    def on_progress(done, total, user):
+    def on_progress(done, total):
         try:
             vt.sleep(**{tag: "discard"})
             statuses.append(0)
         except vt.VmmwError as e:
             statuses.append(e.status)
-        return 0
+        return False
 
     load_into(model, path, on_progress)
     print(f"sleeps asked during the load: {len(statuses)}, statuses {sorted(set(statuses))}")

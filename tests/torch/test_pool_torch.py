@@ -1,6 +1,6 @@
 """GPU tests: PyTorch tensors in vmmweights memory through CUDAPluggableAllocator + MemPool.
 
-Run with PYTHONPATH=examples/torch and VMMW_LIB=<path to libvmmweights.so>.
+Run with the vmmweights package importable (installed, or PYTHONPATH=python with VMMW_LIB).
 Skips (with the reason) without PyTorch, CUDA or transformers.
 """
 
@@ -15,7 +15,7 @@ if not torch.cuda.is_available():
 if os.environ.get("VMMW_BACKEND", "auto").lower() == "host":
     pytest.skip("VMMW_BACKEND=host: PyTorch needs real device memory", allow_module_level=True)
 
-import vmmweights_torch as vt  # noqa: E402
+import vmmweights.torch as vt  # noqa: E402
 
 MiB = 1 << 20
 
@@ -71,7 +71,7 @@ def test_llama_weights_in_the_pool_are_reported_and_come_back():
         f"tracked +{tracked / MiB:.1f} MiB, segments {w['segments']}; "
         f"device used +{device_delta / MiB:.1f} MiB"
     )
-    print(vt.report_text())
+    print(vt.report_table())
 
     assert allocated_delta >= weights
     # Every segment PyTorch holds for the pool is one live block of ours, fully backed.

@@ -449,6 +449,13 @@ class Pool {
     });
   }
 
+  /// Forget every snapshot of the timeline; returns how many were kept.
+  uint64_t clear_timeline() {
+    uint64_t n = 0;
+    detail::call([&](vmmw_error_t** e) { return vmmw_pool_clear_timeline(get_mut(), &n, e); });
+    return n;
+  }
+
   /// Copy host bytes to pool memory (synchronous, range-checked).
   void write(uint64_t dst, const void* src, size_t len) {
     detail::call([&](vmmw_error_t** e) { return vmmw_pool_write(get_mut(), dst, src, len, e); });
@@ -750,6 +757,13 @@ class Loader {
     detail::call([&](vmmw_error_t** e) {
       return vmmw_loader_register(get_mut(), name.c_str(), ptr, dtype.c_str(), shape.data(), shape.size(), e);
     });
+  }
+
+  /// Declare `[ptr, ptr + bytes)` as device memory you own outside the pool
+  /// loads run on; destinations outside the pool must lie in such a range
+  /// (the pool's own memory is checked regardless).
+  void declare_foreign(uint64_t ptr, uint64_t bytes) {
+    detail::call([&](vmmw_error_t** e) { return vmmw_loader_declare_foreign(get_mut(), ptr, bytes, e); });
   }
 
   /// Allocate every destination the plan needs from `pool` under `tag`.

@@ -197,6 +197,14 @@ func (l *Loader) Register(name string, ptr uint64, dtype string, shape []uint64)
 	return err
 }
 
+// DeclareForeign declares [ptr, ptr+bytes) as device memory you own outside
+// the pool loads run on; destinations inside it are not checked against the pool.
+func (l *Loader) DeclareForeign(ptr, bytes uint64) error {
+	return l.do(func(cl *C.vmmw_loader_t, e **C.vmmw_error_t) C.int32_t {
+		return C.vmmw_loader_declare_foreign(cl, C.uint64_t(ptr), C.uint64_t(bytes), e)
+	})
+}
+
 // Allocate allocates every destination the plan needs from pool under tag.
 func (l *Loader) Allocate(pool *Pool, tag Tag) error {
 	cp, err := pool.live()

@@ -29,6 +29,7 @@ pub fn execute(
     opts: &CopyOptions,
     ctl: &Control<'_>,
 ) -> Result<CopyStats> {
+    opts.validate()?;
     let t0 = Instant::now();
     let total: u64 = extents.iter().map(Extent::src_bytes).sum();
     let threads = opts.thread_count();

@@ -46,7 +46,9 @@ pub mod staging;
 
 pub use execute::execute;
 pub(crate) use extents::{clip_rows, sub_extent};
-pub use options::{Control, CopyOptions, CopyStats, Strategy};
+pub use options::{
+    Control, CopyOptions, CopyStats, Strategy, MAX_DEPTH, MAX_SLOT_BYTES, MAX_THREADS,
+};
 
 const PAGE: u64 = 4096;
 

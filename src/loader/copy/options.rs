@@ -91,7 +91,41 @@ impl Default for CopyOptions {
     }
 }
 
+/// Most worker threads a load may ask for.
+pub const MAX_THREADS: usize = 256;
+/// Largest staging slot or direct window: 4 GiB.
+pub const MAX_SLOT_BYTES: usize = 4 << 30;
+/// Most staging slots per worker.
+pub const MAX_DEPTH: usize = 64;
+
 impl CopyOptions {
+    /// Refuse values no machine can honour: more than [`MAX_THREADS`] threads,
+    /// slots or windows over [`MAX_SLOT_BYTES`], a depth over [`MAX_DEPTH`],
+    /// `direct_percent` over 100.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |what: &str, v: usize, max: usize| {
+            Err(Error::InvalidArgument(format!(
+                "load option {what} = {v} is over the limit of {max}"
+            )))
+        };
+        if self.threads > MAX_THREADS {
+            return bad("threads", self.threads, MAX_THREADS);
+        }
+        if self.window_bytes > MAX_SLOT_BYTES {
+            return bad("window_bytes", self.window_bytes, MAX_SLOT_BYTES);
+        }
+        if self.slot_bytes > MAX_SLOT_BYTES {
+            return bad("slot_bytes", self.slot_bytes, MAX_SLOT_BYTES);
+        }
+        if self.depth > MAX_DEPTH {
+            return bad("depth", self.depth, MAX_DEPTH);
+        }
+        if self.direct_percent > 100 {
+            return bad("direct_percent", self.direct_percent as usize, 100);
+        }
+        Ok(())
+    }
+
     pub(super) fn thread_count(&self) -> usize {
         if self.strategy == Strategy::Simple {
             return 1;

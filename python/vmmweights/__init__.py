@@ -1,0 +1,47 @@
+"""vmmweights: model weights in GPU memory through CUDA virtual memory management.
+
+Load safetensors checkpoints in place, put memory to sleep (offload, discard,
+reload) and wake it at the same addresses. This package calls the library's
+C ABI (``libvmmweights.so``, carried in the wheel) through ctypes; everything
+here works without PyTorch, on the GPU or on the host backend
+(``VMMW_BACKEND=host``, no GPU needed). PyTorch integration lives in
+:mod:`vmmweights.torch`.
+
+    import vmmweights as vw
+    pool = vw.Pool.default()
+    dests, result = vw.load("/models/qwen", pool, "weights", preset="qwen2")
+    pool.sleep(weights="offload")
+    pool.wake("weights")
+    print(pool.report_table())
+"""
+
+from __future__ import annotations
+
+from ._native import VmmwError, library_path, status_name, version
+from .loader import STRATEGIES, Destination, Loader, LoadResult, PlanSummary, load
+from .pool import BACKENDS, POLICIES, Pool
+from .report import table as report_table
+from .report import tag_usage
+from .tags import scope as tag_scope
+from .tags import tag_id, tag_name
+
+__all__ = [
+    "BACKENDS",
+    "POLICIES",
+    "STRATEGIES",
+    "Destination",
+    "LoadResult",
+    "Loader",
+    "PlanSummary",
+    "Pool",
+    "VmmwError",
+    "library_path",
+    "load",
+    "report_table",
+    "status_name",
+    "tag_id",
+    "tag_name",
+    "tag_scope",
+    "tag_usage",
+    "version",
+]

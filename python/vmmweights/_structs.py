@@ -1,0 +1,131 @@
+"""ctypes mirrors of the C structs in include/vmmweights.h.
+
+The header is generated from the Rust sources; python/tests/test_structs.py
+parses it and fails when a field here differs in name, type or order.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+MAX_DIMS = 8
+
+u32, i32, u64, u8, f64 = ctypes.c_uint32, ctypes.c_int32, ctypes.c_uint64, ctypes.c_uint8, ctypes.c_double
+
+
+class _Sized(ctypes.Structure):
+    """An options struct whose first field `size` is its own size, so the
+    library knows which version of the struct it was given."""
+
+    def __init__(self, **fields: object) -> None:
+        super().__init__(size=ctypes.sizeof(self), **fields)
+
+
+class LoadOptions(_Sized):
+    """vmmw_load_options_t"""
+
+    _fields_ = [
+        ("size", ctypes.c_size_t),
+        ("allow_missing", u32),
+        ("allow_unexpected", u32),
+        ("strategy", i32),
+        ("threads", u32),
+        ("window_bytes", u64),
+        ("slot_bytes", u64),
+    ]
+
+
+class Destination(ctypes.Structure):
+    """vmmw_destination_t"""
+
+    _fields_ = [
+        ("ptr", u64),
+        ("bytes", u64),
+        ("dtype", ctypes.c_char * 16),
+        ("ndim", u32),
+        ("shape", u64 * MAX_DIMS),
+    ]
+
+
+class PlanSummary(ctypes.Structure):
+    """vmmw_plan_summary_t"""
+
+    _fields_ = [
+        ("extents", u64),
+        ("fills", u64),
+        ("src_bytes", u64),
+        ("dst_bytes", u64),
+        ("sources", u64),
+        ("skipped", u64),
+        ("missing", u64),
+        ("unexpected", u64),
+        ("destinations", u64),
+    ]
+
+
+class LoadResult(ctypes.Structure):
+    """vmmw_load_result_t"""
+
+    _fields_ = [
+        ("bytes", u64),
+        ("seconds", f64),
+        ("gbps", f64),
+        ("direct_bytes", u64),
+        ("staged_bytes", u64),
+        ("read_bytes", u64),
+        ("filled_bytes", u64),
+        ("threads", u32),
+    ]
+
+
+class PoolOptions(_Sized):
+    """vmmw_pool_options_t"""
+
+    _fields_ = [
+        ("size", ctypes.c_size_t),
+        ("device_handle", ctypes.c_void_p),
+        ("backend", i32),
+        ("device", i32),
+        ("align", u64),
+        ("small_request_max", u64),
+        ("small_segment_bytes", u64),
+        ("large_segment_bytes", u64),
+        ("chunk_bytes", u64),
+    ]
+
+
+class TagPolicy(ctypes.Structure):
+    """vmmw_tag_policy_t"""
+
+    _fields_ = [("tag", u32), ("policy", i32)]
+
+
+class SleepOptions(_Sized):
+    """vmmw_sleep_options_t"""
+
+    _fields_ = [
+        ("size", ctypes.c_size_t),
+        ("copy_piece_bytes", u64),
+        ("streams", u32),
+        ("debug_fill", u32),
+        ("wake_coalesce_bytes", u64),
+        ("backup_slab_bytes", u64),
+        ("host_memory_limit", u64),
+        ("free_backup_after_wake", u32),
+        ("release_pinned_after_wake", u32),
+        ("debug_fill_byte", u8),
+    ]
+
+
+#: C struct name -> its ctypes mirror (for the drift test).
+ALL = {
+    "vmmw_load_options_t": LoadOptions,
+    "vmmw_destination_t": Destination,
+    "vmmw_plan_summary_t": PlanSummary,
+    "vmmw_load_result_t": LoadResult,
+    "vmmw_pool_options_t": PoolOptions,
+    "vmmw_tag_policy_t": TagPolicy,
+    "vmmw_sleep_options_t": SleepOptions,
+}
+
+PROGRESS_FN = ctypes.CFUNCTYPE(i32, u64, u64, ctypes.c_void_p)

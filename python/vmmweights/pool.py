@@ -1,0 +1,261 @@
+"""A caching pool of VMM memory on one device, with per-tag sleep and wake."""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import threading
+from typing import Any, Dict, List, Mapping, Optional
+
+from . import _structs as S
+from ._native import call, call_text, function
+from .report import table
+from .tags import tag_id
+
+#: Sleep policies: offload keeps a pinned host backup restored byte for byte;
+#: discard drops the contents (undefined after wake); reload keeps no backup and
+#: restores from the checkpoint a load wrote (needs a load into this pool).
+POLICIES = {"offload": 0, "discard": 1, "reload": 2}
+BACKENDS = {"auto": 0, "host": 1, "cuda": 2}
+
+_defaults: Dict[int, "Pool"] = {}
+_defaults_lock = threading.Lock()
+
+
+def _policy(tag: str, policy: str) -> int:
+    try:
+        return POLICIES[policy]
+    except (KeyError, TypeError):
+        raise ValueError(f"unknown policy {policy!r} for tag {tag!r}: expected one of {sorted(POLICIES)}") from None
+
+
+class Pool:
+    """A pool on one device.
+
+    ``Pool(backend="host")`` creates a pool of its own (freed by :meth:`close`
+    or when collected). :meth:`Pool.default` is the process-global pool of a
+    device, the one PyTorch's allocator (``vmmweights.torch``) uses.
+
+    Thread-safe: every method may be called from any thread.
+    """
+
+    def __init__(
+        self,
+        backend: str = "auto",
+        device: int = 0,
+        *,
+        chunk_bytes: int = 0,
+        small_request_max: int = 0,
+        small_segment_bytes: int = 0,
+        large_segment_bytes: int = 0,
+        align: int = 0,
+    ) -> None:
+        if backend not in BACKENDS:
+            raise ValueError(f"unknown backend {backend!r}: expected one of {sorted(BACKENDS)}")
+        opts = S.PoolOptions(
+            backend=BACKENDS[backend],
+            device=device,
+            align=align,
+            small_request_max=small_request_max,
+            small_segment_bytes=small_segment_bytes,
+            large_segment_bytes=large_segment_bytes,
+            chunk_bytes=chunk_bytes,
+        )
+        handle = ctypes.c_void_p()
+        call("vmmw_pool_new", ctypes.byref(opts), ctypes.byref(handle))
+        self._init(handle, device, owned=True)
+
+    def _init(self, handle: ctypes.c_void_p, device: int, owned: bool) -> None:
+        self._handle: Optional[ctypes.c_void_p] = handle
+        self._owned = owned
+        self.device = device
+        self._policies: Dict[str, str] = {}
+
+    @classmethod
+    def default(cls, device: int = 0) -> "Pool":
+        """The process-global pool of `device` (created on first use with the
+        backend ``$VMMW_BACKEND`` names, auto by default). The same object for
+        every call; never freed."""
+        with _defaults_lock:
+            pool = _defaults.get(device)
+            if pool is None:
+                handle = ctypes.c_void_p()
+                call("vmmw_pool_default", ctypes.c_int32(device), ctypes.byref(handle))
+                pool = cls.__new__(cls)
+                pool._init(handle, device, owned=False)
+                _defaults[device] = pool
+            return pool
+
+    @property
+    def handle(self) -> ctypes.c_void_p:
+        """The ``vmmw_pool_t*`` (for calls into the C API)."""
+        if self._handle is None:
+            raise ValueError("the pool is closed")
+        return self._handle
+
+    def close(self) -> None:
+        """Free a pool made by the constructor (its blocks become invalid).
+        Does nothing for :meth:`default` pools."""
+        if self._owned and self._handle is not None:
+            function("vmmw_pool_free")(self._handle)
+        self._handle = None
+
+    def __enter__(self) -> "Pool":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    # --- blocks ---------------------------------------------------------------
+
+    def alloc(self, size: int, tag: str = "default") -> int:
+        """Allocate `size` bytes in `tag`; the device address (stable across
+        sleep and wake)."""
+        out = ctypes.c_uint64()
+        call("vmmw_pool_alloc_tagged", self.handle, ctypes.c_uint64(size), ctypes.c_uint32(tag_id(tag)), ctypes.byref(out))
+        return out.value
+
+    def free(self, ptr: int) -> None:
+        """Free a block (it returns to the pool's cache; see :meth:`trim`)."""
+        call("vmmw_pool_dealloc", self.handle, ctypes.c_uint64(ptr))
+
+    def write(self, ptr: int, data: bytes) -> None:
+        """Copy `data` to pool memory at `ptr` (one awake segment) and wait."""
+        buf = (ctypes.c_char * len(data)).from_buffer_copy(data) if data else None
+        call("vmmw_pool_write", self.handle, ctypes.c_uint64(ptr), buf, ctypes.c_size_t(len(data)))
+
+    def read(self, ptr: int, size: int) -> bytes:
+        """Copy `size` bytes of pool memory at `ptr` to the host."""
+        buf = ctypes.create_string_buffer(size)
+        call("vmmw_pool_read", self.handle, ctypes.c_uint64(ptr), buf, ctypes.c_size_t(size))
+        return buf.raw
+
+    def trim(self) -> int:
+        """Return cached memory to the driver; the physically backed bytes released."""
+        out = ctypes.c_uint64()
+        call("vmmw_pool_trim", self.handle, ctypes.byref(out))
+        return out.value
+
+    def set_tag_arena(self, tag: str, reserve_bytes: int, grow_step: int = 0) -> None:
+        """Place `tag`'s future blocks in one arena of `reserve_bytes` VA."""
+        call("vmmw_pool_set_tag_arena", self.handle, ctypes.c_uint32(tag_id(tag)),
+             ctypes.c_uint64(reserve_bytes), ctypes.c_uint64(grow_step))
+
+    # --- sleep and wake ----------------------------------------------------------
+
+    def set_default_policy(self, tag: str, policy: str) -> None:
+        """The policy :meth:`sleep` uses for `tag` when called without policies
+        (``"offload"`` unless set: it never loses bytes)."""
+        _policy(tag, policy)
+        self._policies[tag] = policy
+
+    def default_policy(self, tag: str) -> str:
+        """The policy a bare :meth:`sleep` uses for `tag`."""
+        return self._policies.get(tag, "offload")
+
+    def tags(self) -> List[str]:
+        """Tags holding memory in this pool now (awake or asleep)."""
+        return [t["tag"] for t in self.report()["tags"]]
+
+    def sleep(self, policies: Optional[Mapping[str, str]] = None, /, **kw: str) -> Dict[str, Any]:
+        """Release the device memory behind tags, keeping every pointer:
+        ``pool.sleep(weights="offload", kv_cache="discard")``, or a mapping for
+        names that are not identifiers. Without policies, every awake tag
+        sleeps with its default policy (:meth:`set_default_policy`).
+
+        Every entry is checked before anything moves: an unknown policy is a
+        ``ValueError``; a tag this pool never held memory for (a misspelling)
+        raises ``VmmwError`` with status ``VMMW_UNKNOWN_TAG``. Touching sleeping
+        memory faults until :meth:`wake`. Returns what was done per tag."""
+        items = dict(policies or {}, **kw)
+        if not items:
+            rep = self.report()
+            items = {t["tag"]: self.default_policy(t["tag"]) for t in rep["tags"] if not t["asleep"]}
+            if not items:
+                return {}
+        codes = [_policy(tag, policy) for tag, policy in items.items()]  # all checked first
+        arr = (S.TagPolicy * len(items))()
+        for i, (tag, code) in enumerate(zip(items, codes)):
+            arr[i].policy = code
+            arr[i].tag = tag_id(tag)
+        call("vmmw_pool_sleep", self.handle, arr, ctypes.c_size_t(len(items)))
+        return self.last_cycle()
+
+    def wake(self, *tags: str) -> Dict[str, Any]:
+        """Bring the listed tags back (every sleeping tag when none is named)
+        at the same addresses: offloaded and reloaded bytes as they were,
+        discarded ones undefined. Checks free device memory first; each tag's
+        wake is all or nothing. Returns what was done per tag."""
+        ids = (ctypes.c_uint32 * max(len(tags), 1))(*[tag_id(t) for t in tags])
+        call("vmmw_pool_wake", self.handle, ids, ctypes.c_size_t(len(tags)))
+        return self.last_cycle()
+
+    def forget_reload(self, tag: str) -> None:
+        """Drop what loads registered to restore `tag` from: a tag asleep with
+        ``"reload"`` then wakes with its other bytes restored and the loaded
+        ones undefined. The way out when its checkpoint changed (the wake
+        failed with ``VMMW_CHECKPOINT_INVALID``): forget, wake, load again."""
+        call("vmmw_pool_forget_reload", self.handle, ctypes.c_uint32(tag_id(tag)))
+
+    def last_cycle(self) -> Dict[str, Any]:
+        """What the last sleep or wake through this handle did, per tag."""
+        return json.loads(call_text("vmmw_pool_last_cycle_json", self.handle))
+
+    def reserve_backup(self, nbytes: int) -> None:
+        """Pin `nbytes` of host backup ahead of time, so the first offload runs
+        at the link's rate."""
+        call("vmmw_pool_reserve_backup", self.handle, ctypes.c_uint64(nbytes))
+
+    def release_backup(self) -> int:
+        """Unpin backup memory holding no sleeping tag's bytes; bytes unpinned."""
+        out = ctypes.c_uint64()
+        call("vmmw_pool_release_backup", self.handle, ctypes.byref(out))
+        return out.value
+
+    def set_sleep_options(self, **options: int) -> None:
+        """Set the sleep engine's options by field name (see
+        ``vmmw_sleep_options_t``: copy_piece_bytes, streams, debug_fill,
+        debug_fill_byte, host_memory_limit, ...); omitted fields take defaults."""
+        names = {f[0] for f in S.SleepOptions._fields_}
+        unknown = sorted(set(options) - names)
+        if unknown:
+            raise ValueError(f"unknown sleep options {unknown}: expected some of {sorted(names)}")
+        call("vmmw_pool_set_sleep_options", self.handle, ctypes.byref(S.SleepOptions(**options)))
+
+    # --- staging and reports -------------------------------------------------------
+
+    def staging_bytes(self) -> int:
+        """Pinned host staging the loader keeps cached for this pool's device."""
+        out = ctypes.c_uint64()
+        call("vmmw_pool_staging_bytes", self.handle, ctypes.byref(out))
+        return out.value
+
+    def release_staging(self) -> int:
+        """Unpin the loader's cached staging ring; the bytes unpinned."""
+        out = ctypes.c_uint64()
+        call("vmmw_pool_release_staging", self.handle, ctypes.byref(out))
+        return out.value
+
+    def report(self) -> Dict[str, Any]:
+        """The memory report: ``tags`` (one dict per tag: live_bytes,
+        reserved_bytes, tracked_bytes, segments, offloaded_bytes, ...,
+        asleep), ``total``, ``device_used_bytes``, ``device_total_bytes``."""
+        return json.loads(call_text("vmmw_pool_report_json", self.handle))
+
+    def report_table(self) -> str:
+        """The report as a table."""
+        return table(self.report())
+
+    def snapshot(self, name: str) -> None:
+        """Record the report now in the pool's timeline as boundary `name`."""
+        call("vmmw_pool_snapshot", self.handle, name.encode())
+
+    def timeline(self) -> Dict[str, Any]:
+        """Every snapshot so far."""
+        return json.loads(call_text("vmmw_pool_timeline_json", self.handle))

@@ -1,0 +1,383 @@
+"""PyTorch on vmmweights memory: tensors in our pool by tag, loaded in place
+from safetensors, put to sleep and woken at the same addresses.
+
+    import vmmweights.torch as vt
+    with vt.use_pool("weights"):
+        model = build_model().cuda()          # every segment tagged "weights"
+    vt.load_(model, "/models/qwen", progress=True)
+    vt.sleep(weights="offload")               # or vt.sleep(): every tag, its default policy
+    vt.wake()
+    print(vt.report_table())
+
+`use_pool` routes this thread's allocations inside the block to a
+``torch.cuda.MemPool`` over the library's two exported C functions
+(``vmmw_torch_malloc`` / ``vmmw_torch_free``, loaded by
+``torch.cuda.memory.CUDAPluggableAllocator`` from :func:`library_path`), and
+opens the tag's scope, so each segment PyTorch asks for is tagged. No Python
+runs in the allocation path. Drop-in shims: :mod:`vmmweights.torch.memory_saver`
+(torch_memory_saver) and :mod:`vmmweights.torch.cumem` (vLLM's CuMemAllocator).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import sys
+import threading
+from typing import Any, Callable, Dict, Iterator, Mapping, Optional, Tuple, Union
+
+import torch
+
+from .. import tags as _tags
+from .._native import VmmwError, library_path
+from ..loader import Destination, Loader, LoadResult
+from ..pool import Pool
+from ..report import table, tag_usage
+
+__all__ = [
+    "VmmwError",
+    "allocator",
+    "as_tensor",
+    "forget_reload",
+    "graph",
+    "library_path",
+    "load_",
+    "mem_pool",
+    "pool",
+    "release_pools",
+    "release_staging",
+    "report",
+    "report_table",
+    "reserve_backup",
+    "sleep",
+    "staging_bytes",
+    "tag_usage",
+    "tensors",
+    "trim",
+    "use_pool",
+    "wake",
+]
+
+DTYPES = {
+    torch.bfloat16: "BF16",
+    torch.float16: "F16",
+    torch.float32: "F32",
+    torch.float64: "F64",
+    torch.int8: "I8",
+    torch.uint8: "U8",
+    torch.int16: "I16",
+    torch.int32: "I32",
+    torch.int64: "I64",
+    torch.bool: "BOOL",
+}
+
+_lock = threading.RLock()
+_allocator: Optional[Any] = None
+_pools: Dict[Tuple[int, str], Any] = {}
+
+
+def _device(device: Union[int, torch.device, None]) -> int:
+    if device is None:
+        return torch.cuda.current_device()
+    if isinstance(device, torch.device):
+        return device.index if device.index is not None else torch.cuda.current_device()
+    return int(device)
+
+
+def pool(device: Union[int, torch.device, None] = None) -> Pool:
+    """The process-global pool of `device` (the one PyTorch's allocations through
+    :func:`use_pool` land in)."""
+    return Pool.default(_device(device))
+
+
+def allocator() -> Any:
+    """The ``CUDAPluggableAllocator`` over our two entry points (created once)."""
+    global _allocator
+    with _lock:
+        if _allocator is None:
+            _allocator = torch.cuda.memory.CUDAPluggableAllocator(
+                library_path(), "vmmw_torch_malloc", "vmmw_torch_free"
+            )
+        return _allocator
+
+
+def mem_pool(tag: str = "weights", device: Union[int, torch.device, None] = None) -> Any:
+    """The ``torch.cuda.MemPool`` of `tag` on `device` (created once). One per
+    tag: PyTorch caches blocks inside a MemPool, so sharing one between tags
+    would mix tags inside a segment. Its ``.id`` is what
+    ``torch.cuda.graph(..., pool=...)`` takes (see :func:`graph`)."""
+    dev = _device(device)
+    with _lock:
+        key = (dev, tag)
+        if key not in _pools:
+            with torch.cuda.device(dev):
+                _pools[key] = torch.cuda.MemPool(allocator().allocator())
+        return _pools[key]
+
+
+@contextlib.contextmanager
+def use_pool(
+    tag: str = "weights",
+    device: Union[int, torch.device, None] = None,
+    *,
+    policy: Optional[str] = None,
+) -> Iterator[Any]:
+    """Allocations this thread makes on `device` inside the block come from
+    our memory, tagged `tag`. `policy` sets the tag's default sleep policy
+    (what a bare :func:`sleep` does to it). Yields the MemPool."""
+    dev = _device(device)
+    if policy is not None:
+        pool(dev).set_default_policy(tag, policy)
+    mp = mem_pool(tag, dev)
+    _tags.push(tag)
+    try:
+        with torch.cuda.device(dev), torch.cuda.memory.use_mem_pool(mp, device=dev):
+            yield mp
+    finally:
+        _tags.pop()
+
+
+@contextlib.contextmanager
+def graph(
+    cuda_graph: "torch.cuda.CUDAGraph",
+    tag: str = "graph",
+    *,
+    device: Union[int, torch.device, None] = None,
+    policy: Optional[str] = None,
+    **graph_kwargs: Any,
+) -> Iterator[None]:
+    """``torch.cuda.graph(cuda_graph, pool=<our MemPool of tag>)``: the
+    graph's private memory lands in `tag`, so it sleeps and wakes with it and
+    the graph replays at the same addresses afterwards. Extra keyword
+    arguments (stream, capture_error_mode) go to ``torch.cuda.graph``."""
+    dev = _device(device)
+    if policy is not None:
+        pool(dev).set_default_policy(tag, policy)
+    mp = mem_pool(tag, dev)
+    _tags.push(tag)
+    try:
+        with torch.cuda.device(dev), torch.cuda.graph(cuda_graph, pool=mp.id, **graph_kwargs):
+            yield
+    finally:
+        _tags.pop()
+
+
+def release_pools(tag: Optional[str] = None) -> None:
+    """Drop our MemPools (of `tag`, or all) so PyTorch returns their cached
+    segments. Delete the tensors allocated in them first."""
+    with _lock:
+        for key in [k for k in _pools if tag is None or k[1] == tag]:
+            del _pools[key]
+    gc.collect()
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+
+
+# --- views of pool memory ---------------------------------------------------------
+
+# __cuda_array_interface__ type strings; BF16 has none, so it travels as int16
+# and is viewed as bfloat16 afterwards.
+_TYPESTR = {"BF16": ("<i2", torch.bfloat16), "F16": ("<f2", None), "F32": ("<f4", None),
+            "F64": ("<f8", None), "I8": ("|i1", None), "U8": ("|u1", None), "I16": ("<i2", None),
+            "I32": ("<i4", None), "I64": ("<i8", None), "BOOL": ("|b1", None)}
+
+
+class _DeviceArray:
+    """A device range described by __cuda_array_interface__ (v3), which
+    ``torch.as_tensor`` wraps without copying."""
+
+    def __init__(self, ptr: int, shape: Tuple[int, ...], typestr: str) -> None:
+        self.__cuda_array_interface__ = {
+            "shape": tuple(shape), "typestr": typestr, "data": (ptr, False), "strides": None, "version": 3,
+        }
+
+
+def as_tensor(
+    dest: Union[Destination, int],
+    shape: Optional[Tuple[int, ...]] = None,
+    dtype: Union[str, "torch.dtype", None] = None,
+    device: Union[int, torch.device, None] = None,
+) -> torch.Tensor:
+    """A ``torch.Tensor`` viewing pool memory without a copy: a
+    :class:`~vmmweights.Destination` (from ``Loader.allocate`` or
+    ``vmmweights.load``), or a device address with `shape` and `dtype`. The
+    memory stays the pool's: the view must not outlive the block, and reading
+    it while its tag sleeps faults."""
+    if isinstance(dest, Destination):
+        ptr, shape, name = dest.ptr, dest.shape if shape is None else shape, dest.dtype if dtype is None else dtype
+    else:
+        if shape is None or dtype is None:
+            raise ValueError("as_tensor(ptr, shape, dtype): a bare address needs a shape and a dtype")
+        ptr, name = int(dest), dtype
+    if isinstance(name, torch.dtype):
+        name = DTYPES[name]
+    name = {"bfloat16": "BF16", "float16": "F16", "float32": "F32"}.get(str(name), str(name).upper())
+    if name not in _TYPESTR:
+        raise ValueError(f"as_tensor: no view for dtype {name!r}: expected one of {sorted(_TYPESTR)}")
+    typestr, view = _TYPESTR[name]
+    dev = _device(device)
+    t = torch.as_tensor(_DeviceArray(ptr, tuple(shape), typestr), device=f"cuda:{dev}")
+    return t.view(view) if view is not None else t
+
+
+def tensors(dests: Mapping[str, Destination], device: Union[int, torch.device, None] = None) -> Dict[str, torch.Tensor]:
+    """:func:`as_tensor` of every destination, by name."""
+    return {n: as_tensor(d, device=device) for n, d in dests.items()}
+
+
+# --- loading --------------------------------------------------------------------------
+
+
+def _state_dict(target: Union[torch.nn.Module, Mapping[str, torch.Tensor]]) -> Mapping[str, torch.Tensor]:
+    if isinstance(target, torch.nn.Module):
+        # keep_vars: parameters themselves; buffers included (a checkpoint may hold them).
+        return target.state_dict(keep_vars=True)
+    return target
+
+
+def _progress_bar(progress: Union[bool, Callable[[int, int], Any], None], path: str) -> Tuple[Optional[Callable[[int, int], Any]], Callable[[], None]]:
+    if progress is None or progress is False:
+        return None, lambda: None
+    if callable(progress):
+        return progress, lambda: None
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:  # a plain line on stderr instead
+        last = [0.0]
+
+        def plain(done: int, total: int) -> None:
+            if total and (done == total or done / total - last[0] >= 0.1):
+                last[0] = done / total
+                print(f"vmmweights: loaded {done / 1e9:.2f} of {total / 1e9:.2f} GB from {path}", file=sys.stderr)
+
+        return plain, lambda: None
+    bar = tqdm(total=0, unit="B", unit_scale=True, desc="vmmweights load")
+
+    def update(done: int, total: int) -> None:
+        if bar.total != total:
+            bar.total = total
+        bar.update(done - bar.n)
+
+    return update, bar.close
+
+
+def load_(
+    target: Union[torch.nn.Module, Mapping[str, torch.Tensor]],
+    path: str,
+    *,
+    preset: Optional[str] = None,
+    tp_rank: int = 0,
+    tp_world: int = 0,
+    head_dim: int = 0,
+    rules: Union[str, Mapping[str, Any], None] = None,
+    strategy: str = "auto",
+    progress: Union[bool, Callable[[int, int], Any], None] = None,
+    allow_missing: bool = False,
+    allow_unexpected: bool = False,
+    threads: int = 0,
+    reload_check: bool = False,
+) -> LoadResult:
+    """Load the safetensors checkpoint at `path` in place into the tensors of
+    `target` (a module: its ``state_dict(keep_vars=True)``; or a dict of
+    tensors), by name. Tensors must be contiguous CUDA tensors on one device;
+    tied parameters (one storage under two names) are one destination.
+    `preset` ("llama", "qwen2", ...) maps Hugging Face names to fused
+    destinations (``qkv_proj``, ``gate_up_proj``), sharded for `tp_rank` of
+    `tp_world`. `progress`: True for a tqdm bar, or ``f(done, total)``.
+    `reload_check`: keep checksums so a Reload wake proves the checkpoint
+    unchanged (see ``vmmweights.Loader.reload_check``).
+
+    Tensors in our pool (:func:`use_pool`) can then sleep with ``"reload"``.
+    Returns what the load did (bytes, seconds, gbps). Every problem
+    (missing, unexpected, mis-shaped tensor) is reported before any byte is
+    written."""
+    tensors = _state_dict(target)
+    devices = {t.device for t in tensors.values()}
+    if not tensors:
+        raise ValueError("nothing to load into: the state dict is empty")
+    if len(devices) != 1 or next(iter(devices)).type != "cuda":
+        raise ValueError(f"load_ needs every tensor on one CUDA device; found {sorted(map(str, devices))}")
+    dev = _device(next(iter(devices)))
+    bad = [n for n, t in tensors.items() if not t.is_contiguous()]
+    if bad:
+        raise ValueError(f"load_ writes contiguous tensors only; not contiguous: {', '.join(bad[:5])}")
+    odd = [f"{n} ({t.dtype})" for n, t in tensors.items() if t.dtype not in DTYPES]
+    if odd:
+        raise ValueError(f"load_ cannot fill these dtypes: {', '.join(odd[:5])}")
+    callback, done = _progress_bar(progress, str(path))
+    torch.cuda.synchronize(dev)  # nothing queued may still read or write the tensors
+    try:
+        with Loader(path) as ld:
+            if preset is not None:
+                ld.preset(preset, tp_rank, tp_world, head_dim)
+            if rules is not None:
+                ld.rules(rules)
+            ld.options(strategy, threads=threads, allow_missing=allow_missing, allow_unexpected=allow_unexpected)
+            if reload_check:
+                ld.reload_check()
+            for name, t in tensors.items():
+                if t.numel() == 0:
+                    continue
+                ld.register(name, t.data_ptr(), DTYPES[t.dtype], list(t.shape))
+                # The caller hands these tensors over: memory outside our pool
+                # (PyTorch's own allocator) is theirs; pool memory is checked anyway.
+                ld.declare_foreign(t.data_ptr(), t.numel() * t.element_size())
+            return ld.load(pool(dev), callback)
+    finally:
+        done()
+
+
+# --- sleep, wake, report ------------------------------------------------------------
+
+
+def sleep(device: Union[int, torch.device, None] = None, **policies: str) -> Dict[str, Any]:
+    """Release the device memory behind tags, keeping every pointer:
+    ``sleep(weights="offload", kv_cache="discard")``; ``sleep()`` sleeps every
+    awake tag with its default policy (offload unless set through
+    ``use_pool(..., policy=)``). Waits for the device first. A misspelled
+    tag raises ``VmmwError`` (``VMMW_UNKNOWN_TAG``) before anything moves."""
+    dev = _device(device)
+    torch.cuda.synchronize(dev)
+    return pool(dev).sleep(policies)
+
+
+def wake(*tags: str, device: Union[int, torch.device, None] = None) -> Dict[str, Any]:
+    """Bring the listed tags back (every sleeping tag when none is named) at
+    the same addresses."""
+    return pool(device).wake(*tags)
+
+
+def forget_reload(tag: str, device: Union[int, torch.device, None] = None) -> None:
+    """Drop what loads registered to restore `tag` from (see ``Pool.forget_reload``)."""
+    pool(device).forget_reload(tag)
+
+
+def reserve_backup(nbytes: int, device: Union[int, torch.device, None] = None) -> None:
+    """Pin `nbytes` of host backup ahead of time (the first offload then runs
+    at the link's rate)."""
+    pool(device).reserve_backup(nbytes)
+
+
+def report(device: Union[int, torch.device, None] = None) -> Dict[str, Any]:
+    """The memory report of our pool on `device`, as a dict (see ``Pool.report``)."""
+    return pool(device).report()
+
+
+def report_table(device: Union[int, torch.device, None] = None) -> str:
+    """The report as a table."""
+    return table(report(device))
+
+
+def trim(device: Union[int, torch.device, None] = None) -> int:
+    """Return our pool's cached memory to the device; the bytes released."""
+    return pool(device).trim()
+
+
+def staging_bytes(device: Union[int, torch.device, None] = None) -> int:
+    """Pinned staging the loader keeps cached for `device`."""
+    return pool(device).staging_bytes()
+
+
+def release_staging(device: Union[int, torch.device, None] = None) -> int:
+    """Unpin the loader's staging ring for `device`; bytes unpinned."""
+    return pool(device).release_staging()

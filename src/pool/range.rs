@@ -1,0 +1,115 @@
+//! Checking a caller's device range against the pool: the loader writes
+//! destinations and `vmmw_pool_write` copies only into memory the pool has
+//! handed out and that is mapped now.
+
+use super::{segment_base, Pool};
+use crate::driver::DevicePtr;
+use crate::error::{Error, Result};
+use crate::segment::SleepState;
+use crate::tag::TagId;
+
+impl Pool {
+    /// True when any byte of `[ptr, ptr + len)` lies in a segment of this pool.
+    pub fn overlaps_segments(&self, ptr: DevicePtr, len: usize) -> bool {
+        let end = ptr.saturating_add(len as u64);
+        let st = self.lock();
+        segment_base(&st, ptr).is_some() || st.segs.range(ptr..end).next().is_some()
+    }
+
+    /// Check that `[ptr, ptr + len)` lies inside one live block of this pool
+    /// whose segment is awake and mapped over the whole range. Returns the
+    /// block's tag. `what` names the range in errors ("destination `w`").
+    ///
+    /// Errors: `UnknownPointer` when `ptr` is in no segment of this pool or in
+    /// a free block, `InvalidArgument` when the range runs past its block (or
+    /// overflows), `InvalidState` when the block's tag is asleep.
+    pub fn check_live_range(&self, ptr: DevicePtr, len: usize, what: &str) -> Result<TagId> {
+        let end = ptr.checked_add(len as u64).ok_or_else(|| {
+            Error::InvalidArgument(format!(
+                "{what} at {ptr:#x} of {len} bytes runs past the end of the address space"
+            ))
+        })?;
+        let st = self.lock();
+        let base = segment_base(&st, ptr).ok_or(Error::UnknownPointer {
+            ptr,
+            why: "not inside any segment of this pool",
+        })?;
+        let e = &st.segs[&base];
+        let off = (ptr - base) as usize;
+        let (boff, b) =
+            e.blocks
+                .containing(off)
+                .filter(|(_, b)| b.live)
+                .ok_or(Error::UnknownPointer {
+                    ptr,
+                    why: "inside a free block of this pool (freed, or never allocated)",
+                })?;
+        let (bstart, bend) = (base + boff as u64, base + (boff + b.size) as u64);
+        if end > bend {
+            return Err(Error::InvalidArgument(format!(
+                "{what} [{ptr:#x}, {end:#x}) runs past the end of its block [{bstart:#x}, {bend:#x}) ({} bytes too many): it would overwrite memory it does not own",
+                end - bend
+            )));
+        }
+        if e.seg.sleep_state() != SleepState::Awake || end > base + e.seg.mapped_bytes() as u64 {
+            return Err(Error::InvalidState(format!(
+                "{what} at {ptr:#x} is in tag `{}`, which is asleep: wake it first",
+                crate::tag::name_of(e.tag)
+            )));
+        }
+        Ok(e.tag)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use crate::driver::host::{HostConfig, HostDriver};
+    use crate::error::{Error, Status};
+    use crate::pool::{Pool, PoolConfig};
+    use crate::sleep::Policy;
+    use crate::tag;
+
+    #[test]
+    fn ranges_must_lie_in_one_live_awake_block() {
+        let pool = Pool::new(
+            Arc::new(HostDriver::new(HostConfig::default())),
+            PoolConfig::default(),
+        )
+        .unwrap();
+        let t = tag::id("unit-range").unwrap();
+        let a = pool.alloc_tagged(4096, t).unwrap();
+        let b = pool.alloc_tagged(4096, t).unwrap();
+        assert_eq!(pool.check_live_range(a.ptr, 4096, "d").unwrap(), t);
+        assert!(pool.overlaps_segments(a.ptr, 1));
+        assert!(
+            pool.overlaps_segments(a.ptr - 4096, 8192),
+            "ends inside a segment"
+        );
+        assert!(!pool.overlaps_segments(0x1000, 4096));
+        assert_eq!(pool.check_live_range(a.ptr + 100, 10, "d").unwrap(), t);
+        // Past the block into the neighbour: refused, naming both ends.
+        let e = pool.check_live_range(a.ptr, 8192, "d").unwrap_err();
+        assert_eq!(e.status(), Status::InvalidArgument, "{e}");
+        assert!(
+            e.to_string().contains("runs past the end of its block"),
+            "{e}"
+        );
+        // A free block, an address outside the pool, an overflowing range.
+        pool.free(b.ptr).unwrap();
+        let e = pool.check_live_range(b.ptr, 16, "d").unwrap_err();
+        assert!(matches!(e, Error::UnknownPointer { .. }), "{e}");
+        let e = pool.check_live_range(0x1000, 16, "d").unwrap_err();
+        assert!(matches!(e, Error::UnknownPointer { .. }), "{e}");
+        let e = pool.check_live_range(u64::MAX - 4, 16, "d").unwrap_err();
+        assert_eq!(e.status(), Status::InvalidArgument, "{e}");
+        // Asleep.
+        pool.sleep(&[(t, Policy::Discard)]).unwrap();
+        let e = pool.check_live_range(a.ptr, 16, "d").unwrap_err();
+        assert_eq!(e.status(), Status::InvalidState, "{e}");
+        pool.wake(&[t]).unwrap();
+        pool.check_live_range(a.ptr, 16, "d").unwrap();
+        pool.free(a.ptr).unwrap();
+    }
+}

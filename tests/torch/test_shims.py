@@ -1,0 +1,106 @@
+"""GPU: the two drop-in shims running unchanged torch_memory_saver-style and
+vLLM-style code (only the import differs)."""
+
+import gc
+import os
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="PyTorch is not installed")
+if not torch.cuda.is_available():
+    pytest.skip("no CUDA device: the shim tests need a GPU", allow_module_level=True)
+if os.environ.get("VMMW_BACKEND", "auto").lower() == "host":
+    pytest.skip("VMMW_BACKEND=host: PyTorch needs real device memory", allow_module_level=True)
+pytest.importorskip("transformers", reason="transformers is not installed")
+
+import hf_models as hf  # noqa: E402
+import vmmweights.torch as vt  # noqa: E402
+
+MiB = hf.MiB
+
+
+def test_torch_memory_saver_style():
+    from vmmweights.torch.memory_saver import torch_memory_saver  # the one changed line
+
+    cfg = hf.qwen2_tied()
+    torch.manual_seed(0)
+    with torch_memory_saver.region(tag="weights", enable_cpu_backup=True):
+        model = hf.build(cfg).to("cuda").eval()
+    with torch_memory_saver.region(tag="kv_cache"):
+        kv = torch.full((32 * MiB // 4,), 2.0, device="cuda")
+    ids = hf.inputs(cfg)
+    with torch.no_grad():
+        want = model(ids).logits.clone()
+
+    free0, _ = torch.cuda.mem_get_info()
+    torch_memory_saver.pause()
+    free1, _ = torch.cuda.mem_get_info()
+    assert free1 - free0 >= 32 * MiB + sum(p.numel() * 2 for p in model.parameters()) - 4 * MiB
+    torch_memory_saver.resume()
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, want), "weights with cpu backup must survive"
+
+    torch_memory_saver.pause("kv_cache")
+    torch_memory_saver.resume("kv_cache")
+    kv.fill_(1.0)
+    assert kv.sum().item() == kv.numel()
+
+    # A graph whose memory pauses (torch_memory_saver.cuda_graph).
+    static_in = torch.randn(16, 512, device="cuda")
+    lin = torch.nn.Linear(512, 512, device="cuda")
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        lin(static_in)
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch_memory_saver.cuda_graph(g, tag="graph"):
+        out = lin(static_in).relu()
+    g.replay()
+    torch.cuda.synchronize()
+    ref = out.clone()
+    torch_memory_saver.pause("graph")
+    torch_memory_saver.resume("graph")
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, ref)
+
+    del model, kv, g, out, lin
+    gc.collect()
+    vt.release_pools()
+    vt.trim()
+
+
+def test_vllm_cumem_allocator_style():
+    from vmmweights.torch.cumem import CuMemAllocator  # the one changed line
+
+    allocator = CuMemAllocator.get_instance()
+    assert CuMemAllocator.get_instance() is allocator
+    cfg = hf.llama_untied()
+    torch.manual_seed(0)
+    with allocator.use_memory_pool(tag="weights"):
+        model = hf.build(cfg).to("cuda").eval()
+    with allocator.use_memory_pool(tag="kv_cache"):
+        kv = torch.empty((48 * MiB // 2,), dtype=torch.bfloat16, device="cuda")
+    usage = allocator.get_current_usage()
+    assert usage >= 48 * MiB + sum(p.numel() * 2 for p in model.parameters())
+    ids = hf.inputs(cfg)
+    with torch.no_grad():
+        want = model(ids).logits.clone()
+
+    free0, _ = torch.cuda.mem_get_info()
+    allocator.sleep(offload_tags=("weights",))
+    free1, _ = torch.cuda.mem_get_info()
+    assert free1 - free0 >= usage - 8 * MiB, (free1 - free0, usage)
+    allocator.wake_up(tags=["weights"])
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, want)
+    allocator.wake_up(tags=["kv_cache"])
+    kv.fill_(1.0)
+    assert kv.float().sum().item() == kv.numel()
+    allocator.sleep()  # level 2 in vLLM: nothing offloaded but the default tag
+    allocator.wake_up()
+    del model, kv
+    gc.collect()
+    vt.release_pools()
+    vt.trim()
