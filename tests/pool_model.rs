@@ -126,6 +126,9 @@ struct Harness {
     live: BTreeMap<u64, Live>,
     asleep: HashMap<TagId, Policy>,
     has_source: HashMap<TagId, bool>,
+    /// Tags that ever held memory in the pool (or were configured in it):
+    /// sleep and wake refuse the others.
+    known: std::collections::HashSet<TagId>,
     next_seed: u64,
 }
 
@@ -143,6 +146,7 @@ impl Harness {
         )
         .unwrap();
         Harness {
+            known: [tags[2]].into_iter().collect(),
             host,
             pool,
             tags,
@@ -165,6 +169,7 @@ impl Harness {
             return Ok(());
         }
         let b = r.map_err(|e| TestCaseError::fail(format!("alloc {size} in {t}: {e}")))?;
+        self.known.insert(t);
         prop_assert_eq!(b.tag, t);
         prop_assert!(b.size >= size);
         if let Some((&p, l)) = self.live.range(..b.ptr + b.size as u64).next_back() {
@@ -222,6 +227,14 @@ impl Harness {
             .find(|u| u.tag == name)
             .map_or(0, |u| u.segments);
         let r = self.pool.sleep(&[(t, policy)]);
+        if !self.known.contains(&t) {
+            prop_assert!(
+                r.is_err(),
+                "sleep of tag {t}, which never held memory, succeeded"
+            );
+            prop_assert!(!self.pool.is_tag_asleep(t));
+            return Ok(());
+        }
         if self.asleep.contains_key(&t) {
             prop_assert!(r.is_ok(), "sleeping an asleep tag: {:?}", r.err());
             return Ok(());
@@ -256,6 +269,13 @@ impl Harness {
             Some(t) => vec![t],
             None => self.asleep.keys().copied().collect(),
         };
+        if let Some(t) = which.filter(|t| !self.known.contains(t)) {
+            prop_assert!(
+                self.pool.wake(&[t]).is_err(),
+                "wake of tag {t}, which never held memory, succeeded"
+            );
+            return Ok(());
+        }
         let r = match which {
             Some(t) => self.pool.wake(&[t]),
             None => self.pool.wake(&[]),
@@ -313,6 +333,7 @@ impl Harness {
             return Ok(());
         }
         r.map_err(|e| TestCaseError::fail(format!("allocating destinations: {e}")))?;
+        self.known.insert(t);
         let driver = self.pool.driver().clone();
         let executed = loader::load(
             &driver,
