@@ -104,7 +104,8 @@ def destinations(loader, device):
         _call("vmmw_loader_destination_name", loader, ctypes.c_size_t(i), buf, ctypes.c_size_t(512), None)
         d = Destination()
         _call("vmmw_loader_destination", loader, buf.value, ctypes.byref(d))
-        assert d.dtype.value == b"BF16", d.dtype.value
+        dtype = d.dtype if isinstance(d.dtype, bytes) else d.dtype.value  # a ctypes char array reads as bytes
+        assert dtype == b"BF16", dtype
         shape = [d.shape[k] for k in range(d.ndim)]
         with torch.cuda.device(device):
             t = torch.as_tensor(_Cai(d.ptr, d.bytes // 2), device=f"cuda:{device}")
