@@ -30,7 +30,7 @@ LAYERS = [
     ["pool"],
     ["loader"],
     ["share"],
-    ["ffi"],
+    ["ffi", "fuzz"],
 ]
 RANK = {m: i for i, layer in enumerate(LAYERS) for m in layer}
 

@@ -26,6 +26,8 @@
 pub mod driver;
 pub mod error;
 pub mod ffi;
+#[doc(hidden)]
+pub mod fuzz;
 pub mod hostmem;
 pub mod loader;
 pub mod pool;

@@ -157,11 +157,21 @@ pub enum FaultOp {
     Map,
     /// `set_access` and `set_access_peers`.
     SetAccess,
-    /// `unmap` (nothing is unmapped).
+    /// `unmap` (fails before anything is unmapped).
     Unmap,
+    /// `release` (fails before the handle is released).
+    Release,
+    /// `copy_dtoh_async`, before any byte is copied.
+    CopyDtoh,
+    /// `memset_async`, before any byte is written.
+    Memset,
+    /// `convert_async`, before any element is written.
+    Convert,
+    /// `host_register` (pinning host memory).
+    HostRegister,
     /// `synchronize` (as a device that refuses to synchronize).
     Synchronize,
-    /// Host-to-device copies (`copy_htod_async`, `copy_2d_htod_async`).
+    /// Host-to-device copies (`copy_htod_async`, `copy_2d_htod_async`), before any byte is copied.
     CopyHtod,
     /// Peer copies (`copy_peer_async`).
     CopyPeer,
@@ -288,6 +298,11 @@ impl HostDriver {
         } else {
             s.faults.insert(op, n);
         }
+    }
+
+    /// True while an injected failure of `op` is armed and has not fired yet.
+    pub fn fault_pending(&self, op: FaultOp) -> bool {
+        self.state().faults.contains_key(&op)
     }
 
     /// Make every call of `op` fail until [`HostDriver::clear_faults`] (a
@@ -603,6 +618,9 @@ impl Driver for HostDriver {
 
     fn release(&self, handle: PhysHandle) -> Result<()> {
         let mut s = self.state();
+        if Self::take_fault(&mut s, FaultOp::Release) {
+            return Err(injected("release"));
+        }
         let p = match s.handles.get_mut(&handle.0) {
             Some(p) if !p.released => p,
             _ => {
@@ -929,6 +947,7 @@ impl Driver for HostDriver {
         len: usize,
         _stream: StreamId,
     ) -> Result<()> {
+        self.copy_fault(FaultOp::CopyDtoh, "copy_dtoh")?;
         // SAFETY: the caller guarantees both ranges are valid for `len` bytes.
         unsafe { std::ptr::copy_nonoverlapping(src as *const u8, dst, len) };
         Ok(())
@@ -970,6 +989,7 @@ impl Driver for HostDriver {
         len: usize,
         _stream: StreamId,
     ) -> Result<()> {
+        self.copy_fault(FaultOp::Memset, "memset")?;
         // SAFETY: the caller guarantees the range is mapped and writable.
         unsafe { std::ptr::write_bytes(dst as *mut u8, value, len) };
         Ok(())
@@ -984,6 +1004,7 @@ impl Driver for HostDriver {
         count: usize,
         _stream: StreamId,
     ) -> Result<()> {
+        self.copy_fault(FaultOp::Convert, "convert")?;
         // SAFETY: the caller guarantees both ranges are valid, sized for `count`
         // elements of their types, and do not overlap.
         unsafe {
@@ -999,7 +1020,7 @@ impl Driver for HostDriver {
     }
 
     unsafe fn host_register(&self, _ptr: *mut u8, _len: usize, _read_only: bool) -> Result<()> {
-        Ok(())
+        self.copy_fault(FaultOp::HostRegister, "host_register")
     }
 
     unsafe fn host_unregister(&self, _ptr: *mut u8) -> Result<()> {

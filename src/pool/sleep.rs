@@ -92,9 +92,9 @@ impl Pool {
             // (a share started from then on sees the transition and refuses),
             // so sleeps of other tags are not held up.
             let gate = self.shares.lock();
-            self.begin_transition(t, true)?;
+            let was_asleep = self.begin_transition(t, true)?;
             if let Err(e) = gate.before_sleep(t) {
-                self.end_transition(t);
+                self.end_transition(t, was_asleep);
                 return Err(e);
             }
             let gate = gate.is_shared(t).then_some(gate);
@@ -106,7 +106,7 @@ impl Pool {
                 &|f| f(&mut self.lock().tag_segments(t)),
                 Some(&in_use),
             );
-            self.end_transition(t);
+            self.end_transition(t, was_asleep);
             drop(gate);
             out.push(TagCycle {
                 tag: t,
@@ -155,7 +155,7 @@ impl Pool {
             let r = self
                 .sleep
                 .wake_tag(t, &|f| f(&mut self.lock().tag_segments(t)));
-            self.end_transition(t);
+            self.end_transition(t, false);
             out.push(TagCycle {
                 tag: t,
                 name: tag::name_of(t),
@@ -203,7 +203,8 @@ impl Pool {
     /// Mark `t` in transition (waiting for one already running); a sleep also
     /// marks it asleep at once, so no block is handed out from memory about to
     /// go. Refused while a load writes into the tag, when `sleeping`.
-    fn begin_transition(&self, t: TagId, sleeping: bool) -> Result<()> {
+    /// Returns whether the tag was asleep before.
+    fn begin_transition(&self, t: TagId, sleeping: bool) -> Result<bool> {
         let mut st = self.lock();
         while st.in_transition(t) {
             st = self.settled.wait(st).unwrap_or_else(|p| p.into_inner());
@@ -216,15 +217,17 @@ impl Pool {
             });
         }
         ts.transition = true;
+        let was_asleep = ts.asleep;
         if sleeping {
             ts.asleep = true;
         }
-        Ok(())
+        Ok(was_asleep)
     }
 
-    /// End `t`'s transition: the tag is asleep while any segment is, and the
-    /// dedicated segments freed meanwhile are released.
-    fn end_transition(&self, t: TagId) {
+    /// End `t`'s transition: the tag is asleep while any segment is (or, with
+    /// `keep_asleep`, a sleep found it asleep already, even with no segments
+    /// left after a trim), and the dedicated segments freed meanwhile are released.
+    fn end_transition(&self, t: TagId, keep_asleep: bool) {
         let released = {
             let mut st = self.lock();
             let any_asleep = st
@@ -233,7 +236,7 @@ impl Pool {
                 .any(|e| e.tag == t && e.seg.sleep_state() != SleepState::Awake);
             let ts = st.tags.entry(t).or_default();
             ts.transition = false;
-            ts.asleep = any_asleep;
+            ts.asleep = any_asleep || keep_asleep;
             let deferred = std::mem::take(&mut st.deferred);
             let mut released = Vec::new();
             for base in deferred {

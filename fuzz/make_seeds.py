@@ -1,0 +1,122 @@
+#!/usr/bin/env python3
+"""Writes the seed corpus of every fuzz target into fuzz/corpus/<target>/.
+Valid inputs plus the hostile shapes issue 16 lists; libFuzzer mutates from
+these. Run from the repository root: python3 fuzz/make_seeds.py"""
+import json, os, struct
+
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "corpus")
+SIZES = {"BOOL": 1, "U8": 1, "I8": 1, "F16": 2, "BF16": 2, "I16": 2, "F32": 4, "I32": 4, "F64": 8, "I64": 8}
+
+
+def st(tensors, raw_header=None, data=None, hlen=None):
+    """A safetensors file: tensors = [(name, dtype, shape)] laid out in order."""
+    header, at = {}, 0
+    for name, dtype, shape in tensors:
+        n = SIZES[dtype]
+        for d in shape:
+            n *= d
+        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [at, at + n]}
+        at += n
+    text = raw_header if raw_header is not None else json.dumps(header).encode()
+    text += b" " * ((8 - (8 + len(text)) % 8) % 8)
+    body = data if data is not None else bytes(i % 251 for i in range(at))
+    return struct.pack("<Q", len(text) if hlen is None else hlen) + text + body
+
+
+def write(target, name, data):
+    d = os.path.join(ROOT, target)
+    os.makedirs(d, exist_ok=True)
+    if isinstance(data, str):
+        data = data.encode()
+    with open(os.path.join(d, name), "wb") as f:
+        f.write(data)
+
+
+def entry(dtype, shape, a, b):
+    return {"dtype": dtype, "shape": shape, "data_offsets": [a, b]}
+
+
+t = "safetensors_header"
+write(t, "valid-two", st([("a", "F32", [2, 2]), ("b", "BF16", [3])]))
+write(t, "valid-metadata", st([], raw_header=json.dumps({"__metadata__": {"format": "pt"}, "x": entry("U8", [4], 0, 4)}).encode(), data=b"abcd"))
+write(t, "valid-empty-tensor", st([("e", "F16", [0, 3]), ("f", "I64", [1])]))
+write(t, "header-len-max", st([("a", "U8", [1])], hlen=2**64 - 1))
+write(t, "header-len-past-end", st([("a", "U8", [1])], hlen=4096))
+write(t, "offsets-past-end", st([], raw_header=json.dumps({"a": entry("U8", [16], 0, 16)}).encode(), data=b"1234"))
+write(t, "overlap", st([], raw_header=json.dumps({"a": entry("U8", [4], 0, 4), "b": entry("U8", [4], 2, 6)}).encode(), data=b"12345678"))
+write(t, "out-of-order", st([], raw_header=json.dumps({"a": entry("U8", [4], 4, 8), "b": entry("U8", [4], 0, 4)}).encode(), data=b"12345678"))
+write(t, "shape-overflow", st([], raw_header=json.dumps({"a": entry("F32", [2**32, 2**32, 16], 0, 0)}).encode(), data=b""))
+write(t, "duplicate-names", st([], raw_header=b'{"a":' + json.dumps(entry("U8", [2], 0, 2)).encode() + b',"a":' + json.dumps(entry("U8", [2], 2, 4)).encode() + b"}", data=b"1234"))
+write(t, "nested-json", st([], raw_header=b'{"a":' + b"[" * 200 + b"]" * 200 + b"}", data=b""))
+write(t, "non-utf8-name", st([], raw_header=b'{"\xff\xfe":' + json.dumps(entry("U8", [1], 0, 1)).encode() + b"}", data=b"1"))
+write(t, "control-char-name", st([], raw_header=json.dumps({"a\u0007\n": entry("U8", [1], 0, 1)}).encode(), data=b"1"))
+write(t, "unknown-dtype", st([], raw_header=json.dumps({"a": entry("Q4", [1], 0, 1)}).encode(), data=b"1"))
+write(t, "short", b"\x01\x00")
+
+t = "index"
+good = {"a": "model-00001-of-00002.safetensors", "b": "model-00001-of-00002.safetensors",
+        "c": "model-00002-of-00002.safetensors", "d": "sub/d.safetensors"}
+write(t, "valid", json.dumps({"metadata": {"total_size": 31}, "weight_map": good}))
+write(t, "dot-dot", json.dumps({"weight_map": dict(good, d="../sub/d.safetensors")}))
+write(t, "absolute", json.dumps({"weight_map": dict(good, d="/etc/passwd")}))
+write(t, "missing-shard", json.dumps({"weight_map": dict(good, d="model-00003-of-00003.safetensors")}))
+write(t, "wrong-shard", json.dumps({"weight_map": dict(good, c="model-00001-of-00002.safetensors")}))
+write(t, "tensor-not-in-index", json.dumps({"weight_map": {k: v for k, v in good.items() if k != "b"}}))
+write(t, "empty-name", json.dumps({"weight_map": dict(good, d="")}))
+write(t, "dot-slash", json.dumps({"weight_map": dict(good, d="./sub/d.safetensors")}))
+write(t, "not-a-map", '{"weight_map": [1, 2]}')
+write(t, "deep", '{"weight_map": ' + "[" * 300 + "]" * 300 + "}")
+
+llama = {
+    "tp": {"rank": 1, "world": 2},
+    "ties": [{"to": "lm_head.weight", "from": "model.embed_tokens.weight"}],
+    "rules": [
+        {"match": r"model\.layers\.(\d+)\.self_attn\.rotary_emb\.inv_freq", "skip": True},
+        {"match": r"model\.layers\.(\d+)\.self_attn\.q_proj\.weight", "to": "model.layers.$1.self_attn.qkv_proj.weight", "fuse": {"dim": 0, "index": 0}, "shard": {"dim": 0, "head_dim": 2}},
+        {"match": r"model\.layers\.(\d+)\.self_attn\.k_proj\.weight", "to": "model.layers.$1.self_attn.qkv_proj.weight", "fuse": {"dim": 0, "index": 1}, "shard": {"dim": 0, "head_dim": 2}},
+        {"match": r"model\.layers\.(\d+)\.self_attn\.v_proj\.weight", "to": "model.layers.$1.self_attn.qkv_proj.weight", "fuse": {"dim": 0, "index": 2}, "shard": {"dim": 0, "head_dim": 2}},
+        {"match": r"model\.layers\.(\d+)\.mlp\.gate_proj\.weight", "to": "model.layers.$1.mlp.gate_up_proj.weight", "fuse": {"dim": 0, "index": 0}, "shard": {"dim": 0}},
+        {"match": r"model\.layers\.(\d+)\.mlp\.up_proj\.weight", "to": "model.layers.$1.mlp.gate_up_proj.weight", "fuse": {"dim": 0, "index": 1}, "shard": {"dim": 0}},
+        {"match": r"model\.layers\.(\d+)\.self_attn\.o_proj\.weight", "shard": {"dim": 1}},
+        {"match": r"model\.layers\.(\d+)\.mlp\.down_proj\.weight", "shard": {"dim": 1}},
+        {"match": r"model\.embed_tokens\.weight", "shard": {"dim": 0}, "pad": {"dim": 0, "multiple_of": 16}},
+    ],
+}
+rules_seeds = {
+    "empty": "{}",
+    "llama-tp": json.dumps(llama),
+    "llama-notp": json.dumps(dict(llama, tp=None)),
+    "dtype": json.dumps({"dtype": "F32", "rules": [{"match": ".*norm.*", "pad": {"dim": 0, "to": 8}}]}),
+    "fuse-offset": json.dumps({"rules": [{"match": r"model\.layers\.0\.(.*)", "to": "all", "fuse": {"dim": 1, "offset": 3}}]}),
+    "bad-regex": json.dumps({"rules": [{"match": "a("}]}),
+    "bad-tp": json.dumps({"tp": {"rank": 3, "world": 2}}),
+    "huge-pad": json.dumps({"rules": [{"match": ".*", "pad": {"dim": 0, "to": 2**62}}]}),
+    "shard-dim-3": json.dumps({"tp": {"rank": 0, "world": 4}, "rules": [{"match": ".*", "shard": {"dim": 3, "head_dim": 0}}]}),
+    "tie-to-self": json.dumps({"ties": [{"to": "x", "from": "x"}]}),
+}
+for name, text in rules_seeds.items():
+    write("rules", name, text)
+    write("planner", name, text.encode() + b"\0")
+write("planner", "llama-tp-own-file", json.dumps(llama).encode() + b"\0" + st([("model.layers.0.self_attn.q_proj.weight", "BF16", [4, 4]), ("model.layers.0.self_attn.k_proj.weight", "BF16", [2, 4])]))
+write("planner", "noop-own-file", b"{}\0" + st([("a", "F32", [2, 2]), ("b", "BF16", [3])]))
+
+G = 2 << 20
+def manifest(**kw):
+    m = {"format": 1, "version": 1, "backend": "host", "tag": "weights", "owner_pid": 1, "writable": False,
+         "chunks": [G, 2 * G], "tensors": [{"name": "w", "dtype": "BF16", "shape": [1024, 1024], "offset": G}]}
+    m.update(kw)
+    return json.dumps({"manifest": m})
+t = "share_manifest"
+write(t, "valid", manifest())
+write(t, "valid-cuda-two-tensors", manifest(backend="cuda", tensors=[
+    {"name": "a", "dtype": "F32", "shape": [16], "offset": 0}, {"name": "b", "dtype": "U8", "shape": [3, 5], "offset": 64}]))
+write(t, "refused", json.dumps({"refused": "owner is asleep"}))
+write(t, "tensor-past-end", manifest(tensors=[{"name": "w", "dtype": "F32", "shape": [G], "offset": 2 * G}]))
+write(t, "offset-overflow", manifest(tensors=[{"name": "w", "dtype": "U8", "shape": [2], "offset": 2**64 - 1}]))
+write(t, "shape-overflow", manifest(tensors=[{"name": "w", "dtype": "F64", "shape": [2**40, 2**40], "offset": 0}]))
+write(t, "chunk-sum-overflow", manifest(chunks=[2**63, 2**63]))
+write(t, "odd-chunk", manifest(chunks=[G + 1]))
+write(t, "no-chunks", manifest(chunks=[]))
+write(t, "duplicate-names", manifest(tensors=[{"name": "w", "dtype": "U8", "shape": [1], "offset": 0}] * 2))
+write(t, "misaligned", manifest(tensors=[{"name": "w", "dtype": "F32", "shape": [1], "offset": 2}]))
+write(t, "bad-format", manifest(format=2))

@@ -1,0 +1,391 @@
+//! Entry points of the fuzz targets (`fuzz/`), hidden from the docs.
+//!
+//! Each takes arbitrary bytes, runs one parser of untrusted input the way the
+//! library runs it, and panics only when a promise the parser makes is broken
+//! (an accepted checkpoint whose tensors leave the file, a plan that writes
+//! outside its destinations, an error that does not name the file). Errors
+//! are the expected outcome for most inputs. The same entries run on stable
+//! in `tests/fuzz_corpus.rs`, over the corpus and every crash kept in
+//! `fuzz/regressions/`.
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::io::Write;
+use std::os::fd::FromRawFd;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use crate::loader::checkpoint::INDEX_FILE;
+use crate::loader::{Checkpoint, Dtype, Plan, PlanOptions, Registry, Rules};
+
+/// The bytes of a small valid safetensors file holding `tensors`
+/// (`(name, dtype, shape)`, data filled with a counter). For seeds and fixtures.
+pub fn tiny_safetensors(tensors: &[TinyTensor]) -> Vec<u8> {
+    let mut header = serde_json::Map::new();
+    let mut at = 0usize;
+    for (name, dtype, shape) in tensors {
+        let len = shape.iter().product::<usize>() * dtype.size();
+        header.insert(
+            (*name).to_owned(),
+            serde_json::json!({"dtype": dtype.name(), "shape": shape, "data_offsets": [at, at + len]}),
+        );
+        at += len;
+    }
+    let mut text = serde_json::Value::Object(header).to_string();
+    while (8 + text.len()) % 8 != 0 {
+        text.push(' ');
+    }
+    let mut out = (text.len() as u64).to_le_bytes().to_vec();
+    out.extend_from_slice(text.as_bytes());
+    out.extend((0..at).map(|i| i as u8));
+    out
+}
+
+/// A file in memory (memfd), reachable by path through `/proc/self/fd`.
+struct MemFile {
+    file: File,
+    path: PathBuf,
+}
+
+fn mem_file(bytes: &[u8]) -> MemFile {
+    // SAFETY: the name is a valid NUL-terminated string.
+    let fd = unsafe { libc::memfd_create(c"vmmw-fuzz".as_ptr(), libc::MFD_CLOEXEC) };
+    assert!(fd >= 0, "memfd_create: {}", std::io::Error::last_os_error());
+    // SAFETY: `fd` was just created and is owned by nothing else.
+    let mut file = unsafe { File::from_raw_fd(fd) };
+    file.write_all(bytes).expect("writing the memfd");
+    MemFile {
+        file,
+        path: PathBuf::from(format!("/proc/self/fd/{fd}")),
+    }
+}
+
+/// The promises an opened checkpoint keeps: every tensor inside its shard,
+/// sized as its shape says, and no two tensors sharing a byte.
+fn check_checkpoint(ckpt: &Checkpoint) {
+    let mut by_shard: BTreeMap<usize, Vec<(u64, u64, &str)>> = BTreeMap::new();
+    for (name, t) in &ckpt.tensors {
+        assert_eq!(name, &t.name);
+        let shard = &ckpt.shards[t.shard];
+        let end = t.offset.checked_add(t.len).expect("offset + len overflows");
+        assert!(
+            end <= shard.len,
+            "tensor `{name}` ends at {end}, past the file's {} bytes",
+            shard.len
+        );
+        let want = t
+            .shape
+            .iter()
+            .try_fold(t.dtype.size() as u64, |a, &d| a.checked_mul(d as u64));
+        assert_eq!(
+            want,
+            Some(t.len),
+            "tensor `{name}`: shape {:?} vs {} bytes",
+            t.shape,
+            t.len
+        );
+        assert_eq!(
+            ckpt.tensor_bytes(name).map(<[u8]>::len),
+            Some(t.len as usize)
+        );
+        by_shard
+            .entry(t.shard)
+            .or_default()
+            .push((t.offset, end, name));
+    }
+    for list in by_shard.values_mut() {
+        list.sort();
+        for w in list.windows(2) {
+            assert!(
+                w[0].1 <= w[1].0 || w[0].0 == w[0].1 || w[1].0 == w[1].1,
+                "tensors `{}` and `{}` overlap",
+                w[0].2,
+                w[1].2
+            );
+        }
+    }
+}
+
+fn check_error_names(e: &crate::Error, path: &Path) {
+    let msg = e.to_string();
+    let p = path.display().to_string();
+    assert!(msg.contains(&p), "the error does not name `{p}`: {msg}");
+}
+
+/// One safetensors file: header length, header JSON, entries, offsets.
+#[doc(hidden)]
+pub fn fuzz_safetensors_header(data: &[u8]) {
+    let f = mem_file(data);
+    match Checkpoint::open(&f.path) {
+        Ok(ckpt) => check_checkpoint(&ckpt),
+        Err(e) => check_error_names(&e, &f.path),
+    }
+    drop(f.file);
+}
+
+/// A tensor of a generated file: name, dtype, shape.
+pub type TinyTensor<'a> = (&'a str, Dtype, &'a [usize]);
+
+/// The shards every index input is resolved against.
+const INDEX_SHARDS: [(&str, &[TinyTensor]); 3] = [
+    (
+        "model-00001-of-00002.safetensors",
+        &[("a", Dtype::F32, &[2, 2]), ("b", Dtype::Bf16, &[3])],
+    ),
+    (
+        "model-00002-of-00002.safetensors",
+        &[("c", Dtype::U8, &[5])],
+    ),
+    ("sub/d.safetensors", &[("d", Dtype::F16, &[1, 4])]),
+];
+
+/// Make the fixed shards of the index target inside `dir`.
+pub fn write_index_shards(dir: &Path) -> std::io::Result<()> {
+    for (name, tensors) in INDEX_SHARDS {
+        let path = dir.join(name);
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent)?;
+        }
+        std::fs::write(path, tiny_safetensors(tensors))?;
+    }
+    Ok(())
+}
+
+/// An index (`model.safetensors.index.json`) in `dir`, resolved against the
+/// shards [`write_index_shards`] made there.
+#[doc(hidden)]
+pub fn fuzz_index_in(dir: &Path, data: &[u8]) {
+    std::fs::write(dir.join(INDEX_FILE), data).expect("writing the index");
+    match Checkpoint::open(dir) {
+        Ok(ckpt) => {
+            check_checkpoint(&ckpt);
+            for s in &ckpt.shards {
+                assert!(
+                    s.path.starts_with(dir),
+                    "shard {} is outside {}",
+                    s.path.display(),
+                    dir.display()
+                );
+            }
+        }
+        Err(e) => {
+            let msg = e.to_string();
+            assert!(
+                msg.contains(&dir.display().to_string()),
+                "the error names no file: {msg}"
+            );
+        }
+    }
+}
+
+/// [`fuzz_index_in`] in a folder of this process, made on first use.
+#[doc(hidden)]
+pub fn fuzz_index(data: &[u8]) {
+    static DIR: Mutex<Option<PathBuf>> = Mutex::new(None);
+    let mut dir = DIR.lock().unwrap_or_else(|p| p.into_inner());
+    let d = dir.get_or_insert_with(|| {
+        let d = std::env::temp_dir().join(format!("vmmw-fuzz-index-{}", std::process::id()));
+        std::fs::create_dir_all(&d).expect("creating the index fuzz folder");
+        write_index_shards(&d).expect("writing the index shards");
+        d
+    });
+    fuzz_index_in(d, data);
+}
+
+/// Names every rule input is tried on.
+const SOURCE_NAMES: [&str; 6] = [
+    "model.layers.0.self_attn.q_proj.weight",
+    "model.layers.12.mlp.up_proj.weight",
+    "model.embed_tokens.weight",
+    "lm_head.weight",
+    "",
+    "a.b",
+];
+
+/// The rules JSON: parse, round trip, compile, map.
+#[doc(hidden)]
+pub fn fuzz_rules(data: &[u8]) {
+    let Ok(text) = std::str::from_utf8(data) else {
+        return;
+    };
+    let Ok(rules) = Rules::from_json(text) else {
+        return;
+    };
+    let back = Rules::from_json(&rules.to_json()).expect("serialized rules parse again");
+    assert_eq!(back, rules, "rules change across a JSON round trip");
+    if let Ok(c) = rules.compile() {
+        for n in SOURCE_NAMES {
+            let _ = c.map(n);
+        }
+    }
+}
+
+/// The built-in checkpoint of the planner target: a one-layer Llama shape.
+pub fn planner_checkpoint() -> Vec<u8> {
+    tiny_safetensors(&[
+        ("model.embed_tokens.weight", Dtype::Bf16, &[8, 4]),
+        (
+            "model.layers.0.self_attn.q_proj.weight",
+            Dtype::Bf16,
+            &[4, 4],
+        ),
+        (
+            "model.layers.0.self_attn.k_proj.weight",
+            Dtype::Bf16,
+            &[2, 4],
+        ),
+        (
+            "model.layers.0.self_attn.v_proj.weight",
+            Dtype::Bf16,
+            &[2, 4],
+        ),
+        (
+            "model.layers.0.self_attn.o_proj.weight",
+            Dtype::Bf16,
+            &[4, 4],
+        ),
+        ("model.layers.0.mlp.gate_proj.weight", Dtype::F32, &[6, 4]),
+        ("model.layers.0.mlp.up_proj.weight", Dtype::F32, &[6, 4]),
+        ("model.layers.0.mlp.down_proj.weight", Dtype::F16, &[4, 6]),
+        ("model.layers.0.input_layernorm.weight", Dtype::F32, &[4]),
+        ("model.norm.weight", Dtype::F32, &[4]),
+    ])
+}
+
+/// Largest destination the planner target registers (a fake address range).
+const PLAN_DEST_LIMIT: u64 = 1 << 40;
+
+/// Checkpoint + rules -> destinations -> plan. Input: rules JSON, a 0 byte,
+/// then a safetensors file (the built-in [`planner_checkpoint`] when empty).
+/// An accepted plan reads only inside its source tensors and writes only
+/// inside its destinations.
+#[doc(hidden)]
+pub fn fuzz_plan(data: &[u8]) {
+    let (rules_bytes, file) = match data.iter().position(|&b| b == 0) {
+        Some(i) => (&data[..i], &data[i + 1..]),
+        None => (data, &[][..]),
+    };
+    let Ok(text) = std::str::from_utf8(rules_bytes) else {
+        return;
+    };
+    let Ok(rules) = Rules::from_json(text) else {
+        return;
+    };
+    let builtin;
+    let file = if file.is_empty() {
+        builtin = planner_checkpoint();
+        &builtin[..]
+    } else {
+        file
+    };
+    let f = mem_file(file);
+    let Ok(ckpt) = Checkpoint::open(&f.path) else {
+        return;
+    };
+    let Ok(specs) = Plan::destinations(&ckpt, &rules) else {
+        return;
+    };
+    // Fake, disjoint device addresses: the plan is only computed, never run.
+    let mut reg = Registry::new();
+    let mut at: u64 = 1 << 32;
+    for s in &specs {
+        let bytes = s
+            .shape
+            .iter()
+            .try_fold(s.dtype.size() as u64, |a, &d| a.checked_mul(d as u64))
+            .unwrap_or_else(|| {
+                panic!(
+                    "destination `{}` {:?}: byte size overflows",
+                    s.name, s.shape
+                )
+            });
+        if bytes > PLAN_DEST_LIMIT {
+            return;
+        }
+        reg.register(&s.name, at, s.dtype, &s.shape)
+            .unwrap_or_else(|e| panic!("registering a planned destination: {e}"));
+        at += bytes.max(1).div_ceil(256) * 256;
+    }
+    let opts = PlanOptions {
+        allow_missing: true,
+        allow_unexpected: true,
+    };
+    let Ok(plan) = Plan::build(&ckpt, &rules, &reg, &opts) else {
+        return;
+    };
+    let dests: Vec<(u64, u64)> = reg
+        .iter()
+        .map(|d| (d.ptr, d.ptr + d.bytes() as u64))
+        .collect();
+    let inside = |lo: u64, hi: u64| dests.iter().any(|&(a, b)| a <= lo && hi <= b);
+    for e in &plan.extents {
+        let name = &plan.sources[e.source as usize];
+        // A tie's extents read the tensor it is tied to.
+        let t = ckpt
+            .tensor(name)
+            .or_else(|| {
+                let tie = rules.ties.iter().find(|t| &t.to == name)?;
+                ckpt.tensor(&tie.from)
+            })
+            .unwrap_or_else(|| panic!("extent names unknown source `{name}`"));
+        if e.height == 0 || e.width == 0 {
+            continue;
+        }
+        let src_end = e.src + e.src_pitch * (e.height - 1) + e.width;
+        assert!(
+            e.src >= t.offset && src_end <= t.offset + t.len,
+            "extent {e:?} reads outside `{name}` [{}, {})",
+            t.offset,
+            t.offset + t.len
+        );
+        let dst_end = e.dst + e.dst_pitch * (e.height - 1) + e.dst_width();
+        assert!(
+            inside(e.dst, dst_end),
+            "extent {e:?} writes outside every destination"
+        );
+    }
+    for fill in &plan.fills {
+        assert!(
+            fill.len == 0 || inside(fill.dst, fill.dst + fill.len),
+            "fill {fill:?} writes outside every destination"
+        );
+    }
+    drop(f.file);
+}
+
+/// The share manifest another process sends (JSON of a `Hello`): parse, then
+/// validate for both backends and two granularities. An accepted layout
+/// covers exactly its chunks and every tensor lies inside them, sized as its
+/// shape says.
+#[doc(hidden)]
+pub fn fuzz_share_manifest(data: &[u8]) {
+    use crate::driver::BackendKind;
+    use crate::share::manifest::Hello;
+    let Ok(Hello::Manifest(m)) = serde_json::from_slice::<Hello>(data) else {
+        return;
+    };
+    for backend in [BackendKind::Host, BackendKind::Cuda] {
+        for granularity in [4096usize, 2 << 20] {
+            let Ok(layout) = m.validate(backend, granularity) else {
+                continue;
+            };
+            assert_eq!(layout.chunks.len(), m.chunks.len());
+            let sum: u64 = m.chunks.iter().sum();
+            assert_eq!(
+                layout.total as u64, sum,
+                "total is not the sum of the chunks"
+            );
+            assert!(layout.chunks.iter().all(|&c| c > 0 && c % granularity == 0));
+            assert_eq!(layout.tensor_bytes.len(), m.tensors.len());
+            for (t, &bytes) in m.tensors.iter().zip(&layout.tensor_bytes) {
+                let want = t
+                    .shape
+                    .iter()
+                    .try_fold(t.dtype.size() as u64, |a, &d| a.checked_mul(d));
+                assert_eq!(want, Some(bytes as u64), "tensor `{}` size", t.name);
+                let end = t.offset.checked_add(bytes as u64).expect("end overflows");
+                assert!(end <= sum, "tensor `{}` ends at {end}, past {sum}", t.name);
+            }
+        }
+    }
+}
