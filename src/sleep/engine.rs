@@ -671,8 +671,18 @@ impl SleepEngine {
                 }
             }
         }
-        let mut release: Vec<usize> = Vec::new();
+        // Unmap each segment as soon as its copies are done, while the later
+        // segments' copies still run: unmapping and releasing all of them
+        // after the last copy would add their whole cost to the sleep.
+        let mut ready: Vec<usize> = Vec::new();
+        let mut done = 0usize;
         for (i, events) in pending {
+            if !events.is_empty() && !ready.is_empty() {
+                let out = self.unmap_copied(segs, &todo, &ready, policy, &mut report);
+                done += out.0;
+                failure = failure.or(out.1);
+                ready.clear();
+            }
             let waited = events
                 .iter()
                 .try_for_each(|&e| self.driver.event_synchronize(e));
@@ -680,39 +690,17 @@ impl SleepEngine {
                 let _ = self.driver.event_destroy(e);
             }
             match waited {
-                Ok(()) => release.push(i),
+                Ok(()) => ready.push(i),
                 Err(e) => {
                     failure.get_or_insert(e);
                 }
             }
         }
-        let mut done = 0usize;
-        segs(&mut |ss| {
-            for &i in &release {
-                let t = &todo[i];
-                let Some(seg) = ss.iter_mut().find(|s| s.ptr() == t.ptr) else {
-                    continue;
-                };
-                let mapped = seg.mapped_bytes() as u64;
-                let r = seg.unmap_all();
-                if t.state == SleepState::Awake
-                    && ((seg.mapped_bytes() as u64) < mapped || r.is_ok())
-                {
-                    // The backup is complete (its events were waited on); once
-                    // any chunk is gone the segment is asleep, and both a
-                    // retried sleep and wake take care of what is still mapped.
-                    seg.set_sleep_state(policy.asleep_state());
-                    report.segments += 1;
-                }
-                if r.is_ok() {
-                    done += 1;
-                }
-                report.physical_bytes += mapped - seg.mapped_bytes() as u64;
-                if let Err(e) = r {
-                    failure.get_or_insert(e);
-                }
-            }
-        });
+        if !ready.is_empty() {
+            let out = self.unmap_copied(segs, &todo, &ready, policy, &mut report);
+            done += out.0;
+            failure = failure.or(out.1);
+        }
         if failure.is_some() {
             // Copies of a segment whose issue failed midway are covered by no
             // event: wait for them before anyone may reuse or free the backup.
@@ -745,6 +733,48 @@ impl SleepEngine {
                 todo.len()
             ))),
         }
+    }
+
+    /// Unmap the segments `todo[i]` for `i` in `idx`, whose backups are
+    /// complete, under one call of `segs` (the pool lock, held only for the
+    /// unmaps). Returns how many unmapped fully and the first error.
+    fn unmap_copied(
+        &self,
+        segs: TagSegments<'_>,
+        todo: &[SegTodo],
+        idx: &[usize],
+        policy: Policy,
+        report: &mut CycleReport,
+    ) -> (usize, Option<Error>) {
+        let mut done = 0usize;
+        let mut failure: Option<Error> = None;
+        segs(&mut |ss| {
+            for &i in idx {
+                let t = &todo[i];
+                let Some(seg) = ss.iter_mut().find(|s| s.ptr() == t.ptr) else {
+                    continue;
+                };
+                let mapped = seg.mapped_bytes() as u64;
+                let r = seg.unmap_all();
+                if t.state == SleepState::Awake
+                    && ((seg.mapped_bytes() as u64) < mapped || r.is_ok())
+                {
+                    // The backup is complete (its events were waited on); once
+                    // any chunk is gone the segment is asleep, and both a
+                    // retried sleep and wake take care of what is still mapped.
+                    seg.set_sleep_state(policy.asleep_state());
+                    report.segments += 1;
+                }
+                if r.is_ok() {
+                    done += 1;
+                }
+                report.physical_bytes += mapped - seg.mapped_bytes() as u64;
+                if let Err(e) = r {
+                    failure.get_or_insert(e);
+                }
+            }
+        });
+        (done, failure)
     }
 
     /// Give `t` a backup holding `keep` and queue its device-to-host copies.
