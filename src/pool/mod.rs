@@ -26,6 +26,7 @@ pub(crate) mod block;
 mod peers;
 mod range;
 pub mod registry;
+pub mod replicas;
 pub mod shares;
 mod sleep;
 #[cfg(test)]
@@ -212,6 +213,8 @@ struct SegEntry {
     blocks: BlockMap,
     live_bytes: usize,
     live_blocks: usize,
+    /// Creation order in the pool: replicas pair their segments by it.
+    seq: u64,
 }
 
 #[derive(Debug, Default)]
@@ -228,6 +231,8 @@ struct TagState {
     arena: Option<DevicePtr>,
     /// Peer devices granted access to every segment of the tag.
     peers: Vec<crate::driver::PeerAccess>,
+    /// The replica group the tag sleeps in ([`replicas::sleep_replicas`]).
+    replica: Option<replicas::ReplicaMark>,
 }
 
 /// Free blocks indexed for best fit: per (tag, class), ordered by (size, segment base, offset).
@@ -248,6 +253,8 @@ struct State {
     /// (queued work may still use them) until a later free or trim finds the
     /// device idle.
     zombies: Vec<Segment>,
+    /// The next segment's creation number.
+    next_seq: u64,
 }
 
 impl State {
@@ -952,6 +959,8 @@ fn insert_segment(st: &mut State, seg: Segment, tag: TagId, class: SegmentClass)
             .or_default()
             .insert((seg.reserved(), base, 0));
     }
+    st.next_seq += 1;
+    let seq = st.next_seq;
     st.segs.insert(
         base,
         SegEntry {
@@ -961,6 +970,7 @@ fn insert_segment(st: &mut State, seg: Segment, tag: TagId, class: SegmentClass)
             blocks,
             live_bytes: 0,
             live_blocks: 0,
+            seq,
         },
     );
     base

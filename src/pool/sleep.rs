@@ -93,6 +93,10 @@ impl Pool {
             // so sleeps of other tags are not held up.
             let gate = self.shares.lock();
             let was_asleep = self.begin_transition(t, true)?;
+            if !was_asleep {
+                // New contents of its own: no longer a replica of a group.
+                self.leave_replica_group(t);
+            }
             if let Err(e) = gate.before_sleep(t) {
                 self.end_transition(t, was_asleep);
                 return Err(e);
@@ -155,6 +159,10 @@ impl Pool {
             let r = self
                 .sleep
                 .wake_tag(t, &|f| f(&mut self.lock().tag_segments(t)));
+            if r.is_ok() {
+                // Woken on its own (see `pool::replicas`): out of its group.
+                self.leave_replica_group(t);
+            }
             self.end_transition(t, false);
             out.push(TagCycle {
                 tag: t,
@@ -169,7 +177,7 @@ impl Pool {
     /// `Error::UnknownTag` unless `tag` is registered and has held memory in
     /// this pool (or was configured in it): sleeping or waking a misspelled
     /// tag must not succeed doing nothing.
-    fn check_known(&self, t: TagId) -> Result<()> {
+    pub(super) fn check_known(&self, t: TagId) -> Result<()> {
         tag::check(t)?;
         let st = self.lock();
         if st.tags.contains_key(&t) {
@@ -204,7 +212,7 @@ impl Pool {
     /// marks it asleep at once, so no block is handed out from memory about to
     /// go. Refused while a load writes into the tag, when `sleeping`.
     /// Returns whether the tag was asleep before.
-    fn begin_transition(&self, t: TagId, sleeping: bool) -> Result<bool> {
+    pub(super) fn begin_transition(&self, t: TagId, sleeping: bool) -> Result<bool> {
         let mut st = self.lock();
         while st.in_transition(t) {
             st = self.settled.wait(st).unwrap_or_else(|p| p.into_inner());
@@ -227,7 +235,7 @@ impl Pool {
     /// End `t`'s transition: the tag is asleep while any segment is (or, with
     /// `keep_asleep`, a sleep found it asleep already, even with no segments
     /// left after a trim), and the dedicated segments freed meanwhile are released.
-    fn end_transition(&self, t: TagId, keep_asleep: bool) {
+    pub(super) fn end_transition(&self, t: TagId, keep_asleep: bool) {
         let released = {
             let mut st = self.lock();
             let any_asleep = st

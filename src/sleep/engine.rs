@@ -14,6 +14,9 @@ use crate::sleep::ranges;
 use crate::sleep::reload::ReloadSource;
 use crate::tag::TagId;
 
+mod staged;
+pub use staged::{HostSpan, StagedWake};
+
 /// What sleep does with a tag's memory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]

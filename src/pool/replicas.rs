@@ -1,0 +1,742 @@
+//! Replicas asleep on one host backup: N tags on N devices (one pool per
+//! device) that hold the same bytes sleep with one pinned host backup, taken
+//! from the first device, and wake on every device from it.
+//!
+//! - Sleep ([`sleep_replicas`]): the first member (the holder) sleeps with
+//!   [`Policy::Offload`]; every other member only releases its physical
+//!   memory ([`Policy::Discard`]). Each member is granted read access for the
+//!   others where the devices can reach each other, so wake can fan out.
+//! - Wake ([`wake_replicas_from_backup`]): every member maps its memory again
+//!   (nothing copied yet), then the backup is cut into N contiguous parts and
+//!   device k copies part k from host memory over its own link, all devices at
+//!   once; then every device pulls the parts it lacks from the devices that
+//!   copied them (peer copies, NVLink on a GPU host). Host memory is read
+//!   once, each link carries 1/N of it. A pair of devices without peer access
+//!   (or with [`ReplicaWakeOptions::peer_copies`] off) copies that part from
+//!   the backup instead.
+//!
+//! The caller asserts the members hold identical bytes: the library checks
+//! what it can cheaply (distinct devices, one backend, the same segments in
+//! the same order with the same committed sizes and the same live blocks),
+//! not the bytes themselves. Memory of a member that differs from the
+//! holder's is overwritten with the holder's bytes at wake.
+//!
+//! The group is remembered on every member's tag until it wakes. Waking a
+//! member on its own ([`Pool::wake`]) takes it out of the group: the holder
+//! gets its backup back, any other member gets undefined bytes (it kept no
+//! backup), and a later group wake of the rest is refused naming it. Putting
+//! a member to sleep on its own while awake does the same.
+//!
+//! Nothing is lost on a failure: free memory is checked on every device
+//! before anything is mapped, and if a map, a host copy or a peer copy fails
+//! on any device, every chunk mapped on every device is unmapped again (once
+//! that device is idle), every member stays asleep in the group, the backup
+//! intact; waking again can succeed.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use super::Pool;
+use crate::driver::{round_up, AccessMode, DevicePtr, Driver, PeerAccess, StreamId};
+use crate::error::{Error, Result};
+use crate::segment::{Segment, SleepState};
+use crate::sleep::{HostSpan, Policy, StagedWake};
+use crate::tag::{self, TagId};
+
+/// One replica: a tag in the pool of one device.
+#[derive(Debug, Clone, Copy)]
+pub struct Replica<'a> {
+    /// The device's pool.
+    pub pool: &'a Pool,
+    /// The tag holding the replica's memory.
+    pub tag: TagId,
+}
+
+/// A segment's committed bytes and live blocks `(offset, size)`.
+type SegLayout = (usize, Vec<(usize, usize)>);
+
+/// What a staged wake hands the segments of a tag to.
+type SegVisitor<'v> = &'v mut dyn FnMut(&mut [&mut Segment]);
+
+/// The group a member's tag sleeps in.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct ReplicaMark {
+    group: u64,
+    holder: i32,
+    devices: Vec<i32>,
+}
+
+/// How a wake of replicas moves the bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReplicaWakeOptions {
+    /// Exchange the parts over peer copies where the devices can reach each
+    /// other (the default); false: every device copies all of the backup from
+    /// host memory (host memory read N times).
+    pub peer_copies: bool,
+    /// Size of one copy on one stream (0 = 64 MiB).
+    pub copy_piece_bytes: usize,
+}
+
+impl Default for ReplicaWakeOptions {
+    fn default() -> Self {
+        ReplicaWakeOptions {
+            peer_copies: true,
+            copy_piece_bytes: 64 << 20,
+        }
+    }
+}
+
+/// What [`sleep_replicas`] did.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct ReplicaSleepStats {
+    /// Devices, in the order given; the first holds the backup.
+    pub devices: Vec<i32>,
+    /// Bytes copied into the host backup (from the first device only).
+    pub backup_bytes: u64,
+    /// Physical bytes released over all devices.
+    pub released_bytes: u64,
+    /// Wall seconds.
+    pub seconds: f64,
+}
+
+/// What [`wake_replicas_from_backup`] did.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct ReplicaWakeStats {
+    /// Devices, in the order given; the first held the backup.
+    pub devices: Vec<i32>,
+    /// Bytes read from the host backup over all devices (the backup's size
+    /// when every pair exchanged over peer copies).
+    pub host_bytes: u64,
+    /// Bytes moved between devices by peer copies.
+    pub peer_bytes: u64,
+    /// Device bytes restored on all devices together.
+    pub delivered_bytes: u64,
+    /// Physical bytes mapped over all devices.
+    pub mapped_bytes: u64,
+    /// Ordered device pairs (reader, owner) that copied from the backup
+    /// because the reader could not read the owner's part.
+    pub direct_pairs: usize,
+    /// Seconds spent mapping memory on every device.
+    pub map_seconds: f64,
+    /// Seconds of the host phase (every device its part, at once).
+    pub host_seconds: f64,
+    /// Seconds of the exchange between devices.
+    pub peer_seconds: f64,
+    /// Wall seconds of the whole wake.
+    pub seconds: f64,
+}
+
+impl ReplicaWakeStats {
+    /// Delivered bytes per second over all devices, in GB/s (10^9).
+    pub fn aggregate_gbps(&self) -> f64 {
+        if self.seconds > 0.0 {
+            self.delivered_bytes as f64 / self.seconds / 1e9
+        } else {
+            0.0
+        }
+    }
+}
+
+impl Pool {
+    /// Forget `t`'s replica group (it woke or slept on its own).
+    pub(super) fn leave_replica_group(&self, t: TagId) {
+        if let Some(ts) = self.lock().tags.get_mut(&t) {
+            ts.replica = None;
+        }
+    }
+
+    fn replica_mark(&self, t: TagId) -> Option<ReplicaMark> {
+        self.lock().tags.get(&t).and_then(|ts| ts.replica.clone())
+    }
+
+    /// Per segment of `t` in creation order: committed bytes and live blocks
+    /// `(offset, size)`, the layout replicas must share. (Creation order, not
+    /// address order: reservations of two devices need not come in the same
+    /// address order.)
+    fn replica_layout(&self, t: TagId) -> Vec<SegLayout> {
+        let st = self.lock();
+        let mut v: Vec<(u64, SegLayout)> = st
+            .segs
+            .values()
+            .filter(|e| e.tag == t)
+            .map(|e| {
+                let live = e
+                    .blocks
+                    .iter()
+                    .filter(|(_, b)| b.live)
+                    .map(|(off, b)| (off, b.size))
+                    .collect();
+                (e.seq, (e.seg.committed(), live))
+            })
+            .collect();
+        v.sort_by_key(|x| x.0);
+        v.into_iter().map(|(_, l)| l).collect()
+    }
+
+    /// The creation number of each segment base in `bases`.
+    fn creation_order(&self, bases: &[DevicePtr]) -> Vec<u64> {
+        let st = self.lock();
+        bases
+            .iter()
+            .map(|b| st.segs.get(b).map_or(u64::MAX, |e| e.seq))
+            .collect()
+    }
+}
+
+fn check_members(members: &[Replica<'_>], what: &str) -> Result<()> {
+    let Some(first) = members.first() else {
+        return Err(Error::InvalidArgument(format!(
+            "{what} needs at least one replica"
+        )));
+    };
+    let kind = first.pool.driver().kind();
+    for (i, m) in members.iter().enumerate() {
+        m.pool.check_known(m.tag)?;
+        let dev = m.pool.device();
+        if m.pool.driver().kind() != kind {
+            return Err(Error::InvalidArgument(format!(
+                "{what}: device {dev} is on the {} backend, device {} on {kind}: one backend for all",
+                m.pool.driver().kind(),
+                first.pool.device()
+            )));
+        }
+        if members[..i].iter().any(|o| o.pool.device() == dev) {
+            return Err(Error::InvalidArgument(format!(
+                "{what}: device {dev} is listed twice (one replica per device)"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Grant every member read access for every other member's device that can
+/// reach it (kept with the tag, set again at every map). A grant the driver
+/// refuses is left out: wake then copies that part from the backup.
+fn grant_peers(members: &[Replica<'_>]) {
+    for m in members {
+        let old = m.pool.peer_access(m.tag);
+        let mut want = old.clone();
+        for o in members {
+            let dev = o.pool.device();
+            if dev == m.pool.device() || want.iter().any(|p| p.device == dev) {
+                continue;
+            }
+            if m.pool.driver().can_access_peer(dev).unwrap_or(false) {
+                want.push(PeerAccess {
+                    device: dev,
+                    mode: AccessMode::Read,
+                });
+            }
+        }
+        if want != old && m.pool.set_peer_access(m.tag, &want).is_err() {
+            let _ = m.pool.set_peer_access(m.tag, &old);
+        }
+    }
+}
+
+/// Put replicas to sleep on one host backup: `members[0]` (the holder) is
+/// offloaded to pinned host memory, every other member releases its physical
+/// memory without a copy. The caller asserts every member holds the same
+/// bytes; the members must have the same layout (segments, committed sizes,
+/// live blocks), else `InvalidArgument` and nothing changes.
+///
+/// A member already asleep is accepted (the holder only when offloaded), so a
+/// call that failed midway can be repeated. On an error the holder is asleep
+/// with its backup once its sleep succeeded, the members after it as far as
+/// the error says; the group is formed only when every member is asleep.
+pub fn sleep_replicas(members: &[Replica<'_>]) -> Result<ReplicaSleepStats> {
+    let t0 = Instant::now();
+    check_members(members, "sleep of replicas")?;
+    let holder = members[0];
+    let layout = holder.pool.replica_layout(holder.tag);
+    for m in &members[1..] {
+        if m.pool.replica_layout(m.tag) != layout {
+            return Err(Error::InvalidArgument(format!(
+                "sleep of replicas: tag {} on device {} is laid out differently from tag {} on \
+                 device {} (segments, their sizes or live blocks differ): replicas must be \
+                 allocated the same way on every device",
+                tag::name_of(m.tag),
+                m.pool.device(),
+                tag::name_of(holder.tag),
+                holder.pool.device()
+            )));
+        }
+    }
+    if holder.pool.is_tag_asleep(holder.tag) {
+        let offloaded = holder
+            .pool
+            .lock()
+            .segs
+            .values()
+            .all(|e| e.tag != holder.tag || e.seg.sleep_state() == SleepState::Offloaded);
+        if !offloaded {
+            return Err(Error::InvalidState(format!(
+                "sleep of replicas: tag {} on device {} (the holder) is asleep without a full \
+                 host backup: wake it first",
+                tag::name_of(holder.tag),
+                holder.pool.device()
+            )));
+        }
+    }
+    grant_peers(members);
+    let mut stats = ReplicaSleepStats {
+        devices: members.iter().map(|m| m.pool.device()).collect(),
+        ..Default::default()
+    };
+    for (i, m) in members.iter().enumerate() {
+        let policy = if i == 0 {
+            Policy::Offload
+        } else {
+            Policy::Discard
+        };
+        let cycles = m.pool.sleep(&[(m.tag, policy)]).map_err(|e| {
+            Error::InvalidState(format!(
+                "sleep of replicas stopped at device {} (tag {}): {e}; {} asleep before it \
+                 (device {} holds the backup), the rest awake: sleeping the replicas again \
+                 finishes",
+                m.pool.device(),
+                tag::name_of(m.tag),
+                i,
+                holder.pool.device()
+            ))
+        })?;
+        for c in cycles {
+            stats.backup_bytes += c.report.copied_bytes;
+            stats.released_bytes += c.report.physical_bytes;
+        }
+    }
+    static NEXT_GROUP: AtomicU64 = AtomicU64::new(1);
+    let mark = ReplicaMark {
+        group: NEXT_GROUP.fetch_add(1, Ordering::Relaxed),
+        holder: holder.pool.device(),
+        devices: stats.devices.clone(),
+    };
+    for m in members {
+        if let Some(ts) = m.pool.lock().tags.get_mut(&m.tag) {
+            ts.replica = Some(mark.clone());
+        }
+    }
+    stats.seconds = t0.elapsed().as_secs_f64();
+    Ok(stats)
+}
+
+/// One piece of the backup: segment `seg`, bytes `[offset, offset+len)`.
+#[derive(Debug, Clone, Copy)]
+struct Piece {
+    seg: usize,
+    offset: usize,
+    len: usize,
+}
+
+/// Cut the segments (committed sizes `sizes`) into `n` contiguous parts of
+/// about equal bytes, boundaries on `align`, each as pieces of at most `max`.
+fn cut_parts(sizes: &[usize], n: usize, align: usize, max: usize) -> Vec<Vec<Piece>> {
+    let total: usize = sizes.iter().sum();
+    let bound = |k: usize| -> usize {
+        if k >= n {
+            return total;
+        }
+        let b = (total as u128 * k as u128 / n as u128) as usize;
+        (b / align * align).min(total)
+    };
+    let mut parts = vec![Vec::new(); n];
+    let mut base = 0usize;
+    for (seg, &size) in sizes.iter().enumerate() {
+        for (k, part) in parts.iter_mut().enumerate() {
+            let (lo, hi) = (bound(k).max(base), bound(k + 1).min(base + size));
+            let mut at = lo;
+            while at < hi {
+                let len = max.min(hi - at);
+                part.push(Piece {
+                    seg,
+                    offset: at - base,
+                    len,
+                });
+                at += len;
+            }
+        }
+        base += size;
+    }
+    parts
+}
+
+/// Run `work(k)` for every device at once, one thread each.
+fn on_every_device<T: Send>(n: usize, work: impl Fn(usize) -> Result<T> + Sync) -> Vec<Result<T>> {
+    std::thread::scope(|s| {
+        let work = &work;
+        let handles: Vec<_> = (0..n).map(|k| s.spawn(move || work(k))).collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join().unwrap_or_else(|p| {
+                    Err(Error::Panic(format!(
+                        "a device's wake thread: {}",
+                        crate::error::panic_message(&p)
+                    )))
+                })
+            })
+            .collect()
+    })
+}
+
+/// Queue copies on two streams of `driver`, wait for them, destroy the streams.
+fn with_streams(driver: &dyn Driver, f: impl FnOnce(&[StreamId; 2]) -> Result<u64>) -> Result<u64> {
+    let a = driver.stream_create()?;
+    let b = match driver.stream_create() {
+        Ok(b) => b,
+        Err(e) => {
+            let _ = driver.stream_destroy(a);
+            return Err(e);
+        }
+    };
+    let streams = [a, b];
+    let r = f(&streams);
+    // Wait even after an error: queued copies read the backup and write memory
+    // that may be unmapped next.
+    let synced = streams
+        .iter()
+        .map(|&s| driver.stream_synchronize(s))
+        .collect::<Result<Vec<()>>>();
+    for s in streams {
+        let _ = driver.stream_destroy(s);
+    }
+    let n = r?;
+    synced?;
+    Ok(n)
+}
+
+/// Copy `spans` of segment bytes from host memory into the segment at `dst`.
+///
+/// # Safety
+/// The segment is mapped for every span; each span's host bytes are pinned
+/// backup memory kept (busy) until the streams are synchronized.
+unsafe fn copy_spans(
+    driver: &dyn Driver,
+    dsts: &[DevicePtr],
+    spans: &[(usize, HostSpan)],
+    streams: &[StreamId; 2],
+) -> Result<u64> {
+    let mut n = 0u64;
+    for (i, &(seg, s)) in spans.iter().enumerate() {
+        // SAFETY: forwarded contract.
+        unsafe {
+            driver.copy_htod_async(
+                dsts[seg] + s.offset as u64,
+                s.host as *const u8,
+                s.len,
+                streams[i % 2],
+            )?
+        };
+        n += s.len as u64;
+    }
+    Ok(n)
+}
+
+/// Wake replicas put to sleep by [`sleep_replicas`] (the same members, in any
+/// order; the holder is the device that took the backup). See the module
+/// docs for how the bytes move and what a failure leaves: on any error every
+/// member is asleep in its group with the backup intact, and the error names
+/// the device. On success every member is awake holding the holder's bytes,
+/// and the group is dissolved.
+pub fn wake_replicas_from_backup(
+    members: &[Replica<'_>],
+    opts: &ReplicaWakeOptions,
+) -> Result<ReplicaWakeStats> {
+    let t0 = Instant::now();
+    check_members(members, "wake of replicas")?;
+    let devices: Vec<i32> = members.iter().map(|m| m.pool.device()).collect();
+    let mark = members[0].pool.replica_mark(members[0].tag);
+    for m in members {
+        let mine = m.pool.replica_mark(m.tag);
+        let same = matches!((&mine, &mark), (Some(a), Some(b)) if a == b);
+        let whole = mark.as_ref().is_some_and(|g| {
+            let (mut a, mut b) = (g.devices.clone(), devices.clone());
+            a.sort_unstable();
+            b.sort_unstable();
+            a == b
+        });
+        if !same || !whole {
+            return Err(Error::InvalidState(format!(
+                "wake of replicas: tag {} on device {} is not asleep in one replica group with \
+                 every other member listed (devices {devices:?}; it was never put to sleep with \
+                 the others by sleep_replicas, or woke or slept on its own since): wake it with \
+                 Pool::wake",
+                tag::name_of(m.tag),
+                m.pool.device()
+            )));
+        }
+    }
+    let holder_dev = mark.expect("checked above").holder;
+    let h = devices
+        .iter()
+        .position(|&d| d == holder_dev)
+        .expect("the group's devices are listed");
+
+    for m in members {
+        m.pool.begin_transition(m.tag, false)?;
+    }
+    let mut staged: Vec<StagedWake<'_>> = members
+        .iter()
+        .map(|m| m.pool.sleep_engine().stage_wake(m.tag, &segs_of(*m)))
+        .collect();
+    let result = restore(members, &mut staged, h, opts, t0);
+    let mut stats = match result {
+        Ok(s) => s,
+        Err(e) => {
+            for (m, s) in members.iter().zip(staged) {
+                s.abort(&segs_of(*m));
+            }
+            for m in members {
+                m.pool.end_transition(m.tag, true);
+            }
+            return Err(e);
+        }
+    };
+    for (m, s) in members.iter().zip(staged) {
+        s.commit(&segs_of(*m));
+        m.pool.leave_replica_group(m.tag);
+        m.pool.end_transition(m.tag, false);
+    }
+    stats.devices = devices;
+    stats.seconds = t0.elapsed().as_secs_f64();
+    Ok(stats)
+}
+
+/// The segments of `m`'s tag, for the staged wake (pool lock held per call).
+fn segs_of<'a>(m: Replica<'a>) -> impl Fn(SegVisitor<'_>) + 'a {
+    move |f| f(&mut m.pool.lock().tag_segments(m.tag))
+}
+
+/// Check, map and fill every member's memory; nothing is committed here.
+fn restore(
+    members: &[Replica<'_>],
+    staged: &mut [StagedWake<'_>],
+    h: usize,
+    opts: &ReplicaWakeOptions,
+    t0: Instant,
+) -> Result<ReplicaWakeStats> {
+    let n = members.len();
+    let mut stats = ReplicaWakeStats::default();
+    // Per member, its asleep segments in creation order: `(staged index, base,
+    // committed)`; the i-th of every member holds the same bytes.
+    let order: Vec<Vec<(usize, DevicePtr, usize)>> = members
+        .iter()
+        .zip(staged.iter())
+        .map(|(m, s)| {
+            let segs = s.segments();
+            let bases: Vec<DevicePtr> = segs.iter().map(|x| x.0).collect();
+            let seq = m.pool.creation_order(&bases);
+            let mut v: Vec<(usize, DevicePtr, usize)> = segs
+                .iter()
+                .enumerate()
+                .map(|(i, x)| (i, x.0, x.1))
+                .collect();
+            v.sort_by_key(|x| seq[x.0]);
+            v
+        })
+        .collect();
+    let sizes: Vec<usize> = order[h].iter().map(|s| s.2).collect();
+    for (k, o) in order.iter().enumerate() {
+        let theirs: Vec<usize> = o.iter().map(|s| s.2).collect();
+        if theirs != sizes {
+            return Err(Error::InvalidState(format!(
+                "wake of replicas: tag {} on device {} has {} asleep segments of {} bytes, the \
+                 holder (device {}) {} of {} bytes: a replica's memory changed while asleep",
+                tag::name_of(members[k].tag),
+                members[k].pool.device(),
+                theirs.len(),
+                theirs.iter().sum::<usize>(),
+                members[h].pool.device(),
+                sizes.len(),
+                sizes.iter().sum::<usize>()
+            )));
+        }
+    }
+    for (m, s) in members.iter().zip(staged.iter()) {
+        let need = s.unmapped_bytes();
+        let free = m.pool.driver().mem_info()?.free;
+        if need > free {
+            return Err(Error::OutOfMemory {
+                what: format!(
+                    "wake of replicas: tag {} on device {}",
+                    tag::name_of(m.tag),
+                    m.pool.device()
+                ),
+                requested: need,
+                free,
+            });
+        }
+    }
+    let t = Instant::now();
+    for (m, s) in members.iter().zip(staged.iter_mut()) {
+        s.map().map_err(|e| on_device(m, "mapping its memory", e))?;
+        stats.mapped_bytes += s.unmapped_bytes();
+    }
+    stats.map_seconds = t.elapsed().as_secs_f64();
+
+    let piece = if opts.copy_piece_bytes == 0 {
+        64 << 20
+    } else {
+        opts.copy_piece_bytes
+    };
+    let align = members[h].pool.granularity.max(1);
+    let parts = cut_parts(&sizes, n, align, round_up(piece, align).max(align));
+    // Part k in host spans (the holder's backup), one list per part.
+    let mut spans: Vec<Vec<(usize, HostSpan)>> = Vec::with_capacity(n);
+    for part in &parts {
+        let mut v = Vec::new();
+        for p in part {
+            for s in staged[h].backup_spans(order[h][p.seg].0, p.offset, p.len, piece)? {
+                v.push((p.seg, s));
+            }
+        }
+        spans.push(v);
+    }
+    let dsts: Vec<Vec<DevicePtr>> = order
+        .iter()
+        .map(|o| o.iter().map(|x| x.1).collect())
+        .collect();
+    // peer[k][j]: device k may read device j's memory of the tag.
+    let mut peer = vec![vec![false; n]; n];
+    for k in 0..n {
+        for j in 0..n {
+            if j == k || !opts.peer_copies {
+                continue;
+            }
+            let (rk, oj) = (members[k].pool.driver(), members[j].pool.driver());
+            let mut ok = rk.can_access_peer(oj.device()).unwrap_or(false);
+            for (i, &size) in sizes.iter().enumerate() {
+                ok = ok
+                    && oj
+                        .peer_readable(dsts[j][i], size, rk.device())
+                        .unwrap_or(false);
+            }
+            peer[k][j] = ok;
+            stats.direct_pairs += usize::from(!ok);
+        }
+    }
+    if !opts.peer_copies {
+        stats.direct_pairs = n * (n - 1);
+    }
+    let drivers: Vec<Arc<dyn Driver>> = members.iter().map(|m| m.pool.driver().clone()).collect();
+
+    // Phase 1: device k copies part k from the backup, all devices at once.
+    let t = Instant::now();
+    let results = on_every_device(n, |k| {
+        let d = drivers[k].as_ref();
+        // SAFETY: every member's memory is mapped (above); the spans point
+        // into the holder's backup, busy for this wake.
+        with_streams(d, |st| unsafe { copy_spans(d, &dsts[k], &spans[k], st) })
+    });
+    for (k, r) in results.into_iter().enumerate() {
+        stats.host_bytes += r.map_err(|e| on_device(&members[k], "copying from the backup", e))?;
+    }
+    stats.host_seconds = t.elapsed().as_secs_f64();
+
+    // Phase 2: device k gets every other part, from its device or the backup.
+    let t = Instant::now();
+    let results = on_every_device(n, |k| {
+        let d = drivers[k].as_ref();
+        let mut from_host = 0u64;
+        let moved = with_streams(d, |st| {
+            let mut moved = 0u64;
+            let mut i = 0usize;
+            for j in (0..n).filter(|&j| j != k) {
+                if !peer[k][j] {
+                    // SAFETY: as in phase 1.
+                    from_host += unsafe { copy_spans(d, &dsts[k], &spans[j], st) }?;
+                    continue;
+                }
+                for p in &parts[j] {
+                    // SAFETY: both segments are mapped, of equal committed
+                    // size (checked), device k may read device j's (checked
+                    // above); the streams are synchronized before return.
+                    unsafe {
+                        d.copy_peer_async(
+                            dsts[k][p.seg] + p.offset as u64,
+                            dsts[j][p.seg] + p.offset as u64,
+                            drivers[j].device(),
+                            p.len,
+                            st[i % 2],
+                        )?
+                    };
+                    i += 1;
+                    moved += p.len as u64;
+                }
+            }
+            Ok(moved)
+        })?;
+        Ok((moved, from_host))
+    });
+    for (k, r) in results.into_iter().enumerate() {
+        let (moved, from_host) =
+            r.map_err(|e| on_device(&members[k], "exchanging parts with its peers", e))?;
+        stats.peer_bytes += moved;
+        stats.host_bytes += from_host;
+    }
+    stats.peer_seconds = t.elapsed().as_secs_f64();
+    stats.delivered_bytes = sizes.iter().sum::<usize>() as u64 * n as u64;
+    stats.seconds = t0.elapsed().as_secs_f64();
+    Ok(stats)
+}
+
+/// `e` on `m`'s device, with what a failed wake of replicas leaves.
+fn on_device(m: &Replica<'_>, step: &str, e: Error) -> Error {
+    let what = format!(
+        " (wake of replicas, device {} {step}: every replica stays asleep with the backup \
+         intact; wake them again)",
+        m.pool.device()
+    );
+    match e {
+        Error::Driver {
+            call,
+            code,
+            name,
+            detail,
+        } => Error::Driver {
+            call,
+            code,
+            name,
+            detail: format!("{detail}{what}"),
+        },
+        Error::OutOfMemory {
+            what: w,
+            requested,
+            free,
+        } => Error::OutOfMemory {
+            what: format!("{w}{what}"),
+            requested,
+            free,
+        },
+        e => Error::InvalidState(format!("{e}{what}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::cut_parts;
+
+    #[test]
+    fn parts_cover_every_byte_once_on_aligned_bounds() {
+        let sizes = [6 << 20, 2 << 20, 10 << 20];
+        for n in 1..=5 {
+            let parts = cut_parts(&sizes, n, 2 << 20, 4 << 20);
+            let mut seen: Vec<(usize, usize, usize)> = parts
+                .iter()
+                .flatten()
+                .map(|p| (p.seg, p.offset, p.len))
+                .collect();
+            seen.sort();
+            let mut cursor = vec![0usize; sizes.len()];
+            for (seg, off, len) in seen {
+                assert_eq!(off, cursor[seg], "n={n}: gap or overlap in segment {seg}");
+                assert!(len <= 4 << 20 && len > 0);
+                cursor[seg] += len;
+            }
+            assert_eq!(cursor, sizes, "n={n}");
+            let total: usize = parts.iter().flatten().map(|p| p.len).sum();
+            assert_eq!(total, sizes.iter().sum::<usize>());
+        }
+    }
+}

@@ -1,0 +1,244 @@
+//! A wake in steps, for callers that fill the memory themselves (the wake of
+//! replicas from one host backup, `pool::replicas`): map every unmapped chunk
+//! of a tag's asleep segments, let the caller copy, then either commit (the
+//! segments are awake) or abort (every chunk mapped here is unmapped again,
+//! the segments stay asleep, their backups intact).
+//!
+//! The engine's transition lock is held from [`SleepEngine::stage_wake`]
+//! until commit or abort, and the segments' backups are marked busy, so no
+//! other sleep or wake of this engine runs and no backup is freed meanwhile.
+
+use std::sync::MutexGuard;
+
+use super::{SegTodo, SleepEngine, TagSegments};
+use crate::driver::{DevicePtr, PhysHandle};
+use crate::error::{Error, Result};
+use crate::segment::{map_new_at, unmap_release_at, SleepState};
+use crate::sleep::CycleReport;
+use crate::tag::TagId;
+
+/// A run of backup bytes: `len` bytes at host address `host` hold segment
+/// bytes from offset `offset`. Plain data, so copy threads can take it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HostSpan {
+    /// Offset in the segment.
+    pub offset: usize,
+    /// Host address of the bytes (pinned backup memory).
+    pub host: usize,
+    /// Bytes.
+    pub len: usize,
+}
+
+/// A wake of one tag between its mapping and its commit or abort. Dropping it
+/// without either aborts it (best effort).
+#[derive(Debug)]
+pub struct StagedWake<'a> {
+    engine: &'a SleepEngine,
+    _one: MutexGuard<'a, ()>,
+    tag: TagId,
+    todo: Vec<SegTodo>,
+    /// `(todo index, chunk index, handle)` mapped here, not yet installed.
+    made: Vec<(usize, usize, PhysHandle)>,
+    report: CycleReport,
+    finished: bool,
+}
+
+impl SleepEngine {
+    /// Begin a wake of `tag` in steps: its asleep segments (in `segs`' order,
+    /// that is by base address) are taken in; nothing is mapped yet.
+    pub fn stage_wake<'a>(&'a self, tag: TagId, segs: TagSegments<'_>) -> StagedWake<'a> {
+        let one = self.one_transition();
+        let coalesce = self.lock().options.wake_coalesce_bytes;
+        let mut todo = Vec::new();
+        segs(&mut |ss| {
+            for seg in ss.iter_mut() {
+                if seg.sleep_state() != SleepState::Awake {
+                    seg.rechunk_unmapped(coalesce);
+                    todo.push(SegTodo {
+                        ptr: seg.ptr(),
+                        committed: seg.committed(),
+                        state: seg.sleep_state(),
+                        chunks: seg.chunks().to_vec(),
+                        peers: seg.peers().to_vec(),
+                    });
+                }
+            }
+        });
+        self.lock().busy.extend(todo.iter().map(|t| t.ptr));
+        StagedWake {
+            engine: self,
+            _one: one,
+            tag,
+            todo,
+            made: Vec::new(),
+            report: CycleReport::default(),
+            finished: false,
+        }
+    }
+}
+
+impl StagedWake<'_> {
+    /// The tag being woken.
+    pub fn tag(&self) -> TagId {
+        self.tag
+    }
+
+    /// The asleep segments: `(base, committed bytes, state)`, by base address.
+    pub fn segments(&self) -> Vec<(DevicePtr, usize, SleepState)> {
+        self.todo
+            .iter()
+            .map(|t| (t.ptr, t.committed, t.state))
+            .collect()
+    }
+
+    /// Bytes of physical memory [`Self::map`] will create.
+    pub fn unmapped_bytes(&self) -> u64 {
+        self.todo
+            .iter()
+            .flat_map(|t| t.chunks.iter())
+            .filter(|c| c.handle.is_none())
+            .map(|c| c.size as u64)
+            .sum()
+    }
+
+    /// Map every unmapped chunk (peer grants set again on each). On an error
+    /// the chunks mapped so far stay listed for [`Self::abort`].
+    pub fn map(&mut self) -> Result<()> {
+        let driver = self.engine.driver.clone();
+        for (i, t) in self.todo.iter().enumerate() {
+            for (c, chunk) in t.chunks.iter().enumerate() {
+                if chunk.handle.is_some() || self.made.iter().any(|m| m.0 == i && m.1 == c) {
+                    continue;
+                }
+                let va = t.ptr + chunk.offset as u64;
+                let h = map_new_at(driver.as_ref(), va, chunk.size, &t.peers)?;
+                self.made.push((i, c, h));
+                self.report.physical_bytes += chunk.size as u64;
+            }
+        }
+        Ok(())
+    }
+
+    /// The backup bytes of segment `i` (an index into [`Self::segments`])
+    /// over `[offset, offset+len)`, in spans of at most `max` bytes. An error
+    /// when the segment was not offloaded or its backup does not hold every
+    /// byte of the range.
+    pub fn backup_spans(
+        &self,
+        i: usize,
+        offset: usize,
+        len: usize,
+        max: usize,
+    ) -> Result<Vec<HostSpan>> {
+        let t = &self.todo[i];
+        let s = self.engine.lock();
+        let b = s
+            .backups
+            .get(&t.ptr)
+            .filter(|_| t.state == SleepState::Offloaded)
+            .ok_or_else(|| {
+                Error::InvalidState(format!(
+                    "segment at {:#x} (tag {}) is asleep as {:?}, without a full host backup",
+                    t.ptr, self.tag, t.state
+                ))
+            })?;
+        let spans: Vec<HostSpan> = b
+            .spans(&s.arena, offset, len, max.max(1))
+            .into_iter()
+            .map(|(at, host, n)| HostSpan {
+                offset: at,
+                host: host as usize,
+                len: n,
+            })
+            .collect();
+        let held: usize = spans.iter().map(|s| s.len).sum();
+        if held != len {
+            return Err(Error::InvalidState(format!(
+                "the backup of segment {:#x} holds {held} of the {len} bytes at offset {offset}",
+                t.ptr
+            )));
+        }
+        Ok(spans)
+    }
+
+    /// Every chunk is mapped and filled: install the handles and mark the
+    /// segments awake. The caller has waited for its copies.
+    pub fn commit(mut self, segs: TagSegments<'_>) -> CycleReport {
+        self.install(segs, true);
+        self.release_busy(true);
+        self.finished = true;
+        let mut r = std::mem::take(&mut self.report);
+        r.segments = self.todo.len();
+        r
+    }
+
+    /// Undo the mapping: once the device is idle, every chunk mapped here is
+    /// unmapped and released, and the segments stay asleep with their
+    /// backups. When the device refuses to synchronize, the chunks stay mapped
+    /// (installed, counted as tracked) and the segments still asleep.
+    pub fn abort(mut self, segs: TagSegments<'_>) {
+        if !self.unmap_made() {
+            self.install(segs, false);
+        }
+        self.release_busy(false);
+        self.finished = true;
+    }
+
+    /// Unmap what this wake mapped once the device is idle; false (nothing
+    /// unmapped) when it refused to synchronize.
+    fn unmap_made(&mut self) -> bool {
+        let driver = self.engine.driver.clone();
+        if driver.synchronize().is_err() {
+            return false;
+        }
+        for &(i, c, h) in self.made.iter().rev() {
+            let (t, ch) = (&self.todo[i], self.todo[i].chunks[c]);
+            let _ = unmap_release_at(driver.as_ref(), t.ptr + ch.offset as u64, ch.size, h);
+        }
+        self.made.clear();
+        true
+    }
+
+    fn install(&mut self, segs: TagSegments<'_>, awake: bool) {
+        let (todo, made) = (&self.todo, std::mem::take(&mut self.made));
+        let mut ok = true;
+        segs(&mut |ss| {
+            for (i, t) in todo.iter().enumerate() {
+                let Some(seg) = ss.iter_mut().find(|s| s.ptr() == t.ptr) else {
+                    continue;
+                };
+                for &(_, c, h) in made.iter().filter(|m| m.0 == i) {
+                    ok &= seg.install_handle(c, h).is_ok();
+                }
+                if awake && seg.is_fully_mapped() {
+                    seg.set_sleep_state(SleepState::Awake);
+                }
+            }
+        });
+        debug_assert!(ok, "the chunks of a segment in transition do not change");
+    }
+
+    fn release_busy(&mut self, woke: bool) {
+        let mut s = self.engine.lock();
+        for t in &self.todo {
+            s.busy.remove(&t.ptr);
+            if woke && s.options.free_backup_after_wake {
+                s.free_backup(t.ptr);
+            }
+        }
+        if woke && s.options.release_pinned_after_wake {
+            s.arena.release_unused();
+        }
+    }
+}
+
+impl Drop for StagedWake<'_> {
+    fn drop(&mut self) {
+        if !self.finished {
+            // No segment access here: a device that refuses to synchronize
+            // keeps the chunks mapped and their handles leak.
+            self.unmap_made();
+            self.release_busy(false);
+        }
+    }
+}
