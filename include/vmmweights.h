@@ -84,6 +84,7 @@
 #define VMMW_LOAD_OPTIONS_INIT { .size = sizeof(vmmw_load_options_t) }
 #define VMMW_SLEEP_OPTIONS_INIT { .size = sizeof(vmmw_sleep_options_t) }
 #define VMMW_SHARE_OPTIONS_INIT { .size = sizeof(vmmw_share_options_t) }
+#define VMMW_REPLICA_WAKE_OPTIONS_INIT { .size = sizeof(vmmw_replica_wake_options_t) }
 #endif
 
 
@@ -483,6 +484,90 @@ typedef struct vmmw_report_t {
    */
   uint32_t tags;
 } vmmw_report_t;
+
+/**
+ * What `vmmw_replicas_sleep` did.
+ */
+typedef struct vmmw_replica_sleep_result_t {
+  /**
+   * Bytes copied into the one host backup (from the first device).
+   */
+  uint64_t backup_bytes;
+  /**
+   * Physical bytes released over all devices.
+   */
+  uint64_t released_bytes;
+  /**
+   * Wall time in seconds.
+   */
+  double seconds;
+} vmmw_replica_sleep_result_t;
+
+/**
+ * Options of `vmmw_replicas_wake`. Start from `VMMW_REPLICA_WAKE_OPTIONS_INIT`
+ * (C) so `size` is set; every other field 0 is its default.
+ */
+typedef struct vmmw_replica_wake_options_t {
+  /**
+   * `sizeof(vmmw_replica_wake_options_t)` as the caller's header declares it
+   * (`VMMW_REPLICA_WAKE_OPTIONS_INIT`): fields past it take their defaults.
+   */
+  size_t size;
+  /**
+   * Size of one copy on one stream in bytes; 0 = 64 MiB.
+   */
+  uint64_t copy_piece_bytes;
+  /**
+   * 1: no peer copies, every device copies all of the backup from host
+   * memory (host memory read once per device). 0 (default): exchange the
+   * parts over peer copies wherever two devices can reach each other.
+   */
+  int32_t no_peer_copies;
+} vmmw_replica_wake_options_t;
+
+/**
+ * What `vmmw_replicas_wake` did.
+ */
+typedef struct vmmw_replica_wake_result_t {
+  /**
+   * Bytes read from the host backup over all devices (the backup's size
+   * when every pair exchanged over peer copies).
+   */
+  uint64_t host_bytes;
+  /**
+   * Bytes moved between devices by peer copies.
+   */
+  uint64_t peer_bytes;
+  /**
+   * Device bytes restored on all devices together.
+   */
+  uint64_t delivered_bytes;
+  /**
+   * Wall time in seconds.
+   */
+  double seconds;
+  /**
+   * Seconds spent mapping memory on every device.
+   */
+  double map_seconds;
+  /**
+   * Seconds of the host phase (each device its part, at once).
+   */
+  double host_seconds;
+  /**
+   * Seconds of the exchange between devices.
+   */
+  double peer_seconds;
+  /**
+   * Delivered bytes per second over all devices, in GB/s (10^9).
+   */
+  double gbps;
+  /**
+   * Ordered device pairs that copied from the backup instead of a peer
+   * (no peer access between them, or `no_peer_copies`).
+   */
+  uint32_t direct_pairs;
+} vmmw_replica_wake_result_t;
 
 /**
  * Sizes and address of a segment.
@@ -1381,6 +1466,31 @@ vmmw_status_t vmmw_pool_can_access_peer(const struct vmmw_pool_t *pool, int32_t 
 vmmw_status_t vmmw_loader_load_devices(struct vmmw_loader_t *const *loaders, struct vmmw_pool_t *const *pools, size_t count, vmmw_multi_mode_t mode, struct vmmw_multi_result_t *out, struct vmmw_error_t **error);
 
 /**
+ * Wake replicas that slept without backups (`VMMW_POLICY_DISCARD`) by the
+ * fan-out of `vmmw_loader_load_devices` with `VMMW_MULTI_REPLICAS`: every
+ * tag owning one of `loaders[i]`'s destinations in `pools[i]` is woken
+ * (memory mapped again at the same addresses, peer grants set again), then
+ * the checkpoint, one copy in host memory (the page cache), is loaded once
+ * and fanned out over peer copies. Host memory is read once for all devices.
+ * For replicas slept with one host backup instead, see `vmmw_replicas_wake`.
+ *
+ * The loaders, their checkpoint and rules are as `vmmw_loader_load_devices`
+ * with `VMMW_MULTI_REPLICAS` needs them. On an error after the tags woke,
+ * they stay awake and the destinations hold what the load reached (loading
+ * again repairs them); an error before (a tag's wake refused, e.g.
+ * `VMMW_OUT_OF_MEMORY`) leaves the tags not yet woken asleep. `out` may be
+ * NULL. Blocks until done; `vmmw_loader_cancel` on `loaders[0]` stops it.
+ * Thread-safe; the loaders are held for the call.
+ *
+ * Bad input: as `vmmw_loader_load_devices`.
+ *
+ * # Safety
+ * `loaders` and `pools` point to `count` live handles each; `out` is NULL
+ * or writable; `error` is NULL or writable.
+ */
+vmmw_status_t vmmw_loader_wake_replicas(struct vmmw_loader_t *const *loaders, struct vmmw_pool_t *const *pools, size_t count, struct vmmw_multi_result_t *out, struct vmmw_error_t **error);
+
+/**
  * Create a pool. `options` may be NULL (all defaults). On success `*out`
  * receives a new handle owned by the caller (`vmmw_pool_free`). Errors:
  * `VMMW_INVALID_ARGUMENT` (bad sizes or backend), `VMMW_DRIVER_UNAVAILABLE`.
@@ -1628,6 +1738,71 @@ vmmw_status_t vmmw_pool_write(struct vmmw_pool_t *pool, uint64_t dst, const void
  * is 0); `error` is NULL or writable.
  */
 vmmw_status_t vmmw_pool_read(const struct vmmw_pool_t *pool, uint64_t src, void *dst, size_t len, struct vmmw_error_t **error);
+
+/**
+ * Put replicas to sleep on one host backup: `tags[i]` in `pools[i]`, one
+ * pool per device, `count` of them. `pools[0]`'s tag (the holder) is
+ * offloaded to pinned host memory; every other tag releases its physical
+ * memory without a copy. The caller asserts every tag holds the same bytes;
+ * the library checks the layout (same segments in the same creation order,
+ * same sizes and live blocks: allocate the replicas the same way on every
+ * device), not the bytes. Each tag is granted read access for the other
+ * devices that can reach it, so the wake can exchange over peer copies.
+ * Wake them with `vmmw_replicas_wake`; waking one with `vmmw_pool_wake`
+ * takes it out of the group (the holder gets its backup back, any other
+ * tag undefined bytes). `out` may be NULL.
+ *
+ * A tag already asleep is accepted (the holder only when offloaded), so a
+ * call that failed midway can be repeated; the error says which device
+ * stopped it. Blocks until done. Thread-safe; the rules of
+ * `vmmw_pool_sleep` about other threads hold for every pool.
+ *
+ * Bad input: `VMMW_NULL_ARGUMENT` (`pools`, `tags` with `count` > 0, or an
+ * entry); `VMMW_INVALID_ARGUMENT` (`count` 0, a device listed twice, pools
+ * on different backends, tags laid out differently); `VMMW_UNKNOWN_TAG`;
+ * `VMMW_INVALID_STATE` (the holder asleep without a backup); nothing
+ * changes. `VMMW_HOST_OUT_OF_MEMORY`: the backup does not fit, nothing
+ * sleeps.
+ *
+ * # Safety
+ * `pools` and `tags` point to `count` entries each (live pool handles);
+ * `out` is NULL or writable; `error` is NULL or writable.
+ */
+vmmw_status_t vmmw_replicas_sleep(struct vmmw_pool_t *const *pools, const uint32_t *tags, size_t count, struct vmmw_replica_sleep_result_t *out, struct vmmw_error_t **error);
+
+/**
+ * Wake replicas put to sleep by `vmmw_replicas_sleep` (the same tags and
+ * pools, in any order). Every device maps its memory again, copies its own
+ * 1/N part of the one host backup over its own link (all devices at once),
+ * then pulls the other parts from the devices that copied them (peer
+ * copies): host memory is read once. A pair of devices without peer access
+ * copies that part from the backup instead. `options` may be NULL
+ * (defaults); `out` may be NULL.
+ *
+ * Nothing is lost on a failure: free memory is checked on every device
+ * before anything is mapped (`VMMW_OUT_OF_MEMORY`), and if a map or a copy
+ * fails on any device, the memory mapped on every device is released again
+ * and every tag stays asleep in its group with the backup intact; the
+ * error names the device, and calling again can succeed. On success every
+ * tag is awake holding the holder's bytes.
+ *
+ * Blocks until done. Thread-safe; the rules of `vmmw_pool_wake` about other
+ * threads hold for every pool.
+ *
+ * Bad input: `VMMW_NULL_ARGUMENT` (`pools`, `tags` with `count` > 0, or an
+ * entry); `VMMW_INVALID_ARGUMENT` (`count` 0, a device listed twice, bad
+ * `options.size`); `VMMW_UNSUPPORTED` (`options` from a newer header with
+ * fields this library does not know set); `VMMW_UNKNOWN_TAG`;
+ * `VMMW_INVALID_STATE` (a tag not asleep in one group with every other
+ * listed one: never slept with them, or woken or slept on its own since);
+ * nothing changes.
+ *
+ * # Safety
+ * `pools` and `tags` point to `count` entries each (live pool handles);
+ * `options` is NULL or readable for its `size` bytes; `out` is NULL or
+ * writable; `error` is NULL or writable.
+ */
+vmmw_status_t vmmw_replicas_wake(struct vmmw_pool_t *const *pools, const uint32_t *tags, size_t count, const struct vmmw_replica_wake_options_t *options, struct vmmw_replica_wake_result_t *out, struct vmmw_error_t **error);
 
 /**
  * Reserve and back `size` bytes (rounded up to the granularity) on `device`,

@@ -59,6 +59,7 @@ trap 'rm -f "$config"' EXIT
 #define VMMW_LOAD_OPTIONS_INIT { .size = sizeof(vmmw_load_options_t) }
 #define VMMW_SLEEP_OPTIONS_INIT { .size = sizeof(vmmw_sleep_options_t) }
 #define VMMW_SHARE_OPTIONS_INIT { .size = sizeof(vmmw_share_options_t) }
+#define VMMW_REPLICA_WAKE_OPTIONS_INIT { .size = sizeof(vmmw_replica_wake_options_t) }
 #endif
 C
   printf '"""\n'

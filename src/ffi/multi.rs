@@ -243,15 +243,6 @@ pub unsafe extern "C" fn vmmw_loader_load_devices(
     error: *mut *mut vmmw_error_t,
 ) -> vmmw_status_t {
     call(error, || {
-        // SAFETY: forwarded contract.
-        let ls = unsafe { slice_arg(loaders, count, "loaders") }?;
-        // SAFETY: forwarded contract.
-        let ps = unsafe { slice_arg(pools, count, "pools") }?;
-        if count == 0 {
-            return Err(Error::InvalidArgument(
-                "vmmw_loader_load_devices needs at least one device".into(),
-            ));
-        }
         let mode = match mode {
             VMMW_MULTI_REPLICAS => MultiMode::Replicas,
             VMMW_MULTI_RANKS => MultiMode::Ranks,
@@ -261,81 +252,168 @@ pub unsafe extern "C" fn vmmw_loader_load_devices(
                 )))
             }
         };
-        let mut handles = Vec::with_capacity(count);
-        for (i, (&l, &p)) in ls.iter().zip(ps).enumerate() {
-            // SAFETY: forwarded contract.
-            let l = unsafe { arg(l, "loaders[i]") }?;
-            // SAFETY: forwarded contract.
-            let p = unsafe { arg(p, "pools[i]") }?;
-            if handles
-                .iter()
-                .any(|&(o, _): &(&vmmw_loader_t, _)| std::ptr::eq(o, l))
-            {
-                return Err(Error::InvalidArgument(format!(
-                    "loaders[{i}] is listed twice: give each device its own loader"
-                )));
-            }
-            handles.push((l, p));
+        // SAFETY: forwarded contract.
+        unsafe {
+            on_devices(
+                loaders,
+                pools,
+                count,
+                out,
+                "vmmw_loader_load_devices",
+                |ckpt, targets, options, ctl| {
+                    loader::load_multi_into_pools(ckpt, targets, mode, options, ctl)
+                },
+            )
         }
-        // Lock in address order so two concurrent calls cannot deadlock.
-        let mut order: Vec<usize> = (0..count).collect();
-        order.sort_by_key(|&i| handles[i].0 as *const vmmw_loader_t as usize);
-        let mut guards: Vec<Option<_>> = (0..count).map(|_| None).collect();
-        for &i in &order {
-            guards[i] = Some(handles[i].0.lock());
-        }
-        let mut guards: Vec<_> = guards.into_iter().map(|g| g.expect("locked")).collect();
-        let root = guards[0].path.clone();
-        for (i, g) in guards.iter().enumerate() {
-            if g.path != root {
-                return Err(Error::InvalidArgument(format!(
-                    "loaders[{i}] opened {}, loaders[0] {}: one checkpoint for all devices",
-                    g.path.display(),
-                    root.display()
-                )));
-            }
-        }
-        guards[0].ckpt()?;
-        let ckpt = guards[0].ckpt.take().expect("opened above");
-        let options = guards[0].options;
-        let cancel = &handles[0].0.cancel;
-        let ctl = Control {
-            progress: None,
-            cancel: Some(cancel),
-        };
-        let targets: Vec<PoolLoad<'_>> = guards
-            .iter()
-            .zip(&handles)
-            .map(|(g, (_, p))| PoolLoad {
-                pool: &p.pool,
-                rules: &g.rules,
-                registry: &g.registry,
-            })
-            .collect();
-        let result = loader::load_multi_into_pools(ckpt, &targets, mode, &options, &ctl);
-        drop(targets);
-        for (l, _) in &handles {
-            l.cancel.store(false, Ordering::Release);
-        }
-        let loaded = result?;
-        for (g, plan) in guards.iter_mut().zip(&loaded.plans) {
-            g.executed = Some(plan.clone());
-        }
-        if !out.is_null() {
-            let s = &loaded.stats;
-            let r = vmmw_multi_result_t {
-                host_bytes: s.host_bytes,
-                peer_bytes: s.peer_bytes,
-                delivered_bytes: s.delivered_bytes,
-                seconds: s.seconds,
-                host_seconds: s.host_seconds,
-                peer_seconds: s.peer_seconds,
-                gbps: s.aggregate_gbps(),
-                recovered_devices: s.recovered.len() as u32,
-            };
-            // SAFETY: non-NULL and writable per the contract.
-            unsafe { out.write(r) };
-        }
-        Ok(())
     })
+}
+
+/// Wake replicas that slept without backups (`VMMW_POLICY_DISCARD`) by the
+/// fan-out of `vmmw_loader_load_devices` with `VMMW_MULTI_REPLICAS`: every
+/// tag owning one of `loaders[i]`'s destinations in `pools[i]` is woken
+/// (memory mapped again at the same addresses, peer grants set again), then
+/// the checkpoint, one copy in host memory (the page cache), is loaded once
+/// and fanned out over peer copies. Host memory is read once for all devices.
+/// For replicas slept with one host backup instead, see `vmmw_replicas_wake`.
+///
+/// The loaders, their checkpoint and rules are as `vmmw_loader_load_devices`
+/// with `VMMW_MULTI_REPLICAS` needs them. On an error after the tags woke,
+/// they stay awake and the destinations hold what the load reached (loading
+/// again repairs them); an error before (a tag's wake refused, e.g.
+/// `VMMW_OUT_OF_MEMORY`) leaves the tags not yet woken asleep. `out` may be
+/// NULL. Blocks until done; `vmmw_loader_cancel` on `loaders[0]` stops it.
+/// Thread-safe; the loaders are held for the call.
+///
+/// Bad input: as `vmmw_loader_load_devices`.
+///
+/// # Safety
+/// `loaders` and `pools` point to `count` live handles each; `out` is NULL
+/// or writable; `error` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn vmmw_loader_wake_replicas(
+    loaders: *const *mut vmmw_loader_t,
+    pools: *const *mut vmmw_pool_t,
+    count: usize,
+    out: *mut vmmw_multi_result_t,
+    error: *mut *mut vmmw_error_t,
+) -> vmmw_status_t {
+    call(error, || {
+        // SAFETY: forwarded contract.
+        unsafe {
+            on_devices(
+                loaders,
+                pools,
+                count,
+                out,
+                "vmmw_loader_wake_replicas",
+                loader::wake_replicas,
+            )
+        }
+    })
+}
+
+/// Lock the loaders (in address order), check they opened one checkpoint,
+/// run `run` over their destinations on `pools`, keep each device's executed
+/// plan in its loader and write `out` (when not NULL).
+///
+/// # Safety
+/// As `vmmw_loader_load_devices`' contract on every pointer.
+unsafe fn on_devices(
+    loaders: *const *mut vmmw_loader_t,
+    pools: *const *mut vmmw_pool_t,
+    count: usize,
+    out: *mut vmmw_multi_result_t,
+    what: &str,
+    run: impl FnOnce(
+        crate::loader::Checkpoint,
+        &[PoolLoad<'_>],
+        &crate::loader::LoadOptions,
+        &Control<'_>,
+    ) -> Result<crate::loader::MultiLoaded>,
+) -> Result<()> {
+    // SAFETY: forwarded contract.
+    let ls = unsafe { slice_arg(loaders, count, "loaders") }?;
+    // SAFETY: forwarded contract.
+    let ps = unsafe { slice_arg(pools, count, "pools") }?;
+    if count == 0 {
+        return Err(Error::InvalidArgument(format!(
+            "{what} needs at least one device"
+        )));
+    }
+    let mut handles = Vec::with_capacity(count);
+    for (i, (&l, &p)) in ls.iter().zip(ps).enumerate() {
+        // SAFETY: forwarded contract.
+        let l = unsafe { arg(l, "loaders[i]") }?;
+        // SAFETY: forwarded contract.
+        let p = unsafe { arg(p, "pools[i]") }?;
+        if handles
+            .iter()
+            .any(|&(o, _): &(&vmmw_loader_t, _)| std::ptr::eq(o, l))
+        {
+            return Err(Error::InvalidArgument(format!(
+                "loaders[{i}] is listed twice: give each device its own loader"
+            )));
+        }
+        handles.push((l, p));
+    }
+    // Lock in address order so two concurrent calls cannot deadlock.
+    let mut order: Vec<usize> = (0..count).collect();
+    order.sort_by_key(|&i| handles[i].0 as *const vmmw_loader_t as usize);
+    let mut guards: Vec<Option<_>> = (0..count).map(|_| None).collect();
+    for &i in &order {
+        guards[i] = Some(handles[i].0.lock());
+    }
+    let mut guards: Vec<_> = guards.into_iter().map(|g| g.expect("locked")).collect();
+    let root = guards[0].path.clone();
+    for (i, g) in guards.iter().enumerate() {
+        if g.path != root {
+            return Err(Error::InvalidArgument(format!(
+                "loaders[{i}] opened {}, loaders[0] {}: one checkpoint for all devices",
+                g.path.display(),
+                root.display()
+            )));
+        }
+    }
+    guards[0].ckpt()?;
+    let ckpt = guards[0].ckpt.take().expect("opened above");
+    let options = guards[0].options;
+    let cancel = &handles[0].0.cancel;
+    let ctl = Control {
+        progress: None,
+        cancel: Some(cancel),
+    };
+    let targets: Vec<PoolLoad<'_>> = guards
+        .iter()
+        .zip(&handles)
+        .map(|(g, (_, p))| PoolLoad {
+            pool: &p.pool,
+            rules: &g.rules,
+            registry: &g.registry,
+        })
+        .collect();
+    let result = run(ckpt, &targets, &options, &ctl);
+    drop(targets);
+    for (l, _) in &handles {
+        l.cancel.store(false, Ordering::Release);
+    }
+    let loaded = result?;
+    for (g, plan) in guards.iter_mut().zip(&loaded.plans) {
+        g.executed = Some(plan.clone());
+    }
+    if !out.is_null() {
+        let s = &loaded.stats;
+        let r = vmmw_multi_result_t {
+            host_bytes: s.host_bytes,
+            peer_bytes: s.peer_bytes,
+            delivered_bytes: s.delivered_bytes,
+            seconds: s.seconds,
+            host_seconds: s.host_seconds,
+            peer_seconds: s.peer_seconds,
+            gbps: s.aggregate_gbps(),
+            recovered_devices: s.recovered.len() as u32,
+        };
+        // SAFETY: non-NULL and writable per the contract.
+        unsafe { out.write(r) };
+    }
+    Ok(())
 }

@@ -78,6 +78,20 @@ pub struct ReplicaWakeOptions {
     pub copy_piece_bytes: usize,
 }
 
+impl ReplicaWakeOptions {
+    /// Refuse a copy piece over [`crate::units::MAX_BYTES`].
+    pub fn validate(&self) -> Result<()> {
+        let max = crate::units::MAX_BYTES;
+        if self.copy_piece_bytes > max {
+            return Err(Error::InvalidArgument(format!(
+                "replica wake option copy_piece_bytes = {} must be at most {max} (2^56; 0 = 64 MiB)",
+                self.copy_piece_bytes
+            )));
+        }
+        Ok(())
+    }
+}
+
 impl Default for ReplicaWakeOptions {
     fn default() -> Self {
         ReplicaWakeOptions {
@@ -444,6 +458,7 @@ pub fn wake_replicas_from_backup(
     opts: &ReplicaWakeOptions,
 ) -> Result<ReplicaWakeStats> {
     let t0 = Instant::now();
+    opts.validate()?;
     check_members(members, "wake of replicas")?;
     let devices: Vec<i32> = members.iter().map(|m| m.pool.device()).collect();
     let mark = members[0].pool.replica_mark(members[0].tag);

@@ -14,6 +14,93 @@
 
 static float wa[8 * 4], wb[6];
 
+/* Replicas asleep on one host backup: the same blocks and bytes in a tag on
+ * two devices, one backup, every device woken from it; a device out of
+ * memory mid-wake loses nothing and a retry restores exact bytes. */
+static void test_replicas_one_backup(void) {
+  enum { NB = 3 };
+  static const uint64_t sizes[NB] = {1000, 300000, 5000};
+  static unsigned char bytes[NB][300000];
+  for (int i = 0; i < NB; ++i)
+    for (uint64_t j = 0; j < sizes[i]; ++j) bytes[i][j] = (unsigned char)(j * 7 + i * 13 + 1);
+  vmmw_device_t* dev[2] = {NULL, NULL};
+  vmmw_pool_t* rp[2] = {NULL, NULL};
+  uint64_t ptr[2][NB];
+  uint32_t tag = 0;
+  CHECK_OK(vmmw_tag_id("replicas-c-one-backup", &tag, &err));
+  for (int d = 0; d < 2; ++d) {
+    CHECK_OK(vmmw_device_open(VMMW_BACKEND_HOST, d, &dev[d], &err));
+    vmmw_pool_options_t opts;
+    memset(&opts, 0, sizeof opts);
+    opts.size = sizeof opts;
+    opts.device_handle = dev[d];
+    CHECK_OK(vmmw_pool_new(&opts, &rp[d], &err));
+    for (int i = 0; i < NB; ++i) {
+      CHECK_OK(vmmw_pool_alloc_tagged(rp[d], sizes[i], tag, &ptr[d][i], &err));
+      CHECK_OK(vmmw_pool_write(rp[d], ptr[d][i], bytes[i], sizes[i], &err));
+    }
+  }
+  uint32_t tags[2] = {tag, tag};
+  vmmw_pool_t* twice[2] = {rp[0], rp[0]};
+  vmmw_replica_sleep_result_t sr;
+  CHECK_STATUS(VMMW_NULL_ARGUMENT, vmmw_replicas_sleep(NULL, tags, 2, &sr, NULL));
+  CHECK_STATUS(VMMW_NULL_ARGUMENT, vmmw_replicas_sleep(rp, NULL, 2, &sr, NULL));
+  CHECK_STATUS(VMMW_INVALID_ARGUMENT, vmmw_replicas_sleep(rp, tags, 0, &sr, NULL));
+  CHECK_STATUS(VMMW_INVALID_ARGUMENT, vmmw_replicas_sleep(twice, tags, 2, &sr, NULL));
+  CHECK_STATUS(VMMW_INVALID_STATE, vmmw_replicas_wake(rp, tags, 2, NULL, NULL, NULL));
+
+  memset(&sr, 0, sizeof sr);
+  CHECK_OK(vmmw_replicas_sleep(rp, tags, 2, &sr, &err));
+  CHECK(sr.backup_bytes > 0 && sr.released_bytes == 2 * sr.backup_bytes);
+  unsigned char probe[16];
+  CHECK_STATUS(VMMW_INVALID_STATE, vmmw_pool_read(rp[1], ptr[1][0], probe, sizeof probe, NULL));
+
+  vmmw_replica_wake_options_t wo;
+  memset(&wo, 0, sizeof wo); /* size 0: never set */
+  CHECK_STATUS(VMMW_INVALID_ARGUMENT, vmmw_replicas_wake(rp, tags, 2, &wo, NULL, NULL));
+  wo.size = sizeof wo;
+  wo.no_peer_copies = 2;
+  CHECK_STATUS(VMMW_INVALID_ARGUMENT, vmmw_replicas_wake(rp, tags, 2, &wo, NULL, NULL));
+  wo.no_peer_copies = 0;
+
+  /* Device 1 cannot create memory mid-wake: nothing is lost. */
+  CHECK_OK(vmmw_host_fail_nth(dev[1], VMMW_FAULT_CREATE, 1, &err));
+  vmmw_replica_wake_result_t wr;
+  CHECK_STATUS(VMMW_OUT_OF_MEMORY, vmmw_replicas_wake(rp, tags, 2, &wo, &wr, NULL));
+  for (int d = 0; d < 2; ++d) {
+    vmmw_host_counts_t c;
+    CHECK_OK(vmmw_host_counts(dev[d], &c, &err));
+    CHECK(c.physical_bytes == 0);
+  }
+  CHECK_STATUS(VMMW_INVALID_STATE, vmmw_pool_read(rp[0], ptr[0][0], probe, sizeof probe, NULL));
+
+  memset(&wr, 0, sizeof wr);
+  CHECK_OK(vmmw_replicas_wake(rp, tags, 2, &wo, &wr, &err));
+  CHECK(wr.host_bytes == sr.backup_bytes);
+  CHECK(wr.peer_bytes == sr.backup_bytes);
+  CHECK(wr.delivered_bytes == 2 * sr.backup_bytes);
+  CHECK(wr.direct_pairs == 0);
+  static unsigned char back[300000];
+  for (int d = 0; d < 2; ++d)
+    for (int i = 0; i < NB; ++i) {
+      CHECK_OK(vmmw_pool_read(rp[d], ptr[d][i], back, (size_t)sizes[i], &err));
+      CHECK(memcmp(back, bytes[i], sizes[i]) == 0);
+    }
+
+  /* No peer copies: every device copies the whole backup. */
+  CHECK_OK(vmmw_replicas_sleep(rp, tags, 2, NULL, &err));
+  wo.no_peer_copies = 1;
+  CHECK_OK(vmmw_replicas_wake(rp, tags, 2, &wo, &wr, &err));
+  CHECK(wr.host_bytes == 2 * sr.backup_bytes && wr.peer_bytes == 0 && wr.direct_pairs == 2);
+  CHECK_OK(vmmw_pool_read(rp[1], ptr[1][1], back, (size_t)sizes[1], &err));
+  CHECK(memcmp(back, bytes[1], sizes[1]) == 0);
+
+  for (int d = 0; d < 2; ++d) {
+    vmmw_pool_free(rp[d]);
+    vmmw_device_free(dev[d]);
+  }
+}
+
 int main(void) {
   char dir[] = "/tmp/vmmw-c-multi-XXXXXX";
   CHECK(mkdtemp(dir) != NULL);
@@ -100,6 +187,25 @@ int main(void) {
   CHECK_OK(vmmw_loader_load_devices(cl, cp, 2, VMMW_MULTI_RANKS, &res, &err));
   CHECK(res.host_bytes == 2 * (sizeof wa + sizeof wb));
   CHECK(res.peer_bytes == 0);
+
+  /* Replicas slept without backups wake by one checkpoint fan-out. */
+  vmmw_tag_policy_t discard = {tag, VMMW_POLICY_DISCARD};
+  for (int d = 0; d < 2; ++d) CHECK_OK(vmmw_pool_sleep(pools[d], &discard, 1, &err));
+  memset(&res, 0, sizeof res);
+  CHECK_STATUS(VMMW_NULL_ARGUMENT, vmmw_loader_wake_replicas(NULL, cp, 2, &res, NULL));
+  CHECK_STATUS(VMMW_INVALID_ARGUMENT, vmmw_loader_wake_replicas(cl, cp, 0, &res, NULL));
+  CHECK_OK(vmmw_loader_wake_replicas(cl, cp, 2, &res, &err));
+  CHECK(res.host_bytes == sizeof wa + sizeof wb);
+  CHECK(res.peer_bytes == sizeof wa + sizeof wb);
+  for (int d = 0; d < 2; ++d) {
+    vmmw_destination_t da;
+    float back_a[32];
+    CHECK_OK(vmmw_loader_destination(ld[d], "a.weight", &da, &err));
+    CHECK_OK(vmmw_pool_read(pools[d], da.ptr, back_a, sizeof back_a, &err));
+    CHECK(memcmp(back_a, wa, sizeof wa) == 0);
+  }
+
+  test_replicas_one_backup();
 
   for (int d = 0; d < 2; ++d) {
     vmmw_loader_free(ld[d]);

@@ -1,0 +1,244 @@
+//! Replicas asleep on one host backup (`pool::replicas`): N tags on N
+//! devices holding the same bytes sleep with one pinned host backup and wake
+//! on every device from it, host memory read once.
+
+use super::boundary::{arg, call, slice_arg};
+use super::error::vmmw_error_t;
+use super::numbers::or_default;
+use super::options::{read_sized, SizedOptions};
+use super::pool::vmmw_pool_t;
+use super::status::vmmw_status_t;
+use crate::error::{Error, Result};
+use crate::pool::replicas::{self, Replica, ReplicaWakeOptions};
+use crate::tag::TagId;
+
+/// Options of `vmmw_replicas_wake`. Start from `VMMW_REPLICA_WAKE_OPTIONS_INIT`
+/// (C) so `size` is set; every other field 0 is its default.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct vmmw_replica_wake_options_t {
+    /// `sizeof(vmmw_replica_wake_options_t)` as the caller's header declares it
+    /// (`VMMW_REPLICA_WAKE_OPTIONS_INIT`): fields past it take their defaults.
+    pub size: usize,
+    /// Size of one copy on one stream in bytes; 0 = 64 MiB.
+    pub copy_piece_bytes: u64,
+    /// 1: no peer copies, every device copies all of the backup from host
+    /// memory (host memory read once per device). 0 (default): exchange the
+    /// parts over peer copies wherever two devices can reach each other.
+    pub no_peer_copies: i32,
+}
+
+// SAFETY: repr(C), `size` first, integers only.
+unsafe impl SizedOptions for vmmw_replica_wake_options_t {
+    const NAME: &'static str = "vmmw_replica_wake_options_t";
+    fn defaults() -> Self {
+        vmmw_replica_wake_options_t {
+            size: std::mem::size_of::<Self>(),
+            copy_piece_bytes: 0,
+            no_peer_copies: 0,
+        }
+    }
+}
+
+/// What `vmmw_replicas_sleep` did.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct vmmw_replica_sleep_result_t {
+    /// Bytes copied into the one host backup (from the first device).
+    pub backup_bytes: u64,
+    /// Physical bytes released over all devices.
+    pub released_bytes: u64,
+    /// Wall time in seconds.
+    pub seconds: f64,
+}
+
+/// What `vmmw_replicas_wake` did.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct vmmw_replica_wake_result_t {
+    /// Bytes read from the host backup over all devices (the backup's size
+    /// when every pair exchanged over peer copies).
+    pub host_bytes: u64,
+    /// Bytes moved between devices by peer copies.
+    pub peer_bytes: u64,
+    /// Device bytes restored on all devices together.
+    pub delivered_bytes: u64,
+    /// Wall time in seconds.
+    pub seconds: f64,
+    /// Seconds spent mapping memory on every device.
+    pub map_seconds: f64,
+    /// Seconds of the host phase (each device its part, at once).
+    pub host_seconds: f64,
+    /// Seconds of the exchange between devices.
+    pub peer_seconds: f64,
+    /// Delivered bytes per second over all devices, in GB/s (10^9).
+    pub gbps: f64,
+    /// Ordered device pairs that copied from the backup instead of a peer
+    /// (no peer access between them, or `no_peer_copies`).
+    pub direct_pairs: u32,
+}
+
+/// `count` replicas: `tags[i]` in `pools[i]`.
+///
+/// # Safety
+/// As the callers' contracts on `pools` and `tags`.
+unsafe fn members<'a>(
+    pools: *const *mut vmmw_pool_t,
+    tags: *const u32,
+    count: usize,
+    what: &str,
+) -> Result<Vec<Replica<'a>>> {
+    // SAFETY: forwarded contract.
+    let ps = unsafe { slice_arg(pools, count, "pools") }?;
+    // SAFETY: forwarded contract.
+    let ts = unsafe { slice_arg(tags, count, "tags") }?;
+    if count == 0 {
+        return Err(Error::InvalidArgument(format!(
+            "{what} needs at least one replica (count is 0)"
+        )));
+    }
+    ps.iter()
+        .zip(ts)
+        .map(|(&p, &t)| {
+            // SAFETY: forwarded contract (live handles for the call).
+            let p: &'a vmmw_pool_t = unsafe { arg(p, "pools[i]") }?;
+            Ok(Replica {
+                pool: &p.pool,
+                tag: TagId(t),
+            })
+        })
+        .collect()
+}
+
+/// Put replicas to sleep on one host backup: `tags[i]` in `pools[i]`, one
+/// pool per device, `count` of them. `pools[0]`'s tag (the holder) is
+/// offloaded to pinned host memory; every other tag releases its physical
+/// memory without a copy. The caller asserts every tag holds the same bytes;
+/// the library checks the layout (same segments in the same creation order,
+/// same sizes and live blocks: allocate the replicas the same way on every
+/// device), not the bytes. Each tag is granted read access for the other
+/// devices that can reach it, so the wake can exchange over peer copies.
+/// Wake them with `vmmw_replicas_wake`; waking one with `vmmw_pool_wake`
+/// takes it out of the group (the holder gets its backup back, any other
+/// tag undefined bytes). `out` may be NULL.
+///
+/// A tag already asleep is accepted (the holder only when offloaded), so a
+/// call that failed midway can be repeated; the error says which device
+/// stopped it. Blocks until done. Thread-safe; the rules of
+/// `vmmw_pool_sleep` about other threads hold for every pool.
+///
+/// Bad input: `VMMW_NULL_ARGUMENT` (`pools`, `tags` with `count` > 0, or an
+/// entry); `VMMW_INVALID_ARGUMENT` (`count` 0, a device listed twice, pools
+/// on different backends, tags laid out differently); `VMMW_UNKNOWN_TAG`;
+/// `VMMW_INVALID_STATE` (the holder asleep without a backup); nothing
+/// changes. `VMMW_HOST_OUT_OF_MEMORY`: the backup does not fit, nothing
+/// sleeps.
+///
+/// # Safety
+/// `pools` and `tags` point to `count` entries each (live pool handles);
+/// `out` is NULL or writable; `error` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn vmmw_replicas_sleep(
+    pools: *const *mut vmmw_pool_t,
+    tags: *const u32,
+    count: usize,
+    out: *mut vmmw_replica_sleep_result_t,
+    error: *mut *mut vmmw_error_t,
+) -> vmmw_status_t {
+    call(error, || {
+        // SAFETY: forwarded contract.
+        let m = unsafe { members(pools, tags, count, "vmmw_replicas_sleep") }?;
+        let s = replicas::sleep_replicas(&m)?;
+        if !out.is_null() {
+            let r = vmmw_replica_sleep_result_t {
+                backup_bytes: s.backup_bytes,
+                released_bytes: s.released_bytes,
+                seconds: s.seconds,
+            };
+            // SAFETY: non-NULL and writable per the contract.
+            unsafe { out.write(r) };
+        }
+        Ok(())
+    })
+}
+
+/// Wake replicas put to sleep by `vmmw_replicas_sleep` (the same tags and
+/// pools, in any order). Every device maps its memory again, copies its own
+/// 1/N part of the one host backup over its own link (all devices at once),
+/// then pulls the other parts from the devices that copied them (peer
+/// copies): host memory is read once. A pair of devices without peer access
+/// copies that part from the backup instead. `options` may be NULL
+/// (defaults); `out` may be NULL.
+///
+/// Nothing is lost on a failure: free memory is checked on every device
+/// before anything is mapped (`VMMW_OUT_OF_MEMORY`), and if a map or a copy
+/// fails on any device, the memory mapped on every device is released again
+/// and every tag stays asleep in its group with the backup intact; the
+/// error names the device, and calling again can succeed. On success every
+/// tag is awake holding the holder's bytes.
+///
+/// Blocks until done. Thread-safe; the rules of `vmmw_pool_wake` about other
+/// threads hold for every pool.
+///
+/// Bad input: `VMMW_NULL_ARGUMENT` (`pools`, `tags` with `count` > 0, or an
+/// entry); `VMMW_INVALID_ARGUMENT` (`count` 0, a device listed twice, bad
+/// `options.size`); `VMMW_UNSUPPORTED` (`options` from a newer header with
+/// fields this library does not know set); `VMMW_UNKNOWN_TAG`;
+/// `VMMW_INVALID_STATE` (a tag not asleep in one group with every other
+/// listed one: never slept with them, or woken or slept on its own since);
+/// nothing changes.
+///
+/// # Safety
+/// `pools` and `tags` point to `count` entries each (live pool handles);
+/// `options` is NULL or readable for its `size` bytes; `out` is NULL or
+/// writable; `error` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn vmmw_replicas_wake(
+    pools: *const *mut vmmw_pool_t,
+    tags: *const u32,
+    count: usize,
+    options: *const vmmw_replica_wake_options_t,
+    out: *mut vmmw_replica_wake_result_t,
+    error: *mut *mut vmmw_error_t,
+) -> vmmw_status_t {
+    call(error, || {
+        // SAFETY: forwarded contract.
+        let o =
+            unsafe { read_sized(options) }?.unwrap_or_else(vmmw_replica_wake_options_t::defaults);
+        let opts = ReplicaWakeOptions {
+            peer_copies: match o.no_peer_copies {
+                0 => true,
+                1 => false,
+                other => {
+                    return Err(Error::InvalidArgument(format!(
+                        "vmmw_replica_wake_options_t.no_peer_copies is {other}: expected 0 or 1"
+                    )))
+                }
+            },
+            copy_piece_bytes: or_default(
+                o.copy_piece_bytes,
+                ReplicaWakeOptions::default().copy_piece_bytes,
+                "copy_piece_bytes",
+            )?,
+        };
+        // SAFETY: forwarded contract.
+        let m = unsafe { members(pools, tags, count, "vmmw_replicas_wake") }?;
+        let s = replicas::wake_replicas_from_backup(&m, &opts)?;
+        if !out.is_null() {
+            let r = vmmw_replica_wake_result_t {
+                host_bytes: s.host_bytes,
+                peer_bytes: s.peer_bytes,
+                delivered_bytes: s.delivered_bytes,
+                seconds: s.seconds,
+                map_seconds: s.map_seconds,
+                host_seconds: s.host_seconds,
+                peer_seconds: s.peer_seconds,
+                gbps: s.aggregate_gbps(),
+                direct_pairs: s.direct_pairs as u32,
+            };
+            // SAFETY: non-NULL and writable per the contract.
+            unsafe { out.write(r) };
+        }
+        Ok(())
+    })
+}
