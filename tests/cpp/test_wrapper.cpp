@@ -298,6 +298,46 @@ static void test_devices() {
   CHECK(pools[1].peer_access(w).empty());
   CHECK(status_of([&] { vmmw::load_devices({&l0, &l0}, {&pools[0], &pools[1]}, vmmw::MultiMode::Ranks); }) ==
         VMMW_INVALID_ARGUMENT);
+
+  // Replicas slept without backups wake by one checkpoint fan-out.
+  pools[1].set_peer_access(w, {{0, VMMW_ACCESS_READ}});
+  for (auto& p : pools) p.sleep({{w, vmmw::Policy::Discard}});
+  const auto wr = vmmw::wake_replicas({&l0, &l1}, {&pools[0], &pools[1]});
+  CHECK(wr.host_bytes == a.size() * 4);
+  for (int d = 0; d < 2; ++d) {
+    std::vector<float> back(a.size());
+    pools[d].read((d == 0 ? l0 : l1).destination("w").ptr, back.data(), back.size() * 4);
+    CHECK(back == a);
+  }
+
+  // Replicas on one host backup: sleep, wake from it on both devices, bytes exact.
+  const vmmw::Tag rt = vmmw::tag_id("cpp-replicas-one-backup");
+  std::vector<uint8_t> bytes(300000);
+  for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<uint8_t>(i * 31 + 7);
+  std::vector<vmmw::Block> blocks;
+  uint64_t ptr[2];
+  for (int d = 0; d < 2; ++d) {
+    blocks.push_back(pools[d].alloc(bytes.size(), rt));
+    ptr[d] = blocks.back().ptr();
+    pools[d].write(ptr[d], bytes.data(), bytes.size());
+  }
+  const std::vector<vmmw::Replica> group = {{&pools[0], rt}, {&pools[1], rt}};
+  const auto sr = vmmw::sleep_replicas(group);
+  CHECK(sr.backup_bytes >= bytes.size() && sr.released_bytes == 2 * sr.backup_bytes);
+  const auto ws = vmmw::wake_replicas(group);
+  CHECK(ws.host_bytes == sr.backup_bytes && ws.peer_bytes == sr.backup_bytes && ws.direct_pairs == 0);
+  for (int d = 0; d < 2; ++d) {
+    std::vector<uint8_t> back(bytes.size());
+    pools[d].read(ptr[d], back.data(), back.size());
+    CHECK(back == bytes);
+  }
+  CHECK(status_of([&] { vmmw::wake_replicas(group); }) == VMMW_INVALID_STATE);
+  CHECK(status_of([&] { vmmw::sleep_replicas({{&pools[0], rt}, {&pools[0], rt}}); }) == VMMW_INVALID_ARGUMENT);
+  vmmw::sleep_replicas(group);
+  vmmw::ReplicaWakeOptions direct;
+  direct.peer_copies = false;
+  const auto wd = vmmw::wake_replicas(group, direct);
+  CHECK(wd.host_bytes == 2 * sr.backup_bytes && wd.direct_pairs == 2);
   unlink(path.c_str());
   rmdir(dir);
 }

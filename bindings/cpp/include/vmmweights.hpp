@@ -1013,6 +1013,74 @@ inline vmmw_multi_result_t load_devices(const std::vector<Loader*>& loaders, con
   return r;
 }
 
+/// Replicas that slept without backups (Policy::Discard) woken by one
+/// checkpoint fan-out (vmmw_loader_wake_replicas): their tags are woken, then
+/// the checkpoint is loaded once and exchanged over peer copies.
+inline vmmw_multi_result_t wake_replicas(const std::vector<Loader*>& loaders, const std::vector<Pool*>& pools) {
+  if (loaders.size() != pools.size()) {
+    throw std::invalid_argument("vmmw::wake_replicas: one pool per loader");
+  }
+  std::vector<vmmw_loader_t*> ls;
+  std::vector<vmmw_pool_t*> ps;
+  for (size_t i = 0; i < loaders.size(); ++i) {
+    ls.push_back(loaders[i] != nullptr ? loaders[i]->get() : nullptr);
+    ps.push_back(pools[i] != nullptr ? pools[i]->get() : nullptr);
+  }
+  vmmw_multi_result_t r{};
+  detail::call([&](vmmw_error_t** e) { return vmmw_loader_wake_replicas(ls.data(), ps.data(), ls.size(), &r, e); });
+  return r;
+}
+
+/// One replica of a replica group: `tag` in `pool` (one pool per device).
+struct Replica {
+  Pool* pool;
+  Tag tag;
+};
+
+namespace detail {
+inline void replica_args(const std::vector<Replica>& rs, std::vector<vmmw_pool_t*>& ps, std::vector<uint32_t>& ts) {
+  for (const auto& r : rs) {
+    ps.push_back(r.pool != nullptr ? r.pool->get() : nullptr);
+    ts.push_back(r.tag);
+  }
+}
+}  // namespace detail
+
+/// Put replicas to sleep on one host backup taken from `replicas[0]`; the
+/// others release their memory without a copy (vmmw_replicas_sleep). The
+/// caller asserts they hold the same bytes.
+inline vmmw_replica_sleep_result_t sleep_replicas(const std::vector<Replica>& replicas) {
+  std::vector<vmmw_pool_t*> ps;
+  std::vector<uint32_t> ts;
+  detail::replica_args(replicas, ps, ts);
+  vmmw_replica_sleep_result_t r{};
+  detail::call([&](vmmw_error_t** e) { return vmmw_replicas_sleep(ps.data(), ts.data(), ps.size(), &r, e); });
+  return r;
+}
+
+/// How a wake of replicas moves the bytes (vmmw_replica_wake_options_t).
+struct ReplicaWakeOptions {
+  bool peer_copies = true;        ///< exchange parts over peer copies (false: every device copies the whole backup)
+  uint64_t copy_piece_bytes = 0;  ///< one copy on one stream; 0 = 64 MiB
+};
+
+/// Wake replicas slept by sleep_replicas on every device from the one
+/// backup, host memory read once (vmmw_replicas_wake). On an error every
+/// replica stays asleep with the backup intact; waking again can succeed.
+inline vmmw_replica_wake_result_t wake_replicas(const std::vector<Replica>& replicas,
+                                                const ReplicaWakeOptions& o = ReplicaWakeOptions()) {
+  std::vector<vmmw_pool_t*> ps;
+  std::vector<uint32_t> ts;
+  detail::replica_args(replicas, ps, ts);
+  vmmw_replica_wake_options_t c{};
+  c.size = sizeof c;
+  c.copy_piece_bytes = o.copy_piece_bytes;
+  c.no_peer_copies = o.peer_copies ? 0 : 1;
+  vmmw_replica_wake_result_t r{};
+  detail::call([&](vmmw_error_t** e) { return vmmw_replicas_wake(ps.data(), ts.data(), ps.size(), &c, &r, e); });
+  return r;
+}
+
 }  // namespace vmmw
 
 #endif  // VMMWEIGHTS_HPP
