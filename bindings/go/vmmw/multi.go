@@ -7,6 +7,7 @@ import "C"
 import (
 	"errors"
 	"runtime"
+	"unsafe"
 )
 
 // AccessMode is what a peer device may do with a tag's memory.
@@ -96,8 +97,26 @@ type MultiResult struct {
 // pools[i]'s device, for every i at once (vmmw_loader_load_devices).
 // loaders[0].Cancel() stops it.
 func LoadDevices(loaders []*Loader, pools []*Pool, mode MultiMode) (MultiResult, error) {
+	return onDevices("LoadDevices", loaders, pools, func(lp **C.vmmw_loader_t, pp **C.vmmw_pool_t, n C.size_t, r *C.vmmw_multi_result_t, e **C.vmmw_error_t) C.int32_t {
+		return C.vmmw_loader_load_devices(lp, pp, n, C.int32_t(mode), r, e)
+	})
+}
+
+// WakeReplicasFromCheckpoint wakes replicas that slept without backups
+// (PolicyDiscard) by one checkpoint fan-out (vmmw_loader_wake_replicas): the
+// tags owning loaders[i]'s destinations in pools[i] are woken, then the
+// checkpoint is read from host memory once and exchanged over peer copies.
+// For replicas asleep on one host backup, see WakeReplicas.
+func WakeReplicasFromCheckpoint(loaders []*Loader, pools []*Pool) (MultiResult, error) {
+	return onDevices("WakeReplicasFromCheckpoint", loaders, pools, func(lp **C.vmmw_loader_t, pp **C.vmmw_pool_t, n C.size_t, r *C.vmmw_multi_result_t, e **C.vmmw_error_t) C.int32_t {
+		return C.vmmw_loader_wake_replicas(lp, pp, n, r, e)
+	})
+}
+
+func onDevices(what string, loaders []*Loader, pools []*Pool,
+	f func(**C.vmmw_loader_t, **C.vmmw_pool_t, C.size_t, *C.vmmw_multi_result_t, **C.vmmw_error_t) C.int32_t) (MultiResult, error) {
 	if len(loaders) != len(pools) {
-		return MultiResult{}, errors.New("vmmw: LoadDevices needs one pool per loader")
+		return MultiResult{}, errors.New("vmmw: " + what + " needs one pool per loader")
 	}
 	ls := make([]*C.vmmw_loader_t, len(loaders))
 	ps := make([]*C.vmmw_pool_t, len(pools))
@@ -118,7 +137,7 @@ func LoadDevices(loaders []*Loader, pools []*Pool, mode MultiMode) (MultiResult,
 		lp, pp = &ls[0], &ps[0]
 	}
 	err := call(func(e **C.vmmw_error_t) C.int32_t {
-		return C.vmmw_loader_load_devices(lp, pp, C.size_t(len(ls)), C.int32_t(mode), &r, e)
+		return f(lp, pp, C.size_t(len(ls)), &r, e)
 	})
 	runtime.KeepAlive(loaders)
 	runtime.KeepAlive(pools)
@@ -128,4 +147,104 @@ func LoadDevices(loaders []*Loader, pools []*Pool, mode MultiMode) (MultiResult,
 	return MultiResult{uint64(r.host_bytes), uint64(r.peer_bytes), uint64(r.delivered_bytes),
 		float64(r.seconds), float64(r.host_seconds), float64(r.peer_seconds), float64(r.gbps),
 		uint32(r.recovered_devices)}, nil
+}
+
+// Replica is one member of a replica group: Tag in Pool (one pool per device).
+type Replica struct {
+	Pool *Pool
+	Tag  Tag
+}
+
+// ReplicaSleepResult is what SleepReplicas did.
+type ReplicaSleepResult struct {
+	BackupBytes, ReleasedBytes uint64
+	Seconds                    float64
+}
+
+// ReplicaWakeOptions says how WakeReplicas moves the bytes; the zero value
+// is the default (parts exchanged over peer copies, 64 MiB copy pieces).
+type ReplicaWakeOptions struct {
+	// NoPeerCopies makes every device copy all of the backup from host memory.
+	NoPeerCopies bool
+	// CopyPieceBytes is one copy on one stream; 0 = 64 MiB.
+	CopyPieceBytes uint64
+}
+
+// ReplicaWakeResult is what WakeReplicas did.
+type ReplicaWakeResult struct {
+	HostBytes, PeerBytes, DeliveredBytes                uint64
+	Seconds, MapSeconds, HostSeconds, PeerSeconds, GBps float64
+	DirectPairs                                         uint32
+}
+
+func replicaArgs(rs []Replica) ([]*C.vmmw_pool_t, []C.uint32_t, error) {
+	ps := make([]*C.vmmw_pool_t, len(rs))
+	ts := make([]C.uint32_t, len(rs))
+	for i, r := range rs {
+		if r.Pool == nil {
+			return nil, nil, closedError("Pool")
+		}
+		cp, err := r.Pool.live()
+		if err != nil {
+			return nil, nil, err
+		}
+		ps[i], ts[i] = cp, C.uint32_t(r.Tag)
+	}
+	return ps, ts, nil
+}
+
+// SleepReplicas puts replicas to sleep on one host backup taken from
+// replicas[0]; the others release their memory without a copy
+// (vmmw_replicas_sleep). The caller asserts they hold the same bytes.
+func SleepReplicas(replicas ...Replica) (ReplicaSleepResult, error) {
+	ps, ts, err := replicaArgs(replicas)
+	if err != nil {
+		return ReplicaSleepResult{}, err
+	}
+	var pp **C.vmmw_pool_t
+	var tp *C.uint32_t
+	if len(ps) > 0 {
+		pp, tp = &ps[0], &ts[0]
+	}
+	var r C.vmmw_replica_sleep_result_t
+	err = call(func(e **C.vmmw_error_t) C.int32_t {
+		return C.vmmw_replicas_sleep(pp, tp, C.size_t(len(ps)), &r, e)
+	})
+	runtime.KeepAlive(replicas)
+	if err != nil {
+		return ReplicaSleepResult{}, err
+	}
+	return ReplicaSleepResult{uint64(r.backup_bytes), uint64(r.released_bytes), float64(r.seconds)}, nil
+}
+
+// WakeReplicas wakes replicas slept by SleepReplicas on every device from the
+// one backup, host memory read once (vmmw_replicas_wake). On an error every
+// replica stays asleep with the backup intact; waking again can succeed.
+func WakeReplicas(o ReplicaWakeOptions, replicas ...Replica) (ReplicaWakeResult, error) {
+	ps, ts, err := replicaArgs(replicas)
+	if err != nil {
+		return ReplicaWakeResult{}, err
+	}
+	var pp **C.vmmw_pool_t
+	var tp *C.uint32_t
+	if len(ps) > 0 {
+		pp, tp = &ps[0], &ts[0]
+	}
+	var c C.vmmw_replica_wake_options_t
+	c.size = C.size_t(unsafe.Sizeof(c))
+	c.copy_piece_bytes = C.uint64_t(o.CopyPieceBytes)
+	if o.NoPeerCopies {
+		c.no_peer_copies = 1
+	}
+	var r C.vmmw_replica_wake_result_t
+	err = call(func(e **C.vmmw_error_t) C.int32_t {
+		return C.vmmw_replicas_wake(pp, tp, C.size_t(len(ps)), &c, &r, e)
+	})
+	runtime.KeepAlive(replicas)
+	if err != nil {
+		return ReplicaWakeResult{}, err
+	}
+	return ReplicaWakeResult{uint64(r.host_bytes), uint64(r.peer_bytes), uint64(r.delivered_bytes),
+		float64(r.seconds), float64(r.map_seconds), float64(r.host_seconds), float64(r.peer_seconds),
+		float64(r.gbps), uint32(r.direct_pairs)}, nil
 }

@@ -463,4 +463,83 @@ func TestLoadDevicesFillsReplicasOverPeers(t *testing.T) {
 	if _, err := LoadDevices([]*Loader{loaders[0], loaders[0]}, pools, MultiRanks); !errors.Is(err, ErrInvalidArgument) {
 		t.Fatalf("loader listed twice: %v", err)
 	}
+	// Replicas slept without backups wake by one checkpoint fan-out.
+	for _, p := range pools {
+		if err := p.Sleep(TagPolicy{tag, Discard}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	w, err := WakeReplicasFromCheckpoint(loaders, pools)
+	if err != nil || w.HostBytes != 4*512 || w.PeerBytes != 4*512 {
+		t.Fatalf("wake from the checkpoint: %+v %v", w, err)
+	}
+	dst, _ := loaders[1].Destination("w")
+	b := make([]byte, dst.Bytes)
+	if err := pools[1].Read(dst.Ptr, b); err != nil {
+		t.Fatal(err)
+	}
+	if math.Float32frombits(binary.LittleEndian.Uint32(b[4*7:])) != a[7] {
+		t.Fatal("device 1 differs after the wake")
+	}
+}
+
+func TestReplicasWakeFromOneBackup(t *testing.T) {
+	tag := mustTag(t, "go-replicas-one-backup")
+	data := make([]byte, 300000)
+	for i := range data {
+		data[i] = byte(i*31 + 7)
+	}
+	var group []Replica
+	var ptrs []uint64
+	for d := 0; d < 2; d++ {
+		p, err := NewPool(PoolOptions{Backend: BackendHost, Device: d})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer p.Close()
+		ptr, err := p.AllocTagged(uint64(len(data)), tag)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := p.Write(ptr, data); err != nil {
+			t.Fatal(err)
+		}
+		group, ptrs = append(group, Replica{p, tag}), append(ptrs, ptr)
+	}
+	if _, err := SleepReplicas(group[0], group[0]); !errors.Is(err, ErrInvalidArgument) {
+		t.Fatalf("a device twice: %v", err)
+	}
+	if _, err := SleepReplicas(); !errors.Is(err, ErrInvalidArgument) {
+		t.Fatalf("no replicas: %v", err)
+	}
+	s, err := SleepReplicas(group...)
+	if err != nil || s.BackupBytes < uint64(len(data)) || s.ReleasedBytes != 2*s.BackupBytes {
+		t.Fatalf("sleep: %+v %v", s, err)
+	}
+	if err := group[1].Pool.Read(ptrs[1], make([]byte, 8)); !errors.Is(err, ErrInvalidState) {
+		t.Fatalf("read while asleep: %v", err)
+	}
+	w, err := WakeReplicas(ReplicaWakeOptions{}, group...)
+	if err != nil || w.HostBytes != s.BackupBytes || w.PeerBytes != s.BackupBytes || w.DirectPairs != 0 {
+		t.Fatalf("wake: %+v %v", w, err)
+	}
+	for d, r := range group {
+		back := make([]byte, len(data))
+		if err := r.Pool.Read(ptrs[d], back); err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(back, data) {
+			t.Fatalf("device %d differs after the wake", d)
+		}
+	}
+	if _, err := WakeReplicas(ReplicaWakeOptions{}, group...); !errors.Is(err, ErrInvalidState) {
+		t.Fatalf("wake of awake replicas: %v", err)
+	}
+	if _, err := SleepReplicas(group...); err != nil {
+		t.Fatal(err)
+	}
+	w, err = WakeReplicas(ReplicaWakeOptions{NoPeerCopies: true}, group...)
+	if err != nil || w.HostBytes != 2*s.BackupBytes || w.DirectPairs != 2 {
+		t.Fatalf("wake without peer copies: %+v %v", w, err)
+	}
 }
