@@ -18,6 +18,7 @@ here works without PyTorch, on the GPU or on the host backend
 from __future__ import annotations
 
 from ._native import VmmwError, library_path, status_name, version
+from .devices import load_devices, sleep_replicas, wake_replicas, wake_replicas_from_checkpoint
 from .loader import STRATEGIES, Destination, Loader, LoadResult, PlanSummary, load
 from .pool import BACKENDS, POLICIES, Pool
 from .report import table as report_table
@@ -37,11 +38,15 @@ __all__ = [
     "VmmwError",
     "library_path",
     "load",
+    "load_devices",
     "report_table",
+    "sleep_replicas",
     "status_name",
     "tag_id",
     "tag_name",
     "tag_scope",
     "tag_usage",
     "version",
+    "wake_replicas",
+    "wake_replicas_from_checkpoint",
 ]

@@ -143,6 +143,32 @@ _SIGNATURES: dict[str, tuple[Any, list[Any], bool]] = {
     "vmmw_loader_cancel": (_I32, [_P], True),
     "vmmw_loader_result": (_I32, [_P, ctypes.POINTER(S.LoadResult)], True),
     "vmmw_loader_result_json": (_I32, [_P, *_BUF], True),
+    "vmmw_loader_load_devices": (
+        _I32,
+        [ctypes.POINTER(_P), ctypes.POINTER(_P), ctypes.c_size_t, _I32, ctypes.POINTER(S.MultiResult)],
+        True,
+    ),
+    "vmmw_loader_wake_replicas": (
+        _I32,
+        [ctypes.POINTER(_P), ctypes.POINTER(_P), ctypes.c_size_t, ctypes.POINTER(S.MultiResult)],
+        True,
+    ),
+    "vmmw_replicas_sleep": (
+        _I32,
+        [ctypes.POINTER(_P), ctypes.POINTER(ctypes.c_uint32), ctypes.c_size_t, ctypes.POINTER(S.ReplicaSleepResult)],
+        True,
+    ),
+    "vmmw_replicas_wake": (
+        _I32,
+        [
+            ctypes.POINTER(_P),
+            ctypes.POINTER(ctypes.c_uint32),
+            ctypes.c_size_t,
+            ctypes.POINTER(S.ReplicaWakeOptions),
+            ctypes.POINTER(S.ReplicaWakeResult),
+        ],
+        True,
+    ),
 }
 
 

@@ -117,6 +117,53 @@ class SleepOptions(_Sized):
     ]
 
 
+class MultiResult(ctypes.Structure):
+    """vmmw_multi_result_t"""
+
+    _fields_ = [
+        ("host_bytes", u64),
+        ("peer_bytes", u64),
+        ("delivered_bytes", u64),
+        ("seconds", f64),
+        ("host_seconds", f64),
+        ("peer_seconds", f64),
+        ("gbps", f64),
+        ("recovered_devices", u32),
+    ]
+
+
+class ReplicaWakeOptions(_Sized):
+    """vmmw_replica_wake_options_t"""
+
+    _fields_ = [
+        ("size", ctypes.c_size_t),
+        ("copy_piece_bytes", u64),
+        ("no_peer_copies", i32),
+    ]
+
+
+class ReplicaSleepResult(ctypes.Structure):
+    """vmmw_replica_sleep_result_t"""
+
+    _fields_ = [("backup_bytes", u64), ("released_bytes", u64), ("seconds", f64)]
+
+
+class ReplicaWakeResult(ctypes.Structure):
+    """vmmw_replica_wake_result_t"""
+
+    _fields_ = [
+        ("host_bytes", u64),
+        ("peer_bytes", u64),
+        ("delivered_bytes", u64),
+        ("seconds", f64),
+        ("map_seconds", f64),
+        ("host_seconds", f64),
+        ("peer_seconds", f64),
+        ("gbps", f64),
+        ("direct_pairs", u32),
+    ]
+
+
 #: C struct name -> its ctypes mirror (for the drift test).
 ALL = {
     "vmmw_load_options_t": LoadOptions,
@@ -126,6 +173,10 @@ ALL = {
     "vmmw_pool_options_t": PoolOptions,
     "vmmw_tag_policy_t": TagPolicy,
     "vmmw_sleep_options_t": SleepOptions,
+    "vmmw_multi_result_t": MultiResult,
+    "vmmw_replica_wake_options_t": ReplicaWakeOptions,
+    "vmmw_replica_sleep_result_t": ReplicaSleepResult,
+    "vmmw_replica_wake_result_t": ReplicaWakeResult,
 }
 
 PROGRESS_FN = ctypes.CFUNCTYPE(i32, u64, u64, ctypes.c_void_p)
