@@ -85,3 +85,67 @@ fn inspect_load_and_bench_load_run_on_a_generated_checkpoint() {
     let (ok, out) = vmmw(&["inspect", "/nonexistent/ckpt"]);
     assert!(!ok && out.contains("/nonexistent/ckpt"), "{out}");
 }
+
+#[test]
+fn bench_load_devices_compares_loads_and_wakes_on_simulated_devices() {
+    let t = generate(&SMALL, Dtype::Bf16);
+    let dir = tempfile::tempdir().unwrap();
+    write_sharded(dir.path(), &t, Dtype::Bf16, 2);
+    let p = dir.path().to_str().unwrap();
+    let json = dir.path().join("multi.json");
+    let (ok, out) = vmmw(&[
+        "bench-load",
+        "--checkpoint",
+        p,
+        "--head-dim",
+        "16",
+        "--repeat",
+        "1",
+        "--verify",
+        "--devices",
+        "0,1",
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    assert!(ok, "{out}");
+    assert!(out.contains("replicas from one backup"), "{out}");
+    let r: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    // The keys scripts/gpu.d/70-multi.sh reads.
+    for k in [
+        "one_device",
+        "replicas",
+        "ranks",
+        "one_device_wake",
+        "replicas_wake",
+        "replicas_speedup",
+        "replicas_wake_checkpoint",
+    ] {
+        assert!(!r[k].is_null(), "{k} missing: {r}");
+    }
+    let wake = &r["replicas_wake"];
+    let last = &wake["last_wake"];
+    let delivered = wake["delivered_bytes"].as_u64().unwrap();
+    assert_eq!(last["delivered_bytes"].as_u64().unwrap(), delivered);
+    assert!(
+        last["host_bytes"].as_u64().unwrap() * 2 == delivered,
+        "{last}"
+    );
+    assert!(wake["verified_rows"].as_u64().unwrap() > 0, "{wake}");
+    assert!(r["one_device_wake"]["delivered_bytes"].as_u64().unwrap() * 2 == delivered);
+
+    // The one-device table's options are refused with --devices, not ignored.
+    for extra in [
+        &["--strategies", "auto"][..],
+        &["--cold"][..],
+        &["--chart", "x.svg"][..],
+    ] {
+        let mut args = vec!["bench-load", "--checkpoint", p, "--devices", "0,1"];
+        args.extend_from_slice(extra);
+        let (ok, out) = vmmw(&args);
+        assert!(
+            !ok && out.contains("cannot be used with"),
+            "{extra:?}: {out}"
+        );
+    }
+}

@@ -5,8 +5,11 @@
 #    ranks through vmmw_loader_load_devices, every destination compared with
 #    the full tensors sliced in PyTorch (tests/torch/multi_gpu.py load);
 # 3. vmmw bench-load --devices: one GPU vs replicas vs ranks in one run, with a
-#    device-side check of every extent on every GPU, and the wake of one GPU
-#    (Reload) vs the replicas' fan-out wake (Discard + wake_replicas);
+#    device-side check of every extent on every GPU (after the load and again
+#    after the replicas' wake), and the wakes: one GPU from its host backup
+#    (Offload) vs the replicas from ONE host backup (sleep_replicas +
+#    wake_replicas_from_backup: read once, 1/N per link, rest over NVLink),
+#    plus the replicas' checkpoint fan-out wake (Discard + wake_replicas);
 # 4. an all-reduce through torch.distributed's NCCL over tensors in our pool.
 # NVLink multicast stays off (gpu-check.sh exports NCCL_NVLS_ENABLE=0 and the like).
 # Writes multi-topo.txt, multi-tests.txt, multi.json to $VMMW_GPU_OUT.
@@ -69,8 +72,15 @@ s = "one GPU %.1f GB/s; replicas %.1f GB/s delivered (%.2fx, target >= 110 GB/s)
 if ranks:
     s += "; ranks %.3f s (target <= 0.22 s for two)" % ranks["median_s"]
 w1, wn = r["one_device_wake"], r["replicas_wake"]
-s += "; wake one GPU %.1f GB/s, replicas %.1f GB/s (%.2fx, target 1.8x)" % (
+s += "; wake one GPU from its backup %.1f GB/s, replicas from one backup %.1f GB/s (%.2fx, target 1.8x)" % (
     w1["aggregate_gbps"], wn["aggregate_gbps"], wn["aggregate_gbps"] / w1["aggregate_gbps"])
+lw = wn.get("last_wake") or {}
+if lw:
+    s += " [host %.1f GB read, %.1f GB over peers, %d direct pairs, %d rows verified]" % (
+        lw["host_bytes"] / 1e9, lw["peer_bytes"] / 1e9, lw["direct_pairs"], wn["verified_rows"])
+wc = r.get("replicas_wake_checkpoint")
+if wc:
+    s += "; replicas from the checkpoint %.1f GB/s" % wc["aggregate_gbps"]
 print(s)' "$out")
   result "multi-gpu: bench" INFO "$summary"
 else

@@ -86,8 +86,19 @@ pub struct Args {
     #[arg(long, value_name = "FILE.svg")]
     pub chart: Option<std::path::PathBuf>,
     /// Several devices (`0,1`): time the checkpoint as replicas on all of them
-    /// and as tensor-parallel ranks, against one device's load (bench_multi.rs).
-    #[arg(long, value_delimiter = ',')]
+    /// and as tensor-parallel ranks, and the replicas' wakes, against one
+    /// device's load and wake (bench_multi.rs). That comparison uses the
+    /// default copy strategy (and `--threads` per device); the options of the
+    /// one-device strategy table (`--strategies`, `--cold`, `--chart`, ...) are
+    /// refused with it.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        conflicts_with_all = [
+            "strategies", "cold", "cold_repeat", "chart", "dest", "slot", "depth",
+            "direct_percent", "window", "link_bytes",
+        ]
+    )]
     devices: Vec<i32>,
 }
 
@@ -310,7 +321,7 @@ fn preset_or_none(s: &str) -> std::result::Result<String, String> {
 }
 
 pub fn run(a: Args) -> Result<()> {
-    if a.devices.len() > 1 {
+    if !a.devices.is_empty() {
         return crate::bench_multi::run(crate::bench_multi::MultiArgs {
             backend: &a.backend,
             checkpoint: &a.checkpoint,
@@ -318,6 +329,7 @@ pub fn run(a: Args) -> Result<()> {
             head_dim: a.head_dim,
             devices: &a.devices,
             repeat: a.repeat,
+            threads: a.threads,
             verify: a.verify,
             json: a.json.as_deref(),
         });

@@ -1,13 +1,20 @@
 //! `vmmw bench-load --devices 0,1`: one checkpoint onto several devices of one
 //! host, as replicas (each device loads a share from host memory, the shares
 //! are exchanged over peer copies) and as tensor-parallel ranks (each device
-//! loads its slices), against one device's load in the same run.
+//! loads its slices), against one device's load in the same run; and the
+//! wakes: one device from its host backup against the replicas woken from one
+//! host backup (the same bytes per device), and the replicas woken by the
+//! checkpoint fan-out.
 
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Instant;
 
 use vmmweights::driver;
 use vmmweights::loader::*;
+use vmmweights::pool::replicas::{
+    sleep_replicas, wake_replicas_from_backup, Replica, ReplicaWakeOptions, ReplicaWakeStats,
+};
 use vmmweights::sleep::Policy;
 use vmmweights::{tag, Error, Pool, PoolConfig, Result};
 
@@ -32,6 +39,8 @@ pub struct MultiArgs<'a> {
     pub head_dim: usize,
     pub devices: &'a [i32],
     pub repeat: usize,
+    /// Copy threads per device (0: the CPUs shared out).
+    pub threads: usize,
     pub verify: bool,
     pub json: Option<&'a Path>,
 }
@@ -46,7 +55,11 @@ struct Phase {
     /// Delivered bytes per second over all devices.
     aggregate_gbps: f64,
     /// The last run's figures (host share, peer exchange, repairs).
+    #[serde(skip_serializing_if = "Option::is_none")]
     last: Option<MultiStats>,
+    /// The last wake from one host backup (`replicas_wake`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    last_wake: Option<ReplicaWakeStats>,
     /// Extent rows checked against the file, over all devices (`--verify`).
     verified_rows: usize,
 }
@@ -57,11 +70,17 @@ struct Report {
     checkpoint: String,
     bytes: u64,
     one_device: Phase,
-    /// One device's wake of its loaded tag slept with Reload.
+    /// One device's wake of its loaded tag from its host backup (Offload).
     one_device_wake: Phase,
     replicas: Phase,
-    /// The replicas slept with Discard, woken by one fan-out (`wake_replicas`).
+    /// The replicas asleep on one host backup (`sleep_replicas`), woken on
+    /// every device from it (`wake_replicas_from_backup`).
     replicas_wake: Phase,
+    /// Seconds of each `sleep_replicas` before a timed wake.
+    replicas_sleep_seconds: Vec<f64>,
+    /// The replicas slept with Discard, woken by one checkpoint fan-out
+    /// (`loader::wake_replicas`).
+    replicas_wake_checkpoint: Phase,
     ranks: Option<Phase>,
     /// Replicas' aggregate rate over one device's rate.
     replicas_speedup: f64,
@@ -81,8 +100,15 @@ fn phase(seconds: Vec<f64>, delivered: u64, last: Option<MultiStats>, verified: 
         seconds,
         delivered_bytes: delivered,
         last,
+        last_wake: None,
         verified_rows: verified,
     }
+}
+
+fn load_options(m: &MultiArgs<'_>) -> LoadOptions {
+    let mut o = LoadOptions::default();
+    o.copy.threads = m.threads;
+    o
 }
 
 fn rules_for(preset: &str, tp: Option<Tp>, head_dim: usize) -> Result<Rules> {
@@ -145,7 +171,7 @@ pub fn run(m: MultiArgs<'_>) -> Result<()> {
             Checkpoint::open(m.checkpoint)?,
             &rules,
             &reg,
-            &LoadOptions::default(),
+            &load_options(&m),
             &Control::default(),
         )?;
         let s = t.elapsed().as_secs_f64();
@@ -157,16 +183,21 @@ pub fn run(m: MultiArgs<'_>) -> Result<()> {
         }
     }
     let one = phase(secs, delivered, None, verified);
-    // One device's wake of the loaded tag (Reload: replayed from the checkpoint).
+    // One device's wake of the loaded tag from its host backup (Offload; the
+    // first sleep pins the backup, untimed like every sleep).
     let one_tag = tag::id("bench-multi-one")?;
+    // Rates count the bytes a wake restores (whole committed segments).
     let mut wakes = Vec::new();
+    let mut restored = 0;
     for _ in 0..repeat {
-        pools[0].sleep(&[(one_tag, Policy::Reload)])?;
+        pools[0].sleep(&[(one_tag, Policy::Offload)])?;
         let t = Instant::now();
-        pools[0].wake(&[one_tag])?;
+        let w = pools[0].wake(&[one_tag])?;
         wakes.push(t.elapsed().as_secs_f64());
+        restored = w.iter().map(|c| c.report.copied_bytes).sum();
     }
-    let one_wake = phase(wakes, delivered, None, 0);
+    let one_wake = phase(wakes, restored, None, 0);
+    pools[0].release_backup();
     say!(
         m,
         "one device: {:.3} s, {:.1} GB/s",
@@ -180,7 +211,7 @@ pub fn run(m: MultiArgs<'_>) -> Result<()> {
         .iter()
         .map(|p| allocate(p, &ckpt, &rules, "bench-multi-replicas"))
         .collect::<Result<_>>()?;
-    let replicas = timed(
+    let (replicas, plans) = timed(
         &m,
         &pools,
         &regs,
@@ -193,9 +224,49 @@ pub fn run(m: MultiArgs<'_>) -> Result<()> {
         replicas.aggregate_gbps,
         replicas.aggregate_gbps / one.aggregate_gbps
     );
-    // Wake of the replicas: asleep with no backup (Discard), woken by one
-    // fan-out from the checkpoint in host memory.
+    // Wake of the replicas from one host backup: the first device's, read
+    // once, each device a part over its link, the rest over peer copies.
     let rep_tag = tag::id("bench-multi-replicas")?;
+    let group: Vec<Replica<'_>> = pools
+        .iter()
+        .map(|pool| Replica { pool, tag: rep_tag })
+        .collect();
+    let mut wakes = Vec::new();
+    let mut sleeps = Vec::new();
+    let mut last = None;
+    for _ in 0..repeat {
+        sleeps.push(sleep_replicas(&group)?.seconds);
+        let t = Instant::now();
+        let w = wake_replicas_from_backup(&group, &ReplicaWakeOptions::default())?;
+        wakes.push(t.elapsed().as_secs_f64());
+        last = Some(w);
+    }
+    let mut verified = 0;
+    if m.verify {
+        // Every device holds the checkpoint again, byte for byte at every extent's ends.
+        for (p, ex) in pools.iter().zip(&plans) {
+            verified += crate::bench_load::verify(p.driver().as_ref(), ex)?;
+        }
+    }
+    let restored = last
+        .as_ref()
+        .map_or(0, |w: &ReplicaWakeStats| w.delivered_bytes);
+    let mut replicas_wake = phase(wakes, restored, None, verified);
+    replicas_wake.last_wake = last;
+    pools[0].release_backup();
+    say!(
+        m,
+        "wake: one device from its backup {:.3} s, {:.1} GB/s; {n} replicas from one backup {:.3} s, \
+         {:.1} GB/s delivered ({:.2}x; target 1.8x)",
+        one_wake.median_s,
+        one_wake.aggregate_gbps,
+        replicas_wake.median_s,
+        replicas_wake.aggregate_gbps,
+        replicas_wake.aggregate_gbps / one_wake.aggregate_gbps
+    );
+
+    // Wake of the replicas asleep with no backup (Discard), by one fan-out
+    // from the checkpoint in host memory.
     let targets: Vec<PoolLoad<'_>> = pools
         .iter()
         .zip(&regs)
@@ -215,21 +286,18 @@ pub fn run(m: MultiArgs<'_>) -> Result<()> {
         let w = wake_replicas(
             Checkpoint::open(m.checkpoint)?,
             &targets,
-            &LoadOptions::default(),
+            &load_options(&m),
             &Control::default(),
         )?;
         wakes.push(t.elapsed().as_secs_f64());
         last = Some(w.stats);
     }
-    let replicas_wake = phase(wakes, replicas.delivered_bytes, last, 0);
+    let replicas_wake_checkpoint = phase(wakes, replicas.delivered_bytes, last, 0);
     say!(
         m,
-        "wake: one device (Reload) {:.3} s, {:.1} GB/s; {n} replicas by fan-out {:.3} s, {:.1} GB/s ({:.2}x; target 1.8x)",
-        one_wake.median_s,
-        one_wake.aggregate_gbps,
-        replicas_wake.median_s,
-        replicas_wake.aggregate_gbps,
-        replicas_wake.aggregate_gbps / one_wake.aggregate_gbps
+        "wake: {n} replicas by checkpoint fan-out {:.3} s, {:.1} GB/s delivered",
+        replicas_wake_checkpoint.median_s,
+        replicas_wake_checkpoint.aggregate_gbps
     );
     drop(targets);
     for (p, r) in pools.iter().zip(&regs) {
@@ -252,7 +320,7 @@ pub fn run(m: MultiArgs<'_>) -> Result<()> {
             .zip(&rules)
             .map(|(p, r)| allocate(p, &ckpt, r, "bench-multi-ranks"))
             .collect::<Result<_>>()?;
-        let ph = timed(&m, &pools, &regs, &rules, MultiMode::Ranks)?;
+        let (ph, _) = timed(&m, &pools, &regs, &rules, MultiMode::Ranks)?;
         say!(
             m,
             "{n} tensor-parallel ranks: {:.3} s ({:.1} GB/s delivered)",
@@ -273,6 +341,8 @@ pub fn run(m: MultiArgs<'_>) -> Result<()> {
         one_device_wake: one_wake,
         replicas,
         replicas_wake,
+        replicas_sleep_seconds: sleeps,
+        replicas_wake_checkpoint,
         ranks,
     };
     if let Some(path) = m.json {
@@ -289,14 +359,15 @@ pub fn run(m: MultiArgs<'_>) -> Result<()> {
 }
 
 /// `repeat` timed multi-device loads after one untimed (which pins the
-/// staging rings and, with `--verify`, is checked on every device).
+/// staging rings and, with `--verify`, is checked on every device). Returns
+/// the figures and the last load's executed plans.
 fn timed(
     m: &MultiArgs<'_>,
     pools: &[Pool],
     regs: &[Registry],
     rules: &[Rules],
     mode: MultiMode,
-) -> Result<Phase> {
+) -> Result<(Phase, Vec<Arc<ExecutedPlan>>)> {
     let targets: Vec<PoolLoad<'_>> = pools
         .iter()
         .zip(regs)
@@ -309,6 +380,7 @@ fn timed(
         .collect();
     let mut secs = Vec::new();
     let mut last = None;
+    let mut plans = Vec::new();
     let mut verified = 0;
     for i in 0..=m.repeat.max(1) {
         let t = Instant::now();
@@ -316,7 +388,7 @@ fn timed(
             Checkpoint::open(m.checkpoint)?,
             &targets,
             mode,
-            &LoadOptions::default(),
+            &load_options(m),
             &Control::default(),
         )?;
         let s = t.elapsed().as_secs_f64();
@@ -330,7 +402,8 @@ fn timed(
             secs.push(s);
         }
         last = Some(loaded.stats);
+        plans = loaded.plans;
     }
     let delivered = last.as_ref().map_or(0, |s| s.delivered_bytes);
-    Ok(phase(secs, delivered, last, verified))
+    Ok((phase(secs, delivered, last, verified), plans))
 }
