@@ -5,7 +5,9 @@
       0..N-1, as replicas and as N tensor-parallel ranks (qwen3 preset); every
       destination on every device is compared with the full tensors read by
       safetensors and sliced in PyTorch (q/gate/up rows, o/down columns,
-      vocabulary rows, kv heads replicated when ranks outnumber them).
+      vocabulary rows, kv heads replicated when ranks outnumber them); then
+      the replicas slept on one host backup and woken on every device from
+      it (vmmw_replicas_sleep / vmmw_replicas_wake), checked again.
   python3 tests/torch/multi_gpu.py allreduce [--devices 2]
       one process per GPU, tensors allocated in our pool (vmmweights.torch
       MemPool), all-reduced through torch.distributed's NCCL; checks the sum.
@@ -163,6 +165,26 @@ class Checkpoint:
         return self.where[name].get_tensor(name)
 
 
+def check(d, loaders, mode, n, kv_heads):
+    """Compare every destination on every device with the full tensors sliced
+    in PyTorch: (mismatches, bytes checked)."""
+    bad = 0
+    checked = 0
+    for k in range(n):
+        ck = Checkpoint(d, k)
+        for dname, got in destinations(loaders[k], k).items():
+            want = expected(ck, dname, k if mode == 1 else 0, n if mode == 1 else 1, kv_heads)
+            if got.shape != want.shape or not torch.equal(got, want.to(got.device)):
+                bad += 1
+                if bad <= 5:
+                    print(f"MISMATCH device {k} {dname}: got {tuple(got.shape)}, want {tuple(want.shape)}")
+            checked += got.numel() * 2
+            del want
+        del ck
+        torch.cuda.synchronize(k)
+    return bad, checked
+
+
 def load(args):
     lib = declare()
     n = args.devices
@@ -195,26 +217,29 @@ def load(args):
             _call("vmmw_loader_load_devices", ls, ps, ctypes.c_size_t(n), ctypes.c_int32(mode), ctypes.byref(res))
             times.append(time.perf_counter() - t)
         best = sorted(times[1:])[len(times[1:]) // 2]
-        bad = 0
-        checked = 0
-        for k in range(n):
-            ck = Checkpoint(args.dir, k)
-            for dname, got in destinations(loaders[k], k).items():
-                want = expected(ck, dname, k if mode == 1 else 0, n if mode == 1 else 1, kv_heads)
-                if got.shape != want.shape or not torch.equal(got, want.to(got.device)):
-                    bad += 1
-                    if bad <= 5:
-                        print(f"MISMATCH device {k} {dname}: got {tuple(got.shape)}, want {tuple(want.shape)}")
-                checked += got.numel() * 2
-                del want
-            del ck
-            torch.cuda.synchronize(k)
+        bad, checked = check(args.dir, loaders, mode, n, kv_heads)
         status = "PASS" if bad == 0 else "FAIL"
         failures += bad
         print(f"{status} {name} on {n} GPUs: {checked / 1e9:.1f} GB checked against PyTorch slices, "
               f"{bad} mismatches; median {best:.3f} s, {res.delivered_bytes / best / 1e9:.1f} GB/s delivered "
               f"(host {res.host_bytes / 1e9:.1f} GB in {res.host_seconds:.3f} s, peer {res.peer_bytes / 1e9:.1f} GB "
               f"in {res.peer_seconds:.3f} s, repaired {res.recovered_devices})")
+        if mode == 0:
+            # The replicas asleep on one host backup (the first GPU's), woken on
+            # every GPU from it (vmmw_replicas_sleep / vmmw_replicas_wake).
+            group = [(vw.Pool.default(k), f"multi-{name}") for k in range(n)]
+            sl = vw.sleep_replicas(group)
+            free = [torch.cuda.mem_get_info(k)[0] for k in range(n)]
+            w = vw.wake_replicas(group)
+            bad, checked = check(args.dir, loaders, mode, n, kv_heads)
+            status = "PASS" if bad == 0 else "FAIL"
+            failures += bad
+            print(f"{status} replicas woken from one backup on {n} GPUs: {checked / 1e9:.1f} GB checked against "
+                  f"PyTorch slices, {bad} mismatches; backup {sl['backup_bytes'] / 1e9:.1f} GB from GPU 0 "
+                  f"(sleep {sl['seconds']:.3f} s; free while asleep {', '.join(f'{f / 1e9:.0f}' for f in free)} GB); "
+                  f"wake {w['seconds']:.3f} s, {w['gbps']:.1f} GB/s delivered (host {w['host_bytes'] / 1e9:.1f} GB "
+                  f"in {w['host_seconds']:.3f} s, peer {w['peer_bytes'] / 1e9:.1f} GB in {w['peer_seconds']:.3f} s, "
+                  f"map {w['map_seconds']:.3f} s, {w['direct_pairs']} direct pairs)")
         for ld in loaders:
             lib.vmmw_loader_free(ld)
     return 1 if failures else 0
