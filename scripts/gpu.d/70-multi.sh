@@ -11,9 +11,11 @@
 #    wake_replicas_from_backup: read once, 1/N per link, rest over NVLink),
 #    plus the replicas' checkpoint fan-out wake (Discard + wake_replicas);
 # 4. an all-reduce through torch.distributed's NCCL over tensors in our pool;
-# 5. peer access of a tag on the real devices (tests/gpu_peers.rs).
+# 5. peer access of a tag on the real devices (tests/gpu_peers.rs);
+# 6. replicas slept on one host backup and woken on every GPU from it,
+#    byte-exact (tests/gpu_replica_wake.rs; also in multi_gpu.py load).
 # NVLink multicast stays off (gpu-check.sh exports NCCL_NVLS_ENABLE=0 and the like).
-# Writes multi-topo.txt, multi-tests.txt, multi.json to $VMMW_GPU_OUT.
+# Writes multi-topo.txt, multi-tests.txt, multi-replica-wake.txt, multi.json to $VMMW_GPU_OUT.
 # LOAD_LAYERS=36 (default) is the 16.4 GB checkpoint; fewer layers for quick runs.
 set -uo pipefail
 source scripts/gpu-lib.sh
@@ -70,6 +72,18 @@ if VMMW_BACKEND=cuda .gpu/tests/gpu_peers --nocapture >>"$VMMW_GPU_OUT/multi-tes
   fi
 else
   result "multi-gpu: peer access across sleep/wake" FAIL "see multi-tests.txt"
+  rc=1
+fi
+# Replicas asleep on one host backup, woken on every GPU from it, byte-exact.
+wlog="$VMMW_GPU_OUT/multi-replica-wake.txt"
+if VMMW_BACKEND=cuda .gpu/tests/gpu_replica_wake --nocapture >"$wlog" 2>&1; then
+  if grep -q '^SKIP' "$wlog"; then
+    result "multi-gpu: replicas woken from one backup" SKIP "$(grep -m1 '^SKIP' "$wlog")"
+  else
+    result "multi-gpu: replicas woken from one backup" PASS "byte-exact on every GPU, with and without peer copies: $(grep -m1 '^round 1' "$wlog") (tests/gpu_replica_wake.rs)"
+  fi
+else
+  result "multi-gpu: replicas woken from one backup" FAIL "see multi-replica-wake.txt"
   rc=1
 fi
 out="$VMMW_GPU_OUT/multi.json"

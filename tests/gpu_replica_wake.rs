@@ -1,0 +1,155 @@
+//! Replicas asleep on one host backup on real GPUs (scripts/gpu.d/70-multi.sh):
+//! the same blocks and bytes in a tag on every device, slept with one backup
+//! (the first device's; the others release their memory), woken on every
+//! device from it (each device a part over its link, the rest over peer
+//! copies, then with peer copies off), byte-exact on every device after each.
+//!
+//! With `VMMW_BACKEND=cuda` this uses every CUDA device that opens (at least
+//! two that reach each other; it skips with a message otherwise); on the host
+//! backend it runs on three simulated devices, so CI runs the same code. The
+//! failure cases (a device out of memory or failing a copy mid-wake) are in
+//! the host-backend test `replica_wake.rs`, which injects the faults.
+
+mod common;
+
+use std::sync::Arc;
+
+use common::pool::{small_config, Rng, G};
+use vmmweights::driver::host::{HostConfig, HostDriver};
+use vmmweights::pool::replicas::{
+    sleep_replicas, wake_replicas_from_backup, Replica, ReplicaWakeOptions,
+};
+use vmmweights::{tag, BackendChoice, Driver, Pool, PoolConfig};
+
+/// Pools on the devices and the size of a big block; `None` (after a SKIP
+/// line) when the CUDA backend lacks a second reachable device.
+fn pools() -> Option<(Vec<Pool>, usize)> {
+    if BackendChoice::from_env().unwrap() == BackendChoice::Cuda {
+        let open = |k| vmmweights::driver::open(BackendChoice::Cuda, k).map(|o| o.driver);
+        let mut drivers =
+            vec![open(0).expect("VMMW_BACKEND=cuda but the CUDA driver did not open")];
+        while let Ok(d) = open(drivers.len() as i32) {
+            drivers.push(d);
+        }
+        if drivers.len() < 2 {
+            eprintln!("SKIP: gpu_replica_wake needs two CUDA devices; device 1 did not open");
+            return None;
+        }
+        for a in &drivers {
+            for b in &drivers {
+                if a.device() != b.device() && !a.can_access_peer(b.device()).unwrap() {
+                    eprintln!(
+                        "SKIP: gpu_replica_wake: device {} cannot reach device {}",
+                        a.device(),
+                        b.device()
+                    );
+                    return None;
+                }
+            }
+        }
+        let pools = drivers
+            .into_iter()
+            .map(|d| Pool::new(d, PoolConfig::default()).unwrap())
+            .collect();
+        return Some((pools, 256 << 20));
+    }
+    eprintln!("gpu_replica_wake: host backend, three simulated devices (VMMW_BACKEND=cuda for the GPU run)");
+    let pools = (0..3)
+        .map(|k| {
+            let cfg = HostConfig {
+                granularity: G,
+                memory_limit: 1 << 30,
+            };
+            let d: Arc<dyn Driver> = Arc::new(HostDriver::for_device(cfg, k).unwrap());
+            Pool::new(d, small_config()).unwrap()
+        })
+        .collect();
+    Some((pools, 5 * G + 4321))
+}
+
+#[test]
+fn replicas_wake_from_one_backup_byte_exact_on_every_device() {
+    let Some((pools, big)) = pools() else {
+        return;
+    };
+    let n = pools.len();
+    let t = tag::id("gpu-replica-wake").unwrap();
+    let mut rng = Rng(0x5eed);
+    let sizes = [big, 3000, big / 2 + 17, 1 << 20];
+    let data: Vec<Vec<u8>> = sizes
+        .iter()
+        .map(|&s| (0..s).map(|_| rng.next() as u8).collect())
+        .collect();
+    let ptrs: Vec<Vec<u64>> = pools
+        .iter()
+        .map(|p| {
+            data.iter()
+                .map(|d| {
+                    let b = p.alloc_tagged(d.len(), t).unwrap();
+                    // SAFETY: a live awake block; nothing else touches it.
+                    unsafe { p.write(b.ptr, d) }.unwrap();
+                    b.ptr
+                })
+                .collect()
+        })
+        .collect();
+    let check = |what: &str| {
+        for (k, p) in pools.iter().enumerate() {
+            for (i, d) in data.iter().enumerate() {
+                let mut got = vec![0u8; d.len()];
+                // SAFETY: awake; nothing else touches it.
+                unsafe { p.read(ptrs[k][i], &mut got) }.unwrap();
+                let bad = got.iter().zip(d).position(|(a, b)| a != b);
+                assert!(
+                    bad.is_none(),
+                    "{what}: device {k}, block {i}: first difference at byte {bad:?}"
+                );
+            }
+        }
+    };
+    let group: Vec<Replica<'_>> = pools.iter().map(|pool| Replica { pool, tag: t }).collect();
+    for (round, peer_copies) in [(1, true), (2, false), (3, true)] {
+        let free_awake: Vec<u64> = pools
+            .iter()
+            .map(|p| p.driver().mem_info().unwrap().free)
+            .collect();
+        let s = sleep_replicas(&group).unwrap();
+        for (k, p) in pools.iter().enumerate() {
+            let free = p.driver().mem_info().unwrap().free;
+            assert!(
+                free > free_awake[k],
+                "device {k}: memory released while asleep"
+            );
+            assert_eq!(
+                p.sleep_engine().backup_held_bytes() > 0,
+                k == 0,
+                "device {k}: the backup is on device 0 only"
+            );
+        }
+        let o = ReplicaWakeOptions {
+            peer_copies,
+            ..ReplicaWakeOptions::default()
+        };
+        let w = wake_replicas_from_backup(&group, &o).unwrap();
+        let want_host = if peer_copies {
+            s.backup_bytes
+        } else {
+            s.backup_bytes * n as u64
+        };
+        assert_eq!(w.host_bytes, want_host, "round {round}");
+        assert_eq!(w.delivered_bytes, s.backup_bytes * n as u64);
+        println!(
+            "round {round} ({}): {n} devices, backup {:.1} MB, wake {:.4} s = {:.1} GB/s delivered \
+             (map {:.4} s, host {:.4} s, peer {:.4} s, {} direct pairs)",
+            if peer_copies { "peer copies" } else { "every device from the backup" },
+            s.backup_bytes as f64 / 1e6,
+            w.seconds,
+            w.aggregate_gbps(),
+            w.map_seconds,
+            w.host_seconds,
+            w.peer_seconds,
+            w.direct_pairs
+        );
+        check(&format!("round {round}"));
+    }
+}
