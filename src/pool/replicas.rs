@@ -483,9 +483,14 @@ pub fn wake_replicas_from_backup(
         }
     }
     let holder_dev = mark.expect("checked above").holder;
-    let h = devices
+    // Transitions and engine locks are taken in device order, so two wakes
+    // sharing pools cannot each hold what the other waits for.
+    let mut sorted = members.to_vec();
+    sorted.sort_by_key(|m| m.pool.device());
+    let members = &sorted[..];
+    let h = members
         .iter()
-        .position(|&d| d == holder_dev)
+        .position(|m| m.pool.device() == holder_dev)
         .expect("the group's devices are listed");
 
     for m in members {
