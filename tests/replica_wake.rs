@@ -315,3 +315,25 @@ fn a_holder_asleep_without_a_backup_is_refused() {
         "the other replica keeps its memory"
     );
 }
+
+#[test]
+fn two_groups_sharing_pools_wake_at_once_in_opposite_orders() {
+    let pools = pools(2);
+    let (a, pa, da) = replicas(&pools, "replica-concurrent-a", 37);
+    let (b, pb, db) = replicas(&pools, "replica-concurrent-b", 41);
+    for _ in 0..20 {
+        sleep_replicas(&members(&pools, a)).unwrap();
+        let rev: Vec<Replica<'_>> = pools
+            .iter()
+            .rev()
+            .map(|pool| Replica { pool, tag: b })
+            .collect();
+        sleep_replicas(&rev).unwrap();
+        std::thread::scope(|s| {
+            s.spawn(|| wake_replicas_from_backup(&members(&pools, a), &small_pieces()).unwrap());
+            s.spawn(|| wake_replicas_from_backup(&rev, &small_pieces()).unwrap());
+        });
+    }
+    assert_exact(&pools, &pa, &da);
+    assert_exact(&pools, &pb, &db);
+}
