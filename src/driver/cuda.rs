@@ -14,12 +14,12 @@ use std::sync::OnceLock;
 
 use cudarc::driver::sys;
 
+use super::fault::{FaultOp, Faults};
 use super::{
     kernels, AccessMode, BackendKind, ConvertType, DevicePtr, Driver, EventId, MemInfo, PeerAccess,
     PhysHandle, StreamId,
 };
 use crate::error::{Error, Result};
-use super::fault::{FaultOp, Faults};
 
 /// The oldest driver API version with the VMM calls (CUDA 10.2).
 pub const MIN_DRIVER_VERSION: i32 = 10020;
@@ -644,7 +644,8 @@ impl Driver for CudaDriver {
 
     fn synchronize(&self) -> Result<()> {
         self.bind()?;
-        self.faults.check(FaultOp::Synchronize, "cuCtxSynchronize")?;
+        self.faults
+            .check(FaultOp::Synchronize, "cuCtxSynchronize")?;
         // SAFETY: no arguments; the context is current.
         check("cuCtxSynchronize", unsafe { sys::cuCtxSynchronize() })
     }
@@ -884,7 +885,8 @@ impl Driver for CudaDriver {
 
     unsafe fn host_register(&self, ptr: *mut u8, len: usize, read_only: bool) -> Result<()> {
         self.bind()?;
-        self.faults.check(FaultOp::HostRegister, "cuMemHostRegister")?;
+        self.faults
+            .check(FaultOp::HostRegister, "cuMemHostRegister")?;
         let mut flags = sys::CU_MEMHOSTREGISTER_PORTABLE;
         if read_only {
             flags |= sys::CU_MEMHOSTREGISTER_READ_ONLY;

@@ -70,10 +70,8 @@ impl Faults {
     }
 
     fn rearm(&self, t: &Table) {
-        self.armed.store(
-            !t.nth.is_empty() || !t.always.is_empty(),
-            Ordering::SeqCst,
-        );
+        self.armed
+            .store(!t.nth.is_empty() || !t.always.is_empty(), Ordering::SeqCst);
     }
 
     /// Make the `n`-th next call of `op` fail (1 = the very next one). 0 clears it.
