@@ -2,8 +2,8 @@
 //! each `pread` or mapping copy into a staging slot, each direct window, each
 //! checksum read), armed through the driver's fault table like every driver step.
 //!
-//! Load: for every copy strategy, with and without conversion, the k-th read
-//! fails (k = 1, 2, 3, 5). The load returns `Error::Io` naming the shard file
+//! Load: for every copy strategy, with and without conversion and checksums
+//! for Reload, the k-th read fails (k = 1, 2, 3, 5, 9). The load returns `Error::Io` naming the shard file
 //! and a tensor of the plan; every destination byte holds its old value or
 //! the checkpoint's (the loader's promise: partly written, no torn bytes
 //! from elsewhere); the pool's invariants and live blocks are unchanged; no
@@ -169,8 +169,8 @@ fn names_file_and_tensor(e: &Error, w: &World) -> Result<(), String> {
     Ok(())
 }
 
-fn load_case(strategy: Strategy, convert: bool, k: u64) -> Result<bool, String> {
-    let w = World::new("fault-read-load", strategy, convert, false);
+fn load_case(strategy: Strategy, convert: bool, check: bool, k: u64) -> Result<bool, String> {
+    let w = World::new("fault-read-load", strategy, convert, check);
     // A clean load gives the reference bytes.
     w.load().map_err(|e| format!("clean load: {e}"))?;
     let want = w.snapshot();
@@ -219,25 +219,26 @@ fn load_case(strategy: Strategy, convert: bool, k: u64) -> Result<bool, String> 
 fn load_with_a_read_fault_at_the_kth_read() {
     let (mut cases, mut fired, mut failures) = (0, 0, Vec::new());
     for strategy in STRATEGIES {
-        for convert in [false, true] {
-            for k in [1, 2, 3, 5] {
+        // Checksums for Reload (`reload_check`) read the loaded bytes once more.
+        for (convert, check) in [(false, false), (true, false), (true, true)] {
+            for k in [1, 2, 3, 5, 9] {
                 cases += 1;
-                match std::panic::catch_unwind(|| load_case(strategy, convert, k)) {
+                let what = format!("{strategy:?} convert={convert} checksums={check} k={k}");
+                match std::panic::catch_unwind(|| load_case(strategy, convert, check, k)) {
                     Ok(Ok(f)) => fired += f as usize,
-                    Ok(Err(e)) => {
-                        failures.push(format!("{strategy:?} convert={convert} k={k}: {e}"))
-                    }
-                    Err(_) => {
-                        failures.push(format!("{strategy:?} convert={convert} k={k}: panicked"))
-                    }
+                    Ok(Err(e)) => failures.push(format!("{what}: {e}")),
+                    Err(_) => failures.push(format!("{what}: panicked")),
                 }
             }
         }
     }
     println!("file-read faults at load: {cases} cases, {fired} fired");
     assert!(failures.is_empty(), "{}", failures.join("\n"));
-    // Every strategy reads at least 3 times with 4 KiB slots and windows.
-    assert!(fired >= 54, "only {fired} of {cases} read faults fired");
+    // Every strategy reads at least 5 times with 4 KiB slots and windows.
+    assert!(
+        fired >= 9 * 3 * 4,
+        "only {fired} of {cases} read faults fired"
+    );
 }
 
 fn wake_case(strategy: Strategy, check: bool, k: u64) -> Result<bool, String> {
