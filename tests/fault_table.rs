@@ -1,5 +1,6 @@
 //! Fault injection, table-driven: every driver step the host backend can fail
-//! (`FaultOp`, synchronize included), at its 1st, 2nd and 3rd call, during alloc, free, sleep
+//! (`FaultOp`, synchronize included) and the loader's file reads, at its 1st,
+//! 2nd and 3rd call, during alloc, free, sleep
 //! (offload, discard), wake (offload, reload) and load. For each case:
 //! - the operation returns a typed error (never a panic) or, when the fault
 //!   was not reached, succeeds;
@@ -28,7 +29,7 @@ use vmmweights::loader::{
 use vmmweights::sleep::Policy;
 use vmmweights::{tag, Error, Pool, TagId};
 
-const OPS: [FaultOp; 12] = [
+const OPS: [FaultOp; 13] = [
     FaultOp::Reserve,
     FaultOp::Create,
     FaultOp::Map,
@@ -41,6 +42,7 @@ const OPS: [FaultOp; 12] = [
     FaultOp::Convert,
     FaultOp::HostRegister,
     FaultOp::Synchronize,
+    FaultOp::FileRead,
 ];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
