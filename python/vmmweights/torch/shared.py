@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import ctypes
 import threading
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 
 import torch
 
@@ -38,12 +38,14 @@ _TORCH["BOOL"] = (torch.uint8, torch.bool)
 
 class _Imported:
     """__cuda_array_interface__ (v3) of one imported tensor; holds the
-    attachment, which torch keeps alive with the tensor."""
+    attachment, which torch keeps alive with the tensor. The read-only flag
+    stays False: torch refuses arrays that set it (the mapping itself is
+    what enforces read-only)."""
 
     def __init__(self, att: Attachment, t: SharedTensor, typestr: str) -> None:
         self.attachment = att
         self.__cuda_array_interface__ = {
-            "shape": tuple(t.shape), "typestr": typestr, "data": (t.ptr, not att.writable),
+            "shape": tuple(t.shape), "typestr": typestr, "data": (t.ptr, False),
             "strides": None, "version": 3,
         }
 
@@ -174,26 +176,29 @@ def tensors(att: Attachment, device: Optional[int] = None) -> Dict[str, torch.Te
     return {n: tensor(att, n, device) for n in att.names()}
 
 
-def bind_(module: torch.nn.Module, att: Attachment, *, strict: bool = True,
+def bind_(module: torch.nn.Module, att: Union[Attachment, Mapping[str, torch.Tensor]], *, strict: bool = True,
           device: Optional[int] = None) -> List[str]:
     """Replace `module`'s parameters and persistent buffers, by
     ``state_dict`` name, with tensors over `att`'s imported memory (no copy;
-    parameters with ``requires_grad=False``). Shapes and dtypes must match.
+    parameters with ``requires_grad=False``), or with the tensors of a
+    mapping (the owner's own views, ``vmmweights.torch.tensors(dests)``).
+    Shapes and dtypes must match.
     Names of `module` the share lacks are returned (tied weights: bind the
     other name yourself, e.g. ``lm_head.weight = embed_tokens.weight``);
     with `strict`, a shared name the module lacks is a ``KeyError``.
     Non-persistent buffers (rotary ``inv_freq``) are left to the module:
     move them to the device yourself."""
-    shared = tensors(att, device)
+    shared = dict(att) if isinstance(att, Mapping) else tensors(att, device)
+    where = "the tensors given" if isinstance(att, Mapping) else f"the share at {att.path}"
     own = module.state_dict(keep_vars=True)
     if strict:
         extra = sorted(set(shared) - set(own))
         if extra:
-            raise KeyError(f"the share at {att.path} has tensors the module lacks: {', '.join(extra[:5])}")
+            raise KeyError(f"{where} has tensors the module lacks: {', '.join(extra[:5])}")
     bad = [f"{n}: module {tuple(own[n].shape)} {own[n].dtype}, share {tuple(x.shape)} {x.dtype}"
            for n, x in shared.items() if n in own and (own[n].shape != x.shape or own[n].dtype != x.dtype)]
     if bad:
-        raise ValueError(f"the share at {att.path} does not fit the module: {'; '.join(bad[:5])}")
+        raise ValueError(f"{where}: shapes or dtypes do not fit the module: {'; '.join(bad[:5])}")
     for name, x in shared.items():
         if name not in own:
             continue
