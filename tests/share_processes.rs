@@ -17,7 +17,7 @@ use std::sync::mpsc::{channel, Receiver};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use vmmweights::driver::host::{HostConfig, HostDriver};
+use vmmweights::driver::host::{FaultOp, HostConfig, HostDriver};
 use vmmweights::driver::{BackendKind, Driver};
 use vmmweights::loader::dtype::Dtype;
 use vmmweights::loader::registry::Destination;
@@ -820,4 +820,102 @@ fn hostile_owners_are_refused_and_leak_nothing() {
         let c = driver.as_host().unwrap().counts();
         assert_eq!((c.handles, c.mappings, c.reservations), (0, 0, 0), "{what}");
     }
+}
+
+/// Many chunks: attach spreads the imports and maps over threads, reads the
+/// same bytes with one thread or several, and a map that fails partway
+/// through (on any thread) leaves nothing behind in the importer.
+#[test]
+fn attach_over_several_threads_reads_the_same_and_undoes_a_failed_map() {
+    let _s = serial();
+    let pool = Arc::new(
+        Pool::new(
+            host(),
+            PoolConfig {
+                chunk_bytes: G,
+                ..PoolConfig::default()
+            },
+        )
+        .unwrap(),
+    );
+    let t = tag::id(TAG).unwrap();
+    let tensors: Vec<Destination> = (0..3)
+        .map(|i| {
+            let shape = vec![8 * G + 3 * i + 1];
+            let b = pool.alloc_tagged(shape[0], t).unwrap();
+            // SAFETY: host backend: the block is mapped read-write here.
+            let s = unsafe { std::slice::from_raw_parts_mut(b.ptr as *mut u8, shape[0]) };
+            for (k, x) in s.iter_mut().enumerate() {
+                *x = (k * 7 + i * 13) as u8;
+            }
+            Destination {
+                name: format!("w{i}"),
+                ptr: b.ptr,
+                dtype: Dtype::U8,
+                shape,
+            }
+        })
+        .collect();
+    let owner_sum = checksum(
+        tensors
+            .iter()
+            .map(|d| (d.name.clone(), d.ptr, d.bytes()))
+            .collect(),
+    );
+    let path = sock_path("threads");
+    let server = Server::start(pool.clone(), t, tensors, &path, ServeOptions::default()).unwrap();
+    let importer = Arc::new(HostDriver::new(HostConfig {
+        granularity: G,
+        memory_limit: 1 << 30,
+    }));
+    let fds0 = fd_count();
+    for threads in [1, 4, 0] {
+        let a = Attachment::attach(
+            importer.clone(),
+            &path,
+            &AttachOptions {
+                threads,
+                ..AttachOptions::default()
+            },
+        )
+        .unwrap();
+        let st = a.stats();
+        assert!(st.chunks >= 24, "{} chunks; the test wants many", st.chunks);
+        assert_eq!(st.threads, if threads == 0 { 2 } else { threads });
+        assert_eq!(attachment_sum(&a).unwrap(), owner_sum, "{threads} threads");
+        a.detach().unwrap();
+    }
+    let clean = importer.counts();
+    assert_eq!(
+        (clean.handles, clean.mappings, clean.reservations),
+        (0, 0, 0)
+    );
+    for nth in [1, 5, 13, 20] {
+        importer.fail_nth(FaultOp::Map, nth);
+        let e = Attachment::attach(
+            importer.clone(),
+            &path,
+            &AttachOptions {
+                threads: 4,
+                ..AttachOptions::default()
+            },
+        )
+        .unwrap_err();
+        assert_eq!(e.status(), Status::DriverError, "map {nth}: {e}");
+        let c = importer.counts();
+        assert_eq!(
+            (c.handles, c.mappings, c.reservations, c.physical_bytes),
+            (0, 0, 0, clean.physical_bytes),
+            "map {nth} failed: the importer holds nothing"
+        );
+        // The owner (this process too) closes its end once it sees ours gone.
+        wait_until("the owner to drop the failed importer", || {
+            server.attached() == 0
+        });
+        assert_eq!(fd_count(), fds0, "map {nth} failed: no descriptor kept");
+    }
+    importer.clear_faults();
+    let a = Attachment::attach(importer.clone(), &path, &AttachOptions::default()).unwrap();
+    assert_eq!(attachment_sum(&a).unwrap(), owner_sum, "after the faults");
+    a.detach().unwrap();
 }

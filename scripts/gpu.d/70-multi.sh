@@ -7,7 +7,8 @@
 # 3. vmmw bench-load --devices: one GPU vs replicas vs ranks in one run, with a
 #    device-side check of every extent on every GPU, and the wake of one GPU
 #    (Reload) vs the replicas' fan-out wake (Discard + wake_replicas);
-# 4. an all-reduce through torch.distributed's NCCL over tensors in our pool.
+# 4. an all-reduce through torch.distributed's NCCL over tensors in our pool;
+# 5. peer access of a tag on the real devices (tests/gpu_peers.rs).
 # NVLink multicast stays off (gpu-check.sh exports NCCL_NVLS_ENABLE=0 and the like).
 # Writes multi-topo.txt, multi-tests.txt, multi.json to $VMMW_GPU_OUT.
 # LOAD_LAYERS=36 (default) is the 16.4 GB checkpoint; fewer layers for quick runs.
@@ -56,6 +57,17 @@ else
     PASS*) result "multi-gpu: all-reduce" PASS "${line:5}" ;;
     *) result "multi-gpu: all-reduce" FAIL "${line:-no result; see multi-tests.txt}"; rc=1 ;;
   esac
+fi
+# Peer access of a tag on the real devices: kept across sleep/wake, revoked.
+if VMMW_BACKEND=cuda .gpu/tests/gpu_peers --nocapture >>"$VMMW_GPU_OUT/multi-tests.txt" 2>&1; then
+  if grep -q '^SKIP' "$VMMW_GPU_OUT/multi-tests.txt"; then
+    result "multi-gpu: peer access across sleep/wake" SKIP "$(grep -m1 '^SKIP' "$VMMW_GPU_OUT/multi-tests.txt")"
+  else
+    result "multi-gpu: peer access across sleep/wake" PASS "granted, read over NVLink after offload/discard/offload wakes, new segment granted, revoked (tests/gpu_peers.rs)"
+  fi
+else
+  result "multi-gpu: peer access across sleep/wake" FAIL "see multi-tests.txt"
+  rc=1
 fi
 out="$VMMW_GPU_OUT/multi.json"
 if .gpu/vmmw bench-load --backend cuda --checkpoint "$dir" --preset qwen3 --devices "$devices" \

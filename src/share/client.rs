@@ -10,10 +10,11 @@
 //! arrive, read on each call through this API.
 
 use std::collections::HashMap;
+use std::os::fd::OwnedFd;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::manifest::{Hello, Layout, Manifest, SharedTensor};
 use super::wire::{self, Notice};
@@ -31,6 +32,27 @@ pub struct AttachOptions {
     pub timeout: Duration,
     /// User ids the owner may run as; `None` accepts this process's user and root.
     pub allowed_owner_uids: Option<Vec<u32>>,
+    /// Threads that import and map the chunks; 0 chooses (one per 16 chunks,
+    /// at most 8). Each chunk costs an import and a map in the driver, so a
+    /// share of many segments attaches faster spread over threads.
+    pub threads: usize,
+}
+
+/// Where an attach spent its time.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct AttachStats {
+    /// Physical chunks imported and mapped.
+    pub chunks: usize,
+    /// Threads that imported and mapped them.
+    pub threads: usize,
+    /// Connecting, the owner check, the manifest and the descriptors.
+    pub handshake: Duration,
+    /// Importing every descriptor and mapping every chunk.
+    pub import_map: Duration,
+    /// Setting access on the whole range.
+    pub access: Duration,
+    /// The whole attach.
+    pub total: Duration,
 }
 
 impl Default for AttachOptions {
@@ -39,6 +61,7 @@ impl Default for AttachOptions {
             read_write: false,
             timeout: Duration::from_secs(30),
             allowed_owner_uids: None,
+            threads: 0,
         }
     }
 }
@@ -122,6 +145,94 @@ impl Notices {
     }
 }
 
+fn import_threads(asked: usize, chunks: usize) -> usize {
+    let n = if asked == 0 {
+        chunks.div_ceil(16).min(8)
+    } else {
+        asked
+    };
+    n.clamp(1, chunks.max(1))
+}
+
+/// Import chunk `i` from `fds[i]` and map it at its offset in `mapping`'s
+/// range, spread over `threads` threads, each taking a contiguous run of
+/// chunks. Whatever succeeded is recorded in `mapping` (so dropping it undoes
+/// it) before the first error, if any, is returned.
+fn import_and_map(
+    mapping: &mut Mapping,
+    fds: Vec<OwnedFd>,
+    sizes: &[usize],
+    threads: usize,
+) -> Result<()> {
+    let mut offsets = Vec::with_capacity(sizes.len());
+    let mut off = 0usize;
+    for &size in sizes {
+        offsets.push(off);
+        off += size;
+    }
+    let per = sizes.len().div_ceil(threads.max(1)).max(1);
+    let mut groups: Vec<Vec<(usize, OwnedFd)>> = Vec::new();
+    for (i, fd) in fds.into_iter().enumerate() {
+        if i % per == 0 {
+            groups.push(Vec::with_capacity(per));
+        }
+        groups.last_mut().expect("pushed above").push((i, fd));
+    }
+    type Done = (Vec<(PhysHandle, Option<(usize, usize)>)>, Option<Error>);
+    let work = |group: Vec<(usize, OwnedFd)>| -> Done {
+        let mut done = Vec::with_capacity(group.len());
+        for (i, fd) in group {
+            let h = match mapping.driver.import_fd(fd, sizes[i]) {
+                Ok(h) => h,
+                Err(e) => return (done, Some(e)),
+            };
+            let va = mapping.va + offsets[i] as u64;
+            if let Err(e) = mapping.driver.map(va, sizes[i], h) {
+                done.push((h, None));
+                return (done, Some(e));
+            }
+            done.push((h, Some((offsets[i], sizes[i]))));
+        }
+        (done, None)
+    };
+    let results: Vec<Done> = if groups.len() <= 1 {
+        groups.into_iter().map(work).collect()
+    } else {
+        std::thread::scope(|s| {
+            let handles: Vec<_> = groups
+                .into_iter()
+                .map(|g| s.spawn(move || work(g)))
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join().unwrap_or_else(|_| {
+                        (
+                            Vec::new(),
+                            Some(Error::Panic(
+                                "a thread importing shared chunks panicked".into(),
+                            )),
+                        )
+                    })
+                })
+                .collect()
+        })
+    };
+    let mut first = None;
+    for (done, err) in results {
+        for (h, m) in done {
+            mapping.handles.push(h);
+            if let Some(m) = m {
+                mapping.mapped.push(m);
+            }
+        }
+        if let Some(e) = err {
+            first.get_or_insert(e);
+        }
+    }
+    first.map_or(Ok(()), Err)
+}
+
 /// An attached share. Dropping it detaches.
 #[derive(Debug)]
 pub struct Attachment {
@@ -133,6 +244,7 @@ pub struct Attachment {
     read_write: bool,
     mapping: Mapping,
     notices: Mutex<Notices>,
+    stats: AttachStats,
 }
 
 fn refused(path: &Path, reason: impl Into<String>) -> Error {
@@ -150,6 +262,7 @@ impl Attachment {
         options: &AttachOptions,
     ) -> Result<Attachment> {
         let path = path.as_ref();
+        let start = Instant::now();
         let sock = UnixStream::connect(path).map_err(|e| Error::io(path, e))?;
         sock.set_read_timeout(Some(options.timeout))
             .map_err(|e| Error::io(path, e))?;
@@ -220,6 +333,7 @@ impl Attachment {
                 ),
             ));
         }
+        let handshake = start.elapsed();
         let mut mapping = Mapping {
             driver: driver.clone(),
             va: 0,
@@ -227,23 +341,19 @@ impl Attachment {
             handles: Vec::with_capacity(want),
             mapped: Vec::with_capacity(want),
         };
-        for (fd, &size) in fds.into_iter().zip(&layout.chunks) {
-            mapping.handles.push(driver.import_fd(fd, size)?);
-        }
         mapping.va = driver.reserve(layout.total, 0)?;
         mapping.total = layout.total;
-        let mut off = 0usize;
-        for (i, &size) in layout.chunks.iter().enumerate() {
-            let va = mapping.va + off as u64;
-            driver.map(va, size, mapping.handles[i])?;
-            mapping.mapped.push((off, size));
-            off += size;
-        }
+        let t = Instant::now();
+        let threads = import_threads(options.threads, want);
+        import_and_map(&mut mapping, fds, &layout.chunks, threads)?;
+        let import_map = t.elapsed();
+        let t = Instant::now();
         if options.read_write {
             driver.set_access(mapping.va, layout.total)?;
         } else {
             driver.set_access_read_only(mapping.va, layout.total)?;
         }
+        let access = t.elapsed();
         let index = manifest
             .tensors
             .iter()
@@ -266,7 +376,20 @@ impl Attachment {
             read_write: options.read_write,
             mapping,
             notices: Mutex::new(notices),
+            stats: AttachStats {
+                chunks: want,
+                threads,
+                handshake,
+                import_map,
+                access,
+                total: start.elapsed(),
+            },
         })
+    }
+
+    /// Where this attach spent its time.
+    pub fn stats(&self) -> AttachStats {
+        self.stats
     }
 
     /// Read the owner's notices; `ShareRevoked` once it revoked the share.
