@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use common::cli::{generate, vmmw, write_file, Dtype, SMALL};
 use vmmweights::share::{AttachOptions, Attachment};
+use vmmweights::Status;
 
 /// Every tensor of a safetensors file: name -> bytes.
 fn file_tensors(path: &Path) -> BTreeMap<String, Vec<u8>> {
@@ -118,6 +119,7 @@ fn serve_attach_sighup_reload_sigterm() {
         sock.to_str().unwrap(),
         "--policy",
         "revoke",
+        "--allow-write",
     ]);
     let ready = s.line();
     assert!(
@@ -130,7 +132,15 @@ fn serve_attach_sighup_reload_sigterm() {
     assert_eq!(field(&ready, "bytes"), total.to_string());
     assert_eq!(field(&ready, "version"), "1");
 
-    let a = Attachment::attach(common::loader::host(), &sock, &AttachOptions::default()).unwrap();
+    let rw = AttachOptions {
+        read_write: true,
+        ..AttachOptions::default()
+    };
+    let a = Attachment::attach(common::loader::host(), &sock, &rw).unwrap();
+    assert!(
+        a.is_read_write(),
+        "--allow-write lets importers map read-write"
+    );
     assert_eq!(a.version().unwrap(), 1);
     assert_eq!(
         shared_tensors(&a),
@@ -191,7 +201,18 @@ fn serve_sigint_stops_cleanly_and_failed_reload_keeps_version() {
     assert!(s.line().starts_with("serving "));
     std::fs::write(&ckpt, b"not a checkpoint").unwrap();
     s.signal(libc::SIGHUP); // fails: reported on stderr, version unchanged
+    let rw = AttachOptions {
+        read_write: true,
+        ..AttachOptions::default()
+    };
+    let e = Attachment::attach(common::loader::host(), &sock, &rw).unwrap_err();
+    assert_eq!(
+        e.status(),
+        Status::ShareRefused,
+        "read-write without --allow-write: {e}"
+    );
     let a = Attachment::attach(common::loader::host(), &sock, &AttachOptions::default()).unwrap();
+    assert!(!a.is_read_write());
     std::thread::sleep(Duration::from_millis(200));
     assert_eq!(a.version().unwrap(), 1, "a failed reload publishes nothing");
     a.detach().unwrap();
