@@ -117,6 +117,18 @@ class SleepOptions(_Sized):
     ]
 
 
+class ShareOptions(_Sized):
+    """vmmw_share_options_t"""
+
+    _fields_ = [
+        ("size", ctypes.c_size_t),
+        ("sleep_policy", i32),
+        ("allow_write", u32),
+        ("use_allowed_uid", u32),
+        ("allowed_uid", u32),
+    ]
+
+
 #: C struct name -> its ctypes mirror (for the drift test).
 ALL = {
     "vmmw_load_options_t": LoadOptions,
@@ -126,6 +138,7 @@ ALL = {
     "vmmw_pool_options_t": PoolOptions,
     "vmmw_tag_policy_t": TagPolicy,
     "vmmw_sleep_options_t": SleepOptions,
+    "vmmw_share_options_t": ShareOptions,
 }
 
 PROGRESS_FN = ctypes.CFUNCTYPE(i32, u64, u64, ctypes.c_void_p)
