@@ -99,6 +99,18 @@ pub struct Report {
     pub device_used_bytes: Option<u64>,
     /// The device's total memory, when the driver could tell.
     pub device_total_bytes: Option<u64>,
+    /// Physical bytes of freed memory the driver has not taken back (it
+    /// refused to synchronize, unmap or release): not in any tag's figures,
+    /// retried by every later free and trim. 0 in a healthy pool. Rust and
+    /// JSON only (the C report struct's layout is frozen).
+    #[serde(default)]
+    pub leaked_bytes: u64,
+    /// Freed segments still waiting to be given back.
+    #[serde(default)]
+    pub leaked_segments: u64,
+    /// VA those segments keep reserved (never handed out again meanwhile).
+    #[serde(default)]
+    pub leaked_reserved_bytes: u64,
 }
 
 impl Report {
@@ -115,6 +127,9 @@ impl Report {
             total,
             device_used_bytes: mem.map(|m| m.total.saturating_sub(m.free)),
             device_total_bytes: mem.map(|m| m.total),
+            leaked_bytes: 0,
+            leaked_segments: 0,
+            leaked_reserved_bytes: 0,
         }
     }
 

@@ -43,8 +43,10 @@ pub enum SleepState {
 /// One VA reservation and its chunks. Dropping it synchronizes the device,
 /// unmaps, releases and frees the VA, in that order; when that synchronize
 /// fails, nothing is unmapped (queued work may still use the memory): the
-/// memory and the VA are leaked, never unmapped under running work. Callers
-/// that can report the failure synchronize first (see `Pool::free`).
+/// memory and the VA are leaked, never unmapped under running work. A range
+/// whose unmap fails keeps its reservation (never freed, so never handed out
+/// again). Callers that can report failures use [`Segment::close`] instead
+/// (see `Pool::free`).
 #[derive(Debug)]
 pub struct Segment {
     driver: Arc<dyn Driver>,
@@ -56,8 +58,11 @@ pub struct Segment {
     chunk_size: usize,
     chunks: Vec<Chunk>,
     sleep_state: SleepState,
-    /// Unmapped handles whose release failed (see [`Segment::unmap_chunk`]).
-    orphans: Vec<PhysHandle>,
+    /// Unmapped handles whose release failed, with their sizes (see
+    /// [`Segment::unmap_chunk`]); retried by later unmaps, trims and drop.
+    orphans: Vec<(PhysHandle, usize)>,
+    /// The reservation was given back by [`Segment::close`]: drop has nothing to do.
+    closed: bool,
     /// Peer devices granted access; applied to every chunk mapped later too,
     /// so the grant outlives sleep/wake and arena growth.
     peers: Vec<PeerAccess>,
@@ -99,6 +104,7 @@ impl Segment {
             chunks: Vec::new(),
             sleep_state: SleepState::Awake,
             orphans: Vec::new(),
+            closed: false,
             peers: Vec::new(),
         })
     }
@@ -247,7 +253,6 @@ impl Segment {
                 self.reserved
             )));
         }
-        let first_new = self.chunks.len();
         let mut offset = self.committed;
         while offset < target {
             let remaining = target - offset;
@@ -263,7 +268,9 @@ impl Segment {
                     handle: Some(handle),
                 }),
                 Err(e) => {
-                    self.undo_chunks_from(first_new);
+                    // A chunk whose unmap fails in the undo stays (mapped,
+                    // counted): its range must not be mapped again.
+                    let _ = self.pop_chunks(self.committed);
                     return Err(e);
                 }
             }
@@ -276,23 +283,14 @@ impl Segment {
     /// Shrink the committed part to `new_committed` bytes (rounded up to the
     /// granularity, and up to a chunk boundary). Frees the chunks beyond it.
     /// The caller must make sure no queued work touches that memory.
+    /// A chunk whose unmap fails stays committed and mapped (with the chunks
+    /// before it), so its range is never mapped twice; a handle whose release
+    /// fails is kept and retried. The first error is returned.
     pub fn decommit(&mut self, new_committed: usize) -> Result<()> {
         let g = self.driver.granularity();
         let target = round_up(new_committed.min(self.reserved), g);
-        let mut first_error = None;
-        while let Some(last) = self.chunks.last().copied() {
-            if last.offset < target {
-                break;
-            }
-            if let Some(h) = last.handle {
-                if let Err(e) = self.unmap_release(last.offset, last.size, h) {
-                    first_error.get_or_insert(e);
-                }
-            }
-            self.chunks.pop();
-        }
-        self.committed = self.chunks.last().map_or(0, |c| c.offset + c.size);
-        first_error.map_or(Ok(()), Err)
+        let orphans = self.retry_orphans();
+        self.pop_chunks(target).and(orphans)
     }
 
     /// Unmap and release chunk `i`, keeping its place (sleep). A no-op when it is
@@ -307,7 +305,7 @@ impl Segment {
             // handle whose release fails is kept and released later.
             self.chunks[i].handle = None;
             if let Err(e) = self.driver.release(h) {
-                self.orphans.push(h);
+                self.orphans.push((h, c.size));
                 return Err(e);
             }
         }
@@ -411,9 +409,43 @@ impl Segment {
     }
 
     /// Physical handles unmapped whose release failed; retried by every later
-    /// unmap and by drop.
+    /// unmap, decommit, [`Segment::release_orphans`], close and drop.
     pub fn unreleased_handles(&self) -> usize {
         self.orphans.len()
+    }
+
+    /// Bytes of those handles: physical memory no chunk uses that the driver
+    /// has not taken back.
+    pub fn unreleased_bytes(&self) -> usize {
+        self.orphans.iter().map(|&(_, size)| size).sum()
+    }
+
+    /// Retry the release of handles whose release failed. The first error is
+    /// returned; the handles still refused stay kept.
+    pub fn release_orphans(&mut self) -> Result<()> {
+        self.retry_orphans()
+    }
+
+    /// Give everything back: unmap and release every mapped chunk, release
+    /// kept handles, free the reservation. The caller must make sure no
+    /// queued work uses the memory (synchronize first).
+    ///
+    /// On a failure the segment comes back with the first error, holding what
+    /// the driver refused: a chunk whose unmap failed stays mapped, a handle
+    /// whose release failed stays kept, and the reservation stays (never
+    /// freed while anything in it may be mapped, so the range is never handed
+    /// out again). Closing it again retries.
+    pub fn close(mut self) -> std::result::Result<(), Box<(Segment, Error)>> {
+        let orphans = self.retry_orphans();
+        let chunks = self.pop_chunks(0);
+        if let Err(e) = chunks.and(orphans) {
+            return Err(Box::new((self, e)));
+        }
+        if let Err(e) = self.driver.free_va(self.va, self.reserved) {
+            return Err(Box::new((self, e)));
+        }
+        self.closed = true;
+        Ok(())
     }
 
     fn map_new(&self, offset: usize, size: usize) -> Result<PhysHandle> {
@@ -425,14 +457,10 @@ impl Segment {
         )
     }
 
-    fn unmap_release(&self, offset: usize, size: usize, h: PhysHandle) -> Result<()> {
-        unmap_release_at(self.driver.as_ref(), self.va + offset as u64, size, h)
-    }
-
     fn retry_orphans(&mut self) -> Result<()> {
         let mut first_error = None;
         let driver = self.driver.clone();
-        self.orphans.retain(|&h| match driver.release(h) {
+        self.orphans.retain(|&(h, _)| match driver.release(h) {
             Ok(()) => false,
             Err(e) => {
                 first_error.get_or_insert(e);
@@ -442,14 +470,31 @@ impl Segment {
         first_error.map_or(Ok(()), Err)
     }
 
-    fn undo_chunks_from(&mut self, first: usize) {
-        while self.chunks.len() > first {
-            if let Some(c) = self.chunks.pop() {
-                if let Some(h) = c.handle {
-                    let _ = self.unmap_release(c.offset, c.size, h);
+    /// Unmap, release and drop the chunks at offsets `>= from`, last first.
+    /// Stops at a chunk whose unmap fails: it and the chunks before it stay,
+    /// still mapped, so that range is never mapped again while the old
+    /// mapping may be there. A handle whose release fails is kept
+    /// ([`Segment::unreleased_handles`]). The first error is returned.
+    fn pop_chunks(&mut self, from: usize) -> Result<()> {
+        let mut first_error = None;
+        while let Some(c) = self.chunks.last().copied() {
+            if c.offset < from {
+                break;
+            }
+            if let Some(h) = c.handle {
+                if let Err(e) = self.driver.unmap(self.va + c.offset as u64, c.size) {
+                    first_error = Some(e);
+                    break;
+                }
+                if let Err(e) = self.driver.release(h) {
+                    self.orphans.push((h, c.size));
+                    first_error.get_or_insert(e);
                 }
             }
+            self.chunks.pop();
         }
+        self.committed = self.chunks.last().map_or(0, |c| c.offset + c.size);
+        first_error.map_or(Ok(()), Err)
     }
 }
 
@@ -494,13 +539,18 @@ pub fn unmap_release_at(
 
 impl Drop for Segment {
     fn drop(&mut self) {
+        if self.closed {
+            return;
+        }
         let _ = self.retry_orphans();
         if self.chunks.iter().any(|c| c.handle.is_some()) && self.driver.synchronize().is_err() {
             // Queued work may still use this memory: leak it rather than
             // unmap under running kernels.
             return;
         }
-        self.undo_chunks_from(0);
-        let _ = self.driver.free_va(self.va, self.reserved);
+        let _ = self.pop_chunks(0);
+        if self.chunks.is_empty() {
+            let _ = self.driver.free_va(self.va, self.reserved);
+        }
     }
 }

@@ -40,15 +40,16 @@ exec 3>"$dir/ctl"
 for _ in $(seq 200); do grep -q '^serving' "$dir/owner.txt" && break; sleep 0.05; done
 cat "$dir/owner.txt"
 "$dir/share" attach "$dir/w.sock" | tee "$dir/importer.txt"
-# The same from Python (ctypes), hashing in the same order.
-VMMW_LIB="$VMMW_LIB_DIR/libvmmweights.so" PYTHONPATH=examples/share python3 - "$dir/w.sock" <<'PY' | tee "$dir/python.txt"
-import sys, vmmw_share
-with vmmw_share.attach(sys.argv[1]) as s:
+# The same from Python (the vmmweights package, ctypes), hashing in the same order.
+VMMW_LIB="$VMMW_LIB_DIR/libvmmweights.so" PYTHONPATH=python python3 - "$dir/w.sock" <<'PY' | tee "$dir/python.txt"
+import sys
+from vmmweights import share
+with share.attach(sys.argv[1]) as s:
     h = 0xcbf29ce484222325
     for name in s.names():
         for b in name.encode() + s.read(name):
             h = ((h ^ b) * 0x100000001b3) % (1 << 64)
-    print(f"python attached {len(s.names())} tensors, version {s.version()} sum={h:016x}")
+    print(f"python attached {len(s.names())} tensors, version {s.version} sum={h:016x}")
 PY
 exec 3>&-
 wait "$owner"

@@ -13,6 +13,9 @@ here works without PyTorch, on the GPU or on the host backend
     pool.sleep(weights="offload")
     pool.wake("weights")
     print(pool.report_table())
+
+Weights shared with other processes (one copy, mapped by many):
+:mod:`vmmweights.share`.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from .report import table as report_table
 from .report import tag_usage
 from .tags import scope as tag_scope
 from .tags import tag_id, tag_name
+from . import share  # noqa: E402  (after the names it uses)
 
 __all__ = [
     "BACKENDS",
@@ -40,6 +44,7 @@ __all__ = [
     "load",
     "load_devices",
     "report_table",
+    "share",
     "sleep_replicas",
     "status_name",
     "tag_id",

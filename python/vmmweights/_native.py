@@ -169,6 +169,23 @@ _SIGNATURES: dict[str, tuple[Any, list[Any], bool]] = {
         ],
         True,
     ),
+    "vmmw_share_serve": (
+        _I32,
+        [_P, ctypes.c_uint32, _P, ctypes.c_char_p, ctypes.POINTER(S.ShareOptions), ctypes.POINTER(_P)],
+        True,
+    ),
+    "vmmw_share_server_free": (None, [_P], False),
+    "vmmw_share_server_attached": (_I32, [_P, _U64P], True),
+    "vmmw_share_server_publish": (_I32, [_P, _U64P], True),
+    "vmmw_share_attach": (_I32, [_P, ctypes.c_char_p, ctypes.c_uint32, ctypes.POINTER(_P)], True),
+    "vmmw_share_count": (_I32, [_P, _SZP], True),
+    "vmmw_share_tensor_name": (_I32, [_P, ctypes.c_size_t, *_BUF], True),
+    "vmmw_share_tensor": (_I32, [_P, ctypes.c_char_p, ctypes.POINTER(S.Destination)], True),
+    "vmmw_share_version": (_I32, [_P, _U64P], True),
+    "vmmw_share_owner_connected": (_I32, [_P, ctypes.POINTER(ctypes.c_uint32)], True),
+    "vmmw_share_read": (_I32, [_P, ctypes.c_uint64, ctypes.c_void_p, ctypes.c_size_t], True),
+    "vmmw_share_detach": (_I32, [_P], True),
+    "vmmw_share_free": (None, [_P], False),
 }
 
 

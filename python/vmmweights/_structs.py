@@ -161,6 +161,15 @@ class ReplicaWakeResult(ctypes.Structure):
         ("peer_seconds", f64),
         ("gbps", f64),
         ("direct_pairs", u32),
+class ShareOptions(_Sized):
+    """vmmw_share_options_t"""
+
+    _fields_ = [
+        ("size", ctypes.c_size_t),
+        ("sleep_policy", i32),
+        ("allow_write", u32),
+        ("use_allowed_uid", u32),
+        ("allowed_uid", u32),
     ]
 
 
@@ -177,6 +186,7 @@ ALL = {
     "vmmw_replica_wake_options_t": ReplicaWakeOptions,
     "vmmw_replica_sleep_result_t": ReplicaSleepResult,
     "vmmw_replica_wake_result_t": ReplicaWakeResult,
+    "vmmw_share_options_t": ShareOptions,
 }
 
 PROGRESS_FN = ctypes.CFUNCTYPE(i32, u64, u64, ctypes.c_void_p)

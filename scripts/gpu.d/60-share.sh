@@ -5,7 +5,9 @@
 # CUDA VMM IPC (POSIX file descriptors over a Unix socket), checksums every
 # tensor and reports its attach time (target <= 50 ms). With two GPUs, again
 # with the importer on GPU 1 reading GPU 0's memory over NVLink.
-# Writes share.txt to $VMMW_GPU_OUT.
+# Then the transformers forward over shared weights (tests/torch/test_share_torch.py):
+# process B's logits bitwise equal to process A's, B on GPU 0 and, with two
+# GPUs, on GPU 1. Writes share.txt and share-torch.txt to $VMMW_GPU_OUT.
 set -uo pipefail
 source scripts/gpu-lib.sh
 export VMMW_BACKEND=cuda
@@ -47,6 +49,26 @@ if [ "${ngpu:-0}" -ge 2 ]; then
   bench "attach, importer on GPU 1" 1
 else
   result "share: attach, importer on GPU 1" SKIP "one GPU on this machine"
+fi
+# The forward over shared weights, through the Python package (python/ from the
+# tree, the library from .gpu/, as 30-torch.sh).
+tlog="$VMMW_GPU_OUT/share-torch.txt"
+if ! python3 -c 'import torch, transformers, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
+  result "share: forward over shared weights (torch)" SKIP "PyTorch with CUDA, or transformers, is not available here"
+else
+  PYTHONPATH="python:tests/torch${PYTHONPATH:+:$PYTHONPATH}" VMMW_LIB="${VMMW_LIB:-$PWD/.gpu/libvmmweights.so}" \
+    PYTHONUNBUFFERED=1 python3 -m pytest -q -s -rs tests/torch/test_share_torch.py >"$tlog" 2>&1
+  t=$?
+  cat "$tlog"
+  if [ "$t" -eq 0 ] && ! grep -q "passed" "$tlog"; then
+    result "share: forward over shared weights (torch)" SKIP "$(grep -m1 -o 'SKIPPED.*' "$tlog")"
+  elif [ "$t" -eq 0 ]; then
+    result "share: forward over shared weights (torch)" PASS \
+      "B's logits bitwise equal to A's; $(grep -c '^share forward' "$tlog") runs ($(grep -o 'B on cuda:[0-9]' "$tlog" | sort -u | tr '\n' ' '| sed 's/ $//')); $(tail -1 "$tlog")"
+  else
+    result "share: forward over shared weights (torch)" FAIL "exit $t; see share-torch.txt"
+    rc=1
+  fi
 fi
 cat "$log"
 exit $rc

@@ -3,8 +3,10 @@
 # device filled by another allocation, then wake: a clear error, the tag still
 # asleep with its backup, a later wake bitwise equal), and a soak of
 # sleep/wake cycles with a forward pass (device bf16->f32 conversion) between,
-# outputs bitwise equal and free memory / pinned bytes flat. Then the fault
-# table and the concurrency tests on the host backend of the same build.
+# outputs bitwise equal and free memory / pinned bytes flat. The fault matrix
+# through the cuda backend's fault table (tests/fault_device.rs). Then the
+# fault table, file-read faults, pool free faults and the concurrency tests on
+# the host backend of the same build.
 # Writes reliability.txt to $VMMW_GPU_OUT. Cycles and size:
 # VMMW_SOAK_CYCLES (default 3000, stopped after VMMW_SOAK_MAX_SECONDS, default
 # 120), VMMW_SOAK_MIB (default 256).
@@ -25,6 +27,20 @@ else
   result "reliability: device tests, cuda" FAIL "exit $t; see reliability.txt"
   rc=1
 fi
+# The fault matrix through the cuda backend's own fault table (every driver
+# step and the loader's file reads, 1st and 2nd call, in 8 phases).
+VMMW_BACKEND=cuda timeout 300 .gpu/tests/fault_device --nocapture --test-threads=1 >>"$log" 2>&1
+t=$?
+matrix=$(grep -E '^fault matrix \(' "$log" | tail -1 | cut -c1-160)
+if [ "$t" -eq 0 ] && grep -q '^fault matrix (cuda)' "$log"; then
+  result "reliability: fault matrix, cuda" PASS "${matrix:-?}"
+elif [ "$t" -eq 0 ]; then
+  result "reliability: fault matrix, cuda" FAIL "did not run on cuda: $(grep -E 'fault_device: skipped' "$log" | tail -1 | cut -c1-160)"
+  rc=1
+else
+  result "reliability: fault matrix, cuda" FAIL "exit $t; see reliability.txt (${matrix:-no summary})"
+  rc=1
+fi
 # The same through PyTorch: a transformers model, forward after every wake.
 export PYTHONPATH="python:tests/torch${PYTHONPATH:+:$PYTHONPATH}"
 export VMMW_LIB="${VMMW_LIB:-$PWD/.gpu/libvmmweights.so}"
@@ -35,9 +51,9 @@ case "$line" in
   SKIP*) result "reliability: soak through PyTorch" SKIP "${line:5}" ;;
   *) result "reliability: soak through PyTorch" FAIL "${line:-no result; see reliability.txt}"; rc=1 ;;
 esac
-for t in fault_table concurrency; do
+for t in fault_table fault_file_read pool_free_faults concurrency; do
   if VMMW_BACKEND=host .gpu/tests/$t --nocapture >>"$log" 2>&1; then
-    result "reliability: $t (host backend, release build)" PASS "$(grep -E '^(fault table|mixed|same tag|torch)' "$log" | tail -3 | tr '\n' ' ' | cut -c1-200)"
+    result "reliability: $t (host backend, release build)" PASS "$(grep -E '^(fault table|file-read faults|mixed|same tag|torch|test result)' "$log" | tail -3 | tr '\n' ' ' | cut -c1-200)"
   else
     result "reliability: $t (host backend, release build)" FAIL "see reliability.txt"
     rc=1

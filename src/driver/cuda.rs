@@ -14,6 +14,7 @@ use std::sync::OnceLock;
 
 use cudarc::driver::sys;
 
+use super::fault::{FaultOp, Faults};
 use super::{
     kernels, AccessMode, BackendKind, ConvertType, DevicePtr, Driver, EventId, MemInfo, PeerAccess,
     PhysHandle, StreamId,
@@ -35,6 +36,8 @@ pub struct CudaDriver {
     /// Physical memory is created exportable as a POSIX file descriptor; see `shareable_wanted`.
     shareable: AtomicBool,
     kernels: OnceLock<std::result::Result<Kernels, String>>,
+    /// Failures armed by tests (never outside them); see [`super::fault`].
+    faults: Faults,
 }
 
 /// Whether to create exportable memory: the device supports POSIX file-descriptor
@@ -209,6 +212,7 @@ impl CudaDriver {
             granularity: 0,
             shareable: AtomicBool::new(shareable_wanted(dev)),
             kernels: OnceLock::new(),
+            faults: Faults::default(),
         };
         d.bind()?;
         let prop = d.alloc_prop();
@@ -340,6 +344,7 @@ impl CudaDriver {
         flags: sys::CUmemAccess_flags,
     ) -> Result<()> {
         self.bind()?;
+        self.faults.check(FaultOp::SetAccess, "cuMemSetAccess")?;
         // SAFETY: CUmemAccessDesc is a plain C struct; every field is set below.
         let mut desc: sys::CUmemAccessDesc = unsafe { std::mem::zeroed() };
         desc.location.type_ = sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
@@ -384,6 +389,7 @@ impl Driver for CudaDriver {
 
     fn reserve(&self, size: usize, alignment: usize) -> Result<DevicePtr> {
         self.bind()?;
+        self.faults.check(FaultOp::Reserve, "cuMemAddressReserve")?;
         let mut va: sys::CUdeviceptr = 0;
         // SAFETY: writes one device pointer; no address hint, no flags.
         let rc = unsafe { sys::cuMemAddressReserve(&mut va, size, alignment, 0, 0) };
@@ -403,6 +409,14 @@ impl Driver for CudaDriver {
 
     fn create(&self, size: usize) -> Result<PhysHandle> {
         self.bind()?;
+        if self.faults.take(FaultOp::Create) {
+            // As the host backend: an injected create fails as out of memory.
+            return Err(Error::OutOfMemory {
+                what: format!("physical allocation of {size} bytes (cuMemCreate, injected)"),
+                requested: size as u64,
+                free: self.mem_info().map(|m| m.free).unwrap_or(0),
+            });
+        }
         let prop = self.alloc_prop();
         let mut h: sys::CUmemGenericAllocationHandle = 0;
         // SAFETY: prop is fully initialised; writes one handle.
@@ -431,12 +445,14 @@ impl Driver for CudaDriver {
 
     fn release(&self, handle: PhysHandle) -> Result<()> {
         self.bind()?;
+        self.faults.check(FaultOp::Release, "cuMemRelease")?;
         // SAFETY: the handle came from `create` and is released once (caller's contract).
         check("cuMemRelease", unsafe { sys::cuMemRelease(handle.0) })
     }
 
     fn map(&self, va: DevicePtr, size: usize, handle: PhysHandle) -> Result<()> {
         self.bind()?;
+        self.faults.check(FaultOp::Map, "cuMemMap")?;
         // SAFETY: va lies in a reservation of ours and handle is live (caller's contract).
         check_with(
             "cuMemMap",
@@ -513,6 +529,7 @@ impl Driver for CudaDriver {
 
     fn set_access_peers(&self, va: DevicePtr, size: usize, peers: &[PeerAccess]) -> Result<()> {
         self.bind()?;
+        self.faults.check(FaultOp::SetAccess, "cuMemSetAccess")?;
         super::check_peer_list(self.ordinal, peers, |p| self.can_access_peer(p))?;
         let mut descs = Vec::with_capacity(peers.len() + 1);
         let mut push = |dev: sys::CUdevice, mode: AccessMode| {
@@ -605,6 +622,7 @@ impl Driver for CudaDriver {
 
     fn unmap(&self, va: DevicePtr, size: usize) -> Result<()> {
         self.bind()?;
+        self.faults.check(FaultOp::Unmap, "cuMemUnmap")?;
         // SAFETY: the range covers whole mappings of ours (caller's contract).
         check_with("cuMemUnmap", unsafe { sys::cuMemUnmap(va, size) }, || {
             format!("{size} bytes at {va:#x}")
@@ -626,6 +644,8 @@ impl Driver for CudaDriver {
 
     fn synchronize(&self) -> Result<()> {
         self.bind()?;
+        self.faults
+            .check(FaultOp::Synchronize, "cuCtxSynchronize")?;
         // SAFETY: no arguments; the context is current.
         check("cuCtxSynchronize", unsafe { sys::cuCtxSynchronize() })
     }
@@ -713,6 +733,7 @@ impl Driver for CudaDriver {
         stream: StreamId,
     ) -> Result<()> {
         self.bind()?;
+        self.faults.check(FaultOp::CopyHtod, "cuMemcpyHtoDAsync")?;
         // SAFETY: forwarded from the caller's contract on both ranges.
         let rc = unsafe {
             sys::cuMemcpyHtoDAsync_v2(dst, src as *const c_void, len, Self::stream(stream))
@@ -731,6 +752,7 @@ impl Driver for CudaDriver {
         stream: StreamId,
     ) -> Result<()> {
         self.bind()?;
+        self.faults.check(FaultOp::CopyPeer, "cuMemcpyDtoDAsync")?;
         // Unified addressing: once this device may read `src` (cuMemSetAccess
         // on the owner), a plain device-to-device copy on our stream pulls it
         // over the peer link.
@@ -752,6 +774,7 @@ impl Driver for CudaDriver {
         stream: StreamId,
     ) -> Result<()> {
         self.bind()?;
+        self.faults.check(FaultOp::CopyDtoh, "cuMemcpyDtoHAsync")?;
         // SAFETY: forwarded from the caller's contract on both ranges.
         let rc = unsafe {
             sys::cuMemcpyDtoHAsync_v2(dst as *mut c_void, src, len, Self::stream(stream))
@@ -772,6 +795,7 @@ impl Driver for CudaDriver {
         stream: StreamId,
     ) -> Result<()> {
         self.bind()?;
+        self.faults.check(FaultOp::CopyHtod, "cuMemcpy2DAsync")?;
         // SAFETY: CUDA_MEMCPY2D is a plain C struct; zero is valid for unused fields.
         let mut p: sys::CUDA_MEMCPY2D = unsafe { std::mem::zeroed() };
         p.srcMemoryType = sys::CUmemorytype::CU_MEMORYTYPE_HOST;
@@ -797,6 +821,7 @@ impl Driver for CudaDriver {
         stream: StreamId,
     ) -> Result<()> {
         self.bind()?;
+        self.faults.check(FaultOp::Memset, "cuMemsetD8Async")?;
         // SAFETY: forwarded from the caller's contract on the range.
         let rc = unsafe { sys::cuMemsetD8Async(dst, value, len, Self::stream(stream)) };
         check_with("cuMemsetD8Async", rc, || format!("{len} bytes at {dst:#x}"))
@@ -812,6 +837,7 @@ impl Driver for CudaDriver {
         stream: StreamId,
     ) -> Result<()> {
         self.bind()?;
+        self.faults.check(FaultOp::Convert, "cuLaunchKernel")?;
         if count == 0 {
             return Ok(());
         }
@@ -859,6 +885,8 @@ impl Driver for CudaDriver {
 
     unsafe fn host_register(&self, ptr: *mut u8, len: usize, read_only: bool) -> Result<()> {
         self.bind()?;
+        self.faults
+            .check(FaultOp::HostRegister, "cuMemHostRegister")?;
         let mut flags = sys::CU_MEMHOSTREGISTER_PORTABLE;
         if read_only {
             flags |= sys::CU_MEMHOSTREGISTER_READ_ONLY;
@@ -900,6 +928,10 @@ impl Driver for CudaDriver {
         check("cuMemFreeHost", unsafe {
             sys::cuMemFreeHost(ptr as *mut c_void)
         })
+    }
+
+    fn faults(&self) -> Option<&Faults> {
+        Some(&self.faults)
     }
 }
 

@@ -22,7 +22,7 @@
 //! A memory limit and fault injection make out-of-memory and mid-operation
 //! failures testable.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
@@ -146,36 +146,8 @@ impl HostConfig {
     }
 }
 
-/// Which primitive an injected failure hits.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum FaultOp {
-    /// `reserve`.
-    Reserve,
-    /// `create` (fails as out-of-memory, like `CUDA_ERROR_OUT_OF_MEMORY`).
-    Create,
-    /// `map`.
-    Map,
-    /// `set_access` and `set_access_peers`.
-    SetAccess,
-    /// `unmap` (fails before anything is unmapped).
-    Unmap,
-    /// `release` (fails before the handle is released).
-    Release,
-    /// `copy_dtoh_async`, before any byte is copied.
-    CopyDtoh,
-    /// `memset_async`, before any byte is written.
-    Memset,
-    /// `convert_async`, before any element is written.
-    Convert,
-    /// `host_register` (pinning host memory).
-    HostRegister,
-    /// `synchronize` (as a device that refuses to synchronize).
-    Synchronize,
-    /// Host-to-device copies (`copy_htod_async`, `copy_2d_htod_async`), before any byte is copied.
-    CopyHtod,
-    /// Peer copies (`copy_peer_async`).
-    CopyPeer,
-}
+pub use super::fault::FaultOp;
+use super::fault::Faults;
 
 /// Live objects of the host backend, for leak checks.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -217,9 +189,6 @@ struct State {
     next_event: u64,
     streams: usize,
     events: usize,
-    faults: HashMap<FaultOp, u64>,
-    /// Ops that fail on every call until cleared (a device gone bad).
-    broken: HashSet<FaultOp>,
 }
 
 /// CUDA VMM semantics on host memory. See the module docs.
@@ -230,6 +199,7 @@ pub struct HostDriver {
     /// Unique per driver, so the interconnect table forgets our ranges on drop.
     id: u64,
     state: Mutex<State>,
+    faults: Faults,
 }
 
 impl HostDriver {
@@ -263,6 +233,7 @@ impl HostDriver {
                 next_event: 1,
                 ..State::default()
             }),
+            faults: Faults::default(),
         }
     }
 
@@ -292,30 +263,23 @@ impl HostDriver {
 
     /// Make the `n`-th next call of `op` fail (1 = the very next one). 0 clears it.
     pub fn fail_nth(&self, op: FaultOp, n: u64) {
-        let mut s = self.state();
-        if n == 0 {
-            s.faults.remove(&op);
-        } else {
-            s.faults.insert(op, n);
-        }
+        self.faults.fail_nth(op, n);
     }
 
     /// True while an injected failure of `op` is armed and has not fired yet.
     pub fn fault_pending(&self, op: FaultOp) -> bool {
-        self.state().faults.contains_key(&op)
+        self.faults.pending(op)
     }
 
     /// Make every call of `op` fail until [`HostDriver::clear_faults`] (a
     /// device whose link went bad).
     pub fn fail_always(&self, op: FaultOp) {
-        self.state().broken.insert(op);
+        self.faults.fail_always(op);
     }
 
     /// Clear every injected failure.
     pub fn clear_faults(&self) {
-        let mut s = self.state();
-        s.faults.clear();
-        s.broken.clear();
+        self.faults.clear();
     }
 
     /// The peers granted access to the mapped range starting at `va` (empty
@@ -329,25 +293,10 @@ impl HostDriver {
     }
 
     fn copy_fault(&self, op: FaultOp, call: &'static str) -> Result<()> {
-        let mut s = self.state();
-        if Self::take_fault(&mut s, op) {
+        if self.faults.take(op) {
             return Err(injected(call));
         }
         Ok(())
-    }
-
-    fn take_fault(s: &mut State, op: FaultOp) -> bool {
-        if s.broken.contains(&op) {
-            return true;
-        }
-        if let Some(n) = s.faults.get_mut(&op) {
-            *n -= 1;
-            if *n == 0 {
-                s.faults.remove(&op);
-                return true;
-            }
-        }
-        false
     }
 
     fn check_aligned(&self, what: &str, va: u64, size: usize) -> Result<()> {
@@ -400,8 +349,8 @@ impl HostDriver {
         peers: &[PeerAccess],
     ) -> Result<()> {
         self.check_aligned("set_access", va, size)?;
-        let mut s = self.state();
-        if Self::take_fault(&mut s, FaultOp::SetAccess) {
+        let s = self.state();
+        if self.faults.take(FaultOp::SetAccess) {
             return Err(injected("set_access"));
         }
         // Every byte must be mapped, as cuMemSetAccess requires.
@@ -505,7 +454,7 @@ impl Driver for HostDriver {
             )));
         }
         let mut s = self.state();
-        if Self::take_fault(&mut s, FaultOp::Reserve) {
+        if self.faults.take(FaultOp::Reserve) {
             return Err(injected("reserve"));
         }
         let total = size
@@ -581,7 +530,7 @@ impl Driver for HostDriver {
         }
         let mut s = self.state();
         let free = s.memory_limit.saturating_sub(s.physical_bytes);
-        if Self::take_fault(&mut s, FaultOp::Create) || size as u64 > free {
+        if self.faults.take(FaultOp::Create) || size as u64 > free {
             return Err(Error::OutOfMemory {
                 what: format!("physical allocation of {size} bytes"),
                 requested: size as u64,
@@ -618,7 +567,7 @@ impl Driver for HostDriver {
 
     fn release(&self, handle: PhysHandle) -> Result<()> {
         let mut s = self.state();
-        if Self::take_fault(&mut s, FaultOp::Release) {
+        if self.faults.take(FaultOp::Release) {
             return Err(injected("release"));
         }
         let p = match s.handles.get_mut(&handle.0) {
@@ -642,7 +591,7 @@ impl Driver for HostDriver {
     fn map(&self, va: DevicePtr, size: usize, handle: PhysHandle) -> Result<()> {
         self.check_aligned("map", va, size)?;
         let mut s = self.state();
-        if Self::take_fault(&mut s, FaultOp::Map) {
+        if self.faults.take(FaultOp::Map) {
             return Err(injected("map"));
         }
         if !Self::inside_reservation(&s, va, size) {
@@ -784,7 +733,7 @@ impl Driver for HostDriver {
     fn unmap(&self, va: DevicePtr, size: usize) -> Result<()> {
         self.check_aligned("unmap", va, size)?;
         let mut s = self.state();
-        if Self::take_fault(&mut s, FaultOp::Unmap) {
+        if self.faults.take(FaultOp::Unmap) {
             return Err(injected("unmap"));
         }
         // cuMemUnmap requires the range to cover whole mappings.
@@ -844,7 +793,7 @@ impl Driver for HostDriver {
     }
 
     fn synchronize(&self) -> Result<()> {
-        if Self::take_fault(&mut self.state(), FaultOp::Synchronize) {
+        if self.faults.take(FaultOp::Synchronize) {
             return Err(injected("synchronize"));
         }
         Ok(())
@@ -1058,6 +1007,10 @@ impl Driver for HostDriver {
 
     fn as_host(&self) -> Option<&HostDriver> {
         Some(self)
+    }
+
+    fn faults(&self) -> Option<&Faults> {
+        Some(&self.faults)
     }
 }
 

@@ -20,6 +20,7 @@
 
 pub mod convert;
 pub mod cuda;
+pub mod fault;
 pub mod host;
 pub mod kernels;
 pub mod sync_copy;
@@ -377,6 +378,13 @@ pub trait Driver: Send + Sync + fmt::Debug {
 
     /// The host backend, when this is one (for limits and fault injection in tests).
     fn as_host(&self) -> Option<&host::HostDriver> {
+        None
+    }
+
+    /// This driver's fault-injection table, when it has one (both backends
+    /// do). Tests arm it; the driver and the loader's file reads check it
+    /// before each step. Unarmed, each check is one atomic load.
+    fn faults(&self) -> Option<&fault::Faults> {
         None
     }
 }

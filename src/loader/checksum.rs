@@ -9,7 +9,9 @@ use std::os::unix::fs::FileExt;
 
 use super::checkpoint::Shard;
 use super::plan::Extent;
-use crate::error::{Error, Result};
+use super::read_error::{check_read, read_failed};
+use crate::driver::Driver;
+use crate::error::Result;
 
 const PIECE: usize = 8 << 20;
 const K: u64 = 0x9E37_79B9_7F4A_7C15;
@@ -26,8 +28,9 @@ fn mix(mut h: u64, data: &[u8]) -> u64 {
     (h ^ data.len() as u64).wrapping_mul(K)
 }
 
-/// The checksum of `e`'s source bytes (its rows, in order) in `shard`.
-pub fn extent(shard: &Shard, e: &Extent) -> Result<u64> {
+/// The checksum of `e`'s source bytes (its rows, in order) in `shard`. Each
+/// read counts against `driver`'s fault table (when given).
+pub fn extent(shard: &Shard, e: &Extent, driver: Option<&dyn Driver>) -> Result<u64> {
     let mut h = K ^ e.src;
     let mut buf = vec![0u8; PIECE.min((e.width * e.height) as usize).max(1)];
     let rows: Vec<(u64, u64)> = if e.src_pitch == e.width {
@@ -40,10 +43,13 @@ pub fn extent(shard: &Shard, e: &Extent) -> Result<u64> {
     for (mut at, mut n) in rows {
         while n > 0 {
             let k = (n as usize).min(buf.len());
+            if let Some(d) = driver {
+                check_read(d, &shard.path, e.source, at, k as u64)?;
+            }
             shard
                 .file
                 .read_exact_at(&mut buf[..k], at)
-                .map_err(|err| Error::io(&shard.path, err))?;
+                .map_err(|err| read_failed(&shard.path, e.source, at, k as u64, err))?;
             h = mix(h, &buf[..k]);
             at += k as u64;
             n -= k as u64;

@@ -8,6 +8,7 @@ use std::thread::JoinHandle;
 use super::checkpoint::Checkpoint;
 use super::copy::{self, clip_rows, sub_extent, Control, CopyOptions, CopyStats, Strategy};
 use super::plan::{Extent, Fill, Plan};
+use super::read_error::name_tensor;
 use crate::driver::{DevicePtr, Driver};
 use crate::error::{Error, Result};
 use crate::sleep::reload::ReloadSource;
@@ -110,8 +111,15 @@ impl ExecutedPlan {
             .plan
             .extents
             .iter()
-            .map(|e| super::checksum::extent(&self.ckpt.shards[e.shard as usize], e))
-            .collect::<Result<Vec<_>>>()?;
+            .map(|e| {
+                super::checksum::extent(
+                    &self.ckpt.shards[e.shard as usize],
+                    e,
+                    self.driver.as_deref(),
+                )
+            })
+            .collect::<Result<Vec<_>>>()
+            .map_err(|e| name_tensor(e, &self.plan.sources))?;
         self.checksums = Some(sums);
         Ok(self)
     }
@@ -255,7 +263,8 @@ impl ReloadSource for ExecutedPlan {
         if let Some(sums) = &self.checksums {
             for (e, &want) in self.plan.extents.iter().zip(sums) {
                 let shard = &self.ckpt.shards[e.shard as usize];
-                let got = super::checksum::extent(shard, e)?;
+                let got = super::checksum::extent(shard, e, self.driver.as_deref())
+                    .map_err(|err| name_tensor(err, &self.plan.sources))?;
                 if got != want {
                     return Err(Error::checkpoint(
                         &shard.path,
@@ -313,7 +322,8 @@ impl ReloadSource for ExecutedPlan {
             &fills,
             &opts,
             &Control::default(),
-        )?;
+        )
+        .map_err(|e| name_tensor(e, &self.plan.sources))?;
         drop(pins);
         *self.last_replay.lock().unwrap_or_else(|p| p.into_inner()) = Some(stats);
         Ok(ex.iter().map(Extent::dst_bytes).sum::<u64>() + stats.filled_bytes)

@@ -30,6 +30,7 @@ mod into_pool;
 pub mod multi;
 mod multi_pools;
 pub mod plan;
+mod read_error;
 pub mod registry;
 pub mod rules;
 
@@ -93,7 +94,8 @@ pub fn load(
         &plan.fills,
         &opts.copy,
         ctl,
-    )?;
+    )
+    .map_err(|e| read_error::name_tensor(e, &plan.sources))?;
     // A shard rewritten during the copies may have given torn data.
     ckpt.check_unchanged()?;
     let executed =

@@ -26,6 +26,7 @@ pub(crate) mod block;
 mod peers;
 mod range;
 pub mod registry;
+mod release;
 pub mod replicas;
 pub mod shares;
 mod sleep;
@@ -43,6 +44,8 @@ use crate::report::{Boundary, Report, TagUsage, Timeline};
 use crate::segment::{Segment, SleepState};
 use crate::tag::{self, TagId};
 use block::{BlockMap, Change, ReleaseError};
+use release::Released;
+pub use release::Unreleased;
 pub use sleep::{LoadPin, TagCycle};
 
 /// How a tag's blocks are placed.
@@ -249,10 +252,10 @@ struct State {
     /// Dedicated segments freed while their tag was in transition: released
     /// when the transition ends.
     deferred: Vec<DevicePtr>,
-    /// Segments released while the device refused to synchronize: kept mapped
-    /// (queued work may still use them) until a later free or trim finds the
-    /// device idle.
-    zombies: Vec<Segment>,
+    /// Segments freed that the driver did not take back (it refused to
+    /// synchronize, unmap or release): kept, with their reservations, until a
+    /// later free or trim gives them back (see `release.rs`).
+    zombies: Vec<Released>,
     /// The next segment's creation number.
     next_seq: u64,
 }
@@ -376,8 +379,8 @@ impl Pool {
                 // before the retry, so their memory is back with the driver.
                 let (released, dropped, _) = self.release_cached(&mut st);
                 // Released under the lock here: the retry needs the memory back.
-                self.release_segments_locked(&mut st, dropped);
-                if released == 0 {
+                let given_back = self.release_segments_locked(&mut st, dropped);
+                if released == 0 && given_back == 0 {
                     return Err(e);
                 }
                 self.alloc_locked(&mut st, size, tag)
@@ -489,6 +492,12 @@ impl Pool {
 
     /// Free a block. An unknown pointer or a double free is an
     /// `Error::UnknownPointer` and changes nothing.
+    ///
+    /// When freeing gives a segment back to the driver and the driver refuses
+    /// (synchronize, unmap or release fails), the block is still freed and the
+    /// error names the segment: it keeps its reservation (never reused) and the
+    /// memory the driver still holds, counted in [`Report::leaked_bytes`],
+    /// until a later free or trim gives it back.
     pub fn free(&self, ptr: DevicePtr) -> Result<()> {
         let (dropped, retired) = {
             let mut st = self.lock();
@@ -496,7 +505,8 @@ impl Pool {
         };
         // Outside the lock: retiring a reload source waits for a replay using
         // it, and releasing synchronizes the device. The block is free either
-        // way; an error says its memory is still mapped.
+        // way; an error names a freed segment the driver did not take back
+        // (kept, counted in the report, retried by a later free or trim).
         drop(retired);
         self.release_segments(dropped.into_iter().collect())
     }
@@ -512,62 +522,12 @@ impl Pool {
         self.release_segments(dropped.into_iter().collect())
     }
 
-    /// Synchronize the device, then drop `segs` (unmap, release, free VA).
-    /// When the synchronize fails nothing is unmapped: the segments (and any
-    /// kept from earlier failures) wait in the pool for a later release or
-    /// trim, and the error is returned.
-    fn release_segments(&self, segs: Vec<Segment>) -> Result<()> {
-        let zombies = std::mem::take(&mut self.lock().zombies);
-        self.release_now_or_keep(segs, zombies)
-    }
-
-    fn release_segments_locked(&self, st: &mut State, segs: Vec<Segment>) {
-        let zombies = std::mem::take(&mut st.zombies);
-        if let Err(kept) = self.try_release(segs, zombies) {
-            st.zombies = kept;
-        }
-    }
-
-    fn release_now_or_keep(&self, segs: Vec<Segment>, zombies: Vec<Segment>) -> Result<()> {
-        if segs.is_empty() && zombies.is_empty() {
-            return Ok(());
-        }
-        match self.try_release(segs, zombies) {
-            Ok(()) => Ok(()),
-            Err(kept) => {
-                let n = kept.len();
-                self.lock().zombies.extend(kept);
-                Err(Error::InvalidState(format!(
-                    "{n} freed segment(s) stay mapped: the device refused to synchronize, so queued work may still use them; a later free or trim releases them"
-                )))
-            }
-        }
-    }
-
-    fn try_release(
-        &self,
-        mut segs: Vec<Segment>,
-        zombies: Vec<Segment>,
-    ) -> std::result::Result<(), Vec<Segment>> {
-        segs.extend(zombies);
-        if segs.iter().any(|s| s.mapped_bytes() > 0) && self.driver.synchronize().is_err() {
-            return Err(segs);
-        }
-        drop(segs);
-        Ok(())
-    }
-
-    /// Segments freed but kept mapped because the device refused to synchronize.
-    pub fn segments_awaiting_release(&self) -> usize {
-        self.lock().zombies.len()
-    }
-
     fn free_locked(
         &self,
         st: &mut State,
         ptr: DevicePtr,
         dedicated_only: bool,
-    ) -> Result<(Option<Segment>, crate::sleep::Retired)> {
+    ) -> Result<(Option<Released>, crate::sleep::Retired)> {
         let base = segment_base(st, ptr).ok_or(Error::UnknownPointer {
             ptr,
             why: "not inside any segment of this pool (never allocated here, or already freed and released)",
@@ -614,19 +574,24 @@ impl Pool {
     /// Return cached memory to the driver: wholly free segments are released
     /// (also those of asleep tags), and the free tail of each awake arena is
     /// decommitted. Returns the tracked (physically backed) bytes released.
+    ///
+    /// Also retries everything the driver refused before (segments freed but
+    /// not given back, handles whose release failed); an error names the first
+    /// thing still refused, and [`Pool::unreleased`] counts what is left.
     pub fn trim(&self) -> Result<u64> {
         let (released, dropped, error) = {
             let mut st = self.lock();
-            self.release_cached(&mut st)
+            let orphans = Self::release_orphans_locked(&mut st).err();
+            let (released, dropped, error) = self.release_cached(&mut st);
+            (released, dropped, error.or(orphans))
         };
-        let released_ok = self.release_segments(dropped);
-        error.map_or(Ok(()), Err)?;
-        released_ok.map(|()| released)
+        self.release_segments(dropped)?;
+        error.map_or(Ok(released), Err)
     }
 
     /// The trim work under the lock; segments to release are handed back to be
     /// dropped by the caller (outside the lock where it can).
-    fn release_cached(&self, st: &mut State) -> (u64, Vec<Segment>, Option<Error>) {
+    fn release_cached(&self, st: &mut State) -> (u64, Vec<Released>, Option<Error>) {
         let mut released = 0u64;
         let wholly_free: Vec<DevicePtr> = st
             .segs
@@ -636,9 +601,9 @@ impl Pool {
             .collect();
         let mut dropped = Vec::with_capacity(wholly_free.len());
         for base in wholly_free {
-            if let Some(seg) = self.remove_segment(st, base) {
-                released += seg.mapped_bytes() as u64;
-                dropped.push(seg);
+            if let Some(r) = self.remove_segment(st, base) {
+                released += r.seg.mapped_bytes() as u64;
+                dropped.push(r);
             }
         }
         let (from_tails, error) = self.arena_trim_tails(st);
@@ -679,7 +644,7 @@ impl Pool {
     /// The memory report now: per tag and in total.
     pub fn report(&self) -> Report {
         let mut usage: BTreeMap<TagId, TagUsage> = BTreeMap::new();
-        {
+        let unreleased = {
             let st = self.lock();
             for e in st.segs.values() {
                 let u = usage
@@ -714,14 +679,19 @@ impl Pool {
                     u.host_backup_bytes = backup;
                 }
             }
-        }
+            Self::unreleased_locked(&st)
+        };
         let mem = self.driver.mem_info().ok();
-        Report::new(
+        let mut r = Report::new(
             self.driver.describe(),
             self.device(),
             usage.into_values().collect(),
             mem,
-        )
+        );
+        r.leaked_bytes = unreleased.bytes;
+        r.leaked_segments = unreleased.segments;
+        r.leaked_reserved_bytes = unreleased.reserved_bytes;
+        r
     }
 
     /// Take a report and record it in the timeline as boundary `name`. The
@@ -812,10 +782,11 @@ impl Pool {
 
     /// Remove a wholly free segment (see [`remove_segment`]) and return its
     /// host backup, if it had one, to the sleep engine's arena.
-    fn remove_segment(&self, st: &mut State, base: DevicePtr) -> Option<Segment> {
+    fn remove_segment(&self, st: &mut State, base: DevicePtr) -> Option<Released> {
+        let tag = st.segs.get(&base)?.tag;
         let seg = remove_segment(st, base)?;
         self.sleep.forget_segment(base);
-        Some(seg)
+        Some(Released { seg, tag })
     }
 
     /// Check the pool's internal invariants; an error string names the first broken one.

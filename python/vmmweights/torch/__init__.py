@@ -16,6 +16,7 @@ from safetensors, put to sleep and woken at the same addresses.
 opens the tag's scope, so each segment PyTorch asks for is tagged. No Python
 runs in the allocation path. Drop-in shims: :mod:`vmmweights.torch.memory_saver`
 (torch_memory_saver) and :mod:`vmmweights.torch.cumem` (vLLM's CuMemAllocator).
+Tensors over weights another process shares: :mod:`vmmweights.torch.shared`.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ __all__ = [
     "report",
     "report_table",
     "reserve_backup",
+    "shared",
     "sleep",
     "staging_bytes",
     "tag_usage",
@@ -381,3 +383,7 @@ def staging_bytes(device: Union[int, torch.device, None] = None) -> int:
 def release_staging(device: Union[int, torch.device, None] = None) -> int:
     """Unpin the loader's staging ring for `device`; bytes unpinned."""
     return pool(device).release_staging()
+
+
+# Tensors over another process's shared weights (needs the names above).
+from . import shared  # noqa: E402

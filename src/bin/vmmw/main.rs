@@ -20,6 +20,7 @@ mod output;
 mod parse;
 mod plan;
 mod report;
+mod serve;
 
 use std::process::ExitCode;
 
@@ -58,6 +59,10 @@ enum Command {
     /// Load a checkpoint into pool memory and report what moved and how fast.
     #[command(after_help = exit::HELP_EXIT_CODES)]
     Load(load::Args),
+    /// Load a checkpoint and share it with other processes on a Unix socket until
+    /// SIGINT/SIGTERM; SIGHUP loads it again in place and publishes a new version.
+    #[command(after_help = exit::HELP_EXIT_CODES)]
+    Serve(serve::Args),
     /// Show a saved memory timeline (from `demo --json` or `load --json`) as a table or a chart.
     #[command(after_help = exit::HELP_EXIT_CODES)]
     Report(report::Args),
@@ -98,6 +103,7 @@ impl Command {
             Command::Plan(a) => flag(a.json),
             Command::Load(a) => flag(a.json),
             Command::Report(a) => flag(a.json),
+            Command::Serve(_) => Json::Off,
             Command::BenchAlloc(a) => bench(&mut a.json),
             Command::BenchPool(a) => bench(&mut a.json),
             Command::BenchLoad(a) => bench(&mut a.json),
@@ -112,6 +118,7 @@ impl Command {
             Command::Plan(a) => plan::run(a).map(Some),
             Command::Load(a) => load::run(a).map(Some),
             Command::Report(a) => report::run(a).map(Some),
+            Command::Serve(a) => serve::run(a).map(Some),
             Command::BenchAlloc(mut a) => {
                 let p = bench_chart::prepare(&a.backend, &a.chart, &mut a.json)?;
                 bench_alloc::run(a)?;

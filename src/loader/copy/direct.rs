@@ -10,6 +10,7 @@ use super::shared::Shared;
 use crate::driver::{Driver, EventId};
 use crate::error::Result;
 use crate::loader::checkpoint::Shard;
+use crate::loader::read_error::check_read;
 
 #[allow(clippy::too_many_arguments)]
 pub(super) fn direct_worker(
@@ -54,6 +55,8 @@ pub(super) fn direct_worker(
             }
             let ev = free.pop().expect("an event is free");
             let shard = &shards[w.shard];
+            let source = w.pieces.first().map_or(0, |p| p.source);
+            check_read(d, &shard.path, source, w.lo, w.hi - w.lo)?;
             let base = shard.ptr(w.lo) as *mut u8;
             if register {
                 // SAFETY: the window is inside the shard's live mapping (clamped to

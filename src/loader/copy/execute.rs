@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use super::direct::direct_worker;
 use super::jobs::{hybrid_split, make_jobs, make_windows, Window};
 use super::options::{Control, CopyOptions, CopyStats, Strategy};
+use super::scratch_release;
 use super::shared::Shared;
 use super::staged::{ns, Scratch, SlotFill, Stage};
 use super::PAGE;
@@ -157,6 +158,7 @@ pub fn execute(
             .iter()
             .any(|j| j.pieces.iter().any(|p| p.convert.is_some()));
         let scratch_seg = if needs_scratch {
+            scratch_release::retry(driver);
             Some(Segment::allocate(
                 driver.clone(),
                 2 * slot_bytes as usize,
@@ -234,7 +236,9 @@ pub fn execute(
             let _ = d.event_destroy(ev);
         }
         if idle {
-            drop(scratch_seg);
+            if let Some(seg) = scratch_seg {
+                scratch_release::give_back(seg);
+            }
             return_ring(ring);
         } else {
             std::mem::forget(scratch_seg);

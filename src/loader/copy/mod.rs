@@ -39,6 +39,7 @@ pub mod geometry;
 mod issue;
 mod jobs;
 mod options;
+mod scratch_release;
 mod shared;
 pub mod slot_copy;
 mod staged;
@@ -49,6 +50,7 @@ pub(crate) use extents::{clip_rows, sub_extent};
 pub use options::{
     Control, CopyOptions, CopyStats, Strategy, MAX_DEPTH, MAX_SLOT_BYTES, MAX_THREADS,
 };
+pub use scratch_release::unreleased_scratch;
 
 const PAGE: u64 = 4096;
 

@@ -11,10 +11,11 @@ use super::jobs::Job;
 use super::page_down;
 use super::shared::Shared;
 use crate::driver::{DevicePtr, Driver, EventId, StreamId};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::loader::checkpoint::Shard;
 use crate::loader::copy::slot_copy::{cached_copy, stream_copy};
 use crate::loader::copy::staging::resident_fraction;
+use crate::loader::read_error::{check_read, read_failed};
 
 /// How a staging worker fills a slot from the file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -194,19 +195,21 @@ impl Stage<'_> {
         }
         // Source runs (file offset, slot offset, length), merged when adjacent
         // on both sides, so contiguous tensors take one read.
-        let mut runs: Vec<(u64, u64, u64)> = Vec::new();
+        // Each run also keeps the plan source of its first piece, for errors.
+        let mut runs: Vec<(u64, u64, u64, u32)> = Vec::new();
         let mut off = 0u64;
         for p in &job.pieces {
             for r in 0..p.height {
                 let (src, dst) = (p.src + r * p.src_pitch, off + r * p.width);
                 match runs.last_mut() {
-                    Some((s, o, n)) if *s + *n == src && *o + *n == dst => *n += p.width,
-                    _ => runs.push((src, dst, p.width)),
+                    Some((s, o, n, _)) if *s + *n == src && *o + *n == dst => *n += p.width,
+                    _ => runs.push((src, dst, p.width, p.source)),
                 }
             }
             off += p.src_bytes();
         }
-        for (src, dst, n) in runs {
+        for (src, dst, n, source) in runs {
+            check_read(self.d, &shard.path, source, src, n)?;
             // SAFETY: the slot has `slot_bytes >= job.bytes` bytes and its previous
             // copies completed (event synchronized by the caller).
             let dst = unsafe { host.add(dst as usize) };
@@ -217,7 +220,7 @@ impl Stage<'_> {
                 shard
                     .file
                     .read_exact_at(buf, src)
-                    .map_err(|e| Error::io(&shard.path, e))?;
+                    .map_err(|e| read_failed(&shard.path, source, src, n, e))?;
             } else if fill == SlotFill::Stream {
                 // SAFETY: the source run lies inside the mapping (checked in
                 // `execute`); `dst` as above; a slot never overlaps the mapping.

@@ -1,0 +1,216 @@
+//! `vmmw serve`: load a checkpoint into pool memory and share it with other
+//! processes on a Unix socket until SIGINT or SIGTERM; SIGHUP loads the
+//! checkpoint again into the same tensors and publishes a new version (an RL
+//! rollout engine attached to it then reads the new weights in place).
+//!
+//! Signals are taken synchronously: they are blocked before any thread starts
+//! (threads inherit the mask) and `sigwait` receives them on the main thread,
+//! so no handler runs at an arbitrary point and the stop is an ordinary return.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+
+use serde_json::{json, Value};
+use vmmweights::loader::*;
+use vmmweights::share::{ServeOptions, Server, SleepPolicy};
+use vmmweights::{tag, Pool, PoolConfig};
+
+use crate::backend::BackendArgs;
+use crate::exit::{CliError, CliResult};
+use crate::inspect::RuleArgs;
+use crate::lib;
+
+/// Options of `vmmw serve`.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    #[command(flatten)]
+    backend: BackendArgs,
+    /// Checkpoint file or folder.
+    checkpoint: PathBuf,
+    #[command(flatten)]
+    rules: RuleArgs,
+    /// The Unix socket path to serve on (must not exist; removed at exit).
+    #[arg(long, value_name = "PATH")]
+    socket: PathBuf,
+    /// What a sleep of the shared tag does while importers are attached:
+    /// refuse (the owner waits for them to detach; `wait` is the same) or
+    /// revoke (importers' next call fails with VMMW_SHARE_REVOKED).
+    #[arg(long, default_value = "refuse", value_parser = ["refuse", "wait", "revoke"])]
+    policy: String,
+    /// Let importers map the weights read-write when they ask (default: read-only).
+    #[arg(long)]
+    allow_write: bool,
+    /// The pool tag the weights are loaded under.
+    #[arg(long, default_value = "weights")]
+    tag: String,
+    /// Copy strategy: auto, direct, staged, read, simple, populate, hybrid, stream.
+    #[arg(long, default_value = "auto", value_parser = crate::parse::strategy)]
+    strategy: Strategy,
+}
+
+/// The signals `serve` waits for, blocked on every thread.
+fn blocked_signals() -> CliResult<libc::sigset_t> {
+    // SAFETY: sigemptyset/sigaddset initialise and fill a set we own;
+    // pthread_sigmask changes this thread's mask, which threads started later
+    // inherit (none has started yet: this runs first).
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        for s in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+            libc::sigaddset(&mut set, s);
+        }
+        let rc = libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+        if rc != 0 {
+            return Err(CliError::failure(format!(
+                "cannot block SIGINT/SIGTERM/SIGHUP: {}",
+                std::io::Error::from_raw_os_error(rc)
+            )));
+        }
+        Ok(set)
+    }
+}
+
+fn wait_signal(set: &libc::sigset_t) -> CliResult<i32> {
+    let mut sig = 0;
+    // SAFETY: `set` is an initialised set and `sig` is writable.
+    let rc = unsafe { libc::sigwait(set, &mut sig) };
+    if rc != 0 {
+        return Err(CliError::failure(format!(
+            "sigwait failed: {}",
+            std::io::Error::from_raw_os_error(rc)
+        )));
+    }
+    Ok(sig)
+}
+
+fn load_options(strategy: Strategy) -> LoadOptions {
+    LoadOptions {
+        copy: CopyOptions {
+            strategy,
+            ..Default::default()
+        },
+        ..Default::default()
+    }
+}
+
+/// Load `checkpoint` into the registered destinations; the bytes copied.
+fn load(
+    pool: &Pool,
+    checkpoint: &std::path::Path,
+    rules: &Rules,
+    reg: &Registry,
+    opts: &LoadOptions,
+) -> vmmweights::Result<u64> {
+    let ckpt = Checkpoint::open(checkpoint)?;
+    let cancel = AtomicBool::new(false);
+    let ctl = Control {
+        progress: None,
+        cancel: Some(&cancel),
+    };
+    Ok(load_into_pool(pool, ckpt, rules, reg, opts, &ctl)?
+        .stats
+        .bytes)
+}
+
+pub fn run(a: Args) -> CliResult<Value> {
+    // Everything the user wrote is checked before the device is opened.
+    a.backend.check()?;
+    let rules = a.rules.rules()?;
+    if a.socket.exists() || a.socket.symlink_metadata().is_ok() {
+        return Err(CliError::bad_input(format!(
+            "--socket {}: the path exists; remove it or choose another",
+            a.socket.display()
+        )));
+    }
+    let weights = tag::id(&a.tag).map_err(|e| CliError::bad_input(format!("--tag: {e}")))?;
+    let options = ServeOptions {
+        sleep_policy: if a.policy == "revoke" {
+            SleepPolicy::Revoke
+        } else {
+            SleepPolicy::Refuse
+        },
+        allow_write: a.allow_write,
+        allowed_uids: None,
+    };
+    let signals = blocked_signals()?;
+    let ckpt = lib(Checkpoint::open(&a.checkpoint))?;
+    let specs = lib(Plan::destinations(&ckpt, &rules))?;
+    drop(ckpt);
+
+    let opened = lib(a.backend.open())?;
+    let d = opened.driver.clone();
+    let pool = Arc::new(lib(Pool::new(d.clone(), PoolConfig::default()))?);
+    let mut reg = Registry::new();
+    lib(allocate_in_pool(&mut reg, &specs, &pool, weights))?;
+    let opts = load_options(a.strategy);
+    let bytes = lib(load(&pool, &a.checkpoint, &rules, &reg, &opts))?;
+    let tensors: Vec<Destination> = reg.iter().cloned().collect();
+    let count = tensors.len();
+    let mut server = lib(Server::start(
+        pool.clone(),
+        weights,
+        tensors,
+        &a.socket,
+        options,
+    ))?;
+    println!(
+        "serving {} tensors={} bytes={} version={} policy={} backend={}",
+        a.socket.display(),
+        count,
+        bytes,
+        server.version(),
+        a.policy,
+        d.describe()
+    );
+    let _ = std::io::stdout().flush();
+
+    let mut reloads = 0u64;
+    let stopped_by = loop {
+        match wait_signal(&signals)? {
+            libc::SIGHUP => match load(&pool, &a.checkpoint, &rules, &reg, &opts) {
+                Ok(b) => {
+                    lib(pool.driver().synchronize())?;
+                    reloads += 1;
+                    println!("reloaded bytes={b} version={}", server.publish());
+                    let _ = std::io::stdout().flush();
+                }
+                // The version does not change. A load checks every tensor
+                // before writing, so a changed shape or a missing file writes
+                // nothing; a read error part way can leave tensors partly new.
+                Err(e) => {
+                    eprintln!(
+                        "vmmw serve: reload of {} failed, version stays {} (a failure part way \
+                         may have rewritten some tensors: fix the checkpoint and send SIGHUP again): {e}",
+                        a.checkpoint.display(),
+                        server.version()
+                    );
+                }
+            },
+            s => {
+                break if s == libc::SIGINT {
+                    "SIGINT"
+                } else {
+                    "SIGTERM"
+                }
+            }
+        }
+    };
+    let version = server.version();
+    let attached = server.attached();
+    server.stop();
+    println!(
+        "stopped ({stopped_by}): socket {} removed, version {version}, {attached} importer(s) were attached",
+        a.socket.display()
+    );
+    Ok(json!({
+        "socket": a.socket.display().to_string(),
+        "backend": d.kind().to_string(),
+        "tensors": count,
+        "bytes": bytes,
+        "version": version,
+        "reloads": reloads,
+        "stopped_by": stopped_by,
+    }))
+}
