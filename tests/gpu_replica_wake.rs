@@ -2,19 +2,23 @@
 //! the same blocks and bytes in a tag on every device, slept with one backup
 //! (the first device's; the others release their memory), woken on every
 //! device from it (each device a part over its link, the rest over peer
-//! copies, then with peer copies off), byte-exact on every device after each.
+//! copies, then with peer copies off), byte-exact on every device after each;
+//! then a host copy and a peer copy made to fail on the last device mid-wake
+//! (the driver's fault table, on both backends): every replica stays asleep
+//! with its memory released, and the retry is byte-exact.
 //!
 //! With `VMMW_BACKEND=cuda` this uses every CUDA device that opens (at least
 //! two that reach each other; it skips with a message otherwise); on the host
-//! backend it runs on three simulated devices, so CI runs the same code. The
-//! failure cases (a device out of memory or failing a copy mid-wake) are in
-//! the host-backend test `replica_wake.rs`, which injects the faults.
+//! backend it runs on three simulated devices, so CI runs the same code. More
+//! failure cases (a device out of memory, faults on other devices) are in
+//! `replica_wake.rs`.
 
 mod common;
 
 use std::sync::Arc;
 
 use common::pool::{small_config, Rng, G};
+use vmmweights::driver::fault::FaultOp;
 use vmmweights::driver::host::{HostConfig, HostDriver};
 use vmmweights::pool::replicas::{
     sleep_replicas, wake_replicas_from_backup, Replica, ReplicaWakeOptions,
@@ -151,5 +155,47 @@ fn replicas_wake_from_one_backup_byte_exact_on_every_device() {
             w.direct_pairs
         );
         check(&format!("round {round}"));
+    }
+
+    // A device failing mid-wake loses nothing; the retry restores every byte.
+    let last = pools.last().unwrap();
+    let faults = last
+        .driver()
+        .faults()
+        .expect("both backends have a fault table");
+    // Pieces small enough that every device's part takes several copies.
+    let pieces = ReplicaWakeOptions {
+        copy_piece_bytes: big / 4,
+        ..ReplicaWakeOptions::default()
+    };
+    for (op, nth) in [(FaultOp::CopyHtod, 2), (FaultOp::CopyPeer, 1)] {
+        sleep_replicas(&group).unwrap();
+        let asleep: Vec<u64> = pools
+            .iter()
+            .map(|p| p.driver().mem_info().unwrap().free)
+            .collect();
+        faults.fail_nth(op, nth);
+        let err = wake_replicas_from_backup(&group, &pieces).unwrap_err();
+        faults.clear();
+        let dev = last.device();
+        assert!(
+            err.to_string().contains(&format!("device {dev}")),
+            "{op:?}: {err}"
+        );
+        for (k, p) in pools.iter().enumerate() {
+            assert!(p.is_tag_asleep(t), "{op:?}: device {k} stays asleep");
+            let free = p.driver().mem_info().unwrap().free;
+            // Other processes may move a GPU's free memory a little; the
+            // replica's memory (hundreds of MB) must be released again.
+            assert!(
+                free + (16 << 20) >= asleep[k],
+                "{op:?}: device {k} kept memory mapped"
+            );
+        }
+        println!(
+            "fault {op:?} on device {dev} mid-wake: every replica asleep, memory released ({err})"
+        );
+        wake_replicas_from_backup(&group, &pieces).unwrap();
+        check(&format!("retry after {op:?}"));
     }
 }

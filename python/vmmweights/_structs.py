@@ -161,6 +161,9 @@ class ReplicaWakeResult(ctypes.Structure):
         ("peer_seconds", f64),
         ("gbps", f64),
         ("direct_pairs", u32),
+    ]
+
+
 class ShareOptions(_Sized):
     """vmmw_share_options_t"""
 

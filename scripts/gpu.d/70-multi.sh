@@ -13,7 +13,8 @@
 # 4. an all-reduce through torch.distributed's NCCL over tensors in our pool;
 # 5. peer access of a tag on the real devices (tests/gpu_peers.rs);
 # 6. replicas slept on one host backup and woken on every GPU from it,
-#    byte-exact (tests/gpu_replica_wake.rs; also in multi_gpu.py load).
+#    byte-exact, also retried after injected copy faults mid-wake
+#    (tests/gpu_replica_wake.rs; the PyTorch check is in multi_gpu.py load).
 # NVLink multicast stays off (gpu-check.sh exports NCCL_NVLS_ENABLE=0 and the like).
 # Writes multi-topo.txt, multi-tests.txt, multi-replica-wake.txt, multi.json to $VMMW_GPU_OUT.
 # LOAD_LAYERS=36 (default) is the 16.4 GB checkpoint; fewer layers for quick runs.
@@ -80,7 +81,7 @@ if VMMW_BACKEND=cuda .gpu/tests/gpu_replica_wake --nocapture >"$wlog" 2>&1; then
   if grep -q '^SKIP' "$wlog"; then
     result "multi-gpu: replicas woken from one backup" SKIP "$(grep -m1 '^SKIP' "$wlog")"
   else
-    result "multi-gpu: replicas woken from one backup" PASS "byte-exact on every GPU, with and without peer copies: $(grep -m1 '^round 1' "$wlog") (tests/gpu_replica_wake.rs)"
+    result "multi-gpu: replicas woken from one backup" PASS "byte-exact on every GPU, with and without peer copies, and retried after a host copy and a peer copy failed mid-wake on the last GPU (all stayed asleep): $(grep -m1 '^round 1' "$wlog") (tests/gpu_replica_wake.rs)"
   fi
 else
   result "multi-gpu: replicas woken from one backup" FAIL "see multi-replica-wake.txt"
