@@ -337,3 +337,36 @@ fn two_groups_sharing_pools_wake_at_once_in_opposite_orders() {
     assert_exact(&pools, &pa, &da);
     assert_exact(&pools, &pb, &db);
 }
+
+#[test]
+fn a_sleep_stopped_by_a_device_keeps_the_error_kind() {
+    // The holder's backup over the host-memory limit: HostOutOfMemory (the
+    // C status VMMW_HOST_OUT_OF_MEMORY), naming the device; nothing sleeps.
+    let pools = pools(2);
+    let (t, ptrs, data) = replicas(&pools, "replica-sleep-kind", 37);
+    pools[0]
+        .set_sleep_options(vmmweights::sleep::SleepOptions {
+            host_memory_limit: G as u64,
+            ..Default::default()
+        })
+        .unwrap();
+    let err = sleep_replicas(&members(&pools, t)).unwrap_err();
+    assert!(matches!(err, Error::HostOutOfMemory { .. }), "{err:?}");
+    assert!(err.to_string().contains("device 0"), "{err}");
+    assert!(
+        !pools[1].is_tag_asleep(t),
+        "the other replica keeps its memory"
+    );
+
+    // A load writing into a later member: LoadInProgress, the holder asleep.
+    pools[0]
+        .set_sleep_options(vmmweights::sleep::SleepOptions::default())
+        .unwrap();
+    let pin = pools[1].pin_for_load(&[(ptrs[1][0], 1, "x")]).unwrap();
+    let err = sleep_replicas(&members(&pools, t)).unwrap_err();
+    assert!(matches!(err, Error::LoadInProgress { .. }), "{err:?}");
+    drop(pin);
+    sleep_replicas(&members(&pools, t)).unwrap();
+    wake_replicas_from_backup(&members(&pools, t), &small_pieces()).unwrap();
+    assert_exact(&pools, &ptrs, &data);
+}

@@ -305,15 +305,15 @@ pub fn sleep_replicas(members: &[Replica<'_>]) -> Result<ReplicaSleepStats> {
             Policy::Discard
         };
         let cycles = m.pool.sleep(&[(m.tag, policy)]).map_err(|e| {
-            Error::InvalidState(format!(
-                "sleep of replicas stopped at device {} (tag {}): {e}; {} asleep before it \
+            let what = format!(
+                " (sleep of replicas stopped at device {}, tag {}: {i} asleep before it \
                  (device {} holds the backup), the rest awake: sleeping the replicas again \
-                 finishes",
+                 finishes)",
                 m.pool.device(),
                 tag::name_of(m.tag),
-                i,
                 holder.pool.device()
-            ))
+            );
+            with_context(e, &what)
         })?;
         for c in cycles {
             stats.backup_bytes += c.report.copied_bytes;
@@ -699,6 +699,48 @@ fn restore(
     stats.delivered_bytes = sizes.iter().sum::<usize>() as u64 * n as u64;
     stats.seconds = t0.elapsed().as_secs_f64();
     Ok(stats)
+}
+
+/// `e` with `what` appended to its message, its kind (and so its C status)
+/// kept: a host backup over its limit stays `HostOutOfMemory`, a load in
+/// progress `LoadInProgress`.
+fn with_context(e: Error, what: &str) -> Error {
+    match e {
+        Error::Driver {
+            call,
+            code,
+            name,
+            detail,
+        } => Error::Driver {
+            call,
+            code,
+            name,
+            detail: format!("{detail}{what}"),
+        },
+        Error::OutOfMemory {
+            what: w,
+            requested,
+            free,
+        } => Error::OutOfMemory {
+            what: format!("{w}{what}"),
+            requested,
+            free,
+        },
+        Error::HostOutOfMemory {
+            what: w,
+            requested,
+            limit,
+            in_use,
+        } => Error::HostOutOfMemory {
+            what: format!("{w}{what}"),
+            requested,
+            limit,
+            in_use,
+        },
+        Error::InvalidState(m) => Error::InvalidState(format!("{m}{what}")),
+        Error::InvalidArgument(m) => Error::InvalidArgument(format!("{m}{what}")),
+        e => e,
+    }
 }
 
 /// `e` on `m`'s device, with what a failed wake of replicas leaves.
