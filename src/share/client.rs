@@ -154,6 +154,13 @@ fn import_threads(asked: usize, chunks: usize) -> usize {
     n.clamp(1, chunks.max(1))
 }
 
+/// The run (thread) chunk `i` of `chunks` goes to: `threads` contiguous
+/// runs of whole chunks, none empty while `threads <= chunks`.
+fn run_of(chunks: usize, threads: usize) -> impl Fn(usize) -> usize {
+    let threads = threads.clamp(1, chunks.max(1));
+    move |i| i * threads / chunks
+}
+
 /// Import chunk `i` from `fds[i]` and map it at its offset in `mapping`'s
 /// range, spread over `threads` threads, each taking a contiguous run of
 /// chunks. Whatever succeeded is recorded in `mapping` (so dropping it undoes
@@ -170,11 +177,11 @@ fn import_and_map(
         offsets.push(off);
         off += size;
     }
-    let per = sizes.len().div_ceil(threads.max(1)).max(1);
+    let run = run_of(sizes.len(), threads);
     let mut groups: Vec<Vec<(usize, OwnedFd)>> = Vec::new();
     for (i, fd) in fds.into_iter().enumerate() {
-        if i % per == 0 {
-            groups.push(Vec::with_capacity(per));
+        if groups.len() <= run(i) {
+            groups.push(Vec::new());
         }
         groups.last_mut().expect("pushed above").push((i, fd));
     }
@@ -525,5 +532,31 @@ impl Attachment {
         let r = self.mapping.undo();
         let _ = self.sock.shutdown(std::net::Shutdown::Both);
         r
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{import_threads, run_of};
+
+    #[test]
+    fn chunks_are_spread_over_exactly_the_threads_reported() {
+        for chunks in 1..=40 {
+            for asked in 0..=45 {
+                let threads = import_threads(asked, chunks);
+                let run = run_of(chunks, threads);
+                let runs: Vec<usize> = (0..chunks).map(&run).collect();
+                assert_eq!(runs[0], 0);
+                assert!(
+                    runs.windows(2).all(|w| w[1] == w[0] || w[1] == w[0] + 1),
+                    "{chunks} chunks, {threads} threads: runs not contiguous: {runs:?}"
+                );
+                assert_eq!(
+                    runs[chunks - 1] + 1,
+                    threads,
+                    "{chunks} chunks over {threads} threads (asked {asked}): {runs:?}"
+                );
+            }
+        }
     }
 }
