@@ -370,3 +370,32 @@ fn a_sleep_stopped_by_a_device_keeps_the_error_kind() {
     wake_replicas_from_backup(&members(&pools, t), &small_pieces()).unwrap();
     assert_exact(&pools, &ptrs, &data);
 }
+
+#[test]
+fn a_sleep_failing_midway_on_any_device_finishes_when_repeated() {
+    // (device, step, nth): the holder's backup copy failing after some of
+    // its segments slept, a later device's unmap or release failing.
+    let cases = [
+        (0usize, FaultOp::CopyDtoh, 2u64),
+        (0, FaultOp::Unmap, 3),
+        (1, FaultOp::Unmap, 2),
+        (2, FaultOp::Release, 1),
+    ];
+    for (dev, op, nth) in cases {
+        let pools = pools(3);
+        let name = format!("replica-sleep-midway-{dev}-{op:?}");
+        let (t, ptrs, data) = replicas(&pools, &name, 47);
+        host(&pools[dev]).fail_nth(op, nth);
+        sleep_replicas(&members(&pools, t)).unwrap_err();
+        host(&pools[dev]).clear_faults();
+        assert!(pools[0].is_tag_asleep(t), "{name}: the holder sleeps first");
+        sleep_replicas(&members(&pools, t))
+            .unwrap_or_else(|e| panic!("{name}: sleeping again must finish: {e}"));
+        wake_replicas_from_backup(&members(&pools, t), &small_pieces()).unwrap();
+        assert_exact(&pools, &ptrs, &data);
+        for p in &pools {
+            p.check_invariants().unwrap();
+            assert_eq!(p.unreleased().segments, 0, "{name}");
+        }
+    }
+}

@@ -122,7 +122,8 @@ unsafe fn members<'a>(
 /// takes it out of the group (the holder gets its backup back, any other
 /// tag undefined bytes). `out` may be NULL.
 ///
-/// A tag already asleep is accepted (the holder only when offloaded), so a
+/// A tag already asleep is accepted (the holder only when each of its
+/// segments is offloaded or still awake, as a failed call leaves it), so a
 /// call that failed midway can be repeated; the error says which device
 /// stopped it. Blocks until done. Thread-safe; the rules of
 /// `vmmw_pool_sleep` about other threads hold for every pool.

@@ -255,7 +255,8 @@ fn grant_peers(members: &[Replica<'_>]) {
 /// bytes; the members must have the same layout (segments, committed sizes,
 /// live blocks), else `InvalidArgument` and nothing changes.
 ///
-/// A member already asleep is accepted (the holder only when offloaded), so a
+/// A member already asleep is accepted (the holder only when every segment
+/// is offloaded or still awake, as a sleep stopped midway leaves it), so a
 /// call that failed midway can be repeated. On an error the holder is asleep
 /// with its backup once its sleep succeeded, the members after it as far as
 /// the error says; the group is formed only when every member is asleep.
@@ -278,12 +279,15 @@ pub fn sleep_replicas(members: &[Replica<'_>]) -> Result<ReplicaSleepStats> {
         }
     }
     if holder.pool.is_tag_asleep(holder.tag) {
-        let offloaded = holder
-            .pool
-            .lock()
-            .segs
-            .values()
-            .all(|e| e.tag != holder.tag || e.seg.sleep_state() == SleepState::Offloaded);
+        // Awake segments of a holder whose sleep stopped midway are offloaded
+        // by the sleep below; only a segment asleep without a backup is lost.
+        let offloaded = holder.pool.lock().segs.values().all(|e| {
+            e.tag != holder.tag
+                || matches!(
+                    e.seg.sleep_state(),
+                    SleepState::Offloaded | SleepState::Awake
+                )
+        });
         if !offloaded {
             return Err(Error::InvalidState(format!(
                 "sleep of replicas: tag {} on device {} (the holder) is asleep without a full \
