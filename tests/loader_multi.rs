@@ -580,3 +580,33 @@ fn replicas_asleep_without_backups_wake_by_one_fan_out() {
         assert_full(p, r, &t, 0, 1);
     }
 }
+
+#[test]
+fn a_wake_of_replicas_refused_for_its_device_list_wakes_nothing() {
+    let (dir, _t, pools, regs, rules) = replica_setup(2, "multi-wake-refused");
+    load_replicas(&dir, &pools, &regs, &rules).unwrap();
+    let tag = tag::id("multi-wake-refused").unwrap();
+    for p in &pools {
+        p.sleep(&[(tag, Policy::Discard)]).unwrap();
+    }
+    // Device 0 listed twice, then no device at all.
+    let target = PoolLoad {
+        pool: &pools[0],
+        rules: &rules,
+        registry: &regs[0],
+    };
+    let targets = [target, target];
+    for targets in [&targets[..], &[]] {
+        let e = wake_replicas(
+            Checkpoint::open(dir.path()).unwrap(),
+            targets,
+            &LoadOptions::default(),
+            &Control::default(),
+        )
+        .unwrap_err();
+        assert!(matches!(e, Error::InvalidArgument(_)), "{e}");
+        for p in &pools {
+            assert!(p.is_tag_asleep(tag), "refused ({e}), yet the tag woke");
+        }
+    }
+}

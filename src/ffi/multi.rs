@@ -284,7 +284,8 @@ pub unsafe extern "C" fn vmmw_loader_load_devices(
 /// NULL. Blocks until done; `vmmw_loader_cancel` on `loaders[0]` stops it.
 /// Thread-safe; the loaders are held for the call.
 ///
-/// Bad input: as `vmmw_loader_load_devices`.
+/// Bad input: as `vmmw_loader_load_devices`; the NULL and device-list checks
+/// come before any tag wakes, a destination or plan mismatch after.
 ///
 /// # Safety
 /// `loaders` and `pools` point to `count` live handles each; `out` is NULL

@@ -159,7 +159,7 @@ pub fn load_multi(
     Ok(MultiLoaded { plans, stats })
 }
 
-fn check_devices(devices: &[DeviceLoad<'_>]) -> Result<()> {
+pub(super) fn check_devices(devices: &[DeviceLoad<'_>]) -> Result<()> {
     if devices.is_empty() {
         return Err(Error::InvalidArgument(
             "a multi-device load needs at least one device".into(),

@@ -81,14 +81,7 @@ pub fn load_multi_into_pools(
             }
         }
     }
-    let devices: Vec<DeviceLoad<'_>> = targets
-        .iter()
-        .map(|t| DeviceLoad {
-            driver: t.pool.driver(),
-            rules: t.rules,
-            registry: t.registry,
-        })
-        .collect();
+    let devices = device_loads(targets);
     let loaded = match load_multi(ckpt, &devices, mode, opts, ctl) {
         Ok(l) => l,
         Err(e) => {
@@ -108,6 +101,17 @@ pub fn load_multi_into_pools(
     Ok(loaded)
 }
 
+fn device_loads<'a>(targets: &[PoolLoad<'a>]) -> Vec<DeviceLoad<'a>> {
+    targets
+        .iter()
+        .map(|t| DeviceLoad {
+            driver: t.pool.driver(),
+            rules: t.rules,
+            registry: t.registry,
+        })
+        .collect()
+}
+
 /// Wake replicas by the same fan-out as [`MultiMode::Replicas`]: every
 /// target's tags that own destinations are woken (memory mapped again at the
 /// same addresses, peer grants set again), then the checkpoint, one copy in
@@ -116,14 +120,18 @@ pub fn load_multi_into_pools(
 /// [`Policy::Discard`](crate::sleep::Policy::Discard): no per-device backup is
 /// kept, and the wake reads host memory once instead of once per device.
 ///
-/// On an error after the wake the tags are awake and the destinations hold
-/// what the load reached (see [`load_multi`]); loading again repairs them.
+/// A device list [`load_multi`] refuses (none, a device twice, two
+/// backends) is refused before anything wakes. On an error after the wake
+/// the tags are awake and the destinations hold what the load reached (see
+/// [`load_multi`]); loading again repairs them.
 pub fn wake_replicas(
     ckpt: Checkpoint,
     targets: &[PoolLoad<'_>],
     opts: &LoadOptions,
     ctl: &Control<'_>,
 ) -> Result<MultiLoaded> {
+    // A device list the load would refuse wakes nothing.
+    super::multi::check_devices(&device_loads(targets))?;
     for t in targets {
         let mut tags = BTreeSet::new();
         for d in t.registry.iter() {
