@@ -399,3 +399,20 @@ fn a_sleep_failing_midway_on_any_device_finishes_when_repeated() {
         }
     }
 }
+
+#[test]
+fn two_sleeps_of_one_group_at_once_leave_one_group() {
+    let pools = pools(4);
+    let (t, ptrs, data) = replicas(&pools, "replica-sleep-race", 53);
+    for round in 0..100 {
+        std::thread::scope(|s| {
+            let a = s.spawn(|| sleep_replicas(&members(&pools, t)));
+            let b = s.spawn(|| sleep_replicas(&members(&pools, t)));
+            a.join().unwrap().unwrap();
+            b.join().unwrap().unwrap();
+        });
+        wake_replicas_from_backup(&members(&pools, t), &small_pieces())
+            .unwrap_or_else(|e| panic!("round {round}: {e}"));
+    }
+    assert_exact(&pools, &ptrs, &data);
+}

@@ -198,6 +198,14 @@ impl Pool {
     }
 }
 
+/// Held while a group's marks are written or read across its members, so
+/// two sleeps of the same replicas at once leave every member in one group
+/// (each writes all of its marks before the other starts).
+fn lock_marks() -> std::sync::MutexGuard<'static, ()> {
+    static MARKS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    MARKS.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 fn check_members(members: &[Replica<'_>], what: &str) -> Result<()> {
     let Some(first) = members.first() else {
         return Err(Error::InvalidArgument(format!(
@@ -330,6 +338,7 @@ pub fn sleep_replicas(members: &[Replica<'_>]) -> Result<ReplicaSleepStats> {
         holder: holder.pool.device(),
         devices: stats.devices.clone(),
     };
+    let _marking = lock_marks();
     for m in members {
         if let Some(ts) = m.pool.lock().tags.get_mut(&m.tag) {
             ts.replica = Some(mark.clone());
@@ -465,6 +474,7 @@ pub fn wake_replicas_from_backup(
     opts.validate()?;
     check_members(members, "wake of replicas")?;
     let devices: Vec<i32> = members.iter().map(|m| m.pool.device()).collect();
+    let marking = lock_marks();
     let mark = members[0].pool.replica_mark(members[0].tag);
     for m in members {
         let mine = m.pool.replica_mark(m.tag);
@@ -486,6 +496,7 @@ pub fn wake_replicas_from_backup(
             )));
         }
     }
+    drop(marking);
     let holder_dev = mark.expect("checked above").holder;
     // Transitions and engine locks are taken in device order, so two wakes
     // sharing pools cannot each hold what the other waits for.
