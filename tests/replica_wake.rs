@@ -416,3 +416,18 @@ fn two_sleeps_of_one_group_at_once_leave_one_group() {
     }
     assert_exact(&pools, &ptrs, &data);
 }
+
+#[test]
+fn the_rest_of_a_group_whose_pool_was_dropped_wakes_with_its_bytes() {
+    let mut pools = pools(3);
+    let (t, ptrs, data) = replicas(&pools, "replica-dropped-pool", 59);
+    sleep_replicas(&members(&pools, t)).unwrap();
+    drop(pools.pop());
+    let err = wake_replicas_from_backup(&members(&pools, t), &small_pieces()).unwrap_err();
+    assert!(matches!(err, Error::InvalidState(_)), "{err}");
+    // The error shows the way that keeps every member's bytes.
+    assert!(err.to_string().contains("put them to sleep again"), "{err}");
+    sleep_replicas(&members(&pools, t)).unwrap();
+    wake_replicas_from_backup(&members(&pools, t), &small_pieces()).unwrap();
+    assert_exact(&pools, &ptrs[..2], &data);
+}

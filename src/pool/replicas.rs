@@ -489,8 +489,10 @@ pub fn wake_replicas_from_backup(
             return Err(Error::InvalidState(format!(
                 "wake of replicas: tag {} on device {} is not asleep in one replica group with \
                  every other member listed (devices {devices:?}; it was never put to sleep with \
-                 the others by sleep_replicas, or woke or slept on its own since): wake it with \
-                 Pool::wake",
+                 the others by sleep_replicas, or woke or slept on its own since): to wake these \
+                 members together, put them to sleep again with sleep_replicas, the member \
+                 holding the backup first (nothing is copied), then wake them; Pool::wake wakes \
+                 one alone, with its bytes only if it holds a backup",
                 tag::name_of(m.tag),
                 m.pool.device()
             )));
