@@ -49,6 +49,20 @@ static void test_replicas_one_backup(void) {
   CHECK_STATUS(VMMW_INVALID_ARGUMENT, vmmw_replicas_sleep(twice, tags, 2, &sr, NULL));
   CHECK_STATUS(VMMW_INVALID_STATE, vmmw_replicas_wake(rp, tags, 2, NULL, NULL, NULL));
 
+  /* The backup over the host-memory limit: VMMW_HOST_OUT_OF_MEMORY, nothing sleeps. */
+  vmmw_sleep_options_t so;
+  memset(&so, 0, sizeof so);
+  so.size = sizeof so;
+  so.host_memory_limit = 4096;
+  CHECK_OK(vmmw_pool_set_sleep_options(rp[0], &so, &err));
+  CHECK_STATUS(VMMW_HOST_OUT_OF_MEMORY, vmmw_replicas_sleep(rp, tags, 2, &sr, NULL));
+  so.host_memory_limit = 0;
+  CHECK_OK(vmmw_pool_set_sleep_options(rp[0], &so, &err));
+  for (int d = 0; d < 2; ++d) {
+    unsigned char awake[16];
+    CHECK_OK(vmmw_pool_read(rp[d], ptr[d][0], awake, sizeof awake, &err));
+  }
+
   memset(&sr, 0, sizeof sr);
   CHECK_OK(vmmw_replicas_sleep(rp, tags, 2, &sr, &err));
   CHECK(sr.backup_bytes > 0 && sr.released_bytes == 2 * sr.backup_bytes);
