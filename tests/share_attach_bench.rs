@@ -109,37 +109,29 @@ fn importer() {
     let t2 = Instant::now();
     a.detach().unwrap();
     let detach_ms = t2.elapsed().as_secs_f64() * 1e3;
-    // Later attaches in the same process, one thread against the chosen
-    // number, alternating: what spreading the imports over threads buys.
-    let (mut one, mut auto) = (Vec::new(), Vec::new());
-    for _ in 0..3 {
-        for (threads, into) in [(1, &mut one), (0, &mut auto)] {
-            let o = AttachOptions {
-                threads,
-                ..AttachOptions::default()
-            };
+    // Later attaches in the same process: what the first one paid once.
+    let mut again: Vec<f64> = (0..3)
+        .map(|_| {
             let t = Instant::now();
-            let a = Attachment::attach(d.clone(), &path, &o).unwrap();
-            into.push(t.elapsed().as_secs_f64() * 1e3);
+            let a = Attachment::attach(d.clone(), &path, &AttachOptions::default()).unwrap();
+            let ms = t.elapsed().as_secs_f64() * 1e3;
             a.detach().unwrap();
-        }
-    }
+            ms
+        })
+        .collect();
     let median = |v: &mut Vec<f64>| {
         v.sort_by(f64::total_cmp);
         v[v.len() / 2]
     };
     println!(
         "@importer sum={sum} attach_ms={attach_ms:.2} detach_ms={detach_ms:.2} checksum_s={sum_s:.2} tensors={} device={device} \
-         chunks={} threads={} handshake_ms={:.2} import_map_ms={:.2} access_ms={:.2} \
-         again_one_thread_ms={:.2} again_auto_ms={:.2}",
+         chunks={} handshake_ms={:.2} import_map_ms={:.2} access_ms={:.2} again_ms={:.2}",
         tensors.len(),
         st.chunks,
-        st.threads,
         st.handshake.as_secs_f64() * 1e3,
         st.import_map.as_secs_f64() * 1e3,
         st.access.as_secs_f64() * 1e3,
-        median(&mut one),
-        median(&mut auto),
+        median(&mut again),
     );
 }
 
@@ -268,8 +260,8 @@ fn owner_serves_and_importer_checksums_equal() {
     println!(
         "share-bench {{\"backend\": \"{}\", \"source\": \"{source}\", \"bytes\": {total}, \"tensors\": {}, \
          \"load_s\": {load_s:.2}, \"attach_ms\": {}, \"detach_ms\": {}, \"importer_checksum_s\": {}, \
-         \"import_device\": {}, \"chunks\": {}, \"threads\": {}, \"handshake_ms\": {}, \"import_map_ms\": {}, \
-         \"access_ms\": {}, \"again_one_thread_ms\": {}, \"again_auto_ms\": {}, \"checksums_equal\": true}}",
+         \"import_device\": {}, \"chunks\": {}, \"handshake_ms\": {}, \"import_map_ms\": {}, \
+         \"access_ms\": {}, \"again_ms\": {}, \"checksums_equal\": true}}",
         d.kind(),
         mine.len(),
         field("attach_ms"),
@@ -277,11 +269,9 @@ fn owner_serves_and_importer_checksums_equal() {
         field("checksum_s"),
         field("device"),
         field("chunks"),
-        field("threads"),
         field("handshake_ms"),
         field("import_map_ms"),
         field("access_ms"),
-        field("again_one_thread_ms"),
-        field("again_auto_ms"),
+        field("again_ms"),
     );
 }

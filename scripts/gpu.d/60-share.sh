@@ -37,9 +37,9 @@ bench() { # $1: label, $2: importer device
 import json, sys
 r = json.loads(sys.argv[1].split(" ", 1)[1])
 ok = float(r["attach_ms"]) <= 50
-print(("PASS" if ok else "FAIL") + "\t%s, %.2f GB, %d tensors, %s chunks: attach %s ms (target <= 50; handshake %s, import+map %s on %s threads, access %s), again %s ms (1 thread %s), detach %s ms, checksums equal; load %.1f s" % (
+print(("PASS" if ok else "FAIL") + "\t%s, %.2f GB, %d tensors, %s chunks: attach %s ms (target <= 50; handshake %s, receive+import+map %s, access %s), again in the same process %s ms, detach %s ms, checksums equal; load %.1f s" % (
     r["source"], r["bytes"] / 1e9, r["tensors"], r["chunks"], r["attach_ms"], r["handshake_ms"], r["import_map_ms"],
-    r["threads"], r["access_ms"], r["again_auto_ms"], r["again_one_thread_ms"], r["detach_ms"], r["load_s"]))' "$line")
+    r["access_ms"], r["again_ms"], r["detach_ms"], r["load_s"]))' "$line")
   result "share: $1" "${summary%%$'\t'*}" "${summary#*$'\t'}"
   [[ "$summary" == PASS* ]] || rc=1
 }

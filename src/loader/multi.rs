@@ -123,14 +123,16 @@ pub fn load_multi(
 ) -> Result<MultiLoaded> {
     let t0 = Instant::now();
     check_devices(devices)?;
-    let mut plans = Vec::with_capacity(devices.len());
-    for d in devices {
-        let plan = Plan::build(&ckpt, d.rules, d.registry, &opts.plan).map_err(|e| match e {
+    // Every device's plan at once (rule matching per tensor is the cost).
+    let plans = on_every_device(devices.len(), |k| {
+        let d = &devices[k];
+        Plan::build(&ckpt, d.rules, d.registry, &opts.plan).map_err(|e| match e {
             Error::Plan(m) => Error::Plan(format!("device {}: {m}", d.driver.device())),
             e => e,
-        })?;
-        plans.push(plan);
-    }
+        })
+    })
+    .into_iter()
+    .collect::<Result<Vec<Plan>>>()?;
     let ckpt = Arc::new(ckpt);
     let mut per_device_opts = *opts;
     per_device_opts.copy.threads = threads_per_device(opts, devices.len());

@@ -10,7 +10,6 @@
 //! arrive, read on each call through this API.
 
 use std::collections::HashMap;
-use std::os::fd::OwnedFd;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -32,10 +31,6 @@ pub struct AttachOptions {
     pub timeout: Duration,
     /// User ids the owner may run as; `None` accepts this process's user and root.
     pub allowed_owner_uids: Option<Vec<u32>>,
-    /// Threads that import and map the chunks; 0 chooses (one per 16 chunks,
-    /// at most 8). Each chunk costs an import and a map in the driver, so a
-    /// share of many segments attaches faster spread over threads.
-    pub threads: usize,
 }
 
 /// Where an attach spent its time.
@@ -43,11 +38,9 @@ pub struct AttachOptions {
 pub struct AttachStats {
     /// Physical chunks imported and mapped.
     pub chunks: usize,
-    /// Threads that imported and mapped them.
-    pub threads: usize,
-    /// Connecting, the owner check, the manifest and the descriptors.
+    /// Connecting, the owner check and the manifest.
     pub handshake: Duration,
-    /// Importing every descriptor and mapping every chunk.
+    /// Receiving every descriptor, importing it and mapping its chunk.
     pub import_map: Duration,
     /// Setting access on the whole range.
     pub access: Duration,
@@ -61,7 +54,6 @@ impl Default for AttachOptions {
             read_write: false,
             timeout: Duration::from_secs(30),
             allowed_owner_uids: None,
-            threads: 0,
         }
     }
 }
@@ -145,99 +137,54 @@ impl Notices {
     }
 }
 
-fn import_threads(asked: usize, chunks: usize) -> usize {
-    let n = if asked == 0 {
-        chunks.div_ceil(16).min(8)
-    } else {
-        asked
-    };
-    n.clamp(1, chunks.max(1))
+fn too_many(path: &Path, want: usize, sent: usize) -> Error {
+    refused(
+        path,
+        format!("the manifest lists {want} chunks, the owner sent {sent} descriptors"),
+    )
 }
 
-/// The run (thread) chunk `i` of `chunks` goes to: `threads` contiguous
-/// runs of whole chunks, none empty while `threads <= chunks`.
-fn run_of(chunks: usize, threads: usize) -> impl Fn(usize) -> usize {
-    let threads = threads.clamp(1, chunks.max(1));
-    move |i| i * threads / chunks
-}
-
-/// Import chunk `i` from `fds[i]` and map it at its offset in `mapping`'s
-/// range, spread over `threads` threads, each taking a contiguous run of
-/// chunks. Whatever succeeded is recorded in `mapping` (so dropping it undoes
-/// it) before the first error, if any, is returned.
-fn import_and_map(
+/// Receive the descriptors of `chunks` and import and map each one as its
+/// message arrives, closing it at once. This process so never holds more than
+/// one message's descriptors ([`wire::FDS_PER_MESSAGE`]): a file table that
+/// had to grow to hold them all would cost one RCU grace period per doubling
+/// (the kernel waits for one when a threaded process's table grows), tens of
+/// milliseconds on a busy host. Whatever succeeded is recorded in `mapping`,
+/// so dropping it undoes it.
+fn receive_and_map(
+    sock: &UnixStream,
+    path: &Path,
     mapping: &mut Mapping,
-    fds: Vec<OwnedFd>,
-    sizes: &[usize],
-    threads: usize,
+    chunks: &[usize],
 ) -> Result<()> {
-    let mut offsets = Vec::with_capacity(sizes.len());
-    let mut off = 0usize;
-    for &size in sizes {
-        offsets.push(off);
-        off += size;
-    }
-    let run = run_of(sizes.len(), threads);
-    let mut groups: Vec<Vec<(usize, OwnedFd)>> = Vec::new();
-    for (i, fd) in fds.into_iter().enumerate() {
-        if groups.len() <= run(i) {
-            groups.push(Vec::new());
+    let want = chunks.len();
+    let (mut next, mut off) = (0usize, 0usize);
+    let mut batch = Vec::new();
+    let mut byte = [0u8; 1];
+    while next < want {
+        wire::recv_exact(sock, &mut byte, &mut batch)
+            .map_err(|e| refused(path, format!("receiving descriptors: {e}")))?;
+        if batch.is_empty() {
+            // The owner moved on before sending a descriptor per chunk.
+            return Err(refused(
+                path,
+                format!("the manifest lists {want} chunks, the owner sent {next} descriptors"),
+            ));
         }
-        groups.last_mut().expect("pushed above").push((i, fd));
-    }
-    type Done = (Vec<(PhysHandle, Option<(usize, usize)>)>, Option<Error>);
-    let work = |group: Vec<(usize, OwnedFd)>| -> Done {
-        let mut done = Vec::with_capacity(group.len());
-        for (i, fd) in group {
-            let h = match mapping.driver.import_fd(fd, sizes[i]) {
-                Ok(h) => h,
-                Err(e) => return (done, Some(e)),
-            };
-            let va = mapping.va + offsets[i] as u64;
-            if let Err(e) = mapping.driver.map(va, sizes[i], h) {
-                done.push((h, None));
-                return (done, Some(e));
-            }
-            done.push((h, Some((offsets[i], sizes[i]))));
+        if next + batch.len() > want {
+            return Err(too_many(path, want, next + batch.len()));
         }
-        (done, None)
-    };
-    let results: Vec<Done> = if groups.len() <= 1 {
-        groups.into_iter().map(work).collect()
-    } else {
-        std::thread::scope(|s| {
-            let handles: Vec<_> = groups
-                .into_iter()
-                .map(|g| s.spawn(move || work(g)))
-                .collect();
-            handles
-                .into_iter()
-                .map(|h| {
-                    h.join().unwrap_or_else(|_| {
-                        (
-                            Vec::new(),
-                            Some(Error::Panic(
-                                "a thread importing shared chunks panicked".into(),
-                            )),
-                        )
-                    })
-                })
-                .collect()
-        })
-    };
-    let mut first = None;
-    for (done, err) in results {
-        for (h, m) in done {
+        for fd in batch.drain(..) {
+            let size = chunks[next];
+            let h = mapping.driver.import_fd(fd, size)?;
             mapping.handles.push(h);
-            if let Some(m) = m {
-                mapping.mapped.push(m);
-            }
-        }
-        if let Some(e) = err {
-            first.get_or_insert(e);
+            mapping.driver.map(mapping.va + off as u64, size, h)?;
+            mapping.mapped.push((off, size));
+            off += size;
+            next += 1;
         }
     }
-    first.map_or(Ok(()), Err)
+    Ok(())
 }
 
 /// An attached share. Dropping it detaches.
@@ -317,29 +264,6 @@ impl Attachment {
             ));
         }
         let want = layout.chunks.len();
-        let mut byte = [0u8; 1];
-        for _ in 0..wire::batches(want) {
-            wire::recv_exact(&sock, &mut byte, &mut fds)
-                .map_err(|e| refused(path, format!("receiving descriptors: {e}")))?;
-            if fds.len() > want {
-                break;
-            }
-        }
-        let early = if fds.len() == want {
-            wire::read_until_ready(&sock, &mut fds)
-                .map_err(|e| refused(path, format!("finishing the handshake: {e}")))?
-        } else {
-            Vec::new()
-        };
-        if fds.len() != want {
-            return Err(refused(
-                path,
-                format!(
-                    "the manifest lists {want} chunks, the owner sent {} descriptors",
-                    fds.len()
-                ),
-            ));
-        }
         let handshake = start.elapsed();
         let mut mapping = Mapping {
             driver: driver.clone(),
@@ -351,8 +275,13 @@ impl Attachment {
         mapping.va = driver.reserve(layout.total, 0)?;
         mapping.total = layout.total;
         let t = Instant::now();
-        let threads = import_threads(options.threads, want);
-        import_and_map(&mut mapping, fds, &layout.chunks, threads)?;
+        receive_and_map(&sock, path, &mut mapping, &layout.chunks)?;
+        let mut fds = Vec::new();
+        let early = wire::read_until_ready(&sock, &mut fds)
+            .map_err(|e| refused(path, format!("finishing the handshake: {e}")))?;
+        if !fds.is_empty() {
+            return Err(too_many(path, want, want + fds.len()));
+        }
         let import_map = t.elapsed();
         let t = Instant::now();
         if options.read_write {
@@ -385,7 +314,6 @@ impl Attachment {
             notices: Mutex::new(notices),
             stats: AttachStats {
                 chunks: want,
-                threads,
                 handshake,
                 import_map,
                 access,
@@ -532,31 +460,5 @@ impl Attachment {
         let r = self.mapping.undo();
         let _ = self.sock.shutdown(std::net::Shutdown::Both);
         r
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::{import_threads, run_of};
-
-    #[test]
-    fn chunks_are_spread_over_exactly_the_threads_reported() {
-        for chunks in 1..=40 {
-            for asked in 0..=45 {
-                let threads = import_threads(asked, chunks);
-                let run = run_of(chunks, threads);
-                let runs: Vec<usize> = (0..chunks).map(&run).collect();
-                assert_eq!(runs[0], 0);
-                assert!(
-                    runs.windows(2).all(|w| w[1] == w[0] || w[1] == w[0] + 1),
-                    "{chunks} chunks, {threads} threads: runs not contiguous: {runs:?}"
-                );
-                assert_eq!(
-                    runs[chunks - 1] + 1,
-                    threads,
-                    "{chunks} chunks over {threads} threads (asked {asked}): {runs:?}"
-                );
-            }
-        }
     }
 }

@@ -24,8 +24,13 @@ use super::manifest::{Hello, MAX_MANIFEST_BYTES};
 
 /// The first bytes of every connection.
 pub const MAGIC: &[u8; 8] = b"VMMWSHR1";
-/// Descriptors sent per message (the kernel allows 253).
-pub const FDS_PER_MESSAGE: usize = 64;
+/// Descriptors sent per message. Small, because the importer imports and
+/// closes each message's descriptors before it receives the next: its file
+/// table then never has to grow (see `client::receive_and_map`).
+pub const FDS_PER_MESSAGE: usize = 16;
+/// Descriptors accepted in one message (the kernel allows 253; owners of this
+/// format send at most [`FDS_PER_MESSAGE`]).
+pub const MAX_FDS_PER_MESSAGE: usize = 64;
 
 /// A notice the owner sends to attached importers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -101,11 +106,6 @@ pub fn send_fds(sock: &UnixStream, fds: &[BorrowedFd<'_>]) -> io::Result<()> {
     Ok(())
 }
 
-/// Number of one-byte messages that carry `n` descriptors.
-pub fn batches(n: usize) -> usize {
-    n.div_ceil(FDS_PER_MESSAGE)
-}
-
 fn send_batch(sock: &UnixStream, batch: &[BorrowedFd<'_>]) -> io::Result<()> {
     let raw: Vec<libc::c_int> = batch.iter().map(|f| f.as_raw_fd()).collect();
     let payload = size_of::<libc::c_int>() * raw.len();
@@ -160,7 +160,7 @@ pub fn recv(
     fds: &mut Vec<OwnedFd>,
     dontwait: bool,
 ) -> io::Result<usize> {
-    let max = size_of::<libc::c_int>() * FDS_PER_MESSAGE;
+    let max = size_of::<libc::c_int>() * MAX_FDS_PER_MESSAGE;
     // SAFETY: CMSG_SPACE is a pure size computation.
     let space = unsafe { libc::CMSG_SPACE(max as u32) } as usize;
     // u64 storage keeps the control buffer aligned for cmsghdr.
@@ -212,7 +212,7 @@ pub fn recv(
     if msg.msg_flags & libc::MSG_CTRUNC != 0 {
         return Err(io::Error::new(
             io::ErrorKind::InvalidData,
-            format!("the peer sent more than {FDS_PER_MESSAGE} descriptors in one message"),
+            format!("the peer sent more than {MAX_FDS_PER_MESSAGE} descriptors in one message"),
         ));
     }
     Ok(n)
