@@ -7,7 +7,8 @@
 # with the importer on GPU 1 reading GPU 0's memory over NVLink.
 # Then the transformers forward over shared weights (tests/torch/test_share_torch.py):
 # process B's logits bitwise equal to process A's, B on GPU 0 and, with two
-# GPUs, on GPU 1. Writes share.txt and share-torch.txt to $VMMW_GPU_OUT.
+# GPUs, on GPU 1. Then `vmmw serve` with a Python importer
+# (tests/torch/serve_check.py). Writes share.txt and share-torch.txt to $VMMW_GPU_OUT.
 set -uo pipefail
 source scripts/gpu-lib.sh
 export VMMW_BACKEND=cuda
@@ -70,5 +71,14 @@ else
     rc=1
   fi
 fi
+# vmmw serve on the GPU: attached from Python on the last GPU, every tensor
+# compared with the file, SIGHUP seen as version 2, SIGTERM clean.
+line=$(PYTHONPATH="python:tests/torch${PYTHONPATH:+:$PYTHONPATH}" VMMW_LIB="${VMMW_LIB:-$PWD/.gpu/libvmmweights.so}" \
+  timeout 300 python3 tests/torch/serve_check.py --vmmw .gpu/vmmw --dir "$ckpt" 2>&1 | tee -a "$log" | grep -E '^(PASS|FAIL|SKIP)' | tail -1)
+case "$line" in
+  PASS*) result "share: vmmw serve + Python attach" PASS "${line:5}" ;;
+  SKIP*) result "share: vmmw serve + Python attach" SKIP "${line:5}" ;;
+  *) result "share: vmmw serve + Python attach" FAIL "${line:-no result; see share.txt}"; rc=1 ;;
+esac
 cat "$log"
 exit $rc
