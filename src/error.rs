@@ -286,7 +286,100 @@ fn limit_text(limit: u64) -> String {
     }
 }
 
+/// Run `work(k)` for k in `0..n` at once, one thread each, and collect the
+/// results in order; a thread that panicked gives [`Error::Panic`] naming `what`.
+pub(crate) fn on_threads<T: Send>(
+    n: usize,
+    what: &str,
+    work: impl Fn(usize) -> Result<T> + Sync,
+) -> Vec<Result<T>> {
+    std::thread::scope(|s| {
+        let work = &work;
+        let handles: Vec<_> = (0..n).map(|k| s.spawn(move || work(k))).collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join().unwrap_or_else(|p| {
+                    Err(Error::Panic(format!("{what}: {}", panic_message(&*p))))
+                })
+            })
+            .collect()
+    })
+}
+
 impl Error {
+    /// This error with `what` appended to its message. Its kind, and so its
+    /// C status, is always kept (a device that failed stays `DriverError`, a
+    /// backup over its limit `HostOutOfMemory`, a load in progress
+    /// `LoadInProgress`); the few kinds without a free-text part (a
+    /// cancellation, an I/O error, an unknown pointer, a load in progress, a
+    /// short buffer) are returned as they are.
+    pub(crate) fn with_context(self, what: &str) -> Error {
+        match self {
+            Error::Driver {
+                call,
+                code,
+                name,
+                detail,
+            } => Error::Driver {
+                call,
+                code,
+                name,
+                detail: format!("{detail}{what}"),
+            },
+            Error::OutOfMemory {
+                what: w,
+                requested,
+                free,
+            } => Error::OutOfMemory {
+                what: format!("{w}{what}"),
+                requested,
+                free,
+            },
+            Error::HostOutOfMemory {
+                what: w,
+                requested,
+                limit,
+                in_use,
+            } => Error::HostOutOfMemory {
+                what: format!("{w}{what}"),
+                requested,
+                limit,
+                in_use,
+            },
+            Error::InvalidArgument(m) => Error::InvalidArgument(format!("{m}{what}")),
+            Error::InvalidState(m) => Error::InvalidState(format!("{m}{what}")),
+            Error::DriverUnavailable(m) => Error::DriverUnavailable(format!("{m}{what}")),
+            Error::UnknownTag(m) => Error::UnknownTag(format!("{m}{what}")),
+            Error::Plan(m) => Error::Plan(format!("{m}{what}")),
+            Error::Unsupported(m) => Error::Unsupported(format!("{m}{what}")),
+            Error::Panic(m) => Error::Panic(format!("{m}{what}")),
+            Error::Checkpoint {
+                file,
+                tensor,
+                reason,
+            } => Error::Checkpoint {
+                file,
+                tensor,
+                reason: format!("{reason}{what}"),
+            },
+            Error::ShareRefused { path, reason } => Error::ShareRefused {
+                path,
+                reason: format!("{reason}{what}"),
+            },
+            Error::ShareRevoked { path, reason } => Error::ShareRevoked {
+                path,
+                reason: format!("{reason}{what}"),
+            },
+            e @ (Error::NullArgument(_)
+            | Error::UnknownPointer { .. }
+            | Error::Io { .. }
+            | Error::Cancelled { .. }
+            | Error::LoadInProgress { .. }
+            | Error::BufferTooSmall { .. }) => e,
+        }
+    }
+
     /// The stable C status code for this error.
     pub fn status(&self) -> Status {
         match self {
@@ -371,5 +464,44 @@ mod tests {
         assert!(s.contains("lm_head.weight"), "{s}");
         assert!(s.contains("expected [4, 3]"), "{s}");
         assert_eq!(e.status(), Status::CheckpointInvalid);
+    }
+
+    #[test]
+    fn context_is_appended_and_the_kind_kept() {
+        let e = Error::Driver {
+            call: "cuMemMap",
+            code: 2,
+            name: "CUDA_ERROR_OUT_OF_MEMORY".into(),
+            detail: ": 4 MiB".into(),
+        }
+        .with_context(" (device 1)");
+        assert_eq!(e.status(), Status::DriverError);
+        assert!(e.to_string().ends_with(": 4 MiB (device 1)"), "{e}");
+        let e = Error::Plan("tensor `w`".into()).with_context(" (device 1)");
+        assert_eq!(e.status(), Status::PlanMismatch);
+        assert!(e.to_string().ends_with("(device 1)"), "{e}");
+        let busy = Error::LoadInProgress {
+            tag: "weights".into(),
+            loads: 1,
+        };
+        let e = busy.with_context(" (device 1)");
+        assert_eq!(e.status(), Status::LoadInProgress);
+        let e = Error::Cancelled { done: 1, total: 2 }.with_context(" (device 1)");
+        assert_eq!(e.status(), Status::Cancelled);
+    }
+
+    #[test]
+    fn on_threads_keeps_order_and_turns_a_panic_into_an_error() {
+        let r = on_threads(4, "a test thread", |k| {
+            if k == 2 {
+                panic!("thread two");
+            }
+            Ok(k * 10)
+        });
+        assert_eq!(r.len(), 4);
+        assert_eq!(*r[3].as_ref().unwrap(), 30);
+        let e = r[2].as_ref().unwrap_err();
+        assert_eq!(e.status(), Status::Panic);
+        assert!(e.to_string().contains("a test thread: thread two"), "{e}");
     }
 }

@@ -128,7 +128,7 @@ impl CudaDriver {
             Ok(r) => r,
             Err(p) => Err(unavailable(format!(
                 "loading the CUDA driver failed: {}",
-                crate::error::panic_message(&p)
+                crate::error::panic_message(&*p)
             ))),
         }
     }

@@ -39,7 +39,7 @@ use std::time::Instant;
 use super::copy::{self, Control, CopyStats};
 use super::{Checkpoint, ExecutedPlan, Extent, Fill, LoadOptions, Plan, Registry, Rules};
 use crate::driver::{DevicePtr, Driver, StreamId};
-use crate::error::{Error, Result};
+use crate::error::{on_threads, Error, Result};
 
 /// How a multi-device load divides the work.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -124,7 +124,7 @@ pub fn load_multi(
     let t0 = Instant::now();
     check_devices(devices)?;
     // Every device's plan at once (rule matching per tensor is the cost).
-    let plans = on_every_device(devices.len(), |k| {
+    let plans = on_threads(devices.len(), "a device's plan thread", |k| {
         let d = &devices[k];
         Plan::build(&ckpt, d.rules, d.registry, &opts.plan).map_err(|e| match e {
             Error::Plan(m) => Error::Plan(format!("device {}: {m}", d.driver.device())),
@@ -200,25 +200,6 @@ fn threads_per_device(opts: &LoadOptions, n: usize) -> usize {
     (cpus / n.max(1)).clamp(1, 16)
 }
 
-/// Run `work(k)` for every device at once, one thread each, and collect the results.
-fn on_every_device<T: Send>(n: usize, work: impl Fn(usize) -> Result<T> + Sync) -> Vec<Result<T>> {
-    std::thread::scope(|s| {
-        let work = &work;
-        let handles: Vec<_> = (0..n).map(|k| s.spawn(move || work(k))).collect();
-        handles
-            .into_iter()
-            .map(|h| {
-                h.join().unwrap_or_else(|p| {
-                    Err(Error::Panic(format!(
-                        "a device's load thread: {}",
-                        crate::error::panic_message(&p)
-                    )))
-                })
-            })
-            .collect()
-    })
-}
-
 fn is_cancel(e: &Error) -> bool {
     matches!(e, Error::Cancelled { .. })
 }
@@ -247,7 +228,7 @@ fn ranks(
         )
     };
     let t = Instant::now();
-    let mut results = on_every_device(devices.len(), run);
+    let mut results = on_threads(devices.len(), "a device's load thread", run);
     for k in 0..devices.len() {
         match &results[k] {
             Err(e) if !is_cancel(e) => {
@@ -271,25 +252,10 @@ fn ranks(
 /// The error of a device that failed again when its work was redone: the
 /// driver's error (status kept) with what that means for the destinations.
 fn lost(device: i32, e: Error) -> Error {
-    let what = format!(
+    e.with_context(&format!(
         " (device {device}, in a multi-device load, failed again when its work was redone: \
          its destinations may be partly written; every other device's are complete)"
-    );
-    match e {
-        Error::Driver {
-            call,
-            code,
-            name,
-            detail,
-        } => Error::Driver {
-            call,
-            code,
-            name,
-            detail: format!("{detail}{what}"),
-        },
-        Error::Cancelled { .. } => e,
-        e => Error::InvalidState(format!("{e}{what}")),
-    }
+    ))
 }
 
 /// The share of each destination: destinations in file order of their first
@@ -472,7 +438,7 @@ fn replicas(
 
     // Phase 1: every device loads its own share at once.
     let t = Instant::now();
-    let results = on_every_device(n, |k| host_load(k, k));
+    let results = on_threads(n, "a device's load thread", |k| host_load(k, k));
     // holder[s] = the device that has share s fully written.
     let mut holder: Vec<Option<usize>> = vec![None; n];
     let mut per_device = vec![CopyStats::default(); n];
@@ -533,7 +499,7 @@ fn replicas(
         }
         r
     };
-    let results = on_every_device(n, pulls);
+    let results = on_threads(n, "a device's peer-copy thread", pulls);
     for (k, r) in results.into_iter().enumerate() {
         match r {
             Ok(b) => stats.peer_bytes += b,

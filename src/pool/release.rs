@@ -166,20 +166,5 @@ fn refused(e: Error, r: &Released) -> Error {
         r.tag,
         r.held_bytes()
     );
-    match e {
-        Error::Driver {
-            call,
-            code,
-            name,
-            detail,
-        } => Error::Driver {
-            call,
-            code,
-            name,
-            detail: format!("{detail}{what}"),
-        },
-        Error::InvalidArgument(m) => Error::InvalidArgument(format!("{m}{what}")),
-        Error::InvalidState(m) => Error::InvalidState(format!("{m}{what}")),
-        other => other,
-    }
+    e.with_context(&what)
 }

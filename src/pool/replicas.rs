@@ -39,7 +39,7 @@ use std::time::Instant;
 
 use super::Pool;
 use crate::driver::{round_up, AccessMode, DevicePtr, Driver, PeerAccess, StreamId};
-use crate::error::{Error, Result};
+use crate::error::{on_threads, Error, Result};
 use crate::segment::{Segment, SleepState};
 use crate::sleep::{HostSpan, Policy, StagedWake};
 use crate::tag::{self, TagId};
@@ -325,7 +325,7 @@ pub fn sleep_replicas(members: &[Replica<'_>]) -> Result<ReplicaSleepStats> {
                 tag::name_of(m.tag),
                 holder.pool.device()
             );
-            with_context(e, &what)
+            e.with_context(&what)
         })?;
         for c in cycles {
             stats.backup_bytes += c.report.copied_bytes;
@@ -386,25 +386,6 @@ fn cut_parts(sizes: &[usize], n: usize, align: usize, max: usize) -> Vec<Vec<Pie
         base += size;
     }
     parts
-}
-
-/// Run `work(k)` for every device at once, one thread each.
-fn on_every_device<T: Send>(n: usize, work: impl Fn(usize) -> Result<T> + Sync) -> Vec<Result<T>> {
-    std::thread::scope(|s| {
-        let work = &work;
-        let handles: Vec<_> = (0..n).map(|k| s.spawn(move || work(k))).collect();
-        handles
-            .into_iter()
-            .map(|h| {
-                h.join().unwrap_or_else(|p| {
-                    Err(Error::Panic(format!(
-                        "a device's wake thread: {}",
-                        crate::error::panic_message(&p)
-                    )))
-                })
-            })
-            .collect()
-    })
 }
 
 /// Queue copies on two streams of `driver`, wait for them, destroy the streams.
@@ -660,7 +641,7 @@ fn restore(
 
     // Phase 1: device k copies part k from the backup, all devices at once.
     let t = Instant::now();
-    let results = on_every_device(n, |k| {
+    let results = on_threads(n, "a device's wake thread", |k| {
         let d = drivers[k].as_ref();
         // SAFETY: every member's memory is mapped (above); the spans point
         // into the holder's backup, busy for this wake.
@@ -673,7 +654,7 @@ fn restore(
 
     // Phase 2: device k gets every other part, from its device or the backup.
     let t = Instant::now();
-    let results = on_every_device(n, |k| {
+    let results = on_threads(n, "a device's wake thread", |k| {
         let d = drivers[k].as_ref();
         let mut from_host = 0u64;
         let moved = with_streams(d, |st| {
@@ -718,78 +699,13 @@ fn restore(
     Ok(stats)
 }
 
-/// `e` with `what` appended to its message, its kind (and so its C status)
-/// kept: a host backup over its limit stays `HostOutOfMemory`, a load in
-/// progress `LoadInProgress`.
-fn with_context(e: Error, what: &str) -> Error {
-    match e {
-        Error::Driver {
-            call,
-            code,
-            name,
-            detail,
-        } => Error::Driver {
-            call,
-            code,
-            name,
-            detail: format!("{detail}{what}"),
-        },
-        Error::OutOfMemory {
-            what: w,
-            requested,
-            free,
-        } => Error::OutOfMemory {
-            what: format!("{w}{what}"),
-            requested,
-            free,
-        },
-        Error::HostOutOfMemory {
-            what: w,
-            requested,
-            limit,
-            in_use,
-        } => Error::HostOutOfMemory {
-            what: format!("{w}{what}"),
-            requested,
-            limit,
-            in_use,
-        },
-        Error::InvalidState(m) => Error::InvalidState(format!("{m}{what}")),
-        Error::InvalidArgument(m) => Error::InvalidArgument(format!("{m}{what}")),
-        e => e,
-    }
-}
-
 /// `e` on `m`'s device, with what a failed wake of replicas leaves.
 fn on_device(m: &Replica<'_>, step: &str, e: Error) -> Error {
-    let what = format!(
+    e.with_context(&format!(
         " (wake of replicas, device {} {step}: every replica stays asleep with the backup \
          intact; wake them again)",
         m.pool.device()
-    );
-    match e {
-        Error::Driver {
-            call,
-            code,
-            name,
-            detail,
-        } => Error::Driver {
-            call,
-            code,
-            name,
-            detail: format!("{detail}{what}"),
-        },
-        Error::OutOfMemory {
-            what: w,
-            requested,
-            free,
-        } => Error::OutOfMemory {
-            what: format!("{w}{what}"),
-            requested,
-            free,
-        },
-        e => Error::InvalidState(format!("{e}{what}")),
-    }
+    ))
 }
 
 #[cfg(test)]
