@@ -17,8 +17,12 @@
 //! - after the pool is dropped nothing is left: host backend objects all
 //!   gone; on cuda, free device memory back where it was (within 64 MiB).
 
+mod common;
+
 use std::io::Write;
 use std::sync::Arc;
+
+use common::fault::OPS;
 
 use vmmweights::driver::fault::FaultOp;
 use vmmweights::driver::host::{HostConfig, HostDriver};
@@ -28,22 +32,6 @@ use vmmweights::loader::{
 };
 use vmmweights::sleep::Policy;
 use vmmweights::{tag, Driver, Error, Pool, PoolConfig, TagId};
-
-const OPS: [FaultOp; 13] = [
-    FaultOp::Reserve,
-    FaultOp::Create,
-    FaultOp::Map,
-    FaultOp::SetAccess,
-    FaultOp::Unmap,
-    FaultOp::Release,
-    FaultOp::CopyHtod,
-    FaultOp::CopyDtoh,
-    FaultOp::Memset,
-    FaultOp::Convert,
-    FaultOp::HostRegister,
-    FaultOp::Synchronize,
-    FaultOp::FileRead,
-];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Phase {

@@ -21,6 +21,7 @@ mod common;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use common::fault::OPS;
 use common::pool::*;
 use vmmweights::driver::host::{FaultOp, HostDriver};
 use vmmweights::loader::{
@@ -28,22 +29,6 @@ use vmmweights::loader::{
 };
 use vmmweights::sleep::Policy;
 use vmmweights::{tag, Error, Pool, TagId};
-
-const OPS: [FaultOp; 13] = [
-    FaultOp::Reserve,
-    FaultOp::Create,
-    FaultOp::Map,
-    FaultOp::SetAccess,
-    FaultOp::Unmap,
-    FaultOp::Release,
-    FaultOp::CopyHtod,
-    FaultOp::CopyDtoh,
-    FaultOp::Memset,
-    FaultOp::Convert,
-    FaultOp::HostRegister,
-    FaultOp::Synchronize,
-    FaultOp::FileRead,
-];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Phase {

@@ -1,10 +1,12 @@
 //! Helpers shared by the integration tests, one file per area: `loader`
 //! (generated checkpoints, destinations, device reads), `cli` (running the
-//! built `vmmw`, parsing its charts) and `pool` (a small
+//! built `vmmw`, parsing its charts), `fault` (the driver steps the fault
+//! tests fail) and `pool` (a small
 //! host driver and pool sizes, a deterministic RNG, byte patterns). Each test
 //! file includes this module with `mod common;` and uses what it needs.
 #![allow(dead_code)]
 
 pub mod cli;
+pub mod fault;
 pub mod loader;
 pub mod pool;
