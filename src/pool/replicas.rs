@@ -586,24 +586,10 @@ fn restore(
             });
         }
     }
-    // Every device maps at once (each pays its own driver calls); what each
-    // mapped is recorded before any error returns, so an abort undoes it.
     let t = Instant::now();
-    let mapped = on_threads(n, "a device's mapping thread", |k| {
-        Ok(staged[k].map_missing())
-    });
-    let mut first = None;
-    for ((m, s), r) in members.iter().zip(staged.iter_mut()).zip(mapped) {
-        let r = r.and_then(|mapped| s.record(mapped));
-        match r {
-            Ok(()) => stats.mapped_bytes += s.unmapped_bytes(),
-            Err(e) => {
-                first.get_or_insert_with(|| on_device(m, "mapping its memory", e));
-            }
-        }
-    }
-    if let Some(e) = first {
-        return Err(e);
+    for (m, s) in members.iter().zip(staged.iter_mut()) {
+        s.map().map_err(|e| on_device(m, "mapping its memory", e))?;
+        stats.mapped_bytes += s.unmapped_bytes();
     }
     stats.map_seconds = t.elapsed().as_secs_f64();
 

@@ -15,7 +15,7 @@ use crate::sleep::reload::ReloadSource;
 use crate::tag::TagId;
 
 mod staged;
-pub use staged::{HostSpan, Mapped, StagedWake};
+pub use staged::{HostSpan, StagedWake};
 
 /// What sleep does with a tag's memory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]

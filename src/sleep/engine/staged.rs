@@ -29,15 +29,6 @@ pub struct HostSpan {
     pub len: usize,
 }
 
-/// What [`StagedWake::map_missing`] did: `(todo index, chunk index, handle,
-/// bytes)` of each chunk it mapped, and the error that stopped it.
-#[derive(Debug)]
-#[must_use = "hand it to StagedWake::record, or the mapped chunks are never undone"]
-pub struct Mapped {
-    made: Vec<(usize, usize, PhysHandle, u64)>,
-    error: Option<Error>,
-}
-
 /// A wake of one tag between its mapping and its commit or abort. Dropping it
 /// without either aborts it (best effort).
 #[derive(Debug)]
@@ -113,44 +104,19 @@ impl StagedWake<'_> {
     /// Map every unmapped chunk (peer grants set again on each). On an error
     /// the chunks mapped so far stay listed for [`Self::abort`].
     pub fn map(&mut self) -> Result<()> {
-        let mapped = self.map_missing();
-        self.record(mapped)
-    }
-
-    /// The driver work of [`Self::map`], by shared reference so that several
-    /// wakes (one per device) map at once: the chunks it mapped, and the
-    /// error that stopped it. Hand the result to [`Self::record`].
-    pub fn map_missing(&self) -> Mapped {
         let driver = self.engine.driver.clone();
-        let mut made = Vec::new();
         for (i, t) in self.todo.iter().enumerate() {
             for (c, chunk) in t.chunks.iter().enumerate() {
                 if chunk.handle.is_some() || self.made.iter().any(|m| m.0 == i && m.1 == c) {
                     continue;
                 }
                 let va = t.ptr + chunk.offset as u64;
-                match map_new_at(driver.as_ref(), va, chunk.size, &t.peers) {
-                    Ok(h) => made.push((i, c, h, chunk.size as u64)),
-                    Err(e) => {
-                        return Mapped {
-                            made,
-                            error: Some(e),
-                        }
-                    }
-                }
+                let h = map_new_at(driver.as_ref(), va, chunk.size, &t.peers)?;
+                self.made.push((i, c, h));
+                self.report.physical_bytes += chunk.size as u64;
             }
         }
-        Mapped { made, error: None }
-    }
-
-    /// Take in what [`Self::map_missing`] mapped (so an abort undoes it) and
-    /// return its error, if any.
-    pub fn record(&mut self, mapped: Mapped) -> Result<()> {
-        for (i, c, h, size) in mapped.made {
-            self.made.push((i, c, h));
-            self.report.physical_bytes += size;
-        }
-        mapped.error.map_or(Ok(()), Err)
+        Ok(())
     }
 
     /// The backup bytes of segment `i` (an index into [`Self::segments`])
