@@ -11,46 +11,15 @@
 
 mod common;
 
-use std::sync::Arc;
-
-use common::pool::{small_config, G};
-use vmmweights::driver::host::{HostConfig, HostDriver};
+use common::pool::{device_pools, G};
 use vmmweights::driver::{AccessMode, PeerAccess, StreamId};
 use vmmweights::sleep::Policy;
-use vmmweights::{tag, BackendChoice, Driver, Pool, PoolConfig};
+use vmmweights::{tag, Pool};
 
-/// Two pools on devices 0 and 1, and the bytes per block; `None` (after a
-/// SKIP line) when the CUDA backend lacks a second reachable device.
+/// Two pools on devices 0 and 1, and the bytes per block.
 fn two_pools() -> Option<(Vec<Pool>, usize)> {
-    if BackendChoice::from_env().unwrap() == BackendChoice::Cuda {
-        let open = |k| vmmweights::driver::open(BackendChoice::Cuda, k).map(|o| o.driver);
-        let d0 = open(0).expect("VMMW_BACKEND=cuda but the CUDA driver did not open");
-        let Ok(d1) = open(1) else {
-            eprintln!("SKIP: gpu_peers needs two CUDA devices; device 1 did not open");
-            return None;
-        };
-        if !d1.can_access_peer(0).unwrap() || !d0.can_access_peer(1).unwrap() {
-            eprintln!("SKIP: gpu_peers: devices 0 and 1 cannot reach each other");
-            return None;
-        }
-        let pools = [d0, d1]
-            .into_iter()
-            .map(|d| Pool::new(d, PoolConfig::default()).unwrap())
-            .collect();
-        return Some((pools, 64 << 20));
-    }
-    eprintln!("gpu_peers: host backend, two simulated devices (VMMW_BACKEND=cuda for the GPU run)");
-    let pools = (0..2)
-        .map(|k| {
-            let cfg = HostConfig {
-                granularity: G,
-                memory_limit: 1 << 30,
-            };
-            let d: Arc<dyn Driver> = Arc::new(HostDriver::for_device(cfg, k).unwrap());
-            Pool::new(d, small_config()).unwrap()
-        })
-        .collect();
-    Some((pools, 3 * G))
+    let (pools, cuda) = device_pools("gpu_peers", 2, 2)?;
+    Some((pools, if cuda { 64 << 20 } else { 3 * G }))
 }
 
 fn read(pool: &Pool, ptr: u64, len: usize) -> Vec<u8> {

@@ -15,60 +15,17 @@
 
 mod common;
 
-use std::sync::Arc;
-
-use common::pool::{small_config, Rng, G};
+use common::pool::{device_pools, Rng, G};
 use vmmweights::driver::fault::FaultOp;
-use vmmweights::driver::host::{HostConfig, HostDriver};
 use vmmweights::pool::replicas::{
     sleep_replicas, wake_replicas_from_backup, Replica, ReplicaWakeOptions,
 };
-use vmmweights::{tag, BackendChoice, Driver, Pool, PoolConfig};
+use vmmweights::{tag, Pool};
 
-/// Pools on the devices and the size of a big block; `None` (after a SKIP
-/// line) when the CUDA backend lacks a second reachable device.
+/// Pools on the devices and the size of a big block.
 fn pools() -> Option<(Vec<Pool>, usize)> {
-    if BackendChoice::from_env().unwrap() == BackendChoice::Cuda {
-        let open = |k| vmmweights::driver::open(BackendChoice::Cuda, k).map(|o| o.driver);
-        let mut drivers =
-            vec![open(0).expect("VMMW_BACKEND=cuda but the CUDA driver did not open")];
-        while let Ok(d) = open(drivers.len() as i32) {
-            drivers.push(d);
-        }
-        if drivers.len() < 2 {
-            eprintln!("SKIP: gpu_replica_wake needs two CUDA devices; device 1 did not open");
-            return None;
-        }
-        for a in &drivers {
-            for b in &drivers {
-                if a.device() != b.device() && !a.can_access_peer(b.device()).unwrap() {
-                    eprintln!(
-                        "SKIP: gpu_replica_wake: device {} cannot reach device {}",
-                        a.device(),
-                        b.device()
-                    );
-                    return None;
-                }
-            }
-        }
-        let pools = drivers
-            .into_iter()
-            .map(|d| Pool::new(d, PoolConfig::default()).unwrap())
-            .collect();
-        return Some((pools, 256 << 20));
-    }
-    eprintln!("gpu_replica_wake: host backend, three simulated devices (VMMW_BACKEND=cuda for the GPU run)");
-    let pools = (0..3)
-        .map(|k| {
-            let cfg = HostConfig {
-                granularity: G,
-                memory_limit: 1 << 30,
-            };
-            let d: Arc<dyn Driver> = Arc::new(HostDriver::for_device(cfg, k).unwrap());
-            Pool::new(d, small_config()).unwrap()
-        })
-        .collect();
-    Some((pools, 5 * G + 4321))
+    let (pools, cuda) = device_pools("gpu_replica_wake", usize::MAX, 3)?;
+    Some((pools, if cuda { 256 << 20 } else { 5 * G + 4321 }))
 }
 
 #[test]

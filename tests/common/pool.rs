@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use vmmweights::driver::host::{HostConfig, HostDriver};
-use vmmweights::{Driver, PoolConfig};
+use vmmweights::{BackendChoice, Driver, Pool, PoolConfig};
 
 /// Granularity used by these tests: 64 KiB, so segments stay small.
 pub const G: usize = 64 << 10;
@@ -29,6 +29,61 @@ pub fn small_config() -> PoolConfig {
         large_segment_bytes: 4 * G,
         ..PoolConfig::default()
     }
+}
+
+/// Pools on several devices for the tests that run on GPUs with
+/// `VMMW_BACKEND=cuda` and on simulated devices otherwise. On cuda: every
+/// device that opens, at most `max`, default pool sizes; `None` after a SKIP
+/// line naming `test` when fewer than two open or two cannot reach each
+/// other. Otherwise `simulated` host devices with [`small_config`]. The flag
+/// says which backend it is.
+pub fn device_pools(test: &str, max: usize, simulated: usize) -> Option<(Vec<Pool>, bool)> {
+    if BackendChoice::from_env().unwrap() == BackendChoice::Cuda {
+        let open = |k| vmmweights::driver::open(BackendChoice::Cuda, k).map(|o| o.driver);
+        let mut drivers =
+            vec![open(0).expect("VMMW_BACKEND=cuda but the CUDA driver did not open")];
+        while drivers.len() < max {
+            match open(drivers.len() as i32) {
+                Ok(d) => drivers.push(d),
+                Err(_) => break,
+            }
+        }
+        if drivers.len() < 2 {
+            eprintln!("SKIP: {test} needs two CUDA devices; device 1 did not open");
+            return None;
+        }
+        for a in &drivers {
+            for b in &drivers {
+                if a.device() != b.device() && !a.can_access_peer(b.device()).unwrap() {
+                    eprintln!(
+                        "SKIP: {test}: device {} cannot reach device {}",
+                        a.device(),
+                        b.device()
+                    );
+                    return None;
+                }
+            }
+        }
+        let pools = drivers
+            .into_iter()
+            .map(|d| Pool::new(d, PoolConfig::default()).unwrap())
+            .collect();
+        return Some((pools, true));
+    }
+    eprintln!(
+        "{test}: host backend, {simulated} simulated devices (VMMW_BACKEND=cuda for the GPU run)"
+    );
+    let pools = (0..simulated)
+        .map(|k| {
+            let cfg = HostConfig {
+                granularity: G,
+                memory_limit: 1 << 30,
+            };
+            let d: Arc<dyn Driver> = Arc::new(HostDriver::for_device(cfg, k as i32).unwrap());
+            Pool::new(d, small_config()).unwrap()
+        })
+        .collect();
+    Some((pools, false))
 }
 
 /// xorshift64*: deterministic, dependency-free.
