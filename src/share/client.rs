@@ -137,7 +137,7 @@ impl Notices {
     }
 }
 
-fn too_many(path: &Path, want: usize, sent: usize) -> Error {
+fn wrong_count(path: &Path, want: usize, sent: usize) -> Error {
     refused(
         path,
         format!("the manifest lists {want} chunks, the owner sent {sent} descriptors"),
@@ -145,8 +145,8 @@ fn too_many(path: &Path, want: usize, sent: usize) -> Error {
 }
 
 /// Receive the descriptors of `chunks` and import and map each one as its
-/// message arrives, closing it at once. This process so never holds more than
-/// one message's descriptors ([`wire::FDS_PER_MESSAGE`]): a file table that
+/// message arrives, closing it at once, so that this process never holds
+/// more than one message's descriptors ([`wire::FDS_PER_MESSAGE`]): a file table that
 /// had to grow to hold them all would cost one RCU grace period per doubling
 /// (the kernel waits for one when a threaded process's table grows), tens of
 /// milliseconds on a busy host. Whatever succeeded is recorded in `mapping`,
@@ -166,13 +166,10 @@ fn receive_and_map(
             .map_err(|e| refused(path, format!("receiving descriptors: {e}")))?;
         if batch.is_empty() {
             // The owner moved on before sending a descriptor per chunk.
-            return Err(refused(
-                path,
-                format!("the manifest lists {want} chunks, the owner sent {next} descriptors"),
-            ));
+            return Err(wrong_count(path, want, next));
         }
         if next + batch.len() > want {
-            return Err(too_many(path, want, next + batch.len()));
+            return Err(wrong_count(path, want, next + batch.len()));
         }
         for fd in batch.drain(..) {
             let size = chunks[next];
@@ -280,7 +277,7 @@ impl Attachment {
         let early = wire::read_until_ready(&sock, &mut fds)
             .map_err(|e| refused(path, format!("finishing the handshake: {e}")))?;
         if !fds.is_empty() {
-            return Err(too_many(path, want, want + fds.len()));
+            return Err(wrong_count(path, want, want + fds.len()));
         }
         let import_map = t.elapsed();
         let t = Instant::now();
