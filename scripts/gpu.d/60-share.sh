@@ -75,10 +75,6 @@ fi
 # compared with the file, SIGHUP seen as version 2, SIGTERM clean.
 line=$(PYTHONPATH="python:tests/torch${PYTHONPATH:+:$PYTHONPATH}" VMMW_LIB="${VMMW_LIB:-$PWD/.gpu/libvmmweights.so}" \
   timeout 300 python3 tests/torch/serve_check.py --vmmw .gpu/vmmw --dir "$ckpt" 2>&1 | tee -a "$log" | grep -E '^(PASS|FAIL|SKIP)' | tail -1)
-case "$line" in
-  PASS*) result "share: vmmw serve + Python attach" PASS "${line:5}" ;;
-  SKIP*) result "share: vmmw serve + Python attach" SKIP "${line:5}" ;;
-  *) result "share: vmmw serve + Python attach" FAIL "${line:-no result; see share.txt}"; rc=1 ;;
-esac
+result_of "share: vmmw serve + Python attach" "$line" share.txt || rc=1
 cat "$log"
 exit $rc

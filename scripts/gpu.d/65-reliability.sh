@@ -46,11 +46,7 @@ export PYTHONPATH="python:tests/torch${PYTHONPATH:+:$PYTHONPATH}"
 export VMMW_LIB="${VMMW_LIB:-$PWD/.gpu/libvmmweights.so}"
 line=$(VMMW_BACKEND=cuda timeout 200 python3 tests/torch/soak_torch.py --max-seconds "${VMMW_TORCH_SOAK_SECONDS:-90}" 2>&1 |
   tee -a "$log" | grep -E '^(PASS|FAIL|SKIP)' | tail -1)
-case "$line" in
-  PASS*) result "reliability: soak through PyTorch" PASS "${line:5:220}" ;;
-  SKIP*) result "reliability: soak through PyTorch" SKIP "${line:5}" ;;
-  *) result "reliability: soak through PyTorch" FAIL "${line:-no result; see reliability.txt}"; rc=1 ;;
-esac
+result_of "reliability: soak through PyTorch" "$line" reliability.txt || rc=1
 for t in fault_table fault_file_read pool_free_faults concurrency; do
   if VMMW_BACKEND=host .gpu/tests/$t --nocapture >>"$log" 2>&1; then
     result "reliability: $t (host backend, release build)" PASS "$(grep -E '^(fault table|file-read faults|mixed|same tag|torch|test result)' "$log" | tail -3 | tr '\n' ' ' | cut -c1-200)"
