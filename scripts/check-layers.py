@@ -22,7 +22,7 @@ import sys
 # one layer do not import each other. Keep in step with docs/ARCHITECTURE.md.
 LAYERS = [
     ["error"],
-    ["units"],
+    ["units", "threads"],
     ["driver"],
     ["hostmem", "segment", "tag"],
     ["report"],

@@ -286,27 +286,6 @@ fn limit_text(limit: u64) -> String {
     }
 }
 
-/// Run `work(k)` for k in `0..n` at once, one thread each, and collect the
-/// results in order; a thread that panicked gives [`Error::Panic`] naming `what`.
-pub(crate) fn on_threads<T: Send>(
-    n: usize,
-    what: &str,
-    work: impl Fn(usize) -> Result<T> + Sync,
-) -> Vec<Result<T>> {
-    std::thread::scope(|s| {
-        let work = &work;
-        let handles: Vec<_> = (0..n).map(|k| s.spawn(move || work(k))).collect();
-        handles
-            .into_iter()
-            .map(|h| {
-                h.join().unwrap_or_else(|p| {
-                    Err(Error::Panic(format!("{what}: {}", panic_message(&*p))))
-                })
-            })
-            .collect()
-    })
-}
-
 impl Error {
     /// This error with `what` appended to its message. Its kind, and so its
     /// C status, is always kept (a device that failed stays `DriverError`, a
@@ -488,20 +467,5 @@ mod tests {
         assert_eq!(e.status(), Status::LoadInProgress);
         let e = Error::Cancelled { done: 1, total: 2 }.with_context(" (device 1)");
         assert_eq!(e.status(), Status::Cancelled);
-    }
-
-    #[test]
-    fn on_threads_keeps_order_and_turns_a_panic_into_an_error() {
-        let r = on_threads(4, "a test thread", |k| {
-            if k == 2 {
-                panic!("thread two");
-            }
-            Ok(k * 10)
-        });
-        assert_eq!(r.len(), 4);
-        assert_eq!(*r[3].as_ref().unwrap(), 30);
-        let e = r[2].as_ref().unwrap_err();
-        assert_eq!(e.status(), Status::Panic);
-        assert!(e.to_string().contains("a test thread: thread two"), "{e}");
     }
 }

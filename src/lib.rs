@@ -36,6 +36,7 @@ pub mod segment;
 pub mod share;
 pub mod sleep;
 pub mod tag;
+pub(crate) mod threads;
 pub mod units;
 
 pub use driver::{BackendChoice, BackendKind, DevicePtr, Driver};

@@ -39,7 +39,8 @@ use std::time::Instant;
 use super::copy::{self, Control, CopyStats};
 use super::{Checkpoint, ExecutedPlan, Extent, Fill, LoadOptions, Plan, Registry, Rules};
 use crate::driver::{DevicePtr, Driver, StreamId};
-use crate::error::{on_threads, Error, Result};
+use crate::error::{Error, Result};
+use crate::threads::on_threads;
 
 /// How a multi-device load divides the work.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]

@@ -39,10 +39,11 @@ use std::time::Instant;
 
 use super::Pool;
 use crate::driver::{round_up, AccessMode, DevicePtr, Driver, PeerAccess, StreamId};
-use crate::error::{on_threads, Error, Result};
+use crate::error::{Error, Result};
 use crate::segment::{Segment, SleepState};
 use crate::sleep::{HostSpan, Policy, StagedWake};
 use crate::tag::{self, TagId};
+use crate::threads::on_threads;
 
 /// One replica: a tag in the pool of one device.
 #[derive(Debug, Clone, Copy)]
