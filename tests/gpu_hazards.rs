@@ -272,7 +272,13 @@ fn sleep_during_a_load_is_refused_and_the_load_completes() {
         let check = |what: &str| {
             for (name, _) in ckpt.tensors.iter().step_by(7) {
                 let cname = CString::new(name.as_str()).unwrap();
-                let mut dst: vmmw_destination_t = std::mem::zeroed();
+                let mut dst = vmmw_destination_t {
+                    ptr: 0,
+                    bytes: 0,
+                    dtype: [0; 16],
+                    ndim: 0,
+                    shape: [0; vmmweights::ffi::loader::VMMW_MAX_DIMS],
+                };
                 assert_eq!(
                     vmmw_loader_destination(loader, cname.as_ptr(), &mut dst, ptr::null_mut()),
                     0

@@ -685,6 +685,7 @@ impl Driver for HostDriver {
             )));
         }
         // SAFETY: an all-zero `stat` is a valid value for fstat to overwrite.
+        #[allow(clippy::disallowed_methods)] // a plain libc struct: all-zero is valid
         let mut st: libc::stat = unsafe { std::mem::zeroed() };
         // SAFETY: fd is open (owned) and `st` is writable.
         if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0 {

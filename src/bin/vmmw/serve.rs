@@ -56,6 +56,7 @@ fn blocked_signals() -> CliResult<libc::sigset_t> {
     // pthread_sigmask changes this thread's mask, which threads started later
     // inherit (none has started yet: this runs first).
     unsafe {
+        #[allow(clippy::disallowed_methods)] // a plain libc struct: all-zero is valid
         let mut set: libc::sigset_t = std::mem::zeroed();
         libc::sigemptyset(&mut set);
         for s in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {

@@ -184,6 +184,7 @@ pub fn usable_cache_bytes(caches: &[u64], workers: usize) -> Option<u64> {
 /// CPUs in this thread's affinity mask (all CPUs `0..1024` when it cannot be read).
 fn allowed_cpus() -> Vec<usize> {
     // SAFETY: `cpu_set_t` is plain data; all-zero is a valid empty set.
+    #[allow(clippy::disallowed_methods)] // a plain libc struct: all-zero is valid
     let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
     // SAFETY: pid 0 is this thread; `set` is writable for its full size.
     let rc = unsafe { libc::sched_getaffinity(0, std::mem::size_of_val(&set), &mut set) };

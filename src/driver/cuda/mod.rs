@@ -14,6 +14,8 @@ use std::sync::OnceLock;
 
 use cudarc::driver::sys;
 
+mod structs;
+
 use super::fault::{FaultOp, Faults};
 use super::{
     kernels, AccessMode, BackendKind, ConvertType, DevicePtr, Driver, EventId, MemInfo, PeerAccess,
@@ -264,18 +266,7 @@ impl CudaDriver {
     }
 
     fn alloc_prop(&self) -> sys::CUmemAllocationProp {
-        // SAFETY: CUmemAllocationProp is a plain C struct for which all-zero is a
-        // valid value (no handle types, no flags); the fields we need are set below.
-        let mut prop: sys::CUmemAllocationProp = unsafe { std::mem::zeroed() };
-        prop.type_ = sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
-        prop.requestedHandleTypes = if self.shareable.load(Ordering::Relaxed) {
-            sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
-        } else {
-            sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_NONE
-        };
-        prop.location.type_ = sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
-        prop.location.id = self.cu_device;
-        prop
+        structs::alloc_prop(self.cu_device, self.shareable.load(Ordering::Relaxed))
     }
 
     fn kernels(&self) -> Result<&Kernels> {
@@ -336,20 +327,11 @@ impl CudaDriver {
         })
     }
 
-    /// `cuMemSetAccess` for this device with `flags` (read-write or read-only).
-    fn set_access_flags(
-        &self,
-        va: DevicePtr,
-        size: usize,
-        flags: sys::CUmemAccess_flags,
-    ) -> Result<()> {
+    /// `cuMemSetAccess` for this device alone with `mode` (read-write or read-only).
+    fn set_access_mode(&self, va: DevicePtr, size: usize, mode: AccessMode) -> Result<()> {
         self.bind()?;
         self.faults.check(FaultOp::SetAccess, "cuMemSetAccess")?;
-        // SAFETY: CUmemAccessDesc is a plain C struct; every field is set below.
-        let mut desc: sys::CUmemAccessDesc = unsafe { std::mem::zeroed() };
-        desc.location.type_ = sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
-        desc.location.id = self.cu_device;
-        desc.flags = flags;
+        let desc = structs::access_desc(self.cu_device, mode);
         // SAFETY: one valid descriptor; the range is mapped (caller's contract).
         check_with(
             "cuMemSetAccess",
@@ -462,11 +444,7 @@ impl Driver for CudaDriver {
     }
 
     fn set_access(&self, va: DevicePtr, size: usize) -> Result<()> {
-        self.set_access_flags(
-            va,
-            size,
-            sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
-        )
+        self.set_access_mode(va, size, AccessMode::ReadWrite)
     }
 
     fn shareable(&self) -> bool {
@@ -520,11 +498,7 @@ impl Driver for CudaDriver {
     }
 
     fn set_access_read_only(&self, va: DevicePtr, size: usize) -> Result<()> {
-        self.set_access_flags(
-            va,
-            size,
-            sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READ,
-        )
+        self.set_access_mode(va, size, AccessMode::Read)
     }
 
     fn set_access_peers(&self, va: DevicePtr, size: usize, peers: &[PeerAccess]) -> Result<()> {
@@ -532,21 +506,9 @@ impl Driver for CudaDriver {
         self.faults.check(FaultOp::SetAccess, "cuMemSetAccess")?;
         super::check_peer_list(self.ordinal, peers, |p| self.can_access_peer(p))?;
         let mut descs = Vec::with_capacity(peers.len() + 1);
-        let mut push = |dev: sys::CUdevice, mode: AccessMode| {
-            // SAFETY: CUmemAccessDesc is a plain C struct; every field is set below.
-            let mut d: sys::CUmemAccessDesc = unsafe { std::mem::zeroed() };
-            d.location.type_ = sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
-            d.location.id = dev;
-            d.flags = match mode {
-                AccessMode::None => sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_NONE,
-                AccessMode::Read => sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READ,
-                AccessMode::ReadWrite => sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
-            };
-            descs.push(d);
-        };
-        push(self.cu_device, AccessMode::ReadWrite);
+        descs.push(structs::access_desc(self.cu_device, AccessMode::ReadWrite));
         for p in peers {
-            push(Self::cu_device_of(p.device)?, p.mode);
+            descs.push(structs::access_desc(Self::cu_device_of(p.device)?, p.mode));
         }
         // SAFETY: `descs` holds descs.len() valid descriptors; the range is
         // mapped (caller's contract).
@@ -572,10 +534,7 @@ impl Driver for CudaDriver {
             return Ok(true);
         }
         self.bind()?;
-        // SAFETY: CUmemLocation is a plain C struct; both fields are set below.
-        let mut loc: sys::CUmemLocation = unsafe { std::mem::zeroed() };
-        loc.type_ = sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
-        loc.id = Self::cu_device_of(reader)?;
+        let loc = structs::device_location(Self::cu_device_of(reader)?);
         let g = self.granularity as u64;
         let end = va + len as u64;
         // One query per granule: a range may span several mappings.
@@ -796,16 +755,7 @@ impl Driver for CudaDriver {
     ) -> Result<()> {
         self.bind()?;
         self.faults.check(FaultOp::CopyHtod, "cuMemcpy2DAsync")?;
-        // SAFETY: CUDA_MEMCPY2D is a plain C struct; zero is valid for unused fields.
-        let mut p: sys::CUDA_MEMCPY2D = unsafe { std::mem::zeroed() };
-        p.srcMemoryType = sys::CUmemorytype::CU_MEMORYTYPE_HOST;
-        p.srcHost = src as *const c_void;
-        p.srcPitch = src_pitch;
-        p.dstMemoryType = sys::CUmemorytype::CU_MEMORYTYPE_DEVICE;
-        p.dstDevice = dst;
-        p.dstPitch = dst_pitch;
-        p.WidthInBytes = width;
-        p.Height = height;
+        let p = structs::memcpy_2d_htod(dst, dst_pitch, src, src_pitch, width, height);
         // SAFETY: forwarded from the caller's contract on every row.
         let rc = unsafe { sys::cuMemcpy2DAsync_v2(&p, Self::stream(stream)) };
         check_with("cuMemcpy2DAsync", rc, || {
