@@ -302,12 +302,17 @@ fn reload_restores_from_the_source_and_needs_one() {
     assert!(matches!(e, Error::InvalidState(_)), "{e}");
     assert_eq!(seg.sleep_state(), SleepState::Awake);
 
-    engine.add_reload_source(
-        TagId(5),
-        Arc::new(PatternSource {
-            ranges: vec![(seg.ptr(), seg.committed())],
-        }),
-    );
+    let whole = [(seg.ptr(), seg.committed())];
+    engine
+        .add_reload_source_within(
+            TagId(5),
+            Arc::new(PatternSource {
+                ranges: whole.to_vec(),
+            }),
+            None,
+            &whole,
+        )
+        .unwrap();
     engine
         .sleep(TagId(5), &mut [&mut seg], Policy::Reload)
         .unwrap();

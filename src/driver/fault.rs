@@ -41,6 +41,8 @@ pub enum FaultOp {
     CopyHtod,
     /// Peer copies (`copy_peer_async`).
     CopyPeer,
+    /// `hash_ranges`, before any byte is read.
+    Hash,
     /// The loader's reads of checkpoint bytes (outside the driver): each
     /// `pread` run and each copy run from the file's mapping into a staging
     /// slot, each direct window before it is registered or copied from, and

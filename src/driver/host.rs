@@ -27,8 +27,8 @@ use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
 
+use super::{hash, PeerAccess, PhysHandle, StreamId};
 use super::{AccessMode, BackendKind, ConvertType, DevicePtr, Driver, EventId, MemInfo};
-use super::{PeerAccess, PhysHandle, StreamId};
 use crate::error::{Error, Result};
 use crate::units::{page_size, parse_bytes};
 
@@ -901,6 +901,23 @@ impl Driver for HostDriver {
         // SAFETY: the caller guarantees both ranges are valid for `len` bytes.
         unsafe { std::ptr::copy_nonoverlapping(src as *const u8, dst, len) };
         Ok(())
+    }
+
+    unsafe fn hash_ranges(&self, ranges: &[(DevicePtr, usize)]) -> Result<Vec<u64>> {
+        self.copy_fault(FaultOp::Hash, "hash_ranges")?;
+        // Tile by tile, as the kernel sums them.
+        let mut sums = vec![0u64; ranges.len()];
+        for t in hash::tiles(ranges) {
+            // SAFETY: the caller guarantees every range is mapped and readable.
+            let bytes = unsafe { std::slice::from_raw_parts(t.ptr as *const u8, t.len as usize) };
+            let s = &mut sums[t.out as usize];
+            *s = s.wrapping_add(hash::sum(bytes, t.word0));
+        }
+        Ok(sums
+            .iter()
+            .zip(ranges)
+            .map(|(&s, &(_, len))| hash::finish(s, len))
+            .collect())
     }
 
     unsafe fn copy_2d_htod_async(

@@ -21,6 +21,7 @@
 pub mod convert;
 pub mod cuda;
 pub mod fault;
+pub mod hash;
 pub mod host;
 pub mod kernels;
 pub mod sync_copy;
@@ -311,6 +312,15 @@ pub trait Driver: Send + Sync + fmt::Debug {
         count: usize,
         stream: StreamId,
     ) -> Result<()>;
+
+    /// The [`hash::hash`] of each of `ranges` (device memory), computed on
+    /// the device (CUDA: one kernel launch over every range's tiles; host:
+    /// the reference itself). Returns when the hashes are known.
+    ///
+    /// # Safety
+    /// Every range must be mapped and readable by this device, and no queued
+    /// work may still write it (callers synchronize first).
+    unsafe fn hash_ranges(&self, ranges: &[(DevicePtr, usize)]) -> Result<Vec<u64>>;
 
     /// Page-lock host memory so the device can DMA from it (`cuMemHostRegister`).
     ///

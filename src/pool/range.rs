@@ -2,7 +2,7 @@
 //! destinations and `vmmw_pool_write` copies only into memory the pool has
 //! handed out and that is mapped now.
 
-use super::{segment_base, Pool};
+use super::{segment_base, Pool, State};
 use crate::driver::DevicePtr;
 use crate::error::{Error, Result};
 use crate::segment::SleepState;
@@ -24,41 +24,71 @@ impl Pool {
     /// a free block, `InvalidArgument` when the range runs past its block (or
     /// overflows), `InvalidState` when the block's tag is asleep.
     pub fn check_live_range(&self, ptr: DevicePtr, len: usize, what: &str) -> Result<TagId> {
-        let end = ptr.checked_add(len as u64).ok_or_else(|| {
-            Error::InvalidArgument(format!(
-                "{what} at {ptr:#x} of {len} bytes runs past the end of the address space"
-            ))
-        })?;
-        let st = self.lock();
-        let base = segment_base(&st, ptr).ok_or(Error::UnknownPointer {
-            ptr,
-            why: "not inside any segment of this pool",
-        })?;
-        let e = &st.segs[&base];
-        let off = (ptr - base) as usize;
-        let (boff, b) =
-            e.blocks
-                .containing(off)
-                .filter(|(_, b)| b.live)
-                .ok_or(Error::UnknownPointer {
-                    ptr,
-                    why: "inside a free block of this pool (freed, or never allocated)",
-                })?;
-        let (bstart, bend) = (base + boff as u64, base + (boff + b.size) as u64);
-        if end > bend {
-            return Err(Error::InvalidArgument(format!(
+        live_range_tag(&self.lock(), ptr, len, what)
+    }
+
+    /// The caller wrote `[ptr, ptr + len)` since a load filled it (weights
+    /// updated in place): no checkpoint restores those bytes any more, and a
+    /// Reload sleep keeps them in the host backup. Optional: a Reload sleep
+    /// finds changed bytes by itself (it hashes what was loaded, see
+    /// [`crate::sleep::proof`]); marking names the change ahead of time. The
+    /// range must lie in one live block of an awake tag (errors as
+    /// [`Pool::check_live_range`]); a sleep or wake of its tag running now is
+    /// waited for.
+    pub fn mark_written(&self, ptr: DevicePtr, len: usize) -> Result<()> {
+        let retired = {
+            let mut st = self.lock();
+            if let Some(base) = segment_base(&st, ptr) {
+                let tag = st.segs[&base].tag;
+                while st.in_transition(tag) {
+                    st = self.settled.wait(st).unwrap_or_else(|p| p.into_inner());
+                }
+            }
+            let tag = live_range_tag(&st, ptr, len, "marked range")?;
+            // Under the pool lock: no Reload sleep of the tag can start
+            // between this and the coverage it computes.
+            self.sleep.retire_range(tag, ptr, len)
+        };
+        drop(retired);
+        Ok(())
+    }
+}
+
+/// [`Pool::check_live_range`] under a lock already held.
+fn live_range_tag(st: &State, ptr: DevicePtr, len: usize, what: &str) -> Result<TagId> {
+    let end = ptr.checked_add(len as u64).ok_or_else(|| {
+        Error::InvalidArgument(format!(
+            "{what} at {ptr:#x} of {len} bytes runs past the end of the address space"
+        ))
+    })?;
+    let base = segment_base(st, ptr).ok_or(Error::UnknownPointer {
+        ptr,
+        why: "not inside any segment of this pool",
+    })?;
+    let e = &st.segs[&base];
+    let off = (ptr - base) as usize;
+    let (boff, b) =
+        e.blocks
+            .containing(off)
+            .filter(|(_, b)| b.live)
+            .ok_or(Error::UnknownPointer {
+                ptr,
+                why: "inside a free block of this pool (freed, or never allocated)",
+            })?;
+    let (bstart, bend) = (base + boff as u64, base + (boff + b.size) as u64);
+    if end > bend {
+        return Err(Error::InvalidArgument(format!(
                 "{what} [{ptr:#x}, {end:#x}) runs past the end of its block [{bstart:#x}, {bend:#x}) ({} bytes too many): it would overwrite memory it does not own",
                 end - bend
             )));
-        }
-        if e.seg.sleep_state() != SleepState::Awake || end > base + e.seg.mapped_bytes() as u64 {
-            return Err(Error::InvalidState(format!(
-                "{what} at {ptr:#x} is in tag `{}`, which is asleep: wake it first",
-                crate::tag::name_of(e.tag)
-            )));
-        }
-        Ok(e.tag)
     }
+    if e.seg.sleep_state() != SleepState::Awake || end > base + e.seg.mapped_bytes() as u64 {
+        return Err(Error::InvalidState(format!(
+            "{what} at {ptr:#x} is in tag `{}`, which is asleep: wake it first",
+            crate::tag::name_of(e.tag)
+        )));
+    }
+    Ok(e.tag)
 }
 
 #[cfg(test)]

@@ -341,17 +341,32 @@ impl Pool {
     /// segments, and the bytes it covers are taken from older sources.
     pub fn add_reload_source(&self, tag: TagId, source: Arc<dyn ReloadSource>) -> Result<()> {
         tag::check(tag)?;
-        let within: Vec<(DevicePtr, usize)> = {
-            let st = self.lock();
-            st.segs
-                .iter()
-                .filter(|(_, e)| e.tag == tag)
-                .map(|(&b, e)| (b, e.seg.reserved()))
-                .collect()
+        // Pinned like a load while the source's bytes are hashed: no sleep
+        // may unmap them meanwhile.
+        let (within, readable, _pin) = {
+            let mut st = self.lock();
+            while st.in_transition(tag) {
+                st = self.settled.wait(st).unwrap_or_else(|p| p.into_inner());
+            }
+            st.tags.entry(tag).or_default().loads += 1;
+            let pin = LoadPin {
+                pool: self,
+                tags: vec![tag],
+            };
+            let segs = st.segs.iter().filter(|(_, e)| e.tag == tag);
+            let within: Vec<(DevicePtr, usize)> =
+                segs.clone().map(|(&b, e)| (b, e.seg.reserved())).collect();
+            let readable: Vec<(DevicePtr, usize)> = segs
+                .filter(|(_, e)| {
+                    e.seg.sleep_state() == SleepState::Awake
+                        && e.seg.mapped_bytes() == e.seg.committed()
+                })
+                .map(|(&b, e)| (b, e.seg.committed()))
+                .collect();
+            (within, readable, pin)
         };
         self.sleep
-            .add_reload_source_within(tag, source, Some(&within));
-        Ok(())
+            .add_reload_source_within(tag, source, Some(&within), &readable)
     }
 
     /// The device bytes of `tag` its reload sources restore at wake.

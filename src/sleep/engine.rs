@@ -10,6 +10,7 @@ use crate::driver::{DevicePtr, Driver, EventId, PhysHandle, StreamId};
 use crate::error::{Error, Result};
 use crate::segment::{map_new_at, unmap_release_at, Segment, SleepState};
 use crate::sleep::backup::{BackupArena, BackupRange, DEFAULT_SLAB_BYTES};
+use crate::sleep::proof::Proofs;
 use crate::sleep::ranges;
 use crate::sleep::reload::ReloadSource;
 use crate::tag::TagId;
@@ -138,6 +139,10 @@ pub struct CycleReport {
     pub copied_bytes: u64,
     /// Bytes restored from checkpoints (Reload).
     pub reloaded_bytes: u64,
+    /// Bytes a load wrote that changed since (found by hashing them on the
+    /// device at a Reload sleep, or marked written): kept in the host backup
+    /// from then on instead of being reloaded (Reload sleep).
+    pub changed_bytes: u64,
     /// Pinned host bytes newly allocated during this call.
     pub newly_pinned_bytes: u64,
     /// Wall time of the call.
@@ -207,11 +212,13 @@ impl SegmentBackup {
 
 /// A reload source registered for a tag, with the device bytes it still
 /// restores: what it wrote inside the tag's segments, less the blocks freed
-/// since and the bytes a newer load wrote.
+/// since, the bytes a newer load wrote and the bytes changed since the load.
 #[derive(Debug)]
 struct Registered {
     src: Arc<dyn ReloadSource>,
     live: Vec<(DevicePtr, usize)>,
+    /// The hashes of what it wrote, taken right after the load.
+    proofs: Proofs,
 }
 
 #[derive(Debug)]
@@ -380,24 +387,26 @@ impl SleepEngine {
         self.lock().free_backup(va);
     }
 
-    /// Register a source that can restore bytes of `tag` for the Reload
-    /// policy, covering every range it wrote. See [`Self::add_reload_source_within`].
-    pub fn add_reload_source(&self, tag: TagId, source: Arc<dyn ReloadSource>) {
-        self.add_reload_source_within(tag, source, None);
-    }
-
     /// Register a source for `tag`, restoring the bytes it wrote that lie
     /// inside `within` (the tag's segments; `None`: all it wrote). The bytes it
     /// covers are taken from the tag's older sources (a newer load into the
     /// same parameters supersedes the older one); an older source left with
     /// nothing is dropped, so no stale load is replayed and no checkpoint is
     /// kept open for nothing.
+    ///
+    /// The bytes it covers are hashed on the device now (see
+    /// [`crate::sleep::proof`]), where they lie in `readable` (the tag's
+    /// awake, mapped segments): a Reload sleep hashes them again and keeps
+    /// what changed in the host backup. Covered bytes outside `readable` get
+    /// no proof and are kept in the backup as if changed. An error hashing
+    /// registers nothing.
     pub fn add_reload_source_within(
         &self,
         tag: TagId,
         source: Arc<dyn ReloadSource>,
         within: Option<&[(DevicePtr, usize)]>,
-    ) {
+        readable: &[(DevicePtr, usize)],
+    ) -> Result<()> {
         let covered = ranges::normalize(source.covered_ranges());
         let live = match within {
             None => covered,
@@ -407,6 +416,15 @@ impl SleepEngine {
                     .collect(),
             ),
         };
+        let provable = ranges::normalize(
+            readable
+                .iter()
+                .flat_map(|&(a, l)| ranges::intersect(&live, a, l))
+                .collect(),
+        );
+        // SAFETY: `provable` lies in `readable`, which the caller names as
+        // mapped and readable; the load that wrote it has completed.
+        let proofs = unsafe { Proofs::take(self.driver.as_ref(), &provable) }?;
         let retired = {
             let mut s = self.lock();
             let list = s.reload.entry(tag).or_default();
@@ -424,11 +442,95 @@ impl SleepEngine {
                 keep
             });
             if !live.is_empty() {
-                list.push(Registered { src: source, live });
+                list.push(Registered {
+                    src: source,
+                    live,
+                    proofs,
+                });
             }
             s.unregistered(dropped)
         };
         retired.iter().for_each(|r| r.retire());
+        Ok(())
+    }
+
+    /// Hash again, on the device, every proof block of `tag`'s sources that
+    /// lies in `readable` (awake, mapped and idle segments). Bytes whose block
+    /// changed since the load, and live bytes no block proves, stop being
+    /// restored from the checkpoint: a Reload sleep keeps them in the host
+    /// backup. Returns the live bytes taken from the sources. An error (the
+    /// hash failed) changes nothing.
+    fn drop_changed_coverage(&self, tag: TagId, readable: &[(DevicePtr, usize)]) -> Result<u64> {
+        // Per source: the proof blocks `(address, length, hash)` it still needs.
+        type Check = (Arc<dyn ReloadSource>, Vec<(DevicePtr, usize, u64)>);
+        let checks: Vec<Check> = {
+            let s = self.lock();
+            s.reload
+                .get(&tag)
+                .into_iter()
+                .flatten()
+                .map(|r| (r.src.clone(), r.proofs.relevant(&r.live)))
+                .collect()
+        };
+        let inside = |a: DevicePtr, l: usize| {
+            readable
+                .iter()
+                .any(|&(ra, rl)| a >= ra && a + l as u64 <= ra + rl as u64)
+        };
+        let mut to_hash = Vec::new();
+        let mut expected = Vec::new();
+        // Per source: the blocks proven unchanged.
+        let mut proven: Vec<Vec<(DevicePtr, usize)>> = vec![Vec::new(); checks.len()];
+        for (i, (_, blocks)) in checks.iter().enumerate() {
+            for &(a, l, h) in blocks {
+                if inside(a, l) {
+                    to_hash.push((a, l));
+                    expected.push((i, h));
+                }
+            }
+        }
+        // SAFETY: every range lies in `readable`, mapped, readable and idle
+        // (the caller's contract).
+        let hashes = unsafe { self.driver.hash_ranges(&to_hash) }?;
+        for ((&(a, l), &(i, want)), got) in to_hash.iter().zip(&expected).zip(hashes) {
+            if got == want {
+                proven[i].push((a, l));
+            }
+        }
+        let same = |a: &Arc<dyn ReloadSource>, b: &Arc<dyn ReloadSource>| {
+            std::ptr::addr_eq(Arc::as_ptr(a), Arc::as_ptr(b))
+        };
+        let (taken, retired) = {
+            let mut s = self.lock();
+            let mut taken = 0u64;
+            let mut dropped = Vec::new();
+            if let Some(list) = s.reload.get_mut(&tag) {
+                list.retain_mut(|r| {
+                    let Some(i) = checks.iter().position(|(src, _)| same(src, &r.src)) else {
+                        return true;
+                    };
+                    let kept = ranges::normalize(
+                        proven[i]
+                            .iter()
+                            .flat_map(|&(a, l)| ranges::intersect(&r.live, a, l))
+                            .collect(),
+                    );
+                    taken += ranges::total(&r.live) - ranges::total(&kept);
+                    r.live = kept;
+                    let keep = !r.live.is_empty();
+                    if !keep {
+                        dropped.push(r.src.clone());
+                    }
+                    keep
+                });
+                if list.is_empty() {
+                    s.reload.remove(&tag);
+                }
+            }
+            (taken, Retired(s.unregistered(dropped)))
+        };
+        drop(retired);
+        Ok(taken)
     }
 
     /// The bytes `[ptr, ptr+len)` of `tag` no longer hold what any source
@@ -573,6 +675,18 @@ impl SleepEngine {
             return Err(Error::InvalidState(format!(
                 "tag {tag} has no reload source (load it with the loader first, or use Offload/Discard)"
             )));
+        }
+        if policy == Policy::Reload {
+            // What changed since the load (an update in place, a block reused
+            // without our free) is kept in the backup, not reverted at wake.
+            // Queued writes must land before the hashes are taken.
+            self.driver.synchronize()?;
+            let readable: Vec<(DevicePtr, usize)> = todo
+                .iter()
+                .filter(|t| t.state == SleepState::Awake)
+                .map(|t| (t.ptr, t.committed))
+                .collect();
+            report.changed_bytes = self.drop_changed_coverage(tag, &readable)?;
         }
         // What each awake segment keeps on the host; a segment an earlier
         // sleep left partly mapped has its backup already and only unmaps.

@@ -28,6 +28,7 @@
 
 pub mod backup;
 mod engine;
+pub mod proof;
 pub mod ranges;
 pub mod reload;
 

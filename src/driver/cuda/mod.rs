@@ -14,6 +14,7 @@ use std::sync::OnceLock;
 
 use cudarc::driver::sys;
 
+mod range_hash;
 mod structs;
 
 use super::fault::{FaultOp, Faults};
@@ -38,6 +39,7 @@ pub struct CudaDriver {
     /// Physical memory is created exportable as a POSIX file descriptor; see `shareable_wanted`.
     shareable: AtomicBool,
     kernels: OnceLock<std::result::Result<Kernels, String>>,
+    hash_kernel: OnceLock<std::result::Result<range_hash::HashKernel, String>>,
     /// Failures armed by tests (never outside them); see [`super::fault`].
     faults: Faults,
 }
@@ -214,6 +216,7 @@ impl CudaDriver {
             granularity: 0,
             shareable: AtomicBool::new(shareable_wanted(dev)),
             kernels: OnceLock::new(),
+            hash_kernel: OnceLock::new(),
             faults: Faults::default(),
         };
         d.bind()?;
@@ -833,6 +836,12 @@ impl Driver for CudaDriver {
         })
     }
 
+    unsafe fn hash_ranges(&self, ranges: &[(DevicePtr, usize)]) -> Result<Vec<u64>> {
+        self.bind()?;
+        self.faults.check(FaultOp::Hash, "cuLaunchKernel")?;
+        self.hash_on_device(ranges)
+    }
+
     unsafe fn host_register(&self, ptr: *mut u8, len: usize, read_only: bool) -> Result<()> {
         self.bind()?;
         self.faults
@@ -889,6 +898,10 @@ impl Drop for CudaDriver {
     fn drop(&mut self) {
         if self.bind().is_ok() {
             if let Some(Ok(k)) = self.kernels.get() {
+                // SAFETY: the module was loaded by us in this context.
+                unsafe { sys::cuModuleUnload(k.module) };
+            }
+            if let Some(Ok(k)) = self.hash_kernel.get() {
                 // SAFETY: the module was loaded by us in this context.
                 unsafe { sys::cuModuleUnload(k.module) };
             }
