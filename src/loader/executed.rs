@@ -353,6 +353,18 @@ impl ReloadSource for ExecutedPlan {
         out
     }
 
+    fn pieces(&self) -> Vec<(DevicePtr, usize)> {
+        // Each copy's span on the device (a strided one's rows and the gaps
+        // between them: bytes of no piece drop out against the coverage).
+        let extents = self.plan.extents.iter().map(|e| {
+            let w = e.dst_width();
+            let span = e.dst_pitch * e.height.saturating_sub(1) + w;
+            (e.dst, span as usize)
+        });
+        let fills = self.plan.fills.iter().map(|f| (f.dst, f.len as usize));
+        extents.chain(fills).filter(|&(_, l)| l > 0).collect()
+    }
+
     fn prepare(&self) {
         let Some(d) = self.driver.clone() else {
             return;

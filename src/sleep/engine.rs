@@ -408,6 +408,9 @@ impl SleepEngine {
         readable: &[(DevicePtr, usize)],
     ) -> Result<()> {
         let covered = ranges::normalize(source.covered_ranges());
+        let mut pieces = source.pieces();
+        pieces.sort_unstable();
+        pieces.dedup();
         let live = match within {
             None => covered,
             Some(w) => ranges::normalize(
@@ -416,12 +419,17 @@ impl SleepEngine {
                     .collect(),
             ),
         };
-        let provable = ranges::normalize(
+        // Proofs follow what the source wrote piece by piece.
+        let live_readable = ranges::normalize(
             readable
                 .iter()
                 .flat_map(|&(a, l)| ranges::intersect(&live, a, l))
                 .collect(),
         );
+        let provable: Vec<(DevicePtr, usize)> = pieces
+            .iter()
+            .flat_map(|&(a, l)| ranges::intersect(&live_readable, a, l))
+            .collect();
         // SAFETY: `provable` lies in `readable`, which the caller names as
         // mapped and readable; the load that wrote it has completed.
         let proofs = unsafe { Proofs::take(self.driver.as_ref(), &provable) }?;

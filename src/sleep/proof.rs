@@ -16,11 +16,11 @@ pub const BLOCK_BYTES: usize = 2 << 20;
 /// The blocks of what a source wrote and their hashes after the load.
 #[derive(Debug, Clone, Default)]
 pub struct Proofs {
-    /// `(address, length, hash)`, sorted by address, disjoint.
+    /// `(address, length, hash)`, in the order of the ranges they were cut from.
     blocks: Vec<(DevicePtr, usize, u64)>,
 }
 
-/// `set` (normalized ranges) cut into blocks of at most [`BLOCK_BYTES`].
+/// Each range of `set` cut into blocks of at most [`BLOCK_BYTES`].
 fn blocks_of(set: &[(DevicePtr, usize)]) -> Vec<(DevicePtr, usize)> {
     let mut out = Vec::new();
     for &(a, l) in set {
@@ -35,7 +35,7 @@ fn blocks_of(set: &[(DevicePtr, usize)]) -> Vec<(DevicePtr, usize)> {
 }
 
 impl Proofs {
-    /// Hash `written` (normalized ranges a load just wrote) on `driver`.
+    /// Hash `written` (the ranges a load just wrote, each cut on its own) on `driver`.
     ///
     /// # Safety
     /// Every range is mapped and readable by the driver's device, and no

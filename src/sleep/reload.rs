@@ -24,6 +24,15 @@ pub trait ReloadSource: Send + Sync + std::fmt::Debug {
     /// tag are restorable and which would come back undefined.
     fn covered_ranges(&self) -> Vec<(DevicePtr, usize)>;
 
+    /// What this source wrote, piece by piece (the loader: one piece per
+    /// copy, a tensor or a slice of one), each inside
+    /// [`ReloadSource::covered_ranges`]. A Reload sleep proves each piece
+    /// unchanged on its own (see [`crate::sleep::proof`]), so a write into
+    /// one tensor never costs its neighbours their proof.
+    fn pieces(&self) -> Vec<(DevicePtr, usize)> {
+        self.covered_ranges()
+    }
+
     /// Check, before any byte is touched, that `reload` can restore exactly
     /// what was loaded (the loader checks each file's identity, size and
     /// modification time, and the optional content checksums). An error here

@@ -838,7 +838,7 @@ impl Driver for CudaDriver {
 
     unsafe fn hash_ranges(&self, ranges: &[(DevicePtr, usize)]) -> Result<Vec<u64>> {
         self.bind()?;
-        self.faults.check(FaultOp::Hash, "cuLaunchKernel")?;
+        self.faults.check(FaultOp::Hash, "vmmw_hash_tiles")?;
         self.hash_on_device(ranges)
     }
 
