@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# torch_memory_saver compatibility, on the GPU machine (no network):
+#   - upstream's own test suite, against the real package and against our shim
+#     side by side (scripts/tms-suite.sh run; needs .tms/ made by
+#     `scripts/tms-suite.sh prepare SRC REV` where the upstream mirror and PyPI are)
+#   - pause/resume of a 16.4 GB region with a CPU backup: the shim (default and
+#     retained) against the real package (default and retained) in the same run.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+source scripts/gpu-lib.sh
+export PYTHONPATH="$PWD/python:$PWD/tests/torch${PYTHONPATH:+:$PYTHONPATH}"
+export VMMW_LIB="${VMMW_LIB:-$PWD/.gpu/libvmmweights.so}"
+export VMMW_BACKEND=cuda PYTHONUNBUFFERED=1
+if ! python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
+  result "tms" SKIP "PyTorch with CUDA is not available on this machine"
+  exit 0
+fi
+rc=0
+if [ -d .tms/upstream/test ]; then
+  bash scripts/tms-suite.sh run "$VMMW_GPU_OUT/tms" >"$VMMW_GPU_OUT/tms-suite.md" 2>&1
+  t=$?
+  cat "$VMMW_GPU_OUT/tms-suite.md"
+  result_of "tms: upstream suite, real vs shim" "$(grep -E '^(PASS|FAIL|SKIP) ' "$VMMW_GPU_OUT/tms-suite.md" | tail -1)" tms-suite.md || rc=1
+  [ "$t" -eq 0 ] || rc=1
+else
+  result "tms: upstream suite, real vs shim" SKIP "no .tms/upstream: run scripts/tms-suite.sh prepare SRC REV and carry .tms"
+fi
+real=""
+[ -d .tms/real/torch_memory_saver ] && real="$PWD/.tms/real"
+mkdir -p "$VMMW_GPU_OUT/bench"
+python3 tests/torch/bench_tms.py --gb "${TMS_BENCH_GB:-16.4}" --real "$real" \
+  --out "$VMMW_GPU_OUT/bench/tms_pause_resume.json" >"$VMMW_GPU_OUT/tms-bench.txt" 2>&1
+cat "$VMMW_GPU_OUT/tms-bench.txt"
+result_of "tms: pause/resume 16.4 GB, upstream / shim" "$(grep -E '^(PASS|FAIL) ' "$VMMW_GPU_OUT/tms-bench.txt" | tail -1)" tms-bench.txt || rc=1
+exit $rc
