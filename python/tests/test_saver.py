@@ -260,3 +260,12 @@ def test_configure_subprocess_sets_the_route_for_children_and_restores(monkeypat
     with configure_subprocess():
         assert os.environ[ROUTE_ENV] == "1"
     assert os.environ[ROUTE_ENV] == "0"
+
+
+def test_the_package_ships_the_torch_memory_saver_alias():
+    from pathlib import Path
+
+    root = Path(vw.__file__).parent / "torch" / "alias" / "torch_memory_saver"
+    names = {p.relative_to(root).as_posix() for p in root.rglob("*.py")}
+    assert {"__init__.py", "entrypoint.py", "utils.py", "testing_utils.py", "hooks/__init__.py",
+            "hooks/base.py", "hooks/mode_preload.py", "hooks/mode_torch.py"} <= names
