@@ -3,6 +3,8 @@
 #   - upstream's own test suite, against the real package and against our shim
 #     side by side (scripts/tms-suite.sh run; needs .tms/ made by
 #     `scripts/tms-suite.sh prepare SRC REV` where the upstream mirror and PyPI are)
+#   - vLLM's test_cumem.py, its engine-free tests, against our CuMemAllocator
+#     (scripts/vllm-cumem.sh run; needs .tms/vllm from `scripts/vllm-cumem.sh prepare`)
 #   - pause/resume of a 16.4 GB region with a CPU backup: the shim (default and
 #     retained) against the real package (default and retained) in the same run.
 set -uo pipefail
@@ -25,6 +27,9 @@ if [ -d .tms/upstream/test ]; then
 else
   result "tms: upstream suite, real vs shim" SKIP "no .tms/upstream: run scripts/tms-suite.sh prepare SRC REV and carry .tms"
 fi
+bash scripts/vllm-cumem.sh run "$VMMW_GPU_OUT/vllm" >"$VMMW_GPU_OUT/vllm-cumem.txt" 2>&1
+cat "$VMMW_GPU_OUT/vllm-cumem.txt"
+result_of "tms: vLLM test_cumem.py, engine-free tests" "$(tail -1 "$VMMW_GPU_OUT/vllm-cumem.txt")" vllm-cumem.txt || rc=1
 real=""
 [ -d .tms/real/torch_memory_saver ] && real="$PWD/.tms/real"
 mkdir -p "$VMMW_GPU_OUT/bench"
