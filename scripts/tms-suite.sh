@@ -85,6 +85,7 @@ run() {
   (cd "$suite" && PYTHONPATH="$alias_dir:$root/python${base:+:$base}" timeout "${TMS_SUITE_TIMEOUT:-1500}" \
     python3 -m pytest -v -rA -p no:cacheprovider --junitxml="$out/shim.xml" . >"$out/shim.log" 2>&1) || true
   tail -3 "$out/shim.log"
+  sed -n '/short test summary info/,$p' "$out/shim.log" | grep -v '^PASSED' || true
   python3 "$root/scripts/tms-suite-table.py" --na "$root/scripts/tms-suite-na.txt" \
     --commit "$(cat "$tms/upstream/COMMIT")" --real "$out/real.xml" --shim "$out/shim.xml"
 }

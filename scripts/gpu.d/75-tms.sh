@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# torch_memory_saver compatibility, on the GPU machine (no network):
-#   - upstream's own test suite, against the real package and against our shim
-#     side by side (scripts/tms-suite.sh run; needs .tms/ made by
+# torch_memory_saver and vLLM compatibility, on the GPU machine (no network):
+#   - upstream torch_memory_saver's own test suite, against the real package and
+#     against our shim side by side (scripts/tms-suite.sh run; needs .tms/ made by
 #     `scripts/tms-suite.sh prepare SRC REV` where the upstream mirror and PyPI are)
 #   - vLLM's test_cumem.py, its engine-free tests, against our CuMemAllocator
 #     (scripts/vllm-cumem.sh run; needs .tms/vllm from `scripts/vllm-cumem.sh prepare`)
 #   - pause/resume of a 16.4 GB region with a CPU backup: the shim (default and
 #     retained) against the real package (default and retained) in the same run.
+# Keeps three files: tms.txt (everything printed), tms-shim.log (the shim's
+# pytest log), bench/tms_pause_resume.json.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 source scripts/gpu-lib.sh
@@ -18,23 +20,28 @@ if ! python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else
   exit 0
 fi
 rc=0
+work=$(mktemp -d)
+log="$VMMW_GPU_OUT/tms.txt"
+: >"$log"
 if [ -d .tms/upstream/test ]; then
-  bash scripts/tms-suite.sh run "$VMMW_GPU_OUT/tms" >"$VMMW_GPU_OUT/tms-suite.md" 2>&1
+  bash scripts/tms-suite.sh run "$work/tms" >"$work/suite.txt" 2>&1
   t=$?
-  cat "$VMMW_GPU_OUT/tms-suite.md"
-  result_of "tms: upstream suite, real vs shim" "$(grep -E '^(PASS|FAIL|SKIP) ' "$VMMW_GPU_OUT/tms-suite.md" | tail -1)" tms-suite.md || rc=1
+  tee -a "$log" <"$work/suite.txt"
+  cp "$work/tms/shim.log" "$VMMW_GPU_OUT/tms-shim.log" 2>/dev/null
+  result_of "tms: upstream suite, real vs shim" "$(grep -E '^(PASS|FAIL|SKIP) ' "$work/suite.txt" | tail -1)" tms.txt || rc=1
   [ "$t" -eq 0 ] || rc=1
 else
   result "tms: upstream suite, real vs shim" SKIP "no .tms/upstream: run scripts/tms-suite.sh prepare SRC REV and carry .tms"
 fi
-bash scripts/vllm-cumem.sh run "$VMMW_GPU_OUT/vllm" >"$VMMW_GPU_OUT/vllm-cumem.txt" 2>&1
-cat "$VMMW_GPU_OUT/vllm-cumem.txt"
-result_of "tms: vLLM test_cumem.py, engine-free tests" "$(tail -1 "$VMMW_GPU_OUT/vllm-cumem.txt")" vllm-cumem.txt || rc=1
+bash scripts/vllm-cumem.sh run "$work/vllm" >"$work/vllm.txt" 2>&1
+tee -a "$log" <"$work/vllm.txt"
+result_of "tms: vLLM test_cumem.py, engine-free tests" "$(tail -1 "$work/vllm.txt")" tms.txt || rc=1
 real=""
 [ -d .tms/real/torch_memory_saver ] && real="$PWD/.tms/real"
 mkdir -p "$VMMW_GPU_OUT/bench"
 python3 tests/torch/bench_tms.py --gb "${TMS_BENCH_GB:-16.4}" --real "$real" \
-  --out "$VMMW_GPU_OUT/bench/tms_pause_resume.json" >"$VMMW_GPU_OUT/tms-bench.txt" 2>&1
-cat "$VMMW_GPU_OUT/tms-bench.txt"
-result_of "tms: pause/resume 16.4 GB, upstream / shim" "$(grep -E '^(PASS|FAIL) ' "$VMMW_GPU_OUT/tms-bench.txt" | tail -1)" tms-bench.txt || rc=1
+  --out "$VMMW_GPU_OUT/bench/tms_pause_resume.json" >"$work/bench.txt" 2>&1
+tee -a "$log" <"$work/bench.txt"
+result_of "tms: pause/resume 16.4 GB, upstream / shim" "$(grep -E '^(PASS|FAIL) ' "$work/bench.txt" | tail -1)" tms.txt || rc=1
+rm -rf "$work"
 exit $rc
