@@ -269,3 +269,16 @@ def test_the_package_ships_the_torch_memory_saver_alias():
     names = {p.relative_to(root).as_posix() for p in root.rglob("*.py")}
     assert {"__init__.py", "entrypoint.py", "utils.py", "testing_utils.py", "hooks/__init__.py",
             "hooks/base.py", "hooks/mode_preload.py", "hooks/mode_torch.py"} <= names
+
+
+def test_a_disk_backup_that_cannot_be_written_changes_nothing(saver, tmp_path):
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_bytes(b"")
+    saver.core.disk.directory = str(blocker)  # as if set, then replaced by a file
+    ptr = saver.alloc("weights", "disk", MiB, b"D")
+    saver.alloc("kv", "cpu", MiB, b"C")
+    with pytest.raises(OSError):
+        saver.core.pause()
+    assert not any(saver.asleep().values()), "nothing sleeps when the copy to disk fails"
+    assert saver.pools[0].read(ptr, 2) == b"DD"
+    assert blocker.read_bytes() == b""

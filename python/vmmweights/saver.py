@@ -268,12 +268,17 @@ class SaverCore:
                 asleep = sorted(n for n, a in held(pool, names).items() if a)
                 if not asleep:
                     continue
-                pool.wake(*asleep)
-                for name in asleep:
-                    if self.kind_of(name) == "disk":
-                        self.disk.restore(pool, dev, name)
-                        if not self.retain_cpu_backup:
-                            self.disk.drop(dev, name)
+                try:
+                    pool.wake(*asleep)
+                finally:
+                    # Each tag wakes all or nothing: a disk tag that woke gets its
+                    # bytes back even when another tag of the call failed.
+                    now = held(pool, names)
+                    for name in asleep:
+                        if self.kind_of(name) == "disk" and not now.get(name, True):
+                            self.disk.restore(pool, dev, name)
+                            if not self.retain_cpu_backup:
+                                self.disk.drop(dev, name)
                 if self.synchronize is not None:
                     self.synchronize(dev)
                 if not self.retain_cpu_backup:

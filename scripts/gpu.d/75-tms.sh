@@ -37,6 +37,10 @@ bash scripts/vllm-cumem.sh run "$work/vllm" >"$work/vllm.txt" 2>&1
 tee -a "$log" <"$work/vllm.txt"
 result_of "tms: vLLM test_cumem.py, engine-free tests" "$(tail -1 "$work/vllm.txt")" tms.txt || rc=1
 real=""
+wheel=$(ls .tms/wheels/torch_memory_saver-*.whl 2>/dev/null | tail -1)
+if [ ! -d .tms/real/torch_memory_saver ] && [ -n "$wheel" ]; then
+  python3 -c 'import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extractall(sys.argv[2])' "$wheel" .tms/real
+fi
 [ -d .tms/real/torch_memory_saver ] && real="$PWD/.tms/real"
 mkdir -p "$VMMW_GPU_OUT/bench"
 python3 tests/torch/bench_tms.py --gb "${TMS_BENCH_GB:-16.4}" --real "$real" \
