@@ -175,3 +175,28 @@ def test_get_cpu_backup_is_none_where_upstream_holds_none_and_refuses_otherwise(
         """
     )
     assert out["awake"] and out["resumed"] and "tms:w/cpu" in out["asleep"]
+
+
+def test_nested_region_under_init_enable_keeps_the_outer_tag_after_it():
+    out = run_child(
+        """
+        import vmmweights.tags as tags
+        weight = torch_malloc(1 << 20)  # outside any region: tag "default" with a CPU backup
+        vt.pool().write(weight, b"W" * 8)
+        with tms.region(tag="grad_buffer", enable_cpu_backup=False):
+            out["inside"] = tags.current()
+            torch_malloc(1 << 20)
+        out["after"] = tags.current()
+        tms.pause()
+        out["paused"] = report()
+        tms.resume()
+        out["bytes"] = vt.pool().read(weight, 8).decode()
+        rep = {t["tag"]: t for t in vt.pool().report()["tags"]}
+        out["backup_left"] = rep["tms:default/cpu"]["host_backup_bytes"]
+        """,
+        TMS_INIT_ENABLE="1",
+        TMS_INIT_ENABLE_CPU_BACKUP="1",
+    )
+    assert out["inside"] == "tms:grad_buffer/none" and out["after"] == "tms:default/cpu"
+    assert out["paused"] == {"tms:default/cpu": True, "tms:grad_buffer/none": True}
+    assert out["bytes"] == "WWWWWWWW" and out["backup_left"] == 0
