@@ -240,7 +240,11 @@ class TorchMemorySaver:
         dev = torch.cuda.current_device()
         name = self._core.region_tag(dev, tag, "cpu" if enable_cpu_backup else "none")
         if self._routed:
-            with torch.cuda.graph(cuda_graph, pool=pool, stream=stream, capture_error_mode=capture_error_mode):
+            # Our allocator maps new memory with driver calls, which "global" capture
+            # forbids; PyTorch's caching allocator relaxes its own the same way.
+            # The graph's blocks stay in the tag's segments: eager work never reuses them.
+            mode = "relaxed" if capture_error_mode == "global" else capture_error_mode
+            with torch.cuda.graph(cuda_graph, pool=pool, stream=stream, capture_error_mode=mode):
                 with _tags.scope(name):
                     yield
             return
