@@ -113,6 +113,7 @@ class TorchMemorySaver:
             self._core.disk.set_directory(self._plan.disk_dir)
         self._lock = threading.Lock()
         self._routed = False
+        self._graph_captured = False
         self._hook_mode = "torch"
         self._margin = 0
         self._backend = self._plan.cpu_backup_backend
@@ -244,6 +245,7 @@ class TorchMemorySaver:
             # forbids; PyTorch's caching allocator relaxes its own the same way.
             # The graph's blocks stay in the tag's segments: eager work never reuses them.
             mode = "relaxed" if capture_error_mode == "global" else capture_error_mode
+            self._graph_captured = True
             with torch.cuda.graph(cuda_graph, pool=pool, stream=stream, capture_error_mode=mode):
                 with _tags.scope(name):
                     yield
@@ -260,9 +262,12 @@ class TorchMemorySaver:
         if self._routed:
             with _tags.scope(_UNTRACKED_TAG):
                 yield
-            torch.cuda.synchronize()
-            for dev in self._core.own.devices() or [torch.cuda.current_device()]:
-                _pool(dev).trim()
+            # Return what the block freed. Not after a routed graph capture: blocks a
+            # graph freed while capturing look free to the pool but replays use them.
+            if not self._graph_captured:
+                torch.cuda.synchronize()
+                for dev in self._core.own.devices() or [torch.cuda.current_device()]:
+                    _pool(dev).trim()
             return
         mp = torch.cuda.MemPool()
         with torch.cuda.use_mem_pool(mp):
