@@ -18,7 +18,8 @@
 #
 # The table marks tests of upstream internals as N/A with the reason
 # (scripts/tms-suite-na.txt). `run` exits 1 when a test passing with the real
-# package does not pass with the shim and is not N/A. Needs CUDA and PyTorch.
+# package does not pass with the shim and is not N/A (each column stops after
+# TMS_SUITE_TIMEOUT seconds, 280 by default). Needs CUDA and PyTorch.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -79,14 +80,14 @@ run() {
     echo "--- real package ($real_path)"
     local pp=$base
     [ "$real_path" = installed ] || pp="$real_path${base:+:$base}"
-    (cd "$suite" && PYTHONPATH="$pp" timeout "${TMS_SUITE_TIMEOUT:-1500}" python3 -m pytest -v -rA -p no:cacheprovider --continue-on-collection-errors \
+    (cd "$suite" && PYTHONPATH="$pp" timeout "${TMS_SUITE_TIMEOUT:-280}" python3 -m pytest -v -rA -p no:cacheprovider --continue-on-collection-errors \
       --junitxml="$out/real.xml" . >"$out/real.log" 2>&1) || true
     tail -3 "$out/real.log"
   else
     echo "--- real package: not available (no wheel in .tms/wheels, not installed)"
   fi
   echo "--- shim (import torch_memory_saver -> vmmweights.torch.memory_saver)"
-  (cd "$suite" && PYTHONPATH="$alias_dir:$root/python${base:+:$base}" timeout "${TMS_SUITE_TIMEOUT:-1500}" \
+  (cd "$suite" && PYTHONPATH="$alias_dir:$root/python${base:+:$base}" timeout "${TMS_SUITE_TIMEOUT:-280}" \
     python3 -m pytest -v -rA -p no:cacheprovider --continue-on-collection-errors --junitxml="$out/shim.xml" . >"$out/shim.log" 2>&1) || true
   tail -3 "$out/shim.log"
   sed -n '/short test summary info/,$p' "$out/shim.log" | grep -v '^PASSED' || true

@@ -8,7 +8,8 @@
 #   - pause/resume of a 16.4 GB region with a CPU backup: the shim (default and
 #     retained) against the real package (default and retained) in the same run.
 # Keeps three files: tms.txt (everything printed), tms-shim.log (the shim's
-# pytest log), bench/tms_pause_resume.json.
+# pytest log), bench/tms_pause_resume.json. TMS_ONLY=suite, vllm or bench runs
+# one of the three (the suite's two columns and the bench each take minutes).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 source scripts/gpu-lib.sh
@@ -23,7 +24,10 @@ rc=0
 work=$(mktemp -d)
 log="$VMMW_GPU_OUT/tms.txt"
 : >"$log"
-if [ -d .tms/upstream/test ]; then
+want() { [ -z "${TMS_ONLY:-}" ] || [ "$TMS_ONLY" = "$1" ]; }
+if ! want suite; then
+  :
+elif [ -d .tms/upstream/test ]; then
   bash scripts/tms-suite.sh run "$work/tms" >"$work/suite.txt" 2>&1
   t=$?
   tee -a "$log" <"$work/suite.txt"
@@ -33,9 +37,15 @@ if [ -d .tms/upstream/test ]; then
 else
   result "tms: upstream suite, real vs shim" SKIP "no .tms/upstream: run scripts/tms-suite.sh prepare SRC REV and carry .tms"
 fi
-bash scripts/vllm-cumem.sh run "$work/vllm" >"$work/vllm.txt" 2>&1
-tee -a "$log" <"$work/vllm.txt"
-result_of "tms: vLLM test_cumem.py, engine-free tests" "$(tail -1 "$work/vllm.txt")" tms.txt || rc=1
+if want vllm; then
+  bash scripts/vllm-cumem.sh run "$work/vllm" >"$work/vllm.txt" 2>&1
+  tee -a "$log" <"$work/vllm.txt"
+  result_of "tms: vLLM test_cumem.py, engine-free tests" "$(tail -1 "$work/vllm.txt")" tms.txt || rc=1
+fi
+if ! want bench; then
+  rm -rf "$work"
+  exit $rc
+fi
 real=""
 wheel=$(ls .tms/wheels/torch_memory_saver-*.whl 2>/dev/null | tail -1)
 if [ ! -d .tms/real/torch_memory_saver ] && [ -n "$wheel" ]; then
