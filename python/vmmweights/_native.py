@@ -96,6 +96,7 @@ _SIGNATURES: dict[str, tuple[Any, list[Any], bool]] = {
     "vmmw_tag_push": (_I32, [ctypes.c_uint32], True),
     "vmmw_tag_pop": (_I32, [], True),
     "vmmw_tag_current": (_I32, [ctypes.POINTER(ctypes.c_uint32)], True),
+    "vmmw_tag_set_process_default": (_I32, [ctypes.c_uint32], True),
     "vmmw_pool_new": (_I32, [ctypes.POINTER(S.PoolOptions), ctypes.POINTER(_P)], True),
     "vmmw_pool_default": (_I32, [_I32, ctypes.POINTER(_P)], True),
     "vmmw_pool_free": (None, [_P], False),

@@ -104,3 +104,78 @@ def test_vllm_cumem_allocator_style():
     gc.collect()
     vt.release_pools()
     vt.trim()
+
+
+def _asleep(device=0):
+    return {t["tag"]: t["asleep"] for t in vt.report(device)["tags"]}
+
+
+def _backup(tag, device=0):
+    return next(t["host_backup_bytes"] for t in vt.report(device)["tags"] if t["tag"] == tag)
+
+
+def test_memory_saver_acts_only_on_its_own_tags_and_releases_its_backup(tmp_path):
+    from vmmweights.torch.memory_saver import ForeignTagError, torch_memory_saver as tms
+
+    with vt.use_pool("weights"):
+        theirs = torch.full((4 * MiB,), 3, dtype=torch.uint8, device="cuda")
+    with tms.region(tag="weights", enable_cpu_backup=True):
+        mine = torch.full((8 * MiB,), 7, dtype=torch.uint8, device="cuda")
+    with pytest.raises(ForeignTagError, match="'kv_cache_never_made'"):
+        tms.pause("kv_cache_never_made")
+    tms.pause()
+    assert _asleep()["tms:weights/cpu"] and not _asleep()["weights"]
+    assert int(theirs.sum()) == 3 * theirs.numel(), "a foreign tag stays awake and intact"
+    assert _backup("tms:weights/cpu") >= mine.numel()
+    vt.sleep(weights="offload")
+    tms.resume()
+    assert _asleep()["weights"], "resume() wakes only the shim's own tags"
+    vt.wake("weights")
+    assert int(mine.sum()) == 7 * mine.numel()
+    assert _backup("tms:weights/cpu") == 0, "upstream's default: the backup goes after resume"
+
+    tms.retain_cpu_backup = True
+    try:
+        tms.pause("weights")
+        tms.resume("weights")
+        assert _backup("tms:weights/cpu") >= mine.numel(), "retained"
+    finally:
+        tms.retain_cpu_backup = False
+
+    tms.set_disk_backup_dir(str(tmp_path))
+    with tms.region(tag="spilled", enable_disk_backup=True):
+        spilled = torch.arange(3 * MiB, dtype=torch.int32, device="cuda")
+    want = spilled.clone().cpu()
+    tms.pause("spilled")
+    assert sum(p.stat().st_size for p in tmp_path.iterdir()) >= spilled.numel() * 4
+    tms.resume("spilled")
+    assert torch.equal(spilled.cpu(), want)
+    del theirs, mine, spilled
+    gc.collect()
+    vt.release_pools()
+    vt.trim()
+
+
+def test_cumem_allocator_acts_only_on_its_own_tags():
+    from vmmweights.torch.cumem import CuMemAllocator, ForeignTagError
+
+    allocator = CuMemAllocator.get_instance()
+    with vt.use_pool("kv_cache"):
+        theirs = torch.full((4 * MiB,), 5, dtype=torch.uint8, device="cuda")
+    with allocator.use_memory_pool(tag="weights"):
+        mine = torch.full((4 * MiB,), 9, dtype=torch.uint8, device="cuda")
+    with pytest.raises(ForeignTagError, match="'nope'"):
+        allocator.sleep(offload_tags=("weights", "nope"))
+    with pytest.raises(ForeignTagError, match="'nope'"):
+        allocator.wake_up(tags=["nope"])
+    allocator.sleep(offload_tags=("weights",))
+    assert not _asleep()["kv_cache"] and int(theirs.sum()) == 5 * theirs.numel()
+    vt.sleep(kv_cache="offload")
+    allocator.wake_up()
+    assert _asleep()["kv_cache"], "wake_up() wakes only the allocator's own tags"
+    vt.wake("kv_cache")
+    assert int(mine.sum()) == 9 * mine.numel()
+    del theirs, mine
+    gc.collect()
+    vt.release_pools()
+    vt.trim()

@@ -10,19 +10,26 @@
     allocator.wake_up()                           # or wake_up(tags=["weights"])
 
 Same semantics as vLLM's: tags in `offload_tags` keep their contents, every
-other tag of the allocator is discarded.
+other tag of the allocator is discarded. The allocator acts only on its own
+tags (``cumem:<tag>`` in reports): naming a tag it never created in
+`offload_tags` or `wake_up(tags=...)` raises
+:class:`~vmmweights.saver.ForeignTagError`, and ``wake_up()`` wakes only its
+own sleeping tags.
 """
 
 from __future__ import annotations
 
 import contextlib
 import gc
-from typing import Iterator, List, Optional, Sequence, Set, Tuple, Union
+from typing import Iterator, Optional, Sequence, Tuple, Union
 
 import torch
 
+from ..saver import ForeignTagError, OwnTags, held
 from . import pool as _pool
 from . import use_pool as _use_pool
+
+__all__ = ["CuMemAllocator", "ForeignTagError"]
 
 
 class CuMemAllocator:
@@ -41,7 +48,7 @@ class CuMemAllocator:
 
     def __init__(self) -> None:
         self.current_tag: str = CuMemAllocator.default_tag
-        self._tags: Set[Tuple[int, str]] = set()
+        self._own = OwnTags("CuMemAllocator", "cumem")
 
     @contextlib.contextmanager
     def use_memory_pool(self, tag: Optional[str] = None) -> Iterator[None]:
@@ -49,43 +56,47 @@ class CuMemAllocator:
         tag = CuMemAllocator.default_tag if tag is None else tag
         assert isinstance(tag, str)
         dev = torch.cuda.current_device()
-        self._tags.add((dev, tag))
+        name = self._own.note(dev, tag)
         old, self.current_tag = self.current_tag, tag
         try:
-            with _use_pool(tag, dev):
+            with _use_pool(name, dev):
                 yield
         finally:
             self.current_tag = old
 
-    def _held(self) -> List[str]:
-        dev = torch.cuda.current_device()
-        held = set(_pool(dev).tags())
-        return sorted(t for d, t in self._tags if d == dev and t in held)
-
     def sleep(self, offload_tags: Union[Tuple[str, ...], str, None] = None) -> None:
         """Offload the tags in `offload_tags` (default: the default tag),
-        discard every other tag's memory."""
+        discard every other tag's memory, on every device."""
         if offload_tags is None:
             offload_tags = (CuMemAllocator.default_tag,)
-        elif isinstance(offload_tags, str):
-            offload_tags = (offload_tags,)
-        torch.cuda.synchronize()
-        items = {t: ("offload" if t in offload_tags else "discard") for t in self._held()}
-        if items:
-            _pool().sleep(items)
+        else:
+            offload_tags = (offload_tags,) if isinstance(offload_tags, str) else tuple(offload_tags)
+            self._own.check(offload_tags)
+        for dev in self._own.devices():
+            names = self._own.pool_tags(dev)
+            awake = [n for n, asleep in held(_pool(dev), names).items() if not asleep]
+            if awake:
+                torch.cuda.synchronize(dev)
+                _pool(dev).sleep({n: "offload" if names[n] in offload_tags else "discard" for n in awake})
         gc.collect()
         torch.cuda.empty_cache()
 
     def wake_up(self, tags: Optional[Sequence[str]] = None) -> None:
-        """Map the memory of `tags` (every tag when None) again at the same
-        addresses; offloaded contents are restored."""
-        if tags is None:
-            _pool().wake()
-        else:
-            _pool().wake(*tags)
+        """Map the memory of `tags` (every sleeping tag of this allocator when
+        None) again at the same addresses, on every device; offloaded contents
+        are restored."""
+        if tags is not None:
+            self._own.check(list(tags))
+        for dev in self._own.devices():
+            names = self._own.pool_tags(dev, None if tags is None else list(tags))
+            asleep = sorted(n for n, a in held(_pool(dev), names).items() if a)
+            if asleep:
+                _pool(dev).wake(*asleep)
 
     def get_current_usage(self) -> int:
-        """Bytes of memory the allocator's tags hold (asleep or not)."""
-        rep = _pool().report()
-        mine = set(self._held())
-        return sum(t["reserved_bytes"] for t in rep["tags"] if t["tag"] in mine)
+        """Bytes of memory the allocator's tags hold (asleep or not), on every device."""
+        total = 0
+        for dev in self._own.devices():
+            mine = self._own.pool_tags(dev)
+            total += sum(t["reserved_bytes"] for t in _pool(dev).report()["tags"] if t["tag"] in mine)
+        return total

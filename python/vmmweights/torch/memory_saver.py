@@ -1,4 +1,4 @@
-"""A drop-in for torch_memory_saver's ``TorchMemorySaver`` on vmmweights memory.
+"""A drop-in for torch_memory_saver on vmmweights memory.
 
 Switch with one import; the calls stay as they are:
 
@@ -10,11 +10,31 @@ Switch with one import; the calls stay as they are:
     torch_memory_saver.pause()            # weights offloaded, kv_cache discarded
     torch_memory_saver.resume()
 
-A region with ``enable_cpu_backup=True`` makes its tag sleep with "offload"
-(contents kept), otherwise with "discard", as torch_memory_saver does; a tag
-with both kinds of regions is offloaded. Memory lives in our pool through
-PyTorch's pluggable allocator (torch_memory_saver's ``hook_mode="torch"``), so
-no LD_PRELOAD is needed, also for CUDA graphs.
+Or with no changed line at all: put :func:`alias_path` on ``PYTHONPATH`` and
+``import torch_memory_saver`` is this module.
+
+As torch_memory_saver does: a region with ``enable_cpu_backup=True`` keeps its
+bytes in pinned host memory over a pause, one with ``enable_disk_backup=True``
+in a file of :meth:`TorchMemorySaver.set_disk_backup_dir` (or
+``TMS_DISK_BACKUP_DIR``), any other is discarded; ``pause`` and ``resume`` act
+on every device; ``resume`` releases the host backup unless
+``retain_cpu_backup`` is set (``TMS_RETAIN_CPU_BACKUP=1``).
+
+Differences:
+- Retained mode (``retain_cpu_backup = True``) is our persistent pinned arena:
+  the next pause copies at the link's rate without pinning again.
+- The shim acts only on its own tags. ``pause("x")`` of a tag it never made
+  raises :class:`~vmmweights.saver.ForeignTagError` (torch_memory_saver does
+  nothing); its tags show in reports as ``tms:<tag>/<cpu|disk|none>``.
+- The preload hook mode (``configure_subprocess()``, ``TMS_INIT_ENABLE=1``)
+  routes every PyTorch allocation of the process through our pluggable
+  allocator from the first one; no LD_PRELOAD. CUDA allocations made outside
+  PyTorch (raw ``cudaMalloc``) are not ours to pause.
+- ``get_cpu_backup`` returns ``None`` where torch_memory_saver holds no
+  backup; our backup arena is not exposed as tensors, so it raises otherwise.
+- ``cpu_backup_backend`` is checked as torch_memory_saver checks it; our
+  backup is pinned either way. ``memory_margin_bytes`` is accepted: wake
+  checks free device memory itself.
 """
 
 from __future__ import annotations
@@ -22,33 +42,151 @@ from __future__ import annotations
 import contextlib
 import threading
 import warnings
-from typing import Any, Dict, Iterator, Optional
+from pathlib import Path
+from typing import Any, Iterator, List, Optional, Tuple
 
 import torch
 
+from .. import tags as _tags
+from ..saver import ROUTE_ENV, ForeignTagError, SaverCore, StartPlan, held, set_process_tag, start_plan
+from ..saver import configure_subprocess as _configure_subprocess
+from . import allocator as _allocator
 from . import graph as _graph
+from . import mem_pool as _mem_pool
 from . import pool as _pool
 from . import use_pool as _use_pool
 
+__all__ = ["ForeignTagError", "TorchMemorySaver", "alias_path", "configure_subprocess", "torch_memory_saver"]
+
 _TAG_DEFAULT = "default"
+_HOOK_MODES = ("preload", "torch")
+_BACKENDS = ("mmap", "pinned")
+# The tag of allocations that are nobody's to pause (outside every region, inside disable()).
+_UNTRACKED_TAG = "default"
+
+
+def alias_path() -> str:
+    """A directory that, first on ``PYTHONPATH``, makes ``import
+    torch_memory_saver`` (and its submodules) this shim."""
+    return str(Path(__file__).parent / "alias")
+
+
+@contextlib.contextmanager
+def configure_subprocess() -> Iterator[None]:
+    """Processes started inside the block route every PyTorch allocation
+    through our allocator from their first one, once they import this shim
+    (torch_memory_saver's preload mode, without LD_PRELOAD)."""
+    with _configure_subprocess():
+        yield
+
+
+def _route_process() -> None:
+    """Make our pluggable allocator the process's PyTorch allocator."""
+    try:
+        torch.cuda.memory.change_current_allocator(_allocator())
+    except RuntimeError as e:
+        raise RuntimeError(
+            "torch_memory_saver (vmmweights): hook_mode='preload' routes every allocation through "
+            "our allocator, which must happen before the process's first CUDA allocation; start the "
+            f"process inside configure_subprocess() (or with {ROUTE_ENV}=1 or TMS_INIT_ENABLE=1) and "
+            f"import this module first ({e})"
+        ) from None
 
 
 class TorchMemorySaver:
-    """torch_memory_saver's public API: ``region``, ``cuda_graph``,
-    ``disable``, ``pause``, ``resume``."""
+    """torch_memory_saver's ``TorchMemorySaver``: ``region``, ``cuda_graph``,
+    ``disable``, ``pause``, ``resume``, ``retain_cpu_backup``,
+    ``set_disk_backup_dir``, ``get_cpu_backup``, ``hook_mode``,
+    ``memory_margin_bytes``, ``enabled``."""
 
-    def __init__(self) -> None:
+    def __init__(self, plan: Optional[StartPlan] = None) -> None:
+        self._plan = start_plan() if plan is None else plan
+        self._core = SaverCore(
+            shim="torch_memory_saver",
+            namespace="tms",
+            pool_of=_pool,
+            ranges=self._ranges,
+            synchronize=torch.cuda.synchronize,
+        )
+        self._core.retain_cpu_backup = self._plan.retain_cpu_backup
+        if self._plan.disk_dir:
+            self._core.disk.set_directory(self._plan.disk_dir)
         self._lock = threading.Lock()
-        self._policies: Dict[int, Dict[str, str]] = {}  # device -> tag -> policy
+        self._routed = False
+        self._graph_captured = False
+        self._hook_mode = "torch"
+        self._margin = 0
+        self._backend = self._plan.cpu_backup_backend
+        if self._plan.route_all:
+            self._route()
 
-    def _note(self, tag: str, enable_cpu_backup: bool) -> int:
-        dev = torch.cuda.current_device()
+    # --- start --------------------------------------------------------------------
+
+    def _route(self) -> None:
         with self._lock:
-            tags = self._policies.setdefault(dev, {})
-            if enable_cpu_backup or tags.get(tag) != "offload":
-                tags[tag] = "offload" if enable_cpu_backup else "discard"
-            _pool(dev).set_default_policy(tag, tags[tag])
-        return dev
+            if self._routed:
+                return
+            _route_process()
+            self._routed = True
+            self._hook_mode = "preload"
+            if self._plan.init_tag is not None:
+                for dev in range(max(torch.cuda.device_count(), 1)):
+                    name = self._core.region_tag(dev, self._plan.init_tag, self._plan.init_kind)
+                set_process_tag(name)
+
+    def _ensure_initialized(self) -> None:
+        """Nothing to do: the shim is ready when imported (kept for callers of
+        torch_memory_saver's private name)."""
+
+    @property
+    def hook_mode(self) -> str:
+        return self._hook_mode
+
+    @hook_mode.setter
+    def hook_mode(self, mode: str) -> None:
+        if mode not in _HOOK_MODES:
+            raise ValueError(f"hook_mode {mode!r}: expected one of {_HOOK_MODES}")
+        if mode == "preload":
+            self._route()
+        # "torch" in a routed process: regions still tag our allocations.
+
+    @property
+    def enabled(self) -> bool:
+        return True
+
+    @property
+    def memory_margin_bytes(self) -> int:
+        raise NotImplementedError("Only setter is supported")
+
+    @memory_margin_bytes.setter
+    def memory_margin_bytes(self, value: int) -> None:
+        if int(value) < 0:
+            raise ValueError(f"memory_margin_bytes must be >= 0, not {value}")
+        self._margin = int(value)  # wake checks free device memory itself before mapping
+
+    @property
+    def retain_cpu_backup(self) -> bool:
+        """Keep the host backup after resume (our persistent pinned arena: the
+        next pause does not pin again). False by default, as upstream."""
+        return self._core.retain_cpu_backup
+
+    @retain_cpu_backup.setter
+    def retain_cpu_backup(self, value: bool) -> None:
+        self._core.retain_cpu_backup = bool(value)
+
+    def set_disk_backup_dir(self, path: str) -> None:
+        """The directory disk-backed regions are copied to on pause (created if needed)."""
+        self._core.disk.set_directory(str(path))
+
+    # --- regions ------------------------------------------------------------------
+
+    def _check_backend(self, enable_cpu_backup: bool, cpu_backup_backend: Optional[str]) -> None:
+        if cpu_backup_backend is None:
+            return
+        if not enable_cpu_backup:
+            raise ValueError("cpu_backup_backend requires enable_cpu_backup=True")
+        if cpu_backup_backend not in _BACKENDS:
+            raise ValueError(f"cpu_backup_backend {cpu_backup_backend!r}: expected one of {_BACKENDS}")
 
     @contextlib.contextmanager
     def region(
@@ -58,14 +196,34 @@ class TorchMemorySaver:
         enable_disk_backup: bool = False,
         cpu_backup_backend: Optional[str] = None,
     ) -> Iterator[None]:
-        """Allocations in the block are pauseable under `tag`; with
-        `enable_cpu_backup` their contents survive pause/resume (in pinned
-        host memory, whatever `cpu_backup_backend` names)."""
-        if enable_disk_backup:
-            raise NotImplementedError("vmmweights keeps backups in pinned host memory; enable_disk_backup is not supported")
-        dev = self._note(tag, enable_cpu_backup)
-        with _use_pool(tag, dev):
+        """Allocations in the block are pauseable under `tag`: with
+        `enable_cpu_backup` their bytes survive a pause in pinned host memory,
+        with `enable_disk_backup` in a file; otherwise they are discarded."""
+        self._check_backend(enable_cpu_backup, cpu_backup_backend)
+        if enable_cpu_backup and enable_disk_backup:
+            raise ValueError("enable_cpu_backup and enable_disk_backup are mutually exclusive")
+        if enable_disk_backup and self._routed:
+            raise NotImplementedError(
+                "torch_memory_saver (vmmweights): enable_disk_backup needs hook_mode='torch' here "
+                "(the disk copy lists the region's memory through its PyTorch memory pool)"
+            )
+        kind = "cpu" if enable_cpu_backup else "disk" if enable_disk_backup else "none"
+        dev = torch.cuda.current_device()
+        name = self._core.region_tag(dev, tag, kind)
+        if self._routed:
+            with _tags.scope(name), self._backend_set(cpu_backup_backend):
+                yield
+        else:
+            with _use_pool(name, dev), self._backend_set(cpu_backup_backend):
+                yield
+
+    @contextlib.contextmanager
+    def _backend_set(self, backend: Optional[str]) -> Iterator[None]:
+        old, self._backend = self._backend, backend or self._backend
+        try:
             yield
+        finally:
+            self._backend = old
 
     @contextlib.contextmanager
     def cuda_graph(
@@ -79,62 +237,77 @@ class TorchMemorySaver:
         cpu_backup_backend: Optional[str] = None,
     ) -> Iterator[None]:
         """As ``torch.cuda.graph``, with the graph's memory pauseable under `tag`."""
+        self._check_backend(enable_cpu_backup, cpu_backup_backend)
+        dev = torch.cuda.current_device()
+        name = self._core.region_tag(dev, tag, "cpu" if enable_cpu_backup else "none")
+        if self._routed:
+            # Our allocator maps new memory with driver calls, which "global" capture
+            # forbids; PyTorch's caching allocator relaxes its own the same way.
+            # The graph's blocks stay in the tag's segments: eager work never reuses them.
+            mode = "relaxed" if capture_error_mode == "global" else capture_error_mode
+            self._graph_captured = True
+            with torch.cuda.graph(cuda_graph, pool=pool, stream=stream, capture_error_mode=mode):
+                with _tags.scope(name):
+                    yield
+            return
         if pool is not None:
-            warnings.warn("vmmweights: cuda_graph(pool=...) is ignored; the graph's memory goes to the tag's pool")
-        dev = self._note(tag, enable_cpu_backup)
-        with _graph(cuda_graph, tag, device=dev, stream=stream, capture_error_mode=capture_error_mode):
+            warnings.warn("torch_memory_saver (vmmweights): cuda_graph(pool=...) is ignored; the graph's memory goes to the tag's pool")
+        with _graph(cuda_graph, name, device=dev, stream=stream, capture_error_mode=capture_error_mode):
             yield
 
     @contextlib.contextmanager
     def disable(self) -> Iterator[None]:
-        """Allocations in the block use PyTorch's own memory (not pauseable)."""
+        """Allocations in the block are not pauseable; their memory is returned
+        when the block ends."""
+        if self._routed:
+            with _tags.scope(_UNTRACKED_TAG):
+                yield
+            # Return what the block freed. Not after a routed graph capture: blocks a
+            # graph freed while capturing look free to the pool but replays use them.
+            if not self._graph_captured:
+                torch.cuda.synchronize()
+                for dev in self._core.own.devices() or [torch.cuda.current_device()]:
+                    _pool(dev).trim()
+            return
         mp = torch.cuda.MemPool()
         with torch.cuda.use_mem_pool(mp):
             yield
         del mp
 
-    def _tags(self, tag: Optional[str]) -> Dict[str, str]:
-        dev = torch.cuda.current_device()
-        with self._lock:
-            known = dict(self._policies.get(dev, {}))
-        if tag is not None:
-            return {tag: known.get(tag, "discard")}
-        held = set(_pool(dev).tags())
-        return {t: p for t, p in known.items() if t in held}
+    # --- pause and resume ---------------------------------------------------------
 
     def pause(self, tag: Optional[str] = None) -> None:
-        """Release the memory of `tag` (every tag when None), keeping pointers."""
-        torch.cuda.synchronize()
-        items = self._tags(tag)
-        if items:
-            _pool().sleep(items)
+        """Release the memory of `tag` (every tag of this shim when None) on
+        every device, keeping every pointer."""
+        self._core.pause(tag)
 
     def resume(self, tag: Optional[str] = None) -> None:
-        """Bring `tag` (every paused tag when None) back at the same addresses."""
-        if tag is None:
-            _pool().wake()
-        else:
-            _pool().wake(tag)
+        """Map the memory of `tag` (every paused tag of this shim when None)
+        again on every device, at the same addresses."""
+        self._core.resume(tag)
 
-    @property
-    def enabled(self) -> bool:
-        return True
+    def get_cpu_backup(self, x: torch.Tensor, zero_copy: bool = False) -> Optional[torch.Tensor]:
+        """``None`` where torch_memory_saver holds no host backup (nothing of
+        this shim asleep with a CPU backup on `x`'s device and the backup not
+        retained). Our backup arena is not exposed as tensors: otherwise raises."""
+        dev = x.device.index if x.device.index is not None else torch.cuda.current_device()
+        names = self._core.own.pool_tags(dev)
+        offloaded = [n for n, asleep in held(_pool(dev), names).items() if asleep and SaverCore.kind_of(n) == "cpu"]
+        if not offloaded and not self._core.retain_cpu_backup:
+            return None
+        raise NotImplementedError(
+            "torch_memory_saver (vmmweights): get_cpu_backup is not available: the host backup "
+            f"lives in the pool's pinned arena (tags {sorted(offloaded)}), not in tensors"
+        )
 
-    @property
-    def hook_mode(self) -> str:
-        return "torch"
-
-    @hook_mode.setter
-    def hook_mode(self, mode: str) -> None:
-        pass  # one mode here: PyTorch's pluggable allocator
-
-    @property
-    def memory_margin_bytes(self) -> int:
-        raise NotImplementedError("Only setter is supported")
-
-    @memory_margin_bytes.setter
-    def memory_margin_bytes(self, value: int) -> None:
-        pass  # wake checks free device memory itself before mapping anything
+    def _ranges(self, dev: int, pool_tag: str) -> List[Tuple[int, int]]:
+        """The device ranges PyTorch's memory pool of `pool_tag` holds on `dev`."""
+        pid = tuple(_mem_pool(pool_tag, dev).id)
+        return [
+            (int(s["address"]), int(s["total_size"]))
+            for s in torch.cuda.memory_snapshot()
+            if s.get("device") == dev and tuple(s.get("segment_pool_id", ())) == pid
+        ]
 
 
 #: The global instance, as ``from torch_memory_saver import torch_memory_saver``.

@@ -1,0 +1,370 @@
+"""What the drop-in memory savers decide, without PyTorch: which tags are
+theirs, how each sleeps and wakes, where a disk backup goes, and whether a
+process routes its allocations through us from the start.
+
+The PyTorch shims (:mod:`vmmweights.torch.memory_saver`,
+:mod:`vmmweights.torch.cumem`) only add what needs PyTorch (memory pools,
+graphs, synchronizing); every decision here runs on the host backend in CI.
+
+A shim's tags live under a namespace of their own in the pool ("tms:weights/cpu",
+"cumem:kv_cache"), so a shim never touches a tag another part of the process
+made (``vt.use_pool("weights")``), and a tag it never created is an error that
+names it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import threading
+from dataclasses import dataclass
+from typing import Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Set, Tuple
+
+from ._native import call
+from .pool import Pool
+from .tags import tag_id
+
+#: How a torch_memory_saver region keeps its bytes over a pause, and the pool
+#: policy behind it: "cpu" (``enable_cpu_backup``) offloads to pinned host
+#: memory; "disk" (``enable_disk_backup``) copies to a file, then discards;
+#: "none" discards.
+KIND_POLICY = {"none": "discard", "cpu": "offload", "disk": "discard"}
+
+#: Bytes copied per step between a disk backup file and device memory.
+DISK_PIECE_BYTES = 64 << 20
+
+Range = Tuple[int, int]  # (device address, bytes)
+
+
+class ForeignTagError(ValueError):
+    """A shim was asked to pause, sleep or wake a tag it never created."""
+
+    def __init__(self, shim: str, tag: str, known: Sequence[str]) -> None:
+        self.tag = tag
+        mine = ", ".join(repr(t) for t in sorted(known)) or "none yet"
+        super().__init__(
+            f"{shim}: tag {tag!r} was not created by this shim (its tags: {mine}); "
+            "it acts only on memory it allocated"
+        )
+
+
+def truthy(value: Optional[str]) -> bool:
+    """An environment flag as torch_memory_saver reads it: "1" (or true/yes/on)."""
+    return (value or "").strip().lower() in ("1", "true", "yes", "on")
+
+
+# --- own tags --------------------------------------------------------------------------
+
+
+class OwnTags:
+    """The tags one shim created, per device, each a pool tag named
+    ``<namespace>:<tag>`` (with ``/<kind>`` when the kind is part of it).
+    Thread-safe."""
+
+    def __init__(self, shim: str, namespace: str) -> None:
+        self.shim = shim
+        self.namespace = namespace
+        self._lock = threading.Lock()
+        self._made: Dict[int, Dict[str, Set[str]]] = {}  # device -> tag -> pool tags
+
+    def pool_tag(self, tag: str, kind: Optional[str] = None) -> str:
+        """The pool tag holding `tag`'s memory (of `kind`, when kinds apply)."""
+        if not isinstance(tag, str) or not tag:
+            raise ValueError(f"{self.shim}: a tag is a non-empty string, not {tag!r}")
+        name = f"{self.namespace}:{tag}" + (f"/{kind}" if kind is not None else "")
+        tag_id(name)  # a name too long for the registry fails here, naming it
+        return name
+
+    def note(self, device: int, tag: str, kind: Optional[str] = None) -> str:
+        """Record that the shim allocates `tag` on `device`; its pool tag."""
+        name = self.pool_tag(tag, kind)
+        with self._lock:
+            self._made.setdefault(device, {}).setdefault(tag, set()).add(name)
+        return name
+
+    def devices(self) -> List[int]:
+        with self._lock:
+            return sorted(self._made)
+
+    def tags(self) -> List[str]:
+        """Every tag the shim created, on any device."""
+        with self._lock:
+            return sorted({t for per in self._made.values() for t in per})
+
+    def check(self, tags: Sequence[str]) -> None:
+        """Raise :class:`ForeignTagError` for the first tag the shim never created."""
+        known = self.tags()
+        for t in tags:
+            if t not in known:
+                raise ForeignTagError(self.shim, t, known)
+
+    def pool_tags(self, device: int, tags: Optional[Sequence[str]] = None) -> Dict[str, str]:
+        """Pool tag -> the shim's tag, for `tags` (every own tag when None) on `device`."""
+        with self._lock:
+            per = self._made.get(device, {})
+            chosen = per if tags is None else {t: per[t] for t in tags if t in per}
+            return {p: t for t, names in chosen.items() for p in names}
+
+
+def held(pool: Pool, names: Mapping[str, str]) -> Dict[str, bool]:
+    """Pool tag -> asleep, for those of `names` holding memory in `pool` now."""
+    return {t["tag"]: bool(t["asleep"]) for t in pool.report()["tags"] if t["tag"] in names}
+
+
+# --- disk backup ------------------------------------------------------------------------
+
+
+class DiskBackup:
+    """Copies of paused memory in files of one directory, one file per range:
+    written before the memory is released, read back after it is mapped again."""
+
+    def __init__(self, directory: Optional[str] = None) -> None:
+        self.directory = directory
+        self._files: Dict[Tuple[int, str], List[Tuple[str, Range]]] = {}  # (device, pool tag) -> files
+
+    def set_directory(self, path: str) -> None:
+        os.makedirs(path, exist_ok=True)
+        self.directory = path
+
+    def _dir(self, pool_tag: str) -> str:
+        if not self.directory:
+            raise ValueError(
+                f"tag {pool_tag!r} has a disk backup but no directory is set: call "
+                "set_disk_backup_dir(path) or set TMS_DISK_BACKUP_DIR"
+            )
+        os.makedirs(self.directory, exist_ok=True)
+        return self.directory
+
+    def save(self, pool: Pool, device: int, pool_tag: str, ranges: Sequence[Range]) -> int:
+        """Write each range of awake `pool` memory to a file; bytes written."""
+        base = self._dir(pool_tag)
+        safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in pool_tag)
+        files: List[Tuple[str, Range]] = []
+        total = 0
+        try:
+            for i, (ptr, size) in enumerate(sorted(ranges)):
+                path = os.path.join(base, f"vmmw-{os.getpid()}-dev{device}-{safe}-{i}.bin")
+                with open(path, "wb") as f:
+                    files.append((path, (ptr, size)))
+                    for off in range(0, size, DISK_PIECE_BYTES):
+                        f.write(pool.read(ptr + off, min(DISK_PIECE_BYTES, size - off)))
+                total += size
+        except BaseException:
+            for path, _ in files:
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
+            raise
+        self.drop(device, pool_tag)
+        self._files[(device, pool_tag)] = files
+        return total
+
+    def restore(self, pool: Pool, device: int, pool_tag: str) -> int:
+        """Copy the files of `pool_tag` back into its (awake) memory; bytes read."""
+        total = 0
+        for path, (ptr, size) in self._files.get((device, pool_tag), []):
+            with open(path, "rb") as f:
+                for off in range(0, size, DISK_PIECE_BYTES):
+                    data = f.read(min(DISK_PIECE_BYTES, size - off))
+                    if len(data) != min(DISK_PIECE_BYTES, size - off):
+                        raise OSError(f"disk backup {path} of tag {pool_tag!r} is shorter than the {size} bytes written")
+                    pool.write(ptr + off, data)
+            total += size
+        return total
+
+    def drop(self, device: int, pool_tag: str) -> None:
+        """Delete the files of `pool_tag` on `device`."""
+        for path, _ in self._files.pop((device, pool_tag), []):
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+
+    def files(self, device: int, pool_tag: str) -> List[str]:
+        return [p for p, _ in self._files.get((device, pool_tag), [])]
+
+
+# --- pause and resume ----------------------------------------------------------------------
+
+
+class SaverCore:
+    """torch_memory_saver's pause/resume over our pools, for the tags a shim
+    created: pause offloads "cpu" tags, copies "disk" tags to files and
+    discards the rest; resume wakes only the shim's own sleeping tags, restores
+    disk copies, and (unless :attr:`retain_cpu_backup`) releases the host
+    backup, as torch_memory_saver does.
+
+    `pool_of(device)` gives the pool of a device; `ranges(device, pool_tag)`
+    the device ranges a disk-backed tag holds (from PyTorch's memory pools in
+    the shim, from the caller in tests); `synchronize(device)` waits for queued
+    work before memory is released."""
+
+    def __init__(
+        self,
+        shim: str = "torch_memory_saver",
+        namespace: str = "tms",
+        pool_of: Callable[[int], Pool] = Pool.default,
+        ranges: Optional[Callable[[int, str], Sequence[Range]]] = None,
+        synchronize: Optional[Callable[[int], None]] = None,
+        env: Optional[Mapping[str, str]] = None,
+    ) -> None:
+        env = os.environ if env is None else env
+        self.own = OwnTags(shim, namespace)
+        self.pool_of = pool_of
+        self.ranges = ranges
+        self.synchronize = synchronize
+        self.retain_cpu_backup = truthy(env.get("TMS_RETAIN_CPU_BACKUP"))
+        self.disk = DiskBackup(env.get("TMS_DISK_BACKUP_DIR") or None)
+        self._lock = threading.RLock()
+
+    def region_tag(self, device: int, tag: str, kind: str) -> str:
+        """Note a region of `tag` with backup `kind` on `device`; the pool tag
+        its allocations get (its pause policy set)."""
+        if kind not in KIND_POLICY:
+            raise ValueError(f"unknown backup kind {kind!r}: expected one of {sorted(KIND_POLICY)}")
+        name = self.own.note(device, tag, kind)
+        self.pool_of(device).set_default_policy(name, KIND_POLICY[kind])
+        return name
+
+    @staticmethod
+    def kind_of(pool_tag: str) -> str:
+        return pool_tag.rsplit("/", 1)[1]
+
+    def pause(self, tag: Optional[str] = None) -> Dict[int, List[str]]:
+        """Release the memory of `tag` (every own tag when None) on every
+        device; the pool tags put to sleep, per device. A tag the shim never
+        created raises :class:`ForeignTagError` before anything moves."""
+        with self._lock:
+            wanted = None if tag is None else [tag]
+            if wanted is not None:
+                self.own.check(wanted)
+            done: Dict[int, List[str]] = {}
+            for dev in self.own.devices():
+                names = self.own.pool_tags(dev, wanted)
+                pool = self.pool_of(dev)
+                awake = sorted(n for n, asleep in held(pool, names).items() if not asleep)
+                if not awake:
+                    continue
+                if self.synchronize is not None:
+                    self.synchronize(dev)
+                for name in awake:
+                    if self.kind_of(name) == "disk":
+                        if self.ranges is None:
+                            raise ValueError(f"tag {names[name]!r} has a disk backup but this shim cannot list its memory")
+                        self.disk.save(pool, dev, name, self.ranges(dev, name))
+                pool.sleep({n: KIND_POLICY[self.kind_of(n)] for n in awake})
+                done[dev] = awake
+            return done
+
+    def resume(self, tag: Optional[str] = None) -> Dict[int, List[str]]:
+        """Map the memory of `tag` (every own sleeping tag when None) again on
+        every device, at the same addresses; the pool tags woken, per device."""
+        with self._lock:
+            wanted = None if tag is None else [tag]
+            if wanted is not None:
+                self.own.check(wanted)
+            done: Dict[int, List[str]] = {}
+            for dev in self.own.devices():
+                names = self.own.pool_tags(dev, wanted)
+                pool = self.pool_of(dev)
+                asleep = sorted(n for n, a in held(pool, names).items() if a)
+                if not asleep:
+                    continue
+                try:
+                    pool.wake(*asleep)
+                finally:
+                    # Each tag wakes all or nothing: a disk tag that woke gets its
+                    # bytes back even when another tag of the call failed.
+                    now = held(pool, names)
+                    for name in asleep:
+                        if self.kind_of(name) == "disk" and not now.get(name, True):
+                            self.disk.restore(pool, dev, name)
+                            if not self.retain_cpu_backup:
+                                self.disk.drop(dev, name)
+                if self.synchronize is not None:
+                    self.synchronize(dev)
+                if not self.retain_cpu_backup:
+                    pool.release_backup()
+                done[dev] = asleep
+            return done
+
+
+# --- the start: routing the process's allocations -------------------------------------------
+
+#: Set by ``configure_subprocess()``: a child process routes every PyTorch
+#: allocation through our allocator from its first one (torch_memory_saver's
+#: LD_PRELOAD hook mode, done with PyTorch's pluggable allocator instead).
+ROUTE_ENV = "VMMW_TMS_PRELOAD"
+
+
+@dataclass(frozen=True)
+class StartPlan:
+    """How a process starts under the torch_memory_saver shim, read from the
+    environment variables torch_memory_saver itself reads."""
+
+    route_all: bool  # every allocation of the process goes through our allocator
+    hook_mode: str  # "preload" when routed, else "torch"
+    init_tag: Optional[str]  # the tag allocations outside any region get (TMS_INIT_ENABLE)
+    init_kind: str  # how that tag keeps its bytes: "cpu", "disk" or "none"
+    cpu_backup_backend: str  # "pinned" or "mmap" (both pinned here; kept for callers that read it)
+    retain_cpu_backup: bool
+    disk_dir: Optional[str]
+
+    @property
+    def reason(self) -> str:
+        if not self.route_all:
+            return f"regions only: {ROUTE_ENV} and TMS_INIT_ENABLE are unset"
+        why = [k for k, on in ((ROUTE_ENV, True), ("TMS_INIT_ENABLE", self.init_tag is not None)) if on]
+        return "every allocation through our allocator (" + ", ".join(why) + ")"
+
+
+def start_plan(env: Optional[Mapping[str, str]] = None) -> StartPlan:
+    """The start-up decision for the environment `env` (os.environ by default).
+
+    ``TMS_INIT_ENABLE=1`` (what training engines set) or ``configure_subprocess()``
+    route every allocation of the process through our allocator; with
+    ``TMS_INIT_ENABLE`` the allocations outside any region belong to tag
+    "default", backed up per ``TMS_INIT_ENABLE_CPU_BACKUP`` /
+    ``TMS_INIT_ENABLE_DISK_BACKUP``. A backend other than pinned or mmap is an error."""
+    env = os.environ if env is None else env
+    init = truthy(env.get("TMS_INIT_ENABLE"))
+    cpu = truthy(env.get("TMS_INIT_ENABLE_CPU_BACKUP"))
+    disk = truthy(env.get("TMS_INIT_ENABLE_DISK_BACKUP"))
+    if cpu and disk:
+        raise ValueError("TMS_INIT_ENABLE_CPU_BACKUP and TMS_INIT_ENABLE_DISK_BACKUP are mutually exclusive")
+    backend = (env.get("TMS_INIT_CPU_BACKUP_BACKEND") or "pinned").strip().lower()
+    if backend not in ("pinned", "mmap"):
+        raise ValueError(f"TMS_INIT_CPU_BACKUP_BACKEND={backend!r}: expected 'pinned' or 'mmap'")
+    route = init or truthy(env.get(ROUTE_ENV))
+    return StartPlan(
+        route_all=route,
+        hook_mode="preload" if route else "torch",
+        init_tag="default" if init else None,
+        init_kind="cpu" if cpu else "disk" if disk else "none",
+        cpu_backup_backend=backend,
+        retain_cpu_backup=truthy(env.get("TMS_RETAIN_CPU_BACKUP")),
+        disk_dir=env.get("TMS_DISK_BACKUP_DIR") or None,
+    )
+
+
+def set_process_tag(name: str) -> None:
+    """Allocations of threads with no open tag scope get `name` from now on."""
+    call("vmmw_tag_set_process_default", ctypes.c_uint32(tag_id(name)))
+
+
+@contextlib.contextmanager
+def changed_env(key: str, value: str) -> Iterator[None]:
+    """`key` set to `value` inside the block, restored (or removed) after."""
+    old = os.environ.get(key)
+    os.environ[key] = value
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = old
+
+
+def configure_subprocess() -> "contextlib.AbstractContextManager[None]":
+    """Processes started inside the block route their allocations through us
+    from the first one (torch_memory_saver's ``configure_subprocess``)."""
+    return changed_env(ROUTE_ENV, "1")

@@ -1,0 +1,1 @@
+"""torch_memory_saver.hooks: the two hook modes."""
