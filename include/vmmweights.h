@@ -1584,6 +1584,26 @@ vmmw_status_t vmmw_pool_alloc_tagged(struct vmmw_pool_t *pool, uint64_t size, ui
 vmmw_status_t vmmw_pool_dealloc(struct vmmw_pool_t *pool, uint64_t ptr, struct vmmw_error_t **error);
 
 /**
+ * Say that `[ptr, ptr+len)` was written since a load filled it (weights
+ * updated in place): the checkpoint no longer restores those bytes, and a
+ * Reload sleep of their tag keeps them in the host backup from then on.
+ * Optional: a Reload sleep hashes what was loaded on the device and finds
+ * changed bytes by itself; marking names them ahead of time (and is the way
+ * for a caller who wants no surprise in what the backup holds). A later
+ * load into the range makes its checkpoint the source again. Thread-safe; a
+ * sleep or wake of the range's tag running now is waited for.
+ *
+ * Bad input (nothing changes): `VMMW_NULL_ARGUMENT` (`pool`);
+ * `VMMW_UNKNOWN_POINTER` (`ptr` in no live block of this pool);
+ * `VMMW_INVALID_ARGUMENT` (the range runs past its block);
+ * `VMMW_INVALID_STATE` (the block's tag is asleep).
+ *
+ * # Safety
+ * `pool` is a live handle; `error` is NULL or writable.
+ */
+vmmw_status_t vmmw_pool_mark_written(struct vmmw_pool_t *pool, uint64_t ptr, uint64_t len, struct vmmw_error_t **error);
+
+/**
  * The former name of `vmmw_pool_dealloc`, kept through 0.x; removed at 1.0.
  *
  * Bad input: `VMMW_NULL_ARGUMENT` (`pool`); `VMMW_UNKNOWN_POINTER` (0,

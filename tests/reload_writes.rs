@@ -266,3 +266,37 @@ proptest! {
         prop_assert!(s.snapshot() == before);
     }
 }
+
+#[test]
+fn device_hashes_equal_the_reference() {
+    // On cuda this runs the kernel; a disagreement with the host reference
+    // would make every Reload sleep keep (or, worse, trust) the wrong bytes.
+    use vmmweights::driver::hash;
+    let s = setup("reload-writes-hash");
+    let n = 2 * hash::TILE_BYTES + 4096;
+    let p = {
+        let _scope = tag::scope(s.tag).unwrap();
+        s.pool.alloc(n).unwrap().ptr
+    };
+    let bytes: Vec<u8> = (0..n)
+        .map(|i| (hash::mix(i as u64, 9) >> 29) as u8)
+        .collect();
+    write(s.d.as_ref(), p, &bytes);
+    let mut ranges = vec![(p, n), (p, 0), (p + 1, 7), (p + 3, n - 3), (p + 8, 9)];
+    ranges.push((p + 5, hash::TILE_BYTES + 11)); // unaligned, over a tile edge
+    for len in [1usize, 8, 15, 16, 17, 4095, 4096, 65_537, hash::TILE_BYTES] {
+        ranges.push((p + (n - len) as u64, len));
+    }
+    // SAFETY: every range lies in one live, awake block; the write above is synchronous.
+    let got = unsafe { s.d.hash_ranges(&ranges) }.unwrap();
+    for (&(a, l), g) in ranges.iter().zip(got) {
+        let off = (a - p) as usize;
+        assert_eq!(
+            g,
+            hash::hash(&bytes[off..off + l]),
+            "range +{off} of {l} bytes"
+        );
+    }
+    // SAFETY: as above; no range at all is an empty answer.
+    assert!(unsafe { s.d.hash_ranges(&[]) }.unwrap().is_empty());
+}

@@ -134,6 +134,29 @@ def test_reload_keeps_bytes_outside_the_plan(pool, ckpt):
     assert pool.read(extra, len(pattern)) == pattern, "bytes the plan does not cover were lost"
 
 
+def test_reload_restores_weights_written_after_the_load(pool, ckpt):
+    """An RL step writes new weights in place after the load: a Reload sleep
+    and wake give back the written bytes, not the checkpoint's, whether the
+    write was marked or only found by the sleep's hashes."""
+    path, tensors = ckpt
+    dests, _ = vw.load(path, pool, "weights")
+    names = sorted(dests)
+    found, marked = dests[names[0]], dests[names[1]]
+    pool.write(found.ptr, b"\x11" * found.bytes)
+    pool.mark_written(marked.ptr, marked.bytes)
+    pool.write(marked.ptr, b"\x22" * marked.bytes)
+    want = contents(pool, dests)
+    pool.sleep(weights="reload")
+    pool.wake("weights")
+    assert contents(pool, dests) == want
+    with pytest.raises(vw.VmmwError) as e:
+        pool.mark_written(16, 4)
+    assert e.value.status_name == "VMMW_UNKNOWN_POINTER"
+    with pytest.raises(vw.VmmwError) as e:
+        pool.mark_written(marked.ptr, marked.bytes + (1 << 30))
+    assert e.value.status_name == "VMMW_INVALID_ARGUMENT"
+
+
 def test_exact_alias_is_one_destination(pool, tmp_path):
     tensors = llama_like(tied=True)
     path = write_sharded(tmp_path / "tied", tensors, shards=2)

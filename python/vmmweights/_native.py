@@ -102,6 +102,7 @@ _SIGNATURES: dict[str, tuple[Any, list[Any], bool]] = {
     "vmmw_pool_free": (None, [_P], False),
     "vmmw_pool_alloc_tagged": (_I32, [_P, ctypes.c_uint64, ctypes.c_uint32, _U64P], True),
     "vmmw_pool_dealloc": (_I32, [_P, ctypes.c_uint64], True),
+    "vmmw_pool_mark_written": (_I32, [_P, ctypes.c_uint64, ctypes.c_uint64], True),
     "vmmw_pool_trim": (_I32, [_P, _U64P], True),
     "vmmw_pool_set_tag_arena": (_I32, [_P, ctypes.c_uint32, ctypes.c_uint64, ctypes.c_uint64], True),
     "vmmw_pool_set_tag_segments": (_I32, [_P, ctypes.c_uint32], True),

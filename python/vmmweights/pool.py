@@ -125,6 +125,13 @@ class Pool:
         """Free a block (it returns to the pool's cache; see :meth:`trim`)."""
         call("vmmw_pool_dealloc", self.handle, ctypes.c_uint64(ptr))
 
+    def mark_written(self, ptr: int, size: int) -> None:
+        """Say ``[ptr, ptr+size)`` was written since a load filled it (weights
+        updated in place): a Reload sleep keeps it in the host backup instead
+        of restoring the checkpoint's bytes. Optional: such a sleep also finds
+        changed bytes by hashing what was loaded on the device."""
+        call("vmmw_pool_mark_written", self.handle, ctypes.c_uint64(ptr), ctypes.c_uint64(size))
+
     def write(self, ptr: int, data: bytes) -> None:
         """Copy `data` to pool memory at `ptr` (one awake segment) and wait."""
         buf = (ctypes.c_char * len(data)).from_buffer_copy(data) if data else None

@@ -327,6 +327,36 @@ pub unsafe extern "C" fn vmmw_pool_dealloc(
     })
 }
 
+/// Say that `[ptr, ptr+len)` was written since a load filled it (weights
+/// updated in place): the checkpoint no longer restores those bytes, and a
+/// Reload sleep of their tag keeps them in the host backup from then on.
+/// Optional: a Reload sleep hashes what was loaded on the device and finds
+/// changed bytes by itself; marking names them ahead of time (and is the way
+/// for a caller who wants no surprise in what the backup holds). A later
+/// load into the range makes its checkpoint the source again. Thread-safe; a
+/// sleep or wake of the range's tag running now is waited for.
+///
+/// Bad input (nothing changes): `VMMW_NULL_ARGUMENT` (`pool`);
+/// `VMMW_UNKNOWN_POINTER` (`ptr` in no live block of this pool);
+/// `VMMW_INVALID_ARGUMENT` (the range runs past its block);
+/// `VMMW_INVALID_STATE` (the block's tag is asleep).
+///
+/// # Safety
+/// `pool` is a live handle; `error` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn vmmw_pool_mark_written(
+    pool: *mut vmmw_pool_t,
+    ptr: u64,
+    len: u64,
+    error: *mut *mut vmmw_error_t,
+) -> vmmw_status_t {
+    call(error, || {
+        // SAFETY: forwarded contract.
+        let p = unsafe { arg(pool, "pool") }?;
+        p.pool.mark_written(ptr, size_arg(len)?)
+    })
+}
+
 /// The former name of `vmmw_pool_dealloc`, kept through 0.x; removed at 1.0.
 ///
 /// Bad input: `VMMW_NULL_ARGUMENT` (`pool`); `VMMW_UNKNOWN_POINTER` (0,

@@ -229,6 +229,10 @@ struct EngineState {
     /// (unless configured otherwise), so the next sleep reuses the same memory.
     backups: HashMap<DevicePtr, SegmentBackup>,
     reload: HashMap<TagId, Vec<Registered>>,
+    /// Tags a load registered a source for since the last
+    /// [`SleepEngine::clear_reload_sources`]: they may sleep with Reload even
+    /// once every byte changed (then everything live goes to the backup).
+    loaded: HashSet<TagId>,
     /// Segments of the sleep or wake running now: their backups are in use.
     busy: HashSet<DevicePtr>,
     options: SleepOptions,
@@ -315,6 +319,7 @@ impl SleepEngine {
                 streams: Vec::new(),
                 backups: HashMap::new(),
                 reload: HashMap::new(),
+                loaded: HashSet::new(),
                 busy: HashSet::new(),
                 options,
             }),
@@ -435,6 +440,7 @@ impl SleepEngine {
         let proofs = unsafe { Proofs::take(self.driver.as_ref(), &provable) }?;
         let retired = {
             let mut s = self.lock();
+            s.loaded.insert(tag);
             let list = s.reload.entry(tag).or_default();
             for r in list.iter_mut() {
                 for &(a, l) in &live {
@@ -575,6 +581,7 @@ impl SleepEngine {
     pub fn clear_reload_sources(&self, tag: TagId) {
         let retired = {
             let mut s = self.lock();
+            s.loaded.remove(&tag);
             let dropped = s
                 .reload
                 .remove(&tag)
@@ -679,7 +686,7 @@ impl SleepEngine {
             report.seconds = t0.elapsed().as_secs_f64();
             return Ok(report);
         }
-        if policy == Policy::Reload && !self.has_reload_source(tag) {
+        if policy == Policy::Reload && !self.lock().loaded.contains(&tag) {
             return Err(Error::InvalidState(format!(
                 "tag {tag} has no reload source (load it with the loader first, or use Offload/Discard)"
             )));

@@ -146,6 +146,34 @@ int main(void) {
   CHECK_OK(vmmw_pool_read(pool, da.ptr, back_a, sizeof back_a, &err));
   CHECK(memcmp(back_a, wa, sizeof wa) == 0);
 
+  /* Weights written after the load (an RL update) come back from a Reload
+   * wake as written: the sleep hashes what was loaded on the device and keeps
+   * what changed in the host backup. A range marked written is kept too. */
+  float upd_a[12], upd_c[5];
+  for (int i = 0; i < 12; i++) upd_a[i] = 100.0f + (float)i;
+  for (int i = 0; i < 5; i++) upd_c[i] = -50.0f - (float)i;
+  CHECK_OK(vmmw_pool_write(pool, da.ptr, upd_a, sizeof upd_a, &err));
+  CHECK_OK(vmmw_pool_mark_written(pool, dc.ptr, sizeof upd_c, &err));
+  CHECK_OK(vmmw_pool_write(pool, dc.ptr, upd_c, sizeof upd_c, &err));
+  CHECK_OK(vmmw_pool_sleep(pool, &item, 1, &err));
+  CHECK_OK(vmmw_pool_wake(pool, &tag, 1, &err));
+  CHECK_OK(vmmw_pool_read(pool, da.ptr, back_a, sizeof back_a, &err));
+  CHECK_OK(vmmw_pool_read(pool, dc.ptr, back_c, sizeof back_c, &err));
+  CHECK(memcmp(back_a, upd_a, sizeof upd_a) == 0 && memcmp(back_c, upd_c, sizeof upd_c) == 0);
+  CHECK_STATUS(VMMW_NULL_ARGUMENT, vmmw_pool_mark_written(NULL, dc.ptr, 4, NULL));
+  CHECK_STATUS(VMMW_UNKNOWN_POINTER, vmmw_pool_mark_written(pool, 16, 4, NULL));
+  CHECK_STATUS(VMMW_INVALID_ARGUMENT, vmmw_pool_mark_written(pool, dc.ptr, 1ull << 40, NULL));
+  CHECK_OK(vmmw_pool_sleep(pool, &item, 1, &err));
+  CHECK_STATUS(VMMW_INVALID_STATE, vmmw_pool_mark_written(pool, dc.ptr, 4, NULL));
+  CHECK_OK(vmmw_pool_wake(pool, &tag, 1, &err));
+  /* A new load makes the checkpoint the source again. */
+  CHECK_OK(vmmw_loader_load(ld, pool, NULL, NULL, &err));
+  CHECK_OK(vmmw_pool_sleep(pool, &item, 1, &err));
+  CHECK_OK(vmmw_pool_wake(pool, &tag, 1, &err));
+  CHECK_OK(vmmw_pool_read(pool, da.ptr, back_a, sizeof back_a, &err));
+  CHECK_OK(vmmw_pool_read(pool, dc.ptr, back_c, sizeof back_c, &err));
+  CHECK(memcmp(back_a, wa, sizeof wa) == 0 && memcmp(back_c, wb, sizeof wb) == 0);
+
   /* A sleep of a tag being loaded is refused, here from the progress callback. */
   sleeper_t sl = {pool, tag, -1};
   CHECK_OK(vmmw_loader_load(ld, pool, sleep_in_progress, &sl, &err));

@@ -402,6 +402,13 @@ class Pool {
     detail::call([&](vmmw_error_t** e) { return vmmw_pool_dealloc(get_mut(), ptr, e); });
   }
 
+  /// Say `[ptr, ptr+len)` was written since a load filled it: a Reload sleep
+  /// keeps it in the host backup instead of restoring the checkpoint's bytes
+  /// (optional: such a sleep also finds changed bytes by hashing them).
+  void mark_written(uint64_t ptr, uint64_t len) {
+    detail::call([&](vmmw_error_t** e) { return vmmw_pool_mark_written(get_mut(), ptr, len, e); });
+  }
+
   /// Return cached memory to the driver; the bytes released.
   uint64_t trim() {
     uint64_t r = 0;

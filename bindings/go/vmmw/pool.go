@@ -172,6 +172,15 @@ func (p *Pool) Free(ptr uint64) error {
 	})
 }
 
+// MarkWritten says [ptr, ptr+n) was written since a load filled it: a Reload
+// sleep keeps it in the host backup instead of restoring the checkpoint's
+// bytes (optional: such a sleep also finds changed bytes by hashing them).
+func (p *Pool) MarkWritten(ptr, n uint64) error {
+	return p.do(func(cp *C.vmmw_pool_t, e **C.vmmw_error_t) C.vmmw_status_t {
+		return C.vmmw_pool_mark_written(cp, C.uint64_t(ptr), C.uint64_t(n), e)
+	})
+}
+
 // Trim returns cached memory to the driver; the bytes released.
 func (p *Pool) Trim() (uint64, error) {
 	var out C.uint64_t

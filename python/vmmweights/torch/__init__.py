@@ -43,6 +43,7 @@ __all__ = [
     "graph",
     "library_path",
     "load_",
+    "mark_written",
     "mem_pool",
     "pool",
     "release_pools",
@@ -347,6 +348,30 @@ def wake(*tags: str, device: Union[int, torch.device, None] = None) -> Dict[str,
     """Bring the listed tags back (every sleeping tag when none is named) at
     the same addresses."""
     return pool(device).wake(*tags)
+
+
+def mark_written(target: Union[torch.Tensor, torch.nn.Module, Mapping[str, torch.Tensor]]) -> None:
+    """Say a tensor (or every parameter of a module or state dict) was
+    written since ``load_`` filled it, e.g. by an RL weight update: a Reload
+    sleep keeps those bytes in the host backup instead of restoring the
+    checkpoint's. Optional: a Reload sleep also finds changed bytes by itself,
+    by hashing what was loaded on the device; marking names them ahead of
+    time. Each tensor must live in this library's pool."""
+    if isinstance(target, torch.Tensor):
+        items = [target]
+    else:
+        items = list(_state_dict(target).values())
+    for t in items:
+        if t.numel() == 0:
+            continue
+        if not t.is_cuda:
+            raise ValueError(f"mark_written: a tensor on {t.device} is not in a device pool")
+        torch.cuda.synchronize(t.device)
+        if t.is_contiguous():
+            ptr, nbytes = t.data_ptr(), t.numel() * t.element_size()
+        else:  # a strided view: its whole storage, which holds every element
+            ptr, nbytes = t.untyped_storage().data_ptr(), t.untyped_storage().nbytes()
+        pool(t.device).mark_written(ptr, nbytes)
 
 
 def forget_reload(tag: str, device: Union[int, torch.device, None] = None) -> None:
