@@ -72,10 +72,13 @@ fn cuda_wanted() -> Result<bool, String> {
     }
 }
 
+/// Each CUDA device opened so far, or why it did not open.
+type Opened = HashMap<i32, Result<Arc<CudaDriver>, String>>;
+
 /// The process-wide CUDA driver of `ordinal`, or why there is none. Shared so
 /// primary contexts are not torn down and rebuilt between tests.
 pub fn cuda_device(ordinal: i32) -> Result<Arc<dyn Driver>, String> {
-    static OPEN: OnceLock<Mutex<HashMap<i32, Result<Arc<CudaDriver>, String>>>> = OnceLock::new();
+    static OPEN: OnceLock<Mutex<Opened>> = OnceLock::new();
     let required = cuda_wanted()?;
     let mut open = OPEN
         .get_or_init(Default::default)
