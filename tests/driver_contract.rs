@@ -26,8 +26,9 @@ use vmmweights::{DevicePtr, Driver, Error};
 // ---------------------------------------------------------------- helpers
 
 /// Device memory mapped with the raw trait calls: a reservation, one physical
-/// handle per part (so copies cross mappings), read/write access. Dropped in
-/// the order the callers tear down: unmap, release, free the VA.
+/// handle per part (so copies cross mappings), read/write access granted per
+/// mapping as segments grant it. Dropped in the order the callers tear
+/// down: unmap, release, free the VA.
 struct Mapped {
     d: Arc<dyn Driver>,
     va: DevicePtr,
@@ -51,11 +52,19 @@ impl Mapped {
         for &n in parts {
             let h = d.create(n * g).expect("create");
             d.map(at, n * g, h).expect("map");
+            d.set_access(at, n * g).expect("set_access");
             m.parts.push((at, n * g, h));
             at += (n * g) as u64;
         }
-        d.set_access(va, size).expect("set_access over every part");
         m
+    }
+
+    /// Grant `peers` on every mapping, as `Segment::set_peers` does.
+    fn grant(&self, peers: &[PeerAccess]) -> vmmweights::Result<()> {
+        for &(at, len, _) in &self.parts {
+            self.d.set_access_peers(at, len, peers)?;
+        }
+        Ok(())
     }
 
     fn at(&self, off: usize) -> DevicePtr {
@@ -294,8 +303,9 @@ fn mapped_memory_keeps_bytes_across_unmap_and_remap_of_a_neighbour() {
                 !d.peer_readable(va, 3 * g, d.device()).unwrap(),
                 "mapped without access is not readable"
             );
-            // One set_access over two mappings, as a segment of chunks does.
-            d.set_access(va, 3 * g).unwrap();
+            // Access per mapping, as a segment grants each chunk.
+            d.set_access(va, g).unwrap();
+            d.set_access(va + g as u64, 2 * g).unwrap();
             assert!(d.peer_readable(va, 3 * g, d.device()).unwrap());
             let first = pattern(3 * g, 1);
             write(d.as_ref(), va, &first);
@@ -340,14 +350,29 @@ fn mapped_memory_keeps_bytes_across_unmap_and_remap_of_a_neighbour() {
 fn read_only_access_keeps_bytes_readable() {
     on_each_backend("read_only_access_keeps_bytes_readable", |b| {
         let d = &b.driver;
-        let g = d.granularity();
+        let size = 2 * d.granularity();
+        // The owner's read/write mapping.
         let m = Mapped::new(d, &[2]);
-        let bytes = pattern(2 * g, 3);
+        let h = m.parts[0].2;
+        let bytes = pattern(size, 3);
         write(d.as_ref(), m.va, &bytes);
-        // As an importer maps shared weights: read-only for this device.
-        d.set_access_read_only(m.va, 2 * g).unwrap();
-        assert!(d.peer_readable(m.va, 2 * g, d.device()).unwrap());
-        assert_same("read-only", &read(d.as_ref(), m.va, 2 * g), &bytes);
+        // A second mapping of the same memory, read-only, as an importer maps
+        // shared weights.
+        let ro = d.reserve(size, 0).unwrap();
+        d.map(ro, size, h).unwrap();
+        d.set_access_read_only(ro, size).unwrap();
+        assert!(d.peer_readable(ro, size, d.device()).unwrap());
+        assert_same("read-only view", &read(d.as_ref(), ro, size), &bytes);
+        // Writes through the owner's mapping show through the read-only one.
+        let newer = pattern(size, 4);
+        write(d.as_ref(), m.va, &newer);
+        assert_same(
+            "read-only view after a write",
+            &read(d.as_ref(), ro, size),
+            &newer,
+        );
+        d.unmap(ro, size).unwrap();
+        d.free_va(ro, size).unwrap();
         drop(m);
         assert_no_leaks(b, "read-only");
     });
@@ -412,7 +437,7 @@ fn peer_access_is_granted_checked_and_revoked() {
             device: peer,
             mode: AccessMode::Read,
         }];
-        d.set_access_peers(m.va, size, &read_only).unwrap();
+        m.grant(&read_only).unwrap();
         assert!(d.peer_readable(m.va, size, peer).unwrap(), "granted");
         assert!(
             d.peer_readable(m.va, size, me).unwrap(),
@@ -434,7 +459,7 @@ fn peer_access_is_granted_checked_and_revoked() {
             ("one device twice", &twice[..]),
             ("a device that does not exist", &missing[..]),
         ] {
-            let e = d.set_access_peers(m.va, size, list).unwrap_err();
+            let e = m.grant(list).unwrap_err();
             assert!(
                 matches!(e, Error::InvalidArgument(_)),
                 "a list naming {what}: {e}"
@@ -442,24 +467,16 @@ fn peer_access_is_granted_checked_and_revoked() {
             assert!(d.peer_readable(m.va, size, peer).unwrap(), "{what}: kept");
         }
 
-        d.set_access_peers(
-            m.va,
-            size,
-            &[PeerAccess {
-                device: peer,
-                mode: AccessMode::ReadWrite,
-            }],
-        )
+        m.grant(&[PeerAccess {
+            device: peer,
+            mode: AccessMode::ReadWrite,
+        }])
         .unwrap();
         assert!(d.peer_readable(m.va, size, peer).unwrap());
-        d.set_access_peers(
-            m.va,
-            size,
-            &[PeerAccess {
-                device: peer,
-                mode: AccessMode::None,
-            }],
-        )
+        m.grant(&[PeerAccess {
+            device: peer,
+            mode: AccessMode::None,
+        }])
         .unwrap();
         assert!(!d.peer_readable(m.va, size, peer).unwrap(), "revoked");
         assert!(
@@ -783,17 +800,12 @@ fn peer_copies_pull_exact_bytes() {
         // Memory on both devices, each readable by the other, in two mappings.
         let on_d = Mapped::new(d, &[pages(d), pages(d)]);
         let on_p = Mapped::new(&p, &[pages(&p), pages(&p)]);
-        for (owner, m, other) in [(d, &on_d, &p), (&p, &on_p, d)] {
-            owner
-                .set_access_peers(
-                    m.va,
-                    m.size,
-                    &[PeerAccess {
-                        device: other.device(),
-                        mode: AccessMode::Read,
-                    }],
-                )
-                .unwrap();
+        for (m, other) in [(&on_d, &p), (&on_p, d)] {
+            m.grant(&[PeerAccess {
+                device: other.device(),
+                mode: AccessMode::Read,
+            }])
+            .unwrap();
         }
         let total = 2 * g;
         let cases = [(0, total), (1, 4095), (g - 3, 7), (g + 1, g - 1)];
