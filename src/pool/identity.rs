@@ -138,3 +138,77 @@ pub fn check_owner(ptr: DevicePtr, len: usize, recorded: Owner, what: &str) -> R
         now: now.to_string(),
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::driver::host::{HostConfig, HostDriver};
+    use crate::error::Status;
+    use crate::pool::{Pool, PoolConfig};
+    use crate::tag;
+
+    fn pool() -> Pool {
+        Pool::new(
+            Arc::new(HostDriver::new(HostConfig::default())),
+            PoolConfig::default(),
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn an_address_handed_out_again_is_a_new_owner_in_any_pool() {
+        let (a, b) = (pool(), pool());
+        let t = tag::id("unit-identity").unwrap();
+        let x = a.alloc_tagged(4096, t).unwrap();
+        let y = b.alloc_tagged(4096, t).unwrap();
+        assert_ne!(x.id, y.id, "identities are unique across pools");
+        assert_eq!(owner_of(x.ptr + 100), Owner::Block(x.id));
+        assert_eq!(owner_of(y.ptr), Owner::Block(y.id));
+        check_owner(x.ptr, 4096, Owner::Block(x.id), "d").unwrap();
+
+        a.free(x.ptr).unwrap();
+        assert_eq!(owner_of(x.ptr), Owner::Outside, "a free block is no one's");
+        let e = check_owner(x.ptr, 4096, Owner::Block(x.id), "destination `w`").unwrap_err();
+        assert_eq!(e.status(), Status::UnknownPointer, "{e}");
+        assert!(e.to_string().contains("destination `w`"), "{e}");
+        let x2 = a.alloc_tagged(4096, t).unwrap();
+        assert_eq!(x2.ptr, x.ptr, "the same address again");
+        assert!(x2.id > x.id, "under a new identity");
+        assert!(check_owner(x.ptr, 4096, Owner::Block(x.id), "d").is_err());
+        // Memory recorded outside every pool that became a block changed hands too.
+        assert!(check_owner(x.ptr, 4096, Owner::Outside, "d").is_err());
+        // Nothing is written into an empty range: it always passes.
+        check_owner(x.ptr, 0, Owner::Outside, "d").unwrap();
+        a.check_invariants().unwrap();
+
+        // A dropped pool leaves the lookup, and its memory is no one's.
+        let gone = y.ptr;
+        drop(b);
+        assert_eq!(owner_of(gone), Owner::Outside);
+        a.free(x2.ptr).unwrap();
+    }
+
+    #[test]
+    fn lookups_while_pools_come_and_go_find_each_block_and_never_block() {
+        let t = tag::id("unit-identity-churn").unwrap();
+        std::thread::scope(|s| {
+            for _ in 0..2 {
+                s.spawn(|| {
+                    for _ in 0..50 {
+                        let p = pool();
+                        let b = p.alloc_tagged(512, t).unwrap();
+                        assert_eq!(owner_of(b.ptr), Owner::Block(b.id));
+                        drop(p);
+                    }
+                });
+            }
+            s.spawn(|| {
+                for _ in 0..500 {
+                    let _ = owner_of(0x1000);
+                }
+            });
+        });
+    }
+}
