@@ -193,9 +193,10 @@ pub enum Error {
     },
 
     /// A destination's memory changed hands since it was recorded: the pool
-    /// block it lay in was freed, so the address is free or someone else's.
+    /// block it lay in was freed (the address is free or someone else's
+    /// now), or memory outside every pool became a pool block.
     /// C status [`Status::UnknownPointer`]; nothing was written.
-    #[error("{what} at {ptr:#x} changed hands since it was registered (recorded: {recorded}; now: {now}): the memory it named was freed, so nothing is written there; register the destination again")]
+    #[error("{what} at {ptr:#x} changed hands since it was registered (then: {recorded}; now: {now}): nothing is written there; register the destination again to load into its new owner")]
     DestinationChanged {
         /// The destination ("destination `w`").
         what: String,

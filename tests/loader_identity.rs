@@ -187,6 +187,20 @@ fn a_registered_destination_records_its_block_and_a_freed_one_is_refused() {
         msg.contains(&first.id.to_string()) && msg.contains(&b.id.to_string()),
         "{msg}"
     );
+
+    // Registered in a free block (no one's), then handed to someone: refused
+    // too, where the address check alone would pass.
+    let hole = pool.alloc_tagged(4096, t).unwrap();
+    pool.free(hole.ptr).unwrap();
+    let mut early = Registry::new();
+    early
+        .register("early", hole.ptr, Dtype::F32, &[1024])
+        .unwrap();
+    assert_eq!(early.owner(early.get("early").unwrap()), Owner::Outside);
+    let taken = pool.alloc_tagged(4096, t).unwrap();
+    assert_eq!(taken.ptr, hole.ptr);
+    let e = check_destinations(&pool, &early).unwrap_err();
+    assert_changed(&e, "early");
 }
 
 #[test]
