@@ -842,7 +842,9 @@ typedef struct vmmw_sleep_options_t {
 #define VMMW_DRIVER_ERROR 6
 
 /**
- * A pointer that this library did not hand out, or one already freed.
+ * A pointer that this library did not hand out, or one already freed; also a
+ * loader destination whose pool block was freed since it was registered
+ * (its address may now belong to a new block: nothing is written there).
  */
 #define VMMW_UNKNOWN_POINTER 7
 
@@ -1155,7 +1157,11 @@ vmmw_status_t vmmw_loader_set_reload_check(struct vmmw_loader_t *loader, uint32_
  * Register a destination parameter: `ndim` dimensions `shape` of `dtype`
  * ("BF16", "F16", "F32", ... or "bfloat16", "float16", "float32") at device
  * address `ptr`, contiguous, row-major. The memory stays the caller's; the
- * loader only writes it during `vmmw_loader_load`. Refused
+ * loader only writes it during `vmmw_loader_load`. The loader records now
+ * which pool block holds `ptr` (any pool of this process), or that none
+ * does: a later load refuses the destination with `VMMW_UNKNOWN_POINTER`
+ * once that block is freed, even when the same address was handed out
+ * again (register it again to load into the new block). Refused
  * (`VMMW_INVALID_ARGUMENT`, nothing registered): empty or duplicate name,
  * NULL `ptr`, overlap with another destination. An exact alias of a registered
  * destination (same `ptr`, dtype and shape: tied weights) is accepted as that
@@ -1183,9 +1189,16 @@ vmmw_status_t vmmw_loader_register(struct vmmw_loader_t *loader, const char *nam
  * when it runs past its block, `VMMW_INVALID_STATE` when asleep), declared or
  * not; any other destination must lie wholly inside one range declared here
  * (else `VMMW_UNKNOWN_POINTER`, which also refuses memory of another pool).
- * The caller vouches that a declared range is mapped while loads run.
  * Declaring each registered tensor's own range is safe: pool memory is
  * checked all the same.
+ *
+ * What the caller guarantees for a declared range: whenever a load runs, it
+ * is mapped, writable by the device, and still the memory the destinations
+ * in it were registered in. The library sees no allocator but its own
+ * pools: it refuses a declared destination only when its memory became a
+ * pool block since registration; a range freed and reused by another
+ * allocator (`cudaFree`, PyTorch's caching allocator) is written as if it
+ * were still yours.
  *
  * Bad input: `VMMW_NULL_ARGUMENT` (`loader`); `VMMW_INVALID_ARGUMENT` (NULL
  * `ptr`, `bytes` 0, overflowing range).
@@ -1201,7 +1214,10 @@ vmmw_status_t vmmw_loader_declare_foreign(struct vmmw_loader_t *loader, uint64_t
  * `pool` under `tag`, and register them. On failure nothing is registered
  * and every block taken is freed again. The blocks belong to the pool: find
  * them with `vmmw_loader_destination`, free them with `vmmw_pool_dealloc`
- * (or with the pool).
+ * (or with the pool). Each destination records its block's identity, as
+ * `vmmw_loader_register` does: once a block is freed, a later load refuses
+ * that destination with `VMMW_UNKNOWN_POINTER`, also when the pool handed
+ * the same address to a new owner.
  *
  * Bad input: `VMMW_NULL_ARGUMENT` (`loader`, `pool`); `VMMW_UNKNOWN_TAG`;
  * `VMMW_PLAN_MISMATCH` (rules give an overflowing shape, or parts that do not
@@ -1291,9 +1307,18 @@ vmmw_status_t vmmw_loader_plan(const struct vmmw_loader_t *loader, struct vmmw_p
  * the loader keeps its last checkpoint open and mapped until it is freed or
  * loads again.
  *
+ * Destinations hold an identity, not just an address: one whose pool block
+ * was freed since it was registered or allocated is refused before any byte
+ * is written (`VMMW_UNKNOWN_POINTER`, the message names the destination),
+ * also when the pool handed that address to a new block meanwhile, so the
+ * new owner's bytes are never overwritten and the load registers no reload
+ * source over them. A block freed while the load runs fails the load the
+ * same way after its copies, and no reload source is registered.
+ *
  * Bad input: `VMMW_NULL_ARGUMENT` (`loader`, `pool`); before any byte is
  * written: `VMMW_CHECKPOINT_INVALID` (a shard changed since open),
- * `VMMW_PLAN_MISMATCH`, `VMMW_UNKNOWN_POINTER` (a destination in a free block
+ * `VMMW_PLAN_MISMATCH`, `VMMW_UNKNOWN_POINTER` (a destination whose pool
+ * block was freed since registration, a destination in a free block
  * of this pool, or outside it and not declared with
  * `vmmw_loader_declare_foreign`), `VMMW_INVALID_ARGUMENT` (a destination
  * running past its block), `VMMW_INVALID_STATE` (asleep); during the copy:
@@ -1457,7 +1482,9 @@ vmmw_status_t vmmw_pool_can_access_peer(const struct vmmw_pool_t *pool, int32_t 
  * Bad input: `VMMW_NULL_ARGUMENT` (`loaders`, `pools` with `count` > 0, or an
  * entry); `VMMW_INVALID_ARGUMENT` (`count` 0, a loader listed twice, an
  * unknown `mode`); before any byte is written, each device's destinations are
- * checked as `vmmw_loader_load` checks them.
+ * checked as `vmmw_loader_load` checks them (`VMMW_UNKNOWN_POINTER` for one
+ * whose pool block was freed since it was registered, whatever now lives at
+ * its address).
  *
  * # Safety
  * `loaders` and `pools` point to `count` live handles each; `out` is NULL
@@ -1567,7 +1594,10 @@ vmmw_status_t vmmw_pool_alloc_tagged(struct vmmw_pool_t *pool, uint64_t size, ui
  * Give a block back to the pool (it returns to the pool's cache; see `vmmw_pool_trim`).
  * `VMMW_UNKNOWN_POINTER` (nothing changes) for a pointer that is not the
  * start of a live block of this pool, or a double free. A block freed is no
- * longer restored by a Reload wake. When freeing releases a segment and the
+ * longer restored by a Reload wake, and no loader writes into it again: a
+ * loader destination in it is refused at the next load, also once the same
+ * address is handed out to a new block (blocks have an identity that is
+ * never reused). When freeing releases a segment and the
  * device refuses to synchronize first, nothing is unmapped (queued work may
  * still use it): the block is freed, the error says its memory stays mapped,
  * and a later free or `vmmw_pool_trim` releases it. Thread-safe; also while
@@ -1635,7 +1665,10 @@ vmmw_status_t vmmw_pool_trim(struct vmmw_pool_t *pool, uint64_t *released, struc
  *
  * Bad input: `VMMW_NULL_ARGUMENT` (`pool`); `VMMW_UNKNOWN_TAG`;
  * `VMMW_INVALID_ARGUMENT` (`reserve_bytes` 0, sizes over 2^56);
- * `VMMW_INVALID_STATE` (an arena of other dimensions in use).
+ * `VMMW_INVALID_STATE` (an arena of other dimensions in use). The
+ * reservation is made at the first allocation in the tag: one the driver
+ * cannot make (more address space than it has) fails that allocation with
+ * `VMMW_OUT_OF_MEMORY`, as a request larger than the device does.
  *
  * # Safety
  * `pool` is a live handle; `error` is NULL or writable.

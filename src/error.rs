@@ -41,7 +41,9 @@ pub enum Status {
     DriverUnavailable = 5,
     /// A CUDA driver call failed; the message names the call and the CUDA error.
     DriverError = 6,
-    /// A pointer that this library did not hand out, or one already freed.
+    /// A pointer that this library did not hand out, or one already freed;
+    /// also a destination whose pool block was freed since it was registered
+    /// (its address may now belong to a new block).
     UnknownPointer = 7,
     /// A tag name or id that is not registered, or (sleep, wake) not known to the pool.
     UnknownTag = 8,
@@ -188,6 +190,22 @@ pub enum Error {
         ptr: u64,
         /// "never allocated here" or "already freed".
         why: &'static str,
+    },
+
+    /// A destination's memory changed hands since it was recorded: the pool
+    /// block it lay in was freed (the address is free or someone else's
+    /// now), or memory outside every pool became a pool block.
+    /// C status [`Status::UnknownPointer`]; nothing was written.
+    #[error("{what} at {ptr:#x} changed hands since it was registered (then: {recorded}; now: {now}): nothing is written there; register the destination again to load into its new owner")]
+    DestinationChanged {
+        /// The destination ("destination `w`").
+        what: String,
+        /// Its address.
+        ptr: u64,
+        /// The owner recorded at registration ("block #7").
+        recorded: String,
+        /// The owner now ("block #9", "no pool block").
+        now: String,
     },
 
     /// A tag that is not registered.
@@ -352,6 +370,7 @@ impl Error {
             },
             e @ (Error::NullArgument(_)
             | Error::UnknownPointer { .. }
+            | Error::DestinationChanged { .. }
             | Error::Io { .. }
             | Error::Cancelled { .. }
             | Error::LoadInProgress { .. }
@@ -368,7 +387,9 @@ impl Error {
             Error::HostOutOfMemory { .. } => Status::HostOutOfMemory,
             Error::DriverUnavailable(_) => Status::DriverUnavailable,
             Error::Driver { .. } => Status::DriverError,
-            Error::UnknownPointer { .. } => Status::UnknownPointer,
+            Error::UnknownPointer { .. } | Error::DestinationChanged { .. } => {
+                Status::UnknownPointer
+            }
             Error::UnknownTag(_) => Status::UnknownTag,
             Error::InvalidState(_) => Status::InvalidState,
             Error::Checkpoint { .. } => Status::CheckpointInvalid,

@@ -80,6 +80,10 @@ class Loader:
     PyTorch ``state_dict()``), or allocated from the plan (:meth:`allocate`).
     Two names at one address with the same dtype and shape (tied weights) are
     one destination, filled from whichever name the checkpoint has.
+    A destination remembers the pool block it was registered in: once that
+    block is freed, :meth:`load` refuses it (``VmmwError`` with status
+    ``VMMW_UNKNOWN_POINTER`` naming it) even when the pool handed the same
+    address to a new tensor; register the new tensor to load into it.
     Use as a context manager, or call :meth:`close`.
     """
 

@@ -408,7 +408,11 @@ fn parse_dtype(s: &str) -> Result<Dtype> {
 /// Register a destination parameter: `ndim` dimensions `shape` of `dtype`
 /// ("BF16", "F16", "F32", ... or "bfloat16", "float16", "float32") at device
 /// address `ptr`, contiguous, row-major. The memory stays the caller's; the
-/// loader only writes it during `vmmw_loader_load`. Refused
+/// loader only writes it during `vmmw_loader_load`. The loader records now
+/// which pool block holds `ptr` (any pool of this process), or that none
+/// does: a later load refuses the destination with `VMMW_UNKNOWN_POINTER`
+/// once that block is freed, even when the same address was handed out
+/// again (register it again to load into the new block). Refused
 /// (`VMMW_INVALID_ARGUMENT`, nothing registered): empty or duplicate name,
 /// NULL `ptr`, overlap with another destination. An exact alias of a registered
 /// destination (same `ptr`, dtype and shape: tied weights) is accepted as that
@@ -466,9 +470,16 @@ pub unsafe extern "C" fn vmmw_loader_register(
 /// when it runs past its block, `VMMW_INVALID_STATE` when asleep), declared or
 /// not; any other destination must lie wholly inside one range declared here
 /// (else `VMMW_UNKNOWN_POINTER`, which also refuses memory of another pool).
-/// The caller vouches that a declared range is mapped while loads run.
 /// Declaring each registered tensor's own range is safe: pool memory is
 /// checked all the same.
+///
+/// What the caller guarantees for a declared range: whenever a load runs, it
+/// is mapped, writable by the device, and still the memory the destinations
+/// in it were registered in. The library sees no allocator but its own
+/// pools: it refuses a declared destination only when its memory became a
+/// pool block since registration; a range freed and reused by another
+/// allocator (`cudaFree`, PyTorch's caching allocator) is written as if it
+/// were still yours.
 ///
 /// Bad input: `VMMW_NULL_ARGUMENT` (`loader`); `VMMW_INVALID_ARGUMENT` (NULL
 /// `ptr`, `bytes` 0, overflowing range).
@@ -494,7 +505,10 @@ pub unsafe extern "C" fn vmmw_loader_declare_foreign(
 /// `pool` under `tag`, and register them. On failure nothing is registered
 /// and every block taken is freed again. The blocks belong to the pool: find
 /// them with `vmmw_loader_destination`, free them with `vmmw_pool_dealloc`
-/// (or with the pool).
+/// (or with the pool). Each destination records its block's identity, as
+/// `vmmw_loader_register` does: once a block is freed, a later load refuses
+/// that destination with `VMMW_UNKNOWN_POINTER`, also when the pool handed
+/// the same address to a new owner.
 ///
 /// Bad input: `VMMW_NULL_ARGUMENT` (`loader`, `pool`); `VMMW_UNKNOWN_TAG`;
 /// `VMMW_PLAN_MISMATCH` (rules give an overflowing shape, or parts that do not
@@ -684,9 +698,18 @@ pub unsafe extern "C" fn vmmw_loader_plan(
 /// the loader keeps its last checkpoint open and mapped until it is freed or
 /// loads again.
 ///
+/// Destinations hold an identity, not just an address: one whose pool block
+/// was freed since it was registered or allocated is refused before any byte
+/// is written (`VMMW_UNKNOWN_POINTER`, the message names the destination),
+/// also when the pool handed that address to a new block meanwhile, so the
+/// new owner's bytes are never overwritten and the load registers no reload
+/// source over them. A block freed while the load runs fails the load the
+/// same way after its copies, and no reload source is registered.
+///
 /// Bad input: `VMMW_NULL_ARGUMENT` (`loader`, `pool`); before any byte is
 /// written: `VMMW_CHECKPOINT_INVALID` (a shard changed since open),
-/// `VMMW_PLAN_MISMATCH`, `VMMW_UNKNOWN_POINTER` (a destination in a free block
+/// `VMMW_PLAN_MISMATCH`, `VMMW_UNKNOWN_POINTER` (a destination whose pool
+/// block was freed since registration, a destination in a free block
 /// of this pool, or outside it and not declared with
 /// `vmmw_loader_declare_foreign`), `VMMW_INVALID_ARGUMENT` (a destination
 /// running past its block), `VMMW_INVALID_STATE` (asleep); during the copy:

@@ -228,7 +228,9 @@ pub unsafe extern "C" fn vmmw_pool_can_access_peer(
 /// Bad input: `VMMW_NULL_ARGUMENT` (`loaders`, `pools` with `count` > 0, or an
 /// entry); `VMMW_INVALID_ARGUMENT` (`count` 0, a loader listed twice, an
 /// unknown `mode`); before any byte is written, each device's destinations are
-/// checked as `vmmw_loader_load` checks them.
+/// checked as `vmmw_loader_load` checks them (`VMMW_UNKNOWN_POINTER` for one
+/// whose pool block was freed since it was registered, whatever now lives at
+/// its address).
 ///
 /// # Safety
 /// `loaders` and `pools` point to `count` live handles each; `out` is NULL

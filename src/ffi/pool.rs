@@ -302,7 +302,10 @@ pub unsafe extern "C" fn vmmw_pool_alloc_tagged(
 /// Give a block back to the pool (it returns to the pool's cache; see `vmmw_pool_trim`).
 /// `VMMW_UNKNOWN_POINTER` (nothing changes) for a pointer that is not the
 /// start of a live block of this pool, or a double free. A block freed is no
-/// longer restored by a Reload wake. When freeing releases a segment and the
+/// longer restored by a Reload wake, and no loader writes into it again: a
+/// loader destination in it is refused at the next load, also once the same
+/// address is handed out to a new block (blocks have an identity that is
+/// never reused). When freeing releases a segment and the
 /// device refuses to synchronize first, nothing is unmapped (queued work may
 /// still use it): the block is freed, the error says its memory stays mapped,
 /// and a later free or `vmmw_pool_trim` releases it. Thread-safe; also while
@@ -403,7 +406,10 @@ pub unsafe extern "C" fn vmmw_pool_trim(
 ///
 /// Bad input: `VMMW_NULL_ARGUMENT` (`pool`); `VMMW_UNKNOWN_TAG`;
 /// `VMMW_INVALID_ARGUMENT` (`reserve_bytes` 0, sizes over 2^56);
-/// `VMMW_INVALID_STATE` (an arena of other dimensions in use).
+/// `VMMW_INVALID_STATE` (an arena of other dimensions in use). The
+/// reservation is made at the first allocation in the tag: one the driver
+/// cannot make (more address space than it has) fails that allocation with
+/// `VMMW_OUT_OF_MEMORY`, as a request larger than the device does.
 ///
 /// # Safety
 /// `pool` is a live handle; `error` is NULL or writable.

@@ -29,7 +29,9 @@ pub const VMMW_HOST_OUT_OF_MEMORY: vmmw_status_t = 4;
 pub const VMMW_DRIVER_UNAVAILABLE: vmmw_status_t = 5;
 /// A CUDA driver call failed; the error message names the call.
 pub const VMMW_DRIVER_ERROR: vmmw_status_t = 6;
-/// A pointer that this library did not hand out, or one already freed.
+/// A pointer that this library did not hand out, or one already freed; also a
+/// loader destination whose pool block was freed since it was registered
+/// (its address may now belong to a new block: nothing is written there).
 pub const VMMW_UNKNOWN_POINTER: vmmw_status_t = 7;
 /// A tag name or id that is not registered, or (sleep, wake) not known to the pool.
 pub const VMMW_UNKNOWN_TAG: vmmw_status_t = 8;

@@ -66,8 +66,10 @@ pub fn allocate_in_pool(
     r
 }
 
-/// Check, before a load writes anything, the destinations against `pool`:
-/// each one touching the pool's memory must lie inside one live block whose
+/// Check, before a load writes anything, the destinations against `pool`.
+/// First each destination's owner must be the one recorded when it was
+/// registered ([`check_owners`]). Then each one touching the pool's memory
+/// must lie inside one live block whose
 /// tag is awake (`UnknownPointer` in a free block, `InvalidArgument` when it runs past its block and would
 /// overwrite a neighbour, `InvalidState` when asleep); every other
 /// destination must lie wholly inside a range the caller declared its own
@@ -75,6 +77,8 @@ pub fn allocate_in_pool(
 /// catches memory of another pool, asleep or not). A declaration never
 /// exempts pool memory from its check.
 pub fn check_destinations(pool: &Pool, registry: &Registry) -> Result<()> {
+    // A freed and reallocated block is live again, but someone else's.
+    check_owners(registry)?;
     // Writing past a block overwrites its neighbour; writing into a sleeping
     // tag, or memory no one mapped, faults.
     for d in registry.iter() {
@@ -96,6 +100,19 @@ pub fn check_destinations(pool: &Pool, registry: &Registry) -> Result<()> {
     Ok(())
 }
 
+/// Check that every destination of `registry` is still owned by what owned it
+/// when it was registered ([`crate::pool::check_owner`]):
+/// [`Error::DestinationChanged`] naming the first one whose block was freed.
+/// Loads call it before writing, and again before registering what they
+/// wrote as a reload source.
+pub fn check_owners(registry: &Registry) -> Result<()> {
+    for d in registry.iter() {
+        let what = format!("destination `{}`", d.name);
+        crate::pool::check_owner(d.ptr, d.bytes(), registry.owner(d), &what)?;
+    }
+    Ok(())
+}
+
 /// Load `ckpt` into `registry`'s destinations on `pool`'s device (as
 /// [`load`]), then register the executed plan in the pool as the reload
 /// source of every tag that owns a destination, so those tags can sleep with
@@ -110,6 +127,10 @@ pub fn check_destinations(pool: &Pool, registry: &Registry) -> Result<()> {
 /// nothing. Before that the destinations are checked against the pool
 /// ([`check_destinations`]): outside the pool only declared ranges are
 /// written.
+///
+/// A destination freed while the load ran (another thread's free) fails the
+/// load with [`Error::DestinationChanged`] and registers no reload source,
+/// so no wake replays the checkpoint into that memory's new owner.
 ///
 /// On an error once copying started the destinations are partly written (see
 /// [`load`]); then no older reload source replays them any more (a later
@@ -129,7 +150,9 @@ pub fn load_into_pool(
         .map(|d| (d.ptr, d.bytes(), d.name.as_str()))
         .collect();
     let pin = pool.pin_for_load(&dests)?;
-    let executed = match load(pool.driver(), ckpt, rules, registry, opts, ctl) {
+    let loaded = load(pool.driver(), ckpt, rules, registry, opts, ctl)
+        .and_then(|e| check_owners(registry).map(|()| e));
+    let executed = match loaded {
         Ok(e) => Arc::new(e),
         Err(e) => {
             for &(ptr, bytes, _) in &dests {

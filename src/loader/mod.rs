@@ -40,7 +40,7 @@ pub use checkpoint::{Checkpoint, FileIdentity, Shard, TensorInfo};
 pub use copy::{Control, CopyOptions, CopyStats, Strategy};
 pub use dtype::Dtype;
 pub use executed::ExecutedPlan;
-pub use into_pool::{allocate_in_pool, check_destinations, load_into_pool};
+pub use into_pool::{allocate_in_pool, check_destinations, check_owners, load_into_pool};
 pub use multi::{load_multi, DeviceLoad, MultiLoaded, MultiMode, MultiStats};
 pub use multi_pools::{load_multi_into_pools, wake_replicas, PoolLoad};
 pub use plan::{Extent, Fill, Plan, PlanOptions};

@@ -25,8 +25,10 @@ pub struct PoolLoad<'a> {
 /// Load `ckpt` into every listed pool's destinations (see [`load_multi`]).
 ///
 /// Each pool's destinations are checked as [`super::check_destinations`]
-/// does (in one live, awake block of that pool, or in a declared foreign
-/// range; nothing written otherwise).
+/// does (owned by what owned them at registration, in one live, awake block
+/// of that pool or in a declared foreign range; nothing written otherwise).
+/// A destination freed while the load ran fails it with
+/// [`crate::Error::DestinationChanged`], and no reload source is registered.
 /// For [`MultiMode::Replicas`] every tag that owns a destination is granted
 /// read access for every other listed device (added to the tag's grants and
 /// kept afterwards, so later loads and wakes can fan out too); when the load
@@ -93,6 +95,22 @@ pub fn load_multi_into_pools(
             return Err(e);
         }
     };
+    // A destination freed while the load ran now belongs to someone else: no
+    // wake may replay the checkpoint into it. No plan is registered then, so
+    // no older source replays what this load overwrote either.
+    if let Err(e) = targets
+        .iter()
+        .try_for_each(|t| super::check_owners(t.registry))
+    {
+        for t in targets {
+            for d in t.registry.iter() {
+                if let Some(seg) = t.pool.segment_of(d.ptr) {
+                    t.pool.retire_reload_range(seg.tag, d.ptr, d.bytes());
+                }
+            }
+        }
+        return Err(e);
+    }
     for (k, t) in targets.iter().enumerate() {
         for &tag in &tags[k] {
             t.pool.add_reload_source(tag, loaded.plans[k].clone())?;

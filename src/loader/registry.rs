@@ -10,6 +10,7 @@ use std::sync::{Arc, Mutex};
 use super::dtype::Dtype;
 use crate::driver::{DevicePtr, Driver};
 use crate::error::{Error, Result};
+use crate::pool::Owner;
 use crate::segment::Segment;
 
 /// One destination parameter.
@@ -73,9 +74,15 @@ pub trait DestAllocator {
 /// (`lm_head.weight` and `model.embed_tokens.weight`). The destination is
 /// listed once, under the name registered first, and filled from whichever of
 /// its names the checkpoint has.
+///
+/// Each destination's [`Owner`] is recorded when it is registered (the pool
+/// block holding it, in any pool of the process, or none): a load refuses a
+/// destination whose owner changed since ([`crate::pool::check_owner`]).
 #[derive(Debug, Clone, Default)]
 pub struct Registry {
     dests: BTreeMap<String, Destination>,
+    /// Destination name -> what owned its memory when it was registered.
+    owners: BTreeMap<String, Owner>,
     foreign: Vec<(DevicePtr, u64)>,
     /// Alias name -> the name its destination is listed under.
     aliases: BTreeMap<String, String>,
@@ -91,7 +98,8 @@ impl Registry {
     /// empty name, a shape whose byte size overflows or whose range runs past
     /// the end of the address space, and a range that overlaps an already
     /// registered destination unless it is an exact alias of it (same
-    /// address, dtype and shape).
+    /// address, dtype and shape). Records the destination's [`Owner`] now
+    /// (must not be called while holding a pool's lock).
     pub fn register(
         &mut self,
         name: &str,
@@ -150,6 +158,8 @@ impl Registry {
                 o.ptr + o.bytes() as u64
             )));
         }
+        self.owners
+            .insert(d.name.clone(), crate::pool::owner_of(d.ptr));
         self.dests.insert(d.name.clone(), d);
         Ok(())
     }
@@ -186,6 +196,12 @@ impl Registry {
         self.foreign
             .iter()
             .any(|&(a, l)| ptr >= a && ptr.saturating_add(len) <= a + l)
+    }
+
+    /// What owned `d`'s memory when it was registered ([`Owner::Outside`]
+    /// for a destination not registered here).
+    pub fn owner(&self, d: &Destination) -> Owner {
+        self.owners.get(&d.name).copied().unwrap_or(Owner::Outside)
     }
 
     /// The destination named `name` (also when `name` is an alias of it).

@@ -16,7 +16,7 @@ use super::{
     apply, best_fit, grant_tag_peers, insert_segment, take, Block, Pool, SegmentClass, State,
 };
 use crate::driver::round_up;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::segment::Segment;
 use crate::tag::TagId;
 
@@ -37,7 +37,8 @@ impl Pool {
             } else {
                 round_up(grow_step, self.granularity)
             };
-            let mut seg = Segment::reserve(self.driver.clone(), reserve_bytes, step)?;
+            let mut seg = Segment::reserve(self.driver.clone(), reserve_bytes, step)
+                .map_err(|e| self.unreservable(e, reserve_bytes, tag))?;
             grant_tag_peers(st, tag, &mut seg)?;
             let base = insert_segment(st, seg, tag, SegmentClass::Arena);
             st.tags.entry(tag).or_default().arena = Some(base);
@@ -62,6 +63,24 @@ impl Pool {
             }
         }
         Ok(Some(block))
+    }
+
+    /// A reservation the driver refused is a request the device cannot hold:
+    /// out of memory, as the ordinary path reports a size over the device's
+    /// (the arena's size is address space, which no pre-check can bound).
+    /// Other errors (a bad argument) stay as they are.
+    fn unreservable(&self, e: Error, reserve_bytes: usize, tag: TagId) -> Error {
+        match e {
+            Error::Driver { .. } => Error::OutOfMemory {
+                what: format!(
+                    "arena of tag `{}`: reserving {reserve_bytes} bytes of address space was refused ({e})",
+                    crate::tag::name_of(tag)
+                ),
+                requested: reserve_bytes as u64,
+                free: self.driver.mem_info().map_or(0, |m| m.free),
+            },
+            other => other,
+        }
     }
 
     /// Decommit the free tail of every awake arena. Returns the tracked bytes

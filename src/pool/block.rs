@@ -8,12 +8,20 @@
 
 use std::collections::BTreeMap;
 
-/// One block: its size and whether a caller holds it.
+use super::identity::BlockId;
+
+/// One block: its size, whether a caller holds it, and (while live) the
+/// identity of that allocation (see `identity.rs`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct BlockRec {
     pub size: usize,
     pub live: bool,
+    /// The allocation's identity while live; `BlockId(0)` for a free block.
+    pub id: BlockId,
 }
+
+/// The identity free blocks carry: none ever handed out.
+const FREE: BlockId = BlockId(0);
 
 /// Free blocks that disappeared and appeared, as `(offset, size)`.
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -47,17 +55,18 @@ impl BlockMap {
             BlockRec {
                 size: total,
                 live: false,
+                id: FREE,
             },
         );
         BlockMap { blocks, total }
     }
 
-    /// Mark the first `size` bytes of the free block at `offset` live, splitting
-    /// off the rest as a new free block.
+    /// Mark the first `size` bytes of the free block at `offset` live as
+    /// allocation `id`, splitting off the rest as a new free block.
     ///
     /// Panics when there is no free block of at least `size` bytes at `offset`
     /// (the pool only takes blocks it found in its free index).
-    pub fn take(&mut self, offset: usize, size: usize) -> Change {
+    pub fn take(&mut self, offset: usize, size: usize, id: BlockId) -> Change {
         let rec = self.blocks[&offset];
         assert!(
             !rec.live && rec.size >= size && size > 0,
@@ -67,7 +76,14 @@ impl BlockMap {
             removed_free: vec![(offset, rec.size)],
             added_free: Vec::new(),
         };
-        self.blocks.insert(offset, BlockRec { size, live: true });
+        self.blocks.insert(
+            offset,
+            BlockRec {
+                size,
+                live: true,
+                id,
+            },
+        );
         if rec.size > size {
             let rest = (offset + size, rec.size - size);
             self.blocks.insert(
@@ -75,6 +91,7 @@ impl BlockMap {
                 BlockRec {
                     size: rest.1,
                     live: false,
+                    id: FREE,
                 },
             );
             ch.added_free.push(rest);
@@ -110,7 +127,14 @@ impl BlockMap {
                 size += n.size;
             }
         }
-        self.blocks.insert(start, BlockRec { size, live: false });
+        self.blocks.insert(
+            start,
+            BlockRec {
+                size,
+                live: false,
+                id: FREE,
+            },
+        );
         ch.added_free.push((start, size));
         Ok((rec.size, ch))
     }
@@ -178,11 +202,15 @@ mod tests {
     #[test]
     fn split_and_merge_restore_one_free_block() {
         let mut m = BlockMap::new(4096);
-        let c = m.take(0, 1024);
+        let c = m.take(0, 1024, BlockId(1));
         assert_eq!(c.removed_free, vec![(0, 4096)]);
         assert_eq!(c.added_free, vec![(1024, 3072)]);
-        m.take(1024, 1024);
-        m.take(2048, 512);
+        m.take(1024, 1024, BlockId(2));
+        m.take(2048, 512, BlockId(3));
+        assert_eq!(
+            m.containing(1500).map(|(o, b)| (o, b.id)),
+            Some((1024, BlockId(2)))
+        );
         check_tiling(&m);
         assert_eq!(m.live_end(), 2560);
         // Free the middle one first: no neighbour is free.

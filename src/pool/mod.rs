@@ -16,6 +16,10 @@
 //! | `Arena` | any that fits | the tag's one big reservation, committed on demand (`arena.rs`) |
 //! | [`Pool::alloc_segment`] | any | exactly one new segment, released on free (the PyTorch path) |
 //!
+//! Every block handed out has an identity that is never reused, also when
+//! its address is handed out again ([`identity`]): writers into memory they
+//! recorded earlier (the loader) check it with [`check_owner`].
+//!
 //! Four quantities are kept apart: *live* bytes (blocks callers hold),
 //! *reserved* bytes (VA of the pool's segments), *tracked* bytes (physically
 //! backed) and the device's used memory; see [`crate::report`].
@@ -23,6 +27,7 @@
 mod access;
 mod arena;
 pub(crate) mod block;
+pub mod identity;
 mod peers;
 mod range;
 pub mod registry;
@@ -44,6 +49,7 @@ use crate::report::{Boundary, Report, TagUsage, Timeline};
 use crate::segment::{Segment, SleepState};
 use crate::tag::{self, TagId};
 use block::{BlockMap, Change, ReleaseError};
+pub use identity::{check_owner, owner_of, BlockId, Owner};
 use release::Released;
 pub use release::Unreleased;
 pub use sleep::{LoadPin, TagCycle};
@@ -175,6 +181,9 @@ pub struct Block {
     pub size: usize,
     /// The tag it was allocated under.
     pub tag: TagId,
+    /// This allocation's identity: never reused, also when the address is
+    /// handed out again after a free (see [`identity`]).
+    pub id: BlockId,
 }
 
 /// Which placement a segment serves.
@@ -283,7 +292,8 @@ pub struct Pool {
     config: PoolConfig,
     granularity: usize,
     created: Instant,
-    state: Mutex<State>,
+    /// Shared with the process-wide list [`identity::owner_of`] searches.
+    state: Arc<Mutex<State>>,
     /// Signalled when a tag's transition or a load pin ends.
     settled: std::sync::Condvar,
     sleep: crate::sleep::SleepEngine,
@@ -300,13 +310,15 @@ impl Pool {
             tag::check(t)?;
             state.tags.entry(t).or_default().mode = Some(m);
         }
+        let state = Arc::new(Mutex::new(state));
+        identity::enlist(&state);
         Ok(Pool {
             sleep: crate::sleep::SleepEngine::new(driver.clone(), config.sleep.clone()),
             driver,
             config,
             granularity,
             created: Instant::now(),
-            state: Mutex::new(state),
+            state,
             settled: std::sync::Condvar::new(),
             shares: shares::ShareGate::default(),
         })
@@ -635,6 +647,7 @@ impl Pool {
                     ptr: base + off as u64,
                     size: b.size,
                     tag: e.tag,
+                    id: b.id,
                 });
             }
         }
@@ -791,12 +804,14 @@ impl Pool {
 
     /// Check the pool's internal invariants; an error string names the first broken one.
     /// For tests: blocks tile every segment, the free index matches the free
-    /// blocks, live counters match, no two segments overlap.
+    /// blocks, live counters match, no two segments overlap, every live block
+    /// has an identity of its own.
     pub fn check_invariants(&self) -> std::result::Result<(), String> {
         let st = self.lock();
         let mut expected_free: BTreeSet<(TagId, SegmentClass, usize, DevicePtr, usize)> =
             BTreeSet::new();
         let mut prev_end = 0u64;
+        let mut ids = BTreeSet::new();
         for (&base, e) in &st.segs {
             if base < prev_end {
                 return Err(format!("segment {base:#x} overlaps the previous one"));
@@ -813,6 +828,12 @@ impl Pool {
                 if b.live {
                     live += b.size;
                     n += 1;
+                    if b.id.0 == 0 || !ids.insert(b.id) {
+                        return Err(format!(
+                            "segment {base:#x}: live block at {off} has identity {} (missing or repeated)",
+                            b.id
+                        ));
+                    }
                     if e.class == SegmentClass::Arena
                         && off + b.size > e.seg.committed()
                         && e.seg.sleep_state() == SleepState::Awake
@@ -860,6 +881,13 @@ impl Pool {
     }
 }
 
+impl Drop for Pool {
+    fn drop(&mut self) {
+        // Out of the owner lookup before the segments go.
+        identity::dismiss(&self.state);
+    }
+}
+
 fn segment_base(st: &State, ptr: DevicePtr) -> Option<DevicePtr> {
     let (&base, e) = st.segs.range(..=ptr).next_back()?;
     e.seg.contains(ptr, 0).then_some(base).filter(|_| {
@@ -896,7 +924,8 @@ fn take(st: &mut State, base: DevicePtr, off: usize, size: usize) -> Block {
         .segs
         .get_mut(&base)
         .expect("free index names a live segment");
-    let ch = e.blocks.take(off, size);
+    let id = identity::next_block_id();
+    let ch = e.blocks.take(off, size, id);
     e.live_bytes += size;
     e.live_blocks += 1;
     let (tag, class) = (e.tag, e.class);
@@ -907,6 +936,7 @@ fn take(st: &mut State, base: DevicePtr, off: usize, size: usize) -> Block {
         ptr: base + off as u64,
         size,
         tag,
+        id,
     }
 }
 
