@@ -874,6 +874,57 @@ fn memset_fills_only_its_range() {
     });
 }
 
+#[test]
+fn hash_ranges_equals_the_reference() {
+    // Reload trusts these hashes to tell loaded bytes from written ones: on
+    // cuda they come from the PTX kernel, here they must equal the host
+    // reference bit for bit, at every alignment and length, across mappings
+    // and over more than one tile.
+    use vmmweights::driver::hash;
+    on_each_backend("hash_ranges_equals_the_reference", |b| {
+        let d = &b.driver;
+        let g = d.granularity();
+        let parts = (2 * hash::TILE_BYTES + 3 * g).div_ceil(g).div_ceil(2);
+        let m = Mapped::new(d, &[parts, parts]);
+        let total = 2 * parts * g;
+        let bytes = pattern(total, 11);
+        write(d.as_ref(), m.va, &bytes);
+        let mut ranges = vec![(0usize, total), (0, 0), (1, 7), (3, total - 3), (8, 9)];
+        ranges.push((g - 5, 10)); // across the two mappings
+        ranges.push((5, hash::TILE_BYTES + 11)); // unaligned, over a tile edge
+        for len in [1usize, 8, 15, 16, 17, 4095, 4096, 65_537, hash::TILE_BYTES] {
+            ranges.push((total - len, len));
+        }
+        let dev: Vec<(DevicePtr, usize)> = ranges.iter().map(|&(o, l)| (m.at(o), l)).collect();
+        // SAFETY: every range lies in `m`, mapped and readable; the write above is synchronous.
+        let got = unsafe { d.hash_ranges(&dev) }.unwrap();
+        assert_eq!(got.len(), ranges.len());
+        for (&(o, l), h) in ranges.iter().zip(got) {
+            assert_eq!(
+                h,
+                hash::hash(&bytes[o..o + l]),
+                "{}: {l} bytes at +{o}",
+                b.kind()
+            );
+        }
+        // SAFETY: no ranges at all.
+        assert!(unsafe { d.hash_ranges(&[]) }.unwrap().is_empty());
+        // One byte changed anywhere changes its range's hash.
+        let at = total / 2 + 3;
+        fill(d.as_ref(), m.at(at), bytes[at] ^ 0x40, 1);
+        // SAFETY: as above.
+        let changed = unsafe { d.hash_ranges(&[(m.va, total)]) }.unwrap();
+        assert_ne!(
+            changed[0],
+            hash::hash(&bytes),
+            "{}: a changed byte",
+            b.kind()
+        );
+        drop(m);
+        assert_no_leaks(b, "hash_ranges");
+    });
+}
+
 // ---------------------------------------------------------------- conversion
 
 /// Source bits for `t`: every value class (zeros, subnormals, halfway cases,
