@@ -9,7 +9,7 @@
 // Built into PTX with nvcc on the GPU machine and committed
 // (src/driver/cuda/hash.ptx); the driver loads the PTX at run time, so
 // building the crate needs no CUDA:
-//   nvcc -ptx -arch=compute_70 -O3 -o src/driver/cuda/hash.ptx kernels/hash.cu
+//   nvcc -ptx -arch=compute_75 -O3 -o src/driver/cuda/hash.ptx kernels/hash.cu
 
 typedef unsigned long long u64;
 

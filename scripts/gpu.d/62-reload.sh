@@ -17,7 +17,7 @@ rc=0
 nvcc=$(command -v nvcc || echo "${CUDA_HOME:-/usr/local/cuda}/bin/nvcc")
 if [ -x "$nvcc" ]; then
   built="$VMMW_GPU_OUT/hash.ptx"
-  "$nvcc" -ptx -arch=compute_70 -O3 -o "$built" kernels/hash.cu
+  "$nvcc" -ptx -arch=compute_75 -O3 -o "$built" kernels/hash.cu
   if cmp -s "$built" src/driver/cuda/hash.ptx; then
     result "reload: committed hash PTX = nvcc kernels/hash.cu" PASS "$("$nvcc" --version | tail -1)"
     rm -f "$built"

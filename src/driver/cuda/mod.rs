@@ -40,6 +40,12 @@ pub struct CudaDriver {
     shareable: AtomicBool,
     kernels: OnceLock<std::result::Result<Kernels, String>>,
     hash_kernel: OnceLock<std::result::Result<range_hash::HashKernel, String>>,
+    /// Host ranges this driver page-locked and has not unlocked (by start
+    /// address). Drop unlocks them: registrations belong to the primary
+    /// context, which outlives this driver when another retains it, and a
+    /// buffer cached past its driver (the staging ring) cannot unlock itself;
+    /// a range left locked makes the next registration of its addresses fail.
+    registered: std::sync::Mutex<std::collections::HashSet<usize>>,
     /// Failures armed by tests (never outside them); see [`super::fault`].
     faults: Faults,
 }
@@ -217,6 +223,7 @@ impl CudaDriver {
             shareable: AtomicBool::new(shareable_wanted(dev)),
             kernels: OnceLock::new(),
             hash_kernel: OnceLock::new(),
+            registered: Default::default(),
             faults: Faults::default(),
         };
         d.bind()?;
@@ -341,6 +348,10 @@ impl CudaDriver {
             unsafe { sys::cuMemSetAccess(va, size, &desc, 1) },
             || format!("{size} bytes at {va:#x}"),
         )
+    }
+
+    fn registered_ranges(&self) -> std::sync::MutexGuard<'_, std::collections::HashSet<usize>> {
+        self.registered.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     fn stream(s: StreamId) -> sys::CUstream {
@@ -854,11 +865,14 @@ impl Driver for CudaDriver {
         let rc = unsafe { sys::cuMemHostRegister_v2(ptr as *mut c_void, len, flags) };
         check_with("cuMemHostRegister", rc, || {
             format!("{len} bytes at {ptr:p}")
-        })
+        })?;
+        self.registered_ranges().insert(ptr as usize);
+        Ok(())
     }
 
     unsafe fn host_unregister(&self, ptr: *mut u8) -> Result<()> {
         self.bind()?;
+        self.registered_ranges().remove(&(ptr as usize));
         // SAFETY: forwarded from the caller's contract.
         check("cuMemHostUnregister", unsafe {
             sys::cuMemHostUnregister(ptr as *mut c_void)
@@ -904,6 +918,11 @@ impl Drop for CudaDriver {
             if let Some(Ok(k)) = self.hash_kernel.get() {
                 // SAFETY: the module was loaded by us in this context.
                 unsafe { sys::cuModuleUnload(k.module) };
+            }
+            for ptr in self.registered_ranges().drain() {
+                // SAFETY: registered by this driver and not unregistered since;
+                // its owner outlives the driver only as a mapping no copy uses.
+                unsafe { sys::cuMemHostUnregister(ptr as *mut c_void) };
             }
         }
         // SAFETY: balances the retain in `open`.
