@@ -94,6 +94,7 @@ fn serve_options(o: vmmw_share_options_t) -> Result<ServeOptions> {
         sleep_policy,
         allow_write: o.allow_write == 1,
         allowed_uids: (o.use_allowed_uid == 1).then(|| vec![o.allowed_uid]),
+        ..ServeOptions::default()
     })
 }
 

@@ -132,7 +132,7 @@ pub fn run(a: Args) -> CliResult<Value> {
             SleepPolicy::Refuse
         },
         allow_write: a.allow_write,
-        allowed_uids: None,
+        ..ServeOptions::default()
     };
     let signals = blocked_signals()?;
     let ckpt = lib(Checkpoint::open(&a.checkpoint))?;
