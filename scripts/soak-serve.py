@@ -141,7 +141,10 @@ def importer(path, stop, pause, stats):
             time.sleep(0.05)
             continue
         ok = False
-        for _ in range(3):
+        # Reloads come every 1.5 s and each rewrites the tensors in place
+        # before its publish: a read that overlaps one is torn and followed
+        # by a `V`; read again then. Wrong means: no publish follows within 5 s.
+        for _ in range(50):
             version = m["version"]
             for kind, v in early:
                 if kind == "V":
@@ -172,7 +175,10 @@ def importer(path, stop, pause, stats):
             stats[0] += 1
             if not ok:
                 stats[1] += 1
-                print("WRONG BYTES version %d" % version, file=sys.stderr, flush=True)
+                seen = {n: [v for v in range(max(1, version - 5), version + 6)
+                            if content(v)[n] == b] for n, b in data.items()}
+                print("WRONG BYTES at version %d: tensors match versions %s" % (version, seen),
+                      file=sys.stderr, flush=True)
         for x in maps:
             x.close()
         s.close()
