@@ -22,22 +22,26 @@ impl Shared {
     pub(super) fn handshake(
         &self,
         id: u64,
-        sock: &Arc<UnixStream>,
+        sock: Arc<UnixStream>,
         cred: PeerCred,
         deadline: Instant,
     ) {
         let who = format!("pid={} uid={} gid={}", cred.pid, cred.uid, cred.gid);
         let refuse = |access: &str, reason: String| {
+            // Uncounted before the importer can read why: a refused peer is
+            // never seen as attached. A refusal carries no descriptor, so it
+            // may leave after `stop` returned.
+            self.end_handshake(id);
             self.log(format!("refused {who} access={access}: {reason}"));
             // A refusal is short and goes out even once the deadline has
             // passed (a silent peer is told why it was cut), within a grace.
             let grace = Some(Instant::now() + REFUSAL_GRACE);
-            let _ = wire::write_hello(sock, &Hello::Refused(reason), grace);
+            let _ = wire::write_hello(&sock, &Hello::Refused(reason), grace);
         };
         let mut ask = [0u8; 1];
         // Descriptors an importer sends are closed when `stray` drops.
         let mut stray = Vec::new();
-        let asked = wire::recv_exact(sock, &mut ask, &mut stray, Some(deadline));
+        let asked = wire::recv_exact(&sock, &mut ask, &mut stray, Some(deadline));
         let access = match (&asked, ask[0]) {
             (Ok(()), b'r') => "read",
             (Ok(()), b'w') if self.options.allow_write => "write",
@@ -76,10 +80,10 @@ impl Shared {
         let chunks = exported.manifest.chunks.len();
         let bytes: u64 = exported.manifest.chunks.iter().sum();
         let tensors = exported.manifest.tensors.len();
-        let sent = wire::write_hello(sock, &Hello::Manifest(exported.manifest), Some(deadline))
+        let sent = wire::write_hello(&sock, &Hello::Manifest(exported.manifest), Some(deadline))
             .and_then(|()| {
                 let fds: Vec<_> = exported.fds.iter().map(|f| f.as_fd()).collect();
-                wire::send_fds(sock, &fds, Some(deadline))
+                wire::send_fds(&sock, &fds, Some(deadline))
             });
         // The importer has its own references now (or failed); ours close here.
         drop(exported.fds);

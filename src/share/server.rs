@@ -282,66 +282,68 @@ impl Shared {
         };
         let deadline = Instant::now() + self.options.handshake_timeout;
         let s = self.clone();
-        let sock2 = sock.clone();
+        // The thread owns the only other reference, and hands it on to the
+        // attached set, so a connection no longer counted is closed too.
         let started = std::thread::Builder::new()
             .name("vmmw-share-conn".into())
             .spawn(move || {
-                s.handshake(id, &sock2, cred, deadline);
+                s.handshake(id, sock, cred, deadline);
                 s.end_handshake(id);
             });
         if let Err(e) = started {
-            self.end_handshake(id);
             self.log(format!(
                 "refused pid={}: cannot start a thread: {e}",
                 cred.pid
             ));
-            if let Ok(s) = Arc::try_unwrap(sock) {
+            if let Some(s) = self.end_handshake(id).and_then(|s| Arc::try_unwrap(s).ok()) {
                 Self::refuse_now(s, format!("the owner cannot start a thread: {e}"));
             }
         }
         true
     }
 
-    fn end_handshake(&self, id: u64) {
+    /// Stop counting connection `id` as handshaking; returns its socket
+    /// when it was still counted.
+    pub(super) fn end_handshake(&self, id: u64) -> Option<Arc<UnixStream>> {
         let mut c = self.conns();
-        c.handshaking.remove(&id);
+        let sock = c.handshaking.remove(&id);
         c.revoke_pending.retain(|&p| p != id);
         if c.handshaking.is_empty() {
             self.idle.notify_all();
         }
+        sock
     }
 
     /// Register a finished handshake as attached, with the notices it missed
     /// and the end of the handshake. False when stopping (nothing is sent).
-    pub(super) fn attach(
-        &self,
-        id: u64,
-        sock: &Arc<UnixStream>,
-        cred: PeerCred,
-        sent: u64,
-    ) -> bool {
+    pub(super) fn attach(&self, id: u64, sock: Arc<UnixStream>, cred: PeerCred, sent: u64) -> bool {
         let mut c = self.conns();
         if c.stopping {
             return false;
         }
         let mut done = false;
         if c.version != sent {
-            let _ = wire::send_notice(sock, Notice::Version(c.version));
+            let _ = wire::send_notice(&sock, Notice::Version(c.version));
         }
         if let Some(pos) = c.revoke_pending.iter().position(|&p| p == id) {
             c.revoke_pending.swap_remove(pos);
-            let _ = wire::send_notice(sock, Notice::Revoked);
+            let _ = wire::send_notice(&sock, Notice::Revoked);
             done = true;
         }
         // Registered before the importer's attach returns, so every later
         // notice reaches it.
-        let _ = wire::send_notice(sock, Notice::Ready);
+        let _ = wire::send_notice(&sock, Notice::Ready);
+        // Counted once: moved from the handshakes to the attached.
+        c.handshaking.remove(&id);
+        if c.handshaking.is_empty() {
+            self.idle.notify_all();
+        }
         c.attached.insert(
             id,
             Attached {
-                sock: sock.clone(),
+                send_buffer: wire::send_buffer(&sock).unwrap_or(0),
+                sock,
                 cred,
-                send_buffer: wire::send_buffer(sock).unwrap_or(0),
                 done,
                 evicted: false,
                 reading: true,
