@@ -10,7 +10,7 @@ Every few seconds the server's descriptors, threads, RSS and CPU are sampled;
 once a minute all clients pause and the server's CPU over the quiet window is
 measured. Exit 1 on a wrong byte or a counter that keeps growing.
 
-usage: soak-serve.py VMMW_BINARY [--seconds N] [--importers N] [--out FILE]
+usage: soak-serve.py VMMW_BINARY [--seconds N] [--importers N] [--slow-hold S] [--out FILE]
 """
 import argparse, json, mmap, multiprocessing as mp, os, random, signal, socket, struct
 import subprocess, sys, tempfile, time
@@ -115,16 +115,30 @@ def poll_notices(s):
     return got
 
 
-def last_version(notices):
-    """The last `V` notice in raw notice bytes, as an early-notice list."""
+def parse_notices(raw):
+    """Raw notice bytes -> [(kind, version or None)]: `V` + u64, `R`, `X`, `!` (closed)."""
     out, i = [], 0
-    while i < len(notices):
-        if notices[i:i + 1] == b"V" and i + 9 <= len(notices):
-            out = [("V", struct.unpack("<Q", notices[i + 1:i + 9])[0])]
+    while i < len(raw):
+        k = raw[i:i + 1]
+        if k == b"V":
+            if i + 9 > len(raw):
+                break
+            out.append(("V", struct.unpack("<Q", raw[i + 1:i + 9])[0]))
             i += 9
         else:
+            out.append((k.decode("latin-1"), None))
             i += 1
     return out
+
+
+def last_version(raw):
+    """The last `V` notice in raw notice bytes, as an early-notice list."""
+    vs = [n for n in parse_notices(raw) if n[0] == "V"]
+    return vs[-1:]
+
+
+def kinds(raw):
+    return {k for k, _ in parse_notices(raw)}
 
 
 def importer(path, stop, pause, stats):
@@ -141,7 +155,7 @@ def importer(path, stop, pause, stats):
             time.sleep(0.05)
             continue
         ok = False
-        # Reloads come every 1.5 s and each rewrites the tensors in place
+        # Reloads come every second and each rewrites the tensors in place
         # before its publish: a read that overlaps one is torn and followed
         # by a `V`; read again then. Wrong means: no publish follows within 5 s.
         for _ in range(50):
@@ -151,12 +165,12 @@ def importer(path, stop, pause, stats):
                     version = v
             data = read_tensors(m, maps)
             later = poll_notices(s)
-            if b"R" in later or b"X" in later:
+            if kinds(later) & {"R", "X"}:
                 ok = True  # revoked: allowed outcome
                 with stats.get_lock():
                     stats[3] += 1
                 break
-            if b"V" in later:
+            if "V" in kinds(later):
                 early = last_version(later)
                 continue  # a publish came while reading: read again
             if data == content(version):
@@ -165,10 +179,10 @@ def importer(path, stop, pause, stats):
             # A reload may be in flight (bytes ahead of the version): its
             # publish must follow.
             deadline = time.time() + 5
-            while time.time() < deadline and b"V" not in later:
+            while time.time() < deadline and "V" not in kinds(later):
                 time.sleep(0.05)
                 later += poll_notices(s)
-            if b"V" not in later:
+            if "V" not in kinds(later):
                 break
             early = last_version(later)
         with stats.get_lock():
@@ -185,17 +199,37 @@ def importer(path, stop, pause, stats):
         time.sleep(rng.random() * 0.05)
 
 
-def slow_importer(path, stop, pause):
-    """Attach and read nothing for a long time (evicted after enough publishes)."""
+def slow_importer(path, stop, pause, stats, hold, published):
+    """Attach and read no notice for `hold` seconds. Past about a hundred
+    publishes the owner must evict it (`X`); before that every publish must
+    be in its queue: never a silent drop."""
     while not stop.is_set():
+        p0 = published.value
         try:
             m, maps, s, _ = attach(path)
         except Exception:
             time.sleep(0.2)
             continue
-        t = time.time() + 20
-        while time.time() < t and not stop.is_set():
+        t0 = time.time()
+        while time.time() - t0 < hold and not stop.is_set():
             time.sleep(0.2)
+        got = b""
+        while True:  # drain everything queued
+            more = poll_notices(s)
+            got += more
+            if not more or more.endswith(b"!"):
+                break
+        time.sleep(0.5)  # a publish under way when the hold ended lands
+        got += poll_notices(s)
+        p1 = published.value
+        seen = sum(1 for k, _ in parse_notices(got) if k == "V")
+        with stats.get_lock():
+            if "X" in kinds(got):
+                stats[4] += 1
+            elif not stop.is_set() and abs(seen - (p1 - p0)) > 1:
+                stats[5] += 1  # neither evicted nor told of every publish
+                print("SLOW IMPORTER: %d publishes, %d notices, no eviction" % (p1 - p0, seen),
+                      file=sys.stderr, flush=True)
         for x in maps:
             x.close()
         s.close()
@@ -242,6 +276,7 @@ def main():
     ap.add_argument("--seconds", type=float, default=600)
     ap.add_argument("--importers", type=int, default=16)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--slow-hold", type=float, default=200, help="seconds a slow importer reads nothing")
     a = ap.parse_args()
     d = tempfile.mkdtemp(prefix="vmmw-soak-")
     ckpt, sock = os.path.join(d, "model.safetensors"), os.path.join(d, "serve.sock")
@@ -254,9 +289,12 @@ def main():
     line = srv.stdout.readline()
     assert line.startswith("serving"), line
     stop, pause = mp.Event(), mp.Event()
-    stats = mp.Array("q", 4)  # reads, wrong, refused/failed attaches, revoked
+    # reads, wrong, failed attaches, revoked reads, slow importers evicted, slow ones not
+    stats = mp.Array("q", 6)
     procs = [mp.Process(target=importer, args=(sock, stop, pause, stats)) for _ in range(a.importers)]
-    procs += [mp.Process(target=slow_importer, args=(sock, stop, pause)) for _ in range(2)]
+    published = mp.Value("q", 0)
+    procs += [mp.Process(target=slow_importer, args=(sock, stop, pause, stats, a.slow_hold, published))
+              for _ in range(2)]
     procs += [mp.Process(target=junk, args=(sock, stop, pause)) for _ in range(2)]
     for p in procs:
         p.start()
@@ -271,7 +309,8 @@ def main():
             srv.send_signal(signal.SIGHUP)
             line = srv.stdout.readline()
             assert line.startswith("reloaded"), line
-            next_reload = now + 1.5
+            published.value += 1
+            next_reload = now + 1.0
         if now >= next_quiet:
             pause.set()
             time.sleep(3)  # slow importers stay attached; the others finish
@@ -301,6 +340,7 @@ def main():
         "reloads": version - 1,
         "importer_reads": stats[0], "wrong_bytes": stats[1],
         "failed_attaches": stats[2], "revoked_reads": stats[3],
+        "slow_importers_evicted": stats[4], "slow_importers_dropped_silently": stats[5],
         "attach_lines": text.count(": attach "), "evicted_lines": text.count(": evicted "),
         "refused_lines": text.count(": refused "),
         "fds_first_quarter_peak": peak(first, 1), "fds_last_quarter_peak": peak(last, 1),
@@ -317,7 +357,7 @@ def main():
     print(out)
     if a.out:
         open(a.out, "w").write(out + "\n")
-    bad = (res["wrong_bytes"] > 0 or res["serve_exit"] != 0
+    bad = (res["wrong_bytes"] > 0 or res["serve_exit"] != 0 or res["slow_importers_dropped_silently"] > 0
            or res["fds_last_quarter_peak"] > res["fds_first_quarter_peak"] + 8
            or res["threads_last_quarter_peak"] > res["threads_first_quarter_peak"] + 8
            or res["rss_kib_last_quarter_peak"] > res["rss_kib_first_quarter_peak"] * 1.5 + 4096
