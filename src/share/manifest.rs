@@ -255,6 +255,20 @@ mod tests {
     }
 
     #[test]
+    fn names_are_printed_escaped() {
+        assert_eq!(printable("model.norm"), "model.norm");
+        assert_eq!(
+            printable("w\n\u{1b}[31m\u{202e}x\u{2066}"),
+            "w\\n\\u{1b}[31m\\u{202e}x\\u{2066}"
+        );
+        let mut m = good();
+        m.tensors.push(m.tensors[0].clone());
+        m.tensors[0].name = "a\nb".into();
+        m.tensors[1].name = "a\nb".into();
+        refused(m, "tensor `a\\nb` is listed twice");
+    }
+
+    #[test]
     fn hostile_manifests_are_refused() {
         let mut m = good();
         m.format = 2;
