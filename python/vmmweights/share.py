@@ -27,9 +27,12 @@ owner that stops or dies leaves importers' mappings valid; the owner's sleep of
 a shared tag is refused while importers are attached (``policy="refuse"``) or
 revokes them with notice (``policy="revoke"``: their next call raises
 :class:`~vmmweights.VmmwError` with ``status_name == "VMMW_SHARE_REVOKED"``).
+An importer that leaves its notices unread for about a hundred publishes is
+evicted the same way (``VMMW_SHARE_REVOKED``, "evicted" in the message): read
+``version`` between the owner's publishes, or detach and attach again.
 Every failure is a :class:`~vmmweights.VmmwError`; a refused attach (wrong
-peer, malformed manifest, asleep tag) has ``status_name ==
-"VMMW_SHARE_REFUSED"`` and a message naming the reason.
+peer, too many connections, deadline passed, malformed manifest, asleep tag)
+has ``status_name == "VMMW_SHARE_REFUSED"`` and a message naming the reason.
 """
 
 from __future__ import annotations
@@ -148,7 +151,8 @@ class Server:
         return self._handle is not None
 
     def attached(self) -> int:
-        """Importers attached now (connections open, handshakes included)."""
+        """Importers attached now (connections open, handshakes included;
+        evicted importers count until they detach)."""
         out = ctypes.c_uint64()
         call("vmmw_share_server_attached", self.handle, ctypes.byref(out))
         return out.value
