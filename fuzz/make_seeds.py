@@ -120,3 +120,37 @@ write(t, "no-chunks", manifest(chunks=[]))
 write(t, "duplicate-names", manifest(tensors=[{"name": "w", "dtype": "U8", "shape": [1], "offset": 0}] * 2))
 write(t, "misaligned", manifest(tensors=[{"name": "w", "dtype": "F32", "shape": [1], "offset": 2}]))
 write(t, "bad-format", manifest(format=2))
+
+# The wire, client side (fuzz_share_client): one mode byte (descriptors to
+# send = mode % 4, bit 2 = unsealed), then what a hostile owner sends as is.
+G64 = 64 << 10
+def framed(text):
+    return b"VMMWSHR1" + struct.pack("<Q", len(text)) + text.encode()
+def m64(**kw):
+    m = {"format": 1, "version": 1, "backend": "host", "tag": "weights", "owner_pid": 1, "writable": False,
+         "chunks": [G64], "tensors": [{"name": "w", "dtype": "F32", "shape": [16], "offset": 0}]}
+    m.update(kw)
+    return json.dumps({"manifest": m})
+t = "share_client"
+write(t, "valid", b"\x01" + framed(m64()))
+write(t, "valid-two-chunks-notices", b"\x02" + framed(m64(chunks=[G64, G64])) + b"V" + struct.pack("<Q", 7))
+write(t, "unsealed", b"\x05" + framed(m64()))
+write(t, "too-many-fds", b"\x03" + framed(m64()))
+write(t, "too-few-fds", b"\x01" + framed(m64(chunks=[G64, G64])))
+write(t, "chunk-bigger-than-fd", b"\x01" + framed(m64(chunks=[2 * G64])))
+write(t, "oversized-chunk", b"\x01" + framed(m64(chunks=[2**46])))
+write(t, "refused", b"\x00" + framed(json.dumps({"refused": "no"})))
+write(t, "refused-control-chars", b"\x00" + framed(json.dumps({"refused": "x\n\u001b[31m\u202e"})))
+write(t, "wrong-magic", b"\x01NOTVMMW\0" + struct.pack("<Q", 2) + b"{}")
+write(t, "huge-length", b"\x00VMMWSHR1" + struct.pack("<Q", 2**63))
+write(t, "short-json", b"\x00VMMWSHR1" + struct.pack("<Q", 100) + b"{")
+write(t, "bad-notice", b"\x01" + framed(m64()) + b"Z")
+write(t, "evicted-in-handshake", b"\x01" + framed(m64()) + b"X")
+write(t, "empty", b"")
+
+# The wire, server side (fuzz_share_server): what a hostile importer sends.
+t = "share_server"
+for name, data in {"read": b"r", "write": b"w", "junk-request": b"x", "nothing": b"",
+                   "read-then-junk": b"r" + b"\0" * 64, "write-then-notices": b"wVVVVRRX",
+                   "magic": b"VMMWSHR1" + struct.pack("<Q", 2) + b"{}", "many": b"r" * 4096}.items():
+    write(t, name, data)

@@ -628,6 +628,24 @@ typedef struct vmmw_share_options_t {
    * The user id allowed to attach when `use_allowed_uid` is 1.
    */
   uint32_t allowed_uid;
+  /**
+   * 1: members of group `allowed_gid` (primary or supplementary) may attach
+   * too; 0: ignore it.
+   */
+  uint32_t use_allowed_gid;
+  /**
+   * The group id allowed to attach when `use_allowed_gid` is 1.
+   */
+  uint32_t allowed_gid;
+  /**
+   * Most connections served at once, handshaking and attached (past it a
+   * peer is refused with the reason); 0: 256.
+   */
+  uint32_t max_connections;
+  /**
+   * One deadline per handshake, in milliseconds; 0: 10000.
+   */
+  uint32_t handshake_timeout_ms;
 } vmmw_share_options_t;
 
 /**
@@ -1936,7 +1954,9 @@ vmmw_status_t vmmw_segment_read(const struct vmmw_segment_t *segment, uint64_t o
  * (`VMMW_UNSUPPORTED` otherwise). On success `*out` receives a server owned
  * by the caller; it accepts importers on its own thread until
  * `vmmw_share_server_free`. The loader may be freed afterwards (the list of
- * tensors is copied); the pool must outlive the server.
+ * tensors is copied); the pool must outlive the server. Each attach,
+ * refusal, eviction and detach writes one audit line on standard error
+ * (`vmmw share: PATH: attach pid=.. uid=.. gid=.. access=..: ...`).
  *
  * Bad input: `VMMW_NULL_ARGUMENT` (`pool`, `loader`, `path`, `out`);
  * `VMMW_INVALID_ARGUMENT` (options `size` or values out of range, no
@@ -1952,7 +1972,9 @@ vmmw_status_t vmmw_segment_read(const struct vmmw_segment_t *segment, uint64_t o
 vmmw_status_t vmmw_share_serve(struct vmmw_pool_t *pool, uint32_t tag, const struct vmmw_loader_t *loader, const char *path, const struct vmmw_share_options_t *options, struct vmmw_share_server_t **out, struct vmmw_error_t **error);
 
 /**
- * Stop serving and remove the socket path. Attached importers keep their
+ * Stop serving and remove the socket path (if it is still the socket this
+ * server bound). A barrier: once it returns no descriptor leaves through
+ * the share. Attached importers keep their
  * mappings (the memory lives while they map it) and stop counting against
  * the tag's sleep policy. NULL is a no-op.
  *

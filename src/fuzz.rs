@@ -13,7 +13,7 @@ use std::fs::File;
 use std::io::Write;
 use std::os::fd::FromRawFd;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use crate::loader::checkpoint::INDEX_FILE;
 use crate::loader::{Checkpoint, Dtype, Plan, PlanOptions, Registry, Rules};
@@ -388,4 +388,202 @@ pub fn fuzz_share_manifest(data: &[u8]) {
             }
         }
     }
+}
+
+/// The wire, client side: a hostile owner sends `data[1..]` as is, then
+/// `data[0] % 4` memfds of 64 KiB (unsealed when bit 2 of `data[0]` is set),
+/// then the end of the handshake, then closes. The attach succeeds with a
+/// layout that matches what was sent, or fails with a share error; either way
+/// the importer holds no handle, mapping, reservation or descriptor after.
+#[doc(hidden)]
+pub fn fuzz_share_client(data: &[u8]) {
+    use crate::driver::host::{HostConfig, HostDriver};
+    use crate::driver::Driver;
+    use crate::share::{wire, AttachOptions, Attachment};
+    use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+    use std::os::unix::net::UnixListener;
+    use std::time::Duration;
+
+    const G: usize = 64 << 10;
+    let Some((&mode, bytes)) = data.split_first() else {
+        return;
+    };
+    let dir = tempfile_dir();
+    let path = dir.join(format!("client-{}", unique()));
+    let listener = UnixListener::bind(&path).expect("binding the fuzz socket");
+    let bytes = bytes.to_vec();
+    let owner = std::thread::spawn(move || {
+        let Ok((s, _)) = listener.accept() else {
+            return;
+        };
+        let _ = wire::send_all(&s, &bytes, None);
+        let fds: Vec<OwnedFd> = (0..mode % 4)
+            .map(|_| {
+                let flags = if mode & 4 != 0 {
+                    0
+                } else {
+                    libc::MFD_ALLOW_SEALING
+                };
+                // SAFETY: a valid NUL-terminated name.
+                let fd = unsafe { libc::memfd_create(c"fuzz".as_ptr(), libc::MFD_CLOEXEC | flags) };
+                assert!(fd >= 0, "memfd_create: {}", std::io::Error::last_os_error());
+                // SAFETY: `fd` was just created and is owned by nothing else.
+                let fd = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+                // SAFETY: sizing and sealing the memfd just created.
+                unsafe {
+                    libc::ftruncate(fd.as_raw_fd(), G as libc::off_t);
+                    libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, libc::F_SEAL_SHRINK);
+                }
+                fd
+            })
+            .collect();
+        let b: Vec<_> = fds.iter().map(|f| f.as_fd()).collect();
+        let _ = wire::send_fds(&s, &b, None);
+        let _ = wire::send_all(&s, b"E", None);
+    });
+    let driver = Arc::new(HostDriver::new(HostConfig {
+        granularity: G,
+        memory_limit: 1 << 30,
+    }));
+    let options = AttachOptions {
+        timeout: Duration::from_secs(2),
+        ..AttachOptions::default()
+    };
+    match Attachment::attach(driver.clone() as Arc<dyn Driver>, &path, &options) {
+        Ok(a) => {
+            let m = a.manifest().clone();
+            let (_, total) = a.range();
+            assert_eq!(total as u64, m.chunks.iter().sum::<u64>());
+            assert_eq!(a.len(), m.tensors.len());
+            for t in a.tensors().unwrap_or_default() {
+                let mut buf = vec![0u8; t.bytes.min(64)];
+                a.read(t.ptr, &mut buf)
+                    .expect("a tensor of an accepted share reads");
+            }
+            a.detach().expect("detach");
+        }
+        Err(e) => {
+            let s = e.status();
+            assert!(
+                matches!(
+                    s,
+                    crate::Status::ShareRefused
+                        | crate::Status::InvalidArgument
+                        | crate::Status::Io
+                ),
+                "an owner's bytes gave {s:?}: {e}"
+            );
+        }
+    }
+    let c = driver.counts();
+    assert_eq!(
+        (c.handles, c.mappings, c.reservations),
+        (0, 0, 0),
+        "the importer keeps nothing after an attach ends"
+    );
+    let _ = owner.join();
+    let _ = std::fs::remove_file(&path);
+}
+
+/// The wire, server side: a hostile importer connects to a running share,
+/// sends `data` and closes its writing end, then reads what comes back. The
+/// owner answers with a refusal, or a manifest, one descriptor per chunk and
+/// the end of the handshake; and it stops counting the connection once the
+/// importer has gone.
+#[doc(hidden)]
+pub fn fuzz_share_server(data: &[u8]) {
+    use crate::share::manifest::Hello;
+    use crate::share::wire;
+    use std::os::unix::net::UnixStream;
+    use std::time::{Duration, Instant};
+
+    let server = fuzz_server();
+    let s = UnixStream::connect(server.path()).expect("connecting to the fuzz share");
+    let _ = wire::send_all(&s, data, None);
+    let _ = s.shutdown(std::net::Shutdown::Write);
+    let deadline = Some(Instant::now() + Duration::from_secs(5));
+    let mut fds = Vec::new();
+    match wire::read_hello(&s, &mut fds, deadline) {
+        Ok(Hello::Refused(why)) => {
+            assert!(!why.is_empty());
+            assert!(fds.is_empty(), "descriptors came with a refusal");
+        }
+        Ok(Hello::Manifest(m)) => {
+            assert!(
+                data.first().is_some_and(|&b| b == b'r' || b == b'w'),
+                "a manifest for the request {:?}",
+                data.first()
+            );
+            let mut byte = [0u8; 1];
+            while fds.len() < m.chunks.len() {
+                wire::recv_exact(&s, &mut byte, &mut fds, deadline).expect("every descriptor");
+            }
+            assert_eq!(fds.len(), m.chunks.len(), "one descriptor per chunk");
+        }
+        // The owner may cut a connection that sent bytes after its request.
+        Err(e) => assert!(data.len() > 1, "no answer to {data:?}: {e}"),
+    }
+    drop(fds);
+    drop(s);
+    let until = Instant::now() + Duration::from_secs(10);
+    while server.attached() > 0 {
+        assert!(
+            Instant::now() < until,
+            "the owner still counts a closed connection"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+fn tempfile_dir() -> PathBuf {
+    let d = std::env::temp_dir().join(format!("vmmw-fuzz-{}", std::process::id()));
+    std::fs::create_dir_all(&d).expect("creating the fuzz socket folder");
+    d
+}
+
+fn unique() -> u64 {
+    static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    N.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}
+
+/// One share for the whole fuzz run: two tensors in a host pool.
+fn fuzz_server() -> &'static crate::share::Server {
+    use crate::driver::host::{HostConfig, HostDriver};
+    use crate::loader::registry::Destination;
+    use crate::pool::{Pool, PoolConfig};
+    use crate::share::{LogSink, ServeOptions, Server};
+    use std::sync::OnceLock;
+
+    static SERVER: OnceLock<Server> = OnceLock::new();
+    SERVER.get_or_init(|| {
+        let driver = Arc::new(HostDriver::new(HostConfig {
+            granularity: 64 << 10,
+            memory_limit: 1 << 30,
+        }));
+        let pool = Arc::new(Pool::new(driver, PoolConfig::default()).expect("a host pool"));
+        let tag = crate::tag::id("fuzz-share").expect("a tag");
+        let tensors = [("a", 1000usize), ("b", 70_000)]
+            .into_iter()
+            .map(|(name, n)| Destination {
+                name: name.into(),
+                ptr: pool.alloc_tagged(n * 4, tag).expect("an allocation").ptr,
+                dtype: Dtype::F32,
+                shape: vec![n],
+            })
+            .collect();
+        let path = tempfile_dir().join(format!("server-{}", unique()));
+        Server::start(
+            pool,
+            tag,
+            tensors,
+            path,
+            ServeOptions {
+                allow_write: true,
+                handshake_timeout: std::time::Duration::from_secs(2),
+                log: LogSink::discard(),
+                ..ServeOptions::default()
+            },
+        )
+        .expect("serving the fuzz share")
+    })
 }

@@ -243,3 +243,57 @@ fn serve_refuses_an_existing_socket_path_before_loading() {
     assert_eq!(r.code, 2, "{}", r.all());
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn serve_bounds_its_connections_and_checks_its_limits() {
+    let dir = tmp("bounds");
+    let ckpt = common::cli::small_checkpoint(&dir);
+    for bad in [
+        &["--max-connections", "0"][..],
+        &["--handshake-timeout", "0"],
+        &["--handshake-timeout", "-1"],
+        &["--allow-gid", "x"],
+    ] {
+        let mut args = vec!["serve", &ckpt, "--socket", "never.sock"];
+        args.extend_from_slice(bad);
+        let r = vmmw(&args);
+        assert_eq!(r.code, 2, "{bad:?}: {}", r.all());
+    }
+    let sock = dir.join("w.sock");
+    let mut s = Serve::start(&[
+        &ckpt,
+        "--socket",
+        sock.to_str().unwrap(),
+        "--max-connections",
+        "1",
+        "--allow-gid",
+        "0",
+        "--handshake-timeout",
+        "2.5",
+    ]);
+    assert!(s.line().starts_with("serving "));
+    let a = Attachment::attach(common::loader::host(), &sock, &AttachOptions::default()).unwrap();
+    let e =
+        Attachment::attach(common::loader::host(), &sock, &AttachOptions::default()).unwrap_err();
+    assert_eq!(e.status(), Status::ShareRefused, "{e}");
+    assert!(e.to_string().contains("too many connections"), "{e}");
+    a.detach().unwrap();
+    let mut again = None;
+    for _ in 0..200 {
+        match Attachment::attach(common::loader::host(), &sock, &AttachOptions::default()) {
+            Ok(a) => {
+                again = Some(a);
+                break;
+            }
+            Err(_) => std::thread::sleep(Duration::from_millis(10)),
+        }
+    }
+    again
+        .expect("a slot frees once the importer detached")
+        .detach()
+        .unwrap();
+    s.signal(libc::SIGTERM);
+    assert!(s.line().starts_with("stopped (SIGTERM)"));
+    assert!(s.child.wait().unwrap().success());
+    let _ = std::fs::remove_dir_all(&dir);
+}

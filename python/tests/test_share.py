@@ -309,3 +309,21 @@ def test_serve_in_process_and_socket_exists_error(ckpt, tmp_path):
         assert not server.serving and not sock.exists()
         with pytest.raises(ValueError, match="stopped"):
             server.publish()
+
+
+def test_connection_bound_and_group_allow_list_reach_the_server(ckpt, tmp_path):
+    sock = tmp_path / "bound.sock"
+    with vw.Pool(backend="host") as pool:
+        with pytest.raises(ValueError, match="max_connections"):
+            share.serve_checkpoint(ckpt[0], sock, pool, "weights", max_connections=-1)
+        assert not sock.exists()
+        with share.serve_checkpoint(ckpt[0], sock, pool, "weights", max_connections=1,
+                                    allowed_uid=os.getuid() + 1, allowed_gid=os.getegid(),
+                                    handshake_timeout=2.5) as server:
+            with share.attach(sock) as att:  # admitted by its group
+                assert server.attached() == 1
+                with pytest.raises(vw.VmmwError) as e:
+                    share.attach(sock)
+                assert e.value.status_name == "VMMW_SHARE_REFUSED"
+                assert "too many connections" in str(e.value)
+                assert att.version == 1

@@ -173,6 +173,10 @@ class ShareOptions(_Sized):
         ("allow_write", u32),
         ("use_allowed_uid", u32),
         ("allowed_uid", u32),
+        ("use_allowed_gid", u32),
+        ("allowed_gid", u32),
+        ("max_connections", u32),
+        ("handshake_timeout_ms", u32),
     ]
 
 

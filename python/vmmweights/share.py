@@ -27,9 +27,12 @@ owner that stops or dies leaves importers' mappings valid; the owner's sleep of
 a shared tag is refused while importers are attached (``policy="refuse"``) or
 revokes them with notice (``policy="revoke"``: their next call raises
 :class:`~vmmweights.VmmwError` with ``status_name == "VMMW_SHARE_REVOKED"``).
+An importer that leaves its notices unread for about a hundred publishes is
+evicted the same way (``VMMW_SHARE_REVOKED``, "evicted" in the message): read
+``version`` between the owner's publishes, or detach and attach again.
 Every failure is a :class:`~vmmweights.VmmwError`; a refused attach (wrong
-peer, malformed manifest, asleep tag) has ``status_name ==
-"VMMW_SHARE_REFUSED"`` and a message naming the reason.
+peer, too many connections, deadline passed, malformed manifest, asleep tag)
+has ``status_name == "VMMW_SHARE_REFUSED"`` and a message naming the reason.
 """
 
 from __future__ import annotations
@@ -88,7 +91,11 @@ class Server:
     `pool` must stay open while serving.
 
     `allow_write`: importers may map read-write when they ask. `allowed_uid`:
-    the user id allowed to attach instead of this process's own.
+    the user id allowed to attach instead of this process's own;
+    `allowed_gid`: a group whose members may attach too. `max_connections`
+    (default 256) bounds the connections served at once and
+    `handshake_timeout` (seconds, default 10) each handshake. Every attach,
+    refusal, eviction and detach writes one audit line on standard error.
     Thread-safe. Use as a context manager, or call :meth:`stop`."""
 
     def __init__(
@@ -101,13 +108,25 @@ class Server:
         policy: str = "refuse",
         allow_write: bool = False,
         allowed_uid: Optional[int] = None,
+        allowed_gid: Optional[int] = None,
+        max_connections: int = 0,
+        handshake_timeout: float = 0.0,
     ) -> None:
         self._handle: Optional[ctypes.c_void_p] = None
+        if not 0 <= max_connections < 2**32:
+            raise ValueError(f"max_connections {max_connections}: expected 0 (default) to 2**32 - 1")
+        timeout_ms = round(handshake_timeout * 1000)
+        if not 0 <= timeout_ms < 2**32:
+            raise ValueError(f"handshake_timeout {handshake_timeout}: expected 0 (default) to 4294967 s")
         opts = S.ShareOptions(
             sleep_policy=_sleep_policy(policy),
             allow_write=int(bool(allow_write)),
             use_allowed_uid=int(allowed_uid is not None),
             allowed_uid=allowed_uid or 0,
+            use_allowed_gid=int(allowed_gid is not None),
+            allowed_gid=allowed_gid or 0,
+            max_connections=max_connections,
+            handshake_timeout_ms=timeout_ms,
         )
         self.path = os.fspath(path)
         self.tag = tag
@@ -132,7 +151,8 @@ class Server:
         return self._handle is not None
 
     def attached(self) -> int:
-        """Importers attached now (connections open, handshakes included)."""
+        """Importers attached now (connections open, handshakes included;
+        evicted importers count until they detach)."""
         out = ctypes.c_uint64()
         call("vmmw_share_server_attached", self.handle, ctypes.byref(out))
         return out.value
@@ -200,9 +220,13 @@ class CheckpointServer(Server):
 
 
 def serve(pool: Pool, loader: Loader, path: Union[str, os.PathLike], *, tag: str = "weights",
-          policy: str = "refuse", allow_write: bool = False, allowed_uid: Optional[int] = None) -> Server:
+          policy: str = "refuse", allow_write: bool = False, allowed_uid: Optional[int] = None,
+          allowed_gid: Optional[int] = None, max_connections: int = 0,
+          handshake_timeout: float = 0.0) -> Server:
     """Serve `loader`'s destinations in `pool`'s `tag` at `path` (see :class:`Server`)."""
-    return Server(pool, loader, path, tag=tag, policy=policy, allow_write=allow_write, allowed_uid=allowed_uid)
+    return Server(pool, loader, path, tag=tag, policy=policy, allow_write=allow_write,
+                  allowed_uid=allowed_uid, allowed_gid=allowed_gid,
+                  max_connections=max_connections, handshake_timeout=handshake_timeout)
 
 
 def serve_checkpoint(
@@ -220,6 +244,9 @@ def serve_checkpoint(
     policy: str = "refuse",
     allow_write: bool = False,
     allowed_uid: Optional[int] = None,
+    allowed_gid: Optional[int] = None,
+    max_connections: int = 0,
+    handshake_timeout: float = 0.0,
 ) -> CheckpointServer:
     """Allocate `checkpoint`'s destinations in `pool` (the default pool of
     device 0 when None) under `tag`, load them, and serve them at `path`.
@@ -237,7 +264,9 @@ def serve_checkpoint(
         dests = loader.allocate(pool, tag)
         result = loader.load(pool)
         return CheckpointServer(loader, pool, path, tag=tag, destinations=dests, result=result,
-                                policy=policy, allow_write=allow_write, allowed_uid=allowed_uid)
+                                policy=policy, allow_write=allow_write, allowed_uid=allowed_uid,
+                                allowed_gid=allowed_gid, max_connections=max_connections,
+                                handshake_timeout=handshake_timeout)
     except BaseException:
         loader.close()
         raise

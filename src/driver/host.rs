@@ -1,7 +1,8 @@
 //! The host backend: CUDA VMM semantics on host memory.
 //!
 //! - reserve  = `mmap(PROT_NONE, MAP_PRIVATE|MAP_ANONYMOUS|MAP_NORESERVE)`, aligned;
-//! - create   = a `memfd` of the requested size (counted against a memory limit);
+//! - create   = a `memfd` of the requested size, sealed against shrinking and growing
+//!   (counted against a memory limit);
 //! - map      = `mmap(MAP_FIXED|MAP_SHARED)` of the memfd into the reservation, still `PROT_NONE`;
 //! - set_access = `mprotect(PROT_READ|PROT_WRITE)`;
 //! - unmap    = an anonymous `PROT_NONE` mapping `MAP_FIXED` over the range, so the VA
@@ -538,13 +539,26 @@ impl Driver for HostDriver {
             });
         }
         // SAFETY: the name is a valid NUL-terminated string.
-        let fd = unsafe { libc::memfd_create(c"vmmw-phys".as_ptr(), libc::MFD_CLOEXEC) };
+        let fd = unsafe {
+            libc::memfd_create(
+                c"vmmw-phys".as_ptr(),
+                libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING,
+            )
+        };
         if fd < 0 {
             return Err(errno_error("memfd_create", format!("{size} bytes")));
         }
+        // Sealed at its size, as device memory is: no process it is shared
+        // with can truncate it under another's mapping (SIGBUS) or grow it.
         // SAFETY: fd is the memfd just created.
-        if unsafe { libc::ftruncate(fd, size as libc::off_t) } != 0 {
-            let e = errno_error("ftruncate", format!("sizing memfd to {size} bytes"));
+        let sized = unsafe { libc::ftruncate(fd, size as libc::off_t) } == 0;
+        let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW;
+        // SAFETY: fd is the memfd just created, with sealing allowed.
+        if !sized || unsafe { libc::fcntl(fd, libc::F_ADD_SEALS, seals) } != 0 {
+            let e = errno_error(
+                "memfd",
+                format!("sizing and sealing a memfd of {size} bytes"),
+            );
             // SAFETY: fd is ours and closed once.
             unsafe { libc::close(fd) };
             return Err(e);

@@ -47,6 +47,16 @@ pub struct vmmw_share_options_t {
     pub use_allowed_uid: u32,
     /// The user id allowed to attach when `use_allowed_uid` is 1.
     pub allowed_uid: u32,
+    /// 1: members of group `allowed_gid` (primary or supplementary) may attach
+    /// too; 0: ignore it.
+    pub use_allowed_gid: u32,
+    /// The group id allowed to attach when `use_allowed_gid` is 1.
+    pub allowed_gid: u32,
+    /// Most connections served at once, handshaking and attached (past it a
+    /// peer is refused with the reason); 0: 256.
+    pub max_connections: u32,
+    /// One deadline per handshake, in milliseconds; 0: 10000.
+    pub handshake_timeout_ms: u32,
 }
 
 // SAFETY: repr(C), `size: usize` first, integers only.
@@ -59,6 +69,10 @@ unsafe impl SizedOptions for vmmw_share_options_t {
             allow_write: 0,
             use_allowed_uid: 0,
             allowed_uid: 0,
+            use_allowed_gid: 0,
+            allowed_gid: 0,
+            max_connections: 0,
+            handshake_timeout_ms: 0,
         }
     }
 }
@@ -84,16 +98,31 @@ fn serve_options(o: vmmw_share_options_t) -> Result<ServeOptions> {
             )))
         }
     };
-    if o.allow_write > 1 || o.use_allowed_uid > 1 {
+    if o.allow_write > 1 || o.use_allowed_uid > 1 || o.use_allowed_gid > 1 {
         return Err(Error::InvalidArgument(format!(
-            "allow_write ({}) and use_allowed_uid ({}) must be 0 or 1",
-            o.allow_write, o.use_allowed_uid
+            "allow_write ({}), use_allowed_uid ({}) and use_allowed_gid ({}) must be 0 or 1",
+            o.allow_write, o.use_allowed_uid, o.use_allowed_gid
         )));
     }
+    let d = ServeOptions::default();
     Ok(ServeOptions {
         sleep_policy,
         allow_write: o.allow_write == 1,
         allowed_uids: (o.use_allowed_uid == 1).then(|| vec![o.allowed_uid]),
+        allowed_gids: if o.use_allowed_gid == 1 {
+            vec![o.allowed_gid]
+        } else {
+            Vec::new()
+        },
+        max_connections: match o.max_connections {
+            0 => d.max_connections,
+            n => n as usize,
+        },
+        handshake_timeout: match o.handshake_timeout_ms {
+            0 => d.handshake_timeout,
+            ms => std::time::Duration::from_millis(ms.into()),
+        },
+        log: d.log,
     })
 }
 
@@ -104,7 +133,9 @@ fn serve_options(o: vmmw_share_options_t) -> Result<ServeOptions> {
 /// (`VMMW_UNSUPPORTED` otherwise). On success `*out` receives a server owned
 /// by the caller; it accepts importers on its own thread until
 /// `vmmw_share_server_free`. The loader may be freed afterwards (the list of
-/// tensors is copied); the pool must outlive the server.
+/// tensors is copied); the pool must outlive the server. Each attach,
+/// refusal, eviction and detach writes one audit line on standard error
+/// (`vmmw share: PATH: attach pid=.. uid=.. gid=.. access=..: ...`).
 ///
 /// Bad input: `VMMW_NULL_ARGUMENT` (`pool`, `loader`, `path`, `out`);
 /// `VMMW_INVALID_ARGUMENT` (options `size` or values out of range, no
@@ -141,7 +172,9 @@ pub unsafe extern "C" fn vmmw_share_serve(
     })
 }
 
-/// Stop serving and remove the socket path. Attached importers keep their
+/// Stop serving and remove the socket path (if it is still the socket this
+/// server bound). A barrier: once it returns no descriptor leaves through
+/// the share. Attached importers keep their
 /// mappings (the memory lives while they map it) and stop counting against
 /// the tag's sleep policy. NULL is a no-op.
 ///

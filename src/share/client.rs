@@ -15,10 +15,11 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use super::manifest::{Hello, Layout, Manifest, SharedTensor};
+use super::manifest::{printable, Hello, Layout, Manifest, SharedTensor};
+use super::memfd;
 use super::wire::{self, Notice};
 use crate::driver::sync_copy::copy_to_host;
-use crate::driver::{DevicePtr, Driver, PhysHandle};
+use crate::driver::{BackendKind, DevicePtr, Driver, PhysHandle};
 use crate::error::{Error, Result};
 use crate::loader::dtype::Dtype;
 
@@ -27,7 +28,8 @@ use crate::loader::dtype::Dtype;
 pub struct AttachOptions {
     /// Map read-write (the owner must allow it); default read-only.
     pub read_write: bool,
-    /// Longest wait for the owner's manifest and descriptors.
+    /// Longest attach, from connect to the last descriptor: one deadline for
+    /// the whole handshake, however the owner paces its bytes.
     pub timeout: Duration,
     /// User ids the owner may run as; `None` accepts this process's user and root.
     pub allowed_owner_uids: Option<Vec<u32>>,
@@ -123,7 +125,8 @@ impl Drop for Mapping {
 struct Notices {
     pending: Vec<u8>,
     version: u64,
-    revoked: bool,
+    /// Why the share is revoked for this importer, once it is.
+    revoked: Option<Notice>,
     owner_gone: bool,
 }
 
@@ -131,7 +134,9 @@ impl Notices {
     fn apply(&mut self, n: Notice) {
         match n {
             Notice::Version(v) => self.version = v,
-            Notice::Revoked => self.revoked = true,
+            Notice::Revoked | Notice::Evicted => {
+                self.revoked.get_or_insert(n);
+            }
             Notice::Ready => {}
         }
     }
@@ -156,13 +161,15 @@ fn receive_and_map(
     path: &Path,
     mapping: &mut Mapping,
     chunks: &[usize],
+    deadline: Instant,
 ) -> Result<()> {
     let want = chunks.len();
     let (mut next, mut off) = (0usize, 0usize);
     let mut batch = Vec::new();
     let mut byte = [0u8; 1];
+    let host = mapping.driver.kind() == BackendKind::Host;
     while next < want {
-        wire::recv_exact(sock, &mut byte, &mut batch)
+        wire::recv_exact(sock, &mut byte, &mut batch, Some(deadline))
             .map_err(|e| refused(path, format!("receiving descriptors: {e}")))?;
         if batch.is_empty() {
             // The owner moved on before sending a descriptor per chunk.
@@ -173,7 +180,18 @@ fn receive_and_map(
         }
         for fd in batch.drain(..) {
             let size = chunks[next];
-            let h = mapping.driver.import_fd(fd, size)?;
+            if host {
+                memfd::check_sealed(&fd)
+                    .map_err(|e| refused(path, format!("chunk {next}: {e}")))?;
+            }
+            // The descriptor is the owner's: one that is not memory of the
+            // size its manifest claims is the owner's fault, a refusal.
+            let h = mapping.driver.import_fd(fd, size).map_err(|e| {
+                refused(
+                    path,
+                    format!("chunk {next} ({size} bytes): the owner's descriptor cannot be imported: {e}"),
+                )
+            })?;
             mapping.handles.push(h);
             mapping.driver.map(mapping.va + off as u64, size, h)?;
             mapping.mapped.push((off, size));
@@ -214,9 +232,8 @@ impl Attachment {
     ) -> Result<Attachment> {
         let path = path.as_ref();
         let start = Instant::now();
+        let deadline = start + options.timeout;
         let sock = UnixStream::connect(path).map_err(|e| Error::io(path, e))?;
-        sock.set_read_timeout(Some(options.timeout))
-            .map_err(|e| Error::io(path, e))?;
         let owner = wire::peer_cred(&sock).map_err(|e| Error::io(path, e))?;
         let owner_ok = match &options.allowed_owner_uids {
             None => owner.uid == wire::own_uid() || owner.uid == 0,
@@ -233,11 +250,20 @@ impl Attachment {
                 ),
             ));
         }
-        std::io::Write::write_all(&mut &sock, if options.read_write { b"w" } else { b"r" })
-            .map_err(|e| Error::io(path, e))?;
+        // An owner may refuse before reading the request and close: its
+        // refusal is still there to read, so a failed send is reported only
+        // when no answer follows.
+        let asked = wire::send_all(
+            &sock,
+            if options.read_write { b"w" } else { b"r" },
+            Some(deadline),
+        );
         let mut fds = Vec::new();
-        let hello = wire::read_hello(&sock, &mut fds)
-            .map_err(|e| refused(path, format!("reading the manifest: {e}")))?;
+        let hello = match (wire::read_hello(&sock, &mut fds, Some(deadline)), asked) {
+            (Ok(h), _) => h,
+            (Err(_), Err(e)) => return Err(Error::io(path, e)),
+            (Err(e), Ok(())) => return Err(refused(path, format!("reading the manifest: {e}"))),
+        };
         if !fds.is_empty() {
             return Err(refused(
                 path,
@@ -249,7 +275,12 @@ impl Attachment {
         }
         let manifest = match hello {
             Hello::Manifest(m) => m,
-            Hello::Refused(why) => return Err(refused(path, format!("the owner refused: {why}"))),
+            Hello::Refused(why) => {
+                return Err(refused(
+                    path,
+                    format!("the owner refused: {}", printable(&why)),
+                ))
+            }
         };
         let layout = manifest
             .validate(driver.kind(), driver.granularity())
@@ -269,12 +300,20 @@ impl Attachment {
             handles: Vec::with_capacity(want),
             mapped: Vec::with_capacity(want),
         };
-        mapping.va = driver.reserve(layout.total, 0)?;
+        mapping.va = driver.reserve(layout.total, 0).map_err(|e| {
+            refused(
+                path,
+                format!(
+                    "cannot reserve the {} bytes of address space the owner's {want} chunks need: {e}",
+                    layout.total
+                ),
+            )
+        })?;
         mapping.total = layout.total;
         let t = Instant::now();
-        receive_and_map(&sock, path, &mut mapping, &layout.chunks)?;
+        receive_and_map(&sock, path, &mut mapping, &layout.chunks, deadline)?;
         let mut fds = Vec::new();
-        let early = wire::read_until_ready(&sock, &mut fds)
+        let early = wire::read_until_ready(&sock, &mut fds, Some(deadline))
             .map_err(|e| refused(path, format!("finishing the handshake: {e}")))?;
         if !fds.is_empty() {
             return Err(wrong_count(path, want, want + fds.len()));
@@ -324,10 +363,11 @@ impl Attachment {
         self.stats
     }
 
-    /// Read the owner's notices; `ShareRevoked` once it revoked the share.
+    /// Read the owner's notices; `ShareRevoked` once it revoked the share or
+    /// evicted this importer.
     pub fn check(&self) -> Result<()> {
         let mut n = self.notices.lock().unwrap_or_else(|p| p.into_inner());
-        if !n.revoked && !n.owner_gone {
+        if n.revoked.is_none() && !n.owner_gone {
             let Notices { pending, .. } = &mut *n;
             let (got, closed) = wire::poll_notices(&self.sock, pending)
                 .map_err(|e| refused(&self.path, format!("reading the owner's notices: {e}")))?;
@@ -336,16 +376,24 @@ impl Attachment {
             }
             n.owner_gone |= closed;
         }
-        if n.revoked {
-            return Err(Error::ShareRevoked {
-                path: self.path.clone(),
-                reason: format!(
-                    "the owner (pid {}) put tag `{}` to sleep",
-                    self.manifest.owner_pid, self.manifest.tag
-                ),
-            });
-        }
-        Ok(())
+        let reason = match n.revoked {
+            None => return Ok(()),
+            Some(Notice::Evicted) => format!(
+                "the owner (pid {}) evicted this importer: it left the owner's notices unread \
+                 past the bound the owner keeps per importer (call `version` or `check` \
+                 between the owner's publishes), or sent bytes after its request; detach and attach again",
+                self.manifest.owner_pid
+            ),
+            Some(_) => format!(
+                "the owner (pid {}) put tag `{}` to sleep",
+                self.manifest.owner_pid,
+                printable(&self.manifest.tag)
+            ),
+        };
+        Err(Error::ShareRevoked {
+            path: self.path.clone(),
+            reason,
+        })
     }
 
     /// The weights version: the manifest's, or a newer one the owner published.
@@ -374,8 +422,9 @@ impl Attachment {
         self.check()?;
         let i = *self.index.get(name).ok_or_else(|| {
             Error::InvalidArgument(format!(
-                "share {}: no tensor `{name}` (it has {} tensors)",
+                "share {}: no tensor `{}` (it has {} tensors)",
                 self.path.display(),
+                printable(name),
                 self.manifest.tensors.len()
             ))
         })?;

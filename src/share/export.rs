@@ -6,7 +6,8 @@ use std::collections::BTreeMap;
 use std::os::fd::OwnedFd;
 
 use super::manifest::{Manifest, SharedTensor, FORMAT};
-use crate::driver::DevicePtr;
+use super::memfd;
+use crate::driver::{BackendKind, DevicePtr};
 use crate::error::{Error, Result};
 use crate::loader::registry::Destination;
 use crate::pool::Pool;
@@ -21,7 +22,9 @@ pub struct Export {
     pub fds: Vec<OwnedFd>,
 }
 
-/// Export the chunks of `tag`'s segments that hold `tensors`. Fails when a
+/// Export the chunks of `tag`'s segments that hold `tensors`. When the share
+/// is read-only (`!writable`) on the host backend, each descriptor is a
+/// read-only reopen of its memfd, sealed against new writers. Fails when a
 /// tensor lies outside the tag's committed memory, when the tag is asleep
 /// (a chunk unmapped), or when the driver cannot export.
 pub fn export(
@@ -32,6 +35,9 @@ pub fn export(
     writable: bool,
 ) -> Result<Export> {
     let driver = pool.driver().clone();
+    // On the host backend a read-only share hands out sealed, read-only
+    // descriptors (`memfd`); CUDA handles carry no access of their own.
+    let read_only_fds = !writable && driver.kind() == BackendKind::Host;
     let tag_name = tag::name_of(tag);
     pool.with_awake_tag_segments(tag, |segs| {
         // Segments by base, with their committed length.
@@ -53,7 +59,7 @@ pub fn export(
                 .ok_or_else(|| {
                     Error::InvalidArgument(format!(
                         "tensor `{}` at {:#x} (+{bytes}) is not inside the committed memory of tag `{tag_name}`",
-                        t.name, t.ptr
+                        super::manifest::printable(&t.name), t.ptr
                     ))
                 })?;
             used.insert(seg.ptr(), bases[&seg.ptr()]);
@@ -78,7 +84,16 @@ pub fn export(
                         "tag `{tag_name}` is asleep (segment {base:#x} has unmapped chunks); wake it before sharing"
                     ))
                 })?;
-                fds.push(driver.export_fd(h)?);
+                let fd = driver.export_fd(h)?;
+                fds.push(if read_only_fds {
+                    memfd::read_only(&fd).map_err(|e| {
+                        Error::InvalidState(format!(
+                            "tag `{tag_name}`: cannot seal a chunk of segment {base:#x} and reopen it read-only: {e}"
+                        ))
+                    })?
+                } else {
+                    fd
+                });
                 chunks.push(c.size as u64);
                 expect += c.size;
                 flat += c.size as u64;

@@ -26,6 +26,29 @@ pub const MAX_TOTAL_BYTES: u64 = 1 << 48;
 /// Longest manifest accepted on the wire, in bytes.
 pub const MAX_MANIFEST_BYTES: u64 = 256 << 20;
 
+/// `s` as it may be printed: control characters and bidirectional overrides
+/// (which reorder what follows them on a terminal) escaped as `\n`,
+/// `\u{202e}`. Names in a manifest come from another process; every message
+/// that quotes one goes through this.
+pub fn printable(s: &str) -> String {
+    let hazard = |c: char| {
+        c.is_control()
+            || matches!(c, '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+    };
+    if !s.chars().any(hazard) {
+        return s.to_owned();
+    }
+    s.chars()
+        .map(|c| {
+            if hazard(c) {
+                c.escape_default().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect()
+}
+
 /// One tensor of a share.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct SharedTensor {
@@ -143,12 +166,12 @@ impl Manifest {
                 ));
             }
             if !names.insert(t.name.as_str()) {
-                return Err(format!("tensor `{}` is listed twice", t.name));
+                return Err(format!("tensor `{}` is listed twice", printable(&t.name)));
             }
             if t.shape.len() > MAX_DIMS {
                 return Err(format!(
                     "tensor `{}` has {} dimensions; at most {MAX_DIMS}",
-                    t.name,
+                    printable(&t.name),
                     t.shape.len()
                 ));
             }
@@ -156,23 +179,31 @@ impl Manifest {
                 .shape
                 .iter()
                 .try_fold(t.dtype.size() as u64, |acc, &d| acc.checked_mul(d))
-                .ok_or_else(|| format!("tensor `{}`: shape {:?} overflows", t.name, t.shape))?;
+                .ok_or_else(|| {
+                    format!(
+                        "tensor `{}`: shape {:?} overflows",
+                        printable(&t.name),
+                        t.shape
+                    )
+                })?;
             let end = t.offset.checked_add(bytes).ok_or_else(|| {
                 format!(
                     "tensor `{}`: offset {} + {bytes} bytes overflows",
-                    t.name, t.offset
+                    printable(&t.name),
+                    t.offset
                 )
             })?;
             if end > total {
                 return Err(format!(
                     "tensor `{}` spans [{}, {end}) but the chunks hold {total} bytes",
-                    t.name, t.offset
+                    printable(&t.name),
+                    t.offset
                 ));
             }
             if t.offset % t.dtype.size() as u64 != 0 {
                 return Err(format!(
                     "tensor `{}`: offset {} is not aligned to its element size {}",
-                    t.name,
+                    printable(&t.name),
                     t.offset,
                     t.dtype.size()
                 ));
@@ -221,6 +252,20 @@ mod tests {
         let l = good().validate(BackendKind::Host, G).unwrap();
         assert_eq!(l.total, 3 * G);
         assert_eq!(l.tensor_bytes, vec![2 << 20]);
+    }
+
+    #[test]
+    fn names_are_printed_escaped() {
+        assert_eq!(printable("model.norm"), "model.norm");
+        assert_eq!(
+            printable("w\n\u{1b}[31m\u{202e}x\u{2066}"),
+            "w\\n\\u{1b}[31m\\u{202e}x\\u{2066}"
+        );
+        let mut m = good();
+        m.tensors.push(m.tensors[0].clone());
+        m.tensors[0].name = "a\nb".into();
+        m.tensors[1].name = "a\nb".into();
+        refused(m, "tensor `a\\nb` is listed twice");
     }
 
     #[test]

@@ -16,15 +16,23 @@
 //!   refused while importers are attached, or revoked with notice (importers'
 //!   next call fails with `ShareRevoked`; their mapping stays valid until they
 //!   detach, so nothing faults);
+//! - an importer that leaves its notices unread is evicted, never dropped
+//!   silently: its next call fails with `ShareRevoked`, and the owner counts
+//!   it until it detaches;
 //! - the manifest's version goes up when the owner publishes new weights
 //!   ([`Server::publish`]) or revokes, and attached importers see it on their next call.
 
 pub mod client;
 pub mod export;
+mod handshake;
+pub mod log;
 pub mod manifest;
+mod memfd;
 pub mod server;
+mod watch;
 pub mod wire;
 
 pub use client::{AttachOptions, Attachment, ImportedTensor};
+pub use log::LogSink;
 pub use manifest::{Manifest, SharedTensor};
 pub use server::{ServeOptions, Server, SleepPolicy};

@@ -1,20 +1,35 @@
 //! The owner's side: a Unix socket that hands a tag's tensors to importers.
 //!
-//! One thread accepts; each connection gets a thread that checks the peer's
-//! credentials, exports the memory (under the pool's share gate, so the tag
-//! cannot sleep meanwhile), sends the manifest and descriptors, and then waits
-//! for the importer to close its end (detach, exit or crash). While a
-//! connection is open the importer counts as attached.
+//! Threads, and what bounds each:
+//! - one accepts. The peer's credentials (`SO_PEERCRED`) are checked before
+//!   anything is read, and a peer that is not allowed gets a refusal at once.
+//!   Connections are counted (handshaking and attached); past
+//!   [`ServeOptions::max_connections`] a peer gets a refusal saying so. When
+//!   the process runs out of descriptors (`EMFILE`, `ENFILE`) accepting backs
+//!   off, up to a second between tries, with one log line, never a spin.
+//! - one per handshake ([`super::handshake`]): read the request, export under
+//!   the pool's share gate, send the manifest and descriptors, all under one
+//!   deadline ([`ServeOptions::handshake_timeout`]).
+//! - one watches every attached importer ([`super::watch`]) with a single
+//!   `poll`, asleep between events: a closed connection stops being counted.
+//!
+//! Notices (publish, revoke) are sent without blocking. An importer whose
+//! unread notices fill half its socket buffer is evicted: it is sent `X`
+//! (its next call fails with `ShareRevoked`), gets no further notice, and is
+//! still counted, by [`Server::attached`] and by the refuse policy, until it
+//! closes its end. The kernel holds at most that half buffer per importer.
 
 use std::collections::HashMap;
-use std::os::fd::{AsFd, AsRawFd};
+use std::os::fd::AsRawFd;
+use std::os::linux::fs::MetadataExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 use super::export::export;
+use super::log::LogSink;
 use super::manifest::Hello;
 use super::wire::{self, Notice, PeerCred};
 use crate::error::{Error, Result};
@@ -36,8 +51,15 @@ pub enum SleepPolicy {
     Revoke,
 }
 
+/// Connections served at once (handshaking and attached) unless set.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 256;
+/// Longest handshake (request, manifest, descriptors) unless set.
+pub const DEFAULT_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Longest wait between accepts while the process has no descriptor left.
+const MAX_BACKOFF: Duration = Duration::from_secs(1);
+
 /// How a share is served.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct ServeOptions {
     /// What the owner's sleep of the tag does to importers.
     pub sleep_policy: SleepPolicy,
@@ -45,189 +67,315 @@ pub struct ServeOptions {
     pub allow_write: bool,
     /// User ids allowed to attach; `None` allows only this process's user.
     pub allowed_uids: Option<Vec<u32>>,
+    /// Group ids whose members may attach too (the peer's primary group or
+    /// one of its supplementary groups).
+    pub allowed_gids: Vec<u32>,
+    /// Most connections served at once, handshaking and attached; past it a
+    /// peer is refused with the reason. At least 1.
+    pub max_connections: usize,
+    /// One deadline for each handshake, from accept to the last descriptor sent.
+    pub handshake_timeout: Duration,
+    /// Where audit lines (every attach, refusal, eviction and detach, with the
+    /// peer's pid, uid and gid) and warnings go; standard error by default.
+    pub log: LogSink,
+}
+
+impl Default for ServeOptions {
+    fn default() -> Self {
+        ServeOptions {
+            sleep_policy: SleepPolicy::default(),
+            allow_write: false,
+            allowed_uids: None,
+            allowed_gids: Vec::new(),
+            max_connections: DEFAULT_MAX_CONNECTIONS,
+            handshake_timeout: DEFAULT_HANDSHAKE_TIMEOUT,
+            log: LogSink::default(),
+        }
+    }
+}
+
+/// An attached importer, as the owner holds it.
+#[derive(Debug)]
+pub(super) struct Attached {
+    pub(super) sock: Arc<UnixStream>,
+    pub(super) cred: PeerCred,
+    /// Its socket buffer: notices stop at half of it.
+    pub(super) send_buffer: usize,
+    /// Revoked or evicted: no notice is sent any more.
+    pub(super) done: bool,
+    /// Evicted (notices unread, or bytes sent after the request).
+    pub(super) evicted: bool,
+    /// False once it broke the protocol: then only its hang-up is watched.
+    pub(super) reading: bool,
 }
 
 #[derive(Debug, Default)]
-struct Conns {
-    /// Connection id -> its stream once the manifest is sent (None while handshaking).
-    open: HashMap<u64, Option<UnixStream>>,
+pub(super) struct Conns {
+    /// Connections in their handshake, by id.
+    pub(super) handshaking: HashMap<u64, Arc<UnixStream>>,
+    /// Importers past their handshake, by id.
+    pub(super) attached: HashMap<u64, Attached>,
     /// Handshaking connections that a revoke reached before they were ready.
-    revoke_pending: Vec<u64>,
+    pub(super) revoke_pending: Vec<u64>,
     next_id: u64,
-    version: u64,
+    pub(super) version: u64,
+    /// Set by `stop`: nothing is admitted or attached after it.
+    pub(super) stopping: bool,
+}
+
+impl Conns {
+    fn open(&self) -> usize {
+        self.handshaking.len() + self.attached.len()
+    }
+
+    /// Send `n` to every attached importer that still takes notices; returns
+    /// the log lines (written once the lock is released).
+    fn notify_all(&mut self, n: Notice) -> Vec<String> {
+        let mut lines = Vec::new();
+        for a in self.attached.values_mut().filter(|a| !a.done) {
+            let unread = wire::unread_bytes(&a.sock).unwrap_or(usize::MAX);
+            let notice = match n {
+                // A revoke always fits: earlier notices stopped at half the buffer.
+                Notice::Revoked => n,
+                _ if unread > a.send_buffer / 2 => Notice::Evicted,
+                _ => n,
+            };
+            if notice == Notice::Evicted {
+                a.evicted = true;
+                lines.push(format!(
+                    "evicted pid={} uid={}: {unread} bytes of notices unread (at most {} kept per importer); \
+                     its next call fails with VMMW_SHARE_REVOKED, it stays counted until it detaches",
+                    a.cred.pid,
+                    a.cred.uid,
+                    a.send_buffer / 2
+                ));
+            }
+            // A failed send means the importer is gone (the watcher removes it)
+            // or its buffer is full, which the bound above keeps from happening.
+            let _ = wire::send_notice(&a.sock, notice);
+            a.done |= notice != n || n == Notice::Revoked;
+        }
+        if n == Notice::Revoked {
+            let ids: Vec<u64> = self.handshaking.keys().copied().collect();
+            self.revoke_pending.extend(ids);
+        }
+        lines
+    }
 }
 
 #[derive(Debug)]
-struct Shared {
-    pool: Arc<Pool>,
-    tag: TagId,
-    tensors: Vec<Destination>,
-    path: PathBuf,
-    options: ServeOptions,
+pub(super) struct Shared {
+    pub(super) pool: Arc<Pool>,
+    pub(super) tag: TagId,
+    pub(super) tensors: Vec<Destination>,
+    pub(super) path: PathBuf,
+    pub(super) options: ServeOptions,
     conns: Mutex<Conns>,
-    stopping: AtomicBool,
+    /// Signalled when the last handshake ends.
+    idle: Condvar,
+    /// Written to wake the watcher (a new importer, or stop).
+    wake: UnixStream,
 }
 
 impl Shared {
-    fn conns(&self) -> MutexGuard<'_, Conns> {
+    pub(super) fn conns(&self) -> MutexGuard<'_, Conns> {
         self.conns.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn allowed(&self, cred: &PeerCred) -> bool {
-        match &self.options.allowed_uids {
+    pub(super) fn log(&self, line: String) {
+        self.options
+            .log
+            .line(&format!("{}: {line}", self.path.display()));
+    }
+
+    pub(super) fn wake_watcher(&self) {
+        // Non-blocking: a full wake socket already holds a wake.
+        let _ = wire::send_all(&self.wake, b"w", None);
+    }
+
+    fn allowed(&self, cred: &PeerCred, sock: &UnixStream) -> bool {
+        let by_uid = match &self.options.allowed_uids {
             None => cred.uid == wire::own_uid(),
             Some(uids) => uids.contains(&cred.uid),
+        };
+        let gids = &self.options.allowed_gids;
+        by_uid
+            || (!gids.is_empty()
+                && (gids.contains(&cred.gid)
+                    || wire::peer_groups(sock).iter().any(|g| gids.contains(g))))
+    }
+
+    fn accepts(&self) -> String {
+        let uids = match &self.options.allowed_uids {
+            None => format!("uid {} (the owner's)", wire::own_uid()),
+            Some(u) => format!("uids {u:?}"),
+        };
+        if self.options.allowed_gids.is_empty() {
+            uids
+        } else {
+            format!("{uids} and gids {:?}", self.options.allowed_gids)
         }
     }
 
-    fn refuse(&self, sock: &mut UnixStream, reason: String) {
-        let _ = wire::write_hello(sock, &Hello::Refused(reason));
+    /// Answer a connection with a refusal without waiting for it, then close it.
+    pub(super) fn refuse_now(sock: UnixStream, reason: String) {
+        let _ = sock.set_nonblocking(true);
+        if let Ok(b) = wire::hello_bytes(&Hello::Refused(reason)) {
+            let _ = wire::send_all(&sock, &b, None);
+        }
     }
 
-    /// One connection, from handshake to close.
-    fn serve(&self, mut sock: UnixStream) {
-        // The request is read before anything is refused, so the importer
-        // never writes into a closed socket and always reads the reason.
-        let mut ask = [0u8; 1];
-        let _ = sock.set_read_timeout(Some(std::time::Duration::from_secs(30)));
-        let asked = std::io::Read::read_exact(&mut sock, &mut ask);
-        let _ = sock.set_read_timeout(None);
+    /// Check a new connection and start its handshake. False once stopping.
+    fn admit(self: &Arc<Self>, sock: UnixStream) -> bool {
         let cred = match wire::peer_cred(&sock) {
             Ok(c) => c,
-            Err(e) => return self.refuse(&mut sock, format!("peer credentials unavailable: {e}")),
+            Err(e) => {
+                self.log(format!("refused a peer: credentials unavailable: {e}"));
+                Self::refuse_now(sock, format!("peer credentials unavailable: {e}"));
+                return true;
+            }
         };
-        if !self.allowed(&cred) {
-            let allowed = match &self.options.allowed_uids {
-                None => format!("uid {} (the owner's)", wire::own_uid()),
-                Some(u) => format!("uids {u:?}"),
-            };
-            return self.refuse(
-                &mut sock,
-                format!(
-                    "peer pid {} with uid {} is not allowed; this share accepts {allowed}",
-                    cred.pid, cred.uid
-                ),
+        if !self.allowed(&cred, &sock) {
+            let why = format!(
+                "peer pid {} with uid {} is not allowed (its group {} is not listed either); \
+                 this share accepts {}",
+                cred.pid,
+                cred.uid,
+                cred.gid,
+                self.accepts()
             );
+            self.log(format!(
+                "refused pid={} uid={} gid={}: not allowed",
+                cred.pid, cred.uid, cred.gid
+            ));
+            Self::refuse_now(sock, why);
+            return true;
         }
-        match (asked, ask[0]) {
-            (Ok(()), b'r') => {}
-            (Ok(()), b'w') if self.options.allow_write => {}
-            (Ok(()), b'w') => {
-                return self.refuse(
-                    &mut sock,
-                    "read-write access asked, the owner shares read-only".into(),
-                )
-            }
-            _ => {
-                return self.refuse(
-                    &mut sock,
-                    "no valid access request (r or w) received".into(),
-                )
-            }
-        }
-        // Export under the gate: the tag is wholly awake for this attach, and a
-        // sleep waits until the connection is counted.
-        let (id, exported, sent_version) = {
-            let gate = self.pool.shares().lock();
+        let sock = Arc::new(sock);
+        let id = {
             let mut c = self.conns();
-            let version = c.version;
-            match export(
-                &self.pool,
-                self.tag,
-                &self.tensors,
-                version,
-                self.options.allow_write,
-            ) {
-                Ok(x) => {
-                    c.next_id += 1;
-                    let id = c.next_id;
-                    c.open.insert(id, None);
-                    drop(gate);
-                    (id, x, version)
-                }
-                Err(e) => {
-                    drop(c);
-                    drop(gate);
-                    return self.refuse(&mut sock, e.to_string());
-                }
+            if c.stopping {
+                return false;
             }
+            let open = c.open();
+            if open >= self.options.max_connections {
+                drop(c);
+                self.log(format!(
+                    "refused pid={} uid={}: {open} connections open, at most {}",
+                    cred.pid, cred.uid, self.options.max_connections
+                ));
+                if let Ok(s) = Arc::try_unwrap(sock) {
+                    Self::refuse_now(
+                        s,
+                        format!(
+                            "too many connections: {open} open, this share serves at most {}",
+                            self.options.max_connections
+                        ),
+                    );
+                }
+                return true;
+            }
+            c.next_id += 1;
+            let id = c.next_id;
+            c.handshaking.insert(id, sock.clone());
+            id
         };
-        let sent =
-            wire::write_hello(&mut sock, &Hello::Manifest(exported.manifest)).and_then(|()| {
-                let fds: Vec<_> = exported.fds.iter().map(|f| f.as_fd()).collect();
-                wire::send_fds(&sock, &fds)
+        let deadline = Instant::now() + self.options.handshake_timeout;
+        let s = self.clone();
+        // The thread owns the only other reference, and hands it on to the
+        // attached set, so a connection no longer counted is closed too.
+        let started = std::thread::Builder::new()
+            .name("vmmw-share-conn".into())
+            .spawn(move || {
+                s.handshake(id, sock, cred, deadline);
+                s.end_handshake(id);
             });
-        // The importer has its own references now (or failed); ours close here.
-        drop(exported.fds);
-        if sent.is_ok() {
-            let mut c = self.conns();
-            match sock.try_clone() {
-                Ok(clone) => {
-                    if self.stopping.load(Ordering::SeqCst) {
-                        c.open.remove(&id);
-                        return;
-                    }
-                    // Notices that came while the manifest was on its way.
-                    if c.version != sent_version {
-                        let _ = wire::send_notice(&clone, Notice::Version(c.version));
-                    }
-                    if let Some(pos) = c.revoke_pending.iter().position(|&p| p == id) {
-                        c.revoke_pending.swap_remove(pos);
-                        let _ = wire::send_notice(&clone, Notice::Revoked);
-                    }
-                    // Registered before the importer's attach returns, so every
-                    // later notice reaches it.
-                    let _ = wire::send_notice(&clone, Notice::Ready);
-                    c.open.insert(id, Some(clone));
-                }
-                Err(_) => {
-                    c.open.remove(&id);
-                    return;
-                }
+        if let Err(e) = started {
+            self.log(format!(
+                "refused pid={}: cannot start a thread: {e}",
+                cred.pid
+            ));
+            if let Some(s) = self.end_handshake(id).and_then(|s| Arc::try_unwrap(s).ok()) {
+                Self::refuse_now(s, format!("the owner cannot start a thread: {e}"));
             }
         }
-        if sent.is_ok() {
-            wire::wait_for_close(&sock);
-        }
-        let mut c = self.conns();
-        c.open.remove(&id);
-        c.revoke_pending.retain(|&p| p != id);
+        true
     }
 
-    fn notify_all(c: &mut Conns, n: Notice) {
-        let ids: Vec<u64> = c.open.keys().copied().collect();
-        for id in ids {
-            match &c.open[&id] {
-                // An importer that stopped reading loses its connection,
-                // never stalls the owner.
-                Some(s) if wire::send_notice(s, n).is_err() => {
-                    let _ = s.shutdown(std::net::Shutdown::Both);
-                }
-                Some(_) => {}
-                None if n == Notice::Revoked => c.revoke_pending.push(id),
-                None => {}
-            }
+    /// Stop counting connection `id` as handshaking; returns its socket
+    /// when it was still counted.
+    pub(super) fn end_handshake(&self, id: u64) -> Option<Arc<UnixStream>> {
+        let mut c = self.conns();
+        let sock = c.handshaking.remove(&id);
+        c.revoke_pending.retain(|&p| p != id);
+        if c.handshaking.is_empty() {
+            self.idle.notify_all();
         }
+        sock
+    }
+
+    /// Register a finished handshake as attached, with the notices it missed
+    /// and the end of the handshake. False when stopping (nothing is sent).
+    pub(super) fn attach(&self, id: u64, sock: Arc<UnixStream>, cred: PeerCred, sent: u64) -> bool {
+        let mut c = self.conns();
+        if c.stopping {
+            return false;
+        }
+        let mut done = false;
+        if c.version != sent {
+            let _ = wire::send_notice(&sock, Notice::Version(c.version));
+        }
+        if let Some(pos) = c.revoke_pending.iter().position(|&p| p == id) {
+            c.revoke_pending.swap_remove(pos);
+            let _ = wire::send_notice(&sock, Notice::Revoked);
+            done = true;
+        }
+        // Registered before the importer's attach returns, so every later
+        // notice reaches it.
+        let _ = wire::send_notice(&sock, Notice::Ready);
+        // Counted once: moved from the handshakes to the attached.
+        c.handshaking.remove(&id);
+        if c.handshaking.is_empty() {
+            self.idle.notify_all();
+        }
+        c.attached.insert(
+            id,
+            Attached {
+                send_buffer: wire::send_buffer(&sock).unwrap_or(0),
+                sock,
+                cred,
+                done,
+                evicted: false,
+                reading: true,
+            },
+        );
+        drop(c);
+        self.wake_watcher();
+        true
     }
 }
 
 impl TagShare for Shared {
     fn before_sleep(&self, tag: TagId) -> Result<()> {
         let mut c = self.conns();
-        if c.open.is_empty() {
+        let open = c.open();
+        if open == 0 {
             return Ok(());
         }
         match self.options.sleep_policy {
             SleepPolicy::Refuse => Err(Error::InvalidState(format!(
-                "tag `{}` is shared through {} with {} attached importer(s) and its share refuses \
+                "tag `{}` is shared through {} with {open} attached importer(s) and its share refuses \
                  sleep while attached: detach them, or serve it with the revoke policy",
                 tag::name_of(tag),
                 self.path.display(),
-                c.open.len()
             ))),
             SleepPolicy::Revoke => {
                 c.version += 1;
-                Self::notify_all(&mut c, Notice::Revoked);
+                let lines = c.notify_all(Notice::Revoked);
+                drop(c);
+                for l in lines {
+                    self.log(l);
+                }
                 Ok(())
             }
         }
@@ -240,7 +388,10 @@ pub struct Server {
     shared: Arc<Shared>,
     gate_id: u64,
     listener_fd: i32,
+    /// The socket file as bound (device, inode): removed at stop only if unchanged.
+    bound: (u64, u64),
     accept: Option<JoinHandle<()>>,
+    watch: Option<JoinHandle<()>>,
 }
 
 impl Server {
@@ -263,6 +414,12 @@ impl Server {
                 path.display()
             )));
         }
+        if options.max_connections == 0 {
+            return Err(Error::InvalidArgument(format!(
+                "share {}: max_connections must be at least 1",
+                path.display()
+            )));
+        }
         if !pool.driver().shareable() {
             return Err(Error::Unsupported(format!(
                 "share {}: the {} backend's memory is not created shareable",
@@ -272,6 +429,12 @@ impl Server {
         }
         drop(export(&pool, tag, &tensors, 0, options.allow_write)?);
         let listener = UnixListener::bind(&path).map_err(|e| Error::io(&path, e))?;
+        let bound = std::fs::symlink_metadata(&path)
+            .map(|m| (m.st_dev(), m.st_ino()))
+            .map_err(|e| Error::io(&path, e))?;
+        let (wake, wake_rx) = UnixStream::pair().map_err(|e| Error::io(&path, e))?;
+        wake.set_nonblocking(true)
+            .map_err(|e| Error::io(&path, e))?;
         let listener_fd = listener.as_raw_fd();
         let shared = Arc::new(Shared {
             pool: pool.clone(),
@@ -283,23 +446,40 @@ impl Server {
                 version: 1,
                 ..Conns::default()
             }),
-            stopping: AtomicBool::new(false),
+            idle: Condvar::new(),
+            wake,
         });
         let gate_id = pool.shares().add(tag, shared.clone());
+        let fail = |e: std::io::Error| {
+            pool.shares().remove(gate_id);
+            remove_if_ours(&shared.path, bound);
+            Error::InvalidState(format!("cannot start the share's threads: {e}"))
+        };
+        let s = shared.clone();
+        let watch = std::thread::Builder::new()
+            .name("vmmw-share-watch".into())
+            .spawn(move || super::watch::run(&s, wake_rx))
+            .map_err(fail)?;
         let s = shared.clone();
         let accept = std::thread::Builder::new()
             .name("vmmw-share".into())
-            .spawn(move || accept_loop(listener, s))
-            .map_err(|e| {
-                pool.shares().remove(gate_id);
-                let _ = std::fs::remove_file(&shared.path);
-                Error::InvalidState(format!("cannot start the share's thread: {e}"))
-            })?;
+            .spawn(move || accept_loop(listener, s));
+        let accept = match accept {
+            Ok(a) => a,
+            Err(e) => {
+                shared.conns().stopping = true;
+                shared.wake_watcher();
+                let _ = watch.join();
+                return Err(fail(e));
+            }
+        };
         Ok(Server {
             shared,
             gate_id,
             listener_fd,
+            bound,
             accept: Some(accept),
+            watch: Some(watch),
         })
     }
 
@@ -308,9 +488,21 @@ impl Server {
         &self.shared.path
     }
 
-    /// Importers attached now (connections open, including ones handshaking).
+    /// Importers counted now: connections open, handshaking or attached,
+    /// evicted ones included until they close.
     pub fn attached(&self) -> usize {
-        self.shared.conns().open.len()
+        self.shared.conns().open()
+    }
+
+    /// Attached importers evicted for leaving their notices unread (or for
+    /// sending bytes after their request) that have not closed yet.
+    pub fn evicted(&self) -> usize {
+        self.shared
+            .conns()
+            .attached
+            .values()
+            .filter(|a| a.evicted)
+            .count()
     }
 
     /// The version new importers receive.
@@ -325,30 +517,53 @@ impl Server {
         let mut c = self.shared.conns();
         c.version += 1;
         let v = c.version;
-        Shared::notify_all(&mut c, Notice::Version(v));
+        let lines = c.notify_all(Notice::Version(v));
+        drop(c);
+        for l in lines {
+            self.shared.log(l);
+        }
         v
     }
 
-    /// Stop accepting and remove the socket path. Attached importers keep
-    /// their mappings (the memory lives while they hold it) and see the owner
-    /// gone; the tag no longer refuses sleep on their account.
+    /// Stop serving. A barrier: once it returns no descriptor leaves this
+    /// process through the share (handshakes in flight are cut and waited
+    /// for). Attached importers keep their mappings (the memory lives while
+    /// they hold it) and see the owner gone; the tag no longer refuses sleep
+    /// on their account. The socket path is removed if it is still the
+    /// socket this server bound (same device and inode).
     pub fn stop(&mut self) {
         let Some(accept) = self.accept.take() else {
             return;
         };
-        self.shared.stopping.store(true, Ordering::SeqCst);
+        {
+            let mut c = self.shared.conns();
+            c.stopping = true;
+            // Every send of a handshake in flight fails from here on.
+            for s in c.handshaking.values() {
+                let _ = s.shutdown(std::net::Shutdown::Both);
+            }
+        }
+        self.shared.wake_watcher();
         self.shared.pool.shares().remove(self.gate_id);
         // SAFETY: the listener is owned by the accept thread and still open
         // (the thread is joined below); shutdown wakes its blocking accept.
         unsafe { libc::shutdown(self.listener_fd, libc::SHUT_RDWR) };
         let _ = accept.join();
         let mut c = self.shared.conns();
-        for s in c.open.values().flatten() {
-            let _ = s.shutdown(std::net::Shutdown::Both);
+        while !c.handshaking.is_empty() {
+            c = self.shared.idle.wait(c).unwrap_or_else(|p| p.into_inner());
         }
-        c.open.clear();
         drop(c);
-        let _ = std::fs::remove_file(&self.shared.path);
+        if let Some(w) = self.watch.take() {
+            let _ = w.join();
+        }
+        let mut c = self.shared.conns();
+        for a in c.attached.values() {
+            let _ = a.sock.shutdown(std::net::Shutdown::Both);
+        }
+        c.attached.clear();
+        drop(c);
+        remove_if_ours(&self.shared.path, self.bound);
     }
 }
 
@@ -358,20 +573,59 @@ impl Drop for Server {
     }
 }
 
-fn accept_loop(listener: UnixListener, shared: Arc<Shared>) {
-    for conn in listener.incoming() {
-        if shared.stopping.load(Ordering::SeqCst) {
-            break;
+/// Remove the socket file at `path` only if it is the one bound (`bound`:
+/// device and inode), not one another server bound there since.
+fn remove_if_ours(path: &Path, bound: (u64, u64)) {
+    if let Ok(m) = std::fs::symlink_metadata(path) {
+        if (m.st_dev(), m.st_ino()) == bound {
+            let _ = std::fs::remove_file(path);
         }
-        let Ok(sock) = conn else {
-            if shared.stopping.load(Ordering::SeqCst) {
-                break;
+    }
+}
+
+/// Errors of `accept` that concern one connection, not the listener.
+fn transient(e: &std::io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::EINTR | libc::ECONNABORTED | libc::EPROTO)
+    )
+}
+
+fn accept_loop(listener: UnixListener, shared: Arc<Shared>) {
+    let mut backoff = Duration::ZERO;
+    let mut failed = 0u64;
+    loop {
+        match listener.accept() {
+            Ok((sock, _)) => {
+                if failed > 0 {
+                    shared.log(format!(
+                        "accepting again after {failed} failed accepts (longest wait {backoff:?})"
+                    ));
+                    (backoff, failed) = (Duration::ZERO, 0);
+                }
+                if !shared.admit(sock) {
+                    return;
+                }
             }
-            continue;
-        };
-        let s = shared.clone();
-        let _ = std::thread::Builder::new()
-            .name("vmmw-share-conn".into())
-            .spawn(move || s.serve(sock));
+            Err(_) if shared.conns().stopping => return,
+            Err(e) if transient(&e) => {}
+            Err(e) => {
+                // Out of descriptors (EMFILE/ENFILE) or memory: the pending
+                // connection stays queued; wait, never spin.
+                if failed == 0 {
+                    shared.log(format!(
+                        "cannot accept: {e}; retrying with a back-off of up to {MAX_BACKOFF:?} \
+                         ({} connections open)",
+                        shared.conns().open()
+                    ));
+                }
+                failed += 1;
+                backoff = (backoff * 2).clamp(Duration::from_millis(10), MAX_BACKOFF);
+                let until = Instant::now() + backoff;
+                while Instant::now() < until && !shared.conns().stopping {
+                    std::thread::sleep(Duration::from_millis(10).min(backoff));
+                }
+            }
+        }
     }
 }

@@ -9,16 +9,24 @@
 //!    [`FDS_PER_MESSAGE`], each batch one byte with `SCM_RIGHTS` beside it;
 //! 3. `E`: the handshake is over and the importer is counted (notices sent
 //!    meanwhile come before it);
-//! 4. later, notices: `V` + u64 (new weights version), `R` (revoked).
+//! 4. later, notices: `V` + u64 (new weights version), `R` (revoked: the
+//!    tag sleeps), `X` (this importer evicted: it left its notices unread or
+//!    sent bytes after its request). After `R` or `X` nothing more is sent.
+//!
+//! The owner may refuse before reading the request (a peer it does not
+//! accept, too many connections): it writes a refusal `Hello` and closes, so
+//! the importer's request may fail to send and the refusal is still there to read.
 //!
 //! Every read goes through `recvmsg` with a control buffer, so no descriptor
 //! is ever dropped unseen: each one received becomes an [`OwnedFd`] and is
-//! closed unless the caller keeps it.
+//! closed unless the caller keeps it. Blocking reads and writes take one
+//! deadline for the whole exchange, not one per call.
 
-use std::io::{self, Read, Write};
+use std::io;
 use std::mem::{size_of, MaybeUninit};
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
+use std::time::Instant;
 
 use super::manifest::{Hello, MAX_MANIFEST_BYTES};
 
@@ -37,8 +45,11 @@ pub const MAX_FDS_PER_MESSAGE: usize = 64;
 pub enum Notice {
     /// The owner published new weights under this version.
     Version(u64),
-    /// The owner revoked the share.
+    /// The owner revoked the share (its tag sleeps).
     Revoked,
+    /// The owner revoked this importer alone: it left its notices unread past
+    /// the bound the owner keeps per importer, or broke the protocol.
+    Evicted,
     /// End of the handshake (sent once).
     Ready,
 }
@@ -88,20 +99,89 @@ pub fn own_uid() -> u32 {
     unsafe { libc::geteuid() }
 }
 
-/// Send `MAGIC`, the length and the JSON of `hello`.
-pub fn write_hello(sock: &mut UnixStream, hello: &Hello) -> io::Result<()> {
+/// Bound the next blocking call on `sock` by `deadline` (`SO_RCVTIMEO` or
+/// `SO_SNDTIMEO`); `TimedOut` when it has passed.
+fn arm(sock: &UnixStream, deadline: Option<Instant>, write: bool) -> io::Result<()> {
+    let Some(d) = deadline else {
+        return Ok(());
+    };
+    let left = d.saturating_duration_since(Instant::now());
+    if left.is_zero() {
+        return Err(timed_out());
+    }
+    if write {
+        sock.set_write_timeout(Some(left))
+    } else {
+        sock.set_read_timeout(Some(left))
+    }
+}
+
+fn timed_out() -> io::Error {
+    io::Error::new(
+        io::ErrorKind::TimedOut,
+        "the deadline for this exchange passed",
+    )
+}
+
+/// A timeout of `SO_RCVTIMEO`/`SO_SNDTIMEO` surfaces as `EAGAIN`; with a
+/// deadline armed that means the deadline passed.
+fn deadline_error(e: io::Error, deadline: Option<Instant>) -> io::Error {
+    if deadline.is_some() && e.kind() == io::ErrorKind::WouldBlock {
+        timed_out()
+    } else {
+        e
+    }
+}
+
+/// Write all of `bytes` before `deadline`, never raising SIGPIPE.
+pub fn send_all(sock: &UnixStream, mut bytes: &[u8], deadline: Option<Instant>) -> io::Result<()> {
+    while !bytes.is_empty() {
+        arm(sock, deadline, true)?;
+        // SAFETY: `bytes` is a live buffer of `bytes.len()` bytes.
+        let n = unsafe {
+            libc::send(
+                sock.as_raw_fd(),
+                bytes.as_ptr().cast(),
+                bytes.len(),
+                libc::MSG_NOSIGNAL,
+            )
+        };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(deadline_error(e, deadline));
+        }
+        bytes = &bytes[n as usize..];
+    }
+    Ok(())
+}
+
+/// The bytes of a framed `hello`: `MAGIC`, the JSON length, the JSON.
+pub fn hello_bytes(hello: &Hello) -> io::Result<Vec<u8>> {
     let json = serde_json::to_vec(hello).map_err(io::Error::other)?;
     let mut msg = Vec::with_capacity(16 + json.len());
     msg.extend_from_slice(MAGIC);
     msg.extend_from_slice(&(json.len() as u64).to_le_bytes());
     msg.extend_from_slice(&json);
-    sock.write_all(&msg)
+    Ok(msg)
 }
 
-/// Send `fds` in batches of [`FDS_PER_MESSAGE`], one byte each.
-pub fn send_fds(sock: &UnixStream, fds: &[BorrowedFd<'_>]) -> io::Result<()> {
+/// Send `MAGIC`, the length and the JSON of `hello` before `deadline`.
+pub fn write_hello(sock: &UnixStream, hello: &Hello, deadline: Option<Instant>) -> io::Result<()> {
+    send_all(sock, &hello_bytes(hello)?, deadline)
+}
+
+/// Send `fds` in batches of [`FDS_PER_MESSAGE`], one byte each, before `deadline`.
+pub fn send_fds(
+    sock: &UnixStream,
+    fds: &[BorrowedFd<'_>],
+    deadline: Option<Instant>,
+) -> io::Result<()> {
     for batch in fds.chunks(FDS_PER_MESSAGE) {
-        send_batch(sock, batch)?;
+        arm(sock, deadline, true)?;
+        send_batch(sock, batch).map_err(|e| deadline_error(e, deadline))?;
     }
     Ok(())
 }
@@ -218,11 +298,17 @@ pub fn recv(
     Ok(n)
 }
 
-/// Fill `buf` completely (blocking), collecting descriptors into `fds`.
-pub fn recv_exact(sock: &UnixStream, buf: &mut [u8], fds: &mut Vec<OwnedFd>) -> io::Result<()> {
+/// Fill `buf` completely (blocking, until `deadline`), collecting descriptors into `fds`.
+pub fn recv_exact(
+    sock: &UnixStream,
+    buf: &mut [u8],
+    fds: &mut Vec<OwnedFd>,
+    deadline: Option<Instant>,
+) -> io::Result<()> {
     let mut got = 0;
     while got < buf.len() {
-        let n = recv(sock, &mut buf[got..], fds, false)?;
+        arm(sock, deadline, false)?;
+        let n = recv(sock, &mut buf[got..], fds, false).map_err(|e| deadline_error(e, deadline))?;
         if n == 0 {
             return Err(io::Error::new(
                 io::ErrorKind::UnexpectedEof,
@@ -237,11 +323,16 @@ pub fn recv_exact(sock: &UnixStream, buf: &mut [u8], fds: &mut Vec<OwnedFd>) -> 
     Ok(())
 }
 
-/// Read `MAGIC`, the length and the JSON of a [`Hello`]; descriptors that
-/// arrive meanwhile go to `fds` (the caller refuses them: none are expected).
-pub fn read_hello(sock: &UnixStream, fds: &mut Vec<OwnedFd>) -> io::Result<Hello> {
+/// Read `MAGIC`, the length and the JSON of a [`Hello`] before `deadline`;
+/// descriptors that arrive meanwhile go to `fds` (the caller refuses them:
+/// none are expected).
+pub fn read_hello(
+    sock: &UnixStream,
+    fds: &mut Vec<OwnedFd>,
+    deadline: Option<Instant>,
+) -> io::Result<Hello> {
     let mut head = [0u8; 16];
-    recv_exact(sock, &mut head, fds)?;
+    recv_exact(sock, &mut head, fds, deadline)?;
     if &head[..8] != MAGIC {
         return Err(io::Error::new(
             io::ErrorKind::InvalidData,
@@ -255,8 +346,14 @@ pub fn read_hello(sock: &UnixStream, fds: &mut Vec<OwnedFd>) -> io::Result<Hello
             format!("the manifest claims {len} bytes; at most {MAX_MANIFEST_BYTES} are accepted"),
         ));
     }
-    let mut json = vec![0u8; len as usize];
-    recv_exact(sock, &mut json, fds)?;
+    // Grown as bytes arrive, so a claimed length costs nothing until it is sent.
+    let mut json = Vec::new();
+    let mut chunk = vec![0u8; (len as usize).min(1 << 20)];
+    while json.len() < len as usize {
+        let want = (len as usize - json.len()).min(chunk.len());
+        recv_exact(sock, &mut chunk[..want], fds, deadline)?;
+        json.extend_from_slice(&chunk[..want]);
+    }
     serde_json::from_slice(&json).map_err(|e| {
         io::Error::new(
             io::ErrorKind::InvalidData,
@@ -274,12 +371,14 @@ pub fn notice_bytes(n: Notice) -> Vec<u8> {
             b
         }
         Notice::Revoked => vec![b'R'],
+        Notice::Evicted => vec![b'X'],
         Notice::Ready => vec![b'E'],
     }
 }
 
 /// Send a notice without blocking: a full socket buffer means the importer
-/// stopped reading, which must not stall the owner (it is then disconnected).
+/// stopped reading, which must not stall the owner (the server evicts it
+/// before that happens, see [`unread_bytes`]).
 pub fn send_notice(sock: &UnixStream, n: Notice) -> io::Result<()> {
     let b = notice_bytes(n);
     // SAFETY: `b` is a live buffer of `b.len()` bytes.
@@ -335,6 +434,10 @@ pub fn poll_notices(sock: &UnixStream, pending: &mut Vec<u8>) -> io::Result<(Vec
                 out.push(Notice::Revoked);
                 i += 1;
             }
+            b'X' => {
+                out.push(Notice::Evicted);
+                i += 1;
+            }
             b'E' => {
                 out.push(Notice::Ready);
                 i += 1;
@@ -357,18 +460,23 @@ pub fn poll_notices(sock: &UnixStream, pending: &mut Vec<u8>) -> io::Result<(Vec
     Ok((out, closed))
 }
 
-/// Read notices (blocking) up to and including the end of the handshake.
-pub fn read_until_ready(sock: &UnixStream, fds: &mut Vec<OwnedFd>) -> io::Result<Vec<Notice>> {
+/// Read notices (blocking, until `deadline`) up to and including the end of the handshake.
+pub fn read_until_ready(
+    sock: &UnixStream,
+    fds: &mut Vec<OwnedFd>,
+    deadline: Option<Instant>,
+) -> io::Result<Vec<Notice>> {
     let mut out = Vec::new();
     loop {
         let mut b = [0u8; 1];
-        recv_exact(sock, &mut b, fds)?;
+        recv_exact(sock, &mut b, fds, deadline)?;
         match b[0] {
             b'E' => return Ok(out),
             b'R' => out.push(Notice::Revoked),
+            b'X' => out.push(Notice::Evicted),
             b'V' => {
                 let mut v = [0u8; 8];
-                recv_exact(sock, &mut v, fds)?;
+                recv_exact(sock, &mut v, fds, deadline)?;
                 out.push(Notice::Version(u64::from_le_bytes(v)));
             }
             other => {
@@ -381,13 +489,77 @@ pub fn read_until_ready(sock: &UnixStream, fds: &mut Vec<OwnedFd>) -> io::Result
     }
 }
 
-/// Read and discard whatever an importer sends (it sends nothing); returns
-/// when it closes its end. Descriptors it sends are closed at once.
+/// Bytes sent on `sock` that the peer has not read yet (`SIOCOUTQ`; for a
+/// Unix socket, counted as the kernel charges them against `SO_SNDBUF`).
+pub fn unread_bytes(sock: &UnixStream) -> io::Result<usize> {
+    let mut n: libc::c_int = 0;
+    // SAFETY: SIOCOUTQ writes one int to the pointer given.
+    if unsafe { libc::ioctl(sock.as_raw_fd(), libc::TIOCOUTQ, &mut n) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(n.max(0) as usize)
+}
+
+/// The send buffer size of `sock` (`SO_SNDBUF`).
+pub fn send_buffer(sock: &UnixStream) -> io::Result<usize> {
+    let mut n: libc::c_int = 0;
+    let mut len = size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: `n` is a writable int and `len` its size.
+    let rc = unsafe {
+        libc::getsockopt(
+            sock.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_SNDBUF,
+            (&mut n as *mut libc::c_int).cast(),
+            &mut len,
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(n.max(0) as usize)
+}
+
+/// `SO_PEERGROUPS` (Linux 4.13; 59 on every architecture but parisc and
+/// sparc, which this library does not build for); not in the libc crate.
+const SO_PEERGROUPS: libc::c_int = 59;
+
+/// The supplementary groups of the process at the other end of `sock`
+/// (`SO_PEERGROUPS`); empty where the kernel does not report them.
+pub fn peer_groups(sock: &UnixStream) -> Vec<u32> {
+    let mut groups = vec![0 as libc::gid_t; 64];
+    for _ in 0..2 {
+        let mut len = (groups.len() * size_of::<libc::gid_t>()) as libc::socklen_t;
+        // SAFETY: `groups` is writable for `len` bytes.
+        let rc = unsafe {
+            libc::getsockopt(
+                sock.as_raw_fd(),
+                libc::SOL_SOCKET,
+                SO_PEERGROUPS,
+                groups.as_mut_ptr().cast(),
+                &mut len,
+            )
+        };
+        let n = len as usize / size_of::<libc::gid_t>();
+        if rc == 0 {
+            groups.truncate(n);
+            return groups;
+        }
+        if io::Error::last_os_error().raw_os_error() != Some(libc::ERANGE) || n <= groups.len() {
+            break;
+        }
+        groups.resize(n, 0);
+    }
+    Vec::new()
+}
+
+/// Read and discard whatever the peer sends; returns when it closes its end.
+/// Descriptors it sends are closed at once.
 pub fn wait_for_close(sock: &UnixStream) {
     let mut buf = [0u8; 64];
-    let mut reader = sock;
     loop {
-        match reader.read(&mut buf) {
+        let mut stray = Vec::new();
+        match recv(sock, &mut buf, &mut stray, false) {
             Ok(0) => return,
             Ok(_) => continue,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,

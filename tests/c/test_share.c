@@ -51,6 +51,9 @@ int main(void) {
   so.sleep_policy = 7;
   CHECK_STATUS(VMMW_INVALID_ARGUMENT, vmmw_share_serve(pool, tag, ld, sock, &so, &server, NULL));
   so.sleep_policy = VMMW_SHARE_SLEEP_REFUSE;
+  so.use_allowed_gid = 2;
+  CHECK_STATUS(VMMW_INVALID_ARGUMENT, vmmw_share_serve(pool, tag, ld, sock, &so, &server, NULL));
+  so.use_allowed_gid = 0;
   so.size = 0;
   CHECK_STATUS(VMMW_INVALID_ARGUMENT, vmmw_share_serve(pool, tag, ld, sock, &so, &server, NULL));
   CHECK_STATUS(VMMW_NULL_ARGUMENT, vmmw_share_serve(pool, tag, ld, NULL, NULL, &server, NULL));

@@ -882,6 +882,10 @@ struct ShareOptions {
   bool allow_write = false;
   bool use_allowed_uid = false;  ///< accept `allowed_uid` instead of this process's user
   uint32_t allowed_uid = 0;
+  bool use_allowed_gid = false;  ///< accept members of group `allowed_gid` too
+  uint32_t allowed_gid = 0;
+  uint32_t max_connections = 0;       ///< connections served at once; 0: 256
+  uint32_t handshake_timeout_ms = 0;  ///< one deadline per handshake; 0: 10000
 };
 
 /// The owner's side of a share (vmmw_share_server_t): serves a loader's
@@ -897,6 +901,10 @@ class ShareServer {
     c.allow_write = o.allow_write ? 1u : 0u;
     c.use_allowed_uid = o.use_allowed_uid ? 1u : 0u;
     c.allowed_uid = o.allowed_uid;
+    c.use_allowed_gid = o.use_allowed_gid ? 1u : 0u;
+    c.allowed_gid = o.allowed_gid;
+    c.max_connections = o.max_connections;
+    c.handshake_timeout_ms = o.handshake_timeout_ms;
     vmmw_share_server_t* raw = nullptr;
     detail::call([&](vmmw_error_t** e) {
       return vmmw_share_serve(pool.get(), tag, loader.get(), path.c_str(), &c, &raw, e);

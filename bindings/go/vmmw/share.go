@@ -5,7 +5,9 @@ package vmmw
 import "C"
 
 import (
+	"math"
 	"runtime"
+	"time"
 	"unsafe"
 )
 
@@ -25,6 +27,12 @@ type ShareOptions struct {
 	AllowWrite  bool
 	// AllowedUID, when non-nil, is the one user id allowed to attach.
 	AllowedUID *uint32
+	// AllowedGID, when non-nil, admits the members of this group too.
+	AllowedGID *uint32
+	// MaxConnections bounds the connections served at once; 0: 256.
+	MaxConnections uint32
+	// HandshakeTimeout is one deadline per handshake; 0: 10 s.
+	HandshakeTimeout time.Duration
 }
 
 // ShareServer serves a loader's destinations (in one tag of a pool) to other
@@ -50,6 +58,15 @@ func Serve(pool *Pool, tag Tag, loader *Loader, path string, o ShareOptions) (*S
 	}
 	if o.AllowedUID != nil {
 		c.use_allowed_uid, c.allowed_uid = 1, C.uint32_t(*o.AllowedUID)
+	}
+	if o.AllowedGID != nil {
+		c.use_allowed_gid, c.allowed_gid = 1, C.uint32_t(*o.AllowedGID)
+	}
+	c.max_connections = C.uint32_t(o.MaxConnections)
+	if ms := o.HandshakeTimeout.Milliseconds(); ms > math.MaxUint32 {
+		c.handshake_timeout_ms = math.MaxUint32
+	} else if ms > 0 {
+		c.handshake_timeout_ms = C.uint32_t(ms)
 	}
 	cs := C.CString(path)
 	defer C.free(unsafe.Pointer(cs))

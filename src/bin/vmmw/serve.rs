@@ -42,6 +42,21 @@ pub struct Args {
     /// Let importers map the weights read-write when they ask (default: read-only).
     #[arg(long)]
     allow_write: bool,
+    /// A user id allowed to attach besides the owner's own (repeatable).
+    #[arg(long = "allow-uid", value_name = "UID")]
+    allow_uid: Vec<u32>,
+    /// A group id whose members may attach (primary or supplementary group;
+    /// repeatable).
+    #[arg(long = "allow-gid", value_name = "GID")]
+    allow_gid: Vec<u32>,
+    /// Most connections served at once, handshaking and attached; past it a
+    /// peer is refused with the reason.
+    #[arg(long, default_value_t = vmmweights::share::server::DEFAULT_MAX_CONNECTIONS as u32,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    max_connections: u32,
+    /// One deadline per handshake, in seconds (a silent peer is cut after it).
+    #[arg(long, default_value_t = 10.0, value_name = "SECONDS")]
+    handshake_timeout: f64,
     /// The pool tag the weights are loaded under.
     #[arg(long, default_value = "weights")]
     tag: String,
@@ -126,6 +141,15 @@ pub fn run(a: Args) -> CliResult<Value> {
         )));
     }
     let weights = tag::id(&a.tag).map_err(|e| CliError::bad_input(format!("--tag: {e}")))?;
+    let handshake_timeout = std::time::Duration::try_from_secs_f64(a.handshake_timeout)
+        .ok()
+        .filter(|d| !d.is_zero())
+        .ok_or_else(|| {
+            CliError::bad_input(format!(
+                "--handshake-timeout {}: expected a positive number of seconds",
+                a.handshake_timeout
+            ))
+        })?;
     let options = ServeOptions {
         sleep_policy: if a.policy == "revoke" {
             SleepPolicy::Revoke
@@ -133,7 +157,16 @@ pub fn run(a: Args) -> CliResult<Value> {
             SleepPolicy::Refuse
         },
         allow_write: a.allow_write,
-        allowed_uids: None,
+        allowed_uids: (!a.allow_uid.is_empty()).then(|| {
+            let mut uids = a.allow_uid.clone();
+            uids.push(vmmweights::share::wire::own_uid());
+            uids
+        }),
+        allowed_gids: a.allow_gid.clone(),
+        max_connections: a.max_connections as usize,
+        handshake_timeout,
+        // One audit line per attach, refusal, eviction and detach, on stderr.
+        log: vmmweights::share::LogSink::default(),
     };
     let signals = blocked_signals()?;
     let ckpt = lib(Checkpoint::open(&a.checkpoint))?;
