@@ -10,11 +10,12 @@ use crate::driver::{DevicePtr, Driver, EventId, PhysHandle, StreamId};
 use crate::error::{Error, Result};
 use crate::segment::{map_new_at, unmap_release_at, Segment, SleepState};
 use crate::sleep::backup::{BackupArena, BackupRange};
-use crate::sleep::ranges;
 use crate::tag::TagId;
+use plan::{SegTodo, Transition};
 use sources::{Registered, Replay};
 
 mod options;
+mod plan;
 mod sources;
 mod staged;
 
@@ -106,17 +107,6 @@ impl EngineState {
             b.pieces.into_iter().for_each(|p| self.arena.free(p));
         }
     }
-}
-
-/// What a sleep or wake knows about one segment between its locked steps.
-#[derive(Debug)]
-struct SegTodo {
-    ptr: DevicePtr,
-    committed: usize,
-    state: SleepState,
-    chunks: Vec<crate::segment::Chunk>,
-    /// The segment's peer grant, set again on every chunk mapped at wake.
-    peers: Vec<crate::driver::PeerAccess>,
 }
 
 /// Sleep and wake for the segments of one device. Transitions (sleep or wake
@@ -262,20 +252,7 @@ impl SleepEngine {
         let t0 = Instant::now();
         let _one = self.one_transition();
         let mut report = CycleReport::default();
-        let mut todo: Vec<SegTodo> = Vec::new();
-        segs(&mut |ss| {
-            for seg in ss.iter() {
-                if seg.sleep_state() == SleepState::Awake || seg.mapped_bytes() > 0 {
-                    todo.push(SegTodo {
-                        ptr: seg.ptr(),
-                        committed: seg.committed(),
-                        state: seg.sleep_state(),
-                        chunks: seg.chunks().to_vec(),
-                        peers: seg.peers().to_vec(),
-                    });
-                }
-            }
-        });
+        let todo = plan::snapshot(segs, Transition::Sleep);
         if todo.is_empty() {
             report.seconds = t0.elapsed().as_secs_f64();
             return Ok(report);
@@ -288,32 +265,11 @@ impl SleepEngine {
                 .collect();
             report.changed_bytes = self.check_reload_sleep(tag, &readable)?;
         }
-        // What each awake segment keeps on the host; a segment an earlier
-        // sleep left partly mapped has its backup already and only unmaps.
+        // What each awake segment keeps on the host.
         let coverage = self.lock().coverage(tag);
         let keep: Vec<Vec<(usize, usize)>> = todo
             .iter()
-            .map(|t| {
-                if t.state != SleepState::Awake || t.committed == 0 {
-                    return Vec::new();
-                }
-                match policy {
-                    Policy::Offload => vec![(0, t.committed)],
-                    Policy::Discard => Vec::new(),
-                    Policy::Reload => {
-                        let mut rest = match in_use {
-                            None => vec![(t.ptr, t.committed)],
-                            Some(u) => ranges::intersect(u, t.ptr, t.committed),
-                        };
-                        for &(a, l) in &ranges::intersect(&coverage, t.ptr, t.committed) {
-                            rest = ranges::subtract(&rest, a, l);
-                        }
-                        rest.iter()
-                            .map(|&(a, l)| ((a - t.ptr) as usize, l))
-                            .collect()
-                    }
-                }
-            })
+            .map(|t| t.host_keep(policy, &coverage, in_use))
             .collect();
         let (streams, piece, held_before, need_new) = {
             let mut s = self.lock();
@@ -574,34 +530,13 @@ impl SleepEngine {
         let t0 = Instant::now();
         let _one = self.one_transition();
         let coalesce = self.lock().options.wake_coalesce_bytes;
-        let mut todo: Vec<SegTodo> = Vec::new();
-        segs(&mut |ss| {
-            for seg in ss.iter_mut() {
-                if seg.sleep_state() != SleepState::Awake {
-                    seg.rechunk_unmapped(coalesce);
-                    todo.push(SegTodo {
-                        ptr: seg.ptr(),
-                        committed: seg.committed(),
-                        state: seg.sleep_state(),
-                        chunks: seg.chunks().to_vec(),
-                        peers: seg.peers().to_vec(),
-                    });
-                }
-            }
-        });
+        let todo = plan::snapshot(segs, Transition::Wake { coalesce });
         let mut report = CycleReport::default();
         if todo.is_empty() {
             report.seconds = t0.elapsed().as_secs_f64();
             return Ok(report);
         }
-        let unmapped = |t: &SegTodo| {
-            t.chunks
-                .iter()
-                .filter(|c| c.handle.is_none())
-                .map(|c| c.size as u64)
-                .sum::<u64>()
-        };
-        let needed: u64 = todo.iter().map(unmapped).sum();
+        let needed: u64 = todo.iter().map(SegTodo::unmapped_bytes).sum();
         let free = self.driver.mem_info()?.free;
         if needed > free {
             return Err(Error::OutOfMemory {

@@ -10,7 +10,8 @@
 
 use std::sync::MutexGuard;
 
-use super::{SegTodo, SleepEngine, TagSegments};
+use super::plan::{self, SegTodo, Transition};
+use super::{SleepEngine, TagSegments};
 use crate::driver::{DevicePtr, PhysHandle};
 use crate::error::{Error, Result};
 use crate::segment::{map_new_at, unmap_release_at, SleepState};
@@ -49,21 +50,7 @@ impl SleepEngine {
     pub fn stage_wake<'a>(&'a self, tag: TagId, segs: TagSegments<'_>) -> StagedWake<'a> {
         let one = self.one_transition();
         let coalesce = self.lock().options.wake_coalesce_bytes;
-        let mut todo = Vec::new();
-        segs(&mut |ss| {
-            for seg in ss.iter_mut() {
-                if seg.sleep_state() != SleepState::Awake {
-                    seg.rechunk_unmapped(coalesce);
-                    todo.push(SegTodo {
-                        ptr: seg.ptr(),
-                        committed: seg.committed(),
-                        state: seg.sleep_state(),
-                        chunks: seg.chunks().to_vec(),
-                        peers: seg.peers().to_vec(),
-                    });
-                }
-            }
-        });
+        let todo = plan::snapshot(segs, Transition::Wake { coalesce });
         self.lock().busy.extend(todo.iter().map(|t| t.ptr));
         StagedWake {
             engine: self,
@@ -93,12 +80,7 @@ impl StagedWake<'_> {
 
     /// Bytes of physical memory [`Self::map`] will create.
     pub fn unmapped_bytes(&self) -> u64 {
-        self.todo
-            .iter()
-            .flat_map(|t| t.chunks.iter())
-            .filter(|c| c.handle.is_none())
-            .map(|c| c.size as u64)
-            .sum()
+        self.todo.iter().map(SegTodo::unmapped_bytes).sum()
     }
 
     /// Map every unmapped chunk (peer grants set again on each). On an error
