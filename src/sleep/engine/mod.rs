@@ -1,24 +1,29 @@
 //! The sleep engine: per-segment transitions of one tag, the streams and
 //! events they run on, and the backup arena they fill.
+//!
+//! This file holds the engine, its state and its two locks; the rest lives
+//! in one file per idea: `options.rs` (policy, tunables, report),
+//! `sources.rs` (reload sources and their proofs), `plan.rs` (the snapshot
+//! of a tag's segments and what each keeps on the host), `sleep.rs` and
+//! `wake.rs` (the two transitions, phase by phase) and `staged.rs` (a wake
+//! in steps).
 
-use std::cell::RefCell;
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Instant;
 
-use crate::driver::{DevicePtr, Driver, PhysHandle, StreamId};
-use crate::error::{Error, Result};
-use crate::segment::{map_new_at, unmap_release_at, Segment, SleepState};
+use crate::driver::{DevicePtr, Driver, StreamId};
+use crate::error::Result;
+use crate::segment::Segment;
 use crate::sleep::backup::{BackupArena, BackupRange};
 use crate::tag::TagId;
-use plan::{SegTodo, Transition};
-use sources::{Registered, Replay};
+use sources::Registered;
 
 mod options;
 mod plan;
 mod sleep;
 mod sources;
 mod staged;
+mod wake;
 
 pub use options::{CycleReport, Policy, SleepOptions, MAX_STREAMS};
 pub use sources::Retired;
@@ -211,190 +216,6 @@ impl SleepEngine {
         let want = s.options.streams.max(2);
         while s.streams.len() < want {
             s.streams.push(self.driver.stream_create()?);
-        }
-        Ok(())
-    }
-
-    /// Wake the asleep segments among `segs` (all of tag `tag`). See [`Self::wake_tag`].
-    pub fn wake(&self, tag: TagId, segs: &mut [&mut Segment]) -> Result<CycleReport> {
-        let cell = RefCell::new(segs);
-        self.wake_tag(tag, &|f| f(&mut cell.borrow_mut()))
-    }
-
-    /// Wake `tag`'s asleep segments. Transactional: free memory is checked
-    /// and every reload source is [checked](crate::sleep::reload::ReloadSource::check) before
-    /// anything is mapped; on any later failure every chunk mapped by this
-    /// call is unmapped again (once the device is known idle; if even that
-    /// synchronize fails they stay mapped and the segment stays asleep) and the
-    /// segments stay asleep with their backups; the error is returned.
-    ///
-    /// Each segment gets back its backed-up bytes, then the bytes its tag's
-    /// reload sources cover; bytes of a Discard sleep come back undefined.
-    pub fn wake_tag(&self, tag: TagId, segs: TagSegments<'_>) -> Result<CycleReport> {
-        let t0 = Instant::now();
-        let _one = self.one_transition();
-        let coalesce = self.lock().options.wake_coalesce_bytes;
-        let todo = plan::snapshot(segs, Transition::Wake { coalesce });
-        let mut report = CycleReport::default();
-        if todo.is_empty() {
-            report.seconds = t0.elapsed().as_secs_f64();
-            return Ok(report);
-        }
-        let needed: u64 = todo.iter().map(SegTodo::unmapped_bytes).sum();
-        let free = self.driver.mem_info()?.free;
-        if needed > free {
-            return Err(Error::OutOfMemory {
-                what: format!("wake of tag {tag} ({} segments)", todo.len()),
-                requested: needed,
-                free,
-            });
-        }
-        // What each source restores here, checked before any byte is touched.
-        let reloadable: Vec<(DevicePtr, usize)> = todo
-            .iter()
-            .filter(|t| t.state == SleepState::Reloadable)
-            .map(|t| (t.ptr, t.committed))
-            .collect();
-        let sources = self.replays(tag, &reloadable);
-        for (src, _) in &sources {
-            src.check()?;
-        }
-        {
-            let mut s = self.lock();
-            self.ensure_streams(&mut s)?;
-            s.busy.extend(todo.iter().map(|t| t.ptr));
-        }
-        let mut made: Vec<(usize, usize, PhysHandle)> = Vec::new();
-        let result = self.restore(&todo, &sources, &mut made, &mut report);
-        let streams = self.lock().streams.clone();
-        let installed = match result {
-            Ok(()) => true,
-            Err(_) => {
-                // Copies may still target chunks about to be unmapped: unmap
-                // only once the device is known idle.
-                let mut idle = true;
-                for &st in &streams {
-                    idle &= self.driver.stream_synchronize(st).is_ok();
-                }
-                idle &= self.driver.synchronize().is_ok();
-                if idle {
-                    for &(i, c, h) in made.iter().rev() {
-                        let (t, ch) = (&todo[i], todo[i].chunks[c]);
-                        let _ = unmap_release_at(
-                            self.driver.as_ref(),
-                            t.ptr + ch.offset as u64,
-                            ch.size,
-                            h,
-                        );
-                    }
-                }
-                !idle
-            }
-        };
-        if installed {
-            let mut ok = true;
-            segs(&mut |ss| {
-                for (i, t) in todo.iter().enumerate() {
-                    let Some(seg) = ss.iter_mut().find(|s| s.ptr() == t.ptr) else {
-                        continue;
-                    };
-                    for &(_, c, h) in made.iter().filter(|m| m.0 == i) {
-                        ok &= seg.install_handle(c, h).is_ok();
-                    }
-                    if result.is_ok() && seg.is_fully_mapped() {
-                        seg.set_sleep_state(SleepState::Awake);
-                    }
-                }
-            });
-            debug_assert!(ok, "the chunks of a segment in transition do not change");
-        }
-        {
-            let mut s = self.lock();
-            for t in &todo {
-                s.busy.remove(&t.ptr);
-                if result.is_ok() && s.options.free_backup_after_wake {
-                    s.free_backup(t.ptr);
-                }
-            }
-            if result.is_ok() && s.options.release_pinned_after_wake {
-                s.arena.release_unused();
-            }
-        }
-        result?;
-        report.segments = todo.len();
-        report.seconds = t0.elapsed().as_secs_f64();
-        Ok(report)
-    }
-
-    /// Map every unmapped chunk of `todo`, copy the backups in, fill discarded
-    /// memory when asked, then run the reload sources. No segment is touched:
-    /// the handles made are listed in `made` for the caller to install or undo.
-    fn restore(
-        &self,
-        todo: &[SegTodo],
-        sources: &[Replay],
-        made: &mut Vec<(usize, usize, PhysHandle)>,
-        report: &mut CycleReport,
-    ) -> Result<()> {
-        let (piece, streams, fill) = {
-            let s = self.lock();
-            (
-                s.options.copy_piece_bytes.max(1 << 20),
-                s.streams.clone(),
-                s.options.debug_fill_discarded,
-            )
-        };
-        let mut next_stream = 0usize;
-        for (i, t) in todo.iter().enumerate() {
-            if t.state == SleepState::Offloaded
-                && t.committed > 0
-                && !self.lock().backups.contains_key(&t.ptr)
-            {
-                return Err(Error::InvalidState(format!(
-                    "segment at {:#x} is offloaded but has no backup",
-                    t.ptr
-                )));
-            }
-            for (c, chunk) in t.chunks.iter().enumerate() {
-                let va = t.ptr + chunk.offset as u64;
-                if chunk.handle.is_none() {
-                    let h = map_new_at(self.driver.as_ref(), va, chunk.size, &t.peers)?;
-                    made.push((i, c, h));
-                    report.physical_bytes += chunk.size as u64;
-                }
-                let spans = {
-                    let s = self.lock();
-                    s.backups
-                        .get(&t.ptr)
-                        .filter(|_| t.state != SleepState::Discarded)
-                        .map(|b| b.spans(&s.arena, chunk.offset, chunk.size, piece))
-                        .unwrap_or_default()
-                };
-                for (at, host, n) in spans {
-                    let st = streams[next_stream % streams.len()];
-                    next_stream += 1;
-                    // SAFETY: the chunk is mapped (just now or before); `host`
-                    // points into the segment's backup with `n` bytes left,
-                    // kept (busy) until the streams are synchronized below.
-                    unsafe {
-                        self.driver
-                            .copy_htod_async(t.ptr + at as u64, host, n, st)?
-                    };
-                    report.copied_bytes += n as u64;
-                }
-                if let (SleepState::Discarded, Some(byte)) = (t.state, fill) {
-                    let st = streams[next_stream % streams.len()];
-                    next_stream += 1;
-                    // SAFETY: the chunk is mapped with access granted.
-                    unsafe { self.driver.memset_async(va, byte, chunk.size, st)? };
-                }
-            }
-        }
-        for &st in &streams {
-            self.driver.stream_synchronize(st)?;
-        }
-        for (src, parts) in sources {
-            report.reloaded_bytes += src.reload(self.driver.as_ref(), parts)?;
         }
         Ok(())
     }
