@@ -10,11 +10,13 @@
 
 use std::sync::MutexGuard;
 
-use super::{SegTodo, SleepEngine, TagSegments};
-use crate::driver::{DevicePtr, PhysHandle};
+use super::options::CycleReport;
+use super::plan::{self, SegTodo, Transition};
+use super::wake::{self, Made};
+use super::{SleepEngine, TagSegments};
+use crate::driver::DevicePtr;
 use crate::error::{Error, Result};
-use crate::segment::{map_new_at, unmap_release_at, SleepState};
-use crate::sleep::CycleReport;
+use crate::segment::{map_new_at, SleepState};
 use crate::tag::TagId;
 
 /// A run of backup bytes: `len` bytes at host address `host` hold segment
@@ -37,8 +39,8 @@ pub struct StagedWake<'a> {
     _one: MutexGuard<'a, ()>,
     tag: TagId,
     todo: Vec<SegTodo>,
-    /// `(todo index, chunk index, handle)` mapped here, not yet installed.
-    made: Vec<(usize, usize, PhysHandle)>,
+    /// Chunks mapped here, not yet installed.
+    made: Vec<Made>,
     report: CycleReport,
     finished: bool,
 }
@@ -49,21 +51,7 @@ impl SleepEngine {
     pub fn stage_wake<'a>(&'a self, tag: TagId, segs: TagSegments<'_>) -> StagedWake<'a> {
         let one = self.one_transition();
         let coalesce = self.lock().options.wake_coalesce_bytes;
-        let mut todo = Vec::new();
-        segs(&mut |ss| {
-            for seg in ss.iter_mut() {
-                if seg.sleep_state() != SleepState::Awake {
-                    seg.rechunk_unmapped(coalesce);
-                    todo.push(SegTodo {
-                        ptr: seg.ptr(),
-                        committed: seg.committed(),
-                        state: seg.sleep_state(),
-                        chunks: seg.chunks().to_vec(),
-                        peers: seg.peers().to_vec(),
-                    });
-                }
-            }
-        });
+        let todo = plan::snapshot(segs, Transition::Wake { coalesce });
         self.lock().busy.extend(todo.iter().map(|t| t.ptr));
         StagedWake {
             engine: self,
@@ -93,12 +81,7 @@ impl StagedWake<'_> {
 
     /// Bytes of physical memory [`Self::map`] will create.
     pub fn unmapped_bytes(&self) -> u64 {
-        self.todo
-            .iter()
-            .flat_map(|t| t.chunks.iter())
-            .filter(|c| c.handle.is_none())
-            .map(|c| c.size as u64)
-            .sum()
+        self.todo.iter().map(SegTodo::unmapped_bytes).sum()
     }
 
     /// Map every unmapped chunk (peer grants set again on each). On an error
@@ -191,44 +174,17 @@ impl StagedWake<'_> {
         if driver.synchronize().is_err() {
             return false;
         }
-        for &(i, c, h) in self.made.iter().rev() {
-            let (t, ch) = (&self.todo[i], self.todo[i].chunks[c]);
-            let _ = unmap_release_at(driver.as_ref(), t.ptr + ch.offset as u64, ch.size, h);
-        }
-        self.made.clear();
+        wake::unmap_made(driver.as_ref(), &self.todo, &mut self.made);
         true
     }
 
     fn install(&mut self, segs: TagSegments<'_>, awake: bool) {
-        let (todo, made) = (&self.todo, std::mem::take(&mut self.made));
-        let mut ok = true;
-        segs(&mut |ss| {
-            for (i, t) in todo.iter().enumerate() {
-                let Some(seg) = ss.iter_mut().find(|s| s.ptr() == t.ptr) else {
-                    continue;
-                };
-                for &(_, c, h) in made.iter().filter(|m| m.0 == i) {
-                    ok &= seg.install_handle(c, h).is_ok();
-                }
-                if awake && seg.is_fully_mapped() {
-                    seg.set_sleep_state(SleepState::Awake);
-                }
-            }
-        });
-        debug_assert!(ok, "the chunks of a segment in transition do not change");
+        let made = std::mem::take(&mut self.made);
+        wake::install(segs, &self.todo, &made, awake);
     }
 
     fn release_busy(&mut self, woke: bool) {
-        let mut s = self.engine.lock();
-        for t in &self.todo {
-            s.busy.remove(&t.ptr);
-            if woke && s.options.free_backup_after_wake {
-                s.free_backup(t.ptr);
-            }
-        }
-        if woke && s.options.release_pinned_after_wake {
-            s.arena.release_unused();
-        }
+        self.engine.finish_wake(&self.todo, woke);
     }
 }
 

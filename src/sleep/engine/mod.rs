@@ -1,0 +1,232 @@
+//! The sleep engine: per-segment transitions of one tag, the streams and
+//! events they run on, and the backup arena they fill.
+//!
+//! This file holds the engine, its state and its two locks; the rest lives
+//! in one file per idea: `options.rs` (policy, tunables, report),
+//! `sources.rs` (reload sources and their proofs), `plan.rs` (the snapshot
+//! of a tag's segments and what each keeps on the host), `sleep.rs` and
+//! `wake.rs` (the two transitions, phase by phase) and `staged.rs` (a wake
+//! in steps).
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use crate::driver::{DevicePtr, Driver, StreamId};
+use crate::error::Result;
+use crate::segment::Segment;
+use crate::sleep::backup::{BackupArena, BackupRange};
+use crate::tag::TagId;
+use sources::Registered;
+
+mod options;
+mod plan;
+mod sleep;
+mod sources;
+mod staged;
+mod wake;
+
+pub use options::{CycleReport, Policy, SleepOptions, MAX_STREAMS};
+pub use sources::Retired;
+pub use staged::{HostSpan, StagedWake};
+
+/// Access to one tag's segments for the short steps of a sleep or wake that
+/// read or change them: the callee gets every segment of the tag, in a stable
+/// order, and the pool holds its lock only for the call. Copies, reloads and
+/// driver map calls run between these calls, with no pool lock held.
+pub type TagSegments<'a> = &'a dyn Fn(&mut dyn FnMut(&mut [&mut Segment]));
+
+/// A segment's backup: the segment byte ranges it holds and the pieces of the
+/// arena their bytes lie in, back to back (piece k holds the bytes right
+/// after piece k-1). Offload holds the whole committed range; Reload only the
+/// bytes no reload source covers.
+#[derive(Debug, Clone)]
+struct SegmentBackup {
+    tag: TagId,
+    /// `(segment offset, len)`, sorted and disjoint.
+    ranges: Vec<(usize, usize)>,
+    pieces: Vec<BackupRange>,
+}
+
+impl SegmentBackup {
+    fn len(&self) -> usize {
+        self.pieces.iter().map(|p| p.len).sum()
+    }
+
+    /// Host address of backup byte `at` and the bytes left in its piece.
+    fn locate(&self, arena: &BackupArena, mut at: usize) -> (*mut u8, usize) {
+        for p in &self.pieces {
+            if at < p.len {
+                // SAFETY: `at < p.len`, inside the piece.
+                return (unsafe { arena.host_ptr(*p).add(at) }, p.len - at);
+            }
+            at -= p.len;
+        }
+        unreachable!("backup offset {at} beyond its pieces")
+    }
+
+    /// The held bytes of segment range `[off, off+len)` as spans of at most
+    /// `max` bytes that each lie in one piece: `(segment offset, host ptr, n)`.
+    fn spans(
+        &self,
+        arena: &BackupArena,
+        off: usize,
+        len: usize,
+        max: usize,
+    ) -> Vec<(usize, *mut u8, usize)> {
+        let mut out = Vec::new();
+        let mut base = 0usize;
+        for &(ro, rl) in &self.ranges {
+            let (lo, hi) = (off.max(ro), (off + len).min(ro + rl));
+            let mut at = lo;
+            while at < hi {
+                let (host, left) = self.locate(arena, base + at - ro);
+                let n = max.min(hi - at).min(left);
+                out.push((at, host, n));
+                at += n;
+            }
+            base += rl;
+        }
+        out
+    }
+}
+
+#[derive(Debug)]
+struct EngineState {
+    arena: BackupArena,
+    streams: Vec<StreamId>,
+    /// Backups by segment base address. A backup stays assigned after wake
+    /// (unless configured otherwise), so the next sleep reuses the same memory.
+    backups: HashMap<DevicePtr, SegmentBackup>,
+    reload: HashMap<TagId, Vec<Registered>>,
+    /// Tags a load registered a source for since the last
+    /// [`SleepEngine::clear_reload_sources`]: they may sleep with Reload even
+    /// once every byte changed (then everything live goes to the backup).
+    loaded: HashSet<TagId>,
+    /// Segments of the sleep or wake running now: their backups are in use.
+    busy: HashSet<DevicePtr>,
+    options: SleepOptions,
+}
+
+impl EngineState {
+    fn free_backup(&mut self, va: DevicePtr) {
+        if let Some(b) = self.backups.remove(&va) {
+            b.pieces.into_iter().for_each(|p| self.arena.free(p));
+        }
+    }
+}
+
+/// Sleep and wake for the segments of one device. Transitions (sleep or wake
+/// of one tag) run one at a time; the engine's bookkeeping lock is held only
+/// for short steps, never across copies, so frees, reports and allocations of
+/// other tags go on meanwhile.
+#[derive(Debug)]
+pub struct SleepEngine {
+    driver: Arc<dyn Driver>,
+    state: Mutex<EngineState>,
+    transition: Mutex<()>,
+}
+
+impl SleepEngine {
+    /// An engine with `options` for `driver`. Nothing is allocated until used.
+    pub fn new(driver: Arc<dyn Driver>, options: SleepOptions) -> SleepEngine {
+        SleepEngine {
+            state: Mutex::new(EngineState {
+                arena: BackupArena::new(
+                    driver.clone(),
+                    options.backup_slab_bytes,
+                    options.host_memory_limit,
+                ),
+                streams: Vec::new(),
+                backups: HashMap::new(),
+                reload: HashMap::new(),
+                loaded: HashSet::new(),
+                busy: HashSet::new(),
+                options,
+            }),
+            transition: Mutex::new(()),
+            driver,
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, EngineState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn one_transition(&self) -> MutexGuard<'_, ()> {
+        self.transition.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The current options.
+    pub fn options(&self) -> SleepOptions {
+        self.lock().options.clone()
+    }
+
+    /// Replace the options (the host-memory limit applies to future pinning).
+    pub fn set_options(&self, options: SleepOptions) {
+        let mut s = self.lock();
+        s.arena.set_limit(options.host_memory_limit);
+        s.arena.set_slab_bytes(options.backup_slab_bytes);
+        s.options = options;
+    }
+
+    /// Pin `bytes` of backup memory ahead of time, so even the first sleep
+    /// runs at the link's rate.
+    pub fn reserve_backup(&self, bytes: u64) -> Result<()> {
+        self.lock().arena.reserve(bytes)
+    }
+
+    /// Unpin every backup slab that holds no backup of an asleep segment. The
+    /// backups of awake segments are dropped first (except those of a sleep
+    /// running now). Returns bytes unpinned.
+    pub fn release_backup(&self, awake: &dyn Fn(DevicePtr) -> bool) -> u64 {
+        let mut s = self.lock();
+        let stale: Vec<DevicePtr> = s
+            .backups
+            .keys()
+            .copied()
+            .filter(|va| awake(*va) && !s.busy.contains(va))
+            .collect();
+        for va in stale {
+            s.free_backup(va);
+        }
+        s.arena.release_unused()
+    }
+
+    /// Pinned backup bytes held (in use or kept for reuse).
+    pub fn backup_held_bytes(&self) -> u64 {
+        self.lock().arena.held()
+    }
+
+    /// Backup bytes assigned to segments, per tag.
+    pub fn backup_bytes_by_tag(&self) -> HashMap<TagId, u64> {
+        let s = self.lock();
+        let mut m = HashMap::new();
+        for b in s.backups.values() {
+            *m.entry(b.tag).or_insert(0) += b.len() as u64;
+        }
+        m
+    }
+
+    /// Forget a segment that is being freed: its backup returns to the arena.
+    pub fn forget_segment(&self, va: DevicePtr) {
+        self.lock().free_backup(va);
+    }
+
+    fn ensure_streams(&self, s: &mut EngineState) -> Result<()> {
+        let want = s.options.streams.max(2);
+        while s.streams.len() < want {
+            s.streams.push(self.driver.stream_create()?);
+        }
+        Ok(())
+    }
+}
+
+impl Drop for SleepEngine {
+    fn drop(&mut self) {
+        let s = self.state.get_mut().unwrap_or_else(|p| p.into_inner());
+        for &st in &s.streams {
+            let _ = self.driver.stream_synchronize(st);
+            let _ = self.driver.stream_destroy(st);
+        }
+    }
+}

@@ -1,0 +1,376 @@
+//! The sleep of one tag, in phases: take the snapshot, check Reload's proofs
+//! and plan what each segment keeps on the host, check room for the backup,
+//! synchronize, issue the copies, unmap each segment as its copies complete,
+//! finish.
+
+use std::cell::RefCell;
+use std::time::Instant;
+
+use super::options::{CycleReport, Policy};
+use super::plan::{self, SegTodo, Transition};
+use super::{SegmentBackup, SleepEngine, TagSegments};
+use crate::driver::{DevicePtr, EventId, StreamId};
+use crate::error::{Error, Result};
+use crate::segment::{Segment, SleepState};
+use crate::tag::TagId;
+
+/// What the copies of one sleep run with, fixed before the first one.
+struct CopyPlan {
+    streams: Vec<StreamId>,
+    /// Size of one copy on one stream.
+    piece: usize,
+    /// Pinned bytes held before this sleep.
+    held_before: u64,
+    /// Backup bytes that no backup already assigned holds.
+    need_new: u64,
+}
+
+/// Per segment (an index into the snapshot), the events its copies record;
+/// none when it copies nothing.
+type Pending = Vec<(usize, Vec<EventId>)>;
+
+impl SleepEngine {
+    /// Put the awake segments among `segs` (all of tag `tag`) to sleep with
+    /// `policy`. See [`Self::sleep_tag`].
+    pub fn sleep(
+        &self,
+        tag: TagId,
+        segs: &mut [&mut Segment],
+        policy: Policy,
+    ) -> Result<CycleReport> {
+        let cell = RefCell::new(segs);
+        self.sleep_tag(tag, policy, &|f| f(&mut cell.borrow_mut()), None)
+    }
+
+    /// Put `tag`'s awake segments to sleep with `policy`, and release what an
+    /// earlier failed sleep left mapped.
+    ///
+    /// Offload keeps every committed byte in the host backup (whole
+    /// segments: a tag holding one small block in a segment of its own backs
+    /// up the granularity; the need is checked against the limit and the
+    /// host's available memory before anything moves); Reload keeps the
+    /// bytes of `in_use` (the tag's live blocks; `None`: every committed
+    /// byte) that no reload source covers; Discard keeps none. The host-memory limit
+    /// is checked before anything moves, and the device is synchronized before
+    /// the copies and the unmaps: when that synchronize fails, nothing is
+    /// unmapped and the error is returned. If a copy or an unmap fails midway,
+    /// the segments done are asleep with their backups, a segment whose unmap
+    /// failed is asleep with some chunks still mapped (counted as tracked), and
+    /// the rest stay awake; the error says so, and calling again finishes the
+    /// job, unmapping what is left.
+    pub fn sleep_tag(
+        &self,
+        tag: TagId,
+        policy: Policy,
+        segs: TagSegments<'_>,
+        in_use: Option<&[(DevicePtr, usize)]>,
+    ) -> Result<CycleReport> {
+        let t0 = Instant::now();
+        let _one = self.one_transition();
+        let mut report = CycleReport::default();
+        let todo = plan::snapshot(segs, Transition::Sleep);
+        if todo.is_empty() {
+            report.seconds = t0.elapsed().as_secs_f64();
+            return Ok(report);
+        }
+        if policy == Policy::Reload {
+            let readable: Vec<(DevicePtr, usize)> = todo
+                .iter()
+                .filter(|t| t.state == SleepState::Awake)
+                .map(|t| (t.ptr, t.committed))
+                .collect();
+            report.changed_bytes = self.check_reload_sleep(tag, &readable)?;
+        }
+        // What each awake segment keeps on the host.
+        let coverage = self.lock().coverage(tag);
+        let keep: Vec<Vec<(usize, usize)>> = todo
+            .iter()
+            .map(|t| t.host_keep(policy, &coverage, in_use))
+            .collect();
+        let run = self.plan_copies(tag, &todo, &keep)?;
+        // Work still queued on other streams (the caller's) may be writing
+        // these bytes; none may touch memory once it is unmapped.
+        self.driver.synchronize()?;
+        self.start_pinning(&todo, run.need_new);
+        let (pending, failure) = self.issue_copies(tag, &todo, &keep, &run, &mut report);
+        let (done, failure) =
+            self.unmap_as_copied(segs, &todo, pending, policy, failure, &mut report);
+        self.finish_sleep(&todo, &run, failure.is_some(), &mut report);
+        report.seconds = t0.elapsed().as_secs_f64();
+        match failure {
+            None => {
+                if policy == Policy::Reload {
+                    self.sources(tag).iter().for_each(|s| s.prepare());
+                }
+                Ok(report)
+            }
+            // Nothing was unmapped: the tag is as before, and the cause (out
+            // of host memory, a driver error) is the whole story.
+            Some(e) if report.segments == 0 && report.physical_bytes == 0 => Err(e),
+            Some(e) => Err(Error::InvalidState(format!(
+                "sleep of tag {tag} stopped after {done} of {} segments (those are asleep with their backups, the rest awake or partly mapped; sleeping again finishes): {e}",
+                todo.len()
+            ))),
+        }
+    }
+
+    /// Check that the backup the segments need (`keep`) fits under the
+    /// host-memory limit and in the host's available memory, and make the
+    /// streams. Nothing has moved when this fails.
+    fn plan_copies(
+        &self,
+        tag: TagId,
+        todo: &[SegTodo],
+        keep: &[Vec<(usize, usize)>],
+    ) -> Result<CopyPlan> {
+        let mut s = self.lock();
+        let mut need_new = 0u64;
+        for (t, k) in todo.iter().zip(keep) {
+            let have = s.backups.get(&t.ptr).is_some_and(|b| &b.ranges == k);
+            if !have {
+                need_new += k.iter().map(|&(_, l)| l as u64).sum::<u64>();
+            }
+        }
+        let can_pin = s.arena.limit().saturating_sub(s.arena.held()) + s.arena.free_bytes();
+        if need_new > can_pin {
+            return Err(Error::HostOutOfMemory {
+                what: format!("backup for sleeping tag {tag}"),
+                requested: need_new,
+                limit: s.arena.limit(),
+                in_use: s.arena.held(),
+            });
+        }
+        // And against the host: populating more than it has available
+        // wakes the kernel's out-of-memory killer instead of an error.
+        crate::hostmem::check_available(
+            need_new.saturating_sub(s.arena.free_bytes()),
+            &format!("backup for sleeping tag {tag}"),
+        )?;
+        self.ensure_streams(&mut s)?;
+        Ok(CopyPlan {
+            streams: s.streams.clone(),
+            piece: s.options.copy_piece_bytes.max(1 << 20),
+            held_before: s.arena.held(),
+            need_new,
+        })
+    }
+
+    /// Mark the segments busy and start pinning the backup bytes missing.
+    fn start_pinning(&self, todo: &[SegTodo], need_new: u64) {
+        let mut s = self.lock();
+        s.arena.set_growth_hint(Some(need_new));
+        // Pin what is missing in the background, so pinning overlaps itself
+        // (populate | register) and the copies into slabs already pinned.
+        let missing = need_new.saturating_sub(s.arena.free_bytes());
+        if missing > 0 {
+            let slab = s.options.pipeline_slab_bytes;
+            s.arena.start_prefetch(missing, slab);
+        }
+        s.busy.extend(todo.iter().map(|t| t.ptr));
+    }
+
+    /// Issue every copy, one event per segment per stream it used. Returns
+    /// the segments issued, in order, and the error that stopped the issue.
+    fn issue_copies(
+        &self,
+        tag: TagId,
+        todo: &[SegTodo],
+        keep: &[Vec<(usize, usize)>],
+        run: &CopyPlan,
+        report: &mut CycleReport,
+    ) -> (Pending, Option<Error>) {
+        let mut next_stream = 0usize;
+        let mut pending: Pending = Vec::new();
+        for (i, t) in todo.iter().enumerate() {
+            if keep[i].is_empty() {
+                if t.state == SleepState::Awake {
+                    // A backup from an earlier Offload must not be restored
+                    // over what this sleep does not keep.
+                    self.lock().free_backup(t.ptr);
+                }
+                pending.push((i, Vec::new()));
+                continue;
+            }
+            match self.issue_backup(tag, t, &keep[i], run.piece, &run.streams, &mut next_stream) {
+                Ok((events, bytes)) => {
+                    report.copied_bytes += bytes;
+                    pending.push((i, events));
+                }
+                Err(e) => return (pending, Some(e)),
+            }
+        }
+        (pending, None)
+    }
+
+    /// Give `t` a backup holding `keep` and queue its device-to-host copies.
+    /// The arena is locked only to place the backup; the copies run without it.
+    fn issue_backup(
+        &self,
+        tag: TagId,
+        t: &SegTodo,
+        keep: &[(usize, usize)],
+        piece: usize,
+        streams: &[StreamId],
+        next_stream: &mut usize,
+    ) -> Result<(Vec<EventId>, u64)> {
+        let spans = {
+            let mut s = self.lock();
+            let reuse = s.backups.get(&t.ptr).is_some_and(|b| b.ranges == keep);
+            if !reuse {
+                s.free_backup(t.ptr);
+                let len = keep.iter().map(|&(_, l)| l).sum();
+                let pieces = s.arena.alloc_pieces(len)?;
+                s.backups.insert(
+                    t.ptr,
+                    SegmentBackup {
+                        tag,
+                        ranges: keep.to_vec(),
+                        pieces,
+                    },
+                );
+            }
+            let b = s.backups.get_mut(&t.ptr).expect("inserted above");
+            b.tag = tag;
+            let b = &s.backups[&t.ptr];
+            b.spans(&s.arena, 0, t.committed, piece)
+        };
+        let mut used = vec![false; streams.len()];
+        let mut copied = 0u64;
+        for (at, host, n) in spans {
+            let k = *next_stream % streams.len();
+            *next_stream += 1;
+            // SAFETY: the segment is awake (mapped) and in this transition, so
+            // no one unmaps it; `host` points into its backup with `n` bytes
+            // left, kept (busy) until the copy is synchronized before unmap.
+            unsafe {
+                self.driver
+                    .copy_dtoh_async(host, t.ptr + at as u64, n, streams[k])?
+            };
+            used[k] = true;
+            copied += n as u64;
+        }
+        let mut events = Vec::new();
+        for (k, &u) in used.iter().enumerate() {
+            if u {
+                let e = self.driver.event_create()?;
+                if let Err(err) = self.driver.event_record(e, streams[k]) {
+                    let _ = self.driver.event_destroy(e);
+                    return Err(err);
+                }
+                events.push(e);
+            }
+        }
+        Ok((events, copied))
+    }
+
+    /// Unmap each segment of `pending` as soon as its copies are done, while
+    /// the later segments' copies still run: unmapping and releasing all of
+    /// them after the last copy would add their whole cost to the sleep.
+    /// Returns how many unmapped fully and the first error (`failure`, the
+    /// issue's, first).
+    fn unmap_as_copied(
+        &self,
+        segs: TagSegments<'_>,
+        todo: &[SegTodo],
+        pending: Pending,
+        policy: Policy,
+        mut failure: Option<Error>,
+        report: &mut CycleReport,
+    ) -> (usize, Option<Error>) {
+        let mut ready: Vec<usize> = Vec::new();
+        let mut done = 0usize;
+        for (i, events) in pending {
+            if !events.is_empty() && !ready.is_empty() {
+                let out = self.unmap_copied(segs, todo, &ready, policy, report);
+                done += out.0;
+                failure = failure.or(out.1);
+                ready.clear();
+            }
+            let waited = events
+                .iter()
+                .try_for_each(|&e| self.driver.event_synchronize(e));
+            for &e in &events {
+                let _ = self.driver.event_destroy(e);
+            }
+            match waited {
+                Ok(()) => ready.push(i),
+                Err(e) => {
+                    failure.get_or_insert(e);
+                }
+            }
+        }
+        if !ready.is_empty() {
+            let out = self.unmap_copied(segs, todo, &ready, policy, report);
+            done += out.0;
+            failure = failure.or(out.1);
+        }
+        (done, failure)
+    }
+
+    /// Unmap the segments `todo[i]` for `i` in `idx`, whose backups are
+    /// complete, under one call of `segs` (the pool lock, held only for the
+    /// unmaps). Returns how many unmapped fully and the first error.
+    fn unmap_copied(
+        &self,
+        segs: TagSegments<'_>,
+        todo: &[SegTodo],
+        idx: &[usize],
+        policy: Policy,
+        report: &mut CycleReport,
+    ) -> (usize, Option<Error>) {
+        let mut done = 0usize;
+        let mut failure: Option<Error> = None;
+        segs(&mut |ss| {
+            for &i in idx {
+                let t = &todo[i];
+                let Some(seg) = ss.iter_mut().find(|s| s.ptr() == t.ptr) else {
+                    continue;
+                };
+                let mapped = seg.mapped_bytes() as u64;
+                let r = seg.unmap_all();
+                if t.state == SleepState::Awake
+                    && ((seg.mapped_bytes() as u64) < mapped || r.is_ok())
+                {
+                    // The backup is complete (its events were waited on); once
+                    // any chunk is gone the segment is asleep, and both a
+                    // retried sleep and wake take care of what is still mapped.
+                    seg.set_sleep_state(policy.asleep_state());
+                    report.segments += 1;
+                }
+                if r.is_ok() {
+                    done += 1;
+                }
+                report.physical_bytes += mapped - seg.mapped_bytes() as u64;
+                if let Err(e) = r {
+                    failure.get_or_insert(e);
+                }
+            }
+        });
+        (done, failure)
+    }
+
+    /// Stop the pinning, count what it pinned and free the segments for
+    /// other transitions.
+    fn finish_sleep(
+        &self,
+        todo: &[SegTodo],
+        run: &CopyPlan,
+        failed: bool,
+        report: &mut CycleReport,
+    ) {
+        if failed {
+            // Copies of a segment whose issue failed midway are covered by no
+            // event: wait for them before anyone may reuse or free the backup.
+            for &st in &run.streams {
+                let _ = self.driver.stream_synchronize(st);
+            }
+        }
+        let mut s = self.lock();
+        s.arena.finish_prefetch();
+        s.arena.set_growth_hint(None);
+        report.newly_pinned_bytes = s.arena.held().saturating_sub(run.held_before);
+        for t in todo {
+            s.busy.remove(&t.ptr);
+        }
+    }
+}

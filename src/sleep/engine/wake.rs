@@ -1,0 +1,231 @@
+//! The wake of one tag, in phases: take the snapshot, check free memory and
+//! the reload sources, map and restore with no lock held, undo the mapping
+//! on a failure, install the new chunks, finish. The last three are shared
+//! with the wake in steps (`staged.rs`).
+
+use std::cell::RefCell;
+use std::time::Instant;
+
+use super::options::CycleReport;
+use super::plan::{self, SegTodo, Transition};
+use super::sources::Replay;
+use super::{SleepEngine, TagSegments};
+use crate::driver::{DevicePtr, Driver, PhysHandle};
+use crate::error::{Error, Result};
+use crate::segment::{map_new_at, unmap_release_at, Segment, SleepState};
+use crate::tag::TagId;
+
+/// A chunk mapped by a wake and not yet installed in its segment:
+/// `(snapshot index, chunk index, handle)`.
+pub(super) type Made = (usize, usize, PhysHandle);
+
+impl SleepEngine {
+    /// Wake the asleep segments among `segs` (all of tag `tag`). See [`Self::wake_tag`].
+    pub fn wake(&self, tag: TagId, segs: &mut [&mut Segment]) -> Result<CycleReport> {
+        let cell = RefCell::new(segs);
+        self.wake_tag(tag, &|f| f(&mut cell.borrow_mut()))
+    }
+
+    /// Wake `tag`'s asleep segments. Transactional: free memory is checked
+    /// and every reload source is
+    /// [checked](crate::sleep::reload::ReloadSource::check) before anything
+    /// is mapped; on any later failure every chunk mapped by this call is
+    /// unmapped again (once the device is known idle; if even that
+    /// synchronize fails they stay mapped and the segment stays asleep) and the
+    /// segments stay asleep with their backups; the error is returned.
+    ///
+    /// Each segment gets back its backed-up bytes, then the bytes its tag's
+    /// reload sources cover; bytes of a Discard sleep come back undefined.
+    pub fn wake_tag(&self, tag: TagId, segs: TagSegments<'_>) -> Result<CycleReport> {
+        let t0 = Instant::now();
+        let _one = self.one_transition();
+        let coalesce = self.lock().options.wake_coalesce_bytes;
+        let todo = plan::snapshot(segs, Transition::Wake { coalesce });
+        let mut report = CycleReport::default();
+        if todo.is_empty() {
+            report.seconds = t0.elapsed().as_secs_f64();
+            return Ok(report);
+        }
+        self.check_free_memory(tag, &todo)?;
+        // What each source restores here, checked before any byte is touched.
+        let reloadable: Vec<(DevicePtr, usize)> = todo
+            .iter()
+            .filter(|t| t.state == SleepState::Reloadable)
+            .map(|t| (t.ptr, t.committed))
+            .collect();
+        let sources = self.replays(tag, &reloadable);
+        for (src, _) in &sources {
+            src.check()?;
+        }
+        {
+            let mut s = self.lock();
+            self.ensure_streams(&mut s)?;
+            s.busy.extend(todo.iter().map(|t| t.ptr));
+        }
+        let mut made: Vec<Made> = Vec::new();
+        let result = self.restore(&todo, &sources, &mut made, &mut report);
+        let installed = match result {
+            Ok(()) => true,
+            Err(_) => !self.undo_mapped(&todo, &mut made),
+        };
+        if installed {
+            install(segs, &todo, &made, result.is_ok());
+        }
+        self.finish_wake(&todo, result.is_ok());
+        result?;
+        report.segments = todo.len();
+        report.seconds = t0.elapsed().as_secs_f64();
+        Ok(report)
+    }
+
+    /// Compare the bytes the segments need mapped with the device's free
+    /// memory, before anything is mapped.
+    fn check_free_memory(&self, tag: TagId, todo: &[SegTodo]) -> Result<()> {
+        let needed: u64 = todo.iter().map(SegTodo::unmapped_bytes).sum();
+        let free = self.driver.mem_info()?.free;
+        if needed > free {
+            return Err(Error::OutOfMemory {
+                what: format!("wake of tag {tag} ({} segments)", todo.len()),
+                requested: needed,
+                free,
+            });
+        }
+        Ok(())
+    }
+
+    /// Map every unmapped chunk of `todo`, copy the backups in, fill discarded
+    /// memory when asked, then run the reload sources. No segment is touched:
+    /// the handles made are listed in `made` for the caller to install or undo.
+    fn restore(
+        &self,
+        todo: &[SegTodo],
+        sources: &[Replay],
+        made: &mut Vec<Made>,
+        report: &mut CycleReport,
+    ) -> Result<()> {
+        let (piece, streams, fill) = {
+            let s = self.lock();
+            (
+                s.options.copy_piece_bytes.max(1 << 20),
+                s.streams.clone(),
+                s.options.debug_fill_discarded,
+            )
+        };
+        let mut next_stream = 0usize;
+        for (i, t) in todo.iter().enumerate() {
+            if t.state == SleepState::Offloaded
+                && t.committed > 0
+                && !self.lock().backups.contains_key(&t.ptr)
+            {
+                return Err(Error::InvalidState(format!(
+                    "segment at {:#x} is offloaded but has no backup",
+                    t.ptr
+                )));
+            }
+            for (c, chunk) in t.chunks.iter().enumerate() {
+                let va = t.ptr + chunk.offset as u64;
+                if chunk.handle.is_none() {
+                    let h = map_new_at(self.driver.as_ref(), va, chunk.size, &t.peers)?;
+                    made.push((i, c, h));
+                    report.physical_bytes += chunk.size as u64;
+                }
+                let spans = {
+                    let s = self.lock();
+                    s.backups
+                        .get(&t.ptr)
+                        .filter(|_| t.state != SleepState::Discarded)
+                        .map(|b| b.spans(&s.arena, chunk.offset, chunk.size, piece))
+                        .unwrap_or_default()
+                };
+                for (at, host, n) in spans {
+                    let st = streams[next_stream % streams.len()];
+                    next_stream += 1;
+                    // SAFETY: the chunk is mapped (just now or before); `host`
+                    // points into the segment's backup with `n` bytes left,
+                    // kept (busy) until the streams are synchronized below.
+                    unsafe {
+                        self.driver
+                            .copy_htod_async(t.ptr + at as u64, host, n, st)?
+                    };
+                    report.copied_bytes += n as u64;
+                }
+                if let (SleepState::Discarded, Some(byte)) = (t.state, fill) {
+                    let st = streams[next_stream % streams.len()];
+                    next_stream += 1;
+                    // SAFETY: the chunk is mapped with access granted.
+                    unsafe { self.driver.memset_async(va, byte, chunk.size, st)? };
+                }
+            }
+        }
+        for &st in &streams {
+            self.driver.stream_synchronize(st)?;
+        }
+        for (src, parts) in sources {
+            report.reloaded_bytes += src.reload(self.driver.as_ref(), parts)?;
+        }
+        Ok(())
+    }
+
+    /// After a failed restore, unmap what it mapped. Returns false (nothing
+    /// unmapped) when the device could not be shown idle.
+    fn undo_mapped(&self, todo: &[SegTodo], made: &mut Vec<Made>) -> bool {
+        let streams = self.lock().streams.clone();
+        // Copies may still target chunks about to be unmapped: unmap
+        // only once the device is known idle.
+        let mut idle = true;
+        for &st in &streams {
+            idle &= self.driver.stream_synchronize(st).is_ok();
+        }
+        idle &= self.driver.synchronize().is_ok();
+        if idle {
+            unmap_made(self.driver.as_ref(), todo, made);
+        }
+        idle
+    }
+
+    /// The segments of a wake are free for other transitions again; after a
+    /// wake that `woke` them, drop their backups and unpin what holds nothing
+    /// when the options say so.
+    pub(super) fn finish_wake(&self, todo: &[SegTodo], woke: bool) {
+        let mut s = self.lock();
+        for t in todo {
+            s.busy.remove(&t.ptr);
+            if woke && s.options.free_backup_after_wake {
+                s.free_backup(t.ptr);
+            }
+        }
+        if woke && s.options.release_pinned_after_wake {
+            s.arena.release_unused();
+        }
+    }
+}
+
+/// Unmap and release every chunk of `made`, last mapped first, and forget
+/// them. The device is idle: no copy targets them.
+pub(super) fn unmap_made(driver: &dyn Driver, todo: &[SegTodo], made: &mut Vec<Made>) {
+    for &(i, c, h) in made.iter().rev() {
+        let (t, ch) = (&todo[i], todo[i].chunks[c]);
+        let _ = unmap_release_at(driver, t.ptr + ch.offset as u64, ch.size, h);
+    }
+    made.clear();
+}
+
+/// Install the chunks of `made` in their segments under one call of `segs`;
+/// when `awake`, a segment fully mapped again is awake.
+pub(super) fn install(segs: TagSegments<'_>, todo: &[SegTodo], made: &[Made], awake: bool) {
+    let mut ok = true;
+    segs(&mut |ss| {
+        for (i, t) in todo.iter().enumerate() {
+            let Some(seg) = ss.iter_mut().find(|s| s.ptr() == t.ptr) else {
+                continue;
+            };
+            for &(_, c, h) in made.iter().filter(|m| m.0 == i) {
+                ok &= seg.install_handle(c, h).is_ok();
+            }
+            if awake && seg.is_fully_mapped() {
+                seg.set_sleep_state(SleepState::Awake);
+            }
+        }
+    });
+    debug_assert!(ok, "the chunks of a segment in transition do not change");
+}
