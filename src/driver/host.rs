@@ -136,7 +136,7 @@ impl HostConfig {
 
     fn validate(&self) -> Result<()> {
         let page = page_size();
-        if self.granularity == 0 || self.granularity % page != 0 {
+        if self.granularity == 0 || !self.granularity.is_multiple_of(page) {
             return Err(Error::InvalidArgument(format!(
                 "host granularity {} must be a positive multiple of the page size {page}",
                 self.granularity
@@ -300,7 +300,10 @@ impl HostDriver {
     }
 
     fn check_aligned(&self, what: &str, va: u64, size: usize) -> Result<()> {
-        if size == 0 || size % self.granularity != 0 || va % self.granularity as u64 != 0 {
+        if size == 0
+            || !size.is_multiple_of(self.granularity)
+            || !va.is_multiple_of(self.granularity as u64)
+        {
             return Err(Error::InvalidArgument(format!(
                 "{what}: address {va:#x} and size {size} must be non-zero multiples of the granularity {}",
                 self.granularity
@@ -447,7 +450,7 @@ impl Driver for HostDriver {
         } else {
             alignment.max(self.granularity)
         };
-        if size == 0 || size % self.granularity != 0 || !align.is_power_of_two() {
+        if size == 0 || !size.is_multiple_of(self.granularity) || !align.is_power_of_two() {
             return Err(Error::InvalidArgument(format!(
                 "reserve: size {size} must be a non-zero multiple of the granularity {} and alignment {align} a power of two",
                 self.granularity
@@ -522,7 +525,7 @@ impl Driver for HostDriver {
     }
 
     fn create(&self, size: usize) -> Result<PhysHandle> {
-        if size == 0 || size % self.granularity != 0 {
+        if size == 0 || !size.is_multiple_of(self.granularity) {
             return Err(Error::InvalidArgument(format!(
                 "create: size {size} must be a non-zero multiple of the granularity {}",
                 self.granularity
@@ -678,7 +681,7 @@ impl Driver for HostDriver {
     }
 
     fn import_fd(&self, fd: OwnedFd, size: usize) -> Result<PhysHandle> {
-        if size == 0 || size % self.granularity != 0 {
+        if size == 0 || !size.is_multiple_of(self.granularity) {
             return Err(Error::InvalidArgument(format!(
                 "import_fd: size {size} must be a non-zero multiple of the granularity {}",
                 self.granularity

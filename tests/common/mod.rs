@@ -6,6 +6,7 @@
 //! file includes this module with `mod common;` and uses what it needs.
 #![allow(dead_code)]
 
+#[cfg(feature = "cli")]
 pub mod cli;
 pub mod fault;
 pub mod loader;
