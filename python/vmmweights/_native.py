@@ -11,7 +11,7 @@ import ctypes
 import os
 import threading
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, cast
 
 from . import _structs as S
 
@@ -211,7 +211,7 @@ def function(name: str) -> Callable[..., Any]:
     fn = getattr(lib(), name, None)
     if fn is None or name not in _SIGNATURES:
         raise VmmwError(name, -1, "VMMW_UNSUPPORTED", f"{_lib_path} does not export {name}; rebuild the library")
-    return fn
+    return cast(Callable[..., Any], fn)
 
 
 def status_name(status: int) -> str:
@@ -258,4 +258,4 @@ def call_text(name: str, *args: Any) -> str:
 
 def version() -> str:
     """The library's version ("MAJOR.MINOR.PATCH")."""
-    return function("vmmw_version_string")().decode()
+    return cast(bytes, function("vmmw_version_string")()).decode()

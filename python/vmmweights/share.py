@@ -37,7 +37,7 @@ from __future__ import annotations
 import ctypes
 import os
 from dataclasses import dataclass
-from typing import Any, Dict, List, Mapping, Optional, Union
+from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 
 from . import _structs as S
 from ._native import VmmwError, call, call_text, function
@@ -72,7 +72,7 @@ class SharedTensor:
     bytes: int
     dtype: str
     """The safetensors dtype name ("BF16", "F32", ...)."""
-    shape: tuple
+    shape: Tuple[int, ...]
     """Row-major, contiguous."""
 
 
@@ -95,7 +95,7 @@ class Server:
         self,
         pool: Pool,
         loader: Loader,
-        path: Union[str, os.PathLike],
+        path: Union[str, os.PathLike[str]],
         *,
         tag: str = "weights",
         policy: str = "refuse",
@@ -173,7 +173,7 @@ class CheckpointServer(Server):
     :func:`serve_checkpoint`). Keeps its loader, so :meth:`reload` can load
     the checkpoint again into the same tensors and publish."""
 
-    def __init__(self, loader: Loader, pool: Pool, path: Union[str, os.PathLike], *, tag: str,
+    def __init__(self, loader: Loader, pool: Pool, path: Union[str, os.PathLike[str]], *, tag: str,
                  destinations: Dict[str, Destination], result: LoadResult, **options: Any) -> None:
         self.loader = loader
         self.destinations = destinations
@@ -199,15 +199,15 @@ class CheckpointServer(Server):
             loader.close()
 
 
-def serve(pool: Pool, loader: Loader, path: Union[str, os.PathLike], *, tag: str = "weights",
+def serve(pool: Pool, loader: Loader, path: Union[str, os.PathLike[str]], *, tag: str = "weights",
           policy: str = "refuse", allow_write: bool = False, allowed_uid: Optional[int] = None) -> Server:
     """Serve `loader`'s destinations in `pool`'s `tag` at `path` (see :class:`Server`)."""
     return Server(pool, loader, path, tag=tag, policy=policy, allow_write=allow_write, allowed_uid=allowed_uid)
 
 
 def serve_checkpoint(
-    checkpoint: Union[str, os.PathLike],
-    path: Union[str, os.PathLike],
+    checkpoint: Union[str, os.PathLike[str]],
+    path: Union[str, os.PathLike[str]],
     pool: Optional[Pool] = None,
     tag: str = "weights",
     *,
@@ -257,7 +257,7 @@ class Attachment:
     pointer and tensor from the share becomes invalid (finish device work
     that reads them first)."""
 
-    def __init__(self, path: Union[str, os.PathLike], device: Optional[int] = None, write: bool = False,
+    def __init__(self, path: Union[str, os.PathLike[str]], device: Optional[int] = None, write: bool = False,
                  backend: str = "auto") -> None:
         self._handle: Optional[ctypes.c_void_p] = None
         self._device_handle: Optional[ctypes.c_void_p] = None
@@ -383,7 +383,7 @@ class Attachment:
         return f"<vmmweights.share.Attachment {self.path} ({self.backend}:{self.device}, {state})>"
 
 
-def attach(path: Union[str, os.PathLike], device: Optional[int] = None, write: bool = False,
+def attach(path: Union[str, os.PathLike[str]], device: Optional[int] = None, write: bool = False,
            backend: str = "auto") -> Attachment:
     """Attach to the share at `path` on `device` (0 when None), read-only
     unless `write` (the owner must allow it). `backend` must be the owner's

@@ -42,7 +42,7 @@ class TorchMemorySaver:
         self._policies: Dict[int, Dict[str, str]] = {}  # device -> tag -> policy
 
     def _note(self, tag: str, enable_cpu_backup: bool) -> int:
-        dev = torch.cuda.current_device()
+        dev = int(torch.cuda.current_device())
         with self._lock:
             tags = self._policies.setdefault(dev, {})
             if enable_cpu_backup or tags.get(tag) != "offload":
