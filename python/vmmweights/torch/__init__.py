@@ -25,7 +25,7 @@ import contextlib
 import gc
 import sys
 import threading
-from typing import Any, Callable, Dict, Iterator, Mapping, Optional, Tuple, Union
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple, Union
 
 import torch
 
