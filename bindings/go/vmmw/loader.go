@@ -21,15 +21,15 @@ type CopyStrategy int32
 const (
 	// CopyAuto (the default) stages page-cached data through a pinned ring
 	// sized to the CPU's last-level cache and reads cold data with pread.
-	CopyAuto CopyStrategy = C.VMMW_COPY_AUTO
+	CopyAuto CopyStrategy = 0
 	// CopyDirect registers mmap windows read-only and DMAs from the page cache.
-	CopyDirect CopyStrategy = C.VMMW_COPY_DIRECT
+	CopyDirect CopyStrategy = 1
 	// CopyStaged memcpys into pinned slots, then DMAs.
-	CopyStaged CopyStrategy = C.VMMW_COPY_STAGED
+	CopyStaged CopyStrategy = 2
 	// CopyRead preads into pinned slots, then DMAs (cold data).
-	CopyRead CopyStrategy = C.VMMW_COPY_READ
+	CopyRead CopyStrategy = 3
 	// CopySimple uses one thread and no pinning (the reference path).
-	CopySimple CopyStrategy = C.VMMW_COPY_SIMPLE
+	CopySimple CopyStrategy = 4
 )
 
 // String is the strategy's short name ("auto", "direct", ...).
