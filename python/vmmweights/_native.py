@@ -45,9 +45,10 @@ class VmmwError(RuntimeError):
 def library_path() -> str:
     """The path of ``libvmmweights.so`` this package uses.
 
-    In order: ``$VMMW_LIB`` (a file), the library inside the installed package,
-    then (for a source checkout with ``python/`` on ``PYTHONPATH``) the
-    repository's ``target/release`` or ``target/debug`` (the newer). Pass it to
+    In order: ``$VMMW_LIB`` (a file), the library inside the installed package;
+    in a source checkout (``python/`` on ``PYTHONPATH``, or an editable
+    install), the newest of the package's copy and the repository's
+    ``target/release`` and ``target/debug`` builds. Pass it to
     ``torch.cuda.memory.CUDAPluggableAllocator``.
     """
     env = os.environ.get("VMMW_LIB")
@@ -57,11 +58,16 @@ def library_path() -> str:
             raise FileNotFoundError(f"VMMW_LIB={env} does not name a file")
         return str(p.resolve())
     packaged = _HERE / "vmmweights" / _SONAME
-    if packaged.is_file():
-        return str(packaged)
     repo = _HERE.parents[1]
-    built = [p for p in (repo / "target/release" / _SONAME, repo / "target/debug" / _SONAME) if p.is_file()]
-    if built:  # the one built last: a stale release build must not shadow a fresh debug one
+    if not (repo / "Cargo.toml").is_file():  # an installed package: its own library
+        if packaged.is_file():
+            return str(packaged)
+    # A source checkout: the library built last, so neither a stale release
+    # build nor the copy an editable install (pip install -e) left in the
+    # package shadows a fresh build.
+    built = [p for p in (packaged, repo / "target/release" / _SONAME, repo / "target/debug" / _SONAME)
+             if p.is_file()]
+    if built:
         return str(max(built, key=lambda p: p.stat().st_mtime))
     raise FileNotFoundError(
         f"{_SONAME} not found: not in the package ({packaged}), VMMW_LIB is unset, "
