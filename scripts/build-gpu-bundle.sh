@@ -20,7 +20,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TERM_COLOR=never
 
-cargo build --release --features cli --bins --lib
+bash scripts/build-clib.sh --release
+cargo build --release --features cli --bins
 json=$(cargo test --release --features cli --no-run --message-format=json)
 
 rm -rf .gpu

@@ -72,7 +72,7 @@ def library_path() -> str:
     raise FileNotFoundError(
         f"{_SONAME} not found: not in the package ({packaged}), VMMW_LIB is unset, "
         f"and no {repo}/target/{{release,debug}}/{_SONAME}; install the wheel "
-        "(pip install ./python) or build the library (cargo build --release)"
+        "(pip install ./python) or build the library (bash scripts/build-clib.sh --release)"
     )
 
 
