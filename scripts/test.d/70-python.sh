@@ -34,7 +34,7 @@ names = zipfile.ZipFile(sys.argv[1]).namelist()
 for need in ("vmmweights/vmmweights/libvmmweights.so", "vmmweights/bin/vmmw", "vmmweights/__main__.py"):
     if need not in names:
         sys.exit(f"the wheel lacks {need}: {names}")
-stray = [n for n in names if n.endswith("/ffi.py") or "__pycache__" in n]
+stray = [n for n in names if "__pycache__" in n or n.endswith(".pyc")]
 if stray:
     sys.exit(f"the wheel carries files the package never uses: {stray}")
 if not any(n.endswith("entry_points.txt") for n in names):
@@ -61,6 +61,7 @@ echo "--- installed: $("$py" -c 'import vmmweights as v; print(v.__file__, v.lib
 import sys, vmmweights
 path = vmmweights.library_path()
 assert path.startswith(sys.prefix), f"library {path} is not the one in the installed package"
+import vmmweights.vmmweights  # the loader maturin generates imports too
 try:
     import vmmweights.torch
 except ImportError as e:
