@@ -7,6 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 python3 scripts/check-msrv.py --self-test
 msrv=$(sed -n 's/^rust-version = "\(.*\)"/\1/p' Cargo.toml)
+[[ $msrv == *.*.* ]] || msrv="$msrv.0"  # rustup names toolchains 1.88.0
 if [ "${VMMW_QUICK:-0}" = 1 ]; then
   echo "SKIP cargo +$msrv check: quick mode"
 elif rustup run "$msrv" cargo --version >/dev/null 2>&1; then
