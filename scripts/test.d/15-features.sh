@@ -2,7 +2,10 @@
 # Features: a crate that depends on vmmweights with default features, as a
 # library user's does, pulls in none of the command line's crates (clap,
 # indicatif, plotters); with `features = ["cli"]` it does, so the check
-# cannot pass by looking at the wrong thing.
+# cannot pass by looking at the wrong thing. And the library target is an
+# rlib only: cargo builds every crate-type of a dependency, so a cdylib or
+# staticlib there would cost every user's build 250 MB it never links
+# (scripts/build-clib.sh builds the C library).
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/../.." && pwd)
 work=$(mktemp -d)
@@ -31,4 +34,9 @@ fi
 with_cli=$(consumer ', features = ["cli"]')
 [[ $(grep -cE "$cli_crates" <<<"$with_cli") == 3 ]] \
   || { echo "with the cli feature, cargo tree lacks clap, indicatif or plotters:" >&2; echo "$with_cli" >&2; exit 1; }
+kinds=$(cd "$repo" && cargo metadata --format-version 1 --no-deps | python3 -c '
+import json, sys
+p = [p for p in json.load(sys.stdin)["packages"] if p["name"] == "vmmweights"][0]
+print(" ".join(t for tg in p["targets"] if "lib" in tg["kind"] or "rlib" in tg["kind"] for t in tg["crate_types"]))')
+[[ "$kinds" == "lib" || "$kinds" == "rlib" ]] || { echo "the library target builds crate types '$kinds', want rlib only" >&2; exit 1; }
 echo "features: a default dependency builds $(wc -l <<<"$plain") crates, none of clap, indicatif, plotters (the cli feature adds them)"
