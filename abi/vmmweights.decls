@@ -1,3 +1,6 @@
+#define VMMW_ACCESS_NONE 0
+#define VMMW_ACCESS_READ 1
+#define VMMW_ACCESS_READWRITE 2
 #define VMMW_BACKEND_AUTO 0
 #define VMMW_BACKEND_CUDA 2
 #define VMMW_BACKEND_HOST 1
@@ -15,7 +18,10 @@
 #define VMMW_INVALID_ARGUMENT 1
 #define VMMW_INVALID_STATE 9
 #define VMMW_IO 11
+#define VMMW_LOAD_IN_PROGRESS 17
 #define VMMW_MAX_DIMS 8
+#define VMMW_MULTI_RANKS 1
+#define VMMW_MULTI_REPLICAS 0
 #define VMMW_NULL_ARGUMENT 2
 #define VMMW_OK 0
 #define VMMW_OUT_OF_MEMORY 3
@@ -24,6 +30,10 @@
 #define VMMW_POLICY_DISCARD 1
 #define VMMW_POLICY_OFFLOAD 0
 #define VMMW_POLICY_RELOAD 2
+#define VMMW_SHARE_REFUSED 18
+#define VMMW_SHARE_REVOKED 19
+#define VMMW_SHARE_SLEEP_REFUSE 0
+#define VMMW_SHARE_SLEEP_REVOKE 1
 #define VMMW_TAG_DEFAULT 0
 #define VMMW_UNKNOWN_POINTER 7
 #define VMMW_UNKNOWN_TAG 8
@@ -31,9 +41,12 @@
 const char*vmmw_error_message(const struct vmmw_error_t*error);
 const char*vmmw_status_name(vmmw_status_t status);
 const char*vmmw_version_string(void);
+typedef int32_t vmmw_access_t;
 typedef int32_t vmmw_backend_t;
 typedef int32_t vmmw_copy_strategy_t;
+typedef int32_t vmmw_multi_mode_t;
 typedef int32_t vmmw_policy_t;
+typedef int32_t vmmw_share_sleep_policy_t;
 typedef int32_t vmmw_status_t;
 typedef int32_t(*vmmw_progress_fn)(uint64_t done,uint64_t total,void*user);
 typedef struct vmmw_destination_t{uint64_t ptr;uint64_t bytes;char dtype[16];uint32_t ndim;uint64_t shape[VMMW_MAX_DIMS];}vmmw_destination_t;
@@ -42,12 +55,20 @@ typedef struct vmmw_error_t vmmw_error_t;
 typedef struct vmmw_load_options_t{size_t size;uint32_t allow_missing;uint32_t allow_unexpected;vmmw_copy_strategy_t strategy;uint32_t threads;uint64_t window_bytes;uint64_t slot_bytes;}vmmw_load_options_t;
 typedef struct vmmw_load_result_t{uint64_t bytes;double seconds;double gbps;uint64_t direct_bytes;uint64_t staged_bytes;uint64_t read_bytes;uint64_t filled_bytes;uint32_t threads;}vmmw_load_result_t;
 typedef struct vmmw_loader_t vmmw_loader_t;
+typedef struct vmmw_multi_result_t{uint64_t host_bytes;uint64_t peer_bytes;uint64_t delivered_bytes;double seconds;double host_seconds;double peer_seconds;double gbps;uint32_t recovered_devices;}vmmw_multi_result_t;
+typedef struct vmmw_peer_access_t{int32_t device;vmmw_access_t access;}vmmw_peer_access_t;
 typedef struct vmmw_plan_summary_t{uint64_t extents;uint64_t fills;uint64_t src_bytes;uint64_t dst_bytes;uint64_t sources;uint64_t skipped;uint64_t missing;uint64_t unexpected;uint64_t destinations;}vmmw_plan_summary_t;
 typedef struct vmmw_pool_options_t{size_t size;const struct vmmw_device_t*device_handle;vmmw_backend_t backend;int32_t device;uint64_t align;uint64_t small_request_max;uint64_t small_segment_bytes;uint64_t large_segment_bytes;uint64_t chunk_bytes;}vmmw_pool_options_t;
 typedef struct vmmw_pool_t vmmw_pool_t;
+typedef struct vmmw_replica_sleep_result_t{uint64_t backup_bytes;uint64_t released_bytes;double seconds;}vmmw_replica_sleep_result_t;
+typedef struct vmmw_replica_wake_options_t{size_t size;uint64_t copy_piece_bytes;int32_t no_peer_copies;}vmmw_replica_wake_options_t;
+typedef struct vmmw_replica_wake_result_t{uint64_t host_bytes;uint64_t peer_bytes;uint64_t delivered_bytes;double seconds;double map_seconds;double host_seconds;double peer_seconds;double gbps;uint32_t direct_pairs;}vmmw_replica_wake_result_t;
 typedef struct vmmw_report_t{uint64_t live_bytes;uint64_t live_blocks;uint64_t reserved_bytes;uint64_t tracked_bytes;uint64_t segments;uint64_t awake_bytes;uint64_t offloaded_bytes;uint64_t discarded_bytes;uint64_t reloadable_bytes;uint64_t host_backup_bytes;uint64_t device_used_bytes;uint64_t device_total_bytes;uint32_t asleep;uint32_t tags;}vmmw_report_t;
 typedef struct vmmw_segment_info_t{uint64_t ptr;uint64_t reserved;uint64_t committed;uint64_t mapped;uint64_t chunks;}vmmw_segment_info_t;
 typedef struct vmmw_segment_t vmmw_segment_t;
+typedef struct vmmw_share_options_t{size_t size;vmmw_share_sleep_policy_t sleep_policy;uint32_t allow_write;uint32_t use_allowed_uid;uint32_t allowed_uid;uint32_t use_allowed_gid;uint32_t allowed_gid;uint32_t max_connections;uint32_t handshake_timeout_ms;}vmmw_share_options_t;
+typedef struct vmmw_share_server_t vmmw_share_server_t;
+typedef struct vmmw_share_t vmmw_share_t;
 typedef struct vmmw_sleep_options_t{size_t size;uint64_t copy_piece_bytes;uint32_t streams;uint32_t debug_fill;uint64_t wake_coalesce_bytes;uint64_t backup_slab_bytes;uint64_t host_memory_limit;uint32_t free_backup_after_wake;uint32_t release_pinned_after_wake;uint8_t debug_fill_byte;}vmmw_sleep_options_t;
 typedef struct vmmw_tag_policy_t{uint32_t tag;vmmw_policy_t policy;}vmmw_tag_policy_t;
 uint32_t vmmw_version_major(void);
@@ -63,25 +84,35 @@ vmmw_status_t vmmw_device_synchronize(const struct vmmw_device_t*device,struct v
 vmmw_status_t vmmw_error_status(const struct vmmw_error_t*error);
 vmmw_status_t vmmw_loader_allocate(struct vmmw_loader_t*loader,struct vmmw_pool_t*pool,uint32_t tag,struct vmmw_error_t**error);
 vmmw_status_t vmmw_loader_cancel(struct vmmw_loader_t*loader,struct vmmw_error_t**error);
+vmmw_status_t vmmw_loader_declare_foreign(struct vmmw_loader_t*loader,uint64_t ptr,uint64_t bytes,struct vmmw_error_t**error);
 vmmw_status_t vmmw_loader_destination(const struct vmmw_loader_t*loader,const char*name,struct vmmw_destination_t*out,struct vmmw_error_t**error);
 vmmw_status_t vmmw_loader_destination_count(const struct vmmw_loader_t*loader,size_t*out,struct vmmw_error_t**error);
 vmmw_status_t vmmw_loader_destination_name(const struct vmmw_loader_t*loader,size_t index,char*buf,size_t cap,size_t*needed,struct vmmw_error_t**error);
 vmmw_status_t vmmw_loader_load(struct vmmw_loader_t*loader,struct vmmw_pool_t*pool,vmmw_progress_fn progress,void*user,struct vmmw_error_t**error);
+vmmw_status_t vmmw_loader_load_devices(struct vmmw_loader_t*const*loaders,struct vmmw_pool_t*const*pools,size_t count,vmmw_multi_mode_t mode,struct vmmw_multi_result_t*out,struct vmmw_error_t**error);
 vmmw_status_t vmmw_loader_open(const char*path,struct vmmw_loader_t**out,struct vmmw_error_t**error);
 vmmw_status_t vmmw_loader_plan(const struct vmmw_loader_t*loader,struct vmmw_plan_summary_t*out,struct vmmw_error_t**error);
 vmmw_status_t vmmw_loader_register(struct vmmw_loader_t*loader,const char*name,uint64_t ptr,const char*dtype,const uint64_t*shape,size_t ndim,struct vmmw_error_t**error);
 vmmw_status_t vmmw_loader_result(const struct vmmw_loader_t*loader,struct vmmw_load_result_t*out,struct vmmw_error_t**error);
 vmmw_status_t vmmw_loader_result_json(const struct vmmw_loader_t*loader,char*buf,size_t cap,size_t*needed,struct vmmw_error_t**error);
 vmmw_status_t vmmw_loader_set_options(struct vmmw_loader_t*loader,const struct vmmw_load_options_t*options,struct vmmw_error_t**error);
+vmmw_status_t vmmw_loader_set_reload_check(struct vmmw_loader_t*loader,uint32_t enable,struct vmmw_error_t**error);
 vmmw_status_t vmmw_loader_set_rules_json(struct vmmw_loader_t*loader,const char*json,struct vmmw_error_t**error);
 vmmw_status_t vmmw_loader_set_rules_preset(struct vmmw_loader_t*loader,const char*family,uint32_t tp_rank,uint32_t tp_world,uint32_t head_dim,struct vmmw_error_t**error);
+vmmw_status_t vmmw_loader_wake_replicas(struct vmmw_loader_t*const*loaders,struct vmmw_pool_t*const*pools,size_t count,struct vmmw_multi_result_t*out,struct vmmw_error_t**error);
 vmmw_status_t vmmw_pool_alloc(struct vmmw_pool_t*pool,uint64_t size,uint64_t*out_ptr,struct vmmw_error_t**error);
 vmmw_status_t vmmw_pool_alloc_tagged(struct vmmw_pool_t*pool,uint64_t size,uint32_t tag,uint64_t*out_ptr,struct vmmw_error_t**error);
+vmmw_status_t vmmw_pool_can_access_peer(const struct vmmw_pool_t*pool,int32_t peer,int32_t*out,struct vmmw_error_t**error);
+vmmw_status_t vmmw_pool_clear_timeline(struct vmmw_pool_t*pool,uint64_t*cleared,struct vmmw_error_t**error);
 vmmw_status_t vmmw_pool_dealloc(struct vmmw_pool_t*pool,uint64_t ptr,struct vmmw_error_t**error);
 vmmw_status_t vmmw_pool_default(int32_t device,struct vmmw_pool_t**out,struct vmmw_error_t**error);
+vmmw_status_t vmmw_pool_forget_reload(struct vmmw_pool_t*pool,uint32_t tag,struct vmmw_error_t**error);
 vmmw_status_t vmmw_pool_free_ptr(struct vmmw_pool_t*pool,uint64_t ptr,struct vmmw_error_t**error);
 vmmw_status_t vmmw_pool_last_cycle_json(const struct vmmw_pool_t*pool,char*buf,size_t cap,size_t*needed,struct vmmw_error_t**error);
+vmmw_status_t vmmw_pool_mark_written(struct vmmw_pool_t*pool,uint64_t ptr,uint64_t len,struct vmmw_error_t**error);
 vmmw_status_t vmmw_pool_new(const struct vmmw_pool_options_t*options,struct vmmw_pool_t**out,struct vmmw_error_t**error);
+vmmw_status_t vmmw_pool_peer_access_at(const struct vmmw_pool_t*pool,uint32_t tag,size_t index,struct vmmw_peer_access_t*out,struct vmmw_error_t**error);
+vmmw_status_t vmmw_pool_peer_access_count(const struct vmmw_pool_t*pool,uint32_t tag,size_t*out,struct vmmw_error_t**error);
 vmmw_status_t vmmw_pool_read(const struct vmmw_pool_t*pool,uint64_t src,void*dst,size_t len,struct vmmw_error_t**error);
 vmmw_status_t vmmw_pool_release_backup(struct vmmw_pool_t*pool,uint64_t*released,struct vmmw_error_t**error);
 vmmw_status_t vmmw_pool_release_staging(struct vmmw_pool_t*pool,uint64_t*released,struct vmmw_error_t**error);
@@ -89,6 +120,7 @@ vmmw_status_t vmmw_pool_report(const struct vmmw_pool_t*pool,struct vmmw_report_
 vmmw_status_t vmmw_pool_report_json(const struct vmmw_pool_t*pool,char*buf,size_t cap,size_t*needed,struct vmmw_error_t**error);
 vmmw_status_t vmmw_pool_report_tag(const struct vmmw_pool_t*pool,uint32_t tag,struct vmmw_report_t*out,struct vmmw_error_t**error);
 vmmw_status_t vmmw_pool_reserve_backup(struct vmmw_pool_t*pool,uint64_t bytes,struct vmmw_error_t**error);
+vmmw_status_t vmmw_pool_set_peer_access(struct vmmw_pool_t*pool,uint32_t tag,const struct vmmw_peer_access_t*peers,size_t count,struct vmmw_error_t**error);
 vmmw_status_t vmmw_pool_set_sleep_options(struct vmmw_pool_t*pool,const struct vmmw_sleep_options_t*options,struct vmmw_error_t**error);
 vmmw_status_t vmmw_pool_set_tag_arena(struct vmmw_pool_t*pool,uint32_t tag,uint64_t reserve_bytes,uint64_t grow_step,struct vmmw_error_t**error);
 vmmw_status_t vmmw_pool_set_tag_segments(struct vmmw_pool_t*pool,uint32_t tag,struct vmmw_error_t**error);
@@ -99,10 +131,23 @@ vmmw_status_t vmmw_pool_timeline_json(const struct vmmw_pool_t*pool,char*buf,siz
 vmmw_status_t vmmw_pool_trim(struct vmmw_pool_t*pool,uint64_t*released,struct vmmw_error_t**error);
 vmmw_status_t vmmw_pool_wake(struct vmmw_pool_t*pool,const uint32_t*tags,size_t n,struct vmmw_error_t**error);
 vmmw_status_t vmmw_pool_write(struct vmmw_pool_t*pool,uint64_t dst,const void*src,size_t len,struct vmmw_error_t**error);
+vmmw_status_t vmmw_replicas_sleep(struct vmmw_pool_t*const*pools,const uint32_t*tags,size_t count,struct vmmw_replica_sleep_result_t*out,struct vmmw_error_t**error);
+vmmw_status_t vmmw_replicas_wake(struct vmmw_pool_t*const*pools,const uint32_t*tags,size_t count,const struct vmmw_replica_wake_options_t*options,struct vmmw_replica_wake_result_t*out,struct vmmw_error_t**error);
 vmmw_status_t vmmw_segment_info(const struct vmmw_segment_t*segment,struct vmmw_segment_info_t*out,struct vmmw_error_t**error);
 vmmw_status_t vmmw_segment_new(const struct vmmw_device_t*device,uint64_t size,uint64_t chunk_size,struct vmmw_segment_t**out,struct vmmw_error_t**error);
 vmmw_status_t vmmw_segment_read(const struct vmmw_segment_t*segment,uint64_t offset,void*dst,size_t len,struct vmmw_error_t**error);
 vmmw_status_t vmmw_segment_write(struct vmmw_segment_t*segment,uint64_t offset,const void*src,size_t len,struct vmmw_error_t**error);
+vmmw_status_t vmmw_share_attach(const struct vmmw_device_t*device,const char*path,uint32_t read_write,struct vmmw_share_t**out,struct vmmw_error_t**error);
+vmmw_status_t vmmw_share_count(const struct vmmw_share_t*share,size_t*out,struct vmmw_error_t**error);
+vmmw_status_t vmmw_share_detach(struct vmmw_share_t*share,struct vmmw_error_t**error);
+vmmw_status_t vmmw_share_owner_connected(const struct vmmw_share_t*share,uint32_t*out,struct vmmw_error_t**error);
+vmmw_status_t vmmw_share_read(const struct vmmw_share_t*share,uint64_t src,void*dst,size_t len,struct vmmw_error_t**error);
+vmmw_status_t vmmw_share_serve(struct vmmw_pool_t*pool,uint32_t tag,const struct vmmw_loader_t*loader,const char*path,const struct vmmw_share_options_t*options,struct vmmw_share_server_t**out,struct vmmw_error_t**error);
+vmmw_status_t vmmw_share_server_attached(const struct vmmw_share_server_t*server,uint64_t*out,struct vmmw_error_t**error);
+vmmw_status_t vmmw_share_server_publish(struct vmmw_share_server_t*server,uint64_t*out,struct vmmw_error_t**error);
+vmmw_status_t vmmw_share_tensor(const struct vmmw_share_t*share,const char*name,struct vmmw_destination_t*out,struct vmmw_error_t**error);
+vmmw_status_t vmmw_share_tensor_name(const struct vmmw_share_t*share,size_t index,char*buf,size_t cap,size_t*needed,struct vmmw_error_t**error);
+vmmw_status_t vmmw_share_version(const struct vmmw_share_t*share,uint64_t*out,struct vmmw_error_t**error);
 vmmw_status_t vmmw_tag_current(uint32_t*out,struct vmmw_error_t**error);
 vmmw_status_t vmmw_tag_id(const char*name,uint32_t*out,struct vmmw_error_t**error);
 vmmw_status_t vmmw_tag_name(uint32_t tag,char*buf,size_t cap,size_t*needed,struct vmmw_error_t**error);
@@ -114,5 +159,7 @@ void vmmw_error_free(struct vmmw_error_t*error);
 void vmmw_loader_free(struct vmmw_loader_t*loader);
 void vmmw_pool_free(struct vmmw_pool_t*pool);
 void vmmw_segment_free(struct vmmw_segment_t*segment);
+void vmmw_share_free(struct vmmw_share_t*share);
+void vmmw_share_server_free(struct vmmw_share_server_t*server);
 void vmmw_torch_free(void*ptr,ptrdiff_t size,int32_t device,void*stream);
 void*vmmw_torch_malloc(ptrdiff_t size,int32_t device,void*stream);

@@ -20,8 +20,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TERM_COLOR=never
 
-cargo build --release --bins --lib
-json=$(cargo test --release --no-run --message-format=json)
+bash scripts/build-clib.sh --release
+cargo build --release --features cli --bins
+json=$(cargo test --release --features cli --no-run --message-format=json)
 
 rm -rf .gpu
 mkdir -p .gpu/tests

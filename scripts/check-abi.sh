@@ -6,8 +6,9 @@
 # Fails when a symbol or declaration of the baseline is gone or changed (a
 # changed prototype, struct layout or constant shows as one line removed and
 # one added), when the library and the header disagree, or when an opaque
-# handle type vmmw_X_t has no vmmw_X_free. Additions pass with a note. Symbols declared only in include/vmmweights_testing.h are not
-# part of the ABI and are left out.
+# handle type vmmw_X_t has no vmmw_X_free, and when an addition is not yet
+# recorded, so the baseline always is this tree's ABI. Symbols declared only
+# in include/vmmweights_testing.h are not part of the ABI and are left out.
 # Usage: scripts/check-abi.sh [--update]   (--update rewrites the baseline, on purpose)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -57,12 +58,14 @@ for kind in symbols decls; do
     [[ -z "$added" ]] || { echo "  now:" >&2; echo "$added" | sed 's/^/  + /' >&2; }
     status=1
   elif [[ -n "$added" ]]; then
-    echo "ABI additions ($kind), compatible; record them with scripts/check-abi.sh --update:"
-    echo "$added" | sed 's/^/  + /'
+    echo "ABI additions ($kind) not recorded in $base (compatible; record them with" >&2
+    echo "scripts/check-abi.sh --update and a CHANGELOG.md line naming them):" >&2
+    echo "$added" | sed 's/^/  + /' >&2
+    status=1
   fi
 done
 if [[ $status != 0 ]]; then
-  echo "If the break is intended (before 1.0, or a new major version), run" >&2
+  echo "If the change is intended (before 1.0, or a new major version), run" >&2
   echo "scripts/check-abi.sh --update, commit abi/, and record it in CHANGELOG.md (docs/ABI.md)." >&2
   exit 1
 fi

@@ -1,9 +1,9 @@
-# Sourced by the C, C++ and Go test parts: builds the library (debug profile,
-# sharing artifacts with `cargo test`) and exports where it is.
+# Sourced by the C, C++ and Go test parts: builds the C library (debug
+# profile, scripts/build-clib.sh) and exports where it is.
 #   VMMW_LIB_DIR  directory holding libvmmweights.so/.a
 # The shared library's SONAME (libvmmweights.so.0.1) gets a symlink there, so
 # programs linked against it find it at run time through -rpath.
-cargo build --lib --quiet
+bash "$(dirname "${BASH_SOURCE[0]}")/build-clib.sh" --quiet
 VMMW_LIB_DIR="$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')/debug"
 soname=$(readelf -d "$VMMW_LIB_DIR/libvmmweights.so" | sed -n 's/.*Library soname: \[\(.*\)\]/\1/p')
 [[ -n "$soname" ]] || { echo "libvmmweights.so has no SONAME" >&2; exit 1; }

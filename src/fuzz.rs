@@ -32,7 +32,7 @@ pub fn tiny_safetensors(tensors: &[TinyTensor]) -> Vec<u8> {
         at += len;
     }
     let mut text = serde_json::Value::Object(header).to_string();
-    while (8 + text.len()) % 8 != 0 {
+    while !(8 + text.len()).is_multiple_of(8) {
         text.push(' ');
     }
     let mut out = (text.len() as u64).to_le_bytes().to_vec();

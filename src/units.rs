@@ -18,18 +18,27 @@ pub fn page_size() -> usize {
 }
 
 /// What [`parse_bytes`] accepts, for error messages and help texts.
-pub const BYTES_SYNTAX: &str =
-    "a byte count such as 4096, 64K, 64M, 64MB, 64MiB, 1G, 1GiB or 1.5G (K, M, G, T are binary: 1K = 1024)";
+pub const BYTES_SYNTAX: &str = "a byte count such as 4096, 64K, 64M, 64MiB, 1G, 1GiB, 1.5G or 2GB \
+     (K, M, G and KiB, MiB, GiB are binary: 1K = 1KiB = 1024; KB, MB, GB are decimal: 1KB = 1000)";
 
 /// Parse a byte count: a number (fractions allowed) with an optional unit
-/// K, M, G, T, P or E, each optionally followed by `B` or `iB`, any case.
-/// Every unit is binary (`64MB` = `64MiB` = `64M` = 64 × 2^20): device memory
-/// comes in powers of two, and a decimal megabyte would rarely be meant.
+/// K, M, G, T, P or E, optionally followed by `B` or `iB`, any case. `GiB`
+/// is 2^30 and `GB` is 10^9, as the library and the command line print them;
+/// a bare `G` is binary too (device memory comes in powers of two, and
+/// `16G` is how sizes of memory are usually written).
 /// The error says what was expected.
 pub fn parse_bytes(s: &str) -> std::result::Result<u64, String> {
-    const PARSER: parse_size::Config = parse_size::Config::new().with_binary();
+    const BINARY: parse_size::Config = parse_size::Config::new().with_binary();
+    const DECIMAL: parse_size::Config = parse_size::Config::new().with_decimal();
     let t = s.trim();
-    PARSER.parse_size(t).map_err(|e| match e {
+    let lower = t.to_ascii_lowercase();
+    let decimal = lower.ends_with('b') && !lower.ends_with("ib") && lower.len() > 1 && {
+        // "64B" is bytes, not a decimal unit: a letter must precede the B.
+        let before = lower.as_bytes()[lower.len() - 2];
+        before.is_ascii_alphabetic()
+    };
+    let parser = if decimal { DECIMAL } else { BINARY };
+    parser.parse_size(t).map_err(|e| match e {
         parse_size::Error::PosOverflow => format!("`{t}` is too large (more than 2^64 bytes)"),
         _ => format!("`{t}` is not {BYTES_SYNTAX}"),
     })
@@ -45,7 +54,10 @@ mod tests {
             ("4096", 4096u64),
             ("64K", 64 << 10),
             ("64M", 64 << 20),
-            ("64MB", 64 << 20),
+            ("64MB", 64_000_000),
+            ("2gb", 2_000_000_000),
+            ("1.5KB", 1500),
+            ("64B", 64),
             ("64MiB", 64 << 20),
             ("64mib", 64 << 20),
             ("1G", 1 << 30),

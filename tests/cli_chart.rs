@@ -97,7 +97,6 @@ fn bench_chart_draws_one_bar_per_result() {
     let svg = dir.path().join("load.svg");
     let r = vmmw(&[
         "bench-load",
-        "--checkpoint",
         &ckpt,
         "--preset",
         "llama",

@@ -150,7 +150,7 @@ fn bad_sizes_name_the_option_the_value_and_the_units() {
         "{}",
         r.all()
     );
-    let r = vmmw(&["bench-load", "--checkpoint", &ckpt, "--link-bytes", "2Q"]);
+    let r = vmmw(&["bench-load", &ckpt, "--link-bytes", "2Q"]);
     assert_eq!(r.code, 2, "{}", r.all());
     assert!(r.stderr.contains("--link-bytes"), "{}", r.all());
     let r = vmmw(&["bench-pool", "--sizes", "1M,big"]);
@@ -164,7 +164,7 @@ fn bad_sizes_name_the_option_the_value_and_the_units() {
     let r = vmmw_env(&["load", &ckpt], &[("VMMW_HOST_MEMORY", "12 parsecs")]);
     assert_eq!(r.code, 2, "{}", r.all());
     assert!(r.stderr.contains("VMMW_HOST_MEMORY"), "{}", r.all());
-    for ok in ["64M", "64MB", "64MiB", "1G", "1GiB"] {
+    for ok in ["64M", "64MB", "64MiB", "1G", "1GiB", "1GB"] {
         let r = vmmw(&["load", &ckpt, "--window", ok]);
         assert_eq!(r.code, 0, "{ok}: {}", r.all());
         let r = vmmw_env(&["load", &ckpt], &[("VMMW_HOST_MEMORY", ok)]);
@@ -214,27 +214,15 @@ fn other_bad_options_exit_2_with_what_was_expected() {
         ),
         (&["bench-pool", "--chart", "x.txt"], &["--chart", "x.txt"]),
         (
-            &[
-                "bench-load",
-                "--checkpoint",
-                &ckpt,
-                "--strategies",
-                "auto,staged:4Q",
-            ],
+            &["bench-load", &ckpt, "--strategies", "auto,staged:4Q"],
             &["--strategies", "4Q"],
         ),
         (
-            &[
-                "bench-load",
-                "--checkpoint",
-                &ckpt,
-                "--strategies",
-                "staged@200",
-            ],
+            &["bench-load", &ckpt, "--strategies", "staged@200"],
             &["--strategies", "staged@200", "DIRECT_PERCENT"],
         ),
         (
-            &["bench-load", "--checkpoint", &ckpt, "--preset", "gpt"],
+            &["bench-load", &ckpt, "--preset", "gpt"],
             &["--preset", "gpt", "none"],
         ),
     ];
@@ -285,7 +273,7 @@ fn input_is_checked_before_the_device_is_opened() {
         vec!["load", ckpt.as_str(), "--chart", "/nonexistent/c.svg"],
         vec!["demo", "--chart", "c.pdf"],
         vec!["bench-sleep", "--chart", "/nonexistent/c.svg"],
-        vec!["bench-load", "--checkpoint", "/nonexistent/ckpt"],
+        vec!["bench-load", "/nonexistent/ckpt"],
         vec!["bench-sleep", "--reload-checkpoint", "/nonexistent/ckpt"],
     ] {
         let r = vmmw_env(&args, &cuda);

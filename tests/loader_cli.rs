@@ -63,8 +63,9 @@ fn inspect_load_and_bench_load_run_on_a_generated_checkpoint() {
 
     let (ok, out) = vmmw(&[
         "bench-load",
-        "--checkpoint",
         p,
+        "--preset",
+        "qwen3",
         "--head-dim",
         "16",
         "--repeat",
@@ -95,8 +96,9 @@ fn bench_load_devices_compares_loads_and_wakes_on_simulated_devices() {
     let json = dir.path().join("multi.json");
     let (ok, out) = vmmw(&[
         "bench-load",
-        "--checkpoint",
         p,
+        "--preset",
+        "qwen3",
         "--head-dim",
         "16",
         "--repeat",
@@ -140,7 +142,7 @@ fn bench_load_devices_compares_loads_and_wakes_on_simulated_devices() {
         &["--cold"][..],
         &["--chart", "x.svg"][..],
     ] {
-        let mut args = vec!["bench-load", "--checkpoint", p, "--devices", "0,1"];
+        let mut args = vec!["bench-load", p, "--preset", "qwen3", "--devices", "0,1"];
         args.extend_from_slice(extra);
         let (ok, out) = vmmw(&args);
         assert!(

@@ -69,7 +69,7 @@ func main() {
 	if err := loader.Allocate(pool, weights); err != nil {
 		log.Fatal(err)
 	}
-	res, err := loader.Load(context.Background(), pool, func(done, total uint64) bool { return true })
+	res, err := loader.Load(context.Background(), pool, func(done, total uint64) (cancel bool) { return false })
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -97,7 +97,7 @@ def test_bare_sleep_uses_each_tags_default_policy(pool, ckpt):
     assert {c["name"]: c["policy"] for c in cycle} == {"weights": "offload", "kv_cache": "discard"}
     rep = pool.report()
     assert all(t["asleep"] for t in rep["tags"])
-    assert pool.sleep() == {}, "nothing awake: nothing to do"
+    assert pool.sleep() == [], "nothing awake: nothing to do"
     pool.wake()
     assert contents(pool, dests) == {n: t[2] for n, t in tensors.items()}
 

@@ -11,7 +11,7 @@ import ctypes
 import os
 import threading
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, cast
 
 from . import _structs as S
 
@@ -45,9 +45,10 @@ class VmmwError(RuntimeError):
 def library_path() -> str:
     """The path of ``libvmmweights.so`` this package uses.
 
-    In order: ``$VMMW_LIB`` (a file), the library inside the installed package,
-    then (for a source checkout with ``python/`` on ``PYTHONPATH``) the
-    repository's ``target/release`` or ``target/debug`` (the newer). Pass it to
+    In order: ``$VMMW_LIB`` (a file), the library inside the installed package;
+    in a source checkout (``python/`` on ``PYTHONPATH``, or an editable
+    install), the newest of the package's copy and the repository's
+    ``target/release`` and ``target/debug`` builds. Pass it to
     ``torch.cuda.memory.CUDAPluggableAllocator``.
     """
     env = os.environ.get("VMMW_LIB")
@@ -57,16 +58,21 @@ def library_path() -> str:
             raise FileNotFoundError(f"VMMW_LIB={env} does not name a file")
         return str(p.resolve())
     packaged = _HERE / "vmmweights" / _SONAME
-    if packaged.is_file():
-        return str(packaged)
     repo = _HERE.parents[1]
-    built = [p for p in (repo / "target/release" / _SONAME, repo / "target/debug" / _SONAME) if p.is_file()]
-    if built:  # the one built last: a stale release build must not shadow a fresh debug one
+    if not (repo / "Cargo.toml").is_file():  # an installed package: its own library
+        if packaged.is_file():
+            return str(packaged)
+    # A source checkout: the library built last, so neither a stale release
+    # build nor the copy an editable install (pip install -e) left in the
+    # package shadows a fresh build.
+    built = [p for p in (packaged, repo / "target/release" / _SONAME, repo / "target/debug" / _SONAME)
+             if p.is_file()]
+    if built:
         return str(max(built, key=lambda p: p.stat().st_mtime))
     raise FileNotFoundError(
         f"{_SONAME} not found: not in the package ({packaged}), VMMW_LIB is unset, "
         f"and no {repo}/target/{{release,debug}}/{_SONAME}; install the wheel "
-        "(pip install ./python) or build the library (cargo build --release)"
+        "(pip install ./python) or build the library (bash scripts/build-clib.sh --release)"
     )
 
 
@@ -213,7 +219,7 @@ def function(name: str) -> Callable[..., Any]:
     fn = getattr(lib(), name, None)
     if fn is None or name not in _SIGNATURES:
         raise VmmwError(name, -1, "VMMW_UNSUPPORTED", f"{_lib_path} does not export {name}; rebuild the library")
-    return fn
+    return cast(Callable[..., Any], fn)
 
 
 def status_name(status: int) -> str:
@@ -260,4 +266,4 @@ def call_text(name: str, *args: Any) -> str:
 
 def version() -> str:
     """The library's version ("MAJOR.MINOR.PATCH")."""
-    return function("vmmw_version_string")().decode()
+    return cast(bytes, function("vmmw_version_string")()).decode()

@@ -31,7 +31,7 @@ MODES = {"replicas": 0, "ranks": 1}
 
 
 def _fields(result: ctypes.Structure) -> Dict[str, Any]:
-    return {name: getattr(result, name) for name, _ in result._fields_}
+    return {f[0]: getattr(result, f[0]) for f in result._fields_}
 
 
 def _handles(items: Sequence[Any]) -> Any:

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import json
 import os
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from . import _structs as S
-from ._native import call, call_text, function
-from .pool import Pool
+from ._native import VmmwError, call, call_text, function
+from .pool import Pool, _json_object
 from .tags import tag_id
 
 #: Copy strategies: auto (page-cached data staged through a pinned ring sized
@@ -19,7 +20,9 @@ from .tags import tag_id
 #: pinned slots), simple (one thread, no pinning: the reference path).
 STRATEGIES = {"auto": 0, "direct": 1, "staged": 2, "read": 3, "simple": 4}
 
-#: ``progress(done_bytes, total_bytes)``; return True to cancel the load.
+#: ``progress(done_bytes, total_bytes)`` returns whether to cancel: a falsy
+#: value (None included) continues, a truthy one asks the load to stop, as a
+#: non-zero return does in C and ``true`` in C++ and Go (docs/ABI.md).
 Progress = Callable[[int, int], Optional[bool]]
 
 
@@ -87,7 +90,7 @@ class Loader:
     Use as a context manager, or call :meth:`close`.
     """
 
-    def __init__(self, path: Union[str, os.PathLike]) -> None:
+    def __init__(self, path: Union[str, os.PathLike[str]]) -> None:
         self.path = os.fspath(path)
         handle = ctypes.c_void_p()
         call("vmmw_loader_open", self.path.encode(), ctypes.byref(handle))
@@ -220,7 +223,7 @@ class Loader:
         total)` is called on this thread; returning True, or raising, cancels
         the load (``VMMW_CANCELLED``; the exception is re-raised). Tags owning
         destinations in `pool` can then sleep with the ``"reload"`` policy."""
-        failure: list = []
+        failure: List[BaseException] = []
 
         def on_progress(done: int, total: int, _user: Any) -> int:
             if progress is None or failure:
@@ -254,11 +257,11 @@ class Loader:
 
     def result_json(self) -> Dict[str, Any]:
         """The last load's statistics and plan summary."""
-        return json.loads(call_text("vmmw_loader_result_json", self.handle))
+        return _json_object(call_text("vmmw_loader_result_json", self.handle))
 
 
 def load(
-    path: Union[str, os.PathLike],
+    path: Union[str, os.PathLike[str]],
     pool: Pool,
     tag: str = "weights",
     *,
@@ -273,7 +276,9 @@ def load(
 ) -> Tuple[Dict[str, Destination], LoadResult]:
     """Allocate the checkpoint's destinations in `pool` under `tag` and load
     them: the destinations by name, and what the load did. `reload_check`:
-    see :meth:`Loader.reload_check`."""
+    see :meth:`Loader.reload_check`. A load that fails (cancelled, an I/O or
+    driver error) frees the destinations it allocated before raising, since
+    the caller gets nothing back to free."""
     with Loader(path) as ld:
         if preset is not None:
             ld.preset(preset, tp_rank, tp_world, head_dim)
@@ -283,4 +288,10 @@ def load(
         if reload_check:
             ld.reload_check()
         dests = ld.allocate(pool, tag)
-        return dests, ld.load(pool, progress)
+        try:
+            return dests, ld.load(pool, progress)
+        except BaseException:
+            for ptr in {d.ptr for d in dests.values()}:
+                with contextlib.suppress(VmmwError):  # the load's error is the one to raise
+                    pool.free(ptr)
+            raise

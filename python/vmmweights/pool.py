@@ -22,6 +22,13 @@ _defaults: Dict[int, "Pool"] = {}
 _defaults_lock = threading.Lock()
 
 
+def _json_object(text: str) -> Dict[str, Any]:
+    """A JSON document the library wrote (always an object)."""
+    doc = json.loads(text)
+    assert isinstance(doc, dict), text
+    return doc
+
+
 def _policy(tag: str, policy: str) -> int:
     try:
         return POLICIES[policy]
@@ -112,6 +119,17 @@ class Pool:
         except Exception:
             pass
 
+    def __repr__(self) -> str:
+        kind = "owned" if self._owned else "default"
+        if self._handle is None:
+            return f"<vmmweights.Pool device={self.device} {kind} closed>"
+        try:
+            r = self.report()
+            return (f"<vmmweights.Pool device={self.device} {kind} backend={r.get('backend')} "
+                    f"tags={len(r.get('tags', []))} device_used_bytes={r.get('device_used_bytes')}>")
+        except Exception as e:  # a repr never raises
+            return f"<vmmweights.Pool device={self.device} {kind} (report failed: {e})>"
+
     # --- blocks ---------------------------------------------------------------
 
     def alloc(self, size: int, tag: str = "default") -> int:
@@ -170,7 +188,7 @@ class Pool:
         """Tags holding memory in this pool now (awake or asleep)."""
         return [t["tag"] for t in self.report()["tags"]]
 
-    def sleep(self, policies: Optional[Mapping[str, str]] = None, /, **kw: str) -> Dict[str, Any]:
+    def sleep(self, policies: Optional[Mapping[str, str]] = None, /, **kw: str) -> List[Dict[str, Any]]:
         """Release the device memory behind tags, keeping every pointer:
         ``pool.sleep(weights="offload", kv_cache="discard")``, or a mapping for
         names that are not identifiers. Without policies, every awake tag
@@ -185,7 +203,7 @@ class Pool:
             rep = self.report()
             items = {t["tag"]: self.default_policy(t["tag"]) for t in rep["tags"] if not t["asleep"]}
             if not items:
-                return {}
+                return []
         codes = [_policy(tag, policy) for tag, policy in items.items()]  # all checked first
         arr = (S.TagPolicy * len(items))()
         for i, (tag, code) in enumerate(zip(items, codes)):
@@ -194,7 +212,7 @@ class Pool:
         call("vmmw_pool_sleep", self.handle, arr, ctypes.c_size_t(len(items)))
         return self.last_cycle()
 
-    def wake(self, *tags: str) -> Dict[str, Any]:
+    def wake(self, *tags: str) -> List[Dict[str, Any]]:
         """Bring the listed tags back (every sleeping tag when none is named)
         at the same addresses: offloaded and reloaded bytes as they were,
         discarded ones undefined. Checks free device memory first; each tag's
@@ -210,9 +228,11 @@ class Pool:
         failed with ``VMMW_CHECKPOINT_INVALID``): forget, wake, load again."""
         call("vmmw_pool_forget_reload", self.handle, ctypes.c_uint32(tag_id(tag)))
 
-    def last_cycle(self) -> Dict[str, Any]:
+    def last_cycle(self) -> List[Dict[str, Any]]:
         """What the last sleep or wake through this handle did, per tag."""
-        return json.loads(call_text("vmmw_pool_last_cycle_json", self.handle))
+        doc = json.loads(call_text("vmmw_pool_last_cycle_json", self.handle))
+        assert isinstance(doc, list), doc
+        return doc
 
     def reserve_backup(self, nbytes: int) -> None:
         """Pin `nbytes` of host backup ahead of time, so the first offload runs
@@ -253,7 +273,7 @@ class Pool:
         """The memory report: ``tags`` (one dict per tag: live_bytes,
         reserved_bytes, tracked_bytes, segments, offloaded_bytes, ...,
         asleep), ``total``, ``device_used_bytes``, ``device_total_bytes``."""
-        return json.loads(call_text("vmmw_pool_report_json", self.handle))
+        return _json_object(call_text("vmmw_pool_report_json", self.handle))
 
     def report_table(self) -> str:
         """The report as a table."""
@@ -265,4 +285,4 @@ class Pool:
 
     def timeline(self) -> Dict[str, Any]:
         """Every snapshot so far."""
-        return json.loads(call_text("vmmw_pool_timeline_json", self.handle))
+        return _json_object(call_text("vmmw_pool_timeline_json", self.handle))

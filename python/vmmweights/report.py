@@ -4,12 +4,12 @@ free device memory)."""
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Dict, Mapping
 
 MiB = 1 << 20
 
 
-def tag_usage(report: Mapping[str, Any], tag: str) -> dict:
+def tag_usage(report: Mapping[str, Any], tag: str) -> Dict[str, Any]:
     """The entry of `tag` in a report, or zeroes when the tag holds nothing."""
     for t in report.get("tags", []):
         if t["tag"] == tag:

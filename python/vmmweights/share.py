@@ -40,7 +40,7 @@ from __future__ import annotations
 import ctypes
 import os
 from dataclasses import dataclass
-from typing import Any, Dict, List, Mapping, Optional, Union
+from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 
 from . import _structs as S
 from ._native import VmmwError, call, call_text, function
@@ -75,7 +75,7 @@ class SharedTensor:
     bytes: int
     dtype: str
     """The safetensors dtype name ("BF16", "F32", ...)."""
-    shape: tuple
+    shape: Tuple[int, ...]
     """Row-major, contiguous."""
 
 
@@ -102,7 +102,7 @@ class Server:
         self,
         pool: Pool,
         loader: Loader,
-        path: Union[str, os.PathLike],
+        path: Union[str, os.PathLike[str]],
         *,
         tag: str = "weights",
         policy: str = "refuse",
@@ -193,7 +193,7 @@ class CheckpointServer(Server):
     :func:`serve_checkpoint`). Keeps its loader, so :meth:`reload` can load
     the checkpoint again into the same tensors and publish."""
 
-    def __init__(self, loader: Loader, pool: Pool, path: Union[str, os.PathLike], *, tag: str,
+    def __init__(self, loader: Loader, pool: Pool, path: Union[str, os.PathLike[str]], *, tag: str,
                  destinations: Dict[str, Destination], result: LoadResult, **options: Any) -> None:
         self.loader = loader
         self.destinations = destinations
@@ -219,7 +219,7 @@ class CheckpointServer(Server):
             loader.close()
 
 
-def serve(pool: Pool, loader: Loader, path: Union[str, os.PathLike], *, tag: str = "weights",
+def serve(pool: Pool, loader: Loader, path: Union[str, os.PathLike[str]], *, tag: str = "weights",
           policy: str = "refuse", allow_write: bool = False, allowed_uid: Optional[int] = None,
           allowed_gid: Optional[int] = None, max_connections: int = 0,
           handshake_timeout: float = 0.0) -> Server:
@@ -230,8 +230,8 @@ def serve(pool: Pool, loader: Loader, path: Union[str, os.PathLike], *, tag: str
 
 
 def serve_checkpoint(
-    checkpoint: Union[str, os.PathLike],
-    path: Union[str, os.PathLike],
+    checkpoint: Union[str, os.PathLike[str]],
+    path: Union[str, os.PathLike[str]],
     pool: Optional[Pool] = None,
     tag: str = "weights",
     *,
@@ -286,7 +286,7 @@ class Attachment:
     pointer and tensor from the share becomes invalid (finish device work
     that reads them first)."""
 
-    def __init__(self, path: Union[str, os.PathLike], device: Optional[int] = None, write: bool = False,
+    def __init__(self, path: Union[str, os.PathLike[str]], device: Optional[int] = None, write: bool = False,
                  backend: str = "auto") -> None:
         self._handle: Optional[ctypes.c_void_p] = None
         self._device_handle: Optional[ctypes.c_void_p] = None
@@ -412,7 +412,7 @@ class Attachment:
         return f"<vmmweights.share.Attachment {self.path} ({self.backend}:{self.device}, {state})>"
 
 
-def attach(path: Union[str, os.PathLike], device: Optional[int] = None, write: bool = False,
+def attach(path: Union[str, os.PathLike[str]], device: Optional[int] = None, write: bool = False,
            backend: str = "auto") -> Attachment:
     """Attach to the share at `path` on `device` (0 when None), read-only
     unless `write` (the owner must allow it). `backend` must be the owner's

@@ -88,7 +88,7 @@ else
   rc=1
 fi
 out="$VMMW_GPU_OUT/multi.json"
-if .gpu/vmmw bench-load --backend cuda --checkpoint "$dir" --preset qwen3 --devices "$devices" \
+if .gpu/vmmw bench-load --backend cuda "$dir" --preset qwen3 --devices "$devices" \
   --verify --repeat 3 --json "$out"; then
   summary=$(python3 -c '
 import json, sys

@@ -22,6 +22,14 @@ export CGO_ENABLED=1 PKG_CONFIG_PATH="$pc"
 (cd bindings/go && go vet ./... && go vet -tags vmmw_testing ./... \
   && go test -tags vmmw_testing -race -count=1 ./... && GOGC=1 go test -tags vmmw_testing -count=1 ./...)
 (cd examples/go && go vet ./... && go run .)
+echo "--- without cgo: one error that names the fix"
+if said=$(cd bindings/go && CGO_ENABLED=0 go build ./... 2>&1); then
+  echo "the package built with CGO_ENABLED=0" >&2; exit 1
+fi
+grep -q "requires_cgo" <<<"$said" || { echo "CGO_ENABLED=0 build says: $said" >&2; exit 1; }
+echo "--- go doc shows the constants' values"
+said=$(cd bindings/go && go doc -all ./vmmw)
+if grep -n "= C\." <<<"$said"; then echo "go doc shows C expressions instead of values" >&2; exit 1; fi
 echo "--- vendored: the example builds from a vendor/ copy of the module"
 cp -r examples/go "$pc/example" && rm -f "$pc/example/go.sum"
 sed -i "s|=> ../../bindings/go|=> $PWD/bindings/go|" "$pc/example/go.mod"

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The installed package, used the way each ecosystem expects, from a folder
 # outside the repository:
-#   - cmake --install to a prefix; file modes (shared library and vmmw 0755,
+#   - cmake --install --strip to a prefix: no debug info left in the
+#     libraries and vmmw, symbols kept; file modes (shared library and vmmw 0755,
 #     headers 0644); the testing header is not installed;
 #   - the installed `vmmw` command on PATH inspects a checkpoint;
 #   - a C program (shared) and a C++ program (static) built with
@@ -21,11 +22,22 @@ gen=()
 command -v ninja >/dev/null && gen=(-G Ninja)
 version=$(sed -n 's/^#define VMMW_VERSION_STRING "\(.*\)"/\1/p' include/vmmweights.h)
 
-echo "--- cmake --install to $out/prefix"
+echo "--- cmake --install --strip to $out/prefix"
 cmake -S . -B "$out/build" "${gen[@]}" -DVMMW_CARGO_PROFILE=dev >/dev/null
 cmake --build "$out/build" >/dev/null
-cmake --install "$out/build" --prefix "$out/prefix" >/dev/null
+cmake --install "$out/build" --prefix "$out/prefix" --strip >/dev/null
 prefix="$out/prefix"
+for f in "lib/libvmmweights.so.$version" lib/libvmmweights.a bin/vmmw; do
+  sections=$(readelf -S "$prefix/$f")
+  if grep -q '\.debug_info' <<<"$sections"; then
+    echo "$f keeps debug info after cmake --install --strip" >&2; exit 1
+  fi
+done
+symbols=$(nm -D --defined-only "$prefix/lib/libvmmweights.so.$version")
+grep -q ' vmmw_pool_new$' <<<"$symbols" || { echo "the stripped library lost vmmw_pool_new" >&2; exit 1; }
+pc_libs=$(PKG_CONFIG_PATH="$prefix/lib/pkgconfig" pkg-config --libs vmmweights)
+[[ "$pc_libs" == *"-Wl,-rpath,$prefix/lib"* && "$pc_libs" != *"/.."* && "$pc_libs" != *"//"* ]] \
+  || { echo "pkg-config --libs says '$pc_libs', want plain paths under $prefix" >&2; exit 1; }
 mode() { stat -c %a "$1"; }
 [[ $(mode "$prefix/lib/libvmmweights.so.$version") == 755 ]] || { echo "shared library mode $(mode "$prefix/lib/libvmmweights.so.$version"), want 755" >&2; exit 1; }
 [[ $(mode "$prefix/bin/vmmw") == 755 ]] || { echo "vmmw mode $(mode "$prefix/bin/vmmw"), want 755" >&2; exit 1; }

@@ -137,7 +137,7 @@ impl HostConfig {
 
     fn validate(&self) -> Result<()> {
         let page = page_size();
-        if self.granularity == 0 || self.granularity % page != 0 {
+        if self.granularity == 0 || !self.granularity.is_multiple_of(page) {
             return Err(Error::InvalidArgument(format!(
                 "host granularity {} must be a positive multiple of the page size {page}",
                 self.granularity
@@ -301,7 +301,10 @@ impl HostDriver {
     }
 
     fn check_aligned(&self, what: &str, va: u64, size: usize) -> Result<()> {
-        if size == 0 || size % self.granularity != 0 || va % self.granularity as u64 != 0 {
+        if size == 0
+            || !size.is_multiple_of(self.granularity)
+            || !va.is_multiple_of(self.granularity as u64)
+        {
             return Err(Error::InvalidArgument(format!(
                 "{what}: address {va:#x} and size {size} must be non-zero multiples of the granularity {}",
                 self.granularity
@@ -448,7 +451,7 @@ impl Driver for HostDriver {
         } else {
             alignment.max(self.granularity)
         };
-        if size == 0 || size % self.granularity != 0 || !align.is_power_of_two() {
+        if size == 0 || !size.is_multiple_of(self.granularity) || !align.is_power_of_two() {
             return Err(Error::InvalidArgument(format!(
                 "reserve: size {size} must be a non-zero multiple of the granularity {} and alignment {align} a power of two",
                 self.granularity
@@ -523,7 +526,7 @@ impl Driver for HostDriver {
     }
 
     fn create(&self, size: usize) -> Result<PhysHandle> {
-        if size == 0 || size % self.granularity != 0 {
+        if size == 0 || !size.is_multiple_of(self.granularity) {
             return Err(Error::InvalidArgument(format!(
                 "create: size {size} must be a non-zero multiple of the granularity {}",
                 self.granularity
@@ -692,7 +695,7 @@ impl Driver for HostDriver {
     }
 
     fn import_fd(&self, fd: OwnedFd, size: usize) -> Result<PhysHandle> {
-        if size == 0 || size % self.granularity != 0 {
+        if size == 0 || !size.is_multiple_of(self.granularity) {
             return Err(Error::InvalidArgument(format!(
                 "import_fd: size {size} must be a non-zero multiple of the granularity {}",
                 self.granularity

@@ -474,7 +474,7 @@ fn slice(
     let size = shape[s.dim];
     let (a, l) = match s.head_dim {
         Some(hd) => {
-            if hd == 0 || size % hd != 0 {
+            if hd == 0 || !size.is_multiple_of(hd) {
                 return Err(format!(
                     "dim {} of {size} is not a whole number of heads of {hd}",
                     s.dim
@@ -482,7 +482,7 @@ fn slice(
             }
             let heads = size / hd;
             if tp.world <= heads {
-                if heads % tp.world != 0 {
+                if !heads.is_multiple_of(tp.world) {
                     return Err(format!(
                         "{heads} heads do not split over {} ranks",
                         tp.world
@@ -502,7 +502,7 @@ fn slice(
             }
         }
         None => {
-            if size % tp.world != 0 {
+            if !size.is_multiple_of(tp.world) {
                 return Err(format!(
                     "dim {} of {size} does not split over {} ranks",
                     s.dim, tp.world

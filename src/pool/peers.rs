@@ -24,7 +24,7 @@ impl Pool {
         check_peer_list(d.device(), peers, |p| d.can_access_peer(p))?;
         for p in peers {
             let g = d.granularity_for(p.device)?;
-            if g == 0 || self.granularity % g != 0 {
+            if g == 0 || !self.granularity.is_multiple_of(g) {
                 return Err(Error::InvalidArgument(format!(
                     "peer device {} needs a mapping granularity of {g} bytes, which does not \
                      divide the pool's {} bytes on device {}",

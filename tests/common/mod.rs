@@ -8,6 +8,7 @@
 #![allow(dead_code)]
 
 pub mod backend;
+#[cfg(feature = "cli")]
 pub mod cli;
 pub mod fault;
 pub mod loader;

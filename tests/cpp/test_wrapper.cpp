@@ -216,7 +216,7 @@ static void test_loader() {
   CHECK(threw);
 
   uint64_t last = 0;
-  const auto r = loader.load(pool, [&](uint64_t done, uint64_t) { last = done; return true; });
+  const auto r = loader.load(pool, [&](uint64_t done, uint64_t) { last = done; return false; });
   CHECK(r.bytes == (a.size() + b.size()) * 4 && last == r.bytes);
   const auto d = loader.destination("layer.weight");
   CHECK(d.dtype == "F32" && d.shape == (std::vector<uint64_t>{64, 32}) && d.bytes == a.size() * 4);
@@ -342,8 +342,56 @@ static void test_devices() {
   rmdir(dir);
 }
 
+// The progress contract (docs/ABI.md): false continues and never cancels,
+// whenever the callback is called; true while bytes are still to come
+// cancels (unless the copies in flight were the last: then it succeeds). 32 MiB, so the callback is called during the copy and not only at
+// its end, where a reversed reading of the return value would not show.
+static void test_progress_contract() {
+  char dir[] = "/tmp/vmmw-cpp-progress-XXXXXX";
+  CHECK(mkdtemp(dir) != nullptr);
+  const std::string path = std::string(dir) + "/big.safetensors";
+  std::vector<float> w(8u << 20, 1.5f);
+  st_tensor t = {"w.weight", "F32", {w.size(), 0, 0, 0}, 1, w.data(), w.size() * 4};
+  CHECK(st_write(path.c_str(), &t, 1) == 0);
+  vmmw::PoolOptions o;
+  o.backend = vmmw::Backend::Host;
+  vmmw::Pool pool(o);
+  vmmw::Loader loader(path);
+  loader.allocate(pool, vmmw::tag_id("cpp-progress"));
+
+  int midway = 0;
+  for (int i = 0; i < 20 && midway == 0; ++i) {
+    int calls = 0;
+    const auto r = loader.load(pool, [&](uint64_t done, uint64_t total) {
+      ++calls;
+      midway += done < total;
+      return false;
+    });
+    CHECK(r.bytes == w.size() * 4 && calls > 0);
+  }
+  CHECK(midway > 0);  // else the loop above proved nothing
+
+  bool cancelled = false;
+  for (int i = 0; i < 20 && !cancelled; ++i) {
+    bool called_midway = false;
+    const int32_t rc = status_of([&] {
+      loader.load(pool, [&](uint64_t done, uint64_t total) {
+        called_midway |= done < total;
+        return true;
+      });
+    });
+    CHECK(rc == VMMW_CANCELLED || rc == VMMW_OK);  // OK: asked after the last copies
+    cancelled = rc == VMMW_CANCELLED;
+    CHECK(!cancelled || called_midway);
+  }
+  CHECK(cancelled);
+  unlink(path.c_str());
+  rmdir(dir);
+}
+
 int main() {
   test_errors();
+  test_progress_contract();
   test_device_and_segment();
   test_pool_tags_sleep();
   test_loader();

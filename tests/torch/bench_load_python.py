@@ -86,7 +86,7 @@ def main():
     vt.trim()
 
     cli_json = a.out + ".cli.json"
-    cmd = [a.vmmw, "bench-load", "--checkpoint", a.dir, "--preset", "qwen3", "--repeat", str(a.repeat),
+    cmd = [a.vmmw, "bench-load", a.dir, "--preset", "qwen3", "--repeat", str(a.repeat),
            "--strategies", "auto", "--json", cli_json]
     print("+", " ".join(cmd), flush=True)
     subprocess.run(cmd, check=True, env=dict(os.environ, VMMW_BACKEND="cuda"))

@@ -189,7 +189,7 @@ def main():
 
     ours_json = a.out + ".vmmw.json"
     os.makedirs(os.path.dirname(a.out) or ".", exist_ok=True)
-    cmd = [a.vmmw, "bench-load", "--checkpoint", a.dir, "--preset", "qwen3", "--repeat", str(a.repeat),
+    cmd = [a.vmmw, "bench-load", a.dir, "--preset", "qwen3", "--repeat", str(a.repeat),
            "--strategies", a.strategies, "--verify", "--json", ours_json] + (["--cold"] if a.cold else [])
     cmd += a.extra.split()
     print("+", " ".join(cmd), flush=True)

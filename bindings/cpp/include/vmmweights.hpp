@@ -714,7 +714,9 @@ struct Destination {
 using PlanSummary = vmmw_plan_summary_t;
 using LoadResult = vmmw_load_result_t;
 
-/// Progress of a load: (bytes done, bytes total); return false to cancel.
+/// Progress of a load: (bytes done, bytes total). Returns whether to cancel:
+/// false continues, true asks the load to stop, as a non-zero return does in
+/// C (vmmw_progress_fn) and a truthy one in Python (docs/ABI.md).
 using Progress = std::function<bool(uint64_t done, uint64_t total)>;
 
 /// Loads a safetensors checkpoint in place (vmmw_loader_t).
@@ -823,7 +825,7 @@ class Loader {
     auto trampoline = [](uint64_t done, uint64_t total, void* user) -> int32_t {
       auto* c = static_cast<Ctx*>(user);
       try {
-        return (*c->fn)(done, total) ? 0 : 1;
+        return (*c->fn)(done, total) ? 1 : 0;
       } catch (...) {
         c->error = std::current_exception();  // never unwind into the library
         return 1;

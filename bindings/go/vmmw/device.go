@@ -14,11 +14,11 @@ type Backend int32
 const (
 	// BackendAuto: the VMMW_BACKEND environment variable when set, else CUDA
 	// when a driver and the device are present, else host.
-	BackendAuto Backend = C.VMMW_BACKEND_AUTO
+	BackendAuto Backend = 0
 	// BackendHost is the host simulation of CUDA VMM (no GPU needed).
-	BackendHost Backend = C.VMMW_BACKEND_HOST
+	BackendHost Backend = 1
 	// BackendCuda is the CUDA driver.
-	BackendCuda Backend = C.VMMW_BACKEND_CUDA
+	BackendCuda Backend = 2
 )
 
 // String is the backend's short name ("auto", "host", "cuda").

@@ -10,26 +10,26 @@ type Status int32
 
 // The status codes.
 const (
-	StatusOK                Status = C.VMMW_OK
-	StatusInvalidArgument   Status = C.VMMW_INVALID_ARGUMENT
-	StatusNullArgument      Status = C.VMMW_NULL_ARGUMENT
-	StatusOutOfMemory       Status = C.VMMW_OUT_OF_MEMORY
-	StatusHostOutOfMemory   Status = C.VMMW_HOST_OUT_OF_MEMORY
-	StatusDriverUnavailable Status = C.VMMW_DRIVER_UNAVAILABLE
-	StatusDriverError       Status = C.VMMW_DRIVER_ERROR
-	StatusUnknownPointer    Status = C.VMMW_UNKNOWN_POINTER
-	StatusUnknownTag        Status = C.VMMW_UNKNOWN_TAG
-	StatusInvalidState      Status = C.VMMW_INVALID_STATE
-	StatusCheckpointInvalid Status = C.VMMW_CHECKPOINT_INVALID
-	StatusIO                Status = C.VMMW_IO
-	StatusPlanMismatch      Status = C.VMMW_PLAN_MISMATCH
-	StatusCancelled         Status = C.VMMW_CANCELLED
-	StatusPanic             Status = C.VMMW_PANIC
-	StatusUnsupported       Status = C.VMMW_UNSUPPORTED
-	StatusBufferTooSmall    Status = C.VMMW_BUFFER_TOO_SMALL
-	StatusLoadInProgress    Status = C.VMMW_LOAD_IN_PROGRESS
-	StatusShareRefused      Status = C.VMMW_SHARE_REFUSED
-	StatusShareRevoked      Status = C.VMMW_SHARE_REVOKED
+	StatusOK                Status = 0
+	StatusInvalidArgument   Status = 1
+	StatusNullArgument      Status = 2
+	StatusOutOfMemory       Status = 3
+	StatusHostOutOfMemory   Status = 4
+	StatusDriverUnavailable Status = 5
+	StatusDriverError       Status = 6
+	StatusUnknownPointer    Status = 7
+	StatusUnknownTag        Status = 8
+	StatusInvalidState      Status = 9
+	StatusCheckpointInvalid Status = 10
+	StatusIO                Status = 11
+	StatusPlanMismatch      Status = 12
+	StatusCancelled         Status = 13
+	StatusPanic             Status = 14
+	StatusUnsupported       Status = 15
+	StatusBufferTooSmall    Status = 16
+	StatusLoadInProgress    Status = 17
+	StatusShareRefused      Status = 18
+	StatusShareRevoked      Status = 19
 )
 
 // String is the C name of the status ("VMMW_OUT_OF_MEMORY").

@@ -21,15 +21,15 @@ type CopyStrategy int32
 const (
 	// CopyAuto (the default) stages page-cached data through a pinned ring
 	// sized to the CPU's last-level cache and reads cold data with pread.
-	CopyAuto CopyStrategy = C.VMMW_COPY_AUTO
+	CopyAuto CopyStrategy = 0
 	// CopyDirect registers mmap windows read-only and DMAs from the page cache.
-	CopyDirect CopyStrategy = C.VMMW_COPY_DIRECT
+	CopyDirect CopyStrategy = 1
 	// CopyStaged memcpys into pinned slots, then DMAs.
-	CopyStaged CopyStrategy = C.VMMW_COPY_STAGED
+	CopyStaged CopyStrategy = 2
 	// CopyRead preads into pinned slots, then DMAs (cold data).
-	CopyRead CopyStrategy = C.VMMW_COPY_READ
+	CopyRead CopyStrategy = 3
 	// CopySimple uses one thread and no pinning (the reference path).
-	CopySimple CopyStrategy = C.VMMW_COPY_SIMPLE
+	CopySimple CopyStrategy = 4
 )
 
 // String is the strategy's short name ("auto", "direct", ...).
@@ -270,7 +270,7 @@ func (l *Loader) Plan() (PlanSummary, error) {
 func vmmwGoProgress(done, total C.uint64_t, user unsafe.Pointer) C.vmmw_status_t {
 	// user points to C memory holding the cgo.Handle: no Go pointer crossed into C.
 	h := cgo.Handle(*(*C.uintptr_t)(user))
-	if fn := h.Value().(func(done, total uint64) bool); !fn(uint64(done), uint64(total)) {
+	if fn := h.Value().(func(done, total uint64) bool); fn(uint64(done), uint64(total)) {
 		return 1
 	}
 	return 0
@@ -279,14 +279,16 @@ func vmmwGoProgress(done, total C.uint64_t, user unsafe.Pointer) C.vmmw_status_t
 // Load loads the checkpoint into the destinations on pool's device.
 //
 // progress (may be nil) is called on the loading thread with the bytes done
-// and the total; returning false cancels. Cancelling ctx cancels too (through
+// and the total, and returns whether to cancel: false continues, true asks
+// the load to stop, as a non-zero return does in C and a truthy one in
+// Python (docs/ABI.md). Cancelling ctx cancels too (through
 // the loader's Cancel, from another goroutine, so a load waiting on the disk
 // stops at once): copies in flight finish, then Load returns an error that
 // matches both ctx.Err() and ErrCancelled under errors.Is; the destinations
 // are then partly written. A ctx already done returns before anything is
 // written. A load whose copies all completed succeeds even if ctx is
 // cancelled at its very end.
-func (l *Loader) Load(ctx context.Context, pool *Pool, progress func(done, total uint64) bool) (LoadResult, error) {
+func (l *Loader) Load(ctx context.Context, pool *Pool, progress func(done, total uint64) (cancel bool)) (LoadResult, error) {
 	if err := ctx.Err(); err != nil {
 		return LoadResult{}, fmt.Errorf("load not started: %w", err)
 	}
@@ -305,7 +307,7 @@ func (l *Loader) Load(ctx context.Context, pool *Pool, progress func(done, total
 			l.loading = false
 			l.cancelMu.Unlock()
 		}
-		return progress == nil || progress(done, total)
+		return progress != nil && progress(done, total)
 	}
 	h := cgo.NewHandle(cb)
 	defer h.Delete()

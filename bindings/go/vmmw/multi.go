@@ -15,9 +15,9 @@ type AccessMode int32
 
 // Peer access modes (VMMW_ACCESS_*).
 const (
-	AccessNone      AccessMode = C.VMMW_ACCESS_NONE
-	AccessRead      AccessMode = C.VMMW_ACCESS_READ
-	AccessReadWrite AccessMode = C.VMMW_ACCESS_READWRITE
+	AccessNone      AccessMode = 0
+	AccessRead      AccessMode = 1
+	AccessReadWrite AccessMode = 2
 )
 
 // PeerAccess is one peer device's access to a tag's memory.
@@ -80,9 +80,9 @@ type MultiMode int32
 const (
 	// MultiReplicas puts all of the checkpoint on every device: each loads a
 	// share from host memory and pulls the others over peer copies.
-	MultiReplicas MultiMode = C.VMMW_MULTI_REPLICAS
+	MultiReplicas MultiMode = 0
 	// MultiRanks loads each loader's own plan on its device (tensor-parallel ranks).
-	MultiRanks MultiMode = C.VMMW_MULTI_RANKS
+	MultiRanks MultiMode = 1
 )
 
 // MultiResult is what LoadDevices did.

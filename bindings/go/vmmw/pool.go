@@ -63,11 +63,11 @@ func (p Policy) String() string {
 
 const (
 	// Offload copies to a pinned host backup, restored byte for byte at wake.
-	Offload Policy = C.VMMW_POLICY_OFFLOAD
+	Offload Policy = 0
 	// Discard drops the contents (undefined after wake).
-	Discard Policy = C.VMMW_POLICY_DISCARD
+	Discard Policy = 1
 	// Reload restores the contents from the checkpoint they were loaded from.
-	Reload Policy = C.VMMW_POLICY_RELOAD
+	Reload Policy = 2
 )
 
 // TagPolicy pairs a tag with its sleep policy.

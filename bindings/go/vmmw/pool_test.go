@@ -171,7 +171,7 @@ func TestLoaderLoadsAndReloads(t *testing.T) {
 		t.Fatalf("plan %+v %v", plan, err)
 	}
 	var calls, last atomic.Uint64
-	res, err := l.Load(context.Background(), p, func(done, total uint64) bool { calls.Add(1); last.Store(done); return true })
+	res, err := l.Load(context.Background(), p, func(done, total uint64) bool { calls.Add(1); last.Store(done); return false })
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -216,7 +216,7 @@ func TestLoaderLoadsAndReloads(t *testing.T) {
 	var sleepErr error
 	if _, err := l.Load(context.Background(), p, func(done, total uint64) bool {
 		sleepErr = p.Sleep(TagPolicy{tag, Discard})
-		return true
+		return false
 	}); err != nil {
 		t.Fatal(err)
 	}

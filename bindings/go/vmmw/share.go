@@ -14,10 +14,10 @@ import (
 // What the owner's sleep of a shared tag does to attached importers.
 const (
 	// ShareSleepRefuse: the sleep fails (ErrInvalidState) while importers are attached.
-	ShareSleepRefuse = C.VMMW_SHARE_SLEEP_REFUSE
+	ShareSleepRefuse = 0
 	// ShareSleepRevoke: importers' next call fails with ErrShareRevoked; their
 	// mapping stays valid until they detach.
-	ShareSleepRevoke = C.VMMW_SHARE_SLEEP_REVOKE
+	ShareSleepRevoke = 1
 )
 
 // ShareOptions tune a share; the zero value refuses sleep while attached,

@@ -13,7 +13,7 @@ import (
 type Tag uint32
 
 // TagDefault is the tag of allocations made outside any scope.
-const TagDefault Tag = C.VMMW_TAG_DEFAULT
+const TagDefault Tag = 0
 
 // TagID returns the id of tag name, registering it on first use.
 func TagID(name string) (Tag, error) {

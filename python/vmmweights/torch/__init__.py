@@ -25,7 +25,7 @@ import contextlib
 import gc
 import sys
 import threading
-from typing import Any, Callable, Dict, Iterator, Mapping, Optional, Tuple, Union
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple, Union
 
 import torch
 
@@ -81,9 +81,9 @@ _pools: Dict[Tuple[int, str], Any] = {}
 
 def _device(device: Union[int, torch.device, None]) -> int:
     if device is None:
-        return torch.cuda.current_device()
+        return int(torch.cuda.current_device())
     if isinstance(device, torch.device):
-        return device.index if device.index is not None else torch.cuda.current_device()
+        return int(device.index if device.index is not None else torch.cuda.current_device())
     return int(device)
 
 
@@ -234,7 +234,8 @@ def tensors(dests: Mapping[str, Destination], device: Union[int, torch.device, N
 def _state_dict(target: Union[torch.nn.Module, Mapping[str, torch.Tensor]]) -> Mapping[str, torch.Tensor]:
     if isinstance(target, torch.nn.Module):
         # keep_vars: parameters themselves; buffers included (a checkpoint may hold them).
-        return target.state_dict(keep_vars=True)
+        state: Mapping[str, torch.Tensor] = target.state_dict(keep_vars=True)
+        return state
     return target
 
 
@@ -333,7 +334,7 @@ def load_(
 # --- sleep, wake, report ------------------------------------------------------------
 
 
-def sleep(device: Union[int, torch.device, None] = None, **policies: str) -> Dict[str, Any]:
+def sleep(device: Union[int, torch.device, None] = None, **policies: str) -> List[Dict[str, Any]]:
     """Release the device memory behind tags, keeping every pointer:
     ``sleep(weights="offload", kv_cache="discard")``; ``sleep()`` sleeps every
     awake tag with its default policy (offload unless set through
@@ -344,7 +345,7 @@ def sleep(device: Union[int, torch.device, None] = None, **policies: str) -> Dic
     return pool(dev).sleep(policies)
 
 
-def wake(*tags: str, device: Union[int, torch.device, None] = None) -> Dict[str, Any]:
+def wake(*tags: str, device: Union[int, torch.device, None] = None) -> List[Dict[str, Any]]:
     """Bring the listed tags back (every sleeping tag when none is named) at
     the same addresses."""
     return pool(device).wake(*tags)

@@ -140,12 +140,13 @@ def tensor(att: Attachment, name: str, device: Optional[int] = None) -> torch.Te
         # The host backend maps the owner's memfd into this process: a CPU
         # tensor over it. torch keeps the buffer object, which holds the attachment.
         if not t.bytes:
-            out = torch.empty(t.shape, dtype=travel)
+            host = torch.empty(t.shape, dtype=travel)
         else:
-            raw = type("_SharedBytes", (ctypes.c_byte * t.bytes,), {}).from_address(t.ptr)
+            buffer_type: Any = type("_SharedBytes", (ctypes.c_byte * t.bytes,), {})
+            raw = buffer_type.from_address(t.ptr)
             raw.attachment = att
-            out = torch.frombuffer(raw, dtype=travel).reshape(t.shape)
-        return out.view(view) if view is not None else out
+            host = torch.frombuffer(raw, dtype=travel).reshape(t.shape)
+        return host.view(view) if view is not None else host
     dev = att.device if device is None else int(device)
     if dev != att.device:
         raise ValueError(f"shared tensor {name!r}: the share is attached on cuda:{att.device}, not cuda:{dev}; "

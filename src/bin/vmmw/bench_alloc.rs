@@ -184,9 +184,10 @@ pub fn run(args: Args) -> Result<()> {
         ));
     }
     let b = open(&args.backend)?;
-    println!("backend: {} ({})", b.driver.kind(), b.driver.describe());
-    println!("  why:   {}", b.reason);
-    println!(
+    outln!("backend: {}", b.driver.kind());
+    outln!("  device: {}", b.driver.describe());
+    outln!("  why:    {}", b.reason);
+    outln!(
         "  {} timed iterations after {} warm-up, methods interleaved; times are wall clock per call, \
          free includes the device synchronize both paths do",
         args.iters, args.warmup
@@ -254,15 +255,15 @@ pub fn run(args: Args) -> Result<()> {
         let text = serde_json::to_string_pretty(&report)
             .map_err(|e| Error::InvalidState(format!("serializing the report: {e}")))?;
         std::fs::write(path, text).map_err(|e| Error::io(path, e))?;
-        println!("wrote {}", path.display());
+        outln!("wrote {}", path.display());
     }
     Ok(())
 }
 
 fn human(size: u64) -> String {
-    if size >= 1 << 30 && size % (1 << 30) == 0 {
+    if size >= 1 << 30 && size.is_multiple_of(1 << 30) {
         format!("{} GiB", size >> 30)
-    } else if size >= 1 << 20 && size % (1 << 20) == 0 {
+    } else if size >= 1 << 20 && size.is_multiple_of(1 << 20) {
         format!("{} MiB", size >> 20)
     } else {
         format!("{size} B")
@@ -270,12 +271,12 @@ fn human(size: u64) -> String {
 }
 
 fn print_table(rows: &[Row]) {
-    println!(
+    outln!(
         "| size | method | chunks | alloc median (us) | free median (us) | alloc+free median (us) | vs cuMemAlloc |"
     );
-    println!("|---|---|---:|---:|---:|---:|---:|");
+    outln!("|---|---|---:|---:|---:|---:|---:|");
     for r in rows {
-        println!(
+        outln!(
             "| {} | {} | {} | {:.1} | {:.1} | {:.1} | {} |",
             human(r.size),
             r.label,

@@ -25,10 +25,10 @@ pub struct Args {
     #[command(flatten)]
     pub backend: BackendArgs,
     /// Checkpoint file or folder.
-    #[arg(long)]
     checkpoint: std::path::PathBuf,
-    /// Mapping preset (llama, mistral, qwen, qwen2, qwen3) or `none` for names as they are.
-    #[arg(long, default_value = "qwen3", value_parser = preset_or_none)]
+    /// Mapping preset (llama, mistral, qwen, qwen2, qwen3) or `none` for names
+    /// as they are (the default, as in `load` and `plan`).
+    #[arg(long, default_value = "none", value_parser = preset_or_none)]
     preset: String,
     /// Head dimension for the preset.
     #[arg(long, default_value_t = 128)]
@@ -181,7 +181,9 @@ struct Run {
 
 #[derive(Debug, serde::Serialize)]
 struct Report {
+    backend: String,
     device: String,
+    reason: String,
     checkpoint: String,
     bytes: u64,
     tensors: usize,
@@ -346,7 +348,9 @@ pub fn run(a: Args) -> Result<()> {
     let specs = Plan::destinations(&ckpt, &rules)?;
     let opened = a.backend.open()?;
     let d = opened.driver.clone();
-    println!("backend: {} ({})", d.describe(), opened.reason);
+    outln!("backend: {}", d.kind());
+    outln!("  device: {}", d.describe());
+    outln!("  why:    {}", opened.reason);
     let total: usize = specs.iter().map(|s| s.bytes().div_ceil(256) * 256).sum();
     let alloc: Box<dyn vmmweights::loader::DestAllocator> = if a.dest == "pool" {
         Box::new(vmmweights::Pool::new(d.clone(), Default::default())?)
@@ -355,7 +359,7 @@ pub fn run(a: Args) -> Result<()> {
     };
     let mut reg = Registry::new();
     reg.allocate(&specs, alloc.as_ref())?;
-    println!(
+    outln!(
         "checkpoint: {} ({} shards, {tensors} tensors, {:.2} GB) -> {} destinations in {}",
         a.checkpoint.display(),
         ckpt.shards.len(),
@@ -370,7 +374,7 @@ pub fn run(a: Args) -> Result<()> {
     drop(ckpt);
     let link_bytes = parse_bytes(&a.link_bytes).map_err(Error::InvalidArgument)? as usize;
     let link = link_bandwidth(&d, link_bytes)?;
-    println!(
+    outln!(
         "link host->device (pinned, {} MiB, median of 5): {link:.1} GB/s",
         link_bytes >> 20
     );
@@ -405,7 +409,7 @@ pub fn run(a: Args) -> Result<()> {
     // Warm the page cache (and the driver) once. This is also the process's
     // first load: it pins the staging ring, which later loads reuse.
     let (first_s, ex) = load_once(Strategy::Auto)?;
-    println!(
+    outln!(
         "first load in this process (auto; page cache as found, ring {} MiB {} in {:.3} s): {first_s:.3} s, {:.1} GB/s",
         ex.stats.ring_bytes >> 20,
         if ex.stats.ring_reused { "reused" } else { "pinned" },
@@ -414,7 +418,7 @@ pub fn run(a: Args) -> Result<()> {
     );
     breakdown(&ex.stats);
     if a.verify {
-        println!("verify: {} rows match the file", verify(d.as_ref(), &ex)?);
+        outln!("verify: {} rows match the file", verify(d.as_ref(), &ex)?);
     }
     drop(ex);
     let cpu_threads = if a.threads == 0 {
@@ -429,13 +433,18 @@ pub fn run(a: Args) -> Result<()> {
         copy_rates.push(cache_copy_bandwidth(&a.checkpoint, cpu_threads)?);
     }
     let cache_copy = median(&mut copy_rates);
-    println!(
+    outln!(
         "host page-cache memcpy, no device ({cpu_threads} threads, fresh mapping, median of 3): {cache_copy:.1} GB/s"
     );
     let mut runs = Vec::new();
-    println!(
+    outln!(
         "{:<8} {:<7} {:>9} {:>9} {:>9} {:>8}",
-        "strategy", "cache", "median_s", "GB/s", "copyGB/s", "of link"
+        "strategy",
+        "cache",
+        "median_s",
+        "GB/s",
+        "copyGB/s",
+        "of link"
     );
     for spec in &a.strategies {
         let s = &spec.text;
@@ -450,7 +459,7 @@ pub fn run(a: Args) -> Result<()> {
         let stats = last.expect("at least one run");
         let med = median(&mut secs.clone());
         let gbps = bytes as f64 / med / 1e9;
-        println!(
+        outln!(
             "{:<8} {:<7} {:>9.3} {:>9.1} {:>9.1} {:>7.0}%  ({:.0}% of host memcpy)",
             s,
             "cached",
@@ -481,7 +490,7 @@ pub fn run(a: Args) -> Result<()> {
             let ck = Checkpoint::open(&a.checkpoint)?;
             let rate = match disk_bandwidth(&ck, threads) {
                 Err(e) => {
-                    println!("cold: not measured: {e}");
+                    outln!("cold: not measured: {e}");
                     break;
                 }
                 Ok(rate) => rate,
@@ -489,7 +498,7 @@ pub fn run(a: Args) -> Result<()> {
             drop(ck);
             drop_caches()?;
             let (t, ex) = load_once(Strategy::Auto)?;
-            println!(
+            outln!(
                 "cold round {round}: disk parallel read ({threads} threads, 16 MiB reads) {rate:.2} GB/s, \
                  then auto cold {t:.3} s = {:.2} GB/s ({:.0}% of that disk rate)",
                 bytes as f64 / t / 1e9,
@@ -514,11 +523,11 @@ pub fn run(a: Args) -> Result<()> {
                     .map(|(g, r)| g / r)
                     .collect::<Vec<_>>(),
             );
-            println!(
+            outln!(
                 "disk parallel read, mean of {}: {rate:.2} GB/s",
                 rates.len()
             );
-            println!(
+            outln!(
                 "{:<8} {:<7} {:>9.3} {:>9.1} {:>9.1} {:>7.0}% of disk (mean of the rounds' ratios)",
                 "auto",
                 "cold",
@@ -543,7 +552,9 @@ pub fn run(a: Args) -> Result<()> {
         }
     }
     let report = Report {
+        backend: d.kind().to_string(),
         device: d.describe(),
+        reason: opened.reason.clone(),
         checkpoint: a.checkpoint.display().to_string(),
         bytes,
         tensors,
@@ -566,7 +577,7 @@ pub fn run(a: Args) -> Result<()> {
 
 /// Where a load's time went (worker sums are CPU-seconds over all workers).
 fn breakdown(s: &vmmweights::loader::CopyStats) {
-    println!(
+    outln!(
         "  time: copy {:.3} s wall = zero-fill {:.3} + ring {:.3} ({} MiB, {}; {} x {} KiB slots per worker{}) + direct {:.3} + staging; \
          per-worker sums over {} threads: slot fill {:.3} s, issue {:.3} s, wait {:.3} s; \
          bytes: staged {} (streamed {}) read {} direct {}",

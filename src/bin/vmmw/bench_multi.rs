@@ -26,7 +26,7 @@ macro_rules! say {
         if $m.json == Some(Path::new("-")) {
             eprintln!($($arg)*);
         } else {
-            println!($($arg)*);
+            outln!($($arg)*);
         }
     };
 }
@@ -349,7 +349,7 @@ pub fn run(m: MultiArgs<'_>) -> Result<()> {
         let text = serde_json::to_string_pretty(&report)
             .map_err(|e| Error::InvalidState(format!("report to JSON: {e}")))?;
         if path == Path::new("-") {
-            println!("{text}");
+            outln!("{text}");
         } else {
             std::fs::write(path, text).map_err(|e| Error::io(path, e))?;
             say!(m, "wrote {}", path.display());

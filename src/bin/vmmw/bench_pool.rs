@@ -86,15 +86,20 @@ pub fn run(args: Args) -> Result<()> {
     let driver = opened.driver.clone();
     let pool = Arc::new(Pool::new(driver.clone(), PoolConfig::default())?);
     let t = tag::id("bench")?;
-    println!("backend: {} ({})", driver.kind(), driver.describe());
-    println!("  why:   {}", opened.reason);
-    println!(
+    outln!("backend: {}", driver.kind());
+    outln!("  device: {}", driver.describe());
+    outln!("  why:    {}", opened.reason);
+    outln!(
         "  cached alloc+free pairs: {} batches of {} pairs per size, median per pair",
-        args.batches, args.pairs
+        args.batches,
+        args.pairs
     );
-    println!(
+    outln!(
         "{:>12} {:>14} {:>12} {:>12}",
-        "size", "median ns", "p10 ns", "p90 ns"
+        "size",
+        "median ns",
+        "p10 ns",
+        "p90 ns"
     );
     let mut rows = Vec::new();
     for &size in &sizes {
@@ -117,9 +122,12 @@ pub fn run(args: Args) -> Result<()> {
             pair_ns_p10: percentile(&samples, 0.1),
             pair_ns_p90: percentile(&samples, 0.9),
         };
-        println!(
+        outln!(
             "{:>12} {:>14.1} {:>12.1} {:>12.1}",
-            size, row.pair_ns_median, row.pair_ns_p10, row.pair_ns_p90
+            size,
+            row.pair_ns_median,
+            row.pair_ns_p10,
+            row.pair_ns_p90
         );
         rows.push(row);
     }
@@ -136,7 +144,7 @@ pub fn run(args: Args) -> Result<()> {
     if let Some(path) = &args.json {
         let text = serde_json::to_string_pretty(&out).expect("plain data serializes");
         std::fs::write(path, text).map_err(|e| Error::io(path, e))?;
-        println!("wrote {}", path.display());
+        outln!("wrote {}", path.display());
     }
     Ok(())
 }

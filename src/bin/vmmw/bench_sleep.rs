@@ -168,9 +168,13 @@ pub struct Args {
 /// Run the benchmark.
 pub fn run(args: Args) -> Result<()> {
     let opened = args.backend.open()?;
-    println!("backend: {}", opened.reason);
+    let d = &opened.driver;
+    outln!("backend: {}", d.kind());
+    outln!("  device: {}", d.describe());
+    outln!("  why:    {}", opened.reason);
     bench(
         opened.driver,
+        &opened.reason,
         args.scale_div,
         args.json.as_deref(),
         args.reload_checkpoint.as_deref(),
@@ -209,7 +213,7 @@ fn reload_rows(d: &Arc<dyn Driver>, path: &std::path::Path, h2d: f64) -> Result<
     )?;
     let load_s = t.elapsed().as_secs_f64();
     let st = &plan.stats;
-    println!(
+    outln!(
         "reload: first load of the checkpoint: {:.3} s; copied from the page cache {} B (streamed {}), read with pread (not in the page cache) {} B, ring {} MiB ({}, {:.3} s)",
         load_s,
         st.staged_bytes,
@@ -261,7 +265,7 @@ fn reload_rows(d: &Arc<dyn Driver>, path: &std::path::Path, h2d: f64) -> Result<
     // background; a wake that comes later DMAs straight from it.
     let t = Instant::now();
     pool.sleep_engine().wait_reload_prepared(weights);
-    println!(
+    outln!(
         "reload: checkpoint page cache pinned {:.3} s after the sleep returned (background); {} B changed",
         t.elapsed().as_secs_f64(),
         slept[0].report.changed_bytes
@@ -283,7 +287,7 @@ fn reload_rows(d: &Arc<dyn Driver>, path: &std::path::Path, h2d: f64) -> Result<
     let woke2 = pool.wake(&[weights])?;
     check(&updated, "Reload wake after an update")?;
     let (s2, w2) = (&slept2[0].report, &woke2[0].report);
-    println!(
+    outln!(
         "reload: after updating {changed} B in place: {} B found changed, {} B kept in the backup; wake reloaded {} B and copied {} B back",
         s2.changed_bytes, s2.copied_bytes, w2.reloaded_bytes, w2.copied_bytes
     );
@@ -348,6 +352,7 @@ fn reload_rows(d: &Arc<dyn Driver>, path: &std::path::Path, h2d: f64) -> Result<
 
 fn bench(
     d: Arc<dyn Driver>,
+    reason: &str,
     scale_div: usize,
     json: Option<&std::path::Path>,
     reload: Option<&std::path::Path>,
@@ -361,10 +366,10 @@ fn bench(
     let sizes = model_segments(scale_div);
     let total: usize = sizes.iter().sum();
     let gb = total as f64 / 1e9;
-    println!("device: {}", d.describe());
-    println!("model: {} segments, {:.2} GB", sizes.len(), gb);
+    outln!("device: {}", d.describe());
+    outln!("model: {} segments, {:.2} GB", sizes.len(), gb);
     let (h2d, d2h) = link_bandwidth(&d, (2usize << 30) / scale_div.max(1))?;
-    println!("link: host->device {h2d:.1} GB/s, device->host {d2h:.1} GB/s (pinned, median of 5)");
+    outln!("link: host->device {h2d:.1} GB/s, device->host {d2h:.1} GB/s (pinned, median of 5)");
     let mut rows: Vec<Row> = Vec::new();
     let row = |what: &str, secs: f64, bytes: f64, link: Option<f64>, target: &str| Row {
         what: what.to_owned(),
@@ -554,13 +559,16 @@ fn bench(
         rows.extend(reload_rows(&d, path, h2d)?);
     }
 
-    println!();
-    println!(
+    outln!();
+    outln!(
         "{:<52} {:>9} {:>9} {:>7}  target",
-        "what", "seconds", "GB/s", "ratio"
+        "what",
+        "seconds",
+        "GB/s",
+        "ratio"
     );
     for r in &rows {
-        println!(
+        outln!(
             "{:<52} {:>9.4} {:>9.2} {:>7}  {}",
             r.what,
             r.seconds,
@@ -571,7 +579,9 @@ fn bench(
     }
     if let Some(path) = json {
         let doc = serde_json::json!({
+            "backend": d.kind().to_string(),
             "device": d.describe(),
+            "reason": reason,
             "bytes": bytes,
             "segments": sizes.len(),
             "link_h2d_gbps": h2d,

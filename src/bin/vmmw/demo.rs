@@ -49,8 +49,9 @@ pub fn run(args: Args) -> crate::exit::CliResult<serde_json::Value> {
         .transpose()?;
     let opened = args.backend.open()?;
     let d = opened.driver;
-    println!("backend: {} ({})", d.kind(), d.describe());
-    println!("  why:   {}", opened.reason);
+    outln!("backend: {}", d.kind());
+    outln!("  device: {}", d.describe());
+    outln!("  why:    {}", opened.reason);
 
     let dir = std::env::temp_dir().join(format!("vmmw-demo-{}", std::process::id()));
     let result = demo(&d, &dir, args.layers as usize, args.hidden);
@@ -67,7 +68,7 @@ fn demo(
 ) -> Result<vmmweights::report::Timeline> {
     let file = write_checkpoint(dir, layers, hidden)?;
     let ckpt = Checkpoint::open(&file)?;
-    println!(
+    outln!(
         "checkpoint: {} ({} tensors, {:.1} MiB, bf16, Llama names)",
         file.display(),
         ckpt.tensors.len(),
@@ -99,7 +100,7 @@ fn demo(
         weights,
     )?;
     let names: Vec<String> = reg.iter().map(|x| x.name.clone()).collect();
-    println!(
+    outln!(
         "parameters: {} destinations, e.g. {}",
         names.len(),
         names
@@ -112,7 +113,7 @@ fn demo(
     );
     let progress = |done: u64, total: u64| {
         if done == total {
-            println!(
+            outln!(
                 "  progress: {:.1} of {:.1} MiB",
                 done as f64 / MIB,
                 total as f64 / MIB
@@ -125,7 +126,7 @@ fn demo(
     };
     // The load also registers itself as the weights' reload source.
     let plan = loader::load_into_pool(&pool, ckpt, &rules, &reg, &LoadOptions::default(), &ctl)?;
-    println!(
+    outln!(
         "load: {:.1} MiB in {:.3} s",
         plan.stats.bytes as f64 / MIB,
         plan.stats.seconds
@@ -143,7 +144,7 @@ fn demo(
     pool.snapshot("cache allocated");
 
     for cycle in pool.sleep(&[(weights, Policy::Offload), (kv, Policy::Discard)])? {
-        println!(
+        outln!(
             "sleep {:10} {:?}: {} segment(s), {:.1} MiB released in {:.4} s",
             cycle.name,
             cycle.policy.unwrap_or(Policy::Discard),
@@ -154,7 +155,7 @@ fn demo(
     }
     pool.snapshot("asleep (weights offloaded, cache discarded)");
     for cycle in pool.wake(&[])? {
-        println!(
+        outln!(
             "wake  {:10}: {} segment(s), {:.1} MiB mapped, {:.1} MiB restored in {:.4} s",
             cycle.name,
             cycle.report.segments,
@@ -169,7 +170,7 @@ fn demo(
     pool.sleep(&[(weights, Policy::Reload)])?;
     pool.snapshot("asleep (weights reloadable, host keeps only unloaded bytes)");
     let woke = pool.wake(&[weights])?;
-    println!(
+    outln!(
         "reload wake: {:.1} MiB restored from the checkpoint in {:.4} s",
         woke[0].report.reloaded_bytes as f64 / MIB,
         woke[0].report.seconds
@@ -285,7 +286,7 @@ fn verify(
             )));
         }
     }
-    println!(
+    outln!(
         "verified {} parameters after the {what} cycle: same bytes, same addresses",
         got.len()
     );

@@ -18,13 +18,13 @@ pub fn finish(
     chart: Option<&Path>,
     timeline: Timeline,
 ) -> CliResult<Value> {
-    println!("\n{}", escape_controls(&timeline.to_string()));
+    outln!("\n{}", escape_controls(&timeline.to_string()));
     if let Some(path) = chart {
         let title = format!("vmmw demo on {}: load, sleep, wake, reload", d.describe());
         crate::chart::timeline(path, &title, &timeline)?;
-        println!("chart: {}", path.display());
+        outln!("chart: {}", path.display());
     }
-    println!(
+    outln!(
         "demo: OK: every weight byte verified after offload and reload cycles, pointers unchanged"
     );
     Ok(json!({

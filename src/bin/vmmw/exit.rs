@@ -1,7 +1,7 @@
 //! How `vmmw` ends: exit code 2 for bad input (options, paths, checkpoint
 //! files, mapping rules), 1 for a failure of the machine or driver (no GPU,
 //! out of memory, a driver call failing, a verification mismatch). clap's own
-//! usage errors exit 2 as well.
+//! usage errors exit 2 as well, and a panic (a bug) exits 1.
 
 use std::fmt;
 use std::io::ErrorKind;
@@ -15,11 +15,11 @@ pub const FAILURE: u8 = 1;
 
 /// The text `vmmw --help` ends with.
 pub const HELP_EXIT_CODES: &str = "Exit codes:
-  0  success
+  0  success (also when stdout's reader goes away early, as in `vmmw plan ... | head -1`)
   1  the machine or driver failed (no usable GPU, out of memory, a driver call failed, a check failed)
   2  bad input (an option, a path, a checkpoint file, mapping rules); the message names which
 
-Sizes are written as 4096, 64K, 64M, 64MB, 64MiB, 1G, 1GiB or 1.5G (all binary: 1K = 1024).
+Sizes are written as 4096, 64K, 64M, 64MiB, 1G, 1GiB, 1.5G or 2GB (1G = 1GiB = 2^30; 1GB = 10^9).
 With --json, stdout carries exactly one JSON document (docs/CLI.md describes each); other lines go to stderr.";
 
 /// Why a command failed, and which exit code that gives.

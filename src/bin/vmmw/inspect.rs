@@ -103,12 +103,12 @@ pub fn dest_json(s: &DestSpec) -> Value {
 pub fn run(a: Args) -> CliResult<Value> {
     let rules = a.rules.rules()?;
     let ckpt = lib(Checkpoint::open(&a.checkpoint))?;
-    println!(
+    outln!(
         "checkpoint: {}",
         escape_name(&a.checkpoint.display().to_string())
     );
     for s in &ckpt.shards {
-        println!(
+        outln!(
             "  shard {} ({} bytes)",
             escape_name(&s.path.display().to_string()),
             s.len
@@ -121,16 +121,16 @@ pub fn run(a: Args) -> CliResult<Value> {
         e.1 += t.len;
     }
     for (d, (n, b)) in &by_dtype {
-        println!("  {d}: {n} tensors, {b} bytes");
+        outln!("  {d}: {n} tensors, {b} bytes");
     }
-    println!(
+    outln!(
         "  total: {} tensors, {} bytes of data",
         ckpt.tensors.len(),
         ckpt.data_bytes()
     );
     if a.tensors {
         for t in ckpt.tensors.values() {
-            println!(
+            outln!(
                 "  {} {} {:?} shard {} @ {}",
                 escape_name(&t.name),
                 t.dtype,
@@ -141,13 +141,13 @@ pub fn run(a: Args) -> CliResult<Value> {
         }
     }
     if a.print_rules {
-        println!("{}", rules.to_json());
+        outln!("{}", rules.to_json());
     }
     let specs = if a.rules.any() {
         let specs = lib(Plan::destinations(&ckpt, &rules))?;
-        println!("destinations ({}):", specs.len());
+        outln!("destinations ({}):", specs.len());
         for s in &specs {
-            println!("  {} {} {:?}", escape_name(&s.name), s.dtype, s.shape);
+            outln!("  {} {} {:?}", escape_name(&s.name), s.dtype, s.shape);
         }
         Some(specs)
     } else {

@@ -61,7 +61,9 @@ pub fn run(a: Args) -> CliResult<Value> {
 
     let opened = lib(a.backend.open())?;
     let d = opened.driver.clone();
-    println!("backend: {} ({})", d.describe(), opened.reason);
+    outln!("backend: {}", d.kind());
+    outln!("  device: {}", d.describe());
+    outln!("  why:    {}", opened.reason);
     let pool = lib(Pool::new(d.clone(), PoolConfig::default()))?;
     let weights = lib(tag::id("weights"))?;
     let mut reg = Registry::new();
@@ -89,7 +91,7 @@ pub fn run(a: Args) -> CliResult<Value> {
     let ex = lib(loaded)?;
     pool.snapshot("loaded");
     let s = ex.stats;
-    println!(
+    outln!(
         "loaded {} bytes into {} destinations in {:.3} s ({:.2} GB/s): direct {} staged {} read {} zero-filled {}, {} threads",
         s.bytes,
         reg.len(),
@@ -104,7 +106,7 @@ pub fn run(a: Args) -> CliResult<Value> {
     let skipped = ex.plan().skipped.clone();
     if !skipped.is_empty() {
         let names: Vec<String> = skipped.iter().map(|n| escape_name(n)).collect();
-        println!("skipped by rules: {}", names.join(", "));
+        outln!("skipped by rules: {}", names.join(", "));
     }
     drop(ex);
     for x in reg.iter() {
@@ -123,7 +125,7 @@ pub fn run(a: Args) -> CliResult<Value> {
             d.describe()
         );
         crate::chart::timeline(path, &title, &timeline)?;
-        println!("chart: {}", path.display());
+        outln!("chart: {}", path.display());
     }
     Ok(json!({
         "backend": d.kind().to_string(),

@@ -3,6 +3,10 @@
 //! variant and a match arm. `main` owns what every command shares: the exit
 //! codes (see `exit`) and where `--json` output goes (see `output`).
 
+// First: its `outln!`/`out!` macros are used by the modules below.
+#[macro_use]
+mod output;
+
 mod backend;
 mod bench_alloc;
 mod bench_chart;
@@ -16,7 +20,6 @@ mod demo_out;
 mod exit;
 mod inspect;
 mod load;
-mod output;
 mod parse;
 mod plan;
 mod report;
@@ -155,7 +158,15 @@ fn main() -> ExitCode {
     let mut command = Cli::parse().command;
     let json = command.json();
     let redirect = (!matches!(json, Json::Off)).then(StdoutToStderr::new);
-    let result = command.run().and_then(|doc| match &json {
+    // A panic is a bug; it still ends with a documented code (its message is
+    // already on stderr).
+    let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| command.run()));
+    let run = run.unwrap_or_else(|_| {
+        Err(CliError::failure(
+            "internal error (a bug in vmmw; the panic message above says where)",
+        ))
+    });
+    let result = run.and_then(|doc| match &json {
         Json::Bench(f) => output::read_json(f).map(Some),
         _ => Ok(doc),
     });

@@ -1,8 +1,10 @@
-//! What `vmmw` writes: names escaped before they reach a terminal, stdout
+//! What `vmmw` writes: stdout lines that end the process quietly when their
+//! reader has gone away, names escaped before they reach a terminal, stdout
 //! kept for one JSON document under `--json`, and byte progress drawn as a bar
 //! only on a terminal.
 
-use std::io::{IsTerminal, Write};
+use std::fmt;
+use std::io::{ErrorKind, IsTerminal, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
@@ -10,6 +12,37 @@ use std::sync::OnceLock;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use crate::exit::{CliError, CliResult};
+
+/// `println!` for the command's output on stdout, through [`write_stdout`].
+macro_rules! outln {
+    () => {
+        $crate::output::write_stdout(format_args!("\n"))
+    };
+    ($($arg:tt)*) => {
+        $crate::output::write_stdout(format_args!("{}\n", format_args!($($arg)*)))
+    };
+}
+
+/// `print!` for the command's output on stdout, through [`write_stdout`].
+macro_rules! out {
+    ($($arg:tt)*) => {
+        $crate::output::write_stdout(format_args!($($arg)*))
+    };
+}
+
+/// Write to stdout. When its reader has gone away (`vmmw plan ck | head -1`)
+/// the process ends at once with exit code 0 and nothing on stderr, as `cat`
+/// does: what is left to print has no reader. Any other write error (a full
+/// disk) ends it with the failure code and a message.
+pub fn write_stdout(args: fmt::Arguments<'_>) {
+    if let Err(e) = std::io::stdout().lock().write_fmt(args) {
+        if e.kind() == ErrorKind::BrokenPipe {
+            std::process::exit(0);
+        }
+        eprintln!("vmmw: error: writing to stdout: {e}");
+        std::process::exit(crate::exit::FAILURE.into());
+    }
+}
 
 /// Whether `c` must not reach a terminal raw: C0/C1 controls, and the
 /// bidirectional overrides that reorder what follows them.
@@ -84,9 +117,8 @@ impl StdoutToStderr {
     pub fn finish(mut self, doc: &serde_json::Value) {
         self.restore();
         let text = serde_json::to_string_pretty(doc).expect("a JSON value serializes");
-        let mut out = std::io::stdout().lock();
-        let _ = writeln!(out, "{text}");
-        let _ = out.flush();
+        write_stdout(format_args!("{text}\n"));
+        let _ = std::io::stdout().flush();
     }
 }
 
@@ -138,7 +170,8 @@ pub fn read_json(f: &ScratchFile) -> CliResult<serde_json::Value> {
         .map_err(|e| CliError::failure(format!("{} is not JSON: {e}", f.0.display())))
 }
 
-/// Byte progress: a bar with bytes, rate and time left when stderr is a
+/// Byte progress: a bar with bytes and rate (decimal units, GB and GB/s, as
+/// the summaries print them) and time left when stderr is a
 /// terminal; otherwise a plain line per tenth when asked for, or nothing.
 pub struct Progress {
     /// On a terminal: the bar, made at the first update (when the total is known).
@@ -163,7 +196,7 @@ impl Progress {
         let bar = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr());
         bar.set_style(
             ProgressStyle::with_template(
-                "{msg:>8} [{bar:32}] {binary_bytes}/{binary_total_bytes} {binary_bytes_per_sec}, {eta} left",
+                "{msg:>8} [{bar:32}] {bytes}/{total_bytes} {bytes_per_sec}, {eta} left",
             )
             .expect("a fixed, valid template")
             .progress_chars("=> "),

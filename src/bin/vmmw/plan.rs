@@ -117,7 +117,7 @@ pub fn run(a: Args) -> CliResult<Value> {
     };
     let plan = lib(Plan::build(&ckpt, &rules, &reg, &opts))?;
 
-    println!(
+    outln!(
         "plan: {} ({} destinations; reads {} of the checkpoint, writes {})",
         escape_name(&a.checkpoint.display().to_string()),
         reg.len(),
@@ -128,7 +128,7 @@ pub fn run(a: Args) -> CliResult<Value> {
     for s in &specs {
         let d = reg.get(&s.name).expect("registered above");
         let (lo, hi) = (d.ptr, d.ptr + d.bytes() as u64);
-        println!(
+        outln!(
             "{} {} {:?} ({}) at layout offset {}",
             escape_name(&d.name),
             d.dtype,
@@ -143,7 +143,7 @@ pub fn run(a: Args) -> CliResult<Value> {
             let convert = e
                 .convert
                 .map(|(f, t)| format!("{f:?} -> {t:?}").to_lowercase());
-            println!(
+            outln!(
                 "  <- {}: {} rows of {} B (pitch {}) from shard {} @ {} (tensor byte {}) to +{} (pitch {}){}",
                 escape_name(src),
                 e.height,
@@ -172,11 +172,11 @@ pub fn run(a: Args) -> CliResult<Value> {
         }
         let mut fills = Vec::new();
         for f in plan.fills.iter().filter(|f| f.dst >= lo && f.dst < hi) {
-            println!("  zero fill: {} B at +{}", f.len, f.dst - lo);
+            outln!("  zero fill: {} B at +{}", f.len, f.dst - lo);
             fills.push(json!({"dst_offset": f.dst - lo, "bytes": f.len}));
         }
         if sources.is_empty() && fills.is_empty() {
-            println!("  (nothing: missing from the checkpoint)");
+            outln!("  (nothing: missing from the checkpoint)");
         }
         dests.push(json!({
             "name": d.name,
@@ -194,7 +194,7 @@ pub fn run(a: Args) -> CliResult<Value> {
         ("unexpected (tensors with no destination)", &plan.unexpected),
     ] {
         let names: Vec<String> = list.iter().map(|n| escape_name(n)).collect();
-        println!("{what} ({}): {}", names.len(), names.join(", "));
+        outln!("{what} ({}): {}", names.len(), names.join(", "));
     }
     Ok(json!({
         "checkpoint": a.checkpoint.display().to_string(),

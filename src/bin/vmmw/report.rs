@@ -55,10 +55,10 @@ pub fn run(a: Args) -> CliResult<Value> {
         .map(crate::chart::check_path)
         .transpose()?;
     let tl = read(&a.file)?;
-    print!("{}", escape_controls(&tl.to_string()));
+    out!("{}", escape_controls(&tl.to_string()));
     if let Some(path) = &chart {
         crate::chart::timeline(path, &a.title, &tl)?;
-        println!("chart: {}", path.display());
+        outln!("chart: {}", path.display());
     }
     Ok(serde_json::json!({ "timeline": tl }))
 }
