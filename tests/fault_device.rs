@@ -26,6 +26,7 @@ use common::fault::OPS;
 
 use vmmweights::driver::fault::FaultOp;
 use vmmweights::driver::host::{HostConfig, HostDriver};
+use vmmweights::driver::testing::Testing;
 use vmmweights::driver::{self, BackendChoice, BackendKind, StreamId};
 use vmmweights::loader::{
     self, Checkpoint, Control, Dtype, ExecutedPlan, LoadOptions, Plan, Registry, Rules,

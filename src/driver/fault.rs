@@ -162,15 +162,6 @@ pub fn injected_read() -> std::io::Error {
     std::io::Error::other("injected read failure (fault injection): EIO")
 }
 
-/// Count one file read against `driver`'s fault table; an error when it must fail.
-#[inline]
-pub fn file_read(driver: &dyn super::Driver) -> std::io::Result<()> {
-    match driver.faults() {
-        Some(f) if f.take(FaultOp::FileRead) => Err(injected_read()),
-        _ => Ok(()),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -68,6 +68,11 @@ impl CudaDriver {
         self.driver_version
     }
 
+    /// This driver's fault-injection table (armed by tests only).
+    pub fn faults(&self) -> &Faults {
+        &self.faults
+    }
+
     /// Make the primary context current on the calling thread.
     fn bind(&self) -> Result<()> {
         Ok(cu::ctx_set_current(self.ctx)?)
@@ -560,10 +565,6 @@ impl Driver for CudaDriver {
         self.bind()?;
         // SAFETY: forwarded from the caller's contract.
         Ok(unsafe { cu::mem_free_host(ptr) }?)
-    }
-
-    fn faults(&self) -> Option<&Faults> {
-        Some(&self.faults)
     }
 }
 

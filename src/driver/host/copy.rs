@@ -1,5 +1,6 @@
 //! Copies, fills, conversions and hashes: done at once with `memcpy` and the
 //! CPU reference code, so every "async" call has completed when it returns.
+//! Each `unsafe fn` has the safety contract of the `Driver` method it backs.
 
 use super::interconnect::range_allows;
 use super::HostDriver;

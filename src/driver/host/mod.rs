@@ -101,6 +101,11 @@ impl HostDriver {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// This driver's fault-injection table (armed by tests only).
+    pub fn faults(&self) -> &Faults {
+        &self.faults
+    }
+
     /// Change the simulated device memory.
     pub fn set_memory_limit(&self, bytes: u64) {
         self.state().memory_limit = bytes;
@@ -365,14 +370,6 @@ impl Driver for HostDriver {
     unsafe fn host_free(&self, ptr: *mut u8, len: usize) -> Result<()> {
         // SAFETY: forwarded from the caller's contract.
         unsafe { pinned::host_free(ptr, len) }
-    }
-
-    fn as_host(&self) -> Option<&HostDriver> {
-        Some(self)
-    }
-
-    fn faults(&self) -> Option<&Faults> {
-        Some(&self.faults)
     }
 }
 
