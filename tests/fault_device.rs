@@ -1,5 +1,5 @@
 //! The fault matrix on whichever backend `VMMW_BACKEND` names, through the
-//! driver's own fault table ([`Driver::faults`]): `cuda` on the GPU machine
+//! driver's own fault table (`Testing::faults`): `cuda` on the GPU machine
 //! (scripts/gpu.d/65-reliability.sh), the host backend otherwise (the CI twin).
 //! With `VMMW_BACKEND=cuda` and no CUDA driver the test prints why and skips.
 //!

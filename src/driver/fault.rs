@@ -2,7 +2,7 @@
 //! a table of armed failures, one counter per step, checked before the step
 //! does anything.
 //!
-//! Tests arm it through [`Driver::faults`](super::Driver::faults) (or the host
+//! Tests arm it through [`Testing::faults`](super::testing::Testing::faults) (or the host
 //! backend's `fail_nth`, which forwards here). Nothing arms it outside tests,
 //! and an unarmed table costs one relaxed atomic load per check.
 

@@ -7,7 +7,7 @@
 //! when either is missing. The device's primary context is retained once and
 //! made current in every entry point, since callers arrive on any thread.
 //!
-//! Layers, after cudarc: [`structs`] builds the driver structs, `cu` makes
+//! Layers, after cudarc: `structs` builds the driver structs, `cu` makes
 //! each raw call behind one safe function, `open` brings a device up, and
 //! `impl Driver` below composes them without raw calls of its own.
 

@@ -35,8 +35,8 @@ impl HostDriver {
             .is_some_and(|(&m, &(len, _))| m + len as u64 > va)
     }
 
-    /// `mprotect` a fully mapped range (set_access and its read-only twin).
-    /// `mprotect` a fully mapped range and record it, with the peers granted,
+    /// `mprotect` a fully mapped range (set_access and its read-only twin)
+    /// and record it, with the peers granted,
     /// in the interconnect table (per mapping).
     fn protect(
         &self,
