@@ -1,5 +1,5 @@
 //! The fault matrix on whichever backend `VMMW_BACKEND` names, through the
-//! driver's own fault table ([`Driver::faults`]): `cuda` on the GPU machine
+//! driver's own fault table (`Testing::faults`): `cuda` on the GPU machine
 //! (scripts/gpu.d/65-reliability.sh), the host backend otherwise (the CI twin).
 //! With `VMMW_BACKEND=cuda` and no CUDA driver the test prints why and skips.
 //!
@@ -26,6 +26,7 @@ use common::fault::OPS;
 
 use vmmweights::driver::fault::FaultOp;
 use vmmweights::driver::host::{HostConfig, HostDriver};
+use vmmweights::driver::testing::Testing;
 use vmmweights::driver::{self, BackendChoice, BackendKind, StreamId};
 use vmmweights::loader::{
     self, Checkpoint, Control, Dtype, ExecutedPlan, LoadOptions, Plan, Registry, Rules,

@@ -17,6 +17,7 @@ mod common;
 
 use common::pool::{device_pools, Rng, G};
 use vmmweights::driver::fault::FaultOp;
+use vmmweights::driver::testing::Testing;
 use vmmweights::pool::replicas::{
     sleep_replicas, wake_replicas_from_backup, Replica, ReplicaWakeOptions,
 };

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use common::loader::{generate, slice, write_sharded, Shape, Tensors, PATTERN, SMALL};
 use common::pool::{small_config, G};
 use vmmweights::driver::host::{FaultOp, HostConfig, HostDriver};
+use vmmweights::driver::testing::Testing;
 use vmmweights::driver::{AccessMode, PeerAccess, StreamId};
 use vmmweights::loader::*;
 use vmmweights::sleep::Policy;

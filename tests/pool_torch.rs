@@ -6,6 +6,7 @@
 use std::ffi::c_void;
 use std::ptr::null_mut;
 
+use vmmweights::driver::testing::Testing;
 use vmmweights::ffi::torch::{vmmw_torch_free, vmmw_torch_malloc};
 use vmmweights::pool::torch;
 use vmmweights::tag;

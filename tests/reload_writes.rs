@@ -13,6 +13,7 @@ use common::loader::*;
 use proptest::prelude::*;
 use vmmweights::driver::fault::FaultOp;
 use vmmweights::driver::sync_copy::copy_to_device;
+use vmmweights::driver::testing::Testing;
 use vmmweights::loader::*;
 use vmmweights::sleep::Policy;
 use vmmweights::{tag, BackendChoice, DevicePtr, Driver, Error, Pool, PoolConfig};

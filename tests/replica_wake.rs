@@ -10,6 +10,7 @@ use std::sync::Arc;
 
 use common::pool::{small_config, Rng, G};
 use vmmweights::driver::host::{FaultOp, HostConfig, HostDriver};
+use vmmweights::driver::testing::Testing;
 use vmmweights::pool::replicas::{
     sleep_replicas, wake_replicas_from_backup, Replica, ReplicaWakeOptions,
 };

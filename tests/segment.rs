@@ -11,6 +11,7 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use vmmweights::driver::cuda::CudaDriver;
 use vmmweights::driver::host::{FaultOp, HostConfig, HostCounts, HostDriver};
 use vmmweights::driver::sync_copy::{copy_to_device, copy_to_host};
+use vmmweights::driver::testing::Testing;
 use vmmweights::driver::{self, kernels, round_up, ConvertType, StreamId};
 use vmmweights::{BackendChoice, BackendKind, DevicePtr, Driver, Error, Segment};
 

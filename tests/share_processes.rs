@@ -18,6 +18,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use vmmweights::driver::host::{FaultOp, HostConfig, HostDriver};
+use vmmweights::driver::testing::Testing;
 use vmmweights::driver::{BackendKind, Driver};
 use vmmweights::loader::dtype::Dtype;
 use vmmweights::loader::registry::Destination;

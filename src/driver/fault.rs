@@ -2,7 +2,7 @@
 //! a table of armed failures, one counter per step, checked before the step
 //! does anything.
 //!
-//! Tests arm it through [`Driver::faults`](super::Driver::faults) (or the host
+//! Tests arm it through [`Testing::faults`](super::testing::Testing::faults) (or the host
 //! backend's `fail_nth`, which forwards here). Nothing arms it outside tests,
 //! and an unarmed table costs one relaxed atomic load per check.
 
@@ -160,15 +160,6 @@ pub fn injected(call: &'static str) -> Error {
 /// The OS error an injected file-read failure returns (`EIO`).
 pub fn injected_read() -> std::io::Error {
     std::io::Error::other("injected read failure (fault injection): EIO")
-}
-
-/// Count one file read against `driver`'s fault table; an error when it must fail.
-#[inline]
-pub fn file_read(driver: &dyn super::Driver) -> std::io::Result<()> {
-    match driver.faults() {
-        Some(f) if f.take(FaultOp::FileRead) => Err(injected_read()),
-        _ => Ok(()),
-    }
 }
 
 #[cfg(test)]

@@ -25,6 +25,7 @@ pub mod hash;
 pub mod host;
 pub mod kernels;
 pub mod sync_copy;
+pub mod testing;
 
 use std::fmt;
 use std::os::fd::OwnedFd;
@@ -159,7 +160,7 @@ pub struct PeerAccess {
 ///
 /// Every method may be called from any thread; the CUDA backend makes the
 /// device's primary context current in each call.
-pub trait Driver: Send + Sync + fmt::Debug {
+pub trait Driver: testing::AsAny + Send + Sync + fmt::Debug {
     /// Which backend this is.
     fn kind(&self) -> BackendKind;
     /// The device ordinal.
@@ -348,55 +349,23 @@ pub trait Driver: Send + Sync + fmt::Debug {
     /// True when the physical memory `create` makes can be exported with
     /// [`Driver::export_fd`] (CUDA: created with the POSIX file-descriptor
     /// handle type; host: always, a memfd).
-    fn shareable(&self) -> bool {
-        false
-    }
+    fn shareable(&self) -> bool;
 
     /// Export `handle` as a file descriptor another process can import with
     /// [`Driver::import_fd`]. The descriptor is the caller's (close-on-exec);
     /// the handle stays valid and must still be released.
-    fn export_fd(&self, handle: PhysHandle) -> Result<OwnedFd> {
-        let _ = handle;
-        Err(Error::Unsupported(format!(
-            "exporting physical memory: the {} backend cannot share memory across processes",
-            self.kind()
-        )))
-    }
+    fn export_fd(&self, handle: PhysHandle) -> Result<OwnedFd>;
 
     /// Import `size` bytes of physical memory from a descriptor made by
     /// [`Driver::export_fd`] in any process of this host. The descriptor is
     /// consumed (closed once imported, or on failure); the returned handle is
     /// released with [`Driver::release`] like one from `create`, and its memory
     /// is not counted as this process's allocation.
-    fn import_fd(&self, fd: OwnedFd, size: usize) -> Result<PhysHandle> {
-        let _ = (fd, size);
-        Err(Error::Unsupported(format!(
-            "importing physical memory: the {} backend cannot share memory across processes",
-            self.kind()
-        )))
-    }
+    fn import_fd(&self, fd: OwnedFd, size: usize) -> Result<PhysHandle>;
 
     /// Grant read-only access to `[va, va+size)` for this device: writes fault
     /// (CUDA: `CU_MEM_ACCESS_FLAGS_PROT_READ`; host: `PROT_READ`).
-    fn set_access_read_only(&self, va: DevicePtr, size: usize) -> Result<()> {
-        let _ = (va, size);
-        Err(Error::Unsupported(format!(
-            "read-only access: not available on the {} backend",
-            self.kind()
-        )))
-    }
-
-    /// The host backend, when this is one (for limits and fault injection in tests).
-    fn as_host(&self) -> Option<&host::HostDriver> {
-        None
-    }
-
-    /// This driver's fault-injection table, when it has one (both backends
-    /// do). Tests arm it; the driver and the loader's file reads check it
-    /// before each step. Unarmed, each check is one atomic load.
-    fn faults(&self) -> Option<&fault::Faults> {
-        None
-    }
+    fn set_access_read_only(&self, va: DevicePtr, size: usize) -> Result<()>;
 }
 
 /// Open a driver for `device` with the requested backend.

@@ -13,6 +13,7 @@ use super::device::vmmw_device_t;
 use super::error::vmmw_error_t;
 use super::status::vmmw_status_t;
 use crate::driver::host::{FaultOp, HostDriver};
+use crate::driver::testing::Testing;
 use crate::error::{Error, Result};
 
 /// A host-backend driver step that `vmmw_host_fail_nth` can make fail: one of

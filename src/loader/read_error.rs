@@ -7,7 +7,7 @@
 use std::fmt;
 use std::path::Path;
 
-use crate::driver::{fault, Driver};
+use crate::driver::{testing, Driver};
 use crate::error::{Error, Result};
 
 /// What was being read when the OS (or an injected fault) refused.
@@ -75,7 +75,7 @@ pub(crate) fn check_read(
     start: u64,
     len: u64,
 ) -> Result<()> {
-    fault::file_read(driver).map_err(|e| read_failed(path, source, start, len, e))
+    testing::file_read(driver).map_err(|e| read_failed(path, source, start, len, e))
 }
 
 /// Put the tensor's name (from `names`, the plan's sources) into a read error

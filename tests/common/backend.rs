@@ -14,6 +14,7 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use vmmweights::driver::cuda::CudaDriver;
 use vmmweights::driver::host::{HostConfig, HostDriver};
+use vmmweights::driver::testing::Testing;
 use vmmweights::{BackendChoice, BackendKind, Driver};
 
 /// One backend a test runs on.

@@ -1,0 +1,137 @@
+//! Copies, fills, conversions and hashes: done at once with `memcpy` and the
+//! CPU reference code, so every "async" call has completed when it returns.
+//! Each `unsafe fn` has the safety contract of the `Driver` method it backs.
+
+use super::interconnect::range_allows;
+use super::HostDriver;
+use crate::driver::fault::FaultOp;
+use crate::driver::{hash, AccessMode, ConvertType, DevicePtr};
+use crate::error::{Error, Result};
+
+pub(super) unsafe fn copy_htod_async(
+    d: &HostDriver,
+    dst: DevicePtr,
+    src: *const u8,
+    len: usize,
+) -> Result<()> {
+    d.copy_fault(FaultOp::CopyHtod, "copy_htod")?;
+    // SAFETY: the caller guarantees both ranges are valid for `len` bytes.
+    unsafe { std::ptr::copy_nonoverlapping(src, dst as *mut u8, len) };
+    Ok(())
+}
+
+pub(super) unsafe fn copy_peer_async(
+    d: &HostDriver,
+    dst: DevicePtr,
+    src: DevicePtr,
+    src_device: i32,
+    len: usize,
+) -> Result<()> {
+    d.copy_fault(FaultOp::CopyPeer, "copy_peer")?;
+    if !range_allows(dst, len, d.device, d.device, AccessMode::ReadWrite) {
+        return Err(Error::InvalidArgument(format!(
+            "copy_peer: destination [{dst:#x}, +{len}) is not mapped memory of device {}",
+            d.device
+        )));
+    }
+    if !range_allows(src, len, src_device, d.device, AccessMode::Read) {
+        return Err(Error::InvalidState(format!(
+            "copy_peer: device {} may not read [{src:#x}, +{len}) of device {src_device}: \
+             grant it access first (set_access_peers / Pool::set_peer_access)",
+            d.device
+        )));
+    }
+    // SAFETY: both ranges are mapped and accessible (checked above), and
+    // distinct devices' memory never overlaps.
+    unsafe { std::ptr::copy_nonoverlapping(src as *const u8, dst as *mut u8, len) };
+    Ok(())
+}
+
+pub(super) unsafe fn copy_dtoh_async(
+    d: &HostDriver,
+    dst: *mut u8,
+    src: DevicePtr,
+    len: usize,
+) -> Result<()> {
+    d.copy_fault(FaultOp::CopyDtoh, "copy_dtoh")?;
+    // SAFETY: the caller guarantees both ranges are valid for `len` bytes.
+    unsafe { std::ptr::copy_nonoverlapping(src as *const u8, dst, len) };
+    Ok(())
+}
+
+pub(super) unsafe fn hash_ranges(
+    d: &HostDriver,
+    ranges: &[(DevicePtr, usize)],
+) -> Result<Vec<u64>> {
+    d.copy_fault(FaultOp::Hash, "hash_ranges")?;
+    // Tile by tile, as the kernel sums them.
+    let mut sums = vec![0u64; ranges.len()];
+    for t in hash::tiles(ranges) {
+        // SAFETY: the caller guarantees every range is mapped and readable.
+        let bytes = unsafe { std::slice::from_raw_parts(t.ptr as *const u8, t.len as usize) };
+        let s = &mut sums[t.out as usize];
+        *s = s.wrapping_add(hash::sum(bytes, t.word0));
+    }
+    Ok(sums
+        .iter()
+        .zip(ranges)
+        .map(|(&s, &(_, len))| hash::finish(s, len))
+        .collect())
+}
+
+pub(super) unsafe fn copy_2d_htod_async(
+    d: &HostDriver,
+    dst: DevicePtr,
+    dst_pitch: usize,
+    src: *const u8,
+    src_pitch: usize,
+    width: usize,
+    height: usize,
+) -> Result<()> {
+    d.copy_fault(FaultOp::CopyHtod, "copy_2d_htod")?;
+    if width > dst_pitch || width > src_pitch {
+        return Err(Error::InvalidArgument(format!(
+            "copy_2d: width {width} exceeds a pitch (dst {dst_pitch}, src {src_pitch})"
+        )));
+    }
+    for row in 0..height {
+        // SAFETY: the caller guarantees every row is valid in both ranges.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                src.add(row * src_pitch),
+                (dst as *mut u8).add(row * dst_pitch),
+                width,
+            )
+        };
+    }
+    Ok(())
+}
+
+pub(super) unsafe fn memset_async(
+    d: &HostDriver,
+    dst: DevicePtr,
+    value: u8,
+    len: usize,
+) -> Result<()> {
+    d.copy_fault(FaultOp::Memset, "memset")?;
+    // SAFETY: the caller guarantees the range is mapped and writable.
+    unsafe { std::ptr::write_bytes(dst as *mut u8, value, len) };
+    Ok(())
+}
+
+pub(super) unsafe fn convert_async(
+    d: &HostDriver,
+    dst: DevicePtr,
+    to: ConvertType,
+    src: DevicePtr,
+    from: ConvertType,
+    count: usize,
+) -> Result<()> {
+    d.copy_fault(FaultOp::Convert, "convert")?;
+    // SAFETY: the caller guarantees both ranges are valid, sized for `count`
+    // elements of their types, and do not overlap.
+    unsafe {
+        crate::driver::convert::convert_on_cpu(dst as *mut u8, to, src as *const u8, from, count)
+    };
+    Ok(())
+}
