@@ -16,10 +16,11 @@
 mod common;
 
 use common::pool::{device_pools, Rng, G};
-use vmmweights::driver::fault::FaultOp;
-use vmmweights::pool::replicas::{
-    sleep_replicas, wake_replicas_from_backup, Replica, ReplicaWakeOptions,
+use vmmweights::devices::replicas::{
+    sleep as sleep_replicas, wake_from_backup as wake_replicas_from_backup, Replica,
+    ReplicaWakeOptions,
 };
+use vmmweights::driver::fault::FaultOp;
 use vmmweights::{tag, Pool};
 
 /// Pools on the devices and the size of a big block.

@@ -9,10 +9,11 @@ mod common;
 use std::sync::Arc;
 
 use common::pool::{small_config, Rng, G};
-use vmmweights::driver::host::{FaultOp, HostConfig, HostDriver};
-use vmmweights::pool::replicas::{
-    sleep_replicas, wake_replicas_from_backup, Replica, ReplicaWakeOptions,
+use vmmweights::devices::replicas::{
+    sleep as sleep_replicas, wake_from_backup as wake_replicas_from_backup, Replica,
+    ReplicaWakeOptions,
 };
+use vmmweights::driver::host::{FaultOp, HostConfig, HostDriver};
 use vmmweights::sleep::Policy;
 use vmmweights::{tag, Driver, Error, Pool};
 
