@@ -1,6 +1,8 @@
-//! Replicas asleep on one host backup: N tags on N devices (one pool per
-//! device) that hold the same bytes sleep with one pinned host backup, taken
-//! from the first device, and wake on every device from it.
+//! Replicas: N tags on N devices (one pool per device) that hold the same
+//! bytes, put to sleep and woken together. Two wakes, for two ways to sleep:
+//! from one pinned host backup, taken from the first device
+//! ([`sleep`], [`wake_from_backup`]), or, for replicas slept without backups
+//! ([`Policy::Discard`]), by one fan-out of the checkpoint ([`wake_by_reload`]).
 //!
 //! - Sleep ([`sleep`]): the first member (the holder) sleeps with
 //!   [`Policy::Offload`]; every other member only releases its physical
