@@ -131,3 +131,71 @@ impl TagLease<'_> {
         f(&mut self.pool.lock().tag_segments(self.tag))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::super::{Pool, PoolConfig};
+    use crate::driver::host::{HostConfig, HostDriver};
+    use crate::driver::Driver;
+    use crate::sleep::Policy;
+    use crate::tag;
+
+    fn pool() -> Pool {
+        let d: Arc<dyn Driver> = Arc::new(HostDriver::new(HostConfig {
+            granularity: 64 << 10,
+            memory_limit: 1 << 30,
+        }));
+        Pool::new(d, PoolConfig::default()).unwrap()
+    }
+
+    #[test]
+    fn a_mark_is_kept_by_type_and_dropped_when_the_tag_sleeps_or_wakes_on_its_own() {
+        let pool = pool();
+        let t = tag::id("unit-lease-mark").unwrap();
+        let unseen = tag::id("unit-lease-unseen").unwrap();
+        pool.alloc_tagged(4096, t).unwrap();
+        let lease = pool.lease(t);
+        assert_eq!(lease.mark::<u64>(), None);
+        lease.set_mark(7u64);
+        assert_eq!(lease.mark::<u64>(), Some(7));
+        assert_eq!(
+            lease.mark::<i32>(),
+            None,
+            "a mark of another type is not read"
+        );
+        pool.lease(unseen).set_mark(9u64);
+        assert_eq!(
+            pool.lease(unseen).mark::<u64>(),
+            None,
+            "an unknown tag takes no mark"
+        );
+        assert!(pool.lease(unseen).check_known().is_err());
+
+        pool.sleep(&[(t, Policy::Offload)]).unwrap();
+        assert_eq!(lease.mark::<u64>(), None, "a sleep of its own drops it");
+        assert!(lease.all_awake_or_offloaded());
+        lease.set_mark(8u64);
+        pool.wake(&[t]).unwrap();
+        assert_eq!(lease.mark::<u64>(), None, "a wake of its own drops it");
+    }
+
+    #[test]
+    fn the_layout_lists_segments_in_creation_order_with_their_live_blocks() {
+        let pool = pool();
+        let t = tag::id("unit-lease-layout").unwrap();
+        let a = pool.alloc_segment(1 << 20, t).unwrap();
+        let b = pool.alloc_segment(2 << 20, t).unwrap();
+        let layout = pool.lease(t).layout();
+        assert_eq!(layout.len(), 2);
+        assert_eq!(layout[0].0, 1 << 20);
+        assert_eq!(layout[1].0, 2 << 20);
+        assert_eq!(layout[0].1, vec![(0, 1 << 20)]);
+        let order = pool.lease(t).creation_order(&[b.ptr, a.ptr, 12345]);
+        assert!(order[0] > order[1] && order[2] == u64::MAX, "{order:?}");
+        let mut seen = 0;
+        pool.lease(t).with_segments(|segs| seen = segs.len());
+        assert_eq!(seen, 2);
+    }
+}
