@@ -280,7 +280,7 @@ pub fn sleep(members: &[Replica<'_>]) -> Result<ReplicaSleepStats> {
 /// same addresses, peer grants set again), then the checkpoint, one copy in
 /// host memory (the page cache), is loaded once and fanned out over peer
 /// copies. Meant for replicas put to sleep with
-/// [`Policy::Discard`](crate::sleep::Policy::Discard): no per-device backup is
+/// [`Policy::Discard`]: no per-device backup is
 /// kept, and the wake reads host memory once instead of once per device.
 ///
 /// A device list [`load_multi`](super::load_multi) refuses (none, a device twice, two
