@@ -47,7 +47,7 @@ use super::threads::on_threads;
 use crate::driver::{round_up, DevicePtr, Driver, StreamId};
 use crate::error::{Error, Result};
 use crate::loader::{Checkpoint, Control, LoadOptions};
-use crate::pool::Pool;
+use crate::pool::{Pool, TagLease};
 use crate::segment::Segment;
 use crate::sleep::{HostSpan, Policy, StagedWake};
 use crate::tag::{self, TagId};
@@ -59,6 +59,13 @@ pub struct Replica<'a> {
     pub pool: &'a Pool,
     /// The tag holding the replica's memory.
     pub tag: TagId,
+}
+
+impl Replica<'_> {
+    /// The replica's tag, lent by its pool.
+    fn lease(&self) -> TagLease<'_> {
+        self.pool.lease(self.tag)
+    }
 }
 
 /// What a staged wake hands the segments of a tag to.
@@ -173,7 +180,7 @@ fn check_members(members: &[Replica<'_>], what: &str) -> Result<()> {
     };
     let kind = first.pool.driver().kind();
     for (i, m) in members.iter().enumerate() {
-        m.pool.lease(m.tag).check_known()?;
+        m.lease().check_known()?;
         let dev = m.pool.device();
         if m.pool.driver().kind() != kind {
             return Err(Error::InvalidArgument(format!(
@@ -206,9 +213,9 @@ pub fn sleep(members: &[Replica<'_>]) -> Result<ReplicaSleepStats> {
     let t0 = Instant::now();
     check_members(members, "sleep of replicas")?;
     let holder = members[0];
-    let layout = holder.pool.lease(holder.tag).layout();
+    let layout = holder.lease().layout();
     for m in &members[1..] {
-        if m.pool.lease(m.tag).layout() != layout {
+        if m.lease().layout() != layout {
             return Err(Error::InvalidArgument(format!(
                 "sleep of replicas: tag {} on device {} is laid out differently from tag {} on \
                  device {} (segments, their sizes or live blocks differ): replicas must be \
@@ -223,7 +230,7 @@ pub fn sleep(members: &[Replica<'_>]) -> Result<ReplicaSleepStats> {
     if holder.pool.is_tag_asleep(holder.tag) {
         // Awake segments of a holder whose sleep stopped midway are offloaded
         // by the sleep below; only a segment asleep without a backup is lost.
-        let offloaded = holder.pool.lease(holder.tag).all_awake_or_offloaded();
+        let offloaded = holder.lease().all_awake_or_offloaded();
         if !offloaded {
             return Err(Error::InvalidState(format!(
                 "sleep of replicas: tag {} on device {} (the holder) is asleep without a full \
@@ -269,7 +276,7 @@ pub fn sleep(members: &[Replica<'_>]) -> Result<ReplicaSleepStats> {
     };
     let _marking = lock_marks();
     for m in members {
-        m.pool.lease(m.tag).set_mark(mark.clone());
+        m.lease().set_mark(mark.clone());
     }
     stats.seconds = t0.elapsed().as_secs_f64();
     Ok(stats)
@@ -421,9 +428,9 @@ pub fn wake_from_backup(
     check_members(members, "wake of replicas")?;
     let devices: Vec<i32> = members.iter().map(|m| m.pool.device()).collect();
     let marking = lock_marks();
-    let mark = members[0].pool.lease(members[0].tag).mark::<ReplicaMark>();
+    let mark = members[0].lease().mark::<ReplicaMark>();
     for m in members {
-        let mine = m.pool.lease(m.tag).mark::<ReplicaMark>();
+        let mine = m.lease().mark::<ReplicaMark>();
         let same = matches!((&mine, &mark), (Some(a), Some(b)) if a == b);
         let whole = mark.as_ref().is_some_and(|g| {
             let (mut a, mut b) = (g.devices.clone(), devices.clone());
@@ -457,7 +464,7 @@ pub fn wake_from_backup(
         .expect("the group's devices are listed");
 
     for m in members {
-        m.pool.lease(m.tag).begin_wake()?;
+        m.lease().begin_wake()?;
     }
     let mut staged: Vec<StagedWake<'_>> = members
         .iter()
@@ -471,15 +478,15 @@ pub fn wake_from_backup(
                 s.abort(&segs_of(*m));
             }
             for m in members {
-                m.pool.lease(m.tag).end_transition(true);
+                m.lease().end_transition(true);
             }
             return Err(e);
         }
     };
     for (m, s) in members.iter().zip(staged) {
         s.commit(&segs_of(*m));
-        m.pool.lease(m.tag).drop_mark();
-        m.pool.lease(m.tag).end_transition(false);
+        m.lease().drop_mark();
+        m.lease().end_transition(false);
     }
     stats.devices = devices;
     stats.seconds = t0.elapsed().as_secs_f64();
@@ -488,7 +495,7 @@ pub fn wake_from_backup(
 
 /// The segments of `m`'s tag, for the staged wake (pool lock held per call).
 fn segs_of<'a>(m: Replica<'a>) -> impl Fn(SegVisitor<'_>) + 'a {
-    move |f| m.pool.lease(m.tag).with_segments(|segs| f(segs))
+    move |f| m.lease().with_segments(|segs| f(segs))
 }
 
 /// Check, map and fill every member's memory; nothing is committed here.
@@ -509,7 +516,7 @@ fn restore(
         .map(|(m, s)| {
             let segs = s.segments();
             let bases: Vec<DevicePtr> = segs.iter().map(|x| x.0).collect();
-            let seq = m.pool.lease(m.tag).creation_order(&bases);
+            let seq = m.lease().creation_order(&bases);
             let mut v: Vec<(usize, DevicePtr, usize)> = segs
                 .iter()
                 .enumerate()
@@ -563,7 +570,7 @@ fn restore(
     } else {
         opts.copy_piece_bytes
     };
-    let align = members[h].pool.lease(members[h].tag).granularity().max(1);
+    let align = members[h].lease().granularity().max(1);
     let parts = cut_parts(&sizes, n, align, round_up(piece, align).max(align));
     // Part k in host spans (the holder's backup), one list per part.
     let mut spans: Vec<Vec<(usize, HostSpan)>> = Vec::with_capacity(n);

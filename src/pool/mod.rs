@@ -50,6 +50,7 @@ use crate::segment::{Segment, SleepState};
 use crate::tag::{self, TagId};
 use block::{BlockMap, Change, ReleaseError};
 pub use identity::{check_owner, owner_of, BlockId, Owner};
+pub(crate) use lease::TagLease;
 use release::Released;
 pub use release::Unreleased;
 pub use sleep::{LoadPin, TagCycle};
