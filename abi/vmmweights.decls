@@ -133,6 +133,8 @@ vmmw_status_t vmmw_pool_wake(struct vmmw_pool_t*pool,const uint32_t*tags,size_t 
 vmmw_status_t vmmw_pool_write(struct vmmw_pool_t*pool,uint64_t dst,const void*src,size_t len,struct vmmw_error_t**error);
 vmmw_status_t vmmw_replicas_sleep(struct vmmw_pool_t*const*pools,const uint32_t*tags,size_t count,struct vmmw_replica_sleep_result_t*out,struct vmmw_error_t**error);
 vmmw_status_t vmmw_replicas_wake(struct vmmw_pool_t*const*pools,const uint32_t*tags,size_t count,const struct vmmw_replica_wake_options_t*options,struct vmmw_replica_wake_result_t*out,struct vmmw_error_t**error);
+vmmw_status_t vmmw_replicas_wake_by_reload(struct vmmw_loader_t*const*loaders,struct vmmw_pool_t*const*pools,size_t count,struct vmmw_multi_result_t*out,struct vmmw_error_t**error);
+vmmw_status_t vmmw_replicas_wake_from_backup(struct vmmw_pool_t*const*pools,const uint32_t*tags,size_t count,const struct vmmw_replica_wake_options_t*options,struct vmmw_replica_wake_result_t*out,struct vmmw_error_t**error);
 vmmw_status_t vmmw_segment_info(const struct vmmw_segment_t*segment,struct vmmw_segment_info_t*out,struct vmmw_error_t**error);
 vmmw_status_t vmmw_segment_new(const struct vmmw_device_t*device,uint64_t size,uint64_t chunk_size,struct vmmw_segment_t**out,struct vmmw_error_t**error);
 vmmw_status_t vmmw_segment_read(const struct vmmw_segment_t*segment,uint64_t offset,void*dst,size_t len,struct vmmw_error_t**error);

@@ -504,7 +504,7 @@ typedef struct vmmw_replica_sleep_result_t {
 } vmmw_replica_sleep_result_t;
 
 /**
- * Options of `vmmw_replicas_wake`. Start from `VMMW_REPLICA_WAKE_OPTIONS_INIT`
+ * Options of `vmmw_replicas_wake_from_backup`. Start from `VMMW_REPLICA_WAKE_OPTIONS_INIT`
  * (C) so `size` is set; every other field 0 is its default.
  */
 typedef struct vmmw_replica_wake_options_t {
@@ -526,7 +526,7 @@ typedef struct vmmw_replica_wake_options_t {
 } vmmw_replica_wake_options_t;
 
 /**
- * What `vmmw_replicas_wake` did.
+ * What `vmmw_replicas_wake_from_backup` did.
  */
 typedef struct vmmw_replica_wake_result_t {
   /**
@@ -1517,7 +1517,8 @@ vmmw_status_t vmmw_loader_load_devices(struct vmmw_loader_t *const *loaders, str
  * (memory mapped again at the same addresses, peer grants set again), then
  * the checkpoint, one copy in host memory (the page cache), is loaded once
  * and fanned out over peer copies. Host memory is read once for all devices.
- * For replicas slept with one host backup instead, see `vmmw_replicas_wake`.
+ * For replicas slept with one host backup instead, see
+ * `vmmw_replicas_wake_from_backup`.
  *
  * The loaders, their checkpoint and rules are as `vmmw_loader_load_devices`
  * with `VMMW_MULTI_REPLICAS` needs them. On an error after the tags woke,
@@ -1534,7 +1535,18 @@ vmmw_status_t vmmw_loader_load_devices(struct vmmw_loader_t *const *loaders, str
  * `loaders` and `pools` point to `count` live handles each; `out` is NULL
  * or writable; `error` is NULL or writable.
  */
-vmmw_status_t vmmw_loader_wake_replicas(struct vmmw_loader_t *const *loaders, struct vmmw_pool_t *const *pools, size_t count, struct vmmw_multi_result_t *out, struct vmmw_error_t **error);
+vmmw_status_t vmmw_replicas_wake_by_reload(struct vmmw_loader_t *const *loaders, struct vmmw_pool_t *const *pools, size_t count, struct vmmw_multi_result_t *out, struct vmmw_error_t **error);
+
+/**
+ * The former name of `vmmw_replicas_wake_by_reload`, kept through 0.x;
+ * removed at 1.0.
+ *
+ * Bad input: as `vmmw_replicas_wake_by_reload`.
+ *
+ * # Safety
+ * As `vmmw_replicas_wake_by_reload`.
+ */
+VMMW_DEPRECATED("renamed vmmw_replicas_wake_by_reload (vmmw_replicas_wake_from_backup wakes from one host backup)") vmmw_status_t vmmw_loader_wake_replicas(struct vmmw_loader_t *const *loaders, struct vmmw_pool_t *const *pools, size_t count, struct vmmw_multi_result_t *out, struct vmmw_error_t **error);
 
 /**
  * Create a pool. `options` may be NULL (all defaults). On success `*out`
@@ -1820,7 +1832,7 @@ vmmw_status_t vmmw_pool_read(const struct vmmw_pool_t *pool, uint64_t src, void 
  * same sizes and live blocks: allocate the replicas the same way on every
  * device), not the bytes. Each tag is granted read access for the other
  * devices that can reach it, so the wake can exchange over peer copies.
- * Wake them with `vmmw_replicas_wake`; waking one with `vmmw_pool_wake`
+ * Wake them with `vmmw_replicas_wake_from_backup`; waking one with `vmmw_pool_wake`
  * takes it out of the group (the holder gets its backup back, any other
  * tag undefined bytes). `out` may be NULL.
  *
@@ -1875,7 +1887,18 @@ vmmw_status_t vmmw_replicas_sleep(struct vmmw_pool_t *const *pools, const uint32
  * `options` is NULL or readable for its `size` bytes; `out` is NULL or
  * writable; `error` is NULL or writable.
  */
-vmmw_status_t vmmw_replicas_wake(struct vmmw_pool_t *const *pools, const uint32_t *tags, size_t count, const struct vmmw_replica_wake_options_t *options, struct vmmw_replica_wake_result_t *out, struct vmmw_error_t **error);
+vmmw_status_t vmmw_replicas_wake_from_backup(struct vmmw_pool_t *const *pools, const uint32_t *tags, size_t count, const struct vmmw_replica_wake_options_t *options, struct vmmw_replica_wake_result_t *out, struct vmmw_error_t **error);
+
+/**
+ * The former name of `vmmw_replicas_wake_from_backup`, kept through 0.x;
+ * removed at 1.0.
+ *
+ * Bad input: as `vmmw_replicas_wake_from_backup`.
+ *
+ * # Safety
+ * As `vmmw_replicas_wake_from_backup`.
+ */
+VMMW_DEPRECATED("renamed vmmw_replicas_wake_from_backup (vmmw_replicas_wake_by_reload wakes from the checkpoint)") vmmw_status_t vmmw_replicas_wake(struct vmmw_pool_t *const *pools, const uint32_t *tags, size_t count, const struct vmmw_replica_wake_options_t *options, struct vmmw_replica_wake_result_t *out, struct vmmw_error_t **error);
 
 /**
  * Reserve and back `size` bytes (rounded up to the granularity) on `device`,

@@ -22,14 +22,14 @@ import sys
 # one layer do not import each other. Keep in step with docs/ARCHITECTURE.md.
 LAYERS = [
     ["error"],
-    ["units", "threads"],
+    ["units"],
     ["driver"],
     ["hostmem", "segment", "tag"],
     ["report"],
     ["sleep"],
     ["pool"],
     ["loader"],
-    ["share"],
+    ["share", "devices"],
     ["ffi", "fuzz"],
 ]
 RANK = {m: i for i, layer in enumerate(LAYERS) for m in layer}

@@ -15,6 +15,8 @@
 //! - [`sleep`]: sleep/wake of a tag's segments, the backup arena, the reload seam;
 //! - [`pool`]: the caching pool, arenas, the process-wide registry, PyTorch's entry logic;
 //! - [`loader`]: checkpoints, rules, plans and the copy engine; loading into a pool;
+//! - [`devices`] (beside [`share`]): work across the devices of one host: the
+//!   multi-device load, replicas' sleep and wake, their peer grants;
 //! - [`ffi`]: the C ABI, thin over the functions above.
 //!
 //! Every layer runs on both backends: the host backend gives CUDA's VMM
@@ -23,6 +25,7 @@
 #![warn(missing_docs)]
 #![deny(unsafe_op_in_unsafe_fn)]
 
+pub mod devices;
 pub mod driver;
 pub mod error;
 pub mod ffi;
@@ -36,7 +39,6 @@ pub mod segment;
 pub mod share;
 pub mod sleep;
 pub mod tag;
-pub(crate) mod threads;
 pub mod units;
 
 pub use driver::{BackendChoice, BackendKind, DevicePtr, Driver};

@@ -16,11 +16,12 @@
 mod common;
 
 use common::pool::{device_pools, Rng, G};
+use vmmweights::devices::replicas::{
+    sleep as sleep_replicas, wake_from_backup as wake_replicas_from_backup, Replica,
+    ReplicaWakeOptions,
+};
 use vmmweights::driver::fault::FaultOp;
 use vmmweights::driver::testing::Testing;
-use vmmweights::pool::replicas::{
-    sleep_replicas, wake_replicas_from_backup, Replica, ReplicaWakeOptions,
-};
 use vmmweights::{tag, Pool};
 
 /// Pools on the devices and the size of a big block.

@@ -13,6 +13,7 @@ use std::sync::Arc;
 
 use common::loader::{generate, write_sharded, PATTERN, SMALL};
 use common::pool::{self, small_config, G};
+use vmmweights::devices::{load_multi_into_pools, MultiMode, PoolLoad};
 use vmmweights::driver::host::{HostConfig, HostDriver};
 use vmmweights::loader::*;
 use vmmweights::pool::{owner_of, Owner};

@@ -9,6 +9,8 @@ use std::sync::Arc;
 
 use common::loader::{generate, slice, write_sharded, Shape, Tensors, PATTERN, SMALL};
 use common::pool::{small_config, G};
+use vmmweights::devices::replicas::wake_by_reload as wake_replicas;
+use vmmweights::devices::*;
 use vmmweights::driver::host::{FaultOp, HostConfig, HostDriver};
 use vmmweights::driver::testing::Testing;
 use vmmweights::driver::{AccessMode, PeerAccess, StreamId};

@@ -9,11 +9,12 @@ mod common;
 use std::sync::Arc;
 
 use common::pool::{small_config, Rng, G};
+use vmmweights::devices::replicas::{
+    sleep as sleep_replicas, wake_from_backup as wake_replicas_from_backup, Replica,
+    ReplicaWakeOptions,
+};
 use vmmweights::driver::host::{FaultOp, HostConfig, HostDriver};
 use vmmweights::driver::testing::Testing;
-use vmmweights::pool::replicas::{
-    sleep_replicas, wake_replicas_from_backup, Replica, ReplicaWakeOptions,
-};
 use vmmweights::sleep::Policy;
 use vmmweights::{tag, Driver, Error, Pool};
 

@@ -34,6 +34,10 @@ def test_replicas_sleep_on_one_backup_and_wake_everywhere(pools):
         vw.sleep_replicas([group[0], group[0]])
     assert e.value.status_name == "VMMW_INVALID_ARGUMENT"
     with pytest.raises(vw.VmmwError) as e:
+        vw.wake_replicas_from_backup(group)
+    assert e.value.status_name == "VMMW_INVALID_STATE"
+    # The former name still works through 0.x, and warns.
+    with pytest.warns(DeprecationWarning, match="wake_replicas_from_backup"), pytest.raises(vw.VmmwError) as e:
         vw.wake_replicas(group)
     assert e.value.status_name == "VMMW_INVALID_STATE"
 
@@ -41,7 +45,7 @@ def test_replicas_sleep_on_one_backup_and_wake_everywhere(pools):
     assert s["released_bytes"] == 3 * s["backup_bytes"] > 0
     with pytest.raises(vw.VmmwError):
         pools[2].read(ptrs[2][0], 8)
-    w = vw.wake_replicas(group, copy_piece_bytes=1 << 16)
+    w = vw.wake_replicas_from_backup(group, copy_piece_bytes=1 << 16)
     assert w["host_bytes"] == s["backup_bytes"], "host memory read once"
     assert w["peer_bytes"] == 2 * s["backup_bytes"]
     assert w["direct_pairs"] == 0
@@ -50,7 +54,7 @@ def test_replicas_sleep_on_one_backup_and_wake_everywhere(pools):
             assert p.read(ptr, len(d)) == d
 
     vw.sleep_replicas(group)
-    w = vw.wake_replicas(group, peer_copies=False)
+    w = vw.wake_replicas_from_backup(group, peer_copies=False)
     assert w["host_bytes"] == 3 * s["backup_bytes"] and w["direct_pairs"] == 6
     assert pools[1].read(ptrs[1][1], len(data[1])) == data[1]
 
@@ -66,7 +70,12 @@ def test_replicas_load_once_and_wake_from_the_checkpoint(pools, tmp_path):
         want = {n: pools[0].read(d.ptr, d.bytes) for n, d in dests[0].items()}
         for p in pools:
             p.sleep({"py-multi": "discard"})
-        w = vw.wake_replicas_from_checkpoint(loaders, pools)
+        w = vw.wake_replicas_by_reload(loaders, pools)
+        assert w["host_bytes"] == r["host_bytes"]
+        for p in pools:
+            p.sleep({"py-multi": "discard"})
+        with pytest.warns(DeprecationWarning, match="wake_replicas_by_reload"):
+            w = vw.wake_replicas_from_checkpoint(loaders, pools)
         assert w["host_bytes"] == r["host_bytes"]
         for p, ds in zip(pools, dests):
             assert {n: p.read(d.ptr, d.bytes) for n, d in ds.items()} == want

@@ -21,7 +21,14 @@ Weights shared with other processes (one copy, mapped by many):
 from __future__ import annotations
 
 from ._native import VmmwError, library_path, status_name, version
-from .devices import load_devices, sleep_replicas, wake_replicas, wake_replicas_from_checkpoint
+from .devices import (
+    load_devices,
+    sleep_replicas,
+    wake_replicas,
+    wake_replicas_by_reload,
+    wake_replicas_from_backup,
+    wake_replicas_from_checkpoint,
+)
 from .loader import STRATEGIES, Destination, Loader, LoadResult, PlanSummary, load
 from .pool import BACKENDS, POLICIES, Pool
 from .report import table as report_table
@@ -53,5 +60,7 @@ __all__ = [
     "tag_usage",
     "version",
     "wake_replicas",
+    "wake_replicas_by_reload",
+    "wake_replicas_from_backup",
     "wake_replicas_from_checkpoint",
 ]

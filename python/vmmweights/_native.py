@@ -156,7 +156,7 @@ _SIGNATURES: dict[str, tuple[Any, list[Any], bool]] = {
         [ctypes.POINTER(_P), ctypes.POINTER(_P), ctypes.c_size_t, _I32, ctypes.POINTER(S.MultiResult)],
         True,
     ),
-    "vmmw_loader_wake_replicas": (
+    "vmmw_replicas_wake_by_reload": (
         _I32,
         [ctypes.POINTER(_P), ctypes.POINTER(_P), ctypes.c_size_t, ctypes.POINTER(S.MultiResult)],
         True,
@@ -166,7 +166,7 @@ _SIGNATURES: dict[str, tuple[Any, list[Any], bool]] = {
         [ctypes.POINTER(_P), ctypes.POINTER(ctypes.c_uint32), ctypes.c_size_t, ctypes.POINTER(S.ReplicaSleepResult)],
         True,
     ),
-    "vmmw_replicas_wake": (
+    "vmmw_replicas_wake_from_backup": (
         _I32,
         [
             ctypes.POINTER(_P),

@@ -7,18 +7,22 @@ Each pool is one device's (``Pool(device=k)`` or ``Pool.default(k)``).
   its pool's device at once; ``"replicas"`` reads host memory once and
   exchanges the shares over peer copies, ``"ranks"`` loads each loader's own
   plan (tensor-parallel ranks).
-- :func:`sleep_replicas` / :func:`wake_replicas`: replicas (the same bytes
+- :func:`sleep_replicas` / :func:`wake_replicas_from_backup`: replicas (the same bytes
   in a tag on every device) sleep on one pinned host backup taken from the
   first device; the wake restores every device from it, each copying a
   different 1/N over its own link and the parts exchanged over peer copies.
   A failed wake leaves every replica asleep with the backup intact.
-- :func:`wake_replicas_from_checkpoint`: replicas slept with ``"discard"``
+- :func:`wake_replicas_by_reload`: replicas slept with ``"discard"``
   woken by one checkpoint fan-out.
+
+The former names ``wake_replicas`` and ``wake_replicas_from_checkpoint`` still
+work through 0.x and warn (``DeprecationWarning``).
 """
 
 from __future__ import annotations
 
 import ctypes
+import warnings
 from typing import Any, Dict, Sequence, Tuple
 
 from . import _structs as S
@@ -59,14 +63,22 @@ def load_devices(loaders: Sequence[Loader], pools: Sequence[Pool], mode: str = "
     return _fields(r)
 
 
-def wake_replicas_from_checkpoint(loaders: Sequence[Loader], pools: Sequence[Pool]) -> Dict[str, Any]:
+def wake_replicas_by_reload(loaders: Sequence[Loader], pools: Sequence[Pool]) -> Dict[str, Any]:
     """Wake replicas slept with ``"discard"``: their tags are woken, then the
     checkpoint is read from host memory once and fanned out over peer copies
-    (``vmmw_loader_wake_replicas``)."""
+    (``vmmw_replicas_wake_by_reload``)."""
     ls, ps, n = _pairs(loaders, pools)
     r = S.MultiResult()
-    call("vmmw_loader_wake_replicas", ls, ps, n, ctypes.byref(r))
+    call("vmmw_replicas_wake_by_reload", ls, ps, n, ctypes.byref(r))
     return _fields(r)
+
+
+def wake_replicas_from_checkpoint(loaders: Sequence[Loader], pools: Sequence[Pool]) -> Dict[str, Any]:
+    """The former name of :func:`wake_replicas_by_reload`, kept through 0.x."""
+    warnings.warn(
+        "wake_replicas_from_checkpoint is renamed wake_replicas_by_reload", DeprecationWarning, stacklevel=2
+    )
+    return wake_replicas_by_reload(loaders, pools)
 
 
 def _group(replicas: Sequence[Tuple[Pool, str]]) -> Tuple[Any, Any, int]:
@@ -86,15 +98,23 @@ def sleep_replicas(replicas: Sequence[Tuple[Pool, str]]) -> Dict[str, Any]:
     return _fields(r)
 
 
-def wake_replicas(
+def wake_replicas_from_backup(
     replicas: Sequence[Tuple[Pool, str]], *, peer_copies: bool = True, copy_piece_bytes: int = 0
 ) -> Dict[str, Any]:
     """Wake replicas slept by :func:`sleep_replicas` on every device from the
-    one backup, host memory read once (``vmmw_replicas_wake``). With
+    one backup, host memory read once (``vmmw_replicas_wake_from_backup``). With
     ``peer_copies=False`` every device copies the whole backup. On an error
     every replica stays asleep with the backup intact; waking again can succeed."""
     ps, ts, n = _group(replicas)
     o = S.ReplicaWakeOptions(copy_piece_bytes=copy_piece_bytes, no_peer_copies=0 if peer_copies else 1)
     r = S.ReplicaWakeResult()
-    call("vmmw_replicas_wake", ps, ts, n, ctypes.byref(o), ctypes.byref(r))
+    call("vmmw_replicas_wake_from_backup", ps, ts, n, ctypes.byref(o), ctypes.byref(r))
     return _fields(r)
+
+
+def wake_replicas(
+    replicas: Sequence[Tuple[Pool, str]], *, peer_copies: bool = True, copy_piece_bytes: int = 0
+) -> Dict[str, Any]:
+    """The former name of :func:`wake_replicas_from_backup`, kept through 0.x."""
+    warnings.warn("wake_replicas is renamed wake_replicas_from_backup", DeprecationWarning, stacklevel=2)
+    return wake_replicas_from_backup(replicas, peer_copies=peer_copies, copy_piece_bytes=copy_piece_bytes)

@@ -7,9 +7,9 @@
 # 3. vmmw bench-load --devices: one GPU vs replicas vs ranks in one run, with a
 #    device-side check of every extent on every GPU (after the load and again
 #    after the replicas' wake), and the wakes: one GPU from its host backup
-#    (Offload) vs the replicas from ONE host backup (sleep_replicas +
-#    wake_replicas_from_backup: read once, 1/N per link, rest over NVLink),
-#    plus the replicas' checkpoint fan-out wake (Discard + wake_replicas);
+#    (Offload) vs the replicas from ONE host backup (replicas::sleep +
+#    replicas::wake_from_backup: read once, 1/N per link, rest over NVLink),
+#    plus the replicas' checkpoint fan-out wake (Discard + replicas::wake_by_reload);
 # 4. an all-reduce through torch.distributed's NCCL over tensors in our pool;
 # 5. peer access of a tag on the real devices (tests/gpu_peers.rs);
 # 6. replicas slept on one host backup and woken on every GPU from it,

@@ -9,9 +9,10 @@ use super::error::vmmw_error_t;
 use super::loader::vmmw_loader_t;
 use super::pool::vmmw_pool_t;
 use super::status::vmmw_status_t;
+use crate::devices::{self, replicas, MultiMode, PoolLoad};
 use crate::driver::{AccessMode, PeerAccess};
 use crate::error::{Error, Result};
-use crate::loader::{self, Control, MultiMode, PoolLoad};
+use crate::loader::Control;
 use crate::tag::TagId;
 
 /// What a peer device may do with a tag's memory: one of the `VMMW_ACCESS_*` values.
@@ -263,7 +264,7 @@ pub unsafe extern "C" fn vmmw_loader_load_devices(
                 out,
                 "vmmw_loader_load_devices",
                 |ckpt, targets, options, ctl| {
-                    loader::load_multi_into_pools(ckpt, targets, mode, options, ctl)
+                    devices::load_multi_into_pools(ckpt, targets, mode, options, ctl)
                 },
             )
         }
@@ -276,7 +277,8 @@ pub unsafe extern "C" fn vmmw_loader_load_devices(
 /// (memory mapped again at the same addresses, peer grants set again), then
 /// the checkpoint, one copy in host memory (the page cache), is loaded once
 /// and fanned out over peer copies. Host memory is read once for all devices.
-/// For replicas slept with one host backup instead, see `vmmw_replicas_wake`.
+/// For replicas slept with one host backup instead, see
+/// `vmmw_replicas_wake_from_backup`.
 ///
 /// The loaders, their checkpoint and rules are as `vmmw_loader_load_devices`
 /// with `VMMW_MULTI_REPLICAS` needs them. On an error after the tags woke,
@@ -293,7 +295,7 @@ pub unsafe extern "C" fn vmmw_loader_load_devices(
 /// `loaders` and `pools` point to `count` live handles each; `out` is NULL
 /// or writable; `error` is NULL or writable.
 #[no_mangle]
-pub unsafe extern "C" fn vmmw_loader_wake_replicas(
+pub unsafe extern "C" fn vmmw_replicas_wake_by_reload(
     loaders: *const *mut vmmw_loader_t,
     pools: *const *mut vmmw_pool_t,
     count: usize,
@@ -308,11 +310,33 @@ pub unsafe extern "C" fn vmmw_loader_wake_replicas(
                 pools,
                 count,
                 out,
-                "vmmw_loader_wake_replicas",
-                loader::wake_replicas,
+                "vmmw_replicas_wake_by_reload",
+                replicas::wake_by_reload,
             )
         }
     })
+}
+
+/// The former name of `vmmw_replicas_wake_by_reload`, kept through 0.x;
+/// removed at 1.0.
+///
+/// Bad input: as `vmmw_replicas_wake_by_reload`.
+///
+/// # Safety
+/// As `vmmw_replicas_wake_by_reload`.
+#[no_mangle]
+#[deprecated(
+    note = "renamed vmmw_replicas_wake_by_reload (vmmw_replicas_wake_from_backup wakes from one host backup)"
+)]
+pub unsafe extern "C" fn vmmw_loader_wake_replicas(
+    loaders: *const *mut vmmw_loader_t,
+    pools: *const *mut vmmw_pool_t,
+    count: usize,
+    out: *mut vmmw_multi_result_t,
+    error: *mut *mut vmmw_error_t,
+) -> vmmw_status_t {
+    // SAFETY: forwarded contract.
+    unsafe { vmmw_replicas_wake_by_reload(loaders, pools, count, out, error) }
 }
 
 /// Lock the loaders (in address order), check they opened one checkpoint,
@@ -332,7 +356,7 @@ unsafe fn on_devices(
         &[PoolLoad<'_>],
         &crate::loader::LoadOptions,
         &Control<'_>,
-    ) -> Result<crate::loader::MultiLoaded>,
+    ) -> Result<devices::MultiLoaded>,
 ) -> Result<()> {
     // SAFETY: forwarded contract.
     let ls = unsafe { slice_arg(loaders, count, "loaders") }?;

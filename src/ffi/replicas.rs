@@ -1,4 +1,4 @@
-//! Replicas asleep on one host backup (`pool::replicas`): N tags on N
+//! Replicas asleep on one host backup (`devices::replicas`): N tags on N
 //! devices holding the same bytes sleep with one pinned host backup and wake
 //! on every device from it, host memory read once.
 
@@ -8,11 +8,11 @@ use super::numbers::or_default;
 use super::options::{read_sized, SizedOptions};
 use super::pool::vmmw_pool_t;
 use super::status::vmmw_status_t;
+use crate::devices::replicas::{self, Replica, ReplicaWakeOptions};
 use crate::error::{Error, Result};
-use crate::pool::replicas::{self, Replica, ReplicaWakeOptions};
 use crate::tag::TagId;
 
-/// Options of `vmmw_replicas_wake`. Start from `VMMW_REPLICA_WAKE_OPTIONS_INIT`
+/// Options of `vmmw_replicas_wake_from_backup`. Start from `VMMW_REPLICA_WAKE_OPTIONS_INIT`
 /// (C) so `size` is set; every other field 0 is its default.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -52,7 +52,7 @@ pub struct vmmw_replica_sleep_result_t {
     pub seconds: f64,
 }
 
-/// What `vmmw_replicas_wake` did.
+/// What `vmmw_replicas_wake_from_backup` did.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct vmmw_replica_wake_result_t {
@@ -118,7 +118,7 @@ unsafe fn members<'a>(
 /// same sizes and live blocks: allocate the replicas the same way on every
 /// device), not the bytes. Each tag is granted read access for the other
 /// devices that can reach it, so the wake can exchange over peer copies.
-/// Wake them with `vmmw_replicas_wake`; waking one with `vmmw_pool_wake`
+/// Wake them with `vmmw_replicas_wake_from_backup`; waking one with `vmmw_pool_wake`
 /// takes it out of the group (the holder gets its backup back, any other
 /// tag undefined bytes). `out` may be NULL.
 ///
@@ -149,7 +149,7 @@ pub unsafe extern "C" fn vmmw_replicas_sleep(
     call(error, || {
         // SAFETY: forwarded contract.
         let m = unsafe { members(pools, tags, count, "vmmw_replicas_sleep") }?;
-        let s = replicas::sleep_replicas(&m)?;
+        let s = replicas::sleep(&m)?;
         if !out.is_null() {
             let r = vmmw_replica_sleep_result_t {
                 backup_bytes: s.backup_bytes,
@@ -194,7 +194,7 @@ pub unsafe extern "C" fn vmmw_replicas_sleep(
 /// `options` is NULL or readable for its `size` bytes; `out` is NULL or
 /// writable; `error` is NULL or writable.
 #[no_mangle]
-pub unsafe extern "C" fn vmmw_replicas_wake(
+pub unsafe extern "C" fn vmmw_replicas_wake_from_backup(
     pools: *const *mut vmmw_pool_t,
     tags: *const u32,
     count: usize,
@@ -223,8 +223,8 @@ pub unsafe extern "C" fn vmmw_replicas_wake(
             )?,
         };
         // SAFETY: forwarded contract.
-        let m = unsafe { members(pools, tags, count, "vmmw_replicas_wake") }?;
-        let s = replicas::wake_replicas_from_backup(&m, &opts)?;
+        let m = unsafe { members(pools, tags, count, "vmmw_replicas_wake_from_backup") }?;
+        let s = replicas::wake_from_backup(&m, &opts)?;
         if !out.is_null() {
             let r = vmmw_replica_wake_result_t {
                 host_bytes: s.host_bytes,
@@ -242,4 +242,27 @@ pub unsafe extern "C" fn vmmw_replicas_wake(
         }
         Ok(())
     })
+}
+
+/// The former name of `vmmw_replicas_wake_from_backup`, kept through 0.x;
+/// removed at 1.0.
+///
+/// Bad input: as `vmmw_replicas_wake_from_backup`.
+///
+/// # Safety
+/// As `vmmw_replicas_wake_from_backup`.
+#[no_mangle]
+#[deprecated(
+    note = "renamed vmmw_replicas_wake_from_backup (vmmw_replicas_wake_by_reload wakes from the checkpoint)"
+)]
+pub unsafe extern "C" fn vmmw_replicas_wake(
+    pools: *const *mut vmmw_pool_t,
+    tags: *const u32,
+    count: usize,
+    options: *const vmmw_replica_wake_options_t,
+    out: *mut vmmw_replica_wake_result_t,
+    error: *mut *mut vmmw_error_t,
+) -> vmmw_status_t {
+    // SAFETY: forwarded contract.
+    unsafe { vmmw_replicas_wake_from_backup(pools, tags, count, options, out, error) }
 }

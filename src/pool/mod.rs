@@ -28,11 +28,11 @@ mod access;
 mod arena;
 pub(crate) mod block;
 pub mod identity;
+mod lease;
 mod peers;
 mod range;
 pub mod registry;
 mod release;
-pub mod replicas;
 pub mod shares;
 mod sleep;
 #[cfg(test)]
@@ -50,6 +50,7 @@ use crate::segment::{Segment, SleepState};
 use crate::tag::{self, TagId};
 use block::{BlockMap, Change, ReleaseError};
 pub use identity::{check_owner, owner_of, BlockId, Owner};
+pub(crate) use lease::TagLease;
 use release::Released;
 pub use release::Unreleased;
 pub use sleep::{LoadPin, TagCycle};
@@ -225,7 +226,7 @@ struct SegEntry {
     blocks: BlockMap,
     live_bytes: usize,
     live_blocks: usize,
-    /// Creation order in the pool: replicas pair their segments by it.
+    /// Creation order in the pool: the layer above pairs segments of several pools by it.
     seq: u64,
 }
 
@@ -243,8 +244,8 @@ struct TagState {
     arena: Option<DevicePtr>,
     /// Peer devices granted access to every segment of the tag.
     peers: Vec<crate::driver::PeerAccess>,
-    /// The replica group the tag sleeps in ([`replicas::sleep_replicas`]).
-    replica: Option<replicas::ReplicaMark>,
+    /// A mark the layer above pinned on the tag ([`lease::TagLease::set_mark`]).
+    mark: Option<lease::TagMark>,
 }
 
 /// Free blocks indexed for best fit: per (tag, class), ordered by (size, segment base, offset).

@@ -94,8 +94,8 @@ impl Pool {
             let gate = self.shares.lock();
             let was_asleep = self.begin_transition(t, true)?;
             if !was_asleep {
-                // New contents of its own: no longer a replica of a group.
-                self.leave_replica_group(t);
+                // New contents of its own: the mark of a group no longer holds.
+                self.drop_tag_mark(t);
             }
             if let Err(e) = gate.before_sleep(t) {
                 self.end_transition(t, was_asleep);
@@ -160,8 +160,8 @@ impl Pool {
                 .sleep
                 .wake_tag(t, &|f| f(&mut self.lock().tag_segments(t)));
             if r.is_ok() {
-                // Woken on its own (see `pool::replicas`): out of its group.
-                self.leave_replica_group(t);
+                // Woken on its own its mark is dropped.
+                self.drop_tag_mark(t);
             }
             self.end_transition(t, false);
             out.push(TagCycle {

@@ -47,7 +47,17 @@ static void test_replicas_one_backup(void) {
   CHECK_STATUS(VMMW_NULL_ARGUMENT, vmmw_replicas_sleep(rp, NULL, 2, &sr, NULL));
   CHECK_STATUS(VMMW_INVALID_ARGUMENT, vmmw_replicas_sleep(rp, tags, 0, &sr, NULL));
   CHECK_STATUS(VMMW_INVALID_ARGUMENT, vmmw_replicas_sleep(twice, tags, 2, &sr, NULL));
+  CHECK_STATUS(VMMW_INVALID_STATE, vmmw_replicas_wake_from_backup(rp, tags, 2, NULL, NULL, NULL));
+  /* The former names still work through 0.x (and warn: silenced here on purpose). */
+#if defined(__GNUC__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+#endif
   CHECK_STATUS(VMMW_INVALID_STATE, vmmw_replicas_wake(rp, tags, 2, NULL, NULL, NULL));
+  CHECK_STATUS(VMMW_NULL_ARGUMENT, vmmw_loader_wake_replicas(NULL, NULL, 2, NULL, NULL));
+#if defined(__GNUC__)
+#pragma GCC diagnostic pop
+#endif
 
   /* The backup over the host-memory limit: VMMW_HOST_OUT_OF_MEMORY, nothing sleeps. */
   vmmw_sleep_options_t so;
@@ -71,16 +81,16 @@ static void test_replicas_one_backup(void) {
 
   vmmw_replica_wake_options_t wo;
   memset(&wo, 0, sizeof wo); /* size 0: never set */
-  CHECK_STATUS(VMMW_INVALID_ARGUMENT, vmmw_replicas_wake(rp, tags, 2, &wo, NULL, NULL));
+  CHECK_STATUS(VMMW_INVALID_ARGUMENT, vmmw_replicas_wake_from_backup(rp, tags, 2, &wo, NULL, NULL));
   wo.size = sizeof wo;
   wo.no_peer_copies = 2;
-  CHECK_STATUS(VMMW_INVALID_ARGUMENT, vmmw_replicas_wake(rp, tags, 2, &wo, NULL, NULL));
+  CHECK_STATUS(VMMW_INVALID_ARGUMENT, vmmw_replicas_wake_from_backup(rp, tags, 2, &wo, NULL, NULL));
   wo.no_peer_copies = 0;
 
   /* Device 1 cannot create memory mid-wake: nothing is lost. */
   CHECK_OK(vmmw_host_fail_nth(dev[1], VMMW_FAULT_CREATE, 1, &err));
   vmmw_replica_wake_result_t wr;
-  CHECK_STATUS(VMMW_OUT_OF_MEMORY, vmmw_replicas_wake(rp, tags, 2, &wo, &wr, NULL));
+  CHECK_STATUS(VMMW_OUT_OF_MEMORY, vmmw_replicas_wake_from_backup(rp, tags, 2, &wo, &wr, NULL));
   for (int d = 0; d < 2; ++d) {
     vmmw_host_counts_t c;
     CHECK_OK(vmmw_host_counts(dev[d], &c, &err));
@@ -89,7 +99,7 @@ static void test_replicas_one_backup(void) {
   CHECK_STATUS(VMMW_INVALID_STATE, vmmw_pool_read(rp[0], ptr[0][0], probe, sizeof probe, NULL));
 
   memset(&wr, 0, sizeof wr);
-  CHECK_OK(vmmw_replicas_wake(rp, tags, 2, &wo, &wr, &err));
+  CHECK_OK(vmmw_replicas_wake_from_backup(rp, tags, 2, &wo, &wr, &err));
   CHECK(wr.host_bytes == sr.backup_bytes);
   CHECK(wr.peer_bytes == sr.backup_bytes);
   CHECK(wr.delivered_bytes == 2 * sr.backup_bytes);
@@ -104,7 +114,7 @@ static void test_replicas_one_backup(void) {
   /* No peer copies: every device copies the whole backup. */
   CHECK_OK(vmmw_replicas_sleep(rp, tags, 2, NULL, &err));
   wo.no_peer_copies = 1;
-  CHECK_OK(vmmw_replicas_wake(rp, tags, 2, &wo, &wr, &err));
+  CHECK_OK(vmmw_replicas_wake_from_backup(rp, tags, 2, &wo, &wr, &err));
   CHECK(wr.host_bytes == 2 * sr.backup_bytes && wr.peer_bytes == 0 && wr.direct_pairs == 2);
   CHECK_OK(vmmw_pool_read(rp[1], ptr[1][1], back, (size_t)sizes[1], &err));
   CHECK(memcmp(back, bytes[1], sizes[1]) == 0);
@@ -206,9 +216,9 @@ int main(void) {
   vmmw_tag_policy_t discard = {tag, VMMW_POLICY_DISCARD};
   for (int d = 0; d < 2; ++d) CHECK_OK(vmmw_pool_sleep(pools[d], &discard, 1, &err));
   memset(&res, 0, sizeof res);
-  CHECK_STATUS(VMMW_NULL_ARGUMENT, vmmw_loader_wake_replicas(NULL, cp, 2, &res, NULL));
-  CHECK_STATUS(VMMW_INVALID_ARGUMENT, vmmw_loader_wake_replicas(cl, cp, 0, &res, NULL));
-  CHECK_OK(vmmw_loader_wake_replicas(cl, cp, 2, &res, &err));
+  CHECK_STATUS(VMMW_NULL_ARGUMENT, vmmw_replicas_wake_by_reload(NULL, cp, 2, &res, NULL));
+  CHECK_STATUS(VMMW_INVALID_ARGUMENT, vmmw_replicas_wake_by_reload(cl, cp, 0, &res, NULL));
+  CHECK_OK(vmmw_replicas_wake_by_reload(cl, cp, 2, &res, &err));
   CHECK(res.host_bytes == sizeof wa + sizeof wb);
   CHECK(res.peer_bytes == sizeof wa + sizeof wb);
   for (int d = 0; d < 2; ++d) {

@@ -302,7 +302,7 @@ static void test_devices() {
   // Replicas slept without backups wake by one checkpoint fan-out.
   pools[1].set_peer_access(w, {{0, VMMW_ACCESS_READ}});
   for (auto& p : pools) p.sleep({{w, vmmw::Policy::Discard}});
-  const auto wr = vmmw::wake_replicas({&l0, &l1}, {&pools[0], &pools[1]});
+  const auto wr = vmmw::wake_replicas_by_reload({&l0, &l1}, {&pools[0], &pools[1]});
   CHECK(wr.host_bytes == a.size() * 4);
   for (int d = 0; d < 2; ++d) {
     std::vector<float> back(a.size());
@@ -324,19 +324,31 @@ static void test_devices() {
   const std::vector<vmmw::Replica> group = {{&pools[0], rt}, {&pools[1], rt}};
   const auto sr = vmmw::sleep_replicas(group);
   CHECK(sr.backup_bytes >= bytes.size() && sr.released_bytes == 2 * sr.backup_bytes);
-  const auto ws = vmmw::wake_replicas(group);
+  const auto ws = vmmw::wake_replicas_from_backup(group);
   CHECK(ws.host_bytes == sr.backup_bytes && ws.peer_bytes == sr.backup_bytes && ws.direct_pairs == 0);
   for (int d = 0; d < 2; ++d) {
     std::vector<uint8_t> back(bytes.size());
     pools[d].read(ptr[d], back.data(), back.size());
     CHECK(back == bytes);
   }
+  CHECK(status_of([&] { vmmw::wake_replicas_from_backup(group); }) == VMMW_INVALID_STATE);
+  // The former names still work through 0.x (and warn: silenced here on purpose).
+#if defined(__GNUC__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+#endif
   CHECK(status_of([&] { vmmw::wake_replicas(group); }) == VMMW_INVALID_STATE);
+  CHECK(status_of([&] {
+          vmmw::wake_replicas(std::vector<vmmw::Loader*>{nullptr}, std::vector<vmmw::Pool*>{nullptr});
+        }) == VMMW_NULL_ARGUMENT);
+#if defined(__GNUC__)
+#pragma GCC diagnostic pop
+#endif
   CHECK(status_of([&] { vmmw::sleep_replicas({{&pools[0], rt}, {&pools[0], rt}}); }) == VMMW_INVALID_ARGUMENT);
   vmmw::sleep_replicas(group);
   vmmw::ReplicaWakeOptions direct;
   direct.peer_copies = false;
-  const auto wd = vmmw::wake_replicas(group, direct);
+  const auto wd = vmmw::wake_replicas_from_backup(group, direct);
   CHECK(wd.host_bytes == 2 * sr.backup_bytes && wd.direct_pairs == 2);
   unlink(path.c_str());
   rmdir(dir);

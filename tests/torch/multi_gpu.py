@@ -230,7 +230,7 @@ def load(args):
             group = [(vw.Pool.default(k), f"multi-{name}") for k in range(n)]
             sl = vw.sleep_replicas(group)
             free = [torch.cuda.mem_get_info(k)[0] for k in range(n)]
-            w = vw.wake_replicas(group)
+            w = vw.wake_replicas_from_backup(group)
             bad, checked = check(args.dir, loaders, mode, n, kv_heads)
             status = "PASS" if bad == 0 else "FAIL"
             failures += bad

@@ -1031,11 +1031,12 @@ inline vmmw_multi_result_t load_devices(const std::vector<Loader*>& loaders, con
 }
 
 /// Replicas that slept without backups (Policy::Discard) woken by one
-/// checkpoint fan-out (vmmw_loader_wake_replicas): their tags are woken, then
-/// the checkpoint is loaded once and exchanged over peer copies.
-inline vmmw_multi_result_t wake_replicas(const std::vector<Loader*>& loaders, const std::vector<Pool*>& pools) {
+/// checkpoint fan-out (vmmw_replicas_wake_by_reload): their tags are woken,
+/// then the checkpoint is loaded once and exchanged over peer copies.
+inline vmmw_multi_result_t wake_replicas_by_reload(const std::vector<Loader*>& loaders,
+                                                   const std::vector<Pool*>& pools) {
   if (loaders.size() != pools.size()) {
-    throw std::invalid_argument("vmmw::wake_replicas: one pool per loader");
+    throw std::invalid_argument("vmmw::wake_replicas_by_reload: one pool per loader");
   }
   std::vector<vmmw_loader_t*> ls;
   std::vector<vmmw_pool_t*> ps;
@@ -1044,8 +1045,14 @@ inline vmmw_multi_result_t wake_replicas(const std::vector<Loader*>& loaders, co
     ps.push_back(pools[i] != nullptr ? pools[i]->get() : nullptr);
   }
   vmmw_multi_result_t r{};
-  detail::call([&](vmmw_error_t** e) { return vmmw_loader_wake_replicas(ls.data(), ps.data(), ls.size(), &r, e); });
+  detail::call([&](vmmw_error_t** e) { return vmmw_replicas_wake_by_reload(ls.data(), ps.data(), ls.size(), &r, e); });
   return r;
+}
+
+/// The former name of wake_replicas_by_reload, kept through 0.x.
+[[deprecated("renamed vmmw::wake_replicas_by_reload")]] inline vmmw_multi_result_t wake_replicas(
+    const std::vector<Loader*>& loaders, const std::vector<Pool*>& pools) {
+  return wake_replicas_by_reload(loaders, pools);
 }
 
 /// One replica of a replica group: `tag` in `pool` (one pool per device).
@@ -1082,10 +1089,11 @@ struct ReplicaWakeOptions {
 };
 
 /// Wake replicas slept by sleep_replicas on every device from the one
-/// backup, host memory read once (vmmw_replicas_wake). On an error every
-/// replica stays asleep with the backup intact; waking again can succeed.
-inline vmmw_replica_wake_result_t wake_replicas(const std::vector<Replica>& replicas,
-                                                const ReplicaWakeOptions& o = ReplicaWakeOptions()) {
+/// backup, host memory read once (vmmw_replicas_wake_from_backup). On an
+/// error every replica stays asleep with the backup intact; waking again can
+/// succeed.
+inline vmmw_replica_wake_result_t wake_replicas_from_backup(const std::vector<Replica>& replicas,
+                                                            const ReplicaWakeOptions& o = ReplicaWakeOptions()) {
   std::vector<vmmw_pool_t*> ps;
   std::vector<uint32_t> ts;
   detail::replica_args(replicas, ps, ts);
@@ -1094,8 +1102,16 @@ inline vmmw_replica_wake_result_t wake_replicas(const std::vector<Replica>& repl
   c.copy_piece_bytes = o.copy_piece_bytes;
   c.no_peer_copies = o.peer_copies ? 0 : 1;
   vmmw_replica_wake_result_t r{};
-  detail::call([&](vmmw_error_t** e) { return vmmw_replicas_wake(ps.data(), ts.data(), ps.size(), &c, &r, e); });
+  detail::call([&](vmmw_error_t** e) {
+    return vmmw_replicas_wake_from_backup(ps.data(), ts.data(), ps.size(), &c, &r, e);
+  });
   return r;
+}
+
+/// The former name of wake_replicas_from_backup, kept through 0.x.
+[[deprecated("renamed vmmw::wake_replicas_from_backup")]] inline vmmw_replica_wake_result_t wake_replicas(
+    const std::vector<Replica>& replicas, const ReplicaWakeOptions& o = ReplicaWakeOptions()) {
+  return wake_replicas_from_backup(replicas, o);
 }
 
 }  // namespace vmmw

@@ -102,15 +102,22 @@ func LoadDevices(loaders []*Loader, pools []*Pool, mode MultiMode) (MultiResult,
 	})
 }
 
-// WakeReplicasFromCheckpoint wakes replicas that slept without backups
-// (PolicyDiscard) by one checkpoint fan-out (vmmw_loader_wake_replicas): the
-// tags owning loaders[i]'s destinations in pools[i] are woken, then the
+// WakeReplicasByReload wakes replicas that slept without backups
+// (PolicyDiscard) by one checkpoint fan-out (vmmw_replicas_wake_by_reload):
+// the tags owning loaders[i]'s destinations in pools[i] are woken, then the
 // checkpoint is read from host memory once and exchanged over peer copies.
-// For replicas asleep on one host backup, see WakeReplicas.
-func WakeReplicasFromCheckpoint(loaders []*Loader, pools []*Pool) (MultiResult, error) {
-	return onDevices("WakeReplicasFromCheckpoint", loaders, pools, func(lp **C.vmmw_loader_t, pp **C.vmmw_pool_t, n C.size_t, r *C.vmmw_multi_result_t, e **C.vmmw_error_t) C.int32_t {
-		return C.vmmw_loader_wake_replicas(lp, pp, n, r, e)
+// For replicas asleep on one host backup, see WakeReplicasFromBackup.
+func WakeReplicasByReload(loaders []*Loader, pools []*Pool) (MultiResult, error) {
+	return onDevices("WakeReplicasByReload", loaders, pools, func(lp **C.vmmw_loader_t, pp **C.vmmw_pool_t, n C.size_t, r *C.vmmw_multi_result_t, e **C.vmmw_error_t) C.int32_t {
+		return C.vmmw_replicas_wake_by_reload(lp, pp, n, r, e)
 	})
+}
+
+// WakeReplicasFromCheckpoint is the former name of WakeReplicasByReload.
+//
+// Deprecated: use WakeReplicasByReload; kept through 0.x.
+func WakeReplicasFromCheckpoint(loaders []*Loader, pools []*Pool) (MultiResult, error) {
+	return WakeReplicasByReload(loaders, pools)
 }
 
 func onDevices(what string, loaders []*Loader, pools []*Pool,
@@ -217,10 +224,18 @@ func SleepReplicas(replicas ...Replica) (ReplicaSleepResult, error) {
 	return ReplicaSleepResult{uint64(r.backup_bytes), uint64(r.released_bytes), float64(r.seconds)}, nil
 }
 
-// WakeReplicas wakes replicas slept by SleepReplicas on every device from the
-// one backup, host memory read once (vmmw_replicas_wake). On an error every
-// replica stays asleep with the backup intact; waking again can succeed.
+// WakeReplicas is the former name of WakeReplicasFromBackup.
+//
+// Deprecated: use WakeReplicasFromBackup; kept through 0.x.
 func WakeReplicas(o ReplicaWakeOptions, replicas ...Replica) (ReplicaWakeResult, error) {
+	return WakeReplicasFromBackup(o, replicas...)
+}
+
+// WakeReplicasFromBackup wakes replicas slept by SleepReplicas on every
+// device from the one backup, host memory read once
+// (vmmw_replicas_wake_from_backup). On an error every replica stays asleep
+// with the backup intact; waking again can succeed.
+func WakeReplicasFromBackup(o ReplicaWakeOptions, replicas ...Replica) (ReplicaWakeResult, error) {
 	ps, ts, err := replicaArgs(replicas)
 	if err != nil {
 		return ReplicaWakeResult{}, err
@@ -238,7 +253,7 @@ func WakeReplicas(o ReplicaWakeOptions, replicas ...Replica) (ReplicaWakeResult,
 	}
 	var r C.vmmw_replica_wake_result_t
 	err = call(func(e **C.vmmw_error_t) C.int32_t {
-		return C.vmmw_replicas_wake(pp, tp, C.size_t(len(ps)), &c, &r, e)
+		return C.vmmw_replicas_wake_from_backup(pp, tp, C.size_t(len(ps)), &c, &r, e)
 	})
 	runtime.KeepAlive(replicas)
 	if err != nil {

@@ -469,7 +469,7 @@ func TestLoadDevicesFillsReplicasOverPeers(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	w, err := WakeReplicasFromCheckpoint(loaders, pools)
+	w, err := WakeReplicasByReload(loaders, pools)
 	if err != nil || w.HostBytes != 4*512 || w.PeerBytes != 4*512 {
 		t.Fatalf("wake from the checkpoint: %+v %v", w, err)
 	}
@@ -519,7 +519,7 @@ func TestReplicasWakeFromOneBackup(t *testing.T) {
 	if err := group[1].Pool.Read(ptrs[1], make([]byte, 8)); !errors.Is(err, ErrInvalidState) {
 		t.Fatalf("read while asleep: %v", err)
 	}
-	w, err := WakeReplicas(ReplicaWakeOptions{}, group...)
+	w, err := WakeReplicasFromBackup(ReplicaWakeOptions{}, group...)
 	if err != nil || w.HostBytes != s.BackupBytes || w.PeerBytes != s.BackupBytes || w.DirectPairs != 0 {
 		t.Fatalf("wake: %+v %v", w, err)
 	}
@@ -532,13 +532,20 @@ func TestReplicasWakeFromOneBackup(t *testing.T) {
 			t.Fatalf("device %d differs after the wake", d)
 		}
 	}
-	if _, err := WakeReplicas(ReplicaWakeOptions{}, group...); !errors.Is(err, ErrInvalidState) {
+	if _, err := WakeReplicasFromBackup(ReplicaWakeOptions{}, group...); !errors.Is(err, ErrInvalidState) {
 		t.Fatalf("wake of awake replicas: %v", err)
+	}
+	// The former names still work through 0.x.
+	if _, err := WakeReplicas(ReplicaWakeOptions{}, group...); !errors.Is(err, ErrInvalidState) {
+		t.Fatalf("WakeReplicas of awake replicas: %v", err)
+	}
+	if _, err := WakeReplicasFromCheckpoint([]*Loader{nil}, []*Pool{nil}); err == nil {
+		t.Fatal("WakeReplicasFromCheckpoint accepted a nil loader")
 	}
 	if _, err := SleepReplicas(group...); err != nil {
 		t.Fatal(err)
 	}
-	w, err = WakeReplicas(ReplicaWakeOptions{NoPeerCopies: true}, group...)
+	w, err = WakeReplicasFromBackup(ReplicaWakeOptions{NoPeerCopies: true}, group...)
 	if err != nil || w.HostBytes != 2*s.BackupBytes || w.DirectPairs != 2 {
 		t.Fatalf("wake without peer copies: %+v %v", w, err)
 	}

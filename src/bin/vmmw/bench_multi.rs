@@ -10,11 +10,10 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 
+use vmmweights::devices::replicas::{self, Replica, ReplicaWakeOptions, ReplicaWakeStats};
+use vmmweights::devices::{load_multi_into_pools, MultiMode, MultiStats, PoolLoad};
 use vmmweights::driver;
 use vmmweights::loader::*;
-use vmmweights::pool::replicas::{
-    sleep_replicas, wake_replicas_from_backup, Replica, ReplicaWakeOptions, ReplicaWakeStats,
-};
 use vmmweights::sleep::Policy;
 use vmmweights::{tag, Error, Pool, PoolConfig, Result};
 
@@ -73,13 +72,13 @@ struct Report {
     /// One device's wake of its loaded tag from its host backup (Offload).
     one_device_wake: Phase,
     replicas: Phase,
-    /// The replicas asleep on one host backup (`sleep_replicas`), woken on
-    /// every device from it (`wake_replicas_from_backup`).
+    /// The replicas asleep on one host backup (`replicas::sleep`), woken on
+    /// every device from it (`replicas::wake_from_backup`).
     replicas_wake: Phase,
-    /// Seconds of each `sleep_replicas` before a timed wake.
+    /// Seconds of each `replicas::sleep` before a timed wake.
     replicas_sleep_seconds: Vec<f64>,
     /// The replicas slept with Discard, woken by one checkpoint fan-out
-    /// (`loader::wake_replicas`).
+    /// (`replicas::wake_by_reload`).
     replicas_wake_checkpoint: Phase,
     ranks: Option<Phase>,
     /// Replicas' aggregate rate over one device's rate.
@@ -235,9 +234,9 @@ pub fn run(m: MultiArgs<'_>) -> Result<()> {
     let mut sleeps = Vec::new();
     let mut last = None;
     for _ in 0..repeat {
-        sleeps.push(sleep_replicas(&group)?.seconds);
+        sleeps.push(replicas::sleep(&group)?.seconds);
         let t = Instant::now();
-        let w = wake_replicas_from_backup(&group, &ReplicaWakeOptions::default())?;
+        let w = replicas::wake_from_backup(&group, &ReplicaWakeOptions::default())?;
         wakes.push(t.elapsed().as_secs_f64());
         last = Some(w);
     }
@@ -283,7 +282,7 @@ pub fn run(m: MultiArgs<'_>) -> Result<()> {
             p.sleep(&[(rep_tag, Policy::Discard)])?;
         }
         let t = Instant::now();
-        let w = wake_replicas(
+        let w = replicas::wake_by_reload(
             Checkpoint::open(m.checkpoint)?,
             &targets,
             &load_options(&m),

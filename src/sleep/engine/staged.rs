@@ -1,5 +1,5 @@
 //! A wake in steps, for callers that fill the memory themselves (the wake of
-//! replicas from one host backup, `pool::replicas`): map every unmapped chunk
+//! replicas from one host backup, `devices::replicas`): map every unmapped chunk
 //! of a tag's asleep segments, let the caller copy, then either commit (the
 //! segments are awake) or abort (every chunk mapped here is unmapped again,
 //! the segments stay asleep, their backups intact).

@@ -1,12 +1,14 @@
-//! Replicas asleep on one host backup: N tags on N devices (one pool per
-//! device) that hold the same bytes sleep with one pinned host backup, taken
-//! from the first device, and wake on every device from it.
+//! Replicas: N tags on N devices (one pool per device) that hold the same
+//! bytes, put to sleep and woken together. Two wakes, for two ways to sleep:
+//! from one pinned host backup, taken from the first device
+//! ([`sleep`], [`wake_from_backup`]), or, for replicas slept without backups
+//! ([`Policy::Discard`]), by one fan-out of the checkpoint ([`wake_by_reload`]).
 //!
-//! - Sleep ([`sleep_replicas`]): the first member (the holder) sleeps with
+//! - Sleep ([`sleep`]): the first member (the holder) sleeps with
 //!   [`Policy::Offload`]; every other member only releases its physical
 //!   memory ([`Policy::Discard`]). Each member is granted read access for the
 //!   others where the devices can reach each other, so wake can fan out.
-//! - Wake ([`wake_replicas_from_backup`]): every member maps its memory again
+//! - Wake ([`wake_from_backup`]): every member maps its memory again
 //!   (nothing copied yet), then the backup is cut into N contiguous parts and
 //!   device k copies part k from host memory over its own link, all devices at
 //!   once; then every device pulls the parts it lacks from the devices that
@@ -33,17 +35,22 @@
 //! that device is idle), every member stays asleep in the group, the backup
 //! intact; waking again can succeed.
 
+use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-use super::Pool;
-use crate::driver::{round_up, AccessMode, DevicePtr, Driver, PeerAccess, StreamId};
+use super::load::{check_devices, MultiLoaded, MultiMode};
+use super::load_pools::{device_loads, load_multi_into_pools, PoolLoad};
+use super::peers::grant_reachable;
+use super::threads::on_threads;
+use crate::driver::{round_up, DevicePtr, Driver, StreamId};
 use crate::error::{Error, Result};
-use crate::segment::{Segment, SleepState};
+use crate::loader::{Checkpoint, Control, LoadOptions};
+use crate::pool::{Pool, TagLease};
+use crate::segment::Segment;
 use crate::sleep::{HostSpan, Policy, StagedWake};
 use crate::tag::{self, TagId};
-use crate::threads::on_threads;
 
 /// One replica: a tag in the pool of one device.
 #[derive(Debug, Clone, Copy)]
@@ -54,15 +61,19 @@ pub struct Replica<'a> {
     pub tag: TagId,
 }
 
-/// A segment's committed bytes and live blocks `(offset, size)`.
-type SegLayout = (usize, Vec<(usize, usize)>);
+impl Replica<'_> {
+    /// The replica's tag, lent by its pool.
+    fn lease(&self) -> TagLease<'_> {
+        self.pool.lease(self.tag)
+    }
+}
 
 /// What a staged wake hands the segments of a tag to.
 type SegVisitor<'v> = &'v mut dyn FnMut(&mut [&mut Segment]);
 
 /// The group a member's tag sleeps in.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct ReplicaMark {
+struct ReplicaMark {
     group: u64,
     holder: i32,
     devices: Vec<i32>,
@@ -102,7 +113,7 @@ impl Default for ReplicaWakeOptions {
     }
 }
 
-/// What [`sleep_replicas`] did.
+/// What [`sleep`] did.
 #[derive(Debug, Clone, Default, serde::Serialize)]
 pub struct ReplicaSleepStats {
     /// Devices, in the order given; the first holds the backup.
@@ -115,7 +126,7 @@ pub struct ReplicaSleepStats {
     pub seconds: f64,
 }
 
-/// What [`wake_replicas_from_backup`] did.
+/// What [`wake_from_backup`] did.
 #[derive(Debug, Clone, Default, serde::Serialize)]
 pub struct ReplicaWakeStats {
     /// Devices, in the order given; the first held the backup.
@@ -153,52 +164,6 @@ impl ReplicaWakeStats {
     }
 }
 
-impl Pool {
-    /// Forget `t`'s replica group (it woke or slept on its own).
-    pub(super) fn leave_replica_group(&self, t: TagId) {
-        if let Some(ts) = self.lock().tags.get_mut(&t) {
-            ts.replica = None;
-        }
-    }
-
-    fn replica_mark(&self, t: TagId) -> Option<ReplicaMark> {
-        self.lock().tags.get(&t).and_then(|ts| ts.replica.clone())
-    }
-
-    /// Per segment of `t` in creation order: committed bytes and live blocks
-    /// `(offset, size)`, the layout replicas must share. (Creation order, not
-    /// address order: reservations of two devices need not come in the same
-    /// address order.)
-    fn replica_layout(&self, t: TagId) -> Vec<SegLayout> {
-        let st = self.lock();
-        let mut v: Vec<(u64, SegLayout)> = st
-            .segs
-            .values()
-            .filter(|e| e.tag == t)
-            .map(|e| {
-                let live = e
-                    .blocks
-                    .iter()
-                    .filter(|(_, b)| b.live)
-                    .map(|(off, b)| (off, b.size))
-                    .collect();
-                (e.seq, (e.seg.committed(), live))
-            })
-            .collect();
-        v.sort_by_key(|x| x.0);
-        v.into_iter().map(|(_, l)| l).collect()
-    }
-
-    /// The creation number of each segment base in `bases`.
-    fn creation_order(&self, bases: &[DevicePtr]) -> Vec<u64> {
-        let st = self.lock();
-        bases
-            .iter()
-            .map(|b| st.segs.get(b).map_or(u64::MAX, |e| e.seq))
-            .collect()
-    }
-}
-
 /// Held while a group's marks are written or read across its members, so
 /// two sleeps of the same replicas at once leave every member in one group
 /// (each writes all of its marks before the other starts).
@@ -215,7 +180,7 @@ fn check_members(members: &[Replica<'_>], what: &str) -> Result<()> {
     };
     let kind = first.pool.driver().kind();
     for (i, m) in members.iter().enumerate() {
-        m.pool.check_known(m.tag)?;
+        m.lease().check_known()?;
         let dev = m.pool.device();
         if m.pool.driver().kind() != kind {
             return Err(Error::InvalidArgument(format!(
@@ -233,31 +198,6 @@ fn check_members(members: &[Replica<'_>], what: &str) -> Result<()> {
     Ok(())
 }
 
-/// Grant every member read access for every other member's device that can
-/// reach it (kept with the tag, set again at every map). A grant the driver
-/// refuses is left out: wake then copies that part from the backup.
-fn grant_peers(members: &[Replica<'_>]) {
-    for m in members {
-        let old = m.pool.peer_access(m.tag);
-        let mut want = old.clone();
-        for o in members {
-            let dev = o.pool.device();
-            if dev == m.pool.device() || want.iter().any(|p| p.device == dev) {
-                continue;
-            }
-            if m.pool.driver().can_access_peer(dev).unwrap_or(false) {
-                want.push(PeerAccess {
-                    device: dev,
-                    mode: AccessMode::Read,
-                });
-            }
-        }
-        if want != old && m.pool.set_peer_access(m.tag, &want).is_err() {
-            let _ = m.pool.set_peer_access(m.tag, &old);
-        }
-    }
-}
-
 /// Put replicas to sleep on one host backup: `members[0]` (the holder) is
 /// offloaded to pinned host memory, every other member releases its physical
 /// memory without a copy. The caller asserts every member holds the same
@@ -269,13 +209,13 @@ fn grant_peers(members: &[Replica<'_>]) {
 /// call that failed midway can be repeated. On an error the holder is asleep
 /// with its backup once its sleep succeeded, the members after it as far as
 /// the error says; the group is formed only when every member is asleep.
-pub fn sleep_replicas(members: &[Replica<'_>]) -> Result<ReplicaSleepStats> {
+pub fn sleep(members: &[Replica<'_>]) -> Result<ReplicaSleepStats> {
     let t0 = Instant::now();
     check_members(members, "sleep of replicas")?;
     let holder = members[0];
-    let layout = holder.pool.replica_layout(holder.tag);
+    let layout = holder.lease().layout();
     for m in &members[1..] {
-        if m.pool.replica_layout(m.tag) != layout {
+        if m.lease().layout() != layout {
             return Err(Error::InvalidArgument(format!(
                 "sleep of replicas: tag {} on device {} is laid out differently from tag {} on \
                  device {} (segments, their sizes or live blocks differ): replicas must be \
@@ -290,13 +230,7 @@ pub fn sleep_replicas(members: &[Replica<'_>]) -> Result<ReplicaSleepStats> {
     if holder.pool.is_tag_asleep(holder.tag) {
         // Awake segments of a holder whose sleep stopped midway are offloaded
         // by the sleep below; only a segment asleep without a backup is lost.
-        let offloaded = holder.pool.lock().segs.values().all(|e| {
-            e.tag != holder.tag
-                || matches!(
-                    e.seg.sleep_state(),
-                    SleepState::Offloaded | SleepState::Awake
-                )
-        });
+        let offloaded = holder.lease().all_awake_or_offloaded();
         if !offloaded {
             return Err(Error::InvalidState(format!(
                 "sleep of replicas: tag {} on device {} (the holder) is asleep without a full \
@@ -306,7 +240,8 @@ pub fn sleep_replicas(members: &[Replica<'_>]) -> Result<ReplicaSleepStats> {
             )));
         }
     }
-    grant_peers(members);
+    let each: Vec<(&Pool, TagId)> = members.iter().map(|m| (m.pool, m.tag)).collect();
+    grant_reachable(&each);
     let mut stats = ReplicaSleepStats {
         devices: members.iter().map(|m| m.pool.device()).collect(),
         ..Default::default()
@@ -341,12 +276,48 @@ pub fn sleep_replicas(members: &[Replica<'_>]) -> Result<ReplicaSleepStats> {
     };
     let _marking = lock_marks();
     for m in members {
-        if let Some(ts) = m.pool.lock().tags.get_mut(&m.tag) {
-            ts.replica = Some(mark.clone());
-        }
+        m.lease().set_mark(mark.clone());
     }
     stats.seconds = t0.elapsed().as_secs_f64();
     Ok(stats)
+}
+
+/// Wake replicas by the same fan-out as [`MultiMode::Replicas`]: every
+/// target's tags that own destinations are woken (memory mapped again at the
+/// same addresses, peer grants set again), then the checkpoint, one copy in
+/// host memory (the page cache), is loaded once and fanned out over peer
+/// copies. Meant for replicas put to sleep with
+/// [`Policy::Discard`]: no per-device backup is
+/// kept, and the wake reads host memory once instead of once per device.
+///
+/// A device list [`load_multi`](super::load_multi) refuses (none, a device twice, two
+/// backends) is refused before anything wakes. On an error after the wake
+/// the tags are awake and the destinations hold what the load reached (see
+/// [`load_multi`](super::load_multi)); loading again repairs them.
+pub fn wake_by_reload(
+    ckpt: Checkpoint,
+    targets: &[PoolLoad<'_>],
+    opts: &LoadOptions,
+    ctl: &Control<'_>,
+) -> Result<MultiLoaded> {
+    // A device list the load would refuse wakes nothing.
+    check_devices(&device_loads(targets))?;
+    for t in targets {
+        let mut tags = BTreeSet::new();
+        for d in t.registry.iter() {
+            if let Some(seg) = t.pool.segment_of(d.ptr) {
+                tags.insert(seg.tag);
+            }
+        }
+        let asleep: Vec<TagId> = tags
+            .into_iter()
+            .filter(|&tag| t.pool.is_tag_asleep(tag))
+            .collect();
+        if !asleep.is_empty() {
+            t.pool.wake(&asleep)?;
+        }
+    }
+    load_multi_into_pools(ckpt, targets, MultiMode::Replicas, opts, ctl)
 }
 
 /// One piece of the backup: segment `seg`, bytes `[offset, offset+len)`.
@@ -442,13 +413,13 @@ unsafe fn copy_spans(
     Ok(n)
 }
 
-/// Wake replicas put to sleep by [`sleep_replicas`] (the same members, in any
+/// Wake replicas put to sleep by [`sleep`] (the same members, in any
 /// order; the holder is the device that took the backup). See the module
 /// docs for how the bytes move and what a failure leaves: on any error every
 /// member is asleep in its group with the backup intact, and the error names
 /// the device. On success every member is awake holding the holder's bytes,
 /// and the group is dissolved.
-pub fn wake_replicas_from_backup(
+pub fn wake_from_backup(
     members: &[Replica<'_>],
     opts: &ReplicaWakeOptions,
 ) -> Result<ReplicaWakeStats> {
@@ -457,9 +428,9 @@ pub fn wake_replicas_from_backup(
     check_members(members, "wake of replicas")?;
     let devices: Vec<i32> = members.iter().map(|m| m.pool.device()).collect();
     let marking = lock_marks();
-    let mark = members[0].pool.replica_mark(members[0].tag);
+    let mark = members[0].lease().mark::<ReplicaMark>();
     for m in members {
-        let mine = m.pool.replica_mark(m.tag);
+        let mine = m.lease().mark::<ReplicaMark>();
         let same = matches!((&mine, &mark), (Some(a), Some(b)) if a == b);
         let whole = mark.as_ref().is_some_and(|g| {
             let (mut a, mut b) = (g.devices.clone(), devices.clone());
@@ -471,8 +442,8 @@ pub fn wake_replicas_from_backup(
             return Err(Error::InvalidState(format!(
                 "wake of replicas: tag {} on device {} is not asleep in one replica group with \
                  every other member listed (devices {devices:?}; it was never put to sleep with \
-                 the others by sleep_replicas, or woke or slept on its own since): to wake these \
-                 members together, put them to sleep again with sleep_replicas, the member \
+                 the others by sleep, or woke or slept on its own since): to wake these \
+                 members together, put them to sleep again with sleep, the member \
                  holding the backup first (nothing is copied), then wake them; Pool::wake wakes \
                  one alone, with its bytes only if it holds a backup",
                 tag::name_of(m.tag),
@@ -493,7 +464,7 @@ pub fn wake_replicas_from_backup(
         .expect("the group's devices are listed");
 
     for m in members {
-        m.pool.begin_transition(m.tag, false)?;
+        m.lease().begin_wake()?;
     }
     let mut staged: Vec<StagedWake<'_>> = members
         .iter()
@@ -507,15 +478,15 @@ pub fn wake_replicas_from_backup(
                 s.abort(&segs_of(*m));
             }
             for m in members {
-                m.pool.end_transition(m.tag, true);
+                m.lease().end_transition(true);
             }
             return Err(e);
         }
     };
     for (m, s) in members.iter().zip(staged) {
         s.commit(&segs_of(*m));
-        m.pool.leave_replica_group(m.tag);
-        m.pool.end_transition(m.tag, false);
+        m.lease().drop_mark();
+        m.lease().end_transition(false);
     }
     stats.devices = devices;
     stats.seconds = t0.elapsed().as_secs_f64();
@@ -524,7 +495,7 @@ pub fn wake_replicas_from_backup(
 
 /// The segments of `m`'s tag, for the staged wake (pool lock held per call).
 fn segs_of<'a>(m: Replica<'a>) -> impl Fn(SegVisitor<'_>) + 'a {
-    move |f| f(&mut m.pool.lock().tag_segments(m.tag))
+    move |f| m.lease().with_segments(|segs| f(segs))
 }
 
 /// Check, map and fill every member's memory; nothing is committed here.
@@ -545,7 +516,7 @@ fn restore(
         .map(|(m, s)| {
             let segs = s.segments();
             let bases: Vec<DevicePtr> = segs.iter().map(|x| x.0).collect();
-            let seq = m.pool.creation_order(&bases);
+            let seq = m.lease().creation_order(&bases);
             let mut v: Vec<(usize, DevicePtr, usize)> = segs
                 .iter()
                 .enumerate()
@@ -599,7 +570,7 @@ fn restore(
     } else {
         opts.copy_piece_bytes
     };
-    let align = members[h].pool.granularity.max(1);
+    let align = members[h].lease().granularity().max(1);
     let parts = cut_parts(&sizes, n, align, round_up(piece, align).max(align));
     // Part k in host spans (the holder's backup), one list per part.
     let mut spans: Vec<Vec<(usize, HostSpan)>> = Vec::with_capacity(n);

@@ -36,11 +36,11 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
 
-use super::copy::{self, Control, CopyStats};
-use super::{Checkpoint, ExecutedPlan, Extent, Fill, LoadOptions, Plan, Registry, Rules};
+use super::threads::on_threads;
 use crate::driver::{DevicePtr, Driver, StreamId};
 use crate::error::{Error, Result};
-use crate::threads::on_threads;
+use crate::loader::copy::{self, Control, CopyStats};
+use crate::loader::{Checkpoint, ExecutedPlan, Extent, Fill, LoadOptions, Plan, Registry, Rules};
 
 /// How a multi-device load divides the work.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]

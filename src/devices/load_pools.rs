@@ -4,10 +4,10 @@
 
 use std::collections::BTreeSet;
 
-use super::multi::{load_multi, DeviceLoad, MultiLoaded, MultiMode};
-use super::{Checkpoint, Control, LoadOptions, Registry, Rules};
-use crate::driver::{AccessMode, PeerAccess};
+use super::load::{load_multi, DeviceLoad, MultiLoaded, MultiMode};
+use super::peers::{grant_each, Grants};
 use crate::error::Result;
+use crate::loader::{self, Checkpoint, Control, LoadOptions, Registry, Rules};
 use crate::pool::Pool;
 use crate::tag::TagId;
 
@@ -24,7 +24,7 @@ pub struct PoolLoad<'a> {
 
 /// Load `ckpt` into every listed pool's destinations (see [`load_multi`]).
 ///
-/// Each pool's destinations are checked as [`super::check_destinations`]
+/// Each pool's destinations are checked as [`loader::check_destinations`]
 /// does (owned by what owned them at registration, in one live, awake block
 /// of that pool or in a declared foreign range; nothing written otherwise).
 /// A destination freed while the load ran fails it with
@@ -43,7 +43,7 @@ pub fn load_multi_into_pools(
 ) -> Result<MultiLoaded> {
     let mut tags: Vec<BTreeSet<TagId>> = Vec::with_capacity(targets.len());
     for t in targets {
-        super::check_destinations(t.pool, t.registry)?;
+        loader::check_destinations(t.pool, t.registry)?;
         let mut owned = BTreeSet::new();
         for d in t.registry.iter() {
             if let Some(seg) = t.pool.segment_of(d.ptr) {
@@ -53,36 +53,16 @@ pub fn load_multi_into_pools(
         }
         tags.push(owned);
     }
-    let mut granted: Vec<(usize, TagId, Vec<PeerAccess>)> = Vec::new();
-    let undo = |granted: &[(usize, TagId, Vec<PeerAccess>)]| {
-        for (k, tag, old) in granted {
-            let _ = targets[*k].pool.set_peer_access(*tag, old);
-        }
+    let grants = if mode == MultiMode::Replicas {
+        let each: Vec<(&Pool, Vec<TagId>)> = targets
+            .iter()
+            .zip(&tags)
+            .map(|(t, owned)| (t.pool, owned.iter().copied().collect()))
+            .collect();
+        grant_each(&each)?
+    } else {
+        Grants::default()
     };
-    if mode == MultiMode::Replicas {
-        for (k, t) in targets.iter().enumerate() {
-            for &tag in &tags[k] {
-                let old = t.pool.peer_access(tag);
-                let mut want = old.clone();
-                for o in targets {
-                    let dev = o.pool.device();
-                    if dev != t.pool.device() && !want.iter().any(|p| p.device == dev) {
-                        want.push(PeerAccess {
-                            device: dev,
-                            mode: AccessMode::Read,
-                        });
-                    }
-                }
-                if want != old {
-                    if let Err(e) = t.pool.set_peer_access(tag, &want) {
-                        undo(&granted);
-                        return Err(e);
-                    }
-                    granted.push((k, tag, old));
-                }
-            }
-        }
-    }
     let devices = device_loads(targets);
     let loaded = match load_multi(ckpt, &devices, mode, opts, ctl) {
         Ok(l) => l,
@@ -90,7 +70,7 @@ pub fn load_multi_into_pools(
             // Refused before any copy: nothing was written, so the grants go
             // back. After copies began, replicas may need them to repair.
             if matches!(e, crate::Error::Plan(_) | crate::Error::InvalidArgument(_)) {
-                undo(&granted);
+                grants.undo();
             }
             return Err(e);
         }
@@ -100,7 +80,7 @@ pub fn load_multi_into_pools(
     // no older source replays what this load overwrote either.
     if let Err(e) = targets
         .iter()
-        .try_for_each(|t| super::check_owners(t.registry))
+        .try_for_each(|t| loader::check_owners(t.registry))
     {
         for t in targets {
             for d in t.registry.iter() {
@@ -119,7 +99,7 @@ pub fn load_multi_into_pools(
     Ok(loaded)
 }
 
-fn device_loads<'a>(targets: &[PoolLoad<'a>]) -> Vec<DeviceLoad<'a>> {
+pub(super) fn device_loads<'a>(targets: &[PoolLoad<'a>]) -> Vec<DeviceLoad<'a>> {
     targets
         .iter()
         .map(|t| DeviceLoad {
@@ -128,42 +108,4 @@ fn device_loads<'a>(targets: &[PoolLoad<'a>]) -> Vec<DeviceLoad<'a>> {
             registry: t.registry,
         })
         .collect()
-}
-
-/// Wake replicas by the same fan-out as [`MultiMode::Replicas`]: every
-/// target's tags that own destinations are woken (memory mapped again at the
-/// same addresses, peer grants set again), then the checkpoint, one copy in
-/// host memory (the page cache), is loaded once and fanned out over peer
-/// copies. Meant for replicas put to sleep with
-/// [`Policy::Discard`](crate::sleep::Policy::Discard): no per-device backup is
-/// kept, and the wake reads host memory once instead of once per device.
-///
-/// A device list [`load_multi`] refuses (none, a device twice, two
-/// backends) is refused before anything wakes. On an error after the wake
-/// the tags are awake and the destinations hold what the load reached (see
-/// [`load_multi`]); loading again repairs them.
-pub fn wake_replicas(
-    ckpt: Checkpoint,
-    targets: &[PoolLoad<'_>],
-    opts: &LoadOptions,
-    ctl: &Control<'_>,
-) -> Result<MultiLoaded> {
-    // A device list the load would refuse wakes nothing.
-    super::multi::check_devices(&device_loads(targets))?;
-    for t in targets {
-        let mut tags = BTreeSet::new();
-        for d in t.registry.iter() {
-            if let Some(seg) = t.pool.segment_of(d.ptr) {
-                tags.insert(seg.tag);
-            }
-        }
-        let asleep: Vec<TagId> = tags
-            .into_iter()
-            .filter(|&tag| t.pool.is_tag_asleep(tag))
-            .collect();
-        if !asleep.is_empty() {
-            t.pool.wake(&asleep)?;
-        }
-    }
-    load_multi_into_pools(ckpt, targets, MultiMode::Replicas, opts, ctl)
 }
