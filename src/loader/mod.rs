@@ -33,6 +33,7 @@ pub mod plan;
 mod read_error;
 pub mod registry;
 pub mod rules;
+pub mod session;
 
 use std::sync::Arc;
 
@@ -46,6 +47,7 @@ pub use multi_pools::{load_multi_into_pools, wake_replicas, PoolLoad};
 pub use plan::{Extent, Fill, Plan, PlanOptions};
 pub use registry::{DestAllocator, DestSpec, Destination, Registry, SegmentAllocator};
 pub use rules::{Fuse, Pad, Rule, Rules, Shard as ShardRule, Tie, Tp};
+pub use session::{PlanSummary, Progress, Session};
 
 use crate::driver::Driver;
 use crate::error::Result;
