@@ -91,8 +91,10 @@ pub struct Session {
 
 impl std::fmt::Debug for Session {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never waits for a running load.
+        let path = self.state.try_lock().map(|st| st.path.clone()).ok();
         f.debug_struct("Session")
-            .field("path", &self.lock().path)
+            .field("path", &path)
             .finish_non_exhaustive()
     }
 }
