@@ -41,6 +41,7 @@
 const char*vmmw_error_message(const struct vmmw_error_t*error);
 const char*vmmw_status_name(vmmw_status_t status);
 const char*vmmw_version_string(void);
+int32_t vmmw_error_driver_code(const struct vmmw_error_t*error);
 typedef int32_t vmmw_access_t;
 typedef int32_t vmmw_backend_t;
 typedef int32_t vmmw_copy_strategy_t;

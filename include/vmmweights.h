@@ -113,15 +113,16 @@ typedef struct vmmw_device_t vmmw_device_t;
 typedef struct vmmw_error_t vmmw_error_t;
 
 /**
- * A checkpoint being loaded. Thread-safe: calls on one loader serialize
- * (a load holds it for its duration), except `vmmw_loader_cancel`, which may
- * be called from any thread while a load runs.
+ * A checkpoint being loaded: a [`Session`] behind a C handle. Thread-safe:
+ * calls on one loader serialize (a load holds it for its duration), except
+ * `vmmw_loader_cancel`, which may be called from any thread while a load runs.
  */
 typedef struct vmmw_loader_t vmmw_loader_t;
 
 /**
- * A caching pool on one device. Thread-safe: every function taking a pool
- * may be called concurrently, except `vmmw_pool_free`.
+ * A caching pool on one device, behind a shared handle (see the module
+ * documentation). Thread-safe: every function taking a pool may be called
+ * concurrently, except `vmmw_pool_free` of the caller's last reference.
  */
 typedef struct vmmw_pool_t vmmw_pool_t;
 
@@ -1064,6 +1065,19 @@ const char *vmmw_error_message(const struct vmmw_error_t *error);
 vmmw_status_t vmmw_error_status(const struct vmmw_error_t *error);
 
 /**
+ * The driver's own code behind `error`: the `CUresult` of the failed CUDA
+ * call on the cuda backend, the `errno` on the host backend; 0 when `error`
+ * is not a driver error (its status is not `VMMW_DRIVER_ERROR`) or is NULL.
+ * Thread-safe.
+ *
+ * Bad input: none: NULL gives 0.
+ *
+ * # Safety
+ * As `vmmw_error_message`.
+ */
+int32_t vmmw_error_driver_code(const struct vmmw_error_t *error);
+
+/**
  * Free an error object. NULL is accepted and ignored.
  *
  * Bad input: NULL is ignored. An object already freed cannot be detected
@@ -1340,8 +1354,9 @@ vmmw_status_t vmmw_loader_plan(const struct vmmw_loader_t *loader, struct vmmw_p
  * of this pool, or outside it and not declared with
  * `vmmw_loader_declare_foreign`), `VMMW_INVALID_ARGUMENT` (a destination
  * running past its block), `VMMW_INVALID_STATE` (asleep); during the copy:
- * `VMMW_CANCELLED`, `VMMW_DRIVER_ERROR`. A pending cancel survives a load
- * refused before its copies.
+ * `VMMW_CANCELLED`, `VMMW_DRIVER_ERROR`. The cancel rule (docs/ABI.md): a
+ * load that ran its copies clears a pending cancel; a load refused before
+ * its copies leaves it pending.
  *
  * # Safety
  * `loader` and `pool` are live handles; `progress` is NULL or a function
@@ -1351,7 +1366,11 @@ vmmw_status_t vmmw_loader_load(struct vmmw_loader_t *loader, struct vmmw_pool_t 
 
 /**
  * Ask the running load of this loader (or, when none runs, the next one) to
- * stop; it fails with `VMMW_CANCELLED`. Thread-safe; returns at once.
+ * stop; it fails with `VMMW_CANCELLED`. Thread-safe; returns at once. The
+ * request stays pending until a load of this loader reaches its copies
+ * (`vmmw_loader_load`, or `vmmw_loader_load_devices` and
+ * `vmmw_loader_wake_replicas` with this loader listed): a load that ran its
+ * copies clears it, a load refused before its copies leaves it pending.
  *
  * Bad input: `VMMW_NULL_ARGUMENT` (`loader`).
  *
@@ -1494,7 +1513,9 @@ vmmw_status_t vmmw_pool_can_access_peer(const struct vmmw_pool_t *pool, int32_t 
  * executed plan (`vmmw_loader_result`, Reload sleep). `out` may be NULL.
  *
  * Blocks until done; `vmmw_loader_cancel` on `loaders[0]` stops it
- * (`VMMW_CANCELLED`, destinations partly written). Thread-safe; the loaders are held for the call (a
+ * (`VMMW_CANCELLED`, destinations partly written). Once the load ran its
+ * copies, every listed loader's pending cancel is cleared; a load refused
+ * before its copies leaves them pending (the cancel rule of `vmmw_loader_cancel`). Thread-safe; the loaders are held for the call (a
  * loader listed twice is `VMMW_INVALID_ARGUMENT`).
  *
  * Bad input: `VMMW_NULL_ARGUMENT` (`loaders`, `pools` with `count` > 0, or an
@@ -1525,7 +1546,8 @@ vmmw_status_t vmmw_loader_load_devices(struct vmmw_loader_t *const *loaders, str
  * they stay awake and the destinations hold what the load reached (loading
  * again repairs them); an error before (a tag's wake refused, e.g.
  * `VMMW_OUT_OF_MEMORY`) leaves the tags not yet woken asleep. `out` may be
- * NULL. Blocks until done; `vmmw_loader_cancel` on `loaders[0]` stops it.
+ * NULL. Blocks until done; `vmmw_loader_cancel` on `loaders[0]` stops it;
+ * pending cancels follow the rule of `vmmw_loader_load_devices`.
  * Thread-safe; the loaders are held for the call.
  *
  * Bad input: as `vmmw_loader_load_devices`; the NULL and device-list checks
@@ -1566,9 +1588,11 @@ vmmw_status_t vmmw_pool_new(const struct vmmw_pool_options_t *options, struct vm
 /**
  * The process-global pool of `device` (the one the PyTorch entry points
  * `vmmw_torch_malloc`/`vmmw_torch_free` use), created on first use with the
- * backend named by `VMMW_BACKEND` (auto by default). `*out` is borrowed: it
- * stays valid until the process exits, every call returns the same pointer,
- * and `vmmw_pool_free` on it does nothing.
+ * backend named by `VMMW_BACKEND` (auto by default). Every call returns the
+ * same pointer and gives the caller one reference to it, which
+ * `vmmw_pool_free` drops (once per call); the registry of global pools keeps
+ * its own reference, so the pool and the handle live until the process exits
+ * whether or not the caller frees it.
  *
  * Bad input: `VMMW_NULL_ARGUMENT` (`out`); `VMMW_INVALID_ARGUMENT` (negative
  * device); `VMMW_DRIVER_UNAVAILABLE`.
@@ -1579,16 +1603,20 @@ vmmw_status_t vmmw_pool_new(const struct vmmw_pool_options_t *options, struct vm
 vmmw_status_t vmmw_pool_default(int32_t device, struct vmmw_pool_t **out, struct vmmw_error_t **error);
 
 /**
- * Free a pool handle. NULL and the pools of `vmmw_pool_default` are accepted
- * and ignored. Blocks still allocated are released with the pool (their
- * pointers become invalid); the device is synchronized first.
+ * Drop the caller's reference to a pool handle. NULL is accepted. One
+ * meaning for every handle: the handle and its pool are freed with their
+ * last reference. A pool from `vmmw_pool_new` has only the caller's, so its
+ * blocks still allocated are released with it (their pointers become
+ * invalid; the device is synchronized first). The global pools of
+ * `vmmw_pool_default` keep the registry's reference and live on.
  *
- * Bad input: NULL and global pools are ignored. A handle already freed cannot
- * be detected (undefined behaviour).
+ * Bad input: NULL is ignored. Dropping more references than were given out
+ * cannot be detected (undefined behaviour).
  *
  * # Safety
- * `pool` is NULL or a live handle, not used afterwards (unless global) and
- * not concurrently.
+ * `pool` is NULL or a handle holding the caller's reference, which is not
+ * used afterwards; the last reference is not freed concurrently with other
+ * calls on the handle.
  */
 void vmmw_pool_free(struct vmmw_pool_t *pool);
 

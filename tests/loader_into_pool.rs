@@ -114,3 +114,38 @@ fn pool_read_write_refuse_ranges_outside_one_awake_segment() {
     let err = unsafe { pool.read(b.ptr, &mut back) }.unwrap_err();
     assert!(matches!(err, Error::InvalidState(_)), "{err}");
 }
+
+#[test]
+fn session_cancel_is_kept_by_a_refused_load_and_cleared_by_one_that_copied() {
+    let h = pool::host(1 << 30);
+    let pool = Pool::new(pool::dyn_driver(&h), pool::small_config()).unwrap();
+    let t = tag::id("test-into-pool-session-cancel").unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    write_sharded(dir.path(), &generate(&SMALL, Dtype::Bf16), Dtype::Bf16, 2);
+    let session = vmmweights::loader::Session::open(dir.path()).unwrap();
+    session.cancel();
+    // No destination yet: refused at plan time, before any copy.
+    let err = session.load(&pool, None).unwrap_err();
+    assert_eq!(err.status(), vmmweights::Status::PlanMismatch, "{err}");
+    assert!(session.cancel_pending(), "a refused load keeps the request");
+    session.allocate(&pool, t).unwrap();
+    let err = session.load(&pool, None).unwrap_err();
+    assert!(matches!(err, Error::Cancelled { .. }), "{err}");
+    assert!(!session.cancel_pending(), "the cancelled load consumed it");
+    assert!(session.last_result().is_none());
+    // A progress callback's Break cancels as `cancel` does; on the last call
+    // the copies are done and the load succeeds. Either way it ran its
+    // copies, so no request is left pending.
+    let stop = |_done: u64, _total: u64| std::ops::ControlFlow::Break(());
+    match session.load(&pool, Some(&stop)) {
+        Ok(_) | Err(Error::Cancelled { .. }) => {}
+        Err(e) => panic!("{e}"),
+    }
+    assert!(!session.cancel_pending());
+    let ex = session.load(&pool, None).unwrap();
+    assert_eq!(session.plan().unwrap().src_bytes, ex.plan().src_bytes());
+    assert!(session.last_result().is_some());
+    for d in session.destinations() {
+        pool.free(d.ptr).unwrap();
+    }
+}

@@ -221,6 +221,7 @@ def test_bad_input_is_refused_clearly(pool, tmp_path):
     with pytest.raises(vw.VmmwError) as e:
         pool.free(0x1234)
     assert e.value.status_name == "VMMW_UNKNOWN_POINTER"
+    assert e.value.driver_code == 0  # only a VMMW_DRIVER_ERROR carries one
 
 
 def test_report_table_names_every_tag(pool):

@@ -31,15 +31,20 @@ class VmmwError(RuntimeError):
 
     ``status`` is the stable ``VMMW_*`` number, ``status_name`` its name
     ("VMMW_UNKNOWN_TAG"), ``function`` the C function and ``message`` the
-    library's explanation.
+    library's explanation. ``driver_code`` is the driver's own code of a
+    ``VMMW_DRIVER_ERROR`` (a ``CUresult`` on the cuda backend, an ``errno``
+    on the host backend), 0 for any other error.
     """
 
-    def __init__(self, function: str, status: int, status_name: str, message: str):
+    def __init__(
+        self, function: str, status: int, status_name: str, message: str, driver_code: int = 0
+    ):
         super().__init__(f"{function}: {status_name} ({status}): {message}")
         self.function = function
         self.status = status
         self.status_name = status_name
         self.message = message
+        self.driver_code = driver_code
 
 
 def library_path() -> str:
@@ -88,6 +93,7 @@ _SIGNATURES: dict[str, tuple[Any, list[Any], bool]] = {
     "vmmw_status_name": (ctypes.c_char_p, [_I32], False),
     "vmmw_error_message": (ctypes.c_char_p, [_P], False),
     "vmmw_error_status": (_I32, [_P], False),
+    "vmmw_error_driver_code": (_I32, [_P], False),
     "vmmw_error_free": (None, [_P], False),
     "vmmw_version_string": (ctypes.c_char_p, [], False),
     "vmmw_device_open": (_I32, [_I32, _I32, ctypes.POINTER(_P)], True),
@@ -230,11 +236,13 @@ def status_name(status: int) -> str:
 
 def _raise(name: str, status: int, err: ctypes.c_void_p) -> None:
     message = "(no details)"
+    driver_code = 0
     if err.value:
         raw = function("vmmw_error_message")(err)
         message = raw.decode("utf-8", "replace") if raw else message
+        driver_code = function("vmmw_error_driver_code")(err)
         function("vmmw_error_free")(err)
-    raise VmmwError(name, status, status_name(status), message)
+    raise VmmwError(name, status, status_name(status), message, driver_code)
 
 
 def call(name: str, *args: Any) -> None:

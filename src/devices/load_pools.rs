@@ -7,20 +7,10 @@ use std::collections::BTreeSet;
 use super::load::{load_multi, DeviceLoad, MultiLoaded, MultiMode};
 use super::peers::{grant_each, Grants};
 use crate::error::Result;
-use crate::loader::{self, Checkpoint, Control, LoadOptions, Registry, Rules};
+pub use crate::loader::PoolLoad;
+use crate::loader::{self, Checkpoint, Control, LoadOptions};
 use crate::pool::Pool;
 use crate::tag::TagId;
-
-/// One device's part of a load into pools.
-#[derive(Debug, Clone, Copy)]
-pub struct PoolLoad<'a> {
-    /// The device's pool; its destinations should live in it.
-    pub pool: &'a Pool,
-    /// The device's rules.
-    pub rules: &'a Rules,
-    /// The device's destinations.
-    pub registry: &'a Registry,
-}
 
 /// Load `ckpt` into every listed pool's destinations (see [`load_multi`]).
 ///

@@ -17,6 +17,8 @@ use crate::error::Error;
 pub struct vmmw_error_t {
     status: vmmw_status_t,
     message: CString,
+    /// The driver's code of a `VMMW_DRIVER_ERROR`; 0 otherwise.
+    driver_code: i32,
 }
 
 impl vmmw_error_t {
@@ -29,6 +31,10 @@ impl vmmw_error_t {
             // The replacement above removed every NUL, so this cannot fail;
             // fall back to an empty message rather than panicking.
             message: CString::new(text).unwrap_or_default(),
+            driver_code: match e {
+                Error::Driver { code, .. } => *code,
+                _ => 0,
+            },
         }
     }
 }
@@ -66,6 +72,21 @@ pub unsafe extern "C" fn vmmw_error_status(error: *const vmmw_error_t) -> vmmw_s
         Some(e) => e.status,
         None => super::status::VMMW_NULL_ARGUMENT,
     }
+}
+
+/// The driver's own code behind `error`: the `CUresult` of the failed CUDA
+/// call on the cuda backend, the `errno` on the host backend; 0 when `error`
+/// is not a driver error (its status is not `VMMW_DRIVER_ERROR`) or is NULL.
+/// Thread-safe.
+///
+/// Bad input: none: NULL gives 0.
+///
+/// # Safety
+/// As `vmmw_error_message`.
+#[no_mangle]
+pub unsafe extern "C" fn vmmw_error_driver_code(error: *const vmmw_error_t) -> i32 {
+    // SAFETY: the caller passes NULL or a live error object.
+    unsafe { error.as_ref() }.map_or(0, |e| e.driver_code)
 }
 
 /// Free an error object. NULL is accepted and ignored.

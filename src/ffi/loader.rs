@@ -7,9 +7,7 @@
 //! is written: on a plan error the destinations are untouched.
 
 use std::ffi::{c_char, c_void};
-use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::ops::ControlFlow;
 
 use super::boundary::{arg, call, call_out, free_handle, into_handle, slice_arg, str_arg};
 use super::buffer::write_str;
@@ -19,10 +17,7 @@ use super::options::{read_sized, SizedOptions};
 use super::pool::vmmw_pool_t;
 use super::status::vmmw_status_t;
 use crate::error::{Error, Result};
-use crate::loader::{
-    self, Checkpoint, Control, CopyStats, Dtype, ExecutedPlan, LoadOptions, Plan, Registry, Rules,
-    Strategy, Tp,
-};
+use crate::loader::{self, Dtype, LoadOptions, Progress, Rules, Session, Strategy, Tp};
 use crate::tag::TagId;
 
 /// How a load moves bytes from the checkpoint to the device: one of the
@@ -153,42 +148,11 @@ pub struct vmmw_load_result_t {
     pub threads: u32,
 }
 
-pub(super) struct LoaderState {
-    pub(super) path: PathBuf,
-    /// Opened lazily again after a load consumed it.
-    pub(super) ckpt: Option<Checkpoint>,
-    pub(super) rules: Rules,
-    pub(super) registry: Registry,
-    pub(super) options: LoadOptions,
-    pub(super) executed: Option<Arc<ExecutedPlan>>,
-}
-
-impl LoaderState {
-    pub(super) fn ckpt(&mut self) -> Result<&Checkpoint> {
-        if self.ckpt.is_none() {
-            self.ckpt = Some(Checkpoint::open(&self.path)?);
-        }
-        Ok(self.ckpt.as_ref().expect("set above"))
-    }
-}
-
-/// A checkpoint being loaded. Thread-safe: calls on one loader serialize
-/// (a load holds it for its duration), except `vmmw_loader_cancel`, which may
-/// be called from any thread while a load runs.
+/// A checkpoint being loaded: a [`Session`] behind a C handle. Thread-safe:
+/// calls on one loader serialize (a load holds it for its duration), except
+/// `vmmw_loader_cancel`, which may be called from any thread while a load runs.
 pub struct vmmw_loader_t {
-    state: Mutex<LoaderState>,
-    pub(super) cancel: AtomicBool,
-}
-
-impl vmmw_loader_t {
-    pub(super) fn lock(&self) -> MutexGuard<'_, LoaderState> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// The registered destinations, in name order (what `vmmw_share_serve` offers).
-    pub(crate) fn destinations(&self) -> Vec<crate::loader::registry::Destination> {
-        self.lock().registry.iter().cloned().collect()
-    }
+    pub(crate) session: Session,
 }
 
 /// Open a checkpoint: a `.safetensors` file, or a folder holding
@@ -215,18 +179,9 @@ pub unsafe extern "C" fn vmmw_loader_open(
 ) -> vmmw_status_t {
     call_out(out, "out", error, || {
         // SAFETY: forwarded contract.
-        let path = PathBuf::from(unsafe { str_arg(path, "path") }?);
-        let ckpt = Checkpoint::open(&path)?;
+        let path = unsafe { str_arg(path, "path") }?;
         Ok(into_handle(vmmw_loader_t {
-            state: Mutex::new(LoaderState {
-                path,
-                ckpt: Some(ckpt),
-                rules: Rules::default(),
-                registry: Registry::new(),
-                options: LoadOptions::default(),
-                executed: None,
-            }),
-            cancel: AtomicBool::new(false),
+            session: Session::open(path)?,
         }))
     })
 }
@@ -269,9 +224,7 @@ pub unsafe extern "C" fn vmmw_loader_set_rules_json(
         let l = unsafe { arg(loader, "loader") }?;
         // SAFETY: forwarded contract.
         let rules = Rules::from_json(unsafe { str_arg(json, "json") }?)?;
-        rules.compile()?;
-        l.lock().rules = rules;
-        Ok(())
+        l.session.set_rules(rules)
     })
 }
 
@@ -303,10 +256,7 @@ pub unsafe extern "C" fn vmmw_loader_set_rules_preset(
             rank: tp_rank as usize,
             world: tp_world as usize,
         });
-        let rules = Rules::preset(family, tp, head_dim as usize)?;
-        rules.compile()?;
-        l.lock().rules = rules;
-        Ok(())
+        l.session.set_preset(family, tp, head_dim as usize)
     })
 }
 
@@ -350,11 +300,7 @@ pub unsafe extern "C" fn vmmw_loader_set_options(
         opts.copy.window_bytes =
             or_default(o.window_bytes, opts.copy.window_bytes, "window_bytes")?;
         opts.copy.slot_bytes = or_default(o.slot_bytes, opts.copy.slot_bytes, "slot_bytes")?;
-        opts.copy.validate()?;
-        let mut st = l.lock();
-        opts.reload_check = st.options.reload_check;
-        st.options = opts;
-        Ok(())
+        l.session.set_options(opts.plan, opts.copy)
     })
 }
 
@@ -391,7 +337,7 @@ pub unsafe extern "C" fn vmmw_loader_set_reload_check(
                 )))
             }
         };
-        l.lock().options.reload_check = on;
+        l.session.set_reload_check(on);
         Ok(())
     })
 }
@@ -458,7 +404,7 @@ pub unsafe extern "C" fn vmmw_loader_register(
             .iter()
             .map(|&d| to_usize(d, "shape"))
             .collect::<Result<Vec<_>>>()?;
-        l.lock().registry.register(name, ptr, dtype, &shape)
+        l.session.register(name, ptr, dtype, &shape)
     })
 }
 
@@ -496,7 +442,7 @@ pub unsafe extern "C" fn vmmw_loader_declare_foreign(
     call(error, || {
         // SAFETY: forwarded contract.
         let l = unsafe { arg(loader, "loader") }?;
-        l.lock().registry.declare_foreign(ptr, bytes)
+        l.session.declare_foreign(ptr, bytes)
     })
 }
 
@@ -529,11 +475,7 @@ pub unsafe extern "C" fn vmmw_loader_allocate(
         let l = unsafe { arg(loader, "loader") }?;
         // SAFETY: forwarded contract.
         let p = unsafe { arg(pool, "pool") }?;
-        crate::tag::check(TagId(tag))?;
-        let mut st = l.lock();
-        let rules = st.rules.clone();
-        let specs = Plan::destinations(st.ckpt()?, &rules)?;
-        loader::allocate_in_pool(&mut st.registry, &specs, &p.pool, TagId(tag))
+        l.session.allocate(&p.pool, TagId(tag))
     })
 }
 
@@ -551,7 +493,9 @@ pub unsafe extern "C" fn vmmw_loader_destination_count(
 ) -> vmmw_status_t {
     call_out(out, "out", error, || {
         // SAFETY: forwarded contract.
-        Ok(unsafe { arg(loader, "loader") }?.lock().registry.len())
+        Ok(unsafe { arg(loader, "loader") }?
+            .session
+            .destination_count())
     })
 }
 
@@ -577,9 +521,9 @@ pub unsafe extern "C" fn vmmw_loader_destination_name(
 ) -> vmmw_status_t {
     call(error, || {
         // SAFETY: forwarded contract.
-        let st = unsafe { arg(loader, "loader") }?.lock();
-        let n = st.registry.len();
-        let d = st.registry.iter().nth(index).ok_or_else(|| {
+        let dests = unsafe { arg(loader, "loader") }?.session.destinations();
+        let n = dests.len();
+        let d = dests.get(index).ok_or_else(|| {
             Error::InvalidArgument(format!(
                 "destination index {index} is not below the count {n}"
             ))
@@ -608,10 +552,10 @@ pub unsafe extern "C" fn vmmw_loader_destination(
 ) -> vmmw_status_t {
     call_out(out, "out", error, || {
         // SAFETY: forwarded contract.
-        let st = unsafe { arg(loader, "loader") }?.lock();
+        let l = unsafe { arg(loader, "loader") }?;
         // SAFETY: forwarded contract.
         let name = unsafe { str_arg(name, "name") }?;
-        let d = st.registry.get(name).ok_or_else(|| {
+        let d = l.session.destination(name).ok_or_else(|| {
             Error::InvalidArgument(format!("no destination `{name}` is registered"))
         })?;
         if d.shape.len() > VMMW_MAX_DIMS {
@@ -654,21 +598,17 @@ pub unsafe extern "C" fn vmmw_loader_plan(
 ) -> vmmw_status_t {
     call_out(out, "out", error, || {
         // SAFETY: forwarded contract.
-        let mut st = unsafe { arg(loader, "loader") }?.lock();
-        let (rules, opts) = (st.rules.clone(), st.options.plan);
-        st.ckpt()?;
-        let ckpt = st.ckpt.as_ref().expect("opened above");
-        let plan = Plan::build(ckpt, &rules, &st.registry, &opts)?;
+        let s = unsafe { arg(loader, "loader") }?.session.plan()?;
         Ok(vmmw_plan_summary_t {
-            extents: plan.extents.len() as u64,
-            fills: plan.fills.len() as u64,
-            src_bytes: plan.src_bytes(),
-            dst_bytes: plan.dst_bytes(),
-            sources: plan.sources.len() as u64,
-            skipped: plan.skipped.len() as u64,
-            missing: plan.missing.len() as u64,
-            unexpected: plan.unexpected.len() as u64,
-            destinations: st.registry.len() as u64,
+            extents: s.extents,
+            fills: s.fills,
+            src_bytes: s.src_bytes,
+            dst_bytes: s.dst_bytes,
+            sources: s.sources,
+            skipped: s.skipped,
+            missing: s.missing,
+            unexpected: s.unexpected,
+            destinations: s.destinations,
         })
     })
 }
@@ -713,8 +653,9 @@ pub unsafe extern "C" fn vmmw_loader_plan(
 /// of this pool, or outside it and not declared with
 /// `vmmw_loader_declare_foreign`), `VMMW_INVALID_ARGUMENT` (a destination
 /// running past its block), `VMMW_INVALID_STATE` (asleep); during the copy:
-/// `VMMW_CANCELLED`, `VMMW_DRIVER_ERROR`. A pending cancel survives a load
-/// refused before its copies.
+/// `VMMW_CANCELLED`, `VMMW_DRIVER_ERROR`. The cancel rule (docs/ABI.md): a
+/// load that ran its copies clears a pending cancel; a load refused before
+/// its copies leaves it pending.
 ///
 /// # Safety
 /// `loader` and `pool` are live handles; `progress` is NULL or a function
@@ -732,35 +673,27 @@ pub unsafe extern "C" fn vmmw_loader_load(
         let l = unsafe { arg(loader, "loader") }?;
         // SAFETY: forwarded contract.
         let p = unsafe { arg(pool, "pool") }?;
-        let mut st = l.lock();
-        st.ckpt()?;
-        let ckpt = st.ckpt.take().expect("opened above");
-        let on_progress = |done: u64, total: u64| {
-            if let Some(f) = progress {
+        let forward = progress.map(|f| {
+            move |done: u64, total: u64| {
                 // SAFETY: the caller guarantees `progress` may be called with `user`.
-                if unsafe { f(done, total, user) } != 0 {
-                    l.cancel.store(true, Ordering::Release);
+                match unsafe { f(done, total, user) } {
+                    0 => ControlFlow::Continue(()),
+                    _ => ControlFlow::Break(()),
                 }
             }
-        };
-        let ctl = Control {
-            progress: Some(&on_progress),
-            cancel: Some(&l.cancel),
-        };
-        let result =
-            loader::load_into_pool(&p.pool, ckpt, &st.rules, &st.registry, &st.options, &ctl);
-        // The load consumed a cancel only if it ran its copies: a load refused
-        // for another reason (plan, checkpoint, destinations) leaves it pending.
-        if matches!(&result, Ok(_) | Err(Error::Cancelled { .. })) {
-            l.cancel.store(false, Ordering::Release);
-        }
-        st.executed = Some(result?);
+        });
+        let on_progress = forward.as_ref().map(|f| f as Progress<'_>);
+        l.session.load(&p.pool, on_progress)?;
         Ok(())
     })
 }
 
 /// Ask the running load of this loader (or, when none runs, the next one) to
-/// stop; it fails with `VMMW_CANCELLED`. Thread-safe; returns at once.
+/// stop; it fails with `VMMW_CANCELLED`. Thread-safe; returns at once. The
+/// request stays pending until a load of this loader reaches its copies
+/// (`vmmw_loader_load`, or `vmmw_loader_load_devices` and
+/// `vmmw_loader_wake_replicas` with this loader listed): a load that ran its
+/// copies clears it, a load refused before its copies leaves it pending.
 ///
 /// Bad input: `VMMW_NULL_ARGUMENT` (`loader`).
 ///
@@ -773,19 +706,9 @@ pub unsafe extern "C" fn vmmw_loader_cancel(
 ) -> vmmw_status_t {
     call(error, || {
         // SAFETY: forwarded contract.
-        unsafe { arg(loader, "loader") }?
-            .cancel
-            .store(true, Ordering::Release);
+        unsafe { arg(loader, "loader") }?.session.cancel();
         Ok(())
     })
-}
-
-fn stats_of(l: &vmmw_loader_t) -> Result<CopyStats> {
-    l.lock()
-        .executed
-        .as_ref()
-        .map(|e| e.stats)
-        .ok_or_else(|| Error::InvalidState("no load has completed on this loader yet".into()))
 }
 
 /// What the last successful load did. `VMMW_INVALID_STATE` before one.
@@ -803,7 +726,7 @@ pub unsafe extern "C" fn vmmw_loader_result(
 ) -> vmmw_status_t {
     call_out(out, "out", error, || {
         // SAFETY: forwarded contract.
-        let s = stats_of(unsafe { arg(loader, "loader") }?)?;
+        let s = unsafe { arg(loader, "loader") }?.session.stats()?;
         Ok(vmmw_load_result_t {
             bytes: s.bytes,
             seconds: s.seconds,
@@ -839,25 +762,7 @@ pub unsafe extern "C" fn vmmw_loader_result_json(
     call(error, || {
         // SAFETY: forwarded contract.
         let l = unsafe { arg(loader, "loader") }?;
-        let json = {
-            let st = l.lock();
-            let e = st.executed.as_ref().ok_or_else(|| {
-                Error::InvalidState("no load has completed on this loader yet".into())
-            })?;
-            let plan = e.plan();
-            serde_json::to_string_pretty(&serde_json::json!({
-                "stats": e.stats,
-                "gbps": e.stats.gbps(),
-                "sources": plan.sources.len(),
-                "skipped": plan.skipped,
-                "missing": plan.missing,
-                "unexpected": plan.unexpected,
-                "src_bytes": plan.src_bytes(),
-                "dst_bytes": plan.dst_bytes(),
-                "destinations": st.registry.len(),
-            }))
-            .map_err(|e| Error::InvalidState(format!("cannot serialize the load result: {e}")))?
-        };
+        let json = l.session.result_json()?;
         // SAFETY: forwarded contract.
         unsafe { write_str(&json, buf, cap, needed) }
     })

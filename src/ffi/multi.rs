@@ -2,17 +2,16 @@
 //! load that fills destinations on several devices (replicas by fan-out over
 //! peer copies, or tensor-parallel ranks at once).
 
-use std::sync::atomic::Ordering;
-
 use super::boundary::{arg, call, call_out, slice_arg};
 use super::error::vmmw_error_t;
 use super::loader::vmmw_loader_t;
 use super::pool::vmmw_pool_t;
 use super::status::vmmw_status_t;
-use crate::devices::{self, replicas, MultiMode, PoolLoad};
+use crate::devices::{self, replicas, MultiMode};
 use crate::driver::{AccessMode, PeerAccess};
 use crate::error::{Error, Result};
-use crate::loader::Control;
+use crate::loader::PoolLoad;
+use crate::loader::{Control, Session};
 use crate::tag::TagId;
 
 /// What a peer device may do with a tag's memory: one of the `VMMW_ACCESS_*` values.
@@ -223,7 +222,9 @@ pub unsafe extern "C" fn vmmw_pool_can_access_peer(
 /// executed plan (`vmmw_loader_result`, Reload sleep). `out` may be NULL.
 ///
 /// Blocks until done; `vmmw_loader_cancel` on `loaders[0]` stops it
-/// (`VMMW_CANCELLED`, destinations partly written). Thread-safe; the loaders are held for the call (a
+/// (`VMMW_CANCELLED`, destinations partly written). Once the load ran its
+/// copies, every listed loader's pending cancel is cleared; a load refused
+/// before its copies leaves them pending (the cancel rule of `vmmw_loader_cancel`). Thread-safe; the loaders are held for the call (a
 /// loader listed twice is `VMMW_INVALID_ARGUMENT`).
 ///
 /// Bad input: `VMMW_NULL_ARGUMENT` (`loaders`, `pools` with `count` > 0, or an
@@ -285,7 +286,8 @@ pub unsafe extern "C" fn vmmw_loader_load_devices(
 /// they stay awake and the destinations hold what the load reached (loading
 /// again repairs them); an error before (a tag's wake refused, e.g.
 /// `VMMW_OUT_OF_MEMORY`) leaves the tags not yet woken asleep. `out` may be
-/// NULL. Blocks until done; `vmmw_loader_cancel` on `loaders[0]` stops it.
+/// NULL. Blocks until done; `vmmw_loader_cancel` on `loaders[0]` stops it;
+/// pending cancels follow the rule of `vmmw_loader_load_devices`.
 /// Thread-safe; the loaders are held for the call.
 ///
 /// Bad input: as `vmmw_loader_load_devices`; the NULL and device-list checks
@@ -362,71 +364,15 @@ unsafe fn on_devices(
     let ls = unsafe { slice_arg(loaders, count, "loaders") }?;
     // SAFETY: forwarded contract.
     let ps = unsafe { slice_arg(pools, count, "pools") }?;
-    if count == 0 {
-        return Err(Error::InvalidArgument(format!(
-            "{what} needs at least one device"
-        )));
-    }
-    let mut handles = Vec::with_capacity(count);
-    for (i, (&l, &p)) in ls.iter().zip(ps).enumerate() {
+    let mut sessions = Vec::with_capacity(count);
+    let mut pool_refs = Vec::with_capacity(count);
+    for (&l, &p) in ls.iter().zip(ps) {
         // SAFETY: forwarded contract.
-        let l = unsafe { arg(l, "loaders[i]") }?;
+        sessions.push(&unsafe { arg(l, "loaders[i]") }?.session);
         // SAFETY: forwarded contract.
-        let p = unsafe { arg(p, "pools[i]") }?;
-        if handles
-            .iter()
-            .any(|&(o, _): &(&vmmw_loader_t, _)| std::ptr::eq(o, l))
-        {
-            return Err(Error::InvalidArgument(format!(
-                "loaders[{i}] is listed twice: give each device its own loader"
-            )));
-        }
-        handles.push((l, p));
+        pool_refs.push(&*unsafe { arg(p, "pools[i]") }?.pool);
     }
-    // Lock in address order so two concurrent calls cannot deadlock.
-    let mut order: Vec<usize> = (0..count).collect();
-    order.sort_by_key(|&i| handles[i].0 as *const vmmw_loader_t as usize);
-    let mut guards: Vec<Option<_>> = (0..count).map(|_| None).collect();
-    for &i in &order {
-        guards[i] = Some(handles[i].0.lock());
-    }
-    let mut guards: Vec<_> = guards.into_iter().map(|g| g.expect("locked")).collect();
-    let root = guards[0].path.clone();
-    for (i, g) in guards.iter().enumerate() {
-        if g.path != root {
-            return Err(Error::InvalidArgument(format!(
-                "loaders[{i}] opened {}, loaders[0] {}: one checkpoint for all devices",
-                g.path.display(),
-                root.display()
-            )));
-        }
-    }
-    guards[0].ckpt()?;
-    let ckpt = guards[0].ckpt.take().expect("opened above");
-    let options = guards[0].options;
-    let cancel = &handles[0].0.cancel;
-    let ctl = Control {
-        progress: None,
-        cancel: Some(cancel),
-    };
-    let targets: Vec<PoolLoad<'_>> = guards
-        .iter()
-        .zip(&handles)
-        .map(|(g, (_, p))| PoolLoad {
-            pool: &p.pool,
-            rules: &g.rules,
-            registry: &g.registry,
-        })
-        .collect();
-    let result = run(ckpt, &targets, &options, &ctl);
-    drop(targets);
-    for (l, _) in &handles {
-        l.cancel.store(false, Ordering::Release);
-    }
-    let loaded = result?;
-    for (g, plan) in guards.iter_mut().zip(&loaded.plans) {
-        g.executed = Some(plan.clone());
-    }
+    let loaded = Session::load_many(&sessions, &pool_refs, what, run, |l| &l.plans)?;
     if !out.is_null() {
         let s = &loaded.stats;
         let r = vmmw_multi_result_t {

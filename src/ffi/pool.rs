@@ -1,16 +1,16 @@
 //! `vmmw_pool_t`: the caching pool of VMM segments, from C.
 //!
-//! A handle is either owned (from `vmmw_pool_new`) or the process-global pool
-//! of a device (from `vmmw_pool_default`, shared with the PyTorch entry
-//! points), which lives until the process exits.
+//! A handle is shared: each handle pointer the library gives out is one
+//! reference, and `vmmw_pool_free` drops that reference. A pool from
+//! `vmmw_pool_new` has one reference; the process-global pool of a device
+//! (`vmmw_pool_default`, shared with the PyTorch entry points) has one more,
+//! held by the registry of global pools, so it lives until the process exits.
 
 use std::collections::HashMap;
 use std::ffi::{c_char, c_void};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use super::boundary::{
-    arg, bytes_mut_arg, call, call_out, free_handle, into_handle, slice_arg, str_arg,
-};
+use super::boundary::{arg, bytes_mut_arg, call, call_out, slice_arg, str_arg};
 use super::buffer::write_str;
 use super::device::{backend_choice, vmmw_backend_t, vmmw_device_t, VMMW_BACKEND_AUTO};
 use super::error::vmmw_error_t;
@@ -23,12 +23,11 @@ use crate::pool::{Mode, Pool, PoolConfig};
 use crate::report::TagUsage;
 use crate::tag::TagId;
 
-/// A caching pool on one device. Thread-safe: every function taking a pool
-/// may be called concurrently, except `vmmw_pool_free`.
+/// A caching pool on one device, behind a shared handle (see the module
+/// documentation). Thread-safe: every function taking a pool may be called
+/// concurrently, except `vmmw_pool_free` of the caller's last reference.
 pub struct vmmw_pool_t {
     pub(crate) pool: Arc<Pool>,
-    /// True for the process-global pools of `vmmw_pool_default` (never freed).
-    global: bool,
     /// What the last sleep or wake through this handle did (`vmmw_pool_last_cycle_json`).
     pub(crate) last_cycles: Mutex<Vec<crate::pool::TagCycle>>,
 }
@@ -98,13 +97,17 @@ pub struct vmmw_report_t {
 }
 
 impl vmmw_pool_t {
-    pub(crate) fn owned(pool: Arc<Pool>) -> vmmw_pool_t {
+    fn new(pool: Arc<Pool>) -> vmmw_pool_t {
         vmmw_pool_t {
             pool,
-            global: false,
             last_cycles: Mutex::new(Vec::new()),
         }
     }
+}
+
+/// Give out one reference to a shared pool handle; `vmmw_pool_free` drops it.
+fn share_handle(handle: &Arc<vmmw_pool_t>) -> *mut vmmw_pool_t {
+    Arc::into_raw(handle.clone()).cast_mut()
 }
 
 // SAFETY: repr(C), `size: usize` first, integers and a raw pointer only.
@@ -184,15 +187,17 @@ pub unsafe extern "C" fn vmmw_pool_new(
             }
         };
         let pool = Pool::new(driver, config)?;
-        Ok(into_handle(vmmw_pool_t::owned(Arc::new(pool))))
+        Ok(share_handle(&Arc::new(vmmw_pool_t::new(Arc::new(pool)))))
     })
 }
 
 /// The process-global pool of `device` (the one the PyTorch entry points
 /// `vmmw_torch_malloc`/`vmmw_torch_free` use), created on first use with the
-/// backend named by `VMMW_BACKEND` (auto by default). `*out` is borrowed: it
-/// stays valid until the process exits, every call returns the same pointer,
-/// and `vmmw_pool_free` on it does nothing.
+/// backend named by `VMMW_BACKEND` (auto by default). Every call returns the
+/// same pointer and gives the caller one reference to it, which
+/// `vmmw_pool_free` drops (once per call); the registry of global pools keeps
+/// its own reference, so the pool and the handle live until the process exits
+/// whether or not the caller frees it.
 ///
 /// Bad input: `VMMW_NULL_ARGUMENT` (`out`); `VMMW_INVALID_ARGUMENT` (negative
 /// device); `VMMW_DRIVER_UNAVAILABLE`.
@@ -206,44 +211,47 @@ pub unsafe extern "C" fn vmmw_pool_default(
     error: *mut *mut vmmw_error_t,
 ) -> vmmw_status_t {
     call_out(out, "out", error, || {
-        static HANDLES: OnceLock<Mutex<HashMap<i32, usize>>> = OnceLock::new();
+        static HANDLES: OnceLock<Mutex<HashMap<i32, Arc<vmmw_pool_t>>>> = OnceLock::new();
         let mut map = HANDLES
             .get_or_init(Default::default)
             .lock()
             .unwrap_or_else(|p| p.into_inner());
-        if let Some(&p) = map.get(&device) {
-            return Ok(p as *mut vmmw_pool_t);
+        if let Some(h) = map.get(&device) {
+            return Ok(share_handle(h));
         }
         let pool = crate::pool::registry::global_pool(device)?;
-        // Leaked on purpose: the global pool lives as long as the process.
-        let p = into_handle(vmmw_pool_t {
-            pool,
-            global: true,
-            last_cycles: Mutex::new(Vec::new()),
-        });
-        map.insert(device, p as usize);
+        let h = Arc::new(vmmw_pool_t::new(pool));
+        let p = share_handle(&h);
+        map.insert(device, h);
         Ok(p)
     })
 }
 
-/// Free a pool handle. NULL and the pools of `vmmw_pool_default` are accepted
-/// and ignored. Blocks still allocated are released with the pool (their
-/// pointers become invalid); the device is synchronized first.
+/// Drop the caller's reference to a pool handle. NULL is accepted. One
+/// meaning for every handle: the handle and its pool are freed with their
+/// last reference. A pool from `vmmw_pool_new` has only the caller's, so its
+/// blocks still allocated are released with it (their pointers become
+/// invalid; the device is synchronized first). The global pools of
+/// `vmmw_pool_default` keep the registry's reference and live on.
 ///
-/// Bad input: NULL and global pools are ignored. A handle already freed cannot
-/// be detected (undefined behaviour).
+/// Bad input: NULL is ignored. Dropping more references than were given out
+/// cannot be detected (undefined behaviour).
 ///
 /// # Safety
-/// `pool` is NULL or a live handle, not used afterwards (unless global) and
-/// not concurrently.
+/// `pool` is NULL or a handle holding the caller's reference, which is not
+/// used afterwards; the last reference is not freed concurrently with other
+/// calls on the handle.
 #[no_mangle]
 pub unsafe extern "C" fn vmmw_pool_free(pool: *mut vmmw_pool_t) {
-    // SAFETY: forwarded contract.
-    if unsafe { pool.as_ref() }.is_some_and(|p| p.global) {
+    if pool.is_null() {
         return;
     }
-    // SAFETY: forwarded contract.
-    unsafe { free_handle(pool) }
+    // A panic in a destructor must not unwind into C; the memory is then leaked.
+    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        // SAFETY: `pool` came from `share_handle` (`Arc::into_raw`) and this
+        // reference is dropped once, per the contract.
+        drop(unsafe { Arc::from_raw(pool.cast_const()) })
+    }));
 }
 
 fn size_arg(size: u64) -> Result<usize> {

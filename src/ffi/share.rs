@@ -167,7 +167,13 @@ pub unsafe extern "C" fn vmmw_share_serve(
         // SAFETY: forwarded contract (NULL, or readable for its `size` bytes).
         let o = unsafe { read_sized(options) }?.unwrap_or_else(vmmw_share_options_t::defaults);
         let options = serve_options(o)?;
-        let server = Server::start(p.pool.clone(), TagId(tag), l.destinations(), path, options)?;
+        let server = Server::start(
+            p.pool.clone(),
+            TagId(tag),
+            l.session.destinations(),
+            path,
+            options,
+        )?;
         Ok(into_handle(vmmw_share_server_t { server }))
     })
 }

@@ -31,6 +31,7 @@ pub mod plan;
 mod read_error;
 pub mod registry;
 pub mod rules;
+pub mod session;
 
 use std::sync::Arc;
 
@@ -42,6 +43,7 @@ pub use into_pool::{allocate_in_pool, check_destinations, check_owners, load_int
 pub use plan::{Extent, Fill, Plan, PlanOptions};
 pub use registry::{DestAllocator, DestSpec, Destination, Registry, SegmentAllocator};
 pub use rules::{Fuse, Pad, Rule, Rules, Shard as ShardRule, Tie, Tp};
+pub use session::{PlanSummary, PoolLoad, Progress, Session};
 
 use crate::driver::Driver;
 use crate::error::Result;

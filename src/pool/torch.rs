@@ -5,14 +5,12 @@
 //! PyTorch's caching allocator still splits and caches on its side; our entry
 //! points see segment-sized requests, and each call creates or frees exactly
 //! one segment, tagged with the calling thread's current tag ([`crate::tag`]).
-//! No Python callbacks and no GIL: these paths are plain Rust behind a panic
-//! boundary. Out of memory returns NULL (PyTorch frees its cache and retries);
+//! No Python callbacks and no GIL: these paths are plain Rust; the panic
+//! boundary is the C layer's. Out of memory returns NULL (PyTorch frees its cache and retries);
 //! other failures return NULL with one line on stderr; freeing an unknown
 //! pointer is reported and counted, never a crash.
 
-use std::ffi::c_void;
 use std::io::Write;
-use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::registry::{existing_pool, global_pool};
@@ -48,7 +46,9 @@ pub fn counters() -> Counters {
     }
 }
 
-fn alloc(size: isize, device: i32) -> Result<DevicePtr> {
+/// One new segment of at least `size` bytes on `device` under the calling
+/// thread's current tag: the logic of `vmmw_torch_malloc`.
+pub fn malloc(size: isize, device: i32) -> Result<DevicePtr> {
     let size = usize::try_from(size)
         .ok()
         .filter(|&s| s > 0)
@@ -57,16 +57,12 @@ fn alloc(size: isize, device: i32) -> Result<DevicePtr> {
     Ok(pool.alloc_segment(size, tag::current())?.ptr)
 }
 
-/// The logic of `vmmw_torch_malloc`: one new segment of at least `size`
-/// bytes on `device` under the current tag, or NULL.
-pub fn malloc_entry(size: isize, device: i32, _stream: *mut c_void) -> *mut c_void {
-    // `_stream`: a new segment has no queued work; nothing to order against.
-    let r = catch_unwind(|| alloc(size, device))
-        .unwrap_or_else(|p| Err(Error::Panic(crate::error::panic_message(p.as_ref()))));
-    match r {
-        Ok(ptr) => {
+/// Count a `vmmw_torch_malloc` call's outcome and report a failure other
+/// than out of memory on stderr.
+pub fn record_malloc(size: isize, device: i32, outcome: &Result<DevicePtr>) {
+    match outcome {
+        Ok(_) => {
             MALLOCS.fetch_add(1, Ordering::Relaxed);
-            ptr as usize as *mut c_void
         }
         Err(e) => {
             FAILED_MALLOCS.fetch_add(1, Ordering::Relaxed);
@@ -78,31 +74,26 @@ pub fn malloc_entry(size: isize, device: i32, _stream: *mut c_void) -> *mut c_vo
                     "vmmweights: vmmw_torch_malloc({size} bytes, device {device}) failed: {e}"
                 );
             }
-            std::ptr::null_mut()
         }
     }
 }
 
-fn free(ptr: *mut c_void, device: i32) -> Result<()> {
+/// Release the segment at `ptr` on `device`: the logic of `vmmw_torch_free`.
+pub fn free(ptr: DevicePtr, device: i32) -> Result<()> {
     let pool = existing_pool(device).ok_or(Error::UnknownPointer {
-        ptr: ptr as usize as u64,
+        ptr,
         why: "no vmmweights pool exists for this device yet",
     })?;
     // Releasing the segment synchronizes the device before unmapping (see
     // `Segment`'s drop), which covers the stream PyTorch passes and any other
     // stream the memory was recorded on.
-    pool.free_segment(ptr as usize as u64)
+    pool.free_segment(ptr)
 }
 
-/// The logic of `vmmw_torch_free`: release the segment at `ptr`. An unknown
-/// pointer is reported on stderr and counted; nothing else happens.
-pub fn free_entry(ptr: *mut c_void, size: isize, device: i32, _stream: *mut c_void) {
-    if ptr.is_null() {
-        return;
-    }
-    let r = catch_unwind(AssertUnwindSafe(|| free(ptr, device)))
-        .unwrap_or_else(|p| Err(Error::Panic(crate::error::panic_message(p.as_ref()))));
-    match r {
+/// Count a `vmmw_torch_free` call's outcome; a failure (an unknown pointer)
+/// is reported on stderr, nothing else happens.
+pub fn record_free(ptr: DevicePtr, size: isize, device: i32, outcome: &Result<()>) {
+    match outcome {
         Ok(()) => {
             FREES.fetch_add(1, Ordering::Relaxed);
         }
@@ -110,7 +101,7 @@ pub fn free_entry(ptr: *mut c_void, size: isize, device: i32, _stream: *mut c_vo
             UNKNOWN_FREES.fetch_add(1, Ordering::Relaxed);
             let _ = writeln!(
                 std::io::stderr(),
-                "vmmweights: vmmw_torch_free({ptr:p}, {size} bytes, device {device}) ignored: {e}"
+                "vmmweights: vmmw_torch_free({ptr:#x}, {size} bytes, device {device}) ignored: {e}"
             );
         }
     }

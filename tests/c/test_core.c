@@ -134,14 +134,20 @@ static void test_failures_leave_nothing(vmmw_device_t* dev) {
   CHECK(vmmw_segment_new(dev, 4 * g, g, &seg, &err) == VMMW_OUT_OF_MEMORY);
   CHECK(seg == NULL);
   CHECK(strlen(vmmw_error_message(err)) > 0);
+  CHECK(vmmw_error_driver_code(err) == 0); /* not a driver error */
   vmmw_error_free(err);
+  CHECK(vmmw_error_driver_code(NULL) == 0);
   CHECK_OK(vmmw_host_counts(dev, &after, &err));
   CHECK(memcmp(&before, &after, sizeof before) == 0);
   CHECK_OK(vmmw_host_set_memory_limit(dev, UINT64_MAX / 2, &err));
 
   /* A failing map midway through the chunks. */
   CHECK_OK(vmmw_host_fail_nth(dev, VMMW_FAULT_MAP, 2, &err));
-  CHECK_STATUS(VMMW_DRIVER_ERROR, vmmw_segment_new(dev, 3 * g, g, &seg, NULL));
+  vmmw_error_t* derr = NULL;
+  CHECK(vmmw_segment_new(dev, 3 * g, g, &seg, &derr) == VMMW_DRIVER_ERROR);
+  CHECK(vmmw_error_status(derr) == VMMW_DRIVER_ERROR);
+  CHECK(vmmw_error_driver_code(derr) == -1); /* the host backend's injected failure */
+  vmmw_error_free(derr);
   CHECK(seg == NULL);
   CHECK_OK(vmmw_host_counts(dev, &after, &err));
   CHECK(memcmp(&before, &after, sizeof before) == 0);

@@ -178,6 +178,18 @@ int main(void) {
   CHECK_STATUS(VMMW_INVALID_ARGUMENT, vmmw_loader_load_devices(cl, cp, 0, VMMW_MULTI_REPLICAS, NULL, NULL));
   vmmw_multi_result_t res;
   memset(&res, 0, sizeof res);
+  /* The cancel rule: a load refused before its copies (here a loader with no
+   * destinations) leaves every pending cancel; a load that ran its copies
+   * clears every listed loader's. */
+  vmmw_loader_t* bare = NULL;
+  CHECK_OK(vmmw_loader_open(path, &bare, &err));
+  vmmw_loader_t* refused[2] = {ld[0], bare};
+  CHECK_OK(vmmw_loader_cancel(ld[0], &err));
+  CHECK_OK(vmmw_loader_cancel(ld[1], &err));
+  CHECK_STATUS(VMMW_PLAN_MISMATCH, vmmw_loader_load_devices(refused, cp, 2, VMMW_MULTI_REPLICAS, NULL, NULL));
+  CHECK_STATUS(VMMW_CANCELLED, vmmw_loader_load_devices(cl, cp, 2, VMMW_MULTI_REPLICAS, NULL, NULL));
+  CHECK_OK(vmmw_loader_load(ld[1], pools[1], NULL, NULL, &err)); /* ld[1]'s cancel was consumed too */
+  vmmw_loader_free(bare);
   CHECK_OK(vmmw_loader_load_devices(cl, cp, 2, VMMW_MULTI_REPLICAS, &res, &err));
   CHECK(res.host_bytes == sizeof wa + sizeof wb);
   CHECK(res.delivered_bytes == 2 * (sizeof wa + sizeof wb));

@@ -148,10 +148,16 @@ static void test_global_pool(void) {
   CHECK_OK(vmmw_pool_default(0, &a, &err));
   CHECK_OK(vmmw_pool_default(0, &b, &err));
   CHECK(a == b);
-  vmmw_pool_free(a); /* a no-op for the global pool */
+  vmmw_pool_free(a); /* drops one reference; the registry keeps the pool */
   uint64_t p = 0;
   CHECK_OK(vmmw_pool_alloc(b, 4096, &p, &err));
   CHECK_OK(vmmw_pool_dealloc(b, p, &err));
+  vmmw_pool_free(b);
+  CHECK_OK(vmmw_pool_default(0, &a, &err)); /* the same pool, alive */
+  CHECK(a == b);
+  CHECK_OK(vmmw_pool_alloc(a, 4096, &p, &err));
+  CHECK_OK(vmmw_pool_dealloc(a, p, &err));
+  vmmw_pool_free(a);
   CHECK_STATUS(VMMW_INVALID_ARGUMENT, vmmw_pool_default(-1, &a, NULL));
 }
 

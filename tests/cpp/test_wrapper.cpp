@@ -51,6 +51,7 @@ static void test_errors() {
     CHECK(e.status() == VMMW_INVALID_ARGUMENT);
     CHECK(std::strcmp(e.status_name(), "VMMW_INVALID_ARGUMENT") == 0);
     CHECK(std::strstr(e.what(), "backend 9") != nullptr);
+    CHECK(e.driver_code() == 0);  // only a VMMW_DRIVER_ERROR carries one
   }
   CHECK(vmmw::version() == VMMW_VERSION_STRING);
 }

@@ -64,8 +64,8 @@ enum class Status : vmmw_status_t {
 /// A failed vmmweights call: the C status code and the library's message.
 class Error : public std::runtime_error {
  public:
-  Error(vmmw_status_t status, const std::string& message)
-      : std::runtime_error(message), status_(status) {}
+  Error(vmmw_status_t status, const std::string& message, int32_t driver_code = 0)
+      : std::runtime_error(message), status_(status), driver_code_(driver_code) {}
 
   /// The VMMW_* status code (never VMMW_OK).
   [[nodiscard]] vmmw_status_t status() const noexcept { return status_; }
@@ -76,8 +76,13 @@ class Error : public std::runtime_error {
   /// The status code's name ("VMMW_OUT_OF_MEMORY").
   [[nodiscard]] const char* status_name() const noexcept { return vmmw_status_name(status_); }
 
+  /// The driver's own code (a CUresult on the cuda backend, an errno on the
+  /// host backend) of a VMMW_DRIVER_ERROR; 0 for any other error.
+  [[nodiscard]] int32_t driver_code() const noexcept { return driver_code_; }
+
  private:
   vmmw_status_t status_;
+  int32_t driver_code_;
 };
 
 namespace detail {
@@ -89,8 +94,9 @@ inline void check(vmmw_status_t rc, vmmw_error_t* err) {
     return;
   }
   std::string msg = err != nullptr ? vmmw_error_message(err) : vmmw_status_name(rc);
+  int32_t driver_code = vmmw_error_driver_code(err);
   vmmw_error_free(err);
-  throw Error(rc, std::string(vmmw_status_name(rc)) + ": " + msg);
+  throw Error(rc, std::string(vmmw_status_name(rc)) + ": " + msg, driver_code);
 }
 
 /// Call `f(vmmw_error_t**)` and throw on failure.

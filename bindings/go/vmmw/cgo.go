@@ -27,11 +27,13 @@ func call(f func(errOut **C.vmmw_error_t) C.vmmw_status_t) error {
 		return nil
 	}
 	msg := Status(rc).String()
+	var driverCode int32
 	if cerr != nil {
 		msg = C.GoString(C.vmmw_error_message(cerr))
+		driverCode = int32(C.vmmw_error_driver_code(cerr))
 		C.vmmw_error_free(cerr)
 	}
-	return &Error{Status: Status(rc), Message: msg}
+	return &Error{Status: Status(rc), Message: msg, DriverCode: driverCode}
 }
 
 // readString reads a string through the C buffer protocol (buf, cap, *needed).

@@ -41,6 +41,9 @@ func (s Status) String() string {
 type Error struct {
 	Status  Status
 	Message string
+	// DriverCode is the driver's own code of a StatusDriverError (a CUresult
+	// on the cuda backend, an errno on the host backend); 0 otherwise.
+	DriverCode int32
 }
 
 func (e *Error) Error() string {

@@ -98,3 +98,21 @@ func TestFinalizersFreeDroppedHandles(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// A driver error carries the driver's own code; other errors carry 0.
+func TestDriverErrorCarriesTheDriverCode(t *testing.T) {
+	d := hostDevice(t)
+	g, _ := d.Granularity()
+	if err := d.HostFailNth(FaultMap, 1); err != nil {
+		t.Fatal(err)
+	}
+	_, err := NewSegment(d, g, 0)
+	var e *Error
+	if !errors.As(err, &e) || e.Status != StatusDriverError || e.DriverCode != -1 {
+		t.Fatalf("want a driver error with code -1 (the host's injected failure), got %#v", err)
+	}
+	_, err = NewSegment(d, 0, 0)
+	if !errors.As(err, &e) || e.Status != StatusInvalidArgument || e.DriverCode != 0 {
+		t.Fatalf("want an invalid argument with driver code 0, got %#v", err)
+	}
+}

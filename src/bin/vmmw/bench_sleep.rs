@@ -188,29 +188,16 @@ pub fn run(args: Args) -> Result<()> {
 /// that keeps them in the host backup and the wake that restores them.
 /// Each wake is checked against what the tensors held before their sleep.
 fn reload_rows(d: &Arc<dyn Driver>, path: &std::path::Path, h2d: f64) -> Result<Vec<Row>> {
-    use vmmweights::loader::{self, Checkpoint, Control, LoadOptions, Plan, Registry, Rules};
+    use vmmweights::loader::Session;
     use vmmweights::{tag, Pool, PoolConfig};
     let pool = Pool::new(d.clone(), PoolConfig::default())?;
     let weights = tag::id("weights")?;
-    let ckpt = Checkpoint::open(path)?;
-    let rules = Rules::default();
-    let mut reg = Registry::new();
-    loader::allocate_in_pool(
-        &mut reg,
-        &Plan::destinations(&ckpt, &rules)?,
-        &pool,
-        weights,
-    )?;
+    let session = Session::open(path)?;
+    session.allocate(&pool, weights)?;
+    let reg = session.destinations();
     let t = Instant::now();
     // The load also registers itself as the weights' reload source.
-    let plan = loader::load_into_pool(
-        &pool,
-        ckpt,
-        &rules,
-        &reg,
-        &LoadOptions::default(),
-        &Control::default(),
-    )?;
+    let plan = session.load(&pool, None)?;
     let load_s = t.elapsed().as_secs_f64();
     let st = &plan.stats;
     outln!(

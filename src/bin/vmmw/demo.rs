@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use safetensors::tensor::TensorView;
 use vmmweights::driver::StreamId;
-use vmmweights::loader::{self, Checkpoint, Control, LoadOptions, Plan, Registry, Rules};
+use vmmweights::loader::{Checkpoint, Destination, Session};
 use vmmweights::sleep::Policy;
 use vmmweights::{tag, DevicePtr, Driver, Error, Mode, Pool, PoolConfig, Result};
 
@@ -91,15 +91,10 @@ fn demo(
 
     // Parameters are allocated first, fused as an engine holds them; the
     // loader then fills them in place.
-    let rules = Rules::preset("llama", None, HEAD_DIM)?;
-    let mut reg = Registry::new();
-    loader::allocate_in_pool(
-        &mut reg,
-        &Plan::destinations(&ckpt, &rules)?,
-        &pool,
-        weights,
-    )?;
-    let names: Vec<String> = reg.iter().map(|x| x.name.clone()).collect();
+    let session = Session::open(&file)?;
+    session.set_preset("llama", None, HEAD_DIM)?;
+    session.allocate(&pool, weights)?;
+    let names: Vec<String> = session.destinations().into_iter().map(|x| x.name).collect();
     outln!(
         "parameters: {} destinations, e.g. {}",
         names.len(),
@@ -119,13 +114,11 @@ fn demo(
                 total as f64 / MIB
             );
         }
-    };
-    let ctl = Control {
-        progress: Some(&progress),
-        cancel: None,
+        std::ops::ControlFlow::Continue(())
     };
     // The load also registers itself as the weights' reload source.
-    let plan = loader::load_into_pool(&pool, ckpt, &rules, &reg, &LoadOptions::default(), &ctl)?;
+    let plan = session.load(&pool, Some(&progress))?;
+    let reg = session.destinations();
     outln!(
         "load: {:.1} MiB in {:.3} s",
         plan.stats.bytes as f64 / MIB,
@@ -259,7 +252,7 @@ fn read(pool: &Pool, ptr: DevicePtr, len: usize) -> Result<Vec<u8>> {
 }
 
 /// FNV-1a of every destination's bytes.
-fn checksums(pool: &Pool, reg: &Registry) -> Result<Vec<(String, DevicePtr, u64)>> {
+fn checksums(pool: &Pool, reg: &[Destination]) -> Result<Vec<(String, DevicePtr, u64)>> {
     reg.iter()
         .map(|x| {
             let bytes = read(pool, x.ptr, x.bytes())?;
@@ -273,7 +266,7 @@ fn checksums(pool: &Pool, reg: &Registry) -> Result<Vec<(String, DevicePtr, u64)
 
 fn verify(
     pool: &Pool,
-    reg: &Registry,
+    reg: &[Destination],
     want: &[(String, DevicePtr, u64)],
     what: &str,
 ) -> Result<()> {

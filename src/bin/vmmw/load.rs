@@ -2,8 +2,6 @@
 //! chosen backend, and report what moved and how fast, with the pool's
 //! timeline (allocated, loaded, freed) as JSON or a chart.
 
-use std::sync::atomic::AtomicBool;
-
 use serde_json::{json, Value};
 use vmmweights::loader::*;
 use vmmweights::{tag, Pool, PoolConfig};
@@ -55,9 +53,9 @@ pub fn run(a: Args) -> CliResult<Value> {
         .as_deref()
         .map(crate::chart::check_path)
         .transpose()?;
-    let rules = a.rules.rules()?;
-    let ckpt = lib(Checkpoint::open(&a.checkpoint))?;
-    let specs = lib(Plan::destinations(&ckpt, &rules))?;
+    let session = lib(Session::open(&a.checkpoint))?;
+    lib(session.set_rules(a.rules.rules()?))?;
+    lib(session.destination_specs())?;
 
     let opened = lib(a.backend.open())?;
     let d = opened.driver.clone();
@@ -66,27 +64,22 @@ pub fn run(a: Args) -> CliResult<Value> {
     outln!("  why:    {}", opened.reason);
     let pool = lib(Pool::new(d.clone(), PoolConfig::default()))?;
     let weights = lib(tag::id("weights"))?;
-    let mut reg = Registry::new();
-    lib(allocate_in_pool(&mut reg, &specs, &pool, weights))?;
+    lib(session.allocate(&pool, weights))?;
     pool.snapshot("allocated");
-    let opts = LoadOptions {
-        copy: CopyOptions {
-            strategy: a.strategy,
-            threads: a.threads as usize,
-            window_bytes: a.window,
-            slot_bytes: a.slot,
-            ..Default::default()
-        },
+    let copy = CopyOptions {
+        strategy: a.strategy,
+        threads: a.threads as usize,
+        window_bytes: a.window,
+        slot_bytes: a.slot,
         ..Default::default()
     };
-    let cancel = AtomicBool::new(false);
+    lib(session.set_options(PlanOptions::default(), copy))?;
     let progress = Progress::new("load", a.progress);
-    let show = |done: u64, total: u64| progress.update(done, total);
-    let ctl = Control {
-        progress: Some(&show),
-        cancel: Some(&cancel),
+    let show = |done: u64, total: u64| {
+        progress.update(done, total);
+        std::ops::ControlFlow::Continue(())
     };
-    let loaded = load_into_pool(&pool, ckpt, &rules, &reg, &opts, &ctl);
+    let loaded = session.load(&pool, Some(&show));
     progress.finish();
     let ex = lib(loaded)?;
     pool.snapshot("loaded");
@@ -94,7 +87,7 @@ pub fn run(a: Args) -> CliResult<Value> {
     outln!(
         "loaded {} bytes into {} destinations in {:.3} s ({:.2} GB/s): direct {} staged {} read {} zero-filled {}, {} threads",
         s.bytes,
-        reg.len(),
+        session.destination_count(),
         s.seconds,
         s.gbps(),
         s.direct_bytes,
@@ -109,7 +102,7 @@ pub fn run(a: Args) -> CliResult<Value> {
         outln!("skipped by rules: {}", names.join(", "));
     }
     drop(ex);
-    for x in reg.iter() {
+    for x in session.destinations() {
         lib(pool.free(x.ptr))?;
     }
     lib(pool.trim())?;
@@ -132,7 +125,7 @@ pub fn run(a: Args) -> CliResult<Value> {
         "device": d.describe(),
         "reason": opened.reason,
         "checkpoint": a.checkpoint.display().to_string(),
-        "destinations": reg.len(),
+        "destinations": session.destination_count(),
         "bytes": s.bytes,
         "seconds": s.seconds,
         "gbps": s.gbps(),

@@ -9,7 +9,6 @@
 
 use std::io::Write;
 use std::path::PathBuf;
-use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 use serde_json::{json, Value};
@@ -101,33 +100,10 @@ fn wait_signal(set: &libc::sigset_t) -> CliResult<i32> {
     Ok(sig)
 }
 
-fn load_options(strategy: Strategy) -> LoadOptions {
-    LoadOptions {
-        copy: CopyOptions {
-            strategy,
-            ..Default::default()
-        },
-        ..Default::default()
-    }
-}
-
-/// Load `checkpoint` into the registered destinations; the bytes copied.
-fn load(
-    pool: &Pool,
-    checkpoint: &std::path::Path,
-    rules: &Rules,
-    reg: &Registry,
-    opts: &LoadOptions,
-) -> vmmweights::Result<u64> {
-    let ckpt = Checkpoint::open(checkpoint)?;
-    let cancel = AtomicBool::new(false);
-    let ctl = Control {
-        progress: None,
-        cancel: Some(&cancel),
-    };
-    Ok(load_into_pool(pool, ckpt, rules, reg, opts, &ctl)?
-        .stats
-        .bytes)
+/// Load the session's checkpoint (reopened at each load) into its
+/// destinations; the bytes copied.
+fn load(session: &Session, pool: &Pool) -> vmmweights::Result<u64> {
+    Ok(session.load(pool, None)?.stats.bytes)
 }
 
 pub fn run(a: Args) -> CliResult<Value> {
@@ -169,18 +145,21 @@ pub fn run(a: Args) -> CliResult<Value> {
         log: vmmweights::share::LogSink::default(),
     };
     let signals = blocked_signals()?;
-    let ckpt = lib(Checkpoint::open(&a.checkpoint))?;
-    let specs = lib(Plan::destinations(&ckpt, &rules))?;
-    drop(ckpt);
+    let session = lib(Session::open(&a.checkpoint))?;
+    lib(session.set_rules(rules))?;
+    lib(session.destination_specs())?;
 
     let opened = lib(a.backend.open())?;
     let d = opened.driver.clone();
     let pool = Arc::new(lib(Pool::new(d.clone(), PoolConfig::default()))?);
-    let mut reg = Registry::new();
-    lib(allocate_in_pool(&mut reg, &specs, &pool, weights))?;
-    let opts = load_options(a.strategy);
-    let bytes = lib(load(&pool, &a.checkpoint, &rules, &reg, &opts))?;
-    let tensors: Vec<Destination> = reg.iter().cloned().collect();
+    lib(session.allocate(&pool, weights))?;
+    let copy = CopyOptions {
+        strategy: a.strategy,
+        ..Default::default()
+    };
+    lib(session.set_options(PlanOptions::default(), copy))?;
+    let bytes = lib(load(&session, &pool))?;
+    let tensors: Vec<Destination> = session.destinations();
     let count = tensors.len();
     let mut server = lib(Server::start(
         pool.clone(),
@@ -203,7 +182,7 @@ pub fn run(a: Args) -> CliResult<Value> {
     let mut reloads = 0u64;
     let stopped_by = loop {
         match wait_signal(&signals)? {
-            libc::SIGHUP => match load(&pool, &a.checkpoint, &rules, &reg, &opts) {
+            libc::SIGHUP => match load(&session, &pool) {
                 Ok(b) => {
                     lib(pool.driver().synchronize())?;
                     reloads += 1;
