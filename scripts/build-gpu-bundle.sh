@@ -7,8 +7,10 @@
 #                                 with VMMW_LIB pointing here: the GPU machine
 #                                 has neither maturin nor a network)
 #   .gpu/tests/<target>           every test executable (integration tests by
-#                                 name, the library's unit tests as `lib`,
-#                                 the command line's as `bin-vmmw`)
+#                                 name: `all` holds most as modules, so
+#                                 `.gpu/tests/all segment::` runs one; the
+#                                 library's unit tests as `lib`, the command
+#                                 line's as `bin-vmmw`)
 #   .gpu/MANIFEST                 commit, build time, file list
 # Debug info is stripped from the copies to keep the carried tree small;
 # symbols stay, so backtraces still name functions.

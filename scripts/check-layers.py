@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Check the module graph of src/ against the layer order of docs/ARCHITECTURE.md.
+"""Check the module graphs of src/ and python/vmmweights/ against the layer
+order of docs/ARCHITECTURE.md.
 
 Reads every `use` and every inline `crate::`/`super::`/`self::` path in src/
 (comments stripped, re-exports followed to the module that defines the name)
@@ -7,9 +8,12 @@ and fails when:
   1. a top-level module imports one in its own or a higher layer (LAYERS below);
   2. modules under one parent import each other in a circle (at any depth);
   3. a top-level module is missing from LAYERS;
-  4. a file outside src/driver/ names cudarc.
-The command-line program (src/bin) sits above every layer and is only checked
-for rule 4. `--print` prints the top-level graph.
+  4. a file outside src/driver/ names cudarc;
+  5. the Python package python/vmmweights/ has an import circle (imports in
+     function bodies included) or a module that imports one in its own or a
+     higher layer (PY_LAYERS below), or a top-level module missing from it.
+The command-line program (src/bin/vmmw/) sits above every layer and is checked
+for rules 2 and 4. `--print` prints the top-level graph.
 
 Usage: python3 scripts/check-layers.py [--print] [ROOT]
        python3 scripts/check-layers.py --self-test   (the checks fail on bad trees)
@@ -41,10 +45,11 @@ def strip_comments(text):
     return re.sub(r"//[^\n]*", "", text)
 
 
-def module_of(path):
-    """src/a/b.rs and src/a/b/mod.rs -> ('a', 'b'); src/lib.rs -> ()."""
-    parts = path[len("src/"):-len(".rs")].split("/")
-    if parts[-1] in ("mod", "lib"):
+def module_of(path, root="src/"):
+    """src/a/b.rs and src/a/b/mod.rs -> ('a', 'b'); src/lib.rs -> ();
+    with root src/bin/vmmw/, its main.rs -> ()."""
+    parts = path[len(root):-len(".rs")].split("/")
+    if parts[-1] in ("mod", "lib", "main") and (parts[-1] != "main" or len(parts) == 1):
         parts = parts[:-1]
     return tuple(parts)
 
@@ -128,6 +133,17 @@ def self_test():
         "src/pool/a.rs": "use super::b::X;\n",
         "src/pool/b.rs": "pub struct X;\n#[cfg(test)]\nmod tests {\n    use super::*;\n}\n",
         "src/loader/mod.rs": "use crate::pool;\n// crate::loader::nothing in a comment\n",
+        "src/bin/vmmw/main.rs": "mod a;\nmod b;\nuse vmmweights::pool;\n",
+        "src/bin/vmmw/a.rs": "use crate::b::X;\n",
+        "src/bin/vmmw/b.rs": "pub struct X;\n",
+        "python/vmmweights/__init__.py": "from .pool import Pool\n",
+        "python/vmmweights/__main__.py": "from . import Pool\n",
+        "python/vmmweights/_structs.py": "import ctypes\n",
+        "python/vmmweights/_native.py": "from . import _structs as S\n",
+        "python/vmmweights/pool.py": "from ._native import call\nimport vmmweights._structs\n",
+        "python/vmmweights/torch/__init__.py": "from ..pool import Pool\nfrom . import shared\n",
+        "python/vmmweights/torch/shared.py": "from .._native import call\n",
+        "python/vmmweights/torch/alias/x/__init__.py": "from vmmweights import Pool\n",
     }
     cases = [
         ("clean", {}, None),
@@ -137,6 +153,12 @@ def self_test():
                       "src/extra.rs": "\n"}, "not in LAYERS"),
         ("cudarc", {"src/pool/b.rs": "use cudarc::driver::sys;\npub struct X;\n"}, "uses cudarc"),
         ("re-export", {"src/error.rs": "pub use crate::loader::L as Result;\n"}, "upward import"),
+        ("cli circle", {"src/bin/vmmw/b.rs": "use crate::a::Y;\npub struct X;\n"}, "import circle under `vmmw`"),
+        ("python circle", {"python/vmmweights/torch/shared.py": "def f():\n    from . import DTYPES\n"},
+         "python import circle"),
+        ("python upward", {"python/vmmweights/pool.py": "from .torch import shared\n"}, "python upward import"),
+        ("python facade", {"python/vmmweights/pool.py": "import vmmweights\n"}, "python upward import"),
+        ("python unlisted", {"python/vmmweights/extra.py": "\n"}, "not in PY_LAYERS"),
     ]
     failed = 0
     for name, change, expect in cases:
@@ -151,16 +173,10 @@ def self_test():
     sys.exit(1 if failed else 0)
 
 
-def main():
-    if "--self-test" in sys.argv:
-        self_test()
-    args = [a for a in sys.argv[1:] if not a.startswith("--")]
-    root = args[0] if args else os.path.join(os.path.dirname(__file__), "..")
-    files = parse(root)
-    lib = {p: t for p, t in files.items() if not p.startswith("src/bin/")}
-    mods = {module_of(p): strip_comments(t) for p, t in lib.items()}
-    problems = []
-
+def crate_graph(files, root):
+    """The crate under `root` (a {path: text} map): its modules and, for each,
+    the modules it imports (re-exports followed to the defining module)."""
+    mods = {module_of(p, root): strip_comments(t) for p, t in files.items()}
     # Re-exports: module -> {name: absolute path}, and glob re-export targets.
     exports, globs = {}, {}
     for mod, text in mods.items():
@@ -213,6 +229,123 @@ def main():
                 target = resolve(absolute(base, segs))
                 if target != mod and not (base != mod and target == base):
                     edges.setdefault(mod, set()).add(target)
+    return mods, edges
+
+
+# The Python package python/vmmweights/, bottom to top, by its top-level
+# modules (a subpackage counts as one: `torch` holds torch/*). `__init__` is
+# the package's facade: it re-exports the layers below it and nothing but the
+# entry point `__main__` imports it. torch/alias/ is not part of the package:
+# it is the `torch_memory_saver` stand-in put on PYTHONPATH, a user of it.
+# Keep in step with docs/ARCHITECTURE.md.
+PY_LAYERS = [
+    ["_structs"],
+    ["_native"],
+    ["report", "tags"],
+    ["pool"],
+    ["loader", "saver"],
+    ["devices", "share"],
+    ["torch"],
+    ["__init__"],
+    ["__main__"],
+]
+PY_RANK = {m: i for i, layer in enumerate(PY_LAYERS) for m in layer}
+PY_PACKAGE = "vmmweights"
+PY_OUTSIDE = ("torch", "alias")
+
+
+def python_modules(root):
+    """{module path: source}: python/vmmweights/a/b.py -> ('a', 'b'),
+    a/__init__.py -> ('a',), the package's own __init__.py -> ()."""
+    base = os.path.join(root, "python", PY_PACKAGE)
+    out = {}
+    for d, _, fs in os.walk(base):
+        for f in fs:
+            if not f.endswith(".py"):
+                continue
+            parts = tuple(os.path.relpath(os.path.join(d, f), base)[:-len(".py")].split(os.sep))
+            if parts[:len(PY_OUTSIDE)] == PY_OUTSIDE:
+                continue
+            is_init = parts[-1] == "__init__"
+            mod = parts[:-1] if is_init else parts
+            out[mod] = (open(os.path.join(d, f), encoding="utf-8").read(), is_init)
+    return out
+
+
+def python_edges(mods):
+    """Module -> the package modules it imports, lazy (in-function) imports
+    included: a circle through a function body is still a circle."""
+    import ast
+
+    def owner(path):
+        k = len(path)
+        while k > 0 and path[:k] not in mods:
+            k -= 1
+        return path[:k]
+
+    edges = {}
+    for mod, (text, is_init) in mods.items():
+        targets = set()
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.Import):
+                for a in node.names:
+                    parts = a.name.split(".")
+                    if parts[0] == PY_PACKAGE:
+                        targets.add(owner(tuple(parts[1:])))
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = mod if is_init else mod[:-1]
+                    base = base[:len(base) - (node.level - 1)]
+                    base += tuple(node.module.split(".")) if node.module else ()
+                elif node.module and node.module.split(".")[0] == PY_PACKAGE:
+                    base = tuple(node.module.split(".")[1:])
+                else:
+                    continue
+                for a in node.names:
+                    sub = base + (a.name,)
+                    targets.add(sub if sub in mods else owner(base))
+        edges[mod] = {t for t in targets if t != mod}
+    return edges
+
+
+def python_problems(root):
+    """Circles anywhere in the package's import graph, and imports that do
+    not go down PY_LAYERS."""
+    mods = python_modules(root)
+    if not mods:
+        return []
+    edges = python_edges(mods)
+    name = lambda m: ".".join((PY_PACKAGE,) + m)
+    top = lambda m: m[0] if m else "__init__"
+    problems = []
+    graph = {name(a): {name(b) for b in bs} for a, bs in edges.items()}
+    for cycle in find_cycles(graph):
+        problems.append(f"python import circle among: {', '.join(cycle)}")
+    for m in sorted({top(m) for m in mods}):
+        if m not in PY_RANK:
+            problems.append(f"python module `{name((m,))}` is not in PY_LAYERS (scripts/check-layers.py)")
+    for a, bs in sorted(edges.items()):
+        for b in sorted(bs):
+            ta, tb = top(a), top(b)
+            if ta == tb or ta not in PY_RANK or tb not in PY_RANK:
+                continue
+            if PY_RANK[tb] >= PY_RANK[ta]:
+                problems.append(
+                    f"python upward import: `{name(a)}` imports `{name(b)}` "
+                    f"(layer {PY_RANK[ta]} `{ta}` may only use layers below it)"
+                )
+    return problems
+
+
+def main():
+    if "--self-test" in sys.argv:
+        self_test()
+    args = [a for a in sys.argv[1:] if not a.startswith("--")]
+    root = args[0] if args else os.path.join(os.path.dirname(__file__), "..")
+    files = parse(root)
+    lib = {p: t for p, t in files.items() if not p.startswith("src/bin/")}
+    mods, edges = crate_graph(lib, "src/")
+    problems = []
 
     # Rule 1 and 3: top-level edges go strictly down the layers.
     top = {}
@@ -234,21 +367,15 @@ def main():
         if m not in RANK:
             problems.append(f"module `{m}` is not in LAYERS (scripts/check-layers.py)")
 
-    # Rule 2: no circles among the children of any module.
-    sib = {}
-    for a, bs in edges.items():
-        for b in bs:
-            n = 0
-            while n < min(len(a), len(b)) and a[n] == b[n]:
-                n += 1
-            if n == len(a) or n == len(b):
-                continue  # a module and its own ancestor or descendant
-            parent = a[:n]
-            sib.setdefault(parent, {}).setdefault(a[n], set()).add(b[n])
-    for parent, g in sorted(sib.items()):
-        for cycle in find_cycles(g):
-            name = "::".join(parent) or "crate"
-            problems.append(f"import circle under `{name}` among: {', '.join(cycle)}")
+    # Rule 2: no circles among the children of any module, in the library
+    # and in the command line (src/bin/vmmw/, a crate of its own).
+    problems += circles(edges, "crate")
+    bin_files = {p: t for p, t in files.items() if p.startswith("src/bin/vmmw/")}
+    bin_mods, bin_edges = crate_graph(bin_files, "src/bin/vmmw/")
+    problems += circles(bin_edges, "vmmw")
+
+    # Rule 5: the Python package, python/vmmweights/.
+    problems += python_problems(root)
 
     # Rule 4: only the driver names cudarc.
     for p, t in sorted(files.items()):
@@ -264,6 +391,25 @@ def main():
         sys.exit(1)
     n = sum(len(v) for v in edges.values())
     print(f"check-layers: {len(mods)} modules, {n} import edges: no circles, nothing imports upward")
+
+
+def circles(edges, crate):
+    """A problem for each circle among the children of one module."""
+    problems, sib = [], {}
+    for a, bs in edges.items():
+        for b in bs:
+            n = 0
+            while n < min(len(a), len(b)) and a[n] == b[n]:
+                n += 1
+            if n == len(a) or n == len(b):
+                continue  # a module and its own ancestor or descendant
+            parent = a[:n]
+            sib.setdefault(parent, {}).setdefault(a[n], set()).add(b[n])
+    for parent, g in sorted(sib.items()):
+        for cycle in find_cycles(g):
+            name = "::".join((crate,) + parent)
+            problems.append(f"import circle under `{name}` among: {', '.join(cycle)}")
+    return problems
 
 
 def inline_modules(mod, text):

@@ -5,7 +5,7 @@
 //! (an accepted checkpoint whose tensors leave the file, a plan that writes
 //! outside its destinations, an error that does not name the file). Errors
 //! are the expected outcome for most inputs. The same entries run on stable
-//! in `tests/fuzz_corpus.rs`, over the corpus and every crash kept in
+//! in `tests/all/fuzz_corpus.rs`, over the corpus and every crash kept in
 //! `fuzz/regressions/`.
 
 use std::collections::BTreeMap;

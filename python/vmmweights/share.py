@@ -16,7 +16,9 @@ Importer (any process of the same user on the same host)::
     with share.attach("/run/qwen.sock") as att:
         print(att.version, list(att.tensors()))
         raw = att.read("model.norm.weight")         # bytes, any backend
-        t = att.torch("model.norm.weight")          # a torch tensor over the imported memory
+        t = vt.shared.tensor(att, "model.norm.weight")  # torch, over the imported memory
+
+(``import vmmweights.torch as vt``: the torch layer sits above this one.)
 
 The importer maps the owner's physical memory at its own addresses (CUDA VMM
 IPC: POSIX file descriptors passed over the Unix socket; the host backend's
@@ -365,13 +367,6 @@ class Attachment:
         buf = ctypes.create_string_buffer(max(t.bytes, 1))
         call("vmmw_share_read", self.handle, ctypes.c_uint64(t.ptr), buf, ctypes.c_size_t(t.bytes))
         return buf.raw[: t.bytes]
-
-    def torch(self, name: str, device: Optional[int] = None) -> Any:
-        """A ``torch.Tensor`` over tensor `name`'s imported memory, no copy
-        (see :func:`vmmweights.torch.shared.tensor`). Needs PyTorch."""
-        from .torch import shared
-
-        return shared.tensor(self, name, device)
 
     def detach(self) -> None:
         """Unmap and release everything this attachment holds; pointers and

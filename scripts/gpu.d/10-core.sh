@@ -6,7 +6,7 @@ source scripts/gpu-lib.sh
 rc=0
 
 log="$VMMW_GPU_OUT/core-tests.txt"
-VMMW_BACKEND=cuda .gpu/tests/segment --nocapture --test-threads=4 >"$log" 2>&1
+VMMW_BACKEND=cuda .gpu/tests/all segment:: --nocapture --test-threads=4 >"$log" 2>&1
 t=$?
 cat "$log"
 summary=$(grep -E '^test result:' "$log" | tail -1)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The driver contract suite (tests/driver_contract.rs) on the cuda backend:
+# The driver contract suite (tests/all/driver_contract.rs) on the cuda backend:
 # every method of the Driver trait with the arguments its callers use, each
 # checked by its bytes. A clause that cannot run here (one GPU: no peer
 # copies) prints `SKIP cuda:` and gets a SKIP row of its own; the suite's row
@@ -8,10 +8,10 @@
 set -uo pipefail
 source scripts/gpu-lib.sh
 log="$VMMW_GPU_OUT/contract-tests.txt"
-VMMW_BACKEND=cuda .gpu/tests/driver_contract --nocapture --test-threads=4 >"$log" 2>&1
+VMMW_BACKEND=cuda .gpu/tests/all driver_contract:: --nocapture --test-threads=4 >"$log" 2>&1
 t=$?
 cat "$log"
-total=$(.gpu/tests/driver_contract --list 2>/dev/null | grep -c ': test$')
+total=$(.gpu/tests/all driver_contract:: --list 2>/dev/null | grep -c ': test$')
 ran=$(grep -c '^RAN cuda: ' "$log")
 summary=$(grep -E '^test result:' "$log" | tail -1)
 while IFS= read -r line; do

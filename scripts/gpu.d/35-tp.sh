@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Tensor-parallel loads on the GPU, bitwise:
-#   1. tests/loader_tp.rs on the cuda backend: llama, qwen2 and qwen3 shaped
+#   1. tests/all/loader_tp.rs on the cuda backend: llama, qwen2 and qwen3 shaped
 #      checkpoints, worlds 1/2/4/8, every rank, every copy strategy through the
 #      Rust API and every VMMW_COPY_* through the C API, each destination
 #      compared with slices of the full tensors (the cases that printed
@@ -15,7 +15,7 @@ source scripts/gpu-lib.sh
 rc=0
 
 log="$VMMW_GPU_OUT/tp-tests.txt"
-VMMW_BACKEND=cuda .gpu/tests/loader_tp --nocapture >"$log" 2>&1
+VMMW_BACKEND=cuda .gpu/tests/all loader_tp:: --nocapture >"$log" 2>&1
 t=$?
 tail -20 "$log"
 ran=$(grep -c '^RAN cuda: ' "$log")

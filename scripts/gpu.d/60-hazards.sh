@@ -16,7 +16,7 @@ set -uo pipefail
 source scripts/gpu-lib.sh
 log="$VMMW_GPU_OUT/hazards.txt"
 export LOAD_DIR="${LOAD_DIR:-/root/vmmw-ckpt-8b}"
-VMMW_BACKEND=cuda .gpu/tests/gpu_hazards --nocapture --test-threads=1 >"$log" 2>&1
+VMMW_BACKEND=cuda .gpu/tests/all gpu_hazards:: --nocapture --test-threads=1 >"$log" 2>&1
 t=$?
 cat "$log"
 summary=$(grep -E '^test result:' "$log" | tail -1)

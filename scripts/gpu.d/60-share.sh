@@ -18,8 +18,8 @@ log="$VMMW_GPU_OUT/share.txt"
 : >"$log"
 rc=0
 bench() { # $1: label, $2: importer device
-  VMMW_SHARE_IMPORT_DEVICE="$2" .gpu/tests/share_attach_bench --exact \
-    owner_serves_and_importer_checksums_equal --nocapture --test-threads=1 >>"$log" 2>&1
+  VMMW_SHARE_IMPORT_DEVICE="$2" .gpu/tests/all --exact \
+    share_attach_bench::owner_serves_and_importer_checksums_equal --nocapture --test-threads=1 >>"$log" 2>&1
   local t=$?
   local line
   # libtest may print the test's name before the line on the same line.

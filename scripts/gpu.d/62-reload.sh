@@ -2,7 +2,7 @@
 # Reload never reverts a write, on the cuda backend:
 # - the committed range-hash PTX (src/driver/cuda/hash.ptx) is what nvcc makes
 #   of kernels/hash.cu (a differing build is written to hash.ptx here);
-# - tests/reload_writes.rs on cuda: the device hash equals the host reference
+# - tests/all/reload_writes.rs on cuda: the device hash equals the host reference
 #   on every alignment and length, and in-place writes, reused blocks, marked
 #   ranges and a new load come back right from a Reload cycle;
 # - tests/torch/test_reload_update_torch.py: transformers models updated in
@@ -30,7 +30,7 @@ else
 fi
 
 log="$VMMW_GPU_OUT/reload-tests.txt"
-VMMW_BACKEND=cuda .gpu/tests/reload_writes --test-threads=1 >"$log" 2>&1
+VMMW_BACKEND=cuda .gpu/tests/all reload_writes:: --test-threads=1 >"$log" 2>&1
 t=$?
 cat "$log"
 summary=$(grep -E '^test result:' "$log" | tail -1)

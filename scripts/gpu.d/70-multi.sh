@@ -11,10 +11,10 @@
 #    replicas::wake_from_backup: read once, 1/N per link, rest over NVLink),
 #    plus the replicas' checkpoint fan-out wake (Discard + replicas::wake_by_reload);
 # 4. an all-reduce through torch.distributed's NCCL over tensors in our pool;
-# 5. peer access of a tag on the real devices (tests/gpu_peers.rs);
+# 5. peer access of a tag on the real devices (tests/all/gpu_peers.rs);
 # 6. replicas slept on one host backup and woken on every GPU from it,
 #    byte-exact, also retried after injected copy faults mid-wake
-#    (tests/gpu_replica_wake.rs; the PyTorch check is in multi_gpu.py load).
+#    (tests/all/gpu_replica_wake.rs; the PyTorch check is in multi_gpu.py load).
 # NVLink multicast stays off (gpu-check.sh exports NCCL_NVLS_ENABLE=0 and the like).
 # Writes multi-topo.txt, multi-tests.txt, multi-replica-wake.txt, multi.json to $VMMW_GPU_OUT.
 # LOAD_LAYERS=36 (default) is the 16.4 GB checkpoint; fewer layers for quick runs.
@@ -65,11 +65,11 @@ else
   esac
 fi
 # Peer access of a tag on the real devices: kept across sleep/wake, revoked.
-if VMMW_BACKEND=cuda .gpu/tests/gpu_peers --nocapture >>"$VMMW_GPU_OUT/multi-tests.txt" 2>&1; then
+if VMMW_BACKEND=cuda .gpu/tests/all gpu_peers:: --nocapture >>"$VMMW_GPU_OUT/multi-tests.txt" 2>&1; then
   if grep -q '^SKIP' "$VMMW_GPU_OUT/multi-tests.txt"; then
     result "multi-gpu: peer access across sleep/wake" SKIP "$(grep -m1 '^SKIP' "$VMMW_GPU_OUT/multi-tests.txt")"
   else
-    result "multi-gpu: peer access across sleep/wake" PASS "granted, read over NVLink after offload/discard/offload wakes, new segment granted, revoked (tests/gpu_peers.rs)"
+    result "multi-gpu: peer access across sleep/wake" PASS "granted, read over NVLink after offload/discard/offload wakes, new segment granted, revoked (tests/all/gpu_peers.rs)"
   fi
 else
   result "multi-gpu: peer access across sleep/wake" FAIL "see multi-tests.txt"
@@ -77,11 +77,11 @@ else
 fi
 # Replicas asleep on one host backup, woken on every GPU from it, byte-exact.
 wlog="$VMMW_GPU_OUT/multi-replica-wake.txt"
-if VMMW_BACKEND=cuda .gpu/tests/gpu_replica_wake --nocapture >"$wlog" 2>&1; then
+if VMMW_BACKEND=cuda .gpu/tests/all gpu_replica_wake:: --nocapture >"$wlog" 2>&1; then
   if grep -q '^SKIP' "$wlog"; then
     result "multi-gpu: replicas woken from one backup" SKIP "$(grep -m1 '^SKIP' "$wlog")"
   else
-    result "multi-gpu: replicas woken from one backup" PASS "byte-exact on every GPU, with and without peer copies, and retried after a host copy and a peer copy failed mid-wake on the last GPU (all stayed asleep): $(grep -m1 '^round 1' "$wlog") (tests/gpu_replica_wake.rs)"
+    result "multi-gpu: replicas woken from one backup" PASS "byte-exact on every GPU, with and without peer copies, and retried after a host copy and a peer copy failed mid-wake on the last GPU (all stayed asleep): $(grep -m1 '^round 1' "$wlog") (tests/all/gpu_replica_wake.rs)"
   fi
 else
   result "multi-gpu: replicas woken from one backup" FAIL "see multi-replica-wake.txt"

@@ -5,7 +5,7 @@
 # Inputs the run discovers go to a scratch folder, so the committed corpus
 # only changes by hand. A crash fails this part; libFuzzer leaves the input in
 # fuzz/artifacts/<target>/ — fix the bug, then copy the input into
-# fuzz/regressions/<target>/ so tests/fuzz_corpus.rs replays it on stable.
+# fuzz/regressions/<target>/ so tests/all/fuzz_corpus.rs replays it on stable.
 # Needs the nightly toolchain (skips with a message without it) and
 # cargo-fuzz (installed when missing).
 set -euo pipefail
@@ -17,7 +17,7 @@ if [ "$secs" = 0 ]; then
 fi
 if ! rustup run nightly rustc --version >/dev/null 2>&1; then
   echo "SKIP fuzz: no nightly toolchain (rustup toolchain install nightly);" \
-    "the corpus and regressions still replay on stable in tests/fuzz_corpus.rs"
+    "the corpus and regressions still replay on stable in tests/all/fuzz_corpus.rs"
   exit 0
 fi
 export PATH="$HOME/.cargo/bin:$PATH"

@@ -86,7 +86,7 @@ impl Pool {
     /// Decommit the free tail of every awake arena. Returns the tracked bytes
     /// released and the first driver error, if any (the bookkeeping is updated
     /// either way: a chunk whose unmap failed is dropped from the segment).
-    pub(super) fn arena_trim_tails(&self, st: &mut State) -> (u64, Option<crate::Error>) {
+    pub(super) fn arena_trim_tails(&self, st: &mut State) -> (u64, Option<Error>) {
         let arenas: Vec<_> = st
             .tags
             .values()

@@ -3,8 +3,9 @@
 //! (generated checkpoints, destinations, device reads), `cli` (running the
 //! built `vmmw`, parsing its charts), `fault` (the driver steps the fault
 //! tests fail) and `pool` (a small
-//! host driver and pool sizes, a deterministic RNG, byte patterns). Each test
-//! file includes this module with `mod common;` and uses what it needs.
+//! host driver and pool sizes, a deterministic RNG, byte patterns).
+//! `tests/all/main.rs` declares it once for its modules; a test binary of its
+//! own includes it with `mod common;`.
 #![allow(dead_code)]
 
 pub mod backend;

@@ -34,6 +34,7 @@ from .._native import VmmwError, library_path
 from ..loader import Destination, Loader, LoadResult
 from ..pool import Pool
 from ..report import table, tag_usage
+from .dtypes import _TYPESTR, DTYPES
 
 __all__ = [
     "VmmwError",
@@ -60,19 +61,6 @@ __all__ = [
     "use_pool",
     "wake",
 ]
-
-DTYPES = {
-    torch.bfloat16: "BF16",
-    torch.float16: "F16",
-    torch.float32: "F32",
-    torch.float64: "F64",
-    torch.int8: "I8",
-    torch.uint8: "U8",
-    torch.int16: "I16",
-    torch.int32: "I32",
-    torch.int64: "I64",
-    torch.bool: "BOOL",
-}
 
 _lock = threading.RLock()
 _allocator: Optional[Any] = None
@@ -177,12 +165,6 @@ def release_pools(tag: Optional[str] = None) -> None:
 
 
 # --- views of pool memory ---------------------------------------------------------
-
-# __cuda_array_interface__ type strings; BF16 has none, so it travels as int16
-# and is viewed as bfloat16 afterwards.
-_TYPESTR = {"BF16": ("<i2", torch.bfloat16), "F16": ("<f2", None), "F32": ("<f4", None),
-            "F64": ("<f8", None), "I8": ("|i1", None), "U8": ("|u1", None), "I16": ("<i2", None),
-            "I32": ("<i4", None), "I64": ("<i8", None), "BOOL": ("|b1", None)}
 
 
 class _DeviceArray:

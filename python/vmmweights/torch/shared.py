@@ -25,7 +25,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 import torch
 
 from ..share import Attachment, SharedTensor
-from . import _TYPESTR, DTYPES
+from .dtypes import _TYPESTR, DTYPES
 
 __all__ = ["bind_", "tensor", "tensors"]
 

@@ -18,6 +18,7 @@ use vmmweights::units::parse_bytes;
 use vmmweights::{Driver, Error, Result, Segment};
 
 use crate::backend::BackendArgs;
+use crate::load_verify::verify;
 
 /// Options of `vmmw bench-load`.
 #[derive(clap::Args, Debug)]
@@ -279,39 +280,6 @@ fn disk_bandwidth(ckpt: &Checkpoint, threads: usize) -> Result<f64> {
     Ok(chunked_rate(ckpt, threads, |buf, sh, off| {
         sh.file.read_at(buf, off).map_or(0, |n| n as u64)
     }))
-}
-
-pub(crate) fn verify(d: &dyn Driver, ex: &ExecutedPlan) -> Result<usize> {
-    let ck = ex.checkpoint();
-    let mut n = 0;
-    for e in ex.plan().extents.iter().filter(|e| e.convert.is_none()) {
-        let shard = &ck.shards[e.shard as usize];
-        let m = shard.map.as_ref().expect("mapped");
-        for r in [0, e.height - 1] {
-            let len = e.width.min(1 << 16) as usize;
-            let src = (e.src + r * e.src_pitch) as usize;
-            let mut got = vec![0u8; len];
-            // SAFETY: a row of a loaded destination; `got` has `len` bytes.
-            unsafe {
-                d.copy_dtoh_async(
-                    got.as_mut_ptr(),
-                    e.dst + r * e.dst_pitch,
-                    len,
-                    vmmweights::driver::StreamId::DEFAULT,
-                )
-            }?;
-            d.synchronize()?;
-            if got[..] != m[src..src + len] {
-                return Err(Error::InvalidState(format!(
-                    "verify: device bytes at {:#x} differ from {} byte {src}",
-                    e.dst + r * e.dst_pitch,
-                    shard.path.display()
-                )));
-            }
-            n += 1;
-        }
-    }
-    Ok(n)
 }
 
 fn preset_or_none(s: &str) -> std::result::Result<String, String> {

@@ -178,7 +178,7 @@ pub fn run(m: MultiArgs<'_>) -> Result<()> {
         if i > 0 {
             secs.push(s); // the first load pins the staging ring
         } else if m.verify {
-            verified = crate::bench_load::verify(pools[0].driver().as_ref(), &ex)?;
+            verified = crate::load_verify::verify(pools[0].driver().as_ref(), &ex)?;
         }
     }
     let one = phase(secs, delivered, None, verified);
@@ -244,7 +244,7 @@ pub fn run(m: MultiArgs<'_>) -> Result<()> {
     if m.verify {
         // Every device holds the checkpoint again, byte for byte at every extent's ends.
         for (p, ex) in pools.iter().zip(&plans) {
-            verified += crate::bench_load::verify(p.driver().as_ref(), ex)?;
+            verified += crate::load_verify::verify(p.driver().as_ref(), ex)?;
         }
     }
     let restored = last
@@ -394,7 +394,7 @@ fn timed(
         if i == 0 {
             if m.verify {
                 for (p, ex) in pools.iter().zip(&loaded.plans) {
-                    verified += crate::bench_load::verify(p.driver().as_ref(), ex)?;
+                    verified += crate::load_verify::verify(p.driver().as_ref(), ex)?;
                 }
             }
         } else {

@@ -85,7 +85,7 @@ impl From<Error> for CliError {
             ),
             _ => false,
         };
-        let message = crate::output::escape_controls(&e.to_string());
+        let message = crate::escape::escape_controls(&e.to_string());
         if bad_input {
             CliError::bad_input(message)
         } else {

@@ -1,0 +1,160 @@
+//! Replicas asleep on one host backup on real GPUs (scripts/gpu.d/70-multi.sh):
+//! the same blocks and bytes in a tag on every device, slept with one backup
+//! (the first device's; the others release their memory), woken on every
+//! device from it (each device a part over its link, the rest over peer
+//! copies, then with peer copies off), byte-exact on every device after each;
+//! then a host copy and a peer copy made to fail on the last device mid-wake
+//! (the driver's fault table, on both backends): every replica stays asleep
+//! with its memory released, and the retry is byte-exact.
+//!
+//! With `VMMW_BACKEND=cuda` this uses every CUDA device that opens (at least
+//! two that reach each other; it skips with a message otherwise); on the host
+//! backend it runs on three simulated devices, so CI runs the same code. More
+//! failure cases (a device out of memory, faults on other devices) are in
+//! `replica_wake.rs`.
+
+use crate::common;
+
+use common::pool::{device_pools, Rng, G};
+use vmmweights::devices::replicas::{
+    sleep as sleep_replicas, wake_from_backup as wake_replicas_from_backup, Replica,
+    ReplicaWakeOptions,
+};
+use vmmweights::driver::fault::FaultOp;
+use vmmweights::driver::testing::Testing;
+use vmmweights::{tag, Pool};
+
+/// Pools on the devices and the size of a big block.
+fn pools() -> Option<(Vec<Pool>, usize)> {
+    let (pools, cuda) = device_pools("gpu_replica_wake", usize::MAX, 3)?;
+    Some((pools, if cuda { 256 << 20 } else { 5 * G + 4321 }))
+}
+
+#[test]
+fn replicas_wake_from_one_backup_byte_exact_on_every_device() {
+    let Some((pools, big)) = pools() else {
+        return;
+    };
+    let n = pools.len();
+    let t = tag::id("gpu-replica-wake").unwrap();
+    let mut rng = Rng(0x5eed);
+    let sizes = [big, 3000, big / 2 + 17, 1 << 20];
+    let data: Vec<Vec<u8>> = sizes
+        .iter()
+        .map(|&s| (0..s).map(|_| rng.next() as u8).collect())
+        .collect();
+    let ptrs: Vec<Vec<u64>> = pools
+        .iter()
+        .map(|p| {
+            data.iter()
+                .map(|d| {
+                    let b = p.alloc_tagged(d.len(), t).unwrap();
+                    // SAFETY: a live awake block; nothing else touches it.
+                    unsafe { p.write(b.ptr, d) }.unwrap();
+                    b.ptr
+                })
+                .collect()
+        })
+        .collect();
+    let check = |what: &str| {
+        for (k, p) in pools.iter().enumerate() {
+            for (i, d) in data.iter().enumerate() {
+                let mut got = vec![0u8; d.len()];
+                // SAFETY: awake; nothing else touches it.
+                unsafe { p.read(ptrs[k][i], &mut got) }.unwrap();
+                let bad = got.iter().zip(d).position(|(a, b)| a != b);
+                assert!(
+                    bad.is_none(),
+                    "{what}: device {k}, block {i}: first difference at byte {bad:?}"
+                );
+            }
+        }
+    };
+    let group: Vec<Replica<'_>> = pools.iter().map(|pool| Replica { pool, tag: t }).collect();
+    for (round, peer_copies) in [(1, true), (2, false), (3, true)] {
+        let free_awake: Vec<u64> = pools
+            .iter()
+            .map(|p| p.driver().mem_info().unwrap().free)
+            .collect();
+        let s = sleep_replicas(&group).unwrap();
+        for (k, p) in pools.iter().enumerate() {
+            let free = p.driver().mem_info().unwrap().free;
+            assert!(
+                free > free_awake[k],
+                "device {k}: memory released while asleep"
+            );
+            assert_eq!(
+                p.sleep_engine().backup_held_bytes() > 0,
+                k == 0,
+                "device {k}: the backup is on device 0 only"
+            );
+        }
+        let o = ReplicaWakeOptions {
+            peer_copies,
+            ..ReplicaWakeOptions::default()
+        };
+        let w = wake_replicas_from_backup(&group, &o).unwrap();
+        let want_host = if peer_copies {
+            s.backup_bytes
+        } else {
+            s.backup_bytes * n as u64
+        };
+        assert_eq!(w.host_bytes, want_host, "round {round}");
+        assert_eq!(w.delivered_bytes, s.backup_bytes * n as u64);
+        println!(
+            "round {round} ({}): {n} devices, backup {:.1} MB, wake {:.4} s = {:.1} GB/s delivered \
+             (map {:.4} s, host {:.4} s, peer {:.4} s, {} direct pairs)",
+            if peer_copies { "peer copies" } else { "every device from the backup" },
+            s.backup_bytes as f64 / 1e6,
+            w.seconds,
+            w.aggregate_gbps(),
+            w.map_seconds,
+            w.host_seconds,
+            w.peer_seconds,
+            w.direct_pairs
+        );
+        check(&format!("round {round}"));
+    }
+
+    // A device failing mid-wake loses nothing; the retry restores every byte.
+    let last = pools.last().unwrap();
+    let faults = last
+        .driver()
+        .faults()
+        .expect("both backends have a fault table");
+    // Pieces small enough that every device's part takes several copies.
+    let pieces = ReplicaWakeOptions {
+        copy_piece_bytes: big / 4,
+        ..ReplicaWakeOptions::default()
+    };
+    for (op, nth) in [(FaultOp::CopyHtod, 2), (FaultOp::CopyPeer, 1)] {
+        sleep_replicas(&group).unwrap();
+        let asleep: Vec<u64> = pools
+            .iter()
+            .map(|p| p.driver().mem_info().unwrap().free)
+            .collect();
+        faults.fail_nth(op, nth);
+        let err = wake_replicas_from_backup(&group, &pieces).unwrap_err();
+        faults.clear();
+        let dev = last.device();
+        assert!(
+            err.to_string().contains(&format!("device {dev}")),
+            "{op:?}: {err}"
+        );
+        for (k, p) in pools.iter().enumerate() {
+            assert!(p.is_tag_asleep(t), "{op:?}: device {k} stays asleep");
+            let free = p.driver().mem_info().unwrap().free;
+            // Other processes may move a GPU's free memory a little; the
+            // replica's memory (hundreds of MB) must be released again.
+            assert!(
+                free + (16 << 20) >= asleep[k],
+                "{op:?}: device {k} kept memory mapped"
+            );
+        }
+        println!(
+            "fault {op:?} on device {dev} mid-wake: every replica asleep, memory released ({err})"
+        );
+        wake_replicas_from_backup(&group, &pieces).unwrap();
+        check(&format!("retry after {op:?}"));
+    }
+}

@@ -1,0 +1,58 @@
+//! Every integration test in one binary: linking one executable instead of
+//! one per file is most of what a test build costs. Each file here is a module
+//! named as its test area, so `cargo test --test all loader_load::` runs one.
+//!
+//! A few test files stay binaries of their own under `tests/` because they
+//! rely on having the process to themselves: `pool_torch` (the process-global
+//! pool and its counters), `concurrency` and `ffi_loader_asleep` (they set
+//! `VMMW_BACKEND` for the process), `loader_geometry` (loads in one process
+//! share the cache budget), `share_attacks` (counts the process's threads) and
+//! `share_processes` (counts its open descriptors).
+
+#[path = "../common/mod.rs"]
+mod common;
+
+#[cfg(feature = "cli")]
+mod cli_chart;
+#[cfg(feature = "cli")]
+mod cli_errors;
+#[cfg(feature = "cli")]
+mod cli_json;
+#[cfg(feature = "cli")]
+mod cli_pipe;
+#[cfg(feature = "cli")]
+mod cli_serve;
+mod device_reliability;
+mod driver_contract;
+mod fault_device;
+mod fault_file_read;
+mod fault_table;
+mod fuzz_corpus;
+mod gpu_hazards;
+mod gpu_peers;
+mod gpu_replica_wake;
+mod loader_alias;
+#[cfg(feature = "cli")]
+mod loader_cli;
+mod loader_convert;
+mod loader_errors;
+mod loader_hostile;
+mod loader_identity;
+mod loader_into_pool;
+mod loader_load;
+mod loader_multi;
+mod loader_tp;
+mod pool_arena;
+mod pool_errors;
+mod pool_free_faults;
+mod pool_model;
+mod pool_random;
+mod pool_reload;
+mod pool_sleep;
+mod pool_tags;
+mod reload_writes;
+mod replica_wake;
+mod segment;
+mod share_attach_bench;
+mod sleep_engine;
+mod sleep_hazards;
