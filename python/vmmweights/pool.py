@@ -161,6 +161,20 @@ class Pool:
         call("vmmw_pool_read", self.handle, ctypes.c_uint64(ptr), buf, ctypes.c_size_t(size))
         return buf.raw
 
+    def read_backup_into(self, ptr: int, dst: int, size: int) -> None:
+        """Copy `size` bytes of asleep pool memory at `ptr` out of the host
+        backup its sleep kept into host memory at address `dst`, without
+        waking it. `InvalidState` naming the tag when it is awake, discarded,
+        or its backup holds only part of the range."""
+        call("vmmw_pool_read_backup", self.handle, ctypes.c_uint64(ptr), ctypes.c_void_p(dst or None),
+             ctypes.c_size_t(size))
+
+    def read_backup(self, ptr: int, size: int) -> bytes:
+        """:meth:`read_backup_into` a new buffer."""
+        buf = ctypes.create_string_buffer(size)
+        self.read_backup_into(ptr, ctypes.addressof(buf) if size else 0, size)
+        return buf.raw
+
     def trim(self) -> int:
         """Return cached memory to the driver; the physically backed bytes released."""
         out = ctypes.c_uint64()

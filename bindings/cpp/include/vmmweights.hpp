@@ -473,6 +473,12 @@ class Pool {
     detail::call([&](vmmw_error_t** e) { return vmmw_pool_read(get_checked(), src, dst, len, e); });
   }
 
+  /// Copy asleep pool memory out of the host backup its sleep kept, without
+  /// waking it (the tag must sleep with a backup holding the whole range).
+  void read_backup(uint64_t ptr, void* dst, size_t len) const {
+    detail::call([&](vmmw_error_t** e) { return vmmw_pool_read_backup(get_checked(), ptr, dst, len, e); });
+  }
+
   /// Put tags to sleep, each with its policy; pointers stay valid.
   void sleep(const std::vector<std::pair<Tag, Policy>>& items) {
     std::vector<vmmw_tag_policy_t> c;

@@ -257,6 +257,17 @@ func (p *Pool) Read(src uint64, b []byte) error {
 	return err
 }
 
+// ReadBackup copies len(b) bytes of asleep pool memory at device address ptr
+// out of the host backup its sleep kept, without waking it (the tag must
+// sleep with a backup holding the whole range).
+func (p *Pool) ReadBackup(ptr uint64, b []byte) error {
+	err := p.do(func(cp *C.vmmw_pool_t, e **C.vmmw_error_t) C.vmmw_status_t {
+		return C.vmmw_pool_read_backup(cp, C.uint64_t(ptr), bytesPtr(b), C.size_t(len(b)), e)
+	})
+	runtime.KeepAlive(b)
+	return err
+}
+
 // Sleep releases the device memory of the listed tags; pointers stay valid.
 func (p *Pool) Sleep(items ...TagPolicy) error {
 	if len(items) == 0 {
