@@ -150,9 +150,10 @@ def test_a_paused_tensors_bytes_are_read_from_the_host_backup(saver):
     with pytest.raises(vw.VmmwError, match="is awake"):
         pool.read_backup(ptr, 4)
     saver.core.pause()
-    assert pool.read_backup(ptr + 2, 6) == b"ababab"
-    assert pool.read_backup(ptr, 1 * MiB) == b"ab" * (MiB // 2)
-    assert saver.asleep()[saver.core.region_tag(0, "weights", "cpu")], "reading did not wake it"
+    weights = saver.core.region_tag(0, "weights", "cpu")
+    assert pool.read_backup(ptr + 2, 6) == (weights, b"ababab")
+    assert pool.read_backup(ptr, 1 * MiB) == (weights, b"ab" * (MiB // 2))
+    assert saver.asleep()[weights], "reading did not wake it"
     with pytest.raises(vw.VmmwError, match="discard policy") as e:
         pool.read_backup(kv, 4)
     assert saver.core.region_tag(0, "kv", "none") in str(e.value)

@@ -697,7 +697,8 @@ pub unsafe extern "C" fn vmmw_pool_read(
 /// range must lie in one segment whose tag sleeps with a backup holding every
 /// byte of it (Offload, or the changed bytes of a Reload sleep). Thread-safe:
 /// a sleep or wake of the tag running now is waited for, and none starts
-/// during the copy. `dst` stays the caller's.
+/// during the copy. `dst` stays the caller's. When `tag` is not NULL it
+/// receives the tag whose backup was read (left as it is on error).
 ///
 /// Bad input: `VMMW_NULL_ARGUMENT` (`pool`; `dst` with `len` > 0);
 /// `VMMW_UNKNOWN_POINTER` (not in this pool); `VMMW_INVALID_ARGUMENT` (past
@@ -706,13 +707,14 @@ pub unsafe extern "C" fn vmmw_pool_read(
 ///
 /// # Safety
 /// `pool` is a live handle; `dst` is writable for `len` bytes (NULL when `len`
-/// is 0); `error` is NULL or writable.
+/// is 0); `tag` is NULL or writable; `error` is NULL or writable.
 #[no_mangle]
 pub unsafe extern "C" fn vmmw_pool_read_backup(
     pool: *const vmmw_pool_t,
     ptr: u64,
     dst: *mut c_void,
     len: usize,
+    tag: *mut u32,
     error: *mut *mut vmmw_error_t,
 ) -> vmmw_status_t {
     call(error, || {
@@ -720,6 +722,11 @@ pub unsafe extern "C" fn vmmw_pool_read_backup(
         let p = unsafe { arg(pool, "pool") }?;
         // SAFETY: forwarded contract.
         let bytes = unsafe { bytes_mut_arg(dst.cast(), len, "dst") }?;
-        p.pool.read_backup(ptr, bytes)
+        let read = p.pool.read_backup(ptr, bytes)?;
+        if !tag.is_null() {
+            // SAFETY: non-null and writable by contract.
+            unsafe { tag.write(read.0) };
+        }
+        Ok(())
     })
 }

@@ -5,20 +5,22 @@ use super::{segment_base, Pool};
 use crate::driver::DevicePtr;
 use crate::error::{Error, Result};
 use crate::segment::SleepState;
+use crate::tag::TagId;
 
 impl Pool {
     /// Copy the bytes of `[ptr, ptr + dst.len())` from the host backup its
     /// asleep segment keeps into `dst`. The range must lie in one segment of
     /// this pool whose tag is asleep with a backup holding every byte of it
-    /// (an Offload sleep, or the changed bytes of a Reload sleep). A sleep or
-    /// wake of the tag running now is waited for; none starts during the copy.
+    /// (an Offload sleep, or the changed bytes of a Reload sleep). Returns
+    /// that tag. A sleep or wake of the tag running now is waited for; none
+    /// starts during the copy.
     ///
     /// Errors: `UnknownPointer` when `ptr` is in no segment of this pool,
     /// `InvalidArgument` when the range runs past its segment (or overflows),
     /// `InvalidState` naming the tag when it is awake, was discarded, or its
     /// backup does not hold the whole range. Nothing is written to `dst` on
     /// error.
-    pub fn read_backup(&self, ptr: DevicePtr, dst: &mut [u8]) -> Result<()> {
+    pub fn read_backup(&self, ptr: DevicePtr, dst: &mut [u8]) -> Result<TagId> {
         let len = dst.len();
         let end = ptr.checked_add(len as u64).ok_or_else(|| {
             Error::InvalidArgument(format!(
@@ -62,7 +64,8 @@ impl Pool {
         // The pool lock stays held: no sleep or wake of the tag starts while
         // the engine copies out of its backup.
         self.sleep
-            .read_backup(base, (ptr - base) as usize, dst, &name)
+            .read_backup(base, (ptr - base) as usize, dst, &name)?;
+        Ok(e.tag)
     }
 }
 
@@ -99,7 +102,7 @@ mod tests {
         assert!(e.to_string().contains("`unit-backup-read` is awake"), "{e}");
 
         pool.sleep(&[(t, Policy::Offload)]).unwrap();
-        pool.read_backup(a.ptr + 1000, &mut out).unwrap();
+        assert_eq!(pool.read_backup(a.ptr + 1000, &mut out).unwrap(), t);
         assert_eq!(out, bytes[1000..1100]);
         let mut all = vec![0u8; 8192];
         pool.read_backup(a.ptr, &mut all).unwrap();

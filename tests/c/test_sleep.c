@@ -95,18 +95,20 @@ int main(void) {
   /* The offloaded bytes read out of the host backup while asleep; the
    * discarded tag has none, and bad ranges change nothing. */
   memset(back, 0, N);
-  CHECK_OK(vmmw_pool_read_backup(pool, pw + 12345, back, N, &err));
+  uint32_t read_tag = 0;
+  CHECK_OK(vmmw_pool_read_backup(pool, pw + 12345, back, N, &read_tag, &err));
   CHECK(memcmp(pattern, back, N) == 0);
-  CHECK_OK(vmmw_pool_read_backup(pool, pw, NULL, 0, &err));
+  CHECK(read_tag == w);
+  CHECK_OK(vmmw_pool_read_backup(pool, pw, NULL, 0, NULL, &err));
   memset(back, 0x5a, 16);
   err = NULL;
-  CHECK(vmmw_pool_read_backup(pool, pkv, back, 16, &err) == VMMW_INVALID_STATE);
+  CHECK(vmmw_pool_read_backup(pool, pkv, back, 16, NULL, &err) == VMMW_INVALID_STATE);
   CHECK(strstr(vmmw_error_message(err), "sleep-kv") != NULL);
   vmmw_error_free(err);
-  CHECK_STATUS(VMMW_NULL_ARGUMENT, vmmw_pool_read_backup(NULL, pw, back, 16, NULL));
-  CHECK_STATUS(VMMW_NULL_ARGUMENT, vmmw_pool_read_backup(pool, pw, NULL, 16, NULL));
-  CHECK_STATUS(VMMW_UNKNOWN_POINTER, vmmw_pool_read_backup(pool, 0x1000, back, 16, NULL));
-  CHECK_STATUS(VMMW_INVALID_ARGUMENT, vmmw_pool_read_backup(pool, UINT64_MAX - 4, back, 16, NULL));
+  CHECK_STATUS(VMMW_NULL_ARGUMENT, vmmw_pool_read_backup(NULL, pw, back, 16, NULL, NULL));
+  CHECK_STATUS(VMMW_NULL_ARGUMENT, vmmw_pool_read_backup(pool, pw, NULL, 16, NULL, NULL));
+  CHECK_STATUS(VMMW_UNKNOWN_POINTER, vmmw_pool_read_backup(pool, 0x1000, back, 16, NULL, NULL));
+  CHECK_STATUS(VMMW_INVALID_ARGUMENT, vmmw_pool_read_backup(pool, UINT64_MAX - 4, back, 16, NULL, NULL));
   CHECK(back[0] == 0x5a && back[15] == 0x5a);
 
   /* Wake with too little device memory: refused, still asleep, backup intact. */
@@ -124,7 +126,7 @@ int main(void) {
   CHECK_OK(vmmw_pool_read(pool, pw + 12345, back, N, &err));
   CHECK(memcmp(pattern, back, N) == 0);
   CHECK_OK(vmmw_pool_write(pool, pkv, pattern, 64, &err)); /* kv usable again */
-  CHECK_STATUS(VMMW_INVALID_STATE, vmmw_pool_read_backup(pool, pw + 12345, back, 16, NULL));
+  CHECK_STATUS(VMMW_INVALID_STATE, vmmw_pool_read_backup(pool, pw + 12345, back, 16, NULL, NULL));
 
   /* A second cycle, then release the pinned backup. */
   CHECK_OK(vmmw_pool_sleep(pool, &off_w, 1, &err));

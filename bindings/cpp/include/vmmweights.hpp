@@ -475,8 +475,11 @@ class Pool {
 
   /// Copy asleep pool memory out of the host backup its sleep kept, without
   /// waking it (the tag must sleep with a backup holding the whole range).
-  void read_backup(uint64_t ptr, void* dst, size_t len) const {
-    detail::call([&](vmmw_error_t** e) { return vmmw_pool_read_backup(get_checked(), ptr, dst, len, e); });
+  /// Returns the tag whose backup was read.
+  Tag read_backup(uint64_t ptr, void* dst, size_t len) const {
+    uint32_t tag = 0;
+    detail::call([&](vmmw_error_t** e) { return vmmw_pool_read_backup(get_checked(), ptr, dst, len, &tag, e); });
+    return tag;
   }
 
   /// Put tags to sleep, each with its policy; pointers stay valid.

@@ -51,6 +51,7 @@ from typing import Any, Iterator, List, Optional, Tuple
 import torch
 
 from .. import tags as _tags
+from .._native import VmmwError
 from ..saver import ROUTE_ENV, ForeignTagError, SaverCore, StartPlan, held, set_process_tag, start_plan
 from ..saver import configure_subprocess as _configure_subprocess
 from . import allocator as _allocator
@@ -313,25 +314,30 @@ class TorchMemorySaver:
         dev = x.device.index if x.device.index is not None else torch.cuda.current_device()
         ptr, nbytes = x.untyped_storage().data_ptr(), x.untyped_storage().nbytes()
         names = self._core.own.pool_tags(dev)
-        offloaded = [n for n, asleep in held(_pool(dev), names).items() if asleep and SaverCore.kind_of(n) == "cpu"]
-        owner = next((n for n in offloaded if any(a <= ptr < a + size for a, size in self._ranges(dev, n))), None)
-        if owner is None:
-            if not self._core.retain_cpu_backup:
-                return None
-            raise NotImplementedError(
-                "torch_memory_saver (vmmweights): get_cpu_backup of a tensor that is not paused is not "
-                f"available: its retained backup stays in the pool's pinned arena (paused CPU-backup tags: {sorted(offloaded)})"
-            )
-        if zero_copy:
-            raise NotImplementedError(
-                "torch_memory_saver (vmmweights): get_cpu_backup(zero_copy=True) is not available: the backup "
-                f"of tag {names[owner]!r} lies in the pool's pinned arena, which is not exposed as tensors; "
-                "call it without zero_copy for a copy"
-            )
-        raw = torch.empty(nbytes, dtype=torch.uint8)
-        if nbytes:
-            _pool(dev).read_backup_into(ptr, raw.data_ptr(), nbytes)
-        return raw.view(x.dtype).as_strided(x.size(), x.stride(), x.storage_offset())
+        offloaded = {n for n, asleep in held(_pool(dev), names).items() if asleep and SaverCore.kind_of(n) == "cpu"}
+        if offloaded and nbytes:
+            raw = torch.empty(nbytes, dtype=torch.uint8)
+            try:
+                owner: Optional[str] = _pool(dev).read_backup_into(ptr, raw.data_ptr(), nbytes)
+            except VmmwError as e:
+                # Not in the pool, or in memory with no backup of it: not ours to return.
+                if e.status_name not in ("VMMW_UNKNOWN_POINTER", "VMMW_INVALID_STATE"):
+                    raise
+                owner = None
+            if owner in offloaded:
+                if zero_copy:
+                    raise NotImplementedError(
+                        "torch_memory_saver (vmmweights): get_cpu_backup(zero_copy=True) is not available: the "
+                        f"backup of tag {names[owner]!r} lies in the pool's pinned arena, which is not exposed "
+                        "as tensors; call it without zero_copy for a copy"
+                    )
+                return raw.view(x.dtype).as_strided(x.size(), x.stride(), x.storage_offset())
+        if not self._core.retain_cpu_backup:
+            return None
+        raise NotImplementedError(
+            "torch_memory_saver (vmmweights): get_cpu_backup of a tensor that is not paused is not available: "
+            f"its retained backup stays in the pool's pinned arena (paused CPU-backup tags: {sorted(offloaded)})"
+        )
 
     def _ranges(self, dev: int, pool_tag: str) -> List[Tuple[int, int]]:
         """The device ranges PyTorch's memory pool of `pool_tag` holds on `dev`."""
