@@ -115,6 +115,7 @@ vmmw_status_t vmmw_pool_new(const struct vmmw_pool_options_t*options,struct vmmw
 vmmw_status_t vmmw_pool_peer_access_at(const struct vmmw_pool_t*pool,uint32_t tag,size_t index,struct vmmw_peer_access_t*out,struct vmmw_error_t**error);
 vmmw_status_t vmmw_pool_peer_access_count(const struct vmmw_pool_t*pool,uint32_t tag,size_t*out,struct vmmw_error_t**error);
 vmmw_status_t vmmw_pool_read(const struct vmmw_pool_t*pool,uint64_t src,void*dst,size_t len,struct vmmw_error_t**error);
+vmmw_status_t vmmw_pool_read_backup(const struct vmmw_pool_t*pool,uint64_t ptr,void*dst,size_t len,uint32_t*tag,struct vmmw_error_t**error);
 vmmw_status_t vmmw_pool_release_backup(struct vmmw_pool_t*pool,uint64_t*released,struct vmmw_error_t**error);
 vmmw_status_t vmmw_pool_release_staging(struct vmmw_pool_t*pool,uint64_t*released,struct vmmw_error_t**error);
 vmmw_status_t vmmw_pool_report(const struct vmmw_pool_t*pool,struct vmmw_report_t*out,struct vmmw_error_t**error);

@@ -1852,6 +1852,26 @@ vmmw_status_t vmmw_pool_write(struct vmmw_pool_t *pool, uint64_t dst, const void
 vmmw_status_t vmmw_pool_read(const struct vmmw_pool_t *pool, uint64_t src, void *dst, size_t len, struct vmmw_error_t **error);
 
 /**
+ * Copy `len` bytes of asleep pool memory at device address `ptr` out of the
+ * host backup its sleep kept, into host memory `dst`, without waking it. The
+ * range must lie in one segment whose tag sleeps with a backup holding every
+ * byte of it (Offload, or the changed bytes of a Reload sleep). Thread-safe:
+ * a sleep or wake of the tag running now is waited for, and none starts
+ * during the copy. `dst` stays the caller's. When `tag` is not NULL it
+ * receives the tag whose backup was read (left as it is on error).
+ *
+ * Bad input: `VMMW_NULL_ARGUMENT` (`pool`; `dst` with `len` > 0);
+ * `VMMW_UNKNOWN_POINTER` (not in this pool); `VMMW_INVALID_ARGUMENT` (past
+ * its segment, or overflowing); `VMMW_INVALID_STATE` naming the tag (awake,
+ * discarded, or the backup holds only part of the range). Nothing copied.
+ *
+ * # Safety
+ * `pool` is a live handle; `dst` is writable for `len` bytes (NULL when `len`
+ * is 0); `tag` is NULL or writable; `error` is NULL or writable.
+ */
+vmmw_status_t vmmw_pool_read_backup(const struct vmmw_pool_t *pool, uint64_t ptr, void *dst, size_t len, uint32_t *tag, struct vmmw_error_t **error);
+
+/**
  * Put replicas to sleep on one host backup: `tags[i]` in `pools[i]`, one
  * pool per device, `count` of them. `pools[0]`'s tag (the holder) is
  * offloaded to pinned host memory; every other tag releases its physical

@@ -141,6 +141,29 @@ def test_backup_is_released_after_resume_and_kept_with_retain(saver):
     assert saver.backup_bytes() == 0
 
 
+def test_a_paused_tensors_bytes_are_read_from_the_host_backup(saver):
+    """What get_cpu_backup returns: the bytes of a paused CPU-backup range,
+    out of the pool's backup, without waking it; refused by tag otherwise."""
+    ptr = saver.alloc("weights", "cpu", 1 * MiB, b"ab")
+    kv = saver.alloc("kv", "none", 1 * MiB, b"K")
+    pool = saver.pools[0]
+    with pytest.raises(vw.VmmwError, match="is awake"):
+        pool.read_backup(ptr, 4)
+    saver.core.pause()
+    weights = saver.core.region_tag(0, "weights", "cpu")
+    assert pool.read_backup(ptr + 2, 6) == (weights, b"ababab")
+    assert pool.read_backup(ptr, 1 * MiB) == (weights, b"ab" * (MiB // 2))
+    assert saver.asleep()[weights], "reading did not wake it"
+    with pytest.raises(vw.VmmwError, match="discard policy") as e:
+        pool.read_backup(kv, 4)
+    assert saver.core.region_tag(0, "kv", "none") in str(e.value)
+    with pytest.raises(vw.VmmwError):
+        pool.read_backup(0x1000, 4)
+    saver.core.resume()
+    with pytest.raises(vw.VmmwError, match="is awake"):
+        pool.read_backup(ptr, 4)
+
+
 def test_retain_from_the_environment():
     s = Saver(env={"TMS_RETAIN_CPU_BACKUP": "1"})
     try:

@@ -156,25 +156,50 @@ def test_torch_mode_disk_backup_takes_its_ranges_from_the_tags_memory_pool(tmp_p
     assert out == {"files": [3 << 20], "back": "abcabc", "left": []}
 
 
-def test_get_cpu_backup_is_none_where_upstream_holds_none_and_refuses_otherwise():
+def test_get_cpu_backup_copies_a_paused_tensor_and_is_none_where_upstream_holds_none():
     out = run_child(
         """
-        x = mock.MagicMock()
-        x.device.index = 0
+        import ctypes
+        def tensor(ptr, n):
+            x = mock.MagicMock()
+            x.device.index = 0
+            x.untyped_storage.return_value.data_ptr.return_value = ptr
+            x.untyped_storage.return_value.nbytes.return_value = n
+            return x
+        host = ctypes.create_string_buffer(64)
+        torch.empty.return_value.data_ptr.return_value = ctypes.addressof(host)
         with tms.region(tag="w", enable_cpu_backup=True):
             pass
-        vt.pool().alloc(1 << 20, "tms:w/cpu")
+        ptr = vt.pool().alloc(1 << 20, "tms:w/cpu")
+        vt.pool().write(ptr, b"0123456789" * 6 + b"abcd")
+        foreign = vt.pool().alloc(1 << 20, "theirs")
+        vt.pool().write(foreign, b"F" * 64)
+        vt.pool().sleep({"theirs": "offload"})
+        x, y = tensor(ptr, 64), tensor(foreign, 64)
         out["awake"] = tms.get_cpu_backup(x) is None
         tms.pause("w")
+        out["copy_is_view"] = tms.get_cpu_backup(x) is torch.empty.return_value.view.return_value.as_strided.return_value
+        out["bytes"] = host.raw.decode()
+        out["asleep_after_read"] = report()["tms:w/cpu"]
+        out["foreign"] = tms.get_cpu_backup(y) is None  # asleep with a backup, but not the shim's
+        try:
+            tms.get_cpu_backup(x, zero_copy=True)
+        except NotImplementedError as e:
+            out["zero_copy"] = str(e)
+        tms.resume("w")
+        out["resumed"] = tms.get_cpu_backup(x) is None
+        tms.retain_cpu_backup = True
         try:
             tms.get_cpu_backup(x)
         except NotImplementedError as e:
-            out["asleep"] = str(e)
-        tms.resume("w")
-        out["resumed"] = tms.get_cpu_backup(x) is None
+            out["retained"] = str(e)
         """
     )
-    assert out["awake"] and out["resumed"] and "tms:w/cpu" in out["asleep"]
+    assert out["awake"] and out["copy_is_view"] and out["resumed"] and out["foreign"]
+    assert out["bytes"] == "0123456789" * 6 + "abcd", "the paused bytes, from the host backup"
+    assert out["asleep_after_read"] is True
+    assert "zero_copy" in out["zero_copy"] and "'w'" in out["zero_copy"]
+    assert "retained backup" in out["retained"]
 
 
 def test_nested_region_under_init_enable_keeps_the_outer_tag_after_it():

@@ -5,12 +5,12 @@ from __future__ import annotations
 import ctypes
 import json
 import threading
-from typing import Any, Dict, List, Mapping, Optional
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from . import _structs as S
 from ._native import call, call_text, function
 from .report import table
-from .tags import tag_id
+from .tags import tag_id, tag_name
 
 #: Sleep policies: offload keeps a pinned host backup restored byte for byte;
 #: discard drops the contents (undefined after wake); reload keeps no backup and
@@ -160,6 +160,23 @@ class Pool:
         buf = ctypes.create_string_buffer(size)
         call("vmmw_pool_read", self.handle, ctypes.c_uint64(ptr), buf, ctypes.c_size_t(size))
         return buf.raw
+
+    def read_backup_into(self, ptr: int, dst: int, size: int) -> str:
+        """Copy `size` bytes of asleep pool memory at `ptr` out of the host
+        backup its sleep kept into host memory at address `dst`, without
+        waking it; the name of the tag whose backup was read. `InvalidState`
+        naming the tag when it is awake, discarded, or its backup holds only
+        part of the range."""
+        tag = ctypes.c_uint32()
+        call("vmmw_pool_read_backup", self.handle, ctypes.c_uint64(ptr), ctypes.c_void_p(dst or None),
+             ctypes.c_size_t(size), ctypes.byref(tag))
+        return tag_name(tag.value)
+
+    def read_backup(self, ptr: int, size: int) -> Tuple[str, bytes]:
+        """:meth:`read_backup_into` a new buffer: (tag, bytes)."""
+        buf = ctypes.create_string_buffer(size)
+        tag = self.read_backup_into(ptr, ctypes.addressof(buf) if size else 0, size)
+        return tag, buf.raw
 
     def trim(self) -> int:
         """Return cached memory to the driver; the physically backed bytes released."""

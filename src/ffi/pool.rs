@@ -699,3 +699,42 @@ pub unsafe extern "C" fn vmmw_pool_read(
         unsafe { p.pool.read(src, bytes) }
     })
 }
+
+/// Copy `len` bytes of asleep pool memory at device address `ptr` out of the
+/// host backup its sleep kept, into host memory `dst`, without waking it. The
+/// range must lie in one segment whose tag sleeps with a backup holding every
+/// byte of it (Offload, or the changed bytes of a Reload sleep). Thread-safe:
+/// a sleep or wake of the tag running now is waited for, and none starts
+/// during the copy. `dst` stays the caller's. When `tag` is not NULL it
+/// receives the tag whose backup was read (left as it is on error).
+///
+/// Bad input: `VMMW_NULL_ARGUMENT` (`pool`; `dst` with `len` > 0);
+/// `VMMW_UNKNOWN_POINTER` (not in this pool); `VMMW_INVALID_ARGUMENT` (past
+/// its segment, or overflowing); `VMMW_INVALID_STATE` naming the tag (awake,
+/// discarded, or the backup holds only part of the range). Nothing copied.
+///
+/// # Safety
+/// `pool` is a live handle; `dst` is writable for `len` bytes (NULL when `len`
+/// is 0); `tag` is NULL or writable; `error` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn vmmw_pool_read_backup(
+    pool: *const vmmw_pool_t,
+    ptr: u64,
+    dst: *mut c_void,
+    len: usize,
+    tag: *mut u32,
+    error: *mut *mut vmmw_error_t,
+) -> vmmw_status_t {
+    call(error, || {
+        // SAFETY: forwarded contract.
+        let p = unsafe { arg(pool, "pool") }?;
+        // SAFETY: forwarded contract.
+        let bytes = unsafe { bytes_mut_arg(dst.cast(), len, "dst") }?;
+        let read = p.pool.read_backup(ptr, bytes)?;
+        if !tag.is_null() {
+            // SAFETY: non-null and writable by contract.
+            unsafe { tag.write(read.0) };
+        }
+        Ok(())
+    })
+}

@@ -26,6 +26,7 @@
 
 mod access;
 mod arena;
+mod backup_read;
 pub(crate) mod block;
 pub mod identity;
 mod lease;

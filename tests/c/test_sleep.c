@@ -92,6 +92,25 @@ int main(void) {
   vmmw_error_free(err);
   CHECK_STATUS(VMMW_INVALID_STATE, vmmw_pool_alloc_tagged(pool, 4096, w, &pw2, NULL));
 
+  /* The offloaded bytes read out of the host backup while asleep; the
+   * discarded tag has none, and bad ranges change nothing. */
+  memset(back, 0, N);
+  uint32_t read_tag = 0;
+  CHECK_OK(vmmw_pool_read_backup(pool, pw + 12345, back, N, &read_tag, &err));
+  CHECK(memcmp(pattern, back, N) == 0);
+  CHECK(read_tag == w);
+  CHECK_OK(vmmw_pool_read_backup(pool, pw, NULL, 0, NULL, &err));
+  memset(back, 0x5a, 16);
+  err = NULL;
+  CHECK(vmmw_pool_read_backup(pool, pkv, back, 16, NULL, &err) == VMMW_INVALID_STATE);
+  CHECK(strstr(vmmw_error_message(err), "sleep-kv") != NULL);
+  vmmw_error_free(err);
+  CHECK_STATUS(VMMW_NULL_ARGUMENT, vmmw_pool_read_backup(NULL, pw, back, 16, NULL, NULL));
+  CHECK_STATUS(VMMW_NULL_ARGUMENT, vmmw_pool_read_backup(pool, pw, NULL, 16, NULL, NULL));
+  CHECK_STATUS(VMMW_UNKNOWN_POINTER, vmmw_pool_read_backup(pool, 0x1000, back, 16, NULL, NULL));
+  CHECK_STATUS(VMMW_INVALID_ARGUMENT, vmmw_pool_read_backup(pool, UINT64_MAX - 4, back, 16, NULL, NULL));
+  CHECK(back[0] == 0x5a && back[15] == 0x5a);
+
   /* Wake with too little device memory: refused, still asleep, backup intact. */
   CHECK_OK(vmmw_host_set_memory_limit(dev, 1u << 20, &err));
   CHECK_STATUS(VMMW_OUT_OF_MEMORY, vmmw_pool_wake(pool, &w, 1, NULL));
@@ -107,6 +126,7 @@ int main(void) {
   CHECK_OK(vmmw_pool_read(pool, pw + 12345, back, N, &err));
   CHECK(memcmp(pattern, back, N) == 0);
   CHECK_OK(vmmw_pool_write(pool, pkv, pattern, 64, &err)); /* kv usable again */
+  CHECK_STATUS(VMMW_INVALID_STATE, vmmw_pool_read_backup(pool, pw + 12345, back, 16, NULL, NULL));
 
   /* A second cycle, then release the pinned backup. */
   CHECK_OK(vmmw_pool_sleep(pool, &off_w, 1, &err));

@@ -121,6 +121,10 @@ static void test_pool_tags_sleep() {
   CHECK(pool.last_cycle_json().find("cpp-kv") != std::string::npos);
   CHECK(status_of([&] { pool.read(pw.ptr() + 1000, out.data(), 16); }) == VMMW_INVALID_STATE);
   CHECK(status_of([&] { (void)pool.alloc(4096, w); }) == VMMW_INVALID_STATE);
+  CHECK(pool.read_backup(pw.ptr() + 1000, out.data(), out.size()) == w);
+  CHECK(in == out);
+  CHECK(status_of([&] { (void)pool.read_backup(pkv.ptr(), out.data(), 16); }) == VMMW_INVALID_STATE);
+  std::fill(out.begin(), out.end(), 0);
   pool.wake();
   pool.read(pw.ptr() + 1000, out.data(), out.size());
   CHECK(in == out);

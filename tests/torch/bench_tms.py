@@ -20,6 +20,7 @@ import sys
 import time
 
 MODES = ("shim-default", "shim-retain", "real-default", "real-retain")
+RESULT = "bench-tms result: "
 
 
 def child(mode: str, nbytes: int, cycles: int, real: str) -> dict:
@@ -57,6 +58,13 @@ def child(mode: str, nbytes: int, cycles: int, real: str) -> dict:
         rows.append({"pause_s": t1 - t0, "resume_s": t2 - t1})
         for t in ts:  # the engine writes between cycles: a retained backup must be refreshed
             t.add_(0)
+    # The real package's allocator refuses any malloc or free outside a
+    # region (in a process that aborts), so the region's memory is given back
+    # inside one, as its own examples do.
+    with tms.region(tag="weights", enable_cpu_backup=True):
+        del ts, t
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
     return {"mode": mode, "bytes": nbytes, "cycles": rows}
 
 
@@ -88,18 +96,24 @@ def main() -> int:
     a = ap.parse_args()
     nbytes = int(a.gb * 1e9)
     if a.child:
-        print(json.dumps(child(a.child, nbytes, a.cycles, a.real)))
+        print(RESULT + json.dumps(child(a.child, nbytes, a.cycles, a.real)), flush=True)
         return 0
     modes = [m for m in MODES if m.startswith("shim") or a.real]
     runs = {}
     for m in modes:
         p = subprocess.run([sys.executable, __file__, "--child", m, "--gb", str(a.gb), "--cycles", str(a.cycles),
                             "--real", a.real], capture_output=True, text=True, env=os.environ.copy())
-        if p.returncode != 0:
+        lines = [ln for ln in p.stdout.splitlines() if ln.startswith(RESULT)]
+        # The real package's process may fail while CUDA tears down at exit,
+        # after its result (upstream's own harness judges its torch-mode runs
+        # by the result, not the exit status); ours must exit cleanly.
+        if not lines or (p.returncode != 0 and not m.startswith("real")):
             print(p.stdout[-2000:], p.stderr[-4000:], file=sys.stderr)
-            print(f"FAIL {m} exited {p.returncode}")
+            print(f"FAIL {m} exited {p.returncode}" + ("" if lines else " before its result"))
             return 1
-        runs[m] = json.loads(p.stdout.strip().splitlines()[-1])
+        if p.returncode != 0:
+            print(f"note: {m} exited {p.returncode} after its result: {p.stderr.strip()[-300:]}")
+        runs[m] = json.loads(lines[-1][len(RESULT):])
         s = summary({m: runs[m]})["modes"][m]
         print(f"{m:13s} pause/resume first {s['first_pause_s']:.3f}/{s['first_resume_s']:.3f} s, "
               f"later {s['later_pause_s']:.3f}/{s['later_resume_s']:.3f} s")

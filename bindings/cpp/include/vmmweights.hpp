@@ -479,6 +479,15 @@ class Pool {
     detail::call([&](vmmw_error_t** e) { return vmmw_pool_read(get_checked(), src, dst, len, e); });
   }
 
+  /// Copy asleep pool memory out of the host backup its sleep kept, without
+  /// waking it (the tag must sleep with a backup holding the whole range).
+  /// Returns the tag whose backup was read.
+  Tag read_backup(uint64_t ptr, void* dst, size_t len) const {
+    uint32_t tag = 0;
+    detail::call([&](vmmw_error_t** e) { return vmmw_pool_read_backup(get_checked(), ptr, dst, len, &tag, e); });
+    return tag;
+  }
+
   /// Put tags to sleep, each with its policy; pointers stay valid.
   void sleep(const std::vector<std::pair<Tag, Policy>>& items) {
     std::vector<vmmw_tag_policy_t> c;

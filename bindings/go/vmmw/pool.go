@@ -257,6 +257,19 @@ func (p *Pool) Read(src uint64, b []byte) error {
 	return err
 }
 
+// ReadBackup copies len(b) bytes of asleep pool memory at device address ptr
+// out of the host backup its sleep kept, without waking it (the tag must
+// sleep with a backup holding the whole range). It returns the tag whose
+// backup was read.
+func (p *Pool) ReadBackup(ptr uint64, b []byte) (Tag, error) {
+	var tag C.uint32_t
+	err := p.do(func(cp *C.vmmw_pool_t, e **C.vmmw_error_t) C.vmmw_status_t {
+		return C.vmmw_pool_read_backup(cp, C.uint64_t(ptr), bytesPtr(b), C.size_t(len(b)), &tag, e)
+	})
+	runtime.KeepAlive(b)
+	return Tag(tag), err
+}
+
 // Sleep releases the device memory of the listed tags; pointers stay valid.
 func (p *Pool) Sleep(items ...TagPolicy) error {
 	if len(items) == 0 {

@@ -86,7 +86,8 @@ func TestSleepWakeKeepsOffloadedBytes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := p.AllocTagged(2<<20, kv); err != nil {
+	pkv, err := p.AllocTagged(2<<20, kv)
+	if err != nil {
 		t.Fatal(err)
 	}
 	in := bytes.Repeat([]byte("stable addresses "), 1000)
@@ -102,6 +103,13 @@ func TestSleepWakeKeepsOffloadedBytes(t *testing.T) {
 	}
 	if err := p.Read(pw+77, make([]byte, 8)); !errors.Is(err, ErrInvalidState) {
 		t.Fatalf("read while asleep: %v", err)
+	}
+	backup := make([]byte, len(in))
+	if tag, err := p.ReadBackup(pw+77, backup); err != nil || tag != w || !bytes.Equal(in, backup) {
+		t.Fatalf("backup read while asleep: tag %v, %v, equal=%v", tag, err, bytes.Equal(in, backup))
+	}
+	if _, err := p.ReadBackup(pkv, make([]byte, 8)); !errors.Is(err, ErrInvalidState) {
+		t.Fatal("backup read of the discarded tag's memory succeeded")
 	}
 	if err := p.Sleep(TagPolicy{w, Policy(9)}); !errors.Is(err, ErrInvalidArgument) {
 		t.Fatalf("bad policy: %v", err)

@@ -30,8 +30,10 @@ Differences:
   routes every PyTorch allocation of the process through our pluggable
   allocator from the first one; no LD_PRELOAD. CUDA allocations made outside
   PyTorch (raw ``cudaMalloc``) are not ours to pause.
-- ``get_cpu_backup`` returns ``None`` where torch_memory_saver holds no
-  backup; our backup arena is not exposed as tensors, so it raises otherwise.
+- ``get_cpu_backup`` copies a paused tensor's bytes out of the pool's host
+  backup; it returns ``None`` where torch_memory_saver holds no backup. Our
+  backup arena is not exposed as tensors: ``zero_copy=True`` and the retained
+  backup of a resumed tensor raise.
 - ``cpu_backup_backend`` is checked as torch_memory_saver checks it; our
   backup is pinned either way. ``memory_margin_bytes`` is accepted: wake
   checks free device memory itself.
@@ -40,6 +42,7 @@ Differences:
 from __future__ import annotations
 
 import contextlib
+import sys
 import threading
 import warnings
 from pathlib import Path
@@ -48,6 +51,7 @@ from typing import Any, Iterator, List, Optional, Tuple
 import torch
 
 from .. import tags as _tags
+from .._native import VmmwError
 from ..saver import ROUTE_ENV, ForeignTagError, SaverCore, StartPlan, held, set_process_tag, start_plan
 from ..saver import configure_subprocess as _configure_subprocess
 from . import allocator as _allocator
@@ -91,6 +95,16 @@ def _route_process() -> None:
             f"process inside configure_subprocess() (or with {ROUTE_ENV}=1 or TMS_INIT_ENABLE=1) and "
             f"import this module first ({e})"
         ) from None
+
+
+def _is_xpu() -> bool:
+    """Whether PyTorch runs on Intel XPU, through the name torch_memory_saver's
+    callers replace (``torch_memory_saver.entrypoint.is_xpu``) when that module
+    is loaded."""
+    probe = getattr(sys.modules.get("torch_memory_saver.entrypoint"), "is_xpu", None)
+    if probe is not None:
+        return bool(probe())
+    return hasattr(torch, "xpu") and bool(torch.xpu.is_available())
 
 
 class TorchMemorySaver:
@@ -187,6 +201,10 @@ class TorchMemorySaver:
             raise ValueError("cpu_backup_backend requires enable_cpu_backup=True")
         if cpu_backup_backend not in _BACKENDS:
             raise ValueError(f"cpu_backup_backend {cpu_backup_backend!r}: expected one of {_BACKENDS}")
+        if _is_xpu():
+            raise ValueError("cpu_backup_backend is not supported on XPU; host shadows use malloc")
+        if cpu_backup_backend == "mmap" and torch.version.hip:
+            raise ValueError("cpu_backup_backend='mmap' is not supported on ROCm")
 
     @contextlib.contextmanager
     def region(
@@ -287,17 +305,38 @@ class TorchMemorySaver:
         self._core.resume(tag)
 
     def get_cpu_backup(self, x: torch.Tensor, zero_copy: bool = False) -> Optional[torch.Tensor]:
-        """``None`` where torch_memory_saver holds no host backup (nothing of
-        this shim asleep with a CPU backup on `x`'s device and the backup not
-        retained). Our backup arena is not exposed as tensors: otherwise raises."""
+        """A CPU tensor of `x`'s shape, strides and dtype holding the bytes the
+        pause of `x`'s tag copied to the host backup, read out of the pool's
+        backup without waking it; ``None`` where torch_memory_saver holds no
+        backup (`x` in no paused CPU-backup tag of this shim, and the backup
+        not retained). Backups kept after ``resume`` (retained) are not
+        readable: the pool reads backups of asleep memory only."""
         dev = x.device.index if x.device.index is not None else torch.cuda.current_device()
+        ptr, nbytes = x.untyped_storage().data_ptr(), x.untyped_storage().nbytes()
         names = self._core.own.pool_tags(dev)
-        offloaded = [n for n, asleep in held(_pool(dev), names).items() if asleep and SaverCore.kind_of(n) == "cpu"]
-        if not offloaded and not self._core.retain_cpu_backup:
+        offloaded = {n for n, asleep in held(_pool(dev), names).items() if asleep and SaverCore.kind_of(n) == "cpu"}
+        if offloaded and nbytes:
+            raw = torch.empty(nbytes, dtype=torch.uint8)
+            try:
+                owner: Optional[str] = _pool(dev).read_backup_into(ptr, raw.data_ptr(), nbytes)
+            except VmmwError as e:
+                # Not in the pool, or in memory with no backup of it: not ours to return.
+                if e.status_name not in ("VMMW_UNKNOWN_POINTER", "VMMW_INVALID_STATE"):
+                    raise
+                owner = None
+            if owner in offloaded:
+                if zero_copy:
+                    raise NotImplementedError(
+                        "torch_memory_saver (vmmweights): get_cpu_backup(zero_copy=True) is not available: the "
+                        f"backup of tag {names[owner]!r} lies in the pool's pinned arena, which is not exposed "
+                        "as tensors; call it without zero_copy for a copy"
+                    )
+                return raw.view(x.dtype).as_strided(x.size(), x.stride(), x.storage_offset())
+        if not self._core.retain_cpu_backup:
             return None
         raise NotImplementedError(
-            "torch_memory_saver (vmmweights): get_cpu_backup is not available: the host backup "
-            f"lives in the pool's pinned arena (tags {sorted(offloaded)}), not in tensors"
+            "torch_memory_saver (vmmweights): get_cpu_backup of a tensor that is not paused is not available: "
+            f"its retained backup stays in the pool's pinned arena (paused CPU-backup tags: {sorted(offloaded)})"
         )
 
     def _ranges(self, dev: int, pool_tag: str) -> List[Tuple[int, int]]:

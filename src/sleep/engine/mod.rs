@@ -20,6 +20,7 @@ use sources::Registered;
 
 mod options;
 mod plan;
+mod read;
 mod sleep;
 mod sources;
 mod staged;

@@ -1,5 +1,8 @@
-"""torch_memory_saver.entrypoint: the saver class."""
+"""torch_memory_saver.entrypoint: the saver class, and ``is_xpu`` (the
+platform probe the saver's backend check reads through this module)."""
 
 from vmmweights.torch.memory_saver import TorchMemorySaver
 
-__all__ = ["TorchMemorySaver"]
+from .utils import is_xpu
+
+__all__ = ["TorchMemorySaver", "is_xpu"]

@@ -1,0 +1,52 @@
+//! Reading an asleep segment's bytes out of its host backup, for callers
+//! that want the contents of released memory without waking it.
+
+use super::SleepEngine;
+use crate::driver::DevicePtr;
+use crate::error::{Error, Result};
+
+impl SleepEngine {
+    /// Copy segment bytes `[off, off + dst.len())` of the segment based at
+    /// `va` from its host backup into `dst`. `tag` names the segment's tag in
+    /// errors. The caller guarantees no sleep or wake of the segment starts
+    /// meanwhile (the pool holds its lock across the call).
+    ///
+    /// Errors: `InvalidState` when the segment has no backup, a transition is
+    /// using it, or the backup does not hold every byte of the range (a
+    /// Reload sleep keeps only the bytes no checkpoint restores).
+    pub fn read_backup(&self, va: DevicePtr, off: usize, dst: &mut [u8], tag: &str) -> Result<()> {
+        let s = self.lock();
+        let b = match s.backups.get(&va) {
+            Some(b) if !s.busy.contains(&va) => b,
+            Some(_) => {
+                return Err(Error::InvalidState(format!(
+                    "the host backup of tag `{tag}` at {va:#x} is being written or read by a sleep or wake"
+                )))
+            }
+            None => {
+                return Err(Error::InvalidState(format!(
+                    "tag `{tag}` holds no host backup of segment {va:#x}"
+                )))
+            }
+        };
+        let spans = b.spans(&s.arena, off, dst.len(), usize::MAX);
+        let held: usize = spans.iter().map(|&(_, _, n)| n).sum();
+        if held != dst.len() {
+            return Err(Error::InvalidState(format!(
+                "the host backup of tag `{tag}` holds {held} of the {} bytes at {:#x}: the rest is restored from its checkpoint at wake, not kept on the host",
+                dst.len(),
+                va + off as u64
+            )));
+        }
+        for (at, host, n) in spans {
+            let to = &mut dst[at - off..at - off + n];
+            // SAFETY: `host` points at `n` bytes of one arena piece assigned to
+            // this backup; the engine lock keeps the piece from being freed or
+            // reassigned, and no transition writes it (the segment is not busy
+            // and the caller keeps new transitions from starting).
+            let from = unsafe { std::slice::from_raw_parts(host.cast_const(), n) };
+            to.copy_from_slice(from);
+        }
+        Ok(())
+    }
+}
