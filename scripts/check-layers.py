@@ -39,10 +39,29 @@ LAYERS = [
 RANK = {m: i for i, layer in enumerate(LAYERS) for m in layer}
 
 
+# One left-to-right pass, so a quote inside a comment, a `//` inside a string
+# and a quote in a char literal (`'"'`) each stay what they are; stripping
+# comments and strings in separate passes let an odd quote in a doc comment
+# swallow the code up to the next quote, and the imports in it with it.
+TOKEN_RE = re.compile(
+    r"""(?P<line>//[^\n]*)"""
+    r"""|(?P<block>/\*.*?\*/)"""
+    r"""|(?P<raw>\br(?P<hashes>#*)".*?"(?P=hashes))"""
+    r"""|(?P<str>"(?:\\.|[^"\\])*")"""
+    r"""|(?P<char>'(?:\\.|[^'\\\n])')""",
+    re.S,
+)
+
+
 def strip_comments(text):
-    text = re.sub(r"/\*.*?\*/", "", text, flags=re.S)
-    text = re.sub(r'"(?:\\.|[^"\\])*"', '""', text)
-    return re.sub(r"//[^\n]*", "", text)
+    def keep(m):
+        if m.group("line") or m.group("block"):
+            return ""
+        if m.group("char"):
+            return "' '"
+        return '""'
+
+    return TOKEN_RE.sub(keep, text)
 
 
 def module_of(path, root="src/"):
@@ -149,6 +168,11 @@ def self_test():
         ("clean", {}, None),
         ("upward", {"src/pool/a.rs": "use super::b::X;\nuse crate::loader;\n"}, "upward import"),
         ("circle", {"src/pool/b.rs": "use super::a::Y;\npub struct X;\n"}, "import circle"),
+        ("circle behind quotes",
+         {"src/pool/b.rs": "/// a \"quote\n"
+                           "fn f(g: &Guard<'_, S>) -> char { let _ = '\"'; super::a::run() }\n"
+                           "pub struct X; // and \" one more\n"},
+         "import circle"),
         ("unlisted", {"src/lib.rs": base["src/lib.rs"] + "pub mod extra;\n",
                       "src/extra.rs": "\n"}, "not in LAYERS"),
         ("cudarc", {"src/pool/b.rs": "use cudarc::driver::sys;\npub struct X;\n"}, "uses cudarc"),

@@ -8,9 +8,9 @@ use std::os::unix::net::UnixStream;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::connections::Shared;
 use super::export::export;
 use super::manifest::Hello;
-use super::server::Shared;
 use super::wire::{self, PeerCred};
 use crate::driver::BackendKind;
 

@@ -23,11 +23,13 @@
 //!   ([`Server::publish`]) or revokes, and attached importers see it on their next call.
 
 pub mod client;
+mod connections;
 pub mod export;
 mod handshake;
 pub mod log;
 pub mod manifest;
 mod memfd;
+pub mod options;
 pub mod server;
 mod watch;
 pub mod wire;
@@ -35,4 +37,5 @@ pub mod wire;
 pub use client::{AttachOptions, Attachment, ImportedTensor};
 pub use log::LogSink;
 pub use manifest::{Manifest, SharedTensor};
-pub use server::{ServeOptions, Server, SleepPolicy};
+pub use options::{ServeOptions, SleepPolicy};
+pub use server::Server;

@@ -7,7 +7,7 @@
 use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
 
-use super::server::Shared;
+use super::connections::Shared;
 use super::wire::{self, Notice};
 
 /// Run until the server stops; `wake` is woken by every new attach and by stop.

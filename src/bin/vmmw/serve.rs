@@ -50,7 +50,7 @@ pub struct Args {
     allow_gid: Vec<u32>,
     /// Most connections served at once, handshaking and attached; past it a
     /// peer is refused with the reason.
-    #[arg(long, default_value_t = vmmweights::share::server::DEFAULT_MAX_CONNECTIONS as u32,
+    #[arg(long, default_value_t = vmmweights::share::options::DEFAULT_MAX_CONNECTIONS as u32,
           value_parser = clap::value_parser!(u32).range(1..))]
     max_connections: u32,
     /// One deadline per handshake, in seconds (a silent peer is cut after it).
