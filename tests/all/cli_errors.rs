@@ -335,3 +335,16 @@ fn control_characters_in_tensor_names_are_escaped() {
     assert!(names.iter().any(|n| n == evil), "{names:?}");
     assert!(!r.stdout.contains('\u{1b}'), "{}", r.all());
 }
+
+#[test]
+fn a_bad_host_granularity_names_its_variable() {
+    for bad in ["3M", "1000", "0"] {
+        let r = vmmw_env(&["demo"], &[("VMMW_HOST_GRANULARITY", bad)]);
+        assert_eq!(r.code, 2, "{bad}: {}", r.all());
+        assert!(
+            r.stderr.contains(&format!("VMMW_HOST_GRANULARITY=`{bad}`")),
+            "{bad}: {}",
+            r.all()
+        );
+    }
+}

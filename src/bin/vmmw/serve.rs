@@ -168,7 +168,10 @@ pub fn run(a: Args) -> CliResult<Value> {
         &a.socket,
         options,
     ))?;
-    println!(
+    // Status lines only: a server outlives a reader that went away (a closed
+    // stdout is ignored), and stops on its signals alone.
+    let _ = writeln!(
+        std::io::stdout(),
         "serving {} tensors={} bytes={} version={} policy={} backend={}",
         a.socket.display(),
         count,
@@ -186,7 +189,11 @@ pub fn run(a: Args) -> CliResult<Value> {
                 Ok(b) => {
                     lib(pool.driver().synchronize())?;
                     reloads += 1;
-                    println!("reloaded bytes={b} version={}", server.publish());
+                    let _ = writeln!(
+                        std::io::stdout(),
+                        "reloaded bytes={b} version={}",
+                        server.publish()
+                    );
                     let _ = std::io::stdout().flush();
                 }
                 // The version does not change. A load checks every tensor
@@ -213,7 +220,8 @@ pub fn run(a: Args) -> CliResult<Value> {
     let version = server.version();
     let attached = server.attached();
     server.stop();
-    println!(
+    let _ = writeln!(
+        std::io::stdout(),
         "stopped ({stopped_by}): socket {} removed, version {version}, {attached} importer(s) were attached",
         a.socket.display()
     );

@@ -57,15 +57,23 @@ impl HostConfig {
             c.memory_limit = parse_bytes(&v)
                 .map_err(|e| Error::InvalidArgument(format!("VMMW_HOST_MEMORY=`{v}`: {e}")))?;
         }
-        c.validate()?;
+        c.validate()
+            .map_err(|e| match (e, std::env::var("VMMW_HOST_GRANULARITY")) {
+                (Error::InvalidArgument(m), Ok(v)) => {
+                    Error::InvalidArgument(format!("VMMW_HOST_GRANULARITY=`{v}`: {m}"))
+                }
+                (e, _) => e,
+            })?;
         Ok(c)
     }
 
     pub(super) fn validate(&self) -> Result<()> {
         let page = page_size();
-        if self.granularity == 0 || !self.granularity.is_multiple_of(page) {
+        // Reservations align to the granularity, and an alignment is a power
+        // of two (as every CUDA granularity is).
+        if !self.granularity.is_power_of_two() || !self.granularity.is_multiple_of(page) {
             return Err(Error::InvalidArgument(format!(
-                "host granularity {} must be a positive multiple of the page size {page}",
+                "host granularity {} must be a power of two and a multiple of the page size {page}",
                 self.granularity
             )));
         }
