@@ -315,9 +315,8 @@ pub unsafe extern "C" fn vmmw_pool_alloc_tagged(
 }
 
 /// Give a block back to the pool (it returns to the pool's cache; see `vmmw_pool_trim`).
-/// A block freed is no
-/// longer restored by a Reload wake, and no loader writes into it again: a
-/// loader destination in it is refused at the next load, also once the same
+/// A block freed is no longer restored by a Reload wake, and no loader writes
+/// into it again: a loader destination in it is refused at the next load, also once the same
 /// address is handed out to a new block (blocks have an identity that is
 /// never reused). When freeing releases a segment and the
 /// device refuses to synchronize first, nothing is unmapped (queued work may
