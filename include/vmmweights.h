@@ -1971,7 +1971,7 @@ vmmw_status_t vmmw_pool_read_backup(const struct vmmw_pool_t *pool, uint64_t ptr
  *   entry is NULL.
  * - `VMMW_INVALID_ARGUMENT`: `count` is 0, a device is listed twice, pools
  *   are on different backends, or tags are laid out differently.
- * - `VMMW_UNKNOWN_TAG`: a tag is not registered.
+ * - `VMMW_UNKNOWN_TAG`: a tag that never held memory in its pool.
  * - `VMMW_INVALID_STATE`: the holder is asleep without a backup.
  * - `VMMW_HOST_OUT_OF_MEMORY`: the backup does not fit; nothing sleeps.
  *
@@ -2006,7 +2006,7 @@ vmmw_status_t vmmw_replicas_sleep(struct vmmw_pool_t *const *pools, const uint32
  *   `options.size`.
  * - `VMMW_UNSUPPORTED`: `options` from a newer header with fields this
  *   library does not know set.
- * - `VMMW_UNKNOWN_TAG`: a tag is not registered.
+ * - `VMMW_UNKNOWN_TAG`: a tag that never held memory in its pool.
  * - `VMMW_INVALID_STATE`: a tag is not asleep in one group with every other
  *   listed one (never slept with them, or woken or slept on its own since).
  * - `VMMW_OUT_OF_MEMORY`: free memory, checked on every device before
