@@ -937,14 +937,13 @@ extern "C" {
  * Open `backend` (a `VMMW_BACKEND_*` value) for CUDA device ordinal `device`.
  *
  * On success `*out` receives a new handle owned by the caller (free it with
- * `vmmw_device_free`). Errors: `VMMW_INVALID_ARGUMENT` (unknown backend,
- * negative device, bad `VMMW_BACKEND`/`VMMW_HOST_*` variables),
- * `VMMW_DRIVER_UNAVAILABLE` (CUDA requested but unusable), `VMMW_NULL_ARGUMENT`.
- * Thread-safe.
+ * `vmmw_device_free`). Thread-safe.
  *
- * Bad input: `VMMW_NULL_ARGUMENT` (`out`); `VMMW_INVALID_ARGUMENT` (unknown
- * backend, negative device, bad environment variables);
- * `VMMW_DRIVER_UNAVAILABLE`.
+ * Errors:
+ * - `VMMW_NULL_ARGUMENT`: `out` is NULL.
+ * - `VMMW_INVALID_ARGUMENT`: unknown backend, negative device, or bad
+ *   `VMMW_BACKEND`/`VMMW_HOST_*` environment variables.
+ * - `VMMW_DRIVER_UNAVAILABLE`: CUDA requested but unusable.
  *
  * # Safety
  * `out` is writable; `error` is NULL or writable.
@@ -955,7 +954,7 @@ vmmw_status_t vmmw_device_open(vmmw_backend_t backend, int32_t device, struct vm
  * Free a device handle. NULL is accepted. Pools and segments created from it
  * stay valid (they hold the driver themselves).
  *
- * Bad input: NULL is ignored. A handle already freed, or not from this
+ * Errors: none. NULL is ignored. A handle already freed, or not from this
  * library, cannot be detected (undefined behaviour).
  *
  * # Safety
@@ -967,7 +966,8 @@ void vmmw_device_free(struct vmmw_device_t *device);
 /**
  * The backend behind `device`: `VMMW_BACKEND_HOST` or `VMMW_BACKEND_CUDA`.
  *
- * Bad input: `VMMW_NULL_ARGUMENT` (`device`, `out`).
+ * Errors:
+ * - `VMMW_NULL_ARGUMENT`: `device` or `out` is NULL.
  *
  * # Safety
  * `device` is a live handle; `out` is writable; `error` is NULL or writable.
@@ -978,7 +978,8 @@ vmmw_status_t vmmw_device_backend(const struct vmmw_device_t *device, vmmw_backe
  * The mapping granularity in bytes (2 MiB on an H200 and by default on host):
  * every reservation and physical allocation is a multiple of it.
  *
- * Bad input: `VMMW_NULL_ARGUMENT` (`device`, `out`).
+ * Errors:
+ * - `VMMW_NULL_ARGUMENT`: `device` or `out` is NULL.
  *
  * # Safety
  * `device` is a live handle; `out` is writable; `error` is NULL or writable.
@@ -988,8 +989,9 @@ vmmw_status_t vmmw_device_granularity(const struct vmmw_device_t *device, uint64
 /**
  * Free and total device memory in bytes (`cuMemGetInfo`, or the host backend's limit).
  *
- * Bad input: `VMMW_NULL_ARGUMENT` (`device`, `free_bytes`, `total_bytes`;
- * nothing written).
+ * Errors:
+ * - `VMMW_NULL_ARGUMENT`: `device`, `free_bytes` or `total_bytes` is NULL;
+ *   nothing is written.
  *
  * # Safety
  * `device` is a live handle; `free_bytes` and `total_bytes` are writable;
@@ -1004,10 +1006,11 @@ vmmw_status_t vmmw_device_mem_info(const struct vmmw_device_t *device, uint64_t 
  * not NULL) receives the size required including the NUL, also on
  * `VMMW_BUFFER_TOO_SMALL`; pass `buf` NULL and `cap` 0 to query it.
  *
- * Bad input: `VMMW_NULL_ARGUMENT` (`device`); the buffer contract:
- * `VMMW_BUFFER_TOO_SMALL` with `*needed` set when `cap` is short (nothing
- * written to `buf`), `VMMW_NULL_ARGUMENT` with nothing written when `buf` is
- * NULL and `cap` > 0.
+ * Errors (the last two are the buffer contract):
+ * - `VMMW_NULL_ARGUMENT`: `device` is NULL.
+ * - `VMMW_BUFFER_TOO_SMALL`: `cap` is short; `*needed` is set, nothing is
+ *   written to `buf`.
+ * - `VMMW_NULL_ARGUMENT`: `buf` is NULL and `cap` > 0; nothing is written.
  *
  * # Safety
  * `device` is a live handle; `buf` is NULL or writable for `cap` bytes;
@@ -1019,10 +1022,11 @@ vmmw_status_t vmmw_device_describe(const struct vmmw_device_t *device, char *buf
  * Why this backend was chosen (useful with `VMMW_BACKEND_AUTO`), into a
  * buffer with the same contract as `vmmw_device_describe`.
  *
- * Bad input: `VMMW_NULL_ARGUMENT` (`device`); the buffer contract:
- * `VMMW_BUFFER_TOO_SMALL` with `*needed` set when `cap` is short (nothing
- * written to `buf`), `VMMW_NULL_ARGUMENT` with nothing written when `buf` is
- * NULL and `cap` > 0.
+ * Errors (the last two are the buffer contract):
+ * - `VMMW_NULL_ARGUMENT`: `device` is NULL.
+ * - `VMMW_BUFFER_TOO_SMALL`: `cap` is short; `*needed` is set, nothing is
+ *   written to `buf`.
+ * - `VMMW_NULL_ARGUMENT`: `buf` is NULL and `cap` > 0; nothing is written.
  *
  * # Safety
  * As `vmmw_device_describe`.
@@ -1032,7 +1036,8 @@ vmmw_status_t vmmw_device_choice_reason(const struct vmmw_device_t *device, char
 /**
  * Wait until all work queued on the device has finished.
  *
- * Bad input: `VMMW_NULL_ARGUMENT` (`device`).
+ * Errors:
+ * - `VMMW_NULL_ARGUMENT`: `device` is NULL.
  *
  * # Safety
  * `device` is a live handle; `error` is NULL or writable.
@@ -1045,7 +1050,7 @@ vmmw_status_t vmmw_device_synchronize(const struct vmmw_device_t *device, struct
  * The string is owned by `error` and valid until `vmmw_error_free(error)`.
  * Returns "" when `error` is NULL. Thread-safe.
  *
- * Bad input: none: NULL gives "".
+ * Errors: none. NULL gives "".
  *
  * # Safety
  * `error` is NULL or an object returned through a `vmmw_error_t**` argument
@@ -1057,7 +1062,7 @@ const char *vmmw_error_message(const struct vmmw_error_t *error);
  * The status code of `error` (a `VMMW_*` value); `VMMW_NULL_ARGUMENT` when
  * `error` is NULL. Thread-safe.
  *
- * Bad input: NULL gives `VMMW_NULL_ARGUMENT`.
+ * Errors: none. NULL gives `VMMW_NULL_ARGUMENT`.
  *
  * # Safety
  * As `vmmw_error_message`.
@@ -1070,7 +1075,7 @@ vmmw_status_t vmmw_error_status(const struct vmmw_error_t *error);
  * is not a driver error (its status is not `VMMW_DRIVER_ERROR`) or is NULL.
  * Thread-safe.
  *
- * Bad input: none: NULL gives 0.
+ * Errors: none. NULL gives 0.
  *
  * # Safety
  * As `vmmw_error_message`.
@@ -1080,7 +1085,7 @@ int32_t vmmw_error_driver_code(const struct vmmw_error_t *error);
 /**
  * Free an error object. NULL is accepted and ignored.
  *
- * Bad input: NULL is ignored. An object already freed cannot be detected
+ * Errors: none. NULL is ignored. An object already freed cannot be detected
  * (undefined behaviour).
  *
  * # Safety
@@ -1092,17 +1097,18 @@ void vmmw_error_free(struct vmmw_error_t *error);
 /**
  * Open a checkpoint: a `.safetensors` file, or a folder holding
  * `model.safetensors.index.json` (or one `model.safetensors`). Headers are
- * read and validated now (`VMMW_IO`, `VMMW_CHECKPOINT_INVALID` naming the file
- * and tensor). On success `*out` receives a new loader owned by the caller
- * (`vmmw_loader_free`). Initial rules: none (every tensor to the destination
- * of its own name).
+ * read and validated now. Opens never block. On success `*out` receives a
+ * new loader owned by the caller (`vmmw_loader_free`). Initial rules: none
+ * (every tensor to the destination of its own name).
  *
- * Bad input: `VMMW_NULL_ARGUMENT` (`path`, `out`); `VMMW_IO` (missing,
- * unreadable); `VMMW_CHECKPOINT_INVALID` (not a regular file: FIFO, device,
- * socket; index over 64 MiB; header over 100 MB or past the end; bad JSON,
- * duplicate names, unknown dtype, more than 64 dims, overflowing shapes,
- * offsets out of range or overlapping; shard names with `..` or absolute;
- * missing shards). Opens never block.
+ * Errors:
+ * - `VMMW_NULL_ARGUMENT`: `path` or `out` is NULL.
+ * - `VMMW_IO`: missing or unreadable.
+ * - `VMMW_CHECKPOINT_INVALID`, naming the file and tensor: not a regular
+ *   file (FIFO, device, socket); index over 64 MiB; header over 100 MB or
+ *   past the end; bad JSON, duplicate names, unknown dtype, more than 64
+ *   dims, overflowing shapes, offsets out of range or overlapping; shard
+ *   names with `..` or absolute; missing shards.
  *
  * # Safety
  * `path` is a NUL-terminated string; `out` is writable; `error` is NULL or writable.
@@ -1114,7 +1120,7 @@ vmmw_status_t vmmw_loader_open(const char *path, struct vmmw_loader_t **out, str
  * pool (free them with `vmmw_pool_dealloc`, or with the pool); the reload
  * source a load registered in the pool stays valid.
  *
- * Bad input: NULL is ignored. A handle already freed cannot be detected
+ * Errors: none. NULL is ignored. A handle already freed cannot be detected
  * (undefined behaviour).
  *
  * # Safety
@@ -1125,13 +1131,13 @@ void vmmw_loader_free(struct vmmw_loader_t *loader);
 /**
  * Replace the mapping rules with their JSON form (docs/RULES.md: every
  * field, match/to/fuse/shard/pad/skip, ties, tp, dtype, with an example of
- * each). Checked now (`VMMW_INVALID_ARGUMENT`
- * naming the bad field or regex; the previous rules stay).
- *
- * Bad input: `VMMW_NULL_ARGUMENT` (`loader`, `json`); `VMMW_INVALID_ARGUMENT`
- * (bad JSON, unknown field, bad regex, rank not below world; the previous
- * rules stay). Sizes the rules produce are checked at plan time
+ * each). Checked now. Sizes the rules produce are checked at plan time
  * (`VMMW_PLAN_MISMATCH` on overflow).
+ *
+ * Errors:
+ * - `VMMW_NULL_ARGUMENT`: `loader` or `json` is NULL.
+ * - `VMMW_INVALID_ARGUMENT`, naming the bad field or regex: bad JSON,
+ *   unknown field, bad regex, rank not below world; the previous rules stay.
  *
  * # Safety
  * `loader` is a live handle; `json` is a NUL-terminated string; `error` is NULL or writable.
@@ -1144,8 +1150,9 @@ vmmw_status_t vmmw_loader_set_rules_json(struct vmmw_loader_t *loader, const cha
  * `qkv_proj`, gate/up into `gate_up_proj`; with `tp_world` > 0, sharded for
  * rank `tp_rank`, kv heads cut by `head_dim`.
  *
- * Bad input: `VMMW_NULL_ARGUMENT` (`loader`, `family`);
- * `VMMW_INVALID_ARGUMENT` (unknown family, `tp_rank` >= `tp_world`).
+ * Errors:
+ * - `VMMW_NULL_ARGUMENT`: `loader` or `family` is NULL.
+ * - `VMMW_INVALID_ARGUMENT`: unknown family, or `tp_rank` >= `tp_world`.
  *
  * # Safety
  * `loader` is a live handle; `family` is a NUL-terminated string; `error` is NULL or writable.
@@ -1156,9 +1163,10 @@ vmmw_status_t vmmw_loader_set_rules_preset(struct vmmw_loader_t *loader, const c
  * Set the load options (`options` NULL: defaults). `options->size` must be
  * set (`VMMW_LOAD_OPTIONS_INIT`); see `vmmw_load_options_t`.
  *
- * Bad input: `VMMW_NULL_ARGUMENT` (`loader`); `VMMW_INVALID_ARGUMENT` (unknown
- * strategy, `threads` over 256, `slot_bytes` or `window_bytes` over 4 GiB; the
- * previous options stay).
+ * Errors:
+ * - `VMMW_NULL_ARGUMENT`: `loader` is NULL.
+ * - `VMMW_INVALID_ARGUMENT`: unknown strategy, `threads` over 256, or
+ *   `slot_bytes` or `window_bytes` over 4 GiB; the previous options stay.
  *
  * # Safety
  * `loader` is a live handle; `options` is NULL or readable for
@@ -1174,11 +1182,13 @@ vmmw_status_t vmmw_loader_set_options(struct vmmw_loader_t *loader, const struct
  * the wake with `VMMW_CHECKPOINT_INVALID` even when its size and
  * modification time were kept. It costs one more read of the loaded bytes at
  * load and one at each Reload wake. Without it, device, inode, size and
- * modification time are still checked at every wake. Other values of
- * `enable`: `VMMW_INVALID_ARGUMENT`. Thread-safe (serializes with a running load).
+ * modification time are still checked at every wake. Thread-safe
+ * (serializes with a running load).
  *
- * Bad input: `VMMW_NULL_ARGUMENT` (`loader`); `VMMW_INVALID_ARGUMENT`
- * (`enable` neither 0 nor 1; the previous setting stays).
+ * Errors:
+ * - `VMMW_NULL_ARGUMENT`: `loader` is NULL.
+ * - `VMMW_INVALID_ARGUMENT`: `enable` is neither 0 nor 1; the previous
+ *   setting stays.
  *
  * # Safety
  * `loader` is a live handle; `error` is NULL or writable.
@@ -1193,17 +1203,18 @@ vmmw_status_t vmmw_loader_set_reload_check(struct vmmw_loader_t *loader, uint32_
  * which pool block holds `ptr` (any pool of this process), or that none
  * does: a later load refuses the destination with `VMMW_UNKNOWN_POINTER`
  * once that block is freed, even when the same address was handed out
- * again (register it again to load into the new block). Refused
- * (`VMMW_INVALID_ARGUMENT`, nothing registered): empty or duplicate name,
- * NULL `ptr`, overlap with another destination. An exact alias of a registered
- * destination (same `ptr`, dtype and shape: tied weights) is accepted as that
- * destination under a second name, filled from whichever name the checkpoint has.
+ * again (register it again to load into the new block). An exact alias of a
+ * registered destination (same `ptr`, dtype and shape: tied weights) is
+ * accepted as that destination under a second name, filled from whichever
+ * name the checkpoint has. Checked against the pool at load.
  *
- * Bad input: `VMMW_NULL_ARGUMENT` (`loader`, `name`, `dtype`; `shape` with
- * `ndim` > 0); `VMMW_INVALID_ARGUMENT` (`ndim` over 64, refused before
- * `shape` is read; empty or duplicate name, unknown dtype, NULL `ptr`, byte
- * size overflowing or past the end of the address space, overlap). Checked
- * against the pool at load.
+ * Errors:
+ * - `VMMW_NULL_ARGUMENT`: `loader`, `name` or `dtype` is NULL, or `shape` is
+ *   NULL with `ndim` > 0.
+ * - `VMMW_INVALID_ARGUMENT`, nothing registered: `ndim` over 64 (refused
+ *   before `shape` is read); empty or duplicate name, unknown dtype, NULL
+ *   `ptr`, byte size overflowing or past the end of the address space,
+ *   overlap with another destination.
  *
  * # Safety
  * `loader` is a live handle; `name` and `dtype` are NUL-terminated strings;
@@ -1232,8 +1243,10 @@ vmmw_status_t vmmw_loader_register(struct vmmw_loader_t *loader, const char *nam
  * allocator (`cudaFree`, PyTorch's caching allocator) is written as if it
  * were still yours.
  *
- * Bad input: `VMMW_NULL_ARGUMENT` (`loader`); `VMMW_INVALID_ARGUMENT` (NULL
- * `ptr`, `bytes` 0, overflowing range).
+ * Errors:
+ * - `VMMW_NULL_ARGUMENT`: `loader` is NULL.
+ * - `VMMW_INVALID_ARGUMENT`: `ptr` is NULL, `bytes` is 0, or the range
+ *   overflows.
  *
  * # Safety
  * `loader` is a live handle; `error` is NULL or writable.
@@ -1243,18 +1256,21 @@ vmmw_status_t vmmw_loader_declare_foreign(struct vmmw_loader_t *loader, uint64_t
 /**
  * Allocate every destination the rules produce from this checkpoint (names,
  * dtypes and shapes as the plan needs them: fused, sharded, padded) in
- * `pool` under `tag`, and register them. On failure nothing is registered
- * and every block taken is freed again. The blocks belong to the pool: find
+ * `pool` under `tag`, and register them. The blocks belong to the pool: find
  * them with `vmmw_loader_destination`, free them with `vmmw_pool_dealloc`
  * (or with the pool). Each destination records its block's identity, as
  * `vmmw_loader_register` does: once a block is freed, a later load refuses
  * that destination with `VMMW_UNKNOWN_POINTER`, also when the pool handed
  * the same address to a new owner.
  *
- * Bad input: `VMMW_NULL_ARGUMENT` (`loader`, `pool`); `VMMW_UNKNOWN_TAG`;
- * `VMMW_PLAN_MISMATCH` (rules give an overflowing shape, or parts that do not
- * fit); `VMMW_OUT_OF_MEMORY`; `VMMW_INVALID_STATE` (tag asleep). Nothing
- * registered on error.
+ * Errors (on any of them nothing is registered and every block taken is
+ * freed again):
+ * - `VMMW_NULL_ARGUMENT`: `loader` or `pool` is NULL.
+ * - `VMMW_UNKNOWN_TAG`: `tag` is not registered.
+ * - `VMMW_PLAN_MISMATCH`: the rules give an overflowing shape, or parts that
+ *   do not fit.
+ * - `VMMW_OUT_OF_MEMORY`.
+ * - `VMMW_INVALID_STATE`: the tag is asleep.
  *
  * # Safety
  * `loader` and `pool` are live handles; `error` is NULL or writable.
@@ -1264,7 +1280,8 @@ vmmw_status_t vmmw_loader_allocate(struct vmmw_loader_t *loader, struct vmmw_poo
 /**
  * Number of registered destinations.
  *
- * Bad input: `VMMW_NULL_ARGUMENT` (`loader`, `out`).
+ * Errors:
+ * - `VMMW_NULL_ARGUMENT`: `loader` or `out` is NULL.
  *
  * # Safety
  * `loader` is a live handle; `out` is writable; `error` is NULL or writable.
@@ -1275,10 +1292,12 @@ vmmw_status_t vmmw_loader_destination_count(const struct vmmw_loader_t *loader, 
  * The name of destination `index` (0 ≤ index < count, in name order), into
  * `buf` (buffer contract of `vmmw_device_describe`).
  *
- * Bad input: `VMMW_NULL_ARGUMENT` (`loader`); `VMMW_INVALID_ARGUMENT` (`index`
- * not below the count); the buffer contract: `VMMW_BUFFER_TOO_SMALL` with
- * `*needed` set when `cap` is short (nothing written to `buf`),
- * `VMMW_NULL_ARGUMENT` with nothing written when `buf` is NULL and `cap` > 0.
+ * Errors (the last two are the buffer contract):
+ * - `VMMW_NULL_ARGUMENT`: `loader` is NULL.
+ * - `VMMW_INVALID_ARGUMENT`: `index` is not below the count.
+ * - `VMMW_BUFFER_TOO_SMALL`: `cap` is short; `*needed` is set, nothing is
+ *   written to `buf`.
+ * - `VMMW_NULL_ARGUMENT`: `buf` is NULL and `cap` > 0; nothing is written.
  *
  * # Safety
  * `loader` is a live handle; `buf` is NULL or writable for `cap` bytes;
@@ -1287,12 +1306,12 @@ vmmw_status_t vmmw_loader_destination_count(const struct vmmw_loader_t *loader, 
 vmmw_status_t vmmw_loader_destination_name(const struct vmmw_loader_t *loader, size_t index, char *buf, size_t cap, size_t *needed, struct vmmw_error_t **error);
 
 /**
- * The destination named `name`. `VMMW_INVALID_ARGUMENT` when none is
- * registered under it, or it has more than `VMMW_MAX_DIMS` dimensions.
+ * The destination named `name`.
  *
- * Bad input: `VMMW_NULL_ARGUMENT` (`loader`, `name`, `out`);
- * `VMMW_INVALID_ARGUMENT` (no such destination, more than `VMMW_MAX_DIMS`
- * dims).
+ * Errors:
+ * - `VMMW_NULL_ARGUMENT`: `loader`, `name` or `out` is NULL.
+ * - `VMMW_INVALID_ARGUMENT`: no destination is registered under `name`, or
+ *   it has more than `VMMW_MAX_DIMS` dimensions.
  *
  * # Safety
  * `loader` is a live handle; `name` is a NUL-terminated string; `out` is
@@ -1302,11 +1321,13 @@ vmmw_status_t vmmw_loader_destination(const struct vmmw_loader_t *loader, const 
 
 /**
  * Build and check the plan against the registered destinations without
- * writing anything: every missing, unexpected, mis-shaped or mis-typed tensor
- * is listed in one `VMMW_PLAN_MISMATCH` message.
+ * writing anything.
  *
- * Bad input: `VMMW_NULL_ARGUMENT` (`loader`, `out`); `VMMW_PLAN_MISMATCH`;
- * `VMMW_CHECKPOINT_INVALID`/`VMMW_IO` (reopening the checkpoint).
+ * Errors:
+ * - `VMMW_NULL_ARGUMENT`: `loader` or `out` is NULL.
+ * - `VMMW_PLAN_MISMATCH`: every missing, unexpected, mis-shaped or
+ *   mis-typed tensor, listed in one message.
+ * - `VMMW_CHECKPOINT_INVALID` or `VMMW_IO`: reopening the checkpoint failed.
  *
  * # Safety
  * `loader` is a live handle; `out` is writable; `error` is NULL or writable.
@@ -1347,16 +1368,27 @@ vmmw_status_t vmmw_loader_plan(const struct vmmw_loader_t *loader, struct vmmw_p
  * source over them. A block freed while the load runs fails the load the
  * same way after its copies, and no reload source is registered.
  *
- * Bad input: `VMMW_NULL_ARGUMENT` (`loader`, `pool`); before any byte is
- * written: `VMMW_CHECKPOINT_INVALID` (a shard changed since open),
- * `VMMW_PLAN_MISMATCH`, `VMMW_UNKNOWN_POINTER` (a destination whose pool
- * block was freed since registration, a destination in a free block
- * of this pool, or outside it and not declared with
- * `vmmw_loader_declare_foreign`), `VMMW_INVALID_ARGUMENT` (a destination
- * running past its block), `VMMW_INVALID_STATE` (asleep); during the copy:
- * `VMMW_CANCELLED`, `VMMW_DRIVER_ERROR`. The cancel rule (docs/ABI.md): a
- * load that ran its copies clears a pending cancel; a load refused before
- * its copies leaves it pending.
+ * The cancel rule (docs/ABI.md): a load that ran its copies clears a
+ * pending cancel; a load refused before its copies leaves it pending.
+ *
+ * Errors found before any byte is written:
+ * - `VMMW_NULL_ARGUMENT`: `loader` or `pool` is NULL.
+ * - `VMMW_CHECKPOINT_INVALID`: a shard changed since `vmmw_loader_open`.
+ * - `VMMW_PLAN_MISMATCH`.
+ * - `VMMW_UNKNOWN_POINTER`, naming the destination: its pool block was freed
+ *   since registration, it lies in a free block of this pool, or it lies
+ *   outside this pool and not in a range declared with
+ *   `vmmw_loader_declare_foreign`.
+ * - `VMMW_INVALID_ARGUMENT`: a destination runs past its block.
+ * - `VMMW_INVALID_STATE`, naming the destination: its tag is asleep.
+ * - `VMMW_CANCELLED`: a cancel requested before the load started.
+ *
+ * Errors once copying started (destinations partly written, no rollback):
+ * - `VMMW_CANCELLED`: `vmmw_loader_cancel`, or `progress` returned non-zero.
+ * - `VMMW_IO`: reading a shard failed.
+ * - `VMMW_DRIVER_ERROR`.
+ * - `VMMW_UNKNOWN_POINTER`: a destination's block was freed while the load
+ *   ran; no reload source is registered.
  *
  * # Safety
  * `loader` and `pool` are live handles; `progress` is NULL or a function
@@ -1372,7 +1404,8 @@ vmmw_status_t vmmw_loader_load(struct vmmw_loader_t *loader, struct vmmw_pool_t 
  * `vmmw_loader_wake_replicas` with this loader listed): a load that ran its
  * copies clears it, a load refused before its copies leaves it pending.
  *
- * Bad input: `VMMW_NULL_ARGUMENT` (`loader`).
+ * Errors:
+ * - `VMMW_NULL_ARGUMENT`: `loader` is NULL.
  *
  * # Safety
  * `loader` is a live handle; `error` is NULL or writable.
@@ -1380,10 +1413,11 @@ vmmw_status_t vmmw_loader_load(struct vmmw_loader_t *loader, struct vmmw_pool_t 
 vmmw_status_t vmmw_loader_cancel(struct vmmw_loader_t *loader, struct vmmw_error_t **error);
 
 /**
- * What the last successful load did. `VMMW_INVALID_STATE` before one.
+ * What the last successful load did.
  *
- * Bad input: `VMMW_NULL_ARGUMENT` (`loader`, `out`); `VMMW_INVALID_STATE` (no
- * load completed).
+ * Errors:
+ * - `VMMW_NULL_ARGUMENT`: `loader` or `out` is NULL.
+ * - `VMMW_INVALID_STATE`: no load completed yet.
  *
  * # Safety
  * `loader` is a live handle; `out` is writable; `error` is NULL or writable.
@@ -1392,12 +1426,14 @@ vmmw_status_t vmmw_loader_result(const struct vmmw_loader_t *loader, struct vmmw
 
 /**
  * The last load's statistics and plan summary as JSON, into `buf` (buffer
- * contract of `vmmw_device_describe`). `VMMW_INVALID_STATE` before a load.
+ * contract of `vmmw_device_describe`).
  *
- * Bad input: `VMMW_NULL_ARGUMENT` (`loader`); `VMMW_INVALID_STATE` (no load
- * completed); the buffer contract: `VMMW_BUFFER_TOO_SMALL` with `*needed` set
- * when `cap` is short (nothing written to `buf`), `VMMW_NULL_ARGUMENT` with
- * nothing written when `buf` is NULL and `cap` > 0.
+ * Errors (the last two are the buffer contract):
+ * - `VMMW_NULL_ARGUMENT`: `loader` is NULL.
+ * - `VMMW_INVALID_STATE`: no load completed yet.
+ * - `VMMW_BUFFER_TOO_SMALL`: `cap` is short; `*needed` is set, nothing is
+ *   written to `buf`.
+ * - `VMMW_NULL_ARGUMENT`: `buf` is NULL and `cap` > 0; nothing is written.
  *
  * # Safety
  * `loader` is a live handle; `buf` is NULL or writable for `cap` bytes;
@@ -1413,7 +1449,8 @@ vmmw_status_t vmmw_loader_result_json(const struct vmmw_loader_t *loader, char *
  * one `vmmw_device_t` share it; a pool that opened its device itself
  * (`device_handle` NULL) has its own. Thread-safe.
  *
- * Bad input: `VMMW_NULL_ARGUMENT` (`pool`, `out`).
+ * Errors:
+ * - `VMMW_NULL_ARGUMENT`: `pool` or `out` is NULL.
  *
  * # Safety
  * `pool` is a live handle; `out` is writable; `error` is NULL or writable.
@@ -1427,7 +1464,8 @@ vmmw_status_t vmmw_pool_staging_bytes(const struct vmmw_pool_t *pool, uint64_t *
  * Reload wake pins a new one (milliseconds). A load running concurrently
  * keeps its ring and caches it again when it finishes. Thread-safe.
  *
- * Bad input: `VMMW_NULL_ARGUMENT` (`pool`, `released`).
+ * Errors:
+ * - `VMMW_NULL_ARGUMENT`: `pool` or `released` is NULL.
  *
  * # Safety
  * `pool` is a live handle; `released` is writable; `error` is NULL or writable.
@@ -1438,15 +1476,14 @@ vmmw_status_t vmmw_pool_release_staging(struct vmmw_pool_t *pool, uint64_t *rele
  * Grant the listed peer devices access to every segment of `tag` in `pool`:
  * now, to segments the tag gets later, and again after every wake (access
  * is set again whenever memory is mapped). Peers granted before and missing
- * from the list lose their access; `count` 0 revokes all. Checked before
- * anything changes (`VMMW_INVALID_ARGUMENT`): a peer that is the pool's own
- * device, listed twice, missing, unable to reach the pool's device
- * (`cuDeviceCanAccessPeer`), or an unknown access value. Thread-safe.
+ * from the list lose their access; `count` 0 revokes all. Thread-safe.
  *
- * Bad input: `VMMW_NULL_ARGUMENT` (`pool`; `peers` with `count` > 0);
- * `VMMW_UNKNOWN_TAG`; `VMMW_INVALID_ARGUMENT` (the pool's own device, a peer
- * listed twice, missing or unreachable, an unknown access value); nothing
- * changes.
+ * Errors (all checked before anything changes; nothing changes):
+ * - `VMMW_NULL_ARGUMENT`: `pool` is NULL, or `peers` is NULL with `count` > 0.
+ * - `VMMW_UNKNOWN_TAG`: `tag` is not registered.
+ * - `VMMW_INVALID_ARGUMENT`: a peer that is the pool's own device, listed
+ *   twice, missing, unable to reach the pool's device
+ *   (`cuDeviceCanAccessPeer`), or an unknown access value.
  *
  * # Safety
  * `pool` is a live handle; `peers` points to `count` entries (or `count` is
@@ -1458,7 +1495,9 @@ vmmw_status_t vmmw_pool_set_peer_access(struct vmmw_pool_t *pool, uint32_t tag, 
  * Number of peer devices granted access to `tag` in `pool`. Read the
  * entries with `vmmw_pool_peer_access_at`. Thread-safe.
  *
- * Bad input: `VMMW_NULL_ARGUMENT` (`pool`, `out`); `VMMW_UNKNOWN_TAG`.
+ * Errors:
+ * - `VMMW_NULL_ARGUMENT`: `pool` or `out` is NULL.
+ * - `VMMW_UNKNOWN_TAG`: `tag` is not registered.
  *
  * # Safety
  * `pool` is a live handle; `out` is writable; `error` is NULL or writable.
@@ -1466,11 +1505,13 @@ vmmw_status_t vmmw_pool_set_peer_access(struct vmmw_pool_t *pool, uint32_t tag, 
 vmmw_status_t vmmw_pool_peer_access_count(const struct vmmw_pool_t *pool, uint32_t tag, size_t *out, struct vmmw_error_t **error);
 
 /**
- * The `index`-th peer granted access to `tag` (sorted by device);
- * `VMMW_INVALID_ARGUMENT` when `index` is not below the count. Thread-safe.
+ * The `index`-th peer granted access to `tag` (sorted by device).
+ * Thread-safe.
  *
- * Bad input: `VMMW_NULL_ARGUMENT` (`pool`, `out`); `VMMW_UNKNOWN_TAG`;
- * `VMMW_INVALID_ARGUMENT` (`index` not below the count).
+ * Errors:
+ * - `VMMW_NULL_ARGUMENT`: `pool` or `out` is NULL.
+ * - `VMMW_UNKNOWN_TAG`: `tag` is not registered.
+ * - `VMMW_INVALID_ARGUMENT`: `index` is not below the count.
  *
  * # Safety
  * `pool` is a live handle; `out` is writable; `error` is NULL or writable.
@@ -1480,10 +1521,11 @@ vmmw_status_t vmmw_pool_peer_access_at(const struct vmmw_pool_t *pool, uint32_t 
 /**
  * Whether `pool`'s device can reach memory of device `peer` (1) or not (0)
  * (`cuDeviceCanAccessPeer`; on the host backend every other simulated device).
- * `VMMW_INVALID_ARGUMENT` when `peer` does not exist. Thread-safe.
+ * Thread-safe.
  *
- * Bad input: `VMMW_NULL_ARGUMENT` (`pool`, `out`); `VMMW_INVALID_ARGUMENT` (no
- * device `peer`).
+ * Errors:
+ * - `VMMW_NULL_ARGUMENT`: `pool` or `out` is NULL.
+ * - `VMMW_INVALID_ARGUMENT`: there is no device `peer`.
  *
  * # Safety
  * `pool` is a live handle; `out` is writable; `error` is NULL or writable.
@@ -1512,18 +1554,24 @@ vmmw_status_t vmmw_pool_can_access_peer(const struct vmmw_pool_t *pool, int32_t 
  * its destinations may be partly written. Each loader keeps its device's
  * executed plan (`vmmw_loader_result`, Reload sleep). `out` may be NULL.
  *
- * Blocks until done; `vmmw_loader_cancel` on `loaders[0]` stops it
- * (`VMMW_CANCELLED`, destinations partly written). Once the load ran its
- * copies, every listed loader's pending cancel is cleared; a load refused
- * before its copies leaves them pending (the cancel rule of `vmmw_loader_cancel`). Thread-safe; the loaders are held for the call (a
- * loader listed twice is `VMMW_INVALID_ARGUMENT`).
+ * Blocks until done; `vmmw_loader_cancel` on `loaders[0]` stops it. Once the
+ * load ran its copies, every listed loader's pending cancel is cleared; a
+ * load refused before its copies leaves them pending (the cancel rule of
+ * `vmmw_loader_cancel`). Thread-safe; the loaders are held for the call.
  *
- * Bad input: `VMMW_NULL_ARGUMENT` (`loaders`, `pools` with `count` > 0, or an
- * entry); `VMMW_INVALID_ARGUMENT` (`count` 0, a loader listed twice, an
- * unknown `mode`); before any byte is written, each device's destinations are
- * checked as `vmmw_loader_load` checks them (`VMMW_UNKNOWN_POINTER` for one
- * whose pool block was freed since it was registered, whatever now lives at
- * its address).
+ * Errors found before any byte is written (destinations untouched):
+ * - `VMMW_NULL_ARGUMENT`: `loaders` or `pools` is NULL with `count` > 0, or
+ *   an entry is NULL.
+ * - `VMMW_INVALID_ARGUMENT`: `count` is 0, a loader is listed twice, or
+ *   `mode` is unknown.
+ * - Each device's destinations fail as `vmmw_loader_load` checks them
+ *   (`VMMW_UNKNOWN_POINTER` for one whose pool block was freed since it was
+ *   registered, whatever now lives at its address).
+ *
+ * Errors once copying started:
+ * - `VMMW_CANCELLED`: destinations partly written.
+ * - A device's failure whose repair failed too: the error names that device;
+ *   only its destinations may be partly written.
  *
  * # Safety
  * `loaders` and `pools` point to `count` live handles each; `out` is NULL
@@ -1550,8 +1598,10 @@ vmmw_status_t vmmw_loader_load_devices(struct vmmw_loader_t *const *loaders, str
  * pending cancels follow the rule of `vmmw_loader_load_devices`.
  * Thread-safe; the loaders are held for the call.
  *
- * Bad input: as `vmmw_loader_load_devices`; the NULL and device-list checks
- * come before any tag wakes, a destination or plan mismatch after.
+ * Errors: as `vmmw_loader_load_devices`; the NULL and device-list checks
+ * come before any tag wakes, a destination or plan mismatch after. A tag's
+ * wake refused (e.g. `VMMW_OUT_OF_MEMORY`) leaves the tags not yet woken
+ * asleep.
  *
  * # Safety
  * `loaders` and `pools` point to `count` live handles each; `out` is NULL
@@ -1563,7 +1613,7 @@ vmmw_status_t vmmw_replicas_wake_by_reload(struct vmmw_loader_t *const *loaders,
  * The former name of `vmmw_replicas_wake_by_reload`, kept through 0.x;
  * removed at 1.0.
  *
- * Bad input: as `vmmw_replicas_wake_by_reload`.
+ * Errors: as `vmmw_replicas_wake_by_reload`.
  *
  * # Safety
  * As `vmmw_replicas_wake_by_reload`.
@@ -1572,12 +1622,13 @@ VMMW_DEPRECATED("renamed vmmw_replicas_wake_by_reload (vmmw_replicas_wake_from_b
 
 /**
  * Create a pool. `options` may be NULL (all defaults). On success `*out`
- * receives a new handle owned by the caller (`vmmw_pool_free`). Errors:
- * `VMMW_INVALID_ARGUMENT` (bad sizes or backend), `VMMW_DRIVER_UNAVAILABLE`.
+ * receives a new handle owned by the caller (`vmmw_pool_free`).
  *
- * Bad input: `VMMW_NULL_ARGUMENT` (`out`); `VMMW_INVALID_ARGUMENT` (unknown
- * backend, `align` not a power of two, a size over 2^56 or inconsistent
- * sizes); `VMMW_DRIVER_UNAVAILABLE`.
+ * Errors:
+ * - `VMMW_NULL_ARGUMENT`: `out` is NULL.
+ * - `VMMW_INVALID_ARGUMENT`: unknown backend, `align` not a power of two, a
+ *   size over 2^56, or inconsistent sizes.
+ * - `VMMW_DRIVER_UNAVAILABLE`.
  *
  * # Safety
  * `options` is NULL or readable for `options->size` bytes; `out` is
@@ -1594,8 +1645,10 @@ vmmw_status_t vmmw_pool_new(const struct vmmw_pool_options_t *options, struct vm
  * its own reference, so the pool and the handle live until the process exits
  * whether or not the caller frees it.
  *
- * Bad input: `VMMW_NULL_ARGUMENT` (`out`); `VMMW_INVALID_ARGUMENT` (negative
- * device); `VMMW_DRIVER_UNAVAILABLE`.
+ * Errors:
+ * - `VMMW_NULL_ARGUMENT`: `out` is NULL.
+ * - `VMMW_INVALID_ARGUMENT`: `device` is negative.
+ * - `VMMW_DRIVER_UNAVAILABLE`.
  *
  * # Safety
  * `out` is writable; `error` is NULL or writable.
@@ -1610,8 +1663,8 @@ vmmw_status_t vmmw_pool_default(int32_t device, struct vmmw_pool_t **out, struct
  * invalid; the device is synchronized first). The global pools of
  * `vmmw_pool_default` keep the registry's reference and live on.
  *
- * Bad input: NULL is ignored. Dropping more references than were given out
- * cannot be detected (undefined behaviour).
+ * Errors: none. NULL is ignored. Dropping more references than were given
+ * out cannot be detected (undefined behaviour).
  *
  * # Safety
  * `pool` is NULL or a handle holding the caller's reference, which is not
@@ -1623,13 +1676,14 @@ void vmmw_pool_free(struct vmmw_pool_t *pool);
 /**
  * Allocate `size` bytes under the calling thread's current tag. `*out_ptr`
  * receives the device address (stable for the block's life, also across sleep
- * and wake). Errors: `VMMW_OUT_OF_MEMORY` (after returning cached memory and
- * retrying), `VMMW_INVALID_STATE` (the tag is asleep), `VMMW_INVALID_ARGUMENT` (size 0).
+ * and wake).
  *
- * Bad input: `VMMW_NULL_ARGUMENT` (`pool`, `out_ptr`); `VMMW_INVALID_ARGUMENT`
- * (`size` 0); `VMMW_OUT_OF_MEMORY` (also for sizes larger than the device, up
- * to `UINT64_MAX`); `VMMW_INVALID_STATE` (tag asleep). `*out_ptr` untouched on
- * error.
+ * Errors (`*out_ptr` is untouched on any of them):
+ * - `VMMW_NULL_ARGUMENT`: `pool` or `out_ptr` is NULL.
+ * - `VMMW_INVALID_ARGUMENT`: `size` is 0.
+ * - `VMMW_OUT_OF_MEMORY`: after returning cached memory and retrying; also
+ *   for sizes larger than the device, up to `UINT64_MAX`.
+ * - `VMMW_INVALID_STATE`: the tag is asleep.
  *
  * # Safety
  * `pool` is a live handle; `out_ptr` is writable; `error` is NULL or writable.
@@ -1639,9 +1693,12 @@ vmmw_status_t vmmw_pool_alloc(struct vmmw_pool_t *pool, uint64_t size, uint64_t 
 /**
  * Allocate `size` bytes under `tag` (ignoring the thread's scopes).
  *
- * Bad input: `VMMW_NULL_ARGUMENT` (`pool`, `out_ptr`); `VMMW_UNKNOWN_TAG`;
- * `VMMW_INVALID_ARGUMENT` (`size` 0); `VMMW_OUT_OF_MEMORY` (also for sizes
- * larger than the device); `VMMW_INVALID_STATE` (tag asleep).
+ * Errors:
+ * - `VMMW_NULL_ARGUMENT`: `pool` or `out_ptr` is NULL.
+ * - `VMMW_UNKNOWN_TAG`: `tag` is not registered.
+ * - `VMMW_INVALID_ARGUMENT`: `size` is 0.
+ * - `VMMW_OUT_OF_MEMORY`: also for sizes larger than the device.
+ * - `VMMW_INVALID_STATE`: the tag is asleep.
  *
  * # Safety
  * As `vmmw_pool_alloc`.
@@ -1650,10 +1707,8 @@ vmmw_status_t vmmw_pool_alloc_tagged(struct vmmw_pool_t *pool, uint64_t size, ui
 
 /**
  * Give a block back to the pool (it returns to the pool's cache; see `vmmw_pool_trim`).
- * `VMMW_UNKNOWN_POINTER` (nothing changes) for a pointer that is not the
- * start of a live block of this pool, or a double free. A block freed is no
- * longer restored by a Reload wake, and no loader writes into it again: a
- * loader destination in it is refused at the next load, also once the same
+ * A block freed is no longer restored by a Reload wake, and no loader writes
+ * into it again: a loader destination in it is refused at the next load, also once the same
  * address is handed out to a new block (blocks have an identity that is
  * never reused). When freeing releases a segment and the
  * device refuses to synchronize first, nothing is unmapped (queued work may
@@ -1663,8 +1718,11 @@ vmmw_status_t vmmw_pool_alloc_tagged(struct vmmw_pool_t *pool, uint64_t size, ui
  * call ends).
  * The pair of `vmmw_pool_alloc`; `vmmw_pool_free` destroys the pool itself.
  *
- * Bad input: `VMMW_NULL_ARGUMENT` (`pool`); `VMMW_UNKNOWN_POINTER` (0,
- * foreign, interior or already freed pointer; nothing changes).
+ * Errors:
+ * - `VMMW_NULL_ARGUMENT`: `pool` is NULL.
+ * - `VMMW_UNKNOWN_POINTER`: `ptr` is not the start of a live block of this
+ *   pool (0, foreign, interior, or already freed: a double free); nothing
+ *   changes.
  *
  * # Safety
  * `pool` is a live handle; `error` is NULL or writable.
@@ -1681,10 +1739,11 @@ vmmw_status_t vmmw_pool_dealloc(struct vmmw_pool_t *pool, uint64_t ptr, struct v
  * load into the range makes its checkpoint the source again. Thread-safe; a
  * sleep or wake of the range's tag running now is waited for.
  *
- * Bad input (nothing changes): `VMMW_NULL_ARGUMENT` (`pool`);
- * `VMMW_UNKNOWN_POINTER` (`ptr` in no live block of this pool);
- * `VMMW_INVALID_ARGUMENT` (the range runs past its block);
- * `VMMW_INVALID_STATE` (the block's tag is asleep).
+ * Errors (nothing changes on any of them):
+ * - `VMMW_NULL_ARGUMENT`: `pool` is NULL.
+ * - `VMMW_UNKNOWN_POINTER`: `ptr` is in no live block of this pool.
+ * - `VMMW_INVALID_ARGUMENT`: the range runs past its block.
+ * - `VMMW_INVALID_STATE`: the block's tag is asleep.
  *
  * # Safety
  * `pool` is a live handle; `error` is NULL or writable.
@@ -1694,8 +1753,10 @@ vmmw_status_t vmmw_pool_mark_written(struct vmmw_pool_t *pool, uint64_t ptr, uin
 /**
  * The former name of `vmmw_pool_dealloc`, kept through 0.x; removed at 1.0.
  *
- * Bad input: `VMMW_NULL_ARGUMENT` (`pool`); `VMMW_UNKNOWN_POINTER` (0,
- * foreign, interior or already freed pointer; nothing changes).
+ * Errors: as `vmmw_pool_dealloc`:
+ * - `VMMW_NULL_ARGUMENT`: `pool` is NULL.
+ * - `VMMW_UNKNOWN_POINTER`: `ptr` is not the start of a live block of this
+ *   pool (0, foreign, interior, or already freed); nothing changes.
  *
  * # Safety
  * As `vmmw_pool_dealloc`.
@@ -1708,7 +1769,8 @@ VMMW_DEPRECATED("renamed vmmw_pool_dealloc (vmmw_pool_free destroys the pool)") 
  * left for a later trim; freed segments kept mapped after a failed device
  * synchronize are released now, or the error is returned again.
  *
- * Bad input: `VMMW_NULL_ARGUMENT` (`pool`, `released`).
+ * Errors:
+ * - `VMMW_NULL_ARGUMENT`: `pool` or `released` is NULL.
  *
  * # Safety
  * `pool` is a live handle; `released` is writable; `error` is NULL or writable.
@@ -1718,15 +1780,17 @@ vmmw_status_t vmmw_pool_trim(struct vmmw_pool_t *pool, uint64_t *released, struc
 /**
  * Place `tag`'s future blocks in one arena: `reserve_bytes` of VA reserved
  * once, physical memory committed as it grows in steps of up to `grow_step`
- * bytes (0 = granularity). `VMMW_INVALID_STATE` if the tag has an arena of
- * other dimensions still in use.
+ * bytes (0 = granularity). The reservation is made at the first allocation
+ * in the tag: one the driver cannot make (more address space than it has)
+ * fails that allocation with `VMMW_OUT_OF_MEMORY`, as a request larger than
+ * the device does.
  *
- * Bad input: `VMMW_NULL_ARGUMENT` (`pool`); `VMMW_UNKNOWN_TAG`;
- * `VMMW_INVALID_ARGUMENT` (`reserve_bytes` 0, sizes over 2^56);
- * `VMMW_INVALID_STATE` (an arena of other dimensions in use). The
- * reservation is made at the first allocation in the tag: one the driver
- * cannot make (more address space than it has) fails that allocation with
- * `VMMW_OUT_OF_MEMORY`, as a request larger than the device does.
+ * Errors:
+ * - `VMMW_NULL_ARGUMENT`: `pool` is NULL.
+ * - `VMMW_UNKNOWN_TAG`: `tag` is not registered.
+ * - `VMMW_INVALID_ARGUMENT`: `reserve_bytes` is 0, or a size is over 2^56.
+ * - `VMMW_INVALID_STATE`: the tag has an arena of other dimensions still in
+ *   use.
  *
  * # Safety
  * `pool` is a live handle; `error` is NULL or writable.
@@ -1736,7 +1800,9 @@ vmmw_status_t vmmw_pool_set_tag_arena(struct vmmw_pool_t *pool, uint32_t tag, ui
 /**
  * Place `tag`'s future blocks in cached, split segments (the default).
  *
- * Bad input: `VMMW_NULL_ARGUMENT` (`pool`); `VMMW_UNKNOWN_TAG`.
+ * Errors:
+ * - `VMMW_NULL_ARGUMENT`: `pool` is NULL.
+ * - `VMMW_UNKNOWN_TAG`: `tag` is not registered.
  *
  * # Safety
  * `pool` is a live handle; `error` is NULL or writable.
@@ -1746,7 +1812,8 @@ vmmw_status_t vmmw_pool_set_tag_segments(struct vmmw_pool_t *pool, uint32_t tag,
 /**
  * The pool's memory summed over all tags.
  *
- * Bad input: `VMMW_NULL_ARGUMENT` (`pool`, `out`).
+ * Errors:
+ * - `VMMW_NULL_ARGUMENT`: `pool` or `out` is NULL.
  *
  * # Safety
  * `pool` is a live handle; `out` is writable; `error` is NULL or writable.
@@ -1755,9 +1822,11 @@ vmmw_status_t vmmw_pool_report(const struct vmmw_pool_t *pool, struct vmmw_repor
 
 /**
  * The pool's memory of one tag (all zero when the tag has nothing in this
- * pool; `tags` is then 0, else 1). `VMMW_UNKNOWN_TAG` for an unregistered id.
+ * pool; `tags` is then 0, else 1).
  *
- * Bad input: `VMMW_NULL_ARGUMENT` (`pool`, `out`); `VMMW_UNKNOWN_TAG`.
+ * Errors:
+ * - `VMMW_NULL_ARGUMENT`: `pool` or `out` is NULL.
+ * - `VMMW_UNKNOWN_TAG`: `tag` is an unregistered id.
  *
  * # Safety
  * `pool` is a live handle; `out` is writable; `error` is NULL or writable.
@@ -1766,12 +1835,13 @@ vmmw_status_t vmmw_pool_report_tag(const struct vmmw_pool_t *pool, uint32_t tag,
 
 /**
  * The full memory report (per tag and total) as JSON, into `buf` (the buffer
- * contract of `vmmw_device_describe`: `VMMW_BUFFER_TOO_SMALL` with `*needed`).
+ * contract of `vmmw_device_describe`).
  *
- * Bad input: `VMMW_NULL_ARGUMENT` (`pool`); the buffer contract:
- * `VMMW_BUFFER_TOO_SMALL` with `*needed` set when `cap` is short (nothing
- * written to `buf`), `VMMW_NULL_ARGUMENT` with nothing written when `buf` is
- * NULL and `cap` > 0.
+ * Errors (the last two are the buffer contract):
+ * - `VMMW_NULL_ARGUMENT`: `pool` is NULL.
+ * - `VMMW_BUFFER_TOO_SMALL`: `cap` is short; `*needed` is set, nothing is
+ *   written to `buf`.
+ * - `VMMW_NULL_ARGUMENT`: `buf` is NULL and `cap` > 0; nothing is written.
  *
  * # Safety
  * `pool` is a live handle; `buf` is NULL or writable for `cap` bytes;
@@ -1783,11 +1853,11 @@ vmmw_status_t vmmw_pool_report_json(const struct vmmw_pool_t *pool, char *buf, s
  * Record the current report in the pool's timeline as boundary `name`
  * ("after load", "asleep", ...). The timeline keeps the last 1024
  * boundaries (older ones are dropped and counted in its JSON as `dropped`);
- * `vmmw_pool_clear_timeline` empties it. `VMMW_INVALID_ARGUMENT` for a name
- * over 256 bytes or not UTF-8.
+ * `vmmw_pool_clear_timeline` empties it.
  *
- * Bad input: `VMMW_NULL_ARGUMENT` (`pool`, `name`); `VMMW_INVALID_ARGUMENT`
- * (name not UTF-8 or over 256 bytes).
+ * Errors:
+ * - `VMMW_NULL_ARGUMENT`: `pool` or `name` is NULL.
+ * - `VMMW_INVALID_ARGUMENT`: `name` is not UTF-8 or is over 256 bytes.
  *
  * # Safety
  * `pool` is a live handle; `name` is a NUL-terminated string; `error` is NULL or writable.
@@ -1797,10 +1867,11 @@ vmmw_status_t vmmw_pool_snapshot(struct vmmw_pool_t *pool, const char *name, str
 /**
  * Every snapshot so far as JSON, into `buf` (buffer contract as `vmmw_pool_report_json`).
  *
- * Bad input: `VMMW_NULL_ARGUMENT` (`pool`); the buffer contract:
- * `VMMW_BUFFER_TOO_SMALL` with `*needed` set when `cap` is short (nothing
- * written to `buf`), `VMMW_NULL_ARGUMENT` with nothing written when `buf` is
- * NULL and `cap` > 0.
+ * Errors (the last two are the buffer contract):
+ * - `VMMW_NULL_ARGUMENT`: `pool` is NULL.
+ * - `VMMW_BUFFER_TOO_SMALL`: `cap` is short; `*needed` is set, nothing is
+ *   written to `buf`.
+ * - `VMMW_NULL_ARGUMENT`: `buf` is NULL and `cap` > 0; nothing is written.
  *
  * # Safety
  * As `vmmw_pool_report_json`.
@@ -1811,7 +1882,8 @@ vmmw_status_t vmmw_pool_timeline_json(const struct vmmw_pool_t *pool, char *buf,
  * Forget every snapshot of the pool's timeline; `*cleared` (NULL: not
  * written) receives how many were kept. Thread-safe.
  *
- * Bad input: `VMMW_NULL_ARGUMENT` (`pool`).
+ * Errors:
+ * - `VMMW_NULL_ARGUMENT`: `pool` is NULL.
  *
  * # Safety
  * `pool` is a live handle; `cleared` and `error` are NULL or writable.
@@ -1821,14 +1893,14 @@ vmmw_status_t vmmw_pool_clear_timeline(struct vmmw_pool_t *pool, uint64_t *clear
 /**
  * Copy `len` bytes from host memory `src` to pool memory at device address
  * `dst`, and wait for the copy. The range must lie in one awake segment of
- * this pool (`VMMW_UNKNOWN_POINTER`, `VMMW_INVALID_STATE` when asleep,
- * `VMMW_INVALID_ARGUMENT` otherwise; nothing copied). Must not race with
- * sleeping the tag that owns the range.
+ * this pool. Must not race with sleeping the tag that owns the range.
  *
- * Bad input: `VMMW_NULL_ARGUMENT` (`pool`; `src` with `len` > 0);
- * `VMMW_UNKNOWN_POINTER` (not in this pool); `VMMW_INVALID_STATE` (asleep);
- * `VMMW_INVALID_ARGUMENT` (past the mapped part, or overflowing). Nothing
- * copied.
+ * Errors (on any of them nothing is copied):
+ * - `VMMW_NULL_ARGUMENT`: `pool` is NULL, or `src` is NULL with `len` > 0.
+ * - `VMMW_UNKNOWN_POINTER`: the range is not in this pool.
+ * - `VMMW_INVALID_STATE`: the range is asleep.
+ * - `VMMW_INVALID_ARGUMENT`: the range runs past the mapped part, or
+ *   overflows.
  *
  * # Safety
  * `pool` is a live handle; `src` is readable for `len` bytes (NULL when `len`
@@ -1840,10 +1912,12 @@ vmmw_status_t vmmw_pool_write(struct vmmw_pool_t *pool, uint64_t dst, const void
  * Copy `len` bytes of pool memory at device address `src` into host memory
  * `dst`, and wait for the copy. Same range rules as `vmmw_pool_write`.
  *
- * Bad input: `VMMW_NULL_ARGUMENT` (`pool`; `dst` with `len` > 0);
- * `VMMW_UNKNOWN_POINTER` (not in this pool); `VMMW_INVALID_STATE` (asleep);
- * `VMMW_INVALID_ARGUMENT` (past the mapped part, or overflowing). Nothing
- * copied.
+ * Errors (on any of them nothing is copied):
+ * - `VMMW_NULL_ARGUMENT`: `pool` is NULL, or `dst` is NULL with `len` > 0.
+ * - `VMMW_UNKNOWN_POINTER`: the range is not in this pool.
+ * - `VMMW_INVALID_STATE`: the range is asleep.
+ * - `VMMW_INVALID_ARGUMENT`: the range runs past the mapped part, or
+ *   overflows.
  *
  * # Safety
  * `pool` is a live handle; `dst` is writable for `len` bytes (NULL when `len`
@@ -1860,10 +1934,12 @@ vmmw_status_t vmmw_pool_read(const struct vmmw_pool_t *pool, uint64_t src, void 
  * during the copy. `dst` stays the caller's. When `tag` is not NULL it
  * receives the tag whose backup was read (left as it is on error).
  *
- * Bad input: `VMMW_NULL_ARGUMENT` (`pool`; `dst` with `len` > 0);
- * `VMMW_UNKNOWN_POINTER` (not in this pool); `VMMW_INVALID_ARGUMENT` (past
- * its segment, or overflowing); `VMMW_INVALID_STATE` naming the tag (awake,
- * discarded, or the backup holds only part of the range). Nothing copied.
+ * Errors (on any of them nothing is copied, and `*tag` is left as it is):
+ * - `VMMW_NULL_ARGUMENT`: `pool` is NULL, or `dst` is NULL with `len` > 0.
+ * - `VMMW_UNKNOWN_POINTER`: the range is not in this pool.
+ * - `VMMW_INVALID_ARGUMENT`: the range runs past its segment, or overflows.
+ * - `VMMW_INVALID_STATE`, naming the tag: the tag is awake or discarded, or
+ *   the backup holds only part of the range.
  *
  * # Safety
  * `pool` is a live handle; `dst` is writable for `len` bytes (NULL when `len`
@@ -1890,12 +1966,17 @@ vmmw_status_t vmmw_pool_read_backup(const struct vmmw_pool_t *pool, uint64_t ptr
  * stopped it. Blocks until done. Thread-safe; the rules of
  * `vmmw_pool_sleep` about other threads hold for every pool.
  *
- * Bad input: `VMMW_NULL_ARGUMENT` (`pools`, `tags` with `count` > 0, or an
- * entry); `VMMW_INVALID_ARGUMENT` (`count` 0, a device listed twice, pools
- * on different backends, tags laid out differently); `VMMW_UNKNOWN_TAG`;
- * `VMMW_INVALID_STATE` (the holder asleep without a backup); nothing
- * changes. `VMMW_HOST_OUT_OF_MEMORY`: the backup does not fit, nothing
- * sleeps.
+ * Errors that change nothing:
+ * - `VMMW_NULL_ARGUMENT`: `pools` or `tags` is NULL with `count` > 0, or an
+ *   entry is NULL.
+ * - `VMMW_INVALID_ARGUMENT`: `count` is 0, a device is listed twice, pools
+ *   are on different backends, or tags are laid out differently.
+ * - `VMMW_UNKNOWN_TAG`: a tag that never held memory in its pool.
+ * - `VMMW_INVALID_STATE`: the holder is asleep without a backup.
+ * - `VMMW_HOST_OUT_OF_MEMORY`: the backup does not fit; nothing sleeps.
+ *
+ * Errors midway name the device that stopped the call; repeating the call
+ * finishes it (see above).
  *
  * # Safety
  * `pools` and `tags` point to `count` entries each (live pool handles);
@@ -1912,23 +1993,28 @@ vmmw_status_t vmmw_replicas_sleep(struct vmmw_pool_t *const *pools, const uint32
  * copies that part from the backup instead. `options` may be NULL
  * (defaults); `out` may be NULL.
  *
- * Nothing is lost on a failure: free memory is checked on every device
- * before anything is mapped (`VMMW_OUT_OF_MEMORY`), and if a map or a copy
- * fails on any device, the memory mapped on every device is released again
- * and every tag stays asleep in its group with the backup intact; the
- * error names the device, and calling again can succeed. On success every
- * tag is awake holding the holder's bytes.
+ * Nothing is lost on a failure. On success every tag is awake holding the
+ * holder's bytes.
  *
  * Blocks until done. Thread-safe; the rules of `vmmw_pool_wake` about other
  * threads hold for every pool.
  *
- * Bad input: `VMMW_NULL_ARGUMENT` (`pools`, `tags` with `count` > 0, or an
- * entry); `VMMW_INVALID_ARGUMENT` (`count` 0, a device listed twice, bad
- * `options.size`); `VMMW_UNSUPPORTED` (`options` from a newer header with
- * fields this library does not know set); `VMMW_UNKNOWN_TAG`;
- * `VMMW_INVALID_STATE` (a tag not asleep in one group with every other
- * listed one: never slept with them, or woken or slept on its own since);
- * nothing changes.
+ * Errors (nothing changes on any of them, unless said):
+ * - `VMMW_NULL_ARGUMENT`: `pools` or `tags` is NULL with `count` > 0, or an
+ *   entry is NULL.
+ * - `VMMW_INVALID_ARGUMENT`: `count` is 0, a device is listed twice, or bad
+ *   `options.size`.
+ * - `VMMW_UNSUPPORTED`: `options` from a newer header with fields this
+ *   library does not know set.
+ * - `VMMW_UNKNOWN_TAG`: a tag that never held memory in its pool.
+ * - `VMMW_INVALID_STATE`: a tag is not asleep in one group with every other
+ *   listed one (never slept with them, or woken or slept on its own since).
+ * - `VMMW_OUT_OF_MEMORY`: free memory, checked on every device before
+ *   anything is mapped, is short.
+ * - A map or a copy that fails on any device: the memory mapped on every
+ *   device is released again and every tag stays asleep in its group with
+ *   the backup intact; the error names the device, and calling again can
+ *   succeed.
  *
  * # Safety
  * `pools` and `tags` point to `count` entries each (live pool handles);
@@ -1941,7 +2027,7 @@ vmmw_status_t vmmw_replicas_wake_from_backup(struct vmmw_pool_t *const *pools, c
  * The former name of `vmmw_replicas_wake_from_backup`, kept through 0.x;
  * removed at 1.0.
  *
- * Bad input: as `vmmw_replicas_wake_from_backup`.
+ * Errors: as `vmmw_replicas_wake_from_backup`.
  *
  * # Safety
  * As `vmmw_replicas_wake_from_backup`.
@@ -1954,12 +2040,13 @@ VMMW_DEPRECATED("renamed vmmw_replicas_wake_from_backup (vmmw_replicas_wake_by_r
  *
  * On success `*out` receives a new handle owned by the caller (free it with
  * `vmmw_segment_free`, which unmaps and releases everything). The segment
- * keeps the device's driver alive. Errors: `VMMW_INVALID_ARGUMENT` (size 0),
- * `VMMW_OUT_OF_MEMORY`, `VMMW_DRIVER_ERROR`; on failure nothing is left allocated.
+ * keeps the device's driver alive.
  *
- * Bad input: `VMMW_NULL_ARGUMENT` (`device`, `out`); `VMMW_INVALID_ARGUMENT`
- * (`size` 0, `size` or `chunk_size` over 2^56); `VMMW_OUT_OF_MEMORY`;
- * `VMMW_DRIVER_ERROR`. Nothing is left allocated.
+ * Errors (on any of them nothing is left allocated):
+ * - `VMMW_NULL_ARGUMENT`: `device` or `out` is NULL.
+ * - `VMMW_INVALID_ARGUMENT`: `size` is 0, or `size` or `chunk_size` is over 2^56.
+ * - `VMMW_OUT_OF_MEMORY`.
+ * - `VMMW_DRIVER_ERROR`.
  *
  * # Safety
  * `device` is a live handle; `out` is writable; `error` is NULL or writable.
@@ -1970,7 +2057,7 @@ vmmw_status_t vmmw_segment_new(const struct vmmw_device_t *device, uint64_t size
  * Free a segment: waits for the device, unmaps, releases its memory and its
  * VA. NULL is accepted.
  *
- * Bad input: NULL is ignored. A handle already freed cannot be detected
+ * Errors: none. NULL is ignored. A handle already freed cannot be detected
  * (undefined behaviour).
  *
  * # Safety
@@ -1981,7 +2068,8 @@ void vmmw_segment_free(struct vmmw_segment_t *segment);
 /**
  * The segment's address and sizes.
  *
- * Bad input: `VMMW_NULL_ARGUMENT` (`segment`, `out`).
+ * Errors:
+ * - `VMMW_NULL_ARGUMENT`: `segment` or `out` is NULL.
  *
  * # Safety
  * `segment` is a live handle; `out` is writable; `error` is NULL or writable.
@@ -1990,12 +2078,13 @@ vmmw_status_t vmmw_segment_info(const struct vmmw_segment_t *segment, struct vmm
 
 /**
  * Copy `len` bytes from host memory `src` into the segment at `offset`, and
- * wait for the copy. The range must lie in the committed, mapped part
- * (`VMMW_INVALID_ARGUMENT` / `VMMW_INVALID_STATE` otherwise; nothing copied).
+ * wait for the copy. The range must lie in the committed, mapped part.
  *
- * Bad input: `VMMW_NULL_ARGUMENT` (`segment`; `src` with `len` > 0);
- * `VMMW_INVALID_ARGUMENT` (range outside the committed part, or overflowing);
- * `VMMW_INVALID_STATE` (a chunk unmapped). Nothing copied.
+ * Errors (on any of them nothing is copied):
+ * - `VMMW_NULL_ARGUMENT`: `segment` is NULL, or `src` is NULL with `len` > 0.
+ * - `VMMW_INVALID_ARGUMENT`: the range is outside the committed part, or
+ *   overflows.
+ * - `VMMW_INVALID_STATE`: a chunk of the range is unmapped.
  *
  * # Safety
  * `segment` is a live handle; `src` is readable for `len` bytes (may be NULL
@@ -2007,9 +2096,11 @@ vmmw_status_t vmmw_segment_write(struct vmmw_segment_t *segment, uint64_t offset
  * Copy `len` bytes of the segment at `offset` into host memory `dst`, and
  * wait for the copy. Same range rules as `vmmw_segment_write`.
  *
- * Bad input: `VMMW_NULL_ARGUMENT` (`segment`; `dst` with `len` > 0);
- * `VMMW_INVALID_ARGUMENT` (range outside the committed part, or overflowing);
- * `VMMW_INVALID_STATE` (a chunk unmapped). Nothing copied.
+ * Errors (on any of them nothing is copied):
+ * - `VMMW_NULL_ARGUMENT`: `segment` is NULL, or `dst` is NULL with `len` > 0.
+ * - `VMMW_INVALID_ARGUMENT`: the range is outside the committed part, or
+ *   overflows.
+ * - `VMMW_INVALID_STATE`: a chunk of the range is unmapped.
  *
  * # Safety
  * `segment` is a live handle; `dst` is writable for `len` bytes (may be NULL
@@ -2029,11 +2120,14 @@ vmmw_status_t vmmw_segment_read(const struct vmmw_segment_t *segment, uint64_t o
  * refusal, eviction and detach writes one audit line on standard error
  * (`vmmw share: PATH: attach pid=.. uid=.. gid=.. access=..: ...`).
  *
- * Bad input: `VMMW_NULL_ARGUMENT` (`pool`, `loader`, `path`, `out`);
- * `VMMW_INVALID_ARGUMENT` (options `size` or values out of range, no
- * destinations, a destination outside the tag's memory); `VMMW_UNKNOWN_TAG`;
- * `VMMW_INVALID_STATE` (tag asleep); `VMMW_IO` (`path` exists or cannot be
- * bound); `VMMW_UNSUPPORTED` (backend cannot export).
+ * Errors:
+ * - `VMMW_NULL_ARGUMENT`: `pool`, `loader`, `path` or `out` is NULL.
+ * - `VMMW_INVALID_ARGUMENT`: options `size` or values out of range, no
+ *   destinations, or a destination outside the tag's memory.
+ * - `VMMW_UNKNOWN_TAG`: `tag` is not registered.
+ * - `VMMW_INVALID_STATE`: the tag is asleep.
+ * - `VMMW_IO`: `path` exists or cannot be bound.
+ * - `VMMW_UNSUPPORTED`: the backend cannot export its memory.
  *
  * # Safety
  * `pool` and `loader` are live handles; `path` is a NUL-terminated string;
@@ -2049,7 +2143,7 @@ vmmw_status_t vmmw_share_serve(struct vmmw_pool_t *pool, uint32_t tag, const str
  * mappings (the memory lives while they map it) and stop counting against
  * the tag's sleep policy. NULL is a no-op.
  *
- * Bad input: NULL is ignored. A handle already freed cannot be detected
+ * Errors: none. NULL is ignored. A handle already freed cannot be detected
  * (undefined behaviour).
  *
  * # Safety
@@ -2060,7 +2154,8 @@ void vmmw_share_server_free(struct vmmw_share_server_t *server);
 /**
  * Number of importers attached now (connections open, handshakes included).
  *
- * Bad input: `VMMW_NULL_ARGUMENT` (`server`, `out`).
+ * Errors:
+ * - `VMMW_NULL_ARGUMENT`: `server` or `out` is NULL.
  *
  * # Safety
  * `server` is a live handle; `out` is writable; `error` is NULL or writable.
@@ -2071,7 +2166,8 @@ vmmw_status_t vmmw_share_server_attached(const struct vmmw_share_server_t *serve
  * Announce new weights written in place: the version goes up by one and
  * attached importers see it on their next call. `*out` receives the new version.
  *
- * Bad input: `VMMW_NULL_ARGUMENT` (`server`, `out`).
+ * Errors:
+ * - `VMMW_NULL_ARGUMENT`: `server` or `out` is NULL.
  *
  * # Safety
  * `server` is a live handle; `out` is writable; `error` is NULL or writable.
@@ -2082,15 +2178,16 @@ vmmw_status_t vmmw_share_server_publish(struct vmmw_share_server_t *server, uint
  * Attach to the share at `path` on `device` (which must use the owner's
  * backend): receive and validate the manifest, import and map every chunk at
  * this process's own addresses, read-only unless `read_write` is 1 and the
- * owner allows it. Refusals (`VMMW_SHARE_REFUSED`) name the reason: peer not
- * allowed, malformed manifest, owner's tag asleep. Nothing is left behind on
- * failure. On success `*out` receives a handle owned by the caller
+ * owner allows it. On success `*out` receives a handle owned by the caller
  * (`vmmw_share_detach` or `vmmw_share_free`). Takes at most 30 s when the
  * owner does not answer.
  *
- * Bad input: `VMMW_NULL_ARGUMENT` (`device`, `path`, `out`);
- * `VMMW_INVALID_ARGUMENT` (`read_write` not 0 or 1); `VMMW_IO` (no socket at
- * `path`); `VMMW_SHARE_REFUSED` (with its reason).
+ * Errors (nothing is left behind on any of them):
+ * - `VMMW_NULL_ARGUMENT`: `device`, `path` or `out` is NULL.
+ * - `VMMW_INVALID_ARGUMENT`: `read_write` is not 0 or 1.
+ * - `VMMW_IO`: no socket at `path`.
+ * - `VMMW_SHARE_REFUSED`, naming the reason: peer not allowed, malformed
+ *   manifest, owner's tag asleep.
  *
  * # Safety
  * `device` is a live handle; `path` is a NUL-terminated string; `out` is
@@ -2101,7 +2198,8 @@ vmmw_status_t vmmw_share_attach(const struct vmmw_device_t *device, const char *
 /**
  * Number of tensors in the share.
  *
- * Bad input: `VMMW_NULL_ARGUMENT` (`share`, `out`).
+ * Errors:
+ * - `VMMW_NULL_ARGUMENT`: `share` or `out` is NULL.
  *
  * # Safety
  * `share` is a live handle; `out` is writable; `error` is NULL or writable.
@@ -2112,10 +2210,12 @@ vmmw_status_t vmmw_share_count(const struct vmmw_share_t *share, size_t *out, st
  * The name of tensor `index` (0 ≤ index < count, in the owner's order), into
  * `buf` (buffer contract of `vmmw_device_describe`).
  *
- * Bad input: `VMMW_NULL_ARGUMENT` (`share`); `VMMW_INVALID_ARGUMENT` (`index`
- * not below the count); the buffer contract: `VMMW_BUFFER_TOO_SMALL` with
- * `*needed` set when `cap` is short (nothing written to `buf`),
- * `VMMW_NULL_ARGUMENT` with nothing written when `buf` is NULL and `cap` > 0.
+ * Errors (the last two are the buffer contract):
+ * - `VMMW_NULL_ARGUMENT`: `share` is NULL.
+ * - `VMMW_INVALID_ARGUMENT`: `index` is not below the count.
+ * - `VMMW_BUFFER_TOO_SMALL`: `cap` is short; `*needed` is set, nothing is
+ *   written to `buf`.
+ * - `VMMW_NULL_ARGUMENT`: `buf` is NULL and `cap` > 0; nothing is written.
  *
  * # Safety
  * `share` is a live handle; `buf` is NULL or writable for `cap` bytes;
@@ -2124,11 +2224,12 @@ vmmw_status_t vmmw_share_count(const struct vmmw_share_t *share, size_t *out, st
 vmmw_status_t vmmw_share_tensor_name(const struct vmmw_share_t *share, size_t index, char *buf, size_t cap, size_t *needed, struct vmmw_error_t **error);
 
 /**
- * The tensor called `name`, at this process's address. `VMMW_SHARE_REVOKED`
- * once the owner revoked the share; `VMMW_INVALID_ARGUMENT` for an unknown name.
+ * The tensor called `name`, at this process's address.
  *
- * Bad input: `VMMW_NULL_ARGUMENT` (`share`, `name`, `out`);
- * `VMMW_INVALID_ARGUMENT` (unknown name); `VMMW_SHARE_REVOKED`.
+ * Errors:
+ * - `VMMW_NULL_ARGUMENT`: `share`, `name` or `out` is NULL.
+ * - `VMMW_INVALID_ARGUMENT`: unknown name.
+ * - `VMMW_SHARE_REVOKED`: the owner revoked the share.
  *
  * # Safety
  * `share` is a live handle; `name` is a NUL-terminated string; `out` is
@@ -2138,9 +2239,11 @@ vmmw_status_t vmmw_share_tensor(const struct vmmw_share_t *share, const char *na
 
 /**
  * The weights version: the manifest's, or a newer one the owner published
- * since. `VMMW_SHARE_REVOKED` once the owner revoked the share.
+ * since.
  *
- * Bad input: `VMMW_NULL_ARGUMENT` (`share`, `out`); `VMMW_SHARE_REVOKED`.
+ * Errors:
+ * - `VMMW_NULL_ARGUMENT`: `share` or `out` is NULL.
+ * - `VMMW_SHARE_REVOKED`: the owner revoked the share.
  *
  * # Safety
  * `share` is a live handle; `out` is writable; `error` is NULL or writable.
@@ -2151,7 +2254,8 @@ vmmw_status_t vmmw_share_version(const struct vmmw_share_t *share, uint64_t *out
  * `*out` = 1 while the owner still serves, 0 once it stopped or exited. The
  * memory stays mapped and valid either way.
  *
- * Bad input: `VMMW_NULL_ARGUMENT` (`share`, `out`).
+ * Errors:
+ * - `VMMW_NULL_ARGUMENT`: `share` or `out` is NULL.
  *
  * # Safety
  * `share` is a live handle; `out` is writable; `error` is NULL or writable.
@@ -2161,11 +2265,11 @@ vmmw_status_t vmmw_share_owner_connected(const struct vmmw_share_t *share, uint3
 /**
  * Copy `len` bytes of the share at this process's address `src` (inside the
  * share's mapped range) into host memory `dst`, and wait for the copy.
- * `VMMW_SHARE_REVOKED` once the owner revoked the share.
  *
- * Bad input: `VMMW_NULL_ARGUMENT` (`share`; `dst` with `len` > 0);
- * `VMMW_INVALID_ARGUMENT` (range outside the share's mapping);
- * `VMMW_SHARE_REVOKED`. Nothing copied.
+ * Errors (on any of them nothing is copied):
+ * - `VMMW_NULL_ARGUMENT`: `share` is NULL, or `dst` is NULL with `len` > 0.
+ * - `VMMW_INVALID_ARGUMENT`: the range is outside the share's mapping.
+ * - `VMMW_SHARE_REVOKED`: the owner revoked the share.
  *
  * # Safety
  * `share` is a live handle; `dst` is writable for `len` bytes (NULL when
@@ -2178,7 +2282,8 @@ vmmw_status_t vmmw_share_read(const struct vmmw_share_t *share, uint64_t src, vo
  * unmap fails; the error is reported). Every pointer from this share becomes
  * invalid. The caller must have finished all device work that reads it.
  *
- * Bad input: `VMMW_NULL_ARGUMENT` (`share`).
+ * Errors:
+ * - `VMMW_NULL_ARGUMENT`: `share` is NULL.
  *
  * # Safety
  * `share` is a live handle, not used afterwards; `error` is NULL or writable.
@@ -2188,7 +2293,7 @@ vmmw_status_t vmmw_share_detach(struct vmmw_share_t *share, struct vmmw_error_t 
 /**
  * Detach ignoring errors and free the handle. NULL is a no-op.
  *
- * Bad input: NULL is ignored. A handle already freed cannot be detected
+ * Errors: none. NULL is ignored. A handle already freed cannot be detected
  * (undefined behaviour).
  *
  * # Safety
@@ -2203,9 +2308,7 @@ void vmmw_share_free(struct vmmw_share_t *share);
  * The caller must make sure no queued GPU work still uses the memory (the
  * library synchronizes the device before unmapping, but cannot see work
  * queued later; when that synchronize fails nothing is unmapped and the error
- * is returned). Every entry is checked before anything moves
- * (`VMMW_INVALID_ARGUMENT`; `VMMW_UNKNOWN_TAG` also for a tag that never held
- * memory in this pool, such as a misspelling). Tags are processed in order;
+ * is returned). Every entry is checked before anything moves. Tags are processed in order;
  * on a failure the earlier tags are asleep and the error names the failing one.
  * A sleep that fails midway leaves the failing tag partly asleep (the report
  * counts what is still mapped as tracked); calling again finishes it.
@@ -2219,13 +2322,19 @@ void vmmw_share_free(struct vmmw_share_t *share);
  * when the call ends); a second sleep or wake of it waits for the first.
  * Thread-safe.
  *
- * Bad input: `VMMW_NULL_ARGUMENT` (`pool`; `items` with `n` > 0);
- * `VMMW_INVALID_ARGUMENT` (unknown policy) and `VMMW_UNKNOWN_TAG`, both
- * checked before anything moves; `VMMW_INVALID_STATE` (Reload for a tag with
- * no load behind it); `VMMW_HOST_OUT_OF_MEMORY` (a backup over the limit or
- * over the host's available memory; that tag stays awake). Backups cover whole
- * committed segments, not only live blocks: a tag holding one small block in
- * its own segment backs up the granularity.
+ * Backups cover whole committed segments, not only live blocks: a tag
+ * holding one small block in its own segment backs up the granularity.
+ *
+ * Errors:
+ * - `VMMW_NULL_ARGUMENT`: `pool` is NULL, or `items` is NULL with `n` > 0.
+ * - `VMMW_INVALID_ARGUMENT`: an unknown policy; checked before anything moves.
+ * - `VMMW_UNKNOWN_TAG`: a tag that never held memory in this pool (such as a
+ *   misspelling); checked before anything moves.
+ * - `VMMW_INVALID_STATE`: Reload for a tag with no load behind it.
+ * - `VMMW_LOAD_IN_PROGRESS`: a `vmmw_loader_load` is writing into a listed
+ *   tag; nothing changes.
+ * - `VMMW_HOST_OUT_OF_MEMORY`: a backup over the limit or over the host's
+ *   available memory; that tag stays awake.
  *
  * # Safety
  * `pool` is a live handle; `items` is readable for `n` entries (NULL when `n`
@@ -2237,17 +2346,19 @@ vmmw_status_t vmmw_pool_sleep(struct vmmw_pool_t *pool, const struct vmmw_tag_po
  * Wake the `n` listed tags (every sleeping tag when `n` is 0), at the same
  * addresses. Offloaded contents come back byte for byte, reloadable ones are
  * re-read from their checkpoint, discarded ones are undefined. The bytes
- * needed are checked against free device memory first (`VMMW_OUT_OF_MEMORY`,
- * nothing changes); each tag's wake is transactional (on failure it stays
- * asleep with its backup intact, and a later wake can succeed). A Reload tag
- * whose checkpoint changed since its load fails with `VMMW_CHECKPOINT_INVALID`
- * before any byte is touched (see `VMMW_POLICY_RELOAD`). `VMMW_UNKNOWN_TAG`
- * (nothing changes) for a tag that never held memory in this pool.
- * Concurrency as in `vmmw_pool_sleep`. Thread-safe.
+ * needed are checked against free device memory first; each tag's wake is
+ * transactional (on failure it stays asleep with its backup intact, and a
+ * later wake can succeed). Waking an awake tag does nothing. Concurrency as
+ * in `vmmw_pool_sleep`. Thread-safe.
  *
- * Bad input: `VMMW_NULL_ARGUMENT` (`pool`; `tags` with `n` > 0);
- * `VMMW_UNKNOWN_TAG`; `VMMW_OUT_OF_MEMORY` (nothing changes). Waking an awake
- * tag does nothing.
+ * Errors:
+ * - `VMMW_NULL_ARGUMENT`: `pool` is NULL, or `tags` is NULL with `n` > 0.
+ * - `VMMW_UNKNOWN_TAG`: a tag that never held memory in this pool; nothing
+ *   changes.
+ * - `VMMW_OUT_OF_MEMORY`: the bytes needed exceed free device memory;
+ *   nothing changes.
+ * - `VMMW_CHECKPOINT_INVALID`: a Reload tag's checkpoint changed since its
+ *   load (see `VMMW_POLICY_RELOAD`); found before any byte is touched.
  *
  * # Safety
  * `pool` is a live handle; `tags` is readable for `n` entries (NULL when `n`
@@ -2262,7 +2373,9 @@ vmmw_status_t vmmw_pool_wake(struct vmmw_pool_t *pool, const uint32_t *tags, siz
  * checkpoint changed, then load the new file into it. Later Reload sleeps of
  * the tag need a new load first. Thread-safe.
  *
- * Bad input: `VMMW_NULL_ARGUMENT` (`pool`); `VMMW_UNKNOWN_TAG`.
+ * Errors:
+ * - `VMMW_NULL_ARGUMENT`: `pool` is NULL.
+ * - `VMMW_UNKNOWN_TAG`: `tag` is not registered.
  *
  * # Safety
  * `pool` is a live handle; `error` is NULL or writable.
@@ -2272,12 +2385,13 @@ vmmw_status_t vmmw_pool_forget_reload(struct vmmw_pool_t *pool, uint32_t tag, st
 /**
  * Pin `bytes` of host backup memory ahead of time, so even the first offload
  * sleep runs at the link's rate (pinning at sleep time is slow).
- * `VMMW_HOST_OUT_OF_MEMORY` beyond the sleep options' host-memory limit.
  *
- * Bad input: `VMMW_NULL_ARGUMENT` (`pool`); `VMMW_HOST_OUT_OF_MEMORY` (over
- * the host-memory limit or the host's available memory, checked before
- * pinning: any size up to `UINT64_MAX` is refused at once; a failure midway
- * unpins what this call pinned).
+ * Errors:
+ * - `VMMW_NULL_ARGUMENT`: `pool` is NULL.
+ * - `VMMW_HOST_OUT_OF_MEMORY`: beyond the sleep options' host-memory limit
+ *   or the host's available memory, checked before pinning (any size up to
+ *   `UINT64_MAX` is refused at once); a failure midway unpins what this call
+ *   pinned.
  *
  * # Safety
  * `pool` is a live handle; `error` is NULL or writable.
@@ -2288,7 +2402,8 @@ vmmw_status_t vmmw_pool_reserve_backup(struct vmmw_pool_t *pool, uint64_t bytes,
  * Unpin backup memory that holds no sleeping tag's contents; `*released`
  * receives the bytes unpinned.
  *
- * Bad input: `VMMW_NULL_ARGUMENT` (`pool`, `released`).
+ * Errors:
+ * - `VMMW_NULL_ARGUMENT`: `pool` or `released` is NULL.
  *
  * # Safety
  * `pool` is a live handle; `released` is writable; `error` is NULL or writable.
@@ -2300,8 +2415,10 @@ vmmw_status_t vmmw_pool_release_backup(struct vmmw_pool_t *pool, uint64_t *relea
  * host-memory limit applies to future pinning. `options->size` must be set
  * (`VMMW_SLEEP_OPTIONS_INIT`); see `vmmw_sleep_options_t`.
  *
- * Bad input: `VMMW_NULL_ARGUMENT` (`pool`); `VMMW_INVALID_ARGUMENT` (`streams`
- * over 64, a size over 2^56; the previous options stay).
+ * Errors:
+ * - `VMMW_NULL_ARGUMENT`: `pool` is NULL.
+ * - `VMMW_INVALID_ARGUMENT`: `streams` over 64, or a size over 2^56; the
+ *   previous options stay.
  *
  * # Safety
  * `pool` is a live handle; `options` is NULL or readable for
@@ -2314,10 +2431,11 @@ vmmw_status_t vmmw_pool_set_sleep_options(struct vmmw_pool_t *pool, const struct
  * handle did, per tag (segments, bytes released or mapped, bytes copied,
  * seconds), as JSON into `buf` (buffer contract of `vmmw_device_describe`).
  *
- * Bad input: `VMMW_NULL_ARGUMENT` (`pool`); the buffer contract:
- * `VMMW_BUFFER_TOO_SMALL` with `*needed` set when `cap` is short (nothing
- * written to `buf`), `VMMW_NULL_ARGUMENT` with nothing written when `buf` is
- * NULL and `cap` > 0.
+ * Errors (the last two are the buffer contract):
+ * - `VMMW_NULL_ARGUMENT`: `pool` is NULL.
+ * - `VMMW_BUFFER_TOO_SMALL`: `cap` is short; `*needed` is set, nothing is
+ *   written to `buf`.
+ * - `VMMW_NULL_ARGUMENT`: `buf` is NULL and `cap` > 0; nothing is written.
  *
  * # Safety
  * `pool` is a live handle; `buf` is NULL or writable for `cap` bytes;
@@ -2331,7 +2449,7 @@ vmmw_status_t vmmw_pool_last_cycle_json(const struct vmmw_pool_t *pool, char *bu
  *
  * Never NULL; the string is static (never free it). Thread-safe.
  *
- * Bad input: a number this library does not define gives
+ * Errors: none. A number this library does not define gives
  * "VMMW_UNKNOWN_STATUS".
  */
 const char *vmmw_status_name(vmmw_status_t status);
@@ -2339,11 +2457,12 @@ const char *vmmw_status_name(vmmw_status_t status);
 /**
  * The id of tag `name`, registering it on first use; the same name always
  * gives the same id for the life of the process. Names are 1 to 64 bytes of
- * UTF-8 without control characters (`VMMW_INVALID_ARGUMENT` otherwise).
- * Thread-safe.
+ * UTF-8 without control characters. Thread-safe.
  *
- * Bad input: `VMMW_NULL_ARGUMENT` (`name`, `out`); `VMMW_INVALID_ARGUMENT`
- * (empty, over 64 bytes, not UTF-8, control characters).
+ * Errors:
+ * - `VMMW_NULL_ARGUMENT`: `name` or `out` is NULL.
+ * - `VMMW_INVALID_ARGUMENT`: `name` is empty, over 64 bytes, not UTF-8, or
+ *   holds control characters.
  *
  * # Safety
  * `name` is NULL or a NUL-terminated string; `out` is writable; `error` is NULL or writable.
@@ -2352,11 +2471,13 @@ vmmw_status_t vmmw_tag_id(const char *name, uint32_t *out, struct vmmw_error_t *
 
 /**
  * The name of a registered tag, into `buf` (the buffer contract of
- * `vmmw_device_describe`). `VMMW_UNKNOWN_TAG` for an id never handed out.
+ * `vmmw_device_describe`).
  *
- * Bad input: `VMMW_UNKNOWN_TAG`; the buffer contract: `VMMW_BUFFER_TOO_SMALL`
- * with `*needed` set when `cap` is short (nothing written to `buf`),
- * `VMMW_NULL_ARGUMENT` with nothing written when `buf` is NULL and `cap` > 0.
+ * Errors (the last two are the buffer contract):
+ * - `VMMW_UNKNOWN_TAG`: an id never handed out.
+ * - `VMMW_BUFFER_TOO_SMALL`: `cap` is short; `*needed` is set, nothing is
+ *   written to `buf`.
+ * - `VMMW_NULL_ARGUMENT`: `buf` is NULL and `cap` > 0; nothing is written.
  *
  * # Safety
  * `buf` is NULL or writable for `cap` bytes; `needed` and `error` are NULL or writable.
@@ -2365,11 +2486,11 @@ vmmw_status_t vmmw_tag_name(uint32_t tag, char *buf, size_t cap, size_t *needed,
 
 /**
  * Open a tag scope on the calling OS thread: allocations made by this thread
- * get `tag` until the matching `vmmw_tag_pop`. Scopes nest. `VMMW_UNKNOWN_TAG`
- * for an id not from `vmmw_tag_id`. (Go callers must lock the goroutine to its
- * thread for the scope; the Go binding does.)
+ * get `tag` until the matching `vmmw_tag_pop`. Scopes nest. (Go callers must
+ * lock the goroutine to its thread for the scope; the Go binding does.)
  *
- * Bad input: `VMMW_UNKNOWN_TAG`.
+ * Errors:
+ * - `VMMW_UNKNOWN_TAG`: an id not from `vmmw_tag_id`.
  *
  * # Safety
  * `error` is NULL or writable.
@@ -2378,9 +2499,9 @@ vmmw_status_t vmmw_tag_push(uint32_t tag, struct vmmw_error_t **error);
 
 /**
  * Close the innermost tag scope of the calling OS thread.
- * `VMMW_INVALID_STATE` (nothing changes) when no scope is open.
  *
- * Bad input: `VMMW_INVALID_STATE` (no scope open; nothing changes).
+ * Errors:
+ * - `VMMW_INVALID_STATE`: no scope is open; nothing changes.
  *
  * # Safety
  * `error` is NULL or writable.
@@ -2391,7 +2512,8 @@ vmmw_status_t vmmw_tag_pop(struct vmmw_error_t **error);
  * The tag allocations on the calling thread get now: the innermost scope,
  * else the process default.
  *
- * Bad input: `VMMW_NULL_ARGUMENT` (`out`).
+ * Errors:
+ * - `VMMW_NULL_ARGUMENT`: `out` is NULL.
  *
  * # Safety
  * `out` is writable; `error` is NULL or writable.
@@ -2401,7 +2523,8 @@ vmmw_status_t vmmw_tag_current(uint32_t *out, struct vmmw_error_t **error);
 /**
  * Set the tag used by threads with no open scope (initially `VMMW_TAG_DEFAULT`).
  *
- * Bad input: `VMMW_UNKNOWN_TAG`.
+ * Errors:
+ * - `VMMW_UNKNOWN_TAG`: an id not from `vmmw_tag_id`.
  *
  * # Safety
  * `error` is NULL or writable.
@@ -2413,8 +2536,8 @@ vmmw_status_t vmmw_tag_set_process_default(uint32_t tag, struct vmmw_error_t **e
  * calling thread's current tag. Returns NULL when out of memory or on any
  * other failure (reported on stderr). Never unwinds.
  *
- * Bad input: returns NULL (size <= 0, negative device, out of memory, any
- * failure); never a status.
+ * Errors: never a status. Returns NULL when `size` <= 0, `device` is
+ * negative, out of memory, or on any other failure.
  *
  * # Safety
  * Safe to call with any arguments; `stream` is not dereferenced.
@@ -2426,8 +2549,8 @@ void *vmmw_torch_malloc(ptrdiff_t size, int32_t device, void *stream);
  * finished all queued work. An unknown pointer is reported on stderr and
  * counted, never a crash. Never unwinds.
  *
- * Bad input: ignored and reported on stderr (NULL, unknown or already freed
- * pointer).
+ * Errors: never a status. A NULL, unknown or already freed pointer is
+ * ignored and reported on stderr.
  *
  * # Safety
  * Safe to call with any arguments; `ptr` is only looked up, never

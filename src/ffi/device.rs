@@ -51,14 +51,13 @@ pub(crate) fn backend_choice(backend: vmmw_backend_t) -> Result<BackendChoice> {
 /// Open `backend` (a `VMMW_BACKEND_*` value) for CUDA device ordinal `device`.
 ///
 /// On success `*out` receives a new handle owned by the caller (free it with
-/// `vmmw_device_free`). Errors: `VMMW_INVALID_ARGUMENT` (unknown backend,
-/// negative device, bad `VMMW_BACKEND`/`VMMW_HOST_*` variables),
-/// `VMMW_DRIVER_UNAVAILABLE` (CUDA requested but unusable), `VMMW_NULL_ARGUMENT`.
-/// Thread-safe.
+/// `vmmw_device_free`). Thread-safe.
 ///
-/// Bad input: `VMMW_NULL_ARGUMENT` (`out`); `VMMW_INVALID_ARGUMENT` (unknown
-/// backend, negative device, bad environment variables);
-/// `VMMW_DRIVER_UNAVAILABLE`.
+/// Errors:
+/// - `VMMW_NULL_ARGUMENT`: `out` is NULL.
+/// - `VMMW_INVALID_ARGUMENT`: unknown backend, negative device, or bad
+///   `VMMW_BACKEND`/`VMMW_HOST_*` environment variables.
+/// - `VMMW_DRIVER_UNAVAILABLE`: CUDA requested but unusable.
 ///
 /// # Safety
 /// `out` is writable; `error` is NULL or writable.
@@ -84,7 +83,7 @@ pub unsafe extern "C" fn vmmw_device_open(
 /// Free a device handle. NULL is accepted. Pools and segments created from it
 /// stay valid (they hold the driver themselves).
 ///
-/// Bad input: NULL is ignored. A handle already freed, or not from this
+/// Errors: none. NULL is ignored. A handle already freed, or not from this
 /// library, cannot be detected (undefined behaviour).
 ///
 /// # Safety
@@ -98,7 +97,8 @@ pub unsafe extern "C" fn vmmw_device_free(device: *mut vmmw_device_t) {
 
 /// The backend behind `device`: `VMMW_BACKEND_HOST` or `VMMW_BACKEND_CUDA`.
 ///
-/// Bad input: `VMMW_NULL_ARGUMENT` (`device`, `out`).
+/// Errors:
+/// - `VMMW_NULL_ARGUMENT`: `device` or `out` is NULL.
 ///
 /// # Safety
 /// `device` is a live handle; `out` is writable; `error` is NULL or writable.
@@ -121,7 +121,8 @@ pub unsafe extern "C" fn vmmw_device_backend(
 /// The mapping granularity in bytes (2 MiB on an H200 and by default on host):
 /// every reservation and physical allocation is a multiple of it.
 ///
-/// Bad input: `VMMW_NULL_ARGUMENT` (`device`, `out`).
+/// Errors:
+/// - `VMMW_NULL_ARGUMENT`: `device` or `out` is NULL.
 ///
 /// # Safety
 /// `device` is a live handle; `out` is writable; `error` is NULL or writable.
@@ -140,8 +141,9 @@ pub unsafe extern "C" fn vmmw_device_granularity(
 
 /// Free and total device memory in bytes (`cuMemGetInfo`, or the host backend's limit).
 ///
-/// Bad input: `VMMW_NULL_ARGUMENT` (`device`, `free_bytes`, `total_bytes`;
-/// nothing written).
+/// Errors:
+/// - `VMMW_NULL_ARGUMENT`: `device`, `free_bytes` or `total_bytes` is NULL;
+///   nothing is written.
 ///
 /// # Safety
 /// `device` is a live handle; `free_bytes` and `total_bytes` are writable;
@@ -173,10 +175,11 @@ pub unsafe extern "C" fn vmmw_device_mem_info(
 /// not NULL) receives the size required including the NUL, also on
 /// `VMMW_BUFFER_TOO_SMALL`; pass `buf` NULL and `cap` 0 to query it.
 ///
-/// Bad input: `VMMW_NULL_ARGUMENT` (`device`); the buffer contract:
-/// `VMMW_BUFFER_TOO_SMALL` with `*needed` set when `cap` is short (nothing
-/// written to `buf`), `VMMW_NULL_ARGUMENT` with nothing written when `buf` is
-/// NULL and `cap` > 0.
+/// Errors (the last two are the buffer contract):
+/// - `VMMW_NULL_ARGUMENT`: `device` is NULL.
+/// - `VMMW_BUFFER_TOO_SMALL`: `cap` is short; `*needed` is set, nothing is
+///   written to `buf`.
+/// - `VMMW_NULL_ARGUMENT`: `buf` is NULL and `cap` > 0; nothing is written.
 ///
 /// # Safety
 /// `device` is a live handle; `buf` is NULL or writable for `cap` bytes;
@@ -200,10 +203,11 @@ pub unsafe extern "C" fn vmmw_device_describe(
 /// Why this backend was chosen (useful with `VMMW_BACKEND_AUTO`), into a
 /// buffer with the same contract as `vmmw_device_describe`.
 ///
-/// Bad input: `VMMW_NULL_ARGUMENT` (`device`); the buffer contract:
-/// `VMMW_BUFFER_TOO_SMALL` with `*needed` set when `cap` is short (nothing
-/// written to `buf`), `VMMW_NULL_ARGUMENT` with nothing written when `buf` is
-/// NULL and `cap` > 0.
+/// Errors (the last two are the buffer contract):
+/// - `VMMW_NULL_ARGUMENT`: `device` is NULL.
+/// - `VMMW_BUFFER_TOO_SMALL`: `cap` is short; `*needed` is set, nothing is
+///   written to `buf`.
+/// - `VMMW_NULL_ARGUMENT`: `buf` is NULL and `cap` > 0; nothing is written.
 ///
 /// # Safety
 /// As `vmmw_device_describe`.
@@ -225,7 +229,8 @@ pub unsafe extern "C" fn vmmw_device_choice_reason(
 
 /// Wait until all work queued on the device has finished.
 ///
-/// Bad input: `VMMW_NULL_ARGUMENT` (`device`).
+/// Errors:
+/// - `VMMW_NULL_ARGUMENT`: `device` is NULL.
 ///
 /// # Safety
 /// `device` is a live handle; `error` is NULL or writable.

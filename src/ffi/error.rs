@@ -44,7 +44,7 @@ impl vmmw_error_t {
 /// The string is owned by `error` and valid until `vmmw_error_free(error)`.
 /// Returns "" when `error` is NULL. Thread-safe.
 ///
-/// Bad input: none: NULL gives "".
+/// Errors: none. NULL gives "".
 ///
 /// # Safety
 /// `error` is NULL or an object returned through a `vmmw_error_t**` argument
@@ -61,7 +61,7 @@ pub unsafe extern "C" fn vmmw_error_message(error: *const vmmw_error_t) -> *cons
 /// The status code of `error` (a `VMMW_*` value); `VMMW_NULL_ARGUMENT` when
 /// `error` is NULL. Thread-safe.
 ///
-/// Bad input: NULL gives `VMMW_NULL_ARGUMENT`.
+/// Errors: none. NULL gives `VMMW_NULL_ARGUMENT`.
 ///
 /// # Safety
 /// As `vmmw_error_message`.
@@ -79,7 +79,7 @@ pub unsafe extern "C" fn vmmw_error_status(error: *const vmmw_error_t) -> vmmw_s
 /// is not a driver error (its status is not `VMMW_DRIVER_ERROR`) or is NULL.
 /// Thread-safe.
 ///
-/// Bad input: none: NULL gives 0.
+/// Errors: none. NULL gives 0.
 ///
 /// # Safety
 /// As `vmmw_error_message`.
@@ -91,7 +91,7 @@ pub unsafe extern "C" fn vmmw_error_driver_code(error: *const vmmw_error_t) -> i
 
 /// Free an error object. NULL is accepted and ignored.
 ///
-/// Bad input: NULL is ignored. An object already freed cannot be detected
+/// Errors: none. NULL is ignored. An object already freed cannot be detected
 /// (undefined behaviour).
 ///
 /// # Safety

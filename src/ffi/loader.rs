@@ -157,17 +157,18 @@ pub struct vmmw_loader_t {
 
 /// Open a checkpoint: a `.safetensors` file, or a folder holding
 /// `model.safetensors.index.json` (or one `model.safetensors`). Headers are
-/// read and validated now (`VMMW_IO`, `VMMW_CHECKPOINT_INVALID` naming the file
-/// and tensor). On success `*out` receives a new loader owned by the caller
-/// (`vmmw_loader_free`). Initial rules: none (every tensor to the destination
-/// of its own name).
+/// read and validated now. Opens never block. On success `*out` receives a
+/// new loader owned by the caller (`vmmw_loader_free`). Initial rules: none
+/// (every tensor to the destination of its own name).
 ///
-/// Bad input: `VMMW_NULL_ARGUMENT` (`path`, `out`); `VMMW_IO` (missing,
-/// unreadable); `VMMW_CHECKPOINT_INVALID` (not a regular file: FIFO, device,
-/// socket; index over 64 MiB; header over 100 MB or past the end; bad JSON,
-/// duplicate names, unknown dtype, more than 64 dims, overflowing shapes,
-/// offsets out of range or overlapping; shard names with `..` or absolute;
-/// missing shards). Opens never block.
+/// Errors:
+/// - `VMMW_NULL_ARGUMENT`: `path` or `out` is NULL.
+/// - `VMMW_IO`: missing or unreadable.
+/// - `VMMW_CHECKPOINT_INVALID`, naming the file and tensor: not a regular
+///   file (FIFO, device, socket); index over 64 MiB; header over 100 MB or
+///   past the end; bad JSON, duplicate names, unknown dtype, more than 64
+///   dims, overflowing shapes, offsets out of range or overlapping; shard
+///   names with `..` or absolute; missing shards.
 ///
 /// # Safety
 /// `path` is a NUL-terminated string; `out` is writable; `error` is NULL or writable.
@@ -190,7 +191,7 @@ pub unsafe extern "C" fn vmmw_loader_open(
 /// pool (free them with `vmmw_pool_dealloc`, or with the pool); the reload
 /// source a load registered in the pool stays valid.
 ///
-/// Bad input: NULL is ignored. A handle already freed cannot be detected
+/// Errors: none. NULL is ignored. A handle already freed cannot be detected
 /// (undefined behaviour).
 ///
 /// # Safety
@@ -203,13 +204,13 @@ pub unsafe extern "C" fn vmmw_loader_free(loader: *mut vmmw_loader_t) {
 
 /// Replace the mapping rules with their JSON form (docs/RULES.md: every
 /// field, match/to/fuse/shard/pad/skip, ties, tp, dtype, with an example of
-/// each). Checked now (`VMMW_INVALID_ARGUMENT`
-/// naming the bad field or regex; the previous rules stay).
-///
-/// Bad input: `VMMW_NULL_ARGUMENT` (`loader`, `json`); `VMMW_INVALID_ARGUMENT`
-/// (bad JSON, unknown field, bad regex, rank not below world; the previous
-/// rules stay). Sizes the rules produce are checked at plan time
+/// each). Checked now. Sizes the rules produce are checked at plan time
 /// (`VMMW_PLAN_MISMATCH` on overflow).
+///
+/// Errors:
+/// - `VMMW_NULL_ARGUMENT`: `loader` or `json` is NULL.
+/// - `VMMW_INVALID_ARGUMENT`, naming the bad field or regex: bad JSON,
+///   unknown field, bad regex, rank not below world; the previous rules stay.
 ///
 /// # Safety
 /// `loader` is a live handle; `json` is a NUL-terminated string; `error` is NULL or writable.
@@ -233,8 +234,9 @@ pub unsafe extern "C" fn vmmw_loader_set_rules_json(
 /// `qkv_proj`, gate/up into `gate_up_proj`; with `tp_world` > 0, sharded for
 /// rank `tp_rank`, kv heads cut by `head_dim`.
 ///
-/// Bad input: `VMMW_NULL_ARGUMENT` (`loader`, `family`);
-/// `VMMW_INVALID_ARGUMENT` (unknown family, `tp_rank` >= `tp_world`).
+/// Errors:
+/// - `VMMW_NULL_ARGUMENT`: `loader` or `family` is NULL.
+/// - `VMMW_INVALID_ARGUMENT`: unknown family, or `tp_rank` >= `tp_world`.
 ///
 /// # Safety
 /// `loader` is a live handle; `family` is a NUL-terminated string; `error` is NULL or writable.
@@ -263,9 +265,10 @@ pub unsafe extern "C" fn vmmw_loader_set_rules_preset(
 /// Set the load options (`options` NULL: defaults). `options->size` must be
 /// set (`VMMW_LOAD_OPTIONS_INIT`); see `vmmw_load_options_t`.
 ///
-/// Bad input: `VMMW_NULL_ARGUMENT` (`loader`); `VMMW_INVALID_ARGUMENT` (unknown
-/// strategy, `threads` over 256, `slot_bytes` or `window_bytes` over 4 GiB; the
-/// previous options stay).
+/// Errors:
+/// - `VMMW_NULL_ARGUMENT`: `loader` is NULL.
+/// - `VMMW_INVALID_ARGUMENT`: unknown strategy, `threads` over 256, or
+///   `slot_bytes` or `window_bytes` over 4 GiB; the previous options stay.
 ///
 /// # Safety
 /// `loader` is a live handle; `options` is NULL or readable for
@@ -311,11 +314,13 @@ pub unsafe extern "C" fn vmmw_loader_set_options(
 /// the wake with `VMMW_CHECKPOINT_INVALID` even when its size and
 /// modification time were kept. It costs one more read of the loaded bytes at
 /// load and one at each Reload wake. Without it, device, inode, size and
-/// modification time are still checked at every wake. Other values of
-/// `enable`: `VMMW_INVALID_ARGUMENT`. Thread-safe (serializes with a running load).
+/// modification time are still checked at every wake. Thread-safe
+/// (serializes with a running load).
 ///
-/// Bad input: `VMMW_NULL_ARGUMENT` (`loader`); `VMMW_INVALID_ARGUMENT`
-/// (`enable` neither 0 nor 1; the previous setting stays).
+/// Errors:
+/// - `VMMW_NULL_ARGUMENT`: `loader` is NULL.
+/// - `VMMW_INVALID_ARGUMENT`: `enable` is neither 0 nor 1; the previous
+///   setting stays.
 ///
 /// # Safety
 /// `loader` is a live handle; `error` is NULL or writable.
@@ -358,17 +363,18 @@ fn parse_dtype(s: &str) -> Result<Dtype> {
 /// which pool block holds `ptr` (any pool of this process), or that none
 /// does: a later load refuses the destination with `VMMW_UNKNOWN_POINTER`
 /// once that block is freed, even when the same address was handed out
-/// again (register it again to load into the new block). Refused
-/// (`VMMW_INVALID_ARGUMENT`, nothing registered): empty or duplicate name,
-/// NULL `ptr`, overlap with another destination. An exact alias of a registered
-/// destination (same `ptr`, dtype and shape: tied weights) is accepted as that
-/// destination under a second name, filled from whichever name the checkpoint has.
+/// again (register it again to load into the new block). An exact alias of a
+/// registered destination (same `ptr`, dtype and shape: tied weights) is
+/// accepted as that destination under a second name, filled from whichever
+/// name the checkpoint has. Checked against the pool at load.
 ///
-/// Bad input: `VMMW_NULL_ARGUMENT` (`loader`, `name`, `dtype`; `shape` with
-/// `ndim` > 0); `VMMW_INVALID_ARGUMENT` (`ndim` over 64, refused before
-/// `shape` is read; empty or duplicate name, unknown dtype, NULL `ptr`, byte
-/// size overflowing or past the end of the address space, overlap). Checked
-/// against the pool at load.
+/// Errors:
+/// - `VMMW_NULL_ARGUMENT`: `loader`, `name` or `dtype` is NULL, or `shape` is
+///   NULL with `ndim` > 0.
+/// - `VMMW_INVALID_ARGUMENT`, nothing registered: `ndim` over 64 (refused
+///   before `shape` is read); empty or duplicate name, unknown dtype, NULL
+///   `ptr`, byte size overflowing or past the end of the address space,
+///   overlap with another destination.
 ///
 /// # Safety
 /// `loader` is a live handle; `name` and `dtype` are NUL-terminated strings;
@@ -427,8 +433,10 @@ pub unsafe extern "C" fn vmmw_loader_register(
 /// allocator (`cudaFree`, PyTorch's caching allocator) is written as if it
 /// were still yours.
 ///
-/// Bad input: `VMMW_NULL_ARGUMENT` (`loader`); `VMMW_INVALID_ARGUMENT` (NULL
-/// `ptr`, `bytes` 0, overflowing range).
+/// Errors:
+/// - `VMMW_NULL_ARGUMENT`: `loader` is NULL.
+/// - `VMMW_INVALID_ARGUMENT`: `ptr` is NULL, `bytes` is 0, or the range
+///   overflows.
 ///
 /// # Safety
 /// `loader` is a live handle; `error` is NULL or writable.
@@ -448,18 +456,21 @@ pub unsafe extern "C" fn vmmw_loader_declare_foreign(
 
 /// Allocate every destination the rules produce from this checkpoint (names,
 /// dtypes and shapes as the plan needs them: fused, sharded, padded) in
-/// `pool` under `tag`, and register them. On failure nothing is registered
-/// and every block taken is freed again. The blocks belong to the pool: find
+/// `pool` under `tag`, and register them. The blocks belong to the pool: find
 /// them with `vmmw_loader_destination`, free them with `vmmw_pool_dealloc`
 /// (or with the pool). Each destination records its block's identity, as
 /// `vmmw_loader_register` does: once a block is freed, a later load refuses
 /// that destination with `VMMW_UNKNOWN_POINTER`, also when the pool handed
 /// the same address to a new owner.
 ///
-/// Bad input: `VMMW_NULL_ARGUMENT` (`loader`, `pool`); `VMMW_UNKNOWN_TAG`;
-/// `VMMW_PLAN_MISMATCH` (rules give an overflowing shape, or parts that do not
-/// fit); `VMMW_OUT_OF_MEMORY`; `VMMW_INVALID_STATE` (tag asleep). Nothing
-/// registered on error.
+/// Errors (on any of them nothing is registered and every block taken is
+/// freed again):
+/// - `VMMW_NULL_ARGUMENT`: `loader` or `pool` is NULL.
+/// - `VMMW_UNKNOWN_TAG`: `tag` is not registered.
+/// - `VMMW_PLAN_MISMATCH`: the rules give an overflowing shape, or parts that
+///   do not fit.
+/// - `VMMW_OUT_OF_MEMORY`.
+/// - `VMMW_INVALID_STATE`: the tag is asleep.
 ///
 /// # Safety
 /// `loader` and `pool` are live handles; `error` is NULL or writable.
@@ -481,7 +492,8 @@ pub unsafe extern "C" fn vmmw_loader_allocate(
 
 /// Number of registered destinations.
 ///
-/// Bad input: `VMMW_NULL_ARGUMENT` (`loader`, `out`).
+/// Errors:
+/// - `VMMW_NULL_ARGUMENT`: `loader` or `out` is NULL.
 ///
 /// # Safety
 /// `loader` is a live handle; `out` is writable; `error` is NULL or writable.
@@ -502,10 +514,12 @@ pub unsafe extern "C" fn vmmw_loader_destination_count(
 /// The name of destination `index` (0 ≤ index < count, in name order), into
 /// `buf` (buffer contract of `vmmw_device_describe`).
 ///
-/// Bad input: `VMMW_NULL_ARGUMENT` (`loader`); `VMMW_INVALID_ARGUMENT` (`index`
-/// not below the count); the buffer contract: `VMMW_BUFFER_TOO_SMALL` with
-/// `*needed` set when `cap` is short (nothing written to `buf`),
-/// `VMMW_NULL_ARGUMENT` with nothing written when `buf` is NULL and `cap` > 0.
+/// Errors (the last two are the buffer contract):
+/// - `VMMW_NULL_ARGUMENT`: `loader` is NULL.
+/// - `VMMW_INVALID_ARGUMENT`: `index` is not below the count.
+/// - `VMMW_BUFFER_TOO_SMALL`: `cap` is short; `*needed` is set, nothing is
+///   written to `buf`.
+/// - `VMMW_NULL_ARGUMENT`: `buf` is NULL and `cap` > 0; nothing is written.
 ///
 /// # Safety
 /// `loader` is a live handle; `buf` is NULL or writable for `cap` bytes;
@@ -533,12 +547,12 @@ pub unsafe extern "C" fn vmmw_loader_destination_name(
     })
 }
 
-/// The destination named `name`. `VMMW_INVALID_ARGUMENT` when none is
-/// registered under it, or it has more than `VMMW_MAX_DIMS` dimensions.
+/// The destination named `name`.
 ///
-/// Bad input: `VMMW_NULL_ARGUMENT` (`loader`, `name`, `out`);
-/// `VMMW_INVALID_ARGUMENT` (no such destination, more than `VMMW_MAX_DIMS`
-/// dims).
+/// Errors:
+/// - `VMMW_NULL_ARGUMENT`: `loader`, `name` or `out` is NULL.
+/// - `VMMW_INVALID_ARGUMENT`: no destination is registered under `name`, or
+///   it has more than `VMMW_MAX_DIMS` dimensions.
 ///
 /// # Safety
 /// `loader` is a live handle; `name` is a NUL-terminated string; `out` is
@@ -582,11 +596,13 @@ pub unsafe extern "C" fn vmmw_loader_destination(
 }
 
 /// Build and check the plan against the registered destinations without
-/// writing anything: every missing, unexpected, mis-shaped or mis-typed tensor
-/// is listed in one `VMMW_PLAN_MISMATCH` message.
+/// writing anything.
 ///
-/// Bad input: `VMMW_NULL_ARGUMENT` (`loader`, `out`); `VMMW_PLAN_MISMATCH`;
-/// `VMMW_CHECKPOINT_INVALID`/`VMMW_IO` (reopening the checkpoint).
+/// Errors:
+/// - `VMMW_NULL_ARGUMENT`: `loader` or `out` is NULL.
+/// - `VMMW_PLAN_MISMATCH`: every missing, unexpected, mis-shaped or
+///   mis-typed tensor, listed in one message.
+/// - `VMMW_CHECKPOINT_INVALID` or `VMMW_IO`: reopening the checkpoint failed.
 ///
 /// # Safety
 /// `loader` is a live handle; `out` is writable; `error` is NULL or writable.
@@ -646,16 +662,27 @@ pub unsafe extern "C" fn vmmw_loader_plan(
 /// source over them. A block freed while the load runs fails the load the
 /// same way after its copies, and no reload source is registered.
 ///
-/// Bad input: `VMMW_NULL_ARGUMENT` (`loader`, `pool`); before any byte is
-/// written: `VMMW_CHECKPOINT_INVALID` (a shard changed since open),
-/// `VMMW_PLAN_MISMATCH`, `VMMW_UNKNOWN_POINTER` (a destination whose pool
-/// block was freed since registration, a destination in a free block
-/// of this pool, or outside it and not declared with
-/// `vmmw_loader_declare_foreign`), `VMMW_INVALID_ARGUMENT` (a destination
-/// running past its block), `VMMW_INVALID_STATE` (asleep); during the copy:
-/// `VMMW_CANCELLED`, `VMMW_DRIVER_ERROR`. The cancel rule (docs/ABI.md): a
-/// load that ran its copies clears a pending cancel; a load refused before
-/// its copies leaves it pending.
+/// The cancel rule (docs/ABI.md): a load that ran its copies clears a
+/// pending cancel; a load refused before its copies leaves it pending.
+///
+/// Errors found before any byte is written:
+/// - `VMMW_NULL_ARGUMENT`: `loader` or `pool` is NULL.
+/// - `VMMW_CHECKPOINT_INVALID`: a shard changed since `vmmw_loader_open`.
+/// - `VMMW_PLAN_MISMATCH`.
+/// - `VMMW_UNKNOWN_POINTER`, naming the destination: its pool block was freed
+///   since registration, it lies in a free block of this pool, or it lies
+///   outside this pool and not in a range declared with
+///   `vmmw_loader_declare_foreign`.
+/// - `VMMW_INVALID_ARGUMENT`: a destination runs past its block.
+/// - `VMMW_INVALID_STATE`, naming the destination: its tag is asleep.
+/// - `VMMW_CANCELLED`: a cancel requested before the load started.
+///
+/// Errors once copying started (destinations partly written, no rollback):
+/// - `VMMW_CANCELLED`: `vmmw_loader_cancel`, or `progress` returned non-zero.
+/// - `VMMW_IO`: reading a shard failed.
+/// - `VMMW_DRIVER_ERROR`.
+/// - `VMMW_UNKNOWN_POINTER`: a destination's block was freed while the load
+///   ran; no reload source is registered.
 ///
 /// # Safety
 /// `loader` and `pool` are live handles; `progress` is NULL or a function
@@ -695,7 +722,8 @@ pub unsafe extern "C" fn vmmw_loader_load(
 /// `vmmw_loader_wake_replicas` with this loader listed): a load that ran its
 /// copies clears it, a load refused before its copies leaves it pending.
 ///
-/// Bad input: `VMMW_NULL_ARGUMENT` (`loader`).
+/// Errors:
+/// - `VMMW_NULL_ARGUMENT`: `loader` is NULL.
 ///
 /// # Safety
 /// `loader` is a live handle; `error` is NULL or writable.
@@ -711,10 +739,11 @@ pub unsafe extern "C" fn vmmw_loader_cancel(
     })
 }
 
-/// What the last successful load did. `VMMW_INVALID_STATE` before one.
+/// What the last successful load did.
 ///
-/// Bad input: `VMMW_NULL_ARGUMENT` (`loader`, `out`); `VMMW_INVALID_STATE` (no
-/// load completed).
+/// Errors:
+/// - `VMMW_NULL_ARGUMENT`: `loader` or `out` is NULL.
+/// - `VMMW_INVALID_STATE`: no load completed yet.
 ///
 /// # Safety
 /// `loader` is a live handle; `out` is writable; `error` is NULL or writable.
@@ -741,12 +770,14 @@ pub unsafe extern "C" fn vmmw_loader_result(
 }
 
 /// The last load's statistics and plan summary as JSON, into `buf` (buffer
-/// contract of `vmmw_device_describe`). `VMMW_INVALID_STATE` before a load.
+/// contract of `vmmw_device_describe`).
 ///
-/// Bad input: `VMMW_NULL_ARGUMENT` (`loader`); `VMMW_INVALID_STATE` (no load
-/// completed); the buffer contract: `VMMW_BUFFER_TOO_SMALL` with `*needed` set
-/// when `cap` is short (nothing written to `buf`), `VMMW_NULL_ARGUMENT` with
-/// nothing written when `buf` is NULL and `cap` > 0.
+/// Errors (the last two are the buffer contract):
+/// - `VMMW_NULL_ARGUMENT`: `loader` is NULL.
+/// - `VMMW_INVALID_STATE`: no load completed yet.
+/// - `VMMW_BUFFER_TOO_SMALL`: `cap` is short; `*needed` is set, nothing is
+///   written to `buf`.
+/// - `VMMW_NULL_ARGUMENT`: `buf` is NULL and `cap` > 0; nothing is written.
 ///
 /// # Safety
 /// `loader` is a live handle; `buf` is NULL or writable for `cap` bytes;
@@ -775,7 +806,8 @@ pub unsafe extern "C" fn vmmw_loader_result_json(
 /// one `vmmw_device_t` share it; a pool that opened its device itself
 /// (`device_handle` NULL) has its own. Thread-safe.
 ///
-/// Bad input: `VMMW_NULL_ARGUMENT` (`pool`, `out`).
+/// Errors:
+/// - `VMMW_NULL_ARGUMENT`: `pool` or `out` is NULL.
 ///
 /// # Safety
 /// `pool` is a live handle; `out` is writable; `error` is NULL or writable.
@@ -798,7 +830,8 @@ pub unsafe extern "C" fn vmmw_pool_staging_bytes(
 /// Reload wake pins a new one (milliseconds). A load running concurrently
 /// keeps its ring and caches it again when it finishes. Thread-safe.
 ///
-/// Bad input: `VMMW_NULL_ARGUMENT` (`pool`, `released`).
+/// Errors:
+/// - `VMMW_NULL_ARGUMENT`: `pool` or `released` is NULL.
 ///
 /// # Safety
 /// `pool` is a live handle; `released` is writable; `error` is NULL or writable.

@@ -80,15 +80,14 @@ fn access_mode(v: vmmw_access_t, device: i32) -> Result<AccessMode> {
 /// Grant the listed peer devices access to every segment of `tag` in `pool`:
 /// now, to segments the tag gets later, and again after every wake (access
 /// is set again whenever memory is mapped). Peers granted before and missing
-/// from the list lose their access; `count` 0 revokes all. Checked before
-/// anything changes (`VMMW_INVALID_ARGUMENT`): a peer that is the pool's own
-/// device, listed twice, missing, unable to reach the pool's device
-/// (`cuDeviceCanAccessPeer`), or an unknown access value. Thread-safe.
+/// from the list lose their access; `count` 0 revokes all. Thread-safe.
 ///
-/// Bad input: `VMMW_NULL_ARGUMENT` (`pool`; `peers` with `count` > 0);
-/// `VMMW_UNKNOWN_TAG`; `VMMW_INVALID_ARGUMENT` (the pool's own device, a peer
-/// listed twice, missing or unreachable, an unknown access value); nothing
-/// changes.
+/// Errors (all checked before anything changes; nothing changes):
+/// - `VMMW_NULL_ARGUMENT`: `pool` is NULL, or `peers` is NULL with `count` > 0.
+/// - `VMMW_UNKNOWN_TAG`: `tag` is not registered.
+/// - `VMMW_INVALID_ARGUMENT`: a peer that is the pool's own device, listed
+///   twice, missing, unable to reach the pool's device
+///   (`cuDeviceCanAccessPeer`), or an unknown access value.
 ///
 /// # Safety
 /// `pool` is a live handle; `peers` points to `count` entries (or `count` is
@@ -122,7 +121,9 @@ pub unsafe extern "C" fn vmmw_pool_set_peer_access(
 /// Number of peer devices granted access to `tag` in `pool`. Read the
 /// entries with `vmmw_pool_peer_access_at`. Thread-safe.
 ///
-/// Bad input: `VMMW_NULL_ARGUMENT` (`pool`, `out`); `VMMW_UNKNOWN_TAG`.
+/// Errors:
+/// - `VMMW_NULL_ARGUMENT`: `pool` or `out` is NULL.
+/// - `VMMW_UNKNOWN_TAG`: `tag` is not registered.
 ///
 /// # Safety
 /// `pool` is a live handle; `out` is writable; `error` is NULL or writable.
@@ -140,11 +141,13 @@ pub unsafe extern "C" fn vmmw_pool_peer_access_count(
     })
 }
 
-/// The `index`-th peer granted access to `tag` (sorted by device);
-/// `VMMW_INVALID_ARGUMENT` when `index` is not below the count. Thread-safe.
+/// The `index`-th peer granted access to `tag` (sorted by device).
+/// Thread-safe.
 ///
-/// Bad input: `VMMW_NULL_ARGUMENT` (`pool`, `out`); `VMMW_UNKNOWN_TAG`;
-/// `VMMW_INVALID_ARGUMENT` (`index` not below the count).
+/// Errors:
+/// - `VMMW_NULL_ARGUMENT`: `pool` or `out` is NULL.
+/// - `VMMW_UNKNOWN_TAG`: `tag` is not registered.
+/// - `VMMW_INVALID_ARGUMENT`: `index` is not below the count.
 ///
 /// # Safety
 /// `pool` is a live handle; `out` is writable; `error` is NULL or writable.
@@ -179,10 +182,11 @@ pub unsafe extern "C" fn vmmw_pool_peer_access_at(
 
 /// Whether `pool`'s device can reach memory of device `peer` (1) or not (0)
 /// (`cuDeviceCanAccessPeer`; on the host backend every other simulated device).
-/// `VMMW_INVALID_ARGUMENT` when `peer` does not exist. Thread-safe.
+/// Thread-safe.
 ///
-/// Bad input: `VMMW_NULL_ARGUMENT` (`pool`, `out`); `VMMW_INVALID_ARGUMENT` (no
-/// device `peer`).
+/// Errors:
+/// - `VMMW_NULL_ARGUMENT`: `pool` or `out` is NULL.
+/// - `VMMW_INVALID_ARGUMENT`: there is no device `peer`.
 ///
 /// # Safety
 /// `pool` is a live handle; `out` is writable; `error` is NULL or writable.
@@ -221,18 +225,24 @@ pub unsafe extern "C" fn vmmw_pool_can_access_peer(
 /// its destinations may be partly written. Each loader keeps its device's
 /// executed plan (`vmmw_loader_result`, Reload sleep). `out` may be NULL.
 ///
-/// Blocks until done; `vmmw_loader_cancel` on `loaders[0]` stops it
-/// (`VMMW_CANCELLED`, destinations partly written). Once the load ran its
-/// copies, every listed loader's pending cancel is cleared; a load refused
-/// before its copies leaves them pending (the cancel rule of `vmmw_loader_cancel`). Thread-safe; the loaders are held for the call (a
-/// loader listed twice is `VMMW_INVALID_ARGUMENT`).
+/// Blocks until done; `vmmw_loader_cancel` on `loaders[0]` stops it. Once the
+/// load ran its copies, every listed loader's pending cancel is cleared; a
+/// load refused before its copies leaves them pending (the cancel rule of
+/// `vmmw_loader_cancel`). Thread-safe; the loaders are held for the call.
 ///
-/// Bad input: `VMMW_NULL_ARGUMENT` (`loaders`, `pools` with `count` > 0, or an
-/// entry); `VMMW_INVALID_ARGUMENT` (`count` 0, a loader listed twice, an
-/// unknown `mode`); before any byte is written, each device's destinations are
-/// checked as `vmmw_loader_load` checks them (`VMMW_UNKNOWN_POINTER` for one
-/// whose pool block was freed since it was registered, whatever now lives at
-/// its address).
+/// Errors found before any byte is written (destinations untouched):
+/// - `VMMW_NULL_ARGUMENT`: `loaders` or `pools` is NULL with `count` > 0, or
+///   an entry is NULL.
+/// - `VMMW_INVALID_ARGUMENT`: `count` is 0, a loader is listed twice, or
+///   `mode` is unknown.
+/// - Each device's destinations fail as `vmmw_loader_load` checks them
+///   (`VMMW_UNKNOWN_POINTER` for one whose pool block was freed since it was
+///   registered, whatever now lives at its address).
+///
+/// Errors once copying started:
+/// - `VMMW_CANCELLED`: destinations partly written.
+/// - A device's failure whose repair failed too: the error names that device;
+///   only its destinations may be partly written.
 ///
 /// # Safety
 /// `loaders` and `pools` point to `count` live handles each; `out` is NULL
@@ -290,8 +300,10 @@ pub unsafe extern "C" fn vmmw_loader_load_devices(
 /// pending cancels follow the rule of `vmmw_loader_load_devices`.
 /// Thread-safe; the loaders are held for the call.
 ///
-/// Bad input: as `vmmw_loader_load_devices`; the NULL and device-list checks
-/// come before any tag wakes, a destination or plan mismatch after.
+/// Errors: as `vmmw_loader_load_devices`; the NULL and device-list checks
+/// come before any tag wakes, a destination or plan mismatch after. A tag's
+/// wake refused (e.g. `VMMW_OUT_OF_MEMORY`) leaves the tags not yet woken
+/// asleep.
 ///
 /// # Safety
 /// `loaders` and `pools` point to `count` live handles each; `out` is NULL
@@ -322,7 +334,7 @@ pub unsafe extern "C" fn vmmw_replicas_wake_by_reload(
 /// The former name of `vmmw_replicas_wake_by_reload`, kept through 0.x;
 /// removed at 1.0.
 ///
-/// Bad input: as `vmmw_replicas_wake_by_reload`.
+/// Errors: as `vmmw_replicas_wake_by_reload`.
 ///
 /// # Safety
 /// As `vmmw_replicas_wake_by_reload`.

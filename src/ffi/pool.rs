@@ -153,12 +153,13 @@ fn config_from(o: &vmmw_pool_options_t) -> Result<PoolConfig> {
 }
 
 /// Create a pool. `options` may be NULL (all defaults). On success `*out`
-/// receives a new handle owned by the caller (`vmmw_pool_free`). Errors:
-/// `VMMW_INVALID_ARGUMENT` (bad sizes or backend), `VMMW_DRIVER_UNAVAILABLE`.
+/// receives a new handle owned by the caller (`vmmw_pool_free`).
 ///
-/// Bad input: `VMMW_NULL_ARGUMENT` (`out`); `VMMW_INVALID_ARGUMENT` (unknown
-/// backend, `align` not a power of two, a size over 2^56 or inconsistent
-/// sizes); `VMMW_DRIVER_UNAVAILABLE`.
+/// Errors:
+/// - `VMMW_NULL_ARGUMENT`: `out` is NULL.
+/// - `VMMW_INVALID_ARGUMENT`: unknown backend, `align` not a power of two, a
+///   size over 2^56, or inconsistent sizes.
+/// - `VMMW_DRIVER_UNAVAILABLE`.
 ///
 /// # Safety
 /// `options` is NULL or readable for `options->size` bytes; `out` is
@@ -199,8 +200,10 @@ pub unsafe extern "C" fn vmmw_pool_new(
 /// its own reference, so the pool and the handle live until the process exits
 /// whether or not the caller frees it.
 ///
-/// Bad input: `VMMW_NULL_ARGUMENT` (`out`); `VMMW_INVALID_ARGUMENT` (negative
-/// device); `VMMW_DRIVER_UNAVAILABLE`.
+/// Errors:
+/// - `VMMW_NULL_ARGUMENT`: `out` is NULL.
+/// - `VMMW_INVALID_ARGUMENT`: `device` is negative.
+/// - `VMMW_DRIVER_UNAVAILABLE`.
 ///
 /// # Safety
 /// `out` is writable; `error` is NULL or writable.
@@ -234,8 +237,8 @@ pub unsafe extern "C" fn vmmw_pool_default(
 /// invalid; the device is synchronized first). The global pools of
 /// `vmmw_pool_default` keep the registry's reference and live on.
 ///
-/// Bad input: NULL is ignored. Dropping more references than were given out
-/// cannot be detected (undefined behaviour).
+/// Errors: none. NULL is ignored. Dropping more references than were given
+/// out cannot be detected (undefined behaviour).
 ///
 /// # Safety
 /// `pool` is NULL or a handle holding the caller's reference, which is not
@@ -260,13 +263,14 @@ fn size_arg(size: u64) -> Result<usize> {
 
 /// Allocate `size` bytes under the calling thread's current tag. `*out_ptr`
 /// receives the device address (stable for the block's life, also across sleep
-/// and wake). Errors: `VMMW_OUT_OF_MEMORY` (after returning cached memory and
-/// retrying), `VMMW_INVALID_STATE` (the tag is asleep), `VMMW_INVALID_ARGUMENT` (size 0).
+/// and wake).
 ///
-/// Bad input: `VMMW_NULL_ARGUMENT` (`pool`, `out_ptr`); `VMMW_INVALID_ARGUMENT`
-/// (`size` 0); `VMMW_OUT_OF_MEMORY` (also for sizes larger than the device, up
-/// to `UINT64_MAX`); `VMMW_INVALID_STATE` (tag asleep). `*out_ptr` untouched on
-/// error.
+/// Errors (`*out_ptr` is untouched on any of them):
+/// - `VMMW_NULL_ARGUMENT`: `pool` or `out_ptr` is NULL.
+/// - `VMMW_INVALID_ARGUMENT`: `size` is 0.
+/// - `VMMW_OUT_OF_MEMORY`: after returning cached memory and retrying; also
+///   for sizes larger than the device, up to `UINT64_MAX`.
+/// - `VMMW_INVALID_STATE`: the tag is asleep.
 ///
 /// # Safety
 /// `pool` is a live handle; `out_ptr` is writable; `error` is NULL or writable.
@@ -286,9 +290,12 @@ pub unsafe extern "C" fn vmmw_pool_alloc(
 
 /// Allocate `size` bytes under `tag` (ignoring the thread's scopes).
 ///
-/// Bad input: `VMMW_NULL_ARGUMENT` (`pool`, `out_ptr`); `VMMW_UNKNOWN_TAG`;
-/// `VMMW_INVALID_ARGUMENT` (`size` 0); `VMMW_OUT_OF_MEMORY` (also for sizes
-/// larger than the device); `VMMW_INVALID_STATE` (tag asleep).
+/// Errors:
+/// - `VMMW_NULL_ARGUMENT`: `pool` or `out_ptr` is NULL.
+/// - `VMMW_UNKNOWN_TAG`: `tag` is not registered.
+/// - `VMMW_INVALID_ARGUMENT`: `size` is 0.
+/// - `VMMW_OUT_OF_MEMORY`: also for sizes larger than the device.
+/// - `VMMW_INVALID_STATE`: the tag is asleep.
 ///
 /// # Safety
 /// As `vmmw_pool_alloc`.
@@ -308,10 +315,8 @@ pub unsafe extern "C" fn vmmw_pool_alloc_tagged(
 }
 
 /// Give a block back to the pool (it returns to the pool's cache; see `vmmw_pool_trim`).
-/// `VMMW_UNKNOWN_POINTER` (nothing changes) for a pointer that is not the
-/// start of a live block of this pool, or a double free. A block freed is no
-/// longer restored by a Reload wake, and no loader writes into it again: a
-/// loader destination in it is refused at the next load, also once the same
+/// A block freed is no longer restored by a Reload wake, and no loader writes
+/// into it again: a loader destination in it is refused at the next load, also once the same
 /// address is handed out to a new block (blocks have an identity that is
 /// never reused). When freeing releases a segment and the
 /// device refuses to synchronize first, nothing is unmapped (queued work may
@@ -321,8 +326,11 @@ pub unsafe extern "C" fn vmmw_pool_alloc_tagged(
 /// call ends).
 /// The pair of `vmmw_pool_alloc`; `vmmw_pool_free` destroys the pool itself.
 ///
-/// Bad input: `VMMW_NULL_ARGUMENT` (`pool`); `VMMW_UNKNOWN_POINTER` (0,
-/// foreign, interior or already freed pointer; nothing changes).
+/// Errors:
+/// - `VMMW_NULL_ARGUMENT`: `pool` is NULL.
+/// - `VMMW_UNKNOWN_POINTER`: `ptr` is not the start of a live block of this
+///   pool (0, foreign, interior, or already freed: a double free); nothing
+///   changes.
 ///
 /// # Safety
 /// `pool` is a live handle; `error` is NULL or writable.
@@ -347,10 +355,11 @@ pub unsafe extern "C" fn vmmw_pool_dealloc(
 /// load into the range makes its checkpoint the source again. Thread-safe; a
 /// sleep or wake of the range's tag running now is waited for.
 ///
-/// Bad input (nothing changes): `VMMW_NULL_ARGUMENT` (`pool`);
-/// `VMMW_UNKNOWN_POINTER` (`ptr` in no live block of this pool);
-/// `VMMW_INVALID_ARGUMENT` (the range runs past its block);
-/// `VMMW_INVALID_STATE` (the block's tag is asleep).
+/// Errors (nothing changes on any of them):
+/// - `VMMW_NULL_ARGUMENT`: `pool` is NULL.
+/// - `VMMW_UNKNOWN_POINTER`: `ptr` is in no live block of this pool.
+/// - `VMMW_INVALID_ARGUMENT`: the range runs past its block.
+/// - `VMMW_INVALID_STATE`: the block's tag is asleep.
 ///
 /// # Safety
 /// `pool` is a live handle; `error` is NULL or writable.
@@ -370,8 +379,10 @@ pub unsafe extern "C" fn vmmw_pool_mark_written(
 
 /// The former name of `vmmw_pool_dealloc`, kept through 0.x; removed at 1.0.
 ///
-/// Bad input: `VMMW_NULL_ARGUMENT` (`pool`); `VMMW_UNKNOWN_POINTER` (0,
-/// foreign, interior or already freed pointer; nothing changes).
+/// Errors: as `vmmw_pool_dealloc`:
+/// - `VMMW_NULL_ARGUMENT`: `pool` is NULL.
+/// - `VMMW_UNKNOWN_POINTER`: `ptr` is not the start of a live block of this
+///   pool (0, foreign, interior, or already freed); nothing changes.
 ///
 /// # Safety
 /// As `vmmw_pool_dealloc`.
@@ -391,7 +402,8 @@ pub unsafe extern "C" fn vmmw_pool_free_ptr(
 /// left for a later trim; freed segments kept mapped after a failed device
 /// synchronize are released now, or the error is returned again.
 ///
-/// Bad input: `VMMW_NULL_ARGUMENT` (`pool`, `released`).
+/// Errors:
+/// - `VMMW_NULL_ARGUMENT`: `pool` or `released` is NULL.
 ///
 /// # Safety
 /// `pool` is a live handle; `released` is writable; `error` is NULL or writable.
@@ -409,15 +421,17 @@ pub unsafe extern "C" fn vmmw_pool_trim(
 
 /// Place `tag`'s future blocks in one arena: `reserve_bytes` of VA reserved
 /// once, physical memory committed as it grows in steps of up to `grow_step`
-/// bytes (0 = granularity). `VMMW_INVALID_STATE` if the tag has an arena of
-/// other dimensions still in use.
+/// bytes (0 = granularity). The reservation is made at the first allocation
+/// in the tag: one the driver cannot make (more address space than it has)
+/// fails that allocation with `VMMW_OUT_OF_MEMORY`, as a request larger than
+/// the device does.
 ///
-/// Bad input: `VMMW_NULL_ARGUMENT` (`pool`); `VMMW_UNKNOWN_TAG`;
-/// `VMMW_INVALID_ARGUMENT` (`reserve_bytes` 0, sizes over 2^56);
-/// `VMMW_INVALID_STATE` (an arena of other dimensions in use). The
-/// reservation is made at the first allocation in the tag: one the driver
-/// cannot make (more address space than it has) fails that allocation with
-/// `VMMW_OUT_OF_MEMORY`, as a request larger than the device does.
+/// Errors:
+/// - `VMMW_NULL_ARGUMENT`: `pool` is NULL.
+/// - `VMMW_UNKNOWN_TAG`: `tag` is not registered.
+/// - `VMMW_INVALID_ARGUMENT`: `reserve_bytes` is 0, or a size is over 2^56.
+/// - `VMMW_INVALID_STATE`: the tag has an arena of other dimensions still in
+///   use.
 ///
 /// # Safety
 /// `pool` is a live handle; `error` is NULL or writable.
@@ -442,7 +456,9 @@ pub unsafe extern "C" fn vmmw_pool_set_tag_arena(
 
 /// Place `tag`'s future blocks in cached, split segments (the default).
 ///
-/// Bad input: `VMMW_NULL_ARGUMENT` (`pool`); `VMMW_UNKNOWN_TAG`.
+/// Errors:
+/// - `VMMW_NULL_ARGUMENT`: `pool` is NULL.
+/// - `VMMW_UNKNOWN_TAG`: `tag` is not registered.
 ///
 /// # Safety
 /// `pool` is a live handle; `error` is NULL or writable.
@@ -481,7 +497,8 @@ fn to_c_report(u: &TagUsage, used: Option<u64>, total: Option<u64>, tags: usize)
 
 /// The pool's memory summed over all tags.
 ///
-/// Bad input: `VMMW_NULL_ARGUMENT` (`pool`, `out`).
+/// Errors:
+/// - `VMMW_NULL_ARGUMENT`: `pool` or `out` is NULL.
 ///
 /// # Safety
 /// `pool` is a live handle; `out` is writable; `error` is NULL or writable.
@@ -504,9 +521,11 @@ pub unsafe extern "C" fn vmmw_pool_report(
 }
 
 /// The pool's memory of one tag (all zero when the tag has nothing in this
-/// pool; `tags` is then 0, else 1). `VMMW_UNKNOWN_TAG` for an unregistered id.
+/// pool; `tags` is then 0, else 1).
 ///
-/// Bad input: `VMMW_NULL_ARGUMENT` (`pool`, `out`); `VMMW_UNKNOWN_TAG`.
+/// Errors:
+/// - `VMMW_NULL_ARGUMENT`: `pool` or `out` is NULL.
+/// - `VMMW_UNKNOWN_TAG`: `tag` is an unregistered id.
 ///
 /// # Safety
 /// `pool` is a live handle; `out` is writable; `error` is NULL or writable.
@@ -536,12 +555,13 @@ pub unsafe extern "C" fn vmmw_pool_report_tag(
 }
 
 /// The full memory report (per tag and total) as JSON, into `buf` (the buffer
-/// contract of `vmmw_device_describe`: `VMMW_BUFFER_TOO_SMALL` with `*needed`).
+/// contract of `vmmw_device_describe`).
 ///
-/// Bad input: `VMMW_NULL_ARGUMENT` (`pool`); the buffer contract:
-/// `VMMW_BUFFER_TOO_SMALL` with `*needed` set when `cap` is short (nothing
-/// written to `buf`), `VMMW_NULL_ARGUMENT` with nothing written when `buf` is
-/// NULL and `cap` > 0.
+/// Errors (the last two are the buffer contract):
+/// - `VMMW_NULL_ARGUMENT`: `pool` is NULL.
+/// - `VMMW_BUFFER_TOO_SMALL`: `cap` is short; `*needed` is set, nothing is
+///   written to `buf`.
+/// - `VMMW_NULL_ARGUMENT`: `buf` is NULL and `cap` > 0; nothing is written.
 ///
 /// # Safety
 /// `pool` is a live handle; `buf` is NULL or writable for `cap` bytes;
@@ -565,11 +585,11 @@ pub unsafe extern "C" fn vmmw_pool_report_json(
 /// Record the current report in the pool's timeline as boundary `name`
 /// ("after load", "asleep", ...). The timeline keeps the last 1024
 /// boundaries (older ones are dropped and counted in its JSON as `dropped`);
-/// `vmmw_pool_clear_timeline` empties it. `VMMW_INVALID_ARGUMENT` for a name
-/// over 256 bytes or not UTF-8.
+/// `vmmw_pool_clear_timeline` empties it.
 ///
-/// Bad input: `VMMW_NULL_ARGUMENT` (`pool`, `name`); `VMMW_INVALID_ARGUMENT`
-/// (name not UTF-8 or over 256 bytes).
+/// Errors:
+/// - `VMMW_NULL_ARGUMENT`: `pool` or `name` is NULL.
+/// - `VMMW_INVALID_ARGUMENT`: `name` is not UTF-8 or is over 256 bytes.
 ///
 /// # Safety
 /// `pool` is a live handle; `name` is a NUL-terminated string; `error` is NULL or writable.
@@ -592,10 +612,11 @@ pub unsafe extern "C" fn vmmw_pool_snapshot(
 
 /// Every snapshot so far as JSON, into `buf` (buffer contract as `vmmw_pool_report_json`).
 ///
-/// Bad input: `VMMW_NULL_ARGUMENT` (`pool`); the buffer contract:
-/// `VMMW_BUFFER_TOO_SMALL` with `*needed` set when `cap` is short (nothing
-/// written to `buf`), `VMMW_NULL_ARGUMENT` with nothing written when `buf` is
-/// NULL and `cap` > 0.
+/// Errors (the last two are the buffer contract):
+/// - `VMMW_NULL_ARGUMENT`: `pool` is NULL.
+/// - `VMMW_BUFFER_TOO_SMALL`: `cap` is short; `*needed` is set, nothing is
+///   written to `buf`.
+/// - `VMMW_NULL_ARGUMENT`: `buf` is NULL and `cap` > 0; nothing is written.
 ///
 /// # Safety
 /// As `vmmw_pool_report_json`.
@@ -618,7 +639,8 @@ pub unsafe extern "C" fn vmmw_pool_timeline_json(
 /// Forget every snapshot of the pool's timeline; `*cleared` (NULL: not
 /// written) receives how many were kept. Thread-safe.
 ///
-/// Bad input: `VMMW_NULL_ARGUMENT` (`pool`).
+/// Errors:
+/// - `VMMW_NULL_ARGUMENT`: `pool` is NULL.
 ///
 /// # Safety
 /// `pool` is a live handle; `cleared` and `error` are NULL or writable.
@@ -641,14 +663,14 @@ pub unsafe extern "C" fn vmmw_pool_clear_timeline(
 
 /// Copy `len` bytes from host memory `src` to pool memory at device address
 /// `dst`, and wait for the copy. The range must lie in one awake segment of
-/// this pool (`VMMW_UNKNOWN_POINTER`, `VMMW_INVALID_STATE` when asleep,
-/// `VMMW_INVALID_ARGUMENT` otherwise; nothing copied). Must not race with
-/// sleeping the tag that owns the range.
+/// this pool. Must not race with sleeping the tag that owns the range.
 ///
-/// Bad input: `VMMW_NULL_ARGUMENT` (`pool`; `src` with `len` > 0);
-/// `VMMW_UNKNOWN_POINTER` (not in this pool); `VMMW_INVALID_STATE` (asleep);
-/// `VMMW_INVALID_ARGUMENT` (past the mapped part, or overflowing). Nothing
-/// copied.
+/// Errors (on any of them nothing is copied):
+/// - `VMMW_NULL_ARGUMENT`: `pool` is NULL, or `src` is NULL with `len` > 0.
+/// - `VMMW_UNKNOWN_POINTER`: the range is not in this pool.
+/// - `VMMW_INVALID_STATE`: the range is asleep.
+/// - `VMMW_INVALID_ARGUMENT`: the range runs past the mapped part, or
+///   overflows.
 ///
 /// # Safety
 /// `pool` is a live handle; `src` is readable for `len` bytes (NULL when `len`
@@ -674,10 +696,12 @@ pub unsafe extern "C" fn vmmw_pool_write(
 /// Copy `len` bytes of pool memory at device address `src` into host memory
 /// `dst`, and wait for the copy. Same range rules as `vmmw_pool_write`.
 ///
-/// Bad input: `VMMW_NULL_ARGUMENT` (`pool`; `dst` with `len` > 0);
-/// `VMMW_UNKNOWN_POINTER` (not in this pool); `VMMW_INVALID_STATE` (asleep);
-/// `VMMW_INVALID_ARGUMENT` (past the mapped part, or overflowing). Nothing
-/// copied.
+/// Errors (on any of them nothing is copied):
+/// - `VMMW_NULL_ARGUMENT`: `pool` is NULL, or `dst` is NULL with `len` > 0.
+/// - `VMMW_UNKNOWN_POINTER`: the range is not in this pool.
+/// - `VMMW_INVALID_STATE`: the range is asleep.
+/// - `VMMW_INVALID_ARGUMENT`: the range runs past the mapped part, or
+///   overflows.
 ///
 /// # Safety
 /// `pool` is a live handle; `dst` is writable for `len` bytes (NULL when `len`
@@ -708,10 +732,12 @@ pub unsafe extern "C" fn vmmw_pool_read(
 /// during the copy. `dst` stays the caller's. When `tag` is not NULL it
 /// receives the tag whose backup was read (left as it is on error).
 ///
-/// Bad input: `VMMW_NULL_ARGUMENT` (`pool`; `dst` with `len` > 0);
-/// `VMMW_UNKNOWN_POINTER` (not in this pool); `VMMW_INVALID_ARGUMENT` (past
-/// its segment, or overflowing); `VMMW_INVALID_STATE` naming the tag (awake,
-/// discarded, or the backup holds only part of the range). Nothing copied.
+/// Errors (on any of them nothing is copied, and `*tag` is left as it is):
+/// - `VMMW_NULL_ARGUMENT`: `pool` is NULL, or `dst` is NULL with `len` > 0.
+/// - `VMMW_UNKNOWN_POINTER`: the range is not in this pool.
+/// - `VMMW_INVALID_ARGUMENT`: the range runs past its segment, or overflows.
+/// - `VMMW_INVALID_STATE`, naming the tag: the tag is awake or discarded, or
+///   the backup holds only part of the range.
 ///
 /// # Safety
 /// `pool` is a live handle; `dst` is writable for `len` bytes (NULL when `len`

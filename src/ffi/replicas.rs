@@ -128,12 +128,17 @@ unsafe fn members<'a>(
 /// stopped it. Blocks until done. Thread-safe; the rules of
 /// `vmmw_pool_sleep` about other threads hold for every pool.
 ///
-/// Bad input: `VMMW_NULL_ARGUMENT` (`pools`, `tags` with `count` > 0, or an
-/// entry); `VMMW_INVALID_ARGUMENT` (`count` 0, a device listed twice, pools
-/// on different backends, tags laid out differently); `VMMW_UNKNOWN_TAG`;
-/// `VMMW_INVALID_STATE` (the holder asleep without a backup); nothing
-/// changes. `VMMW_HOST_OUT_OF_MEMORY`: the backup does not fit, nothing
-/// sleeps.
+/// Errors that change nothing:
+/// - `VMMW_NULL_ARGUMENT`: `pools` or `tags` is NULL with `count` > 0, or an
+///   entry is NULL.
+/// - `VMMW_INVALID_ARGUMENT`: `count` is 0, a device is listed twice, pools
+///   are on different backends, or tags are laid out differently.
+/// - `VMMW_UNKNOWN_TAG`: a tag that never held memory in its pool.
+/// - `VMMW_INVALID_STATE`: the holder is asleep without a backup.
+/// - `VMMW_HOST_OUT_OF_MEMORY`: the backup does not fit; nothing sleeps.
+///
+/// Errors midway name the device that stopped the call; repeating the call
+/// finishes it (see above).
 ///
 /// # Safety
 /// `pools` and `tags` point to `count` entries each (live pool handles);
@@ -171,23 +176,28 @@ pub unsafe extern "C" fn vmmw_replicas_sleep(
 /// copies that part from the backup instead. `options` may be NULL
 /// (defaults); `out` may be NULL.
 ///
-/// Nothing is lost on a failure: free memory is checked on every device
-/// before anything is mapped (`VMMW_OUT_OF_MEMORY`), and if a map or a copy
-/// fails on any device, the memory mapped on every device is released again
-/// and every tag stays asleep in its group with the backup intact; the
-/// error names the device, and calling again can succeed. On success every
-/// tag is awake holding the holder's bytes.
+/// Nothing is lost on a failure. On success every tag is awake holding the
+/// holder's bytes.
 ///
 /// Blocks until done. Thread-safe; the rules of `vmmw_pool_wake` about other
 /// threads hold for every pool.
 ///
-/// Bad input: `VMMW_NULL_ARGUMENT` (`pools`, `tags` with `count` > 0, or an
-/// entry); `VMMW_INVALID_ARGUMENT` (`count` 0, a device listed twice, bad
-/// `options.size`); `VMMW_UNSUPPORTED` (`options` from a newer header with
-/// fields this library does not know set); `VMMW_UNKNOWN_TAG`;
-/// `VMMW_INVALID_STATE` (a tag not asleep in one group with every other
-/// listed one: never slept with them, or woken or slept on its own since);
-/// nothing changes.
+/// Errors (nothing changes on any of them, unless said):
+/// - `VMMW_NULL_ARGUMENT`: `pools` or `tags` is NULL with `count` > 0, or an
+///   entry is NULL.
+/// - `VMMW_INVALID_ARGUMENT`: `count` is 0, a device is listed twice, or bad
+///   `options.size`.
+/// - `VMMW_UNSUPPORTED`: `options` from a newer header with fields this
+///   library does not know set.
+/// - `VMMW_UNKNOWN_TAG`: a tag that never held memory in its pool.
+/// - `VMMW_INVALID_STATE`: a tag is not asleep in one group with every other
+///   listed one (never slept with them, or woken or slept on its own since).
+/// - `VMMW_OUT_OF_MEMORY`: free memory, checked on every device before
+///   anything is mapped, is short.
+/// - A map or a copy that fails on any device: the memory mapped on every
+///   device is released again and every tag stays asleep in its group with
+///   the backup intact; the error names the device, and calling again can
+///   succeed.
 ///
 /// # Safety
 /// `pools` and `tags` point to `count` entries each (live pool handles);
@@ -247,7 +257,7 @@ pub unsafe extern "C" fn vmmw_replicas_wake_from_backup(
 /// The former name of `vmmw_replicas_wake_from_backup`, kept through 0.x;
 /// removed at 1.0.
 ///
-/// Bad input: as `vmmw_replicas_wake_from_backup`.
+/// Errors: as `vmmw_replicas_wake_from_backup`.
 ///
 /// # Safety
 /// As `vmmw_replicas_wake_from_backup`.

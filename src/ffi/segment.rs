@@ -49,12 +49,13 @@ pub struct vmmw_segment_info_t {
 ///
 /// On success `*out` receives a new handle owned by the caller (free it with
 /// `vmmw_segment_free`, which unmaps and releases everything). The segment
-/// keeps the device's driver alive. Errors: `VMMW_INVALID_ARGUMENT` (size 0),
-/// `VMMW_OUT_OF_MEMORY`, `VMMW_DRIVER_ERROR`; on failure nothing is left allocated.
+/// keeps the device's driver alive.
 ///
-/// Bad input: `VMMW_NULL_ARGUMENT` (`device`, `out`); `VMMW_INVALID_ARGUMENT`
-/// (`size` 0, `size` or `chunk_size` over 2^56); `VMMW_OUT_OF_MEMORY`;
-/// `VMMW_DRIVER_ERROR`. Nothing is left allocated.
+/// Errors (on any of them nothing is left allocated):
+/// - `VMMW_NULL_ARGUMENT`: `device` or `out` is NULL.
+/// - `VMMW_INVALID_ARGUMENT`: `size` is 0, or `size` or `chunk_size` is over 2^56.
+/// - `VMMW_OUT_OF_MEMORY`.
+/// - `VMMW_DRIVER_ERROR`.
 ///
 /// # Safety
 /// `device` is a live handle; `out` is writable; `error` is NULL or writable.
@@ -81,7 +82,7 @@ pub unsafe extern "C" fn vmmw_segment_new(
 /// Free a segment: waits for the device, unmaps, releases its memory and its
 /// VA. NULL is accepted.
 ///
-/// Bad input: NULL is ignored. A handle already freed cannot be detected
+/// Errors: none. NULL is ignored. A handle already freed cannot be detected
 /// (undefined behaviour).
 ///
 /// # Safety
@@ -94,7 +95,8 @@ pub unsafe extern "C" fn vmmw_segment_free(segment: *mut vmmw_segment_t) {
 
 /// The segment's address and sizes.
 ///
-/// Bad input: `VMMW_NULL_ARGUMENT` (`segment`, `out`).
+/// Errors:
+/// - `VMMW_NULL_ARGUMENT`: `segment` or `out` is NULL.
 ///
 /// # Safety
 /// `segment` is a live handle; `out` is writable; `error` is NULL or writable.
@@ -118,12 +120,13 @@ pub unsafe extern "C" fn vmmw_segment_info(
 }
 
 /// Copy `len` bytes from host memory `src` into the segment at `offset`, and
-/// wait for the copy. The range must lie in the committed, mapped part
-/// (`VMMW_INVALID_ARGUMENT` / `VMMW_INVALID_STATE` otherwise; nothing copied).
+/// wait for the copy. The range must lie in the committed, mapped part.
 ///
-/// Bad input: `VMMW_NULL_ARGUMENT` (`segment`; `src` with `len` > 0);
-/// `VMMW_INVALID_ARGUMENT` (range outside the committed part, or overflowing);
-/// `VMMW_INVALID_STATE` (a chunk unmapped). Nothing copied.
+/// Errors (on any of them nothing is copied):
+/// - `VMMW_NULL_ARGUMENT`: `segment` is NULL, or `src` is NULL with `len` > 0.
+/// - `VMMW_INVALID_ARGUMENT`: the range is outside the committed part, or
+///   overflows.
+/// - `VMMW_INVALID_STATE`: a chunk of the range is unmapped.
 ///
 /// # Safety
 /// `segment` is a live handle; `src` is readable for `len` bytes (may be NULL
@@ -151,9 +154,11 @@ pub unsafe extern "C" fn vmmw_segment_write(
 /// Copy `len` bytes of the segment at `offset` into host memory `dst`, and
 /// wait for the copy. Same range rules as `vmmw_segment_write`.
 ///
-/// Bad input: `VMMW_NULL_ARGUMENT` (`segment`; `dst` with `len` > 0);
-/// `VMMW_INVALID_ARGUMENT` (range outside the committed part, or overflowing);
-/// `VMMW_INVALID_STATE` (a chunk unmapped). Nothing copied.
+/// Errors (on any of them nothing is copied):
+/// - `VMMW_NULL_ARGUMENT`: `segment` is NULL, or `dst` is NULL with `len` > 0.
+/// - `VMMW_INVALID_ARGUMENT`: the range is outside the committed part, or
+///   overflows.
+/// - `VMMW_INVALID_STATE`: a chunk of the range is unmapped.
 ///
 /// # Safety
 /// `segment` is a live handle; `dst` is writable for `len` bytes (may be NULL

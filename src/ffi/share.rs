@@ -137,11 +137,14 @@ fn serve_options(o: vmmw_share_options_t) -> Result<ServeOptions> {
 /// refusal, eviction and detach writes one audit line on standard error
 /// (`vmmw share: PATH: attach pid=.. uid=.. gid=.. access=..: ...`).
 ///
-/// Bad input: `VMMW_NULL_ARGUMENT` (`pool`, `loader`, `path`, `out`);
-/// `VMMW_INVALID_ARGUMENT` (options `size` or values out of range, no
-/// destinations, a destination outside the tag's memory); `VMMW_UNKNOWN_TAG`;
-/// `VMMW_INVALID_STATE` (tag asleep); `VMMW_IO` (`path` exists or cannot be
-/// bound); `VMMW_UNSUPPORTED` (backend cannot export).
+/// Errors:
+/// - `VMMW_NULL_ARGUMENT`: `pool`, `loader`, `path` or `out` is NULL.
+/// - `VMMW_INVALID_ARGUMENT`: options `size` or values out of range, no
+///   destinations, or a destination outside the tag's memory.
+/// - `VMMW_UNKNOWN_TAG`: `tag` is not registered.
+/// - `VMMW_INVALID_STATE`: the tag is asleep.
+/// - `VMMW_IO`: `path` exists or cannot be bound.
+/// - `VMMW_UNSUPPORTED`: the backend cannot export its memory.
 ///
 /// # Safety
 /// `pool` and `loader` are live handles; `path` is a NUL-terminated string;
@@ -184,7 +187,7 @@ pub unsafe extern "C" fn vmmw_share_serve(
 /// mappings (the memory lives while they map it) and stop counting against
 /// the tag's sleep policy. NULL is a no-op.
 ///
-/// Bad input: NULL is ignored. A handle already freed cannot be detected
+/// Errors: none. NULL is ignored. A handle already freed cannot be detected
 /// (undefined behaviour).
 ///
 /// # Safety
@@ -197,7 +200,8 @@ pub unsafe extern "C" fn vmmw_share_server_free(server: *mut vmmw_share_server_t
 
 /// Number of importers attached now (connections open, handshakes included).
 ///
-/// Bad input: `VMMW_NULL_ARGUMENT` (`server`, `out`).
+/// Errors:
+/// - `VMMW_NULL_ARGUMENT`: `server` or `out` is NULL.
 ///
 /// # Safety
 /// `server` is a live handle; `out` is writable; `error` is NULL or writable.
@@ -216,7 +220,8 @@ pub unsafe extern "C" fn vmmw_share_server_attached(
 /// Announce new weights written in place: the version goes up by one and
 /// attached importers see it on their next call. `*out` receives the new version.
 ///
-/// Bad input: `VMMW_NULL_ARGUMENT` (`server`, `out`).
+/// Errors:
+/// - `VMMW_NULL_ARGUMENT`: `server` or `out` is NULL.
 ///
 /// # Safety
 /// `server` is a live handle; `out` is writable; `error` is NULL or writable.
@@ -237,15 +242,16 @@ pub unsafe extern "C" fn vmmw_share_server_publish(
 /// Attach to the share at `path` on `device` (which must use the owner's
 /// backend): receive and validate the manifest, import and map every chunk at
 /// this process's own addresses, read-only unless `read_write` is 1 and the
-/// owner allows it. Refusals (`VMMW_SHARE_REFUSED`) name the reason: peer not
-/// allowed, malformed manifest, owner's tag asleep. Nothing is left behind on
-/// failure. On success `*out` receives a handle owned by the caller
+/// owner allows it. On success `*out` receives a handle owned by the caller
 /// (`vmmw_share_detach` or `vmmw_share_free`). Takes at most 30 s when the
 /// owner does not answer.
 ///
-/// Bad input: `VMMW_NULL_ARGUMENT` (`device`, `path`, `out`);
-/// `VMMW_INVALID_ARGUMENT` (`read_write` not 0 or 1); `VMMW_IO` (no socket at
-/// `path`); `VMMW_SHARE_REFUSED` (with its reason).
+/// Errors (nothing is left behind on any of them):
+/// - `VMMW_NULL_ARGUMENT`: `device`, `path` or `out` is NULL.
+/// - `VMMW_INVALID_ARGUMENT`: `read_write` is not 0 or 1.
+/// - `VMMW_IO`: no socket at `path`.
+/// - `VMMW_SHARE_REFUSED`, naming the reason: peer not allowed, malformed
+///   manifest, owner's tag asleep.
 ///
 /// # Safety
 /// `device` is a live handle; `path` is a NUL-terminated string; `out` is
@@ -279,7 +285,8 @@ pub unsafe extern "C" fn vmmw_share_attach(
 
 /// Number of tensors in the share.
 ///
-/// Bad input: `VMMW_NULL_ARGUMENT` (`share`, `out`).
+/// Errors:
+/// - `VMMW_NULL_ARGUMENT`: `share` or `out` is NULL.
 ///
 /// # Safety
 /// `share` is a live handle; `out` is writable; `error` is NULL or writable.
@@ -298,10 +305,12 @@ pub unsafe extern "C" fn vmmw_share_count(
 /// The name of tensor `index` (0 ≤ index < count, in the owner's order), into
 /// `buf` (buffer contract of `vmmw_device_describe`).
 ///
-/// Bad input: `VMMW_NULL_ARGUMENT` (`share`); `VMMW_INVALID_ARGUMENT` (`index`
-/// not below the count); the buffer contract: `VMMW_BUFFER_TOO_SMALL` with
-/// `*needed` set when `cap` is short (nothing written to `buf`),
-/// `VMMW_NULL_ARGUMENT` with nothing written when `buf` is NULL and `cap` > 0.
+/// Errors (the last two are the buffer contract):
+/// - `VMMW_NULL_ARGUMENT`: `share` is NULL.
+/// - `VMMW_INVALID_ARGUMENT`: `index` is not below the count.
+/// - `VMMW_BUFFER_TOO_SMALL`: `cap` is short; `*needed` is set, nothing is
+///   written to `buf`.
+/// - `VMMW_NULL_ARGUMENT`: `buf` is NULL and `cap` > 0; nothing is written.
 ///
 /// # Safety
 /// `share` is a live handle; `buf` is NULL or writable for `cap` bytes;
@@ -351,11 +360,12 @@ fn destination(t: &ImportedTensor) -> Result<vmmw_destination_t> {
     Ok(out)
 }
 
-/// The tensor called `name`, at this process's address. `VMMW_SHARE_REVOKED`
-/// once the owner revoked the share; `VMMW_INVALID_ARGUMENT` for an unknown name.
+/// The tensor called `name`, at this process's address.
 ///
-/// Bad input: `VMMW_NULL_ARGUMENT` (`share`, `name`, `out`);
-/// `VMMW_INVALID_ARGUMENT` (unknown name); `VMMW_SHARE_REVOKED`.
+/// Errors:
+/// - `VMMW_NULL_ARGUMENT`: `share`, `name` or `out` is NULL.
+/// - `VMMW_INVALID_ARGUMENT`: unknown name.
+/// - `VMMW_SHARE_REVOKED`: the owner revoked the share.
 ///
 /// # Safety
 /// `share` is a live handle; `name` is a NUL-terminated string; `out` is
@@ -377,9 +387,11 @@ pub unsafe extern "C" fn vmmw_share_tensor(
 }
 
 /// The weights version: the manifest's, or a newer one the owner published
-/// since. `VMMW_SHARE_REVOKED` once the owner revoked the share.
+/// since.
 ///
-/// Bad input: `VMMW_NULL_ARGUMENT` (`share`, `out`); `VMMW_SHARE_REVOKED`.
+/// Errors:
+/// - `VMMW_NULL_ARGUMENT`: `share` or `out` is NULL.
+/// - `VMMW_SHARE_REVOKED`: the owner revoked the share.
 ///
 /// # Safety
 /// `share` is a live handle; `out` is writable; `error` is NULL or writable.
@@ -398,7 +410,8 @@ pub unsafe extern "C" fn vmmw_share_version(
 /// `*out` = 1 while the owner still serves, 0 once it stopped or exited. The
 /// memory stays mapped and valid either way.
 ///
-/// Bad input: `VMMW_NULL_ARGUMENT` (`share`, `out`).
+/// Errors:
+/// - `VMMW_NULL_ARGUMENT`: `share` or `out` is NULL.
 ///
 /// # Safety
 /// `share` is a live handle; `out` is writable; `error` is NULL or writable.
@@ -416,11 +429,11 @@ pub unsafe extern "C" fn vmmw_share_owner_connected(
 
 /// Copy `len` bytes of the share at this process's address `src` (inside the
 /// share's mapped range) into host memory `dst`, and wait for the copy.
-/// `VMMW_SHARE_REVOKED` once the owner revoked the share.
 ///
-/// Bad input: `VMMW_NULL_ARGUMENT` (`share`; `dst` with `len` > 0);
-/// `VMMW_INVALID_ARGUMENT` (range outside the share's mapping);
-/// `VMMW_SHARE_REVOKED`. Nothing copied.
+/// Errors (on any of them nothing is copied):
+/// - `VMMW_NULL_ARGUMENT`: `share` is NULL, or `dst` is NULL with `len` > 0.
+/// - `VMMW_INVALID_ARGUMENT`: the range is outside the share's mapping.
+/// - `VMMW_SHARE_REVOKED`: the owner revoked the share.
 ///
 /// # Safety
 /// `share` is a live handle; `dst` is writable for `len` bytes (NULL when
@@ -446,7 +459,8 @@ pub unsafe extern "C" fn vmmw_share_read(
 /// unmap fails; the error is reported). Every pointer from this share becomes
 /// invalid. The caller must have finished all device work that reads it.
 ///
-/// Bad input: `VMMW_NULL_ARGUMENT` (`share`).
+/// Errors:
+/// - `VMMW_NULL_ARGUMENT`: `share` is NULL.
 ///
 /// # Safety
 /// `share` is a live handle, not used afterwards; `error` is NULL or writable.
@@ -467,7 +481,7 @@ pub unsafe extern "C" fn vmmw_share_detach(
 
 /// Detach ignoring errors and free the handle. NULL is a no-op.
 ///
-/// Bad input: NULL is ignored. A handle already freed cannot be detected
+/// Errors: none. NULL is ignored. A handle already freed cannot be detected
 /// (undefined behaviour).
 ///
 /// # Safety

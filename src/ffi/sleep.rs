@@ -116,9 +116,7 @@ fn record(p: &vmmw_pool_t, cycles: Vec<TagCycle>) {
 /// The caller must make sure no queued GPU work still uses the memory (the
 /// library synchronizes the device before unmapping, but cannot see work
 /// queued later; when that synchronize fails nothing is unmapped and the error
-/// is returned). Every entry is checked before anything moves
-/// (`VMMW_INVALID_ARGUMENT`; `VMMW_UNKNOWN_TAG` also for a tag that never held
-/// memory in this pool, such as a misspelling). Tags are processed in order;
+/// is returned). Every entry is checked before anything moves. Tags are processed in order;
 /// on a failure the earlier tags are asleep and the error names the failing one.
 /// A sleep that fails midway leaves the failing tag partly asleep (the report
 /// counts what is still mapped as tracked); calling again finishes it.
@@ -132,13 +130,19 @@ fn record(p: &vmmw_pool_t, cycles: Vec<TagCycle>) {
 /// when the call ends); a second sleep or wake of it waits for the first.
 /// Thread-safe.
 ///
-/// Bad input: `VMMW_NULL_ARGUMENT` (`pool`; `items` with `n` > 0);
-/// `VMMW_INVALID_ARGUMENT` (unknown policy) and `VMMW_UNKNOWN_TAG`, both
-/// checked before anything moves; `VMMW_INVALID_STATE` (Reload for a tag with
-/// no load behind it); `VMMW_HOST_OUT_OF_MEMORY` (a backup over the limit or
-/// over the host's available memory; that tag stays awake). Backups cover whole
-/// committed segments, not only live blocks: a tag holding one small block in
-/// its own segment backs up the granularity.
+/// Backups cover whole committed segments, not only live blocks: a tag
+/// holding one small block in its own segment backs up the granularity.
+///
+/// Errors:
+/// - `VMMW_NULL_ARGUMENT`: `pool` is NULL, or `items` is NULL with `n` > 0.
+/// - `VMMW_INVALID_ARGUMENT`: an unknown policy; checked before anything moves.
+/// - `VMMW_UNKNOWN_TAG`: a tag that never held memory in this pool (such as a
+///   misspelling); checked before anything moves.
+/// - `VMMW_INVALID_STATE`: Reload for a tag with no load behind it.
+/// - `VMMW_LOAD_IN_PROGRESS`: a `vmmw_loader_load` is writing into a listed
+///   tag; nothing changes.
+/// - `VMMW_HOST_OUT_OF_MEMORY`: a backup over the limit or over the host's
+///   available memory; that tag stays awake.
 ///
 /// # Safety
 /// `pool` is a live handle; `items` is readable for `n` entries (NULL when `n`
@@ -168,17 +172,19 @@ pub unsafe extern "C" fn vmmw_pool_sleep(
 /// Wake the `n` listed tags (every sleeping tag when `n` is 0), at the same
 /// addresses. Offloaded contents come back byte for byte, reloadable ones are
 /// re-read from their checkpoint, discarded ones are undefined. The bytes
-/// needed are checked against free device memory first (`VMMW_OUT_OF_MEMORY`,
-/// nothing changes); each tag's wake is transactional (on failure it stays
-/// asleep with its backup intact, and a later wake can succeed). A Reload tag
-/// whose checkpoint changed since its load fails with `VMMW_CHECKPOINT_INVALID`
-/// before any byte is touched (see `VMMW_POLICY_RELOAD`). `VMMW_UNKNOWN_TAG`
-/// (nothing changes) for a tag that never held memory in this pool.
-/// Concurrency as in `vmmw_pool_sleep`. Thread-safe.
+/// needed are checked against free device memory first; each tag's wake is
+/// transactional (on failure it stays asleep with its backup intact, and a
+/// later wake can succeed). Waking an awake tag does nothing. Concurrency as
+/// in `vmmw_pool_sleep`. Thread-safe.
 ///
-/// Bad input: `VMMW_NULL_ARGUMENT` (`pool`; `tags` with `n` > 0);
-/// `VMMW_UNKNOWN_TAG`; `VMMW_OUT_OF_MEMORY` (nothing changes). Waking an awake
-/// tag does nothing.
+/// Errors:
+/// - `VMMW_NULL_ARGUMENT`: `pool` is NULL, or `tags` is NULL with `n` > 0.
+/// - `VMMW_UNKNOWN_TAG`: a tag that never held memory in this pool; nothing
+///   changes.
+/// - `VMMW_OUT_OF_MEMORY`: the bytes needed exceed free device memory;
+///   nothing changes.
+/// - `VMMW_CHECKPOINT_INVALID`: a Reload tag's checkpoint changed since its
+///   load (see `VMMW_POLICY_RELOAD`); found before any byte is touched.
 ///
 /// # Safety
 /// `pool` is a live handle; `tags` is readable for `n` entries (NULL when `n`
@@ -210,7 +216,9 @@ pub unsafe extern "C" fn vmmw_pool_wake(
 /// checkpoint changed, then load the new file into it. Later Reload sleeps of
 /// the tag need a new load first. Thread-safe.
 ///
-/// Bad input: `VMMW_NULL_ARGUMENT` (`pool`); `VMMW_UNKNOWN_TAG`.
+/// Errors:
+/// - `VMMW_NULL_ARGUMENT`: `pool` is NULL.
+/// - `VMMW_UNKNOWN_TAG`: `tag` is not registered.
 ///
 /// # Safety
 /// `pool` is a live handle; `error` is NULL or writable.
@@ -230,12 +238,13 @@ pub unsafe extern "C" fn vmmw_pool_forget_reload(
 
 /// Pin `bytes` of host backup memory ahead of time, so even the first offload
 /// sleep runs at the link's rate (pinning at sleep time is slow).
-/// `VMMW_HOST_OUT_OF_MEMORY` beyond the sleep options' host-memory limit.
 ///
-/// Bad input: `VMMW_NULL_ARGUMENT` (`pool`); `VMMW_HOST_OUT_OF_MEMORY` (over
-/// the host-memory limit or the host's available memory, checked before
-/// pinning: any size up to `UINT64_MAX` is refused at once; a failure midway
-/// unpins what this call pinned).
+/// Errors:
+/// - `VMMW_NULL_ARGUMENT`: `pool` is NULL.
+/// - `VMMW_HOST_OUT_OF_MEMORY`: beyond the sleep options' host-memory limit
+///   or the host's available memory, checked before pinning (any size up to
+///   `UINT64_MAX` is refused at once); a failure midway unpins what this call
+///   pinned.
 ///
 /// # Safety
 /// `pool` is a live handle; `error` is NULL or writable.
@@ -254,7 +263,8 @@ pub unsafe extern "C" fn vmmw_pool_reserve_backup(
 /// Unpin backup memory that holds no sleeping tag's contents; `*released`
 /// receives the bytes unpinned.
 ///
-/// Bad input: `VMMW_NULL_ARGUMENT` (`pool`, `released`).
+/// Errors:
+/// - `VMMW_NULL_ARGUMENT`: `pool` or `released` is NULL.
 ///
 /// # Safety
 /// `pool` is a live handle; `released` is writable; `error` is NULL or writable.
@@ -274,8 +284,10 @@ pub unsafe extern "C" fn vmmw_pool_release_backup(
 /// host-memory limit applies to future pinning. `options->size` must be set
 /// (`VMMW_SLEEP_OPTIONS_INIT`); see `vmmw_sleep_options_t`.
 ///
-/// Bad input: `VMMW_NULL_ARGUMENT` (`pool`); `VMMW_INVALID_ARGUMENT` (`streams`
-/// over 64, a size over 2^56; the previous options stay).
+/// Errors:
+/// - `VMMW_NULL_ARGUMENT`: `pool` is NULL.
+/// - `VMMW_INVALID_ARGUMENT`: `streams` over 64, or a size over 2^56; the
+///   previous options stay.
 ///
 /// # Safety
 /// `pool` is a live handle; `options` is NULL or readable for
@@ -331,10 +343,11 @@ pub unsafe extern "C" fn vmmw_pool_set_sleep_options(
 /// handle did, per tag (segments, bytes released or mapped, bytes copied,
 /// seconds), as JSON into `buf` (buffer contract of `vmmw_device_describe`).
 ///
-/// Bad input: `VMMW_NULL_ARGUMENT` (`pool`); the buffer contract:
-/// `VMMW_BUFFER_TOO_SMALL` with `*needed` set when `cap` is short (nothing
-/// written to `buf`), `VMMW_NULL_ARGUMENT` with nothing written when `buf` is
-/// NULL and `cap` > 0.
+/// Errors (the last two are the buffer contract):
+/// - `VMMW_NULL_ARGUMENT`: `pool` is NULL.
+/// - `VMMW_BUFFER_TOO_SMALL`: `cap` is short; `*needed` is set, nothing is
+///   written to `buf`.
+/// - `VMMW_NULL_ARGUMENT`: `buf` is NULL and `cap` > 0; nothing is written.
 ///
 /// # Safety
 /// `pool` is a live handle; `buf` is NULL or writable for `cap` bytes;

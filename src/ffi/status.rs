@@ -68,7 +68,7 @@ pub const VMMW_SHARE_REVOKED: vmmw_status_t = 19;
 ///
 /// Never NULL; the string is static (never free it). Thread-safe.
 ///
-/// Bad input: a number this library does not define gives
+/// Errors: none. A number this library does not define gives
 /// "VMMW_UNKNOWN_STATUS".
 #[no_mangle]
 pub extern "C" fn vmmw_status_name(status: vmmw_status_t) -> *const c_char {

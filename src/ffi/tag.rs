@@ -16,11 +16,12 @@ pub const VMMW_TAG_DEFAULT: u32 = 0;
 
 /// The id of tag `name`, registering it on first use; the same name always
 /// gives the same id for the life of the process. Names are 1 to 64 bytes of
-/// UTF-8 without control characters (`VMMW_INVALID_ARGUMENT` otherwise).
-/// Thread-safe.
+/// UTF-8 without control characters. Thread-safe.
 ///
-/// Bad input: `VMMW_NULL_ARGUMENT` (`name`, `out`); `VMMW_INVALID_ARGUMENT`
-/// (empty, over 64 bytes, not UTF-8, control characters).
+/// Errors:
+/// - `VMMW_NULL_ARGUMENT`: `name` or `out` is NULL.
+/// - `VMMW_INVALID_ARGUMENT`: `name` is empty, over 64 bytes, not UTF-8, or
+///   holds control characters.
 ///
 /// # Safety
 /// `name` is NULL or a NUL-terminated string; `out` is writable; `error` is NULL or writable.
@@ -38,11 +39,13 @@ pub unsafe extern "C" fn vmmw_tag_id(
 }
 
 /// The name of a registered tag, into `buf` (the buffer contract of
-/// `vmmw_device_describe`). `VMMW_UNKNOWN_TAG` for an id never handed out.
+/// `vmmw_device_describe`).
 ///
-/// Bad input: `VMMW_UNKNOWN_TAG`; the buffer contract: `VMMW_BUFFER_TOO_SMALL`
-/// with `*needed` set when `cap` is short (nothing written to `buf`),
-/// `VMMW_NULL_ARGUMENT` with nothing written when `buf` is NULL and `cap` > 0.
+/// Errors (the last two are the buffer contract):
+/// - `VMMW_UNKNOWN_TAG`: an id never handed out.
+/// - `VMMW_BUFFER_TOO_SMALL`: `cap` is short; `*needed` is set, nothing is
+///   written to `buf`.
+/// - `VMMW_NULL_ARGUMENT`: `buf` is NULL and `cap` > 0; nothing is written.
 ///
 /// # Safety
 /// `buf` is NULL or writable for `cap` bytes; `needed` and `error` are NULL or writable.
@@ -66,11 +69,11 @@ pub unsafe extern "C" fn vmmw_tag_name(
 }
 
 /// Open a tag scope on the calling OS thread: allocations made by this thread
-/// get `tag` until the matching `vmmw_tag_pop`. Scopes nest. `VMMW_UNKNOWN_TAG`
-/// for an id not from `vmmw_tag_id`. (Go callers must lock the goroutine to its
-/// thread for the scope; the Go binding does.)
+/// get `tag` until the matching `vmmw_tag_pop`. Scopes nest. (Go callers must
+/// lock the goroutine to its thread for the scope; the Go binding does.)
 ///
-/// Bad input: `VMMW_UNKNOWN_TAG`.
+/// Errors:
+/// - `VMMW_UNKNOWN_TAG`: an id not from `vmmw_tag_id`.
 ///
 /// # Safety
 /// `error` is NULL or writable.
@@ -80,9 +83,9 @@ pub unsafe extern "C" fn vmmw_tag_push(tag: u32, error: *mut *mut vmmw_error_t) 
 }
 
 /// Close the innermost tag scope of the calling OS thread.
-/// `VMMW_INVALID_STATE` (nothing changes) when no scope is open.
 ///
-/// Bad input: `VMMW_INVALID_STATE` (no scope open; nothing changes).
+/// Errors:
+/// - `VMMW_INVALID_STATE`: no scope is open; nothing changes.
 ///
 /// # Safety
 /// `error` is NULL or writable.
@@ -94,7 +97,8 @@ pub unsafe extern "C" fn vmmw_tag_pop(error: *mut *mut vmmw_error_t) -> vmmw_sta
 /// The tag allocations on the calling thread get now: the innermost scope,
 /// else the process default.
 ///
-/// Bad input: `VMMW_NULL_ARGUMENT` (`out`).
+/// Errors:
+/// - `VMMW_NULL_ARGUMENT`: `out` is NULL.
 ///
 /// # Safety
 /// `out` is writable; `error` is NULL or writable.
@@ -108,7 +112,8 @@ pub unsafe extern "C" fn vmmw_tag_current(
 
 /// Set the tag used by threads with no open scope (initially `VMMW_TAG_DEFAULT`).
 ///
-/// Bad input: `VMMW_UNKNOWN_TAG`.
+/// Errors:
+/// - `VMMW_UNKNOWN_TAG`: an id not from `vmmw_tag_id`.
 ///
 /// # Safety
 /// `error` is NULL or writable.

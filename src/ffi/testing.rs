@@ -57,10 +57,10 @@ fn host(d: &vmmw_device_t) -> Result<&HostDriver> {
 }
 
 /// Testing hook: set the host backend's simulated device memory to `bytes`.
-/// `VMMW_UNSUPPORTED` on the CUDA backend.
 ///
-/// Bad input: `VMMW_NULL_ARGUMENT` (`device`); `VMMW_UNSUPPORTED` (CUDA
-/// backend).
+/// Errors:
+/// - `VMMW_NULL_ARGUMENT`: `device` is NULL.
+/// - `VMMW_UNSUPPORTED`: the CUDA backend.
 ///
 /// # Safety
 /// `device` is a live handle; `error` is NULL or writable.
@@ -79,10 +79,12 @@ pub unsafe extern "C" fn vmmw_host_set_memory_limit(
 }
 
 /// Testing hook: make the `n`-th next call of primitive `op` (a `VMMW_FAULT_*`
-/// value) fail on the host backend; `n` = 0 clears it. `VMMW_UNSUPPORTED` on CUDA.
+/// value) fail on the host backend; `n` = 0 clears it.
 ///
-/// Bad input: `VMMW_NULL_ARGUMENT` (`device`); `VMMW_INVALID_ARGUMENT` (unknown
-/// `op`); `VMMW_UNSUPPORTED` (CUDA backend).
+/// Errors:
+/// - `VMMW_NULL_ARGUMENT`: `device` is NULL.
+/// - `VMMW_INVALID_ARGUMENT`: unknown `op`.
+/// - `VMMW_UNSUPPORTED`: the CUDA backend.
 ///
 /// # Safety
 /// `device` is a live handle; `error` is NULL or writable.
@@ -113,10 +115,10 @@ pub unsafe extern "C" fn vmmw_host_fail_nth(
 }
 
 /// Testing hook: the host backend's live objects, for leak checks.
-/// `VMMW_UNSUPPORTED` on CUDA.
 ///
-/// Bad input: `VMMW_NULL_ARGUMENT` (`device`, `out`); `VMMW_UNSUPPORTED` (CUDA
-/// backend).
+/// Errors:
+/// - `VMMW_NULL_ARGUMENT`: `device` or `out` is NULL.
+/// - `VMMW_UNSUPPORTED`: the CUDA backend.
 ///
 /// # Safety
 /// `device` is a live handle; `out` is writable; `error` is NULL or writable.

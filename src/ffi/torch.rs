@@ -21,8 +21,8 @@ fn no_unwind<T>(body: impl FnOnce() -> Result<T>) -> Result<T> {
 /// calling thread's current tag. Returns NULL when out of memory or on any
 /// other failure (reported on stderr). Never unwinds.
 ///
-/// Bad input: returns NULL (size <= 0, negative device, out of memory, any
-/// failure); never a status.
+/// Errors: never a status. Returns NULL when `size` <= 0, `device` is
+/// negative, out of memory, or on any other failure.
 ///
 /// # Safety
 /// Safe to call with any arguments; `stream` is not dereferenced.
@@ -49,8 +49,8 @@ pub unsafe extern "C" fn vmmw_torch_malloc(
 /// finished all queued work. An unknown pointer is reported on stderr and
 /// counted, never a crash. Never unwinds.
 ///
-/// Bad input: ignored and reported on stderr (NULL, unknown or already freed
-/// pointer).
+/// Errors: never a status. A NULL, unknown or already freed pointer is
+/// ignored and reported on stderr.
 ///
 /// # Safety
 /// Safe to call with any arguments; `ptr` is only looked up, never
