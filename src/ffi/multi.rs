@@ -137,6 +137,7 @@ pub unsafe extern "C" fn vmmw_pool_peer_access_count(
     call_out(out, "out", error, || {
         // SAFETY: forwarded contract.
         let p = unsafe { arg(pool, "pool") }?;
+        crate::tag::check(TagId(tag))?;
         Ok(p.pool.peer_access(TagId(tag)).len())
     })
 }
@@ -162,6 +163,7 @@ pub unsafe extern "C" fn vmmw_pool_peer_access_at(
     call_out(out, "out", error, || {
         // SAFETY: forwarded contract.
         let p = unsafe { arg(pool, "pool") }?;
+        crate::tag::check(TagId(tag))?;
         let list = p.pool.peer_access(TagId(tag));
         let e = list.get(index).ok_or_else(|| {
             Error::InvalidArgument(format!(

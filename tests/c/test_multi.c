@@ -214,6 +214,8 @@ int main(void) {
   CHECK_OK(vmmw_pool_peer_access_at(pools[0], tag, 0, &got, &err));
   CHECK(got.device == 1 && got.access == VMMW_ACCESS_READ);
   CHECK_STATUS(VMMW_INVALID_ARGUMENT, vmmw_pool_peer_access_at(pools[0], tag, 1, &got, NULL));
+  CHECK_STATUS(VMMW_UNKNOWN_TAG, vmmw_pool_peer_access_count(pools[0], 0x7fffffffu, &n, NULL));
+  CHECK_STATUS(VMMW_UNKNOWN_TAG, vmmw_pool_peer_access_at(pools[0], 0x7fffffffu, 0, &got, NULL));
   vmmw_peer_access_t rw = {0, VMMW_ACCESS_READWRITE};
   CHECK_OK(vmmw_pool_set_peer_access(pools[1], tag, &rw, 1, &err));
   CHECK_OK(vmmw_pool_peer_access_at(pools[1], tag, 0, &got, &err));
