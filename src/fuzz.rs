@@ -498,6 +498,15 @@ pub fn fuzz_share_server(data: &[u8]) {
     use std::time::{Duration, Instant};
 
     let server = fuzz_server();
+    // Each connection's handshake runs on a thread of its own, which may
+    // still be exiting when the answer is in; the input ends once it is gone
+    // (else the sanitizer counts the thread's exit bookkeeping as a leak).
+    let threads = || {
+        std::fs::read_dir("/proc/self/task")
+            .map(|d| d.count())
+            .unwrap_or(0)
+    };
+    let before = threads();
     let s = UnixStream::connect(server.path()).expect("connecting to the fuzz share");
     let _ = wire::send_all(&s, data, None);
     let _ = s.shutdown(std::net::Shutdown::Write);
@@ -530,6 +539,13 @@ pub fn fuzz_share_server(data: &[u8]) {
         assert!(
             Instant::now() < until,
             "the owner still counts a closed connection"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    while threads() > before {
+        assert!(
+            Instant::now() < until,
+            "a handshake thread outlived its connection"
         );
         std::thread::sleep(Duration::from_millis(1));
     }
