@@ -34,6 +34,7 @@ LAYERS = [
     ["pool"],
     ["loader"],
     ["share", "devices"],
+    ["update"],
     ["ffi", "fuzz"],
 ]
 RANK = {m: i for i, layer in enumerate(LAYERS) for m in layer}

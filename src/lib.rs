@@ -40,6 +40,7 @@ pub mod share;
 pub mod sleep;
 pub mod tag;
 pub mod units;
+pub mod update;
 
 pub use driver::{BackendChoice, BackendKind, DevicePtr, Driver};
 pub use error::{Error, Result, Status};

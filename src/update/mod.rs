@@ -1,0 +1,3 @@
+//! Updates: new weights into live destinations.
+
+pub mod transport;

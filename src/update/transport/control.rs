@@ -1,0 +1,151 @@
+//! The control channel of the IPC transport: length-prefixed JSON messages on
+//! a Unix socket, one per bucket each way. The bytes themselves travel in the
+//! shared ring; this channel says which slot holds which bucket and when a
+//! slot may be written again. A closed socket is how a dead peer shows.
+
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use super::bucket::{AnnouncedTensor, BucketManifest};
+use crate::error::{Error, Result};
+
+/// Longest message accepted (a header for a million tensors fits).
+pub const MAX_MESSAGE_BYTES: u32 = 256 << 20;
+
+/// What the sender says.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum FromSender {
+    /// First message: where the ring is served and its shape.
+    Ring {
+        /// Socket path of the share that serves the ring's slots.
+        share: String,
+        /// Slots in the ring.
+        slots: u32,
+        /// Bytes of each slot.
+        slot_bytes: u64,
+    },
+    /// An update begins: its tensors, in the order its buckets carry them.
+    Begin {
+        /// The announced tensors.
+        tensors: Vec<AnnouncedTensor>,
+        /// Buckets that will follow.
+        buckets: u64,
+    },
+    /// Bucket `manifest.seq` is in slot `slot`, written and visible.
+    Bucket {
+        /// Ring slot holding it.
+        slot: u32,
+        /// Its pieces.
+        manifest: BucketManifest,
+    },
+    /// Every bucket of the update was sent.
+    End,
+    /// The sender gives up this update; the receiver keeps its last version.
+    Abort {
+        /// Why.
+        reason: String,
+    },
+}
+
+/// What the receiver says.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum FromReceiver {
+    /// The ring is mapped; send.
+    Attached,
+    /// Bucket `seq` was applied: its slot may be written again.
+    Applied {
+        /// The bucket.
+        seq: u64,
+    },
+    /// The update was committed at `version`.
+    Committed {
+        /// The destinations' version after it.
+        version: u64,
+    },
+    /// The receiver refused or failed the update; nothing of it was committed.
+    Failed {
+        /// Why, as the receiver's error says it.
+        reason: String,
+    },
+}
+
+/// One end of the control channel.
+#[derive(Debug)]
+pub struct Channel {
+    sock: UnixStream,
+    peer: String,
+}
+
+impl Channel {
+    /// Wrap a connected socket; `peer` names the other side in errors.
+    pub fn new(sock: UnixStream, peer: impl Into<String>, timeout: Duration) -> Result<Channel> {
+        let peer = peer.into();
+        let io = |e| Error::io(Path::new(&peer), e);
+        sock.set_read_timeout(Some(timeout)).map_err(io)?;
+        sock.set_write_timeout(Some(timeout)).map_err(io)?;
+        Ok(Channel { sock, peer })
+    }
+
+    /// Send one message.
+    pub fn send<T: Serialize>(&mut self, msg: &T) -> Result<()> {
+        let body = serde_json::to_vec(msg)
+            .map_err(|e| Error::InvalidState(format!("encoding a control message: {e}")))?;
+        let len = u32::try_from(body.len())
+            .ok()
+            .filter(|&l| l <= MAX_MESSAGE_BYTES)
+            .ok_or_else(|| {
+                Error::InvalidArgument(format!(
+                    "control message of {} bytes, more than {MAX_MESSAGE_BYTES}",
+                    body.len()
+                ))
+            })?;
+        let mut frame = Vec::with_capacity(4 + body.len());
+        frame.extend_from_slice(&len.to_le_bytes());
+        frame.extend_from_slice(&body);
+        self.sock
+            .write_all(&frame)
+            .map_err(|e| self.gone(format!("sending: {e}")))
+    }
+
+    /// Receive one message; a closed socket or a timeout is an error naming the peer.
+    pub fn recv<T: for<'de> Deserialize<'de>>(&mut self) -> Result<T> {
+        let mut len = [0u8; 4];
+        self.sock
+            .read_exact(&mut len)
+            .map_err(|e| self.gone(format!("waiting for its next message: {}", describe(&e))))?;
+        let len = u32::from_le_bytes(len);
+        if len > MAX_MESSAGE_BYTES {
+            return Err(Error::InvalidArgument(format!(
+                "{}: control message of {len} bytes announced, more than {MAX_MESSAGE_BYTES}",
+                self.peer
+            )));
+        }
+        let mut body = vec![0u8; len as usize];
+        self.sock
+            .read_exact(&mut body)
+            .map_err(|e| self.gone(format!("reading a message: {}", describe(&e))))?;
+        serde_json::from_slice(&body).map_err(|e| {
+            Error::InvalidArgument(format!("{}: malformed control message: {e}", self.peer))
+        })
+    }
+
+    fn gone(&self, what: String) -> Error {
+        Error::InvalidState(format!("{}: {what}", self.peer))
+    }
+}
+
+fn describe(e: &std::io::Error) -> String {
+    match e.kind() {
+        std::io::ErrorKind::UnexpectedEof => {
+            "the connection closed (the peer exited or died)".into()
+        }
+        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => {
+            "timed out (the peer is stuck or gone)".into()
+        }
+        _ => e.to_string(),
+    }
+}

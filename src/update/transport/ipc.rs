@@ -1,0 +1,666 @@
+//! The IPC transport: another process on the same host sends an update
+//! through a ring of device buffers it exports once.
+//!
+//! The sender ([`IpcSender`]) allocates `slots` buffers of `slot_bytes` in
+//! its pool under a tag of its own and serves them as a share
+//! ([`crate::share::Server`]) next to its control socket. A receiver
+//! ([`IpcReceiver`]) connects to the control socket, attaches the ring (one
+//! share handshake: every slot's descriptors at once) and then reads one
+//! control message per bucket. Bucket k goes in slot k mod `slots`; the
+//! sender writes a slot again only after the receiver said it applied the
+//! bucket that was there, so with two slots the receiver applies bucket k
+//! while bucket k+1 lands.
+//!
+//! The receiver trusts nothing the sender says: the share's manifest is
+//! validated by the share client, every bucket manifest by
+//! [`super::bucket::Coverage`] (in order, inside its slot, only announced
+//! tensors), and a slot other than the bucket's place in the ring is refused.
+//! A sender that dies mid-update closes its control socket; the receiver's
+//! next read fails, naming the bucket it waited for, and the sink aborts.
+
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::bucket::{plan_buckets, AnnouncedTensor, BucketManifest};
+use super::control::{Channel, FromReceiver, FromSender};
+use super::receive::BucketSource;
+use super::{DEFAULT_BUCKET_BYTES, DEFAULT_SLOTS};
+use crate::driver::{DevicePtr, Driver, StreamId};
+use crate::error::{Error, Result};
+use crate::loader::dtype::Dtype;
+use crate::loader::registry::Destination;
+use crate::pool::Pool;
+use crate::share::{AttachOptions, Attachment, ServeOptions, Server};
+use crate::tag;
+
+/// Most slots a ring may have (a bound on what a hostile sender makes a receiver map).
+pub const MAX_SLOTS: u32 = 64;
+
+/// How a sender's ring is shaped and how long it waits.
+#[derive(Debug, Clone)]
+pub struct SenderOptions {
+    /// Slots in the ring (at least 1; 2 double-buffers).
+    pub slots: usize,
+    /// Bytes of each slot: the largest bucket.
+    pub slot_bytes: usize,
+    /// Longest wait for a receiver to connect, and for each of its answers.
+    pub timeout: Duration,
+}
+
+impl Default for SenderOptions {
+    fn default() -> Self {
+        SenderOptions {
+            slots: DEFAULT_SLOTS,
+            slot_bytes: DEFAULT_BUCKET_BYTES,
+            timeout: Duration::from_secs(60),
+        }
+    }
+}
+
+/// Where the bytes of one tensor to send are, in the sender's process.
+#[derive(Debug, Clone, Copy)]
+pub enum SendData<'a> {
+    /// Host memory.
+    Host(&'a [u8]),
+    /// Device memory on the sender pool's device, `len` bytes at the address.
+    Device(DevicePtr),
+}
+
+/// One tensor to send.
+#[derive(Debug, Clone)]
+pub struct SendTensor<'a> {
+    /// Checkpoint name.
+    pub name: String,
+    /// Element type.
+    pub dtype: Dtype,
+    /// Shape of the full tensor.
+    pub shape: Vec<usize>,
+    /// Its bytes.
+    pub data: SendData<'a>,
+}
+
+impl SendTensor<'_> {
+    fn bytes(&self) -> Result<u64> {
+        let b = crate::loader::registry::byte_size(&self.shape, self.dtype).ok_or_else(|| {
+            Error::InvalidArgument(format!(
+                "tensor `{}`: shape {:?} overflows",
+                self.name.escape_debug(),
+                self.shape
+            ))
+        })?;
+        if let SendData::Host(h) = self.data {
+            if h.len() != b {
+                return Err(Error::InvalidArgument(format!(
+                    "tensor `{}`: {} bytes given, shape {:?} of {} is {b}",
+                    self.name.escape_debug(),
+                    h.len(),
+                    self.shape,
+                    self.dtype.name()
+                )));
+            }
+        }
+        Ok(b as u64)
+    }
+}
+
+/// What one send did.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SendReport {
+    /// The receiver's version after the update.
+    pub version: u64,
+    /// Buckets sent.
+    pub buckets: u64,
+    /// Bytes sent.
+    pub bytes: u64,
+    /// From accepting the receiver to its `Attached` (the one ring handshake).
+    pub setup: Duration,
+    /// The whole send, setup included.
+    pub total: Duration,
+}
+
+/// The sending side: a ring exported once, a control socket receivers connect to.
+#[derive(Debug)]
+pub struct IpcSender {
+    pool: Arc<Pool>,
+    slots: Vec<Destination>,
+    server: Server,
+    listener: UnixListener,
+    path: PathBuf,
+    options: SenderOptions,
+    stream: StreamId,
+}
+
+fn ring_path(path: &Path) -> PathBuf {
+    let mut p = path.as_os_str().to_owned();
+    p.push(".ring");
+    PathBuf::from(p)
+}
+
+fn slot_name(i: usize) -> String {
+    format!("slot.{i}")
+}
+
+impl IpcSender {
+    /// Allocate the ring in `pool`, serve it, and listen for receivers at
+    /// `path` (which must not exist; the ring's share is `path` + `.ring`).
+    pub fn bind(pool: Arc<Pool>, path: impl AsRef<Path>, options: SenderOptions) -> Result<Self> {
+        let path = path.as_ref().to_path_buf();
+        if options.slots == 0 || options.slots > MAX_SLOTS as usize {
+            return Err(Error::InvalidArgument(format!(
+                "update sender {}: {} slots asked, 1 to {MAX_SLOTS} accepted",
+                path.display(),
+                options.slots
+            )));
+        }
+        if options.slot_bytes == 0 {
+            return Err(Error::InvalidArgument(format!(
+                "update sender {}: slot size must be at least 1 byte",
+                path.display()
+            )));
+        }
+        static RINGS: AtomicU64 = AtomicU64::new(0);
+        let tag = tag::id(&format!(
+            "vmmw.update.ring.{}.{}",
+            std::process::id(),
+            RINGS.fetch_add(1, Ordering::Relaxed)
+        ))?;
+        let mut slots = Vec::with_capacity(options.slots);
+        let free_all = |slots: &[Destination]| {
+            for s in slots {
+                let _ = pool.free(s.ptr);
+            }
+        };
+        for i in 0..options.slots {
+            match pool.alloc_tagged(options.slot_bytes, tag) {
+                Ok(b) => slots.push(Destination {
+                    name: slot_name(i),
+                    ptr: b.ptr,
+                    dtype: Dtype::U8,
+                    shape: vec![options.slot_bytes],
+                }),
+                Err(e) => {
+                    free_all(&slots);
+                    return Err(e);
+                }
+            }
+        }
+        let started = (|| {
+            let stream = pool.driver().stream_create()?;
+            let server = match Server::start(
+                pool.clone(),
+                tag,
+                slots.clone(),
+                ring_path(&path),
+                ServeOptions::default(),
+            ) {
+                Ok(s) => s,
+                Err(e) => {
+                    let _ = pool.driver().stream_destroy(stream);
+                    return Err(e);
+                }
+            };
+            let listener = match UnixListener::bind(&path) {
+                Ok(l) => l,
+                Err(e) => {
+                    let _ = pool.driver().stream_destroy(stream);
+                    return Err(Error::io(&path, e));
+                }
+            };
+            Ok((stream, server, listener))
+        })();
+        let (stream, server, listener) = match started {
+            Ok(s) => s,
+            Err(e) => {
+                free_all(&slots);
+                return Err(e);
+            }
+        };
+        Ok(IpcSender {
+            pool,
+            slots,
+            server,
+            listener,
+            path,
+            options,
+            stream,
+        })
+    }
+
+    /// The control socket's path, which receivers connect to.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Wait for one receiver and send it `tensors`: [`IpcSender::send_to`] with one.
+    pub fn send(&mut self, tensors: &[SendTensor<'_>]) -> Result<SendReport> {
+        self.send_to(tensors, 1)
+    }
+
+    /// Wait for `receivers` receivers (the ranks of one engine, each keeping
+    /// its slices) and send them `tensors` in buckets of the slot size; a slot
+    /// is written again once every receiver applied its bucket. Returns once
+    /// every receiver committed; on any failure each is told to abort and
+    /// keeps its last version.
+    pub fn send_to(&mut self, tensors: &[SendTensor<'_>], receivers: usize) -> Result<SendReport> {
+        let start = Instant::now();
+        if receivers == 0 {
+            return Err(Error::InvalidArgument(format!(
+                "update sender {}: at least one receiver",
+                self.path.display()
+            )));
+        }
+        // Every check before a receiver is involved.
+        let sizes = tensors
+            .iter()
+            .map(SendTensor::bytes)
+            .collect::<Result<Vec<u64>>>()?;
+        let announced: Vec<AnnouncedTensor> = tensors
+            .iter()
+            .zip(&sizes)
+            .map(|(t, &bytes)| AnnouncedTensor {
+                name: t.name.clone(),
+                dtype: t.dtype.name().to_string(),
+                shape: t.shape.iter().map(|&d| d as u64).collect(),
+                bytes,
+            })
+            .collect();
+        super::bucket::check_announced(&announced)?;
+        let buckets = plan_buckets(&sizes, self.options.slot_bytes as u64)?;
+        let mut chs = Vec::with_capacity(receivers);
+        for _ in 0..receivers {
+            chs.push(self.accept()?);
+        }
+        let setup_start = Instant::now();
+        let ring = FromSender::Ring {
+            share: ring_path(&self.path).to_string_lossy().into_owned(),
+            slots: self.slots.len() as u32,
+            slot_bytes: self.options.slot_bytes as u64,
+        };
+        let result = (|| {
+            for ch in chs.iter_mut() {
+                ch.send(&ring)?;
+            }
+            for ch in chs.iter_mut() {
+                match ch.recv::<FromReceiver>()? {
+                    FromReceiver::Attached => {}
+                    FromReceiver::Failed { reason } => return Err(refused(&self.path, reason)),
+                    other => return Err(unexpected(&self.path, &other)),
+                }
+            }
+            let setup = setup_start.elapsed();
+            self.stream_buckets(&mut chs, tensors, announced, &buckets)
+                .map(|v| (v, setup))
+        })();
+        let (version, setup) = match result {
+            Ok(v) => v,
+            Err(e) => {
+                let abort = FromSender::Abort {
+                    reason: e.to_string(),
+                };
+                for ch in chs.iter_mut() {
+                    let _ = ch.send(&abort);
+                }
+                return Err(e);
+            }
+        };
+        Ok(SendReport {
+            version,
+            buckets: buckets.len() as u64,
+            bytes: sizes.iter().sum(),
+            setup,
+            total: start.elapsed(),
+        })
+    }
+
+    fn accept(&self) -> Result<Channel> {
+        let deadline = Instant::now() + self.options.timeout;
+        self.listener
+            .set_nonblocking(true)
+            .map_err(|e| Error::io(&self.path, e))?;
+        loop {
+            match self.listener.accept() {
+                Ok((sock, _)) => {
+                    sock.set_nonblocking(false)
+                        .map_err(|e| Error::io(&self.path, e))?;
+                    return Channel::new(
+                        sock,
+                        format!("update receiver on {}", self.path.display()),
+                        self.options.timeout,
+                    );
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    if Instant::now() >= deadline {
+                        return Err(Error::InvalidState(format!(
+                            "update sender {}: no receiver connected within {:?}",
+                            self.path.display(),
+                            self.options.timeout
+                        )));
+                    }
+                    std::thread::sleep(Duration::from_millis(2));
+                }
+                Err(e) => return Err(Error::io(&self.path, e)),
+            }
+        }
+    }
+
+    fn stream_buckets(
+        &self,
+        chs: &mut [Channel],
+        tensors: &[SendTensor<'_>],
+        announced: Vec<AnnouncedTensor>,
+        buckets: &[BucketManifest],
+    ) -> Result<u64> {
+        let n = self.slots.len() as u64;
+        let begin = FromSender::Begin {
+            tensors: announced,
+            buckets: buckets.len() as u64,
+        };
+        for ch in chs.iter_mut() {
+            ch.send(&begin)?;
+        }
+        let mut applied = 0u64;
+        for b in buckets {
+            // The slot is free once every receiver applied the bucket written there before.
+            while applied + n <= b.seq {
+                self.expect_applied(chs, applied)?;
+                applied += 1;
+            }
+            let slot = (b.seq % n) as usize;
+            self.fill(slot, tensors, b)?;
+            let msg = FromSender::Bucket {
+                slot: slot as u32,
+                manifest: b.clone(),
+            };
+            for ch in chs.iter_mut() {
+                ch.send(&msg)?;
+            }
+        }
+        for ch in chs.iter_mut() {
+            ch.send(&FromSender::End)?;
+        }
+        while applied < buckets.len() as u64 {
+            self.expect_applied(chs, applied)?;
+            applied += 1;
+        }
+        let mut version = 0;
+        for ch in chs.iter_mut() {
+            match ch.recv::<FromReceiver>()? {
+                FromReceiver::Committed { version: v } => version = version.max(v),
+                FromReceiver::Failed { reason } => return Err(refused(&self.path, reason)),
+                other => return Err(unexpected(&self.path, &other)),
+            }
+        }
+        Ok(version)
+    }
+
+    fn expect_applied(&self, chs: &mut [Channel], seq: u64) -> Result<()> {
+        for ch in chs.iter_mut() {
+            match ch.recv::<FromReceiver>()? {
+                FromReceiver::Applied { seq: s } if s == seq => {}
+                FromReceiver::Failed { reason } => return Err(refused(&self.path, reason)),
+                other => return Err(unexpected(&self.path, &other)),
+            }
+        }
+        Ok(())
+    }
+
+    /// Copy the pieces of bucket `b` into ring slot `slot` and wait until
+    /// they are visible to the receiver.
+    fn fill(&self, slot: usize, tensors: &[SendTensor<'_>], b: &BucketManifest) -> Result<()> {
+        let driver = self.pool.driver();
+        let base = self.slots[slot].ptr;
+        for e in &b.entries {
+            let t = &tensors[e.tensor as usize];
+            let dst = base + e.at;
+            match t.data {
+                SendData::Host(h) => {
+                    let src = &h[e.offset as usize..(e.offset + e.len) as usize];
+                    // SAFETY: `src` is borrowed for the whole send and the stream is
+                    // synchronized below, before this function returns; the slot is
+                    // this sender's own pool memory of `slot_bytes` >= `at + len`
+                    // (the plan cuts buckets at the slot size).
+                    unsafe {
+                        driver.copy_htod_async(dst, src.as_ptr(), src.len(), self.stream)?;
+                    }
+                }
+                SendData::Device(p) => {
+                    // SAFETY: the caller vouches the tensor's bytes lie at `p` on this
+                    // device for the whole send; the copy completes before return.
+                    unsafe {
+                        driver.copy_peer_async(
+                            dst,
+                            p + e.offset,
+                            driver.device(),
+                            e.len as usize,
+                            self.stream,
+                        )?;
+                    }
+                }
+            }
+        }
+        driver.stream_synchronize(self.stream)
+    }
+}
+
+impl Drop for IpcSender {
+    fn drop(&mut self) {
+        self.server.stop();
+        let _ = std::fs::remove_file(&self.path);
+        let _ = self.pool.driver().stream_destroy(self.stream);
+        for s in &self.slots {
+            let _ = self.pool.free(s.ptr);
+        }
+    }
+}
+
+fn refused(path: &Path, reason: String) -> Error {
+    Error::InvalidState(format!(
+        "update over {}: the receiver refused it: {reason}",
+        path.display()
+    ))
+}
+
+fn unexpected(path: &Path, msg: &FromReceiver) -> Error {
+    Error::InvalidState(format!(
+        "update over {}: the receiver sent {msg:?} out of turn",
+        path.display()
+    ))
+}
+
+/// The receiving side: connected to a sender, its ring attached.
+#[derive(Debug)]
+pub struct IpcReceiver {
+    ch: Channel,
+    path: PathBuf,
+    ring: Attachment,
+    slots: Vec<DevicePtr>,
+    slot_bytes: u64,
+    announced: u64,
+    received: u64,
+    setup: Duration,
+}
+
+impl IpcReceiver {
+    /// Connect to the sender at `path` and attach its ring on `driver`'s device.
+    pub fn connect(
+        driver: Arc<dyn Driver>,
+        path: impl AsRef<Path>,
+        timeout: Duration,
+    ) -> Result<Self> {
+        let start = Instant::now();
+        let path = path.as_ref().to_path_buf();
+        let sock = UnixStream::connect(&path).map_err(|e| Error::io(&path, e))?;
+        let mut ch = Channel::new(
+            sock,
+            format!("update sender on {}", path.display()),
+            timeout,
+        )?;
+        let bad = |why: String| {
+            Error::InvalidArgument(format!("update sender on {}: {why}", path.display()))
+        };
+        let (share, slots, slot_bytes) = match ch.recv::<FromSender>()? {
+            FromSender::Ring {
+                share,
+                slots,
+                slot_bytes,
+            } => (share, slots, slot_bytes),
+            other => {
+                return Err(bad(format!(
+                    "expected the ring first, got {}",
+                    kind(&other)
+                )))
+            }
+        };
+        if slots == 0 || slots > MAX_SLOTS || slot_bytes == 0 {
+            return Err(bad(format!(
+                "ring of {slots} slots of {slot_bytes} bytes (1 to {MAX_SLOTS} slots of at least 1 byte accepted)"
+            )));
+        }
+        let ring = match Attachment::attach(
+            driver,
+            &share,
+            &AttachOptions {
+                timeout,
+                ..AttachOptions::default()
+            },
+        ) {
+            Ok(r) => r,
+            Err(e) => {
+                let _ = ch.send(&FromReceiver::Failed {
+                    reason: e.to_string(),
+                });
+                return Err(e);
+            }
+        };
+        let mut ptrs = Vec::with_capacity(slots as usize);
+        for i in 0..slots as usize {
+            let t = ring
+                .tensor(&slot_name(i))
+                .map_err(|_| bad(format!("the ring's share has no `{}`", slot_name(i))))?;
+            if (t.bytes as u64) < slot_bytes {
+                return Err(bad(format!(
+                    "ring slot {i} maps {} bytes, the sender announced {slot_bytes}",
+                    t.bytes
+                )));
+            }
+            ptrs.push(t.ptr);
+        }
+        ch.send(&FromReceiver::Attached)?;
+        Ok(IpcReceiver {
+            ch,
+            path,
+            ring,
+            slots: ptrs,
+            slot_bytes,
+            announced: 0,
+            received: 0,
+            setup: start.elapsed(),
+        })
+    }
+
+    /// From connecting to the ring attached (the one handshake of this update).
+    pub fn setup_time(&self) -> Duration {
+        self.setup
+    }
+
+    fn bad(&self, why: String) -> Error {
+        Error::InvalidArgument(format!("update sender on {}: {why}", self.path.display()))
+    }
+
+    fn died(&self, e: Error) -> Error {
+        match e {
+            Error::InvalidState(why) => Error::InvalidState(format!(
+                "{why}; bucket {} of {} was awaited; nothing of this update was committed",
+                self.received, self.announced
+            )),
+            other => other,
+        }
+    }
+}
+
+fn kind(m: &FromSender) -> &'static str {
+    match m {
+        FromSender::Ring { .. } => "the ring",
+        FromSender::Begin { .. } => "a begin",
+        FromSender::Bucket { .. } => "a bucket",
+        FromSender::End => "the end",
+        FromSender::Abort { .. } => "an abort",
+    }
+}
+
+impl BucketSource for IpcReceiver {
+    fn begin(&mut self) -> Result<Vec<AnnouncedTensor>> {
+        match self.ch.recv::<FromSender>().map_err(|e| self.died(e))? {
+            FromSender::Begin { tensors, buckets } => {
+                self.announced = buckets;
+                Ok(tensors)
+            }
+            FromSender::Abort { reason } => Err(Error::InvalidState(format!(
+                "update sender on {}: aborted before the first bucket: {reason}",
+                self.path.display()
+            ))),
+            other => Err(self.bad(format!("expected a begin, got {}", kind(&other)))),
+        }
+    }
+
+    fn slot_bytes(&self) -> u64 {
+        self.slot_bytes
+    }
+
+    fn next(&mut self) -> Result<Option<(BucketManifest, DevicePtr)>> {
+        // The share may have been revoked (the sender's tag slept): refuse
+        // before reading a slot whose memory the sender no longer writes.
+        self.ring.check()?;
+        match self.ch.recv::<FromSender>().map_err(|e| self.died(e))? {
+            FromSender::Bucket { slot, manifest } => {
+                if self.received >= self.announced {
+                    return Err(self.bad(format!(
+                        "bucket {} past the {} announced",
+                        manifest.seq, self.announced
+                    )));
+                }
+                let want = (self.received % self.slots.len() as u64) as u32;
+                if slot != want {
+                    return Err(self.bad(format!(
+                        "bucket {} in slot {slot}; its place in the ring is slot {want}",
+                        manifest.seq
+                    )));
+                }
+                self.received += 1;
+                Ok(Some((manifest, self.slots[slot as usize])))
+            }
+            FromSender::End => {
+                if self.received != self.announced {
+                    return Err(self.bad(format!(
+                        "ended after {} of the {} buckets announced (a short update)",
+                        self.received, self.announced
+                    )));
+                }
+                Ok(None)
+            }
+            FromSender::Abort { reason } => Err(Error::InvalidState(format!(
+                "update sender on {}: aborted after {} of {} buckets: {reason}; nothing of this update was committed",
+                self.path.display(),
+                self.received,
+                self.announced
+            ))),
+            other => Err(self.bad(format!("expected a bucket, got {}", kind(&other)))),
+        }
+    }
+
+    fn release(&mut self, seq: u64) -> Result<()> {
+        self.ch.send(&FromReceiver::Applied { seq })
+    }
+
+    fn finish(&mut self, outcome: std::result::Result<u64, String>) {
+        let msg = match outcome {
+            Ok(version) => FromReceiver::Committed { version },
+            Err(reason) => FromReceiver::Failed { reason },
+        };
+        // The sender may be gone (that may be why the update failed).
+        let _ = self.ch.send(&msg);
+    }
+}

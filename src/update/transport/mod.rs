@@ -1,0 +1,37 @@
+//! Transports: how the bytes of an update travel from a sender to the
+//! receiver that applies them.
+//!
+//! Every transport moves *buckets* (contiguous byte ranges with a manifest of
+//! which tensor pieces they hold, [`bucket`]) in order, through a ring of a
+//! few slots, so the receiver applies bucket k while bucket k+1 lands. The
+//! receiver's side is a [`BucketSource`]; [`receive`] drives one to a
+//! [`BucketSink`], the core's update entry, checking every manifest before a
+//! byte is read and aborting the sink on any failure, so the destinations keep
+//! their last whole version.
+//!
+//! - [`ipc`]: another process on the same host writes buckets into a ring it
+//!   exports once through [`crate::share`]; one handshake per ring.
+//! - `nccl`: a broadcast from one source rank to every rank of a
+//!   communicator (GPU only; NCCL is loaded at run time).
+//!
+//! On the host backend the IPC transport runs between real processes over
+//! memfd-backed memory; CI uses it to exercise the bucketing, ordering and
+//! failure paths the GPU transports share.
+
+pub mod bucket;
+pub mod control;
+pub mod ipc;
+
+mod receive;
+
+pub use bucket::{AnnouncedTensor, BucketEntry, BucketManifest};
+pub use receive::{receive, BucketSink, BucketSource, Landed};
+
+/// Ring slots unless set: two, so one bucket is applied while the next lands.
+pub const DEFAULT_SLOTS: usize = 2;
+
+/// Bytes of one ring slot (one bucket) unless set. Chosen by the bucket-size
+/// sweep of `scripts/gpu.d/86-update-ipc.sh` (docs/UPDATES.md): the rate stops
+/// rising past this size on an H200, and two slots of it are a small
+/// fraction of an engine's memory.
+pub const DEFAULT_BUCKET_BYTES: usize = 256 << 20;
