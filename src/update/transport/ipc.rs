@@ -33,7 +33,7 @@ use crate::error::{Error, Result};
 use crate::loader::dtype::Dtype;
 use crate::loader::registry::Destination;
 use crate::pool::Pool;
-use crate::share::{AttachOptions, Attachment, ServeOptions, Server};
+use crate::share::{AttachOptions, Attachment, LogSink, ServeOptions, Server};
 use crate::tag;
 
 /// Most slots a ring may have (a bound on what a hostile sender makes a receiver map).
@@ -48,6 +48,8 @@ pub struct SenderOptions {
     pub slot_bytes: usize,
     /// Longest wait for a receiver to connect, and for each of its answers.
     pub timeout: Duration,
+    /// Where the ring's share writes its audit lines (every attach and detach).
+    pub log: LogSink,
 }
 
 impl Default for SenderOptions {
@@ -56,6 +58,7 @@ impl Default for SenderOptions {
             slots: DEFAULT_SLOTS,
             slot_bytes: DEFAULT_BUCKET_BYTES,
             timeout: Duration::from_secs(60),
+            log: LogSink::default(),
         }
     }
 }
@@ -194,7 +197,10 @@ impl IpcSender {
                 tag,
                 slots.clone(),
                 ring_path(&path),
-                ServeOptions::default(),
+                ServeOptions {
+                    log: options.log.clone(),
+                    ..ServeOptions::default()
+                },
             ) {
                 Ok(s) => s,
                 Err(e) => {
