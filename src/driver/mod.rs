@@ -24,6 +24,7 @@ pub mod fault;
 pub mod hash;
 pub mod host;
 pub mod kernels;
+pub mod nccl;
 pub mod sync_copy;
 pub mod testing;
 

@@ -27,6 +27,7 @@ use std::time::{Duration, Instant};
 use super::bucket::{plan_buckets, AnnouncedTensor, BucketManifest};
 use super::control::{Channel, FromReceiver, FromSender};
 use super::receive::BucketSource;
+pub use super::send::{SendData, SendTensor};
 use super::{DEFAULT_BUCKET_BYTES, DEFAULT_SLOTS};
 use crate::driver::{DevicePtr, Driver, StreamId};
 use crate::error::{Error, Result};
@@ -60,52 +61,6 @@ impl Default for SenderOptions {
             timeout: Duration::from_secs(60),
             log: LogSink::default(),
         }
-    }
-}
-
-/// Where the bytes of one tensor to send are, in the sender's process.
-#[derive(Debug, Clone, Copy)]
-pub enum SendData<'a> {
-    /// Host memory.
-    Host(&'a [u8]),
-    /// Device memory on the sender pool's device, `len` bytes at the address.
-    Device(DevicePtr),
-}
-
-/// One tensor to send.
-#[derive(Debug, Clone)]
-pub struct SendTensor<'a> {
-    /// Checkpoint name.
-    pub name: String,
-    /// Element type.
-    pub dtype: Dtype,
-    /// Shape of the full tensor.
-    pub shape: Vec<usize>,
-    /// Its bytes.
-    pub data: SendData<'a>,
-}
-
-impl SendTensor<'_> {
-    fn bytes(&self) -> Result<u64> {
-        let b = crate::loader::registry::byte_size(&self.shape, self.dtype).ok_or_else(|| {
-            Error::InvalidArgument(format!(
-                "tensor `{}`: shape {:?} overflows",
-                self.name.escape_debug(),
-                self.shape
-            ))
-        })?;
-        if let SendData::Host(h) = self.data {
-            if h.len() != b {
-                return Err(Error::InvalidArgument(format!(
-                    "tensor `{}`: {} bytes given, shape {:?} of {} is {b}",
-                    self.name.escape_debug(),
-                    h.len(),
-                    self.shape,
-                    self.dtype.name()
-                )));
-            }
-        }
-        Ok(b as u64)
     }
 }
 
@@ -261,7 +216,7 @@ impl IpcSender {
         // Every check before a receiver is involved.
         let sizes = tensors
             .iter()
-            .map(SendTensor::bytes)
+            .map(SendTensor::checked_bytes)
             .collect::<Result<Vec<u64>>>()?;
         let announced: Vec<AnnouncedTensor> = tensors
             .iter()

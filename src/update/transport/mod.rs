@@ -11,21 +11,26 @@
 //!
 //! - [`ipc`]: another process on the same host writes buckets into a ring it
 //!   exports once through [`crate::share`]; one handshake per ring.
-//! - `nccl`: a broadcast from one source rank to every rank of a
+//! - [`broadcast`] over a [`broadcast::Collective`], [`nccl`] on the GPU: a broadcast from one source rank to every rank of a
 //!   communicator (GPU only; NCCL is loaded at run time).
 //!
 //! On the host backend the IPC transport runs between real processes over
 //! memfd-backed memory; CI uses it to exercise the bucketing, ordering and
 //! failure paths the GPU transports share.
 
+pub mod broadcast;
 pub mod bucket;
 pub mod control;
 pub mod ipc;
 
+pub mod nccl;
 mod receive;
+pub mod send;
+pub mod test_collective;
 
 pub use bucket::{AnnouncedTensor, BucketEntry, BucketManifest};
 pub use receive::{receive, BucketSink, BucketSource, Landed};
+pub use send::{SendData, SendTensor};
 
 /// Ring slots unless set: two, so one bucket is applied while the next lands.
 pub const DEFAULT_SLOTS: usize = 2;

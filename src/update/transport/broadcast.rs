@@ -1,0 +1,402 @@
+//! The broadcast transport: one root rank sends an update to every rank of a
+//! collective, through a ring of device buffers on each rank's device.
+//!
+//! The root broadcasts a header first (the announced tensors and the slot
+//! size, as length then JSON), then every bucket in place in the ring. Every
+//! rank cuts the same plan from the header ([`plan_buckets`]), so no
+//! per-bucket manifest travels and a rank's plan is its own. Bucket k+1's
+//! broadcast is queued before bucket k is handed to the sink, so it lands
+//! while k is applied; with two slots, a slot is broadcast into again only
+//! after the bucket that was there was applied and released.
+//!
+//! The root may be an engine rank (it applies the update too, as in a
+//! checkpoint load read on one rank and broadcast) or only a sender (a
+//! trainer: [`send`] applies nothing). The collective is a trait: NCCL on the
+//! GPU (`super::nccl`), and a thread-backed test collective in CI
+//! (`super::test_collective`).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+use super::bucket::{check_announced, plan_buckets, AnnouncedTensor, BucketManifest};
+use super::receive::{receive, BucketSink, BucketSource, Landed};
+use super::send::{SendData, SendTensor};
+use super::{DEFAULT_BUCKET_BYTES, DEFAULT_SLOTS};
+use crate::driver::{DevicePtr, Driver, EventId, StreamId};
+use crate::error::{Error, Result};
+use crate::pool::Pool;
+use crate::tag;
+
+/// A group of ranks that can broadcast device memory in place.
+pub trait Collective: Send {
+    /// This rank.
+    fn rank(&self) -> usize;
+    /// Ranks in the group.
+    fn world(&self) -> usize;
+    /// Queue an in-place broadcast of `len` bytes at `buf` from `root` on `stream`.
+    ///
+    /// # Safety
+    /// `buf..buf+len` must be mapped read-write device memory of this rank's
+    /// device until `stream` passes this point.
+    unsafe fn broadcast(
+        &mut self,
+        buf: DevicePtr,
+        len: usize,
+        root: usize,
+        stream: StreamId,
+    ) -> Result<()>;
+    /// A failure the collective reported asynchronously (a rank died).
+    fn check(&self) -> Result<()>;
+}
+
+/// How a broadcast ring is shaped.
+#[derive(Debug, Clone)]
+pub struct BroadcastOptions {
+    /// Slots per rank (at least 2: one applied, one landing).
+    pub slots: usize,
+    /// Bytes per slot; every rank must use the same.
+    pub slot_bytes: usize,
+    /// Longest wait for one broadcast to complete.
+    pub timeout: Duration,
+}
+
+impl Default for BroadcastOptions {
+    fn default() -> Self {
+        BroadcastOptions {
+            slots: DEFAULT_SLOTS,
+            slot_bytes: DEFAULT_BUCKET_BYTES,
+            timeout: Duration::from_secs(300),
+        }
+    }
+}
+
+/// Longest header accepted from the root.
+const MAX_HEADER_BYTES: u64 = 256 << 20;
+
+#[derive(Debug, Serialize, Deserialize)]
+struct Header {
+    tensors: Vec<AnnouncedTensor>,
+    slot_bytes: u64,
+}
+
+/// One rank's ring: slots in its pool, a stream for the broadcasts, an event per slot.
+#[derive(Debug)]
+pub struct Ring {
+    pool: Arc<Pool>,
+    slots: Vec<DevicePtr>,
+    slot_bytes: usize,
+    stream: StreamId,
+    events: Vec<EventId>,
+    timeout: Duration,
+}
+
+impl Ring {
+    /// Allocate `options.slots` slots in `pool` under a tag of their own.
+    pub fn new(pool: Arc<Pool>, options: &BroadcastOptions) -> Result<Ring> {
+        if options.slots < 2 || options.slots > 64 || options.slot_bytes == 0 {
+            return Err(Error::InvalidArgument(format!(
+                "broadcast ring of {} slots of {} bytes (2 to 64 slots of at least 1 byte accepted)",
+                options.slots, options.slot_bytes
+            )));
+        }
+        static RINGS: AtomicU64 = AtomicU64::new(0);
+        let t = tag::id(&format!(
+            "vmmw.update.broadcast.{}.{}",
+            std::process::id(),
+            RINGS.fetch_add(1, Ordering::Relaxed)
+        ))?;
+        let mut ring = Ring {
+            stream: pool.driver().stream_create()?,
+            pool,
+            slots: Vec::new(),
+            slot_bytes: options.slot_bytes,
+            events: Vec::new(),
+            timeout: options.timeout,
+        };
+        for _ in 0..options.slots {
+            ring.slots
+                .push(ring.pool.alloc_tagged(options.slot_bytes, t)?.ptr);
+            ring.events.push(ring.pool.driver().event_create()?);
+        }
+        Ok(ring)
+    }
+
+    fn driver(&self) -> &Arc<dyn Driver> {
+        self.pool.driver()
+    }
+
+    /// Wait for `event`, polling the collective so a dead rank is reported.
+    fn wait(&self, event: EventId, coll: &dyn Collective, what: &str) -> Result<()> {
+        let deadline = Instant::now() + self.timeout;
+        loop {
+            if self.driver().event_query(event)? {
+                return Ok(());
+            }
+            coll.check()?;
+            if Instant::now() >= deadline {
+                return Err(Error::InvalidState(format!(
+                    "broadcast: {what} did not complete within {:?} (a rank is stuck or gone)",
+                    self.timeout
+                )));
+            }
+            std::thread::sleep(Duration::from_micros(50));
+        }
+    }
+
+    /// Broadcast `bytes` (meaningful on the root) through slot 0 and return
+    /// them on every rank.
+    fn broadcast_bytes(
+        &self,
+        coll: &mut dyn Collective,
+        root: usize,
+        bytes: &mut Vec<u8>,
+        len: u64,
+    ) -> Result<()> {
+        bytes.resize(len as usize, 0);
+        let driver = self.driver().clone();
+        for chunk in (0..bytes.len()).step_by(self.slot_bytes) {
+            let n = (bytes.len() - chunk).min(self.slot_bytes);
+            let piece = &mut bytes[chunk..chunk + n];
+            // SAFETY: slot 0 is `slot_bytes` >= n of this ring's memory; the piece
+            // lives until the stream is synchronized below.
+            unsafe {
+                if coll.rank() == root {
+                    driver.copy_htod_async(self.slots[0], piece.as_ptr(), n, self.stream)?;
+                }
+                coll.broadcast(self.slots[0], n, root, self.stream)?;
+                driver.event_record(self.events[0], self.stream)?;
+            }
+            self.wait(self.events[0], coll, "the header's broadcast")?;
+            // SAFETY: as above; the broadcast completed.
+            unsafe {
+                driver.copy_dtoh_async(piece.as_mut_ptr(), self.slots[0], n, self.stream)?;
+            }
+            driver.stream_synchronize(self.stream)?;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Ring {
+    fn drop(&mut self) {
+        let driver = self.pool.driver().clone();
+        let _ = driver.stream_synchronize(self.stream);
+        for &e in &self.events {
+            let _ = driver.event_destroy(e);
+        }
+        let _ = driver.stream_destroy(self.stream);
+        for &s in &self.slots {
+            let _ = self.pool.free(s);
+        }
+    }
+}
+
+/// One rank's side of a broadcast update, as a [`BucketSource`].
+pub struct BroadcastSource<'a> {
+    coll: &'a mut dyn Collective,
+    ring: &'a Ring,
+    root: usize,
+    /// The root's bytes (empty on other ranks).
+    tensors: &'a [SendTensor<'a>],
+    plan: Vec<BucketManifest>,
+    /// Buckets queued for broadcast so far.
+    queued: usize,
+    /// Buckets handed to the sink so far.
+    handed: usize,
+}
+
+impl<'a> BroadcastSource<'a> {
+    /// The root's source: it broadcasts `tensors`.
+    pub fn root(
+        coll: &'a mut dyn Collective,
+        ring: &'a Ring,
+        tensors: &'a [SendTensor<'a>],
+    ) -> Self {
+        let root = coll.rank();
+        Self::new(coll, ring, root, tensors)
+    }
+
+    /// A receiving rank's source: it takes what `root` broadcasts.
+    pub fn rank(coll: &'a mut dyn Collective, ring: &'a Ring, root: usize) -> Self {
+        Self::new(coll, ring, root, &[])
+    }
+
+    fn new(
+        coll: &'a mut dyn Collective,
+        ring: &'a Ring,
+        root: usize,
+        tensors: &'a [SendTensor<'a>],
+    ) -> Self {
+        BroadcastSource {
+            coll,
+            ring,
+            root,
+            tensors,
+            plan: Vec::new(),
+            queued: 0,
+            handed: 0,
+        }
+    }
+
+    fn is_root(&self) -> bool {
+        self.coll.rank() == self.root
+    }
+
+    /// Queue bucket `k`: on the root, its bytes into its slot first; then the broadcast.
+    fn queue(&mut self, k: usize) -> Result<()> {
+        let n = self.ring.slots.len();
+        let slot = self.ring.slots[k % n];
+        let b = &self.plan[k];
+        let driver = self.ring.driver().clone();
+        if self.is_root() {
+            for e in &b.entries {
+                let t = &self.tensors[e.tensor as usize];
+                // SAFETY: the piece lies inside the slot (the plan cuts at the slot
+                // size); the root's bytes outlive the update (borrowed for it).
+                unsafe {
+                    match t.data {
+                        SendData::Host(h) => driver.copy_htod_async(
+                            slot + e.at,
+                            h[e.offset as usize..].as_ptr(),
+                            e.len as usize,
+                            self.ring.stream,
+                        )?,
+                        SendData::Device(p) => driver.copy_peer_async(
+                            slot + e.at,
+                            p + e.offset,
+                            driver.device(),
+                            e.len as usize,
+                            self.ring.stream,
+                        )?,
+                    }
+                }
+            }
+        }
+        // SAFETY: the slot is this ring's memory of `slot_bytes` >= b.bytes.
+        unsafe {
+            self.coll
+                .broadcast(slot, b.bytes as usize, self.root, self.ring.stream)?;
+            driver.event_record(self.ring.events[k % n], self.ring.stream)?;
+        }
+        self.queued = k + 1;
+        Ok(())
+    }
+}
+
+impl BucketSource for BroadcastSource<'_> {
+    fn begin(&mut self) -> Result<Vec<AnnouncedTensor>> {
+        if self.root >= self.coll.world() {
+            return Err(Error::InvalidArgument(format!(
+                "broadcast: root {} of a world of {}",
+                self.root,
+                self.coll.world()
+            )));
+        }
+        let mut body = Vec::new();
+        if self.is_root() {
+            let tensors = self
+                .tensors
+                .iter()
+                .map(|t| {
+                    Ok(AnnouncedTensor {
+                        name: t.name.clone(),
+                        dtype: t.dtype.name().to_string(),
+                        shape: t.shape.iter().map(|&d| d as u64).collect(),
+                        bytes: t.checked_bytes()?,
+                    })
+                })
+                .collect::<Result<Vec<_>>>()?;
+            check_announced(&tensors)?;
+            body = serde_json::to_vec(&Header {
+                tensors,
+                slot_bytes: self.ring.slot_bytes as u64,
+            })
+            .map_err(|e| Error::InvalidState(format!("broadcast: encoding the header: {e}")))?;
+        }
+        let mut len = (body.len() as u64).to_le_bytes().to_vec();
+        self.ring
+            .broadcast_bytes(self.coll, self.root, &mut len, 8)?;
+        let len = u64::from_le_bytes(len.try_into().expect("8 bytes"));
+        if len == 0 || len > MAX_HEADER_BYTES {
+            return Err(Error::InvalidArgument(format!(
+                "broadcast from rank {}: header of {len} bytes (1 to {MAX_HEADER_BYTES} accepted)",
+                self.root
+            )));
+        }
+        self.ring
+            .broadcast_bytes(self.coll, self.root, &mut body, len)?;
+        let header: Header = serde_json::from_slice(&body).map_err(|e| {
+            Error::InvalidArgument(format!(
+                "broadcast from rank {}: malformed header: {e}",
+                self.root
+            ))
+        })?;
+        if header.slot_bytes != self.ring.slot_bytes as u64 {
+            return Err(Error::InvalidArgument(format!(
+                "broadcast from rank {}: slots of {} bytes, this rank's ring has {} (every rank must use the same bucket size)",
+                self.root, header.slot_bytes, self.ring.slot_bytes
+            )));
+        }
+        let sizes: Vec<u64> = header.tensors.iter().map(|t| t.bytes).collect();
+        self.plan = plan_buckets(&sizes, header.slot_bytes)?;
+        Ok(header.tensors)
+    }
+
+    fn slot_bytes(&self) -> u64 {
+        self.ring.slot_bytes as u64
+    }
+
+    fn next(&mut self) -> Result<Option<(BucketManifest, DevicePtr)>> {
+        let k = self.handed;
+        if k == self.plan.len() {
+            return Ok(None);
+        }
+        let n = self.ring.slots.len();
+        if self.queued == k {
+            self.queue(k)?;
+        }
+        // The next bucket lands while this one is applied; its slot was
+        // released when the bucket before this one was.
+        if k + 1 < self.plan.len() && self.queued == k + 1 && n >= 2 {
+            self.queue(k + 1)?;
+        }
+        self.ring
+            .wait(self.ring.events[k % n], self.coll, &format!("bucket {k}"))?;
+        self.handed = k + 1;
+        Ok(Some((self.plan[k].clone(), self.ring.slots[k % n])))
+    }
+
+    fn release(&mut self, _seq: u64) -> Result<()> {
+        Ok(())
+    }
+
+    fn finish(&mut self, _outcome: std::result::Result<u64, String>) {
+        // Every rank learns of a failure through the collective itself.
+    }
+}
+
+/// A sink that applies nothing: the root of a broadcast that is only a sender.
+struct Discard;
+
+impl BucketSink for Discard {
+    fn begin(&mut self, _: &[AnnouncedTensor]) -> Result<()> {
+        Ok(())
+    }
+    fn apply(&mut self, _: Landed<'_>) -> Result<()> {
+        Ok(())
+    }
+    fn commit(&mut self) -> Result<u64> {
+        Ok(0)
+    }
+    fn abort(&mut self) {}
+}
+
+/// Broadcast `tensors` from this rank (the root) to every rank of `coll`,
+/// applying nothing here. Returns once every bucket was broadcast.
+pub fn send(coll: &mut dyn Collective, ring: &Ring, tensors: &[SendTensor<'_>]) -> Result<()> {
+    let mut source = BroadcastSource::root(coll, ring, tensors);
+    receive(&mut source, &mut Discard).map(|_| ())
+}
