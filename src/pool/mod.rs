@@ -34,6 +34,7 @@ mod peers;
 mod range;
 pub mod registry;
 mod release;
+pub mod remap;
 pub mod shares;
 mod sleep;
 #[cfg(test)]

@@ -236,7 +236,7 @@ impl Pool {
     /// `keep_asleep`, a sleep found it asleep already, even with no segments
     /// left after a trim), and the dedicated segments freed meanwhile are released.
     pub(super) fn end_transition(&self, t: TagId, keep_asleep: bool) {
-        let released = {
+        let (released, woke) = {
             let mut st = self.lock();
             let any_asleep = st
                 .segs
@@ -244,6 +244,7 @@ impl Pool {
                 .any(|e| e.tag == t && e.seg.sleep_state() != SleepState::Awake);
             let ts = st.tags.entry(t).or_default();
             ts.transition = false;
+            let woke = ts.asleep && !(any_asleep || keep_asleep);
             ts.asleep = any_asleep || keep_asleep;
             let deferred = std::mem::take(&mut st.deferred);
             let mut released = Vec::new();
@@ -256,10 +257,14 @@ impl Pool {
                 }
             }
             self.settled.notify_all();
-            released
+            (released, woke)
         };
         // A failure keeps them for a later free or trim, which reports it.
         let _ = self.release_segments(released);
+        if woke {
+            // New physical pages behind the tag: registrations of the old are stale.
+            super::remap::remapped(t);
+        }
     }
 
     /// Pin the pool tags that own `dests` (`(address, bytes, name)`) for a

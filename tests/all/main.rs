@@ -49,6 +49,7 @@ mod pool_free_faults;
 mod pool_model;
 mod pool_random;
 mod pool_reload;
+mod pool_remap;
 mod pool_sleep;
 mod pool_tags;
 mod reload_writes;
