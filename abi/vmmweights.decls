@@ -72,6 +72,7 @@ typedef struct vmmw_share_server_t vmmw_share_server_t;
 typedef struct vmmw_share_t vmmw_share_t;
 typedef struct vmmw_sleep_options_t{size_t size;uint64_t copy_piece_bytes;uint32_t streams;uint32_t debug_fill;uint64_t wake_coalesce_bytes;uint64_t backup_slab_bytes;uint64_t host_memory_limit;uint32_t free_backup_after_wake;uint32_t release_pinned_after_wake;uint8_t debug_fill_byte;}vmmw_sleep_options_t;
 typedef struct vmmw_tag_policy_t{uint32_t tag;vmmw_policy_t policy;}vmmw_tag_policy_t;
+typedef void(*vmmw_remap_fn)(void*user,uint32_t tag,uint64_t epoch);
 uint32_t vmmw_version_major(void);
 uint32_t vmmw_version_minor(void);
 uint32_t vmmw_version_patch(void);
@@ -133,6 +134,8 @@ vmmw_status_t vmmw_pool_timeline_json(const struct vmmw_pool_t*pool,char*buf,siz
 vmmw_status_t vmmw_pool_trim(struct vmmw_pool_t*pool,uint64_t*released,struct vmmw_error_t**error);
 vmmw_status_t vmmw_pool_wake(struct vmmw_pool_t*pool,const uint32_t*tags,size_t n,struct vmmw_error_t**error);
 vmmw_status_t vmmw_pool_write(struct vmmw_pool_t*pool,uint64_t dst,const void*src,size_t len,struct vmmw_error_t**error);
+vmmw_status_t vmmw_remap_callback_add(vmmw_remap_fn f,void*user,uint64_t*id,struct vmmw_error_t**error);
+vmmw_status_t vmmw_remap_callback_remove(uint64_t id,struct vmmw_error_t**error);
 vmmw_status_t vmmw_replicas_sleep(struct vmmw_pool_t*const*pools,const uint32_t*tags,size_t count,struct vmmw_replica_sleep_result_t*out,struct vmmw_error_t**error);
 vmmw_status_t vmmw_replicas_wake(struct vmmw_pool_t*const*pools,const uint32_t*tags,size_t count,const struct vmmw_replica_wake_options_t*options,struct vmmw_replica_wake_result_t*out,struct vmmw_error_t**error);
 vmmw_status_t vmmw_replicas_wake_by_reload(struct vmmw_loader_t*const*loaders,struct vmmw_pool_t*const*pools,size_t count,struct vmmw_multi_result_t*out,struct vmmw_error_t**error);
@@ -157,6 +160,7 @@ vmmw_status_t vmmw_tag_id(const char*name,uint32_t*out,struct vmmw_error_t**erro
 vmmw_status_t vmmw_tag_name(uint32_t tag,char*buf,size_t cap,size_t*needed,struct vmmw_error_t**error);
 vmmw_status_t vmmw_tag_pop(struct vmmw_error_t**error);
 vmmw_status_t vmmw_tag_push(uint32_t tag,struct vmmw_error_t**error);
+vmmw_status_t vmmw_tag_remap_epoch(uint32_t tag,uint64_t*out,struct vmmw_error_t**error);
 vmmw_status_t vmmw_tag_set_process_default(uint32_t tag,struct vmmw_error_t**error);
 void vmmw_device_free(struct vmmw_device_t*device);
 void vmmw_error_free(struct vmmw_error_t*error);

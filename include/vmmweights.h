@@ -487,6 +487,12 @@ typedef struct vmmw_report_t {
 } vmmw_report_t;
 
 /**
+ * A remap callback: `user` as registered, the tag whose memory was mapped
+ * anew, and its new epoch.
+ */
+typedef void (*vmmw_remap_fn)(void *user, uint32_t tag, uint64_t epoch);
+
+/**
  * What `vmmw_replicas_sleep` did.
  */
 typedef struct vmmw_replica_sleep_result_t {
@@ -1946,6 +1952,53 @@ vmmw_status_t vmmw_pool_read(const struct vmmw_pool_t *pool, uint64_t src, void 
  * is 0); `tag` is NULL or writable; `error` is NULL or writable.
  */
 vmmw_status_t vmmw_pool_read_backup(const struct vmmw_pool_t *pool, uint64_t ptr, void *dst, size_t len, uint32_t *tag, struct vmmw_error_t **error);
+
+/**
+ * How many times `tag`'s physical memory was mapped anew in this process
+ * (every wake, in any pool), into `*out`; 0 until its first wake. An engine
+ * that registered the tag's memory with NCCL, NIXL or UCX registers it again
+ * when this changed. Thread-safe.
+ *
+ * Errors:
+ * - `VMMW_UNKNOWN_TAG`: an id not from `vmmw_tag_id`.
+ * - `VMMW_NULL_ARGUMENT`: `out` is NULL.
+ *
+ * # Safety
+ * `out` is writable; `error` is NULL or writable.
+ */
+vmmw_status_t vmmw_tag_remap_epoch(uint32_t tag, uint64_t *out, struct vmmw_error_t **error);
+
+/**
+ * Call `f(user, tag, epoch)` after every remap of any tag; the callback's id
+ * goes to `*id` for `vmmw_remap_callback_remove`.
+ *
+ * `f` runs on the thread that woke the tag (inside `vmmw_pool_wake` or a
+ * replicas' wake), after the wake finished, with no lock of this library
+ * held: it may call any `vmmw_` function, including removing itself. It must
+ * not unwind (C++ exceptions, Go panics) into the library. Thread-safe.
+ *
+ * Errors:
+ * - `VMMW_NULL_ARGUMENT`: `f` or `id` is NULL.
+ *
+ * # Safety
+ * `f` stays callable and `user` valid for it until the callback is removed;
+ * `id` is writable; `error` is NULL or writable.
+ */
+vmmw_status_t vmmw_remap_callback_add(vmmw_remap_fn f, void *user, uint64_t *id, struct vmmw_error_t **error);
+
+/**
+ * Stop calling the callback `id`. When this returns no call of it starts
+ * again and calls running on other threads have finished, so `user` may be
+ * freed (a callback may remove itself; its own call goes on). Thread-safe.
+ *
+ * Errors:
+ * - `VMMW_INVALID_ARGUMENT`: no callback `id` is registered (never was, or
+ *   already removed).
+ *
+ * # Safety
+ * `error` is NULL or writable.
+ */
+vmmw_status_t vmmw_remap_callback_remove(uint64_t id, struct vmmw_error_t **error);
 
 /**
  * Put replicas to sleep on one host backup: `tags[i]` in `pools[i]`, one

@@ -270,3 +270,24 @@ def test_reload_check_refuses_a_checkpoint_rewritten_in_place(pool, tmp_path):
     last = dests[list(tensors)[-1]]
     assert pool.read(last.ptr, last.bytes) == bytes(data[-last.bytes:]), "the new file's bytes"
     assert pool.read(extra, 4096) == b"\x07" * 4096
+
+
+def test_remap_epoch_and_callback_follow_each_wake(pool):
+    name = "remap-python"
+    pool.alloc(1 << 20, tag=name)
+    seen = []
+    cb = vw.on_remap(lambda tag, epoch: seen.append((tag, epoch)) if tag == name else None)
+    try:
+        assert vw.remap_epoch(name) == 0
+        for cycle in (1, 2):
+            pool.sleep(**{name: "offload"})
+            assert vw.remap_epoch(name) == cycle - 1, "a sleep does not remap"
+            pool.wake(name)
+            assert vw.remap_epoch(name) == cycle
+        assert seen == [(name, 1), (name, 2)]
+    finally:
+        cb.remove()
+    cb.remove()  # twice is a no-op
+    pool.sleep(**{name: "offload"})
+    pool.wake(name)
+    assert len(seen) == 2, "a removed callback is not called"

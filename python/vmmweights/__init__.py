@@ -34,7 +34,7 @@ from .pool import BACKENDS, POLICIES, Pool
 from .report import table as report_table
 from .report import tag_usage
 from .tags import scope as tag_scope
-from .tags import tag_id, tag_name
+from .tags import on_remap, remap_epoch, tag_id, tag_name
 from . import share  # noqa: E402  (after the names it uses)
 
 __all__ = [
@@ -50,6 +50,8 @@ __all__ = [
     "library_path",
     "load",
     "load_devices",
+    "on_remap",
+    "remap_epoch",
     "report_table",
     "share",
     "sleep_replicas",

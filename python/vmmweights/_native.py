@@ -87,6 +87,8 @@ _U64P = ctypes.POINTER(ctypes.c_uint64)
 _SZP = ctypes.POINTER(ctypes.c_size_t)
 _BUF = [ctypes.c_char_p, ctypes.c_size_t, _SZP]  # buf, cap, needed
 _I32 = ctypes.c_int32
+# void (*vmmw_remap_fn)(void* user, uint32_t tag, uint64_t epoch)
+REMAP_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_uint32, ctypes.c_uint64)
 
 # name -> (restype, argtypes without the trailing error argument, has error argument)
 _SIGNATURES: dict[str, tuple[Any, list[Any], bool]] = {
@@ -109,6 +111,9 @@ _SIGNATURES: dict[str, tuple[Any, list[Any], bool]] = {
     "vmmw_tag_pop": (_I32, [], True),
     "vmmw_tag_current": (_I32, [ctypes.POINTER(ctypes.c_uint32)], True),
     "vmmw_tag_set_process_default": (_I32, [ctypes.c_uint32], True),
+    "vmmw_tag_remap_epoch": (_I32, [ctypes.c_uint32, _U64P], True),
+    "vmmw_remap_callback_add": (_I32, [REMAP_FN, _P, _U64P], True),
+    "vmmw_remap_callback_remove": (_I32, [ctypes.c_uint64], True),
     "vmmw_pool_new": (_I32, [ctypes.POINTER(S.PoolOptions), ctypes.POINTER(_P)], True),
     "vmmw_pool_default": (_I32, [_I32, ctypes.POINTER(_P)], True),
     "vmmw_pool_free": (None, [_P], False),

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-from typing import Iterator
+from typing import Callable, Iterator
 
-from ._native import call, call_text
+from ._native import REMAP_FN, call, call_text
 
 DEFAULT = "default"
 
@@ -55,3 +55,60 @@ def scope(name: str) -> Iterator[None]:
         yield
     finally:
         pop()
+
+
+def remap_epoch(name: str) -> int:
+    """How many times tag `name`'s memory was mapped anew in this process (each
+    wake). Register RDMA buffers of the tag (NCCL, NIXL, UCX) again when it
+    changed."""
+    out = ctypes.c_uint64()
+    call("vmmw_tag_remap_epoch", ctypes.c_uint32(tag_id(name)), ctypes.byref(out))
+    return out.value
+
+
+class RemapCallback:
+    """A registered remap callback (:func:`on_remap`); :meth:`remove` stops it."""
+
+    def __init__(self, fn: Callable[[str, int], None]) -> None:
+        def trampoline(_user: object, tag: int, epoch: int) -> None:
+            try:
+                fn(tag_name(tag), epoch)
+            except BaseException:  # noqa: BLE001 - nothing may unwind into C
+                import traceback
+
+                traceback.print_exc()
+
+        # Kept on the object: ctypes frees the C thunk with the Python function.
+        self._thunk = REMAP_FN(trampoline)
+        out = ctypes.c_uint64()
+        call("vmmw_remap_callback_add", self._thunk, None, ctypes.byref(out))
+        self._id: int | None = out.value
+
+    def remove(self) -> None:
+        """Stop the callback: no call starts after this returns, and calls
+        running on other threads have finished. Removing twice does nothing."""
+        if self._id is not None:
+            call("vmmw_remap_callback_remove", ctypes.c_uint64(self._id))
+            self._id = None
+
+    def __del__(self) -> None:
+        # The C thunk dies with this object: never leave it registered.
+        try:
+            self.remove()
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass
+
+    def __enter__(self) -> "RemapCallback":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.remove()
+
+
+def on_remap(fn: Callable[[str, int], None]) -> RemapCallback:
+    """Call ``fn(tag_name, epoch)`` after every remap of any tag, on the thread
+    that woke the tag, after the wake, with no library lock held (``fn`` may
+    call the library). An exception in ``fn`` is printed and dropped. Keep the
+    returned object: removing it, leaving its ``with`` block or dropping
+    it stops the callback."""
+    return RemapCallback(fn)

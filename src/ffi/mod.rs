@@ -29,6 +29,7 @@ pub mod multi;
 mod numbers;
 mod options;
 pub mod pool;
+pub mod remap;
 pub mod replicas;
 pub mod segment;
 pub mod share;

@@ -14,17 +14,33 @@
 //! callback is caught and does not stop the others.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::thread::ThreadId;
 
 use crate::tag::TagId;
 
 /// A remap callback: the tag and its new epoch.
 pub type RemapCallback = Arc<dyn Fn(TagId, u64) + Send + Sync>;
 
+/// One registered callback and whether it may still start.
+struct Entry {
+    id: u64,
+    f: RemapCallback,
+    state: Mutex<EntryState>,
+    idle: Condvar,
+}
+
+#[derive(Default)]
+struct EntryState {
+    removed: bool,
+    /// Threads running the callback now.
+    running: Vec<ThreadId>,
+}
+
 #[derive(Default)]
 struct Notices {
     epochs: HashMap<TagId, u64>,
-    callbacks: Vec<(u64, RemapCallback)>,
+    callbacks: Vec<Arc<Entry>>,
     next_id: u64,
 }
 
@@ -46,17 +62,33 @@ pub fn on_remap(f: RemapCallback) -> u64 {
     let mut n = notices();
     n.next_id += 1;
     let id = n.next_id;
-    n.callbacks.push((id, f));
+    n.callbacks.push(Arc::new(Entry {
+        id,
+        f,
+        state: Mutex::new(EntryState::default()),
+        idle: Condvar::new(),
+    }));
     id
 }
 
 /// Stop calling the callback `id`; false when no such callback is registered.
-/// A call already running finishes.
+/// When this returns no call of it starts again, and calls running on other
+/// threads have finished (a callback may remove itself: its own call goes on).
 pub fn remove(id: u64) -> bool {
-    let mut n = notices();
-    let before = n.callbacks.len();
-    n.callbacks.retain(|(i, _)| *i != id);
-    n.callbacks.len() != before
+    let entry = {
+        let mut n = notices();
+        let Some(i) = n.callbacks.iter().position(|e| e.id == id) else {
+            return false;
+        };
+        n.callbacks.remove(i)
+    };
+    let me = std::thread::current().id();
+    let mut st = entry.state.lock().unwrap_or_else(|p| p.into_inner());
+    st.removed = true;
+    while st.running.iter().any(|t| *t != me) {
+        st = entry.idle.wait(st).unwrap_or_else(|p| p.into_inner());
+    }
+    true
 }
 
 /// `tag`'s memory was mapped anew: raise its epoch and tell the callbacks.
@@ -67,15 +99,22 @@ pub(crate) fn remapped(tag: TagId) {
         let e = n.epochs.entry(tag).or_insert(0);
         *e += 1;
         let e = *e;
-        (
-            e,
-            n.callbacks
-                .iter()
-                .map(|(_, f)| f.clone())
-                .collect::<Vec<_>>(),
-        )
+        (e, n.callbacks.clone())
     };
-    for f in callbacks {
-        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(tag, epoch)));
+    let me = std::thread::current().id();
+    for entry in callbacks {
+        {
+            let mut st = entry.state.lock().unwrap_or_else(|p| p.into_inner());
+            if st.removed {
+                continue;
+            }
+            st.running.push(me);
+        }
+        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| (entry.f)(tag, epoch)));
+        let mut st = entry.state.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(i) = st.running.iter().position(|t| *t == me) {
+            st.running.swap_remove(i);
+        }
+        entry.idle.notify_all();
     }
 }

@@ -406,8 +406,35 @@ static void test_progress_contract() {
   rmdir(dir);
 }
 
+static void test_remap_notices() {
+  vmmw::PoolOptions o;
+  o.backend = vmmw::Backend::Host;
+  vmmw::Pool pool(o);
+  const vmmw::Tag t = vmmw::tag_id("cpp-remap");
+  vmmw::Block b = pool.alloc(1u << 20, t);
+  CHECK(vmmw::remap_epoch(t) == 0);
+  std::vector<uint64_t> seen;
+  {
+    vmmw::RemapCallback cb([&](vmmw::Tag tag, uint64_t epoch) {
+      if (tag == t) seen.push_back(epoch);
+    });
+    for (uint64_t cycle = 1; cycle <= 2; ++cycle) {
+      pool.sleep({{t, vmmw::Policy::Offload}});
+      CHECK(vmmw::remap_epoch(t) == cycle - 1);
+      pool.wake();
+      CHECK(vmmw::remap_epoch(t) == cycle);
+    }
+  }
+  CHECK((seen == std::vector<uint64_t>{1, 2}));
+  pool.sleep({{t, vmmw::Policy::Offload}});
+  pool.wake();
+  CHECK(seen.size() == 2 && vmmw::remap_epoch(t) == 3);
+  CHECK(status_of([&] { (void)vmmw::remap_epoch(987654); }) == VMMW_UNKNOWN_TAG);
+}
+
 int main() {
   test_errors();
+  test_remap_notices();
   test_progress_contract();
   test_device_and_segment();
   test_pool_tags_sleep();

@@ -308,6 +308,38 @@ inline void set_process_default_tag(Tag tag) {
   detail::call([&](vmmw_error_t** e) { return vmmw_tag_set_process_default(tag, e); });
 }
 
+/// How many times `tag`'s memory was mapped anew in this process (each wake);
+/// re-register RDMA buffers (NCCL, NIXL, UCX) of the tag when it changed.
+[[nodiscard]] inline uint64_t remap_epoch(Tag tag) {
+  uint64_t out = 0;
+  detail::call([&](vmmw_error_t** e) { return vmmw_tag_remap_epoch(tag, &out, e); });
+  return out;
+}
+
+/// Calls `fn(tag, epoch)` after every remap of any tag while it lives, on the
+/// thread that woke the tag, after the wake, with no library lock held.
+/// Destroying it waits for calls running on other threads. `fn` must not
+/// throw (an exception cannot cross the C library); a throwing `fn` calls
+/// std::terminate. Not copyable or movable (the library holds its address).
+class RemapCallback {
+ public:
+  explicit RemapCallback(std::function<void(Tag, uint64_t)> fn) : fn_(std::move(fn)) {
+    detail::call([&](vmmw_error_t** e) { return vmmw_remap_callback_add(&RemapCallback::trampoline, this, &id_, e); });
+  }
+  ~RemapCallback() { (void)vmmw_remap_callback_remove(id_, nullptr); }
+  RemapCallback(const RemapCallback&) = delete;
+  RemapCallback& operator=(const RemapCallback&) = delete;
+  RemapCallback(RemapCallback&&) = delete;
+  RemapCallback& operator=(RemapCallback&&) = delete;
+
+ private:
+  static void trampoline(void* user, uint32_t tag, uint64_t epoch) noexcept {
+    static_cast<RemapCallback*>(user)->fn_(tag, epoch);
+  }
+  std::function<void(Tag, uint64_t)> fn_;
+  uint64_t id_ = 0;
+};
+
 /// Scope guard: allocations made by this thread get `tag` while it lives.
 /// Not movable (a scope belongs to the thread and the block that opened it).
 class TagScope {
