@@ -126,6 +126,7 @@ vmmw_status_t vmmw_pool_reserve_backup(struct vmmw_pool_t*pool,uint64_t bytes,st
 vmmw_status_t vmmw_pool_set_peer_access(struct vmmw_pool_t*pool,uint32_t tag,const struct vmmw_peer_access_t*peers,size_t count,struct vmmw_error_t**error);
 vmmw_status_t vmmw_pool_set_sleep_options(struct vmmw_pool_t*pool,const struct vmmw_sleep_options_t*options,struct vmmw_error_t**error);
 vmmw_status_t vmmw_pool_set_tag_arena(struct vmmw_pool_t*pool,uint32_t tag,uint64_t reserve_bytes,uint64_t grow_step,struct vmmw_error_t**error);
+vmmw_status_t vmmw_pool_set_tag_rdma(struct vmmw_pool_t*pool,uint32_t tag,int32_t rdma,struct vmmw_error_t**error);
 vmmw_status_t vmmw_pool_set_tag_segments(struct vmmw_pool_t*pool,uint32_t tag,struct vmmw_error_t**error);
 vmmw_status_t vmmw_pool_sleep(struct vmmw_pool_t*pool,const struct vmmw_tag_policy_t*items,size_t n,struct vmmw_error_t**error);
 vmmw_status_t vmmw_pool_snapshot(struct vmmw_pool_t*pool,const char*name,struct vmmw_error_t**error);

@@ -1816,6 +1816,28 @@ vmmw_status_t vmmw_pool_set_tag_arena(struct vmmw_pool_t *pool, uint32_t tag, ui
 vmmw_status_t vmmw_pool_set_tag_segments(struct vmmw_pool_t *pool, uint32_t tag, struct vmmw_error_t **error);
 
 /**
+ * Create `tag`'s memory in this pool RDMA-capable (`rdma` != 0: the
+ * driver's `gpuDirectRDMACapable` allocation flag, so NCCL's
+ * `ncclCommRegister`, NIXL and UCX can register it) or not (0), from its
+ * first allocation on and again at every wake. A wake maps new pages: watch
+ * `vmmw_tag_remap_epoch` or register a `vmmw_remap_callback_add` to register
+ * the memory again. Nothing changes on failure.
+ *
+ * Errors:
+ * - `VMMW_NULL_ARGUMENT`: `pool` is NULL.
+ * - `VMMW_UNKNOWN_TAG`: `tag` is not registered.
+ * - `VMMW_UNSUPPORTED`: the device cannot create RDMA-capable VMM memory (the
+ *   driver reports `CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED`
+ *   = 0).
+ * - `VMMW_INVALID_STATE`: the tag already holds segments in this pool,
+ *   created the other way (free its blocks and trim first).
+ *
+ * # Safety
+ * `pool` is a live handle; `error` is NULL or writable.
+ */
+vmmw_status_t vmmw_pool_set_tag_rdma(struct vmmw_pool_t *pool, uint32_t tag, int32_t rdma, struct vmmw_error_t **error);
+
+/**
  * The pool's memory summed over all tags.
  *
  * Errors:

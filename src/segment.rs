@@ -11,7 +11,7 @@
 
 use std::sync::Arc;
 
-use crate::driver::{round_up, AccessMode, DevicePtr, Driver, PeerAccess, PhysHandle};
+use crate::driver::{round_up, AccessMode, CreateFlags, DevicePtr, Driver, PeerAccess, PhysHandle};
 use crate::error::{Error, Result};
 
 /// One run of a segment that is mapped to a single physical handle, or unmapped.
@@ -66,6 +66,8 @@ pub struct Segment {
     /// Peer devices granted access; applied to every chunk mapped later too,
     /// so the grant outlives sleep/wake and arena growth.
     peers: Vec<PeerAccess>,
+    /// How every chunk is created, now and at each wake.
+    flags: CreateFlags,
 }
 
 impl Segment {
@@ -106,13 +108,26 @@ impl Segment {
             orphans: Vec::new(),
             closed: false,
             peers: Vec::new(),
+            flags: CreateFlags::default(),
         })
     }
 
     /// Reserve and back `size` bytes (rounded up to the granularity) with
     /// physical memory in chunks of at most `chunk_size` bytes (0 = one chunk).
     pub fn allocate(driver: Arc<dyn Driver>, size: usize, chunk_size: usize) -> Result<Segment> {
+        Segment::allocate_with(driver, size, chunk_size, CreateFlags::default())
+    }
+
+    /// [`Segment::allocate`] with every chunk created with `flags`, now and
+    /// at each wake.
+    pub fn allocate_with(
+        driver: Arc<dyn Driver>,
+        size: usize,
+        chunk_size: usize,
+        flags: CreateFlags,
+    ) -> Result<Segment> {
         let mut seg = Segment::reserve(driver, size, chunk_size)?;
+        seg.flags = flags;
         let reserved = seg.reserved;
         // On failure `seg` drops here and frees its VA.
         seg.commit(reserved)?;
@@ -161,6 +176,18 @@ impl Segment {
     /// Record the sleep state (set by the sleep engine once the chunks are unmapped or mapped).
     pub fn set_sleep_state(&mut self, state: SleepState) {
         self.sleep_state = state;
+    }
+
+    /// How this segment's chunks are created.
+    pub fn create_flags(&self) -> CreateFlags {
+        self.flags
+    }
+
+    /// Create every chunk committed or mapped from now on with `flags` (a
+    /// wake too). Chunks that exist keep how they were made: set it before
+    /// the first commit.
+    pub fn set_create_flags(&mut self, flags: CreateFlags) {
+        self.flags = flags;
     }
 
     /// The peers granted access to this segment's memory.
@@ -454,6 +481,7 @@ impl Segment {
             self.va + offset as u64,
             size,
             &self.peers,
+            self.flags,
         )
     }
 
@@ -499,15 +527,17 @@ impl Segment {
 }
 
 /// Create `size` bytes of physical memory, map them at `va` and grant access
-/// to this device and to `peers` (a segment's peer grant, [`Segment::peers`]).
+/// to this device and to `peers` (a segment's peer grant, [`Segment::peers`]),
+/// created with `flags` ([`Segment::create_flags`]).
 /// On failure nothing is left behind.
 pub fn map_new_at(
     driver: &dyn Driver,
     va: DevicePtr,
     size: usize,
     peers: &[PeerAccess],
+    flags: CreateFlags,
 ) -> Result<PhysHandle> {
-    let h = driver.create(size)?;
+    let h = driver.create_with(size, flags)?;
     if let Err(e) = driver.map(va, size, h) {
         let _ = driver.release(h);
         return Err(e);

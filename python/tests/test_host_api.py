@@ -291,3 +291,12 @@ def test_remap_epoch_and_callback_follow_each_wake(pool):
     pool.sleep(**{name: "offload"})
     pool.wake(name)
     assert len(seen) == 2, "a removed callback is not called"
+
+
+def test_rdma_tag_is_set_before_its_first_allocation(pool):
+    pool.set_tag_rdma("rdma-python")
+    pool.alloc(1 << 20, tag="rdma-python")
+    pool.alloc(1 << 20, tag="plain-python")
+    with pytest.raises(vw.VmmwError) as e:
+        pool.set_tag_rdma("plain-python")
+    assert "before its first allocation" in str(e.value)

@@ -123,6 +123,7 @@ _SIGNATURES: dict[str, tuple[Any, list[Any], bool]] = {
     "vmmw_pool_trim": (_I32, [_P, _U64P], True),
     "vmmw_pool_set_tag_arena": (_I32, [_P, ctypes.c_uint32, ctypes.c_uint64, ctypes.c_uint64], True),
     "vmmw_pool_set_tag_segments": (_I32, [_P, ctypes.c_uint32], True),
+    "vmmw_pool_set_tag_rdma": (_I32, [_P, ctypes.c_uint32, _I32], True),
     "vmmw_pool_report_json": (_I32, [_P, *_BUF], True),
     "vmmw_pool_snapshot": (_I32, [_P, ctypes.c_char_p], True),
     "vmmw_pool_timeline_json": (_I32, [_P, *_BUF], True),

@@ -189,6 +189,13 @@ class Pool:
         call("vmmw_pool_set_tag_arena", self.handle, ctypes.c_uint32(tag_id(tag)),
              ctypes.c_uint64(reserve_bytes), ctypes.c_uint64(grow_step))
 
+    def set_tag_rdma(self, tag: str, rdma: bool = True) -> None:
+        """Create `tag`'s memory RDMA-capable (registrable by NCCL's
+        ``ncclCommRegister``, NIXL, UCX) from its first allocation on and at
+        every wake. A wake maps new pages: :func:`vmmweights.remap_epoch` and
+        :func:`vmmweights.on_remap` say when to register again."""
+        call("vmmw_pool_set_tag_rdma", self.handle, ctypes.c_uint32(tag_id(tag)), ctypes.c_int32(1 if rdma else 0))
+
     # --- sleep and wake ----------------------------------------------------------
 
     def set_default_policy(self, tag: str, policy: str) -> None:

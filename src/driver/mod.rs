@@ -157,6 +157,15 @@ pub struct PeerAccess {
     pub mode: AccessMode,
 }
 
+/// How physical memory is created.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CreateFlags {
+    /// Registrable by NICs and collectives for RDMA (NCCL's
+    /// `ncclCommRegister`, NIXL, UCX): `gpuDirectRDMACapable` in the
+    /// allocation's flags.
+    pub rdma: bool,
+}
+
 /// The VMM primitives and the transfer machinery above them.
 ///
 /// Every method may be called from any thread; the CUDA backend makes the
@@ -176,7 +185,16 @@ pub trait Driver: testing::AsAny + Send + Sync + fmt::Debug {
     /// Return a reservation made by `reserve`. Everything in it must be unmapped.
     fn free_va(&self, va: DevicePtr, size: usize) -> Result<()>;
     /// Create `size` bytes of physical memory (a granularity multiple).
-    fn create(&self, size: usize) -> Result<PhysHandle>;
+    fn create(&self, size: usize) -> Result<PhysHandle> {
+        self.create_with(size, CreateFlags::default())
+    }
+    /// Create as [`Driver::create`], with `flags`. `flags.rdma` where
+    /// [`Driver::rdma_supported`] is false fails with `Unsupported`, naming
+    /// the device.
+    fn create_with(&self, size: usize, flags: CreateFlags) -> Result<PhysHandle>;
+    /// Whether memory can be created registrable for RDMA (the driver's
+    /// `CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED`).
+    fn rdma_supported(&self) -> Result<bool>;
     /// Release a physical handle.
     fn release(&self, handle: PhysHandle) -> Result<()>;
     /// Map `size` bytes of `handle` (from its offset 0) at `va`, inside a reservation.

@@ -476,6 +476,39 @@ pub unsafe extern "C" fn vmmw_pool_set_tag_segments(
     })
 }
 
+/// Create `tag`'s memory in this pool RDMA-capable (`rdma` != 0: the
+/// driver's `gpuDirectRDMACapable` allocation flag, so NCCL's
+/// `ncclCommRegister`, NIXL and UCX can register it) or not (0), from its
+/// first allocation on and again at every wake. A wake maps new pages: watch
+/// `vmmw_tag_remap_epoch` or register a `vmmw_remap_callback_add` to register
+/// the memory again. Nothing changes on failure.
+///
+/// Errors:
+/// - `VMMW_NULL_ARGUMENT`: `pool` is NULL.
+/// - `VMMW_UNKNOWN_TAG`: `tag` is not registered.
+/// - `VMMW_UNSUPPORTED`: the device cannot create RDMA-capable VMM memory (the
+///   driver reports `CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED`
+///   = 0).
+/// - `VMMW_INVALID_STATE`: the tag already holds segments in this pool,
+///   created the other way (free its blocks and trim first).
+///
+/// # Safety
+/// `pool` is a live handle; `error` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn vmmw_pool_set_tag_rdma(
+    pool: *mut vmmw_pool_t,
+    tag: u32,
+    rdma: i32,
+    error: *mut *mut vmmw_error_t,
+) -> vmmw_status_t {
+    call(error, || {
+        // SAFETY: forwarded contract.
+        unsafe { arg(pool, "pool") }?
+            .pool
+            .set_tag_rdma(TagId(tag), rdma != 0)
+    })
+}
+
 fn to_c_report(u: &TagUsage, used: Option<u64>, total: Option<u64>, tags: usize) -> vmmw_report_t {
     vmmw_report_t {
         live_bytes: u.live_bytes,

@@ -13,7 +13,8 @@
 //! Holes left by frees in the middle stay backed and are reused best-fit.
 
 use super::{
-    apply, best_fit, grant_tag_peers, insert_segment, take, Block, Pool, SegmentClass, State,
+    apply, best_fit, grant_tag_peers, insert_segment, tag_create_flags, take, Block, Pool,
+    SegmentClass, State,
 };
 use crate::driver::round_up;
 use crate::error::{Error, Result};
@@ -39,6 +40,7 @@ impl Pool {
             };
             let mut seg = Segment::reserve(self.driver.clone(), reserve_bytes, step)
                 .map_err(|e| self.unreservable(e, reserve_bytes, tag))?;
+            seg.set_create_flags(tag_create_flags(st, tag));
             grant_tag_peers(st, tag, &mut seg)?;
             let base = insert_segment(st, seg, tag, SegmentClass::Arena);
             st.tags.entry(tag).or_default().arena = Some(base);

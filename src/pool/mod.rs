@@ -32,6 +32,7 @@ pub mod identity;
 mod lease;
 mod peers;
 mod range;
+mod rdma;
 pub mod registry;
 mod release;
 pub mod remap;
@@ -248,6 +249,8 @@ struct TagState {
     peers: Vec<crate::driver::PeerAccess>,
     /// A mark the layer above pinned on the tag ([`lease::TagLease::set_mark`]).
     mark: Option<lease::TagMark>,
+    /// How the tag's physical memory is created ([`Pool::set_tag_rdma`]).
+    create: crate::driver::CreateFlags,
 }
 
 /// Free blocks indexed for best fit: per (tag, class), ordered by (size, segment base, offset).
@@ -469,7 +472,13 @@ impl Pool {
             _ if size <= self.config.large_segment_bytes / 2 => self.config.large_segment_bytes,
             _ => size,
         };
-        let mut seg = Segment::allocate(self.driver.clone(), seg_size, self.config.chunk_bytes)?;
+        let flags = tag_create_flags(st, tag);
+        let mut seg = Segment::allocate_with(
+            self.driver.clone(),
+            seg_size,
+            self.config.chunk_bytes,
+            flags,
+        )?;
         grant_tag_peers(st, tag, &mut seg)?;
         let base = insert_segment(st, seg, tag, class);
         Ok(take(st, base, 0, size))
@@ -482,18 +491,20 @@ impl Pool {
     pub fn alloc_segment(&self, size: usize, tag: TagId) -> Result<Block> {
         self.check_request(size, tag)?;
         let size = round_up(size, self.granularity);
-        {
+        let flags = {
             let st = self.lock();
             Self::check_awake(&st, tag)?;
-        }
+            tag_create_flags(&st, tag)
+        };
+        let chunk = self.config.chunk_bytes;
         // Create outside the lock: driver calls for big segments take a while.
-        let mut seg = match Segment::allocate(self.driver.clone(), size, self.config.chunk_bytes) {
+        let mut seg = match Segment::allocate_with(self.driver.clone(), size, chunk, flags) {
             Err(e) if e.is_out_of_memory() => {
                 let released = self.trim()?;
                 if released == 0 {
                     return Err(e);
                 }
-                Segment::allocate(self.driver.clone(), size, self.config.chunk_bytes)?
+                Segment::allocate_with(self.driver.clone(), size, chunk, flags)?
             }
             r => r?,
         };
@@ -944,6 +955,10 @@ fn take(st: &mut State, base: DevicePtr, off: usize, size: usize) -> Block {
 }
 
 /// Give a new segment of `tag` the tag's peer access (a no-op without peers).
+fn tag_create_flags(st: &State, tag: TagId) -> crate::driver::CreateFlags {
+    st.tags.get(&tag).map(|t| t.create).unwrap_or_default()
+}
+
 fn grant_tag_peers(st: &State, tag: TagId, seg: &mut Segment) -> Result<()> {
     match st.tags.get(&tag) {
         Some(t) if !t.peers.is_empty() => seg.set_peers(&t.peers),

@@ -19,7 +19,7 @@ use common::backend::{on_each_backend, skip, Backend};
 use vmmweights::driver::convert::convert_on_cpu;
 use vmmweights::driver::host::HostCounts;
 use vmmweights::driver::{
-    kernels, round_up, AccessMode, ConvertType, PeerAccess, PhysHandle, StreamId,
+    kernels, round_up, AccessMode, ConvertType, CreateFlags, PeerAccess, PhysHandle, StreamId,
 };
 use vmmweights::{DevicePtr, Driver, Error};
 
@@ -253,6 +253,37 @@ fn mem_info_counts_created_memory() {
             "release gives the memory back ({before:?} -> {after:?})"
         );
         assert_no_leaks(b, "mem_info");
+    });
+}
+
+#[test]
+fn create_with_rdma_follows_the_reported_support() {
+    on_each_backend("create_with_rdma_follows_the_reported_support", |b| {
+        let d = &b.driver;
+        let g = d.granularity();
+        let flags = CreateFlags { rdma: true };
+        if d.rdma_supported().unwrap() {
+            // RDMA-capable memory maps and holds bytes as any other.
+            let va = d.reserve(2 * g, 0).unwrap();
+            let h = d.create_with(2 * g, flags).unwrap();
+            d.map(va, 2 * g, h).unwrap();
+            d.set_access(va, 2 * g).unwrap();
+            let p = pattern(2 * g, 41);
+            write(d.as_ref(), va, &p);
+            assert_same("rdma-capable memory", &read(d.as_ref(), va, 2 * g), &p);
+            d.unmap(va, 2 * g).unwrap();
+            d.release(h).unwrap();
+            d.free_va(va, 2 * g).unwrap();
+        } else {
+            let e = d.create_with(2 * g, flags).unwrap_err();
+            assert!(matches!(e, Error::Unsupported(_)), "{e}");
+            assert!(e.to_string().contains("RDMA"), "{e}");
+            skip(
+                "create_with_rdma_follows_the_reported_support",
+                "the device reports no GPUDirect RDMA for VMM memory: only the refusal was checked",
+            );
+        }
+        assert_no_leaks(b, "create_with rdma");
     });
 }
 

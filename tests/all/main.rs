@@ -48,6 +48,7 @@ mod pool_errors;
 mod pool_free_faults;
 mod pool_model;
 mod pool_random;
+mod pool_rdma;
 mod pool_reload;
 mod pool_remap;
 mod pool_sleep;

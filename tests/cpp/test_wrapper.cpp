@@ -411,7 +411,9 @@ static void test_remap_notices() {
   o.backend = vmmw::Backend::Host;
   vmmw::Pool pool(o);
   const vmmw::Tag t = vmmw::tag_id("cpp-remap");
+  pool.set_tag_rdma(t);
   vmmw::Block b = pool.alloc(1u << 20, t);
+  CHECK(status_of([&] { pool.set_tag_rdma(t, false); }) == VMMW_INVALID_STATE);
   CHECK(vmmw::remap_epoch(t) == 0);
   std::vector<uint64_t> seen;
   {

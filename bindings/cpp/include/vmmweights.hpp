@@ -464,6 +464,12 @@ class Pool {
     detail::call([&](vmmw_error_t** e) { return vmmw_pool_set_tag_segments(get_mut(), tag, e); });
   }
 
+  /// Create `tag`'s memory RDMA-capable (registrable by NCCL, NIXL, UCX), from
+  /// its first allocation on and at every wake (vmmw_pool_set_tag_rdma).
+  void set_tag_rdma(Tag tag, bool rdma = true) {
+    detail::call([&](vmmw_error_t** e) { return vmmw_pool_set_tag_rdma(get_mut(), tag, rdma ? 1 : 0, e); });
+  }
+
   [[nodiscard]] Report report() const {
     Report r{};
     detail::call([&](vmmw_error_t** e) { return vmmw_pool_report(get_checked(), &r, e); });

@@ -203,6 +203,19 @@ func (p *Pool) SetTagSegments(tag Tag) error {
 	})
 }
 
+// SetTagRDMA creates tag's memory RDMA-capable (registrable by NCCL, NIXL,
+// UCX), from its first allocation on and at every wake; a wake maps new pages
+// (Tag.RemapEpoch, OnRemap say when to register again).
+func (p *Pool) SetTagRDMA(tag Tag, rdma bool) error {
+	v := C.int32_t(0)
+	if rdma {
+		v = 1
+	}
+	return p.do(func(cp *C.vmmw_pool_t, e **C.vmmw_error_t) C.vmmw_status_t {
+		return C.vmmw_pool_set_tag_rdma(cp, C.uint32_t(tag), v, e)
+	})
+}
+
 func reportOf(r *C.vmmw_report_t) Report {
 	return Report{uint64(r.live_bytes), uint64(r.live_blocks), uint64(r.reserved_bytes), uint64(r.tracked_bytes),
 		uint64(r.segments), uint64(r.awake_bytes), uint64(r.offloaded_bytes), uint64(r.discarded_bytes),

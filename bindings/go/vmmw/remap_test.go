@@ -10,6 +10,9 @@ import (
 func TestRemapEpochAndCallbackFollowEachWake(t *testing.T) {
 	p := hostPool(t)
 	tag := mustTag(t, "go-remap")
+	if err := p.SetTagRDMA(tag, true); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := p.AllocTagged(1<<20, tag); err != nil {
 		t.Fatal(err)
 	}
@@ -38,6 +41,9 @@ func TestRemapEpochAndCallbackFollowEachWake(t *testing.T) {
 		if e, _ := tag.RemapEpoch(); e != cycle {
 			t.Fatalf("after wake %d: epoch %d", cycle, e)
 		}
+	}
+	if err := p.SetTagRDMA(tag, false); !isStatus(err, StatusInvalidState) {
+		t.Fatalf("turning the flag off with memory in the tag: %v", err)
 	}
 	if err := cb.Remove(); err != nil {
 		t.Fatal(err)

@@ -208,7 +208,7 @@ pub(super) fn mem_get_allocation_granularity(
     device: sys::CUdevice,
     shareable: bool,
 ) -> CuResult<usize> {
-    let prop = structs::alloc_prop(device, shareable);
+    let prop = structs::alloc_prop(device, shareable, false);
     let mut g = 0usize;
     // SAFETY: prop is a fully initialised allocation property; writes one usize.
     let rc = unsafe {
@@ -243,8 +243,9 @@ pub(super) fn mem_create(
     size: usize,
     device: sys::CUdevice,
     shareable: bool,
+    rdma: bool,
 ) -> CuResult<sys::CUmemGenericAllocationHandle> {
-    let prop = structs::alloc_prop(device, shareable);
+    let prop = structs::alloc_prop(device, shareable, rdma);
     let mut h: sys::CUmemGenericAllocationHandle = 0;
     // SAFETY: prop is fully initialised; writes one handle.
     let rc = unsafe { sys::cuMemCreate(&mut h, size, &prop, 0) };

@@ -27,8 +27,8 @@ pub use open::MIN_DRIVER_VERSION;
 
 use super::fault::{FaultOp, Faults};
 use super::{
-    kernels, AccessMode, BackendKind, ConvertType, DevicePtr, Driver, EventId, MemInfo, PeerAccess,
-    PhysHandle, StreamId,
+    kernels, AccessMode, BackendKind, ConvertType, CreateFlags, DevicePtr, Driver, EventId,
+    MemInfo, PeerAccess, PhysHandle, StreamId,
 };
 use crate::error::{Error, Result};
 
@@ -187,8 +187,22 @@ impl Driver for CudaDriver {
         cu::mem_address_free(va, size).map_err(|e| e.detail(|| format!("{va:#x} (+{size})")))
     }
 
-    fn create(&self, size: usize) -> Result<PhysHandle> {
+    fn rdma_supported(&self) -> Result<bool> {
         self.bind()?;
+        Ok(cu::device_get_attribute(
+            self.cu_device,
+            sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED,
+        )? != 0)
+    }
+
+    fn create_with(&self, size: usize, flags: CreateFlags) -> Result<PhysHandle> {
+        self.bind()?;
+        if flags.rdma && !self.rdma_supported()? {
+            return Err(Error::Unsupported(format!(
+                "{}: the driver reports no GPUDirect RDMA for VMM memory (CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED = 0), so RDMA-capable memory cannot be created",
+                self.describe()
+            )));
+        }
         if self.faults.take(FaultOp::Create) {
             // As the host backend: an injected create fails as out of memory.
             return Err(Error::OutOfMemory {
@@ -197,7 +211,7 @@ impl Driver for CudaDriver {
                 free: self.mem_info().map(|m| m.free).unwrap_or(0),
             });
         }
-        let mut created = cu::mem_create(size, self.cu_device, self.shareable_now());
+        let mut created = cu::mem_create(size, self.cu_device, self.shareable_now(), flags.rdma);
         let refused = [
             sys::CUresult::CUDA_ERROR_NOT_SUPPORTED,
             sys::CUresult::CUDA_ERROR_INVALID_VALUE,
@@ -205,7 +219,7 @@ impl Driver for CudaDriver {
         if let Err(e) = created {
             if refused.contains(&e.rc()) && self.shareable.swap(false, Ordering::Relaxed) {
                 // The driver refuses exportable memory here: keep working, unshareable.
-                created = cu::mem_create(size, self.cu_device, self.shareable_now());
+                created = cu::mem_create(size, self.cu_device, self.shareable_now(), flags.rdma);
             }
         }
         match created {

@@ -24,8 +24,12 @@ pub(super) fn device_location(device: sys::CUdevice) -> sys::CUmemLocation {
 
 /// The allocation properties of every `cuMemCreate` and granularity query:
 /// pinned device memory on `device`, exportable as a POSIX file descriptor
-/// when `shareable`.
-pub(super) fn alloc_prop(device: sys::CUdevice, shareable: bool) -> sys::CUmemAllocationProp {
+/// when `shareable`, registrable for RDMA (`gpuDirectRDMACapable`) when `rdma`.
+pub(super) fn alloc_prop(
+    device: sys::CUdevice,
+    shareable: bool,
+    rdma: bool,
+) -> sys::CUmemAllocationProp {
     sys::CUmemAllocationProp {
         type_: sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED,
         requestedHandleTypes: if shareable {
@@ -37,7 +41,7 @@ pub(super) fn alloc_prop(device: sys::CUdevice, shareable: bool) -> sys::CUmemAl
         win32HandleMetaData: std::ptr::null_mut(),
         allocFlags: sys::CUmemAllocationProp_st__bindgen_ty_1 {
             compressionType: 0,
-            gpuDirectRDMACapable: 0,
+            gpuDirectRDMACapable: u8::from(rdma),
             usage: 0,
             reserved: [0; 4],
         },
@@ -113,7 +117,7 @@ mod tests {
     #[test]
     fn alloc_prop_is_pinned_on_the_device() {
         for shareable in [false, true] {
-            let p = alloc_prop(3, shareable);
+            let p = alloc_prop(3, shareable, false);
             assert_eq!(
                 p.type_,
                 sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED
@@ -133,6 +137,24 @@ mod tests {
             );
             assert!(p.win32HandleMetaData.is_null());
             assert_eq!(p.allocFlags.gpuDirectRDMACapable, 0);
+        }
+    }
+
+    #[test]
+    fn alloc_prop_sets_only_the_rdma_flag_when_asked() {
+        let plain = alloc_prop(1, true, false);
+        let rdma = alloc_prop(1, true, true);
+        assert_eq!(rdma.allocFlags.gpuDirectRDMACapable, 1);
+        assert_eq!(plain.allocFlags.gpuDirectRDMACapable, 0);
+        for p in [&plain, &rdma] {
+            assert_eq!(p.allocFlags.compressionType, 0);
+            assert_eq!(p.allocFlags.usage, 0);
+            assert_eq!(p.allocFlags.reserved, [0; 4]);
+            assert_eq!(p.location.id, 1);
+            assert_eq!(
+                p.type_,
+                sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED
+            );
         }
     }
 

@@ -33,12 +33,12 @@ mod state;
 mod sync;
 
 use std::os::fd::OwnedFd;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 
 pub use super::fault::FaultOp;
 use super::fault::Faults;
-use super::{BackendKind, ConvertType, DevicePtr, Driver, EventId, MemInfo};
+use super::{BackendKind, ConvertType, CreateFlags, DevicePtr, Driver, EventId, MemInfo};
 use super::{PeerAccess, PhysHandle, StreamId};
 use crate::error::{Error, Result};
 pub use config::{
@@ -58,6 +58,11 @@ pub struct HostDriver {
     id: u64,
     state: Mutex<State>,
     faults: Faults,
+    /// Whether RDMA-capable memory may be created (the host has no NIC: the
+    /// flag only records the request, so the path above runs in CI).
+    rdma: AtomicBool,
+    /// Physical handles created RDMA-capable.
+    rdma_created: AtomicU64,
 }
 
 impl HostDriver {
@@ -92,6 +97,8 @@ impl HostDriver {
                 ..State::default()
             }),
             faults: Faults::default(),
+            rdma: AtomicBool::new(true),
+            rdma_created: AtomicU64::new(0),
         }
     }
 
@@ -125,6 +132,16 @@ impl HostDriver {
     /// device whose link went bad).
     pub fn fail_always(&self, op: FaultOp) {
         self.faults.fail_always(op);
+    }
+
+    /// Say whether this device supports RDMA-capable memory (default: yes).
+    pub fn set_rdma_supported(&self, supported: bool) {
+        self.rdma.store(supported, Ordering::Relaxed);
+    }
+
+    /// Physical handles created RDMA-capable so far.
+    pub fn rdma_handles_created(&self) -> u64 {
+        self.rdma_created.load(Ordering::Relaxed)
     }
 
     /// Clear every injected failure.
@@ -190,8 +207,22 @@ impl Driver for HostDriver {
         mapping::free_va(self, va, size)
     }
 
-    fn create(&self, size: usize) -> Result<PhysHandle> {
-        memory::create(self, size)
+    fn create_with(&self, size: usize, flags: CreateFlags) -> Result<PhysHandle> {
+        if flags.rdma && !self.rdma.load(Ordering::Relaxed) {
+            return Err(Error::Unsupported(format!(
+                "{}: RDMA-capable memory is switched off on this host backend (HostDriver::set_rdma_supported)",
+                self.describe()
+            )));
+        }
+        let h = memory::create(self, size)?;
+        if flags.rdma {
+            self.rdma_created.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(h)
+    }
+
+    fn rdma_supported(&self) -> Result<bool> {
+        Ok(self.rdma.load(Ordering::Relaxed))
     }
 
     fn release(&self, handle: PhysHandle) -> Result<()> {

@@ -3,7 +3,7 @@
 
 use super::options::Policy;
 use super::TagSegments;
-use crate::driver::{DevicePtr, PeerAccess};
+use crate::driver::{CreateFlags, DevicePtr, PeerAccess};
 use crate::segment::{Chunk, Segment, SleepState};
 use crate::sleep::ranges;
 
@@ -16,6 +16,8 @@ pub(super) struct SegTodo {
     pub(super) chunks: Vec<Chunk>,
     /// The segment's peer grant, set again on every chunk mapped at wake.
     pub(super) peers: Vec<PeerAccess>,
+    /// How the segment's chunks are created, again at wake (RDMA-capable or not).
+    pub(super) flags: CreateFlags,
 }
 
 /// Which transition a snapshot is for, and so which segments it takes in.
@@ -62,6 +64,7 @@ impl SegTodo {
             state: seg.sleep_state(),
             chunks: seg.chunks().to_vec(),
             peers: seg.peers().to_vec(),
+            flags: seg.create_flags(),
         }
     }
 

@@ -94,7 +94,7 @@ impl StagedWake<'_> {
                     continue;
                 }
                 let va = t.ptr + chunk.offset as u64;
-                let h = map_new_at(driver.as_ref(), va, chunk.size, &t.peers)?;
+                let h = map_new_at(driver.as_ref(), va, chunk.size, &t.peers, t.flags)?;
                 self.made.push((i, c, h));
                 self.report.physical_bytes += chunk.size as u64;
             }

@@ -125,7 +125,7 @@ impl SleepEngine {
             for (c, chunk) in t.chunks.iter().enumerate() {
                 let va = t.ptr + chunk.offset as u64;
                 if chunk.handle.is_none() {
-                    let h = map_new_at(self.driver.as_ref(), va, chunk.size, &t.peers)?;
+                    let h = map_new_at(self.driver.as_ref(), va, chunk.size, &t.peers, t.flags)?;
                     made.push((i, c, h));
                     report.physical_bytes += chunk.size as u64;
                 }
