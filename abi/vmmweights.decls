@@ -38,6 +38,8 @@
 #define VMMW_UNKNOWN_POINTER 7
 #define VMMW_UNKNOWN_TAG 8
 #define VMMW_UNSUPPORTED 15
+#define VMMW_UPDATE_SOURCE 21
+#define VMMW_UPDATE_TORN 22
 const char*vmmw_error_message(const struct vmmw_error_t*error);
 const char*vmmw_status_name(vmmw_status_t status);
 const char*vmmw_version_string(void);

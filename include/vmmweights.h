@@ -929,6 +929,25 @@ typedef struct vmmw_sleep_options_t {
  */
 #define VMMW_SHARE_REVOKED 19
 
+/**
+ * An update named a base version the tag is not at: read the tag's version
+ * (`vmmw_tag_version`) and send the update again. Nothing was written.
+ */
+#define VMMW_VERSION_MISMATCH 20
+
+/**
+ * An update's source failed or ended before delivering every byte: no
+ * destination was written.
+ */
+#define VMMW_UPDATE_SOURCE 21
+
+/**
+ * An update wrote destinations and could not finish, also on its retry: they
+ * hold a mix of versions, the tag is marked torn and its version did not
+ * move. Update again to repair.
+ */
+#define VMMW_UPDATE_TORN 22
+
 #ifdef __cplusplus
 extern "C" {
 #endif // __cplusplus

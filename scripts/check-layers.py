@@ -29,11 +29,12 @@ LAYERS = [
     ["units"],
     ["driver"],
     ["hostmem", "segment", "tag"],
-    ["report"],
+    ["report", "versions"],
     ["sleep"],
     ["pool"],
     ["loader"],
     ["share", "devices"],
+    ["update"],
     ["ffi", "fuzz"],
 ]
 RANK = {m: i for i, layer in enumerate(LAYERS) for m in layer}
