@@ -95,15 +95,22 @@ pub fn build(
             Some(t)
         }
         None => {
-            let mut tags: Vec<TagId> = written
+            // Without a plan, the tags of every destination stand in for
+            // those written, so the version is still checked and listed.
+            let ptrs: Vec<DevicePtr> = if plan.is_some() {
+                written.iter().map(|w| w.0).collect()
+            } else {
+                registry.iter().map(|d| d.ptr).collect()
+            };
+            let mut tags: Vec<TagId> = ptrs
                 .iter()
-                .filter_map(|(p, _, _)| pool.segment_of(*p).map(|s| s.tag))
+                .filter_map(|p| pool.segment_of(*p).map(|s| s.tag))
                 .collect();
             tags.sort();
             tags.dedup();
             match tags.as_slice() {
                 [t] => Some(*t),
-                [] if written.is_empty() => None,
+                [] if ptrs.is_empty() || (plan.is_some() && written.is_empty()) => None,
                 [] => {
                     problems.push(
                         "the destinations lie outside the pool: name the tag to version".into(),

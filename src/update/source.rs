@@ -105,7 +105,8 @@ pub unsafe trait Source {
 }
 
 /// Whole tensors in memory of this process (a trainer's state dict): one
-/// batch holding every tensor, resident for the whole update.
+/// batch holding every tensor, resident for the whole update. Each update
+/// reads the whole set, so one set serves several updates.
 #[derive(Debug, Clone, Default)]
 pub struct Tensors {
     manifest: Vec<SourceTensor>,
@@ -212,6 +213,9 @@ unsafe impl Source for Tensors {
     }
 
     fn release(&mut self, _id: u64) -> Result<()> {
+        // Every update releases what it was handed, also when it fails:
+        // the next update reads the whole set again.
+        self.delivered = false;
         Ok(())
     }
 }

@@ -56,3 +56,4 @@ mod segment;
 mod share_attach_bench;
 mod sleep_engine;
 mod sleep_hazards;
+mod update;
