@@ -2182,11 +2182,15 @@ void vmmw_share_server_free(struct vmmw_share_server_t *server);
 vmmw_status_t vmmw_share_server_attached(const struct vmmw_share_server_t *server, uint64_t *out, struct vmmw_error_t **error);
 
 /**
- * Announce new weights written in place: the version goes up by one and
- * attached importers see it on their next call. `*out` receives the new version.
+ * Announce new weights written in place by other means than an update (a
+ * load of a new checkpoint): the served tag's version (`vmmw_tag_version`)
+ * goes up by one and attached importers see it on their next call. `*out`
+ * receives the new version.
  *
  * Errors:
  * - `VMMW_NULL_ARGUMENT`: `server` or `out` is NULL.
+ * - `VMMW_INVALID_STATE`: an update of the tag is running; publish once it
+ *   has returned.
  *
  * # Safety
  * `server` is a live handle; `out` is writable; `error` is NULL or writable.

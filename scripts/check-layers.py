@@ -29,7 +29,7 @@ LAYERS = [
     ["units"],
     ["driver"],
     ["hostmem", "segment", "tag"],
-    ["report", "versions"],
+    ["report"],
     ["sleep"],
     ["pool"],
     ["loader"],

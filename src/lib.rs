@@ -11,9 +11,10 @@
 //! - [`driver`]: virtual addresses and physical memory (CUDA, or the host simulation);
 //! - [`hostmem`] (pinned host buffers), [`segment`] (one VA reservation and the
 //!   chunks mapped into it), [`tag`] (tag names and per-thread scopes);
-//! - [`report`]: the memory quantities per tag; [`versions`]: each tag's weights version;
+//! - [`report`]: the memory quantities per tag;
 //! - [`sleep`]: sleep/wake of a tag's segments, the backup arena, the reload seam;
-//! - [`pool`]: the caching pool, arenas, the process-wide registry, PyTorch's entry logic;
+//! - [`pool`]: the caching pool, arenas, the process-wide registry, PyTorch's entry logic,
+//!   each tag's weights version;
 //! - [`loader`]: checkpoints, rules, plans and the copy engine; loading into a pool;
 //! - [`devices`] (beside [`share`]): work across the devices of one host: the
 //!   multi-device load, replicas' sleep and wake, their peer grants;
@@ -42,7 +43,6 @@ pub mod sleep;
 pub mod tag;
 pub mod units;
 pub mod update;
-pub mod versions;
 
 pub use driver::{BackendChoice, BackendKind, DevicePtr, Driver};
 pub use error::{Error, Result, Status};

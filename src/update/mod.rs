@@ -42,11 +42,11 @@
 //! error); the update then rolls forward: it waits for the device and runs
 //! them all again from the same bytes (the scratch, or the resident
 //! source). When that retry fails too the destinations hold a mix: the tag
-//! is marked torn ([`crate::versions::is_torn`]), its version stays, and the
+//! is marked torn ([`Pool::tag_torn`]), its version stays, and the
 //! error is [`Error::UpdateTorn`]; an update that succeeds clears the mark.
 //!
 //! # Versions
-//! A tag's version is [`crate::versions::current`]; an update names the
+//! A tag's version in a pool is [`Pool::tag_version`]; an update names the
 //! version it replaces ([`UpdateOptions::expected_version`]) and produces
 //! the next one. Importers attached through a share of the tag
 //! ([`crate::share::Server`]) see the new version.
@@ -169,12 +169,12 @@ pub fn update_registry(
 }
 
 /// Refuse an update whose `expected_version` is 0 (versions start at
-/// [`crate::versions::FIRST`]).
+/// [`crate::pool::versions::FIRST_VERSION`]).
 fn check_options(opts: &UpdateOptions) -> Result<()> {
     if opts.expected_version == 0 {
         return Err(Error::InvalidArgument(format!(
             "update expected_version 0: versions start at {}",
-            crate::versions::FIRST
+            crate::pool::versions::FIRST_VERSION
         )));
     }
     Ok(())

@@ -12,7 +12,6 @@ use crate::error::{Error, Result};
 use crate::loader::{Extent, Plan, PlanOptions, Registry, Rules, TensorInfo};
 use crate::pool::Pool;
 use crate::tag::{self, TagId};
-use crate::versions;
 
 /// A checked update: the copies by source tensor and what they write.
 #[derive(Debug, Clone)]
@@ -128,7 +127,7 @@ pub fn build(
         }
     };
     if let Some(t) = tag {
-        let current = versions::current(t)?;
+        let current = pool.tag_version(t)?;
         if current != expected {
             if problems.is_empty() {
                 return Err(Error::VersionMismatch {

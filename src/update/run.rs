@@ -15,7 +15,6 @@ use crate::loader::{check_destinations, Registry, Rules};
 use crate::pool::Pool;
 use crate::segment::Segment;
 use crate::tag;
-use crate::versions;
 
 /// Alignment of each destination's copy in the scratch.
 const SCRATCH_ALIGN: u64 = 256;
@@ -60,7 +59,7 @@ pub(super) fn run(
         .map(|(p, l, n)| (*p, *l, n.as_str()))
         .collect();
     let pin = pool.pin_for_load(&dests)?;
-    let ticket = versions::begin(up.tag, opts.expected_version)?;
+    let ticket = pool.begin_update(up.tag, opts.expected_version)?;
     let driver = pool.driver().clone();
     let stream = driver.stream_create()?;
     let staged = opts.staging == Staging::Always || !source.resident();

@@ -57,3 +57,4 @@ mod share_attach_bench;
 mod sleep_engine;
 mod sleep_hazards;
 mod update;
+mod update_tp;

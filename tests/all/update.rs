@@ -20,18 +20,19 @@ use common::loader::*;
 use vmmweights::driver::fault::FaultOp;
 use vmmweights::driver::sync_copy::copy_to_device;
 use vmmweights::loader::{Dtype, Session};
+use vmmweights::share::{AttachOptions, Attachment, ServeOptions, Server};
 use vmmweights::sleep::Policy;
 use vmmweights::update::{
     self, Batch, Bytes, Piece, Source, SourceTensor, Staging, Tensors as Src, UpdateOptions,
 };
-use vmmweights::{tag, versions, Driver, Error, Pool, PoolConfig, Segment, Status};
+use vmmweights::{tag, Driver, Error, Pool, PoolConfig, Segment, Status};
 
 /// A loaded model and the trainer's new values for it.
 pub struct Setup {
     /// Holds the checkpoints while the session may reopen them.
     pub _dir: tempfile::TempDir,
     pub driver: Arc<dyn Driver>,
-    pub pool: Pool,
+    pub pool: Arc<Pool>,
     pub tag: tag::TagId,
     pub session: Session,
     /// The trainer's tensors (other values than the checkpoint's).
@@ -79,7 +80,7 @@ pub fn setup(
     let new_dir = dir.path().join("new");
     std::fs::create_dir(&new_dir).unwrap();
     write_file(&new_dir.join("model.safetensors"), &new, Dtype::Bf16);
-    let pool = Pool::new(b.driver.clone(), PoolConfig::default()).unwrap();
+    let pool = Arc::new(Pool::new(b.driver.clone(), PoolConfig::default()).unwrap());
     let t = tag::id(tag_name).unwrap();
     let session = Session::open(dir.path()).unwrap();
     session.set_preset(preset, tp, shape.head_dim).unwrap();
@@ -251,14 +252,14 @@ fn unique(name: &str, b: &Backend) -> String {
 fn updates_from_device_tensors_are_bitwise_and_move_the_version() {
     on_each_backend("updates_from_device_tensors", |b| {
         let s = setup(b, &unique("device", b), &SMALL, "llama", None);
-        let v0 = versions::current(s.tag).unwrap();
+        let v0 = s.pool.tag_version(s.tag).unwrap();
         let (_seg, mut src) = on_device(&s.driver, &s.new);
         let r = update::update(&s.session, &s.pool, &mut src, &opts(v0)).unwrap();
         assert_eq!(r.version, v0 + 1);
         assert_eq!(r.tag, s.tag);
         assert!(!r.staged && !r.retried);
         assert_eq!(r.destinations as usize, s.session.destination_count());
-        assert_eq!(versions::current(s.tag).unwrap(), v0 + 1);
+        assert_eq!(s.pool.tag_version(s.tag).unwrap(), v0 + 1);
         check_all_new(&s);
         // The same update again is from a version the tag left.
         let e = update::update(&s.session, &s.pool, &mut src, &opts(v0)).unwrap_err();
@@ -270,7 +271,7 @@ fn updates_from_device_tensors_are_bitwise_and_move_the_version() {
 fn updates_from_host_tensors_direct_and_staged() {
     on_each_backend("updates_from_host_tensors", |b| {
         let s = setup(b, &unique("host", b), &SMALL, "llama", None);
-        let v0 = versions::current(s.tag).unwrap();
+        let v0 = s.pool.tag_version(s.tag).unwrap();
         let r = update::update(&s.session, &s.pool, &mut on_host(&s.new), &opts(v0)).unwrap();
         assert!(!r.staged);
         check_all_new(&s);
@@ -289,7 +290,7 @@ fn updates_from_host_tensors_direct_and_staged() {
 fn buckets_cut_anywhere_are_staged_with_one_batch_in_flight() {
     on_each_backend("buckets_cut_anywhere", |b| {
         let s = setup(b, &unique("buckets", b), &SMALL, "llama", None);
-        let v0 = versions::current(s.tag).unwrap();
+        let v0 = s.pool.tag_version(s.tag).unwrap();
         let mut src = Buckets::new(&s.new, 4093);
         let r = update::update(&s.session, &s.pool, &mut src, &opts(v0)).unwrap();
         assert!(r.staged);
@@ -306,7 +307,7 @@ fn a_source_failing_or_ending_midway_writes_nothing() {
     on_each_backend("a_source_failing_midway", |b| {
         let s = setup(b, &unique("midway", b), &SMALL, "llama", None);
         let before = snapshot(s.driver.as_ref(), &s.session);
-        let v0 = versions::current(s.tag).unwrap();
+        let v0 = s.pool.tag_version(s.tag).unwrap();
         for end_early in [false, true] {
             let mut src = Buckets::new(&s.new, 3000);
             src.fail_after = Some(5);
@@ -321,7 +322,7 @@ fn a_source_failing_or_ending_midway_writes_nothing() {
             }
             assert_eq!(src.released.len(), 5, "every batch handed out is released");
             assert_eq!(snapshot(s.driver.as_ref(), &s.session), before);
-            assert_eq!(versions::current(s.tag).unwrap(), v0);
+            assert_eq!(s.pool.tag_version(s.tag).unwrap(), v0);
         }
         // And the tag still takes a whole update afterwards.
         let mut src = Buckets::new(&s.new, 3000);
@@ -335,7 +336,7 @@ fn every_problem_is_listed_and_nothing_written() {
     on_each_backend("every_problem_is_listed", |b| {
         let s = setup(b, &unique("problems", b), &SMALL, "llama", None);
         let before = snapshot(s.driver.as_ref(), &s.session);
-        let v0 = versions::current(s.tag).unwrap();
+        let v0 = s.pool.tag_version(s.tag).unwrap();
         let mut bad = s.new.clone();
         bad.remove("model.norm.weight"); // missing
         bad.insert("model.extra.weight".into(), (vec![4], vec![0; 8])); // unknown
@@ -367,7 +368,7 @@ fn every_problem_is_listed_and_nothing_written() {
             assert!(msg.contains(needle), "`{needle}` missing from: {msg}");
         }
         assert_eq!(snapshot(s.driver.as_ref(), &s.session), before);
-        assert_eq!(versions::current(s.tag).unwrap(), v0);
+        assert_eq!(s.pool.tag_version(s.tag).unwrap(), v0);
         // A dtype that would need a conversion.
         let mut conv = Src::new();
         let f32s: Vec<(String, Vec<usize>, Vec<u8>)> = s
@@ -399,7 +400,7 @@ fn a_partial_update_with_allow_missing_keeps_the_rest() {
     on_each_backend("a_partial_update", |b| {
         let s = setup(b, &unique("partial", b), &SMALL, "llama", None);
         let before = snapshot(s.driver.as_ref(), &s.session);
-        let v0 = versions::current(s.tag).unwrap();
+        let v0 = s.pool.tag_version(s.tag).unwrap();
         let part: Tensors = s
             .new
             .iter()
@@ -428,7 +429,7 @@ fn device_faults_roll_forward_or_mark_the_tag_torn() {
         let Some(h) = b.host() else { return };
         let s = setup(b, &unique("faults", b), &SMALL, "llama", None);
         let (_seg, mut src) = on_device(&s.driver, &s.new);
-        let v0 = versions::current(s.tag).unwrap();
+        let v0 = s.pool.tag_version(s.tag).unwrap();
         // A copy fails midway: the retry finishes the whole update.
         h.fail_nth(FaultOp::CopyDtod, 9);
         let r = update::update(&s.session, &s.pool, &mut src, &opts(v0)).unwrap();
@@ -444,18 +445,18 @@ fn device_faults_roll_forward_or_mark_the_tag_torn() {
         let e = update::update(&s.session, &s.pool, &mut back, &o).unwrap_err();
         assert_eq!(e.status(), Status::DriverError, "{e}");
         assert_eq!(snapshot(s.driver.as_ref(), &s.session), before);
-        assert_eq!(versions::current(s.tag).unwrap(), v0 + 1);
+        assert_eq!(s.pool.tag_version(s.tag).unwrap(), v0 + 1);
         h.clear_faults();
         // A device that fails every copy: torn, reported, version kept.
         h.fail_always(FaultOp::CopyDtod);
         let e = update::update(&s.session, &s.pool, &mut back, &opts(v0 + 1)).unwrap_err();
         h.clear_faults();
         assert_eq!(e.status(), Status::UpdateTorn, "{e}");
-        assert!(versions::is_torn(s.tag).unwrap());
-        assert_eq!(versions::current(s.tag).unwrap(), v0 + 1);
+        assert!(s.pool.tag_torn(s.tag).unwrap());
+        assert_eq!(s.pool.tag_version(s.tag).unwrap(), v0 + 1);
         // A whole update repairs it.
         update::update(&s.session, &s.pool, &mut src, &opts(v0 + 1)).unwrap();
-        assert!(!versions::is_torn(s.tag).unwrap());
+        assert!(!s.pool.tag_torn(s.tag).unwrap());
         check_all_new(&s);
     });
 }
@@ -464,7 +465,7 @@ fn device_faults_roll_forward_or_mark_the_tag_torn() {
 fn reload_after_an_update_brings_the_update_back() {
     on_each_backend("reload_after_an_update", |b| {
         let s = setup(b, &unique("reload", b), &SMALL, "llama", None);
-        let v0 = versions::current(s.tag).unwrap();
+        let v0 = s.pool.tag_version(s.tag).unwrap();
         let (_seg, mut src) = on_device(&s.driver, &s.new);
         update::update(&s.session, &s.pool, &mut src, &opts(v0)).unwrap();
         let cycle = s.pool.sleep(&[(s.tag, Policy::Reload)]).unwrap();
@@ -473,7 +474,7 @@ fn reload_after_an_update_brings_the_update_back() {
         assert!(cycle[0].report.copied_bytes >= s.want.values().map(|v| v.len() as u64).sum());
         s.pool.wake(&[s.tag]).unwrap();
         check_all_new(&s);
-        assert_eq!(versions::current(s.tag).unwrap(), v0 + 1);
+        assert_eq!(s.pool.tag_version(s.tag).unwrap(), v0 + 1);
     });
 }
 
@@ -481,8 +482,8 @@ fn reload_after_an_update_brings_the_update_back() {
 fn one_update_of_a_tag_at_a_time_and_no_sleep_during_it() {
     on_each_backend("one_update_at_a_time", |b| {
         let s = setup(b, &unique("busy", b), &SMALL, "llama", None);
-        let v0 = versions::current(s.tag).unwrap();
-        let ticket = versions::begin(s.tag, v0).unwrap();
+        let v0 = s.pool.tag_version(s.tag).unwrap();
+        let ticket = s.pool.begin_update(s.tag, v0).unwrap();
         let e = update::update(&s.session, &s.pool, &mut on_host(&s.new), &opts(v0)).unwrap_err();
         assert_eq!(e.status(), Status::InvalidState, "{e}");
         drop(ticket);
@@ -495,4 +496,89 @@ fn one_update_of_a_tag_at_a_time_and_no_sleep_during_it() {
         s.pool.wake(&[s.tag]).unwrap();
         check_all_new(&s);
     });
+}
+
+#[test]
+fn importers_see_the_version_an_update_produces() {
+    on_each_backend("importers_see_the_version", |b| {
+        if !b.driver.shareable() {
+            common::backend::skip("importers_see_the_version", "memory not created shareable");
+            return;
+        }
+        let s = setup(b, &unique("importer", b), &SMALL, "llama", None);
+        let v0 = s.pool.tag_version(s.tag).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("w.sock");
+        let server = Server::start(
+            s.pool.clone(),
+            s.tag,
+            s.session.destinations(),
+            &path,
+            ServeOptions::default(),
+        )
+        .unwrap();
+        let att = Attachment::attach(b.driver.clone(), &path, &AttachOptions::default()).unwrap();
+        assert_eq!(att.version().unwrap(), v0);
+        let (_seg, mut src) = on_device(&s.driver, &s.new);
+        let r = update::update(&s.session, &s.pool, &mut src, &opts(v0)).unwrap();
+        assert_eq!(server.version(), r.version);
+        // The notice travels over the socket.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while att.version().unwrap() != r.version {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the importer never saw the update"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        // What the importer reads is the update.
+        let name = "model.layers.0.self_attn.qkv_proj.weight";
+        let t = att.tensor(name).unwrap();
+        let mut got = vec![0u8; s.want[name].len()];
+        att.read(t.ptr, &mut got).unwrap();
+        assert!(got == s.want[name]);
+        // A publish moves the same number.
+        assert_eq!(server.publish().unwrap(), r.version + 1);
+        assert_eq!(s.pool.tag_version(s.tag).unwrap(), r.version + 1);
+        drop(att);
+        drop(server);
+    });
+}
+
+#[test]
+fn a_version_ticket_moves_the_version_once_and_only_from_its_base() {
+    let pool = Pool::new(host(), PoolConfig::default()).unwrap();
+    let t = tag::id("update-ticket").unwrap();
+    assert_eq!(pool.tag_version(t).unwrap(), 1);
+    let ticket = pool.begin_update(t, 1).unwrap();
+    assert_eq!((ticket.tag(), ticket.base()), (t, 1));
+    assert!(matches!(
+        pool.begin_update(t, 1),
+        Err(Error::InvalidState(_))
+    ));
+    assert!(matches!(pool.publish(t), Err(Error::InvalidState(_))));
+    assert_eq!(ticket.commit(), 2);
+    let e = pool.begin_update(t, 1).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::VersionMismatch {
+                current: 2,
+                expected: 1,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert!(e.to_string().contains("update-ticket"), "{e}");
+    drop(pool.begin_update(t, 2).unwrap());
+    assert_eq!(pool.tag_version(t).unwrap(), 2);
+    pool.begin_update(t, 2).unwrap().tear();
+    assert!(pool.tag_torn(t).unwrap());
+    assert_eq!(pool.tag_version(t).unwrap(), 2);
+    assert_eq!(pool.publish(t).unwrap(), 3);
+    // Another pool (another device) versions its own.
+    let other = Pool::new(host(), PoolConfig::default()).unwrap();
+    assert_eq!(other.tag_version(t).unwrap(), 1);
+    assert!(pool.tag_version(tag::TagId(u32::MAX)).is_err());
 }
