@@ -38,4 +38,5 @@ pub mod status;
 pub mod tag;
 pub mod testing;
 pub mod torch;
+pub mod update;
 pub mod version;

@@ -231,6 +231,12 @@ impl Session {
         self.lock().registry.iter().cloned().collect()
     }
 
+    /// The registered destinations with their aliases and foreign ranges, as
+    /// a load would write them (what an update writes through).
+    pub fn registry(&self) -> Registry {
+        self.lock().registry.clone()
+    }
+
     /// The destination registered under `name`.
     pub fn destination(&self, name: &str) -> Option<Destination> {
         self.lock().registry.get(name).cloned()

@@ -41,6 +41,7 @@ mod sleep;
 #[cfg(test)]
 mod tests;
 pub mod torch;
+pub mod versions;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -304,6 +305,7 @@ pub struct Pool {
     settled: std::sync::Condvar,
     sleep: crate::sleep::SleepEngine,
     shares: shares::ShareGate,
+    versions: versions::Versions,
 }
 
 impl Pool {
@@ -327,6 +329,7 @@ impl Pool {
             state,
             settled: std::sync::Condvar::new(),
             shares: shares::ShareGate::default(),
+            versions: versions::Versions::default(),
         })
     }
 

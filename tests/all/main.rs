@@ -7,8 +7,7 @@
 //! pool and its counters), `concurrency` and `ffi_loader_asleep` (they set
 //! `VMMW_BACKEND` for the process), `loader_geometry` (loads in one process
 //! share the cache budget), `share_attacks` (counts the process's threads) and
-//! `share_processes` (counts its open descriptors); `update_transport_processes`
-//! runs itself as the sending processes, as `share_processes` does.
+//! `share_processes` (counts its open descriptors).
 
 #[path = "../common/mod.rs"]
 mod common;
@@ -59,4 +58,8 @@ mod segment;
 mod share_attach_bench;
 mod sleep_engine;
 mod sleep_hazards;
+mod update;
+mod update_tp;
 mod update_transport_broadcast;
+mod update_transport_processes;
+mod update_transport_ranks;

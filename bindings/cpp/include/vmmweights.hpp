@@ -1024,7 +1024,7 @@ class Share {
     return d;
   }
 
-  /// The weights version (changes when the owner publishes or revokes).
+  /// The weights version: the owner's tag version (changes when the owner updates or publishes).
   [[nodiscard]] uint64_t version() const {
     uint64_t v = 0;
     detail::call([&](vmmw_error_t** e) { return vmmw_share_version(get_checked(), &v, e); });

@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 
 use super::bucket::{check_announced, plan_buckets, AnnouncedTensor, BucketManifest};
-use super::receive::{receive, BucketSink, BucketSource, Landed};
+use super::receive::{drain, BucketSource};
 use super::send::{SendData, SendTensor};
 use super::{DEFAULT_BUCKET_BYTES, DEFAULT_SLOTS};
 use crate::driver::{DevicePtr, Driver, EventId, StreamId};
@@ -378,25 +378,9 @@ impl BucketSource for BroadcastSource<'_> {
     }
 }
 
-/// A sink that applies nothing: the root of a broadcast that is only a sender.
-struct Discard;
-
-impl BucketSink for Discard {
-    fn begin(&mut self, _: &[AnnouncedTensor]) -> Result<()> {
-        Ok(())
-    }
-    fn apply(&mut self, _: Landed<'_>) -> Result<()> {
-        Ok(())
-    }
-    fn commit(&mut self) -> Result<u64> {
-        Ok(0)
-    }
-    fn abort(&mut self) {}
-}
-
 /// Broadcast `tensors` from this rank (the root) to every rank of `coll`,
 /// applying nothing here. Returns once every bucket was broadcast.
 pub fn send(coll: &mut dyn Collective, ring: &Ring, tensors: &[SendTensor<'_>]) -> Result<()> {
     let mut source = BroadcastSource::root(coll, ring, tensors);
-    receive(&mut source, &mut Discard).map(|_| ())
+    drain(&mut source).map(|_| ())
 }

@@ -4,10 +4,11 @@
 //! Every transport moves *buckets* (contiguous byte ranges with a manifest of
 //! which tensor pieces they hold, [`bucket`]) in order, through a ring of a
 //! few slots, so the receiver applies bucket k while bucket k+1 lands. The
-//! receiver's side is a [`BucketSource`]; [`receive`] drives one to a
-//! [`BucketSink`], the core's update entry, checking every manifest before a
-//! byte is read and aborting the sink on any failure, so the destinations keep
-//! their last whole version.
+//! receiver's side is a [`BucketSource`]; [`TransportSource`] makes one the
+//! update's [`crate::update::Source`] (a batch per bucket, every manifest
+//! checked before a byte is read) and [`receive`] runs the update from it:
+//! the update stages what lands, so a transport that fails midway leaves
+//! every destination at its last whole version.
 //!
 //! - [`ipc`]: another process on the same host writes buckets into a ring it
 //!   exports once through [`crate::share`]; one handshake per ring.
@@ -29,7 +30,7 @@ pub mod send;
 pub mod test_collective;
 
 pub use bucket::{AnnouncedTensor, BucketEntry, BucketManifest};
-pub use receive::{receive, BucketSink, BucketSource, Landed};
+pub use receive::{drain, receive, BucketSource, TransportSource};
 pub use send::{SendData, SendTensor};
 
 /// Ring slots unless set: two, so one bucket is applied while the next lands.
