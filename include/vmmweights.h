@@ -121,6 +121,11 @@ typedef struct vmmw_error_t vmmw_error_t;
 typedef struct vmmw_loader_t vmmw_loader_t;
 
 /**
+ * An NCCL communicator for the broadcast transport.
+ */
+typedef struct vmmw_nccl_comm_t vmmw_nccl_comm_t;
+
+/**
  * A caching pool on one device, behind a shared handle (see the module
  * documentation). Thread-safe: every function taking a pool may be called
  * concurrently, except `vmmw_pool_free` of the caller's last reference.
@@ -143,6 +148,12 @@ typedef struct vmmw_share_server_t vmmw_share_server_t;
  * and `vmmw_share_free`, which must not race other calls on the same handle.
  */
 typedef struct vmmw_share_t vmmw_share_t;
+
+/**
+ * An IPC update sender: a ring of device buffers in a pool, exported once,
+ * and a control socket receivers connect to.
+ */
+typedef struct vmmw_update_sender_t vmmw_update_sender_t;
 
 /**
  * Whole tensors, by checkpoint name, that an update reads. Calls on one
@@ -731,9 +742,31 @@ typedef struct vmmw_sleep_options_t {
 } vmmw_sleep_options_t;
 
 /**
- * Where an update source tensor's bytes lie: one of the `VMMW_UPDATE_*` values.
+ * What one send did (from `vmmw_update_sender_send`).
  */
-typedef int32_t vmmw_update_memory_t;
+typedef struct vmmw_send_report_t {
+  /**
+   * The receivers' version after the update.
+   */
+  uint64_t version;
+  /**
+   * Buckets sent.
+   */
+  uint64_t buckets;
+  /**
+   * Bytes sent.
+   */
+  uint64_t bytes;
+  /**
+   * Seconds from the receivers' connections to their rings attached (the
+   * one handshake of the update).
+   */
+  double setup_seconds;
+  /**
+   * Seconds of the whole send, setup and the receivers' commit included.
+   */
+  double seconds;
+} vmmw_send_report_t;
 
 /**
  * How an update keeps its failure rule: one of the `VMMW_STAGING_*` values.
@@ -819,6 +852,11 @@ typedef struct vmmw_update_result_t {
    */
   double gbps;
 } vmmw_update_result_t;
+
+/**
+ * Where an update source tensor's bytes lie: one of the `VMMW_UPDATE_*` values.
+ */
+typedef int32_t vmmw_update_memory_t;
 
 /**
  * Backend choice: the `VMMW_BACKEND` environment variable when set ("host",
@@ -2776,6 +2814,214 @@ void *vmmw_torch_malloc(ptrdiff_t size, int32_t device, void *stream);
  * dereferenced, and `stream` is not dereferenced.
  */
 void vmmw_torch_free(void *ptr, ptrdiff_t size, int32_t device, void *stream);
+
+/**
+ * A new IPC sender: `slots` ring slots (0 = 2) of `slot_bytes` each (0 = the
+ * default bucket size, 256 MiB) in `pool` under a tag of their own, served
+ * at `path` + ".ring", with receivers connecting at `path` (which must not
+ * exist; it is removed when the sender is freed). Receivers and their
+ * answers are waited for at most `timeout_ms` each (0 = 60 s). `*out`
+ * receives a handle owned by the caller (`vmmw_update_sender_free`).
+ *
+ * Errors (nothing is left behind on any):
+ * - `VMMW_NULL_ARGUMENT`: `pool`, `path` or `out` is NULL.
+ * - `VMMW_INVALID_ARGUMENT`: more than 64 slots; `path` not UTF-8.
+ * - `VMMW_OUT_OF_MEMORY`: the ring does not fit on the device.
+ * - `VMMW_UNSUPPORTED`: the pool's memory is not created shareable.
+ * - `VMMW_IO`: `path` cannot be bound (it exists, or its folder does not).
+ *
+ * # Safety
+ * `pool` is a live handle; `path` is NULL or a NUL-terminated string; `out`
+ * is writable; `error` is NULL or writable.
+ */
+vmmw_status_t vmmw_update_sender_new(struct vmmw_pool_t *pool, const char *path, uint32_t slots, uint64_t slot_bytes, uint64_t timeout_ms, struct vmmw_update_sender_t **out, struct vmmw_error_t **error);
+
+/**
+ * Free a sender: stop serving its ring, remove its socket, free the ring.
+ * NULL is accepted.
+ *
+ * # Safety
+ * `sender` is NULL or a live handle not used afterwards.
+ */
+void vmmw_update_sender_free(struct vmmw_update_sender_t *sender);
+
+/**
+ * Wait for `receivers` receivers (0 = 1; the ranks of one engine, each
+ * keeping its slices) and send them the tensors of `source` (whole tensors
+ * of this process, `vmmw_update_source_add`) in buckets through the ring;
+ * returns once every receiver committed the update, with `*out` saying
+ * what was sent. On any failure each receiver is told to abort and keeps
+ * its last version. One send at a time per sender (others wait).
+ *
+ * Errors:
+ * - `VMMW_NULL_ARGUMENT`: `sender`, `source` or `out` is NULL.
+ * - `VMMW_INVALID_ARGUMENT`: the source's tensors are refused (no tensor, a
+ *   name twice, a size that does not match the shape).
+ * - `VMMW_INVALID_STATE`: no receiver connected in time, a receiver went
+ *   away, or a receiver refused the update (its reason in the message).
+ *
+ * # Safety
+ * `sender` and `source` are live handles; the source's tensors hold their
+ * bytes until this returns; `out` is writable; `error` is NULL or writable.
+ */
+vmmw_status_t vmmw_update_sender_send(struct vmmw_update_sender_t *sender, struct vmmw_update_source_t *source, uint32_t receivers, struct vmmw_send_report_t *out, struct vmmw_error_t **error);
+
+/**
+ * Receive one update from the IPC sender at `path` into the destinations of
+ * `loader` in `pool`, through the loader's rules (a tensor-parallel rank
+ * keeps its slices): connect, attach the sender's ring (one handshake),
+ * apply each bucket as it lands, commit. `*out` as `vmmw_update`'s; the
+ * sender is told the version, or why not. Waits at most `timeout_ms` (0 =
+ * 60 s) for each message.
+ *
+ * Errors (every destination keeps its last version on each):
+ * - `VMMW_NULL_ARGUMENT`: `loader`, `pool`, `path`, `options` or `out` is NULL.
+ * - `VMMW_IO`: nothing listens at `path`.
+ * - `VMMW_SHARE_REFUSED`: the ring's share refused the attach or is not valid.
+ * - `VMMW_INVALID_ARGUMENT`: the sender's ring is not valid (more than 64
+ *   slots, slots smaller than announced).
+ * - `VMMW_INVALID_STATE`: the sender went away before the update began.
+ * - `VMMW_UPDATE_SOURCE`: the sender died, aborted, ended short or broke
+ *   the protocol (a bucket out of order, past its slot, naming a tensor it
+ *   did not announce); the message says which.
+ * - `VMMW_VERSION_MISMATCH`, `VMMW_PLAN_MISMATCH`: as `vmmw_update`.
+ *
+ * # Safety
+ * `loader` and `pool` are live handles; `path` is NULL or a NUL-terminated
+ * string; `options` is NULL or readable for its `size`; `out` is writable;
+ * `error` is NULL or writable.
+ */
+vmmw_status_t vmmw_update_receive_ipc(struct vmmw_loader_t *loader, struct vmmw_pool_t *pool, const char *path, uint64_t timeout_ms, const struct vmmw_update_options_t *options_in, struct vmmw_update_result_t *out, struct vmmw_error_t **error);
+
+/**
+ * A new NCCL unique id into `out` (128 bytes): rank 0 makes it and shares
+ * it with the other ranks (the way torch.distributed and vLLM bootstrap
+ * NCCL); each then calls `vmmw_nccl_comm_new`. NCCL is opened on first use
+ * (`VMMW_NCCL_LIBRARY`, else `libnccl.so.2`).
+ *
+ * Errors:
+ * - `VMMW_NULL_ARGUMENT`: `out` is NULL.
+ * - `VMMW_UNSUPPORTED`: NCCL cannot be opened (the message names every
+ *   library tried).
+ * - `VMMW_DRIVER_ERROR`: NCCL failed (its code and text in the message).
+ *
+ * # Safety
+ * `out` is writable for 128 bytes; `error` is NULL or writable.
+ */
+vmmw_status_t vmmw_nccl_unique_id(uint8_t *out, struct vmmw_error_t **error);
+
+/**
+ * Join the communicator of `world` ranks named by `id` (128 bytes from
+ * `vmmw_nccl_unique_id`) as `rank`, on `pool`'s device; blocks until every
+ * rank joined. `*out` receives a handle owned by the caller
+ * (`vmmw_nccl_comm_free`, which destroys the communicator).
+ *
+ * Errors:
+ * - `VMMW_NULL_ARGUMENT`: `pool`, `id` or `out` is NULL.
+ * - `VMMW_INVALID_ARGUMENT`: `rank` is not below `world`.
+ * - `VMMW_UNSUPPORTED`: NCCL cannot be opened.
+ * - `VMMW_DRIVER_ERROR`: NCCL failed.
+ *
+ * # Safety
+ * `pool` is a live handle; `id` is readable for 128 bytes; `out` is
+ * writable; `error` is NULL or writable.
+ */
+vmmw_status_t vmmw_nccl_comm_new(struct vmmw_pool_t *pool, const uint8_t *id, uint32_t world, uint32_t rank, struct vmmw_nccl_comm_t **out, struct vmmw_error_t **error);
+
+/**
+ * Use a communicator the caller already has (an `ncclComm_t` of this
+ * process, for the device of the pools it will be used with). `*out`
+ * receives a handle owned by the caller; freeing it leaves the
+ * communicator alone.
+ *
+ * Errors:
+ * - `VMMW_NULL_ARGUMENT`: `comm` or `out` is NULL.
+ * - `VMMW_UNSUPPORTED`: NCCL cannot be opened.
+ * - `VMMW_DRIVER_ERROR`: NCCL refused the communicator.
+ *
+ * # Safety
+ * `comm` is a live `ncclComm_t` that outlives the handle and that nothing
+ * else uses while a broadcast through the handle runs; `out` is writable;
+ * `error` is NULL or writable.
+ */
+vmmw_status_t vmmw_nccl_comm_from_raw(void *comm, struct vmmw_nccl_comm_t **out, struct vmmw_error_t **error);
+
+/**
+ * Free a communicator handle (destroying the communicator when it was
+ * created by `vmmw_nccl_comm_new`). NULL is accepted.
+ *
+ * # Safety
+ * `comm` is NULL or a live handle not used afterwards.
+ */
+void vmmw_nccl_comm_free(struct vmmw_nccl_comm_t *comm);
+
+/**
+ * Broadcast the tensors of `source` from this rank (the root) to every rank
+ * of `comm`, in buckets of `slot_bytes` (0 = 256 MiB; every rank must pass
+ * the same) through a ring of two buffers in `pool`; this rank applies
+ * nothing. Each broadcast is waited for at most `timeout_ms` (0 = 300 s),
+ * NCCL's asynchronous errors polled meanwhile.
+ *
+ * Errors:
+ * - `VMMW_NULL_ARGUMENT`: `comm`, `pool` or `source` is NULL.
+ * - `VMMW_INVALID_ARGUMENT`: the source's tensors are refused.
+ * - `VMMW_OUT_OF_MEMORY`: the ring does not fit.
+ * - `VMMW_DRIVER_ERROR`: NCCL failed.
+ * - `VMMW_INVALID_STATE`: a broadcast did not complete in time.
+ *
+ * # Safety
+ * `comm`, `pool` and `source` are live handles; `error` is NULL or writable.
+ */
+vmmw_status_t vmmw_update_broadcast_send(struct vmmw_nccl_comm_t *comm, struct vmmw_pool_t *pool, struct vmmw_update_source_t *source, uint64_t slot_bytes, uint64_t timeout_ms, struct vmmw_error_t **error);
+
+/**
+ * Receive one update broadcast from rank `root` of `comm` into the
+ * destinations of `loader` in `pool`, through the loader's rules (a
+ * tensor-parallel rank keeps its slices); `slot_bytes` and `timeout_ms` as
+ * the root's `vmmw_update_broadcast_send`. `*out` as `vmmw_update`'s.
+ *
+ * Errors (every destination keeps its last version on each):
+ * - `VMMW_NULL_ARGUMENT`: `comm`, `loader`, `pool`, `options` or `out` is NULL.
+ * - `VMMW_UPDATE_SOURCE`: the broadcast failed (NCCL's error, a rank gone,
+ *   a timeout, a header or bucket size that does not match this rank's).
+ * - `VMMW_VERSION_MISMATCH`, `VMMW_PLAN_MISMATCH`: as `vmmw_update`.
+ *
+ * # Safety
+ * `comm`, `loader` and `pool` are live handles; `options` is NULL or
+ * readable for its `size`; `out` is writable; `error` is NULL or writable.
+ */
+vmmw_status_t vmmw_update_broadcast_receive(struct vmmw_nccl_comm_t *comm, struct vmmw_loader_t *loader, struct vmmw_pool_t *pool, uint32_t root, uint64_t slot_bytes, uint64_t timeout_ms, const struct vmmw_update_options_t *options_in, struct vmmw_update_result_t *out, struct vmmw_error_t **error);
+
+/**
+ * Register `len` bytes at `ptr` (device memory of the communicator's
+ * device, e.g. a tag made RDMA-capable with `vmmw_pool_set_tag_rdma`) with
+ * the communicator (`ncclCommRegister`); `*handle` receives the
+ * registration for `vmmw_nccl_deregister`. A wake of the memory's tag maps
+ * new pages: deregister and register again when `vmmw_tag_remap_epoch`
+ * changed.
+ *
+ * Errors:
+ * - `VMMW_NULL_ARGUMENT`: `comm` or `handle` is NULL.
+ * - `VMMW_DRIVER_ERROR`: NCCL refused the registration.
+ *
+ * # Safety
+ * `comm` is a live handle; `ptr..ptr+len` is mapped device memory until
+ * deregistered; `handle` is writable; `error` is NULL or writable.
+ */
+vmmw_status_t vmmw_nccl_register(struct vmmw_nccl_comm_t *comm, uint64_t ptr, uint64_t len, void **handle, struct vmmw_error_t **error);
+
+/**
+ * Drop a registration made by `vmmw_nccl_register`.
+ *
+ * Errors:
+ * - `VMMW_NULL_ARGUMENT`: `comm` or `handle` is NULL.
+ * - `VMMW_DRIVER_ERROR`: NCCL refused.
+ *
+ * # Safety
+ * `comm` is a live handle; `handle` came from `vmmw_nccl_register` on it
+ * and is not used again; `error` is NULL or writable.
+ */
+vmmw_status_t vmmw_nccl_deregister(struct vmmw_nccl_comm_t *comm, void *handle, struct vmmw_error_t **error);
 
 /**
  * A new, empty update source. On success `*out` receives a handle owned

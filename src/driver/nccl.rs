@@ -361,6 +361,32 @@ impl Comm {
     }
 }
 
+impl Comm {
+    /// [`Comm::register`] for callers that keep the handle themselves (the C
+    /// API): deregister it with [`Comm::deregister_raw`] before the memory
+    /// goes or is remapped.
+    ///
+    /// # Safety
+    /// As [`Comm::register`], until the handle is deregistered.
+    pub unsafe fn register_raw(&self, buf: DevicePtr, len: usize) -> Result<*mut c_void> {
+        // SAFETY: forwarded from the caller's contract.
+        let r = unsafe { self.register(buf, len) }?;
+        let h = r.handle;
+        std::mem::forget(r);
+        Ok(h)
+    }
+
+    /// Drop a registration made by [`Comm::register_raw`].
+    ///
+    /// # Safety
+    /// `handle` came from `register_raw` on this communicator and is not used again.
+    pub unsafe fn deregister_raw(&self, handle: *mut c_void) -> Result<()> {
+        // SAFETY: forwarded from the caller's contract.
+        let rc = unsafe { (self.nccl.comm_deregister)(self.raw, handle) };
+        self.nccl.check("ncclCommDeregister", rc)
+    }
+}
+
 impl Drop for Comm {
     fn drop(&mut self) {
         if self.owned {

@@ -38,5 +38,6 @@ pub mod status;
 pub mod tag;
 pub mod testing;
 pub mod torch;
+pub mod transport;
 pub mod update;
 pub mod version;

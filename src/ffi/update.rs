@@ -46,7 +46,7 @@ pub const VMMW_STAGING_ALWAYS: vmmw_staging_t = 1;
 /// Whole tensors, by checkpoint name, that an update reads. Calls on one
 /// source serialize; an update holds it for its duration.
 pub struct vmmw_update_source_t {
-    tensors: Mutex<Tensors>,
+    pub(crate) tensors: Mutex<Tensors>,
 }
 
 /// Options of an update. Start from `VMMW_UPDATE_OPTIONS_INIT` (C) so `size`
@@ -216,7 +216,7 @@ pub unsafe extern "C" fn vmmw_update_source_add(
     })
 }
 
-fn options(o: &vmmw_update_options_t) -> Result<UpdateOptions> {
+pub(crate) fn options(o: &vmmw_update_options_t) -> Result<UpdateOptions> {
     let flag = |v: u32, what: &str| match v {
         0 => Ok(false),
         1 => Ok(true),

@@ -51,3 +51,56 @@ impl SendTensor<'_> {
         Ok(b as u64)
     }
 }
+
+/// Run `f` over the tensors of a resident update source (whole tensors of
+/// this process, [`crate::update::Tensors`]) as a sender takes them, then
+/// hand the source's batch back.
+pub fn with_source<R>(
+    src: &mut dyn crate::update::Source,
+    f: impl FnOnce(&[SendTensor<'_>]) -> Result<R>,
+) -> Result<R> {
+    use crate::update::Bytes;
+    if !src.resident() {
+        return Err(Error::InvalidArgument(
+            "a sender sends tensors of this process (a resident source such as update::Tensors)"
+                .into(),
+        ));
+    }
+    let manifest = src.manifest().to_vec();
+    let batch = src.next()?.unwrap_or_default();
+    let mut at: Vec<Option<Bytes>> = vec![None; manifest.len()];
+    for p in &batch.pieces {
+        if p.offset != 0 || Some(p.len) != manifest[p.tensor].bytes() {
+            let _ = src.release(batch.id);
+            return Err(Error::InvalidArgument(format!(
+                "tensor `{}`: a resident source delivers whole tensors",
+                manifest[p.tensor].name.escape_debug()
+            )));
+        }
+        at[p.tensor] = Some(p.at);
+    }
+    let tensors: Vec<SendTensor<'_>> = manifest
+        .iter()
+        .zip(&at)
+        .map(|(t, a)| SendTensor {
+            name: t.name.clone(),
+            dtype: t.dtype,
+            shape: t.shape.clone(),
+            data: match a {
+                Some(Bytes::Device(p)) => SendData::Device(*p),
+                // SAFETY: the source vouches its pieces stay readable until the
+                // batch is released, which happens after `f` returns.
+                Some(Bytes::Host(p)) => SendData::Host(unsafe {
+                    std::slice::from_raw_parts(*p, t.bytes().unwrap_or(0) as usize)
+                }),
+                // An empty tensor has no piece.
+                None => SendData::Host(&[]),
+            },
+        })
+        .collect();
+    let r = f(&tensors);
+    let released = src.release(batch.id);
+    let r = r?;
+    released?;
+    Ok(r)
+}
