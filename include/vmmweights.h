@@ -2802,7 +2802,7 @@ vmmw_status_t vmmw_update(struct vmmw_loader_t *loader, struct vmmw_pool_t *pool
  * # Safety
  * `pool` is a live handle; `out` is writable; `error` is NULL or writable.
  */
-vmmw_status_t vmmw_pool_tag_version(struct vmmw_pool_t *pool, uint32_t tag, uint64_t *out, struct vmmw_error_t **error);
+vmmw_status_t vmmw_pool_tag_version(const struct vmmw_pool_t *pool, uint32_t tag, uint64_t *out, struct vmmw_error_t **error);
 
 /**
  * 1 into `*out` while `tag`'s destinations in `pool` may hold a mix of
@@ -2816,7 +2816,7 @@ vmmw_status_t vmmw_pool_tag_version(struct vmmw_pool_t *pool, uint32_t tag, uint
  * # Safety
  * `pool` is a live handle; `out` is writable; `error` is NULL or writable.
  */
-vmmw_status_t vmmw_pool_tag_torn(struct vmmw_pool_t *pool, uint32_t tag, int32_t *out, struct vmmw_error_t **error);
+vmmw_status_t vmmw_pool_tag_torn(const struct vmmw_pool_t *pool, uint32_t tag, int32_t *out, struct vmmw_error_t **error);
 
 /**
  * Announce that `tag`'s weights in `pool` were rewritten in place by other

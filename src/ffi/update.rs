@@ -328,16 +328,14 @@ pub unsafe extern "C" fn vmmw_update(
 /// `pool` is a live handle; `out` is writable; `error` is NULL or writable.
 #[no_mangle]
 pub unsafe extern "C" fn vmmw_pool_tag_version(
-    pool: *mut vmmw_pool_t,
+    pool: *const vmmw_pool_t,
     tag: u32,
     out: *mut u64,
     error: *mut *mut vmmw_error_t,
 ) -> vmmw_status_t {
     call_out(out, "out", error, || {
         // SAFETY: forwarded contract.
-        unsafe { arg(pool.cast_const(), "pool") }?
-            .pool
-            .tag_version(TagId(tag))
+        unsafe { arg(pool, "pool") }?.pool.tag_version(TagId(tag))
     })
 }
 
@@ -353,14 +351,14 @@ pub unsafe extern "C" fn vmmw_pool_tag_version(
 /// `pool` is a live handle; `out` is writable; `error` is NULL or writable.
 #[no_mangle]
 pub unsafe extern "C" fn vmmw_pool_tag_torn(
-    pool: *mut vmmw_pool_t,
+    pool: *const vmmw_pool_t,
     tag: u32,
     out: *mut i32,
     error: *mut *mut vmmw_error_t,
 ) -> vmmw_status_t {
     call_out(out, "out", error, || {
         // SAFETY: forwarded contract.
-        let p = unsafe { arg(pool.cast_const(), "pool") }?;
+        let p = unsafe { arg(pool, "pool") }?;
         Ok(p.pool.tag_torn(TagId(tag))? as i32)
     })
 }
