@@ -141,6 +141,7 @@ vmmw_status_t vmmw_pool_set_tag_segments(struct vmmw_pool_t*pool,uint32_t tag,st
 vmmw_status_t vmmw_pool_sleep(struct vmmw_pool_t*pool,const struct vmmw_tag_policy_t*items,size_t n,struct vmmw_error_t**error);
 vmmw_status_t vmmw_pool_snapshot(struct vmmw_pool_t*pool,const char*name,struct vmmw_error_t**error);
 vmmw_status_t vmmw_pool_staging_bytes(const struct vmmw_pool_t*pool,uint64_t*out,struct vmmw_error_t**error);
+vmmw_status_t vmmw_pool_tag_of(const struct vmmw_pool_t*pool,uint64_t ptr,uint32_t*out,struct vmmw_error_t**error);
 vmmw_status_t vmmw_pool_tag_torn(const struct vmmw_pool_t*pool,uint32_t tag,int32_t*out,struct vmmw_error_t**error);
 vmmw_status_t vmmw_pool_tag_version(const struct vmmw_pool_t*pool,uint32_t tag,uint64_t*out,struct vmmw_error_t**error);
 vmmw_status_t vmmw_pool_timeline_json(const struct vmmw_pool_t*pool,char*buf,size_t cap,size_t*needed,struct vmmw_error_t**error);

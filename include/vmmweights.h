@@ -2805,6 +2805,20 @@ vmmw_status_t vmmw_update(struct vmmw_loader_t *loader, struct vmmw_pool_t *pool
 vmmw_status_t vmmw_pool_tag_version(const struct vmmw_pool_t *pool, uint32_t tag, uint64_t *out, struct vmmw_error_t **error);
 
 /**
+ * The tag of the live block of `pool` holding `ptr` into `*out` (the tag an
+ * update of tensors there versions). Thread-safe.
+ *
+ * Errors:
+ * - `VMMW_NULL_ARGUMENT`: `pool` or `out` is NULL.
+ * - `VMMW_UNKNOWN_POINTER`: `ptr` is in no live block of this pool.
+ * - `VMMW_INVALID_STATE`: the block's tag is asleep.
+ *
+ * # Safety
+ * `pool` is a live handle; `out` is writable; `error` is NULL or writable.
+ */
+vmmw_status_t vmmw_pool_tag_of(const struct vmmw_pool_t *pool, uint64_t ptr, uint32_t *out, struct vmmw_error_t **error);
+
+/**
  * 1 into `*out` while `tag`'s destinations in `pool` may hold a mix of
  * versions (an update failed with `VMMW_UPDATE_TORN`), else 0. The next
  * successful update clears it. Thread-safe.

@@ -339,6 +339,30 @@ pub unsafe extern "C" fn vmmw_pool_tag_version(
     })
 }
 
+/// The tag of the live block of `pool` holding `ptr` into `*out` (the tag an
+/// update of tensors there versions). Thread-safe.
+///
+/// Errors:
+/// - `VMMW_NULL_ARGUMENT`: `pool` or `out` is NULL.
+/// - `VMMW_UNKNOWN_POINTER`: `ptr` is in no live block of this pool.
+/// - `VMMW_INVALID_STATE`: the block's tag is asleep.
+///
+/// # Safety
+/// `pool` is a live handle; `out` is writable; `error` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn vmmw_pool_tag_of(
+    pool: *const vmmw_pool_t,
+    ptr: u64,
+    out: *mut u32,
+    error: *mut *mut vmmw_error_t,
+) -> vmmw_status_t {
+    call_out(out, "out", error, || {
+        // SAFETY: forwarded contract.
+        let p = unsafe { arg(pool, "pool") }?;
+        Ok(p.pool.check_live_range(ptr, 1, "address")?.0)
+    })
+}
+
 /// 1 into `*out` while `tag`'s destinations in `pool` may hold a mix of
 /// versions (an update failed with `VMMW_UPDATE_TORN`), else 0. The next
 /// successful update clears it. Thread-safe.
