@@ -3123,7 +3123,21 @@ vmmw_status_t vmmw_update(struct vmmw_loader_t *loader, struct vmmw_pool_t *pool
  * # Safety
  * `pool` is a live handle; `out` is writable; `error` is NULL or writable.
  */
-vmmw_status_t vmmw_pool_tag_version(struct vmmw_pool_t *pool, uint32_t tag, uint64_t *out, struct vmmw_error_t **error);
+vmmw_status_t vmmw_pool_tag_version(const struct vmmw_pool_t *pool, uint32_t tag, uint64_t *out, struct vmmw_error_t **error);
+
+/**
+ * The tag of the live block of `pool` holding `ptr` into `*out` (the tag an
+ * update of tensors there versions). Thread-safe.
+ *
+ * Errors:
+ * - `VMMW_NULL_ARGUMENT`: `pool` or `out` is NULL.
+ * - `VMMW_UNKNOWN_POINTER`: `ptr` is in no live block of this pool.
+ * - `VMMW_INVALID_STATE`: the block's tag is asleep.
+ *
+ * # Safety
+ * `pool` is a live handle; `out` is writable; `error` is NULL or writable.
+ */
+vmmw_status_t vmmw_pool_tag_of(const struct vmmw_pool_t *pool, uint64_t ptr, uint32_t *out, struct vmmw_error_t **error);
 
 /**
  * 1 into `*out` while `tag`'s destinations in `pool` may hold a mix of
@@ -3137,7 +3151,7 @@ vmmw_status_t vmmw_pool_tag_version(struct vmmw_pool_t *pool, uint32_t tag, uint
  * # Safety
  * `pool` is a live handle; `out` is writable; `error` is NULL or writable.
  */
-vmmw_status_t vmmw_pool_tag_torn(struct vmmw_pool_t *pool, uint32_t tag, int32_t *out, struct vmmw_error_t **error);
+vmmw_status_t vmmw_pool_tag_torn(const struct vmmw_pool_t *pool, uint32_t tag, int32_t *out, struct vmmw_error_t **error);
 
 /**
  * Announce that `tag`'s weights in `pool` were rewritten in place by other

@@ -269,7 +269,7 @@ PY_LAYERS = [
     ["report", "tags"],
     ["pool"],
     ["loader", "saver"],
-    ["devices", "share"],
+    ["devices", "share", "update"],
     ["torch"],
     ["__init__"],
     ["__main__"],

@@ -328,16 +328,38 @@ pub unsafe extern "C" fn vmmw_update(
 /// `pool` is a live handle; `out` is writable; `error` is NULL or writable.
 #[no_mangle]
 pub unsafe extern "C" fn vmmw_pool_tag_version(
-    pool: *mut vmmw_pool_t,
+    pool: *const vmmw_pool_t,
     tag: u32,
     out: *mut u64,
     error: *mut *mut vmmw_error_t,
 ) -> vmmw_status_t {
     call_out(out, "out", error, || {
         // SAFETY: forwarded contract.
-        unsafe { arg(pool.cast_const(), "pool") }?
-            .pool
-            .tag_version(TagId(tag))
+        unsafe { arg(pool, "pool") }?.pool.tag_version(TagId(tag))
+    })
+}
+
+/// The tag of the live block of `pool` holding `ptr` into `*out` (the tag an
+/// update of tensors there versions). Thread-safe.
+///
+/// Errors:
+/// - `VMMW_NULL_ARGUMENT`: `pool` or `out` is NULL.
+/// - `VMMW_UNKNOWN_POINTER`: `ptr` is in no live block of this pool.
+/// - `VMMW_INVALID_STATE`: the block's tag is asleep.
+///
+/// # Safety
+/// `pool` is a live handle; `out` is writable; `error` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn vmmw_pool_tag_of(
+    pool: *const vmmw_pool_t,
+    ptr: u64,
+    out: *mut u32,
+    error: *mut *mut vmmw_error_t,
+) -> vmmw_status_t {
+    call_out(out, "out", error, || {
+        // SAFETY: forwarded contract.
+        let p = unsafe { arg(pool, "pool") }?;
+        Ok(p.pool.check_live_range(ptr, 1, "address")?.0)
     })
 }
 
@@ -353,14 +375,14 @@ pub unsafe extern "C" fn vmmw_pool_tag_version(
 /// `pool` is a live handle; `out` is writable; `error` is NULL or writable.
 #[no_mangle]
 pub unsafe extern "C" fn vmmw_pool_tag_torn(
-    pool: *mut vmmw_pool_t,
+    pool: *const vmmw_pool_t,
     tag: u32,
     out: *mut i32,
     error: *mut *mut vmmw_error_t,
 ) -> vmmw_status_t {
     call_out(out, "out", error, || {
         // SAFETY: forwarded contract.
-        let p = unsafe { arg(pool.cast_const(), "pool") }?;
+        let p = unsafe { arg(pool, "pool") }?;
         Ok(p.pool.tag_torn(TagId(tag))? as i32)
     })
 }

@@ -91,6 +91,20 @@ pub fn build(
     let tag = match tag {
         Some(t) => {
             tag::check(t)?;
+            let others: Vec<String> = written
+                .iter()
+                .filter_map(|(p, _, n)| {
+                    let s = pool.segment_of(*p)?;
+                    (s.tag != t).then(|| format!("`{n}` (tag {})", tag::name_of(s.tag)))
+                })
+                .collect();
+            if !others.is_empty() {
+                problems.push(format!(
+                    "the update versions tag {} but destinations lie in other tags: {}",
+                    tag::name_of(t),
+                    others.join(", ")
+                ));
+            }
             Some(t)
         }
         None => {

@@ -389,6 +389,12 @@ fn every_problem_is_listed_and_nothing_written() {
         let e = update::update(&s.session, &s.pool, &mut conv, &opts(v0)).unwrap_err();
         assert!(e.to_string().contains("copies bytes as they are"), "{e}");
         assert_eq!(snapshot(s.driver.as_ref(), &s.session), before);
+        // Versioning a tag the destinations do not lie in.
+        let mut o = opts(v0);
+        o.tag = Some(tag::id("update-some-other-tag").unwrap());
+        let e = update::update(&s.session, &s.pool, &mut on_host(&s.new), &o).unwrap_err();
+        assert!(e.to_string().contains("lie in other tags"), "{e}");
+        assert_eq!(snapshot(s.driver.as_ref(), &s.session), before);
         // Version 0 does not exist.
         let e = update::update(&s.session, &s.pool, &mut on_host(&s.new), &opts(0)).unwrap_err();
         assert_eq!(e.status(), Status::InvalidArgument);

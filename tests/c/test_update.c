@@ -59,6 +59,10 @@ int main(void) {
   uint64_t version = 0;
   CHECK_OK(vmmw_pool_tag_version(pool, tag, &version, &err));
   CHECK(version == 1);
+  uint32_t owner = 0;
+  CHECK_OK(vmmw_pool_tag_of(pool, dqk.ptr + 4, &owner, &err));
+  CHECK(owner == tag);
+  CHECK_STATUS(VMMW_UNKNOWN_POINTER, vmmw_pool_tag_of(pool, 8, &owner, NULL));
 
   /* The trainer's tensors: q and k on the host, norm in device memory (a pool block). */
   uint64_t nb = 0;

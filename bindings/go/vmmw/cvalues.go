@@ -37,6 +37,8 @@ func cValues() map[string]int64 {
 		"StatusVersionMismatch":   C.VMMW_VERSION_MISMATCH,
 		"StatusUpdateSource":      C.VMMW_UPDATE_SOURCE,
 		"StatusUpdateTorn":        C.VMMW_UPDATE_TORN,
+		"MemoryDevice":            C.VMMW_UPDATE_DEVICE,
+		"MemoryHost":              C.VMMW_UPDATE_HOST,
 		"CopyAuto":                C.VMMW_COPY_AUTO,
 		"CopyDirect":              C.VMMW_COPY_DIRECT,
 		"CopyStaged":              C.VMMW_COPY_STAGED,

@@ -81,6 +81,9 @@ var (
 	ErrLoadInProgress    = &Error{Status: StatusLoadInProgress}
 	ErrShareRefused      = &Error{Status: StatusShareRefused}
 	ErrShareRevoked      = &Error{Status: StatusShareRevoked}
+	ErrVersionMismatch   = &Error{Status: StatusVersionMismatch}
+	ErrUpdateSource      = &Error{Status: StatusUpdateSource}
+	ErrUpdateTorn        = &Error{Status: StatusUpdateTorn}
 )
 
 func isStatus(err error, s Status) bool {
