@@ -270,6 +270,7 @@ PY_LAYERS = [
     ["pool"],
     ["loader", "saver"],
     ["devices", "share", "update"],
+    ["transport"],
     ["torch"],
     ["__init__"],
     ["__main__"],

@@ -36,6 +36,7 @@ from .report import tag_usage
 from .tags import scope as tag_scope
 from .tags import on_remap, remap_epoch, tag_id, tag_name
 from .update import UpdateResult, UpdateSource, update
+from . import transport  # noqa: E402
 from . import share  # noqa: E402  (after the names it uses)
 
 __all__ = [
@@ -57,6 +58,7 @@ __all__ = [
     "remap_epoch",
     "report_table",
     "share",
+    "transport",
     "sleep_replicas",
     "status_name",
     "tag_id",

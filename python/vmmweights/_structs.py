@@ -211,6 +211,18 @@ class UpdateResult(ctypes.Structure):
     ]
 
 
+class SendReport(ctypes.Structure):
+    """vmmw_send_report_t"""
+
+    _fields_ = [
+        ("version", u64),
+        ("buckets", u64),
+        ("bytes", u64),
+        ("setup_seconds", f64),
+        ("seconds", f64),
+    ]
+
+
 ALL = {
     "vmmw_load_options_t": LoadOptions,
     "vmmw_destination_t": Destination,
@@ -226,6 +238,7 @@ ALL = {
     "vmmw_share_options_t": ShareOptions,
     "vmmw_update_options_t": UpdateOptions,
     "vmmw_update_result_t": UpdateResult,
+    "vmmw_send_report_t": SendReport,
 }
 
 PROGRESS_FN = ctypes.CFUNCTYPE(i32, u64, u64, ctypes.c_void_p)

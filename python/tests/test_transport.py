@@ -1,0 +1,100 @@
+"""Update transports from Python on the host backend: a sender in another
+process (a child Python) updates this process's destinations, loaded with
+the llama preset, bitwise (the reference: the new values loaded through the
+same rules); a sender that dies mid-handshake leaves the destinations and
+the version as they were, with VMMW_UPDATE_SOURCE or an I/O error; a
+missing NCCL is named."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import vmmweights as vw
+from safetensors_writer import llama_like, write_sharded
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+@pytest.fixture
+def pool():
+    p = vw.Pool(backend="host")
+    yield p
+    p.close()
+
+
+def contents(pool, loader):
+    return {n: pool.read(d.ptr, d.bytes) for n, d in loader.destinations().items()}
+
+
+@pytest.fixture
+def loaded(pool, tmp_path):
+    ld = vw.Loader(write_sharded(tmp_path / "old", llama_like(seed=1), shards=2))
+    ld.preset("llama", head_dim=16)
+    ld.allocate(pool, "py-transport")
+    ld.load(pool)
+    with vw.Loader(write_sharded(tmp_path / "new", llama_like(seed=2), shards=2)) as ref:
+        ref.preset("llama", head_dim=16)
+        ref.allocate(pool, "py-transport-reference")
+        ref.load(pool)
+        want = contents(pool, ref)
+    yield ld, want
+    ld.close()
+
+
+def sender(path: str, die: bool) -> subprocess.Popen:
+    script = textwrap.dedent(f"""
+        import ctypes, os, sys
+        sys.path.insert(0, {HERE!r})
+        import vmmweights as vw
+        from safetensors_writer import llama_like
+        pool = vw.Pool(backend="host")
+        src = vw.UpdateSource()
+        for name, (dtype, shape, data) in llama_like(seed=2).items():
+            buf = ctypes.create_string_buffer(data, len(data))
+            src.add(name, dtype, shape, ctypes.addressof(buf), "host", keep=buf)
+        with vw.transport.Sender(pool, {path!r}, slot_bytes=8192, timeout_ms=20000) as tx:
+            print("ready", flush=True)
+            if {die!r}:
+                os._exit(3)
+            r = tx.send(src)
+            print(f"sent {{r.version}} {{r.buckets}}", flush=True)
+    """)
+    env = dict(os.environ, VMMW_BACKEND="host")
+    p = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, env=env)
+    assert p.stdout is not None and p.stdout.readline().strip() == "ready"
+    return p
+
+
+def test_update_from_another_process_is_bitwise(pool, loaded, tmp_path):
+    ld, want = loaded
+    path = str(tmp_path / "tx.sock")
+    p = sender(path, die=False)
+    r = vw.transport.receive_ipc(ld, pool, path, pool.tag_version("py-transport"), timeout_ms=20000)
+    assert r.version == 2 and r.staged
+    assert contents(pool, ld) == want
+    out, _ = p.communicate(timeout=30)
+    assert out.startswith("sent 2 "), out
+
+
+def test_a_dead_sender_changes_nothing(pool, loaded, tmp_path):
+    ld, _ = loaded
+    before = contents(pool, ld)
+    path = str(tmp_path / "dead.sock")
+    p = sender(path, die=True)
+    p.wait(timeout=30)
+    with pytest.raises(vw.VmmwError):
+        vw.transport.receive_ipc(ld, pool, path, 1, timeout_ms=5000)
+    assert contents(pool, ld) == before
+    assert pool.tag_version("py-transport") == 1
+
+
+def test_nccl_missing_is_named(monkeypatch):
+    monkeypatch.setenv("VMMW_NCCL_LIBRARY", "/nonexistent/libnccl.so.2")
+    with pytest.raises(vw.VmmwError) as e:
+        vw.transport.nccl_unique_id()
+    assert "/nonexistent/libnccl.so.2" in str(e.value)

@@ -1,0 +1,198 @@
+"""Update transports: new weights from another process on this host (IPC)
+or broadcast from one rank over NCCL, applied through the load's rules
+(docs/UPDATES.md).
+
+Another process (a trainer) sends::
+
+    with UpdateSource() as src, Sender(pool, "/tmp/engine.sock") as tx:
+        src.add("model.embed_tokens.weight", "BF16", [151936, 4096], ptr)
+        report = tx.send(src)            # waits for the engine, returns once committed
+
+and the engine receives::
+
+    r = receive_ipc(loader, pool, "/tmp/engine.sock", pool.tag_version("weights"))
+
+The sender exports its ring of bucket buffers once; each update is one
+handshake, then one message per bucket. Over NCCL, rank 0 makes an id
+(:func:`nccl_unique_id`), shares it as torch.distributed and vLLM do, and
+every rank opens :class:`NcclComm` with it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from . import _structs as S
+from ._native import call, function
+from .loader import Loader
+from .pool import Pool
+from .tags import tag_id, tag_name
+from .update import UpdateResult, UpdateSource
+
+
+@dataclass(frozen=True)
+class SendReport:
+    """What one send did."""
+
+    version: int
+    """The receivers' version after the update."""
+    buckets: int
+    bytes: int
+    setup_seconds: float
+    """From the receivers' connections to their rings attached (one handshake)."""
+    seconds: float
+    """The whole send, the receivers' commit included."""
+
+
+def _options(expected_version: int, tag: Optional[str], allow_missing: bool,
+             allow_unexpected: bool) -> S.UpdateOptions:
+    return S.UpdateOptions(expected_version=expected_version, tag_set=int(tag is not None),
+                           tag=tag_id(tag) if tag is not None else 0, allow_missing=int(allow_missing),
+                           allow_unexpected=int(allow_unexpected), staging=0)
+
+
+def _result(out: S.UpdateResult) -> UpdateResult:
+    return UpdateResult(tag=tag_name(out.tag), version=out.version, bytes=out.bytes,
+                        destinations=out.destinations, copies=out.copies, staged=bool(out.staged),
+                        retried=bool(out.retried), seconds=out.seconds, gbps=out.gbps)
+
+
+class Sender:
+    """An IPC sender: a ring of `slots` buffers of `slot_bytes` (0: 2 of the
+    default bucket size) in `pool`, exported once, and a control socket at
+    `path` receivers connect to. Use as a context manager, or call
+    :meth:`close`."""
+
+    def __init__(self, pool: Pool, path: str, slots: int = 0, slot_bytes: int = 0, timeout_ms: int = 0) -> None:
+        handle = ctypes.c_void_p()
+        call("vmmw_update_sender_new", pool.handle, path.encode("utf-8"), ctypes.c_uint32(slots),
+             ctypes.c_uint64(slot_bytes), ctypes.c_uint64(timeout_ms), ctypes.byref(handle))
+        self._handle: Optional[ctypes.c_void_p] = handle
+        self._pool = pool
+
+    def send(self, source: UpdateSource, receivers: int = 1) -> SendReport:
+        """Wait for `receivers` receivers and send them `source`'s tensors in
+        buckets; returns once every receiver committed the update."""
+        if self._handle is None:
+            raise ValueError("the sender is closed")
+        out = S.SendReport()
+        call("vmmw_update_sender_send", self._handle, source.handle, ctypes.c_uint32(receivers), ctypes.byref(out))
+        return SendReport(version=out.version, buckets=out.buckets, bytes=out.bytes,
+                          setup_seconds=out.setup_seconds, seconds=out.seconds)
+
+    def close(self) -> None:
+        """Stop serving the ring, remove the socket, free the ring."""
+        if self._handle is not None:
+            function("vmmw_update_sender_free")(self._handle)
+            self._handle = None
+
+    def __enter__(self) -> "Sender":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+def receive_ipc(loader: Loader, pool: Pool, path: str, expected_version: int, *, timeout_ms: int = 0,
+                tag: Optional[str] = None, allow_missing: bool = False,
+                allow_unexpected: bool = False) -> UpdateResult:
+    """Receive one update from the sender at `path` into the destinations of
+    `loader` in `pool`, through its rules (a tensor-parallel rank keeps its
+    slices), replacing version `expected_version`. Raises ``VmmwError``
+    (``VMMW_UPDATE_SOURCE`` when the sender died, aborted or broke the
+    protocol) with every destination at its last version."""
+    opts = _options(expected_version, tag, allow_missing, allow_unexpected)
+    out = S.UpdateResult()
+    call("vmmw_update_receive_ipc", loader.handle, pool.handle, path.encode("utf-8"),
+         ctypes.c_uint64(timeout_ms), ctypes.byref(opts), ctypes.byref(out))
+    return _result(out)
+
+
+def nccl_unique_id() -> bytes:
+    """A new NCCL unique id (128 bytes) for :class:`NcclComm`; raises
+    ``VmmwError`` (``VMMW_UNSUPPORTED``) naming the libraries tried when
+    NCCL cannot be opened."""
+    buf = ctypes.create_string_buffer(128)
+    call("vmmw_nccl_unique_id", buf)
+    return buf.raw
+
+
+class NcclComm:
+    """An NCCL communicator for broadcast updates: joined from a unique id
+    (every rank, blocking until all joined), or :meth:`from_raw` over an
+    ``ncclComm_t`` the caller has."""
+
+    def __init__(self, pool: Optional[Pool] = None, unique_id: bytes = b"", world: int = 0, rank: int = 0,
+                 *, _handle: Optional[ctypes.c_void_p] = None) -> None:
+        if _handle is not None:
+            self._handle: Optional[ctypes.c_void_p] = _handle
+            return
+        if pool is None or len(unique_id) != 128:
+            raise ValueError("NcclComm(pool, unique_id (128 bytes), world, rank)")
+        handle = ctypes.c_void_p()
+        call("vmmw_nccl_comm_new", pool.handle, unique_id, ctypes.c_uint32(world), ctypes.c_uint32(rank),
+             ctypes.byref(handle))
+        self._handle = handle
+
+    @classmethod
+    def from_raw(cls, comm_ptr: int) -> "NcclComm":
+        """Use an ``ncclComm_t`` of this process (left alone on close)."""
+        handle = ctypes.c_void_p()
+        call("vmmw_nccl_comm_from_raw", ctypes.c_void_p(comm_ptr), ctypes.byref(handle))
+        return cls(_handle=handle)
+
+    @property
+    def handle(self) -> ctypes.c_void_p:
+        if self._handle is None:
+            raise ValueError("the communicator is closed")
+        return self._handle
+
+    def broadcast_send(self, pool: Pool, source: UpdateSource, slot_bytes: int = 0, timeout_ms: int = 0) -> None:
+        """Broadcast `source` from this rank (the root) to every rank, in
+        buckets of `slot_bytes` (every rank passes the same) through a ring
+        in `pool`; applies nothing here."""
+        call("vmmw_update_broadcast_send", self.handle, pool.handle, source.handle, ctypes.c_uint64(slot_bytes),
+             ctypes.c_uint64(timeout_ms))
+
+    def broadcast_receive(self, loader: Loader, pool: Pool, root: int, expected_version: int, *,
+                          slot_bytes: int = 0, timeout_ms: int = 0, tag: Optional[str] = None,
+                          allow_missing: bool = False, allow_unexpected: bool = False) -> UpdateResult:
+        """Receive one update broadcast from `root` into `loader`'s
+        destinations in `pool`, through its rules (each rank its slices)."""
+        opts = _options(expected_version, tag, allow_missing, allow_unexpected)
+        out = S.UpdateResult()
+        call("vmmw_update_broadcast_receive", self.handle, loader.handle, pool.handle, ctypes.c_uint32(root),
+             ctypes.c_uint64(slot_bytes), ctypes.c_uint64(timeout_ms), ctypes.byref(opts), ctypes.byref(out))
+        return _result(out)
+
+    def register(self, ptr: int, nbytes: int) -> int:
+        """Register device memory with the communicator (``ncclCommRegister``);
+        returns the handle for :meth:`deregister`. Register again after a wake
+        changed the tag's :func:`vmmweights.remap_epoch`."""
+        h = ctypes.c_void_p()
+        call("vmmw_nccl_register", self.handle, ctypes.c_uint64(ptr), ctypes.c_uint64(nbytes), ctypes.byref(h))
+        return int(h.value or 0)
+
+    def deregister(self, handle: int) -> None:
+        """Drop a registration made by :meth:`register`."""
+        call("vmmw_nccl_deregister", self.handle, ctypes.c_void_p(handle))
+
+    def close(self) -> None:
+        """Free the handle (destroying a communicator it created)."""
+        if self._handle is not None:
+            function("vmmw_nccl_comm_free")(self._handle)
+            self._handle = None
+
+    def __enter__(self) -> "NcclComm":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
