@@ -8,6 +8,7 @@
 #include <stdexcept>
 #include <string>
 #include <type_traits>
+#include <thread>
 #include <vector>
 
 #include "vmmweights.hpp"
@@ -304,6 +305,33 @@ static void test_loader() {
     CHECK(status_of([&] { (void)share.version(); }) == VMMW_NULL_ARGUMENT);
   }
   CHECK(access(sock.c_str(), F_OK) != 0);
+
+  // An update from a sender on another thread through the IPC transport (the
+  // Rust and Python tests run it across processes): new bytes, version + 1.
+  {
+    std::vector<float> a3(a.size()), b3(b.size());
+    for (size_t i = 0; i < a3.size(); ++i) a3[i] = static_cast<float>(i) * 0.25f;
+    for (size_t i = 0; i < b3.size(); ++i) b3[i] = -3.0f;
+    vmmw::UpdateSource src;
+    src.add("layer.weight", "F32", {64, 32}, reinterpret_cast<uintptr_t>(a3.data()), vmmw::Memory::Host);
+    src.add("layer.bias", "F32", {32}, reinterpret_cast<uintptr_t>(b3.data()), vmmw::Memory::Host);
+    const std::string tx_path = std::string(dir) + "/tx.sock";
+    vmmw::Pool sender_pool(o);
+    vmmw::UpdateSender tx(sender_pool, tx_path, 2, 1024, 20000);
+    const uint64_t v = pool.tag_version(w);
+    vmmw_send_report_t report{};
+    std::thread t([&] { report = tx.send(src); });
+    vmmw::UpdateOptions uo;
+    uo.expected_version = v;
+    const auto r = vmmw::receive_ipc(loader, pool, tx_path, uo, 20000);
+    t.join();
+    CHECK(r.version == v + 1 && r.staged == 1 && report.version == v + 1 && report.buckets == 9);
+    pool.read(d.ptr, back.data(), back.size() * 4);
+    CHECK(back == a3);
+    CHECK(status_of([&] { (void)vmmw::receive_ipc(loader, pool, std::string(dir) + "/none.sock", uo, 1000); }) ==
+          VMMW_IO);
+    CHECK(status_of([] { (void)vmmw::NcclComm::from_raw(nullptr); }) != VMMW_OK);
+  }
   unlink(path.c_str());
   rmdir(dir);
 }

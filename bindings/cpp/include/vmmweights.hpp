@@ -1024,6 +1024,128 @@ inline vmmw_update_result_t update(Loader& loader, Pool& pool, UpdateSource& sou
   return r;
 }
 
+namespace detail {
+inline vmmw_update_options_t update_options(const UpdateOptions& o) {
+  vmmw_update_options_t c{};
+  c.size = sizeof c;
+  c.expected_version = o.expected_version;
+  c.tag_set = o.tag_set ? 1 : 0;
+  c.tag = o.tag;
+  c.allow_missing = o.allow_missing ? 1 : 0;
+  c.allow_unexpected = o.allow_unexpected ? 1 : 0;
+  c.staging = o.staged ? VMMW_STAGING_ALWAYS : VMMW_STAGING_AUTO;
+  return c;
+}
+}  // namespace detail
+
+/// An IPC update sender (vmmw_update_sender_t): a ring of `slots` buffers of
+/// `slot_bytes` (0: 2 of 256 MiB) in `pool`, exported once, and a control
+/// socket at `path` that receivers connect to. Move-only.
+class UpdateSender {
+ public:
+  UpdateSender(Pool& pool, const std::string& path, uint32_t slots = 0, uint64_t slot_bytes = 0,
+               uint64_t timeout_ms = 0) {
+    vmmw_update_sender_t* raw = nullptr;
+    detail::call([&](vmmw_error_t** e) {
+      return vmmw_update_sender_new(pool.get(), path.c_str(), slots, slot_bytes, timeout_ms, &raw, e);
+    });
+    h_.reset(raw);
+  }
+
+  /// Wait for `receivers` receivers and send them `source`'s tensors in
+  /// buckets; returns once every receiver committed the update.
+  vmmw_send_report_t send(UpdateSource& source, uint32_t receivers = 1) {
+    vmmw_send_report_t r{};
+    vmmw_update_source_t* s = source.get();
+    if (s == nullptr) detail::empty_handle("vmmw::UpdateSource");
+    detail::call([&](vmmw_error_t** e) { return vmmw_update_sender_send(get_mut(), s, receivers, &r, e); });
+    return r;
+  }
+
+ private:
+  vmmw_update_sender_t* get_mut() { return detail::live(h_, "vmmw::UpdateSender"); }
+  detail::Owned<vmmw_update_sender_t, vmmw_update_sender_free> h_;
+};
+
+/// Receive one update from the IPC sender at `path` into `loader`'s
+/// destinations in `pool`, through its rules (vmmw_update_receive_ipc).
+inline vmmw_update_result_t receive_ipc(Loader& loader, Pool& pool, const std::string& path, const UpdateOptions& o,
+                                        uint64_t timeout_ms = 0) {
+  vmmw_update_options_t c = detail::update_options(o);
+  vmmw_update_result_t r{};
+  vmmw_loader_t* l = loader.get();
+  if (l == nullptr) detail::empty_handle("vmmw::Loader");
+  detail::call([&](vmmw_error_t** e) {
+    return vmmw_update_receive_ipc(l, pool.get(), path.c_str(), timeout_ms, &c, &r, e);
+  });
+  return r;
+}
+
+/// An NCCL communicator for broadcast updates (vmmw_nccl_comm_t). Move-only.
+class NcclComm {
+ public:
+  /// A new unique id (128 bytes) for the other ranks' constructors.
+  [[nodiscard]] static std::vector<uint8_t> unique_id() {
+    std::vector<uint8_t> id(128);
+    detail::call([&](vmmw_error_t** e) { return vmmw_nccl_unique_id(id.data(), e); });
+    return id;
+  }
+
+  /// Join the communicator of `world` ranks named by `id` as `rank`, on `pool`'s device.
+  NcclComm(Pool& pool, const std::vector<uint8_t>& id, uint32_t world, uint32_t rank) {
+    if (id.size() != 128) throw std::invalid_argument("vmmw::NcclComm: the unique id is 128 bytes");
+    vmmw_nccl_comm_t* raw = nullptr;
+    detail::call([&](vmmw_error_t** e) { return vmmw_nccl_comm_new(pool.get(), id.data(), world, rank, &raw, e); });
+    h_.reset(raw);
+  }
+
+  /// Use an ncclComm_t the caller has (left alone when this object goes).
+  [[nodiscard]] static NcclComm from_raw(void* comm) {
+    vmmw_nccl_comm_t* raw = nullptr;
+    detail::call([&](vmmw_error_t** e) { return vmmw_nccl_comm_from_raw(comm, &raw, e); });
+    return NcclComm(raw);
+  }
+
+  /// Broadcast `source` from this rank (the root) to every rank; applies nothing here.
+  void broadcast_send(Pool& pool, UpdateSource& source, uint64_t slot_bytes = 0, uint64_t timeout_ms = 0) {
+    vmmw_update_source_t* s = source.get();
+    if (s == nullptr) detail::empty_handle("vmmw::UpdateSource");
+    detail::call([&](vmmw_error_t** e) {
+      return vmmw_update_broadcast_send(get_mut(), pool.get(), s, slot_bytes, timeout_ms, e);
+    });
+  }
+
+  /// Receive one update broadcast from `root` into `loader`'s destinations in `pool`.
+  vmmw_update_result_t broadcast_receive(Loader& loader, Pool& pool, uint32_t root, const UpdateOptions& o,
+                                         uint64_t slot_bytes = 0, uint64_t timeout_ms = 0) {
+    vmmw_update_options_t c = detail::update_options(o);
+    vmmw_update_result_t r{};
+    vmmw_loader_t* l = loader.get();
+    if (l == nullptr) detail::empty_handle("vmmw::Loader");
+    detail::call([&](vmmw_error_t** e) {
+      return vmmw_update_broadcast_receive(get_mut(), l, pool.get(), root, slot_bytes, timeout_ms, &c, &r, e);
+    });
+    return r;
+  }
+
+  /// Register device memory with the communicator (ncclCommRegister).
+  [[nodiscard]] void* register_buffer(uint64_t ptr, uint64_t len) {
+    void* h = nullptr;
+    detail::call([&](vmmw_error_t** e) { return vmmw_nccl_register(get_mut(), ptr, len, &h, e); });
+    return h;
+  }
+
+  /// Drop a registration made by register_buffer.
+  void deregister_buffer(void* handle) {
+    detail::call([&](vmmw_error_t** e) { return vmmw_nccl_deregister(get_mut(), handle, e); });
+  }
+
+ private:
+  explicit NcclComm(vmmw_nccl_comm_t* adopt) noexcept : h_(adopt) {}
+  vmmw_nccl_comm_t* get_mut() { return detail::live(h_, "vmmw::NcclComm"); }
+  detail::Owned<vmmw_nccl_comm_t, vmmw_nccl_comm_free> h_;
+};
+
 /// What the owner's sleep of a shared tag does to attached importers.
 enum class SharePolicy : int32_t {
   Refuse = VMMW_SHARE_SLEEP_REFUSE,  ///< the sleep throws VMMW_INVALID_STATE while importers are attached

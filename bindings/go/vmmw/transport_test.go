@@ -1,0 +1,90 @@
+package vmmw
+
+import (
+	"context"
+	"encoding/binary"
+	"math"
+	"path/filepath"
+	"testing"
+)
+
+// An update through the IPC transport from a sender on another goroutine
+// (the Rust and Python tests run it across processes): new bytes, version
+// 1 -> 2, staged; a missing sender is an I/O error; NCCL from a NULL
+// communicator is refused.
+func TestReceiveIPCFromASender(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "model.safetensors")
+	a := make([]float32, 2000)
+	for i := range a {
+		a[i] = float32(i)
+	}
+	writeSafetensors(t, path, []string{"x.weight"}, [][]float32{a})
+	p := hostPool(t)
+	tag := mustTag(t, "go-transport")
+	l, err := OpenLoader(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	if err := l.Allocate(p, tag); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.Load(context.Background(), p, nil); err != nil {
+		t.Fatal(err)
+	}
+	newA := make([]byte, 4*len(a))
+	for i := range a {
+		binary.LittleEndian.PutUint32(newA[4*i:], math.Float32bits(float32(-i)))
+	}
+	src, err := p.Alloc(uint64(len(newA)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Write(src, newA); err != nil {
+		t.Fatal(err)
+	}
+	s, err := NewUpdateSource()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if err := s.Add("x.weight", "F32", []uint64{2000}, src, MemoryDevice); err != nil {
+		t.Fatal(err)
+	}
+	tx, err := NewUpdateSender(hostPool(t), filepath.Join(dir, "tx.sock"), 2, 1000, 20000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Close()
+	sent := make(chan SendReport, 1)
+	go func() {
+		r, err := tx.Send(s, 1)
+		if err != nil {
+			t.Error(err)
+		}
+		sent <- r
+	}()
+	r, err := ReceiveIPC(l, p, filepath.Join(dir, "tx.sock"), UpdateOptions{ExpectedVersion: 1}, 20000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	report := <-sent
+	if r.Version != 2 || !r.Staged || report.Version != 2 || report.Buckets != 8 {
+		t.Fatalf("result %+v, report %+v", r, report)
+	}
+	d, _ := l.Destination("x.weight")
+	got := make([]byte, len(newA))
+	if err := p.Read(d.Ptr, got); err != nil {
+		t.Fatal(err)
+	}
+	if string(got) != string(newA) {
+		t.Fatal("the destination does not hold the sent bytes")
+	}
+	if _, err := ReceiveIPC(l, p, filepath.Join(dir, "none.sock"), UpdateOptions{ExpectedVersion: 2}, 1000); !isStatus(err, StatusIO) {
+		t.Fatalf("no sender: %v", err)
+	}
+	if _, err := NcclCommFromRaw(nil); err == nil {
+		t.Fatal("a NULL communicator was accepted")
+	}
+}
