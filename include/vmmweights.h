@@ -2993,6 +2993,25 @@ vmmw_status_t vmmw_update_broadcast_send(struct vmmw_nccl_comm_t *comm, struct v
 vmmw_status_t vmmw_update_broadcast_receive(struct vmmw_nccl_comm_t *comm, struct vmmw_loader_t *loader, struct vmmw_pool_t *pool, uint32_t root, uint64_t slot_bytes, uint64_t timeout_ms, const struct vmmw_update_options_t *options_in, struct vmmw_update_result_t *out, struct vmmw_error_t **error);
 
 /**
+ * Broadcast the tensors of `source` from this rank (the root) to every rank
+ * of `comm` and apply them here too, into the destinations of `loader` in
+ * `pool` through its rules (a root that is an engine rank, or a checkpoint
+ * read on one rank and broadcast). Arguments as
+ * `vmmw_update_broadcast_send` and `vmmw_update_broadcast_receive`.
+ *
+ * Errors (every destination here keeps its last version on each):
+ * - `VMMW_NULL_ARGUMENT`: `comm`, `loader`, `pool`, `source`, `options` or `out` is NULL.
+ * - `VMMW_INVALID_ARGUMENT`: the source's tensors are refused.
+ * - `VMMW_UPDATE_SOURCE`: the broadcast failed.
+ * - `VMMW_VERSION_MISMATCH`, `VMMW_PLAN_MISMATCH`: as `vmmw_update`.
+ *
+ * # Safety
+ * `comm`, `loader`, `pool` and `source` are live handles; `options` is NULL
+ * or readable for its `size`; `out` is writable; `error` is NULL or writable.
+ */
+vmmw_status_t vmmw_update_broadcast_root(struct vmmw_nccl_comm_t *comm, struct vmmw_loader_t *loader, struct vmmw_pool_t *pool, struct vmmw_update_source_t *source, uint64_t slot_bytes, uint64_t timeout_ms, const struct vmmw_update_options_t *options_in, struct vmmw_update_result_t *out, struct vmmw_error_t **error);
+
+/**
  * Register `len` bytes at `ptr` (device memory of the communicator's
  * device, e.g. a tag made RDMA-capable with `vmmw_pool_set_tag_rdma`) with
  * the communicator (`ncclCommRegister`); `*handle` receives the

@@ -240,6 +240,12 @@ _SIGNATURES: dict[str, tuple[Any, list[Any], bool]] = {
          ctypes.POINTER(S.UpdateResult)],
         True,
     ),
+    "vmmw_update_broadcast_root": (
+        _I32,
+        [_P, _P, _P, _P, ctypes.c_uint64, ctypes.c_uint64, ctypes.POINTER(S.UpdateOptions),
+         ctypes.POINTER(S.UpdateResult)],
+        True,
+    ),
     "vmmw_nccl_register": (_I32, [_P, ctypes.c_uint64, ctypes.c_uint64, ctypes.POINTER(_P)], True),
     "vmmw_nccl_deregister": (_I32, [_P, _P], True),
     "vmmw_pool_tag_version": (_I32, [_P, ctypes.c_uint32, _U64P], True),

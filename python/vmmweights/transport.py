@@ -173,6 +173,17 @@ class NcclComm:
              ctypes.c_uint64(slot_bytes), ctypes.c_uint64(timeout_ms), ctypes.byref(opts), ctypes.byref(out))
         return _result(out)
 
+    def broadcast_root(self, loader: Loader, pool: Pool, source: UpdateSource, expected_version: int, *,
+                       slot_bytes: int = 0, timeout_ms: int = 0, tag: Optional[str] = None,
+                       allow_missing: bool = False, allow_unexpected: bool = False) -> UpdateResult:
+        """Broadcast `source` from this rank (the root) and apply it here too,
+        into `loader`'s destinations in `pool` (a root that is an engine rank)."""
+        opts = _options(expected_version, tag, allow_missing, allow_unexpected)
+        out = S.UpdateResult()
+        call("vmmw_update_broadcast_root", self.handle, loader.handle, pool.handle, source.handle,
+             ctypes.c_uint64(slot_bytes), ctypes.c_uint64(timeout_ms), ctypes.byref(opts), ctypes.byref(out))
+        return _result(out)
+
     def register(self, ptr: int, nbytes: int) -> int:
         """Register device memory with the communicator (``ncclCommRegister``);
         returns the handle for :meth:`deregister`. Register again after a wake

@@ -439,6 +439,56 @@ pub unsafe extern "C" fn vmmw_update_broadcast_receive(
     })
 }
 
+/// Broadcast the tensors of `source` from this rank (the root) to every rank
+/// of `comm` and apply them here too, into the destinations of `loader` in
+/// `pool` through its rules (a root that is an engine rank, or a checkpoint
+/// read on one rank and broadcast). Arguments as
+/// `vmmw_update_broadcast_send` and `vmmw_update_broadcast_receive`.
+///
+/// Errors (every destination here keeps its last version on each):
+/// - `VMMW_NULL_ARGUMENT`: `comm`, `loader`, `pool`, `source`, `options` or `out` is NULL.
+/// - `VMMW_INVALID_ARGUMENT`: the source's tensors are refused.
+/// - `VMMW_UPDATE_SOURCE`: the broadcast failed.
+/// - `VMMW_VERSION_MISMATCH`, `VMMW_PLAN_MISMATCH`: as `vmmw_update`.
+///
+/// # Safety
+/// `comm`, `loader`, `pool` and `source` are live handles; `options` is NULL
+/// or readable for its `size`; `out` is writable; `error` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn vmmw_update_broadcast_root(
+    comm: *mut vmmw_nccl_comm_t,
+    loader: *mut vmmw_loader_t,
+    pool: *mut vmmw_pool_t,
+    source: *mut vmmw_update_source_t,
+    slot_bytes: u64,
+    timeout_ms: u64,
+    options_in: *const vmmw_update_options_t,
+    out: *mut vmmw_update_result_t,
+    error: *mut *mut vmmw_error_t,
+) -> vmmw_status_t {
+    call_out(out, "out", error, || {
+        // SAFETY: forwarded contract.
+        let c = unsafe { arg(comm.cast_const(), "comm") }?;
+        // SAFETY: forwarded contract.
+        let l = unsafe { arg(loader.cast_const(), "loader") }?;
+        // SAFETY: forwarded contract.
+        let p = unsafe { arg(pool.cast_const(), "pool") }?;
+        // SAFETY: forwarded contract.
+        let src = unsafe { arg(source.cast_const(), "source") }?;
+        // SAFETY: forwarded contract (readable for its `size`).
+        let o = unsafe { read_sized(options_in) }?.ok_or(Error::NullArgument("options"))?;
+        let opts = options(&o)?;
+        let ring = Ring::new(p.pool.clone(), &ring_options(slot_bytes, timeout_ms)?)?;
+        let mut tensors = src.tensors.lock().unwrap_or_else(|p| p.into_inner());
+        let mut coll = c.coll.lock().unwrap_or_else(|p| p.into_inner());
+        let r = send::with_source(&mut *tensors, |t| {
+            let mut source = BroadcastSource::root(&mut *coll, &ring, t);
+            receive(&mut source, &l.session, &p.pool, &opts)
+        })?;
+        Ok(c_result(&r))
+    })
+}
+
 /// Register `len` bytes at `ptr` (device memory of the communicator's
 /// device, e.g. a tag made RDMA-capable with `vmmw_pool_set_tag_rdma`) with
 /// the communicator (`ncclCommRegister`); `*handle` receives the

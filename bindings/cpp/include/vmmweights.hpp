@@ -1128,6 +1128,22 @@ class NcclComm {
     return r;
   }
 
+  /// Broadcast `source` from this rank (the root) and apply it here too, into
+  /// `loader`'s destinations in `pool`.
+  vmmw_update_result_t broadcast_root(Loader& loader, Pool& pool, UpdateSource& source, const UpdateOptions& o,
+                                      uint64_t slot_bytes = 0, uint64_t timeout_ms = 0) {
+    vmmw_update_options_t c = detail::update_options(o);
+    vmmw_update_result_t r{};
+    vmmw_loader_t* l = loader.get();
+    if (l == nullptr) detail::empty_handle("vmmw::Loader");
+    vmmw_update_source_t* s = source.get();
+    if (s == nullptr) detail::empty_handle("vmmw::UpdateSource");
+    detail::call([&](vmmw_error_t** e) {
+      return vmmw_update_broadcast_root(get_mut(), l, pool.get(), s, slot_bytes, timeout_ms, &c, &r, e);
+    });
+    return r;
+  }
+
   /// Register device memory with the communicator (ncclCommRegister).
   [[nodiscard]] void* register_buffer(uint64_t ptr, uint64_t len) {
     void* h = nullptr;

@@ -219,6 +219,33 @@ func (c *NcclComm) BroadcastReceive(loader *Loader, pool *Pool, root uint32, o U
 	return resultOf(&r), nil
 }
 
+// BroadcastRoot broadcasts source from this rank (the root) and applies it
+// here too, into loader's destinations in pool.
+func (c *NcclComm) BroadcastRoot(loader *Loader, pool *Pool, source *UpdateSource, o UpdateOptions, slotBytes, timeoutMs uint64) (UpdateResult, error) {
+	if c == nil || c.ptr == nil {
+		return UpdateResult{}, closedError("NcclComm")
+	}
+	if source == nil || source.ptr == nil {
+		return UpdateResult{}, closedError("UpdateSource")
+	}
+	cp, err := pool.live()
+	if err != nil {
+		return UpdateResult{}, err
+	}
+	opts := updateOptions(o)
+	var r C.vmmw_update_result_t
+	err = loader.do(func(cl *C.vmmw_loader_t, e **C.vmmw_error_t) C.vmmw_status_t {
+		return C.vmmw_update_broadcast_root(c.ptr, cl, cp, source.ptr, C.uint64_t(slotBytes), C.uint64_t(timeoutMs), &opts, &r, e)
+	})
+	runtime.KeepAlive(c)
+	runtime.KeepAlive(pool)
+	runtime.KeepAlive(source)
+	if err != nil {
+		return UpdateResult{}, err
+	}
+	return resultOf(&r), nil
+}
+
 // Register registers device memory with the communicator (ncclCommRegister);
 // the handle goes to Deregister. Register again when the tag's RemapEpoch moved.
 func (c *NcclComm) Register(ptr, length uint64) (unsafe.Pointer, error) {
