@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Updates from another process on the same GPU (the IPC transport): the
+# engine loads the 16.4 GB 8B-shaped checkpoint (LOAD_DIR, as 20-load.sh; made
+# here when absent), a trainer process sends its negated tensors through a
+# ring it exports once; per bucket size (64 MiB to 1 GiB), in the same run:
+# the setup (one handshake; target <= 50 ms), GB/s against PyTorch's copy_ of
+# the same bytes into the same destinations (target >= 0.8), bitwise check.
+# The sweep is how the default bucket size is chosen. Writes update-ipc.txt
+# and update-ipc.json to $VMMW_GPU_OUT.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+source scripts/gpu-lib.sh
+export PYTHONPATH="python:tests/torch${PYTHONPATH:+:$PYTHONPATH}"
+export VMMW_LIB="${VMMW_LIB:-$PWD/.gpu/libvmmweights.so}"
+export VMMW_BACKEND=cuda PYTHONUNBUFFERED=1
+if ! python3 -c 'import torch, safetensors, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
+  result "update: another process, same GPU" SKIP "PyTorch with CUDA, or safetensors, is not available here"
+  exit 0
+fi
+log="$VMMW_GPU_OUT/update-ipc.txt"
+line=$(timeout 1200 python3 tests/torch/update_ipc.py --dir "${LOAD_DIR:-/root/vmmw-ckpt-8b}" \
+  --layers "${LOAD_LAYERS:-36}" --out "$VMMW_GPU_OUT/update-ipc.json" 2>&1 | tee "$log" | grep -E '^(PASS|FAIL)' | tail -1)
+cat "$log"
+result_of "update: another process, same GPU" "$line" update-ipc.txt
