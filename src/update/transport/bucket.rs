@@ -329,4 +329,42 @@ mod tests {
         assert!(cov.admit(&b[0]).is_err(), "repeat");
         assert!(cov.finish().is_err(), "short");
     }
+
+    proptest::proptest! {
+        #[test]
+        fn any_plan_is_admitted_whole_and_any_tampering_never_panics(
+            sizes in proptest::collection::vec(1u64..5000, 1..12),
+            slot in 1u64..3000,
+            victim in 0usize..64,
+            field in 0u8..5,
+            value in proptest::prelude::any::<u64>(),
+        ) {
+            let plan = plan_buckets(&sizes, slot).unwrap();
+            let mut cov = Coverage::new(sizes.clone(), slot);
+            for m in &plan {
+                cov.admit(m).unwrap();
+            }
+            cov.finish().unwrap();
+            // One field of one bucket changed: admitted only when the
+            // change keeps every rule, and never a panic or an overflow.
+            let mut cov = Coverage::new(sizes, slot);
+            let k = victim % plan.len();
+            for (i, m) in plan.iter().enumerate() {
+                let mut m = m.clone();
+                if i == k {
+                    let e = m.entries.len() - 1;
+                    match field {
+                        0 => m.bytes = value,
+                        1 => m.entries[e].len = value,
+                        2 => m.entries[e].offset = value,
+                        3 => m.entries[e].at = value,
+                        _ => m.entries[e].tensor = value as u32,
+                    }
+                }
+                if cov.admit(&m).is_err() {
+                    break;
+                }
+            }
+        }
+    }
 }

@@ -12,18 +12,19 @@
 //!
 //! - [`ipc`]: another process on the same host writes buckets into a ring it
 //!   exports once through [`crate::share`]; one handshake per ring.
-//! - [`broadcast`] over a [`broadcast::Collective`], [`nccl`] on the GPU: a broadcast from one source rank to every rank of a
-//!   communicator (GPU only; NCCL is loaded at run time).
+//! - [`broadcast`]: one root rank to every rank of a
+//!   [`broadcast::Collective`]: NCCL on the GPU ([`nccl`], loaded at run
+//!   time), a thread-backed [`test_collective`] in CI.
 //!
 //! On the host backend the IPC transport runs between real processes over
-//! memfd-backed memory; CI uses it to exercise the bucketing, ordering and
-//! failure paths the GPU transports share.
+//! memfd-backed memory; CI uses it and the test collective to exercise the
+//! bucketing, ordering and failure paths the GPU transports share
+//! (docs/UPDATE-TRANSPORTS.md).
 
 pub mod broadcast;
 pub mod bucket;
 pub mod control;
 pub mod ipc;
-
 pub mod nccl;
 mod receive;
 pub mod send;
@@ -36,8 +37,9 @@ pub use send::{SendData, SendTensor};
 /// Ring slots unless set: two, so one bucket is applied while the next lands.
 pub const DEFAULT_SLOTS: usize = 2;
 
-/// Bytes of one ring slot (one bucket) unless set. Chosen by the bucket-size
-/// sweep of `scripts/gpu.d/86-update-ipc.sh` (docs/UPDATES.md): the rate stops
-/// rising past this size on an H200, and two slots of it are a small
-/// fraction of an engine's memory.
+/// Bytes of one ring slot (one bucket) unless set. The bucket-size sweep of
+/// `scripts/gpu.d/86-update-ipc.sh` measures the rate from 64 MiB to 1 GiB
+/// and names the smallest size within 5% of the fastest
+/// (docs/UPDATE-TRANSPORTS.md); two slots of this size are a small fraction
+/// of an engine's memory.
 pub const DEFAULT_BUCKET_BYTES: usize = 256 << 20;
