@@ -71,8 +71,11 @@ pub use cut::{Copy2d, Coverage};
 pub use plan::UpdatePlan;
 pub use source::{Batch, Bytes, Piece, Source, SourceTensor, Tensors};
 
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
 use crate::error::{Error, Result};
-use crate::loader::{PlanOptions, Registry, Rules, Session};
+use crate::loader::{Plan, PlanOptions, Registry, Rules, Session, TensorInfo};
 use crate::pool::Pool;
 use crate::tag::TagId;
 
@@ -148,16 +151,21 @@ impl UpdateResult {
 /// Update the destinations registered in `session` (by a load, or by hand)
 /// from `source`, through the session's rules, on `pool`'s device (see the
 /// module docs). Returns the new version and what was written.
+///
+/// The session keeps the plan ([`Session::plan_for`]): updates that repeat
+/// with the same source tensors plan once.
 pub fn update(
     session: &Session,
     pool: &Pool,
     source: &mut dyn Source,
     opts: &UpdateOptions,
 ) -> Result<UpdateResult> {
-    update_registry(pool, &session.rules(), &session.registry(), source, opts)
+    let plan_for = |t: &BTreeMap<String, TensorInfo>, o: &PlanOptions| session.plan_for(t, o);
+    run::run(pool, &plan_for, &session.registry(), source, opts)
 }
 
-/// [`update`] with the rules and destinations given directly.
+/// [`update`] with the rules and destinations given directly (planned at
+/// every call).
 pub fn update_registry(
     pool: &Pool,
     rules: &Rules,
@@ -165,7 +173,10 @@ pub fn update_registry(
     source: &mut dyn Source,
     opts: &UpdateOptions,
 ) -> Result<UpdateResult> {
-    run::run(pool, rules, registry, source, opts)
+    let plan_for = |t: &BTreeMap<String, TensorInfo>, o: &PlanOptions| {
+        Plan::build_for(t, rules, registry, o).map(Arc::new)
+    };
+    run::run(pool, &plan_for, registry, source, opts)
 }
 
 /// Refuse an update whose `expected_version` is 0 (versions start at

@@ -2,6 +2,7 @@
 //! direct or staged copies (see the failure rule in the module docs), mark
 //! what was written for Reload, and move the version.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -11,7 +12,7 @@ use super::source::{Batch, Bytes, Source, SourceTensor};
 use super::{check_options, Staging, UpdateOptions, UpdateResult};
 use crate::driver::{DevicePtr, Driver, StreamId};
 use crate::error::{Error, Result};
-use crate::loader::{check_destinations, Registry, Rules};
+use crate::loader::{check_destinations, Plan, PlanOptions, Registry, TensorInfo};
 use crate::pool::Pool;
 use crate::segment::Segment;
 use crate::tag;
@@ -36,7 +37,7 @@ struct Done {
 
 pub(super) fn run(
     pool: &Pool,
-    rules: &Rules,
+    plan_for: &dyn Fn(&BTreeMap<String, TensorInfo>, &PlanOptions) -> Result<Arc<Plan>>,
     registry: &Registry,
     source: &mut dyn Source,
     opts: &UpdateOptions,
@@ -46,7 +47,7 @@ pub(super) fn run(
     check_destinations(pool, registry)?;
     let up = plan::build(
         &manifest,
-        rules,
+        plan_for,
         registry,
         pool,
         opts.tag,
