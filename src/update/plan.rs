@@ -14,6 +14,10 @@ use crate::loader::{Extent, Plan, PlanOptions, Registry, TensorInfo};
 use crate::pool::Pool;
 use crate::tag::{self, TagId};
 
+/// Makes the load plan for a set of named tensors (the session's, kept
+/// between updates, or one built at each call).
+pub type PlanFor<'a> = &'a dyn Fn(&BTreeMap<String, TensorInfo>, &PlanOptions) -> Result<Arc<Plan>>;
+
 /// A checked update: the copies by source tensor and what they write.
 #[derive(Debug, Clone)]
 pub struct UpdatePlan {
@@ -38,7 +42,7 @@ pub struct UpdatePlan {
 #[allow(clippy::too_many_arguments)]
 pub fn build(
     manifest: &[SourceTensor],
-    plan_for: &dyn Fn(&BTreeMap<String, TensorInfo>, &PlanOptions) -> Result<Arc<Plan>>,
+    plan_for: PlanFor<'_>,
     registry: &Registry,
     pool: &Pool,
     tag: Option<TagId>,

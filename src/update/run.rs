@@ -2,17 +2,16 @@
 //! direct or staged copies (see the failure rule in the module docs), mark
 //! what was written for Reload, and move the version.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Instant;
 
 use super::cut::{cut, Copy2d, Coverage};
-use super::plan::{self, UpdatePlan};
+use super::plan::{self, PlanFor, UpdatePlan};
 use super::source::{Batch, Bytes, Source, SourceTensor};
 use super::{check_options, Staging, UpdateOptions, UpdateResult};
 use crate::driver::{DevicePtr, Driver, StreamId};
 use crate::error::{Error, Result};
-use crate::loader::{check_destinations, Plan, PlanOptions, Registry, TensorInfo};
+use crate::loader::{check_destinations, Registry};
 use crate::pool::Pool;
 use crate::segment::Segment;
 use crate::tag;
@@ -37,7 +36,7 @@ struct Done {
 
 pub(super) fn run(
     pool: &Pool,
-    plan_for: &dyn Fn(&BTreeMap<String, TensorInfo>, &PlanOptions) -> Result<Arc<Plan>>,
+    plan_for: PlanFor<'_>,
     registry: &Registry,
     source: &mut dyn Source,
     opts: &UpdateOptions,
