@@ -7,7 +7,7 @@
 //! # fn f(session: &Session, pool: &Pool, ptr: u64) -> vmmweights::Result<()> {
 //! let mut src = Tensors::new();
 //! // SAFETY: `ptr` holds the tensor's bytes until `update` returns.
-//! unsafe { src.add("model.embed_tokens.weight", Dtype::BF16, &[151936, 4096], Bytes::Device(ptr))? };
+//! unsafe { src.add("model.embed_tokens.weight", Dtype::Bf16, &[151936, 4096], Bytes::Device(ptr))? };
 //! let done = update(session, pool, &mut src, &UpdateOptions::from_version(1))?;
 //! assert_eq!(done.version, 2);
 //! # Ok(()) }
