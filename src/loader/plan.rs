@@ -78,7 +78,7 @@ pub struct Fill {
 pub const MAX_PIECES: usize = 1 << 24;
 
 /// Options for building a plan.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct PlanOptions {
     /// Destinations no source fills are left untouched instead of an error.
     pub allow_missing: bool,

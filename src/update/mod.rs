@@ -7,7 +7,7 @@
 //! # fn f(session: &Session, pool: &Pool, ptr: u64) -> vmmweights::Result<()> {
 //! let mut src = Tensors::new();
 //! // SAFETY: `ptr` holds the tensor's bytes until `update` returns.
-//! unsafe { src.add("model.embed_tokens.weight", Dtype::BF16, &[151936, 4096], Bytes::Device(ptr))? };
+//! unsafe { src.add("model.embed_tokens.weight", Dtype::Bf16, &[151936, 4096], Bytes::Device(ptr))? };
 //! let done = update(session, pool, &mut src, &UpdateOptions::from_version(1))?;
 //! assert_eq!(done.version, 2);
 //! # Ok(()) }
@@ -72,8 +72,11 @@ pub use cut::{Copy2d, Coverage};
 pub use plan::UpdatePlan;
 pub use source::{Batch, Bytes, Piece, Source, SourceTensor, Tensors};
 
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
 use crate::error::{Error, Result};
-use crate::loader::{PlanOptions, Registry, Rules, Session};
+use crate::loader::{Plan, PlanOptions, Registry, Rules, Session, TensorInfo};
 use crate::pool::Pool;
 use crate::tag::TagId;
 
@@ -149,16 +152,21 @@ impl UpdateResult {
 /// Update the destinations registered in `session` (by a load, or by hand)
 /// from `source`, through the session's rules, on `pool`'s device (see the
 /// module docs). Returns the new version and what was written.
+///
+/// The session keeps the plan ([`Session::plan_for`]): updates that repeat
+/// with the same source tensors plan once.
 pub fn update(
     session: &Session,
     pool: &Pool,
     source: &mut dyn Source,
     opts: &UpdateOptions,
 ) -> Result<UpdateResult> {
-    update_registry(pool, &session.rules(), &session.registry(), source, opts)
+    let plan_for = |t: &BTreeMap<String, TensorInfo>, o: &PlanOptions| session.plan_for(t, o);
+    run::run(pool, &plan_for, &session.registry(), source, opts)
 }
 
-/// [`update`] with the rules and destinations given directly.
+/// [`update`] with the rules and destinations given directly (planned at
+/// every call).
 pub fn update_registry(
     pool: &Pool,
     rules: &Rules,
@@ -166,7 +174,10 @@ pub fn update_registry(
     source: &mut dyn Source,
     opts: &UpdateOptions,
 ) -> Result<UpdateResult> {
-    run::run(pool, rules, registry, source, opts)
+    let plan_for = |t: &BTreeMap<String, TensorInfo>, o: &PlanOptions| {
+        Plan::build_for(t, rules, registry, o).map(Arc::new)
+    };
+    run::run(pool, &plan_for, registry, source, opts)
 }
 
 /// Refuse an update whose `expected_version` is 0 (versions start at

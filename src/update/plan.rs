@@ -5,19 +5,24 @@
 //! listed in one error before any byte moves.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use super::source::SourceTensor;
 use crate::driver::DevicePtr;
 use crate::error::{Error, Result};
-use crate::loader::{Extent, Plan, PlanOptions, Registry, Rules, TensorInfo};
+use crate::loader::{Extent, Plan, PlanOptions, Registry, TensorInfo};
 use crate::pool::Pool;
 use crate::tag::{self, TagId};
+
+/// Makes the load plan for a set of named tensors (the session's, kept
+/// between updates, or one built at each call).
+pub type PlanFor<'a> = &'a dyn Fn(&BTreeMap<String, TensorInfo>, &PlanOptions) -> Result<Arc<Plan>>;
 
 /// A checked update: the copies by source tensor and what they write.
 #[derive(Debug, Clone)]
 pub struct UpdatePlan {
     /// The load plan over the manifest.
-    pub plan: Plan,
+    pub plan: Arc<Plan>,
     /// Indices into `plan.extents`, per manifest entry, ordered by offset.
     pub by_tensor: Vec<Vec<usize>>,
     /// Each destination the update writes, whole: `(address, bytes, name)`,
@@ -27,15 +32,17 @@ pub struct UpdatePlan {
     pub tag: TagId,
 }
 
-/// Check the manifest against the destinations under `rules` and the
+/// Check the manifest against the destinations (the plan `plan_for` makes
+/// from the manifest's tensors, as the load's rules map them) and the
 /// version of the tag they live in; every problem in one error.
 ///
 /// `tag`: the tag to version; None takes the one pool tag holding the
 /// destinations written (an error when they span several, or lie outside
 /// the pool).
+#[allow(clippy::too_many_arguments)]
 pub fn build(
     manifest: &[SourceTensor],
-    rules: &Rules,
+    plan_for: PlanFor<'_>,
     registry: &Registry,
     pool: &Pool,
     tag: Option<TagId>,
@@ -64,7 +71,7 @@ pub fn build(
             problems.push(format!("`{}` is in the source twice", t.name));
         }
     }
-    let plan = match Plan::build_for(&tensors, rules, registry, opts) {
+    let plan = match plan_for(&tensors, opts) {
         Ok(p) => Some(p),
         Err(Error::Plan(s)) => {
             problems.push(s);

@@ -2,16 +2,17 @@
 //! direct or staged copies (see the failure rule in the module docs), mark
 //! what was written for Reload, and move the version.
 
+use std::cell::Cell;
 use std::sync::Arc;
 use std::time::Instant;
 
 use super::cut::{cut, Copy2d, Coverage};
-use super::plan::{self, UpdatePlan};
+use super::plan::{self, PlanFor, UpdatePlan};
 use super::source::{Batch, Bytes, Source, SourceTensor};
 use super::{check_options, Staging, UpdateOptions, UpdateResult};
 use crate::driver::{DevicePtr, Driver, StreamId};
 use crate::error::{Error, Result};
-use crate::loader::{check_destinations, Registry, Rules};
+use crate::loader::{check_destinations, Registry};
 use crate::pool::Pool;
 use crate::segment::Segment;
 use crate::tag;
@@ -36,7 +37,7 @@ struct Done {
 
 pub(super) fn run(
     pool: &Pool,
-    rules: &Rules,
+    plan_for: PlanFor<'_>,
     registry: &Registry,
     source: &mut dyn Source,
     opts: &UpdateOptions,
@@ -46,7 +47,7 @@ pub(super) fn run(
     check_destinations(pool, registry)?;
     let up = plan::build(
         &manifest,
-        rules,
+        plan_for,
         registry,
         pool,
         opts.tag,
@@ -63,11 +64,23 @@ pub(super) fn run(
     let driver = pool.driver().clone();
     let stream = driver.stream_create()?;
     let staged = opts.staging == Staging::Always || !source.resident();
+    // Reload keeps what the update writes in the host backup from now on;
+    // done while the device copies into the destinations (the tag is pinned:
+    // no sleep can start meanwhile).
+    let retire = || {
+        for &(ptr, len, _) in &dests {
+            if let Some(seg) = pool.segment_of(ptr) {
+                pool.retire_reload_range(seg.tag, ptr, len);
+            }
+        }
+    };
     let run = Run {
         driver: &driver,
         stream,
         up: &up,
         manifest: &manifest,
+        while_writing: &retire,
+        retired: Cell::new(false),
     };
     let outcome = if staged {
         run.staged(source)
@@ -76,17 +89,9 @@ pub(super) fn run(
     };
     let _ = driver.stream_synchronize(stream);
     let _ = driver.stream_destroy(stream);
-    let retire = || {
-        for &(ptr, len, _) in &dests {
-            if let Some(seg) = pool.segment_of(ptr) {
-                pool.retire_reload_range(seg.tag, ptr, len);
-            }
-        }
-    };
     match outcome {
         Ok(done) => {
-            // Reload keeps these bytes in the host backup from now on.
-            retire();
+            run.destinations_queued();
             drop(pin);
             let version = ticket.commit();
             Ok(UpdateResult {
@@ -102,7 +107,7 @@ pub(super) fn run(
         }
         Err(Failed::Untouched(e)) => Err(e),
         Err(Failed::Torn(reason)) => {
-            retire();
+            run.destinations_queued();
             drop(pin);
             let version = ticket.base();
             ticket.tear();
@@ -128,9 +133,20 @@ struct Run<'a> {
     stream: StreamId,
     up: &'a UpdatePlan,
     manifest: &'a [SourceTensor],
+    /// Host work to do once copies into the destinations are queued, while
+    /// the device runs them.
+    while_writing: &'a dyn Fn(),
+    retired: Cell<bool>,
 }
 
 impl Run<'_> {
+    /// Copies into the destinations are queued: run `while_writing` (once).
+    fn destinations_queued(&self) {
+        if !self.retired.replace(true) {
+            (self.while_writing)();
+        }
+    }
+
     /// Check a batch's pieces and record their coverage.
     fn accept(&self, batch: &Batch, cov: &mut Coverage) -> Result<()> {
         for p in &batch.pieces {
@@ -203,16 +219,28 @@ impl Run<'_> {
         out
     }
 
-    /// Queue `copies` and the pad fills at `remap`ped addresses, then wait.
-    fn write(&self, copies: &[Copy2d], remap: &dyn Fn(DevicePtr) -> DevicePtr) -> Result<()> {
-        self.queue(copies)?;
-        for f in &self.up.plan.fills {
-            // SAFETY: fills lie in checked destinations (or their scratch).
-            unsafe {
-                self.driver
-                    .memset_async(remap(f.dst), 0, f.len as usize, self.stream)
-            }?;
+    /// Queue `copies` and the pad fills at `remap`ped addresses, then wait;
+    /// `into_destinations`: they write the destinations themselves.
+    fn write(
+        &self,
+        copies: &[Copy2d],
+        remap: &dyn Fn(DevicePtr) -> DevicePtr,
+        into_destinations: bool,
+    ) -> Result<()> {
+        let queued = self.queue(copies).and_then(|()| {
+            for f in &self.up.plan.fills {
+                // SAFETY: fills lie in checked destinations (or their scratch).
+                unsafe {
+                    self.driver
+                        .memset_async(remap(f.dst), 0, f.len as usize, self.stream)
+                }?;
+            }
+            Ok(())
+        });
+        if into_destinations {
+            self.destinations_queued();
         }
+        queued?;
         self.driver.stream_synchronize(self.stream)
     }
 
@@ -271,10 +299,10 @@ impl Run<'_> {
             .collect();
         let t0 = Instant::now();
         let mut retried = false;
-        if let Err(first) = self.write(&copies, &same) {
+        if let Err(first) = self.write(&copies, &same, true) {
             retried = true;
             let _ = self.driver.stream_synchronize(self.stream);
-            if let Err(again) = self.write(&copies, &same) {
+            if let Err(again) = self.write(&copies, &same, true) {
                 release_all(source);
                 return Err(Failed::Torn(format!(
                     "copying into the destinations failed ({first}) and so did the retry ({again})"
@@ -353,7 +381,7 @@ impl Run<'_> {
             }
             Err(e) => return Err(source_error(e)),
         }
-        let fills = self.write(&[], &remap);
+        let fills = self.write(&[], &remap, false);
         if let Err(e) = fills {
             return Err(Failed::Untouched(
                 e.with_context(" (padding in the update's scratch)"),
@@ -372,9 +400,9 @@ impl Run<'_> {
             })
             .collect();
         let mut retried = false;
-        let flipped = self
-            .queue(&flip)
-            .and_then(|()| self.driver.stream_synchronize(self.stream));
+        let queued = self.queue(&flip);
+        self.destinations_queued();
+        let flipped = queued.and_then(|()| self.driver.stream_synchronize(self.stream));
         if let Err(first) = flipped {
             retried = true;
             let _ = self.driver.stream_synchronize(self.stream);

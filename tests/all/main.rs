@@ -59,6 +59,8 @@ mod share_attach_bench;
 mod sleep_engine;
 mod sleep_hazards;
 mod update;
+#[cfg(feature = "cli")]
+mod update_cli;
 mod update_tp;
 mod update_transport_broadcast;
 mod update_transport_processes;

@@ -588,3 +588,38 @@ fn a_version_ticket_moves_the_version_once_and_only_from_its_base() {
     assert_eq!(other.tag_version(t).unwrap(), 1);
     assert!(pool.tag_version(tag::TagId(u32::MAX)).is_err());
 }
+
+#[test]
+fn the_kept_plan_follows_the_sessions_rules_and_destinations() {
+    on_each_backend("the_kept_plan_follows", |b| {
+        let s = setup(b, &unique("kept-plan", b), &SMALL, "llama", None);
+        let v0 = s.pool.tag_version(s.tag).unwrap();
+        let mut src = on_host(&s.new);
+        update::update(&s.session, &s.pool, &mut src, &opts(v0)).unwrap();
+        // A destination registered since: the next update must plan again and miss it.
+        let extra = s.pool.alloc_tagged(64, s.tag).unwrap();
+        s.session
+            .register("model.extra.weight", extra.ptr, Dtype::Bf16, &[32])
+            .unwrap();
+        let e = update::update(&s.session, &s.pool, &mut src, &opts(v0 + 1)).unwrap_err();
+        assert!(e.to_string().contains("model.extra.weight"), "{e}");
+        // Rules that skip a tensor: planned again, that tensor now unexpected nowhere.
+        let mut rules = s.session.rules();
+        rules.rules.insert(
+            0,
+            vmmweights::loader::Rule {
+                pattern: r"model\.norm\.weight".into(),
+                skip: true,
+                to: None,
+                fuse: None,
+                shard: None,
+                pad: None,
+            },
+        );
+        s.session.set_rules(rules).unwrap();
+        let mut o = opts(v0 + 1);
+        o.plan.allow_missing = true;
+        let r = update::update(&s.session, &s.pool, &mut src, &o).unwrap();
+        assert_eq!(r.destinations as usize, s.session.destination_count() - 2);
+    });
+}

@@ -324,6 +324,10 @@ def load_(
 # Each load_'s loader (its rules and registered tensors), by the tensors it
 # filled, so update_ writes through the same rules.
 _loads: Dict[Tuple[Tuple[str, int, int], ...], Loader] = {}
+# The last update source per loaded target, by what it names (names,
+# addresses, dtypes, shapes, strides): an RL loop updating from the same
+# trainer tensors every step builds it once.
+_sources: Dict[Tuple[Tuple[str, int, int], ...], Tuple[Tuple[Any, ...], UpdateSource]] = {}
 
 
 def _signature(tensors: Mapping[str, torch.Tensor]) -> Tuple[Tuple[str, int, int], ...]:
@@ -371,7 +375,7 @@ def update_(
     if ld is None:
         raise ValueError("update_ writes through the rules of the load_ that filled these tensors: "
                          "call vmmweights.torch.load_ on this model or state dict first")
-    first = next(t for n, t in sorted(tensors.items()) if t.numel() > 0)
+    first = next(t for t in tensors.values() if t.numel() > 0)
     dev = _device(first.device)
     p = pool(dev)
     if tag is None:
@@ -380,11 +384,33 @@ def update_(
         except VmmwError as e:
             raise ValueError("update_: the tensors lie outside this library's pool; pass tag= to name "
                              "the version counter to move") from e
+    items = [(n, t) for n, t in _state_dict(source).items() if t.numel() > 0]
+    named = tuple((n, t.data_ptr(), t.dtype, t.shape, t.stride(), t.is_cuda) for n, t in items)
+    with _lock:
+        cached = _sources.get(key)
+    if cached is not None and cached[0] == named:
+        src = cached[1]
+    else:
+        src = _update_source(items, dev)
+        with _lock:
+            old = _sources.pop(key, None)
+            _sources[key] = (named, src)
+        if old is not None:
+            old[1].close()
+    torch.cuda.synchronize(dev)  # the trainer's kernels wrote the source; nothing may read the target
+    version = p.tag_version(tag) if expected_version is None else expected_version
+    # The source names `items`' memory: they are alive (the caller's) for the call.
+    return _update(ld, p, src, version, tag=tag, allow_missing=allow_missing,
+                   allow_unexpected=allow_unexpected, staged=staged)
+
+
+def _update_source(items: List[Tuple[str, torch.Tensor]], dev: int) -> UpdateSource:
+    """An update source naming `items`' memory (checked: contiguous, known
+    dtype, on `dev` or the CPU). It holds no reference: each update_ passes
+    the tensors it reads."""
     src = UpdateSource()
     try:
-        for name, t in _state_dict(source).items():
-            if t.numel() == 0:
-                continue
+        for name, t in items:
             if not t.is_contiguous():
                 raise ValueError(f"update_ reads contiguous tensors only; `{name}` is not")
             if t.dtype not in DTYPES:
@@ -397,13 +423,11 @@ def update_(
                 memory = "host"
             else:
                 raise ValueError(f"update_: `{name}` is on {t.device}: CUDA or CPU tensors only")
-            src.add(name, DTYPES[t.dtype], list(t.shape), t.data_ptr(), memory, keep=t)
-        torch.cuda.synchronize(dev)  # the trainer's kernels wrote the source; nothing may read the target
-        version = p.tag_version(tag) if expected_version is None else expected_version
-        return _update(ld, p, src, version, tag=tag, allow_missing=allow_missing,
-                       allow_unexpected=allow_unexpected, staged=staged)
-    finally:
+            src.add(name, DTYPES[t.dtype], list(t.shape), t.data_ptr(), memory)
+    except BaseException:
         src.close()
+        raise
+    return src
 
 
 # --- sleep, wake, report ------------------------------------------------------------
