@@ -1,7 +1,8 @@
 //! `vmmw bench-update` on the host backend: it loads, updates from device
 //! tensors, reports the rate against a device-to-device copy of the same
 //! bytes labelled as the host simulation, and checks the destinations a
-//! source fills whole; bad arguments fail with a clear message.
+//! source fills whole, also through the IPC transport; bad arguments fail
+//! with a clear message.
 
 use crate::common;
 
@@ -53,6 +54,37 @@ fn bench_update_reports_the_ratio_and_checks_the_bytes() {
     ]);
     assert_eq!(r.code, 0, "{}", r.all());
     assert_eq!(r.json()["staged"], true);
+}
+
+#[test]
+fn bench_update_through_the_ipc_transport() {
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = small_checkpoint(dir.path());
+    let r = vmmw(&[
+        "bench-update",
+        &ckpt,
+        "--preset",
+        "llama",
+        "--head-dim",
+        "16",
+        "--transport",
+        "ipc",
+        "--bucket-bytes",
+        "4096",
+        "--repeat",
+        "2",
+        "--json",
+    ]);
+    assert_eq!(r.code, 0, "{}", r.all());
+    let j = r.json();
+    assert_eq!(j["transport"], "ipc");
+    assert_eq!(j["bucket_bytes"], 4096);
+    assert_eq!(j["last_version"], 4, "one untimed and two timed updates");
+    assert_eq!(j["setup_ms"].as_array().unwrap().len(), 2);
+    assert!(j["verified_destinations"].as_u64().unwrap() >= 5, "{j}");
+    let r = vmmw(&["bench-update", &ckpt, "--transport", "carrier-pigeon"]);
+    assert_ne!(r.code, 0);
+    assert!(r.stderr.contains("ipc"), "{}", r.all());
 }
 
 #[test]

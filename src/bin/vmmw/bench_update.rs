@@ -11,6 +11,8 @@
 //! the bytes the update writes, segment to segment. Afterwards every
 //! destination a source fills whole is compared with the source, bitwise.
 //! On the host backend the rates are those of the simulation, labelled so.
+//! `--transport ipc` sends the source through the IPC transport's ring from
+//! another thread (the export, the attach and the buckets every time).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -18,6 +20,9 @@ use std::time::Instant;
 
 use vmmweights::driver::{Driver, StreamId};
 use vmmweights::loader::{Session, Tp};
+use vmmweights::share::LogSink;
+use vmmweights::update::transport::ipc::{IpcReceiver, IpcSender, SenderOptions};
+use vmmweights::update::transport::{receive, send};
 use vmmweights::update::{self, Bytes, Staging, Tensors, UpdateOptions};
 use vmmweights::{tag, BackendKind, Error, Pool, PoolConfig, Result, Segment};
 
@@ -49,6 +54,15 @@ pub struct Args {
     /// Stage through scratch device memory (as a streaming source does).
     #[arg(long)]
     staged: bool,
+    /// How the source reaches the update: `direct` (the tensors of this
+    /// process) or `ipc` (a sender on another thread sends them through the
+    /// IPC transport's ring: export, attach, buckets; each timed update
+    /// includes its handshake).
+    #[arg(long, default_value = "direct", value_parser = ["direct", "ipc"])]
+    transport: String,
+    /// Bucket (ring slot) size for `--transport ipc`.
+    #[arg(long, default_value_t = vmmweights::update::transport::DEFAULT_BUCKET_BYTES)]
+    bucket_bytes: usize,
     /// Write the results as JSON to FILE; `--json` alone (or `--json -`) prints
     /// them on stdout and moves the other lines to stderr.
     #[arg(long, value_name = "FILE", num_args = 0..=1, default_missing_value = "-")]
@@ -74,6 +88,9 @@ struct Output {
     preset: String,
     tp: Option<Tp>,
     staged: bool,
+    transport: String,
+    bucket_bytes: Option<usize>,
+    setup_ms: Vec<f64>,
     bytes: u64,
     destinations: u64,
     copies: u64,
@@ -155,6 +172,72 @@ fn verify(driver: &Arc<dyn Driver>, session: &Session, at: &Placed) -> Result<us
     Ok(checked)
 }
 
+/// The IPC transport's sending side for the benchmark: a pool of its own on
+/// the same device, a ring exported once, a control socket in a temporary
+/// folder; each update is sent from another thread and received here.
+struct Sender {
+    dir: tempfile_dir::Dir,
+    tx: IpcSender,
+}
+
+mod tempfile_dir {
+    /// A private folder under the temporary directory, removed on drop.
+    pub struct Dir(pub std::path::PathBuf);
+
+    impl Dir {
+        pub fn new() -> std::io::Result<Dir> {
+            let p = std::env::temp_dir().join(format!("vmmw-bench-update-{}", std::process::id()));
+            std::fs::create_dir_all(&p)?;
+            Ok(Dir(p))
+        }
+    }
+
+    impl Drop for Dir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+}
+
+impl Sender {
+    fn new(driver: &Arc<dyn Driver>, bucket_bytes: usize) -> Result<Sender> {
+        let dir = tempfile_dir::Dir::new().map_err(|e| Error::io(std::env::temp_dir(), e))?;
+        let pool = Arc::new(Pool::new(driver.clone(), PoolConfig::default())?);
+        let options = SenderOptions {
+            slot_bytes: bucket_bytes,
+            log: LogSink::discard(),
+            ..SenderOptions::default()
+        };
+        let tx = IpcSender::bind(pool, dir.0.join("sender.sock"), options)?;
+        Ok(Sender { dir, tx })
+    }
+
+    /// One update of `session`'s destinations from `src` through the ring;
+    /// returns the update and the handshake's time.
+    fn update(
+        &mut self,
+        session: &Session,
+        pool: &Pool,
+        src: &mut Tensors,
+        opts: &UpdateOptions,
+    ) -> Result<(update::UpdateResult, Option<std::time::Duration>)> {
+        let path = self.dir.0.join("sender.sock");
+        let tx = &mut self.tx;
+        std::thread::scope(|s| {
+            let received = s.spawn(move || {
+                let wait = std::time::Duration::from_secs(60);
+                IpcReceiver::connect(pool.driver().clone(), &path, wait)
+                    .and_then(|mut rx| receive(&mut rx, session, pool, opts))
+            });
+            let sent = send::with_source(src, |t| tx.send(t));
+            let r = received
+                .join()
+                .map_err(|_| Error::InvalidState("the receiving thread panicked".into()))??;
+            Ok((r, Some(sent?.setup)))
+        })
+    }
+}
+
 pub fn run(a: Args) -> Result<()> {
     if a.repeat == 0 {
         return Err(Error::InvalidArgument("--repeat must be at least 1".into()));
@@ -191,14 +274,34 @@ pub fn run(a: Args) -> Result<()> {
         opts.staging = Staging::Always;
     }
     let first_version = opts.expected_version;
+    let ipc = a.transport == "ipc";
+    let mut sender = if ipc {
+        Some(Sender::new(&driver, a.bucket_bytes)?)
+    } else {
+        None
+    };
+    let mut one = |opts: &UpdateOptions, src: &mut Tensors| match sender.as_mut() {
+        Some(s) => s.update(&session, &pool, src, opts),
+        None => update::update(&session, &pool, src, opts).map(|r| (r, None)),
+    };
     // Untimed: plans once (kept by the session) and warms the copy path.
-    let mut last = update::update(&session, &pool, &mut src, &opts)?;
+    let (mut last, _) = one(&opts, &mut src)?;
     let mut update_seconds = Vec::with_capacity(a.repeat);
+    let mut setup_ms = Vec::new();
     for _ in 0..a.repeat {
         opts.expected_version = last.version;
         let t0 = Instant::now();
-        last = update::update(&session, &pool, &mut src, &opts)?;
+        let (r, setup) = one(&opts, &mut src)?;
         update_seconds.push(t0.elapsed().as_secs_f64());
+        setup_ms.extend(setup.map(|s| s.as_secs_f64() * 1e3));
+        last = r;
+    }
+    if ipc {
+        outln!(
+            "  transport: ipc, buckets of {} bytes, setup (the ring's handshake) {:.1} ms median",
+            a.bucket_bytes,
+            median(&setup_ms)
+        );
     }
     let bytes = last.bytes;
     outln!(
@@ -259,6 +362,9 @@ pub fn run(a: Args) -> Result<()> {
         preset: a.preset,
         tp,
         staged: a.staged,
+        transport: a.transport,
+        bucket_bytes: ipc.then_some(a.bucket_bytes),
+        setup_ms,
         bytes,
         destinations: last.destinations,
         copies: last.copies,
