@@ -1,24 +1,42 @@
 #!/usr/bin/env bash
-# Updates from another process on the same GPU (the IPC transport): the
-# engine loads the 16.4 GB 8B-shaped checkpoint (LOAD_DIR, as 20-load.sh; made
-# here when absent), a trainer process sends its negated tensors through a
-# ring it exports once; per bucket size (64 MiB to 1 GiB), in the same run:
-# the setup (one handshake; target <= 50 ms), GB/s against PyTorch's copy_ of
-# the same bytes into the same destinations (target >= 0.8), bitwise check.
-# The sweep is how the default bucket size is chosen. Writes update-ipc.txt
-# and update-ipc.json to $VMMW_GPU_OUT.
+# Updates from another process on the same GPU (the IPC transport).
+# 1. tests/all update_transport on the cuda backend: a sender process's ring
+#    of device memory exported once, imported by the receiver, bitwise for
+#    world 1 and a rank of world 2 (the host-only cases run there too).
+# 2. The engine loads the 16.4 GB 8B-shaped checkpoint (LOAD_DIR, as
+#    20-load.sh; made here when absent), a trainer process sends its negated
+#    tensors through a ring it exports once; per bucket size (64 MiB to
+#    1 GiB), in the same run: the setup (one handshake; target <= 50 ms),
+#    GB/s against PyTorch's copy_ of the same bytes into the same
+#    destinations (target >= 0.8), bitwise check. The sweep is how the
+#    default bucket size is chosen. Writes
+# update-transport-tests.txt, update-ipc.txt and update-ipc.json to $VMMW_GPU_OUT.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 source scripts/gpu-lib.sh
 export PYTHONPATH="python:tests/torch${PYTHONPATH:+:$PYTHONPATH}"
 export VMMW_LIB="${VMMW_LIB:-$PWD/.gpu/libvmmweights.so}"
 export VMMW_BACKEND=cuda PYTHONUNBUFFERED=1
+rc=0
+tlog="$VMMW_GPU_OUT/update-transport-tests.txt"
+VMMW_BACKEND=cuda .gpu/tests/all update_transport --nocapture --test-threads=1 >"$tlog" 2>&1
+t=$?
+tail -15 "$tlog"
+ran=$(grep -c '^RAN cuda: ' "$tlog")
+summary=$(grep -E '^test result:' "$tlog" | tail -1)
+if [ "$t" -ne 0 ] || [ "$ran" -lt 1 ]; then
+  result "update: transport Rust tests, cuda" FAIL "exit $t, $ran ran on cuda; ${summary:-no summary}; see update-transport-tests.txt"
+  rc=1
+else
+  result "update: transport Rust tests, cuda" PASS "$ran ran on cuda (another process, VMM IPC ring, bitwise); ${summary#test result: }"
+fi
 if ! python3 -c 'import torch, safetensors, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
   result "update: another process, same GPU" SKIP "PyTorch with CUDA, or safetensors, is not available here"
-  exit 0
+  exit $rc
 fi
 log="$VMMW_GPU_OUT/update-ipc.txt"
 line=$(timeout 1200 python3 tests/torch/update_ipc.py --dir "${LOAD_DIR:-/root/vmmw-ckpt-8b}" \
   --layers "${LOAD_LAYERS:-36}" --out "$VMMW_GPU_OUT/update-ipc.json" 2>&1 | tee "$log" | grep -E '^(PASS|FAIL)' | tail -1)
 cat "$log"
-result_of "update: another process, same GPU" "$line" update-ipc.txt
+result_of "update: another process, same GPU" "$line" update-ipc.txt || rc=1
+exit $rc

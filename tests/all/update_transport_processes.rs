@@ -12,7 +12,10 @@
 //! garbage on the control socket and a sender that aborts are each refused
 //! the same way.
 
+use crate::common;
 use crate::update_transport_ranks::{model, new_values, send_tensors, write_checkpoint, Rank};
+
+use common::backend::on_each_backend;
 
 use std::io::{BufRead, BufReader};
 use std::os::unix::net::UnixListener;
@@ -125,6 +128,42 @@ fn update_from_another_process_is_bitwise() {
             said.rsplit('=').next().unwrap()
         )
     );
+}
+
+/// The same on every backend (CUDA VMM IPC on a GPU: the sender's ring is
+/// device memory exported once, the receiver imports it), world 1 and a
+/// rank of world 2.
+#[test]
+fn update_from_another_process_on_each_backend() {
+    let m = model();
+    let dir = tempfile::tempdir().unwrap();
+    write_checkpoint(dir.path(), &m);
+    let new = new_values(&m, SEED);
+    on_each_backend("update_from_another_process_on_each_backend", |b| {
+        for (rank, world) in [(0, 1), (1, 2)] {
+            let path = sock_path(&format!("each-{}-{world}", b.kind()));
+            let sender = Proc::spawn(
+                "sender",
+                &path,
+                &[
+                    ("VMMW_UPDATE_SLOT", (6000).to_string()),
+                    ("VMMW_UPDATE_BACKEND", b.kind().to_string()),
+                ],
+            );
+            assert_eq!(sender.line(), "ready");
+            let name = format!("ipc-each-{}", b.kind());
+            let r = Rank::load_on(b.driver.clone(), dir.path(), &m, &name, rank, world);
+            let v0 = r.version();
+            let done = receive_as(&r, &path).unwrap();
+            assert_eq!(done.version, v0 + 1);
+            assert!(
+                r.snapshot() == r.expected(&m, &new),
+                "{}: rank {rank} of {world} holds its slices of the update",
+                b.kind()
+            );
+            assert!(sender.wait().starts_with("sent version="));
+        }
+    });
 }
 
 #[test]

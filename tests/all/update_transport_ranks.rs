@@ -68,7 +68,19 @@ pub struct Rank {
 
 impl Rank {
     pub fn load(dir: &Path, m: &Model, name: &str, rank: usize, world: usize) -> Rank {
-        let pool = Arc::new(Pool::new(host_driver(), PoolConfig::default()).unwrap());
+        Rank::load_on(host_driver(), dir, m, name, rank, world)
+    }
+
+    /// [`Rank::load`] on `driver`'s device.
+    pub fn load_on(
+        driver: Arc<dyn Driver>,
+        dir: &Path,
+        m: &Model,
+        name: &str,
+        rank: usize,
+        world: usize,
+    ) -> Rank {
+        let pool = Arc::new(Pool::new(driver, PoolConfig::default()).unwrap());
         let t = tag::id(&format!("{name}-{world}-{rank}")).unwrap();
         let session = Session::open(dir).unwrap();
         let tp = (world > 1).then_some(Tp { rank, world });
