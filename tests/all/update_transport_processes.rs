@@ -264,6 +264,27 @@ fn hostile_senders_are_refused_and_change_nothing() {
     }
 }
 
+#[test]
+fn a_receiver_that_refuses_tells_the_sender_and_changes_nothing() {
+    // The engine holds the qwen3-shaped model; the sender sends llama's.
+    let m = crate::loader_tp::models().into_iter().nth(2).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    write_checkpoint(dir.path(), &m);
+    let path = sock_path("refused");
+    let sender = Proc::spawn("sender", &path, &[]);
+    assert_eq!(sender.line(), "ready");
+    let r = Rank::load(dir.path(), &m, "ipc-refused", 0, 1);
+    let (before, v0) = (r.snapshot(), r.version());
+    let e = receive_as(&r, &path).unwrap_err();
+    assert_eq!(e.status(), Status::PlanMismatch, "{e}");
+    assert!(r.snapshot() == before && r.version() == v0);
+    let said = sender.wait();
+    assert!(
+        said.starts_with("error ") && said.contains("the receiver refused it"),
+        "{said}"
+    );
+}
+
 /// The other processes' side; a no-op unless this binary was started as one.
 #[test]
 fn child() {
