@@ -199,7 +199,7 @@ func (s *Service) Activate(name string, wait bool) (*Swap, *APIError) {
 			busy = fmt.Sprintf(" (to %q, %s)", s.flight.Model, s.flight.Phase)
 		}
 		s.stateMu.Unlock()
-		return nil, &APIError{HTTP: http.StatusConflict, Code: CodeSwapInFlight, Message: "another swap is in flight" + busy + "; retry, or ask with wait=true to queue", Model: name}
+		return nil, &APIError{HTTP: http.StatusConflict, Code: CodeSwapInFlight, Message: "another swap or digest is in flight" + busy + "; retry, or ask with wait=true to queue", Model: name}
 	}
 	defer s.swapMu.Unlock()
 	s.libMu.RLock()
