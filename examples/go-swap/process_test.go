@@ -757,3 +757,29 @@ func waitFor(t *testing.T, cond func() bool) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// Each device has its own pool and budget: a swap on one never sleeps a
+// model of another.
+func TestDevicesSwapApart(t *testing.T) {
+	f := threeModels(t, 1)
+	ms := f.cfg["models"].([]map[string]interface{})
+	ms[2]["device"] = 1
+	s := start(t, f.cfg, "VMMW_HOST_DEVICES=2")
+	s.activate("a")
+	if sw := s.activate("c"); len(sw.Slept) != 0 {
+		t.Fatalf("waking c on device 1 slept a model: %+v", sw)
+	}
+	s.checkAwake("a", "c")
+	if sw := s.activate("b"); len(sw.Slept) != 1 || sw.Slept[0].Model != "a" {
+		t.Fatalf("waking b on device 0 should sleep a only: %+v", sw)
+	}
+	s.checkAwake("b", "c")
+	s.checkBytes("b", f.sums["b"])
+	s.checkBytes("c", f.sums["c"])
+	var tl timeline
+	s.call("GET", "/timeline", &tl)
+	if len(tl["0"].Boundaries) == 0 || len(tl["1"].Boundaries) == 0 {
+		t.Fatalf("a timeline per device expected, got devices %d", len(tl))
+	}
+	s.stop()
+}
