@@ -68,7 +68,7 @@ Version: $(sed -n 's/^#define VMMW_VERSION_STRING "\(.*\)"/\1/p' include/vmmweig
 Libs: -L$PWD/target/release -lvmmweights
 Cflags: -I$PWD/include
 PC
-  (cd examples/go-swap && CGO_ENABLED=1 PKG_CONFIG_PATH="$pc" go build -trimpath -o ../../.gpu/go-swap .)
+  (cd examples/go-swap && CGO_ENABLED=1 PKG_CONFIG_PATH="$pc" go build -trimpath -ldflags="-s -w" -o ../../.gpu/go-swap .)
   rm -rf "$pc"
 else
   echo "note: no go on this machine: the bundle has no go-swap (scripts/gpu.d/80-swap.sh will skip)" >&2
