@@ -727,6 +727,11 @@ func TestBadConfigStopsStart(t *testing.T) {
 		{func(m map[string]interface{}) { m["checkpoints"] = []string{notCkpt} }, "junk.safetensors"},
 		{func(m map[string]interface{}) { m["policy"] = "discard" }, `policy "discard"`},
 		{func(m map[string]interface{}) { m["name"] = "a/b" }, `name "a/b"`},
+		{func(m map[string]interface{}) { m["name"] = "b" }, `"b": configured twice`},
+		{func(m map[string]interface{}) { m["checkpoints"] = []string{} }, "checkpoints: none given"},
+		{func(m map[string]interface{}) { m["device"] = -1 }, "device -1"},
+		{func(m map[string]interface{}) { m["polcy"] = "reload" }, `unknown field "polcy"`},
+		{func(m map[string]interface{}) { m["device"] = 9 }, "device 9"},
 	} {
 		ms := f.cfg["models"].([]map[string]interface{})
 		m := map[string]interface{}{}
@@ -743,6 +748,33 @@ func TestBadConfigStopsStart(t *testing.T) {
 		out, err := cmd.CombinedOutput()
 		if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 1 || !strings.Contains(string(out), c.says) {
 			t.Fatalf("config %v: exit %v, output %s (want it to name %s)", m, err, out, c.says)
+		}
+	}
+}
+
+// Settings of the whole configuration, refused the same way.
+func TestBadSettingsStopStart(t *testing.T) {
+	f := threeModels(t, 1)
+	for _, c := range []struct {
+		key  string
+		val  interface{}
+		says string
+	}{
+		{"awake_budget", -1, "awake_budget -1"},
+		{"backend", "tpu", `backend "tpu"`},
+		{"models", []interface{}{}, "models: none configured"},
+	} {
+		cfg := map[string]interface{}{}
+		for k, v := range f.cfg {
+			cfg[k] = v
+		}
+		cfg[c.key] = c.val
+		p := filepath.Join(t.TempDir(), "config.json")
+		js, _ := json.Marshal(cfg)
+		os.WriteFile(p, js, 0o644)
+		out, err := exec.Command(binPath, "-config", p).CombinedOutput()
+		if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 1 || !strings.Contains(string(out), c.says) {
+			t.Fatalf("%s = %v: exit %v, output %s (want it to name %s)", c.key, c.val, err, out, c.says)
 		}
 	}
 }
