@@ -776,3 +776,40 @@ fn concurrent_updates_of_one_tag_let_one_through() {
         check_all_new(&s);
     });
 }
+
+#[test]
+fn an_update_without_a_session_versions_the_tag_it_names() {
+    // Destinations of the caller's own (outside any pool, declared), rules
+    // and registry given directly: the tag to version must be named.
+    on_each_backend("an_update_without_a_session", |b| {
+        let s = setup(b, &unique("no-session", b), &SMALL, "llama", None);
+        let rules = s.session.rules();
+        let ckpt = vmmweights::loader::Checkpoint::open(s._dir.path()).unwrap();
+        let specs = vmmweights::loader::Plan::destinations(&ckpt, &rules).unwrap();
+        let total: usize = specs.iter().map(|x| x.bytes().div_ceil(256) * 256).sum();
+        let seg = Segment::allocate(b.driver.clone(), total, 0).unwrap();
+        let mut reg = vmmweights::loader::Registry::new();
+        reg.declare_foreign(seg.ptr(), seg.reserved() as u64)
+            .unwrap();
+        let mut at = seg.ptr();
+        for x in &specs {
+            reg.register(&x.name, at, x.dtype, &x.shape).unwrap();
+            at += (x.bytes().div_ceil(256) * 256) as u64;
+        }
+        let t = tag::id(&unique("no-session-version", b)).unwrap();
+        let mut src = on_host(&s.new);
+        let e = update::update_registry(&s.pool, &rules, &reg, &mut src, &opts(1)).unwrap_err();
+        assert!(e.to_string().contains("outside the pool"), "{e}");
+        let mut o = opts(s.pool.tag_version(t).unwrap());
+        o.tag = Some(t);
+        let r = update::update_registry(&s.pool, &rules, &reg, &mut src, &o).unwrap();
+        assert_eq!((r.tag, r.version), (t, 2));
+        for d in reg.iter() {
+            assert!(
+                read(s.driver.as_ref(), d.ptr, d.bytes()) == s.want[&d.name],
+                "`{}`",
+                d.name
+            );
+        }
+    });
+}
