@@ -150,6 +150,9 @@ pub struct Buckets {
     pub released: Vec<u64>,
     unreleased: usize,
     pub most_unreleased: usize,
+    /// Calls of `next` made while a batch handed out was not yet released
+    /// (the update reads one buffer while the source fills the other).
+    pub asked_while_reading: usize,
 }
 
 impl Buckets {
@@ -175,6 +178,7 @@ impl Buckets {
             released: Vec::new(),
             unreleased: 0,
             most_unreleased: 0,
+            asked_while_reading: 0,
         }
     }
 }
@@ -187,6 +191,9 @@ unsafe impl Source for Buckets {
     }
 
     fn next(&mut self) -> vmmweights::Result<Option<Batch>> {
+        if self.unreleased > 0 {
+            self.asked_while_reading += 1;
+        }
         let k = self.next;
         if Some(k) == self.fail_after {
             if self.end_early {
@@ -296,6 +303,10 @@ fn buckets_cut_anywhere_are_staged_with_one_batch_in_flight() {
         assert!(r.staged);
         check_all_new(&s);
         assert!(src.most_unreleased <= 2, "{}", src.most_unreleased);
+        assert!(
+            src.asked_while_reading + 1 >= src.released.len(),
+            "each next batch is asked for while the previous one is read"
+        );
         let mut ids = src.released.clone();
         ids.sort();
         assert_eq!(ids, (0..src.released.len() as u64).collect::<Vec<_>>());
