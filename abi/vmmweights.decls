@@ -34,10 +34,16 @@
 #define VMMW_SHARE_REVOKED 19
 #define VMMW_SHARE_SLEEP_REFUSE 0
 #define VMMW_SHARE_SLEEP_REVOKE 1
+#define VMMW_STAGING_ALWAYS 1
+#define VMMW_STAGING_AUTO 0
 #define VMMW_TAG_DEFAULT 0
 #define VMMW_UNKNOWN_POINTER 7
 #define VMMW_UNKNOWN_TAG 8
 #define VMMW_UNSUPPORTED 15
+#define VMMW_UPDATE_DEVICE 0
+#define VMMW_UPDATE_HOST 1
+#define VMMW_UPDATE_SOURCE 21
+#define VMMW_UPDATE_TORN 22
 const char*vmmw_error_message(const struct vmmw_error_t*error);
 const char*vmmw_status_name(vmmw_status_t status);
 const char*vmmw_version_string(void);
@@ -48,7 +54,9 @@ typedef int32_t vmmw_copy_strategy_t;
 typedef int32_t vmmw_multi_mode_t;
 typedef int32_t vmmw_policy_t;
 typedef int32_t vmmw_share_sleep_policy_t;
+typedef int32_t vmmw_staging_t;
 typedef int32_t vmmw_status_t;
+typedef int32_t vmmw_update_memory_t;
 typedef int32_t(*vmmw_progress_fn)(uint64_t done,uint64_t total,void*user);
 typedef struct vmmw_destination_t{uint64_t ptr;uint64_t bytes;char dtype[16];uint32_t ndim;uint64_t shape[VMMW_MAX_DIMS];}vmmw_destination_t;
 typedef struct vmmw_device_t vmmw_device_t;
@@ -72,6 +80,9 @@ typedef struct vmmw_share_server_t vmmw_share_server_t;
 typedef struct vmmw_share_t vmmw_share_t;
 typedef struct vmmw_sleep_options_t{size_t size;uint64_t copy_piece_bytes;uint32_t streams;uint32_t debug_fill;uint64_t wake_coalesce_bytes;uint64_t backup_slab_bytes;uint64_t host_memory_limit;uint32_t free_backup_after_wake;uint32_t release_pinned_after_wake;uint8_t debug_fill_byte;}vmmw_sleep_options_t;
 typedef struct vmmw_tag_policy_t{uint32_t tag;vmmw_policy_t policy;}vmmw_tag_policy_t;
+typedef struct vmmw_update_options_t{size_t size;uint64_t expected_version;uint32_t tag_set;uint32_t tag;uint32_t allow_missing;uint32_t allow_unexpected;vmmw_staging_t staging;}vmmw_update_options_t;
+typedef struct vmmw_update_result_t{uint32_t tag;uint32_t staged;uint32_t retried;uint64_t version;uint64_t bytes;uint64_t destinations;uint64_t copies;double seconds;double gbps;}vmmw_update_result_t;
+typedef struct vmmw_update_source_t vmmw_update_source_t;
 uint32_t vmmw_version_major(void);
 uint32_t vmmw_version_minor(void);
 uint32_t vmmw_version_patch(void);
@@ -114,6 +125,7 @@ vmmw_status_t vmmw_pool_mark_written(struct vmmw_pool_t*pool,uint64_t ptr,uint64
 vmmw_status_t vmmw_pool_new(const struct vmmw_pool_options_t*options,struct vmmw_pool_t**out,struct vmmw_error_t**error);
 vmmw_status_t vmmw_pool_peer_access_at(const struct vmmw_pool_t*pool,uint32_t tag,size_t index,struct vmmw_peer_access_t*out,struct vmmw_error_t**error);
 vmmw_status_t vmmw_pool_peer_access_count(const struct vmmw_pool_t*pool,uint32_t tag,size_t*out,struct vmmw_error_t**error);
+vmmw_status_t vmmw_pool_publish(struct vmmw_pool_t*pool,uint32_t tag,uint64_t*out,struct vmmw_error_t**error);
 vmmw_status_t vmmw_pool_read(const struct vmmw_pool_t*pool,uint64_t src,void*dst,size_t len,struct vmmw_error_t**error);
 vmmw_status_t vmmw_pool_read_backup(const struct vmmw_pool_t*pool,uint64_t ptr,void*dst,size_t len,uint32_t*tag,struct vmmw_error_t**error);
 vmmw_status_t vmmw_pool_release_backup(struct vmmw_pool_t*pool,uint64_t*released,struct vmmw_error_t**error);
@@ -129,6 +141,9 @@ vmmw_status_t vmmw_pool_set_tag_segments(struct vmmw_pool_t*pool,uint32_t tag,st
 vmmw_status_t vmmw_pool_sleep(struct vmmw_pool_t*pool,const struct vmmw_tag_policy_t*items,size_t n,struct vmmw_error_t**error);
 vmmw_status_t vmmw_pool_snapshot(struct vmmw_pool_t*pool,const char*name,struct vmmw_error_t**error);
 vmmw_status_t vmmw_pool_staging_bytes(const struct vmmw_pool_t*pool,uint64_t*out,struct vmmw_error_t**error);
+vmmw_status_t vmmw_pool_tag_of(const struct vmmw_pool_t*pool,uint64_t ptr,uint32_t*out,struct vmmw_error_t**error);
+vmmw_status_t vmmw_pool_tag_torn(const struct vmmw_pool_t*pool,uint32_t tag,int32_t*out,struct vmmw_error_t**error);
+vmmw_status_t vmmw_pool_tag_version(const struct vmmw_pool_t*pool,uint32_t tag,uint64_t*out,struct vmmw_error_t**error);
 vmmw_status_t vmmw_pool_timeline_json(const struct vmmw_pool_t*pool,char*buf,size_t cap,size_t*needed,struct vmmw_error_t**error);
 vmmw_status_t vmmw_pool_trim(struct vmmw_pool_t*pool,uint64_t*released,struct vmmw_error_t**error);
 vmmw_status_t vmmw_pool_wake(struct vmmw_pool_t*pool,const uint32_t*tags,size_t n,struct vmmw_error_t**error);
@@ -158,6 +173,9 @@ vmmw_status_t vmmw_tag_name(uint32_t tag,char*buf,size_t cap,size_t*needed,struc
 vmmw_status_t vmmw_tag_pop(struct vmmw_error_t**error);
 vmmw_status_t vmmw_tag_push(uint32_t tag,struct vmmw_error_t**error);
 vmmw_status_t vmmw_tag_set_process_default(uint32_t tag,struct vmmw_error_t**error);
+vmmw_status_t vmmw_update(struct vmmw_loader_t*loader,struct vmmw_pool_t*pool,struct vmmw_update_source_t*source,const struct vmmw_update_options_t*options_in,struct vmmw_update_result_t*out,struct vmmw_error_t**error);
+vmmw_status_t vmmw_update_source_add(struct vmmw_update_source_t*source,const char*name,const char*dtype,const uint64_t*shape,size_t ndim,uint64_t ptr,vmmw_update_memory_t memory,struct vmmw_error_t**error);
+vmmw_status_t vmmw_update_source_new(struct vmmw_update_source_t**out,struct vmmw_error_t**error);
 void vmmw_device_free(struct vmmw_device_t*device);
 void vmmw_error_free(struct vmmw_error_t*error);
 void vmmw_loader_free(struct vmmw_loader_t*loader);
@@ -166,4 +184,5 @@ void vmmw_segment_free(struct vmmw_segment_t*segment);
 void vmmw_share_free(struct vmmw_share_t*share);
 void vmmw_share_server_free(struct vmmw_share_server_t*server);
 void vmmw_torch_free(void*ptr,ptrdiff_t size,int32_t device,void*stream);
+void vmmw_update_source_free(struct vmmw_update_source_t*source);
 void*vmmw_torch_malloc(ptrdiff_t size,int32_t device,void*stream);

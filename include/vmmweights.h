@@ -85,6 +85,7 @@
 #define VMMW_SLEEP_OPTIONS_INIT { .size = sizeof(vmmw_sleep_options_t) }
 #define VMMW_SHARE_OPTIONS_INIT { .size = sizeof(vmmw_share_options_t) }
 #define VMMW_REPLICA_WAKE_OPTIONS_INIT { .size = sizeof(vmmw_replica_wake_options_t) }
+#define VMMW_UPDATE_OPTIONS_INIT { .size = sizeof(vmmw_update_options_t) }
 #endif
 
 
@@ -142,6 +143,12 @@ typedef struct vmmw_share_server_t vmmw_share_server_t;
  * and `vmmw_share_free`, which must not race other calls on the same handle.
  */
 typedef struct vmmw_share_t vmmw_share_t;
+
+/**
+ * Whole tensors, by checkpoint name, that an update reads. Calls on one
+ * source serialize; an update holds it for its duration.
+ */
+typedef struct vmmw_update_source_t vmmw_update_source_t;
 
 /**
  * A status code: `VMMW_OK` (0) or one of the `VMMW_*` error codes below.
@@ -718,6 +725,96 @@ typedef struct vmmw_sleep_options_t {
 } vmmw_sleep_options_t;
 
 /**
+ * Where an update source tensor's bytes lie: one of the `VMMW_UPDATE_*` values.
+ */
+typedef int32_t vmmw_update_memory_t;
+
+/**
+ * How an update keeps its failure rule: one of the `VMMW_STAGING_*` values.
+ */
+typedef int32_t vmmw_staging_t;
+
+/**
+ * Options of an update. Start from `VMMW_UPDATE_OPTIONS_INIT` (C) so `size`
+ * is set, then set `expected_version`.
+ */
+typedef struct vmmw_update_options_t {
+  /**
+   * `sizeof(vmmw_update_options_t)` as the caller's header declares it.
+   */
+  size_t size;
+  /**
+   * The tag version the update replaces (`vmmw_pool_tag_version`); it
+   * produces the next one. Required: 0 is `VMMW_INVALID_ARGUMENT`.
+   */
+  uint64_t expected_version;
+  /**
+   * 1: version `tag` (required when the destinations lie outside the
+   * pool); 0: the one pool tag the destinations lie in.
+   */
+  uint32_t tag_set;
+  /**
+   * The tag to version when `tag_set` is 1.
+   */
+  uint32_t tag;
+  /**
+   * 1: update only the destinations the source fills; the others keep
+   * their bytes.
+   */
+  uint32_t allow_missing;
+  /**
+   * 1: source tensors no destination receives are skipped instead of an error.
+   */
+  uint32_t allow_unexpected;
+  /**
+   * A `VMMW_STAGING_*` value.
+   */
+  vmmw_staging_t staging;
+} vmmw_update_options_t;
+
+/**
+ * What an update did (from `vmmw_update`).
+ */
+typedef struct vmmw_update_result_t {
+  /**
+   * The tag versioned.
+   */
+  uint32_t tag;
+  /**
+   * 1 when the update staged through scratch device memory.
+   */
+  uint32_t staged;
+  /**
+   * 1 when the copies into the destinations failed once and ran again.
+   */
+  uint32_t retried;
+  /**
+   * The tag's new version.
+   */
+  uint64_t version;
+  /**
+   * Bytes written into destinations.
+   */
+  uint64_t bytes;
+  /**
+   * Destinations written.
+   */
+  uint64_t destinations;
+  /**
+   * Copies issued (a 2D copy counts once).
+   */
+  uint64_t copies;
+  /**
+   * Seconds from the first copy to the last byte in place.
+   */
+  double seconds;
+  /**
+   * Bytes written per second, in GB/s (10^9).
+   */
+  double gbps;
+} vmmw_update_result_t;
+
+/**
  * Backend choice: the `VMMW_BACKEND` environment variable when set ("host",
  * "cuda", "auto"), else CUDA when a driver and the device are present, else host.
  */
@@ -928,6 +1025,49 @@ typedef struct vmmw_sleep_options_t {
  * detach, then attach again once the owner's tag is awake.
  */
 #define VMMW_SHARE_REVOKED 19
+
+/**
+ * An update named a base version the tag is not at: read the tag's version
+ * (`vmmw_tag_version`) and send the update again. Nothing was written.
+ */
+#define VMMW_VERSION_MISMATCH 20
+
+/**
+ * An update's source failed or ended before delivering every byte: no
+ * destination was written.
+ */
+#define VMMW_UPDATE_SOURCE 21
+
+/**
+ * An update wrote destinations and could not finish, also on its retry: they
+ * hold a mix of versions, the tag is marked torn and its version did not
+ * move. Update again to repair.
+ */
+#define VMMW_UPDATE_TORN 22
+
+/**
+ * Device memory the destinations' device can read (its own memory from
+ * any allocator: a trainer's tensors, `cudaMalloc`, a pool block).
+ */
+#define VMMW_UPDATE_DEVICE 0
+
+/**
+ * Host memory of this process (pageable or pinned).
+ */
+#define VMMW_UPDATE_HOST 1
+
+/**
+ * Staging (the default): a source of whole tensors of this process is
+ * copied straight into the destinations (its bytes cannot go missing
+ * midway).
+ */
+#define VMMW_STAGING_AUTO 0
+
+/**
+ * Staging: always copy into scratch device memory first, then into the
+ * destinations (costs device memory equal to the bytes written).
+ */
+#define VMMW_STAGING_ALWAYS 1
 
 #ifdef __cplusplus
 extern "C" {
@@ -2163,11 +2303,15 @@ void vmmw_share_server_free(struct vmmw_share_server_t *server);
 vmmw_status_t vmmw_share_server_attached(const struct vmmw_share_server_t *server, uint64_t *out, struct vmmw_error_t **error);
 
 /**
- * Announce new weights written in place: the version goes up by one and
- * attached importers see it on their next call. `*out` receives the new version.
+ * Announce new weights written in place by other means than an update (a
+ * load of a new checkpoint): the served tag's version (`vmmw_tag_version`)
+ * goes up by one and attached importers see it on their next call. `*out`
+ * receives the new version.
  *
  * Errors:
  * - `VMMW_NULL_ARGUMENT`: `server` or `out` is NULL.
+ * - `VMMW_INVALID_STATE`: an update of the tag is running; publish once it
+ *   has returned.
  *
  * # Safety
  * `server` is a live handle; `out` is writable; `error` is NULL or writable.
@@ -2557,6 +2701,152 @@ void *vmmw_torch_malloc(ptrdiff_t size, int32_t device, void *stream);
  * dereferenced, and `stream` is not dereferenced.
  */
 void vmmw_torch_free(void *ptr, ptrdiff_t size, int32_t device, void *stream);
+
+/**
+ * A new, empty update source. On success `*out` receives a handle owned
+ * by the caller (`vmmw_update_source_free`).
+ *
+ * Errors:
+ * - `VMMW_NULL_ARGUMENT`: `out` is NULL.
+ *
+ * # Safety
+ * `out` is writable; `error` is NULL or writable.
+ */
+vmmw_status_t vmmw_update_source_new(struct vmmw_update_source_t **out, struct vmmw_error_t **error);
+
+/**
+ * Free an update source. NULL is accepted. The tensors it named stay the
+ * caller's.
+ *
+ * Errors: none. NULL is ignored.
+ *
+ * # Safety
+ * `source` is NULL or a live handle, not used afterwards and not concurrently.
+ */
+void vmmw_update_source_free(struct vmmw_update_source_t *source);
+
+/**
+ * Add tensor `name` (its checkpoint name: the loader's rules map it) of
+ * `dtype` ("BF16", "F16", "F32", ... or "bfloat16", ...) and `ndim`
+ * dimensions `shape`, lying contiguously at `ptr` in `memory`
+ * (`VMMW_UPDATE_DEVICE` or `VMMW_UPDATE_HOST`). The memory stays the
+ * caller's and is only read, during each `vmmw_update` of this source.
+ *
+ * Errors (nothing added on any of them):
+ * - `VMMW_NULL_ARGUMENT`: `source`, `name` or `dtype` is NULL, or `shape` is
+ *   NULL with `ndim` > 0.
+ * - `VMMW_INVALID_ARGUMENT`: `ndim` over 64 (refused before `shape` is
+ *   read); empty or duplicate name, unknown dtype or memory kind, NULL
+ *   `ptr`, a byte size that overflows or runs past the address space.
+ *
+ * # Safety
+ * `source` is a live handle; `name` and `dtype` are NUL-terminated strings;
+ * `shape` is readable for `ndim` entries; `ptr` holds the tensor's bytes,
+ * readable as `memory` says (device memory readable by the device of the
+ * pool later updates run on), from now until the last `vmmw_update` of
+ * this source returns; `error` is NULL or writable.
+ */
+vmmw_status_t vmmw_update_source_add(struct vmmw_update_source_t *source, const char *name, const char *dtype, const uint64_t *shape, size_t ndim, uint64_t ptr, vmmw_update_memory_t memory, struct vmmw_error_t **error);
+
+/**
+ * Update the destinations registered in `loader` (by `vmmw_loader_allocate`
+ * and a load, or by hand) from `source`, through the loader's rules (rename,
+ * skip, ties and aliases, fused q/k/v and gate/up, tensor-parallel slices),
+ * on `pool`'s device. On success the tag's version is
+ * `options->expected_version + 1`, every destination the update writes
+ * holds the new bytes, a Reload sleep keeps them (it no longer restores the
+ * checkpoint over them), and importers of a share of the tag see the new
+ * version. `*out` receives what was done.
+ *
+ * Failure rule: every destination is either untouched or wholly new, never
+ * a mix; see docs/UPDATES.md for how (direct copies rolled forward once on
+ * a device error, or staging).
+ *
+ * Errors, nothing written on any of them (every problem listed in one message):
+ * - `VMMW_NULL_ARGUMENT`: `loader`, `pool`, `source`, `options` or `out` is NULL.
+ * - `VMMW_INVALID_ARGUMENT`: `expected_version` 0, a flag not 0 or 1, an
+ *   unknown staging value.
+ * - `VMMW_VERSION_MISMATCH`: the tag is at another version (and nothing else is wrong).
+ * - `VMMW_PLAN_MISMATCH`: missing, unknown or mis-shaped tensors, a dtype
+ *   that would need a conversion, destinations spanning several tags or
+ *   none, the version (listed with the rest).
+ * - `VMMW_UNKNOWN_TAG`: `options->tag` is not registered.
+ * - `VMMW_UNKNOWN_POINTER`, `VMMW_INVALID_STATE`: a destination freed, or
+ *   asleep; another update of the tag running.
+ * - `VMMW_OUT_OF_MEMORY`: no room for the staging scratch.
+ * - `VMMW_DRIVER_ERROR`: a copy into the staging scratch failed.
+ *
+ * Errors after the copies into the destinations started:
+ * - `VMMW_UPDATE_TORN`: they failed and so did their retry; the
+ *   destinations hold a mix, the tag is marked torn (`vmmw_pool_tag_torn`),
+ *   its version stays. Update again to repair.
+ *
+ * Thread safety: one update of a tag at a time per pool; a sleep of the tag
+ * meanwhile fails with `VMMW_LOAD_IN_PROGRESS`. No kernel may read the
+ * destinations while the update writes them.
+ *
+ * # Safety
+ * `loader`, `pool` and `source` are live handles; `options` is readable for
+ * its `size`; `out` is writable; `error` is NULL or writable.
+ */
+vmmw_status_t vmmw_update(struct vmmw_loader_t *loader, struct vmmw_pool_t *pool, struct vmmw_update_source_t *source, const struct vmmw_update_options_t *options_in, struct vmmw_update_result_t *out, struct vmmw_error_t **error);
+
+/**
+ * The weights version of `tag` in `pool` (1 until an update or a publish
+ * moves it) into `*out`. Thread-safe.
+ *
+ * Errors:
+ * - `VMMW_NULL_ARGUMENT`: `pool` or `out` is NULL.
+ * - `VMMW_UNKNOWN_TAG`: `tag` is not registered.
+ *
+ * # Safety
+ * `pool` is a live handle; `out` is writable; `error` is NULL or writable.
+ */
+vmmw_status_t vmmw_pool_tag_version(const struct vmmw_pool_t *pool, uint32_t tag, uint64_t *out, struct vmmw_error_t **error);
+
+/**
+ * The tag of the live block of `pool` holding `ptr` into `*out` (the tag an
+ * update of tensors there versions). Thread-safe.
+ *
+ * Errors:
+ * - `VMMW_NULL_ARGUMENT`: `pool` or `out` is NULL.
+ * - `VMMW_UNKNOWN_POINTER`: `ptr` is in no live block of this pool.
+ * - `VMMW_INVALID_STATE`: the block's tag is asleep.
+ *
+ * # Safety
+ * `pool` is a live handle; `out` is writable; `error` is NULL or writable.
+ */
+vmmw_status_t vmmw_pool_tag_of(const struct vmmw_pool_t *pool, uint64_t ptr, uint32_t *out, struct vmmw_error_t **error);
+
+/**
+ * 1 into `*out` while `tag`'s destinations in `pool` may hold a mix of
+ * versions (an update failed with `VMMW_UPDATE_TORN`), else 0. The next
+ * successful update clears it. Thread-safe.
+ *
+ * Errors:
+ * - `VMMW_NULL_ARGUMENT`: `pool` or `out` is NULL.
+ * - `VMMW_UNKNOWN_TAG`: `tag` is not registered.
+ *
+ * # Safety
+ * `pool` is a live handle; `out` is writable; `error` is NULL or writable.
+ */
+vmmw_status_t vmmw_pool_tag_torn(const struct vmmw_pool_t *pool, uint32_t tag, int32_t *out, struct vmmw_error_t **error);
+
+/**
+ * Announce that `tag`'s weights in `pool` were rewritten in place by other
+ * means than `vmmw_update` (a load of a new checkpoint): its version moves
+ * by one (into `*out`) and importers of a share of the tag see it.
+ * Thread-safe.
+ *
+ * Errors:
+ * - `VMMW_NULL_ARGUMENT`: `pool` or `out` is NULL.
+ * - `VMMW_UNKNOWN_TAG`: `tag` is not registered.
+ * - `VMMW_INVALID_STATE`: an update of the tag is running.
+ *
+ * # Safety
+ * `pool` is a live handle; `out` is writable; `error` is NULL or writable.
+ */
+vmmw_status_t vmmw_pool_publish(struct vmmw_pool_t *pool, uint32_t tag, uint64_t *out, struct vmmw_error_t **error);
 
 /**
  * The library's version, "MAJOR.MINOR.PATCH". Static; never free it. Thread-safe.

@@ -34,6 +34,7 @@ LAYERS = [
     ["pool"],
     ["loader"],
     ["share", "devices"],
+    ["update"],
     ["ffi", "fuzz"],
 ]
 RANK = {m: i for i, layer in enumerate(LAYERS) for m in layer}
@@ -268,7 +269,7 @@ PY_LAYERS = [
     ["report", "tags"],
     ["pool"],
     ["loader", "saver"],
-    ["devices", "share"],
+    ["devices", "share", "update"],
     ["torch"],
     ["__init__"],
     ["__main__"],

@@ -71,11 +71,21 @@ pub enum Status {
     /// The owner revoked a share (it slept the tag under the revoke policy):
     /// detach, and attach again once it is awake.
     ShareRevoked = 19,
+    /// An update named a base version the tag is not at (another update ran
+    /// first): read the tag's version and send the update again. Nothing was written.
+    VersionMismatch = 20,
+    /// An update's source failed or ended before delivering every byte (a
+    /// transport error, a short bucket): no destination was written.
+    UpdateSource = 21,
+    /// An update wrote destinations and could not finish, also on its retry
+    /// (a device that fails every copy): they hold a mix of versions, the tag
+    /// is marked torn and its version did not move. Update again to repair.
+    UpdateTorn = 22,
 }
 
 impl Status {
     /// Every status, in numeric order.
-    pub const ALL: [Status; 20] = [
+    pub const ALL: [Status; 23] = [
         Status::Ok,
         Status::InvalidArgument,
         Status::NullArgument,
@@ -96,6 +106,9 @@ impl Status {
         Status::LoadInProgress,
         Status::ShareRefused,
         Status::ShareRevoked,
+        Status::VersionMismatch,
+        Status::UpdateSource,
+        Status::UpdateTorn,
     ];
 
     /// A short, stable, human-readable name ("VMMW_OUT_OF_MEMORY").
@@ -127,6 +140,9 @@ impl Status {
             Status::LoadInProgress => c"VMMW_LOAD_IN_PROGRESS",
             Status::ShareRefused => c"VMMW_SHARE_REFUSED",
             Status::ShareRevoked => c"VMMW_SHARE_REVOKED",
+            Status::VersionMismatch => c"VMMW_VERSION_MISMATCH",
+            Status::UpdateSource => c"VMMW_UPDATE_SOURCE",
+            Status::UpdateTorn => c"VMMW_UPDATE_TORN",
         }
     }
 }
@@ -293,6 +309,32 @@ pub enum Error {
         /// Why the owner revoked it.
         reason: String,
     },
+
+    /// An update expected the tag at another version (see [`Status::VersionMismatch`]).
+    #[error("update of tag {tag} expects version {expected}, the tag is at version {current}: nothing was written")]
+    VersionMismatch {
+        /// The tag's name.
+        tag: String,
+        /// The base version the update named.
+        expected: u64,
+        /// The tag's version.
+        current: u64,
+    },
+
+    /// An update's source failed or ended short (see [`Status::UpdateSource`]).
+    #[error("update source failed: {0}")]
+    UpdateSource(String),
+
+    /// An update left destinations mixed (see [`Status::UpdateTorn`]).
+    #[error("update of tag {tag} could not finish and left its destinations holding a mix of versions (the tag is marked torn, its version stays {version}): {reason}")]
+    UpdateTorn {
+        /// The tag's name.
+        tag: String,
+        /// The version it stays at.
+        version: u64,
+        /// The failure, with its retry's.
+        reason: String,
+    },
 }
 
 /// A configured limit as text: "none" for `u64::MAX`.
@@ -368,13 +410,24 @@ impl Error {
                 path,
                 reason: format!("{reason}{what}"),
             },
+            Error::UpdateSource(m) => Error::UpdateSource(format!("{m}{what}")),
+            Error::UpdateTorn {
+                tag,
+                version,
+                reason,
+            } => Error::UpdateTorn {
+                tag,
+                version,
+                reason: format!("{reason}{what}"),
+            },
             e @ (Error::NullArgument(_)
             | Error::UnknownPointer { .. }
             | Error::DestinationChanged { .. }
             | Error::Io { .. }
             | Error::Cancelled { .. }
             | Error::LoadInProgress { .. }
-            | Error::BufferTooSmall { .. }) => e,
+            | Error::BufferTooSmall { .. }
+            | Error::VersionMismatch { .. }) => e,
         }
     }
 
@@ -402,6 +455,9 @@ impl Error {
             Error::LoadInProgress { .. } => Status::LoadInProgress,
             Error::ShareRefused { .. } => Status::ShareRefused,
             Error::ShareRevoked { .. } => Status::ShareRevoked,
+            Error::VersionMismatch { .. } => Status::VersionMismatch,
+            Error::UpdateSource(_) => Status::UpdateSource,
+            Error::UpdateTorn { .. } => Status::UpdateTorn,
         }
     }
 
@@ -450,6 +506,9 @@ mod tests {
         assert_eq!(Status::LoadInProgress as i32, 17);
         assert_eq!(Status::ShareRefused as i32, 18);
         assert_eq!(Status::ShareRevoked as i32, 19);
+        assert_eq!(Status::VersionMismatch as i32, 20);
+        assert_eq!(Status::UpdateSource as i32, 21);
+        assert_eq!(Status::UpdateTorn as i32, 22);
     }
 
     #[test]

@@ -13,10 +13,12 @@
 //!   chunks mapped into it), [`tag`] (tag names and per-thread scopes);
 //! - [`report`]: the memory quantities per tag;
 //! - [`sleep`]: sleep/wake of a tag's segments, the backup arena, the reload seam;
-//! - [`pool`]: the caching pool, arenas, the process-wide registry, PyTorch's entry logic;
+//! - [`pool`]: the caching pool, arenas, the process-wide registry, PyTorch's entry logic,
+//!   each tag's weights version;
 //! - [`loader`]: checkpoints, rules, plans and the copy engine; loading into a pool;
 //! - [`devices`] (beside [`share`]): work across the devices of one host: the
 //!   multi-device load, replicas' sleep and wake, their peer grants;
+//! - [`update`]: new weights into live destinations, through the load's rules;
 //! - [`ffi`]: the C ABI, thin over the functions above.
 //!
 //! Every layer runs on both backends: the host backend gives CUDA's VMM
@@ -40,6 +42,7 @@ pub mod share;
 pub mod sleep;
 pub mod tag;
 pub mod units;
+pub mod update;
 
 pub use driver::{BackendChoice, BackendKind, DevicePtr, Driver};
 pub use error::{Error, Result, Status};

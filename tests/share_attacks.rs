@@ -606,7 +606,7 @@ fn an_importer_that_reads_no_notices_is_evicted_and_counted_until_it_detaches() 
     assert_eq!(p.line(), "attached version=1");
     wait_until("attached", 10, || server.attached() == 1);
     for _ in 0..1000 {
-        server.publish();
+        server.publish().unwrap();
     }
     assert_eq!(server.attached(), 1, "never dropped silently");
     assert_eq!(server.evicted(), 1);

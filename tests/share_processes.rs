@@ -572,7 +572,7 @@ fn a_published_version_reaches_attached_importers() {
     let first = field(&p.line(), "sum").to_owned();
     // The owner writes new weights in place (an RL trainer's update).
     w.fill(2);
-    assert_eq!(server.publish(), 2);
+    assert_eq!(server.publish().unwrap(), 2);
     assert_eq!(p.ask("version"), "version=2");
     let l = p.ask("sum");
     assert_eq!(field(&l, "sum"), w.sum());

@@ -35,6 +35,7 @@ from .report import table as report_table
 from .report import tag_usage
 from .tags import scope as tag_scope
 from .tags import tag_id, tag_name
+from .update import UpdateResult, UpdateSource, update
 from . import share  # noqa: E402  (after the names it uses)
 
 __all__ = [
@@ -46,6 +47,8 @@ __all__ = [
     "Loader",
     "PlanSummary",
     "Pool",
+    "UpdateResult",
+    "UpdateSource",
     "VmmwError",
     "library_path",
     "load",
@@ -58,6 +61,7 @@ __all__ = [
     "tag_name",
     "tag_scope",
     "tag_usage",
+    "update",
     "version",
     "wake_replicas",
     "wake_replicas_by_reload",

@@ -202,6 +202,22 @@ _SIGNATURES: dict[str, tuple[Any, list[Any], bool]] = {
     "vmmw_share_read": (_I32, [_P, ctypes.c_uint64, ctypes.c_void_p, ctypes.c_size_t], True),
     "vmmw_share_detach": (_I32, [_P], True),
     "vmmw_share_free": (None, [_P], False),
+    "vmmw_update_source_new": (_I32, [ctypes.POINTER(_P)], True),
+    "vmmw_update_source_free": (None, [_P], False),
+    "vmmw_update_source_add": (
+        _I32,
+        [_P, ctypes.c_char_p, ctypes.c_char_p, _U64P, ctypes.c_size_t, ctypes.c_uint64, _I32],
+        True,
+    ),
+    "vmmw_update": (
+        _I32,
+        [_P, _P, _P, ctypes.POINTER(S.UpdateOptions), ctypes.POINTER(S.UpdateResult)],
+        True,
+    ),
+    "vmmw_pool_tag_version": (_I32, [_P, ctypes.c_uint32, _U64P], True),
+    "vmmw_pool_tag_torn": (_I32, [_P, ctypes.c_uint32, ctypes.POINTER(_I32)], True),
+    "vmmw_pool_tag_of": (_I32, [_P, ctypes.c_uint64, ctypes.POINTER(ctypes.c_uint32)], True),
+    "vmmw_pool_publish": (_I32, [_P, ctypes.c_uint32, _U64P], True),
 }
 
 

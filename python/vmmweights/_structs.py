@@ -181,6 +181,36 @@ class ShareOptions(_Sized):
 
 
 #: C struct name -> its ctypes mirror (for the drift test).
+class UpdateOptions(_Sized):
+    """vmmw_update_options_t"""
+
+    _fields_ = [
+        ("size", ctypes.c_size_t),
+        ("expected_version", u64),
+        ("tag_set", u32),
+        ("tag", u32),
+        ("allow_missing", u32),
+        ("allow_unexpected", u32),
+        ("staging", i32),
+    ]
+
+
+class UpdateResult(ctypes.Structure):
+    """vmmw_update_result_t"""
+
+    _fields_ = [
+        ("tag", u32),
+        ("staged", u32),
+        ("retried", u32),
+        ("version", u64),
+        ("bytes", u64),
+        ("destinations", u64),
+        ("copies", u64),
+        ("seconds", f64),
+        ("gbps", f64),
+    ]
+
+
 ALL = {
     "vmmw_load_options_t": LoadOptions,
     "vmmw_destination_t": Destination,
@@ -194,6 +224,8 @@ ALL = {
     "vmmw_replica_sleep_result_t": ReplicaSleepResult,
     "vmmw_replica_wake_result_t": ReplicaWakeResult,
     "vmmw_share_options_t": ShareOptions,
+    "vmmw_update_options_t": UpdateOptions,
+    "vmmw_update_result_t": UpdateResult,
 }
 
 PROGRESS_FN = ctypes.CFUNCTYPE(i32, u64, u64, ctypes.c_void_p)

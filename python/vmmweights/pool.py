@@ -150,6 +150,35 @@ class Pool:
         changed bytes by hashing what was loaded on the device."""
         call("vmmw_pool_mark_written", self.handle, ctypes.c_uint64(ptr), ctypes.c_uint64(size))
 
+    def tag_version(self, tag: str) -> int:
+        """The weights version of `tag` in this pool: 1 until an update
+        (:func:`vmmweights.update.update`) or :meth:`publish` moves it."""
+        out = ctypes.c_uint64()
+        call("vmmw_pool_tag_version", self.handle, ctypes.c_uint32(tag_id(tag)), ctypes.byref(out))
+        return out.value
+
+    def tag_torn(self, tag: str) -> bool:
+        """True while an update of `tag` failed midway and left its
+        destinations holding a mix of versions (cleared by the next update)."""
+        out = ctypes.c_int32()
+        call("vmmw_pool_tag_torn", self.handle, ctypes.c_uint32(tag_id(tag)), ctypes.byref(out))
+        return out.value != 0
+
+    def tag_of(self, ptr: int) -> str:
+        """The tag of the live block holding `ptr` (``VMMW_UNKNOWN_POINTER``
+        outside every live block of this pool)."""
+        out = ctypes.c_uint32()
+        call("vmmw_pool_tag_of", self.handle, ctypes.c_uint64(ptr), ctypes.byref(out))
+        return tag_name(out.value)
+
+    def publish(self, tag: str) -> int:
+        """Announce weights of `tag` rewritten in place by other means than
+        an update: the version moves by one (returned) and importers of a
+        share of the tag see it."""
+        out = ctypes.c_uint64()
+        call("vmmw_pool_publish", self.handle, ctypes.c_uint32(tag_id(tag)), ctypes.byref(out))
+        return out.value
+
     def write(self, ptr: int, data: bytes) -> None:
         """Copy `data` to pool memory at `ptr` (one awake segment) and wait."""
         buf = (ctypes.c_char * len(data)).from_buffer_copy(data) if data else None

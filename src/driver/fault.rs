@@ -41,6 +41,8 @@ pub enum FaultOp {
     CopyHtod,
     /// Peer copies (`copy_peer_async`).
     CopyPeer,
+    /// Copies within one device (`copy_2d_dtod_async`), before any byte is copied.
+    CopyDtod,
     /// `hash_ranges`, before any byte is read.
     Hash,
     /// The loader's reads of checkpoint bytes (outside the driver): each

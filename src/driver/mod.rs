@@ -287,6 +287,28 @@ pub trait Driver: std::any::Any + Send + Sync + fmt::Debug {
         stream: StreamId,
     ) -> Result<()>;
 
+    /// Queue a 2D copy within this device's memory: `height` rows of `width`
+    /// bytes, rows `src_pitch` apart at `src` and `dst_pitch` apart at `dst`
+    /// (CUDA: `cuMemcpyDtoDAsync` for one row, else `cuMemcpy2DAsync`). Both
+    /// ranges may be memory of any allocator of this device (a VMM segment,
+    /// a framework's own allocation).
+    ///
+    /// # Safety
+    /// Every row touched is mapped and readable at `src`, mapped and
+    /// writable at `dst`, the two do not overlap, and neither is freed before
+    /// the copy completes.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn copy_2d_dtod_async(
+        &self,
+        dst: DevicePtr,
+        dst_pitch: usize,
+        src: DevicePtr,
+        src_pitch: usize,
+        width: usize,
+        height: usize,
+        stream: StreamId,
+    ) -> Result<()>;
+
     /// Queue a byte fill of device memory.
     ///
     /// # Safety

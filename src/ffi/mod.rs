@@ -37,4 +37,5 @@ pub mod status;
 pub mod tag;
 pub mod testing;
 pub mod torch;
+pub mod update;
 pub mod version;

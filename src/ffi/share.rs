@@ -217,11 +217,15 @@ pub unsafe extern "C" fn vmmw_share_server_attached(
     })
 }
 
-/// Announce new weights written in place: the version goes up by one and
-/// attached importers see it on their next call. `*out` receives the new version.
+/// Announce new weights written in place by other means than an update (a
+/// load of a new checkpoint): the served tag's version (`vmmw_tag_version`)
+/// goes up by one and attached importers see it on their next call. `*out`
+/// receives the new version.
 ///
 /// Errors:
 /// - `VMMW_NULL_ARGUMENT`: `server` or `out` is NULL.
+/// - `VMMW_INVALID_STATE`: an update of the tag is running; publish once it
+///   has returned.
 ///
 /// # Safety
 /// `server` is a live handle; `out` is writable; `error` is NULL or writable.
@@ -233,9 +237,9 @@ pub unsafe extern "C" fn vmmw_share_server_publish(
 ) -> vmmw_status_t {
     call_out(out, "out", error, || {
         // SAFETY: forwarded contract.
-        Ok(unsafe { arg(server.cast_const(), "server") }?
+        unsafe { arg(server.cast_const(), "server") }?
             .server
-            .publish())
+            .publish()
     })
 }
 

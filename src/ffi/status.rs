@@ -59,6 +59,16 @@ pub const VMMW_SHARE_REFUSED: vmmw_status_t = 18;
 /// The owner revoked a share (it slept the tag under the revoke policy):
 /// detach, then attach again once the owner's tag is awake.
 pub const VMMW_SHARE_REVOKED: vmmw_status_t = 19;
+/// An update named a base version the tag is not at: read the tag's version
+/// (`vmmw_tag_version`) and send the update again. Nothing was written.
+pub const VMMW_VERSION_MISMATCH: vmmw_status_t = 20;
+/// An update's source failed or ended before delivering every byte: no
+/// destination was written.
+pub const VMMW_UPDATE_SOURCE: vmmw_status_t = 21;
+/// An update wrote destinations and could not finish, also on its retry: they
+/// hold a mix of versions, the tag is marked torn and its version did not
+/// move. Update again to repair.
+pub const VMMW_UPDATE_TORN: vmmw_status_t = 22;
 
 // Retired codes keep their number here as a comment and are never reused
 // (docs/ABI.md), e.g. `// 99: VMMW_EXAMPLE, retired in 1.3: why`. None yet.
@@ -107,6 +117,9 @@ mod tests {
             VMMW_LOAD_IN_PROGRESS,
             VMMW_SHARE_REFUSED,
             VMMW_SHARE_REVOKED,
+            VMMW_VERSION_MISMATCH,
+            VMMW_UPDATE_SOURCE,
+            VMMW_UPDATE_TORN,
         ];
         for (i, (c, s)) in consts.iter().zip(Status::ALL).enumerate() {
             assert_eq!(*c, s as i32, "{}", s.name());
@@ -121,7 +134,7 @@ mod tests {
             let c = unsafe { CStr::from_ptr(vmmw_status_name(s as i32)) };
             assert_eq!(c.to_str().unwrap(), s.name());
         }
-        for bad in [-1, 20, i32::MAX, i32::MIN] {
+        for bad in [-1, 23, i32::MAX, i32::MIN] {
             // SAFETY: as above.
             let c = unsafe { CStr::from_ptr(vmmw_status_name(bad)) };
             assert_eq!(c.to_str().unwrap(), "VMMW_UNKNOWN_STATUS");

@@ -78,7 +78,7 @@ pub struct Fill {
 pub const MAX_PIECES: usize = 1 << 24;
 
 /// Options for building a plan.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct PlanOptions {
     /// Destinations no source fills are left untouched instead of an error.
     pub allow_missing: bool,
@@ -122,7 +122,20 @@ impl Plan {
         registry: &Registry,
         opts: &PlanOptions,
     ) -> Result<Plan> {
-        let groups = group(ckpt, &rules.compile()?, rules.tp)?;
+        Plan::build_for(&ckpt.tensors, rules, registry, opts)
+    }
+
+    /// Build the plan for `registry`'s destinations from any set of named
+    /// tensors: each [`TensorInfo::shard`] and [`TensorInfo::offset`] say
+    /// where its bytes are, and every [`Extent`] reads from the same places
+    /// (an update's sources number their tensors as shards at offset 0).
+    pub fn build_for(
+        tensors: &BTreeMap<String, TensorInfo>,
+        rules: &Rules,
+        registry: &Registry,
+        opts: &PlanOptions,
+    ) -> Result<Plan> {
+        let groups = group(tensors, &rules.compile()?, rules.tp)?;
         let mut problems = Problems::default();
         let mut plan = Plan::default();
         let mut source_index: BTreeMap<String, u32> = BTreeMap::new();
@@ -242,7 +255,7 @@ impl Plan {
     /// The destinations the rules produce from `ckpt` (for the loader to
     /// allocate them). Element type: `rules.dtype`, else the source's.
     pub fn destinations(ckpt: &Checkpoint, rules: &Rules) -> Result<Vec<DestSpec>> {
-        let groups = group(ckpt, &rules.compile()?, rules.tp)?;
+        let groups = group(&ckpt.tensors, &rules.compile()?, rules.tp)?;
         let mut problems = Problems::default();
         let mut out = Vec::new();
         for (name, g) in &groups.dests {
@@ -383,19 +396,20 @@ struct Groups {
 }
 
 /// Map every source through the rules and lay out each destination.
-fn group(ckpt: &Checkpoint, rules: &CompiledRules, tp: Option<Tp>) -> Result<Groups> {
-    let mut sources: Vec<(String, bool, &TensorInfo)> = ckpt
-        .tensors
-        .iter()
-        .map(|(n, t)| (n.clone(), false, t))
-        .collect();
+fn group(
+    tensors: &BTreeMap<String, TensorInfo>,
+    rules: &CompiledRules,
+    tp: Option<Tp>,
+) -> Result<Groups> {
+    let mut sources: Vec<(String, bool, &TensorInfo)> =
+        tensors.iter().map(|(n, t)| (n.clone(), false, t)).collect();
     let mut problems = Vec::new();
     for tie in &rules.rules.ties {
-        if ckpt.tensors.contains_key(&tie.to) {
+        if tensors.contains_key(&tie.to) {
             continue;
         }
         // Neither tensor present: nothing to tie (a missing destination reports it).
-        if let Some(t) = ckpt.tensors.get(&tie.from) {
+        if let Some(t) = tensors.get(&tie.from) {
             sources.push((tie.to.clone(), true, t));
         }
     }

@@ -18,6 +18,7 @@
 //! devices ([`Session::load_many`]) watches the first session's request and
 //! applies the same rule to every session it was given.
 
+use std::collections::BTreeMap;
 use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -25,7 +26,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::{
     allocate_in_pool, load_into_pool, Checkpoint, Control, CopyOptions, DestSpec, Destination,
-    Dtype, ExecutedPlan, LoadOptions, Plan, PlanOptions, Registry, Rules, Tp,
+    Dtype, ExecutedPlan, LoadOptions, Plan, PlanOptions, Registry, Rules, TensorInfo, Tp,
 };
 use crate::error::{Error, Result};
 use crate::pool::Pool;
@@ -78,6 +79,16 @@ struct State {
     registry: Registry,
     options: LoadOptions,
     executed: Option<Arc<ExecutedPlan>>,
+    /// The last plan built for a set of tensors other than the checkpoint
+    /// (an update's source), kept while the rules and destinations stay.
+    tensor_plan: Option<TensorPlan>,
+}
+
+/// A plan [`Session::plan_for`] built, and what it was built from.
+struct TensorPlan {
+    tensors: BTreeMap<String, TensorInfo>,
+    options: PlanOptions,
+    plan: Arc<Plan>,
 }
 
 impl State {
@@ -136,6 +147,7 @@ impl Session {
                 registry: Registry::new(),
                 options: LoadOptions::default(),
                 executed: None,
+                tensor_plan: None,
             }),
             cancel: AtomicBool::new(false),
         })
@@ -154,7 +166,9 @@ impl Session {
     /// previous rules stay.
     pub fn set_rules(&self, rules: Rules) -> Result<()> {
         rules.compile()?;
-        self.lock().rules = rules;
+        let mut st = self.lock();
+        st.rules = rules;
+        st.tensor_plan = None;
         Ok(())
     }
 
@@ -193,7 +207,9 @@ impl Session {
 
     /// Register a destination of your own (see [`Registry::register`]).
     pub fn register(&self, name: &str, ptr: u64, dtype: Dtype, shape: &[usize]) -> Result<()> {
-        self.lock().registry.register(name, ptr, dtype, shape)
+        let mut st = self.lock();
+        st.tensor_plan = None;
+        st.registry.register(name, ptr, dtype, shape)
     }
 
     /// Declare `[ptr, ptr + bytes)` as device memory the caller owns outside
@@ -218,6 +234,7 @@ impl Session {
         let mut st = self.lock();
         let rules = st.rules.clone();
         let specs = Plan::destinations(st.ckpt()?, &rules)?;
+        st.tensor_plan = None;
         allocate_in_pool(&mut st.registry, &specs, pool, tag)
     }
 
@@ -229,6 +246,38 @@ impl Session {
     /// The registered destinations, in name order.
     pub fn destinations(&self) -> Vec<Destination> {
         self.lock().registry.iter().cloned().collect()
+    }
+
+    /// The registered destinations with their aliases and foreign ranges, as
+    /// a load would write them (what an update writes through).
+    pub fn registry(&self) -> Registry {
+        self.lock().registry.clone()
+    }
+
+    /// The plan that fills the registered destinations from `tensors` (any
+    /// named tensors, each [`TensorInfo::shard`] and offset saying where its
+    /// bytes are; see [`Plan::build_for`]) through the session's rules. The
+    /// last such plan is kept: asked again for the same tensors and options
+    /// while the rules and destinations stay, it is returned without being
+    /// built again (an update that repeats every step plans once).
+    pub fn plan_for(
+        &self,
+        tensors: &BTreeMap<String, TensorInfo>,
+        options: &PlanOptions,
+    ) -> Result<Arc<Plan>> {
+        let mut st = self.lock();
+        if let Some(c) = &st.tensor_plan {
+            if c.options == *options && c.tensors == *tensors {
+                return Ok(c.plan.clone());
+            }
+        }
+        let plan = Arc::new(Plan::build_for(tensors, &st.rules, &st.registry, options)?);
+        st.tensor_plan = Some(TensorPlan {
+            tensors: tensors.clone(),
+            options: *options,
+            plan: plan.clone(),
+        });
+        Ok(plan)
     }
 
     /// The destination registered under `name`.

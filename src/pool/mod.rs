@@ -39,6 +39,7 @@ mod sleep;
 #[cfg(test)]
 mod tests;
 pub mod torch;
+pub mod versions;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -300,6 +301,7 @@ pub struct Pool {
     settled: std::sync::Condvar,
     sleep: crate::sleep::SleepEngine,
     shares: shares::ShareGate,
+    versions: versions::Versions,
 }
 
 impl Pool {
@@ -323,6 +325,7 @@ impl Pool {
             state,
             settled: std::sync::Condvar::new(),
             shares: shares::ShareGate::default(),
+            versions: versions::Versions::default(),
         })
     }
 

@@ -20,6 +20,12 @@ pub trait TagShare: Send + Sync + std::fmt::Debug {
     /// Called with the gate locked, before `tag` sleeps: an error refuses the
     /// sleep and leaves the tag awake.
     fn before_sleep(&self, tag: TagId) -> Result<()>;
+
+    /// Called with the gate locked after `tag`'s weights version moved to
+    /// `version` (an update, a publish). Must not block.
+    fn version_moved(&self, tag: TagId, version: u64) {
+        let _ = (tag, version);
+    }
 }
 
 /// Registered shares: per tag, (registration id, share).
@@ -41,6 +47,13 @@ impl GateGuard<'_> {
     /// True when `tag` has at least one share.
     pub fn is_shared(&self, tag: TagId) -> bool {
         self.shares.get(&tag).is_some_and(|l| !l.is_empty())
+    }
+
+    /// Tell every share of `tag` its version moved (see [`TagShare::version_moved`]).
+    pub fn version_moved(&self, tag: TagId, version: u64) {
+        for (_, s) in self.shares.get(&tag).into_iter().flatten() {
+            s.version_moved(tag, version);
+        }
     }
 
     /// Ask every share of `tag` whether it may sleep (see [`TagShare::before_sleep`]).

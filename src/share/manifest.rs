@@ -67,8 +67,10 @@ pub struct SharedTensor {
 pub struct Manifest {
     /// Wire format ([`FORMAT`]).
     pub format: u32,
-    /// The weights' version: changes when the owner publishes new weights or
-    /// its memory changes (a revoke), so an importer knows which it reads.
+    /// The weights' version, the owner's tag version
+    /// ([`crate::Pool::tag_version`]): moves when the owner updates or
+    /// publishes new weights, or revokes (its memory changes), so an
+    /// importer knows which it reads.
     pub version: u64,
     /// The owner's backend; an importer on another backend cannot map the memory.
     pub backend: BackendKind,

@@ -19,8 +19,10 @@
 //! - an importer that leaves its notices unread is evicted, never dropped
 //!   silently: its next call fails with `ShareRevoked`, and the owner counts
 //!   it until it detaches;
-//! - the manifest's version goes up when the owner publishes new weights
-//!   ([`Server::publish`]) or revokes, and attached importers see it on their next call.
+//! - the manifest's version is the tag's weights version
+//!   ([`crate::Pool::tag_version`]): it goes up when the owner updates the
+//!   weights ([`crate::update`]), publishes new ones ([`Server::publish`]) or
+//!   revokes, and attached importers see it on their next call.
 
 pub mod client;
 mod connections;

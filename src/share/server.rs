@@ -144,6 +144,20 @@ impl Shared {
 }
 
 impl TagShare for Shared {
+    /// The tag moved to version `v`: importers get it now or in the manifest.
+    fn version_moved(&self, _tag: TagId, v: u64) {
+        let mut c = self.conns();
+        if c.stopping || c.version == v {
+            return;
+        }
+        c.version = v;
+        let lines = c.notify_all(Notice::Version(v));
+        drop(c);
+        for l in lines {
+            self.log(l);
+        }
+    }
+
     fn before_sleep(&self, tag: TagId) -> Result<()> {
         let mut c = self.conns();
         let open = c.open();
@@ -158,7 +172,8 @@ impl TagShare for Shared {
                 self.path.display(),
             ))),
             SleepPolicy::Revoke => {
-                c.version += 1;
+                // New importers map new memory after the wake: a new version.
+                c.version = self.pool.advance_version_for_revoke(tag);
                 let lines = c.notify_all(Notice::Revoked);
                 drop(c);
                 for l in lines {
@@ -231,7 +246,7 @@ impl Server {
             path,
             options,
             conns: Mutex::new(Conns {
-                version: 1,
+                version: pool.tag_version(tag)?,
                 ..Conns::default()
             }),
             idle: Condvar::new(),
@@ -298,19 +313,13 @@ impl Server {
         self.shared.conns().version
     }
 
-    /// Tell importers the owner wrote new weights in place: the version goes
-    /// up by one, attached importers see it on their next call, and new ones
-    /// get it in the manifest. Returns the new version.
-    pub fn publish(&self) -> u64 {
-        let mut c = self.shared.conns();
-        c.version += 1;
-        let v = c.version;
-        let lines = c.notify_all(Notice::Version(v));
-        drop(c);
-        for l in lines {
-            self.shared.log(l);
-        }
-        v
+    /// Tell importers the owner wrote new weights in place by other means
+    /// than an update (a load of a new checkpoint): the tag's version goes up
+    /// by one ([`Pool::publish`]), attached importers see it on their next
+    /// call, and new ones get it in the manifest. Returns the new version;
+    /// `InvalidState` while an update of the tag runs.
+    pub fn publish(&self) -> Result<u64> {
+        self.shared.pool.publish(self.shared.tag)
     }
 
     /// Stop serving. A barrier: once it returns no descriptor leaves this

@@ -875,6 +875,65 @@ fn memset_fills_only_its_range() {
 }
 
 #[test]
+fn copies_within_the_device_move_exact_rows() {
+    // Updates copy a trainer's tensors into destinations on the same device:
+    // one row (plain), or rows at two pitches (a tensor-parallel column
+    // slice), across two mappings; nothing outside the rows changes.
+    on_each_backend("copies_within_the_device_move_exact_rows", |b| {
+        let d = &b.driver;
+        let g = d.granularity();
+        let src = Mapped::new(d, &[1, 1]);
+        let dst = Mapped::new(d, &[1, 1]);
+        let total = 2 * g;
+        let bytes = pattern(total, 21);
+        write(d.as_ref(), src.va, &bytes);
+        let s = d.stream_create().unwrap();
+        // (dst offset, dst pitch, src offset, src pitch, width, height)
+        for (doff, dp, soff, sp, w, h) in [
+            (0, total, 0, total, total, 1),
+            (3, 100, 5, 100, 77, 1),
+            (g - 10, 64, g - 20, 64, 64, 1), // across the mappings
+            (1, 48, 17, 256, 48, 40),        // a column slice into a packed block
+            (128, 512, 0, 96, 96, 300),      // rows spread out
+            (g - 4096, 4096, 7, 8192, 2048, 3),
+        ] {
+            fill(d.as_ref(), dst.va, 0xEE, total);
+            // SAFETY: every row lies inside `src` and `dst`, which do not overlap.
+            unsafe { d.copy_2d_dtod_async(dst.at(doff), dp, src.at(soff), sp, w, h, s) }.unwrap();
+            d.stream_synchronize(s).unwrap();
+            let mut want = vec![0xEE; total];
+            for r in 0..h {
+                want[doff + r * dp..doff + r * dp + w]
+                    .copy_from_slice(&bytes[soff + r * sp..soff + r * sp + w]);
+            }
+            assert_same(
+                &format!("{}: {h} rows of {w} (pitches {dp}/{sp})", b.kind()),
+                &read(d.as_ref(), dst.va, total),
+                &want,
+            );
+        }
+        if let Some(h) = b.host() {
+            // The twin refuses what a GPU would fault on, and fails as armed.
+            // SAFETY: the ranges are checked by the host twin and refused.
+            let e = unsafe { d.copy_2d_dtod_async(dst.at(total - 8), 16, src.va, 16, 16, 1, s) };
+            assert!(e.is_err(), "a copy past the mapping is refused");
+            h.fail_nth(vmmweights::driver::fault::FaultOp::CopyDtod, 1);
+            fill(d.as_ref(), dst.va, 0x11, total);
+            // SAFETY: inside both mappings.
+            let e = unsafe { d.copy_2d_dtod_async(dst.va, 64, src.va, 64, 64, 1, s) };
+            assert!(e.is_err(), "the armed failure fires");
+            assert!(
+                read(d.as_ref(), dst.va, 64).iter().all(|&x| x == 0x11),
+                "before any byte"
+            );
+        }
+        d.stream_destroy(s).unwrap();
+        drop((src, dst));
+        assert_no_leaks(b, "copies within the device");
+    });
+}
+
+#[test]
 fn hash_ranges_equals_the_reference() {
     // Reload trusts these hashes to tell loaded bytes from written ones: on
     // cuda they come from the PTX kernel, here they must equal the host

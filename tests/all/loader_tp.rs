@@ -56,13 +56,13 @@ const WORLDS: [usize; 4] = [1, 2, 4, 8];
 /// (8 heads, 4 kv heads: cut up to world 4, replicated at 8), Qwen2 (q/k/v
 /// biases, tied embeddings, 2 kv heads: replicated from world 4) and Qwen3
 /// (q/k norms, 16 heads, 8 kv heads: cut at every world).
-struct Model {
-    preset: &'static str,
-    shape: Shape,
-    qkv_bias: bool,
+pub struct Model {
+    pub preset: &'static str,
+    pub shape: Shape,
+    pub qkv_bias: bool,
 }
 
-fn models() -> [Model; 3] {
+pub fn models() -> [Model; 3] {
     [
         Model {
             preset: "llama",
@@ -113,7 +113,7 @@ fn models() -> [Model; 3] {
 }
 
 /// The model's tensors (bf16), with q/k/v biases where the family has them.
-fn tensors(m: &Model) -> Tensors {
+pub fn tensors(m: &Model) -> Tensors {
     let mut t = generate(&m.shape, Dtype::Bf16);
     if m.qkv_bias {
         let s = &m.shape;
@@ -144,7 +144,7 @@ fn checkpoint(m: &Model) -> (tempfile::TempDir, Tensors) {
 
 /// What rank `rank` of `world` must hold in destination `name`, sliced here
 /// from the full tensors.
-fn expected(t: &Tensors, s: &Shape, name: &str, rank: usize, world: usize) -> Vec<u8> {
+pub fn expected(t: &Tensors, s: &Shape, name: &str, rank: usize, world: usize) -> Vec<u8> {
     let e = E;
     // A tied lm_head is fed from the embeddings.
     let get = |n: &str| match t.get(n) {

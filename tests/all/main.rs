@@ -56,3 +56,7 @@ mod segment;
 mod share_attach_bench;
 mod sleep_engine;
 mod sleep_hazards;
+mod update;
+#[cfg(feature = "cli")]
+mod update_cli;
+mod update_tp;

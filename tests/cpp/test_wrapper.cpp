@@ -242,6 +242,43 @@ static void test_loader() {
   CHECK(loader.result_json().find("src_bytes") != std::string::npos);
   CHECK(status_of([&] { vmmw::Loader bad(std::string(dir) + "/missing.safetensors"); }) == VMMW_IO);
 
+  // An update from host tensors: new bytes, version 1 -> 2; the wrong base
+  // version is refused and writes nothing; a Reload wake keeps the update.
+  {
+    std::vector<float> a2(a.size()), b2(b.size());
+    for (size_t i = 0; i < a2.size(); ++i) a2[i] = static_cast<float>(i) + 0.5f;
+    for (size_t i = 0; i < b2.size(); ++i) b2[i] = 7.0f;
+    vmmw::UpdateSource src;
+    src.add("layer.weight", "F32", {64, 32}, reinterpret_cast<uintptr_t>(a2.data()), vmmw::Memory::Host);
+    src.add("layer.bias", "F32", {32}, reinterpret_cast<uintptr_t>(b2.data()), vmmw::Memory::Host);
+    CHECK(status_of([&] { src.add("layer.bias", "F32", {32}, 1, vmmw::Memory::Host); }) == VMMW_INVALID_ARGUMENT);
+    CHECK(pool.tag_version(w) == 1 && !pool.tag_torn(w));
+    vmmw::UpdateOptions uo;
+    uo.expected_version = 3;
+    CHECK(status_of([&] { vmmw::update(loader, pool, src, uo); }) == VMMW_VERSION_MISMATCH);
+    pool.read(d.ptr, back.data(), back.size() * 4);
+    CHECK(back == a);
+    uo.expected_version = 1;
+    const auto ur = vmmw::update(loader, pool, src, uo);
+    CHECK(ur.version == 2 && ur.destinations == 2 && ur.bytes == (a.size() + b.size()) * 4);
+    pool.sleep({{w, vmmw::Policy::Reload}});
+    pool.wake({w});
+    pool.read(d.ptr, back.data(), back.size() * 4);
+    CHECK(back == a2);
+    // Back to the checkpoint's values, staged: version 3.
+    vmmw::UpdateSource again;
+    again.add("layer.weight", "F32", {64, 32}, reinterpret_cast<uintptr_t>(a.data()), vmmw::Memory::Host);
+    again.add("layer.bias", "F32", {32}, reinterpret_cast<uintptr_t>(b.data()), vmmw::Memory::Host);
+    uo.expected_version = 2;
+    uo.staged = true;
+    const auto ur2 = vmmw::update(loader, pool, again, uo);
+    CHECK(ur2.version == 3 && ur2.staged == 1);
+    pool.read(d.ptr, back.data(), back.size() * 4);
+    CHECK(back == a);
+    vmmw::UpdateSource moved(std::move(again));
+    CHECK(status_of([&] { vmmw::update(loader, pool, again, uo); }) == VMMW_NULL_ARGUMENT);
+  }
+
   // Share the loaded tag; attach in this process (tests/share_processes.rs
   // covers separate ones): same bytes at other addresses, read-only.
   const std::string sock = std::string(dir) + "/weights.sock";
@@ -259,7 +296,8 @@ static void test_loader() {
     share.read(t.ptr, got.data(), got.size() * 4);
     CHECK(got == a);
     CHECK(status_of([&] { share.read(t.ptr + (64u << 20), got.data(), 4); }) == VMMW_INVALID_ARGUMENT);
-    CHECK(share.version() == 1 && server.publish() == 2 && share.version() == 2);
+    // The share's version is the tag's (three updates/publishes above: 3).
+    CHECK(share.version() == 3 && server.publish() == 4 && share.version() == 4 && pool.tag_version(w) == 4);
     CHECK(share.owner_connected());
     CHECK(status_of([&] { pool.sleep({{w, vmmw::Policy::Offload}}); }) == VMMW_INVALID_STATE);
     share.detach();

@@ -59,6 +59,12 @@ enum class Status : vmmw_status_t {
   Panic = VMMW_PANIC,
   Unsupported = VMMW_UNSUPPORTED,
   BufferTooSmall = VMMW_BUFFER_TOO_SMALL,
+  LoadInProgress = VMMW_LOAD_IN_PROGRESS,
+  ShareRefused = VMMW_SHARE_REFUSED,
+  ShareRevoked = VMMW_SHARE_REVOKED,
+  VersionMismatch = VMMW_VERSION_MISMATCH,
+  UpdateSource = VMMW_UPDATE_SOURCE,
+  UpdateTorn = VMMW_UPDATE_TORN,
 };
 
 /// A failed vmmweights call: the C status code and the library's message.
@@ -577,6 +583,28 @@ class Pool {
     detail::call([&](vmmw_error_t** e) { return vmmw_pool_set_sleep_options(get_mut(), &c, e); });
   }
 
+  /// The weights version of `tag` in this pool (1 until an update or a publish moves it).
+  [[nodiscard]] uint64_t tag_version(Tag tag) const {
+    uint64_t v = 0;
+    detail::call([&](vmmw_error_t** e) { return vmmw_pool_tag_version(get_checked(), tag, &v, e); });
+    return v;
+  }
+
+  /// True while an update of `tag` failed midway and left its destinations mixed.
+  [[nodiscard]] bool tag_torn(Tag tag) const {
+    int32_t torn = 0;
+    detail::call([&](vmmw_error_t** e) { return vmmw_pool_tag_torn(get_checked(), tag, &torn, e); });
+    return torn != 0;
+  }
+
+  /// Announce weights of `tag` rewritten in place by other means than an
+  /// update: the version moves by one (returned), importers see it.
+  uint64_t publish(Tag tag) {
+    uint64_t v = 0;
+    detail::call([&](vmmw_error_t** e) { return vmmw_pool_publish(get_mut(), tag, &v, e); });
+    return v;
+  }
+
   /// What the last sleep or wake through this handle did, as JSON.
   [[nodiscard]] std::string last_cycle_json() const {
     const vmmw_pool_t* p = get_checked();
@@ -886,6 +914,78 @@ class Loader {
   detail::Owned<vmmw_loader_t, vmmw_loader_free> h_;
 };
 
+/// Where an update source tensor's bytes lie.
+enum class Memory : vmmw_update_memory_t {
+  Device = VMMW_UPDATE_DEVICE,  ///< memory the pool's device can read
+  Host = VMMW_UPDATE_HOST,      ///< host memory of this process
+};
+
+/// Whole tensors, by checkpoint name, that an update reads (docs/UPDATES.md).
+/// Move-only; the tensors stay the caller's and must stay valid while
+/// updates read them.
+class UpdateSource {
+ public:
+  UpdateSource() {
+    vmmw_update_source_t* raw = nullptr;
+    detail::call([&](vmmw_error_t** e) { return vmmw_update_source_new(&raw, e); });
+    h_.reset(raw);
+  }
+
+  /// Adopt a handle from vmmw_update_source_new (this object frees it).
+  explicit UpdateSource(vmmw_update_source_t* adopt) noexcept : h_(adopt) {}
+
+  /// Add tensor `name` of `dtype` and `shape` lying contiguously at `ptr`.
+  void add(const std::string& name, const std::string& dtype, const std::vector<uint64_t>& shape, uint64_t ptr,
+           Memory memory = Memory::Device) {
+    detail::call([&](vmmw_error_t** e) {
+      return vmmw_update_source_add(get_mut(), name.c_str(), dtype.c_str(), shape.data(), shape.size(), ptr,
+                                    static_cast<vmmw_update_memory_t>(memory), e);
+    });
+  }
+
+  [[nodiscard]] vmmw_update_source_t* get() noexcept { return h_.get(); }
+
+  /// Give up ownership: the caller frees the returned handle with vmmw_update_source_free.
+  [[nodiscard]] vmmw_update_source_t* release() noexcept { return h_.release(); }
+
+ private:
+  vmmw_update_source_t* get_mut() { return detail::live(h_, "vmmw::UpdateSource"); }
+  detail::Owned<vmmw_update_source_t, vmmw_update_source_free> h_;
+};
+
+/// Options of an update (vmmw_update_options_t).
+struct UpdateOptions {
+  uint64_t expected_version = 0;  ///< the version the update replaces (Pool::tag_version); required
+  bool tag_set = false;           ///< version `tag` instead of the destinations' one pool tag
+  Tag tag = 0;
+  bool allow_missing = false;     ///< update only the destinations the source fills
+  bool allow_unexpected = false;  ///< skip source tensors no destination receives
+  bool staged = false;            ///< always stage through scratch device memory
+};
+
+/// Write `source` into the destinations `loader` registered, through its
+/// rules, on `pool`'s device; the tag's version moves to
+/// `o.expected_version + 1`. Every destination ends untouched or wholly new.
+inline vmmw_update_result_t update(Loader& loader, Pool& pool, UpdateSource& source, const UpdateOptions& o) {
+  vmmw_update_options_t c{};
+  c.size = sizeof c;
+  c.expected_version = o.expected_version;
+  c.tag_set = o.tag_set ? 1 : 0;
+  c.tag = o.tag;
+  c.allow_missing = o.allow_missing ? 1 : 0;
+  c.allow_unexpected = o.allow_unexpected ? 1 : 0;
+  c.staging = o.staged ? VMMW_STAGING_ALWAYS : VMMW_STAGING_AUTO;
+  vmmw_update_result_t r{};
+  vmmw_loader_t* l = loader.get();
+  if (l == nullptr) detail::empty_handle("vmmw::Loader");
+  vmmw_pool_t* p = pool.get();
+  if (p == nullptr) detail::empty_handle("vmmw::Pool");
+  vmmw_update_source_t* s = source.get();
+  if (s == nullptr) detail::empty_handle("vmmw::UpdateSource");
+  detail::call([&](vmmw_error_t** e) { return vmmw_update(l, p, s, &c, &r, e); });
+  return r;
+}
+
 /// What the owner's sleep of a shared tag does to attached importers.
 enum class SharePolicy : int32_t {
   Refuse = VMMW_SHARE_SLEEP_REFUSE,  ///< the sleep throws VMMW_INVALID_STATE while importers are attached
@@ -986,7 +1086,7 @@ class Share {
     return d;
   }
 
-  /// The weights version (changes when the owner publishes or revokes).
+  /// The weights version: the owner's tag version (changes when the owner updates or publishes).
   [[nodiscard]] uint64_t version() const {
     uint64_t v = 0;
     detail::call([&](vmmw_error_t** e) { return vmmw_share_version(get_checked(), &v, e); });

@@ -30,6 +30,9 @@ const (
 	StatusLoadInProgress    Status = 17
 	StatusShareRefused      Status = 18
 	StatusShareRevoked      Status = 19
+	StatusVersionMismatch   Status = 20
+	StatusUpdateSource      Status = 21
+	StatusUpdateTorn        Status = 22
 )
 
 // String is the C name of the status ("VMMW_OUT_OF_MEMORY").
@@ -78,6 +81,9 @@ var (
 	ErrLoadInProgress    = &Error{Status: StatusLoadInProgress}
 	ErrShareRefused      = &Error{Status: StatusShareRefused}
 	ErrShareRevoked      = &Error{Status: StatusShareRevoked}
+	ErrVersionMismatch   = &Error{Status: StatusVersionMismatch}
+	ErrUpdateSource      = &Error{Status: StatusUpdateSource}
+	ErrUpdateTorn        = &Error{Status: StatusUpdateTorn}
 )
 
 func isStatus(err error, s Status) bool {

@@ -195,7 +195,8 @@ func (s *Share) Tensor(name string) (Destination, error) {
 	return Destination{uint64(d.ptr), uint64(d.bytes), C.GoString(&d.dtype[0]), shape}, nil
 }
 
-// Version is the weights version (it changes when the owner publishes or revokes).
+// Version is the weights version, the owner's tag version (it changes when the
+// owner updates or publishes).
 func (s *Share) Version() (uint64, error) {
 	var v C.uint64_t
 	err := s.do(func(p *C.vmmw_share_t, e **C.vmmw_error_t) C.int32_t { return C.vmmw_share_version(p, &v, e) })

@@ -33,6 +33,8 @@ from .. import tags as _tags
 from .._native import VmmwError, library_path
 from ..loader import Destination, Loader, LoadResult
 from ..pool import Pool
+from ..update import UpdateResult, UpdateSource
+from ..update import update as _update
 from ..report import table, tag_usage
 from .dtypes import _TYPESTR, DTYPES
 
@@ -58,6 +60,7 @@ __all__ = [
     "tag_usage",
     "tensors",
     "trim",
+    "update_",
     "use_pool",
     "wake",
 ]
@@ -292,25 +295,139 @@ def load_(
         raise ValueError(f"load_ cannot fill these dtypes: {', '.join(odd[:5])}")
     callback, done = _progress_bar(progress, str(path))
     torch.cuda.synchronize(dev)  # nothing queued may still read or write the tensors
+    ld = Loader(path)
     try:
-        with Loader(path) as ld:
-            if preset is not None:
-                ld.preset(preset, tp_rank, tp_world, head_dim)
-            if rules is not None:
-                ld.rules(rules)
-            ld.options(strategy, threads=threads, allow_missing=allow_missing, allow_unexpected=allow_unexpected)
-            if reload_check:
-                ld.reload_check()
-            for name, t in tensors.items():
-                if t.numel() == 0:
-                    continue
-                ld.register(name, t.data_ptr(), DTYPES[t.dtype], list(t.shape))
-                # The caller hands these tensors over: memory outside our pool
-                # (PyTorch's own allocator) is theirs; pool memory is checked anyway.
-                ld.declare_foreign(t.data_ptr(), t.numel() * t.element_size())
-            return ld.load(pool(dev), callback)
+        if preset is not None:
+            ld.preset(preset, tp_rank, tp_world, head_dim)
+        if rules is not None:
+            ld.rules(rules)
+        ld.options(strategy, threads=threads, allow_missing=allow_missing, allow_unexpected=allow_unexpected)
+        if reload_check:
+            ld.reload_check()
+        for name, t in tensors.items():
+            if t.numel() == 0:
+                continue
+            ld.register(name, t.data_ptr(), DTYPES[t.dtype], list(t.shape))
+            # The caller hands these tensors over: memory outside our pool
+            # (PyTorch's own allocator) is theirs; pool memory is checked anyway.
+            ld.declare_foreign(t.data_ptr(), t.numel() * t.element_size())
+        result = ld.load(pool(dev), callback)
+    except BaseException:
+        ld.close()
+        raise
     finally:
         done()
+    _remember_load(tensors, ld)
+    return result
+
+
+# Each load_'s loader (its rules and registered tensors), by the tensors it
+# filled, so update_ writes through the same rules.
+_loads: Dict[Tuple[Tuple[str, int, int], ...], Loader] = {}
+# The last update source per loaded target, by what it names (names,
+# addresses, dtypes, shapes, strides): an RL loop updating from the same
+# trainer tensors every step builds it once.
+_sources: Dict[Tuple[Tuple[str, int, int], ...], Tuple[Tuple[Any, ...], UpdateSource]] = {}
+
+
+def _signature(tensors: Mapping[str, torch.Tensor]) -> Tuple[Tuple[str, int, int], ...]:
+    return tuple(sorted((n, t.data_ptr(), t.numel() * t.element_size())
+                        for n, t in tensors.items() if t.numel() > 0))
+
+
+def _remember_load(tensors: Mapping[str, torch.Tensor], ld: Loader) -> None:
+    key = _signature(tensors)
+    with _lock:
+        old = _loads.pop(key, None)
+        _loads[key] = ld
+    if old is not None:
+        old.close()
+
+
+def update_(
+    target: Union[torch.nn.Module, Mapping[str, torch.Tensor]],
+    source: Union[torch.nn.Module, Mapping[str, torch.Tensor]],
+    *,
+    expected_version: Optional[int] = None,
+    tag: Optional[str] = None,
+    allow_missing: bool = False,
+    allow_unexpected: bool = False,
+    staged: bool = False,
+) -> UpdateResult:
+    """Write new weights into `target` in place: `source` is a trainer's
+    model or state dict, by checkpoint name (Hugging Face names, as
+    ``save_pretrained`` writes them), whole tensors (contiguous, CUDA on
+    `target`'s device, or CPU). They go through the rules of the
+    :func:`load_` that filled `target` (fused q/k/v and gate/up,
+    tensor-parallel slices, ties): each rank keeps its slices.
+
+    Versions: `target`'s tag (by default the pool tag its tensors lie in, or
+    `tag`) moves from `expected_version` (by default its current version) to
+    the next; importers of a share of the tag see it. Every problem is
+    reported in one ``VmmwError`` before any byte moves, and each tensor ends
+    untouched or wholly new (docs/UPDATES.md). A Reload sleep afterwards
+    keeps the update. Returns what the update did (bytes, seconds, gbps,
+    version)."""
+    tensors = _state_dict(target)
+    key = _signature(tensors)
+    with _lock:
+        ld = _loads.get(key)
+    if ld is None:
+        raise ValueError("update_ writes through the rules of the load_ that filled these tensors: "
+                         "call vmmweights.torch.load_ on this model or state dict first")
+    first = next(t for t in tensors.values() if t.numel() > 0)
+    dev = _device(first.device)
+    p = pool(dev)
+    if tag is None:
+        try:
+            tag = p.tag_of(first.data_ptr())
+        except VmmwError as e:
+            raise ValueError("update_: the tensors lie outside this library's pool; pass tag= to name "
+                             "the version counter to move") from e
+    items = [(n, t) for n, t in _state_dict(source).items() if t.numel() > 0]
+    named = tuple((n, t.data_ptr(), t.dtype, t.shape, t.stride(), t.is_cuda) for n, t in items)
+    with _lock:
+        cached = _sources.get(key)
+    if cached is not None and cached[0] == named:
+        src = cached[1]
+    else:
+        src = _update_source(items, dev)
+        with _lock:
+            old = _sources.pop(key, None)
+            _sources[key] = (named, src)
+        if old is not None:
+            old[1].close()
+    torch.cuda.synchronize(dev)  # the trainer's kernels wrote the source; nothing may read the target
+    version = p.tag_version(tag) if expected_version is None else expected_version
+    # The source names `items`' memory: they are alive (the caller's) for the call.
+    return _update(ld, p, src, version, tag=tag, allow_missing=allow_missing,
+                   allow_unexpected=allow_unexpected, staged=staged)
+
+
+def _update_source(items: List[Tuple[str, torch.Tensor]], dev: int) -> UpdateSource:
+    """An update source naming `items`' memory (checked: contiguous, known
+    dtype, on `dev` or the CPU). It holds no reference: each update_ passes
+    the tensors it reads."""
+    src = UpdateSource()
+    try:
+        for name, t in items:
+            if not t.is_contiguous():
+                raise ValueError(f"update_ reads contiguous tensors only; `{name}` is not")
+            if t.dtype not in DTYPES:
+                raise ValueError(f"update_ cannot read `{name}` of dtype {t.dtype}")
+            if t.is_cuda:
+                if _device(t.device) != dev:
+                    raise ValueError(f"update_: `{name}` is on {t.device}, the target on cuda:{dev}")
+                memory = "device"
+            elif t.device.type == "cpu":
+                memory = "host"
+            else:
+                raise ValueError(f"update_: `{name}` is on {t.device}: CUDA or CPU tensors only")
+            src.add(name, DTYPES[t.dtype], list(t.shape), t.data_ptr(), memory)
+    except BaseException:
+        src.close()
+        raise
+    return src
 
 
 # --- sleep, wake, report ------------------------------------------------------------

@@ -14,6 +14,7 @@ mod bench_load;
 mod bench_multi;
 mod bench_pool;
 mod bench_sleep;
+mod bench_update;
 mod chart;
 mod demo;
 mod demo_out;
@@ -83,6 +84,10 @@ enum Command {
     /// Sleep/wake of ~16 GB of 8B-shaped weights against the per-segment pinning reference.
     #[command(after_help = exit::HELP_EXIT_CODES)]
     BenchSleep(bench_sleep::Args),
+    /// Update a loaded checkpoint's destinations from device tensors of this process,
+    /// against a plain device-to-device copy of the same bytes, same run.
+    #[command(after_help = exit::HELP_EXIT_CODES)]
+    BenchUpdate(bench_update::Args),
 }
 
 /// What a command asked for on stdout, decided before it runs.
@@ -113,6 +118,7 @@ impl Command {
             Command::BenchPool(a) => bench(&mut a.json),
             Command::BenchLoad(a) => bench(&mut a.json),
             Command::BenchSleep(a) => bench(&mut a.json),
+            Command::BenchUpdate(a) => bench(&mut a.json),
         }
     }
 
@@ -150,6 +156,11 @@ impl Command {
                 }
                 bench_sleep::run(a)?;
                 p.draw(bench_chart::Bench::Sleep)?;
+                Ok(None)
+            }
+            Command::BenchUpdate(a) => {
+                a.backend.check()?;
+                bench_update::run(a)?;
                 Ok(None)
             }
         }

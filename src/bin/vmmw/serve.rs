@@ -189,11 +189,8 @@ pub fn run(a: Args) -> CliResult<Value> {
                 Ok(b) => {
                     lib(pool.driver().synchronize())?;
                     reloads += 1;
-                    let _ = writeln!(
-                        std::io::stdout(),
-                        "reloaded bytes={b} version={}",
-                        server.publish()
-                    );
+                    let version = lib(server.publish())?;
+                    let _ = writeln!(std::io::stdout(), "reloaded bytes={b} version={version}");
                     let _ = std::io::stdout().flush();
                 }
                 // The version does not change. A load checks every tensor

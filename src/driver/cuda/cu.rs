@@ -475,6 +475,25 @@ pub(super) unsafe fn memcpy_2d_htod_async(
     check("cuMemcpy2DAsync", rc, ())
 }
 
+/// `cuMemcpy2DAsync` within device memory: `height` rows of `width` bytes.
+///
+/// # Safety
+/// As [`memcpy_dtod_async`] for every row touched.
+pub(super) unsafe fn memcpy_2d_dtod_async(
+    dst: DevicePtr,
+    dst_pitch: usize,
+    src: DevicePtr,
+    src_pitch: usize,
+    width: usize,
+    height: usize,
+    stream: sys::CUstream,
+) -> CuResult<()> {
+    let p = structs::memcpy_2d_dtod(dst, dst_pitch, src, src_pitch, width, height);
+    // SAFETY: the caller's contract on every row; `p` is fully initialised.
+    let rc = unsafe { sys::cuMemcpy2DAsync_v2(&p, stream) };
+    check("cuMemcpy2DAsync", rc, ())
+}
+
 /// `cuMemsetD8Async`.
 ///
 /// # Safety

@@ -463,6 +463,33 @@ impl Driver for CudaDriver {
             .map_err(|e| e.detail(|| format!("{height} rows of {width} bytes to {dst:#x}")))
     }
 
+    unsafe fn copy_2d_dtod_async(
+        &self,
+        dst: DevicePtr,
+        dst_pitch: usize,
+        src: DevicePtr,
+        src_pitch: usize,
+        width: usize,
+        height: usize,
+        stream: StreamId,
+    ) -> Result<()> {
+        self.bind()?;
+        let s = Self::stream(stream);
+        if height <= 1 {
+            self.faults.check(FaultOp::CopyDtod, "cuMemcpyDtoDAsync")?;
+            let len = width * height;
+            // SAFETY: forwarded from the caller's contract on the one row.
+            return unsafe { cu::memcpy_dtod_async(dst, src, len, s) }
+                .map_err(|e| e.detail(|| format!("{len} bytes from {src:#x} to {dst:#x}")));
+        }
+        self.faults.check(FaultOp::CopyDtod, "cuMemcpy2DAsync")?;
+        // SAFETY: forwarded from the caller's contract on every row.
+        unsafe { cu::memcpy_2d_dtod_async(dst, dst_pitch, src, src_pitch, width, height, s) }
+            .map_err(|e| {
+                e.detail(|| format!("{height} rows of {width} bytes from {src:#x} to {dst:#x}"))
+            })
+    }
+
     unsafe fn memset_async(
         &self,
         dst: DevicePtr,

@@ -91,6 +91,36 @@ pub(super) fn memcpy_2d_htod(
     }
 }
 
+/// A 2D copy within device memory: `height` rows of `width` bytes, rows
+/// `src_pitch` apart at `src` and `dst_pitch` apart at `dst`.
+pub(super) fn memcpy_2d_dtod(
+    dst: DevicePtr,
+    dst_pitch: usize,
+    src: DevicePtr,
+    src_pitch: usize,
+    width: usize,
+    height: usize,
+) -> sys::CUDA_MEMCPY2D {
+    sys::CUDA_MEMCPY2D {
+        srcXInBytes: 0,
+        srcY: 0,
+        srcMemoryType: sys::CUmemorytype::CU_MEMORYTYPE_DEVICE,
+        srcHost: std::ptr::null(),
+        srcDevice: src,
+        srcArray: std::ptr::null_mut(),
+        srcPitch: src_pitch,
+        dstXInBytes: 0,
+        dstY: 0,
+        dstMemoryType: sys::CUmemorytype::CU_MEMORYTYPE_DEVICE,
+        dstHost: std::ptr::null_mut(),
+        dstDevice: dst,
+        dstArray: std::ptr::null_mut(),
+        dstPitch: dst_pitch,
+        WidthInBytes: width,
+        Height: height,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -108,6 +138,19 @@ mod tests {
         assert_eq!((p.srcXInBytes, p.srcY, p.dstXInBytes, p.dstY), (0, 0, 0, 0));
         assert!(p.srcArray.is_null() && p.dstArray.is_null() && p.dstHost.is_null());
         assert_eq!(p.srcDevice, 0);
+    }
+
+    #[test]
+    fn memcpy_2d_dtod_names_device_on_both_sides() {
+        let p = memcpy_2d_dtod(0x1000, 256, 0x9000, 64, 48, 3);
+        assert_eq!(p.srcMemoryType, sys::CUmemorytype::CU_MEMORYTYPE_DEVICE);
+        assert_eq!(p.dstMemoryType, sys::CUmemorytype::CU_MEMORYTYPE_DEVICE);
+        assert_eq!((p.srcDevice, p.dstDevice), (0x9000, 0x1000));
+        assert_eq!((p.srcPitch, p.dstPitch), (64, 256));
+        assert_eq!((p.WidthInBytes, p.Height), (48, 3));
+        assert_eq!((p.srcXInBytes, p.srcY, p.dstXInBytes, p.dstY), (0, 0, 0, 0));
+        assert!(p.srcArray.is_null() && p.dstArray.is_null());
+        assert!(p.srcHost.is_null() && p.dstHost.is_null());
     }
 
     #[test]

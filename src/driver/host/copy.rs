@@ -107,6 +107,70 @@ pub(super) unsafe fn copy_2d_htod_async(
     Ok(())
 }
 
+/// The bytes `[start, start + (height - 1) * pitch + width)` a 2D copy
+/// touches on one side; None when it overflows.
+fn span_2d(start: u64, pitch: usize, width: usize, height: usize) -> Option<(u64, usize)> {
+    let len = (height.checked_sub(1)?)
+        .checked_mul(pitch)?
+        .checked_add(width)?;
+    start.checked_add(len as u64)?;
+    Some((start, len))
+}
+
+#[allow(clippy::too_many_arguments)]
+pub(super) unsafe fn copy_2d_dtod_async(
+    d: &HostDriver,
+    dst: DevicePtr,
+    dst_pitch: usize,
+    src: DevicePtr,
+    src_pitch: usize,
+    width: usize,
+    height: usize,
+) -> Result<()> {
+    d.copy_fault(FaultOp::CopyDtod, "copy_2d_dtod")?;
+    if height == 0 || width == 0 {
+        return Ok(());
+    }
+    if height > 1 && (width > dst_pitch || width > src_pitch) {
+        return Err(Error::InvalidArgument(format!(
+            "copy_2d_dtod: width {width} exceeds a pitch (dst {dst_pitch}, src {src_pitch})"
+        )));
+    }
+    let (Some((d0, dl)), Some((s0, sl))) = (
+        span_2d(dst, dst_pitch, width, height),
+        span_2d(src, src_pitch, width, height),
+    ) else {
+        return Err(Error::InvalidArgument(format!(
+            "copy_2d_dtod: {height} rows of {width} bytes overflow the address space"
+        )));
+    };
+    // A GPU faults on unmapped memory; the twin refuses it instead.
+    if !range_allows(d0, dl, d.device, d.device, AccessMode::ReadWrite) {
+        return Err(Error::InvalidArgument(format!(
+            "copy_2d_dtod: destination [{d0:#x}, +{dl}) is not mapped memory of device {}",
+            d.device
+        )));
+    }
+    if !range_allows(s0, sl, d.device, d.device, AccessMode::Read) {
+        return Err(Error::InvalidArgument(format!(
+            "copy_2d_dtod: source [{s0:#x}, +{sl}) is not mapped memory of device {}",
+            d.device
+        )));
+    }
+    for row in 0..height as u64 {
+        // SAFETY: both spans are mapped memory of this device (checked
+        // above); the caller guarantees they do not overlap.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                (src + row * src_pitch as u64) as *const u8,
+                (dst + row * dst_pitch as u64) as *mut u8,
+                width,
+            )
+        };
+    }
+    Ok(())
+}
+
 pub(super) unsafe fn memset_async(
     d: &HostDriver,
     dst: DevicePtr,

@@ -312,6 +312,20 @@ impl Driver for HostDriver {
         unsafe { copy::copy_dtoh_async(self, dst, src, len) }
     }
 
+    unsafe fn copy_2d_dtod_async(
+        &self,
+        dst: DevicePtr,
+        dst_pitch: usize,
+        src: DevicePtr,
+        src_pitch: usize,
+        width: usize,
+        height: usize,
+        _stream: StreamId,
+    ) -> Result<()> {
+        // SAFETY: forwarded from the caller's contract.
+        unsafe { copy::copy_2d_dtod_async(self, dst, dst_pitch, src, src_pitch, width, height) }
+    }
+
     unsafe fn hash_ranges(&self, ranges: &[(DevicePtr, usize)]) -> Result<Vec<u64>> {
         // SAFETY: forwarded from the caller's contract.
         unsafe { copy::hash_ranges(self, ranges) }

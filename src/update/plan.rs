@@ -1,0 +1,230 @@
+//! The update's plan: the load's plan ([`Plan::build_for`]) over the
+//! source's manifest, each source tensor numbered as a shard whose bytes
+//! start at offset 0, plus what an update refuses on top of a load (an
+//! element conversion, a tag it cannot version) and the version check, all
+//! listed in one error before any byte moves.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use super::source::SourceTensor;
+use crate::driver::DevicePtr;
+use crate::error::{Error, Result};
+use crate::loader::{Extent, Plan, PlanOptions, Registry, TensorInfo};
+use crate::pool::Pool;
+use crate::tag::{self, TagId};
+
+/// Makes the load plan for a set of named tensors (the session's, kept
+/// between updates, or one built at each call).
+pub type PlanFor<'a> = &'a dyn Fn(&BTreeMap<String, TensorInfo>, &PlanOptions) -> Result<Arc<Plan>>;
+
+/// A checked update: the copies by source tensor and what they write.
+#[derive(Debug, Clone)]
+pub struct UpdatePlan {
+    /// The load plan over the manifest.
+    pub plan: Arc<Plan>,
+    /// Indices into `plan.extents`, per manifest entry, ordered by offset.
+    pub by_tensor: Vec<Vec<usize>>,
+    /// Each destination the update writes, whole: `(address, bytes, name)`,
+    /// by address.
+    pub written: Vec<(DevicePtr, usize, String)>,
+    /// The tag whose version the update moves.
+    pub tag: TagId,
+}
+
+/// Check the manifest against the destinations (the plan `plan_for` makes
+/// from the manifest's tensors, as the load's rules map them) and the
+/// version of the tag they live in; every problem in one error.
+///
+/// `tag`: the tag to version; None takes the one pool tag holding the
+/// destinations written (an error when they span several, or lie outside
+/// the pool).
+#[allow(clippy::too_many_arguments)]
+pub fn build(
+    manifest: &[SourceTensor],
+    plan_for: PlanFor<'_>,
+    registry: &Registry,
+    pool: &Pool,
+    tag: Option<TagId>,
+    expected: u64,
+    opts: &PlanOptions,
+) -> Result<UpdatePlan> {
+    let mut problems: Vec<String> = Vec::new();
+    let mut tensors = BTreeMap::new();
+    for (i, t) in manifest.iter().enumerate() {
+        let Some(len) = t.bytes() else {
+            problems.push(format!(
+                "`{}`: shape {:?} of {} overflows",
+                t.name, t.shape, t.dtype
+            ));
+            continue;
+        };
+        let info = TensorInfo {
+            name: t.name.clone(),
+            shard: i,
+            dtype: t.dtype,
+            shape: t.shape.clone(),
+            offset: 0,
+            len,
+        };
+        if tensors.insert(t.name.clone(), info).is_some() {
+            problems.push(format!("`{}` is in the source twice", t.name));
+        }
+    }
+    let plan = match plan_for(&tensors, opts) {
+        Ok(p) => Some(p),
+        Err(Error::Plan(s)) => {
+            problems.push(s);
+            None
+        }
+        Err(e) => return Err(e),
+    };
+    let mut written = Vec::new();
+    if let Some(plan) = &plan {
+        let mut converted: Vec<&str> = plan
+            .extents
+            .iter()
+            .filter(|e| e.convert.is_some())
+            .map(|e| plan.sources[e.source as usize].as_str())
+            .collect();
+        converted.dedup();
+        for name in converted {
+            problems.push(format!(
+                "`{name}`: its dtype differs from its destination's; an update copies bytes as they are (convert on the sender)"
+            ));
+        }
+        written = written_destinations(plan, registry);
+    }
+    let tag = match tag {
+        Some(t) => {
+            tag::check(t)?;
+            let others: Vec<String> = written
+                .iter()
+                .filter_map(|(p, _, n)| {
+                    let s = pool.segment_of(*p)?;
+                    (s.tag != t).then(|| format!("`{n}` (tag {})", tag::name_of(s.tag)))
+                })
+                .collect();
+            if !others.is_empty() {
+                problems.push(format!(
+                    "the update versions tag {} but destinations lie in other tags: {}",
+                    tag::name_of(t),
+                    others.join(", ")
+                ));
+            }
+            Some(t)
+        }
+        None => {
+            // Without a plan, the tags of every destination stand in for
+            // those written, so the version is still checked and listed.
+            let ptrs: Vec<DevicePtr> = if plan.is_some() {
+                written.iter().map(|w| w.0).collect()
+            } else {
+                registry.iter().map(|d| d.ptr).collect()
+            };
+            let mut tags: Vec<TagId> = ptrs
+                .iter()
+                .filter_map(|p| pool.segment_of(*p).map(|s| s.tag))
+                .collect();
+            tags.sort();
+            tags.dedup();
+            match tags.as_slice() {
+                [t] => Some(*t),
+                [] if ptrs.is_empty() || (plan.is_some() && written.is_empty()) => None,
+                [] => {
+                    problems.push(
+                        "the destinations lie outside the pool: name the tag to version".into(),
+                    );
+                    None
+                }
+                many => {
+                    problems.push(format!(
+                        "the destinations span tags {}: an update versions one tag; update each tag on its own",
+                        many.iter().map(|t| tag::name_of(*t)).collect::<Vec<_>>().join(", ")
+                    ));
+                    None
+                }
+            }
+        }
+    };
+    if let Some(t) = tag {
+        let current = pool.tag_version(t)?;
+        if current != expected {
+            if problems.is_empty() {
+                return Err(Error::VersionMismatch {
+                    tag: tag::name_of(t),
+                    expected,
+                    current,
+                });
+            }
+            problems.push(format!(
+                "tag {} is at version {current}, the update expects {expected}",
+                tag::name_of(t)
+            ));
+        }
+    }
+    if !problems.is_empty() {
+        return Err(Error::Plan(format!(
+            "update refused, nothing written:\n{}",
+            problems.join("\n")
+        )));
+    }
+    let plan = plan.expect("no problem means a plan");
+    let Some(tag) = tag else {
+        return Err(Error::Plan(
+            "update refused, nothing written: no destination receives any source tensor".into(),
+        ));
+    };
+    let mut by_tensor = vec![Vec::new(); manifest.len()];
+    for (i, e) in plan.extents.iter().enumerate() {
+        by_tensor[e.shard as usize].push(i);
+    }
+    for v in &mut by_tensor {
+        v.sort_by_key(|&i| plan.extents[i].src);
+    }
+    Ok(UpdatePlan {
+        plan,
+        by_tensor,
+        written,
+        tag,
+    })
+}
+
+/// Each destination some extent or fill writes, whole, by address.
+fn written_destinations(plan: &Plan, registry: &Registry) -> Vec<(DevicePtr, usize, String)> {
+    let mut dests: Vec<(DevicePtr, usize, String)> = registry
+        .iter()
+        .map(|d| (d.ptr, d.bytes(), d.name.clone()))
+        .collect();
+    dests.sort_by_key(|d| d.0);
+    let mut hit = vec![false; dests.len()];
+    let mut mark = |addr: DevicePtr| {
+        let i = dests.partition_point(|d| d.0 <= addr);
+        if i > 0 && addr < dests[i - 1].0 + dests[i - 1].1 as u64 {
+            hit[i - 1] = true;
+        }
+    };
+    for e in &plan.extents {
+        mark(e.dst);
+    }
+    for f in &plan.fills {
+        mark(f.dst);
+    }
+    dests
+        .into_iter()
+        .zip(hit)
+        .filter_map(|(d, h)| h.then_some(d))
+        .collect()
+}
+
+impl UpdatePlan {
+    /// The extents reading tensor `t`.
+    pub fn extents_of(&self, t: usize) -> impl Iterator<Item = &Extent> {
+        self.by_tensor[t].iter().map(|&i| &self.plan.extents[i])
+    }
+
+    /// Bytes the update writes into destinations.
+    pub fn dst_bytes(&self) -> u64 {
+        self.plan.dst_bytes()
+    }
+}
