@@ -35,7 +35,9 @@ def diagnose() -> int:
     print(f"VMMW_BACKEND={os.environ.get('VMMW_BACKEND', '(unset: auto)')}")
     try:
         with Pool(backend=os.environ.get("VMMW_BACKEND", "auto")) as pool:
-            print(f"backend:   {pool.report()['backend']}")
+            r = pool.report()
+            print(f"backend:   {r['backend']}")
+            print(f"device:    {r['ordinal']}: {r['device']}")
     except Exception as e:  # the diagnosis reports what failed instead of raising
         print(f"backend:   no pool could be opened: {e}")
         return 1
