@@ -1,15 +1,12 @@
-//! Builds the `vmmw` command line into the wheel, so a plain
-//! `pip install ./python` installs it: the `vmmw` console script and
-//! `python -m vmmweights` run `vmmweights/bin/vmmw`, which pyproject.toml's
-//! `include` picks up when maturin writes the wheel (after this crate is built).
+//! Builds the C library into the wheel: maturin builds this crate's `vmmw`
+//! binary, and the package needs `libvmmweights.so` beside its modules
+//! (`vmmweights/vmmweights/libvmmweights.so`, which pyproject.toml's
+//! `include` picks up when maturin writes the wheel, after this build).
 //!
-//! maturin builds only this crate's cdylib. The command line is the main
-//! crate's `vmmw` binary (feature `cli`), so a second cargo builds it here,
-//! into a target folder of its own beside the outer one (the outer build holds
-//! the lock of its own folder), in the outer build's profile.
-//!
-//! `VMMW_CLI_BIN=<path>` copies a `vmmw` built already instead (the test
-//! script builds one for its other checks).
+//! The library is the main crate's cdylib, made by scripts/build-clib.sh (its
+//! SONAME included), run here as a second cargo into a target folder of its
+//! own beside the outer one (the outer build holds the lock of its own), in
+//! the outer build's profile.
 
 use std::env;
 use std::fs;
@@ -17,33 +14,35 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 fn main() {
-    let here = PathBuf::from(env::var_os("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"));
+    let here =
+        PathBuf::from(env::var_os("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"));
     let repo = here
         .parent()
         .expect("python/ lies inside the repository")
         .to_path_buf();
-    println!("cargo:rerun-if-env-changed=VMMW_CLI_BIN");
-    for input in ["src", "Cargo.toml", "Cargo.lock"] {
+    for input in ["src", "Cargo.toml", "Cargo.lock", "scripts/build-clib.sh"] {
         println!("cargo:rerun-if-changed={}", repo.join(input).display());
     }
-    let built = match env::var_os("VMMW_CLI_BIN") {
-        Some(p) => PathBuf::from(p),
-        None => build_cli(&repo),
-    };
-    let dest = here.join("vmmweights").join("bin").join("vmmw");
+    let built = build_library(&repo);
+    let dest = here
+        .join("vmmweights")
+        .join("vmmweights")
+        .join("libvmmweights.so");
     fs::create_dir_all(dest.parent().expect("a file path has a parent"))
         .unwrap_or_else(|e| panic!("cannot create {}: {e}", dest.display()));
+    // A fresh file, not a copy over the old one: a process may have the old one mapped.
+    let _ = fs::remove_file(&dest);
     fs::copy(&built, &dest).unwrap_or_else(|e| {
         panic!(
-            "cannot copy the vmmw command line {} to {}: {e}",
+            "cannot copy the C library {} to {}: {e}",
             built.display(),
             dest.display()
         )
     });
 }
 
-/// `cargo build --features cli --bin vmmw` of the main crate; the binary's path.
-fn build_cli(repo: &Path) -> PathBuf {
+/// scripts/build-clib.sh in the outer build's profile; the library's path.
+fn build_library(repo: &Path) -> PathBuf {
     let out = PathBuf::from(env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));
     // The outer target folder is the ancestor cargo tagged; ours sits beside
     // its profiles, so later builds reuse what this one compiled.
@@ -51,12 +50,10 @@ fn build_cli(repo: &Path) -> PathBuf {
         .ancestors()
         .find(|p| p.join("CACHEDIR.TAG").is_file())
         .unwrap_or(&out)
-        .join("vmmw-cli");
+        .join("vmmw-clib");
     let release = env::var("PROFILE").as_deref() == Ok("release");
-    let cargo = env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let mut cmd = Command::new(cargo);
-    cmd.args(["build", "--features", "cli", "--bin", "vmmw", "--manifest-path"])
-        .arg(repo.join("Cargo.toml"))
+    let mut cmd = Command::new("bash");
+    cmd.arg(repo.join("scripts").join("build-clib.sh"))
         .arg("--target-dir")
         .arg(&target)
         // The outer build's flags are for this crate's target, not ours.
@@ -69,12 +66,12 @@ fn build_cli(repo: &Path) -> PathBuf {
     }
     let status = cmd
         .status()
-        .unwrap_or_else(|e| panic!("cannot run cargo to build the vmmw command line: {e}"));
+        .unwrap_or_else(|e| panic!("cannot run scripts/build-clib.sh to build the C library: {e}"));
     assert!(
         status.success(),
-        "building the vmmw command line failed ({status}); its errors are above"
+        "building the C library failed ({status}); its errors are above"
     );
     target
         .join(if release { "release" } else { "debug" })
-        .join("vmmw")
+        .join("libvmmweights.so")
 }

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Python: build the wheel from this tree as `pip install ./python` does
-# (maturin, and python/build.rs for the command line), install it with a plain
+# (maturin for the command line, python/build.rs for the library), install it with a plain
 # `pip install ./python` into a fresh virtual environment, and run the package's tests on the host backend from
 # outside the source folder (so the installed package, with the library it
 # carries, is what gets imported). The PyTorch tests (tests/torch) run too and
@@ -18,13 +18,24 @@ py="$work/venv/bin/python"
 "$py" -m pip install --quiet pytest mypy
 echo "--- mypy --strict"
 (cd python && "$work/venv/bin/mypy" --strict --cache-dir=/dev/null -p vmmweights)
-# What a plain `pip install ./python` runs: maturin builds the cdylib and
-# python/build.rs the `vmmw` command line the wheel carries (here in the dev
-# profile, in the shared target folder, so the dependencies other parts built
-# are reused). Nothing is copied in beforehand: the build must make it.
+# What a plain `pip install ./python` runs: maturin builds the `vmmw` command
+# line (python/Cargo.toml) and python/build.rs the C library the package
+# opens (here in the dev profile, in the shared target folder, so what other
+# parts built is reused). Nothing is copied in beforehand: the build makes it.
 target=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')
 build_env=(env MATURIN_PEP517_ARGS="--profile dev" CARGO_TARGET_DIR="$target")
-rm -f python/vmmweights/bin/vmmw
+echo "--- python/Cargo.toml names the command line's crates as the main crate does"
+python3 - <<'PY'
+import sys, tomllib
+main = tomllib.load(open("Cargo.toml", "rb"))["dependencies"]
+py = tomllib.load(open("python/Cargo.toml", "rb"))["dependencies"]
+drift = [f"{k}: {py[k]} here, {main[k]} in Cargo.toml" for k in py
+         if k != "vmmweights" and {**(main[k] if isinstance(main[k], dict) else {"version": main[k]}), "optional": None}
+         != {**(py[k] if isinstance(py[k], dict) else {"version": py[k]}), "optional": None}]
+if drift:
+    sys.exit("python/Cargo.toml drifted from Cargo.toml: " + "; ".join(drift))
+PY
+rm -f python/vmmweights/vmmweights/libvmmweights.so
 echo "--- pip wheel ./python"
 "${build_env[@]}" "$py" -m pip wheel --no-deps ./python -w "$work/dist" >"$work/maturin.log" 2>&1 \
   || { cat "$work/maturin.log"; exit 1; }
@@ -33,24 +44,25 @@ wheel=$(ls "$work"/dist/vmmweights-*.whl)
 "$py" - "$wheel" <<'PY'
 import sys, zipfile
 names = zipfile.ZipFile(sys.argv[1]).namelist()
-for need in ("vmmweights/vmmweights/libvmmweights.so", "vmmweights/bin/vmmw", "vmmweights/__main__.py"):
+for need in ("vmmweights/vmmweights/libvmmweights.so", "vmmweights/__main__.py"):
     if need not in names:
         sys.exit(f"the wheel lacks {need}: {names}")
-# The cffi loader maturin generates beside the library is never shipped: the
-# package opens the library with ctypes.
+if not any(n.endswith(".data/scripts/vmmw") for n in names):
+    sys.exit(f"the wheel installs no vmmw command: {names}")
+# Nothing generated beside the library: it is opened with ctypes.
 stray = [n for n in names if "__pycache__" in n or n.endswith(".pyc")
          or n.startswith("vmmweights/vmmweights/") and n != "vmmweights/vmmweights/libvmmweights.so"]
 if stray:
     sys.exit(f"the wheel carries files the package never uses: {stray}")
 meta = next(n for n in names if n.endswith(".dist-info/METADATA"))
-if "Requires-Dist: cffi" in zipfile.ZipFile(sys.argv[1]).read(meta).decode():
-    sys.exit("the wheel requires cffi at run time: nothing it ships imports it")
-if not any(n.endswith("entry_points.txt") for n in names):
-    sys.exit("the wheel declares no console script")
+needs = [line for line in zipfile.ZipFile(sys.argv[1]).read(meta).decode().splitlines()
+         if line.startswith("Requires-Dist:") and "extra ==" not in line]
+if needs:
+    sys.exit(f"the wheel requires packages at run time, where it needs none: {needs}")
 PY
 echo "--- pip install ./python, into the fresh venv"
 "${build_env[@]}" "$py" -m pip install --quiet ./python >"$work/install.log" 2>&1 || { cat "$work/install.log"; exit 1; }
-echo "--- the vmmw console script and python -m vmmweights, from the fresh venv"
+echo "--- the vmmw command and python -m vmmweights, from the fresh venv"
 version=$("$py" -c 'import vmmweights; print(vmmweights.version())')
 said=$(cd "$work" && env -u VMMW_LIB "$work/venv/bin/vmmw" --version)
 [[ "$said" == "vmmw $version" ]] || { echo "vmmw --version says '$said', want 'vmmw $version'" >&2; exit 1; }
