@@ -23,11 +23,13 @@ fn main() {
     for input in ["src", "Cargo.toml", "Cargo.lock", "scripts/build-clib.sh"] {
         println!("cargo:rerun-if-changed={}", repo.join(input).display());
     }
-    let built = build_library(&repo);
     let dest = here
         .join("vmmweights")
         .join("vmmweights")
         .join("libvmmweights.so");
+    // Made again when it goes missing, too.
+    println!("cargo:rerun-if-changed={}", dest.display());
+    let built = build_library(&repo);
     fs::create_dir_all(dest.parent().expect("a file path has a parent"))
         .unwrap_or_else(|e| panic!("cannot create {}: {e}", dest.display()));
     // A fresh file, not a copy over the old one: a process may have the old one mapped.
