@@ -114,6 +114,7 @@ vmmw_status_t vmmw_loader_set_rules_preset(struct vmmw_loader_t*loader,const cha
 vmmw_status_t vmmw_loader_wake_replicas(struct vmmw_loader_t*const*loaders,struct vmmw_pool_t*const*pools,size_t count,struct vmmw_multi_result_t*out,struct vmmw_error_t**error);
 vmmw_status_t vmmw_pool_alloc(struct vmmw_pool_t*pool,uint64_t size,uint64_t*out_ptr,struct vmmw_error_t**error);
 vmmw_status_t vmmw_pool_alloc_tagged(struct vmmw_pool_t*pool,uint64_t size,uint32_t tag,uint64_t*out_ptr,struct vmmw_error_t**error);
+vmmw_status_t vmmw_pool_backup_view(const struct vmmw_pool_t*pool,uint64_t ptr,size_t len,const void**host,uint32_t*tag,struct vmmw_error_t**error);
 vmmw_status_t vmmw_pool_can_access_peer(const struct vmmw_pool_t*pool,int32_t peer,int32_t*out,struct vmmw_error_t**error);
 vmmw_status_t vmmw_pool_clear_timeline(struct vmmw_pool_t*pool,uint64_t*cleared,struct vmmw_error_t**error);
 vmmw_status_t vmmw_pool_dealloc(struct vmmw_pool_t*pool,uint64_t ptr,struct vmmw_error_t**error);

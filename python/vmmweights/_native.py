@@ -125,6 +125,8 @@ _SIGNATURES: dict[str, tuple[Any, list[Any], bool]] = {
     "vmmw_pool_read": (_I32, [_P, ctypes.c_uint64, ctypes.c_void_p, ctypes.c_size_t], True),
     "vmmw_pool_read_backup": (_I32, [_P, ctypes.c_uint64, ctypes.c_void_p, ctypes.c_size_t,
                                       ctypes.POINTER(ctypes.c_uint32)], True),
+    "vmmw_pool_backup_view": (_I32, [_P, ctypes.c_uint64, ctypes.c_size_t, ctypes.POINTER(ctypes.c_void_p),
+                                      ctypes.POINTER(ctypes.c_uint32)], True),
     "vmmw_pool_sleep": (_I32, [_P, ctypes.POINTER(S.TagPolicy), ctypes.c_size_t], True),
     "vmmw_pool_wake": (_I32, [_P, ctypes.POINTER(ctypes.c_uint32), ctypes.c_size_t], True),
     "vmmw_pool_reserve_backup": (_I32, [_P, ctypes.c_uint64], True),

@@ -217,6 +217,22 @@ fn load_json_reports_bytes_and_the_timeline() {
     assert_eq!(weights["tag"], "weights");
     assert!(weights["live_bytes"].as_u64().unwrap() >= data as u64);
     assert_eq!(b[2]["report"]["total"]["tracked_bytes"], 0);
+    same_vocabulary(&j);
+}
+
+/// The command's `backend` and `device` mean what the library's report
+/// inside it means: the kind ("cuda"/"host") and the device in words.
+fn same_vocabulary(j: &Value) {
+    assert!(
+        j["backend"] == "host" || j["backend"] == "cuda",
+        "backend is the kind: {j}"
+    );
+    for b in j["timeline"]["boundaries"].as_array().unwrap() {
+        let r = &b["report"];
+        assert_eq!(r["backend"], j["backend"], "{}", b["name"]);
+        assert_eq!(r["device"], j["device"], "{}", b["name"]);
+        assert!(r["ordinal"].is_i64(), "the ordinal is its own field: {r}");
+    }
 }
 
 #[test]
@@ -257,6 +273,7 @@ fn demo_json_and_report_agree() {
         "{asleep}"
     );
     assert_eq!(asleep["total"]["tracked_bytes"], 0);
+    same_vocabulary(&j);
     let saved = dir.path().join("demo.json");
     std::fs::write(&saved, &r.stdout).unwrap();
     let saved = saved.to_str().unwrap();

@@ -124,6 +124,9 @@ static void test_pool_tags_sleep() {
   CHECK(pool.read_backup(pw.ptr() + 1000, out.data(), out.size()) == w);
   CHECK(in == out);
   CHECK(status_of([&] { (void)pool.read_backup(pkv.ptr(), out.data(), 16); }) == VMMW_INVALID_STATE);
+  auto [view, view_tag] = pool.backup_view(pw.ptr() + 1000, in.size());
+  CHECK(view_tag == w && std::memcmp(view, in.data(), in.size()) == 0);
+  CHECK(status_of([&] { (void)pool.backup_view(pkv.ptr(), 16); }) == VMMW_INVALID_STATE);
   std::fill(out.begin(), out.end(), 0);
   pool.wake();
   pool.read(pw.ptr() + 1000, out.data(), out.size());

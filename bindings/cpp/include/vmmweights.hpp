@@ -494,6 +494,18 @@ class Pool {
     return tag;
   }
 
+  /// The pinned host address of the backup bytes of `len` bytes at `ptr`,
+  /// without copying (an asleep tag's backup, or one kept after wake), and
+  /// their tag. The pool owns the bytes: read them, never free them; valid
+  /// until the segment is freed, the pool's unused backups are released, or
+  /// a sleep of the tag needs a backup of another shape.
+  std::pair<const void*, Tag> backup_view(uint64_t ptr, size_t len) const {
+    const void* host = nullptr;
+    uint32_t tag = 0;
+    detail::call([&](vmmw_error_t** e) { return vmmw_pool_backup_view(get_checked(), ptr, len, &host, &tag, e); });
+    return {host, tag};
+  }
+
   /// Put tags to sleep, each with its policy; pointers stay valid.
   void sleep(const std::vector<std::pair<Tag, Policy>>& items) {
     std::vector<vmmw_tag_policy_t> c;
