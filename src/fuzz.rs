@@ -73,10 +73,8 @@ fn check_checkpoint(ckpt: &Checkpoint) {
             "tensor `{name}` ends at {end}, past the file's {} bytes",
             shard.len
         );
-        let want = t
-            .shape
-            .iter()
-            .try_fold(t.dtype.size() as u64, |a, &d| a.checked_mul(d as u64));
+        let shape: Vec<u64> = t.shape.iter().map(|&d| d as u64).collect();
+        let want = t.dtype.bytes(&shape);
         assert_eq!(
             want,
             Some(t.len),
@@ -289,16 +287,13 @@ pub fn fuzz_plan(data: &[u8]) {
     let mut reg = Registry::new();
     let mut at: u64 = 1 << 32;
     for s in &specs {
-        let bytes = s
-            .shape
-            .iter()
-            .try_fold(s.dtype.size() as u64, |a, &d| a.checked_mul(d as u64))
-            .unwrap_or_else(|| {
-                panic!(
-                    "destination `{}` {:?}: byte size overflows",
-                    s.name, s.shape
-                )
-            });
+        let shape: Vec<u64> = s.shape.iter().map(|&d| d as u64).collect();
+        let bytes = s.dtype.bytes(&shape).unwrap_or_else(|| {
+            panic!(
+                "destination `{}` {:?}: byte size overflows",
+                s.name, s.shape
+            )
+        });
         if bytes > PLAN_DEST_LIMIT {
             return;
         }
@@ -378,10 +373,7 @@ pub fn fuzz_share_manifest(data: &[u8]) {
             assert!(layout.chunks.iter().all(|&c| c > 0 && c % granularity == 0));
             assert_eq!(layout.tensor_bytes.len(), m.tensors.len());
             for (t, &bytes) in m.tensors.iter().zip(&layout.tensor_bytes) {
-                let want = t
-                    .shape
-                    .iter()
-                    .try_fold(t.dtype.size() as u64, |a, &d| a.checked_mul(d));
+                let want = t.dtype.bytes(&t.shape);
                 assert_eq!(want, Some(bytes as u64), "tensor `{}` size", t.name);
                 let end = t.offset.checked_add(bytes as u64).expect("end overflows");
                 assert!(end <= sum, "tensor `{}` ends at {end}, past {sum}", t.name);

@@ -1,5 +1,6 @@
-//! Opening a checkpoint: one `.safetensors` file, or a folder with
-//! `model.safetensors.index.json` and its shards. Headers are read and
+//! Opening a checkpoint: one `.safetensors` file, a folder with
+//! `model.safetensors.index.json` and its shards, or a GGUF file (picked by
+//! its magic bytes, see [`super::gguf`]). Headers are read and
 //! validated without reading tensor data; the files are memory-mapped so the
 //! copy engine can read (or register) their pages later.
 //!
@@ -27,6 +28,7 @@ use std::path::{Component, Path, PathBuf};
 use memmap2::Mmap;
 
 use super::dtype::Dtype;
+use super::gguf::{self, GgufInfo};
 use crate::error::{Error, Result};
 
 /// The index file name Hugging Face uses for sharded checkpoints.
@@ -37,6 +39,10 @@ pub const MAX_HEADER: u64 = 100_000_000;
 
 /// Largest index file accepted (real ones are well under 1 MB).
 pub const MAX_INDEX: u64 = 64 << 20;
+
+/// The dtype names a safetensors header may use, for error messages.
+const SAFETENSORS_NAMES: &str =
+    "BOOL, U8, I8, F8_E4M3, F8_E5M2, I16, U16, F16, BF16, I32, U32, F32, I64, U64, F64";
 
 /// Most dimensions a tensor may have.
 pub const MAX_DIMS: usize = 64;
@@ -50,7 +56,8 @@ pub struct TensorInfo {
     pub shard: usize,
     /// Element type.
     pub dtype: Dtype,
-    /// Shape (row-major).
+    /// Shape (row-major: the last dimension is the fastest; for GGUF
+    /// tensors, the file's `ne` reversed).
     pub shape: Vec<usize>,
     /// Absolute byte offset of the first element in the shard file.
     pub offset: u64,
@@ -63,6 +70,21 @@ impl TensorInfo {
     pub fn numel(&self) -> usize {
         self.shape.iter().product()
     }
+
+    /// The dimensions in ggml's order (`ne[0]` the fastest): the shape reversed.
+    pub fn ggml_ne(&self) -> Vec<usize> {
+        self.shape.iter().rev().copied().collect()
+    }
+}
+
+/// Which format a checkpoint's files are in, with what the format adds.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub enum Format {
+    /// safetensors: one file or an indexed folder.
+    #[default]
+    Safetensors,
+    /// GGUF: one file or a split, with its metadata.
+    Gguf(GgufInfo),
 }
 
 /// What identifies a file's contents without reading them: device, inode,
@@ -150,6 +172,8 @@ pub struct Checkpoint {
     pub shards: Vec<Shard>,
     /// Every tensor by name.
     pub tensors: BTreeMap<String, TensorInfo>,
+    /// The files' format, and a GGUF checkpoint's metadata.
+    pub format: Format,
 }
 
 #[derive(serde::Deserialize)]
@@ -175,11 +199,21 @@ impl Checkpoint {
         let root = path.as_ref().to_path_buf();
         let meta = std::fs::metadata(&root).map_err(|e| Error::io(&root, e))?;
         if !meta.is_dir() {
+            if gguf::sniff(&root) {
+                let (shards, tensors, info) = gguf::open(&root)?;
+                return Ok(Checkpoint {
+                    root,
+                    shards,
+                    tensors,
+                    format: Format::Gguf(info),
+                });
+            }
             let (shard, tensors) = open_shard(&root, 0)?;
             return Ok(Checkpoint {
                 root,
                 shards: vec![shard],
                 tensors: tensors.into_iter().map(|t| (t.name.clone(), t)).collect(),
+                format: Format::Safetensors,
             });
         }
         let index_path = root.join(INDEX_FILE);
@@ -191,6 +225,7 @@ impl Checkpoint {
                     root,
                     shards: vec![shard],
                     tensors: tensors.into_iter().map(|t| (t.name.clone(), t)).collect(),
+                    format: Format::Safetensors,
                 });
             }
             return Err(Error::checkpoint(
@@ -263,7 +298,16 @@ impl Checkpoint {
             root,
             shards,
             tensors,
+            format: Format::Safetensors,
         })
+    }
+
+    /// A GGUF checkpoint's metadata (None for safetensors).
+    pub fn gguf(&self) -> Option<&GgufInfo> {
+        match &self.format {
+            Format::Gguf(g) => Some(g),
+            Format::Safetensors => None,
+        }
     }
 
     /// Total bytes of tensor data.
@@ -325,7 +369,7 @@ fn bad(path: &Path, tensor: Option<&str>, reason: String) -> Error {
 
 /// Open `path` for reading only if it is a regular file (symlinks followed).
 /// The open is non-blocking, so a FIFO is refused instead of waiting for a writer.
-fn open_regular(path: &Path) -> Result<(File, std::fs::Metadata)> {
+pub(super) fn open_regular(path: &Path) -> Result<(File, std::fs::Metadata)> {
     use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
     let file = std::fs::OpenOptions::new()
         .read(true)
@@ -457,17 +501,20 @@ fn open_shard(path: &Path, index: usize) -> Result<(Shard, Vec<TensorInfo>)> {
         }
         let e: Entry = serde_json::from_value(value)
             .map_err(|e| bad(path, Some(&name), format!("header entry is malformed: {e}")))?;
-        let dtype = Dtype::parse(&e.dtype).ok_or_else(|| {
-            bad(
-                path,
-                Some(&name),
-                format!(
-                    "unknown dtype `{}` (known: {})",
-                    e.dtype,
-                    Dtype::known_names()
-                ),
-            )
-        })?;
+        // ggml's quantized types exist only in GGUF files.
+        let dtype = Dtype::parse(&e.dtype)
+            .filter(|d| !d.is_quantized())
+            .ok_or_else(|| {
+                bad(
+                    path,
+                    Some(&name),
+                    format!(
+                        "unknown dtype `{}` (known: {})",
+                        e.dtype.escape_debug(),
+                        SAFETENSORS_NAMES
+                    ),
+                )
+            })?;
         if e.shape.len() > MAX_DIMS {
             return Err(bad(
                 path,
@@ -531,19 +578,7 @@ fn open_shard(path: &Path, index: usize) -> Result<(Shard, Vec<TensorInfo>)> {
             ));
         }
     }
-    let map = if len > 0 {
-        // SAFETY: the mapping is read-only. Another process may still change the
-        // file while it is mapped: rewritten bytes change what we copy (the
-        // loader and reload compare `identity` before reading, see
-        // `check_unchanged`), and pages past a truncated end raise SIGBUS when
-        // touched. So every read through the mapping follows a
-        // `check_unchanged` of this shard (load and every Reload replay); a
-        // truncation racing that read itself is not caught. We never form
-        // references that assume immutability beyond the header check below.
-        Some(unsafe { Mmap::map(&file) }.map_err(|e| Error::io(path, e))?)
-    } else {
-        None
-    };
+    let map = map_file(path, &file, len)?;
     if let Some(m) = &map {
         safetensors::SafeTensors::read_metadata(m).map_err(|e| {
             bad(
@@ -568,4 +603,37 @@ fn open_shard(path: &Path, index: usize) -> Result<(Shard, Vec<TensorInfo>)> {
 fn read_exact_at(file: &File, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
     use std::os::unix::fs::FileExt;
     file.read_exact_at(buf, offset)
+}
+
+/// Map `file` (of `len` bytes) read-only; None for an empty file.
+fn map_file(path: &Path, file: &File, len: u64) -> Result<Option<Mmap>> {
+    Ok(if len > 0 {
+        // SAFETY: the mapping is read-only. Another process may still change the
+        // file while it is mapped: rewritten bytes change what we copy (the
+        // loader and reload compare `identity` before reading, see
+        // `check_unchanged`), and pages past a truncated end raise SIGBUS when
+        // touched. So every read through the mapping follows a
+        // `check_unchanged` of this shard (load and every Reload replay); a
+        // truncation racing that read itself is not caught. Headers are parsed
+        // from the mapping (GGUF) or checked through it (safetensors) right
+        // after it is made, as bounded reads of bytes that may change.
+        Some(unsafe { Mmap::map(file) }.map_err(|e| Error::io(path, e))?)
+    } else {
+        None
+    })
+}
+
+/// Open and map one file as a shard, without reading its header (for
+/// formats that parse their header from the mapping).
+pub(super) fn map_shard(path: &Path) -> Result<Shard> {
+    let (file, _) = open_regular(path)?;
+    let identity = FileIdentity::of(&file).map_err(|e| Error::io(path, e))?;
+    let map = map_file(path, &file, identity.len)?;
+    Ok(Shard {
+        path: path.to_path_buf(),
+        file,
+        map,
+        len: identity.len,
+        identity,
+    })
 }
