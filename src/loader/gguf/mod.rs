@@ -29,7 +29,7 @@ pub use header::{
 };
 pub use split::{SplitPlace, KEY_COUNT, KEY_NO, KEY_TENSORS, MAX_SPLITS};
 pub use types::GgmlType;
-pub use value::{Array, Metadata, Value, ValueType};
+pub use value::{Array, Metadata, Value, ValueRef, ValueType};
 
 use super::checkpoint::{Shard, TensorInfo};
 use crate::error::{Error, Result};
@@ -186,4 +186,11 @@ fn open_file(path: &Path) -> Result<(Shard, Header)> {
     let header =
         parse_header(bytes).map_err(|e| Error::checkpoint(path, e.tensor.as_deref(), e.reason))?;
     Ok((shard, header))
+}
+
+/// The metadata of the checkpoint at `path`: a GGUF checkpoint's (its first
+/// file's), or none for safetensors. Opens and validates the whole checkpoint.
+pub fn open_metadata(path: impl AsRef<Path>) -> Result<Metadata> {
+    let c = super::Checkpoint::open(path)?;
+    Ok(c.gguf().map(|g| g.metadata().clone()).unwrap_or_default())
 }

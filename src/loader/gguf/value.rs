@@ -339,3 +339,111 @@ impl Metadata {
         self.entries.is_empty()
     }
 }
+
+/// A value somewhere in the metadata: a key's own value, or element `i` of
+/// an array (arrays are packed, so an element is its array and an index).
+#[derive(Debug, Clone, Copy)]
+pub enum ValueRef<'a> {
+    /// A key's value.
+    Value(&'a Value),
+    /// Element `.1` of an array (always in range).
+    Elem(&'a Array, usize),
+}
+
+impl<'a> ValueRef<'a> {
+    /// The value's type.
+    pub fn value_type(self) -> ValueType {
+        match self {
+            ValueRef::Value(v) => v.value_type(),
+            ValueRef::Elem(a, _) => a.elem_type(),
+        }
+    }
+
+    /// The array, when the value is one.
+    pub fn array(self) -> Option<&'a Array> {
+        match self {
+            ValueRef::Value(Value::Array(a)) => Some(a),
+            ValueRef::Elem(Array::Array(v), i) => v.get(i),
+            _ => None,
+        }
+    }
+
+    /// The string, when the value is one.
+    pub fn as_str(self) -> Option<&'a str> {
+        match self {
+            ValueRef::Value(Value::String(s)) => Some(s),
+            ValueRef::Elem(Array::String(v), i) => v.get(i).map(String::as_str),
+            _ => None,
+        }
+    }
+
+    /// A number or bool, copied (None for strings and arrays).
+    pub fn scalar(self) -> Option<Value> {
+        match self {
+            ValueRef::Value(Value::String(_) | Value::Array(_)) => None,
+            ValueRef::Value(v) => Some(v.clone()),
+            ValueRef::Elem(Array::String(_) | Array::Array(_), _) => None,
+            ValueRef::Elem(a, i) => a.get(i),
+        }
+    }
+
+    /// An integer of any integer type that fits in u64.
+    pub fn as_u64(self) -> Option<u64> {
+        self.scalar()?.as_int().and_then(|i| u64::try_from(i).ok())
+    }
+
+    /// An integer of any integer type that fits in i64.
+    pub fn as_i64(self) -> Option<i64> {
+        self.scalar()?.as_int().and_then(|i| i64::try_from(i).ok())
+    }
+
+    /// A float32 or float64, as f64.
+    pub fn as_f64(self) -> Option<f64> {
+        self.scalar()?.as_float()
+    }
+
+    /// A bool.
+    pub fn as_bool(self) -> Option<bool> {
+        match self.scalar()? {
+            Value::Bool(b) => Some(b),
+            _ => None,
+        }
+    }
+}
+
+impl Metadata {
+    /// The index of `key`.
+    pub fn position(&self, key: &str) -> Option<usize> {
+        self.entries.iter().position(|(k, _)| k == key)
+    }
+
+    /// The value of entry `index`, then of element `path[0]` of that array,
+    /// and so on into nested arrays. Errors say which step is out of range.
+    pub fn at(&self, index: usize, path: &[usize]) -> std::result::Result<ValueRef<'_>, String> {
+        let (key, v) = self.entries.get(index).ok_or_else(|| {
+            format!(
+                "metadata index {index} is not below the count {}",
+                self.entries.len()
+            )
+        })?;
+        let mut r = ValueRef::Value(v);
+        for (depth, &i) in path.iter().enumerate() {
+            let a = r.array().ok_or_else(|| {
+                format!(
+                    "metadata key `{}`: the value at depth {depth} is a {}, not an array",
+                    key.escape_debug(),
+                    r.value_type()
+                )
+            })?;
+            if i >= a.len() {
+                return Err(format!(
+                    "metadata key `{}`: index {i} at depth {depth} is not below the array length {}",
+                    key.escape_debug(),
+                    a.len()
+                ));
+            }
+            r = ValueRef::Elem(a, i);
+        }
+        Ok(r)
+    }
+}
