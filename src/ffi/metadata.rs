@@ -50,18 +50,6 @@ pub struct vmmw_metadata_t {
     pub(crate) meta: Metadata,
 }
 
-#[cfg(test)]
-mod tests {
-    use crate::loader::gguf::ValueType;
-
-    #[test]
-    fn value_type_constants_are_gguf_numbers() {
-        assert_eq!(super::VMMW_METADATA_ARRAY, ValueType::Array as u32);
-        assert_eq!(super::VMMW_METADATA_FLOAT64, ValueType::F64 as u32);
-        assert_eq!(super::VMMW_METADATA_BOOL, ValueType::Bool as u32);
-    }
-}
-
 /// Open the checkpoint at `path` (any format `vmmw_loader_open` accepts) and
 /// keep its metadata: a GGUF file's key/value pairs (the first part's, for a
 /// split), none for safetensors. The checkpoint is validated as a load would
@@ -426,4 +414,16 @@ fn wrong(key: &str, v: ValueRef<'_>, want: &str) -> Error {
             ValueRef::Elem(a, i) => a.get(i).map_or_else(String::new, |x| x.to_string()),
         }
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::loader::gguf::ValueType;
+
+    #[test]
+    fn value_type_constants_are_gguf_numbers() {
+        assert_eq!(super::VMMW_METADATA_ARRAY, ValueType::Array as u32);
+        assert_eq!(super::VMMW_METADATA_FLOAT64, ValueType::F64 as u32);
+        assert_eq!(super::VMMW_METADATA_BOOL, ValueType::Bool as u32);
+    }
 }
