@@ -196,7 +196,8 @@ impl Manifest {
                     t.offset
                 ));
             }
-            if t.offset % t.dtype.size() as u64 != 0 {
+            // Quantized blocks are raw bytes (sizes such as 34): no element alignment.
+            if !t.dtype.is_quantized() && t.offset % t.dtype.size() as u64 != 0 {
                 return Err(format!(
                     "tensor `{}`: offset {} is not aligned to its element (or block) size {}",
                     printable(&t.name),

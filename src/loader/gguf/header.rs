@@ -89,6 +89,8 @@ fn err<T>(reason: impl Into<String>) -> Res<T> {
 struct Cursor<'a> {
     buf: &'a [u8],
     pos: usize,
+    /// The file is longer than `buf` (the header limit cut it).
+    capped: bool,
 }
 
 impl<'a> Cursor<'a> {
@@ -98,8 +100,13 @@ impl<'a> Cursor<'a> {
 
     fn take(&mut self, n: u64, what: &str) -> Res<&'a [u8]> {
         if n > self.left() {
+            let why = if self.capped {
+                format!("the header would run past the {MAX_HEADER}-byte limit")
+            } else {
+                "the file is truncated".to_owned()
+            };
             return err(format!(
-                "{what} needs {n} bytes at offset {} but the header has {} left (truncated?)",
+                "{what} needs {n} bytes at offset {} but {} are left: {why}",
                 self.pos,
                 self.left()
             ));
@@ -233,7 +240,11 @@ impl<'a> Cursor<'a> {
 pub fn parse(file: &[u8]) -> Res<Header> {
     let file_len = file.len() as u64;
     let head = &file[..file.len().min(MAX_HEADER as usize)];
-    let mut c = Cursor { buf: head, pos: 0 };
+    let mut c = Cursor {
+        buf: head,
+        pos: 0,
+        capped: head.len() < file.len(),
+    };
     let magic: [u8; 4] = c.array("magic")?;
     if magic != MAGIC {
         return err(format!(
