@@ -12,21 +12,21 @@ import (
 // MetadataType is a GGUF metadata value type (GGUF's own numbers).
 type MetadataType uint32
 
-// Metadata value types.
+// Metadata value types (the C header's VMMW_METADATA_*; constants_test.go checks they agree).
 const (
-	MetadataUint8   MetadataType = C.VMMW_METADATA_UINT8
-	MetadataInt8    MetadataType = C.VMMW_METADATA_INT8
-	MetadataUint16  MetadataType = C.VMMW_METADATA_UINT16
-	MetadataInt16   MetadataType = C.VMMW_METADATA_INT16
-	MetadataUint32  MetadataType = C.VMMW_METADATA_UINT32
-	MetadataInt32   MetadataType = C.VMMW_METADATA_INT32
-	MetadataFloat32 MetadataType = C.VMMW_METADATA_FLOAT32
-	MetadataBool    MetadataType = C.VMMW_METADATA_BOOL
-	MetadataString  MetadataType = C.VMMW_METADATA_STRING
-	MetadataArray   MetadataType = C.VMMW_METADATA_ARRAY
-	MetadataUint64  MetadataType = C.VMMW_METADATA_UINT64
-	MetadataInt64   MetadataType = C.VMMW_METADATA_INT64
-	MetadataFloat64 MetadataType = C.VMMW_METADATA_FLOAT64
+	MetadataUint8   MetadataType = 0
+	MetadataInt8    MetadataType = 1
+	MetadataUint16  MetadataType = 2
+	MetadataInt16   MetadataType = 3
+	MetadataUint32  MetadataType = 4
+	MetadataInt32   MetadataType = 5
+	MetadataFloat32 MetadataType = 6
+	MetadataBool    MetadataType = 7
+	MetadataString  MetadataType = 8
+	MetadataArray   MetadataType = 9
+	MetadataUint64  MetadataType = 10
+	MetadataInt64   MetadataType = 11
+	MetadataFloat64 MetadataType = 12
 )
 
 // Metadata is a checkpoint's metadata (GGUF's typed key/value pairs; none
