@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import pytest
 
-gguf = pytest.importorskip("gguf")
-np = pytest.importorskip("numpy")
+import gguf  # pinned by scripts/test.d/70-python.sh
+import numpy as np
 
-import vmmweights as vw  # noqa: E402
+import vmmweights as vw
 
 Q = gguf.GGMLQuantizationType
 RNG = np.random.default_rng(7)
