@@ -16,6 +16,7 @@ use super::error::vmmw_error_t;
 use super::status::vmmw_status_t;
 use crate::error::{Error, Result};
 use crate::loader::gguf::{self, GgmlType, Metadata, ValueRef};
+use crate::loader::Checkpoint;
 
 /// Value type `uint8` (GGUF's numbering, as `vmmw_metadata_type` reports it).
 pub const VMMW_METADATA_UINT8: u32 = 0;
@@ -74,7 +75,7 @@ pub unsafe extern "C" fn vmmw_metadata_open(
         // SAFETY: forwarded contract.
         let path = unsafe { str_arg(path, "path") }?;
         Ok(into_handle(vmmw_metadata_t {
-            meta: gguf::open_metadata(path)?,
+            meta: Checkpoint::read_metadata(path)?,
         }))
     })
 }

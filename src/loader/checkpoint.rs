@@ -25,10 +25,11 @@ use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
 use std::path::{Component, Path, PathBuf};
 
-use memmap2::Mmap;
-
 use super::dtype::Dtype;
-use super::gguf::{self, GgufInfo};
+use super::gguf::{self, GgufInfo, Metadata};
+use super::shard::{map_file, open_regular};
+pub use super::shard::{FileIdentity, Shard};
+pub use super::tensor::TensorInfo;
 use crate::error::{Error, Result};
 
 /// The index file name Hugging Face uses for sharded checkpoints.
@@ -47,36 +48,6 @@ const SAFETENSORS_NAMES: &str =
 /// Most dimensions a tensor may have.
 pub const MAX_DIMS: usize = 64;
 
-/// One tensor of a checkpoint: where its bytes are and what they are.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TensorInfo {
-    /// The tensor's name in the checkpoint.
-    pub name: String,
-    /// Index into [`Checkpoint::shards`].
-    pub shard: usize,
-    /// Element type.
-    pub dtype: Dtype,
-    /// Shape (row-major: the last dimension is the fastest; for GGUF
-    /// tensors, the file's `ne` reversed).
-    pub shape: Vec<usize>,
-    /// Absolute byte offset of the first element in the shard file.
-    pub offset: u64,
-    /// Bytes of data.
-    pub len: u64,
-}
-
-impl TensorInfo {
-    /// Number of elements.
-    pub fn numel(&self) -> usize {
-        self.shape.iter().product()
-    }
-
-    /// The dimensions in ggml's order (`ne[0]` the fastest): the shape reversed.
-    pub fn ggml_ne(&self) -> Vec<usize> {
-        self.shape.iter().rev().copied().collect()
-    }
-}
-
 /// Which format a checkpoint's files are in, with what the format adds.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub enum Format {
@@ -85,82 +56,6 @@ pub enum Format {
     Safetensors,
     /// GGUF: one file or a split, with its metadata.
     Gguf(GgufInfo),
-}
-
-/// What identifies a file's contents without reading them: device, inode,
-/// size and modification time, recorded when a shard is opened.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct FileIdentity {
-    /// Device of the file system.
-    pub dev: u64,
-    /// Inode number.
-    pub ino: u64,
-    /// Size in bytes.
-    pub len: u64,
-    /// Modification time, nanoseconds since the epoch.
-    pub mtime_ns: i128,
-}
-
-impl FileIdentity {
-    /// The identity of an open file, from `fstat`.
-    pub fn of(file: &File) -> std::io::Result<FileIdentity> {
-        use std::os::unix::fs::MetadataExt;
-        let m = file.metadata()?;
-        Ok(FileIdentity {
-            dev: m.dev(),
-            ino: m.ino(),
-            len: m.len(),
-            mtime_ns: m.mtime() as i128 * 1_000_000_000 + m.mtime_nsec() as i128,
-        })
-    }
-}
-
-/// One open, mapped shard file.
-#[derive(Debug)]
-pub struct Shard {
-    /// The path as resolved inside the checkpoint (symlinks not followed in the name).
-    pub path: PathBuf,
-    /// The open file (used for positional reads when the data is not page-cached).
-    pub file: File,
-    /// A read-only mapping of the whole file (None for an empty file).
-    pub map: Option<Mmap>,
-    /// File size in bytes.
-    pub len: u64,
-    /// Identity, size and modification time when opened.
-    pub identity: FileIdentity,
-}
-
-impl Shard {
-    /// Check, without reading data, that the open file is still what was
-    /// opened: same device, inode, size and modification time. A file
-    /// truncated or rewritten in place since fails with
-    /// `Error::Checkpoint` naming it; nothing is read. (A file replaced by
-    /// rename is not a change here: this shard keeps the old file open and
-    /// mapped, whose bytes are still those that were loaded.)
-    pub fn check_unchanged(&self) -> Result<()> {
-        let now = FileIdentity::of(&self.file).map_err(|e| Error::io(&self.path, e))?;
-        if now == self.identity {
-            return Ok(());
-        }
-        let was = self.identity;
-        Err(Error::checkpoint(
-            &self.path,
-            None,
-            format!(
-                "the file changed since it was opened for loading (size {} -> {} bytes, mtime {} -> {} ns, inode {} -> {}): its bytes may no longer be those loaded, so nothing is read from it; load the new file again (a tag asleep with Reload stays asleep: forget its reload sources, wake it, then load)",
-                was.len, now.len, was.mtime_ns, now.mtime_ns, was.ino, now.ino
-            ),
-        ))
-    }
-
-    /// Address of byte `offset` of the mapping.
-    pub fn ptr(&self, offset: u64) -> *const u8 {
-        match &self.map {
-            // `offset <= len` is guaranteed by validation for every tensor range.
-            Some(m) => m.as_ptr().wrapping_add(offset as usize),
-            None => std::ptr::null(),
-        }
-    }
 }
 
 /// An opened, validated checkpoint.
@@ -302,6 +197,14 @@ impl Checkpoint {
         })
     }
 
+    /// The metadata of the checkpoint at `path`: a GGUF checkpoint's (its
+    /// first file's), empty for safetensors. Opens and validates the whole
+    /// checkpoint.
+    pub fn read_metadata(path: impl AsRef<Path>) -> Result<Metadata> {
+        let c = Checkpoint::open(path)?;
+        Ok(c.gguf().map(|g| g.metadata().clone()).unwrap_or_default())
+    }
+
     /// A GGUF checkpoint's metadata (None for safetensors).
     pub fn gguf(&self) -> Option<&GgufInfo> {
         match &self.format {
@@ -365,38 +268,6 @@ fn resolve_inside(root: &Path, index_path: &Path, name: &str) -> Result<PathBuf>
 
 fn bad(path: &Path, tensor: Option<&str>, reason: String) -> Error {
     Error::checkpoint(path, tensor, reason)
-}
-
-/// Open `path` for reading only if it is a regular file (symlinks followed).
-/// The open is non-blocking, so a FIFO is refused instead of waiting for a writer.
-pub(super) fn open_regular(path: &Path) -> Result<(File, std::fs::Metadata)> {
-    use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
-        .open(path)
-        .map_err(|e| Error::io(path, e))?;
-    let meta = file.metadata().map_err(|e| Error::io(path, e))?;
-    let ft = meta.file_type();
-    if !ft.is_file() {
-        let kind = if ft.is_dir() {
-            "a directory"
-        } else if ft.is_fifo() {
-            "a FIFO"
-        } else if ft.is_char_device() || ft.is_block_device() {
-            "a device"
-        } else if ft.is_socket() {
-            "a socket"
-        } else {
-            "not a regular file"
-        };
-        return Err(bad(
-            path,
-            None,
-            format!("is {kind}; checkpoint files must be regular files"),
-        ));
-    }
-    Ok((file, meta))
 }
 
 /// Read an index file: a regular file of at most [`MAX_INDEX`] bytes.
@@ -603,37 +474,4 @@ fn open_shard(path: &Path, index: usize) -> Result<(Shard, Vec<TensorInfo>)> {
 fn read_exact_at(file: &File, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
     use std::os::unix::fs::FileExt;
     file.read_exact_at(buf, offset)
-}
-
-/// Map `file` (of `len` bytes) read-only; None for an empty file.
-fn map_file(path: &Path, file: &File, len: u64) -> Result<Option<Mmap>> {
-    Ok(if len > 0 {
-        // SAFETY: the mapping is read-only. Another process may still change the
-        // file while it is mapped: rewritten bytes change what we copy (the
-        // loader and reload compare `identity` before reading, see
-        // `check_unchanged`), and pages past a truncated end raise SIGBUS when
-        // touched. So every read through the mapping follows a
-        // `check_unchanged` of this shard (load and every Reload replay); a
-        // truncation racing that read itself is not caught. Headers are parsed
-        // from the mapping (GGUF) or checked through it (safetensors) right
-        // after it is made, as bounded reads of bytes that may change.
-        Some(unsafe { Mmap::map(file) }.map_err(|e| Error::io(path, e))?)
-    } else {
-        None
-    })
-}
-
-/// Open and map one file as a shard, without reading its header (for
-/// formats that parse their header from the mapping).
-pub(super) fn map_shard(path: &Path) -> Result<Shard> {
-    let (file, _) = open_regular(path)?;
-    let identity = FileIdentity::of(&file).map_err(|e| Error::io(path, e))?;
-    let map = map_file(path, &file, identity.len)?;
-    Ok(Shard {
-        path: path.to_path_buf(),
-        file,
-        map,
-        len: identity.len,
-        identity,
-    })
 }

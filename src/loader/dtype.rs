@@ -9,7 +9,7 @@
 
 use std::fmt;
 
-use super::gguf::GgmlType;
+use super::ggml_type::GgmlType;
 use crate::driver::ConvertType;
 
 /// An element type as named in a safetensors header ("BF16", "F32", ...), or
@@ -87,6 +87,38 @@ impl Dtype {
             Dtype::Ggml(q) => q.block(),
             _ => 1,
         }
+    }
+
+    /// The element type of tensors of ggml type `t`: the safetensors type of
+    /// the same bits for the plain types, [`Dtype::Ggml`] otherwise.
+    pub fn from_ggml(t: GgmlType) -> Dtype {
+        match t {
+            GgmlType::F32 => Dtype::F32,
+            GgmlType::F16 => Dtype::F16,
+            GgmlType::BF16 => Dtype::Bf16,
+            GgmlType::F64 => Dtype::F64,
+            GgmlType::I8 => Dtype::I8,
+            GgmlType::I16 => Dtype::I16,
+            GgmlType::I32 => Dtype::I32,
+            GgmlType::I64 => Dtype::I64,
+            q => Dtype::Ggml(q),
+        }
+    }
+
+    /// The ggml type of this element type, where ggml has one.
+    pub fn ggml(self) -> Option<GgmlType> {
+        Some(match self {
+            Dtype::F32 => GgmlType::F32,
+            Dtype::F16 => GgmlType::F16,
+            Dtype::Bf16 => GgmlType::BF16,
+            Dtype::F64 => GgmlType::F64,
+            Dtype::I8 => GgmlType::I8,
+            Dtype::I16 => GgmlType::I16,
+            Dtype::I32 => GgmlType::I32,
+            Dtype::I64 => GgmlType::I64,
+            Dtype::Ggml(q) => q,
+            _ => return None,
+        })
     }
 
     /// True for ggml block-quantized types.
@@ -230,6 +262,9 @@ mod tests {
         assert_eq!(q.bytes(&[3, 48]), None);
         assert_eq!(q.bytes(&[]), None);
         assert_eq!(Dtype::F32.bytes(&[]), Some(4));
+        for &t in GgmlType::ALL {
+            assert_eq!(Dtype::from_ggml(t).ggml(), Some(t));
+        }
         assert_eq!(Dtype::Bf16.size(), 2);
         assert_eq!(Dtype::F64.size(), 8);
     }

@@ -27,6 +27,7 @@ mod checksum;
 pub mod copy;
 pub mod dtype;
 pub mod executed;
+pub mod ggml_type;
 pub mod gguf;
 mod into_pool;
 pub mod plan;
@@ -34,6 +35,8 @@ mod read_error;
 pub mod registry;
 pub mod rules;
 pub mod session;
+pub mod shard;
+pub mod tensor;
 
 use std::sync::Arc;
 

@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 
 use serde_json::{json, Value};
-use vmmweights::loader::gguf::{GgmlType, Value as GgufValue};
+use vmmweights::loader::gguf::Value as GgufValue;
 use vmmweights::loader::{Checkpoint, DestSpec, Dtype, Plan, Rules, Tp};
 use vmmweights::Error;
 
@@ -189,7 +189,7 @@ pub fn run(a: Args) -> CliResult<Value> {
     if a.tensors {
         let gguf = ckpt.gguf().is_some();
         for t in ckpt.tensors.values() {
-            let ggml = match GgmlType::of_dtype(t.dtype).filter(|_| gguf) {
+            let ggml = match t.dtype.ggml().filter(|_| gguf) {
                 Some(g) => format!(" (ggml type {}, ne {:?})", g.id(), t.ggml_ne()),
                 None => String::new(),
             };
@@ -233,7 +233,7 @@ pub fn run(a: Args) -> CliResult<Value> {
             .map(|t| {
                 let mut j = json!({"name": t.name, "dtype": t.dtype.name(), "shape": t.shape,
                        "shard": t.shard, "offset": t.offset, "bytes": t.len});
-                if let Some(g) = GgmlType::of_dtype(t.dtype).filter(|_| ckpt.gguf().is_some()) {
+                if let Some(g) = t.dtype.ggml().filter(|_| ckpt.gguf().is_some()) {
                     j["ggml_type"] = json!(g.id());
                     j["ne"] = json!(t.ggml_ne());
                 }

@@ -9,7 +9,8 @@
 
 use std::collections::HashSet;
 
-use super::types::GgmlType;
+use super::super::dtype::Dtype;
+use super::super::ggml_type::GgmlType;
 use super::value::{Array, Metadata, Value, ValueType};
 
 /// "GGUF" at byte level.
@@ -331,7 +332,7 @@ pub fn parse(file: &[u8]) -> Res<Header> {
             )));
         }
         let shape: Vec<u64> = ne.iter().rev().copied().collect();
-        let len = ty.dtype().bytes(&shape).ok_or_else(|| {
+        let len = Dtype::from_ggml(ty).bytes(&shape).ok_or_else(|| {
             at(format!(
                 "dimensions {ne:?} of {ty}: the byte size overflows"
             ))

@@ -17,21 +17,22 @@
 
 mod header;
 mod split;
-mod types;
 mod value;
 
 use std::collections::BTreeMap;
 use std::path::Path;
 
+pub use super::ggml_type::GgmlType;
 pub use header::{
     parse as parse_header, Header, HeaderError, RawTensor, DEFAULT_ALIGNMENT, MAGIC, MAX_DEPTH,
     MAX_DIMS, MAX_HEADER, MAX_KEY, MAX_NAME, MAX_STRING,
 };
 pub use split::{SplitPlace, KEY_COUNT, KEY_NO, KEY_TENSORS, MAX_SPLITS};
-pub use types::GgmlType;
 pub use value::{Array, Metadata, Value, ValueRef, ValueType};
 
-use super::checkpoint::{Shard, TensorInfo};
+use super::dtype::Dtype;
+use super::shard::{map_shard, open_regular, Shard};
+use super::tensor::TensorInfo;
 use crate::error::{Error, Result};
 
 /// What a GGUF checkpoint's files say besides their tensors.
@@ -66,7 +67,7 @@ impl GgufInfo {
 pub fn sniff(path: &Path) -> bool {
     use std::os::unix::fs::FileExt;
     let mut magic = [0u8; 4];
-    super::checkpoint::open_regular(path)
+    open_regular(path)
         .ok()
         .is_some_and(|(f, _)| f.read_exact_at(&mut magic, 0).is_ok() && magic == MAGIC)
 }
@@ -169,7 +170,7 @@ fn add_tensors(
             TensorInfo {
                 name: t.name.clone(),
                 shard,
-                dtype: t.ty.dtype(),
+                dtype: Dtype::from_ggml(t.ty),
                 shape: t.ne.iter().rev().map(|&d| d as usize).collect(),
                 offset: t.offset,
                 len: t.len,
@@ -181,16 +182,9 @@ fn add_tensors(
 
 /// Open, map and validate one GGUF file.
 fn open_file(path: &Path) -> Result<(Shard, Header)> {
-    let shard = super::checkpoint::map_shard(path)?;
+    let shard = map_shard(path)?;
     let bytes: &[u8] = shard.map.as_deref().unwrap_or(&[]);
     let header =
         parse_header(bytes).map_err(|e| Error::checkpoint(path, e.tensor.as_deref(), e.reason))?;
     Ok((shard, header))
-}
-
-/// The metadata of the checkpoint at `path`: a GGUF checkpoint's (its first
-/// file's), or none for safetensors. Opens and validates the whole checkpoint.
-pub fn open_metadata(path: impl AsRef<Path>) -> Result<Metadata> {
-    let c = super::Checkpoint::open(path)?;
-    Ok(c.gguf().map(|g| g.metadata().clone()).unwrap_or_default())
 }

@@ -6,8 +6,6 @@
 
 use std::fmt;
 
-use super::super::dtype::Dtype;
-
 macro_rules! ggml_types {
     ($($(#[$doc:meta])* $variant:ident = $id:literal, $name:literal, $block:expr, $size:expr;)*) => {
         /// A ggml tensor type.
@@ -151,38 +149,6 @@ impl GgmlType {
         self.block() > 1
     }
 
-    /// The loader's element type for tensors of this type: the safetensors
-    /// type of the same bits for the plain types, [`Dtype::Ggml`] otherwise.
-    pub fn dtype(self) -> Dtype {
-        match self {
-            GgmlType::F32 => Dtype::F32,
-            GgmlType::F16 => Dtype::F16,
-            GgmlType::BF16 => Dtype::Bf16,
-            GgmlType::F64 => Dtype::F64,
-            GgmlType::I8 => Dtype::I8,
-            GgmlType::I16 => Dtype::I16,
-            GgmlType::I32 => Dtype::I32,
-            GgmlType::I64 => Dtype::I64,
-            q => Dtype::Ggml(q),
-        }
-    }
-
-    /// The ggml type of a loader element type, where ggml has one.
-    pub fn of_dtype(d: Dtype) -> Option<GgmlType> {
-        Some(match d {
-            Dtype::F32 => GgmlType::F32,
-            Dtype::F16 => GgmlType::F16,
-            Dtype::Bf16 => GgmlType::BF16,
-            Dtype::F64 => GgmlType::F64,
-            Dtype::I8 => GgmlType::I8,
-            Dtype::I16 => GgmlType::I16,
-            Dtype::I32 => GgmlType::I32,
-            Dtype::I64 => GgmlType::I64,
-            Dtype::Ggml(q) => q,
-            _ => return None,
-        })
-    }
-
     /// Why number `id` is refused, for error messages.
     pub fn refusal(id: u32) -> String {
         let retired = match id {
@@ -236,7 +202,6 @@ mod tests {
         for t in GgmlType::ALL {
             assert_eq!(GgmlType::from_id(t.id()), Some(*t));
             assert_eq!(GgmlType::parse(t.name()), Some(*t));
-            assert_eq!(GgmlType::of_dtype(t.dtype()), Some(*t));
         }
         for id in [4, 5, 31, 32, 33, 36, 37, 38, 43, u32::MAX] {
             assert_eq!(GgmlType::from_id(id), None);
