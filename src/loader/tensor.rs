@@ -8,7 +8,7 @@ use super::dtype::Dtype;
 pub struct TensorInfo {
     /// The tensor's name in the checkpoint.
     pub name: String,
-    /// Index into [`Checkpoint::shards`].
+    /// Index into [`Checkpoint::shards`](super::Checkpoint::shards).
     pub shard: usize,
     /// Element type.
     pub dtype: Dtype,

@@ -5,15 +5,15 @@
 //! [`Checkpoint::open`](super::Checkpoint::open) picks this format by the
 //! file's first four bytes ("GGUF"), never by its name. Tensors keep their
 //! ggml type: plain types (F32, F16, BF16, I8..I64, F64) become the matching
-//! [`Dtype`](super::Dtype), block-quantized ones [`Dtype::Ggml`](super::Dtype::Ggml),
+//! [`Dtype`], block-quantized ones [`Dtype::Ggml`],
 //! and every tensor is copied as the file's raw bytes.
 //!
 //! Shapes: GGUF lists dimensions fastest first (`ne[0]` is the row length).
-//! The loader's [`TensorInfo::shape`](super::TensorInfo::shape) is row-major
+//! The loader's [`TensorInfo::shape`] is row-major
 //! like safetensors', so it is `ne` reversed: a weight of `ne = [4096,
 //! 11008]` has shape `[11008, 4096]`, dim 0 is its rows and a row slice
 //! (tensor parallelism along dim 0) cuts whole rows, hence whole blocks.
-//! [`TensorInfo::ggml_ne`](super::TensorInfo::ggml_ne) gives the file's order back.
+//! [`TensorInfo::ggml_ne`] gives the file's order back.
 
 mod header;
 mod split;
