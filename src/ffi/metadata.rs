@@ -419,7 +419,90 @@ fn wrong(key: &str, v: ValueRef<'_>, want: &str) -> Error {
 
 #[cfg(test)]
 mod tests {
-    use crate::loader::gguf::ValueType;
+    use super::*;
+    use crate::error::Status;
+    use crate::loader::gguf::{Array, Value, ValueType};
+
+    fn handle() -> *mut vmmw_metadata_t {
+        let meta = Metadata {
+            entries: vec![
+                ("name".into(), Value::String("llama".into())),
+                ("n".into(), Value::I16(-3)),
+                (
+                    "nested".into(),
+                    Value::Array(Array::Array(vec![
+                        Array::U8(vec![1, 2]),
+                        Array::String(vec!["x".into()]),
+                    ])),
+                ),
+            ],
+        };
+        into_handle(vmmw_metadata_t { meta })
+    }
+
+    #[test]
+    fn getters_follow_paths_and_refuse_what_does_not_fit() {
+        let m = handle();
+        let mut buf = [0 as c_char; 8];
+        let mut needed = 0usize;
+        // SAFETY: `m` is live until freed below; every out-pointer is a local.
+        unsafe {
+            let (mut t, mut et, mut len) = (0u32, 0u32, 0usize);
+            let err = std::ptr::null_mut();
+            assert_eq!(
+                vmmw_metadata_type(m, 2, std::ptr::null(), 0, &mut t, &mut et, &mut len, err),
+                0
+            );
+            assert_eq!((t, et, len), (VMMW_METADATA_ARRAY, VMMW_METADATA_ARRAY, 2));
+            let path = [1usize, 0];
+            assert_eq!(
+                vmmw_metadata_string(
+                    m,
+                    2,
+                    path.as_ptr(),
+                    2,
+                    buf.as_mut_ptr(),
+                    8,
+                    &mut needed,
+                    err
+                ),
+                0
+            );
+            assert_eq!((buf[0] as u8, buf[1], needed), (b'x', 0, 2));
+            let mut u = 0u64;
+            let path = [0usize, 1];
+            assert_eq!(vmmw_metadata_u64(m, 2, path.as_ptr(), 2, &mut u, err), 0);
+            assert_eq!(u, 2);
+            let mut i = 0i64;
+            assert_eq!(vmmw_metadata_i64(m, 1, std::ptr::null(), 0, &mut i, err), 0);
+            assert_eq!(i, -3);
+            u = 7;
+            assert_eq!(
+                vmmw_metadata_u64(m, 1, std::ptr::null(), 0, &mut u, err),
+                Status::InvalidArgument as i32
+            );
+            assert_eq!(u, 7, "nothing written on failure");
+            let past = [0usize, 2];
+            assert_eq!(
+                vmmw_metadata_u64(m, 2, past.as_ptr(), 2, &mut u, err),
+                Status::InvalidArgument as i32
+            );
+            assert_eq!(
+                vmmw_metadata_u64(m, 2, std::ptr::null(), 1, &mut u, err),
+                Status::NullArgument as i32
+            );
+            assert_eq!(
+                vmmw_metadata_key(m, 0, buf.as_mut_ptr(), 3, &mut needed, err),
+                Status::BufferTooSmall as i32
+            );
+            assert_eq!(needed, 5);
+            let mut n = 0usize;
+            assert_eq!(vmmw_metadata_count(m, &mut n, err), 0);
+            assert_eq!(n, 3);
+            vmmw_metadata_free(m);
+            vmmw_metadata_free(std::ptr::null_mut());
+        }
+    }
 
     #[test]
     fn value_type_constants_are_gguf_numbers() {

@@ -397,3 +397,53 @@ pub fn parse(file: &[u8]) -> Res<Header> {
         data_start,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn s(out: &mut Vec<u8>, v: &str) {
+        out.extend((v.len() as u64).to_le_bytes());
+        out.extend(v.as_bytes());
+    }
+
+    /// A v3 file: one u32 pair, one Q8_0 tensor of ne [32, 2] at offset 0.
+    fn file() -> Vec<u8> {
+        let mut b = b"GGUF".to_vec();
+        b.extend(3u32.to_le_bytes());
+        b.extend(1u64.to_le_bytes());
+        b.extend(1u64.to_le_bytes());
+        s(&mut b, "k");
+        b.extend(4u32.to_le_bytes());
+        b.extend(9u32.to_le_bytes());
+        s(&mut b, "w");
+        b.extend(2u32.to_le_bytes());
+        b.extend(32u64.to_le_bytes());
+        b.extend(2u64.to_le_bytes());
+        b.extend(8u32.to_le_bytes());
+        b.extend(0u64.to_le_bytes());
+        b.resize(b.len().div_ceil(32) * 32, 0);
+        b.extend([7u8; 68]);
+        b
+    }
+
+    #[test]
+    fn parses_offsets_from_the_aligned_data_start() {
+        let b = file();
+        let h = parse(&b).unwrap();
+        assert_eq!(h.metadata.get("k"), Some(&Value::U32(9)));
+        assert_eq!(h.data_start, (b.len() - 68) as u64);
+        assert_eq!(h.tensors[0].offset, h.data_start);
+        assert_eq!(h.tensors[0].len, 68);
+        assert_eq!(h.tensors[0].ne, vec![32, 2]);
+    }
+
+    #[test]
+    fn every_prefix_is_refused_without_panicking() {
+        let b = file();
+        for n in 0..b.len() {
+            let e = parse(&b[..n]).unwrap_err();
+            assert!(!e.reason.is_empty());
+        }
+    }
+}
