@@ -442,6 +442,11 @@ fn hostile_gguf_headers_are_refused_and_nothing_is_written() {
         &["tensor count"],
     );
     hostile(
+        "tensor count under the limit but over what the header can hold",
+        &with(&|f| f.n_tensors = Some(1 << 19)),
+        &["tensor count is 524288", "bytes are left"],
+    );
+    hostile(
         "huge key count",
         &with(&|f| f.n_kv = Some(1 << 40)),
         &["metadata key count"],
