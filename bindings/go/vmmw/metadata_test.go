@@ -2,6 +2,7 @@ package vmmw
 
 import (
 	"bytes"
+	"context"
 	"encoding/binary"
 	"os"
 	"path/filepath"
@@ -83,5 +84,55 @@ func TestMetadataReadsEveryPairAndNestedArrays(t *testing.T) {
 	m.Close()
 	if _, err := m.Len(); err == nil {
 		t.Fatal("a closed Metadata answered")
+	}
+}
+
+// A GGUF file loads through the same Loader: a Q8_0 tensor of ne [64, 2]
+// lands as its raw blocks, with its ggml type name and the shape reversed.
+func TestLoaderLoadsGGUFAsRawBlocks(t *testing.T) {
+	var b bytes.Buffer
+	w := func(v any) { _ = binary.Write(&b, binary.LittleEndian, v) }
+	b.WriteString("GGUF")
+	w(uint32(3))
+	w(uint64(1)) // tensors
+	w(uint64(0)) // pairs
+	w(uint64(1))
+	b.WriteString("w")
+	w(uint32(2))
+	w(uint64(64))
+	w(uint64(2))
+	w(uint32(8)) // Q8_0
+	w(uint64(0))
+	for b.Len()%32 != 0 {
+		b.WriteByte(0)
+	}
+	data := make([]byte, 2*2*34)
+	for i := range data {
+		data[i] = byte(i * 7)
+	}
+	b.Write(data)
+	path := filepath.Join(t.TempDir(), "model.bin")
+	if err := os.WriteFile(path, b.Bytes(), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	p := hostPool(t)
+	l, err := OpenLoader(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	if err := l.Allocate(p, mustTag(t, "go-gguf")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.Load(context.Background(), p, nil); err != nil {
+		t.Fatal(err)
+	}
+	d, err := l.Destination("w")
+	if err != nil || d.Dtype != "Q8_0" || !reflect.DeepEqual(d.Shape, []uint64{2, 64}) || d.Bytes != uint64(len(data)) {
+		t.Fatalf("destination %+v %v", d, err)
+	}
+	got := make([]byte, d.Bytes)
+	if err := p.Read(d.Ptr, got); err != nil || !bytes.Equal(got, data) {
+		t.Fatalf("loaded bytes differ (%v)", err)
 	}
 }
