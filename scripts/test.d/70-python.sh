@@ -15,7 +15,8 @@ trap 'rm -rf "$work"' EXIT
 python3 -m venv "$work/venv"
 py="$work/venv/bin/python"
 "$py" -m pip install --quiet --upgrade pip
-"$py" -m pip install --quiet pytest mypy
+# gguf: llama.cpp's GGUF writer and reader, the test data of python/tests/test_gguf.py.
+"$py" -m pip install --quiet pytest mypy "gguf==0.19.0"
 echo "--- mypy --strict"
 (cd python && "$work/venv/bin/mypy" --strict --cache-dir=/dev/null -p vmmweights)
 # What a plain `pip install ./python` runs: maturin builds the `vmmw` command

@@ -341,3 +341,45 @@ fn bench_json_goes_to_stdout_or_a_file() {
     assert_eq!(r.code, 1, "{}", r.all());
     assert_eq!(r.json()["error"]["kind"], "failure");
 }
+
+#[test]
+fn inspect_and_plan_show_gguf_metadata_and_ggml_types() {
+    use common::gguf::{every_type, pattern, File};
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("m.gguf");
+    File::new(
+        every_type(),
+        &[
+            ("blk.0.attn_q.weight", &[64, 4], 8, pattern(1, 4 * 2 * 34)),
+            ("norm", &[8], 0, pattern(2, 32)),
+        ],
+    )
+    .write(&path);
+    let p = path.to_str().unwrap();
+    let r = vmmw(&["inspect", p, "--tensors", "--json"]);
+    assert_eq!(r.code, 0, "{}", r.all());
+    let j = r.json();
+    assert_eq!(j["format"], "gguf");
+    assert_eq!(j["gguf_version"], 3);
+    assert_eq!(j["metadata"]["t.u64"]["value"], u64::MAX);
+    assert_eq!(j["metadata"]["t.i64"]["type"], "int64");
+    assert_eq!(j["metadata"]["t.nested"]["elem_type"], "array");
+    let q = j["tensors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["name"] == "blk.0.attn_q.weight")
+        .unwrap();
+    assert_eq!(q["dtype"], "Q8_0");
+    assert_eq!(q["ggml_type"], 8);
+    assert_eq!(q["shape"], serde_json::json!([4, 64]));
+    assert_eq!(q["ne"], serde_json::json!([64, 4]));
+    let text = vmmw(&["inspect", p]).stdout;
+    assert!(
+        text.contains("format: GGUF v3") && text.contains("t.u8 = 200"),
+        "{text}"
+    );
+    let r = vmmw(&["plan", p, "--json"]);
+    assert_eq!(r.code, 0, "{}", r.all());
+    assert_eq!(r.json()["format"]["format"], "gguf");
+}
