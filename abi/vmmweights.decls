@@ -20,6 +20,19 @@
 #define VMMW_IO 11
 #define VMMW_LOAD_IN_PROGRESS 17
 #define VMMW_MAX_DIMS 8
+#define VMMW_METADATA_ARRAY 9
+#define VMMW_METADATA_BOOL 7
+#define VMMW_METADATA_FLOAT32 6
+#define VMMW_METADATA_FLOAT64 12
+#define VMMW_METADATA_INT16 3
+#define VMMW_METADATA_INT32 5
+#define VMMW_METADATA_INT64 11
+#define VMMW_METADATA_INT8 1
+#define VMMW_METADATA_STRING 8
+#define VMMW_METADATA_UINT16 2
+#define VMMW_METADATA_UINT32 4
+#define VMMW_METADATA_UINT64 10
+#define VMMW_METADATA_UINT8 0
 #define VMMW_MULTI_RANKS 1
 #define VMMW_MULTI_REPLICAS 0
 #define VMMW_NULL_ARGUMENT 2
@@ -64,6 +77,7 @@ typedef struct vmmw_error_t vmmw_error_t;
 typedef struct vmmw_load_options_t{size_t size;uint32_t allow_missing;uint32_t allow_unexpected;vmmw_copy_strategy_t strategy;uint32_t threads;uint64_t window_bytes;uint64_t slot_bytes;}vmmw_load_options_t;
 typedef struct vmmw_load_result_t{uint64_t bytes;double seconds;double gbps;uint64_t direct_bytes;uint64_t staged_bytes;uint64_t read_bytes;uint64_t filled_bytes;uint32_t threads;}vmmw_load_result_t;
 typedef struct vmmw_loader_t vmmw_loader_t;
+typedef struct vmmw_metadata_t vmmw_metadata_t;
 typedef struct vmmw_multi_result_t{uint64_t host_bytes;uint64_t peer_bytes;uint64_t delivered_bytes;double seconds;double host_seconds;double peer_seconds;double gbps;uint32_t recovered_devices;}vmmw_multi_result_t;
 typedef struct vmmw_nccl_comm_t vmmw_nccl_comm_t;
 typedef struct vmmw_peer_access_t{int32_t device;vmmw_access_t access;}vmmw_peer_access_t;
@@ -98,6 +112,7 @@ vmmw_status_t vmmw_device_mem_info(const struct vmmw_device_t*device,uint64_t*fr
 vmmw_status_t vmmw_device_open(vmmw_backend_t backend,int32_t device,struct vmmw_device_t**out,struct vmmw_error_t**error);
 vmmw_status_t vmmw_device_synchronize(const struct vmmw_device_t*device,struct vmmw_error_t**error);
 vmmw_status_t vmmw_error_status(const struct vmmw_error_t*error);
+vmmw_status_t vmmw_ggml_type(const char*name,uint32_t*id,size_t*block,size_t*type_size,struct vmmw_error_t**error);
 vmmw_status_t vmmw_loader_allocate(struct vmmw_loader_t*loader,struct vmmw_pool_t*pool,uint32_t tag,struct vmmw_error_t**error);
 vmmw_status_t vmmw_loader_cancel(struct vmmw_loader_t*loader,struct vmmw_error_t**error);
 vmmw_status_t vmmw_loader_declare_foreign(struct vmmw_loader_t*loader,uint64_t ptr,uint64_t bytes,struct vmmw_error_t**error);
@@ -116,6 +131,16 @@ vmmw_status_t vmmw_loader_set_reload_check(struct vmmw_loader_t*loader,uint32_t 
 vmmw_status_t vmmw_loader_set_rules_json(struct vmmw_loader_t*loader,const char*json,struct vmmw_error_t**error);
 vmmw_status_t vmmw_loader_set_rules_preset(struct vmmw_loader_t*loader,const char*family,uint32_t tp_rank,uint32_t tp_world,uint32_t head_dim,struct vmmw_error_t**error);
 vmmw_status_t vmmw_loader_wake_replicas(struct vmmw_loader_t*const*loaders,struct vmmw_pool_t*const*pools,size_t count,struct vmmw_multi_result_t*out,struct vmmw_error_t**error);
+vmmw_status_t vmmw_metadata_bool(const struct vmmw_metadata_t*meta,size_t index,const size_t*path,size_t depth,uint8_t*out,struct vmmw_error_t**error);
+vmmw_status_t vmmw_metadata_count(const struct vmmw_metadata_t*meta,size_t*out,struct vmmw_error_t**error);
+vmmw_status_t vmmw_metadata_f64(const struct vmmw_metadata_t*meta,size_t index,const size_t*path,size_t depth,double*out,struct vmmw_error_t**error);
+vmmw_status_t vmmw_metadata_find(const struct vmmw_metadata_t*meta,const char*key,size_t*out,struct vmmw_error_t**error);
+vmmw_status_t vmmw_metadata_i64(const struct vmmw_metadata_t*meta,size_t index,const size_t*path,size_t depth,int64_t*out,struct vmmw_error_t**error);
+vmmw_status_t vmmw_metadata_key(const struct vmmw_metadata_t*meta,size_t index,char*buf,size_t cap,size_t*needed,struct vmmw_error_t**error);
+vmmw_status_t vmmw_metadata_open(const char*path,struct vmmw_metadata_t**out,struct vmmw_error_t**error);
+vmmw_status_t vmmw_metadata_string(const struct vmmw_metadata_t*meta,size_t index,const size_t*path,size_t depth,char*buf,size_t cap,size_t*needed,struct vmmw_error_t**error);
+vmmw_status_t vmmw_metadata_type(const struct vmmw_metadata_t*meta,size_t index,const size_t*path,size_t depth,uint32_t*type_out,uint32_t*elem_type,size_t*len,struct vmmw_error_t**error);
+vmmw_status_t vmmw_metadata_u64(const struct vmmw_metadata_t*meta,size_t index,const size_t*path,size_t depth,uint64_t*out,struct vmmw_error_t**error);
 vmmw_status_t vmmw_nccl_comm_from_raw(void*comm,struct vmmw_nccl_comm_t**out,struct vmmw_error_t**error);
 vmmw_status_t vmmw_nccl_comm_new(struct vmmw_pool_t*pool,const uint8_t*id,uint32_t world,uint32_t rank,struct vmmw_nccl_comm_t**out,struct vmmw_error_t**error);
 vmmw_status_t vmmw_nccl_deregister(struct vmmw_nccl_comm_t*comm,void*handle,struct vmmw_error_t**error);
@@ -123,6 +148,7 @@ vmmw_status_t vmmw_nccl_register(struct vmmw_nccl_comm_t*comm,uint64_t ptr,uint6
 vmmw_status_t vmmw_nccl_unique_id(uint8_t*out,struct vmmw_error_t**error);
 vmmw_status_t vmmw_pool_alloc(struct vmmw_pool_t*pool,uint64_t size,uint64_t*out_ptr,struct vmmw_error_t**error);
 vmmw_status_t vmmw_pool_alloc_tagged(struct vmmw_pool_t*pool,uint64_t size,uint32_t tag,uint64_t*out_ptr,struct vmmw_error_t**error);
+vmmw_status_t vmmw_pool_backup_view(const struct vmmw_pool_t*pool,uint64_t ptr,size_t len,const void**host,uint32_t*tag,struct vmmw_error_t**error);
 vmmw_status_t vmmw_pool_can_access_peer(const struct vmmw_pool_t*pool,int32_t peer,int32_t*out,struct vmmw_error_t**error);
 vmmw_status_t vmmw_pool_clear_timeline(struct vmmw_pool_t*pool,uint64_t*cleared,struct vmmw_error_t**error);
 vmmw_status_t vmmw_pool_dealloc(struct vmmw_pool_t*pool,uint64_t ptr,struct vmmw_error_t**error);
@@ -198,6 +224,7 @@ vmmw_status_t vmmw_update_source_new(struct vmmw_update_source_t**out,struct vmm
 void vmmw_device_free(struct vmmw_device_t*device);
 void vmmw_error_free(struct vmmw_error_t*error);
 void vmmw_loader_free(struct vmmw_loader_t*loader);
+void vmmw_metadata_free(struct vmmw_metadata_t*meta);
 void vmmw_nccl_comm_free(struct vmmw_nccl_comm_t*comm);
 void vmmw_pool_free(struct vmmw_pool_t*pool);
 void vmmw_segment_free(struct vmmw_segment_t*segment);

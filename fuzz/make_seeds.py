@@ -154,3 +154,60 @@ for name, data in {"read": b"r", "write": b"w", "junk-request": b"x", "nothing":
                    "read-then-junk": b"r" + b"\0" * 64, "write-then-notices": b"wVVVVRRX",
                    "magic": b"VMMWSHR1" + struct.pack("<Q", 2) + b"{}", "many": b"r" * 4096}.items():
     write(t, name, data)
+
+
+# GGUF (fuzz_gguf_header opens the file as a checkpoint, fuzz_gguf_metadata
+# parses the header alone): valid files of every metadata type, quantized
+# tensors, a split part, and the hostile shapes docs/GGUF.md refuses.
+def gstr(s):
+    s = s.encode() if isinstance(s, str) else s
+    return struct.pack("<Q", len(s)) + s
+
+
+def gval(t, v):
+    """A typed value: t is GGUF's type number; arrays are (elem_type, [values])."""
+    fmt = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+    if t == 8:
+        return gstr(v)
+    if t == 9:
+        et, items = v
+        return struct.pack("<IQ", et, len(items)) + b"".join(gval(et, x) for x in items)
+    return struct.pack(fmt[t], v)
+
+
+def gguf(kv, tensors, version=3, align=32, n_tensors=None, n_kv=None, data=None):
+    """kv = [(key, type, value)]; tensors = [(name, ne, ggml_type, nbytes)] laid out aligned."""
+    b = b"GGUF" + struct.pack("<IQQ", version, len(tensors) if n_tensors is None else n_tensors,
+                              len(kv) if n_kv is None else n_kv)
+    for k, t, v in kv:
+        b += gstr(k) + struct.pack("<I", t) + gval(t, v)
+    off, body = 0, b""
+    for name, ne, ty, n in tensors:
+        b += gstr(name) + struct.pack("<I", len(ne)) + b"".join(struct.pack("<Q", d) for d in ne)
+        b += struct.pack("<IQ", ty, off)
+        body += bytes(i % 251 for i in range(n)) + b"\0" * ((-n) % align)
+        off += n + (-n) % align
+    b += b"\0" * ((-len(b)) % align)
+    return b + (body if data is None else data)
+
+
+EVERY = [("general.architecture", 8, "llama"), ("u8", 0, 7), ("i8", 1, -7), ("u16", 2, 7), ("i16", 3, -7),
+         ("u32", 4, 7), ("i32", 5, -7), ("f32", 6, 0.5), ("bool", 7, True), ("u64", 10, 2**64 - 1),
+         ("i64", 11, -2**63), ("f64", 12, 0.25), ("strs", 9, (8, ["a", "bc"])),
+         ("nested", 9, (9, [(4, [1, 2]), (8, ["x"])])), ("empty", 9, (6, []))]
+TENSORS = [("w.q8", [64, 2], 8, 2 * 2 * 34), ("w.f32", [4], 0, 16), ("w.q4k", [256], 12, 144)]
+for t in ("gguf_header", "gguf_metadata"):
+    write(t, "valid-every-type", gguf(EVERY, TENSORS))
+    write(t, "valid-v2", gguf(EVERY[:3], TENSORS, version=2))
+    write(t, "valid-align-64", gguf([("general.alignment", 4, 64)], TENSORS, align=64))
+    write(t, "valid-split-part", gguf([("split.no", 2, 0), ("split.count", 2, 1), ("split.tensors.count", 5, 3)], TENSORS))
+    write(t, "valid-no-tensors", gguf(EVERY, []))
+    write(t, "truncated", gguf(EVERY, TENSORS)[:-7])
+    write(t, "huge-counts", gguf(EVERY, TENSORS, n_tensors=2**62, n_kv=2**40))
+    write(t, "huge-string", gguf([("k", 8, "x")], [])[:32] + struct.pack("<Q", 2**60))
+    write(t, "unknown-type", gguf([], [("w", [32], 99, 32)]))
+    write(t, "removed-type", gguf([], [("w", [32], 31, 32)]))
+    write(t, "bad-version", gguf(EVERY, TENSORS, version=4))
+    write(t, "big-endian", gguf(EVERY, TENSORS, version=3 << 24))
+    write(t, "deep-array", gguf([("d", 9, (9, [(9, [(9, [(9, [(4, [1])])])])]))], []))
+    write(t, "bad-alignment", gguf([("general.alignment", 4, 48)], TENSORS))

@@ -95,6 +95,71 @@
 #define VMMW_MAX_DIMS 8
 
 /**
+ * Value type `uint8` (GGUF's numbering, as `vmmw_metadata_type` reports it).
+ */
+#define VMMW_METADATA_UINT8 0
+
+/**
+ * Value type `int8`.
+ */
+#define VMMW_METADATA_INT8 1
+
+/**
+ * Value type `uint16`.
+ */
+#define VMMW_METADATA_UINT16 2
+
+/**
+ * Value type `int16`.
+ */
+#define VMMW_METADATA_INT16 3
+
+/**
+ * Value type `uint32`.
+ */
+#define VMMW_METADATA_UINT32 4
+
+/**
+ * Value type `int32`.
+ */
+#define VMMW_METADATA_INT32 5
+
+/**
+ * Value type `float32`.
+ */
+#define VMMW_METADATA_FLOAT32 6
+
+/**
+ * Value type `bool`.
+ */
+#define VMMW_METADATA_BOOL 7
+
+/**
+ * Value type `string`.
+ */
+#define VMMW_METADATA_STRING 8
+
+/**
+ * Value type `array`.
+ */
+#define VMMW_METADATA_ARRAY 9
+
+/**
+ * Value type `uint64`.
+ */
+#define VMMW_METADATA_UINT64 10
+
+/**
+ * Value type `int64`.
+ */
+#define VMMW_METADATA_INT64 11
+
+/**
+ * Value type `float64`.
+ */
+#define VMMW_METADATA_FLOAT64 12
+
+/**
  * The tag every allocation gets when no scope is open ("default").
  */
 #define VMMW_TAG_DEFAULT 0
@@ -119,6 +184,12 @@ typedef struct vmmw_error_t vmmw_error_t;
  * `vmmw_loader_cancel`, which may be called from any thread while a load runs.
  */
 typedef struct vmmw_loader_t vmmw_loader_t;
+
+/**
+ * A checkpoint's metadata, read-only. Immutable once opened: any number of
+ * threads may read one handle at the same time.
+ */
+typedef struct vmmw_metadata_t vmmw_metadata_t;
 
 /**
  * An NCCL communicator for the broadcast transport.
@@ -1279,8 +1350,10 @@ int32_t vmmw_error_driver_code(const struct vmmw_error_t *error);
 void vmmw_error_free(struct vmmw_error_t *error);
 
 /**
- * Open a checkpoint: a `.safetensors` file, or a folder holding
- * `model.safetensors.index.json` (or one `model.safetensors`). Headers are
+ * Open a checkpoint: a `.safetensors` file, a folder holding
+ * `model.safetensors.index.json` (or one `model.safetensors`), or a GGUF
+ * file (by its magic bytes; any part of a split opens all parts;
+ * docs/GGUF.md). Headers are
  * read and validated now. Opens never block. On success `*out` receives a
  * new loader owned by the caller (`vmmw_loader_free`). Initial rules: none
  * (every tensor to the destination of its own name).
@@ -1292,7 +1365,8 @@ void vmmw_error_free(struct vmmw_error_t *error);
  *   file (FIFO, device, socket); index over 64 MiB; header over 100 MB or
  *   past the end; bad JSON, duplicate names, unknown dtype, more than 64
  *   dims, overflowing shapes, offsets out of range or overlapping; shard
- *   names with `..` or absolute; missing shards.
+ *   names with `..` or absolute; missing shards; for GGUF, docs/GGUF.md's
+ *   list (naming the metadata key where one is wrong).
  *
  * # Safety
  * `path` is a NUL-terminated string; `out` is writable; `error` is NULL or writable.
@@ -1655,6 +1729,161 @@ vmmw_status_t vmmw_pool_staging_bytes(const struct vmmw_pool_t *pool, uint64_t *
  * `pool` is a live handle; `released` is writable; `error` is NULL or writable.
  */
 vmmw_status_t vmmw_pool_release_staging(struct vmmw_pool_t *pool, uint64_t *released, struct vmmw_error_t **error);
+
+/**
+ * Open the checkpoint at `path` (any format `vmmw_loader_open` accepts) and
+ * keep its metadata: a GGUF file's key/value pairs (the first part's, for a
+ * split), none for safetensors. The checkpoint is validated as a load would
+ * validate it. On success `*out` receives a new handle owned by the caller
+ * (`vmmw_metadata_free`).
+ *
+ * Errors:
+ * - `VMMW_NULL_ARGUMENT`: `path` or `out` is NULL.
+ * - `VMMW_IO`: missing or unreadable.
+ * - `VMMW_CHECKPOINT_INVALID`, naming the file, tensor or key: every check of
+ *   `vmmw_loader_open` (for GGUF: docs/GGUF.md's list).
+ *
+ * # Safety
+ * `path` is a NUL-terminated string; `out` is writable; `error` is NULL or writable.
+ */
+vmmw_status_t vmmw_metadata_open(const char *path, struct vmmw_metadata_t **out, struct vmmw_error_t **error);
+
+/**
+ * Free a metadata handle. NULL is accepted. Strings copied out stay valid
+ * (they are the caller's buffers).
+ *
+ * # Safety
+ * `meta` is NULL or a live handle, not used afterwards and not concurrently.
+ */
+void vmmw_metadata_free(struct vmmw_metadata_t *meta);
+
+/**
+ * Number of key/value pairs into `*out`.
+ *
+ * Errors: `VMMW_NULL_ARGUMENT`: `meta` or `out` is NULL.
+ *
+ * # Safety
+ * `meta` is a live handle; `out` is writable; `error` is NULL or writable.
+ */
+vmmw_status_t vmmw_metadata_count(const struct vmmw_metadata_t *meta, size_t *out, struct vmmw_error_t **error);
+
+/**
+ * The key of pair `index` (file order), into `buf` (buffer contract of
+ * `vmmw_device_describe`).
+ *
+ * Errors:
+ * - `VMMW_NULL_ARGUMENT`: `meta` is NULL, or `buf` is NULL and `cap` > 0.
+ * - `VMMW_INVALID_ARGUMENT`: `index` is not below the count.
+ * - `VMMW_BUFFER_TOO_SMALL`: `cap` is short; `*needed` is set.
+ *
+ * # Safety
+ * `meta` is a live handle; `buf` is NULL or writable for `cap` bytes;
+ * `needed` and `error` are NULL or writable.
+ */
+vmmw_status_t vmmw_metadata_key(const struct vmmw_metadata_t *meta, size_t index, char *buf, size_t cap, size_t *needed, struct vmmw_error_t **error);
+
+/**
+ * The index of the pair whose key is `key` into `*out`.
+ *
+ * Errors:
+ * - `VMMW_NULL_ARGUMENT`: `meta`, `key` or `out` is NULL.
+ * - `VMMW_INVALID_ARGUMENT`: no pair has that key (the message names it).
+ *
+ * # Safety
+ * `meta` is a live handle; `key` is a NUL-terminated string; `out` is
+ * writable; `error` is NULL or writable.
+ */
+vmmw_status_t vmmw_metadata_find(const struct vmmw_metadata_t *meta, const char *key, size_t *out, struct vmmw_error_t **error);
+
+/**
+ * The type of the value at (`index`, `path`) into `*type_out`; for an
+ * array, its element type into `*elem_type` and length into `*len`
+ * (both 0 otherwise). `elem_type` and `len` may be NULL.
+ *
+ * Errors:
+ * - `VMMW_NULL_ARGUMENT`: `meta` or `type_out` is NULL, or `path` is NULL
+ *   with `depth` > 0.
+ * - `VMMW_INVALID_ARGUMENT`: `index` or a path step out of range, or a step
+ *   into a value that is not an array (the message names the key).
+ *
+ * # Safety
+ * `meta` is a live handle; `path` is NULL or readable for `depth` entries;
+ * `type_out`, `elem_type`, `len` and `error` are NULL or writable.
+ */
+vmmw_status_t vmmw_metadata_type(const struct vmmw_metadata_t *meta, size_t index, const size_t *path, size_t depth, uint32_t *type_out, uint32_t *elem_type, size_t *len, struct vmmw_error_t **error);
+
+/**
+ * An integer value (any of the eight integer types) that fits in u64.
+ *
+ * Errors: those of `vmmw_metadata_type`, and `VMMW_INVALID_ARGUMENT` when
+ * the value is not an integer or is negative (the message names the key).
+ *
+ * # Safety
+ * As `vmmw_metadata_type`; `out` is writable.
+ */
+vmmw_status_t vmmw_metadata_u64(const struct vmmw_metadata_t *meta, size_t index, const size_t *path, size_t depth, uint64_t *out, struct vmmw_error_t **error);
+
+/**
+ * An integer value (any of the eight integer types) that fits in i64.
+ *
+ * Errors: those of `vmmw_metadata_type`, and `VMMW_INVALID_ARGUMENT` when
+ * the value is not an integer or is over `INT64_MAX`.
+ *
+ * # Safety
+ * As `vmmw_metadata_type`; `out` is writable.
+ */
+vmmw_status_t vmmw_metadata_i64(const struct vmmw_metadata_t *meta, size_t index, const size_t *path, size_t depth, int64_t *out, struct vmmw_error_t **error);
+
+/**
+ * A float32 or float64 value, as a double.
+ *
+ * Errors: those of `vmmw_metadata_type`, and `VMMW_INVALID_ARGUMENT` when
+ * the value is not a float.
+ *
+ * # Safety
+ * As `vmmw_metadata_type`; `out` is writable.
+ */
+vmmw_status_t vmmw_metadata_f64(const struct vmmw_metadata_t *meta, size_t index, const size_t *path, size_t depth, double *out, struct vmmw_error_t **error);
+
+/**
+ * A bool value: 1 for true, 0 for false into `*out`.
+ *
+ * Errors: those of `vmmw_metadata_type`, and `VMMW_INVALID_ARGUMENT` when
+ * the value is not a bool.
+ *
+ * # Safety
+ * As `vmmw_metadata_type`; `out` is writable.
+ */
+vmmw_status_t vmmw_metadata_bool(const struct vmmw_metadata_t *meta, size_t index, const size_t *path, size_t depth, uint8_t *out, struct vmmw_error_t **error);
+
+/**
+ * A string value into `buf` (buffer contract of `vmmw_device_describe`; a
+ * string holding NUL bytes reads as cut at the first one in C, `*needed`
+ * still counts every byte).
+ *
+ * Errors: those of `vmmw_metadata_type`, the buffer contract, and
+ * `VMMW_INVALID_ARGUMENT` when the value is not a string.
+ *
+ * # Safety
+ * As `vmmw_metadata_type`; `buf` is NULL or writable for `cap` bytes;
+ * `needed` is NULL or writable.
+ */
+vmmw_status_t vmmw_metadata_string(const struct vmmw_metadata_t *meta, size_t index, const size_t *path, size_t depth, char *buf, size_t cap, size_t *needed, struct vmmw_error_t **error);
+
+/**
+ * The ggml tensor type named `name` ("Q8_0", "q4_k", "BF16"; the names
+ * `vmmw_destination_t.dtype` holds for GGUF tensors): its number in GGUF
+ * files, elements per block and bytes per block. Each out-pointer may be NULL.
+ *
+ * Errors:
+ * - `VMMW_NULL_ARGUMENT`: `name` is NULL.
+ * - `VMMW_INVALID_ARGUMENT`: ggml has no type of that name.
+ *
+ * # Safety
+ * `name` is a NUL-terminated string; `id`, `block`, `type_size` and `error`
+ * are NULL or writable.
+ */
+vmmw_status_t vmmw_ggml_type(const char *name, uint32_t *id, size_t *block, size_t *type_size, struct vmmw_error_t **error);
 
 /**
  * Grant the listed peer devices access to every segment of `tag` in `pool`:
@@ -2152,6 +2381,38 @@ vmmw_status_t vmmw_pool_read(const struct vmmw_pool_t *pool, uint64_t src, void 
  * is 0); `tag` is NULL or writable; `error` is NULL or writable.
  */
 vmmw_status_t vmmw_pool_read_backup(const struct vmmw_pool_t *pool, uint64_t ptr, void *dst, size_t len, uint32_t *tag, struct vmmw_error_t **error);
+
+/**
+ * The host address of the pinned backup bytes of `len` bytes of pool memory
+ * at device address `ptr`, without copying: `*host` receives it. The range
+ * must lie in one segment whose backup holds every byte of it in one
+ * contiguous piece: an asleep tag's backup (Offload, or the changed bytes of
+ * a Reload sleep), or the backup an awake tag kept after its wake (the bytes
+ * of its last sleep). When `tag` is not NULL it receives the tag.
+ *
+ * Ownership and lifetime: the pool owns the memory; the caller reads it and
+ * never frees or writes it. It stays valid, at the same address, while the
+ * backup stays assigned: until the segment is freed, the pool's unused
+ * backups are released (`vmmw_pool_release_backup`), a wake frees it
+ * (`free_backup_after_wake` of `vmmw_sleep_options_t`), or a sleep of the
+ * tag needs a backup of another shape (a sleep of the same ranges rewrites
+ * the same bytes in place). The memory is page-locked and registered with
+ * the device's driver. Thread-safe.
+ *
+ * Errors (on any of them `*host` and `*tag` are left as they are):
+ * - `VMMW_NULL_ARGUMENT`: `pool` or `host` is NULL.
+ * - `VMMW_INVALID_ARGUMENT`: `len` is 0, the range runs past its segment,
+ *   or overflows.
+ * - `VMMW_UNKNOWN_POINTER`: the range is not in this pool.
+ * - `VMMW_INVALID_STATE`, naming the tag: no backup holds the range (an
+ *   awake tag whose backup was released, a discarded tag), the backup holds
+ *   only part of it, or the bytes lie in more than one piece.
+ *
+ * # Safety
+ * `pool` is a live handle; `host` is writable; `tag` is NULL or writable;
+ * `error` is NULL or writable.
+ */
+vmmw_status_t vmmw_pool_backup_view(const struct vmmw_pool_t *pool, uint64_t ptr, size_t len, const void **host, uint32_t *tag, struct vmmw_error_t **error);
 
 /**
  * How many times `tag`'s physical memory was mapped anew in this process

@@ -11,6 +11,10 @@
 #                                 `.gpu/tests/all segment::` runs one; the
 #                                 library's unit tests as `lib`, the command
 #                                 line's as `bin-vmmw`)
+#   .gpu/go-swap                  the Go model-swapping service (examples/go-swap),
+#                                 cgo-linked to the cdylib under its SONAME (the
+#                                 GPU machine has no Go toolchain); left out, with
+#                                 a note, where this machine has no `go`
 #   .gpu/MANIFEST                 commit, build time, file list
 # Debug info is stripped from the copies to keep the carried tree small;
 # symbols stay, so backtraces still name functions.
@@ -51,6 +55,24 @@ for line in sys.stdin:
 ' | while IFS=$'\t' read -r name exe; do
   cp "$exe" ".gpu/tests/$name"
 done
+
+# The Go service, linked as a user links it: pkg-config names the release
+# library and the repository's header. At run time it needs libvmmweights
+# under its SONAME on the library path (scripts/gpu.d/80-swap.sh arranges it).
+if command -v go >/dev/null; then
+  pc=$(mktemp -d)
+  cat >"$pc/vmmweights.pc" <<PC
+Name: vmmweights
+Description: vmmweights from the source tree (release)
+Version: $(sed -n 's/^#define VMMW_VERSION_STRING "\(.*\)"/\1/p' include/vmmweights.h)
+Libs: -L$PWD/target/release -lvmmweights
+Cflags: -I$PWD/include
+PC
+  (cd examples/go-swap && CGO_ENABLED=1 PKG_CONFIG_PATH="$pc" go build -trimpath -ldflags="-s -w" -o ../../.gpu/go-swap .)
+  rm -rf "$pc"
+else
+  echo "note: no go on this machine: the bundle has no go-swap (scripts/gpu.d/80-swap.sh will skip)" >&2
+fi
 
 strip --strip-debug .gpu/vmmw .gpu/libvmmweights.so .gpu/tests/*
 {

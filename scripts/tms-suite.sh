@@ -19,7 +19,9 @@
 # The table marks tests of upstream internals as N/A with the reason
 # (scripts/tms-suite-na.txt). `run` exits 1 when a test passing with the real
 # package does not pass with the shim and is not N/A (each column stops after
-# TMS_SUITE_TIMEOUT seconds, 280 by default). Needs CUDA and PyTorch.
+# TMS_SUITE_TIMEOUT seconds, 280 by default: then pytest is interrupted and
+# reports the tests it ran). TMS_SUITE_K selects tests by pytest's -k
+# expression in both columns. Needs CUDA and PyTorch.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -75,20 +77,24 @@ run() {
     real_path="installed"
   fi
   local alias_dir="$root/python/vmmweights/torch/alias"
+  # Interrupted (SIGINT), pytest still writes the junit report of what ran.
+  local limit=(timeout -s INT -k 30 "${TMS_SUITE_TIMEOUT:-280}")
+  local select=()
+  [ -z "${TMS_SUITE_K:-}" ] || select=(-k "$TMS_SUITE_K")
   local base="${PYTHONPATH:-}"
   if [ -n "$real_path" ]; then
     echo "--- real package ($real_path)"
     local pp=$base
     [ "$real_path" = installed ] || pp="$real_path${base:+:$base}"
-    (cd "$suite" && PYTHONPATH="$pp" timeout "${TMS_SUITE_TIMEOUT:-280}" python3 -m pytest -v -rA -p no:cacheprovider --continue-on-collection-errors \
+    (cd "$suite" && PYTHONPATH="$pp" "${limit[@]}" python3 -m pytest "${select[@]}" -v -rA -p no:cacheprovider --continue-on-collection-errors \
       --junitxml="$out/real.xml" . >"$out/real.log" 2>&1) || true
     tail -3 "$out/real.log"
   else
     echo "--- real package: not available (no wheel in .tms/wheels, not installed)"
   fi
   echo "--- shim (import torch_memory_saver -> vmmweights.torch.memory_saver)"
-  (cd "$suite" && PYTHONPATH="$alias_dir:$root/python${base:+:$base}" timeout "${TMS_SUITE_TIMEOUT:-280}" \
-    python3 -m pytest -v -rA -p no:cacheprovider --continue-on-collection-errors --junitxml="$out/shim.xml" . >"$out/shim.log" 2>&1) || true
+  (cd "$suite" && PYTHONPATH="$alias_dir:$root/python${base:+:$base}" "${limit[@]}" \
+    python3 -m pytest "${select[@]}" -v -rA -p no:cacheprovider --continue-on-collection-errors --junitxml="$out/shim.xml" . >"$out/shim.log" 2>&1) || true
   tail -3 "$out/shim.log"
   sed -n '/short test summary info/,$p' "$out/shim.log" | grep -v '^PASSED' || true
   python3 "$root/scripts/tms-suite-table.py" --na "$root/scripts/tms-suite-na.txt" \

@@ -73,10 +73,8 @@ fn check_checkpoint(ckpt: &Checkpoint) {
             "tensor `{name}` ends at {end}, past the file's {} bytes",
             shard.len
         );
-        let want = t
-            .shape
-            .iter()
-            .try_fold(t.dtype.size() as u64, |a, &d| a.checked_mul(d as u64));
+        let shape: Vec<u64> = t.shape.iter().map(|&d| d as u64).collect();
+        let want = t.dtype.bytes(&shape);
         assert_eq!(
             want,
             Some(t.len),
@@ -289,16 +287,13 @@ pub fn fuzz_plan(data: &[u8]) {
     let mut reg = Registry::new();
     let mut at: u64 = 1 << 32;
     for s in &specs {
-        let bytes = s
-            .shape
-            .iter()
-            .try_fold(s.dtype.size() as u64, |a, &d| a.checked_mul(d as u64))
-            .unwrap_or_else(|| {
-                panic!(
-                    "destination `{}` {:?}: byte size overflows",
-                    s.name, s.shape
-                )
-            });
+        let shape: Vec<u64> = s.shape.iter().map(|&d| d as u64).collect();
+        let bytes = s.dtype.bytes(&shape).unwrap_or_else(|| {
+            panic!(
+                "destination `{}` {:?}: byte size overflows",
+                s.name, s.shape
+            )
+        });
         if bytes > PLAN_DEST_LIMIT {
             return;
         }
@@ -378,10 +373,7 @@ pub fn fuzz_share_manifest(data: &[u8]) {
             assert!(layout.chunks.iter().all(|&c| c > 0 && c % granularity == 0));
             assert_eq!(layout.tensor_bytes.len(), m.tensors.len());
             for (t, &bytes) in m.tensors.iter().zip(&layout.tensor_bytes) {
-                let want = t
-                    .shape
-                    .iter()
-                    .try_fold(t.dtype.size() as u64, |a, &d| a.checked_mul(d));
+                let want = t.dtype.bytes(&t.shape);
                 assert_eq!(want, Some(bytes as u64), "tensor `{}` size", t.name);
                 let end = t.offset.checked_add(bytes as u64).expect("end overflows");
                 assert!(end <= sum, "tensor `{}` ends at {end}, past {sum}", t.name);
@@ -602,4 +594,81 @@ fn fuzz_server() -> &'static crate::share::Server {
         )
         .expect("serving the fuzz share")
     })
+}
+
+/// One GGUF file opened as a checkpoint: header, metadata, tensor infos,
+/// alignment, offsets; what opens keeps the checkpoint promises, every
+/// tensor's data is aligned, and planning it with the identity rules does
+/// not panic.
+#[doc(hidden)]
+pub fn fuzz_gguf_header(data: &[u8]) {
+    let f = mem_file(data);
+    match Checkpoint::open(&f.path) {
+        Ok(ckpt) => {
+            check_checkpoint(&ckpt);
+            if let Some(g) = ckpt.gguf() {
+                let file = &g.files[0];
+                for t in ckpt.tensors.values() {
+                    assert!(
+                        (t.offset - file.data_start).is_multiple_of(file.alignment),
+                        "tensor `{}` at {} is not aligned to {}",
+                        t.name,
+                        t.offset,
+                        file.alignment
+                    );
+                }
+            }
+            let _ = Plan::destinations(&ckpt, &Rules::default());
+        }
+        Err(e) => check_error_names(&e, &f.path),
+    }
+}
+
+/// The GGUF header parser alone, then every metadata value read back
+/// through the access paths the C API uses (types, typed getters, every
+/// array element, nested arrays).
+#[doc(hidden)]
+pub fn fuzz_gguf_metadata(data: &[u8]) {
+    use crate::loader::gguf::{parse_header, ValueRef};
+    let Ok(h) = parse_header(data) else {
+        return;
+    };
+    let mut keys = std::collections::HashSet::new();
+    for (k, _) in &h.metadata.entries {
+        assert!(keys.insert(k), "key `{k}` twice");
+    }
+    for t in &h.tensors {
+        let end = t.offset.checked_add(t.len).expect("end overflows");
+        assert!(end <= data.len() as u64, "tensor `{}` past the end", t.name);
+    }
+    fn walk(
+        m: &crate::loader::gguf::Metadata,
+        i: usize,
+        path: &mut Vec<usize>,
+        budget: &mut usize,
+    ) {
+        let v = m.at(i, path).expect("a path built from lengths resolves");
+        let _ = (v.as_u64(), v.as_i64(), v.as_f64(), v.as_bool(), v.as_str());
+        let _ = v.value_type();
+        if let ValueRef::Value(x) = v {
+            let _ = x.to_string();
+        }
+        if let Some(a) = v.array() {
+            for j in 0..a.len() {
+                if *budget == 0 {
+                    return;
+                }
+                *budget -= 1;
+                path.push(j);
+                walk(m, i, path, budget);
+                path.pop();
+            }
+            assert!(m.at(i, &[path.as_slice(), &[a.len()]].concat()).is_err());
+        }
+    }
+    let mut budget = 1 << 16;
+    for i in 0..h.metadata.len() {
+        walk(&h.metadata, i, &mut Vec::new(), &mut budget);
+    }
+    assert!(h.metadata.at(h.metadata.len(), &[]).is_err());
 }

@@ -14,7 +14,7 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-use crate::driver::MemInfo;
+use crate::driver::{BackendKind, MemInfo};
 use crate::segment::SleepState;
 
 /// The quantities of one tag, or of all tags together.
@@ -87,10 +87,12 @@ impl TagUsage {
 /// A pool's memory at one moment.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Report {
-    /// The backend and device, in words.
+    /// The backend's kind: "cuda" or "host" (as the command line's JSON says it).
     pub backend: String,
-    /// The device ordinal.
-    pub device: i32,
+    /// The device, in words (as the command line's JSON says it).
+    pub device: String,
+    /// The device's ordinal.
+    pub ordinal: i32,
     /// One entry per tag that has segments, is asleep or has a host backup, by tag id.
     pub tags: Vec<TagUsage>,
     /// The sum over `tags`.
@@ -114,15 +116,23 @@ pub struct Report {
 }
 
 impl Report {
-    /// Build a report; `total` is summed from `tags`.
-    pub fn new(backend: String, device: i32, tags: Vec<TagUsage>, mem: Option<MemInfo>) -> Report {
+    /// Build a report of the device `device` (in words, ordinal `ordinal`) of
+    /// backend kind `backend`; `total` is summed from `tags`.
+    pub fn new(
+        backend: BackendKind,
+        device: String,
+        ordinal: i32,
+        tags: Vec<TagUsage>,
+        mem: Option<MemInfo>,
+    ) -> Report {
         let mut total = TagUsage::new("total");
         for t in &tags {
             total.add(t);
         }
         Report {
-            backend,
+            backend: backend.to_string(),
             device,
+            ordinal,
             tags,
             total,
             device_used_bytes: mem.map(|m| m.total.saturating_sub(m.free)),
@@ -184,8 +194,8 @@ impl fmt::Display for Report {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(
             f,
-            "memory report: {} (device {})",
-            self.backend, self.device
+            "memory report: {} device {}, {}",
+            self.backend, self.ordinal, self.device
         )?;
         writeln!(
             f,
@@ -317,8 +327,9 @@ mod tests {
         b.live_bytes = 5;
         b.reserved_bytes = 7;
         let r = Report::new(
-            "host".into(),
-            0,
+            BackendKind::Host,
+            "host (simulated)".into(),
+            3,
             vec![a, b],
             Some(MemInfo {
                 free: 30,
@@ -338,11 +349,27 @@ mod tests {
         let json: serde_json::Value = serde_json::from_str(&r.to_json()).unwrap();
         assert_eq!(json["total"]["live_bytes"], 15);
         assert_eq!(json["device_used_bytes"], 70);
+        // One vocabulary with the command line's JSON: backend = kind, device = words.
+        assert_eq!(json["backend"], "host");
+        assert_eq!(json["device"], "host (simulated)");
+        assert_eq!(json["ordinal"], 3);
+        assert!(
+            text.starts_with("memory report: host device 3, host (simulated)"),
+            "{text}"
+        );
     }
 
     #[test]
     fn timeline_columns_stay_aligned_with_long_names() {
-        let report = |tag: &str| Report::new("host".into(), 0, vec![TagUsage::new(tag)], None);
+        let report = |tag: &str| {
+            Report::new(
+                BackendKind::Host,
+                "host".into(),
+                0,
+                vec![TagUsage::new(tag)],
+                None,
+            )
+        };
         let tl = Timeline {
             boundaries: vec![
                 Boundary {

@@ -3,6 +3,7 @@ PyTorch: own tags only, foreign tags refused, the host backup released after
 resume unless retained, the disk backup round trip, pause and resume on every
 device, and the start-up routing decision."""
 
+import ctypes
 import os
 
 import pytest
@@ -164,6 +165,38 @@ def test_a_paused_tensors_bytes_are_read_from_the_host_backup(saver):
         pool.read_backup(ptr, 4)
 
 
+def test_a_backup_view_is_the_pinned_backup_in_place(saver):
+    """What get_cpu_backup(zero_copy=True) wraps: the host address of a
+    paused range's backup, the same across cycles, readable after a retained
+    resume, gone after a resume that releases the backup."""
+    ptr = saver.alloc("weights", "cpu", 1 * MiB, b"ab")
+    pool = saver.pools[0]
+    weights = saver.core.region_tag(0, "weights", "cpu")
+    with pytest.raises(vw.VmmwError, match="no host backup"):
+        pool.backup_view(ptr, 4)
+    saver.core.pause()
+    tag, host = pool.backup_view(ptr, 1 * MiB)
+    assert tag == weights and host
+    assert ctypes.string_at(host + 2, 6) == b"ababab"
+
+    saver.core.retain_cpu_backup = True
+    saver.core.resume()
+    assert pool.backup_view(ptr, 1 * MiB) == (weights, host), "kept after a retained resume"
+    saver.pools[0].write(ptr, b"Z" * (1 * MiB))
+    saver.core.pause()
+    assert pool.backup_view(ptr, 1 * MiB) == (weights, host), "the next pause rewrites it in place"
+    assert ctypes.string_at(host, 4) == b"ZZZZ"
+
+    saver.core.retain_cpu_backup = False
+    saver.core.resume()
+    with pytest.raises(vw.VmmwError, match="no host backup"):
+        pool.backup_view(ptr, 4)
+    with pytest.raises(vw.VmmwError, match="VMMW_INVALID_ARGUMENT"):
+        pool.backup_view(ptr, 0)
+    with pytest.raises(vw.VmmwError, match="VMMW_UNKNOWN_POINTER"):
+        pool.backup_view(0x1000, 4)
+
+
 def test_retain_from_the_environment():
     s = Saver(env={"TMS_RETAIN_CPU_BACKUP": "1"})
     try:
@@ -253,7 +286,7 @@ def test_start_plan_routes_from_the_first_allocation_when_asked(env, route, tag,
     plan = start_plan(env)
     assert (plan.route_all, plan.init_tag, plan.init_kind) == (route, tag, kind)
     assert plan.hook_mode == ("preload" if route else "torch")
-    assert ("every allocation" in plan.reason) == route
+    assert ("preload hook mode" in plan.reason) == route
 
 
 def test_start_plan_reads_backend_retain_and_disk_dir():

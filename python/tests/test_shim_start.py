@@ -1,8 +1,10 @@
 """The torch_memory_saver shim's own code on the host backend, with a
-stand-in for PyTorch (CI has none): the start-up routing (the process's
-allocator swapped for ours at import, the "default" tag for allocations
-outside regions), regions landing in the shim's pool tags, pause/resume on
-them only, and disk ranges taken from PyTorch's memory pool of the tag.
+stand-in for PyTorch (CI has none): the start-up routing (PyTorch's
+allocator kept; with TMS_INIT_ENABLE every thread routed to a memory pool
+over ours, the "default" tag for allocations outside regions, regions put
+ahead of the route), regions landing in the shim's pool tags, pause/resume
+on them only, disk ranges taken from PyTorch's memory pool of the tag, and
+get_cpu_backup over the pool's backup.
 
 Each case runs in a child process: the stand-in must never reach the other
 tests (they would take it for PyTorch)."""
@@ -57,48 +59,83 @@ def test_without_the_preload_settings_nothing_is_rerouted():
     out = run_child(
         """
         out["swapped"] = torch.cuda.memory.change_current_allocator.call_count
+        out["routed"] = torch._C._cuda_beginAllocateToPool.call_count
         out["mode"] = tms.hook_mode
         """
     )
-    assert out == {"swapped": 0, "mode": "torch"}
+    assert out == {"swapped": 0, "routed": 0, "mode": "torch"}
 
 
 @pytest.mark.parametrize("env", [{"VMMW_TMS_PRELOAD": "1"}, {"TMS_INIT_ENABLE": "1", "TMS_INIT_ENABLE_CPU_BACKUP": "1"}])
-def test_preload_start_swaps_the_allocator_at_import(env):
+def test_preload_start_keeps_pytorchs_allocator(env):
     out = run_child(
         """
         import vmmweights.tags as tags
-        swap = torch.cuda.memory.change_current_allocator
-        out["swapped"] = swap.call_count
-        out["ours"] = swap.call_args[0][0] is vt.allocator()
+        begin = torch._C._cuda_beginAllocateToPool
+        out["swapped"] = torch.cuda.memory.change_current_allocator.call_count
+        out["routed"] = [c[0][0] for c in begin.call_args_list]
+        out["settings"] = [c[0][0] for c in torch.cuda.memory._set_allocator_settings.call_args_list]
         out["mode"] = tms.hook_mode
         out["outside_regions"] = tags.current()
-        tms.hook_mode = "preload"  # already routed: nothing more
-        out["swapped_again"] = swap.call_count
-        """,
-        **env,
-    )
-    assert out["swapped"] == 1 and out["ours"] and out["mode"] == "preload" and out["swapped_again"] == 1
-    want = "tms:default/cpu" if "TMS_INIT_ENABLE" in env else "default"
-    assert out["outside_regions"] == want
-
-
-def test_hook_mode_preload_after_the_first_allocation_says_how_to_start():
-    out = run_child(
-        """
-        torch.cuda.memory.change_current_allocator.side_effect = RuntimeError("Can't swap an already initialized allocator")
-        try:
-            tms.hook_mode = "preload"
-        except RuntimeError as e:
-            out["error"] = str(e)
+        tms.hook_mode = "preload"  # started already: nothing more
+        out["routed_again"] = begin.call_count
         try:
             tms.hook_mode = "ld_preload"
         except ValueError as e:
             out["bad"] = str(e)
-        """
+        """,
+        **env,
     )
-    assert "configure_subprocess()" in out["error"] and "before the process's first CUDA allocation" in out["error"]
-    assert "'ld_preload'" in out["bad"]
+    assert out["swapped"] == 0, "PyTorch's caching allocator stays"
+    assert out["mode"] == "preload" and "'ld_preload'" in out["bad"]
+    if "TMS_INIT_ENABLE" in env:
+        assert out["routed"] == [0, 1], "every device routed, for every thread"
+        assert out["routed_again"] == 2
+        assert out["settings"] == ["max_split_size_mb:1024"]
+        assert out["outside_regions"] == "tms:default/cpu"
+    else:
+        assert out["routed"] == [] and out["settings"] == [] and out["outside_regions"] == "default"
+
+
+def test_init_enable_puts_regions_and_graphs_ahead_of_the_route_and_disable_beside_it():
+    out = run_child(
+        """
+        import contextlib
+        order = []
+        C = torch._C
+        C._cuda_beginAllocateToPool.side_effect = lambda d, i: order.append(("route on", d))
+        C._cuda_endAllocateToPool.side_effect = lambda d, i: order.append(("route off", d))
+        def use_mem_pool(mp, device=None):
+            order.append(("region", device))
+            return contextlib.nullcontext()
+        torch.cuda.memory.use_mem_pool.side_effect = use_mem_pool
+        def graph(g, pool=None, **kw):
+            order.append(("graph", pool))
+            return contextlib.nullcontext()
+        torch.cuda.graph.side_effect = graph
+        with tms.region(tag="kv"):
+            order.append("inside")
+        out["region"], order[:] = list(order), []
+        with tms.cuda_graph(mock.MagicMock(), tag="g"):
+            order.append("inside")
+        out["graph"], order[:] = [o if o[0] != "graph" else "graph" for o in order], []
+        with tms.disable():
+            order.append("inside")
+        out["disable"], order[:] = list(order), []
+        out["emptied"] = torch.cuda.memory.empty_cache.call_count
+        tms._route.stop()
+        with tms.region(tag="kv"):
+            pass
+        out["stopped"] = list(order)
+        """,
+        TMS_INIT_ENABLE="1",
+    )
+    as_lists = lambda xs: [list(x) if isinstance(x, (list, tuple)) else x for x in xs]
+    assert as_lists(out["region"]) == [["route off", 0], ["region", 0], ["route on", 0], "inside"]
+    assert as_lists(out["graph"]) == [["route off", 0], "graph", ["route on", 0], "inside"]
+    assert as_lists(out["disable"]) == [["route off", 0], ["route off", 1], "inside", ["route on", 0], ["route on", 1]]
+    assert out["emptied"] == 1, "what disable() cached is returned at its end"
+    assert as_lists(out["stopped"]) == [["route off", 0], ["route off", 1], ["region", 0]], "stopped for good"
 
 
 def test_routed_regions_tag_allocations_and_pause_only_the_shims_tags():
@@ -156,7 +193,7 @@ def test_torch_mode_disk_backup_takes_its_ranges_from_the_tags_memory_pool(tmp_p
     assert out == {"files": [3 << 20], "back": "abcabc", "left": []}
 
 
-def test_get_cpu_backup_copies_a_paused_tensor_and_is_none_where_upstream_holds_none():
+def test_get_cpu_backup_reads_the_pools_backup_and_is_none_where_upstream_holds_none():
     out = run_child(
         """
         import ctypes
@@ -166,8 +203,10 @@ def test_get_cpu_backup_copies_a_paused_tensor_and_is_none_where_upstream_holds_
             x.untyped_storage.return_value.data_ptr.return_value = ptr
             x.untyped_storage.return_value.nbytes.return_value = n
             return x
-        host = ctypes.create_string_buffer(64)
-        torch.empty.return_value.data_ptr.return_value = ctypes.addressof(host)
+        def seen():
+            # the host memory get_cpu_backup wrapped (torch.frombuffer's argument)
+            buf = torch.frombuffer.call_args[0][0]
+            return ctypes.addressof(buf), bytes(buf)
         with tms.region(tag="w", enable_cpu_backup=True):
             pass
         ptr = vt.pool().alloc(1 << 20, "tms:w/cpu")
@@ -178,28 +217,30 @@ def test_get_cpu_backup_copies_a_paused_tensor_and_is_none_where_upstream_holds_
         x, y = tensor(ptr, 64), tensor(foreign, 64)
         out["awake"] = tms.get_cpu_backup(x) is None
         tms.pause("w")
-        out["copy_is_view"] = tms.get_cpu_backup(x) is torch.empty.return_value.view.return_value.as_strided.return_value
-        out["bytes"] = host.raw.decode()
+        view = torch.frombuffer.return_value
+        out["copy"] = tms.get_cpu_backup(x) is view.clone.return_value.view.return_value.as_strided.return_value
+        at, data = seen()
+        out["bytes"] = data.decode()
+        out["at_backup"] = at == vt.pool().backup_view(ptr, 64)[1]
+        out["zero_copy"] = tms.get_cpu_backup(x, zero_copy=True) is view.view.return_value.as_strided.return_value
+        out["same_place"] = seen()[0] == at
         out["asleep_after_read"] = report()["tms:w/cpu"]
         out["foreign"] = tms.get_cpu_backup(y) is None  # asleep with a backup, but not the shim's
-        try:
-            tms.get_cpu_backup(x, zero_copy=True)
-        except NotImplementedError as e:
-            out["zero_copy"] = str(e)
-        tms.resume("w")
-        out["resumed"] = tms.get_cpu_backup(x) is None
         tms.retain_cpu_backup = True
-        try:
-            tms.get_cpu_backup(x)
-        except NotImplementedError as e:
-            out["retained"] = str(e)
+        tms.resume("w")
+        out["retained"] = tms.get_cpu_backup(x, zero_copy=True) is not None and seen()[0] == at
+        tms.retain_cpu_backup = False
+        tms.pause("w")
+        tms.resume("w")
+        out["released"] = tms.get_cpu_backup(x) is None and tms.get_cpu_backup(x, zero_copy=True) is None
         """
     )
-    assert out["awake"] and out["copy_is_view"] and out["resumed"] and out["foreign"]
+    assert out["awake"] and out["copy"] and out["zero_copy"] and out["foreign"]
     assert out["bytes"] == "0123456789" * 6 + "abcd", "the paused bytes, from the host backup"
+    assert out["at_backup"] and out["same_place"], "a view of the pool's backup itself"
     assert out["asleep_after_read"] is True
-    assert "zero_copy" in out["zero_copy"] and "'w'" in out["zero_copy"]
-    assert "retained backup" in out["retained"]
+    assert out["retained"], "a retained backup is read after resume, at the same address"
+    assert out["released"], "a releasing resume leaves no backup to read"
 
 
 def test_nested_region_under_init_enable_keeps_the_outer_tag_after_it():

@@ -29,6 +29,7 @@ from .devices import (
     wake_replicas_from_backup,
     wake_replicas_from_checkpoint,
 )
+from .metadata import ggml_type, gguf_metadata, gguf_metadata_types
 from .loader import STRATEGIES, Destination, Loader, LoadResult, PlanSummary, load
 from .pool import BACKENDS, POLICIES, Pool
 from .report import table as report_table
@@ -51,6 +52,9 @@ __all__ = [
     "UpdateResult",
     "UpdateSource",
     "VmmwError",
+    "ggml_type",
+    "gguf_metadata",
+    "gguf_metadata_types",
     "library_path",
     "load",
     "load_devices",

@@ -1,10 +1,11 @@
-"""``vmmw`` (the wheel's console command) and ``python -m vmmweights``.
+"""``python -m vmmweights``.
 
-With arguments, both run the ``vmmw`` command line the wheel carries
-(``vmmweights/bin/vmmw``), with the same arguments and exit code:
-``python -m vmmweights demo``. Without arguments, or with ``--diagnose``,
-``python -m vmmweights`` prints what this installation uses: versions, the
-library's path, the backend and device a pool opens on, and why.
+With arguments it runs the ``vmmw`` command line the wheel installs (the
+``vmmw`` command in the environment's scripts folder), with the same
+arguments and exit code: ``python -m vmmweights demo``. Without arguments,
+or with ``--diagnose``, it prints what this installation uses: versions, the
+library's path, the command line's, and the backend and device a pool opens
+on.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import os
 import platform
 import sys
+import sysconfig
 from pathlib import Path
 from typing import List, Optional
 
@@ -19,9 +21,19 @@ _HERE = Path(__file__).resolve().parent
 
 
 def cli_path() -> Optional[Path]:
-    """The ``vmmw`` executable inside the installed package, if the wheel carries one."""
-    p = _HERE / "bin" / "vmmw"
-    return p if p.is_file() and os.access(p, os.X_OK) else None
+    """The ``vmmw`` command installed with this package (in the scripts
+    folder of its environment, or of the user's scheme for ``pip install
+    --user``), if there is one."""
+    folders = [sysconfig.get_path("scripts")]
+    try:
+        folders.append(sysconfig.get_path("scripts", f"{os.name}_user"))
+    except KeyError:  # no user scheme on this platform
+        pass
+    for folder in folders:
+        p = Path(folder) / "vmmw"
+        if p.is_file() and os.access(p, os.X_OK):
+            return p
+    return None
 
 
 def diagnose() -> int:
@@ -35,7 +47,9 @@ def diagnose() -> int:
     print(f"VMMW_BACKEND={os.environ.get('VMMW_BACKEND', '(unset: auto)')}")
     try:
         with Pool(backend=os.environ.get("VMMW_BACKEND", "auto")) as pool:
-            print(f"backend:   {pool.report()['backend']}")
+            r = pool.report()
+            print(f"backend:   {r['backend']}")
+            print(f"device:    {r['ordinal']}: {r['device']}")
     except Exception as e:  # the diagnosis reports what failed instead of raising
         print(f"backend:   no pool could be opened: {e}")
         return 1
@@ -49,17 +63,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     cli = cli_path()
     if cli is None:
         print(
-            "vmmw: this installation carries no vmmw command (a wheel built without it); "
-            "`python -m vmmweights` shows what it has",
+            "vmmw: no vmmw command is installed with this package (a source checkout on "
+            "PYTHONPATH?); `python -m vmmweights` shows what it has",
             file=sys.stderr,
         )
         return 1
     os.execv(str(cli), [str(cli), *args])
-
-
-def console() -> None:
-    """The ``vmmw`` console script: the command line, with its arguments as given."""
-    sys.exit(main(sys.argv[1:] or ["--help"]))
 
 
 if __name__ == "__main__":

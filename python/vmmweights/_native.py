@@ -131,6 +131,8 @@ _SIGNATURES: dict[str, tuple[Any, list[Any], bool]] = {
     "vmmw_pool_read": (_I32, [_P, ctypes.c_uint64, ctypes.c_void_p, ctypes.c_size_t], True),
     "vmmw_pool_read_backup": (_I32, [_P, ctypes.c_uint64, ctypes.c_void_p, ctypes.c_size_t,
                                       ctypes.POINTER(ctypes.c_uint32)], True),
+    "vmmw_pool_backup_view": (_I32, [_P, ctypes.c_uint64, ctypes.c_size_t, ctypes.POINTER(ctypes.c_void_p),
+                                      ctypes.POINTER(ctypes.c_uint32)], True),
     "vmmw_pool_sleep": (_I32, [_P, ctypes.POINTER(S.TagPolicy), ctypes.c_size_t], True),
     "vmmw_pool_wake": (_I32, [_P, ctypes.POINTER(ctypes.c_uint32), ctypes.c_size_t], True),
     "vmmw_pool_reserve_backup": (_I32, [_P, ctypes.c_uint64], True),
@@ -252,6 +254,19 @@ _SIGNATURES: dict[str, tuple[Any, list[Any], bool]] = {
     "vmmw_pool_tag_torn": (_I32, [_P, ctypes.c_uint32, ctypes.POINTER(_I32)], True),
     "vmmw_pool_tag_of": (_I32, [_P, ctypes.c_uint64, ctypes.POINTER(ctypes.c_uint32)], True),
     "vmmw_pool_publish": (_I32, [_P, ctypes.c_uint32, _U64P], True),
+    "vmmw_metadata_open": (_I32, [ctypes.c_char_p, ctypes.POINTER(_P)], True),
+    "vmmw_metadata_free": (None, [_P], False),
+    "vmmw_metadata_count": (_I32, [_P, _SZP], True),
+    "vmmw_metadata_key": (_I32, [_P, ctypes.c_size_t, *_BUF], True),
+    "vmmw_metadata_find": (_I32, [_P, ctypes.c_char_p, _SZP], True),
+    "vmmw_metadata_type": (_I32, [_P, ctypes.c_size_t, _SZP, ctypes.c_size_t, ctypes.POINTER(ctypes.c_uint32),
+                                  ctypes.POINTER(ctypes.c_uint32), _SZP], True),
+    "vmmw_metadata_u64": (_I32, [_P, ctypes.c_size_t, _SZP, ctypes.c_size_t, _U64P], True),
+    "vmmw_metadata_i64": (_I32, [_P, ctypes.c_size_t, _SZP, ctypes.c_size_t, ctypes.POINTER(ctypes.c_int64)], True),
+    "vmmw_metadata_f64": (_I32, [_P, ctypes.c_size_t, _SZP, ctypes.c_size_t, ctypes.POINTER(ctypes.c_double)], True),
+    "vmmw_metadata_bool": (_I32, [_P, ctypes.c_size_t, _SZP, ctypes.c_size_t, ctypes.POINTER(ctypes.c_uint8)], True),
+    "vmmw_metadata_string": (_I32, [_P, ctypes.c_size_t, _SZP, ctypes.c_size_t, *_BUF], True),
+    "vmmw_ggml_type": (_I32, [ctypes.c_char_p, ctypes.POINTER(ctypes.c_uint32), _SZP, _SZP], True),
 }
 
 

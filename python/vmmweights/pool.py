@@ -207,6 +207,23 @@ class Pool:
         tag = self.read_backup_into(ptr, ctypes.addressof(buf) if size else 0, size)
         return tag, buf.raw
 
+    def backup_view(self, ptr: int, size: int) -> Tuple[str, int]:
+        """The pinned host address of the backup bytes of `size` bytes of pool
+        memory at `ptr`, without copying, and their tag: (tag, address). The
+        backup of an asleep tag, or the one an awake tag kept after its wake
+        (the bytes of its last sleep). The pool owns the bytes: read them,
+        never free them. The address stays valid while the backup stays
+        assigned: until the memory is freed, :meth:`release_backup` runs, or
+        a sleep of the tag needs a backup of another shape (a sleep of the
+        same ranges rewrites the same bytes in place). `InvalidState` naming
+        the tag when no backup holds the range, or its bytes are not in one
+        piece."""
+        host = ctypes.c_void_p()
+        tag = ctypes.c_uint32()
+        call("vmmw_pool_backup_view", self.handle, ctypes.c_uint64(ptr), ctypes.c_size_t(size),
+             ctypes.byref(host), ctypes.byref(tag))
+        return tag_name(tag.value), int(host.value or 0)
+
     def trim(self) -> int:
         """Return cached memory to the driver; the physically backed bytes released."""
         out = ctypes.c_uint64()
@@ -323,9 +340,10 @@ class Pool:
         return out.value
 
     def report(self) -> Dict[str, Any]:
-        """The memory report: ``tags`` (one dict per tag: live_bytes,
-        reserved_bytes, tracked_bytes, segments, offloaded_bytes, ...,
-        asleep), ``total``, ``device_used_bytes``, ``device_total_bytes``."""
+        """The memory report: ``backend`` (the kind, "cuda" or "host"),
+        ``device`` (in words), ``ordinal``, ``tags`` (one dict per tag:
+        live_bytes, reserved_bytes, tracked_bytes, segments, offloaded_bytes,
+        ..., asleep), ``total``, ``device_used_bytes``, ``device_total_bytes``."""
         return _json_object(call_text("vmmw_pool_report_json", self.handle))
 
     def report_table(self) -> str:

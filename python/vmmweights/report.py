@@ -36,7 +36,7 @@ def table(report: Mapping[str, Any]) -> str:
         )
     used, total = report.get("device_used_bytes"), report.get("device_total_bytes")
     if used is None or total is None:
-        lines.append(f"device ({report.get('backend', '?')}): used unknown")
+        lines.append(f"device ({report.get('device', '?')}): used unknown")
     else:
-        lines.append(f"device ({report.get('backend', '?')}): {mib(used)} used of {mib(total)}")
+        lines.append(f"device ({report.get('device', '?')}): {mib(used)} used of {mib(total)}")
     return "\n".join(lines)

@@ -289,9 +289,9 @@ class SaverCore:
 
 # --- the start: routing the process's allocations -------------------------------------------
 
-#: Set by ``configure_subprocess()``: a child process routes every PyTorch
-#: allocation through our allocator from its first one (torch_memory_saver's
-#: LD_PRELOAD hook mode, done with PyTorch's pluggable allocator instead).
+#: Set by ``configure_subprocess()``: a child process starts in the preload
+#: hook mode (torch_memory_saver's LD_PRELOAD mode, done with PyTorch memory
+#: pools over our pluggable allocator instead).
 ROUTE_ENV = "VMMW_TMS_PRELOAD"
 
 
@@ -300,7 +300,7 @@ class StartPlan:
     """How a process starts under the torch_memory_saver shim, read from the
     environment variables torch_memory_saver itself reads."""
 
-    route_all: bool  # every allocation of the process goes through our allocator
+    route_all: bool  # the preload hook mode (with init_tag: allocations outside regions are ours)
     hook_mode: str  # "preload" when routed, else "torch"
     init_tag: Optional[str]  # the tag allocations outside any region get (TMS_INIT_ENABLE)
     init_kind: str  # how that tag keeps its bytes: "cpu", "disk" or "none"
@@ -313,16 +313,15 @@ class StartPlan:
         if not self.route_all:
             return f"regions only: {ROUTE_ENV} and TMS_INIT_ENABLE are unset"
         why = [k for k, on in ((ROUTE_ENV, True), ("TMS_INIT_ENABLE", self.init_tag is not None)) if on]
-        return "every allocation through our allocator (" + ", ".join(why) + ")"
+        return "preload hook mode (" + ", ".join(why) + ")"
 
 
 def start_plan(env: Optional[Mapping[str, str]] = None) -> StartPlan:
     """The start-up decision for the environment `env` (os.environ by default).
 
     ``TMS_INIT_ENABLE=1`` (what training engines set) or ``configure_subprocess()``
-    route every allocation of the process through our allocator; with
-    ``TMS_INIT_ENABLE`` the allocations outside any region belong to tag
-    "default", backed up per ``TMS_INIT_ENABLE_CPU_BACKUP`` /
+    start the preload hook mode; with ``TMS_INIT_ENABLE`` the allocations
+    outside any region belong to tag "default", backed up per ``TMS_INIT_ENABLE_CPU_BACKUP`` /
     ``TMS_INIT_ENABLE_DISK_BACKUP``. A backend other than pinned or mmap is an error."""
     env = os.environ if env is None else env
     init = truthy(env.get("TMS_INIT_ENABLE"))

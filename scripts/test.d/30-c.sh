@@ -35,5 +35,9 @@ echo "--- examples/c"
 gcc -std=c11 "${warn[@]}" "${san[@]}" -Iinclude examples/c/main.c -o "$out/example-c" "${link[@]}"
 "$out/example-c"
 
+echo "--- examples/gguf-runtime"
+gcc -std=c11 "${warn[@]}" -Wpedantic "${san[@]}" -Iinclude examples/gguf-runtime/main.c -o "$out/example-gguf-runtime" "${link[@]}"
+"$out/example-gguf-runtime"
+
 echo "--- examples/share (two processes)"
 bash examples/share/run.sh

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Go: vet, go test -race, go test with GOGC=1 (finalizers and KeepAlive under
-# constant collection), a vendored build, and the Go example. The package
+# constant collection), a vendored build, the Go example, and the go-swap
+# service (its test builds it with -race and drives it over HTTP). The package
 # finds the library through pkg-config, as it does for users; here a .pc file
 # points at the repository's header and the freshly built library.
 set -euo pipefail
@@ -22,6 +23,8 @@ export CGO_ENABLED=1 PKG_CONFIG_PATH="$pc"
 (cd bindings/go && go vet ./... && go vet -tags vmmw_testing ./... \
   && go test -tags vmmw_testing -race -count=1 ./... && GOGC=1 go test -tags vmmw_testing -count=1 ./...)
 (cd examples/go && go vet ./... && go run .)
+echo "--- the model-swapping service, built and driven as a process (host backend)"
+(cd examples/go-swap && go vet ./... && go test -count=1 ./...)
 echo "--- without cgo: one error that names the fix"
 if said=$(cd bindings/go && CGO_ENABLED=0 go build ./... 2>&1); then
   echo "the package built with CGO_ENABLED=0" >&2; exit 1

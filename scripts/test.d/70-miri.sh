@@ -2,7 +2,8 @@
 # Miri (issue 16): the library's unit tests that need no driver (no mmap,
 # memfd or CUDA) under the Miri interpreter, which reports undefined behaviour
 # in the unsafe code they reach: element conversion, the C buffer contract,
-# the panic boundary, block split/merge, tags, dtypes,
+# the panic boundary, block split/merge, tags, dtypes, the GGUF parser and
+# the metadata C functions,
 # errors and reports. Skips with a message when the nightly toolchain or its
 # miri component is missing (rustup +nightly component add miri rust-src);
 # VMMW_MIRI=0 skips it too. Bounded by a timeout (VMMW_MIRI_SECONDS, default 1200).
@@ -25,6 +26,9 @@ tests=(
   pool::block::
   tag::
   loader::dtype::
+  loader::ggml_type::
+  loader::gguf::
+  ffi::metadata::
   error::
   report::
 )

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Python: build the wheel with maturin from this tree, install it into a fresh
-# virtual environment, and run the package's tests on the host backend from
+# Python: build the wheel from this tree as `pip install ./python` does
+# (maturin for the command line, python/build.rs for the library), install it with a plain
+# `pip install ./python` into a fresh virtual environment, and run the package's tests on the host backend from
 # outside the source folder (so the installed package, with the library it
 # carries, is what gets imported). The PyTorch tests (tests/torch) run too and
 # skip, with the reason, where PyTorch or a GPU is missing. The wheel carries
@@ -14,41 +15,62 @@ trap 'rm -rf "$work"' EXIT
 python3 -m venv "$work/venv"
 py="$work/venv/bin/python"
 "$py" -m pip install --quiet --upgrade pip
-"$py" -m pip install --quiet "maturin>=1.5,<2" cffi pytest mypy
+# gguf: llama.cpp's GGUF writer and reader, the test data of python/tests/test_gguf.py.
+"$py" -m pip install --quiet pytest mypy "gguf==0.19.0"
 echo "--- mypy --strict"
 (cd python && "$work/venv/bin/mypy" --strict --cache-dir=/dev/null -p vmmweights)
-echo "--- vmmw for the wheel"
-cargo build --quiet --features cli --bin vmmw
+# What a plain `pip install ./python` runs: maturin builds the `vmmw` command
+# line (python/Cargo.toml) and python/build.rs the C library the package
+# opens (here in the dev profile, in the shared target folder, so what other
+# parts built is reused). Nothing is copied in beforehand: the build makes it.
 target=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')
-mkdir -p python/vmmweights/bin
-install -m 755 "$target/debug/vmmw" python/vmmweights/bin/vmmw
-echo "--- maturin build"
-# python/Cargo.toml re-exports the crate; the shared target dir reuses the dependencies built above.
-(cd python && CARGO_TARGET_DIR="$PWD/../target" "$work/venv/bin/maturin" build --interpreter "$py" --out "$work/dist") >"$work/maturin.log" 2>&1 \
+build_env=(env MATURIN_PEP517_ARGS="--profile dev" CARGO_TARGET_DIR="$target")
+echo "--- python/Cargo.toml names the command line's crates as the main crate does"
+python3 - <<'PY'
+import sys, tomllib
+main = tomllib.load(open("Cargo.toml", "rb"))["dependencies"]
+py = tomllib.load(open("python/Cargo.toml", "rb"))["dependencies"]
+drift = [f"{k}: {py[k]} here, {main[k]} in Cargo.toml" for k in py
+         if k != "vmmweights" and {**(main[k] if isinstance(main[k], dict) else {"version": main[k]}), "optional": None}
+         != {**(py[k] if isinstance(py[k], dict) else {"version": py[k]}), "optional": None}]
+if drift:
+    sys.exit("python/Cargo.toml drifted from Cargo.toml: " + "; ".join(drift))
+PY
+rm -f python/vmmweights/vmmweights/libvmmweights.so
+echo "--- pip wheel ./python"
+"${build_env[@]}" "$py" -m pip wheel --no-deps ./python -w "$work/dist" >"$work/maturin.log" 2>&1 \
   || { cat "$work/maturin.log"; exit 1; }
-tail -2 "$work/maturin.log"
+tail -1 "$work/maturin.log"
 wheel=$(ls "$work"/dist/vmmweights-*.whl)
 "$py" - "$wheel" <<'PY'
 import sys, zipfile
 names = zipfile.ZipFile(sys.argv[1]).namelist()
-for need in ("vmmweights/vmmweights/libvmmweights.so", "vmmweights/bin/vmmw", "vmmweights/__main__.py"):
+for need in ("vmmweights/vmmweights/libvmmweights.so", "vmmweights/__main__.py"):
     if need not in names:
         sys.exit(f"the wheel lacks {need}: {names}")
-stray = [n for n in names if "__pycache__" in n or n.endswith(".pyc")]
+if not any(n.endswith(".data/scripts/vmmw") for n in names):
+    sys.exit(f"the wheel installs no vmmw command: {names}")
+# Nothing generated beside the library: it is opened with ctypes.
+stray = [n for n in names if "__pycache__" in n or n.endswith(".pyc")
+         or n.startswith("vmmweights/vmmweights/") and n != "vmmweights/vmmweights/libvmmweights.so"]
 if stray:
     sys.exit(f"the wheel carries files the package never uses: {stray}")
-if not any(n.endswith("entry_points.txt") for n in names):
-    sys.exit("the wheel declares no console script")
+meta = next(n for n in names if n.endswith(".dist-info/METADATA"))
+needs = [line for line in zipfile.ZipFile(sys.argv[1]).read(meta).decode().splitlines()
+         if line.startswith("Requires-Dist:") and "extra ==" not in line]
+if needs:
+    sys.exit(f"the wheel requires packages at run time, where it needs none: {needs}")
 PY
-"$py" -m pip install --quiet "$wheel"
-echo "--- the vmmw console script and python -m vmmweights, from the fresh venv"
+echo "--- pip install ./python, into the fresh venv"
+"${build_env[@]}" "$py" -m pip install --quiet ./python >"$work/install.log" 2>&1 || { cat "$work/install.log"; exit 1; }
+echo "--- the vmmw command and python -m vmmweights, from the fresh venv"
 version=$("$py" -c 'import vmmweights; print(vmmweights.version())')
 said=$(cd "$work" && env -u VMMW_LIB "$work/venv/bin/vmmw" --version)
 [[ "$said" == "vmmw $version" ]] || { echo "vmmw --version says '$said', want 'vmmw $version'" >&2; exit 1; }
 said=$(cd "$work" && env -u VMMW_LIB "$py" -m vmmweights --version)
 [[ "$said" == "vmmw $version" ]] || { echo "python -m vmmweights --version says '$said'" >&2; exit 1; }
 said=$(cd "$work" && env -u VMMW_LIB VMMW_BACKEND=host "$py" -m vmmweights)
-grep -q "^backend: *host" <<<"$said" || { echo "python -m vmmweights diagnosis: $said" >&2; exit 1; }
+grep -q "^backend: *host$" <<<"$said" && grep -q "^device: *0: host" <<<"$said" || { echo "python -m vmmweights diagnosis: $said" >&2; exit 1; }
 echo "$said" | sed 's/^/  /'
 # A reader that goes away early: exit 0, nothing on stderr.
 set +e
@@ -61,7 +83,6 @@ echo "--- installed: $("$py" -c 'import vmmweights as v; print(v.__file__, v.lib
 import sys, vmmweights
 path = vmmweights.library_path()
 assert path.startswith(sys.prefix), f"library {path} is not the one in the installed package"
-import vmmweights.vmmweights  # the loader maturin generates imports too
 try:
     import vmmweights.torch
 except ImportError as e:

@@ -170,7 +170,7 @@ pub struct CreateFlags {
 ///
 /// Every method may be called from any thread; the CUDA backend makes the
 /// device's primary context current in each call.
-pub trait Driver: testing::AsAny + Send + Sync + fmt::Debug {
+pub trait Driver: std::any::Any + Send + Sync + fmt::Debug {
     /// Which backend this is.
     fn kind(&self) -> BackendKind;
     /// The device ordinal.

@@ -13,19 +13,6 @@ use super::fault::{injected_read, FaultOp, Faults};
 use super::host::HostDriver;
 use super::Driver;
 
-/// The concrete driver behind a `dyn Driver`, for [`Testing`]'s downcasts.
-/// Every `'static` type has it; implementers write nothing.
-pub trait AsAny {
-    /// This value as `dyn Any`, of its concrete type.
-    fn as_any(&self) -> &dyn Any;
-}
-
-impl<T: Any> AsAny for T {
-    fn as_any(&self) -> &dyn Any {
-        self
-    }
-}
-
 /// Test hooks on any driver.
 pub trait Testing {
     /// The host backend, when this is one (for limits, counts and peers in tests).
@@ -37,13 +24,15 @@ pub trait Testing {
     fn faults(&self) -> Option<&Faults>;
 }
 
-impl<'a> Testing for dyn Driver + 'a {
+// A `dyn Driver` upcasts to `dyn Any` (`Driver: Any`), so the concrete
+// backend behind it is one downcast away.
+impl Testing for dyn Driver {
     fn as_host(&self) -> Option<&HostDriver> {
-        self.as_any().downcast_ref()
+        (self as &dyn Any).downcast_ref()
     }
 
     fn faults(&self) -> Option<&Faults> {
-        let any = self.as_any();
+        let any: &dyn Any = self;
         if let Some(h) = any.downcast_ref::<HostDriver>() {
             return Some(h.faults());
         }

@@ -155,8 +155,10 @@ pub struct vmmw_loader_t {
     pub(crate) session: Session,
 }
 
-/// Open a checkpoint: a `.safetensors` file, or a folder holding
-/// `model.safetensors.index.json` (or one `model.safetensors`). Headers are
+/// Open a checkpoint: a `.safetensors` file, a folder holding
+/// `model.safetensors.index.json` (or one `model.safetensors`), or a GGUF
+/// file (by its magic bytes; any part of a split opens all parts;
+/// docs/GGUF.md). Headers are
 /// read and validated now. Opens never block. On success `*out` receives a
 /// new loader owned by the caller (`vmmw_loader_free`). Initial rules: none
 /// (every tensor to the destination of its own name).
@@ -168,7 +170,8 @@ pub struct vmmw_loader_t {
 ///   file (FIFO, device, socket); index over 64 MiB; header over 100 MB or
 ///   past the end; bad JSON, duplicate names, unknown dtype, more than 64
 ///   dims, overflowing shapes, offsets out of range or overlapping; shard
-///   names with `..` or absolute; missing shards.
+///   names with `..` or absolute; missing shards; for GGUF, docs/GGUF.md's
+///   list (naming the metadata key where one is wrong).
 ///
 /// # Safety
 /// `path` is a NUL-terminated string; `out` is writable; `error` is NULL or writable.

@@ -25,6 +25,7 @@ pub mod buffer;
 pub mod device;
 pub mod error;
 pub mod loader;
+pub mod metadata;
 pub mod multi;
 mod numbers;
 mod options;

@@ -797,3 +797,57 @@ pub unsafe extern "C" fn vmmw_pool_read_backup(
         Ok(())
     })
 }
+
+/// The host address of the pinned backup bytes of `len` bytes of pool memory
+/// at device address `ptr`, without copying: `*host` receives it. The range
+/// must lie in one segment whose backup holds every byte of it in one
+/// contiguous piece: an asleep tag's backup (Offload, or the changed bytes of
+/// a Reload sleep), or the backup an awake tag kept after its wake (the bytes
+/// of its last sleep). When `tag` is not NULL it receives the tag.
+///
+/// Ownership and lifetime: the pool owns the memory; the caller reads it and
+/// never frees or writes it. It stays valid, at the same address, while the
+/// backup stays assigned: until the segment is freed, the pool's unused
+/// backups are released (`vmmw_pool_release_backup`), a wake frees it
+/// (`free_backup_after_wake` of `vmmw_sleep_options_t`), or a sleep of the
+/// tag needs a backup of another shape (a sleep of the same ranges rewrites
+/// the same bytes in place). The memory is page-locked and registered with
+/// the device's driver. Thread-safe.
+///
+/// Errors (on any of them `*host` and `*tag` are left as they are):
+/// - `VMMW_NULL_ARGUMENT`: `pool` or `host` is NULL.
+/// - `VMMW_INVALID_ARGUMENT`: `len` is 0, the range runs past its segment,
+///   or overflows.
+/// - `VMMW_UNKNOWN_POINTER`: the range is not in this pool.
+/// - `VMMW_INVALID_STATE`, naming the tag: no backup holds the range (an
+///   awake tag whose backup was released, a discarded tag), the backup holds
+///   only part of it, or the bytes lie in more than one piece.
+///
+/// # Safety
+/// `pool` is a live handle; `host` is writable; `tag` is NULL or writable;
+/// `error` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn vmmw_pool_backup_view(
+    pool: *const vmmw_pool_t,
+    ptr: u64,
+    len: usize,
+    host: *mut *const c_void,
+    tag: *mut u32,
+    error: *mut *mut vmmw_error_t,
+) -> vmmw_status_t {
+    call(error, || {
+        // SAFETY: forwarded contract.
+        let p = unsafe { arg(pool, "pool") }?;
+        if host.is_null() {
+            return Err(Error::NullArgument("host"));
+        }
+        let (owner, at) = p.pool.backup_view(ptr, len)?;
+        // SAFETY: `host` is non-null and writable by contract.
+        unsafe { host.write(at.cast()) };
+        if !tag.is_null() {
+            // SAFETY: non-null and writable by contract.
+            unsafe { tag.write(owner.0) };
+        }
+        Ok(())
+    })
+}

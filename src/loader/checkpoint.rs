@@ -1,5 +1,6 @@
-//! Opening a checkpoint: one `.safetensors` file, or a folder with
-//! `model.safetensors.index.json` and its shards. Headers are read and
+//! Opening a checkpoint: one `.safetensors` file, a folder with
+//! `model.safetensors.index.json` and its shards, or a GGUF file (picked by
+//! its magic bytes, see [`super::gguf`]). Headers are read and
 //! validated without reading tensor data; the files are memory-mapped so the
 //! copy engine can read (or register) their pages later.
 //!
@@ -24,9 +25,11 @@ use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
 use std::path::{Component, Path, PathBuf};
 
-use memmap2::Mmap;
-
 use super::dtype::Dtype;
+use super::gguf::{self, GgufInfo, Metadata};
+use super::shard::{map_file, open_regular};
+pub use super::shard::{FileIdentity, Shard};
+pub use super::tensor::TensorInfo;
 use crate::error::{Error, Result};
 
 /// The index file name Hugging Face uses for sharded checkpoints.
@@ -38,107 +41,21 @@ pub const MAX_HEADER: u64 = 100_000_000;
 /// Largest index file accepted (real ones are well under 1 MB).
 pub const MAX_INDEX: u64 = 64 << 20;
 
+/// The dtype names a safetensors header may use, for error messages.
+const SAFETENSORS_NAMES: &str =
+    "BOOL, U8, I8, F8_E4M3, F8_E5M2, I16, U16, F16, BF16, I32, U32, F32, I64, U64, F64";
+
 /// Most dimensions a tensor may have.
 pub const MAX_DIMS: usize = 64;
 
-/// One tensor of a checkpoint: where its bytes are and what they are.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TensorInfo {
-    /// The tensor's name in the checkpoint.
-    pub name: String,
-    /// Index into [`Checkpoint::shards`].
-    pub shard: usize,
-    /// Element type.
-    pub dtype: Dtype,
-    /// Shape (row-major).
-    pub shape: Vec<usize>,
-    /// Absolute byte offset of the first element in the shard file.
-    pub offset: u64,
-    /// Bytes of data.
-    pub len: u64,
-}
-
-impl TensorInfo {
-    /// Number of elements.
-    pub fn numel(&self) -> usize {
-        self.shape.iter().product()
-    }
-}
-
-/// What identifies a file's contents without reading them: device, inode,
-/// size and modification time, recorded when a shard is opened.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct FileIdentity {
-    /// Device of the file system.
-    pub dev: u64,
-    /// Inode number.
-    pub ino: u64,
-    /// Size in bytes.
-    pub len: u64,
-    /// Modification time, nanoseconds since the epoch.
-    pub mtime_ns: i128,
-}
-
-impl FileIdentity {
-    /// The identity of an open file, from `fstat`.
-    pub fn of(file: &File) -> std::io::Result<FileIdentity> {
-        use std::os::unix::fs::MetadataExt;
-        let m = file.metadata()?;
-        Ok(FileIdentity {
-            dev: m.dev(),
-            ino: m.ino(),
-            len: m.len(),
-            mtime_ns: m.mtime() as i128 * 1_000_000_000 + m.mtime_nsec() as i128,
-        })
-    }
-}
-
-/// One open, mapped shard file.
-#[derive(Debug)]
-pub struct Shard {
-    /// The path as resolved inside the checkpoint (symlinks not followed in the name).
-    pub path: PathBuf,
-    /// The open file (used for positional reads when the data is not page-cached).
-    pub file: File,
-    /// A read-only mapping of the whole file (None for an empty file).
-    pub map: Option<Mmap>,
-    /// File size in bytes.
-    pub len: u64,
-    /// Identity, size and modification time when opened.
-    pub identity: FileIdentity,
-}
-
-impl Shard {
-    /// Check, without reading data, that the open file is still what was
-    /// opened: same device, inode, size and modification time. A file
-    /// truncated or rewritten in place since fails with
-    /// `Error::Checkpoint` naming it; nothing is read. (A file replaced by
-    /// rename is not a change here: this shard keeps the old file open and
-    /// mapped, whose bytes are still those that were loaded.)
-    pub fn check_unchanged(&self) -> Result<()> {
-        let now = FileIdentity::of(&self.file).map_err(|e| Error::io(&self.path, e))?;
-        if now == self.identity {
-            return Ok(());
-        }
-        let was = self.identity;
-        Err(Error::checkpoint(
-            &self.path,
-            None,
-            format!(
-                "the file changed since it was opened for loading (size {} -> {} bytes, mtime {} -> {} ns, inode {} -> {}): its bytes may no longer be those loaded, so nothing is read from it; load the new file again (a tag asleep with Reload stays asleep: forget its reload sources, wake it, then load)",
-                was.len, now.len, was.mtime_ns, now.mtime_ns, was.ino, now.ino
-            ),
-        ))
-    }
-
-    /// Address of byte `offset` of the mapping.
-    pub fn ptr(&self, offset: u64) -> *const u8 {
-        match &self.map {
-            // `offset <= len` is guaranteed by validation for every tensor range.
-            Some(m) => m.as_ptr().wrapping_add(offset as usize),
-            None => std::ptr::null(),
-        }
-    }
+/// Which format a checkpoint's files are in, with what the format adds.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub enum Format {
+    /// safetensors: one file or an indexed folder.
+    #[default]
+    Safetensors,
+    /// GGUF: one file or a split, with its metadata.
+    Gguf(GgufInfo),
 }
 
 /// An opened, validated checkpoint.
@@ -150,6 +67,8 @@ pub struct Checkpoint {
     pub shards: Vec<Shard>,
     /// Every tensor by name.
     pub tensors: BTreeMap<String, TensorInfo>,
+    /// The files' format, and a GGUF checkpoint's metadata.
+    pub format: Format,
 }
 
 #[derive(serde::Deserialize)]
@@ -175,11 +94,21 @@ impl Checkpoint {
         let root = path.as_ref().to_path_buf();
         let meta = std::fs::metadata(&root).map_err(|e| Error::io(&root, e))?;
         if !meta.is_dir() {
+            if gguf::sniff(&root) {
+                let (shards, tensors, info) = gguf::open(&root)?;
+                return Ok(Checkpoint {
+                    root,
+                    shards,
+                    tensors,
+                    format: Format::Gguf(info),
+                });
+            }
             let (shard, tensors) = open_shard(&root, 0)?;
             return Ok(Checkpoint {
                 root,
                 shards: vec![shard],
                 tensors: tensors.into_iter().map(|t| (t.name.clone(), t)).collect(),
+                format: Format::Safetensors,
             });
         }
         let index_path = root.join(INDEX_FILE);
@@ -191,6 +120,7 @@ impl Checkpoint {
                     root,
                     shards: vec![shard],
                     tensors: tensors.into_iter().map(|t| (t.name.clone(), t)).collect(),
+                    format: Format::Safetensors,
                 });
             }
             return Err(Error::checkpoint(
@@ -263,7 +193,24 @@ impl Checkpoint {
             root,
             shards,
             tensors,
+            format: Format::Safetensors,
         })
+    }
+
+    /// The metadata of the checkpoint at `path`: a GGUF checkpoint's (its
+    /// first file's), empty for safetensors. Opens and validates the whole
+    /// checkpoint.
+    pub fn read_metadata(path: impl AsRef<Path>) -> Result<Metadata> {
+        let c = Checkpoint::open(path)?;
+        Ok(c.gguf().map(|g| g.metadata().clone()).unwrap_or_default())
+    }
+
+    /// A GGUF checkpoint's metadata (None for safetensors).
+    pub fn gguf(&self) -> Option<&GgufInfo> {
+        match &self.format {
+            Format::Gguf(g) => Some(g),
+            Format::Safetensors => None,
+        }
     }
 
     /// Total bytes of tensor data.
@@ -321,38 +268,6 @@ fn resolve_inside(root: &Path, index_path: &Path, name: &str) -> Result<PathBuf>
 
 fn bad(path: &Path, tensor: Option<&str>, reason: String) -> Error {
     Error::checkpoint(path, tensor, reason)
-}
-
-/// Open `path` for reading only if it is a regular file (symlinks followed).
-/// The open is non-blocking, so a FIFO is refused instead of waiting for a writer.
-fn open_regular(path: &Path) -> Result<(File, std::fs::Metadata)> {
-    use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
-        .open(path)
-        .map_err(|e| Error::io(path, e))?;
-    let meta = file.metadata().map_err(|e| Error::io(path, e))?;
-    let ft = meta.file_type();
-    if !ft.is_file() {
-        let kind = if ft.is_dir() {
-            "a directory"
-        } else if ft.is_fifo() {
-            "a FIFO"
-        } else if ft.is_char_device() || ft.is_block_device() {
-            "a device"
-        } else if ft.is_socket() {
-            "a socket"
-        } else {
-            "not a regular file"
-        };
-        return Err(bad(
-            path,
-            None,
-            format!("is {kind}; checkpoint files must be regular files"),
-        ));
-    }
-    Ok((file, meta))
 }
 
 /// Read an index file: a regular file of at most [`MAX_INDEX`] bytes.
@@ -457,17 +372,20 @@ fn open_shard(path: &Path, index: usize) -> Result<(Shard, Vec<TensorInfo>)> {
         }
         let e: Entry = serde_json::from_value(value)
             .map_err(|e| bad(path, Some(&name), format!("header entry is malformed: {e}")))?;
-        let dtype = Dtype::parse(&e.dtype).ok_or_else(|| {
-            bad(
-                path,
-                Some(&name),
-                format!(
-                    "unknown dtype `{}` (known: {})",
-                    e.dtype,
-                    Dtype::known_names()
-                ),
-            )
-        })?;
+        // ggml's quantized types exist only in GGUF files.
+        let dtype = Dtype::parse(&e.dtype)
+            .filter(|d| !d.is_quantized())
+            .ok_or_else(|| {
+                bad(
+                    path,
+                    Some(&name),
+                    format!(
+                        "unknown dtype `{}` (known: {})",
+                        e.dtype.escape_debug(),
+                        SAFETENSORS_NAMES
+                    ),
+                )
+            })?;
         if e.shape.len() > MAX_DIMS {
             return Err(bad(
                 path,
@@ -531,19 +449,7 @@ fn open_shard(path: &Path, index: usize) -> Result<(Shard, Vec<TensorInfo>)> {
             ));
         }
     }
-    let map = if len > 0 {
-        // SAFETY: the mapping is read-only. Another process may still change the
-        // file while it is mapped: rewritten bytes change what we copy (the
-        // loader and reload compare `identity` before reading, see
-        // `check_unchanged`), and pages past a truncated end raise SIGBUS when
-        // touched. So every read through the mapping follows a
-        // `check_unchanged` of this shard (load and every Reload replay); a
-        // truncation racing that read itself is not caught. We never form
-        // references that assume immutability beyond the header check below.
-        Some(unsafe { Mmap::map(&file) }.map_err(|e| Error::io(path, e))?)
-    } else {
-        None
-    };
+    let map = map_file(path, &file, len)?;
     if let Some(m) = &map {
         safetensors::SafeTensors::read_metadata(m).map_err(|e| {
             bad(

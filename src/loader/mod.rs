@@ -1,4 +1,5 @@
-//! The safetensors loader: open and validate a checkpoint, map its tensors to
+//! The loader: open and validate a checkpoint (safetensors, or GGUF picked by
+//! its magic bytes, see [`gguf`]), map its tensors to
 //! destinations through rules, plan every copy before any I/O, then copy in
 //! place into device memory at the link's rate.
 //!
@@ -26,16 +27,20 @@ mod checksum;
 pub mod copy;
 pub mod dtype;
 pub mod executed;
+pub mod ggml_type;
+pub mod gguf;
 mod into_pool;
 pub mod plan;
 mod read_error;
 pub mod registry;
 pub mod rules;
 pub mod session;
+pub mod shard;
+pub mod tensor;
 
 use std::sync::Arc;
 
-pub use checkpoint::{Checkpoint, FileIdentity, Shard, TensorInfo};
+pub use checkpoint::{Checkpoint, FileIdentity, Format, Shard, TensorInfo};
 pub use copy::{Control, CopyOptions, CopyStats, Strategy};
 pub use dtype::Dtype;
 pub use executed::ExecutedPlan;

@@ -6,7 +6,13 @@
 //! - every source tensor is loaded or explicitly skipped;
 //! - shapes agree after slicing and fusing, and dtypes are equal or convertible
 //!   (F16, BF16, F32 in any direction);
-//! - missing destinations and unexpected sources are errors unless allowed.
+//! - missing destinations and unexpected sources are errors unless allowed;
+//! - a ggml block-quantized tensor is renamed, skipped, tied or sliced by
+//!   whole blocks only, never fused, padded or converted.
+//!
+//! Quantized tensors are planned in units of blocks: right after slicing, the
+//! last (fastest) dimension of their shape and slice is divided by the block
+//! size, so every copy below moves whole blocks of [`Dtype::size`] bytes.
 
 use std::collections::BTreeMap;
 
@@ -166,11 +172,11 @@ impl Plan {
                 problems.mismatched.push(format!("`{name}`: {e}"));
                 continue;
             }
-            if g.shape != dest.shape {
+            if g.elem_shape() != dest.shape {
                 problems.mismatched.push(format!(
                     "`{name}`: destination shape {:?}, sources give {:?} ({})",
                     dest.shape,
-                    g.shape,
+                    g.elem_shape(),
                     g.describe()
                 ));
                 continue;
@@ -181,6 +187,12 @@ impl Plan {
                 let src = p.info.dtype;
                 if src == dest.dtype {
                     convs.push(None);
+                } else if src.is_quantized() || dest.dtype.is_quantized() {
+                    problems.mismatched.push(format!(
+                        "`{name}`: destination dtype {}, source `{}` is {src}: quantized tensors are copied as raw blocks and never converted",
+                        dest.dtype, p.source
+                    ));
+                    ok = false;
                 } else if let (Some(f), Some(t)) = (src.convert_type(), dest.dtype.convert_type()) {
                     convs.push(Some((f, t)));
                 } else {
@@ -194,6 +206,7 @@ impl Plan {
             if !ok {
                 continue;
             }
+            let dest_units = unit_shape(&dest.shape, dest.dtype.block());
             for (p, conv) in g.parts.iter().zip(convs) {
                 let next = source_index.len() as u32;
                 let idx = *source_index.entry(p.source.clone()).or_insert(next);
@@ -210,7 +223,7 @@ impl Plan {
                     &p.slice_len,
                     dest.ptr,
                     dest.dtype,
-                    &dest.shape,
+                    &dest_units,
                     &dst_box_start,
                     conv,
                     idx,
@@ -264,6 +277,15 @@ impl Plan {
                 continue;
             }
             let dt0 = g.parts[0].info.dtype;
+            if let Some(to) = rules
+                .dtype
+                .filter(|&to| to != dt0 && (to.is_quantized() || dt0.is_quantized()))
+            {
+                problems.mismatched.push(format!(
+                    "`{name}`: the rules' dtype {to} would convert {dt0}: quantized tensors are copied as raw blocks and never converted"
+                ));
+                continue;
+            }
             if rules.dtype.is_none() && g.parts.iter().any(|p| p.info.dtype != dt0) {
                 problems.mismatched.push(format!(
                     "`{name}`: parts have different dtypes ({}); set `dtype` in the rules",
@@ -274,7 +296,7 @@ impl Plan {
             out.push(DestSpec {
                 name: name.clone(),
                 dtype: rules.dtype.unwrap_or(dt0),
-                shape: g.shape.clone(),
+                shape: g.elem_shape(),
             });
         }
         problems.mismatched.extend(groups.problems);
@@ -348,6 +370,17 @@ struct DestGroup {
 }
 
 impl DestGroup {
+    /// The destination's shape in elements (`shape` counts a quantized
+    /// tensor's last dimension in blocks).
+    fn elem_shape(&self) -> Vec<usize> {
+        let block = self.parts.first().map_or(1, |p| p.info.dtype.block());
+        let mut s = self.shape.clone();
+        if let Some(l) = s.last_mut() {
+            *l *= block;
+        }
+        s
+    }
+
     fn describe(&self) -> String {
         self.parts
             .iter()
@@ -431,6 +464,16 @@ fn group(
                         continue;
                     }
                 };
+                let mut info = info.clone();
+                let (mut slice_start, mut slice_len) = (slice_start, slice_len);
+                if info.dtype.is_quantized() {
+                    if let Err(e) =
+                        to_blocks(&mut info, &mut slice_start, &mut slice_len, &fuse, &pad)
+                    {
+                        problems.push(format!("`{name}` ({} {:?}): {e}", info.dtype, info.shape));
+                        continue;
+                    }
+                }
                 if let Some(f) = &fuse {
                     if f.dim >= info.shape.len() {
                         problems.push(format!(
@@ -444,7 +487,7 @@ fn group(
                 dests.entry(dest).or_default().parts.push(Part {
                     source: name,
                     tie,
-                    info: info.clone(),
+                    info,
                     slice_start,
                     slice_len,
                     fuse,
@@ -464,6 +507,47 @@ fn group(
         skipped,
         problems,
     })
+}
+
+/// Turn a quantized tensor's shape and slice into units of blocks along the
+/// last dimension; refuse what is not exact on raw blocks.
+fn to_blocks(
+    info: &mut TensorInfo,
+    start: &mut [usize],
+    len: &mut [usize],
+    fuse: &Option<Fuse>,
+    pad: &Option<Pad>,
+) -> std::result::Result<(), String> {
+    if fuse.is_some() || pad.is_some() {
+        return Err(
+            "a quantized tensor can be renamed, skipped, tied or row-sliced, not fused or padded"
+                .into(),
+        );
+    }
+    let b = info.dtype.block();
+    let Some(last) = info.shape.len().checked_sub(1) else {
+        return Err("a quantized tensor needs at least one dimension".into());
+    };
+    if !start[last].is_multiple_of(b) || !len[last].is_multiple_of(b) {
+        return Err(format!(
+            "the slice {}..{} of dim {last} does not fall on whole blocks of {b} elements",
+            start[last],
+            start[last] + len[last]
+        ));
+    }
+    info.shape[last] /= b;
+    start[last] /= b;
+    len[last] /= b;
+    Ok(())
+}
+
+/// `shape` with its last dimension counted in blocks of `block` elements.
+fn unit_shape(shape: &[usize], block: usize) -> Vec<usize> {
+    let mut s = shape.to_vec();
+    if let Some(l) = s.last_mut() {
+        *l /= block;
+    }
+    s
 }
 
 /// The tensor-parallel slice of `shape` for this rank: (start, len) per dim.

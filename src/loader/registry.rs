@@ -27,11 +27,11 @@ pub struct Destination {
 }
 
 /// Bytes of a contiguous tensor of `shape` and `dtype`; None when the count
-/// overflows (a shape no memory can hold).
+/// overflows (a shape no memory can hold) or, for a quantized type, when the
+/// last dimension is not a whole number of blocks ([`Dtype::bytes`]).
 pub fn byte_size(shape: &[usize], dtype: Dtype) -> Option<usize> {
-    shape
-        .iter()
-        .try_fold(dtype.size(), |acc, &d| acc.checked_mul(d))
+    let s: Vec<u64> = shape.iter().map(|&d| d as u64).collect();
+    dtype.bytes(&s).and_then(|b| usize::try_from(b).ok())
 }
 
 impl Destination {
@@ -127,6 +127,16 @@ impl Registry {
                 "destination `{name}` has {} dimensions; at most {} are supported",
                 shape.len(),
                 super::checkpoint::MAX_DIMS
+            )));
+        }
+        if dtype.is_quantized()
+            && shape
+                .last()
+                .is_none_or(|l| !l.is_multiple_of(dtype.block()))
+        {
+            return Err(Error::InvalidArgument(format!(
+                "destination `{name}`: shape {shape:?} of {dtype}: the last dimension must be a whole number of blocks of {}",
+                dtype.block()
             )));
         }
         let bytes = byte_size(shape, dtype)

@@ -713,6 +713,7 @@ impl Pool {
         };
         let mem = self.driver.mem_info().ok();
         let mut r = Report::new(
+            self.driver.kind(),
             self.driver.describe(),
             self.device(),
             usage.into_values().collect(),

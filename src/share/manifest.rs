@@ -177,17 +177,13 @@ impl Manifest {
                     t.shape.len()
                 ));
             }
-            let bytes = t
-                .shape
-                .iter()
-                .try_fold(t.dtype.size() as u64, |acc, &d| acc.checked_mul(d))
-                .ok_or_else(|| {
-                    format!(
-                        "tensor `{}`: shape {:?} overflows",
-                        printable(&t.name),
-                        t.shape
-                    )
-                })?;
+            let bytes = t.dtype.bytes(&t.shape).ok_or_else(|| {
+                format!(
+                    "tensor `{}`: shape {:?} overflows (or is not whole blocks)",
+                    printable(&t.name),
+                    t.shape
+                )
+            })?;
             let end = t.offset.checked_add(bytes).ok_or_else(|| {
                 format!(
                     "tensor `{}`: offset {} + {bytes} bytes overflows",
@@ -202,9 +198,10 @@ impl Manifest {
                     t.offset
                 ));
             }
-            if t.offset % t.dtype.size() as u64 != 0 {
+            // Quantized blocks are raw bytes (sizes such as 34): no element alignment.
+            if !t.dtype.is_quantized() && t.offset % t.dtype.size() as u64 != 0 {
                 return Err(format!(
-                    "tensor `{}`: offset {} is not aligned to its element size {}",
+                    "tensor `{}`: offset {} is not aligned to its element (or block) size {}",
                     printable(&t.name),
                     t.offset,
                     t.dtype.size()

@@ -10,7 +10,7 @@ use super::cut::{cut, Copy2d, Coverage};
 use super::plan::{self, PlanFor, UpdatePlan};
 use super::source::{Batch, Bytes, Source, SourceTensor};
 use super::{check_options, Staging, UpdateOptions, UpdateResult};
-use crate::driver::{DevicePtr, Driver, StreamId};
+use crate::driver::{DevicePtr, Driver, EventId, StreamId};
 use crate::error::{Error, Result};
 use crate::loader::{check_destinations, Registry};
 use crate::pool::Pool;
@@ -19,6 +19,10 @@ use crate::tag;
 
 /// Alignment of each destination's copy in the scratch.
 const SCRATCH_ALIGN: u64 = 256;
+
+/// Physical chunk of the scratch: large chunks make creating and mapping
+/// 16 GiB take milliseconds (2 MiB chunks take half a second).
+const SCRATCH_CHUNK: usize = 256 << 20;
 
 /// How a failed update left the destinations.
 enum Failed {
@@ -244,6 +248,18 @@ impl Run<'_> {
         self.driver.stream_synchronize(self.stream)
     }
 
+    /// An event recorded on the update's stream after what is queued.
+    fn record(&self) -> Result<EventId> {
+        let ev = self.driver.event_create()?;
+        match self.driver.event_record(ev, self.stream) {
+            Ok(()) => Ok(ev),
+            Err(e) => {
+                let _ = self.driver.event_destroy(ev);
+                Err(e)
+            }
+        }
+    }
+
     fn queue(&self, copies: &[Copy2d]) -> Result<()> {
         let d = &**self.driver;
         for c in copies {
@@ -328,7 +344,7 @@ impl Run<'_> {
             offsets.push(total);
             total += (*len as u64).div_ceil(SCRATCH_ALIGN) * SCRATCH_ALIGN;
         }
-        let scratch = Segment::allocate(self.driver.clone(), total.max(1) as usize, 0)
+        let scratch = Segment::allocate(self.driver.clone(), total.max(1) as usize, SCRATCH_CHUNK)
             .map_err(|e| Failed::Untouched(e.with_context(" (the update's scratch)")))?;
         let base = scratch.ptr();
         let remap = |p: DevicePtr| {
@@ -337,8 +353,12 @@ impl Run<'_> {
         };
         let t0 = Instant::now();
         let mut cov = Coverage::new(self.manifest.len());
-        let mut inflight: Option<u64> = None;
+        // One batch in flight: batch k's copies run on the device while the
+        // source produces batch k + 1 (into its other buffer); k is released
+        // once its copies have completed.
+        let mut inflight: Option<(u64, EventId)> = None;
         let mut copies = 0u64;
+        let scratch_error = |e: Error| e.with_context(" (copying into the update's scratch)");
         let streamed = loop {
             let b = match source.next() {
                 Ok(Some(b)) => b,
@@ -351,24 +371,31 @@ impl Run<'_> {
             }
             let cs = self.copies_of(&b, &remap);
             copies += cs.len() as u64;
-            // The previous batch's copies were queued before these: waiting
-            // for the stream here lets the source fill its next buffer
-            // while this one is read.
-            let queued = self.queue(&cs);
-            let synced = self.driver.stream_synchronize(self.stream);
-            if let Some(id) = inflight.take() {
-                if let Err(e) = source.release(id) {
+            let ev = match self.queue(&cs).and_then(|()| self.record()) {
+                Ok(ev) => ev,
+                Err(e) => {
+                    // Some of its copies may be queued: wait before handing it back.
+                    let _ = self.driver.stream_synchronize(self.stream);
                     let _ = source.release(b.id);
+                    break Err(scratch_error(e));
+                }
+            };
+            if let Some((id, prev)) = inflight.replace((b.id, ev)) {
+                let done = self.driver.event_synchronize(prev);
+                let _ = self.driver.event_destroy(prev);
+                if let Err(e) = done {
+                    let _ = self.driver.stream_synchronize(self.stream);
+                    let _ = source.release(id);
+                    break Err(scratch_error(e));
+                }
+                if let Err(e) = source.release(id) {
                     break Err(e);
                 }
             }
-            inflight = Some(b.id);
-            if let Err(e) = queued.and(synced) {
-                break Err(e.with_context(" (copying into the update's scratch)"));
-            }
         };
         let _ = self.driver.stream_synchronize(self.stream);
-        if let Some(id) = inflight {
+        if let Some((id, ev)) = inflight {
+            let _ = self.driver.event_destroy(ev);
             let released = source.release(id);
             if streamed.is_ok() {
                 released.map_err(source_error)?;

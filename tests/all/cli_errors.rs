@@ -348,3 +348,62 @@ fn a_bad_host_granularity_names_its_variable() {
         );
     }
 }
+
+#[test]
+fn hostile_gguf_files_exit_2_and_name_the_file_tensor_or_key() {
+    use common::gguf::{every_type, pattern, File, V};
+    let dir = tempfile::tempdir().unwrap();
+    let good = File::new(
+        every_type(),
+        &[
+            ("w", &[64, 2], 8, pattern(1, 2 * 2 * 34)),
+            ("n", &[4], 0, pattern(2, 16)),
+        ],
+    );
+    let bytes = good.bytes();
+    let cases: Vec<(&str, Vec<u8>, &str)> = vec![
+        ("cut.gguf", bytes[..bytes.len() - 20].to_vec(), "`n`"),
+        (
+            "type.gguf",
+            {
+                let mut f = good.clone();
+                f.tensors[0].ty = 77;
+                f.bytes()
+            },
+            "unknown ggml type 77",
+        ),
+        (
+            "key.gguf",
+            {
+                let mut f = good.clone();
+                f.kv[1].1 = V::Raw(8, (1u64 << 40).to_le_bytes().to_vec());
+                f.bytes()
+            },
+            "`t.u8`",
+        ),
+        (
+            "count.gguf",
+            {
+                let mut f = good.clone();
+                f.n_kv = Some(u64::MAX);
+                f.bytes()
+            },
+            "metadata key count",
+        ),
+    ];
+    for (name, data, needle) in cases {
+        let p = dir.path().join(name);
+        std::fs::write(&p, data).unwrap();
+        let p = p.to_str().unwrap();
+        for cmd in ["inspect", "plan", "load"] {
+            let r = vmmw(&[cmd, p]);
+            assert_eq!(r.code, 2, "{cmd} {name}: {}", r.all());
+            assert!(
+                r.stderr.contains(p) && r.stderr.contains(needle),
+                "{cmd} {name}: {}",
+                r.all()
+            );
+            assert!(!r.stdout.contains("loaded"), "{}", r.all());
+        }
+    }
+}

@@ -217,6 +217,22 @@ fn load_json_reports_bytes_and_the_timeline() {
     assert_eq!(weights["tag"], "weights");
     assert!(weights["live_bytes"].as_u64().unwrap() >= data as u64);
     assert_eq!(b[2]["report"]["total"]["tracked_bytes"], 0);
+    same_vocabulary(&j);
+}
+
+/// The command's `backend` and `device` mean what the library's report
+/// inside it means: the kind ("cuda"/"host") and the device in words.
+fn same_vocabulary(j: &Value) {
+    assert!(
+        j["backend"] == "host" || j["backend"] == "cuda",
+        "backend is the kind: {j}"
+    );
+    for b in j["timeline"]["boundaries"].as_array().unwrap() {
+        let r = &b["report"];
+        assert_eq!(r["backend"], j["backend"], "{}", b["name"]);
+        assert_eq!(r["device"], j["device"], "{}", b["name"]);
+        assert!(r["ordinal"].is_i64(), "the ordinal is its own field: {r}");
+    }
 }
 
 #[test]
@@ -257,6 +273,7 @@ fn demo_json_and_report_agree() {
         "{asleep}"
     );
     assert_eq!(asleep["total"]["tracked_bytes"], 0);
+    same_vocabulary(&j);
     let saved = dir.path().join("demo.json");
     std::fs::write(&saved, &r.stdout).unwrap();
     let saved = saved.to_str().unwrap();
@@ -323,4 +340,46 @@ fn bench_json_goes_to_stdout_or_a_file() {
     let r = vmmw(&["bench-sleep", "--json"]);
     assert_eq!(r.code, 1, "{}", r.all());
     assert_eq!(r.json()["error"]["kind"], "failure");
+}
+
+#[test]
+fn inspect_and_plan_show_gguf_metadata_and_ggml_types() {
+    use common::gguf::{every_type, pattern, File};
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("m.gguf");
+    File::new(
+        every_type(),
+        &[
+            ("blk.0.attn_q.weight", &[64, 4], 8, pattern(1, 4 * 2 * 34)),
+            ("norm", &[8], 0, pattern(2, 32)),
+        ],
+    )
+    .write(&path);
+    let p = path.to_str().unwrap();
+    let r = vmmw(&["inspect", p, "--tensors", "--json"]);
+    assert_eq!(r.code, 0, "{}", r.all());
+    let j = r.json();
+    assert_eq!(j["format"], "gguf");
+    assert_eq!(j["gguf_version"], 3);
+    assert_eq!(j["metadata"]["t.u64"]["value"], u64::MAX);
+    assert_eq!(j["metadata"]["t.i64"]["type"], "int64");
+    assert_eq!(j["metadata"]["t.nested"]["elem_type"], "array");
+    let q = j["tensors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["name"] == "blk.0.attn_q.weight")
+        .unwrap();
+    assert_eq!(q["dtype"], "Q8_0");
+    assert_eq!(q["ggml_type"], 8);
+    assert_eq!(q["shape"], serde_json::json!([4, 64]));
+    assert_eq!(q["ne"], serde_json::json!([64, 4]));
+    let text = vmmw(&["inspect", p]).stdout;
+    assert!(
+        text.contains("format: GGUF v3") && text.contains("t.u8 = 200"),
+        "{text}"
+    );
+    let r = vmmw(&["plan", p, "--json"]);
+    assert_eq!(r.code, 0, "{}", r.all());
+    assert_eq!(r.json()["format"]["format"], "gguf");
 }

@@ -210,3 +210,13 @@ fn share_client_random_run() {
 fn share_server_random_run() {
     run_mutated("share_server", 0x5eed_5e7e, fuzz::fuzz_share_server);
 }
+
+#[test]
+fn gguf_header_corpus() {
+    replay("gguf_header", 10, fuzz::fuzz_gguf_header);
+}
+
+#[test]
+fn gguf_metadata_corpus() {
+    replay("gguf_metadata", 10, fuzz::fuzz_gguf_metadata);
+}

@@ -65,6 +65,40 @@ fn destinations(pool: &Pool, ckpt: &Checkpoint, rules: &Rules, tag: tag::TagId) 
 }
 
 /// The bytes `name` must hold on `rank` of `world` (bf16), from the full tensors.
+/// Each rank's llama TP rules and destinations for `tag` in its own pool.
+fn tp_ranks(
+    pools: &[Pool],
+    ckpt: &Checkpoint,
+    head_dim: usize,
+    tag: tag::TagId,
+) -> (Vec<Rules>, Vec<Registry>) {
+    let world = pools.len();
+    let rules: Vec<Rules> = (0..world)
+        .map(|rank| Rules::preset("llama", Some(Tp { rank, world }), head_dim).unwrap())
+        .collect();
+    let regs = pools
+        .iter()
+        .zip(&rules)
+        .map(|(p, r)| destinations(p, ckpt, r, tag))
+        .collect();
+    (rules, regs)
+}
+
+/// One multi-device load target per rank.
+fn rank_targets<'a>(
+    pools: &'a [Pool],
+    rules: &'a [Rules],
+    regs: &'a [Registry],
+) -> Vec<PoolLoad<'a>> {
+    (0..pools.len())
+        .map(|k| PoolLoad {
+            pool: &pools[k],
+            rules: &rules[k],
+            registry: &regs[k],
+        })
+        .collect()
+}
+
 fn expected(t: &Tensors, s: &Shape, name: &str, rank: usize, world: usize) -> Vec<u8> {
     let e = 2;
     let rows = |n: &str, a: usize, k: usize| {
@@ -221,26 +255,13 @@ fn tensor_parallel_worlds_2_4_8_hold_slices_of_the_full_tensors() {
         let pools = pools(world);
         let tag = tag::id(&format!("multi-tp-{world}")).unwrap();
         let ckpt = Checkpoint::open(dir.path()).unwrap();
-        let rules: Vec<Rules> = (0..world)
-            .map(|rank| Rules::preset("llama", Some(Tp { rank, world }), TP.head_dim).unwrap())
-            .collect();
-        let regs: Vec<Registry> = pools
-            .iter()
-            .zip(&rules)
-            .map(|(p, r)| destinations(p, &ckpt, r, tag))
-            .collect();
+        let (rules, regs) = tp_ranks(&pools, &ckpt, TP.head_dim, tag);
         let plans: Vec<Plan> = rules
             .iter()
             .zip(&regs)
             .map(|(r, g)| Plan::build(&ckpt, r, g, &PlanOptions::default()).unwrap())
             .collect();
-        let targets: Vec<PoolLoad> = (0..world)
-            .map(|k| PoolLoad {
-                pool: &pools[k],
-                rules: &rules[k],
-                registry: &regs[k],
-            })
-            .collect();
+        let targets = rank_targets(&pools, &rules, &regs);
         let loaded = load_multi_into_pools(
             ckpt,
             &targets,
@@ -498,22 +519,9 @@ fn a_rank_whose_link_fails_once_is_redone_whole() {
     let pools = pools(world);
     let tag = tag::id("multi-fail-rank").unwrap();
     let ckpt = Checkpoint::open(dir.path()).unwrap();
-    let rules: Vec<Rules> = (0..world)
-        .map(|rank| Rules::preset("llama", Some(Tp { rank, world }), SMALL.head_dim).unwrap())
-        .collect();
-    let regs: Vec<Registry> = pools
-        .iter()
-        .zip(&rules)
-        .map(|(p, r)| destinations(p, &ckpt, r, tag))
-        .collect();
+    let (rules, regs) = tp_ranks(&pools, &ckpt, SMALL.head_dim, tag);
     host(&pools[1]).fail_nth(FaultOp::CopyHtod, 4);
-    let targets: Vec<PoolLoad> = (0..world)
-        .map(|k| PoolLoad {
-            pool: &pools[k],
-            rules: &rules[k],
-            registry: &regs[k],
-        })
-        .collect();
+    let targets = rank_targets(&pools, &rules, &regs);
     let loaded = load_multi_into_pools(
         ckpt,
         &targets,

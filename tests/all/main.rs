@@ -36,6 +36,7 @@ mod loader_alias;
 mod loader_cli;
 mod loader_convert;
 mod loader_errors;
+mod loader_gguf;
 mod loader_hostile;
 mod loader_identity;
 mod loader_into_pool;

@@ -150,6 +150,9 @@ pub struct Buckets {
     pub released: Vec<u64>,
     unreleased: usize,
     pub most_unreleased: usize,
+    /// Calls of `next` made while a batch handed out was not yet released
+    /// (the update reads one buffer while the source fills the other).
+    pub asked_while_reading: usize,
 }
 
 impl Buckets {
@@ -175,6 +178,7 @@ impl Buckets {
             released: Vec::new(),
             unreleased: 0,
             most_unreleased: 0,
+            asked_while_reading: 0,
         }
     }
 }
@@ -187,6 +191,9 @@ unsafe impl Source for Buckets {
     }
 
     fn next(&mut self) -> vmmweights::Result<Option<Batch>> {
+        if self.unreleased > 0 {
+            self.asked_while_reading += 1;
+        }
         let k = self.next;
         if Some(k) == self.fail_after {
             if self.end_early {
@@ -296,6 +303,10 @@ fn buckets_cut_anywhere_are_staged_with_one_batch_in_flight() {
         assert!(r.staged);
         check_all_new(&s);
         assert!(src.most_unreleased <= 2, "{}", src.most_unreleased);
+        assert!(
+            src.asked_while_reading + 1 >= src.released.len(),
+            "each next batch is asked for while the previous one is read"
+        );
         let mut ids = src.released.clone();
         ids.sort();
         assert_eq!(ids, (0..src.released.len() as u64).collect::<Vec<_>>());
@@ -621,5 +632,195 @@ fn the_kept_plan_follows_the_sessions_rules_and_destinations() {
         o.plan.allow_missing = true;
         let r = update::update(&s.session, &s.pool, &mut src, &o).unwrap();
         assert_eq!(r.destinations as usize, s.session.destination_count() - 2);
+    });
+}
+
+/// A source that hands over whatever pieces it was given, and on its first
+/// `next` runs `during` (to try a sleep while the update holds the tag).
+struct Hostile<'a> {
+    manifest: Vec<SourceTensor>,
+    batches: Vec<Batch>,
+    during: Option<Box<dyn FnMut() + 'a>>,
+    released: usize,
+}
+
+// SAFETY: every piece points into `DATA`, a static buffer, or is refused
+// by the update before any copy (the point of these tests).
+unsafe impl Source for Hostile<'_> {
+    fn manifest(&self) -> &[SourceTensor] {
+        &self.manifest
+    }
+
+    fn next(&mut self) -> vmmweights::Result<Option<Batch>> {
+        if let Some(mut f) = self.during.take() {
+            f();
+        }
+        Ok(if self.batches.is_empty() {
+            None
+        } else {
+            Some(self.batches.remove(0))
+        })
+    }
+
+    fn release(&mut self, _id: u64) -> vmmweights::Result<()> {
+        self.released += 1;
+        Ok(())
+    }
+}
+
+static DATA: [u8; 1 << 16] = [0x5A; 1 << 16];
+
+#[test]
+fn hostile_pieces_are_refused_and_write_nothing() {
+    on_each_backend("hostile_pieces_are_refused", |b| {
+        let s = setup(b, &unique("hostile", b), &SMALL, "llama", None);
+        let before = snapshot(s.driver.as_ref(), &s.session);
+        let v0 = s.pool.tag_version(s.tag).unwrap();
+        let manifest: Vec<SourceTensor> = s
+            .new
+            .iter()
+            .map(|(n, (sh, _))| SourceTensor {
+                name: n.clone(),
+                dtype: Dtype::Bf16,
+                shape: sh.clone(),
+            })
+            .collect();
+        let norm = manifest
+            .iter()
+            .position(|t| t.name == "model.norm.weight")
+            .unwrap();
+        let at = Bytes::Host(DATA.as_ptr());
+        let piece = |tensor, offset, len| Piece {
+            tensor,
+            offset,
+            len,
+            at,
+        };
+        for (what, pieces, needle) in [
+            (
+                "a tensor the manifest lacks",
+                vec![piece(9999, 0, 4)],
+                "names tensor #9999",
+            ),
+            (
+                "past the tensor's end",
+                vec![piece(norm, 100, 1000)],
+                "run past",
+            ),
+            (
+                "an offset that overflows",
+                vec![piece(norm, u64::MAX - 1, 4)],
+                "run past",
+            ),
+            (
+                "a byte twice",
+                vec![piece(norm, 0, 64), piece(norm, 32, 64)],
+                "overlap",
+            ),
+            ("short", vec![piece(norm, 0, 64)], "ended before delivering"),
+        ] {
+            for staged in [false, true] {
+                let mut src = Hostile {
+                    manifest: manifest.clone(),
+                    batches: vec![Batch {
+                        id: 7,
+                        pieces: pieces.clone(),
+                    }],
+                    during: None,
+                    released: 0,
+                };
+                let mut o = opts(v0);
+                if staged {
+                    o.staging = Staging::Always;
+                }
+                let e = update::update(&s.session, &s.pool, &mut src, &o).unwrap_err();
+                assert_eq!(e.status(), Status::UpdateSource, "{what}: {e}");
+                assert!(e.to_string().contains(needle), "{what}: {e}");
+                assert_eq!(src.released, 1, "{what}: the batch handed out is released");
+                assert_eq!(snapshot(s.driver.as_ref(), &s.session), before, "{what}");
+                assert_eq!(s.pool.tag_version(s.tag).unwrap(), v0);
+            }
+        }
+        // A sleep of the tag while the update holds it is refused.
+        let mut slept = None;
+        let mut src = Hostile {
+            manifest: manifest.clone(),
+            batches: vec![],
+            during: Some(Box::new(|| {
+                slept = Some(s.pool.sleep(&[(s.tag, Policy::Offload)]).map(|_| ()));
+            })),
+            released: 0,
+        };
+        let e = update::update(&s.session, &s.pool, &mut src, &opts(v0)).unwrap_err();
+        assert_eq!(e.status(), Status::UpdateSource, "{e}");
+        drop(src);
+        let slept = slept.expect("the source ran").unwrap_err();
+        assert_eq!(slept.status(), Status::LoadInProgress, "{slept}");
+        assert!(!s.pool.is_tag_asleep(s.tag));
+    });
+}
+
+#[test]
+fn concurrent_updates_of_one_tag_let_one_through() {
+    on_each_backend("concurrent_updates_of_one_tag", |b| {
+        let s = setup(b, &unique("concurrent", b), &SMALL, "llama", None);
+        let v0 = s.pool.tag_version(s.tag).unwrap();
+        let outcomes: Vec<vmmweights::Result<u64>> = std::thread::scope(|sc| {
+            let hs: Vec<_> = (0..4)
+                .map(|_| {
+                    sc.spawn(|| {
+                        let mut src = on_host(&s.new);
+                        update::update(&s.session, &s.pool, &mut src, &opts(v0)).map(|r| r.version)
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        let won: Vec<_> = outcomes.iter().filter_map(|r| r.as_ref().ok()).collect();
+        assert_eq!(won, vec![&(v0 + 1)], "exactly one update moves the version");
+        for e in outcomes.iter().filter_map(|r| r.as_ref().err()) {
+            assert!(
+                matches!(e.status(), Status::VersionMismatch | Status::InvalidState),
+                "{e}"
+            );
+        }
+        check_all_new(&s);
+    });
+}
+
+#[test]
+fn an_update_without_a_session_versions_the_tag_it_names() {
+    // Destinations of the caller's own (outside any pool, declared), rules
+    // and registry given directly: the tag to version must be named.
+    on_each_backend("an_update_without_a_session", |b| {
+        let s = setup(b, &unique("no-session", b), &SMALL, "llama", None);
+        let rules = s.session.rules();
+        let ckpt = vmmweights::loader::Checkpoint::open(s._dir.path()).unwrap();
+        let specs = vmmweights::loader::Plan::destinations(&ckpt, &rules).unwrap();
+        let total: usize = specs.iter().map(|x| x.bytes().div_ceil(256) * 256).sum();
+        let seg = Segment::allocate(b.driver.clone(), total, 0).unwrap();
+        let mut reg = vmmweights::loader::Registry::new();
+        reg.declare_foreign(seg.ptr(), seg.reserved() as u64)
+            .unwrap();
+        let mut at = seg.ptr();
+        for x in &specs {
+            reg.register(&x.name, at, x.dtype, &x.shape).unwrap();
+            at += (x.bytes().div_ceil(256) * 256) as u64;
+        }
+        let t = tag::id(&unique("no-session-version", b)).unwrap();
+        let mut src = on_host(&s.new);
+        let e = update::update_registry(&s.pool, &rules, &reg, &mut src, &opts(1)).unwrap_err();
+        assert!(e.to_string().contains("outside the pool"), "{e}");
+        let mut o = opts(s.pool.tag_version(t).unwrap());
+        o.tag = Some(t);
+        let r = update::update_registry(&s.pool, &rules, &reg, &mut src, &o).unwrap();
+        assert_eq!((r.tag, r.version), (t, 2));
+        for d in reg.iter() {
+            assert!(
+                read(s.driver.as_ref(), d.ptr, d.bytes()) == s.want[&d.name],
+                "`{}`",
+                d.name
+            );
+        }
     });
 }

@@ -111,6 +111,19 @@ int main(void) {
   CHECK_STATUS(VMMW_INVALID_ARGUMENT, vmmw_pool_read_backup(pool, UINT64_MAX - 4, back, 16, NULL, NULL));
   CHECK(back[0] == 0x5a && back[15] == 0x5a);
 
+  /* The same bytes in place: a view of the pinned backup, owned by the pool. */
+  const void* view = NULL;
+  read_tag = 0;
+  CHECK_OK(vmmw_pool_backup_view(pool, pw + 12345, N, &view, &read_tag, &err));
+  CHECK(view != NULL && read_tag == w && memcmp(pattern, view, N) == 0);
+  const void* untouched = (const void*)0x1;
+  CHECK_STATUS(VMMW_NULL_ARGUMENT, vmmw_pool_backup_view(NULL, pw, 16, &untouched, NULL, NULL));
+  CHECK_STATUS(VMMW_NULL_ARGUMENT, vmmw_pool_backup_view(pool, pw, 16, NULL, NULL, NULL));
+  CHECK_STATUS(VMMW_INVALID_ARGUMENT, vmmw_pool_backup_view(pool, pw, 0, &untouched, NULL, NULL));
+  CHECK_STATUS(VMMW_UNKNOWN_POINTER, vmmw_pool_backup_view(pool, 0x1000, 16, &untouched, NULL, NULL));
+  CHECK_STATUS(VMMW_INVALID_STATE, vmmw_pool_backup_view(pool, pkv, 16, &untouched, NULL, NULL));
+  CHECK(untouched == (const void*)0x1);
+
   /* Wake with too little device memory: refused, still asleep, backup intact. */
   CHECK_OK(vmmw_host_set_memory_limit(dev, 1u << 20, &err));
   CHECK_STATUS(VMMW_OUT_OF_MEMORY, vmmw_pool_wake(pool, &w, 1, NULL));

@@ -2,7 +2,7 @@
 //! (the backends a backend-parametric test runs on), `loader`
 //! (generated checkpoints, destinations, device reads), `cli` (running the
 //! built `vmmw`, parsing its charts), `fault` (the driver steps the fault
-//! tests fail) and `pool` (a small
+//! tests fail), `gguf` (GGUF files written byte by byte) and `pool` (a small
 //! host driver and pool sizes, a deterministic RNG, byte patterns).
 //! `tests/all/main.rs` declares it once for its modules; a test binary of its
 //! own includes it with `mod common;`.
@@ -12,5 +12,6 @@ pub mod backend;
 #[cfg(feature = "cli")]
 pub mod cli;
 pub mod fault;
+pub mod gguf;
 pub mod loader;
 pub mod pool;

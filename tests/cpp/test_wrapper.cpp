@@ -14,6 +14,7 @@
 #include "vmmweights.hpp"
 #include "vmmweights_testing.hpp"
 #include "safetensors_writer.h"
+#include "../../examples/gguf-runtime/tiny_gguf.h"
 
 #include <unistd.h>
 
@@ -125,6 +126,9 @@ static void test_pool_tags_sleep() {
   CHECK(pool.read_backup(pw.ptr() + 1000, out.data(), out.size()) == w);
   CHECK(in == out);
   CHECK(status_of([&] { (void)pool.read_backup(pkv.ptr(), out.data(), 16); }) == VMMW_INVALID_STATE);
+  auto [view, view_tag] = pool.backup_view(pw.ptr() + 1000, in.size());
+  CHECK(view_tag == w && std::memcmp(view, in.data(), in.size()) == 0);
+  CHECK(status_of([&] { (void)pool.backup_view(pkv.ptr(), 16); }) == VMMW_INVALID_STATE);
   std::fill(out.begin(), out.end(), 0);
   pool.wake();
   pool.read(pw.ptr() + 1000, out.data(), out.size());
@@ -500,9 +504,36 @@ static void test_remap_notices() {
   CHECK(status_of([&] { (void)vmmw::remap_epoch(987654); }) == VMMW_UNKNOWN_TAG);
 }
 
+static void test_metadata() {
+  char dir[] = "/tmp/vmmw-cpp-gguf-XXXXXX";
+  CHECK(mkdtemp(dir) != nullptr);
+  std::string path = std::string(dir) + "/m.gguf";
+  std::vector<uint8_t> q8(2 * 34, 5);
+  tiny_tensor_t t[] = {{"w", 8, 2, {32, 2, 0, 0}, q8.data(), q8.size()}};
+  tiny_gguf_write(path.c_str(), "llama", 3, t, 1);
+  vmmw::Metadata m(path);
+  CHECK(m.size() == 2);
+  CHECK(m.key(0) == "general.architecture");
+  CHECK(m.string(m.find("general.architecture")) == "llama");
+  size_t i = m.find("example.layers");
+  CHECK(m.type(i) == VMMW_METADATA_UINT32);
+  CHECK(m.u64(i) == 3 && m.i64(i) == 3);
+  CHECK(status_of([&] { (void)m.f64(i); }) == VMMW_INVALID_ARGUMENT);
+  CHECK(status_of([&] { (void)m.find("nope"); }) == VMMW_INVALID_ARGUMENT);
+  CHECK(status_of([&] { (void)m.u64(i, {0}); }) == VMMW_INVALID_ARGUMENT);
+  vmmw::GgmlType q = vmmw::ggml_type("Q8_0");
+  CHECK(q.id == 8 && q.block == 32 && q.type_size == 34);
+  vmmw::Metadata moved(std::move(m));
+  CHECK(status_of([&] { (void)m.size(); }) == VMMW_NULL_ARGUMENT);
+  CHECK(moved.size() == 2);
+  unlink(path.c_str());
+  rmdir(dir);
+}
+
 int main() {
   test_errors();
   test_remap_notices();
+  test_metadata();
   test_progress_contract();
   test_device_and_segment();
   test_pool_tags_sleep();

@@ -179,3 +179,65 @@ def test_cumem_allocator_acts_only_on_its_own_tags():
     gc.collect()
     vt.release_pools()
     vt.trim()
+
+
+_PRELOAD_CHILD = r"""
+import threading, torch
+import vmmweights.torch as vt
+from vmmweights.torch.memory_saver import torch_memory_saver as tms
+
+MiB = 1 << 20
+assert tms.hook_mode == "preload"
+
+def live(tag):
+    return sum(t["live_bytes"] for t in vt.report()["tags"] if t["tag"] == tag)
+
+DEFAULT = "tms:default/cpu"
+a = torch.full((64 * MiB,), 5, dtype=torch.uint8, device="cuda")
+assert live(DEFAULT) >= 64 * MiB, vt.report_table()
+
+# Another thread, no region: the route takes it too.
+out = {}
+def other():
+    out["t"] = torch.full((32 * MiB,), 6, dtype=torch.uint8, device="cuda")
+before = live(DEFAULT)
+th = threading.Thread(target=other); th.start(); th.join()
+assert live(DEFAULT) >= before + 32 * MiB, vt.report_table()
+
+# A region's allocations go to its tag, ahead of the route.
+with tms.region(tag="w"):
+    w = torch.full((16 * MiB,), 7, dtype=torch.uint8, device="cuda")
+assert live("tms:w/none") >= 16 * MiB, vt.report_table()
+
+# PyTorch's caching stays: a freed temporary is cached, not returned at once.
+t = torch.empty((256 * MiB,), dtype=torch.uint8, device="cuda")
+cached = live(DEFAULT)
+del t
+assert live(DEFAULT) == cached, "the caching allocator keeps the freed block"
+t = torch.empty((256 * MiB,), dtype=torch.uint8, device="cuda")
+assert live(DEFAULT) == cached, "and hands it out again"
+del t
+
+# disable(): PyTorch's own memory, returned at the block's end.
+with tms.disable():
+    d = torch.empty((128 * MiB,), dtype=torch.uint8, device="cuda")
+    assert live(DEFAULT) <= cached
+    del d
+tms.pause()
+tms.resume()
+assert int(a.sum()) == 5 * a.numel() and int(out["t"].sum()) == 6 * out["t"].numel()
+print("preload route ok")
+"""
+
+
+def test_memory_saver_preload_route_keeps_pytorchs_caching(tmp_path):
+    """TMS_INIT_ENABLE: every thread's allocations outside regions go to the
+    shim's "default" tag through a PyTorch memory pool, regions go ahead of
+    it, PyTorch still caches freed blocks, disable() stays out of our pools,
+    and the process exits cleanly (the route ends before PyTorch's teardown)."""
+    import subprocess
+    import sys
+
+    env = dict(os.environ, TMS_INIT_ENABLE="1", TMS_INIT_ENABLE_CPU_BACKUP="1")
+    r = subprocess.run([sys.executable, "-c", _PRELOAD_CHILD], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and "preload route ok" in r.stdout, r.stdout + r.stderr

@@ -532,6 +532,18 @@ class Pool {
     return tag;
   }
 
+  /// The pinned host address of the backup bytes of `len` bytes at `ptr`,
+  /// without copying (an asleep tag's backup, or one kept after wake), and
+  /// their tag. The pool owns the bytes: read them, never free them; valid
+  /// until the segment is freed, the pool's unused backups are released, or
+  /// a sleep of the tag needs a backup of another shape.
+  std::pair<const void*, Tag> backup_view(uint64_t ptr, size_t len) const {
+    const void* host = nullptr;
+    uint32_t tag = 0;
+    detail::call([&](vmmw_error_t** e) { return vmmw_pool_backup_view(get_checked(), ptr, len, &host, &tag, e); });
+    return {host, tag};
+  }
+
   /// Put tags to sleep, each with its policy; pointers stay valid.
   void sleep(const std::vector<std::pair<Tag, Policy>>& items) {
     std::vector<vmmw_tag_policy_t> c;
@@ -1023,6 +1035,106 @@ inline vmmw_update_result_t update(Loader& loader, Pool& pool, UpdateSource& sou
   detail::call([&](vmmw_error_t** e) { return vmmw_update(l, p, s, &c, &r, e); });
   return r;
 }
+
+/// A ggml tensor type's entry in the type table (vmmw_ggml_type).
+struct GgmlType {
+  uint32_t id = 0;         ///< number in GGUF files
+  size_t block = 0;        ///< elements per block (1 for plain types)
+  size_t type_size = 0;    ///< bytes per block
+};
+
+/// The ggml type named `name` ("Q8_0", "BF16": the dtype names of GGUF tensors).
+[[nodiscard]] inline GgmlType ggml_type(const std::string& name) {
+  GgmlType t;
+  detail::call([&](vmmw_error_t** e) { return vmmw_ggml_type(name.c_str(), &t.id, &t.block, &t.type_size, e); });
+  return t;
+}
+
+/// A checkpoint's metadata (GGUF's typed key/value pairs; none for
+/// safetensors), read-only. A value is addressed by the pair's index and a
+/// path of array indices (empty for the pair's own value). Thread-safe reads.
+class Metadata {
+ public:
+  /// Open the checkpoint at `path` (validated as a load would) and keep its metadata.
+  explicit Metadata(const std::string& path) {
+    vmmw_metadata_t* raw = nullptr;
+    detail::call([&](vmmw_error_t** e) { return vmmw_metadata_open(path.c_str(), &raw, e); });
+    h_.reset(raw);
+  }
+
+  /// Adopt a handle from vmmw_metadata_open (this object frees it).
+  explicit Metadata(vmmw_metadata_t* adopt) noexcept : h_(adopt) {}
+
+  [[nodiscard]] size_t size() const {
+    size_t n = 0;
+    detail::call([&](vmmw_error_t** e) { return vmmw_metadata_count(get_checked(), &n, e); });
+    return n;
+  }
+
+  [[nodiscard]] std::string key(size_t index) const {
+    const vmmw_metadata_t* m = get_checked();
+    return detail::read_string([m, index](char* b, size_t c, size_t* n, vmmw_error_t** e) {
+      return vmmw_metadata_key(m, index, b, c, n, e);
+    });
+  }
+
+  /// The index of `key`; throws VMMW_INVALID_ARGUMENT when there is none.
+  [[nodiscard]] size_t find(const std::string& key) const {
+    size_t i = 0;
+    detail::call([&](vmmw_error_t** e) { return vmmw_metadata_find(get_checked(), key.c_str(), &i, e); });
+    return i;
+  }
+
+  /// The value's type (VMMW_METADATA_*); for an array, its element type and length.
+  [[nodiscard]] uint32_t type(size_t index, const std::vector<size_t>& path = {}, uint32_t* elem_type = nullptr,
+                              size_t* len = nullptr) const {
+    uint32_t t = 0;
+    detail::call([&](vmmw_error_t** e) {
+      return vmmw_metadata_type(get_checked(), index, path.data(), path.size(), &t, elem_type, len, e);
+    });
+    return t;
+  }
+
+  [[nodiscard]] uint64_t u64(size_t index, const std::vector<size_t>& path = {}) const {
+    uint64_t v = 0;
+    detail::call([&](vmmw_error_t** e) { return vmmw_metadata_u64(get_checked(), index, path.data(), path.size(), &v, e); });
+    return v;
+  }
+
+  [[nodiscard]] int64_t i64(size_t index, const std::vector<size_t>& path = {}) const {
+    int64_t v = 0;
+    detail::call([&](vmmw_error_t** e) { return vmmw_metadata_i64(get_checked(), index, path.data(), path.size(), &v, e); });
+    return v;
+  }
+
+  [[nodiscard]] double f64(size_t index, const std::vector<size_t>& path = {}) const {
+    double v = 0;
+    detail::call([&](vmmw_error_t** e) { return vmmw_metadata_f64(get_checked(), index, path.data(), path.size(), &v, e); });
+    return v;
+  }
+
+  [[nodiscard]] bool boolean(size_t index, const std::vector<size_t>& path = {}) const {
+    uint8_t v = 0;
+    detail::call([&](vmmw_error_t** e) { return vmmw_metadata_bool(get_checked(), index, path.data(), path.size(), &v, e); });
+    return v != 0;
+  }
+
+  [[nodiscard]] std::string string(size_t index, const std::vector<size_t>& path = {}) const {
+    const vmmw_metadata_t* m = get_checked();
+    return detail::read_string([&](char* b, size_t c, size_t* n, vmmw_error_t** e) {
+      return vmmw_metadata_string(m, index, path.data(), path.size(), b, c, n, e);
+    });
+  }
+
+  [[nodiscard]] const vmmw_metadata_t* get() const noexcept { return h_.get(); }
+
+  /// Give up ownership: the caller frees the returned handle with vmmw_metadata_free.
+  [[nodiscard]] vmmw_metadata_t* release() noexcept { return h_.release(); }
+
+ private:
+  const vmmw_metadata_t* get_checked() const { return detail::live(h_, "vmmw::Metadata"); }
+  detail::Owned<vmmw_metadata_t, vmmw_metadata_free> h_;
+};
 
 namespace detail {
 inline vmmw_update_options_t update_options(const UpdateOptions& o) {

@@ -49,6 +49,19 @@ func TestConstantsMatchTheHeader(t *testing.T) {
 		"ShareSleepRefuse":        int64(ShareSleepRefuse),
 		"ShareSleepRevoke":        int64(ShareSleepRevoke),
 		"TagDefault":              int64(TagDefault),
+		"MetadataUint8":           int64(MetadataUint8),
+		"MetadataInt8":            int64(MetadataInt8),
+		"MetadataUint16":          int64(MetadataUint16),
+		"MetadataInt16":           int64(MetadataInt16),
+		"MetadataUint32":          int64(MetadataUint32),
+		"MetadataInt32":           int64(MetadataInt32),
+		"MetadataFloat32":         int64(MetadataFloat32),
+		"MetadataBool":            int64(MetadataBool),
+		"MetadataString":          int64(MetadataString),
+		"MetadataArray":           int64(MetadataArray),
+		"MetadataUint64":          int64(MetadataUint64),
+		"MetadataInt64":           int64(MetadataInt64),
+		"MetadataFloat64":         int64(MetadataFloat64),
 	}
 	c := cValues()
 	if len(c) != len(goValues) {

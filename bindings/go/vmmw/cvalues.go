@@ -55,5 +55,18 @@ func cValues() map[string]int64 {
 		"ShareSleepRefuse":        C.VMMW_SHARE_SLEEP_REFUSE,
 		"ShareSleepRevoke":        C.VMMW_SHARE_SLEEP_REVOKE,
 		"TagDefault":              C.VMMW_TAG_DEFAULT,
+		"MetadataUint8":           C.VMMW_METADATA_UINT8,
+		"MetadataInt8":            C.VMMW_METADATA_INT8,
+		"MetadataUint16":          C.VMMW_METADATA_UINT16,
+		"MetadataInt16":           C.VMMW_METADATA_INT16,
+		"MetadataUint32":          C.VMMW_METADATA_UINT32,
+		"MetadataInt32":           C.VMMW_METADATA_INT32,
+		"MetadataFloat32":         C.VMMW_METADATA_FLOAT32,
+		"MetadataBool":            C.VMMW_METADATA_BOOL,
+		"MetadataString":          C.VMMW_METADATA_STRING,
+		"MetadataArray":           C.VMMW_METADATA_ARRAY,
+		"MetadataUint64":          C.VMMW_METADATA_UINT64,
+		"MetadataInt64":           C.VMMW_METADATA_INT64,
+		"MetadataFloat64":         C.VMMW_METADATA_FLOAT64,
 	}
 }

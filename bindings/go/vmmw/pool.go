@@ -283,6 +283,24 @@ func (p *Pool) ReadBackup(ptr uint64, b []byte) (Tag, error) {
 	return Tag(tag), err
 }
 
+// BackupView returns the pinned host address of the backup bytes of n bytes
+// at device address ptr, without copying (an asleep tag's backup, or one kept
+// after wake), and their tag. The pool owns the bytes: read them through
+// unsafe.Slice, never free them; the address is valid until the segment is
+// freed, the pool's unused backups are released, or a sleep of the tag needs
+// a backup of another shape.
+func (p *Pool) BackupView(ptr uint64, n int) (unsafe.Pointer, Tag, error) {
+	if n < 0 {
+		return nil, 0, fmt.Errorf("vmmw: BackupView of %d bytes: the length is never negative", n)
+	}
+	var host unsafe.Pointer
+	var tag C.uint32_t
+	err := p.do(func(cp *C.vmmw_pool_t, e **C.vmmw_error_t) C.vmmw_status_t {
+		return C.vmmw_pool_backup_view(cp, C.uint64_t(ptr), C.size_t(n), &host, &tag, e)
+	})
+	return host, Tag(tag), err
+}
+
 // Sleep releases the device memory of the listed tags; pointers stay valid.
 func (p *Pool) Sleep(items ...TagPolicy) error {
 	if len(items) == 0 {

@@ -14,6 +14,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"unsafe"
 )
 
 func hostPool(t *testing.T) *Pool {
@@ -110,6 +111,15 @@ func TestSleepWakeKeepsOffloadedBytes(t *testing.T) {
 	}
 	if _, err := p.ReadBackup(pkv, make([]byte, 8)); !errors.Is(err, ErrInvalidState) {
 		t.Fatal("backup read of the discarded tag's memory succeeded")
+	}
+	if view, tag, err := p.BackupView(pw+77, len(in)); err != nil || tag != w || !bytes.Equal(in, unsafe.Slice((*byte)(view), len(in))) {
+		t.Fatalf("backup view while asleep: tag %v, %v", tag, err)
+	}
+	if _, _, err := p.BackupView(pkv, 8); !errors.Is(err, ErrInvalidState) {
+		t.Fatal("backup view of the discarded tag's memory succeeded")
+	}
+	if _, _, err := p.BackupView(pw, -1); err == nil {
+		t.Fatal("backup view of a negative length succeeded")
 	}
 	if err := p.Sleep(TagPolicy{w, Policy(9)}); !errors.Is(err, ErrInvalidArgument) {
 		t.Fatalf("bad policy: %v", err)

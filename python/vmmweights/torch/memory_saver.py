@@ -27,13 +27,13 @@ Differences:
   raises :class:`~vmmweights.saver.ForeignTagError` (torch_memory_saver does
   nothing); its tags show in reports as ``tms:<tag>/<cpu|disk|none>``.
 - The preload hook mode (``configure_subprocess()``, ``TMS_INIT_ENABLE=1``)
-  routes every PyTorch allocation of the process through our pluggable
-  allocator from the first one; no LD_PRELOAD. CUDA allocations made outside
-  PyTorch (raw ``cudaMalloc``) are not ours to pause.
-- ``get_cpu_backup`` copies a paused tensor's bytes out of the pool's host
-  backup; it returns ``None`` where torch_memory_saver holds no backup. Our
-  backup arena is not exposed as tensors: ``zero_copy=True`` and the retained
-  backup of a resumed tensor raise.
+  keeps PyTorch's caching allocator and needs no LD_PRELOAD. Regions use our
+  memory pools as in torch mode; with ``TMS_INIT_ENABLE`` every thread's
+  allocations outside regions go to the tag "default" from the process's
+  start (:mod:`vmmweights.torch.process_route`). CUDA allocations made outside PyTorch (raw
+  ``cudaMalloc``) are not ours to pause.
+- ``get_cpu_backup`` reads the pool's pinned backup arena: ``zero_copy=True``
+  is a view of it (the same address across cycles, as torch_memory_saver's).
 - ``cpu_backup_backend`` is checked as torch_memory_saver checks it; our
   backup is pinned either way. ``memory_margin_bytes`` is accepted: wake
   checks free device memory itself.
@@ -42,6 +42,7 @@ Differences:
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import sys
 import threading
 import warnings
@@ -50,23 +51,21 @@ from typing import Any, Iterator, List, Optional, Tuple
 
 import torch
 
-from .. import tags as _tags
 from .._native import VmmwError
-from ..saver import ROUTE_ENV, ForeignTagError, SaverCore, StartPlan, held, set_process_tag, start_plan
+from ..saver import ForeignTagError, SaverCore, StartPlan, set_process_tag, start_plan
 from ..saver import configure_subprocess as _configure_subprocess
 from . import allocator as _allocator
 from . import graph as _graph
 from . import mem_pool as _mem_pool
 from . import pool as _pool
 from . import use_pool as _use_pool
+from .process_route import ProcessRoute
 
 __all__ = ["ForeignTagError", "TorchMemorySaver", "alias_path", "configure_subprocess", "torch_memory_saver"]
 
 _TAG_DEFAULT = "default"
 _HOOK_MODES = ("preload", "torch")
 _BACKENDS = ("mmap", "pinned")
-# The tag of allocations that are nobody's to pause (outside every region, inside disable()).
-_UNTRACKED_TAG = "default"
 
 
 def alias_path() -> str:
@@ -77,24 +76,12 @@ def alias_path() -> str:
 
 @contextlib.contextmanager
 def configure_subprocess() -> Iterator[None]:
-    """Processes started inside the block route every PyTorch allocation
-    through our allocator from their first one, once they import this shim
-    (torch_memory_saver's preload mode, without LD_PRELOAD)."""
+    """Processes started inside the block run in the preload hook mode once
+    they import this shim (torch_memory_saver's preload mode, without
+    LD_PRELOAD; with ``TMS_INIT_ENABLE`` their allocations outside regions
+    are pauseable from the first one)."""
     with _configure_subprocess():
         yield
-
-
-def _route_process() -> None:
-    """Make our pluggable allocator the process's PyTorch allocator."""
-    try:
-        torch.cuda.memory.change_current_allocator(_allocator())
-    except RuntimeError as e:
-        raise RuntimeError(
-            "torch_memory_saver (vmmweights): hook_mode='preload' routes every allocation through "
-            "our allocator, which must happen before the process's first CUDA allocation; start the "
-            f"process inside configure_subprocess() (or with {ROUTE_ENV}=1 or TMS_INIT_ENABLE=1) and "
-            f"import this module first ({e})"
-        ) from None
 
 
 def _is_xpu() -> bool:
@@ -126,27 +113,31 @@ class TorchMemorySaver:
         if self._plan.disk_dir:
             self._core.disk.set_directory(self._plan.disk_dir)
         self._lock = threading.Lock()
-        self._routed = False
-        self._graph_captured = False
         self._hook_mode = "torch"
+        self._route: Optional[ProcessRoute] = None
         self._margin = 0
         self._backend = self._plan.cpu_backup_backend
         if self._plan.route_all:
-            self._route()
+            self._preload()
 
     # --- start --------------------------------------------------------------------
 
-    def _route(self) -> None:
+    def _preload(self) -> None:
+        """The preload hook mode: with ``TMS_INIT_ENABLE``, every allocation
+        outside regions goes to the init tag from now on."""
         with self._lock:
-            if self._routed:
-                return
-            _route_process()
-            self._routed = True
             self._hook_mode = "preload"
-            if self._plan.init_tag is not None:
-                for dev in range(max(torch.cuda.device_count(), 1)):
-                    name = self._core.region_tag(dev, self._plan.init_tag, self._plan.init_kind)
-                set_process_tag(name)
+            tag = self._plan.init_tag
+            if tag is None or self._route is not None or not torch.cuda.is_available():
+                return
+            devices = list(range(torch.cuda.device_count()))
+            name = ""
+            for dev in devices:
+                name = self._core.region_tag(dev, tag, self._plan.init_kind)
+            # Threads with no region open (autograd's included) allocate under it.
+            set_process_tag(name)
+            self._route = ProcessRoute(lambda dev: torch.cuda.MemPool(_allocator().allocator()))
+            self._route.start(devices)
 
     def _ensure_initialized(self) -> None:
         """Nothing to do: the shim is ready when imported (kept for callers of
@@ -161,8 +152,8 @@ class TorchMemorySaver:
         if mode not in _HOOK_MODES:
             raise ValueError(f"hook_mode {mode!r}: expected one of {_HOOK_MODES}")
         if mode == "preload":
-            self._route()
-        # "torch" in a routed process: regions still tag our allocations.
+            self._preload()
+        # "torch" in a routed process: regions work alike; the route stays.
 
     @property
     def enabled(self) -> bool:
@@ -220,20 +211,18 @@ class TorchMemorySaver:
         self._check_backend(enable_cpu_backup, cpu_backup_backend)
         if enable_cpu_backup and enable_disk_backup:
             raise ValueError("enable_cpu_backup and enable_disk_backup are mutually exclusive")
-        if enable_disk_backup and self._routed:
-            raise NotImplementedError(
-                "torch_memory_saver (vmmweights): enable_disk_backup needs hook_mode='torch' here "
-                "(the disk copy lists the region's memory through its PyTorch memory pool)"
-            )
         kind = "cpu" if enable_cpu_backup else "disk" if enable_disk_backup else "none"
         dev = torch.cuda.current_device()
         name = self._core.region_tag(dev, tag, kind)
-        if self._routed:
-            with _tags.scope(name), self._backend_set(cpu_backup_backend):
-                yield
-        else:
-            with _use_pool(name, dev), self._backend_set(cpu_backup_backend):
-                yield
+        with contextlib.ExitStack() as stack:
+            with self._ahead_of_route(dev):
+                stack.enter_context(_use_pool(name, dev))
+            stack.enter_context(self._backend_set(cpu_backup_backend))
+            yield
+
+    def _ahead_of_route(self, dev: int) -> "contextlib.AbstractContextManager[None]":
+        """PyTorch pool entries made inside come ahead of the process route's."""
+        return self._route.behind(dev) if self._route is not None else contextlib.nullcontext()
 
     @contextlib.contextmanager
     def _backend_set(self, backend: Optional[str]) -> Iterator[None]:
@@ -258,34 +247,20 @@ class TorchMemorySaver:
         self._check_backend(enable_cpu_backup, cpu_backup_backend)
         dev = torch.cuda.current_device()
         name = self._core.region_tag(dev, tag, "cpu" if enable_cpu_backup else "none")
-        if self._routed:
-            # Our allocator maps new memory with driver calls, which "global" capture
-            # forbids; PyTorch's caching allocator relaxes its own the same way.
-            # The graph's blocks stay in the tag's segments: eager work never reuses them.
-            mode = "relaxed" if capture_error_mode == "global" else capture_error_mode
-            self._graph_captured = True
-            with torch.cuda.graph(cuda_graph, pool=pool, stream=stream, capture_error_mode=mode):
-                with _tags.scope(name):
-                    yield
-            return
         if pool is not None:
             warnings.warn("torch_memory_saver (vmmweights): cuda_graph(pool=...) is ignored; the graph's memory goes to the tag's pool")
-        with _graph(cuda_graph, name, device=dev, stream=stream, capture_error_mode=capture_error_mode):
+        with contextlib.ExitStack() as stack:
+            with self._ahead_of_route(dev):
+                stack.enter_context(_graph(cuda_graph, name, device=dev, stream=stream, capture_error_mode=capture_error_mode))
             yield
 
     @contextlib.contextmanager
     def disable(self) -> Iterator[None]:
         """Allocations in the block are not pauseable; their memory is returned
         when the block ends."""
-        if self._routed:
-            with _tags.scope(_UNTRACKED_TAG):
+        if self._route is not None:
+            with self._route.stepped_aside(_torch_empty_cache):
                 yield
-            # Return what the block freed. Not after a routed graph capture: blocks a
-            # graph freed while capturing look free to the pool but replays use them.
-            if not self._graph_captured:
-                torch.cuda.synchronize()
-                for dev in self._core.own.devices() or [torch.cuda.current_device()]:
-                    _pool(dev).trim()
             return
         mp = torch.cuda.MemPool()
         with torch.cuda.use_mem_pool(mp):
@@ -306,38 +281,43 @@ class TorchMemorySaver:
 
     def get_cpu_backup(self, x: torch.Tensor, zero_copy: bool = False) -> Optional[torch.Tensor]:
         """A CPU tensor of `x`'s shape, strides and dtype holding the bytes the
-        pause of `x`'s tag copied to the host backup, read out of the pool's
-        backup without waking it; ``None`` where torch_memory_saver holds no
-        backup (`x` in no paused CPU-backup tag of this shim, and the backup
-        not retained). Backups kept after ``resume`` (retained) are not
-        readable: the pool reads backups of asleep memory only."""
+        last pause of `x`'s CPU-backup tag kept in the pool's pinned backup:
+        while the tag is paused, and after a resume while the backup is
+        retained (``retain_cpu_backup``); ``None`` where no backup holds `x`
+        (not in a CPU-backup tag of this shim, or released by a resume).
+
+        ``zero_copy=True`` returns a view of the pinned backup itself, at the
+        same host address across pause cycles of the tag. The pool owns that
+        memory: the view is valid until a resume releases the backup (one
+        without ``retain_cpu_backup``) or `x`'s memory is freed; drop it
+        before then. Without ``zero_copy`` the bytes are copied out."""
         dev = x.device.index if x.device.index is not None else torch.cuda.current_device()
-        ptr, nbytes = x.untyped_storage().data_ptr(), x.untyped_storage().nbytes()
+        storage = x.untyped_storage()
+        ptr, nbytes = storage.data_ptr(), storage.nbytes()
         names = self._core.own.pool_tags(dev)
-        offloaded = {n for n, asleep in held(_pool(dev), names).items() if asleep and SaverCore.kind_of(n) == "cpu"}
-        if offloaded and nbytes:
-            raw = torch.empty(nbytes, dtype=torch.uint8)
-            try:
-                owner: Optional[str] = _pool(dev).read_backup_into(ptr, raw.data_ptr(), nbytes)
-            except VmmwError as e:
-                # Not in the pool, or in memory with no backup of it: not ours to return.
-                if e.status_name not in ("VMMW_UNKNOWN_POINTER", "VMMW_INVALID_STATE"):
-                    raise
-                owner = None
-            if owner in offloaded:
-                if zero_copy:
-                    raise NotImplementedError(
-                        "torch_memory_saver (vmmweights): get_cpu_backup(zero_copy=True) is not available: the "
-                        f"backup of tag {names[owner]!r} lies in the pool's pinned arena, which is not exposed "
-                        "as tensors; call it without zero_copy for a copy"
-                    )
-                return raw.view(x.dtype).as_strided(x.size(), x.stride(), x.storage_offset())
-        if not self._core.retain_cpu_backup:
+        if not nbytes or not any(SaverCore.kind_of(n) == "cpu" for n in names):
             return None
-        raise NotImplementedError(
-            "torch_memory_saver (vmmweights): get_cpu_backup of a tensor that is not paused is not available: "
-            f"its retained backup stays in the pool's pinned arena (paused CPU-backup tags: {sorted(offloaded)})"
-        )
+        try:
+            owner, host = _pool(dev).backup_view(ptr, nbytes)
+        except VmmwError as e:
+            # Not in the pool, or no backup of it: none to return. A backup in
+            # several pieces of the arena is copied out piece by piece instead.
+            if e.status_name not in ("VMMW_UNKNOWN_POINTER", "VMMW_INVALID_STATE"):
+                raise
+            if zero_copy or "separate pieces" not in str(e):
+                return None
+            raw = torch.empty(nbytes, dtype=torch.uint8)
+            owner = _pool(dev).read_backup_into(ptr, raw.data_ptr(), nbytes)
+            return self._shaped(raw, x) if owner in names and SaverCore.kind_of(owner) == "cpu" else None
+        if owner not in names or SaverCore.kind_of(owner) != "cpu":
+            return None
+        view = torch.frombuffer((ctypes.c_uint8 * nbytes).from_address(host), dtype=torch.uint8)
+        return self._shaped(view if zero_copy else view.clone(), x)
+
+    @staticmethod
+    def _shaped(raw: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """`raw` (the bytes of `x`'s storage) as a tensor shaped like `x`."""
+        return raw.view(x.dtype).as_strided(x.size(), x.stride(), x.storage_offset())
 
     def _ranges(self, dev: int, pool_tag: str) -> List[Tuple[int, int]]:
         """The device ranges PyTorch's memory pool of `pool_tag` holds on `dev`."""
@@ -347,6 +327,9 @@ class TorchMemorySaver:
             for s in torch.cuda.memory_snapshot()
             if s.get("device") == dev and tuple(s.get("segment_pool_id", ())) == pid
         ]
+
+
+_torch_empty_cache = torch.cuda.memory.empty_cache
 
 
 #: The global instance, as ``from torch_memory_saver import torch_memory_saver``.

@@ -1,10 +1,11 @@
-//! `vmmw inspect`: what a checkpoint holds (validated headers, no data read),
-//! and with `--preset`/`--rules`/`--tp-world`, the destinations the mapping
+//! `vmmw inspect`: what a checkpoint holds (validated headers, no data read;
+//! for GGUF also its metadata and each tensor's ggml type and `ne`), and with `--preset`/`--rules`/`--tp-world`, the destinations the mapping
 //! rules produce.
 
 use std::collections::BTreeMap;
 
 use serde_json::{json, Value};
+use vmmweights::loader::gguf::Value as GgufValue;
 use vmmweights::loader::{Checkpoint, DestSpec, Dtype, Plan, Rules, Tp};
 use vmmweights::Error;
 
@@ -100,6 +101,56 @@ pub fn dest_json(s: &DestSpec) -> Value {
     json!({"name": s.name, "dtype": s.dtype.name(), "shape": s.shape, "bytes": s.bytes()})
 }
 
+/// The checkpoint's format line, and its JSON (with a GGUF file's metadata
+/// when `with_metadata`).
+pub fn format_of(ckpt: &Checkpoint, with_metadata: bool) -> (String, Value) {
+    let Some(g) = ckpt.gguf() else {
+        return (
+            "format: safetensors".into(),
+            json!({"format": "safetensors"}),
+        );
+    };
+    let f = &g.files[0];
+    let line = format!(
+        "format: GGUF v{} ({} file{}, alignment {}, {} metadata pairs; shapes row-major, ggml ne reversed)",
+        f.version,
+        g.files.len(),
+        if g.files.len() == 1 { "" } else { "s" },
+        f.alignment,
+        g.metadata().len()
+    );
+    let mut doc = json!({"format": "gguf", "gguf_version": f.version, "alignment": f.alignment, "files": g.files.len()});
+    if with_metadata {
+        doc["metadata"] = g
+            .metadata()
+            .entries
+            .iter()
+            .map(|(k, v)| (k.clone(), metadata_json(v)))
+            .collect::<serde_json::Map<_, _>>()
+            .into();
+    }
+    (line, doc)
+}
+
+/// A metadata value as JSON: its GGUF type and value (arrays as their
+/// element type, length and shortened text).
+fn metadata_json(v: &GgufValue) -> Value {
+    let value = match v {
+        GgufValue::String(s) => json!(s),
+        GgufValue::Bool(b) => json!(b),
+        GgufValue::F32(_) | GgufValue::F64(_) => json!(v.as_float()),
+        GgufValue::Array(a) => {
+            return json!({"type": "array", "elem_type": a.elem_type().name(), "len": a.len(), "text": v.to_string()})
+        }
+        _ => match v.as_int() {
+            Some(i) if i >= 0 => json!(i as u64),
+            Some(i) => json!(i as i64),
+            None => Value::Null,
+        },
+    };
+    json!({"type": v.value_type().name(), "value": value})
+}
+
 pub fn run(a: Args) -> CliResult<Value> {
     let rules = a.rules.rules()?;
     let ckpt = lib(Checkpoint::open(&a.checkpoint))?;
@@ -113,6 +164,13 @@ pub fn run(a: Args) -> CliResult<Value> {
             escape_name(&s.path.display().to_string()),
             s.len
         );
+    }
+    let (format_line, format_doc) = format_of(&ckpt, true);
+    outln!("  {format_line}");
+    if let Some(g) = ckpt.gguf() {
+        for (k, v) in &g.metadata().entries {
+            outln!("    {} = {}", escape_name(k), v);
+        }
     }
     let mut by_dtype: BTreeMap<String, (usize, u64)> = BTreeMap::new();
     for t in ckpt.tensors.values() {
@@ -129,9 +187,14 @@ pub fn run(a: Args) -> CliResult<Value> {
         ckpt.data_bytes()
     );
     if a.tensors {
+        let gguf = ckpt.gguf().is_some();
         for t in ckpt.tensors.values() {
+            let ggml = match t.dtype.ggml().filter(|_| gguf) {
+                Some(g) => format!(" (ggml type {}, ne {:?})", g.id(), t.ggml_ne()),
+                None => String::new(),
+            };
             outln!(
-                "  {} {} {:?} shard {} @ {}",
+                "  {} {} {:?}{ggml} shard {} @ {}",
                 escape_name(&t.name),
                 t.dtype,
                 t.shape,
@@ -160,13 +223,21 @@ pub fn run(a: Args) -> CliResult<Value> {
         "tensor_count": ckpt.tensors.len(),
         "data_bytes": ckpt.data_bytes(),
     });
+    if let (Some(d), Some(f)) = (doc.as_object_mut(), format_doc.as_object()) {
+        d.extend(f.clone());
+    }
     if a.tensors {
         doc["tensors"] = ckpt
             .tensors
             .values()
             .map(|t| {
-                json!({"name": t.name, "dtype": t.dtype.name(), "shape": t.shape,
-                       "shard": t.shard, "offset": t.offset, "bytes": t.len})
+                let mut j = json!({"name": t.name, "dtype": t.dtype.name(), "shape": t.shape,
+                       "shard": t.shard, "offset": t.offset, "bytes": t.len});
+                if let Some(g) = t.dtype.ggml().filter(|_| ckpt.gguf().is_some()) {
+                    j["ggml_type"] = json!(g.id());
+                    j["ne"] = json!(t.ggml_ne());
+                }
+                j
             })
             .collect();
     }

@@ -124,6 +124,8 @@ pub fn run(a: Args) -> CliResult<Value> {
         human_bytes(plan.src_bytes()),
         human_bytes(plan.dst_bytes())
     );
+    let (format_line, format_doc) = crate::inspect::format_of(&ckpt, false);
+    outln!("{format_line}");
     let mut dests = Vec::new();
     for s in &specs {
         let d = reg.get(&s.name).expect("registered above");
@@ -198,6 +200,7 @@ pub fn run(a: Args) -> CliResult<Value> {
     }
     Ok(json!({
         "checkpoint": a.checkpoint.display().to_string(),
+        "format": format_doc,
         "shards": ckpt.shards.iter().map(|s| s.path.display().to_string()).collect::<Vec<_>>(),
         "src_bytes": plan.src_bytes(),
         "dst_bytes": plan.dst_bytes(),

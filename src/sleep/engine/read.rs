@@ -50,3 +50,50 @@ impl SleepEngine {
         Ok(())
     }
 }
+
+impl SleepEngine {
+    /// The host address of the backup bytes of segment range `[off, off +
+    /// len)` of the segment based at `va`, when one arena piece holds all of
+    /// them. The address stays valid while the backup stays assigned (see
+    /// [`crate::pool::Pool::backup_view`]). `tag` names the segment's tag in
+    /// errors.
+    ///
+    /// Errors: `InvalidState` when the segment has no backup, a transition is
+    /// using it, the backup does not hold every byte of the range, or the
+    /// range spans two arena pieces (its bytes are not contiguous on the host).
+    pub fn backup_host_range(
+        &self,
+        va: DevicePtr,
+        off: usize,
+        len: usize,
+        tag: &str,
+    ) -> Result<*mut u8> {
+        let s = self.lock();
+        let b = match s.backups.get(&va) {
+            Some(b) if !s.busy.contains(&va) => b,
+            Some(_) => {
+                return Err(Error::InvalidState(format!(
+                    "the host backup of tag `{tag}` at {va:#x} is being written or read by a sleep or wake"
+                )))
+            }
+            None => {
+                return Err(Error::InvalidState(format!(
+                    "tag `{tag}` holds no host backup of segment {va:#x}"
+                )))
+            }
+        };
+        match b.spans(&s.arena, off, len, usize::MAX)[..] {
+            [(at, host, n)] if at == off && n == len => Ok(host),
+            ref spans if spans.iter().map(|&(_, _, n)| n).sum::<usize>() == len => Err(Error::InvalidState(format!(
+                "the host backup of tag `{tag}` holds the {len} bytes at {:#x} in {} separate pieces, not one contiguous range: copy them out with a backup read instead",
+                va + off as u64,
+                spans.len()
+            ))),
+            ref spans => Err(Error::InvalidState(format!(
+                "the host backup of tag `{tag}` holds {} of the {len} bytes at {:#x}: the rest is restored from its checkpoint at wake, not kept on the host",
+                spans.iter().map(|&(_, _, n)| n).sum::<usize>(),
+                va + off as u64
+            ))),
+        }
+    }
+}

@@ -74,12 +74,21 @@ impl SleepEngine {
             return Ok(report);
         }
         if policy == Policy::Reload {
+            self.require_reload_source(tag)?;
+        }
+        // Work still queued on other streams (the caller's) may be writing
+        // these bytes: it must land before Reload hashes them, and none may
+        // touch memory once it is unmapped.
+        self.driver.synchronize()?;
+        if policy == Policy::Reload {
+            // What changed since the load (an update in place, a block reused
+            // without our free) is kept in the backup, not reverted at wake.
             let readable: Vec<(DevicePtr, usize)> = todo
                 .iter()
                 .filter(|t| t.state == SleepState::Awake)
                 .map(|t| (t.ptr, t.committed))
                 .collect();
-            report.changed_bytes = self.check_reload_sleep(tag, &readable)?;
+            report.changed_bytes = self.drop_changed_coverage(tag, &readable)?;
         }
         // What each awake segment keeps on the host.
         let coverage = self.lock().coverage(tag);
@@ -88,9 +97,6 @@ impl SleepEngine {
             .map(|t| t.host_keep(policy, &coverage, in_use))
             .collect();
         let run = self.plan_copies(tag, &todo, &keep)?;
-        // Work still queued on other streams (the caller's) may be writing
-        // these bytes; none may touch memory once it is unmapped.
-        self.driver.synchronize()?;
         self.start_pinning(&todo, run.need_new);
         let (pending, failure) = self.issue_copies(tag, &todo, &keep, &run, &mut report);
         let (done, failure) =

@@ -141,24 +141,15 @@ impl SleepEngine {
         Ok(())
     }
 
-    /// Before a Reload sleep of `tag` (`readable`: its awake segments):
-    /// refuse a tag no load registered a source for, and stop restoring from
-    /// the checkpoint the bytes changed since the load. Returns those bytes.
-    pub(super) fn check_reload_sleep(
-        &self,
-        tag: TagId,
-        readable: &[(DevicePtr, usize)],
-    ) -> Result<u64> {
-        if !self.lock().loaded.contains(&tag) {
-            return Err(Error::InvalidState(format!(
-                "tag {tag} has no reload source (load it with the loader first, or use Offload/Discard)"
-            )));
+    /// Before a Reload sleep of `tag`: refuse a tag no load registered a
+    /// source for.
+    pub(super) fn require_reload_source(&self, tag: TagId) -> Result<()> {
+        if self.lock().loaded.contains(&tag) {
+            return Ok(());
         }
-        // What changed since the load (an update in place, a block reused
-        // without our free) is kept in the backup, not reverted at wake.
-        // Queued writes must land before the hashes are taken.
-        self.driver.synchronize()?;
-        self.drop_changed_coverage(tag, readable)
+        Err(Error::InvalidState(format!(
+            "tag {tag} has no reload source (load it with the loader first, or use Offload/Discard)"
+        )))
     }
 
     /// Hash again, on the device, every proof block of `tag`'s sources that
@@ -166,8 +157,13 @@ impl SleepEngine {
     /// changed since the load, and live bytes no block proves, stop being
     /// restored from the checkpoint: a Reload sleep keeps them in the host
     /// backup. Returns the live bytes taken from the sources. An error (the
-    /// hash failed) changes nothing.
-    fn drop_changed_coverage(&self, tag: TagId, readable: &[(DevicePtr, usize)]) -> Result<u64> {
+    /// hash failed) changes nothing. The device must be synchronized: queued
+    /// writes land before the hashes are taken.
+    pub(super) fn drop_changed_coverage(
+        &self,
+        tag: TagId,
+        readable: &[(DevicePtr, usize)],
+    ) -> Result<u64> {
         // Per source: the proof blocks `(address, length, hash)` it still needs.
         type Check = (Arc<dyn ReloadSource>, Vec<(DevicePtr, usize, u64)>);
         let checks: Vec<Check> = {
