@@ -43,6 +43,8 @@ pub enum FaultOp {
     CopyPeer,
     /// `hash_ranges`, before any byte is read.
     Hash,
+    /// `codec_encode` and `codec_decode_async`, before any byte is written.
+    Codec,
     /// The loader's reads of checkpoint bytes (outside the driver): each
     /// `pread` run and each copy run from the file's mapping into a staging
     /// slot, each direct window before it is registered or copied from, and

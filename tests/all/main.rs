@@ -22,6 +22,7 @@ mod cli_json;
 mod cli_pipe;
 #[cfg(feature = "cli")]
 mod cli_serve;
+mod codec;
 mod device_reliability;
 mod driver_contract;
 mod fault_device;
