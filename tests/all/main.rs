@@ -55,5 +55,6 @@ mod reload_writes;
 mod replica_wake;
 mod segment;
 mod share_attach_bench;
+mod sleep_compressed;
 mod sleep_engine;
 mod sleep_hazards;

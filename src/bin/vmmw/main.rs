@@ -10,6 +10,7 @@ mod output;
 mod backend;
 mod bench_alloc;
 mod bench_chart;
+mod bench_codec;
 mod bench_load;
 mod bench_multi;
 mod bench_pool;
@@ -83,6 +84,9 @@ enum Command {
     /// Sleep/wake of ~16 GB of 8B-shaped weights against the per-segment pinning reference.
     #[command(after_help = exit::HELP_EXIT_CODES)]
     BenchSleep(bench_sleep::Args),
+    /// OffloadCompressed against raw Offload: backup size per dtype, sleep and wake against the link.
+    #[command(after_help = exit::HELP_EXIT_CODES)]
+    BenchCodec(bench_codec::Args),
 }
 
 /// What a command asked for on stdout, decided before it runs.
@@ -113,6 +117,7 @@ impl Command {
             Command::BenchPool(a) => bench(&mut a.json),
             Command::BenchLoad(a) => bench(&mut a.json),
             Command::BenchSleep(a) => bench(&mut a.json),
+            Command::BenchCodec(a) => bench(&mut a.json),
         }
     }
 
@@ -150,6 +155,10 @@ impl Command {
                 }
                 bench_sleep::run(a)?;
                 p.draw(bench_chart::Bench::Sleep)?;
+                Ok(None)
+            }
+            Command::BenchCodec(a) => {
+                bench_codec::run(a)?;
                 Ok(None)
             }
         }

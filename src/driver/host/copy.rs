@@ -18,6 +18,10 @@ pub(super) unsafe fn copy_htod_async(
     d.copy_fault(FaultOp::CopyHtod, "copy_htod")?;
     // SAFETY: the caller guarantees both ranges are valid for `len` bytes.
     unsafe { std::ptr::copy_nonoverlapping(src, dst as *mut u8, len) };
+    if len > 0 && d.faults.take_corrupt(FaultOp::CopyHtod) {
+        // SAFETY: inside the destination just written.
+        unsafe { *(dst as *mut u8).add(len / 2) ^= 0x10 };
+    }
     Ok(())
 }
 

@@ -6,6 +6,7 @@
 use std::cell::RefCell;
 use std::time::Instant;
 
+use super::compressed::CodecScratch;
 use super::options::CycleReport;
 use super::plan::{self, SegTodo, Transition};
 use super::sources::Replay;
@@ -112,6 +113,19 @@ impl SleepEngine {
             )
         };
         let mut next_stream = 0usize;
+        let compressed = |t: &SegTodo| {
+            t.state == SleepState::Offloaded
+                && self
+                    .lock()
+                    .backups
+                    .get(&t.ptr)
+                    .is_some_and(|b| b.is_compressed())
+        };
+        let mut codec = if todo.iter().any(compressed) {
+            Some(CodecScratch::new(&self.driver)?)
+        } else {
+            None
+        };
         for (i, t) in todo.iter().enumerate() {
             if t.state == SleepState::Offloaded
                 && t.committed > 0
@@ -133,7 +147,7 @@ impl SleepEngine {
                     let s = self.lock();
                     s.backups
                         .get(&t.ptr)
-                        .filter(|_| t.state != SleepState::Discarded)
+                        .filter(|b| t.state != SleepState::Discarded && !b.is_compressed())
                         .map(|b| b.spans(&s.arena, chunk.offset, chunk.size, piece))
                         .unwrap_or_default()
                 };
@@ -155,6 +169,12 @@ impl SleepEngine {
                     // SAFETY: the chunk is mapped with access granted.
                     unsafe { self.driver.memset_async(va, byte, chunk.size, st)? };
                 }
+            }
+            if let (Some(sc), true) = (codec.as_mut(), compressed(t)) {
+                // Every chunk of the segment is mapped: decode in place.
+                let raw = self.lock().backups[&t.ptr].raw_len() as u64;
+                report.copied_bytes += self.restore_compressed(t.ptr, sc, &streams)?;
+                report.raw_bytes += raw;
             }
         }
         for &st in &streams {
