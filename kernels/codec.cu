@@ -56,6 +56,42 @@ __device__ __forceinline__ void store_le(u8* p, u64 v, u32 n) {
     }
 }
 
+// Group g's raw bytes (8 elements, `width` 8-byte words when whole) as
+// little-endian words; `cnt` elements are valid. Whole groups at 8-aligned
+// addresses load word by word.
+__device__ __forceinline__ void load_group(const u8* p, u32 width, u32 cnt, u64* w) {
+    if (cnt == 8 && ((u64)p & 7) == 0) {
+        for (u32 k = 0; k < width; ++k) {
+            w[k] = ((const u64*)p)[k];
+        }
+    } else {
+        for (u32 k = 0; k < width; ++k) {
+            const u32 have = cnt * width > 8 * k ? cnt * width - 8 * k : 0;
+            w[k] = load_le(p + 8 * k, have < 8 ? have : 8);
+        }
+    }
+}
+
+__device__ __forceinline__ void store_group(u8* p, u32 width, u32 cnt, const u64* w) {
+    if (cnt == 8 && ((u64)p & 7) == 0) {
+        for (u32 k = 0; k < width; ++k) {
+            ((u64*)p)[k] = w[k];
+        }
+    } else {
+        for (u32 k = 0; k < width; ++k) {
+            const u32 have = cnt * width > 8 * k ? cnt * width - 8 * k : 0;
+            store_le(p + 8 * k, w[k], have < 8 ? have : 8);
+        }
+    }
+}
+
+// Element j of a group loaded by load_group.
+__device__ __forceinline__ u32 group_elem(const u64* w, u32 width, u32 j) {
+    const u32 bit = 8 * j * width;
+    const u64 v = w[bit >> 6] >> (bit & 63);
+    return width == 4 ? (u32)v : (u32)v & ((1u << (8 * width)) - 1u);
+}
+
 // Where the coded field sits in an element `width` bytes wide (Layout::split).
 __device__ __forceinline__ u32 field_shift(u32 width) {
     return width == 1 ? 0u : (width == 2 ? 7u : 23u);
@@ -103,9 +139,10 @@ __device__ u64 block_sum(u64 v, u64* warp_tot) {
 __device__ u64 checksum(const u8* p, u32 len, u64* warp_tot) {
     const u32 words = (len + 7u) >> 3;
     u64 s = 0;
+    const bool aligned = ((u64)p & 7) == 0;
     for (u32 i = threadIdx.x; i < words; i += THREADS) {
         const u32 n = (8u * i + 8u <= len) ? 8u : len - 8u * i;
-        s += mix(load_le(p + 8u * i, n), i);
+        s += mix(n == 8 && aligned ? ((const u64*)p)[i] : load_le(p + 8u * i, n), i);
     }
     s = block_sum(s, warp_tot);
     return mix(s, ~(u64)len);
@@ -175,8 +212,15 @@ extern "C" __global__ void vmmw_codec_encode(const u8* __restrict__ raw, u64 raw
 
         counts[threadIdx.x] = 0;
         __syncthreads();
-        for (u32 i = threadIdx.x; i < n; i += THREADS) {
-            atomicAdd(&counts[field_of((u32)load_le(src + i * width, width), sh)], 1u);
+        // Lanes holding one value add once, with their count: weights have
+        // few exponents, and shared atomics on one address serialize.
+        for (u32 base = 0; base < n; base += THREADS) {
+            const u32 i = base + threadIdx.x;
+            const u32 f = i < n ? field_of((u32)load_le(src + i * width, width), sh) : 256u;
+            const u32 peers = __match_any_sync(0xffffffffu, f);
+            if (f < 256u && (threadIdx.x & 31u) == (u32)(__ffs(peers) - 1)) {
+                atomicAdd(&counts[f], (u32)__popc(peers));
+            }
         }
         __syncthreads();
         // Rank: most frequent first, ties by smaller value.
@@ -246,9 +290,11 @@ extern "C" __global__ void vmmw_codec_encode(const u8* __restrict__ raw, u64 raw
                 u32 cnt = 0;
                 if (g < groups) {
                     cnt = n - 8u * g < 8u ? n - 8u * g : 8u;
+                    u64 w[4];
+                    load_group(src + 8u * g * width, width, cnt, w);
                     for (u32 j = 0; j < cnt; ++j) {
                         const u32 i = 8u * g + j;
-                        const u32 v = (u32)load_le(src + i * width, width);
+                        const u32 v = group_elem(w, width, j);
                         const u32 f = field_of(v, sh);
                         const u32 r = rank_of[f];
                         const u32 c = r < m ? r : m;
@@ -462,6 +508,7 @@ extern "C" __global__ void vmmw_codec_decode(const u8* __restrict__ frame, u64 f
                 }
                 u32 e = esc_base + block_scan(mine, warp_tot, &round_total);
                 if (g < groups) {
+                    u64 w[4] = {0, 0, 0, 0};
                     for (u32 j = 0; j < cnt; ++j) {
                         const u32 i = 8u * g + j;
                         const u32 c = (u32)((bits >> (j * k)) & m);
@@ -475,8 +522,10 @@ extern "C" __global__ void vmmw_codec_decode(const u8* __restrict__ frame, u64 f
                             f = table[c];
                         }
                         const u32 r = (u32)load_le(rest + (u64)i * (width - 1u), width - 1u);
-                        store_le(dst + i * width, join(f, r, sh, width), width);
+                        const u32 bit = 8 * j * width;
+                        w[bit >> 6] |= (u64)join(f, r, sh, width) << (bit & 63);
                     }
+                    store_group(dst + 8u * g * width, width, cnt, w);
                 }
                 esc_base += round_total;
                 __syncthreads();

@@ -30,3 +30,8 @@ __device__ inline unsigned long long atomicAdd(unsigned long long* p, unsigned l
 __device__ inline unsigned int atomicMin(unsigned int* p, unsigned int v) {
     return __atomic_fetch_min(p, v, __ATOMIC_RELAXED);
 }
+__device__ inline unsigned int __match_any_sync(unsigned int mask, unsigned int v) {
+    return __nvvm_match_any_sync_i32(mask, v);
+}
+__device__ inline int __ffs(unsigned int v) { return v ? __builtin_ctz(v) + 1 : 0; }
+__device__ inline int __popc(unsigned int v) { return __builtin_popcount(v); }

@@ -60,3 +60,21 @@ inline unsigned int atomicMin(unsigned int* p, unsigned int v) {
     }
     return old;
 }
+
+// Lanes of the calling warp whose value equals this lane's (every lane of
+// the block calls it in step, as the kernels do).
+inline unsigned int __match_any_sync(unsigned int, unsigned int v) {
+    emu_slots[threadIdx.x] = v;
+    __syncthreads();
+    const unsigned warp = threadIdx.x & ~31u;
+    unsigned int m = 0;
+    for (unsigned l = 0; l < 32; ++l) {
+        if (emu_slots[warp + l] == v) {
+            m |= 1u << l;
+        }
+    }
+    __syncthreads();
+    return m;
+}
+inline int __ffs(unsigned int v) { return v ? __builtin_ctz(v) + 1 : 0; }
+inline int __popc(unsigned int v) { return __builtin_popcount(v); }

@@ -34,6 +34,15 @@ pub(super) struct FrameRec {
     pub len: usize,
 }
 
+/// A frame a wake queued for decoding, and whose verdict is in the status
+/// word of its index in the wake's list.
+pub(super) struct Decoded {
+    tag: TagId,
+    ptr: DevicePtr,
+    frame: usize,
+    rec: FrameRec,
+}
+
 /// A host run of backup bytes: `len` bytes at `host` hold frame bytes from
 /// `within`.
 type HostRun = (*mut u8, usize, usize);
@@ -239,16 +248,20 @@ impl SleepEngine {
         })
     }
 
-    /// Restore segment `ptr` (every chunk mapped) from its compressed
-    /// backup: copy each frame to the device and decode it in place, the
-    /// copy of frame j+1 running while frame j decodes. `streams[0]` copies,
-    /// `streams[1]` decodes. Returns the encoded bytes copied. An error
-    /// (a corrupt frame included) leaves the backup as it was.
+    /// Queue the restore of segment `ptr` (every chunk mapped) from its
+    /// compressed backup: copy each frame to the device and decode it in
+    /// place, the copy of frame j+1 running while frame j decodes.
+    /// `streams[0]` copies, `streams[1]` decodes. Each frame's verdict goes
+    /// to a status word of the scratch, listed in `decoded` for
+    /// [`Self::check_decoded`], which the wake calls once every segment is
+    /// queued (so no segment waits for the one before). Returns the encoded
+    /// bytes copied. Nothing here writes the backup.
     pub(super) fn restore_compressed(
         &self,
         ptr: DevicePtr,
         sc: &mut CodecScratch,
         streams: &[StreamId],
+        decoded: &mut Vec<Decoded>,
     ) -> Result<u64> {
         let (copy_on, decode_on) = (streams[0], streams[1 % streams.len()]);
         let (frames, runs, tag) = {
@@ -261,17 +274,19 @@ impl SleepEngine {
                 .collect();
             (b.frames.clone(), runs, b.tag)
         };
-        if frames.len() > sc.status_words() {
+        let first = decoded.len();
+        if first + frames.len() > sc.status_words() {
             return Err(Error::Unsupported(format!(
-                "segment at {ptr:#x} has {} backup frames, more than the {} one wake decodes",
-                frames.len(),
+                "a wake of more than {} backup frames (16 MiB each)",
                 sc.status_words()
             )));
         }
-        // SAFETY: the status words lie in the scratch, mapped and unused.
+        let status = sc.scratch + 4 * first as u64;
+        // SAFETY: the status words lie in the scratch, mapped; no decode
+        // queued before uses these.
         unsafe {
             self.driver
-                .memset_async(sc.scratch, 0xFF, 4 * frames.len(), decode_on)?
+                .memset_async(status, 0xFF, 4 * frames.len(), decode_on)?
         };
         let issue = |sc: &mut CodecScratch, j: usize| -> Result<()> {
             let k = j % 2;
@@ -306,36 +321,62 @@ impl SleepEngine {
                     f.len,
                     ptr + f.offset as u64,
                     f.raw_len,
-                    sc.scratch + 4 * j as u64,
+                    status + 4 * j as u64,
                     decode_on,
                 )
             }?;
             self.driver.event_record(sc.done[k], decode_on)?;
             sc.used[k] = true;
             copied += f.len as u64;
+            decoded.push(Decoded {
+                tag,
+                ptr,
+                frame: j,
+                rec: *f,
+            });
         }
-        let mut status = vec![0u8; 4 * frames.len()];
-        // SAFETY: `status` outlives the synchronize below; the words lie in
-        // the scratch, written by the decodes queued before on this stream.
-        unsafe {
-            self.driver
-                .copy_dtoh_async(status.as_mut_ptr(), sc.scratch, status.len(), decode_on)?
-        };
+        Ok(copied)
+    }
+
+    /// Wait for the decodes `decoded` lists (queued on `streams[1]`) and
+    /// fail when any frame was refused: a corrupt backup.
+    pub(super) fn check_decoded(
+        &self,
+        sc: &CodecScratch,
+        streams: &[StreamId],
+        decoded: &[Decoded],
+    ) -> Result<()> {
+        let decode_on = streams[1 % streams.len()];
+        let mut status = vec![0u8; 4 * decoded.len()];
+        if !status.is_empty() {
+            // SAFETY: `status` outlives the synchronize below; the words lie
+            // in the scratch, written by the decodes queued on this stream.
+            unsafe {
+                self.driver.copy_dtoh_async(
+                    status.as_mut_ptr(),
+                    sc.scratch,
+                    status.len(),
+                    decode_on,
+                )?
+            };
+        }
         self.driver.stream_synchronize(decode_on)?;
-        for (j, w) in status.chunks_exact(4).enumerate() {
+        for (d, w) in decoded.iter().zip(status.chunks_exact(4)) {
             let block = u32::from_le_bytes(w.try_into().expect("4 bytes"));
             if block != u32::MAX {
-                let f = frames[j];
                 return Err(Error::InvalidState(format!(
-                    "the compressed host backup of tag {tag} is corrupt: segment at {ptr:#x}, \
-                     frame {j} (segment bytes [{}, {})), block {block} fails its checksum; \
+                    "the compressed host backup of tag {} is corrupt: segment at {:#x}, \
+                     frame {} (segment bytes [{}, {})), block {block} fails its checksum; \
                      the tag stays asleep and its backup is left as it is",
-                    f.offset,
-                    f.offset + f.raw_len
+                    d.tag,
+                    d.ptr,
+                    d.frame,
+                    d.rec.offset,
+                    d.rec.offset + d.rec.raw_len
                 )));
             }
         }
-        Ok(copied)
+        Ok(())
     }
 
     /// Decode the segment bytes `[off, off + dst.len())` of a compressed

@@ -121,6 +121,7 @@ impl SleepEngine {
                     .get(&t.ptr)
                     .is_some_and(|b| b.is_compressed())
         };
+        let mut decoded = Vec::new();
         let mut codec = if todo.iter().any(compressed) {
             Some(CodecScratch::new(&self.driver)?)
         } else {
@@ -173,9 +174,13 @@ impl SleepEngine {
             if let (Some(sc), true) = (codec.as_mut(), compressed(t)) {
                 // Every chunk of the segment is mapped: decode in place.
                 let raw = self.lock().backups[&t.ptr].raw_len() as u64;
-                report.copied_bytes += self.restore_compressed(t.ptr, sc, &streams)?;
+                report.copied_bytes +=
+                    self.restore_compressed(t.ptr, sc, &streams, &mut decoded)?;
                 report.raw_bytes += raw;
             }
+        }
+        if let Some(sc) = &codec {
+            self.check_decoded(sc, &streams, &decoded)?;
         }
         for &st in &streams {
             self.driver.stream_synchronize(st)?;
