@@ -52,6 +52,17 @@ if [ "${BENCH:-0}" = 1 ]; then
   ckpt="${LOAD_DIR:-/root/vmmw-ckpt-8b}"
   args=()
   [ -e "$ckpt" ] && args=(--checkpoint "$ckpt")
+  # Real trained weights, when the Hugging Face cache holds any (no network
+  # here): the two largest safetensors files of at least 50 MB.
+  hub="${HF_HOME:-$HOME/.cache/huggingface}/hub"
+  if [ -d "$hub" ]; then
+    while IFS= read -r f; do
+      args+=(--checkpoint "$f")
+      echo "codec bench: trained weights from the HF cache: $f"
+    done < <(find -L "$hub" -name '*.safetensors' -size +50M -printf '%s %p\n' 2>/dev/null |
+      sort -rn | head -2 | cut -d' ' -f2-)
+  fi
+  [ ${#args[@]} -le 2 ] && echo "codec bench: no trained weights in the HF cache ($hub)" 
   out="$VMMW_GPU_OUT/codec-bench"
   .gpu/vmmw bench-codec --backend cuda --json "$out.json" "${args[@]}" 2>&1 | tee "$out.txt"
   t=${PIPESTATUS[0]}

@@ -27,9 +27,9 @@ pub struct Args {
     /// pool first; repeat for several.
     #[arg(long)]
     pub checkpoint: Vec<PathBuf>,
-    /// GiB of each synthetic dataset.
-    #[arg(long, default_value_t = 4)]
-    pub gib: usize,
+    /// MiB of each synthetic dataset.
+    #[arg(long, default_value_t = 4096)]
+    pub mib: usize,
     /// Timed sleep/wake cycles per policy (after one untimed warm-up).
     #[arg(long, default_value_t = 3)]
     pub cycles: usize,
@@ -57,10 +57,10 @@ struct Row {
     wake_vs_offload: f64,
 }
 
-/// The synthetic datasets: name, layout, one 64 MiB pattern tiled over the
-/// dataset.
-fn synthetic() -> Vec<(&'static str, Layout, Vec<u8>)> {
-    const N: usize = 64 << 20;
+/// The synthetic datasets: name, layout, one pattern of `n` bytes (at most
+/// 64 MiB) tiled over the dataset.
+fn synthetic(n: usize) -> Vec<(&'static str, Layout, Vec<u8>)> {
+    let n = n.clamp(8, 64 << 20) / 8 * 8;
     let mut x = 0x5EED_u64;
     let mut next = move || {
         x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
@@ -71,17 +71,17 @@ fn synthetic() -> Vec<(&'static str, Layout, Vec<u8>)> {
         let u2 = (next() >> 11) as f64 / (1u64 << 53) as f64;
         0.02 * (-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos()
     };
-    let bf16: Vec<u8> = (0..N / 2)
+    let bf16: Vec<u8> = (0..n / 2)
         .flat_map(|_| half::bf16::from_f64(normal()).to_le_bytes())
         .collect();
-    let f16: Vec<u8> = (0..N / 2)
+    let f16: Vec<u8> = (0..n / 2)
         .flat_map(|_| half::f16::from_f64(normal()).to_le_bytes())
         .collect();
-    let f32: Vec<u8> = (0..N / 4)
+    let f32: Vec<u8> = (0..n / 4)
         .flat_map(|_| (normal() as f32).to_le_bytes())
         .collect();
     let mut y = 0xABCD_u64;
-    let random: Vec<u8> = (0..N / 8)
+    let random: Vec<u8> = (0..n / 8)
         .flat_map(|_| {
             y = y.wrapping_add(0x9E37_79B9_7F4A_7C15);
             vmmweights::codec::checksum::mix(y, 1).to_le_bytes()
@@ -196,7 +196,7 @@ pub fn run(args: Args) -> Result<()> {
         d.describe(),
         opened.reason
     );
-    let link = link_bandwidth(&d, 1 << 30)?;
+    let link = link_bandwidth(&d, (1 << 30).min(args.mib.max(1) << 20))?;
     outln!(
         "link: host->device {:.2} GB/s, device->host {:.2} GB/s (pinned, 1 GiB, median of 5)",
         link.0,
@@ -223,8 +223,8 @@ pub fn run(args: Args) -> Result<()> {
             link,
         ));
     }
-    let total = args.gib.max(1) << 30;
-    for (name, layout, pattern) in synthetic() {
+    let total = args.mib.max(1) << 20;
+    for (name, layout, pattern) in synthetic(total) {
         let pool = pool_for(&d, layout)?;
         let t = tag::id("bench-codec-synthetic")?;
         // Tensors of 256 MiB, as the large weights of a model.
