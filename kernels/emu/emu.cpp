@@ -1,12 +1,15 @@
 // The codec kernels on the CPU (see emu.h). Usage:
 //   emu encode WIDTH RAW_IN FRAME_OUT     the frame of RAW_IN's bytes
 //   emu decode FRAME_IN RAW_LEN RAW_OUT   prints the status word (4294967295 = ok)
+// Each runs twice, on 8-aligned buffers and on buffers 3 bytes off (the
+// kernels' byte-wise paths), and exits 3 when the two disagree.
 #include "emu.h"
 
 #include "../codec.cu"
 
 #include <cstdio>
 #include <cstdlib>
+#include <algorithm>
 #include <functional>
 #include <ucontext.h>
 #include <vector>
@@ -97,31 +100,70 @@ int main(int argc, char** argv) {
     const std::string op = argv[1];
     if (op == "encode") {
         const u32 width = (u32)std::atoi(argv[2]);
-        std::vector<u8> raw = read_file(argv[3]);
+        const std::vector<u8> raw = read_file(argv[3]);
         const u64 nb = (raw.size() + BLOCK_BYTES - 1) / BLOCK_BYTES;
-        std::vector<u8> slots(nb * SLOT_BYTES + 1);
-        std::vector<u32> sizes(nb + 1);
-        std::vector<u8> frame(FRAME_HEADER + 8 * nb + nb * SLOT_BYTES);
-        u64 frame_len = 0;
-        const u8* rp = raw.data();
-        launch([&] { vmmw_codec_encode(rp, raw.size(), width, slots.data(), sizes.data()); });
-        launch([&] { vmmw_codec_index(sizes.data(), raw.size(), width, frame.data(), &frame_len); });
-        launch([&] { vmmw_codec_pack(slots.data(), sizes.data(), raw.size(), frame.data()); });
-        write_file(argv[4], frame.data(), frame_len);
+        std::vector<u8> frames[2];
+        for (int off = 0; off < 2; ++off) {
+            const size_t shift = off ? 3 : 0;
+            std::vector<u8> in(raw.size() + 8);
+            std::copy(raw.begin(), raw.end(), in.begin() + shift);
+            std::vector<u8> slots(nb * SLOT_BYTES + 1);
+            std::vector<u32> sizes(nb + 1);
+            std::vector<u8> frame(FRAME_HEADER + 8 * nb + nb * SLOT_BYTES + 8);
+            u64 frame_len = 0;
+            const u8* rp = in.data() + shift;
+            u8* fp = frame.data() + shift;
+            launch([&] { vmmw_codec_encode(rp, raw.size(), width, slots.data(), sizes.data()); });
+            launch([&] { vmmw_codec_index(sizes.data(), raw.size(), width, fp, &frame_len); });
+            launch([&] { vmmw_codec_pack(slots.data(), sizes.data(), raw.size(), fp); });
+            frames[off].assign(fp, fp + frame_len);
+        }
+        if (frames[0] != frames[1]) {
+            std::fprintf(stderr, "encode: aligned and unaligned buffers give different frames\n");
+            return 3;
+        }
+        write_file(argv[4], frames[0].data(), frames[0].size());
         return 0;
     }
     if (op == "decode") {
-        std::vector<u8> frame = read_file(argv[2]);
+        const std::vector<u8> input = read_file(argv[2]);
         const u64 raw_len = std::strtoull(argv[3], nullptr, 10);
-        std::vector<u8> out(raw_len + 1);
-        u32 status = 0xFFFFFFFFu;
-        // The device reads a frame of at least its header; pad a short one
-        // so the emulation does not read past its vector.
-        const u64 frame_len = frame.size();
-        frame.resize(frame.size() + 64);
-        launch([&] { vmmw_codec_decode(frame.data(), frame_len, out.data(), raw_len, &status); });
-        write_file(argv[4], out.data(), raw_len);
-        std::printf("%u\n", status);
+        const u64 frame_len = input.size();
+        std::vector<u8> outs[2];
+        u32 statuses[2];
+        for (int off = 0; off < 2; ++off) {
+            const size_t shift = off ? 3 : 0;
+            // Padding past the frame: a short frame's header is read before
+            // its length is checked against it.
+            std::vector<u8> frame(input.size() + 64 + shift);
+            std::copy(input.begin(), input.end(), frame.begin() + shift);
+            // Guard bytes after the output: the kernel must not touch them.
+            std::vector<u8> out(raw_len + 64 + shift, 0xEE);
+            u32 status = 0xFFFFFFFFu;
+            const u8* fp = frame.data() + shift;
+            u8* op = out.data() + shift;
+            launch([&] { vmmw_codec_decode(fp, frame_len, op, raw_len, &status); });
+            for (size_t i = 0; i < shift; ++i) {
+                if (out[i] != 0xEE) {
+                    std::fprintf(stderr, "decode wrote before its output\n");
+                    return 3;
+                }
+            }
+            for (size_t i = shift + raw_len; i < out.size(); ++i) {
+                if (out[i] != 0xEE) {
+                    std::fprintf(stderr, "decode wrote past its output\n");
+                    return 3;
+                }
+            }
+            outs[off].assign(op, op + raw_len);
+            statuses[off] = status;
+        }
+        if (statuses[0] != statuses[1] || (statuses[0] == 0xFFFFFFFFu && outs[0] != outs[1])) {
+            std::fprintf(stderr, "decode: aligned and unaligned buffers disagree\n");
+            return 3;
+        }
+        write_file(argv[4], outs[0].data(), raw_len);
+        std::printf("%u\n", statuses[0]);
         return 0;
     }
     std::fprintf(stderr, "unknown op %s\n", argv[1]);

@@ -248,9 +248,11 @@ impl SleepEngine {
         })
     }
 
-    /// Queue the restore of segment `ptr` (every chunk mapped) from its
-    /// compressed backup: copy each frame to the device and decode it in
-    /// place, the copy of frame j+1 running while frame j decodes.
+    /// Queue the restore of segment `ptr` from its compressed backup: copy
+    /// each frame to the device and decode it in place, the copy of frame
+    /// j+1 running while frame j decodes; `map_upto(end)` maps the segment's
+    /// chunks below segment offset `end`, called before each decode (so
+    /// mapping overlaps the copies).
     /// `streams[0]` copies, `streams[1]` decodes. Each frame's verdict goes
     /// to a status word of the scratch, listed in `decoded` for
     /// [`Self::check_decoded`], which the wake calls once every segment is
@@ -262,6 +264,7 @@ impl SleepEngine {
         sc: &mut CodecScratch,
         streams: &[StreamId],
         decoded: &mut Vec<Decoded>,
+        map_upto: &mut dyn FnMut(usize) -> Result<()>,
     ) -> Result<u64> {
         let (copy_on, decode_on) = (streams[0], streams[1 % streams.len()]);
         let (frames, runs, tag) = {
@@ -311,10 +314,11 @@ impl SleepEngine {
                 issue(sc, j + 1)?;
             }
             let k = j % 2;
+            map_upto(f.offset + f.raw_len)?;
             self.driver.event_synchronize(sc.copied[k])?;
             // SAFETY: the frame is in buffer k (its copy completed); the
-            // segment range is mapped (the caller mapped every chunk) and
-            // status word j lies in the scratch.
+            // segment range is mapped (map_upto above) and status word j
+            // lies in the scratch.
             unsafe {
                 self.driver.codec_decode_async(
                     sc.frames[k],

@@ -137,6 +137,33 @@ impl SleepEngine {
                     t.ptr
                 )));
             }
+            if let (Some(sc), true) = (codec.as_mut(), compressed(t)) {
+                // Chunks are mapped as the decodes reach them, so mapping
+                // overlaps the copies of the frames before.
+                let mut next = 0usize;
+                let mut mapped = 0u64;
+                let mut map_upto = |end: usize| -> Result<()> {
+                    while next < t.chunks.len() && t.chunks[next].offset < end {
+                        let chunk = t.chunks[next];
+                        if chunk.handle.is_none() {
+                            let va = t.ptr + chunk.offset as u64;
+                            let h = map_new_at(self.driver.as_ref(), va, chunk.size, &t.peers)?;
+                            made.push((i, next, h));
+                            mapped += chunk.size as u64;
+                        }
+                        next += 1;
+                    }
+                    Ok(())
+                };
+                let raw = self.lock().backups[&t.ptr].raw_len() as u64;
+                let copied =
+                    self.restore_compressed(t.ptr, sc, &streams, &mut decoded, &mut map_upto);
+                let rest = copied.and_then(|c| map_upto(usize::MAX).map(|()| c));
+                report.physical_bytes += mapped;
+                report.copied_bytes += rest?;
+                report.raw_bytes += raw;
+                continue;
+            }
             for (c, chunk) in t.chunks.iter().enumerate() {
                 let va = t.ptr + chunk.offset as u64;
                 if chunk.handle.is_none() {
@@ -170,13 +197,6 @@ impl SleepEngine {
                     // SAFETY: the chunk is mapped with access granted.
                     unsafe { self.driver.memset_async(va, byte, chunk.size, st)? };
                 }
-            }
-            if let (Some(sc), true) = (codec.as_mut(), compressed(t)) {
-                // Every chunk of the segment is mapped: decode in place.
-                let raw = self.lock().backups[&t.ptr].raw_len() as u64;
-                report.copied_bytes +=
-                    self.restore_compressed(t.ptr, sc, &streams, &mut decoded)?;
-                report.raw_bytes += raw;
             }
         }
         if let Some(sc) = &codec {
