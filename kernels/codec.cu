@@ -56,6 +56,24 @@ __device__ __forceinline__ void store_le(u8* p, u64 v, u32 n) {
     }
 }
 
+// Copy `n` bytes with the block's threads: 8 bytes at a time when both ends
+// are 8-aligned (raw blocks usually are), else byte by byte.
+__device__ __forceinline__ void copy_bytes(u8* dst, const u8* src, u32 n) {
+    if ((((u64)dst | (u64)src) & 7) == 0) {
+        const u32 words = n >> 3;
+        for (u32 i = threadIdx.x; i < words; i += THREADS) {
+            ((u64*)dst)[i] = ((const u64*)src)[i];
+        }
+        for (u32 i = 8 * words + threadIdx.x; i < n; i += THREADS) {
+            dst[i] = src[i];
+        }
+    } else {
+        for (u32 i = threadIdx.x; i < n; i += THREADS) {
+            dst[i] = src[i];
+        }
+    }
+}
+
 // Group g's raw bytes (8 elements, `width` 8-byte words when whole) as
 // little-endian words; `cnt` elements are valid. Whole groups at 8-aligned
 // addresses load word by word.
@@ -266,9 +284,7 @@ extern "C" __global__ void vmmw_codec_encode(const u8* __restrict__ raw, u64 raw
         }
         __syncthreads();
         if (s_raw) {
-            for (u32 i = threadIdx.x; i < blen; i += THREADS) {
-                slot[BLOCK_HEADER + i] = src[i];
-            }
+            copy_bytes(slot + BLOCK_HEADER, src, blen);
         } else {
             const u32 k = s_k;
             const u32 m = (1u << k) - 1u;
@@ -372,10 +388,7 @@ extern "C" __global__ void vmmw_codec_pack(const u8* __restrict__ slots,
         const u64 at = load_le(frame + FRAME_HEADER + 8u * b, 8);
         const u8* slot = slots + b * SLOT_BYTES;
         u8* dst = frame + at;
-        const u32 size = sizes[b];
-        for (u32 i = threadIdx.x; i < size; i += THREADS) {
-            dst[i] = slot[i];
-        }
+        copy_bytes(dst, slot, sizes[b]);
     }
 }
 
@@ -472,9 +485,7 @@ extern "C" __global__ void vmmw_codec_decode(const u8* __restrict__ frame, u64 f
         }
         const u8* body = frame + s_start + BLOCK_HEADER;
         if (s_mode == MODE_RAW) {
-            for (u32 i = threadIdx.x; i < blen; i += THREADS) {
-                dst[i] = body[i];
-            }
+            copy_bytes(dst, body, blen);
         } else {
             const u32 width = s_width;
             const u32 sh = field_shift(width);
