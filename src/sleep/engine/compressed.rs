@@ -3,9 +3,9 @@
 //! bytes cross the link and occupy the pinned arena.
 //!
 //! A segment is cut into frames of [`FRAME_RAW_BYTES`] raw bytes. Sleep
-//! encodes frame j into device buffer j % 2 while the copy of frame j-1 to
-//! the host runs; wake copies frame j+1 in while frame j decodes in place,
-//! so the link never waits for the codec. Each frame's blocks carry
+//! encodes frame j into device buffer j % 2 (counted over the whole sleep)
+//! while the copy of frame j-1 to the host runs; wake copies frame j+1 in
+//! while frame j decodes in place, so the link never waits for the codec. Each frame's blocks carry
 //! checksums: a corrupt backup fails the wake, and the caller unmaps what the
 //! wake mapped (the tag stays asleep, the backup untouched).
 
@@ -89,6 +89,11 @@ pub(super) struct CodecScratch {
     copied: [EventId; 2],
     done: [EventId; 2],
     used: [bool; 2],
+    /// Frames passed through the buffers so far: frame t of the whole
+    /// sleep or wake uses buffer t % 2, so the buffers alternate across
+    /// segments too and a segment's first frame never waits for the copy of
+    /// the one before's last.
+    turn: usize,
 }
 
 impl CodecScratch {
@@ -108,6 +113,7 @@ impl CodecScratch {
             copied: [EventId(0); 2],
             done: [EventId(0); 2],
             used: [false; 2],
+            turn: 0,
         };
         sc.handle = Some(map_new_at(driver.as_ref(), va, size, &[]).map_err(|e| {
             Error::InvalidState(format!(
@@ -194,7 +200,7 @@ impl SleepEngine {
         let mut at = 0usize;
         for (j, offset) in (0..committed).step_by(FRAME_RAW_BYTES).enumerate() {
             let raw_len = FRAME_RAW_BYTES.min(committed - offset);
-            let k = j % 2;
+            let k = (sc.turn + j) % 2;
             sc.wait(k)?;
             // SAFETY: the segment is awake (mapped) and in this transition;
             // the frame buffer and scratch lie in `sc`, and no copy still
@@ -236,6 +242,7 @@ impl SleepEngine {
             sc.used[k] = true;
             at += len;
         }
+        sc.turn += committed.div_ceil(FRAME_RAW_BYTES);
         let e = self.driver.event_create()?;
         if let Err(err) = self.driver.event_record(e, copy_on) {
             let _ = self.driver.event_destroy(e);
@@ -291,8 +298,9 @@ impl SleepEngine {
             self.driver
                 .memset_async(status, 0xFF, 4 * frames.len(), decode_on)?
         };
+        let base = sc.turn;
         let issue = |sc: &mut CodecScratch, j: usize| -> Result<()> {
-            let k = j % 2;
+            let k = (base + j) % 2;
             sc.wait(k)?;
             for &(host, n, within) in &runs[j] {
                 // SAFETY: `host` holds `n` bytes of this segment's backup,
@@ -313,7 +321,7 @@ impl SleepEngine {
             if j + 1 < frames.len() {
                 issue(sc, j + 1)?;
             }
-            let k = j % 2;
+            let k = (base + j) % 2;
             map_upto(f.offset + f.raw_len)?;
             self.driver.event_synchronize(sc.copied[k])?;
             // SAFETY: the frame is in buffer k (its copy completed); the
@@ -339,6 +347,7 @@ impl SleepEngine {
                 rec: *f,
             });
         }
+        sc.turn += frames.len();
         Ok(copied)
     }
 
