@@ -72,6 +72,9 @@ def test_sleep_with_each_policy_then_wake(pool, ckpt, policy):
     state = {"offload": "offloaded_bytes", "discard": "discarded_bytes", "reload": "reloadable_bytes",
              "offload_compressed": "offloaded_bytes"}[policy]
     assert w[state] == tracked
+    if policy == "offload_compressed":
+        # The report gives the raw bytes the backup restores beside its size.
+        assert w["host_backup_raw_bytes"] == tracked and 0 < w["host_backup_bytes"] <= tracked * 1.001
     some = next(iter(dests.values()))
     with pytest.raises(vw.VmmwError) as e:
         pool.read(some.ptr, 16)
