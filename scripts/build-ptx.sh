@@ -7,6 +7,11 @@
 # crate needs no CUDA. scripts/gpu.d/62-reload.sh and 64-codec.sh fail when
 # a committed PTX differs from what this makes.
 #   scripts/build-ptx.sh [OUT_DIR]   (default: src/driver/cuda)
+# The GPU machine's nvcc is release 13.0 (V13.0.88). Without a GPU, the same
+# compiler from PyPI makes the same bytes: unpack the wheels
+# nvidia-cuda-nvcc==13.0.88, nvidia-nvvm==13.0.88, nvidia-cuda-crt==13.0.88
+# and nvidia-cuda-runtime==13.0.96 into one folder (python3 -m zipfile -e)
+# and put its nvidia/cu13/bin first on PATH. The GPU check stays the judge.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out="${1:-src/driver/cuda}"
