@@ -671,6 +671,8 @@ pub fn fuzz_gguf_metadata(data: &[u8]) {
         walk(&h.metadata, i, &mut Vec::new(), &mut budget);
     }
     assert!(h.metadata.at(h.metadata.len(), &[]).is_err());
+}
+
 /// The backup codec's decoder on hostile frames. The first byte picks what
 /// the rest is:
 /// - even: a frame, decoded to the length its header names (up to 1 MiB):

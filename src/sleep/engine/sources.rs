@@ -159,7 +159,11 @@ impl SleepEngine {
     /// backup. Returns the live bytes taken from the sources. An error (the
     /// hash failed) changes nothing. The device must be synchronized: queued
     /// writes land before the hashes are taken.
-    pub(super) fn drop_changed_coverage(&self, tag: TagId, readable: &[(DevicePtr, usize)]) -> Result<u64> {
+    pub(super) fn drop_changed_coverage(
+        &self,
+        tag: TagId,
+        readable: &[(DevicePtr, usize)],
+    ) -> Result<u64> {
         // Per source: the proof blocks `(address, length, hash)` it still needs.
         type Check = (Arc<dyn ReloadSource>, Vec<(DevicePtr, usize, u64)>);
         let checks: Vec<Check> = {
