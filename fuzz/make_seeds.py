@@ -211,3 +211,32 @@ for t in ("gguf_header", "gguf_metadata"):
     write(t, "big-endian", gguf(EVERY, TENSORS, version=3 << 24))
     write(t, "deep-array", gguf([("d", 9, (9, [(9, [(9, [(9, [(4, [1])])])])]))], []))
     write(t, "bad-alignment", gguf([("general.alignment", 4, 48)], TENSORS))
+
+# The backup codec's frames (fuzz_codec_frame): byte 0 even = a frame to
+# decode, odd = raw bytes to encode, corrupt and decode.
+t = "codec_frame"
+def raw_frame(raw, width):
+    """A frame whose blocks are all stored raw (src/codec/format.rs)."""
+    B = 65536
+    nb = (len(raw) + B - 1) // B
+    blocks = []
+    for b in range(nb):
+        chunk = raw[b * B:(b + 1) * B]
+        blocks.append(struct.pack("<QBBHI", 0, 0, 0, 0, 0) + chunk)
+    start = 32 + 8 * nb
+    index, at = b"", start
+    for blk in blocks:
+        index += struct.pack("<Q", at)
+        at += len(blk)
+    header = b"VMWC" + struct.pack("<BBHII", 1, width, 0, B, 0) + struct.pack("<QQ", len(raw), at)
+    return header + index + b"".join(blocks)
+write(t, "frame-empty", b"\x00" + raw_frame(b"", 2))
+write(t, "frame-raw-bad-checksum", b"\x00" + raw_frame(bytes(range(200)), 2))
+write(t, "frame-two-blocks", b"\x00" + raw_frame(bytes(i % 7 for i in range(70000)), 1))
+write(t, "frame-short", b"\x00VMWC\x01\x02")
+write(t, "frame-huge-len", b"\x00VMWC" + struct.pack("<BBHII", 1, 4, 0, 65536, 0) + struct.pack("<QQ", 2**62, 40))
+bf16 = b"".join(struct.pack("<H", 0x3C00 + (i * 37) % 0x300) for i in range(5000))
+write(t, "encode-bf16-clean", b"\x01\x01\x00" + bf16)
+write(t, "encode-bf16-one-flip", b"\x01\x01\x01" + struct.pack("<HB", 100, 0x10) + bf16)
+write(t, "encode-fp32-flips", b"\x01\x02\x03" + struct.pack("<HBHBHB", 0, 1, 40, 2, 33, 0x80) + bytes(i % 13 for i in range(4000)))
+write(t, "encode-bytes-tail", b"\x01\x00\x01" + struct.pack("<HB", 7, 0xFF) + b"\x05" * 65537)

@@ -26,7 +26,7 @@ import sys
 # one layer do not import each other. Keep in step with docs/ARCHITECTURE.md.
 LAYERS = [
     ["error"],
-    ["units"],
+    ["units", "codec"],
     ["driver"],
     ["hostmem", "segment", "tag"],
     ["report"],

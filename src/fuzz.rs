@@ -672,3 +672,47 @@ pub fn fuzz_gguf_metadata(data: &[u8]) {
     }
     assert!(h.metadata.at(h.metadata.len(), &[]).is_err());
 }
+
+/// The backup codec's decoder on hostile frames. The first byte picks what
+/// the rest is:
+/// - even: a frame, decoded to the length its header names (up to 1 MiB):
+///   the decoder returns, never panics, never writes outside its output;
+/// - odd: `[layout, n, n × (position u16, xor u8), raw...]`: the raw bytes are
+///   encoded, the bytes at those positions changed, and the frame decoded;
+///   an accepted frame must give back exactly the raw bytes (a changed byte
+///   passes only when the checksum collides, about 2^-64 per block).
+pub fn fuzz_codec_frame(data: &[u8]) {
+    use crate::codec::{self, Layout};
+    let Some((&mode, rest)) = data.split_first() else {
+        return;
+    };
+    if mode % 2 == 0 {
+        let Ok(len) = codec::raw_len(rest) else {
+            return;
+        };
+        if len > 1 << 20 {
+            return;
+        }
+        let mut out = vec![0u8; len as usize];
+        let _ = codec::decode(rest, &mut out);
+        return;
+    }
+    let [sel, n, rest @ ..] = rest else {
+        return;
+    };
+    let layout = [Layout::Bytes, Layout::Half, Layout::Single][*sel as usize % 3];
+    let n = *n as usize % 8;
+    if rest.len() < 3 * n {
+        return;
+    }
+    let (hits, raw) = rest.split_at(3 * n);
+    let mut frame = codec::encode(raw, layout);
+    for h in hits.chunks_exact(3) {
+        let at = u16::from_le_bytes([h[0], h[1]]) as usize % frame.len();
+        frame[at] ^= h[2];
+    }
+    let mut out = vec![0u8; raw.len()];
+    if codec::decode(&frame, &mut out).is_ok() {
+        assert!(out == raw, "a changed frame decoded to different bytes");
+    }
+}

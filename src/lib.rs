@@ -27,6 +27,7 @@
 #![warn(missing_docs)]
 #![deny(unsafe_op_in_unsafe_fn)]
 
+pub mod codec;
 pub mod devices;
 pub mod driver;
 pub mod error;

@@ -42,6 +42,10 @@ pub struct TagUsage {
     pub reloadable_bytes: u64,
     /// Bytes of host memory holding backups for this tag (set by the sleep layer).
     pub host_backup_bytes: u64,
+    /// Raw bytes those backups restore: more than `host_backup_bytes` when
+    /// the tag slept with OffloadCompressed (their ratio is the compression).
+    #[serde(default)]
+    pub host_backup_raw_bytes: u64,
     /// Whether the tag is asleep (for the total: whether any tag is).
     pub asleep: bool,
 }
@@ -76,7 +80,22 @@ impl TagUsage {
         self.discarded_bytes += o.discarded_bytes;
         self.reloadable_bytes += o.reloadable_bytes;
         self.host_backup_bytes += o.host_backup_bytes;
+        self.host_backup_raw_bytes += o.host_backup_raw_bytes;
         self.asleep |= o.asleep;
+    }
+
+    /// ", compressed to 70.1% of 2.0 GiB" when the backup holds fewer bytes
+    /// than it restores; empty otherwise.
+    pub fn compression_note(&self) -> String {
+        if self.host_backup_raw_bytes > self.host_backup_bytes {
+            format!(
+                ", backup compressed to {:.1}% of {}",
+                100.0 * self.host_backup_bytes as f64 / self.host_backup_raw_bytes as f64,
+                human_bytes(self.host_backup_raw_bytes)
+            )
+        } else {
+            String::new()
+        }
     }
 
     fn asleep_bytes(&self) -> u64 {
@@ -186,7 +205,7 @@ fn usage_row(f: &mut fmt::Formatter<'_>, u: &TagUsage) -> fmt::Result {
         human_bytes(u.tracked_bytes),
         u.segments,
         human_bytes(u.host_backup_bytes),
-        sleep
+        sleep + &u.compression_note()
     )
 }
 
@@ -298,13 +317,14 @@ impl fmt::Display for Timeline {
             for u in &b.report.tags {
                 writeln!(
                     f,
-                    "  {:<w2$} {:>9} {:>12} {:>12} {:>12} {:>12}",
+                    "  {:<w2$} {:>9} {:>12} {:>12} {:>12} {:>12}{}",
                     u.tag,
                     "",
                     human_bytes(u.live_bytes),
                     human_bytes(u.reserved_bytes),
                     human_bytes(u.tracked_bytes),
                     human_bytes(u.host_backup_bytes),
+                    u.compression_note(),
                     w2 = w - 2,
                 )?;
             }

@@ -14,8 +14,9 @@ from .tags import tag_id, tag_name
 
 #: Sleep policies: offload keeps a pinned host backup restored byte for byte;
 #: discard drops the contents (undefined after wake); reload keeps no backup and
-#: restores from the checkpoint a load wrote (needs a load into this pool).
-POLICIES = {"offload": 0, "discard": 1, "reload": 2}
+#: restores from the checkpoint a load wrote (needs a load into this pool);
+#: offload_compressed is offload with the backup losslessly compressed on the GPU.
+POLICIES = {"offload": 0, "discard": 1, "reload": 2, "offload_compressed": 3}
 BACKENDS = {"auto": 0, "host": 1, "cuda": 2}
 
 _defaults: Dict[int, "Pool"] = {}

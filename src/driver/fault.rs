@@ -45,6 +45,8 @@ pub enum FaultOp {
     CopyDtod,
     /// `hash_ranges`, before any byte is read.
     Hash,
+    /// `codec_encode` and `codec_decode_async`, before any byte is written.
+    Codec,
     /// The loader's reads of checkpoint bytes (outside the driver): each
     /// `pread` run and each copy run from the file's mapping into a staging
     /// slot, each direct window before it is registered or copied from, and
@@ -58,6 +60,9 @@ struct Table {
     nth: HashMap<FaultOp, u64>,
     /// Ops that fail on every call until cleared (a device gone bad).
     always: HashSet<FaultOp>,
+    /// Op -> calls left until the one that succeeds but flips a bit of what
+    /// it wrote (a corrupt transfer; the host backend's copies honour it).
+    corrupt: HashMap<FaultOp, u64>,
 }
 
 /// The armed failures of one driver.
@@ -74,8 +79,10 @@ impl Faults {
     }
 
     fn rearm(&self, t: &Table) {
-        self.armed
-            .store(!t.nth.is_empty() || !t.always.is_empty(), Ordering::SeqCst);
+        self.armed.store(
+            !t.nth.is_empty() || !t.always.is_empty() || !t.corrupt.is_empty(),
+            Ordering::SeqCst,
+        );
     }
 
     /// Make the `n`-th next call of `op` fail (1 = the very next one). 0 clears it.
@@ -87,6 +94,39 @@ impl Faults {
             t.nth.insert(op, n);
         }
         self.rearm(&t);
+    }
+
+    /// Make the `n`-th next call of `op` succeed with one bit of what it
+    /// wrote flipped (1 = the very next one). 0 clears it.
+    pub fn corrupt_nth(&self, op: FaultOp, n: u64) {
+        let mut t = self.table();
+        if n == 0 {
+            t.corrupt.remove(&op);
+        } else {
+            t.corrupt.insert(op, n);
+        }
+        self.rearm(&t);
+    }
+
+    /// Count one call of `op` for [`Faults::corrupt_nth`]; true when this
+    /// call must corrupt what it writes.
+    pub fn take_corrupt(&self, op: FaultOp) -> bool {
+        if !self.armed.load(Ordering::Relaxed) {
+            return false;
+        }
+        let mut t = self.table();
+        let fire = match t.corrupt.get_mut(&op) {
+            Some(n) => {
+                *n -= 1;
+                *n == 0
+            }
+            None => false,
+        };
+        if fire {
+            t.corrupt.remove(&op);
+            self.rearm(&t);
+        }
+        fire
     }
 
     /// Make every call of `op` fail until [`Faults::clear`].
@@ -106,6 +146,7 @@ impl Faults {
         let mut t = self.table();
         t.nth.clear();
         t.always.clear();
+        t.corrupt.clear();
         self.rearm(&t);
     }
 

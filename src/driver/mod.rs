@@ -32,6 +32,7 @@ use std::fmt;
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
 
+use crate::codec::Layout;
 use crate::error::{Error, Result};
 
 /// A device virtual address (on the host backend, a process address).
@@ -363,6 +364,49 @@ pub trait Driver: std::any::Any + Send + Sync + fmt::Debug {
     /// Every range must be mapped and readable by this device, and no queued
     /// work may still write it (callers synchronize first).
     unsafe fn hash_ranges(&self, ranges: &[(DevicePtr, usize)]) -> Result<Vec<u64>>;
+
+    /// Encode the `len` bytes at `src` as one backup-codec frame
+    /// ([`crate::codec`]) at `dst`, using `scratch`; returns the frame's
+    /// length once it is written (the call waits for `stream`). The frame is
+    /// byte for byte what [`crate::codec::encode`] makes (CUDA: the kernels
+    /// of `kernels/codec.cu`; host: the reference itself).
+    ///
+    /// # Safety
+    /// `src..+len` is mapped and readable; `dst` has room for
+    /// [`crate::codec::format::max_frame_bytes`]`(len)` bytes and `scratch`
+    /// for [`crate::codec::format::encode_scratch_bytes`]`(len)`, both mapped,
+    /// writable and overlapping nothing else of the call; no queued work still
+    /// writes `src`.
+    unsafe fn codec_encode(
+        &self,
+        src: DevicePtr,
+        len: usize,
+        layout: Layout,
+        dst: DevicePtr,
+        scratch: DevicePtr,
+        stream: StreamId,
+    ) -> Result<usize>;
+
+    /// Queue the decode of the frame of `frame_len` bytes at `frame` into
+    /// the `raw_len` bytes at `dst`. Each block's checksum is checked: a
+    /// corrupt frame lowers the `u32` at `status` (which the caller sets to
+    /// `u32::MAX` first) to the index of a corrupt block (0 for a bad header
+    /// or index), and leaves it alone when every block checks. Nothing
+    /// outside `dst..+raw_len` is written, whatever the frame holds.
+    ///
+    /// # Safety
+    /// `frame..+frame_len` is mapped and readable, `dst..+raw_len` and the
+    /// four bytes at `status` (4-aligned) mapped and writable, none
+    /// overlapping; all stay so until `stream` has passed the decode.
+    unsafe fn codec_decode_async(
+        &self,
+        frame: DevicePtr,
+        frame_len: usize,
+        dst: DevicePtr,
+        raw_len: usize,
+        status: DevicePtr,
+        stream: StreamId,
+    ) -> Result<()>;
 
     /// Page-lock host memory so the device can DMA from it (`cuMemHostRegister`).
     ///

@@ -699,6 +699,7 @@ impl Pool {
             // Backup bytes straight from the sleep engine (pool lock, then
             // engine lock: the allowed order), so frees and trims show at once.
             let backups = self.sleep.backup_bytes_by_tag();
+            let raw = self.sleep.backup_raw_bytes_by_tag();
             for (&t, ts) in &st.tags {
                 let backup = backups.get(&t).copied().unwrap_or(0);
                 if ts.asleep || backup > 0 {
@@ -707,6 +708,7 @@ impl Pool {
                         .or_insert_with(|| TagUsage::new(&tag::name_of(t)));
                     u.asleep = ts.asleep;
                     u.host_backup_bytes = backup;
+                    u.host_backup_raw_bytes = raw.get(&t).copied().unwrap_or(0);
                 }
             }
             Self::unreleased_locked(&st)

@@ -1015,6 +1015,172 @@ fn hash_ranges_equals_the_reference() {
     });
 }
 
+#[test]
+fn codec_frames_equal_the_reference() {
+    // Sleep's compressed backups are encoded and decoded on the device: the
+    // frame must be the reference codec's byte for byte (on cuda it comes
+    // from kernels/codec.cu), decode must give the raw bytes back, and a
+    // corrupt frame must be refused without a write outside the output.
+    use crate::codec::{normal_bf16, normal_f32};
+    use vmmweights::codec::{self, format, Layout};
+    let test = "codec_frames_equal_the_reference";
+    on_each_backend(test, |b| {
+        let d = &b.driver;
+        let mut inputs: Vec<(&str, Vec<u8>, Layout, usize)> = vec![
+            (
+                "bf16 normal",
+                normal_bf16(100_003, 0.02, 31),
+                Layout::Half,
+                0,
+            ),
+            (
+                "bf16 normal, unaligned",
+                normal_bf16(70_000, 0.02, 32),
+                Layout::Half,
+                3,
+            ),
+            (
+                "fp32 normal",
+                normal_f32(40_001, 0.02, 33),
+                Layout::Single,
+                0,
+            ),
+            (
+                "random bytes",
+                pattern(3 * format::BLOCK_BYTES + 11, 34),
+                Layout::Bytes,
+                0,
+            ),
+            (
+                "random as bf16",
+                pattern(format::BLOCK_BYTES + 1, 35),
+                Layout::Half,
+                5,
+            ),
+            ("zeros", vec![0; 4096], Layout::Half, 0),
+            ("one byte", vec![0x42], Layout::Single, 0),
+            ("empty", vec![], Layout::Half, 0),
+        ];
+        inputs.push((
+            "every 16-bit value",
+            (0..=0xFFFFu16).flat_map(|v| v.to_le_bytes()).collect(),
+            Layout::Half,
+            0,
+        ));
+        let most = inputs.iter().map(|i| i.1.len() + 8).max().unwrap();
+        let frame_room = format::max_frame_bytes(most).next_multiple_of(256);
+        let scratch_room = format::encode_scratch_bytes(most).next_multiple_of(256);
+        let raw_room = most.next_multiple_of(256);
+        let guard = 4096;
+        let total = raw_room + frame_room + scratch_room + raw_room + guard + 256;
+        let g = d.granularity();
+        let granules = total.div_ceil(g).max(2);
+        let m = Mapped::new(d, &[granules / 2, granules - granules / 2]);
+        let (raw_at, frame_at) = (0, raw_room);
+        let scratch_at = frame_at + frame_room;
+        let out_at = scratch_at + scratch_room;
+        let status_at = out_at + raw_room + guard;
+        let s = d.stream_create().unwrap();
+        for (what, raw, layout, shift) in &inputs {
+            let what = format!("{}: {what} ({} bytes, {layout:?})", b.kind(), raw.len());
+            write(d.as_ref(), m.at(raw_at + shift), raw);
+            // SAFETY: every range lies inside `m` with the room the contract
+            // asks; nothing else is queued on them.
+            let got = unsafe {
+                d.codec_encode(
+                    m.at(raw_at + shift),
+                    raw.len(),
+                    *layout,
+                    m.at(frame_at),
+                    m.at(scratch_at),
+                    s,
+                )
+            };
+            let n = match got {
+                Err(Error::Unsupported(why)) if b.is_cuda() => {
+                    skip(test, &why);
+                    break;
+                }
+                r => r.unwrap_or_else(|e| panic!("{what}: codec_encode: {e}")),
+            };
+            let want = codec::encode(raw, *layout);
+            assert_same(
+                &format!("{what}: frame"),
+                &read(d.as_ref(), m.at(frame_at), n),
+                &want,
+            );
+            let decode = |status: u32| {
+                fill(d.as_ref(), m.at(out_at), 0xEE, raw_room + guard);
+                write(d.as_ref(), m.at(status_at), &status.to_le_bytes());
+                // SAFETY: frame, output and status lie inside `m`, apart.
+                unsafe {
+                    d.codec_decode_async(
+                        m.at(frame_at),
+                        n,
+                        m.at(out_at),
+                        raw.len(),
+                        m.at(status_at),
+                        s,
+                    )
+                }
+                .unwrap_or_else(|e| panic!("{what}: codec_decode_async: {e}"));
+                d.stream_synchronize(s).unwrap();
+                let st =
+                    u32::from_le_bytes(read(d.as_ref(), m.at(status_at), 4).try_into().unwrap());
+                let after = read(
+                    d.as_ref(),
+                    m.at(out_at + raw.len()),
+                    raw_room + guard - raw.len(),
+                );
+                assert!(
+                    after.iter().all(|&x| x == 0xEE),
+                    "{what}: decode wrote past its output"
+                );
+                st
+            };
+            assert_eq!(decode(u32::MAX), u32::MAX, "{what}: a good frame refused");
+            assert_same(
+                &format!("{what}: decoded"),
+                &read(d.as_ref(), m.at(out_at), raw.len()),
+                raw,
+            );
+            // A corrupt byte in the header, the index, a block header and a body.
+            for at in [
+                5usize,
+                format::FRAME_HEADER_BYTES + 1,
+                n.saturating_sub(1),
+                n / 2,
+            ] {
+                if at >= n {
+                    continue;
+                }
+                let mut bad = want.clone();
+                bad[at] ^= 0x24;
+                let mut out = vec![0u8; raw.len()];
+                let reference = codec::decode(&bad, &mut out);
+                write(d.as_ref(), m.at(frame_at + at), &bad[at..at + 1]);
+                let st = decode(u32::MAX);
+                assert_eq!(
+                    st == u32::MAX,
+                    reference.is_ok(),
+                    "{what}: byte {at} changed: device status {st}, reference {reference:?}"
+                );
+                if let Err(e) = reference {
+                    assert_eq!(
+                        st as usize,
+                        e.block.unwrap_or(0),
+                        "{what}: byte {at}: status names block {st}, the reference: {e}"
+                    );
+                }
+                write(d.as_ref(), m.at(frame_at + at), &want[at..at + 1]);
+            }
+        }
+        d.stream_destroy(s).unwrap();
+        drop(m);
+        assert_no_leaks(b, "codec");
+    });
+}
+
 // ---------------------------------------------------------------- conversion
 
 /// Source bits for `t`: every value class (zeros, subnormals, halfway cases,

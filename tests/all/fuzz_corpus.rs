@@ -207,6 +207,11 @@ fn share_client_random_run() {
 }
 
 #[test]
+fn codec_frame_random_run() {
+    run_mutated("codec_frame", 0x5eed_c0de, fuzz::fuzz_codec_frame);
+}
+
+#[test]
 fn share_server_random_run() {
     run_mutated("share_server", 0x5eed_5e7e, fuzz::fuzz_share_server);
 }
@@ -219,4 +224,9 @@ fn gguf_header_corpus() {
 #[test]
 fn gguf_metadata_corpus() {
     replay("gguf_metadata", 10, fuzz::fuzz_gguf_metadata);
+}
+
+#[test]
+fn codec_frame_corpus() {
+    replay("codec_frame", 8, fuzz::fuzz_codec_frame);
 }

@@ -22,6 +22,7 @@ mod cli_json;
 mod cli_pipe;
 #[cfg(feature = "cli")]
 mod cli_serve;
+mod codec;
 mod device_reliability;
 mod driver_contract;
 mod fault_device;
@@ -57,6 +58,7 @@ mod reload_writes;
 mod replica_wake;
 mod segment;
 mod share_attach_bench;
+mod sleep_compressed;
 mod sleep_engine;
 mod sleep_hazards;
 mod update;

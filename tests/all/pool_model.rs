@@ -1,7 +1,8 @@
 //! Property test of the pool and sleep/wake against a reference model.
 //!
 //! proptest draws sequences of alloc (direct and through tag scopes), free,
-//! trim, sleep with mixed policies (offload, discard, reload), wake, and loads
+//! trim, sleep with mixed policies (offload, discard, reload,
+//! offload_compressed), wake, and loads
 //! (whose executed plans become reload sources). After every step: the pool's
 //! invariants hold, its live blocks are exactly the model's (so none overlap),
 //! the report agrees with the model per tag, asleep tags hold no physical
@@ -40,7 +41,8 @@ fn op() -> impl Strategy<Value = Op> {
     let policy = prop_oneof![
         Just(Policy::Offload),
         Just(Policy::Discard),
-        Just(Policy::Reload)
+        Just(Policy::Reload),
+        Just(Policy::OffloadCompressed)
     ];
     prop_oneof![
         6 => (0..3usize, size.clone()).prop_map(|(tag, size)| Op::Alloc { tag, size }),
@@ -288,7 +290,7 @@ impl Harness {
             for (&p, l) in self.live.iter_mut().filter(|(_, l)| l.tag == t) {
                 match policy {
                     // Every byte comes back.
-                    Policy::Offload => check_bytes(p, l)?,
+                    Policy::Offload | Policy::OffloadCompressed => check_bytes(p, l)?,
                     // Loaded bytes come back; the rest is undefined: write it again.
                     Policy::Reload if l.loaded.is_some() => check_bytes(p, l)?,
                     // Discarded loaded bytes are undefined: put them back by hand.

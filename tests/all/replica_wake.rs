@@ -433,3 +433,28 @@ fn the_rest_of_a_group_whose_pool_was_dropped_wakes_with_its_bytes() {
     wake_replicas_from_backup(&members(&pools, t), &small_pieces()).unwrap();
     assert_exact(&pools, &ptrs[..2], &data);
 }
+
+#[test]
+fn replicas_asleep_with_a_compressed_backup_are_refused_and_stay_asleep() {
+    // Replicas sleep through `sleep` alone (the holder with Offload); a
+    // holder put to sleep with OffloadCompressed on its own is no replica
+    // group, so the wake from one backup refuses it before anything moves
+    // (a compressed backup decodes on its own device only), and the holder
+    // still wakes from it on its own.
+    let pools = pools(2);
+    let (t, ptrs, data) = replicas(&pools, "replica-wake-compressed", 99);
+    pools[0].sleep(&[(t, Policy::OffloadCompressed)]).unwrap();
+    pools[1].sleep(&[(t, Policy::Discard)]).unwrap();
+    let e =
+        wake_replicas_from_backup(&members(&pools, t), &ReplicaWakeOptions::default()).unwrap_err();
+    assert!(
+        matches!(e, Error::InvalidState(_)) && e.to_string().contains("replica group"),
+        "{e}"
+    );
+    for (k, p) in pools.iter().enumerate() {
+        assert!(p.is_tag_asleep(t), "device {k} stays asleep");
+        assert_eq!(host(p).counts().physical_bytes, 0, "device {k} released");
+    }
+    pools[0].wake(&[t]).unwrap();
+    assert_exact(&pools[..1], &ptrs[..1], &data);
+}

@@ -146,6 +146,29 @@ int main(void) {
   CHECK_OK(vmmw_pool_wake(pool, &w, 1, &err));
   CHECK_OK(vmmw_pool_read(pool, pw + 12345, back, N, &err));
   CHECK(memcmp(pattern, back, N) == 0);
+
+  /* OffloadCompressed: the same bytes back, a smaller backup for bytes that
+   * compress (64 KiB of pattern in 8 MiB of zeros), read while asleep
+   * through the decoder, and the ratio in the JSON report. */
+  vmmw_tag_policy_t comp_w = {w, VMMW_POLICY_OFFLOAD_COMPRESSED};
+  CHECK_OK(vmmw_pool_sleep(pool, &comp_w, 1, &err));
+  CHECK_OK(vmmw_pool_report_tag(pool, w, &rw, &err));
+  CHECK(rw.asleep == 1 && rw.tracked_bytes == 0 && rw.offloaded_bytes >= (8u << 20));
+  CHECK(rw.host_backup_bytes > 0 && rw.host_backup_bytes < rw.offloaded_bytes / 4 * 3);
+  memset(back, 0, N);
+  CHECK_OK(vmmw_pool_read_backup(pool, pw + 12345, back, N, NULL, &err));
+  CHECK(memcmp(pattern, back, N) == 0);
+  needed = 0;
+  CHECK_STATUS(VMMW_BUFFER_TOO_SMALL, vmmw_pool_report_json(pool, NULL, 0, &needed, NULL));
+  json = (char*)malloc(needed);
+  CHECK_OK(vmmw_pool_report_json(pool, json, needed, NULL, &err));
+  CHECK(strstr(json, "host_backup_raw_bytes") != NULL);
+  free(json);
+  CHECK_OK(vmmw_pool_wake(pool, &w, 1, &err));
+  memset(back, 0, N);
+  CHECK_OK(vmmw_pool_read(pool, pw + 12345, back, N, &err));
+  CHECK(memcmp(pattern, back, N) == 0);
+
   uint64_t unpinned = 0;
   CHECK_OK(vmmw_pool_release_backup(pool, &unpinned, &err));
 

@@ -368,6 +368,7 @@ enum class Policy : vmmw_policy_t {
   Offload = VMMW_POLICY_OFFLOAD,  ///< pinned host backup, restored byte for byte
   Discard = VMMW_POLICY_DISCARD,  ///< contents dropped (e.g. a KV cache)
   Reload = VMMW_POLICY_RELOAD,    ///< re-read from the checkpoint at wake
+  OffloadCompressed = VMMW_POLICY_OFFLOAD_COMPRESSED,  ///< as Offload, backup compressed on the GPU
 };
 
 /// Pool creation options (defaults: auto backend, device 0, default sizes).

@@ -46,6 +46,7 @@ func TestConstantsMatchTheHeader(t *testing.T) {
 		"Offload":                 int64(Offload),
 		"Discard":                 int64(Discard),
 		"Reload":                  int64(Reload),
+		"OffloadCompressed":       int64(OffloadCompressed),
 		"ShareSleepRefuse":        int64(ShareSleepRefuse),
 		"ShareSleepRevoke":        int64(ShareSleepRevoke),
 		"TagDefault":              int64(TagDefault),

@@ -52,6 +52,7 @@ func cValues() map[string]int64 {
 		"Offload":                 C.VMMW_POLICY_OFFLOAD,
 		"Discard":                 C.VMMW_POLICY_DISCARD,
 		"Reload":                  C.VMMW_POLICY_RELOAD,
+		"OffloadCompressed":       C.VMMW_POLICY_OFFLOAD_COMPRESSED,
 		"ShareSleepRefuse":        C.VMMW_SHARE_SLEEP_REFUSE,
 		"ShareSleepRevoke":        C.VMMW_SHARE_SLEEP_REVOKE,
 		"TagDefault":              C.VMMW_TAG_DEFAULT,

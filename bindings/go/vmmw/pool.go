@@ -48,7 +48,8 @@ type Report struct {
 // Policy says what sleep does with a tag's memory.
 type Policy int32
 
-// String is the policy's short name ("offload", "discard", "reload").
+// String is the policy's short name ("offload", "discard", "reload",
+// "offload_compressed").
 func (p Policy) String() string {
 	switch p {
 	case Offload:
@@ -57,6 +58,8 @@ func (p Policy) String() string {
 		return "discard"
 	case Reload:
 		return "reload"
+	case OffloadCompressed:
+		return "offload_compressed"
 	}
 	return fmt.Sprintf("Policy(%d)", int32(p))
 }
@@ -68,6 +71,9 @@ const (
 	Discard Policy = 1
 	// Reload restores the contents from the checkpoint they were loaded from.
 	Reload Policy = 2
+	// OffloadCompressed is Offload with the host backup held losslessly
+	// compressed: encoded and decoded on the GPU, checked by block checksums.
+	OffloadCompressed Policy = 3
 )
 
 // TagPolicy pairs a tag with its sleep policy.

@@ -34,13 +34,13 @@ pub fn model_segments(scale_div: usize) -> Vec<usize> {
     v.iter().map(|&b| (b / scale_div.max(1)).max(1)).collect()
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
+pub fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
     v[v.len() / 2]
 }
 
 /// Pinned host<->device bandwidth: one `bytes` copy each way, median of 5.
-fn link_bandwidth(d: &Arc<dyn Driver>, bytes: usize) -> Result<(f64, f64)> {
+pub fn link_bandwidth(d: &Arc<dyn Driver>, bytes: usize) -> Result<(f64, f64)> {
     // What PyTorch's `pin_memory` and the reference use.
     let host = PinnedHost::driver_allocated(d, bytes)?;
     let dev = Segment::allocate(d.clone(), bytes, 0)?;

@@ -10,6 +10,7 @@ mod output;
 mod backend;
 mod bench_alloc;
 mod bench_chart;
+mod bench_codec;
 mod bench_load;
 mod bench_multi;
 mod bench_pool;
@@ -88,6 +89,9 @@ enum Command {
     /// against a plain device-to-device copy of the same bytes, same run.
     #[command(after_help = exit::HELP_EXIT_CODES)]
     BenchUpdate(bench_update::Args),
+    /// OffloadCompressed against raw Offload: backup size per dtype, sleep and wake against the link.
+    #[command(after_help = exit::HELP_EXIT_CODES)]
+    BenchCodec(bench_codec::Args),
 }
 
 /// What a command asked for on stdout, decided before it runs.
@@ -119,6 +123,7 @@ impl Command {
             Command::BenchLoad(a) => bench(&mut a.json),
             Command::BenchSleep(a) => bench(&mut a.json),
             Command::BenchUpdate(a) => bench(&mut a.json),
+            Command::BenchCodec(a) => bench(&mut a.json),
         }
     }
 
@@ -161,6 +166,10 @@ impl Command {
             Command::BenchUpdate(a) => {
                 a.backend.check()?;
                 bench_update::run(a)?;
+                Ok(None)
+            }
+            Command::BenchCodec(a) => {
+                bench_codec::run(a)?;
                 Ok(None)
             }
         }

@@ -18,6 +18,7 @@ use std::sync::OnceLock;
 
 use cudarc::driver::sys;
 
+mod codec_kernels;
 mod cu;
 mod open;
 mod range_hash;
@@ -45,6 +46,7 @@ pub struct CudaDriver {
     shareable: AtomicBool,
     kernels: OnceLock<std::result::Result<Kernels, String>>,
     hash_kernel: OnceLock<std::result::Result<range_hash::HashKernel, String>>,
+    codec_kernels: OnceLock<std::result::Result<codec_kernels::CodecKernels, String>>,
     /// Host ranges this driver page-locked and has not unlocked (by start
     /// address). Drop unlocks them: registrations belong to the primary
     /// context, which outlives this driver when another retains it, and a
@@ -574,6 +576,36 @@ impl Driver for CudaDriver {
         unsafe { self.hash_on_device(ranges) }
     }
 
+    unsafe fn codec_encode(
+        &self,
+        src: DevicePtr,
+        len: usize,
+        layout: crate::codec::Layout,
+        dst: DevicePtr,
+        scratch: DevicePtr,
+        stream: StreamId,
+    ) -> Result<usize> {
+        self.bind()?;
+        self.faults.check(FaultOp::Codec, "vmmw_codec_encode")?;
+        // SAFETY: forwarded from the caller's contract.
+        unsafe { self.codec_encode_on_device(src, len, layout, dst, scratch, stream) }
+    }
+
+    unsafe fn codec_decode_async(
+        &self,
+        frame: DevicePtr,
+        frame_len: usize,
+        dst: DevicePtr,
+        raw_len: usize,
+        status: DevicePtr,
+        stream: StreamId,
+    ) -> Result<()> {
+        self.bind()?;
+        self.faults.check(FaultOp::Codec, "vmmw_codec_decode")?;
+        // SAFETY: forwarded from the caller's contract.
+        unsafe { self.codec_decode_on_device(frame, frame_len, dst, raw_len, status, stream) }
+    }
+
     unsafe fn host_register(&self, ptr: *mut u8, len: usize, read_only: bool) -> Result<()> {
         self.bind()?;
         self.faults
@@ -617,6 +649,9 @@ impl Drop for CudaDriver {
                 let _ = cu::module_unload(&k.module);
             }
             if let Some(Ok(k)) = self.hash_kernel.get() {
+                let _ = cu::module_unload(&k.module);
+            }
+            if let Some(Ok(k)) = self.codec_kernels.get() {
                 let _ = cu::module_unload(&k.module);
             }
             for ptr in self.registered_ranges().drain() {

@@ -98,6 +98,7 @@ impl CudaDriver {
             shareable: AtomicBool::new(shareable_wanted(dev)),
             kernels: OnceLock::new(),
             hash_kernel: OnceLock::new(),
+            codec_kernels: OnceLock::new(),
             registered: Default::default(),
             faults: Default::default(),
         };

@@ -4,6 +4,7 @@
 
 use super::interconnect::range_allows;
 use super::HostDriver;
+use crate::codec::{self, Layout};
 use crate::driver::fault::FaultOp;
 use crate::driver::{hash, AccessMode, ConvertType, DevicePtr};
 use crate::error::{Error, Result};
@@ -17,6 +18,10 @@ pub(super) unsafe fn copy_htod_async(
     d.copy_fault(FaultOp::CopyHtod, "copy_htod")?;
     // SAFETY: the caller guarantees both ranges are valid for `len` bytes.
     unsafe { std::ptr::copy_nonoverlapping(src, dst as *mut u8, len) };
+    if len > 0 && d.faults.take_corrupt(FaultOp::CopyHtod) {
+        // SAFETY: inside the destination just written.
+        unsafe { *(dst as *mut u8).add(len / 2) ^= 0x10 };
+    }
     Ok(())
 }
 
@@ -197,5 +202,52 @@ pub(super) unsafe fn convert_async(
     unsafe {
         crate::driver::convert::convert_on_cpu(dst as *mut u8, to, src as *const u8, from, count)
     };
+    Ok(())
+}
+
+pub(super) unsafe fn codec_encode(
+    d: &HostDriver,
+    src: DevicePtr,
+    len: usize,
+    layout: Layout,
+    dst: DevicePtr,
+) -> Result<usize> {
+    d.copy_fault(FaultOp::Codec, "codec_encode")?;
+    // SAFETY: the caller guarantees `src..+len` is mapped and readable.
+    let raw = unsafe { std::slice::from_raw_parts(src as *const u8, len) };
+    let frame = codec::encode(raw, layout);
+    debug_assert!(frame.len() <= codec::format::max_frame_bytes(len));
+    // SAFETY: the caller guarantees room for the largest frame at `dst`,
+    // which overlaps neither `src` nor anything else.
+    unsafe { std::ptr::copy_nonoverlapping(frame.as_ptr(), dst as *mut u8, frame.len()) };
+    Ok(frame.len())
+}
+
+pub(super) unsafe fn codec_decode(
+    d: &HostDriver,
+    frame: DevicePtr,
+    frame_len: usize,
+    dst: DevicePtr,
+    raw_len: usize,
+    status: DevicePtr,
+) -> Result<()> {
+    d.copy_fault(FaultOp::Codec, "codec_decode")?;
+    // SAFETY: the caller guarantees the three ranges are mapped, the frame
+    // readable, the output and status writable, none overlapping.
+    let (frame, out) = unsafe {
+        (
+            std::slice::from_raw_parts(frame as *const u8, frame_len),
+            std::slice::from_raw_parts_mut(dst as *mut u8, raw_len),
+        )
+    };
+    if let Err(e) = codec::decode(frame, out) {
+        let bad = e.block.unwrap_or(0) as u32;
+        // SAFETY: the status word is mapped, writable and 4-aligned (the
+        // caller's contract); no other thread writes it during the call.
+        unsafe {
+            let s = status as *mut u32;
+            *s = (*s).min(bad);
+        }
+    }
     Ok(())
 }

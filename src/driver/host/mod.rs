@@ -357,6 +357,32 @@ impl Driver for HostDriver {
         unsafe { copy::copy_2d_dtod_async(self, dst, dst_pitch, src, src_pitch, width, height) }
     }
 
+    unsafe fn codec_encode(
+        &self,
+        src: DevicePtr,
+        len: usize,
+        layout: crate::codec::Layout,
+        dst: DevicePtr,
+        _scratch: DevicePtr,
+        _stream: StreamId,
+    ) -> Result<usize> {
+        // SAFETY: forwarded from the caller's contract.
+        unsafe { copy::codec_encode(self, src, len, layout, dst) }
+    }
+
+    unsafe fn codec_decode_async(
+        &self,
+        frame: DevicePtr,
+        frame_len: usize,
+        dst: DevicePtr,
+        raw_len: usize,
+        status: DevicePtr,
+        _stream: StreamId,
+    ) -> Result<()> {
+        // SAFETY: forwarded from the caller's contract.
+        unsafe { copy::codec_decode(self, frame, frame_len, dst, raw_len, status) }
+    }
+
     unsafe fn hash_ranges(&self, ranges: &[(DevicePtr, usize)]) -> Result<Vec<u64>> {
         // SAFETY: forwarded from the caller's contract.
         unsafe { copy::hash_ranges(self, ranges) }

@@ -18,6 +18,7 @@ use crate::sleep::backup::{BackupArena, BackupRange};
 use crate::tag::TagId;
 use sources::Registered;
 
+mod compressed;
 mod options;
 mod plan;
 mod read;
@@ -46,6 +47,9 @@ struct SegmentBackup {
     /// `(segment offset, len)`, sorted and disjoint.
     ranges: Vec<(usize, usize)>,
     pieces: Vec<BackupRange>,
+    /// OffloadCompressed: the codec frames the pieces hold, in segment
+    /// order; empty for a backup of raw bytes.
+    frames: Vec<compressed::FrameRec>,
 }
 
 impl SegmentBackup {
@@ -196,6 +200,18 @@ impl SleepEngine {
     /// Pinned backup bytes held (in use or kept for reuse).
     pub fn backup_held_bytes(&self) -> u64 {
         self.lock().arena.held()
+    }
+
+    /// Raw bytes the backups assigned to segments restore, per tag: equal to
+    /// [`Self::backup_bytes_by_tag`] except for OffloadCompressed backups,
+    /// which hold fewer (encoded) bytes than they restore.
+    pub fn backup_raw_bytes_by_tag(&self) -> HashMap<TagId, u64> {
+        let s = self.lock();
+        let mut m = HashMap::new();
+        for b in s.backups.values() {
+            *m.entry(b.tag).or_insert(0) += b.raw_len() as u64;
+        }
+        m
     }
 
     /// Backup bytes assigned to segments, per tag.

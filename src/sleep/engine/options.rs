@@ -1,6 +1,7 @@
 //! What a caller chooses and gets back: the sleep policy, the engine's
 //! tunables and the report of one transition.
 
+use crate::codec::Layout;
 use crate::error::{Error, Result};
 use crate::segment::SleepState;
 use crate::sleep::backup::DEFAULT_SLAB_BYTES;
@@ -18,26 +19,35 @@ pub enum Policy {
     /// restored from the checkpoint they were loaded from, every other byte of
     /// the tag's segments is kept in the host backup.
     Reload = 2,
+    /// As Offload, but the backup is held losslessly compressed: the device
+    /// encodes each segment's bytes (`crate::codec`), only the encoded bytes
+    /// cross the link and occupy the pinned backup, and wake decodes them on
+    /// the device, checking every block's checksum. A corrupt backup fails
+    /// the wake, leaving the tag asleep. Best on bf16 and fp16 weights
+    /// (about 70% of raw on bf16); data that does not compress costs its
+    /// headers (under 0.1%).
+    OffloadCompressed = 3,
 }
 
 impl Policy {
     /// The segment state a segment is in after sleeping with this policy.
     pub fn asleep_state(self) -> SleepState {
         match self {
-            Policy::Offload => SleepState::Offloaded,
+            Policy::Offload | Policy::OffloadCompressed => SleepState::Offloaded,
             Policy::Discard => SleepState::Discarded,
             Policy::Reload => SleepState::Reloadable,
         }
     }
 
-    /// Parse "offload", "discard" or "reload".
+    /// Parse "offload", "discard", "reload" or "offload_compressed".
     pub fn parse(s: &str) -> Result<Policy> {
         match s.trim().to_ascii_lowercase().as_str() {
             "offload" => Ok(Policy::Offload),
+            "offload_compressed" | "offload-compressed" => Ok(Policy::OffloadCompressed),
             "discard" => Ok(Policy::Discard),
             "reload" => Ok(Policy::Reload),
             other => Err(Error::InvalidArgument(format!(
-                "unknown sleep policy `{other}`: expected offload, discard or reload"
+                "unknown sleep policy `{other}`: expected offload, discard, reload or offload_compressed"
             ))),
         }
     }
@@ -66,6 +76,9 @@ pub struct SleepOptions {
     pub release_pinned_after_wake: bool,
     /// Fill discarded memory with this byte at wake, so stale reads are visible.
     pub debug_fill_discarded: Option<u8>,
+    /// How OffloadCompressed splits elements (the width of the tag's dtype:
+    /// [`Layout::Half`] for bf16 and fp16, the default).
+    pub codec_layout: Layout,
 }
 
 /// Most streams a sleep engine spreads copies over.
@@ -111,6 +124,7 @@ impl Default for SleepOptions {
             free_backup_after_wake: false,
             release_pinned_after_wake: false,
             debug_fill_discarded: None,
+            codec_layout: Layout::Half,
         }
     }
 }
@@ -122,8 +136,12 @@ pub struct CycleReport {
     pub segments: usize,
     /// Physical bytes released (sleep) or mapped (wake).
     pub physical_bytes: u64,
-    /// Bytes copied between device and host backup.
+    /// Bytes copied between device and host backup (encoded bytes for
+    /// OffloadCompressed).
     pub copied_bytes: u64,
+    /// OffloadCompressed: raw bytes the copied frames hold (the ratio to
+    /// `copied_bytes` is the backup's compression).
+    pub raw_bytes: u64,
     /// Bytes restored from checkpoints (Reload).
     pub reloaded_bytes: u64,
     /// Bytes a load wrote that changed since (found by hashing them on the

@@ -93,7 +93,7 @@ impl SegTodo {
             return Vec::new();
         }
         match policy {
-            Policy::Offload => vec![(0, self.committed)],
+            Policy::Offload | Policy::OffloadCompressed => vec![(0, self.committed)],
             Policy::Discard => Vec::new(),
             Policy::Reload => {
                 let mut rest = match in_use {

@@ -29,6 +29,9 @@ impl SleepEngine {
                 )))
             }
         };
+        if b.is_compressed() {
+            return Self::read_compressed(b, &s.arena, off, dst, tag);
+        }
         let spans = b.spans(&s.arena, off, dst.len(), usize::MAX);
         let held: usize = spans.iter().map(|&(_, _, n)| n).sum();
         if held != dst.len() {

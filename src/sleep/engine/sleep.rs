@@ -6,9 +6,11 @@
 use std::cell::RefCell;
 use std::time::Instant;
 
+use super::compressed::CodecScratch;
 use super::options::{CycleReport, Policy};
 use super::plan::{self, SegTodo, Transition};
 use super::{SegmentBackup, SleepEngine, TagSegments};
+use crate::codec::Layout;
 use crate::driver::{DevicePtr, EventId, StreamId};
 use crate::error::{Error, Result};
 use crate::segment::{Segment, SleepState};
@@ -97,11 +99,24 @@ impl SleepEngine {
             .map(|t| t.host_keep(policy, &coverage, in_use))
             .collect();
         let run = self.plan_copies(tag, &todo, &keep)?;
-        self.start_pinning(&todo, run.need_new);
-        let (pending, failure) = self.issue_copies(tag, &todo, &keep, &run, &mut report);
+        let mut codec = match policy {
+            Policy::OffloadCompressed if keep.iter().any(|k| !k.is_empty()) => Some((
+                CodecScratch::new(&self.driver)?,
+                self.lock().options.codec_layout,
+            )),
+            _ => None,
+        };
+        // Compressed backups pin as frames arrive: pinning the raw size
+        // ahead would hold the bytes the codec saves.
+        self.start_pinning(&todo, if codec.is_some() { 0 } else { run.need_new });
+        let (pending, failure) =
+            self.issue_copies(tag, &todo, &keep, &run, codec.as_mut(), &mut report);
         let (done, failure) =
             self.unmap_as_copied(segs, &todo, pending, policy, failure, &mut report);
         self.finish_sleep(&todo, &run, failure.is_some(), &mut report);
+        // Every copy out of the scratch is complete (waited on, or the
+        // streams synchronized after a failure).
+        drop(codec);
         report.seconds = t0.elapsed().as_secs_f64();
         match failure {
             None => {
@@ -183,6 +198,7 @@ impl SleepEngine {
         todo: &[SegTodo],
         keep: &[Vec<(usize, usize)>],
         run: &CopyPlan,
+        mut codec: Option<&mut (CodecScratch, Layout)>,
         report: &mut CycleReport,
     ) -> (Pending, Option<Error>) {
         let mut next_stream = 0usize;
@@ -195,6 +211,17 @@ impl SleepEngine {
                     self.lock().free_backup(t.ptr);
                 }
                 pending.push((i, Vec::new()));
+                continue;
+            }
+            if let Some((sc, layout)) = codec.as_deref_mut() {
+                match self.issue_compressed(tag, t.ptr, t.committed, *layout, sc, &run.streams) {
+                    Ok(e) => {
+                        report.copied_bytes += e.encoded;
+                        report.raw_bytes += e.raw;
+                        pending.push((i, e.events));
+                    }
+                    Err(e) => return (pending, Some(e)),
+                }
                 continue;
             }
             match self.issue_backup(tag, t, &keep[i], run.piece, &run.streams, &mut next_stream) {
@@ -221,7 +248,10 @@ impl SleepEngine {
     ) -> Result<(Vec<EventId>, u64)> {
         let spans = {
             let mut s = self.lock();
-            let reuse = s.backups.get(&t.ptr).is_some_and(|b| b.ranges == keep);
+            let reuse = s
+                .backups
+                .get(&t.ptr)
+                .is_some_and(|b| b.ranges == keep && !b.is_compressed());
             if !reuse {
                 s.free_backup(t.ptr);
                 let len = keep.iter().map(|&(_, l)| l).sum();
@@ -232,6 +262,7 @@ impl SleepEngine {
                         tag,
                         ranges: keep.to_vec(),
                         pieces,
+                        frames: Vec::new(),
                     },
                 );
             }

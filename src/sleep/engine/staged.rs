@@ -125,6 +125,14 @@ impl StagedWake<'_> {
                     t.ptr, self.tag, t.state
                 ))
             })?;
+        if b.is_compressed() {
+            return Err(Error::Unsupported(format!(
+                "segment at {:#x} (tag {}) is asleep with a compressed backup \
+                 (OffloadCompressed), which decodes on its own device only: \
+                 sleep replicas with Offload to wake them from one backup",
+                t.ptr, self.tag
+            )));
+        }
         let spans: Vec<HostSpan> = b
             .spans(&s.arena, offset, len, max.max(1))
             .into_iter()

@@ -6,6 +6,7 @@
 use std::cell::RefCell;
 use std::time::Instant;
 
+use super::compressed::CodecScratch;
 use super::options::CycleReport;
 use super::plan::{self, SegTodo, Transition};
 use super::sources::Replay;
@@ -112,6 +113,20 @@ impl SleepEngine {
             )
         };
         let mut next_stream = 0usize;
+        let compressed = |t: &SegTodo| {
+            t.state == SleepState::Offloaded
+                && self
+                    .lock()
+                    .backups
+                    .get(&t.ptr)
+                    .is_some_and(|b| b.is_compressed())
+        };
+        let mut decoded = Vec::new();
+        let mut codec = if todo.iter().any(compressed) {
+            Some(CodecScratch::new(&self.driver)?)
+        } else {
+            None
+        };
         for (i, t) in todo.iter().enumerate() {
             if t.state == SleepState::Offloaded
                 && t.committed > 0
@@ -121,6 +136,39 @@ impl SleepEngine {
                     "segment at {:#x} is offloaded but has no backup",
                     t.ptr
                 )));
+            }
+            if let (Some(sc), true) = (codec.as_mut(), compressed(t)) {
+                // Chunks are mapped as the decodes reach them, so mapping
+                // overlaps the copies of the frames before.
+                let mut next = 0usize;
+                let mut mapped = 0u64;
+                let mut map_upto = |end: usize| -> Result<()> {
+                    while next < t.chunks.len() && t.chunks[next].offset < end {
+                        let chunk = t.chunks[next];
+                        if chunk.handle.is_none() {
+                            let va = t.ptr + chunk.offset as u64;
+                            let h = map_new_at(
+                                self.driver.as_ref(),
+                                va,
+                                chunk.size,
+                                &t.peers,
+                                t.flags,
+                            )?;
+                            made.push((i, next, h));
+                            mapped += chunk.size as u64;
+                        }
+                        next += 1;
+                    }
+                    Ok(())
+                };
+                let raw = self.lock().backups[&t.ptr].raw_len() as u64;
+                let copied =
+                    self.restore_compressed(t.ptr, sc, &streams, &mut decoded, &mut map_upto);
+                let rest = copied.and_then(|c| map_upto(usize::MAX).map(|()| c));
+                report.physical_bytes += mapped;
+                report.copied_bytes += rest?;
+                report.raw_bytes += raw;
+                continue;
             }
             for (c, chunk) in t.chunks.iter().enumerate() {
                 let va = t.ptr + chunk.offset as u64;
@@ -133,7 +181,7 @@ impl SleepEngine {
                     let s = self.lock();
                     s.backups
                         .get(&t.ptr)
-                        .filter(|_| t.state != SleepState::Discarded)
+                        .filter(|b| t.state != SleepState::Discarded && !b.is_compressed())
                         .map(|b| b.spans(&s.arena, chunk.offset, chunk.size, piece))
                         .unwrap_or_default()
                 };
@@ -156,6 +204,9 @@ impl SleepEngine {
                     unsafe { self.driver.memset_async(va, byte, chunk.size, st)? };
                 }
             }
+        }
+        if let Some(sc) = &codec {
+            self.check_decoded(sc, &streams, &decoded)?;
         }
         for &st in &streams {
             self.driver.stream_synchronize(st)?;

@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# The backup codec on the cuda backend:
+# - the committed codec PTX (src/driver/cuda/codec.ptx) is what nvcc makes of
+#   kernels/codec.cu (scripts/build-ptx.sh; a differing or missing build is
+#   written to codec.ptx here, for the lead to commit);
+# - the driver contract's codec clause and the OffloadCompressed sleep tests
+#   on cuda: the device's frames equal the Rust reference byte for byte,
+#   decode gives the bytes back, corrupt frames are refused;
+# - with BENCH=1: `vmmw bench-codec` against raw Offload on the link measured
+#   in the same run (bf16 from the checkpoint 20-load.sh generated, in
+#   LOAD_DIR, plus synthetic bf16 N(0, 0.02^2), fp16, fp32 and random bytes).
+set -uo pipefail
+source scripts/gpu-lib.sh
+rc=0
+
+nvcc=$(command -v nvcc || echo "${CUDA_HOME:-/usr/local/cuda}/bin/nvcc")
+if [ -x "$nvcc" ]; then
+  built="$VMMW_GPU_OUT/codec.ptx"
+  "$nvcc" -ptx -arch=compute_75 -O3 -o "$built" kernels/codec.cu
+  if cmp -s "$built" src/driver/cuda/codec.ptx; then
+    result "codec: committed PTX = nvcc kernels/codec.cu" PASS "$("$nvcc" --version | tail -1)"
+    rm -f "$built"
+  else
+    result "codec: committed PTX = nvcc kernels/codec.cu" FAIL "differs or is empty; nvcc's build is codec.ptx"
+    rc=1
+  fi
+else
+  result "codec: committed PTX" SKIP "no nvcc on this machine"
+fi
+
+if [ ! -s src/driver/cuda/codec.ptx ]; then
+  result "codec: contract and sleep on cuda" FAIL "src/driver/cuda/codec.ptx is empty: run scripts/build-ptx.sh, commit, rebuild the bundle"
+  exit 1
+fi
+
+log="$VMMW_GPU_OUT/codec-tests.txt"
+VMMW_BACKEND=cuda .gpu/tests/all driver_contract::codec sleep_compressed:: --nocapture --test-threads=1 >"$log" 2>&1
+t=$?
+cat "$log"
+summary=$(grep -E '^test result:' "$log" | tail -1)
+if grep -q '^SKIP cuda: ' "$log"; then
+  result "codec: contract and sleep on cuda" FAIL "a clause skipped on cuda: $(grep -m1 '^SKIP cuda: ' "$log")"
+  rc=1
+elif [ "$t" -eq 0 ] && grep -q '^RAN cuda: codec_frames_equal_the_reference' "$log"; then
+  result "codec: contract and sleep on cuda, frames = reference" PASS "${summary#test result: }"
+else
+  result "codec: contract and sleep on cuda" FAIL "exit $t; ${summary:-no summary}; see codec-tests.txt"
+  rc=1
+fi
+
+if [ "${BENCH:-0}" = 1 ]; then
+  ckpt="${LOAD_DIR:-/root/vmmw-ckpt-8b}"
+  args=()
+  [ -e "$ckpt" ] && args=(--checkpoint "$ckpt")
+  # Real trained weights, when the Hugging Face cache holds any (no network
+  # here): the two largest safetensors files of at least 50 MB.
+  hub="${HF_HOME:-$HOME/.cache/huggingface}/hub"
+  if [ -d "$hub" ]; then
+    while IFS= read -r f; do
+      args+=(--checkpoint "$f")
+      echo "codec bench: trained weights from the HF cache: $f"
+    done < <(find -L "$hub" -name '*.safetensors' -size +50M -printf '%s %p\n' 2>/dev/null |
+      sort -rn | head -2 | cut -d' ' -f2-)
+  fi
+  [ ${#args[@]} -le 2 ] && echo "codec bench: no trained weights in the HF cache ($hub)" 
+  out="$VMMW_GPU_OUT/codec-bench"
+  .gpu/vmmw bench-codec --backend cuda --json "$out.json" "${args[@]}" 2>&1 | tee "$out.txt"
+  t=${PIPESTATUS[0]}
+  if [ "$t" -eq 0 ]; then
+    result "codec: bench against raw Offload" PASS "$(grep -E '^bf16' "$out.txt" | head -1)"
+  else
+    result "codec: bench against raw Offload" FAIL "exit $t; see codec-bench.txt"
+    rc=1
+  fi
+fi
+exit $rc

@@ -1,0 +1,270 @@
+//! `vmmw bench-codec`: OffloadCompressed against raw Offload on the same
+//! bytes in the same run, with the link measured alongside: the encoded size
+//! per dtype, and the effective sleep and wake rates (raw bytes per second)
+//! as ratios to the link and to Offload.
+//!
+//! Datasets: every checkpoint given (loaded into the pool as a load would:
+//! their values are whatever the files hold), then synthetic tensors: bf16
+//! and fp16 from N(0, 0.02^2) (initialised LLM weights), fp32 from the same,
+//! and random bytes (data that does not compress). Each wake is checked
+//! against a device hash of the bytes before the sleep.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use vmmweights::codec::Layout;
+use vmmweights::driver::{DevicePtr, Driver, StreamId};
+use vmmweights::sleep::{Policy, SleepOptions};
+use vmmweights::{tag, Error, Pool, PoolConfig, Result};
+
+use crate::bench_sleep::{link_bandwidth, median};
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    #[command(flatten)]
+    pub backend: crate::backend::BackendArgs,
+    /// A checkpoint (safetensors file or folder) to bench on, loaded into the
+    /// pool first; repeat for several.
+    #[arg(long)]
+    pub checkpoint: Vec<PathBuf>,
+    /// MiB of each synthetic dataset.
+    #[arg(long, default_value_t = 4096)]
+    pub mib: usize,
+    /// Timed sleep/wake cycles per policy (after one untimed warm-up).
+    #[arg(long, default_value_t = 3)]
+    pub cycles: usize,
+    /// Write the results as JSON to FILE; `--json` alone (or `--json -`) prints
+    /// them on stdout and moves the other lines to stderr.
+    #[arg(long, value_name = "FILE", num_args = 0..=1, default_missing_value = "-")]
+    pub json: Option<PathBuf>,
+}
+
+/// One dataset's figures.
+#[derive(Debug, serde::Serialize)]
+struct Row {
+    dataset: String,
+    layout: Layout,
+    raw_bytes: u64,
+    encoded_bytes: u64,
+    backup_ratio: f64,
+    offload_sleep_gb_s: f64,
+    offload_wake_gb_s: f64,
+    compressed_sleep_gb_s: f64,
+    compressed_wake_gb_s: f64,
+    sleep_vs_link: f64,
+    wake_vs_link: f64,
+    sleep_vs_offload: f64,
+    wake_vs_offload: f64,
+}
+
+/// The synthetic datasets: name, layout, one pattern of `n` bytes (at most
+/// 64 MiB) tiled over the dataset.
+fn synthetic(n: usize) -> Vec<(&'static str, Layout, Vec<u8>)> {
+    let n = n.clamp(8, 64 << 20) / 8 * 8;
+    let mut x = 0x5EED_u64;
+    let mut next = move || {
+        x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        vmmweights::codec::checksum::mix(x, 0)
+    };
+    let mut normal = || {
+        let u1 = ((next() >> 11) as f64 + 0.5) / (1u64 << 53) as f64;
+        let u2 = (next() >> 11) as f64 / (1u64 << 53) as f64;
+        0.02 * (-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos()
+    };
+    let bf16: Vec<u8> = (0..n / 2)
+        .flat_map(|_| half::bf16::from_f64(normal()).to_le_bytes())
+        .collect();
+    let f16: Vec<u8> = (0..n / 2)
+        .flat_map(|_| half::f16::from_f64(normal()).to_le_bytes())
+        .collect();
+    let f32: Vec<u8> = (0..n / 4)
+        .flat_map(|_| (normal() as f32).to_le_bytes())
+        .collect();
+    let mut y = 0xABCD_u64;
+    let random: Vec<u8> = (0..n / 8)
+        .flat_map(|_| {
+            y = y.wrapping_add(0x9E37_79B9_7F4A_7C15);
+            vmmweights::codec::checksum::mix(y, 1).to_le_bytes()
+        })
+        .collect();
+    vec![
+        ("synthetic bf16 N(0, 0.02^2)", Layout::Half, bf16),
+        ("synthetic fp16 N(0, 0.02^2)", Layout::Half, f16),
+        ("synthetic fp32 N(0, 0.02^2)", Layout::Single, f32),
+        ("random bytes (as bf16)", Layout::Half, random),
+    ]
+}
+
+fn pool_for(d: &Arc<dyn Driver>, layout: Layout) -> Result<Pool> {
+    Pool::new(
+        d.clone(),
+        PoolConfig {
+            sleep: SleepOptions {
+                codec_layout: layout,
+                ..SleepOptions::default()
+            },
+            ..PoolConfig::default()
+        },
+    )
+}
+
+/// Sleep and wake `t` with each policy; every wake checked by device hash.
+fn measure(
+    pool: &Pool,
+    t: tag::TagId,
+    ranges: &[(DevicePtr, usize)],
+    cycles: usize,
+) -> Result<[(f64, f64, u64, u64); 2]> {
+    let d = pool.driver().clone();
+    d.synchronize()?;
+    // SAFETY: the ranges are live, awake blocks; the device is synchronized.
+    let want = unsafe { d.hash_ranges(ranges) }?;
+    let mut out = [(0.0, 0.0, 0, 0); 2];
+    for (k, policy) in [Policy::Offload, Policy::OffloadCompressed]
+        .into_iter()
+        .enumerate()
+    {
+        let (mut sleeps, mut wakes) = (Vec::new(), Vec::new());
+        let (mut raw, mut encoded) = (0u64, 0u64);
+        for c in 0..=cycles {
+            let s = pool.sleep(&[(t, policy)])?;
+            let w = pool.wake(&[t])?;
+            // SAFETY: as above: awake again, the wake synchronized its copies.
+            let got = unsafe { d.hash_ranges(ranges) }?;
+            if got != want {
+                return Err(Error::InvalidState(format!(
+                    "{policy:?}: the bytes after wake {c} differ from those before the sleep"
+                )));
+            }
+            if c > 0 {
+                sleeps.push(s[0].report.seconds);
+                wakes.push(w[0].report.seconds);
+            }
+            let r = &s[0].report;
+            (raw, encoded) = match policy {
+                Policy::OffloadCompressed => (r.raw_bytes, r.copied_bytes),
+                _ => (r.copied_bytes, r.copied_bytes),
+            };
+        }
+        out[k] = (median(sleeps), median(wakes), raw, encoded);
+    }
+    Ok(out)
+}
+
+fn row(dataset: &str, layout: Layout, m: [(f64, f64, u64, u64); 2], link: (f64, f64)) -> Row {
+    let (h2d, d2h) = link;
+    let [(os, ow, raw, _), (cs, cw, craw, enc)] = m;
+    let gbps = |bytes: u64, s: f64| bytes as f64 / s / 1e9;
+    let r = Row {
+        dataset: dataset.to_owned(),
+        layout,
+        raw_bytes: craw,
+        encoded_bytes: enc,
+        backup_ratio: enc as f64 / craw.max(1) as f64,
+        offload_sleep_gb_s: gbps(raw, os),
+        offload_wake_gb_s: gbps(raw, ow),
+        compressed_sleep_gb_s: gbps(craw, cs),
+        compressed_wake_gb_s: gbps(craw, cw),
+        sleep_vs_link: gbps(craw, cs) / d2h,
+        wake_vs_link: gbps(craw, cw) / h2d,
+        sleep_vs_offload: os / cs,
+        wake_vs_offload: ow / cw,
+    };
+    outln!(
+        "{}: backup {:.1}% of {:.2} GB ({:?}); sleep {:.2} GB/s = {:.2}x link, {:.2}x Offload; wake {:.2} GB/s = {:.2}x link, {:.2}x Offload",
+        r.dataset,
+        100.0 * r.backup_ratio,
+        r.raw_bytes as f64 / 1e9,
+        layout,
+        r.compressed_sleep_gb_s,
+        r.sleep_vs_link,
+        r.sleep_vs_offload,
+        r.compressed_wake_gb_s,
+        r.wake_vs_link,
+        r.wake_vs_offload
+    );
+    r
+}
+
+/// Run the benchmark.
+pub fn run(args: Args) -> Result<()> {
+    let opened = args.backend.open()?;
+    let d = opened.driver.clone();
+    outln!(
+        "backend: {} ({}; {})",
+        d.kind(),
+        d.describe(),
+        opened.reason
+    );
+    let link = link_bandwidth(&d, (1 << 30).min(args.mib.max(1) << 20))?;
+    outln!(
+        "link: host->device {:.2} GB/s, device->host {:.2} GB/s (pinned, 1 GiB, median of 5)",
+        link.0,
+        link.1
+    );
+    let cycles = args.cycles.max(1);
+    let mut rows = Vec::new();
+    for path in &args.checkpoint {
+        let pool = pool_for(&d, Layout::Half)?;
+        let t = tag::id("bench-codec-ckpt")?;
+        let session = vmmweights::loader::Session::open(path)?;
+        session.allocate(&pool, t)?;
+        session.load(&pool, None)?;
+        let ranges: Vec<(DevicePtr, usize)> = session
+            .destinations()
+            .iter()
+            .map(|x| (x.ptr, x.bytes()))
+            .collect();
+        let m = measure(&pool, t, &ranges, cycles)?;
+        rows.push(row(
+            &format!("checkpoint {}", path.display()),
+            Layout::Half,
+            m,
+            link,
+        ));
+    }
+    let total = args.mib.max(1) << 20;
+    for (name, layout, pattern) in synthetic(total) {
+        let pool = pool_for(&d, layout)?;
+        let t = tag::id("bench-codec-synthetic")?;
+        // Tensors of 256 MiB, as the large weights of a model.
+        let mut ranges = Vec::new();
+        let mut at = 0usize;
+        while at < total {
+            let n = (256usize << 20).min(total - at);
+            let b = pool.alloc_tagged(n, t)?;
+            let mut off = 0;
+            while off < n {
+                let k = pattern.len().min(n - off);
+                // SAFETY: inside the block just allocated; synchronized below
+                // before `pattern` can go.
+                unsafe {
+                    d.copy_htod_async(b.ptr + off as u64, pattern.as_ptr(), k, StreamId::DEFAULT)
+                }?;
+                off += k;
+            }
+            ranges.push((b.ptr, n));
+            at += n;
+        }
+        d.synchronize()?;
+        let m = measure(&pool, t, &ranges, cycles)?;
+        rows.push(row(name, layout, m, link));
+    }
+    if let Some(path) = &args.json {
+        let doc = serde_json::json!({
+            "backend": d.kind().to_string(),
+            "device": d.describe(),
+            "link_h2d_gb_s": link.0,
+            "link_d2h_gb_s": link.1,
+            "cycles": cycles,
+            "rows": rows,
+        });
+        std::fs::write(path, serde_json::to_string_pretty(&doc).unwrap_or_default()).map_err(
+            |e| Error::Io {
+                path: path.clone(),
+                source: e,
+            },
+        )?;
+    }
+    Ok(())
+}

@@ -1,0 +1,431 @@
+//! OffloadCompressed: a segment's backup held as backup-codec frames
+//! (`crate::codec`), encoded and decoded on the device, so only encoded
+//! bytes cross the link and occupy the pinned arena.
+//!
+//! A segment is cut into frames of [`FRAME_RAW_BYTES`] raw bytes. Sleep
+//! encodes frame j into device buffer j % 2 (counted over the whole sleep)
+//! while the copy of frame j-1 to the host runs; wake copies frame j+1 in
+//! while frame j decodes in place, so the link never waits for the codec. Each frame's blocks carry
+//! checksums: a corrupt backup fails the wake, and the caller unmaps what the
+//! wake mapped (the tag stays asleep, the backup untouched).
+
+use std::sync::Arc;
+
+use super::{SegmentBackup, SleepEngine};
+use crate::codec::{self, format, Layout};
+use crate::driver::{CreateFlags, DevicePtr, Driver, EventId, PhysHandle, StreamId};
+use crate::error::{Error, Result};
+use crate::segment::{map_new_at, unmap_release_at};
+use crate::sleep::backup::BackupArena;
+use crate::tag::TagId;
+
+/// Raw bytes per frame: the unit encoded, copied and decoded in one step.
+/// Small enough that the device scratch stays about 50 MiB, large enough
+/// that each launch fills the GPU (256 thread blocks).
+pub(super) const FRAME_RAW_BYTES: usize = 16 << 20;
+
+/// One frame of a compressed backup: segment bytes `[offset, offset +
+/// raw_len)`, encoded as `len` backup bytes from backup byte `at`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct FrameRec {
+    pub offset: usize,
+    pub raw_len: usize,
+    pub at: usize,
+    pub len: usize,
+}
+
+/// A frame a wake queued for decoding, and whose verdict is in the status
+/// word of its index in the wake's list.
+pub(super) struct Decoded {
+    tag: TagId,
+    ptr: DevicePtr,
+    frame: usize,
+    rec: FrameRec,
+}
+
+/// A host run of backup bytes: `len` bytes at `host` hold frame bytes from
+/// `within`.
+type HostRun = (*mut u8, usize, usize);
+
+impl SegmentBackup {
+    /// Backup bytes `[at, at + len)` as runs that each lie in one piece.
+    fn byte_runs(&self, arena: &BackupArena, at: usize, len: usize) -> Vec<HostRun> {
+        let mut out = Vec::new();
+        let mut done = 0usize;
+        while done < len {
+            let (host, left) = self.locate(arena, at + done);
+            let n = left.min(len - done);
+            out.push((host, n, done));
+            done += n;
+        }
+        out
+    }
+
+    /// True when the backup holds codec frames.
+    pub(super) fn is_compressed(&self) -> bool {
+        !self.frames.is_empty()
+    }
+
+    /// Raw bytes the frames decode to.
+    pub(super) fn raw_len(&self) -> usize {
+        if self.is_compressed() {
+            self.frames.iter().map(|f| f.raw_len).sum()
+        } else {
+            self.len()
+        }
+    }
+}
+
+/// Device memory for the codec during one sleep or wake: two frame buffers
+/// and the encoder's scratch (at wake: the decoder's status words), mapped
+/// on this device; events marking each buffer's last copy and its last use.
+pub(super) struct CodecScratch {
+    driver: Arc<dyn Driver>,
+    va: DevicePtr,
+    size: usize,
+    handle: Option<PhysHandle>,
+    frames: [DevicePtr; 2],
+    scratch: DevicePtr,
+    copied: [EventId; 2],
+    done: [EventId; 2],
+    used: [bool; 2],
+    /// Frames passed through the buffers so far: frame t of the whole
+    /// sleep or wake uses buffer t % 2, so the buffers alternate across
+    /// segments too and a segment's first frame never waits for the copy of
+    /// the one before's last.
+    turn: usize,
+}
+
+impl CodecScratch {
+    /// Map scratch for frames of up to [`FRAME_RAW_BYTES`].
+    pub(super) fn new(driver: &Arc<dyn Driver>) -> Result<CodecScratch> {
+        let frame_room = format::max_frame_bytes(FRAME_RAW_BYTES).next_multiple_of(256);
+        let extra = format::encode_scratch_bytes(FRAME_RAW_BYTES).next_multiple_of(256);
+        let size = (2 * frame_room + extra).next_multiple_of(driver.granularity());
+        let va = driver.reserve(size, 0)?;
+        let mut sc = CodecScratch {
+            driver: driver.clone(),
+            va,
+            size,
+            handle: None,
+            frames: [va, va + frame_room as u64],
+            scratch: va + 2 * frame_room as u64,
+            copied: [EventId(0); 2],
+            done: [EventId(0); 2],
+            used: [false; 2],
+            turn: 0,
+        };
+        sc.handle = Some(
+            map_new_at(driver.as_ref(), va, size, &[], CreateFlags::default()).map_err(|e| {
+                Error::InvalidState(format!(
+                    "device scratch of {size} bytes for the backup codec: {e}"
+                ))
+            })?,
+        );
+        for k in 0..2 {
+            sc.copied[k] = driver.event_create()?;
+            sc.done[k] = driver.event_create()?;
+        }
+        Ok(sc)
+    }
+
+    /// Status words the scratch holds at wake (frames per segment).
+    fn status_words(&self) -> usize {
+        format::encode_scratch_bytes(FRAME_RAW_BYTES) / 4
+    }
+
+    /// Wait until buffer `k`'s last use has completed.
+    fn wait(&self, k: usize) -> Result<()> {
+        if self.used[k] {
+            self.driver.event_synchronize(self.done[k])?;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for CodecScratch {
+    fn drop(&mut self) {
+        // A failed sleep or wake may leave copies or decodes queued on the
+        // scratch: unmap it only once the device is idle (else keep it
+        // mapped, a leak, rather than free memory work still touches).
+        // Failures have nowhere to go.
+        if self.driver.synchronize().is_err() {
+            return;
+        }
+        for e in self.copied.iter().chain(&self.done) {
+            if e.0 != 0 {
+                let _ = self.driver.event_destroy(*e);
+            }
+        }
+        if let Some(h) = self.handle {
+            let _ = unmap_release_at(self.driver.as_ref(), self.va, self.size, h);
+        }
+        let _ = self.driver.free_va(self.va, self.size);
+    }
+}
+
+/// What one compressed backup's sleep copied: the events its copies record,
+/// raw and encoded bytes.
+pub(super) struct Encoded {
+    pub events: Vec<EventId>,
+    pub raw: u64,
+    pub encoded: u64,
+}
+
+impl SleepEngine {
+    /// Give segment `ptr` (`committed` bytes, of `tag`) a compressed backup:
+    /// encode each frame on the device and queue its copy into the arena.
+    /// `streams[0]` encodes, `streams[1]` copies.
+    pub(super) fn issue_compressed(
+        &self,
+        tag: TagId,
+        ptr: DevicePtr,
+        committed: usize,
+        layout: Layout,
+        sc: &mut CodecScratch,
+        streams: &[StreamId],
+    ) -> Result<Encoded> {
+        let (encode_on, copy_on) = (streams[0], streams[1 % streams.len()]);
+        {
+            let mut s = self.lock();
+            s.free_backup(ptr);
+            s.backups.insert(
+                ptr,
+                SegmentBackup {
+                    tag,
+                    ranges: vec![(0, committed)],
+                    pieces: Vec::new(),
+                    frames: Vec::new(),
+                },
+            );
+        }
+        let mut at = 0usize;
+        for (j, offset) in (0..committed).step_by(FRAME_RAW_BYTES).enumerate() {
+            let raw_len = FRAME_RAW_BYTES.min(committed - offset);
+            let k = (sc.turn + j) % 2;
+            sc.wait(k)?;
+            // SAFETY: the segment is awake (mapped) and in this transition;
+            // the frame buffer and scratch lie in `sc`, and no copy still
+            // reads the buffer (waited above).
+            let len = unsafe {
+                self.driver.codec_encode(
+                    ptr + offset as u64,
+                    raw_len,
+                    layout,
+                    sc.frames[k],
+                    sc.scratch,
+                    encode_on,
+                )
+            }?;
+            let runs = {
+                let mut guard = self.lock();
+                let s = &mut *guard;
+                let pieces = s.arena.alloc_pieces(len)?;
+                let b = s.backups.get_mut(&ptr).expect("inserted above");
+                b.pieces.extend(pieces);
+                b.frames.push(FrameRec {
+                    offset,
+                    raw_len,
+                    at,
+                    len,
+                });
+                b.byte_runs(&s.arena, at, len)
+            };
+            for (host, n, within) in runs {
+                // SAFETY: `host` points at `n` bytes of this segment's backup,
+                // kept (busy) until the copies are waited on; the frame
+                // buffer holds the encoded frame (codec_encode waited for it).
+                unsafe {
+                    self.driver
+                        .copy_dtoh_async(host, sc.frames[k] + within as u64, n, copy_on)?
+                };
+            }
+            self.driver.event_record(sc.done[k], copy_on)?;
+            sc.used[k] = true;
+            at += len;
+        }
+        sc.turn += committed.div_ceil(FRAME_RAW_BYTES);
+        let e = self.driver.event_create()?;
+        if let Err(err) = self.driver.event_record(e, copy_on) {
+            let _ = self.driver.event_destroy(e);
+            return Err(err);
+        }
+        Ok(Encoded {
+            events: vec![e],
+            raw: committed as u64,
+            encoded: at as u64,
+        })
+    }
+
+    /// Queue the restore of segment `ptr` from its compressed backup: copy
+    /// each frame to the device and decode it in place, the copy of frame
+    /// j+1 running while frame j decodes; `map_upto(end)` maps the segment's
+    /// chunks below segment offset `end`, called before each decode (so
+    /// mapping overlaps the copies).
+    /// `streams[0]` copies, `streams[1]` decodes. Each frame's verdict goes
+    /// to a status word of the scratch, listed in `decoded` for
+    /// [`Self::check_decoded`], which the wake calls once every segment is
+    /// queued (so no segment waits for the one before). Returns the encoded
+    /// bytes copied. Nothing here writes the backup.
+    pub(super) fn restore_compressed(
+        &self,
+        ptr: DevicePtr,
+        sc: &mut CodecScratch,
+        streams: &[StreamId],
+        decoded: &mut Vec<Decoded>,
+        map_upto: &mut dyn FnMut(usize) -> Result<()>,
+    ) -> Result<u64> {
+        let (copy_on, decode_on) = (streams[0], streams[1 % streams.len()]);
+        let (frames, runs, tag) = {
+            let s = self.lock();
+            let b = &s.backups[&ptr];
+            let runs: Vec<Vec<HostRun>> = b
+                .frames
+                .iter()
+                .map(|f| b.byte_runs(&s.arena, f.at, f.len))
+                .collect();
+            (b.frames.clone(), runs, b.tag)
+        };
+        let first = decoded.len();
+        if first + frames.len() > sc.status_words() {
+            return Err(Error::Unsupported(format!(
+                "a wake of more than {} backup frames (16 MiB each)",
+                sc.status_words()
+            )));
+        }
+        let status = sc.scratch + 4 * first as u64;
+        // SAFETY: the status words lie in the scratch, mapped; no decode
+        // queued before uses these.
+        unsafe {
+            self.driver
+                .memset_async(status, 0xFF, 4 * frames.len(), decode_on)?
+        };
+        let base = sc.turn;
+        let issue = |sc: &mut CodecScratch, j: usize| -> Result<()> {
+            let k = (base + j) % 2;
+            sc.wait(k)?;
+            for &(host, n, within) in &runs[j] {
+                // SAFETY: `host` holds `n` bytes of this segment's backup,
+                // kept (busy) for the whole wake; the buffer's last decode
+                // has completed (waited above).
+                unsafe {
+                    self.driver
+                        .copy_htod_async(sc.frames[k] + within as u64, host, n, copy_on)?
+                };
+            }
+            self.driver.event_record(sc.copied[k], copy_on)
+        };
+        let mut copied = 0u64;
+        if !frames.is_empty() {
+            issue(sc, 0)?;
+        }
+        for (j, f) in frames.iter().enumerate() {
+            if j + 1 < frames.len() {
+                issue(sc, j + 1)?;
+            }
+            let k = (base + j) % 2;
+            map_upto(f.offset + f.raw_len)?;
+            self.driver.event_synchronize(sc.copied[k])?;
+            // SAFETY: the frame is in buffer k (its copy completed); the
+            // segment range is mapped (map_upto above) and status word j
+            // lies in the scratch.
+            unsafe {
+                self.driver.codec_decode_async(
+                    sc.frames[k],
+                    f.len,
+                    ptr + f.offset as u64,
+                    f.raw_len,
+                    status + 4 * j as u64,
+                    decode_on,
+                )
+            }?;
+            self.driver.event_record(sc.done[k], decode_on)?;
+            sc.used[k] = true;
+            copied += f.len as u64;
+            decoded.push(Decoded {
+                tag,
+                ptr,
+                frame: j,
+                rec: *f,
+            });
+        }
+        sc.turn += frames.len();
+        Ok(copied)
+    }
+
+    /// Wait for the decodes `decoded` lists (queued on `streams[1]`) and
+    /// fail when any frame was refused: a corrupt backup.
+    pub(super) fn check_decoded(
+        &self,
+        sc: &CodecScratch,
+        streams: &[StreamId],
+        decoded: &[Decoded],
+    ) -> Result<()> {
+        let decode_on = streams[1 % streams.len()];
+        let mut status = vec![0u8; 4 * decoded.len()];
+        if !status.is_empty() {
+            // SAFETY: `status` outlives the synchronize below; the words lie
+            // in the scratch, written by the decodes queued on this stream.
+            unsafe {
+                self.driver.copy_dtoh_async(
+                    status.as_mut_ptr(),
+                    sc.scratch,
+                    status.len(),
+                    decode_on,
+                )?
+            };
+        }
+        self.driver.stream_synchronize(decode_on)?;
+        for (d, w) in decoded.iter().zip(status.chunks_exact(4)) {
+            let block = u32::from_le_bytes(w.try_into().expect("4 bytes"));
+            if block != u32::MAX {
+                return Err(Error::InvalidState(format!(
+                    "the compressed host backup of tag {} is corrupt: segment at {:#x}, \
+                     frame {} (segment bytes [{}, {})), block {block} fails its checksum; \
+                     the tag stays asleep and its backup is left as it is",
+                    d.tag,
+                    d.ptr,
+                    d.frame,
+                    d.rec.offset,
+                    d.rec.offset + d.rec.raw_len
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Decode the segment bytes `[off, off + dst.len())` of a compressed
+    /// backup on the host (the reference codec), for reads of asleep memory.
+    pub(super) fn read_compressed(
+        b: &SegmentBackup,
+        arena: &BackupArena,
+        off: usize,
+        dst: &mut [u8],
+        tag: &str,
+    ) -> Result<()> {
+        let end = off + dst.len();
+        for f in &b.frames {
+            let (lo, hi) = (off.max(f.offset), end.min(f.offset + f.raw_len));
+            if lo >= hi {
+                continue;
+            }
+            let mut frame = vec![0u8; f.len];
+            for (host, n, within) in b.byte_runs(arena, f.at, f.len) {
+                // SAFETY: `host` holds `n` bytes of this backup; the engine
+                // lock keeps the piece from being freed or reassigned.
+                let from = unsafe { std::slice::from_raw_parts(host.cast_const(), n) };
+                frame[within..within + n].copy_from_slice(from);
+            }
+            let mut raw = vec![0u8; f.raw_len];
+            codec::decode(&frame, &mut raw).map_err(|e| {
+                Error::InvalidState(format!(
+                    "the compressed host backup of tag `{tag}` is corrupt (segment bytes [{}, {})): {e}",
+                    f.offset,
+                    f.offset + f.raw_len
+                ))
+            })?;
+            dst[lo - off..hi - off].copy_from_slice(&raw[lo - f.offset..hi - f.offset]);
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,230 @@
+//! OffloadCompressed through the pool: bytes come back bit for bit, the host
+//! backup holds only encoded bytes (reported per tag and per cycle), reads of
+//! asleep memory decode on the host, and a failed or corrupt wake leaves the
+//! tag asleep, its memory released and its backup intact. Runs on every
+//! backend (scripts/gpu.d/64-codec.sh runs it on cuda).
+
+use std::sync::Arc;
+
+use crate::codec::{normal_bf16, Rng};
+use crate::common::backend::{on_each_backend, skip, Backend};
+use vmmweights::driver::fault::FaultOp;
+use vmmweights::driver::testing::Testing;
+use vmmweights::driver::{DevicePtr, Driver, StreamId};
+use vmmweights::pool::{Pool, PoolConfig};
+use vmmweights::sleep::{Policy, SleepOptions};
+use vmmweights::{tag, Error};
+
+fn pool(b: &Backend) -> Pool {
+    let config = PoolConfig {
+        sleep: SleepOptions {
+            backup_slab_bytes: 8 << 20,
+            ..SleepOptions::default()
+        },
+        ..PoolConfig::default()
+    };
+    Pool::new(b.driver.clone(), config).unwrap()
+}
+
+fn write(d: &Arc<dyn Driver>, ptr: DevicePtr, data: &[u8]) {
+    // SAFETY: `ptr` is a live awake block of at least `data.len()` bytes.
+    unsafe { d.copy_htod_async(ptr, data.as_ptr(), data.len(), StreamId::DEFAULT) }.unwrap();
+    d.stream_synchronize(StreamId::DEFAULT).unwrap();
+}
+
+fn read(d: &Arc<dyn Driver>, ptr: DevicePtr, len: usize) -> Vec<u8> {
+    let mut v = vec![0u8; len];
+    // SAFETY: `ptr` is a live awake block of at least `len` bytes.
+    unsafe { d.copy_dtoh_async(v.as_mut_ptr(), ptr, len, StreamId::DEFAULT) }.unwrap();
+    d.stream_synchronize(StreamId::DEFAULT).unwrap();
+    v
+}
+
+/// bf16 weights over more than two frames (double buffering), a block of
+/// random bytes and a small odd-sized one: `(ptr, bytes)`.
+fn fill(p: &Pool, t: tag::TagId) -> Vec<(DevicePtr, Vec<u8>)> {
+    let d = p.driver().clone();
+    let data = vec![
+        normal_bf16((40 << 20) / 2 + 12_345, 0.02, 41),
+        Rng::new(42).bytes(3 << 20),
+        normal_bf16(1001, 1.0, 43)[..2001].to_vec(),
+    ];
+    data.into_iter()
+        .map(|bytes| {
+            let blk = p.alloc_tagged(bytes.len(), t).unwrap();
+            write(&d, blk.ptr, &bytes);
+            (blk.ptr, bytes)
+        })
+        .collect()
+}
+
+fn check(p: &Pool, blocks: &[(DevicePtr, Vec<u8>)], what: &str) {
+    let d = p.driver().clone();
+    for (i, (ptr, want)) in blocks.iter().enumerate() {
+        assert!(
+            read(&d, *ptr, want.len()) == *want,
+            "{what}: block {i} ({} bytes) differs after wake",
+            want.len()
+        );
+    }
+}
+
+/// Sleep `t` compressed; false (after a skip) when the backend has no codec.
+fn sleep_compressed(p: &Pool, t: tag::TagId, test: &str, b: &Backend) -> bool {
+    match p.sleep(&[(t, Policy::OffloadCompressed)]) {
+        Err(Error::Unsupported(why)) if b.is_cuda() => {
+            skip(test, &why);
+            false
+        }
+        r => {
+            let cycles = r.unwrap();
+            let c = &cycles[0].report;
+            assert!(c.raw_bytes > 0, "{test}: the cycle reports no raw bytes");
+            assert!(
+                c.copied_bytes < c.raw_bytes,
+                "{test}: {} encoded bytes crossed the link for {} raw",
+                c.copied_bytes,
+                c.raw_bytes
+            );
+            true
+        }
+    }
+}
+
+#[test]
+fn bytes_come_back_and_the_backup_is_smaller() {
+    let test = "bytes_come_back_and_the_backup_is_smaller";
+    on_each_backend(test, |b| {
+        let p = pool(b);
+        let t = tag::id("compressed-weights").unwrap();
+        let blocks = fill(&p, t);
+        for cycle in 0..2 {
+            if !sleep_compressed(&p, t, test, b) {
+                return;
+            }
+            let r = p.report();
+            let u = r
+                .tags
+                .iter()
+                .find(|u| u.tag == "compressed-weights")
+                .unwrap();
+            assert!(u.asleep);
+            assert_eq!(u.tracked_bytes, 0, "physical memory released");
+            assert_eq!(
+                u.host_backup_raw_bytes, u.offloaded_bytes,
+                "raw bytes restored"
+            );
+            let ratio = u.host_backup_bytes as f64 / u.host_backup_raw_bytes as f64;
+            // 40 MiB of bf16 at about 70%, 3 MiB random at 100%, padding zeros.
+            assert!(ratio < 0.78, "cycle {cycle}: backup at {ratio:.3} of raw");
+            let text = r.to_string();
+            assert!(text.contains("backup compressed to"), "{text}");
+            // Reads of asleep memory decode on the host.
+            let (ptr, want) = &blocks[0];
+            let mut got = vec![0u8; 100_000];
+            p.read_backup(ptr + 3_000_001, &mut got).unwrap();
+            assert!(
+                got[..] == want[3_000_001..3_100_001],
+                "read_backup of compressed bytes"
+            );
+            let w = p.wake(&[t]).unwrap();
+            assert!(w[0].report.raw_bytes > w[0].report.copied_bytes);
+            check(&p, &blocks, &format!("{}: cycle {cycle}", b.kind()));
+        }
+        // The same tag sleeps raw afterwards, then compressed again.
+        p.sleep(&[(t, Policy::Offload)]).unwrap();
+        p.wake(&[t]).unwrap();
+        check(&p, &blocks, "Offload after OffloadCompressed");
+        assert!(sleep_compressed(&p, t, test, b));
+        p.wake(&[t]).unwrap();
+        check(&p, &blocks, "OffloadCompressed after Offload");
+    });
+}
+
+#[test]
+fn a_failed_decode_leaves_the_tag_asleep_with_its_backup() {
+    let test = "a_failed_decode_leaves_the_tag_asleep_with_its_backup";
+    on_each_backend(test, |b| {
+        let p = pool(b);
+        let t = tag::id("compressed-fault").unwrap();
+        let blocks = fill(&p, t);
+        if !sleep_compressed(&p, t, test, b) {
+            return;
+        }
+        let before = p.report();
+        let faults = b
+            .driver
+            .faults()
+            .expect("both backends take injected faults");
+        // The second frame's decode fails (a driver error).
+        faults.fail_nth(FaultOp::Codec, 2);
+        let e = p.wake(&[t]).unwrap_err();
+        assert!(e.to_string().contains("codec"), "{e}");
+        let after = p.report();
+        let (u0, u1) = (
+            before
+                .tags
+                .iter()
+                .find(|u| u.tag == "compressed-fault")
+                .unwrap(),
+            after
+                .tags
+                .iter()
+                .find(|u| u.tag == "compressed-fault")
+                .unwrap(),
+        );
+        assert!(u1.asleep, "the tag stays asleep");
+        assert_eq!(
+            u1.tracked_bytes, 0,
+            "what the wake mapped is released again"
+        );
+        assert_eq!(
+            u1.host_backup_bytes, u0.host_backup_bytes,
+            "the backup stays"
+        );
+        p.wake(&[t]).unwrap();
+        check(&p, &blocks, "wake after a failed decode");
+    });
+}
+
+#[test]
+fn a_corrupt_transfer_fails_the_wake_and_the_backup_survives() {
+    let test = "a_corrupt_transfer_fails_the_wake_and_the_backup_survives";
+    on_each_backend(test, |b| {
+        let Some(h) = b.host() else {
+            skip(
+                test,
+                "corrupting a transfer needs the host backend's fault injection",
+            );
+            return;
+        };
+        let p = pool(b);
+        let t = tag::id("compressed-corrupt").unwrap();
+        let blocks = fill(&p, t);
+        assert!(sleep_compressed(&p, t, test, b));
+        for nth in [1, 2, 3, 4] {
+            // One bit of the nth frame copied to the device flips.
+            h.faults().corrupt_nth(FaultOp::CopyHtod, nth);
+            let e = p.wake(&[t]).unwrap_err();
+            let msg = e.to_string();
+            assert!(
+                msg.contains("corrupt")
+                    && msg.contains("compressed-corrupt")
+                    && msg.contains("checksum"),
+                "copy {nth}: {msg}"
+            );
+            let u = p.report();
+            let u = u
+                .tags
+                .iter()
+                .find(|u| u.tag == "compressed-corrupt")
+                .unwrap();
+            assert!(
+                u.asleep && u.tracked_bytes == 0,
+                "copy {nth}: the tag stays asleep, released"
+            );
+        }
+        p.wake(&[t]).unwrap();
+        check(&p, &blocks, "wake after corrupt transfers");
+    });
+}
