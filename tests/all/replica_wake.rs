@@ -445,8 +445,8 @@ fn replicas_asleep_with_a_compressed_backup_are_refused_and_stay_asleep() {
     let (t, ptrs, data) = replicas(&pools, "replica-wake-compressed", 99);
     pools[0].sleep(&[(t, Policy::OffloadCompressed)]).unwrap();
     pools[1].sleep(&[(t, Policy::Discard)]).unwrap();
-    let e = wake_replicas_from_backup(&members(&pools, t), &ReplicaWakeOptions::default())
-        .unwrap_err();
+    let e =
+        wake_replicas_from_backup(&members(&pools, t), &ReplicaWakeOptions::default()).unwrap_err();
     assert!(
         matches!(e, Error::InvalidState(_)) && e.to_string().contains("replica group"),
         "{e}"

@@ -24,6 +24,15 @@ use crate::tag::TagId;
 /// that each launch fills the GPU (256 thread blocks).
 pub(super) const FRAME_RAW_BYTES: usize = 16 << 20;
 
+/// The most backup bytes a segment of `committed` bytes can take as frames
+/// (every block stored raw): the host-memory check of a sleep counts this.
+pub(super) fn max_backup_bytes(committed: usize) -> usize {
+    (0..committed)
+        .step_by(FRAME_RAW_BYTES)
+        .map(|at| format::max_frame_bytes(FRAME_RAW_BYTES.min(committed - at)))
+        .sum()
+}
+
 /// One frame of a compressed backup: segment bytes `[offset, offset +
 /// raw_len)`, encoded as `len` backup bytes from backup byte `at`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -175,6 +184,25 @@ impl SleepEngine {
     /// encode each frame on the device and queue its copy into the arena.
     /// `streams[0]` encodes, `streams[1]` copies.
     pub(super) fn issue_compressed(
+        &self,
+        tag: TagId,
+        ptr: DevicePtr,
+        committed: usize,
+        layout: Layout,
+        sc: &mut CodecScratch,
+        streams: &[StreamId],
+    ) -> Result<Encoded> {
+        let r = self.encode_segment(tag, ptr, committed, layout, sc, streams);
+        if r.is_err() {
+            // A backup missing frames must never be restored: drop it. No
+            // later copy targets its pieces (the sleep stops issuing here and
+            // synchronizes its streams before anything reuses the arena).
+            self.lock().free_backup(ptr);
+        }
+        r
+    }
+
+    fn encode_segment(
         &self,
         tag: TagId,
         ptr: DevicePtr,

@@ -6,7 +6,7 @@
 use std::cell::RefCell;
 use std::time::Instant;
 
-use super::compressed::CodecScratch;
+use super::compressed::{self, CodecScratch};
 use super::options::{CycleReport, Policy};
 use super::plan::{self, SegTodo, Transition};
 use super::{SegmentBackup, SleepEngine, TagSegments};
@@ -89,7 +89,7 @@ impl SleepEngine {
             .iter()
             .map(|t| t.host_keep(policy, &coverage, in_use))
             .collect();
-        let run = self.plan_copies(tag, &todo, &keep)?;
+        let run = self.plan_copies(tag, &todo, &keep, policy)?;
         // Work still queued on other streams (the caller's) may be writing
         // these bytes; none may touch memory once it is unmapped.
         self.driver.synchronize()?;
@@ -137,14 +137,27 @@ impl SleepEngine {
         tag: TagId,
         todo: &[SegTodo],
         keep: &[Vec<(usize, usize)>],
+        policy: Policy,
     ) -> Result<CopyPlan> {
         let mut s = self.lock();
         let mut need_new = 0u64;
         for (t, k) in todo.iter().zip(keep) {
-            let have = s.backups.get(&t.ptr).is_some_and(|b| &b.ranges == k);
-            if !have {
-                need_new += k.iter().map(|&(_, l)| l as u64).sum::<u64>();
-            }
+            let raw: usize = k.iter().map(|&(_, l)| l).sum();
+            let old = s.backups.get(&t.ptr);
+            need_new += if policy == Policy::OffloadCompressed {
+                // At most every block stored raw; the segment's old backup
+                // is freed first.
+                let bound = if raw == 0 {
+                    0
+                } else {
+                    compressed::max_backup_bytes(raw)
+                };
+                bound.saturating_sub(old.map_or(0, |b| b.len())) as u64
+            } else if old.is_some_and(|b| &b.ranges == k && !b.is_compressed()) {
+                0
+            } else {
+                raw as u64
+            };
         }
         let can_pin = s.arena.limit().saturating_sub(s.arena.held()) + s.arena.free_bytes();
         if need_new > can_pin {
