@@ -93,24 +93,27 @@ impl SleepEngine {
         // Work still queued on other streams (the caller's) may be writing
         // these bytes; none may touch memory once it is unmapped.
         self.driver.synchronize()?;
-        let mut codec = match policy {
-            Policy::OffloadCompressed if keep.iter().any(|k| !k.is_empty()) => Some((
-                CodecScratch::new(&self.driver)?,
-                self.lock().options.codec_layout,
-            )),
-            _ => None,
-        };
+        let compress = policy == Policy::OffloadCompressed && keep.iter().any(|k| !k.is_empty());
+        if compress {
+            self.release_stale_scratch();
+        }
+        let mut scratch = self.guard_scratch(if compress {
+            Some(CodecScratch::new(&self.driver)?)
+        } else {
+            None
+        });
+        let layout = self.lock().options.codec_layout;
         // Compressed backups pin as frames arrive: pinning the raw size
         // ahead would hold the bytes the codec saves.
-        self.start_pinning(&todo, if codec.is_some() { 0 } else { run.need_new });
-        let (pending, failure) =
-            self.issue_copies(tag, &todo, &keep, &run, codec.as_mut(), &mut report);
+        self.start_pinning(&todo, if compress { 0 } else { run.need_new });
+        let codec = scratch.sc.as_mut().map(|sc| (sc, layout));
+        let (pending, failure) = self.issue_copies(tag, &todo, &keep, &run, codec, &mut report);
         let (done, failure) =
             self.unmap_as_copied(segs, &todo, pending, policy, failure, &mut report);
         self.finish_sleep(&todo, &run, failure.is_some(), &mut report);
         // Every copy out of the scratch is complete (waited on, or the
         // streams synchronized after a failure).
-        drop(codec);
+        drop(scratch);
         report.seconds = t0.elapsed().as_secs_f64();
         match failure {
             None => {
@@ -205,7 +208,7 @@ impl SleepEngine {
         todo: &[SegTodo],
         keep: &[Vec<(usize, usize)>],
         run: &CopyPlan,
-        mut codec: Option<&mut (CodecScratch, Layout)>,
+        mut codec: Option<(&mut CodecScratch, Layout)>,
         report: &mut CycleReport,
     ) -> (Pending, Option<Error>) {
         let mut next_stream = 0usize;
@@ -220,7 +223,7 @@ impl SleepEngine {
                 pending.push((i, Vec::new()));
                 continue;
             }
-            if let Some((sc, layout)) = codec.as_deref_mut() {
+            if let Some((sc, layout)) = codec.as_mut() {
                 match self.issue_compressed(tag, t.ptr, t.committed, *layout, sc, &run.streams) {
                     Ok(e) => {
                         report.copied_bytes += e.encoded;
