@@ -38,8 +38,13 @@ VMMW_BACKEND=cuda .gpu/tests/all driver_contract::codec sleep_compressed:: --noc
 t=$?
 cat "$log"
 summary=$(grep -E '^test result:' "$log" | tail -1)
-if grep -q '^SKIP cuda: ' "$log"; then
-  result "codec: contract and sleep on cuda" FAIL "a clause skipped on cuda: $(grep -m1 '^SKIP cuda: ' "$log")"
+# Tests that need the host backend's fault injection skip on cuda, each with
+# a row; the contract clause must run.
+while IFS= read -r line; do
+  result "codec: ${line#SKIP cuda: }" SKIP "did not run on cuda"
+done < <(grep '^SKIP cuda: ' "$log" | grep -v 'codec_frames_equal_the_reference' | sort -u)
+if grep -q '^SKIP cuda: codec_frames_equal_the_reference' "$log"; then
+  result "codec: contract and sleep on cuda" FAIL "the contract clause skipped: $(grep -m1 '^SKIP cuda: codec_frames' "$log")"
   rc=1
 elif [ "$t" -eq 0 ] && grep -q '^RAN cuda: codec_frames_equal_the_reference' "$log"; then
   result "codec: contract and sleep on cuda, frames = reference" PASS "${summary#test result: }"
