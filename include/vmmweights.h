@@ -810,6 +810,13 @@ typedef struct vmmw_sleep_options_t {
    * The byte `debug_fill` writes.
    */
   uint8_t debug_fill_byte;
+  /**
+   * `VMMW_POLICY_OFFLOAD_COMPRESSED`: the width in bytes of the tag's
+   * elements, which decides the bits the codec codes: 2 (bf16, fp16; the
+   * default), 4 (fp32) or 1 (fp8, int8, anything else). Any other value is
+   * `VMMW_INVALID_ARGUMENT`.
+   */
+  uint32_t codec_element_bytes;
 } vmmw_sleep_options_t;
 
 /**

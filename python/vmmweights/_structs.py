@@ -114,6 +114,7 @@ class SleepOptions(_Sized):
         ("free_backup_after_wake", u32),
         ("release_pinned_after_wake", u32),
         ("debug_fill_byte", u8),
+        ("codec_element_bytes", u32),
     ]
 
 

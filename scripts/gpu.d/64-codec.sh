@@ -38,8 +38,13 @@ VMMW_BACKEND=cuda .gpu/tests/all driver_contract::codec sleep_compressed:: --noc
 t=$?
 cat "$log"
 summary=$(grep -E '^test result:' "$log" | tail -1)
-if grep -q '^SKIP cuda: ' "$log"; then
-  result "codec: contract and sleep on cuda" FAIL "a clause skipped on cuda: $(grep -m1 '^SKIP cuda: ' "$log")"
+# Tests that need the host backend's fault injection skip on cuda, each with
+# a row; the contract clause must run.
+while IFS= read -r line; do
+  result "codec: ${line#SKIP cuda: }" SKIP "did not run on cuda"
+done < <(grep '^SKIP cuda: ' "$log" | grep -v 'codec_frames_equal_the_reference' | sort -u)
+if grep -q '^SKIP cuda: codec_frames_equal_the_reference' "$log"; then
+  result "codec: contract and sleep on cuda" FAIL "the contract clause skipped: $(grep -m1 '^SKIP cuda: codec_frames' "$log")"
   rc=1
 elif [ "$t" -eq 0 ] && grep -q '^RAN cuda: codec_frames_equal_the_reference' "$log"; then
   result "codec: contract and sleep on cuda, frames = reference" PASS "${summary#test result: }"
@@ -67,7 +72,7 @@ if [ "${BENCH:-0}" = 1 ]; then
   .gpu/vmmw bench-codec --backend cuda --json "$out.json" "${args[@]}" 2>&1 | tee "$out.txt"
   t=${PIPESTATUS[0]}
   if [ "$t" -eq 0 ]; then
-    result "codec: bench against raw Offload" PASS "$(grep -E '^bf16' "$out.txt" | head -1)"
+    result "codec: bench against raw Offload" INFO "$(grep -E '^(checkpoint|synthetic bf16|random)' "$out.txt" | cut -c1-200 | tr '\n' ' ')"
   else
     result "codec: bench against raw Offload" FAIL "exit $t; see codec-bench.txt"
     rc=1

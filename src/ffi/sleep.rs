@@ -86,6 +86,11 @@ pub struct vmmw_sleep_options_t {
     pub release_pinned_after_wake: u32,
     /// The byte `debug_fill` writes.
     pub debug_fill_byte: u8,
+    /// `VMMW_POLICY_OFFLOAD_COMPRESSED`: the width in bytes of the tag's
+    /// elements, which decides the bits the codec codes: 2 (bf16, fp16; the
+    /// default), 4 (fp32) or 1 (fp8, int8, anything else). Any other value is
+    /// `VMMW_INVALID_ARGUMENT`.
+    pub codec_element_bytes: u32,
 }
 
 // SAFETY: repr(C), `size: usize` first, integers only.
@@ -103,6 +108,7 @@ unsafe impl SizedOptions for vmmw_sleep_options_t {
             free_backup_after_wake: 0,
             release_pinned_after_wake: 0,
             debug_fill_byte: 0,
+            codec_element_bytes: 0,
         }
     }
 }
@@ -347,7 +353,17 @@ pub unsafe extern "C" fn vmmw_pool_set_sleep_options(
             release_pinned_after_wake: o.release_pinned_after_wake != 0,
             debug_fill_discarded: (o.debug_fill != 0).then_some(o.debug_fill_byte),
             pipeline_slab_bytes: d.pipeline_slab_bytes,
-            codec_layout: d.codec_layout,
+            codec_layout: match o.codec_element_bytes {
+                0 => d.codec_layout,
+                w => u8::try_from(w)
+                    .ok()
+                    .and_then(crate::codec::Layout::from_width)
+                    .ok_or_else(|| {
+                        Error::InvalidArgument(format!(
+                            "sleep option codec_element_bytes = {w} must be 0 (default), 1, 2 or 4"
+                        ))
+                    })?,
+            },
         };
         p.pool.set_sleep_options(opts)
     })

@@ -1,7 +1,8 @@
 //! Fault injection, table-driven: every driver step the host backend can fail
 //! (`FaultOp`, synchronize included) and the loader's file reads, at its 1st,
 //! 2nd and 3rd call, during alloc, free, sleep
-//! (offload, discard), wake (offload, reload) and load. For each case:
+//! (offload, discard, offload_compressed), wake (offload, reload,
+//! offload_compressed) and load. For each case:
 //! - the operation returns a typed error (never a panic) or, when the fault
 //!   was not reached, succeeds;
 //! - the pool's invariants hold and its live blocks are unchanged;
@@ -38,10 +39,12 @@ enum Phase {
     SleepDiscard,
     WakeOffload,
     WakeReload,
+    SleepCompressed,
+    WakeCompressed,
     Load,
 }
 
-const PHASES: [Phase; 7] = [
+const PHASES: [Phase; 9] = [
     Phase::Alloc,
     Phase::Free,
     Phase::SleepOffload,
@@ -49,6 +52,8 @@ const PHASES: [Phase; 7] = [
     Phase::WakeOffload,
     Phase::WakeReload,
     Phase::Load,
+    Phase::SleepCompressed,
+    Phase::WakeCompressed,
 ];
 
 fn pattern(seed: u64, i: usize) -> u8 {
@@ -214,6 +219,11 @@ fn case(phase: Phase, op: FaultOp, nth: u64) -> Result<(bool, usize), String> {
                 .sleep(&[(rel, Policy::Reload)])
                 .map_err(|e| e.to_string())?;
         }
+        Phase::WakeCompressed => {
+            w.pool
+                .sleep(&[(off, Policy::OffloadCompressed)])
+                .map_err(|e| e.to_string())?;
+        }
         _ => {}
     }
     // A block with a segment of its own: freeing it releases the segment.
@@ -235,6 +245,11 @@ fn case(phase: Phase, op: FaultOp, nth: u64) -> Result<(bool, usize), String> {
         Phase::SleepDiscard => w.pool.sleep(&[(dis, Policy::Discard)]).map(|_| ()),
         Phase::WakeOffload => w.pool.wake(&[off]).map(|_| ()),
         Phase::WakeReload => w.pool.wake(&[rel]).map(|_| ()),
+        Phase::SleepCompressed => w
+            .pool
+            .sleep(&[(off, Policy::OffloadCompressed)])
+            .map(|_| ()),
+        Phase::WakeCompressed => w.pool.wake(&[off]).map(|_| ()),
         Phase::Load => w.load().map(|_| ()),
     };
     let fired = !w.host.fault_pending(op);
@@ -256,6 +271,9 @@ fn case(phase: Phase, op: FaultOp, nth: u64) -> Result<(bool, usize), String> {
             Phase::WakeReload if !w.pool.is_tag_asleep(rel) => {
                 return Err("a failed wake left the tag marked awake".into())
             }
+            Phase::WakeCompressed if !w.pool.is_tag_asleep(off) => {
+                return Err("a failed wake left the tag marked awake".into())
+            }
             _ => {}
         }
         // Retry after the fault cleared.
@@ -274,6 +292,11 @@ fn case(phase: Phase, op: FaultOp, nth: u64) -> Result<(bool, usize), String> {
                 Phase::SleepDiscard => w.pool.sleep(&[(dis, Policy::Discard)]).map(|_| ()),
                 Phase::WakeOffload => w.pool.wake(&[off]).map(|_| ()),
                 Phase::WakeReload => w.pool.wake(&[rel]).map(|_| ()),
+                Phase::SleepCompressed => w
+                    .pool
+                    .sleep(&[(off, Policy::OffloadCompressed)])
+                    .map(|_| ()),
+                Phase::WakeCompressed => w.pool.wake(&[off]).map(|_| ()),
                 Phase::Load => w.load().map(|_| ()),
             };
         retry.map_err(|e| format!("retry after the fault cleared: {e}"))?;
@@ -295,7 +318,7 @@ fn case(phase: Phase, op: FaultOp, nth: u64) -> Result<(bool, usize), String> {
     w.pool.check_invariants()?;
     // Bring everything back and check the bytes that must survive.
     match phase {
-        Phase::SleepOffload => {
+        Phase::SleepOffload | Phase::SleepCompressed => {
             w.pool.wake(&[]).map_err(|e| format!("wake: {e}"))?;
             w.verify(&all, true)?;
         }

@@ -228,3 +228,38 @@ fn a_corrupt_transfer_fails_the_wake_and_the_backup_survives() {
         check(&p, &blocks, "wake after corrupt transfers");
     });
 }
+
+#[test]
+fn a_backup_over_the_host_limit_is_refused_before_anything_moves() {
+    // The check counts the largest the frames can be (every block raw), so a
+    // sleep never runs out of host memory midway.
+    let test = "a_backup_over_the_host_limit_is_refused_before_anything_moves";
+    on_each_backend(test, |b| {
+        let p = pool(b);
+        let t = tag::id("compressed-limit").unwrap();
+        let blocks = fill(&p, t);
+        let committed = p
+            .report()
+            .tags
+            .iter()
+            .find(|u| u.tag == "compressed-limit")
+            .unwrap()
+            .tracked_bytes;
+        p.set_sleep_options(SleepOptions {
+            backup_slab_bytes: 1 << 20,
+            // Room for the raw bytes, not for the frames' headers.
+            host_memory_limit: committed,
+            ..SleepOptions::default()
+        })
+        .unwrap();
+        let e = p.sleep(&[(t, Policy::OffloadCompressed)]).unwrap_err();
+        assert!(matches!(e, Error::HostOutOfMemory { .. }), "{e}");
+        assert!(!p.is_tag_asleep(t), "nothing slept");
+        check(&p, &blocks, "after a refused sleep");
+        p.set_sleep_options(SleepOptions::default()).unwrap();
+        if sleep_compressed(&p, t, test, b) {
+            p.wake(&[t]).unwrap();
+            check(&p, &blocks, "after a sleep with room");
+        }
+    });
+}

@@ -169,6 +169,21 @@ int main(void) {
   CHECK_OK(vmmw_pool_read(pool, pw + 12345, back, N, &err));
   CHECK(memcmp(pattern, back, N) == 0);
 
+  /* The element width the codec codes by: 1, 2 or 4 bytes; others refused,
+   * changing nothing. */
+  memset(&so, 0, sizeof so);
+  so.size = sizeof so;
+  so.codec_element_bytes = 3;
+  CHECK_STATUS(VMMW_INVALID_ARGUMENT, vmmw_pool_set_sleep_options(pool, &so, NULL));
+  so.codec_element_bytes = 4;
+  CHECK_OK(vmmw_pool_set_sleep_options(pool, &so, &err));
+  CHECK_OK(vmmw_pool_sleep(pool, &comp_w, 1, &err));
+  CHECK_OK(vmmw_pool_wake(pool, &w, 1, &err));
+  memset(back, 0, N);
+  CHECK_OK(vmmw_pool_read(pool, pw + 12345, back, N, &err));
+  CHECK(memcmp(pattern, back, N) == 0);
+  CHECK_OK(vmmw_pool_set_sleep_options(pool, NULL, &err));
+
   uint64_t unpinned = 0;
   CHECK_OK(vmmw_pool_release_backup(pool, &unpinned, &err));
 

@@ -5,7 +5,7 @@
 use vmmweights::driver::fault::FaultOp;
 
 /// Every single-device step, file reads included.
-pub const OPS: [FaultOp; 13] = [
+pub const OPS: [FaultOp; 14] = [
     FaultOp::Reserve,
     FaultOp::Create,
     FaultOp::Map,
@@ -19,4 +19,5 @@ pub const OPS: [FaultOp; 13] = [
     FaultOp::HostRegister,
     FaultOp::Synchronize,
     FaultOp::FileRead,
+    FaultOp::Codec,
 ];

@@ -394,6 +394,7 @@ struct SleepOptions {
   uint64_t host_memory_limit = 0;  ///< cap on pinned backup memory (0: unlimited)
   bool free_backup_after_wake = false;
   bool release_pinned_after_wake = false;
+  uint32_t codec_element_bytes = 0;  ///< OffloadCompressed: element width 1, 2 or 4 (0: 2)
 };
 
 /// A pool's memory, for all tags or one (see vmmw_report_t).
@@ -631,6 +632,7 @@ class Pool {
     c.host_memory_limit = o.host_memory_limit;
     c.free_backup_after_wake = o.free_backup_after_wake ? 1 : 0;
     c.release_pinned_after_wake = o.release_pinned_after_wake ? 1 : 0;
+    c.codec_element_bytes = o.codec_element_bytes;
     detail::call([&](vmmw_error_t** e) { return vmmw_pool_set_sleep_options(get_mut(), &c, e); });
   }
 

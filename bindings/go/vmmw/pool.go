@@ -454,6 +454,9 @@ type SleepOptions struct {
 	FreeBackupAfterWake bool
 	// ReleasePinnedAfterWake also unpins backup slabs that hold nothing after wake.
 	ReleasePinnedAfterWake bool
+	// CodecElementBytes is the element width OffloadCompressed codes by:
+	// 2 (bf16, fp16; 0 means 2), 4 (fp32) or 1 (anything else).
+	CodecElementBytes uint32
 }
 
 // SetSleepOptions replaces the pool's sleep options; the host memory limit
@@ -476,6 +479,7 @@ func (p *Pool) SetSleepOptions(o SleepOptions) error {
 		free_backup_after_wake:    b(o.FreeBackupAfterWake),
 		release_pinned_after_wake: b(o.ReleasePinnedAfterWake),
 		debug_fill_byte:           C.uint8_t(o.DebugFillByte),
+		codec_element_bytes:       C.uint32_t(o.CodecElementBytes),
 	}
 	return p.do(func(cp *C.vmmw_pool_t, e **C.vmmw_error_t) C.vmmw_status_t {
 		return C.vmmw_pool_set_sleep_options(cp, &c, e)

@@ -44,9 +44,14 @@ pub struct Args {
 struct Row {
     dataset: String,
     layout: Layout,
+    /// Committed bytes of the segments (block padding included): what the
+    /// backup restores.
     raw_bytes: u64,
     encoded_bytes: u64,
     backup_ratio: f64,
+    /// The data alone, encoded by the reference codec on the host (synthetic
+    /// datasets): the ratio without segment padding.
+    data_ratio: Option<f64>,
     offload_sleep_gb_s: f64,
     offload_wake_gb_s: f64,
     compressed_sleep_gb_s: f64,
@@ -151,7 +156,13 @@ fn measure(
     Ok(out)
 }
 
-fn row(dataset: &str, layout: Layout, m: [(f64, f64, u64, u64); 2], link: (f64, f64)) -> Row {
+fn row(
+    dataset: &str,
+    layout: Layout,
+    m: [(f64, f64, u64, u64); 2],
+    link: (f64, f64),
+    data_ratio: Option<f64>,
+) -> Row {
     let (h2d, d2h) = link;
     let [(os, ow, raw, _), (cs, cw, craw, enc)] = m;
     let gbps = |bytes: u64, s: f64| bytes as f64 / s / 1e9;
@@ -161,6 +172,7 @@ fn row(dataset: &str, layout: Layout, m: [(f64, f64, u64, u64); 2], link: (f64, 
         raw_bytes: craw,
         encoded_bytes: enc,
         backup_ratio: enc as f64 / craw.max(1) as f64,
+        data_ratio,
         offload_sleep_gb_s: gbps(raw, os),
         offload_wake_gb_s: gbps(raw, ow),
         compressed_sleep_gb_s: gbps(craw, cs),
@@ -171,11 +183,14 @@ fn row(dataset: &str, layout: Layout, m: [(f64, f64, u64, u64); 2], link: (f64, 
         wake_vs_offload: ow / cw,
     };
     outln!(
-        "{}: backup {:.1}% of {:.2} GB ({:?}); sleep {:.2} GB/s = {:.2}x link, {:.2}x Offload; wake {:.2} GB/s = {:.2}x link, {:.2}x Offload",
+        "{}: backup {:.1}% of {:.2} GB ({:?}{}); sleep {:.2} GB/s = {:.2}x link, {:.2}x Offload; wake {:.2} GB/s = {:.2}x link, {:.2}x Offload",
         r.dataset,
         100.0 * r.backup_ratio,
         r.raw_bytes as f64 / 1e9,
         layout,
+        r.data_ratio
+            .map(|x| format!("; the data alone {:.1}%", 100.0 * x))
+            .unwrap_or_default(),
         r.compressed_sleep_gb_s,
         r.sleep_vs_link,
         r.sleep_vs_offload,
@@ -210,17 +225,30 @@ pub fn run(args: Args) -> Result<()> {
         let session = vmmweights::loader::Session::open(path)?;
         session.allocate(&pool, t)?;
         session.load(&pool, None)?;
-        let ranges: Vec<(DevicePtr, usize)> = session
-            .destinations()
+        let reg = session.destinations();
+        let ranges: Vec<(DevicePtr, usize)> = reg.iter().map(|x| (x.ptr, x.bytes())).collect();
+        // Code by the width of the dtype holding the most bytes.
+        let mut by_dtype: std::collections::BTreeMap<&str, usize> = Default::default();
+        for x in reg.iter() {
+            *by_dtype.entry(x.dtype.name()).or_default() += x.bytes();
+        }
+        let (dtype, _) = by_dtype
             .iter()
-            .map(|x| (x.ptr, x.bytes()))
-            .collect();
+            .max_by_key(|&(_, &n)| n)
+            .map(|(&d, &n)| (d, n))
+            .unwrap_or(("BF16", 0));
+        let layout = Layout::for_dtype(dtype);
+        pool.set_sleep_options(SleepOptions {
+            codec_layout: layout,
+            ..SleepOptions::default()
+        })?;
         let m = measure(&pool, t, &ranges, cycles)?;
         rows.push(row(
-            &format!("checkpoint {}", path.display()),
-            Layout::Half,
+            &format!("checkpoint {} (mostly {dtype})", path.display()),
+            layout,
             m,
             link,
+            None,
         ));
     }
     let total = args.mib.max(1) << 20;
@@ -248,7 +276,8 @@ pub fn run(args: Args) -> Result<()> {
         }
         d.synchronize()?;
         let m = measure(&pool, t, &ranges, cycles)?;
-        rows.push(row(name, layout, m, link));
+        let data = vmmweights::codec::encode(&pattern, layout).len() as f64 / pattern.len() as f64;
+        rows.push(row(name, layout, m, link, Some(data)));
     }
     if let Some(path) = &args.json {
         let doc = serde_json::json!({

@@ -15,7 +15,7 @@ use super::{SegmentBackup, SleepEngine};
 use crate::codec::{self, format, Layout};
 use crate::driver::{CreateFlags, DevicePtr, Driver, EventId, PhysHandle, StreamId};
 use crate::error::{Error, Result};
-use crate::segment::{map_new_at, unmap_release_at};
+use crate::segment::map_new_at;
 use crate::sleep::backup::BackupArena;
 use crate::tag::TagId;
 
@@ -23,6 +23,15 @@ use crate::tag::TagId;
 /// Small enough that the device scratch stays about 50 MiB, large enough
 /// that each launch fills the GPU (256 thread blocks).
 pub(super) const FRAME_RAW_BYTES: usize = 16 << 20;
+
+/// The most backup bytes a segment of `committed` bytes can take as frames
+/// (every block stored raw): the host-memory check of a sleep counts this.
+pub(super) fn max_backup_bytes(committed: usize) -> usize {
+    (0..committed)
+        .step_by(FRAME_RAW_BYTES)
+        .map(|at| format::max_frame_bytes(FRAME_RAW_BYTES.min(committed - at)))
+        .sum()
+}
 
 /// One frame of a compressed backup: segment bytes `[offset, offset +
 /// raw_len)`, encoded as `len` backup bytes from backup byte `at`.
@@ -79,11 +88,15 @@ impl SegmentBackup {
 /// Device memory for the codec during one sleep or wake: two frame buffers
 /// and the encoder's scratch (at wake: the decoder's status words), mapped
 /// on this device; events marking each buffer's last copy and its last use.
+#[derive(Debug)]
 pub(super) struct CodecScratch {
     driver: Arc<dyn Driver>,
     va: DevicePtr,
     size: usize,
+    /// What is still to give back: the reservation, the handle, the mapping.
+    reserved: bool,
     handle: Option<PhysHandle>,
+    mapped: bool,
     frames: [DevicePtr; 2],
     scratch: DevicePtr,
     copied: [EventId; 2],
@@ -107,7 +120,9 @@ impl CodecScratch {
             driver: driver.clone(),
             va,
             size,
+            reserved: true,
             handle: None,
+            mapped: false,
             frames: [va, va + frame_room as u64],
             scratch: va + 2 * frame_room as u64,
             copied: [EventId(0); 2],
@@ -122,6 +137,7 @@ impl CodecScratch {
                 ))
             })?,
         );
+        sc.mapped = true;
         for k in 0..2 {
             sc.copied[k] = driver.event_create()?;
             sc.done[k] = driver.event_create()?;
@@ -143,24 +159,80 @@ impl CodecScratch {
     }
 }
 
-impl Drop for CodecScratch {
-    fn drop(&mut self) {
-        // A failed sleep or wake may leave copies or decodes queued on the
-        // scratch: unmap it only once the device is idle (else keep it
-        // mapped, a leak, rather than free memory work still touches).
-        // Failures have nowhere to go.
+impl CodecScratch {
+    /// Give the scratch back to the driver, step by step; false when a step
+    /// fails, what is left kept for a later try. A failed sleep or wake may
+    /// leave copies or decodes queued on the scratch: nothing is unmapped
+    /// before the device is shown idle.
+    pub(super) fn try_release(&mut self) -> bool {
         if self.driver.synchronize().is_err() {
-            return;
+            return false;
         }
-        for e in self.copied.iter().chain(&self.done) {
+        for e in self.copied.iter_mut().chain(self.done.iter_mut()) {
             if e.0 != 0 {
+                // An event that does not go away holds no memory.
                 let _ = self.driver.event_destroy(*e);
+                *e = EventId(0);
             }
         }
-        if let Some(h) = self.handle {
-            let _ = unmap_release_at(self.driver.as_ref(), self.va, self.size, h);
+        if self.mapped {
+            if self.driver.unmap(self.va, self.size).is_err() {
+                return false;
+            }
+            self.mapped = false;
         }
-        let _ = self.driver.free_va(self.va, self.size);
+        if let Some(h) = self.handle {
+            if self.driver.release(h).is_err() {
+                return false;
+            }
+            self.handle = None;
+        }
+        if self.reserved {
+            if self.driver.free_va(self.va, self.size).is_err() {
+                return false;
+            }
+            self.reserved = false;
+        }
+        true
+    }
+}
+
+impl Drop for CodecScratch {
+    fn drop(&mut self) {
+        // Last try; the engine keeps a scratch it could not give back and
+        // tries again before each transition and when it is dropped.
+        let _ = self.try_release();
+    }
+}
+
+/// A transition's scratch, given back when dropped, or kept by the engine
+/// for a later try when the driver refuses now.
+pub(super) struct ScratchGuard<'a> {
+    engine: &'a SleepEngine,
+    pub sc: Option<CodecScratch>,
+}
+
+impl Drop for ScratchGuard<'_> {
+    fn drop(&mut self) {
+        if let Some(mut sc) = self.sc.take() {
+            if !sc.try_release() {
+                self.engine.lock().stale_scratch.push(sc);
+            }
+        }
+    }
+}
+
+impl SleepEngine {
+    /// `sc` under a guard that gives it back.
+    pub(super) fn guard_scratch(&self, sc: Option<CodecScratch>) -> ScratchGuard<'_> {
+        ScratchGuard { engine: self, sc }
+    }
+
+    /// Try again to give back scratch an earlier transition could not.
+    pub(super) fn release_stale_scratch(&self) {
+        let mut stale = std::mem::take(&mut self.lock().stale_scratch);
+        stale.retain_mut(|sc| !sc.try_release());
+        self.lock().stale_scratch.extend(stale);
     }
 }
 
@@ -177,6 +249,25 @@ impl SleepEngine {
     /// encode each frame on the device and queue its copy into the arena.
     /// `streams[0]` encodes, `streams[1]` copies.
     pub(super) fn issue_compressed(
+        &self,
+        tag: TagId,
+        ptr: DevicePtr,
+        committed: usize,
+        layout: Layout,
+        sc: &mut CodecScratch,
+        streams: &[StreamId],
+    ) -> Result<Encoded> {
+        let r = self.encode_segment(tag, ptr, committed, layout, sc, streams);
+        if r.is_err() {
+            // A backup missing frames must never be restored: drop it. No
+            // later copy targets its pieces (the sleep stops issuing here and
+            // synchronizes its streams before anything reuses the arena).
+            self.lock().free_backup(ptr);
+        }
+        r
+    }
+
+    fn encode_segment(
         &self,
         tag: TagId,
         ptr: DevicePtr,

@@ -109,6 +109,10 @@ struct EngineState {
     loaded: HashSet<TagId>,
     /// Segments of the sleep or wake running now: their backups are in use.
     busy: HashSet<DevicePtr>,
+    /// Codec scratch a failed transition could not give back (the device
+    /// would not synchronize, unmap or release): tried again before each
+    /// transition and when the engine is dropped.
+    stale_scratch: Vec<compressed::CodecScratch>,
     options: SleepOptions,
 }
 
@@ -146,6 +150,7 @@ impl SleepEngine {
                 reload: HashMap::new(),
                 loaded: HashSet::new(),
                 busy: HashSet::new(),
+                stale_scratch: Vec::new(),
                 options,
             }),
             transition: Mutex::new(()),

@@ -6,7 +6,7 @@
 use std::cell::RefCell;
 use std::time::Instant;
 
-use super::compressed::CodecScratch;
+use super::compressed::{self, CodecScratch};
 use super::options::{CycleReport, Policy};
 use super::plan::{self, SegTodo, Transition};
 use super::{SegmentBackup, SleepEngine, TagSegments};
@@ -98,25 +98,28 @@ impl SleepEngine {
             .iter()
             .map(|t| t.host_keep(policy, &coverage, in_use))
             .collect();
-        let run = self.plan_copies(tag, &todo, &keep)?;
-        let mut codec = match policy {
-            Policy::OffloadCompressed if keep.iter().any(|k| !k.is_empty()) => Some((
-                CodecScratch::new(&self.driver)?,
-                self.lock().options.codec_layout,
-            )),
-            _ => None,
-        };
+        let run = self.plan_copies(tag, &todo, &keep, policy)?;
+        let compress = policy == Policy::OffloadCompressed && keep.iter().any(|k| !k.is_empty());
+        if compress {
+            self.release_stale_scratch();
+        }
+        let mut scratch = self.guard_scratch(if compress {
+            Some(CodecScratch::new(&self.driver)?)
+        } else {
+            None
+        });
+        let layout = self.lock().options.codec_layout;
         // Compressed backups pin as frames arrive: pinning the raw size
         // ahead would hold the bytes the codec saves.
-        self.start_pinning(&todo, if codec.is_some() { 0 } else { run.need_new });
-        let (pending, failure) =
-            self.issue_copies(tag, &todo, &keep, &run, codec.as_mut(), &mut report);
+        self.start_pinning(&todo, if compress { 0 } else { run.need_new });
+        let codec = scratch.sc.as_mut().map(|sc| (sc, layout));
+        let (pending, failure) = self.issue_copies(tag, &todo, &keep, &run, codec, &mut report);
         let (done, failure) =
             self.unmap_as_copied(segs, &todo, pending, policy, failure, &mut report);
         self.finish_sleep(&todo, &run, failure.is_some(), &mut report);
         // Every copy out of the scratch is complete (waited on, or the
         // streams synchronized after a failure).
-        drop(codec);
+        drop(scratch);
         report.seconds = t0.elapsed().as_secs_f64();
         match failure {
             None => {
@@ -143,14 +146,27 @@ impl SleepEngine {
         tag: TagId,
         todo: &[SegTodo],
         keep: &[Vec<(usize, usize)>],
+        policy: Policy,
     ) -> Result<CopyPlan> {
         let mut s = self.lock();
         let mut need_new = 0u64;
         for (t, k) in todo.iter().zip(keep) {
-            let have = s.backups.get(&t.ptr).is_some_and(|b| &b.ranges == k);
-            if !have {
-                need_new += k.iter().map(|&(_, l)| l as u64).sum::<u64>();
-            }
+            let raw: usize = k.iter().map(|&(_, l)| l).sum();
+            let old = s.backups.get(&t.ptr);
+            need_new += if policy == Policy::OffloadCompressed {
+                // At most every block stored raw; the segment's old backup
+                // is freed first.
+                let bound = if raw == 0 {
+                    0
+                } else {
+                    compressed::max_backup_bytes(raw)
+                };
+                bound.saturating_sub(old.map_or(0, |b| b.len())) as u64
+            } else if old.is_some_and(|b| &b.ranges == k && !b.is_compressed()) {
+                0
+            } else {
+                raw as u64
+            };
         }
         let can_pin = s.arena.limit().saturating_sub(s.arena.held()) + s.arena.free_bytes();
         if need_new > can_pin {
@@ -198,7 +214,7 @@ impl SleepEngine {
         todo: &[SegTodo],
         keep: &[Vec<(usize, usize)>],
         run: &CopyPlan,
-        mut codec: Option<&mut (CodecScratch, Layout)>,
+        mut codec: Option<(&mut CodecScratch, Layout)>,
         report: &mut CycleReport,
     ) -> (Pending, Option<Error>) {
         let mut next_stream = 0usize;
@@ -213,7 +229,7 @@ impl SleepEngine {
                 pending.push((i, Vec::new()));
                 continue;
             }
-            if let Some((sc, layout)) = codec.as_deref_mut() {
+            if let Some((sc, layout)) = codec.as_mut() {
                 match self.issue_compressed(tag, t.ptr, t.committed, *layout, sc, &run.streams) {
                     Ok(e) => {
                         report.copied_bytes += e.encoded;

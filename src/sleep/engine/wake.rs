@@ -122,11 +122,16 @@ impl SleepEngine {
                     .is_some_and(|b| b.is_compressed())
         };
         let mut decoded = Vec::new();
-        let mut codec = if todo.iter().any(compressed) {
+        let any = todo.iter().any(compressed);
+        if any {
+            self.release_stale_scratch();
+        }
+        let mut guard = self.guard_scratch(if any {
             Some(CodecScratch::new(&self.driver)?)
         } else {
             None
-        };
+        });
+        let codec = &mut guard.sc;
         for (i, t) in todo.iter().enumerate() {
             if t.state == SleepState::Offloaded
                 && t.committed > 0
