@@ -303,14 +303,15 @@ fn env_usize(k: &str, default: usize) -> usize {
     std::env::var(k).map_or(default, |v| v.parse().unwrap())
 }
 
+/// The sender's pool, on the backend the parent names (`VMMW_UPDATE_BACKEND`,
+/// host by default): a ring on the cuda backend is CUDA VMM memory, exported
+/// to the receiver as such.
 fn sender_pool() -> std::sync::Arc<Pool> {
-    std::sync::Arc::new(
-        Pool::new(
-            crate::update_transport_ranks::host_driver(),
-            PoolConfig::default(),
-        )
-        .unwrap(),
-    )
+    let driver = match std::env::var("VMMW_UPDATE_BACKEND").as_deref() {
+        Ok("cuda") => common::backend::cuda_device(0).expect("the cuda sender's device"),
+        _ => crate::update_transport_ranks::host_driver(),
+    };
+    std::sync::Arc::new(Pool::new(driver, PoolConfig::default()).unwrap())
 }
 
 fn child_sender(path: &Path) {
