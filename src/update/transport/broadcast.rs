@@ -206,6 +206,9 @@ pub struct BroadcastSource<'a> {
     queued: usize,
     /// Buckets handed to the sink so far.
     handed: usize,
+    /// Buckets the sink released so far: their copies out of the slot have
+    /// completed, so the slot may take another bucket.
+    released: usize,
 }
 
 impl<'a> BroadcastSource<'a> {
@@ -238,6 +241,7 @@ impl<'a> BroadcastSource<'a> {
             plan: Vec::new(),
             queued: 0,
             handed: 0,
+            released: 0,
         }
     }
 
@@ -245,9 +249,26 @@ impl<'a> BroadcastSource<'a> {
         self.coll.rank() == self.root
     }
 
+    /// Queue every bucket whose slot is free: bucket `k` takes the slot of
+    /// bucket `k - n`, which must have been released (the sink may still be
+    /// copying out of a slot it holds, on its own stream).
+    fn queue_ready(&mut self) -> Result<()> {
+        let n = self.ring.slots.len();
+        while self.queued < self.plan.len() && self.queued < self.released + n {
+            self.queue(self.queued)?;
+        }
+        Ok(())
+    }
+
     /// Queue bucket `k`: on the root, its bytes into its slot first; then the broadcast.
     fn queue(&mut self, k: usize) -> Result<()> {
         let n = self.ring.slots.len();
+        if k >= self.released + n {
+            return Err(Error::InvalidState(format!(
+                "broadcast: bucket {k} would overwrite the slot of bucket {}, which the update still holds",
+                k - n
+            )));
+        }
         let slot = self.ring.slots[k % n];
         let b = &self.plan[k];
         let driver = self.ring.driver().clone();
@@ -355,22 +376,20 @@ impl BucketSource for BroadcastSource<'_> {
             return Ok(None);
         }
         let n = self.ring.slots.len();
-        if self.queued == k {
-            self.queue(k)?;
-        }
-        // The next bucket lands while this one is applied; its slot was
-        // released when the bucket before this one was.
-        if k + 1 < self.plan.len() && self.queued == k + 1 && n >= 2 {
-            self.queue(k + 1)?;
-        }
+        // Bucket k's slot is free (the sink holds at most the bucket before
+        // it); later buckets are queued as the sink releases their slots.
+        self.queue_ready()?;
         self.ring
             .wait(self.ring.events[k % n], self.coll, &format!("bucket {k}"))?;
         self.handed = k + 1;
         Ok(Some((self.plan[k].clone(), self.ring.slots[k % n])))
     }
 
-    fn release(&mut self, _seq: u64) -> Result<()> {
-        Ok(())
+    fn release(&mut self, seq: u64) -> Result<()> {
+        // The next bucket for this slot lands while the sink applies the
+        // one it holds.
+        self.released = self.released.max(seq as usize + 1);
+        self.queue_ready()
     }
 
     fn finish(&mut self, _outcome: std::result::Result<u64, String>) {
