@@ -7,6 +7,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use super::resolved::Resolved;
 use super::source::SourceTensor;
 use crate::driver::DevicePtr;
 use crate::error::{Error, Result};
@@ -23,11 +24,9 @@ pub type PlanFor<'a> = &'a dyn Fn(&BTreeMap<String, TensorInfo>, &PlanOptions) -
 pub struct UpdatePlan {
     /// The load plan over the manifest.
     pub plan: Arc<Plan>,
-    /// Indices into `plan.extents`, per manifest entry, ordered by offset.
-    pub by_tensor: Vec<Vec<usize>>,
-    /// Each destination the update writes, whole: `(address, bytes, name)`,
-    /// by address.
-    pub written: Vec<(DevicePtr, usize, String)>,
+    /// What the update derives from the plan alone: the extents by manifest
+    /// entry, the destinations written.
+    pub resolved: Arc<Resolved>,
     /// The tag whose version the update moves.
     pub tag: TagId,
 }
@@ -79,7 +78,7 @@ pub fn build(
         }
         Err(e) => return Err(e),
     };
-    let mut written = Vec::new();
+    let mut resolved = None;
     if let Some(plan) = &plan {
         let mut converted: Vec<&str> = plan
             .extents
@@ -93,8 +92,9 @@ pub fn build(
                 "`{name}`: its dtype differs from its destination's; an update copies bytes as they are (convert on the sender)"
             ));
         }
-        written = written_destinations(plan, registry);
+        resolved = Some(super::resolved::resolve(plan, manifest.len(), registry));
     }
+    let written: &[(DevicePtr, usize, String)] = resolved.as_ref().map_or(&[], |r| &r.written);
     let tag = match tag {
         Some(t) => {
             tag::check(t)?;
@@ -175,52 +175,26 @@ pub fn build(
             "update refused, nothing written: no destination receives any source tensor".into(),
         ));
     };
-    let mut by_tensor = vec![Vec::new(); manifest.len()];
-    for (i, e) in plan.extents.iter().enumerate() {
-        by_tensor[e.shard as usize].push(i);
-    }
-    for v in &mut by_tensor {
-        v.sort_by_key(|&i| plan.extents[i].src);
-    }
+    let resolved = resolved.expect("a plan was resolved");
     Ok(UpdatePlan {
         plan,
-        by_tensor,
-        written,
+        resolved,
         tag,
     })
-}
-
-/// Each destination some extent or fill writes, whole, by address.
-fn written_destinations(plan: &Plan, registry: &Registry) -> Vec<(DevicePtr, usize, String)> {
-    let mut dests: Vec<(DevicePtr, usize, String)> = registry
-        .iter()
-        .map(|d| (d.ptr, d.bytes(), d.name.clone()))
-        .collect();
-    dests.sort_by_key(|d| d.0);
-    let mut hit = vec![false; dests.len()];
-    let mut mark = |addr: DevicePtr| {
-        let i = dests.partition_point(|d| d.0 <= addr);
-        if i > 0 && addr < dests[i - 1].0 + dests[i - 1].1 as u64 {
-            hit[i - 1] = true;
-        }
-    };
-    for e in &plan.extents {
-        mark(e.dst);
-    }
-    for f in &plan.fills {
-        mark(f.dst);
-    }
-    dests
-        .into_iter()
-        .zip(hit)
-        .filter_map(|(d, h)| h.then_some(d))
-        .collect()
 }
 
 impl UpdatePlan {
     /// The extents reading tensor `t`.
     pub fn extents_of(&self, t: usize) -> impl Iterator<Item = &Extent> {
-        self.by_tensor[t].iter().map(|&i| &self.plan.extents[i])
+        self.resolved.by_tensor[t]
+            .iter()
+            .map(|&i| &self.plan.extents[i])
+    }
+
+    /// Each destination the update writes, whole: `(address, bytes, name)`,
+    /// by address.
+    pub fn written(&self) -> &[(DevicePtr, usize, String)] {
+        &self.resolved.written
     }
 
     /// Bytes the update writes into destinations.

@@ -62,8 +62,9 @@ mod sleep_compressed;
 mod sleep_engine;
 mod sleep_hazards;
 mod update;
-#[cfg(feature = "cli")]
 mod update_cli;
+#[cfg(feature = "cli")]
+mod update_repeat;
 mod update_tp;
 mod update_transport_broadcast;
 mod update_transport_processes;

@@ -23,8 +23,11 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import operator
+import os
 import sys
 import threading
+import time
 from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple, Union
 
 import torch
@@ -61,6 +64,7 @@ __all__ = [
     "tensors",
     "trim",
     "update_",
+    "update_timing",
     "use_pool",
     "wake",
 ]
@@ -324,10 +328,20 @@ def load_(
 # Each load_'s loader (its rules and registered tensors), by the tensors it
 # filled, so update_ writes through the same rules.
 _loads: Dict[Tuple[Tuple[str, int, int], ...], Loader] = {}
-# The last update source per loaded target, by what it names (names,
-# addresses, dtypes, shapes, strides): an RL loop updating from the same
-# trainer tensors every step builds it once.
+# The last update source per loaded target, by the source's layout (see
+# _source_layout): an RL loop updating from the same trainer tensors every
+# step builds it once.
 _sources: Dict[Tuple[Tuple[str, int, int], ...], Tuple[Tuple[Any, ...], UpdateSource]] = {}
+# What update_ derived from a target mapping (its loader, device, tag), by
+# the mapping's id, kept with the layout it was derived from: a call whose
+# target has the same layout skips the signature.
+_targets: Dict[int, Tuple[Tuple[Any, ...], "_Target"]] = {}
+
+_data_ptr = torch.Tensor.data_ptr
+_stride = torch.Tensor.stride
+_shape = operator.attrgetter("shape")
+_dtype = operator.attrgetter("dtype")
+_is_cuda = operator.attrgetter("is_cuda")
 
 
 def _signature(tensors: Mapping[str, torch.Tensor]) -> Tuple[Tuple[str, int, int], ...]:
@@ -368,7 +382,76 @@ def update_(
     untouched or wholly new (docs/UPDATES.md). A Reload sleep afterwards
     keeps the update. Returns what the update did (bytes, seconds, gbps,
     version)."""
+    laps = _update_laps()
     tensors = _state_dict(target)
+    laps.lap("state_dict")
+    tgt = _target_of(target, tensors, tag)
+    laps.lap("target")
+    src_map = _state_dict(source)
+    values = src_map.values()
+    layout = _source_layout(src_map, values)
+    with _lock:
+        cached = _sources.get(tgt.key)
+    if cached is not None and cached[0] == layout:
+        src = cached[1]
+    else:
+        # The source moved, changed shape, or is new: check every tensor again.
+        items = [(n, t) for n, t in src_map.items() if t.numel() > 0]
+        src = _update_source(items, tgt.dev)
+        with _lock:
+            old = _sources.pop(tgt.key, None)
+            _sources[tgt.key] = (layout, src)
+        if old is not None:
+            old[1].close()
+    laps.lap("source")
+    torch.cuda.synchronize(tgt.dev)  # the trainer's kernels wrote the source; nothing may read the target
+    laps.lap("synchronize")
+    version = tgt.pool.tag_version(tgt.tag) if expected_version is None else expected_version
+    laps.lap("version")
+    # The source names the source tensors' memory: they are alive (the caller's) for the call.
+    done = _update(tgt.loader, tgt.pool, src, version, tag=tgt.tag, allow_missing=allow_missing,
+                   allow_unexpected=allow_unexpected, staged=staged)
+    laps.lap("update")
+    return done
+
+
+class _Target:
+    """What update_ needs of a loaded target: the loader whose rules it
+    writes through, its device and pool, the tag to version."""
+
+    __slots__ = ("key", "loader", "dev", "pool", "tag")
+
+    def __init__(self, key: Tuple[Tuple[str, int, int], ...], loader: Loader, dev: int, p: Pool,
+                 tag: str) -> None:
+        self.key, self.loader, self.dev, self.pool, self.tag = key, loader, dev, p, tag
+
+
+def _target_layout(tensors: Mapping[str, torch.Tensor]) -> Tuple[Any, ...]:
+    """Names, addresses and shapes of `tensors`, in their order: built
+    without a Python loop, compared whole."""
+    values = tensors.values()
+    return (tuple(tensors), tuple(map(_data_ptr, values)), tuple(map(_shape, values)))
+
+
+def _source_layout(src: Mapping[str, torch.Tensor], values: Any) -> Tuple[Any, ...]:
+    """Everything an update source depends on (names, addresses, shapes,
+    dtypes, strides, device kind), in the mapping's order: equal layouts
+    name the same bytes the same way, so the cached source is exact."""
+    return (tuple(src), tuple(map(_data_ptr, values)), tuple(map(_shape, values)),
+            tuple(map(_dtype, values)), tuple(map(_stride, values)), tuple(map(_is_cuda, values)))
+
+
+def _target_of(target: Any, tensors: Mapping[str, torch.Tensor], tag: Optional[str]) -> _Target:
+    """The loaded target `tensors` (of `target`) is: cached per mapping,
+    found again by the signature when its layout changed."""
+    layout = _target_layout(tensors)
+    with _lock:
+        hit = _targets.get(id(target))
+    if hit is not None and hit[0] == layout and (tag is None or hit[1].tag == tag):
+        with _lock:
+            alive = _loads.get(hit[1].key) is hit[1].loader
+        if alive:
+            return hit[1]
     key = _signature(tensors)
     with _lock:
         ld = _loads.get(key)
@@ -384,24 +467,54 @@ def update_(
         except VmmwError as e:
             raise ValueError("update_: the tensors lie outside this library's pool; pass tag= to name "
                              "the version counter to move") from e
-    items = [(n, t) for n, t in _state_dict(source).items() if t.numel() > 0]
-    named = tuple((n, t.data_ptr(), t.dtype, t.shape, t.stride(), t.is_cuda) for n, t in items)
+    found = _Target(key, ld, dev, p, tag)
     with _lock:
-        cached = _sources.get(key)
-    if cached is not None and cached[0] == named:
-        src = cached[1]
-    else:
-        src = _update_source(items, dev)
-        with _lock:
-            old = _sources.pop(key, None)
-            _sources[key] = (named, src)
-        if old is not None:
-            old[1].close()
-    torch.cuda.synchronize(dev)  # the trainer's kernels wrote the source; nothing may read the target
-    version = p.tag_version(tag) if expected_version is None else expected_version
-    # The source names `items`' memory: they are alive (the caller's) for the call.
-    return _update(ld, p, src, version, tag=tag, allow_missing=allow_missing,
-                   allow_unexpected=allow_unexpected, staged=staged)
+        _targets[id(target)] = (layout, found)
+    return found
+
+
+class _Laps:
+    """Seconds between the marks update_ makes, when timing is on."""
+
+    def __init__(self) -> None:
+        self.last = time.perf_counter()
+        self.seconds: Dict[str, float] = {}
+
+    def lap(self, name: str) -> None:
+        now = time.perf_counter()
+        self.seconds[name] = now - self.last
+        self.last = now
+
+
+class _NoLaps:
+    """Timing off: marks cost a call that does nothing."""
+
+    def lap(self, name: str) -> None:
+        pass
+
+
+_NO_LAPS = _NoLaps()
+_last_laps: Optional[_Laps] = None
+_timing = bool(os.environ.get("VMMW_UPDATE_TIMING"))
+
+
+def _update_laps() -> Union[_Laps, _NoLaps]:
+    global _last_laps
+    if not _timing:
+        return _NO_LAPS
+    _last_laps = _Laps()
+    return _last_laps
+
+
+def update_timing(on: Optional[bool] = None) -> Dict[str, float]:
+    """Time the parts of :func:`update_` (also on when the environment sets
+    ``VMMW_UPDATE_TIMING``): `on` switches it; returns the last timed call's
+    seconds by part ("state_dict", "target", "source", "synchronize",
+    "version", "update": the library call), in order."""
+    global _timing
+    if on is not None:
+        _timing = bool(on)
+    return dict(_last_laps.seconds) if _last_laps is not None else {}
 
 
 def _update_source(items: List[Tuple[str, torch.Tensor]], dev: int) -> UpdateSource:
