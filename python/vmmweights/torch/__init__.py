@@ -336,6 +336,7 @@ _sources: Dict[Tuple[Tuple[str, int, int], ...], Tuple[Tuple[Any, ...], UpdateSo
 # the mapping's id, kept with the layout it was derived from: a call whose
 # target has the same layout skips the signature.
 _targets: Dict[int, Tuple[Tuple[Any, ...], "_Target"]] = {}
+_TARGETS_KEPT = 8
 
 _data_ptr = torch.Tensor.data_ptr
 _stride = torch.Tensor.stride
@@ -469,7 +470,10 @@ def _target_of(target: Any, tensors: Mapping[str, torch.Tensor], tag: Optional[s
                              "the version counter to move") from e
     found = _Target(key, ld, dev, p, tag)
     with _lock:
+        _targets.pop(id(target), None)
         _targets[id(target)] = (layout, found)
+        while len(_targets) > _TARGETS_KEPT:  # the oldest first (dicts keep insertion order)
+            del _targets[next(iter(_targets))]
     return found
 
 
