@@ -418,13 +418,14 @@ def update_(
 
 class _Target:
     """What update_ needs of a loaded target: the loader whose rules it
-    writes through, its device and pool, the tag to version."""
+    writes through, its device and pool, the tag to version (`asked`: the
+    tag the caller named, None when it was found from the tensors)."""
 
-    __slots__ = ("key", "loader", "dev", "pool", "tag")
+    __slots__ = ("key", "loader", "dev", "pool", "tag", "asked")
 
     def __init__(self, key: Tuple[Tuple[str, int, int], ...], loader: Loader, dev: int, p: Pool,
-                 tag: str) -> None:
-        self.key, self.loader, self.dev, self.pool, self.tag = key, loader, dev, p, tag
+                 tag: str, asked: Optional[str]) -> None:
+        self.key, self.loader, self.dev, self.pool, self.tag, self.asked = key, loader, dev, p, tag, asked
 
 
 def _target_layout(tensors: Mapping[str, torch.Tensor]) -> Tuple[Any, ...]:
@@ -448,7 +449,7 @@ def _target_of(target: Any, tensors: Mapping[str, torch.Tensor], tag: Optional[s
     layout = _target_layout(tensors)
     with _lock:
         hit = _targets.get(id(target))
-    if hit is not None and hit[0] == layout and (tag is None or hit[1].tag == tag):
+    if hit is not None and hit[0] == layout and hit[1].asked == tag:
         with _lock:
             alive = _loads.get(hit[1].key) is hit[1].loader
         if alive:
@@ -462,13 +463,14 @@ def _target_of(target: Any, tensors: Mapping[str, torch.Tensor], tag: Optional[s
     first = next(t for t in tensors.values() if t.numel() > 0)
     dev = _device(first.device)
     p = pool(dev)
-    if tag is None:
+    found_tag = tag
+    if found_tag is None:
         try:
-            tag = p.tag_of(first.data_ptr())
+            found_tag = p.tag_of(first.data_ptr())
         except VmmwError as e:
             raise ValueError("update_: the tensors lie outside this library's pool; pass tag= to name "
                              "the version counter to move") from e
-    found = _Target(key, ld, dev, p, tag)
+    found = _Target(key, ld, dev, p, found_tag, tag)
     with _lock:
         _targets.pop(id(target), None)
         _targets[id(target)] = (layout, found)
