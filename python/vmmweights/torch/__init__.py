@@ -28,6 +28,7 @@ import os
 import sys
 import threading
 import time
+import weakref
 from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple, Union
 
 import torch
@@ -328,14 +329,14 @@ def load_(
 # Each load_'s loader (its rules and registered tensors), by the tensors it
 # filled, so update_ writes through the same rules.
 _loads: Dict[Tuple[Tuple[str, int, int], ...], Loader] = {}
-# The last update source per loaded target, by the source's layout (see
-# _source_layout): an RL loop updating from the same trainer tensors every
-# step builds it once.
-_sources: Dict[Tuple[Tuple[str, int, int], ...], Tuple[Tuple[Any, ...], UpdateSource]] = {}
+# The last update source per loaded target, with the trainer tensors it was
+# built from (see _Seen): an RL loop updating from the same trainer tensors
+# every step builds it once.
+_sources: Dict[Tuple[Tuple[str, int, int], ...], Tuple["_Seen", UpdateSource]] = {}
 # What update_ derived from a target mapping (its loader, device, tag), by
-# the mapping's id, kept with the layout it was derived from: a call whose
-# target has the same layout skips the signature.
-_targets: Dict[int, Tuple[Tuple[Any, ...], "_Target"]] = {}
+# the mapping's id, with the tensors it was derived from: a call whose
+# target holds the same tensors skips the signature.
+_targets: Dict[int, Tuple["_Seen", "_Target"]] = {}
 _TARGETS_KEPT = 8
 
 _data_ptr = torch.Tensor.data_ptr
@@ -343,6 +344,7 @@ _stride = torch.Tensor.stride
 _shape = operator.attrgetter("shape")
 _dtype = operator.attrgetter("dtype")
 _is_cuda = operator.attrgetter("is_cuda")
+_deref = weakref.ref.__call__
 
 
 def _signature(tensors: Mapping[str, torch.Tensor]) -> Tuple[Tuple[str, int, int], ...]:
@@ -389,19 +391,17 @@ def update_(
     tgt = _target_of(target, tensors, tag)
     laps.lap("target")
     src_map = _state_dict(source)
-    values = src_map.values()
-    layout = _source_layout(src_map, values)
     with _lock:
         cached = _sources.get(tgt.key)
-    if cached is not None and cached[0] == layout:
+    if cached is not None and cached[0].holds(src_map):
         src = cached[1]
     else:
-        # The source moved, changed shape, or is new: check every tensor again.
+        # The source moved, changed, or is new: check every tensor again.
         items = [(n, t) for n, t in src_map.items() if t.numel() > 0]
         src = _update_source(items, tgt.dev)
         with _lock:
             old = _sources.pop(tgt.key, None)
-            _sources[tgt.key] = (layout, src)
+            _sources[tgt.key] = (_Seen(src_map), src)
         if old is not None:
             old[1].close()
     laps.lap("source")
@@ -428,28 +428,48 @@ class _Target:
         self.key, self.loader, self.dev, self.pool, self.tag, self.asked = key, loader, dev, p, tag, asked
 
 
-def _target_layout(tensors: Mapping[str, torch.Tensor]) -> Tuple[Any, ...]:
-    """Names, addresses and shapes of `tensors`, in their order: built
-    without a Python loop, compared whole."""
+def _layout(tensors: Mapping[str, torch.Tensor]) -> Tuple[Any, ...]:
+    """Everything an update reads of `tensors` (names, addresses, shapes,
+    dtypes, strides, device kind), in their order, built without a Python
+    loop: equal layouts name the same bytes the same way."""
     values = tensors.values()
-    return (tuple(tensors), tuple(map(_data_ptr, values)), tuple(map(_shape, values)))
-
-
-def _source_layout(src: Mapping[str, torch.Tensor], values: Any) -> Tuple[Any, ...]:
-    """Everything an update source depends on (names, addresses, shapes,
-    dtypes, strides, device kind), in the mapping's order: equal layouts
-    name the same bytes the same way, so the cached source is exact."""
-    return (tuple(src), tuple(map(_data_ptr, values)), tuple(map(_shape, values)),
+    return (tuple(tensors), tuple(map(_data_ptr, values)), tuple(map(_shape, values)),
             tuple(map(_dtype, values)), tuple(map(_stride, values)), tuple(map(_is_cuda, values)))
+
+
+class _Seen:
+    """A mapping's tensors as update_ saw them: their names, the tensor
+    objects themselves (weakly: the cache keeps no trainer memory alive),
+    their addresses and their layout."""
+
+    __slots__ = ("names", "refs", "ptrs", "layout")
+
+    def __init__(self, tensors: Mapping[str, torch.Tensor]) -> None:
+        values = tensors.values()
+        self.names = tuple(tensors)
+        self.refs = tuple(map(weakref.ref, values))
+        self.ptrs = tuple(map(_data_ptr, values))
+        self.layout = _layout(tensors)
+
+    def holds(self, tensors: Mapping[str, torch.Tensor]) -> bool:
+        """True when `tensors` are the ones seen, where they were: the same
+        names and addresses, and the same tensor objects (a tensor's shape,
+        dtype and strides change in place only by ``resize_``, ``set_`` or
+        ``as_strided_``, which a trainer's parameters do not go through) or,
+        for other objects (``state_dict()`` detaches new ones each call), the
+        same layout read again."""
+        values = tensors.values()
+        if tuple(tensors) != self.names or tuple(map(_data_ptr, values)) != self.ptrs:
+            return False
+        return all(map(operator.is_, values, map(_deref, self.refs))) or _layout(tensors) == self.layout
 
 
 def _target_of(target: Any, tensors: Mapping[str, torch.Tensor], tag: Optional[str]) -> _Target:
     """The loaded target `tensors` (of `target`) is: cached per mapping,
     found again by the signature when its layout changed."""
-    layout = _target_layout(tensors)
     with _lock:
         hit = _targets.get(id(target))
-    if hit is not None and hit[0] == layout and hit[1].asked == tag:
+    if hit is not None and hit[1].asked == tag and hit[0].holds(tensors):
         with _lock:
             alive = _loads.get(hit[1].key) is hit[1].loader
         if alive:
@@ -473,7 +493,7 @@ def _target_of(target: Any, tensors: Mapping[str, torch.Tensor], tag: Optional[s
     found = _Target(key, ld, dev, p, found_tag, tag)
     with _lock:
         _targets.pop(id(target), None)
-        _targets[id(target)] = (layout, found)
+        _targets[id(target)] = (_Seen(tensors), found)
         while len(_targets) > _TARGETS_KEPT:  # the oldest first (dicts keep insertion order)
             del _targets[next(iter(_targets))]
     return found
