@@ -95,8 +95,7 @@ pub(super) fn run(
     } else {
         run.direct(source)
     };
-    run.timed(|p| &mut p.wait, || driver.stream_synchronize(stream))
-        .ok();
+    let _ = run.timed(|p| &mut p.wait, || driver.stream_synchronize(stream));
     let books = Instant::now();
     let _ = driver.stream_destroy(stream);
     match outcome {
