@@ -287,6 +287,19 @@ impl Session {
         Ok(plan)
     }
 
+    /// The plan [`Session::plan_for`] keeps, when it was built with
+    /// `options` for tensors `same` accepts: a caller that can compare its
+    /// tensors with the kept ones finds the plan without building the set.
+    pub fn kept_plan(
+        &self,
+        options: &PlanOptions,
+        same: &dyn Fn(&BTreeMap<String, TensorInfo>) -> bool,
+    ) -> Option<Arc<Plan>> {
+        let st = self.lock();
+        let kept = st.tensor_plan.as_ref()?;
+        (kept.options == *options && same(&kept.tensors)).then(|| kept.plan.clone())
+    }
+
     /// The destination registered under `name`.
     pub fn destination(&self, name: &str) -> Option<Destination> {
         self.lock().registry.get(name).cloned()

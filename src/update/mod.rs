@@ -177,7 +177,8 @@ impl UpdateResult {
 /// module docs). Returns the new version and what was written.
 ///
 /// The session keeps the plan ([`Session::plan_for`]): updates that repeat
-/// with the same source tensors plan once.
+/// with the same source tensors plan once, and find it again by comparing
+/// their tensors with the kept ones ([`Session::kept_plan`]).
 pub fn update(
     session: &Session,
     pool: &Pool,
@@ -185,7 +186,14 @@ pub fn update(
     opts: &UpdateOptions,
 ) -> Result<UpdateResult> {
     let plan_for = |t: &BTreeMap<String, TensorInfo>, o: &PlanOptions| session.plan_for(t, o);
-    run::run(pool, &plan_for, &session.shared_registry(), source, opts)
+    let kept = |o: &PlanOptions, same: &dyn Fn(&BTreeMap<String, TensorInfo>) -> bool| {
+        session.kept_plan(o, same)
+    };
+    let plans = run::Plans {
+        plan_for: &plan_for,
+        kept: &kept,
+    };
+    run::run(pool, &plans, &session.shared_registry(), source, opts)
 }
 
 /// [`update`] with the rules and destinations given directly (planned at
@@ -200,7 +208,11 @@ pub fn update_registry(
     let plan_for = |t: &BTreeMap<String, TensorInfo>, o: &PlanOptions| {
         Plan::build_for(t, rules, registry, o).map(Arc::new)
     };
-    run::run(pool, &plan_for, registry, source, opts)
+    let plans = run::Plans {
+        plan_for: &plan_for,
+        kept: &|_: &PlanOptions, _: &dyn Fn(&BTreeMap<String, TensorInfo>) -> bool| None,
+    };
+    run::run(pool, &plans, registry, source, opts)
 }
 
 /// Refuse an update whose `expected_version` is 0 (versions start at

@@ -19,6 +19,12 @@ use crate::tag::{self, TagId};
 /// between updates, or one built at each call).
 pub type PlanFor<'a> = &'a dyn Fn(&BTreeMap<String, TensorInfo>, &PlanOptions) -> Result<Arc<Plan>>;
 
+/// The plan kept from an earlier update with these options, when its
+/// tensors pass the test given (the session's, see
+/// [`crate::loader::Session::kept_plan`]; None where nothing is kept).
+pub type KeptPlan<'a> =
+    &'a dyn Fn(&PlanOptions, &dyn Fn(&BTreeMap<String, TensorInfo>) -> bool) -> Option<Arc<Plan>>;
+
 /// A checked update: the copies by source tensor and what they write.
 #[derive(Debug, Clone)]
 pub struct UpdatePlan {
@@ -42,6 +48,7 @@ pub struct UpdatePlan {
 pub fn build(
     manifest: &[SourceTensor],
     plan_for: PlanFor<'_>,
+    kept: KeptPlan<'_>,
     registry: &Registry,
     pool: &Pool,
     tag: Option<TagId>,
@@ -49,34 +56,9 @@ pub fn build(
     opts: &PlanOptions,
 ) -> Result<UpdatePlan> {
     let mut problems: Vec<String> = Vec::new();
-    let mut tensors = BTreeMap::new();
-    for (i, t) in manifest.iter().enumerate() {
-        let Some(len) = t.bytes() else {
-            problems.push(format!(
-                "`{}`: shape {:?} of {} overflows",
-                t.name, t.shape, t.dtype
-            ));
-            continue;
-        };
-        let info = TensorInfo {
-            name: t.name.clone(),
-            shard: i,
-            dtype: t.dtype,
-            shape: t.shape.clone(),
-            offset: 0,
-            len,
-        };
-        if tensors.insert(t.name.clone(), info).is_some() {
-            problems.push(format!("`{}` is in the source twice", t.name));
-        }
-    }
-    let plan = match plan_for(&tensors, opts) {
-        Ok(p) => Some(p),
-        Err(Error::Plan(s)) => {
-            problems.push(s);
-            None
-        }
-        Err(e) => return Err(e),
+    let plan = match kept(opts, &|tensors| made_from(manifest, tensors)) {
+        Some(plan) => Some(plan),
+        None => plan_of(manifest, plan_for, opts, &mut problems)?,
     };
     let mut resolved = None;
     if let Some(plan) = &plan {
@@ -181,6 +163,62 @@ pub fn build(
         resolved,
         tag,
     })
+}
+
+/// The plan `plan_for` makes from the manifest's tensors (each numbered by
+/// its place, whole from offset 0); the manifest's own problems (a size that
+/// overflows, a name given twice) and a plan refused go to `problems`.
+fn plan_of(
+    manifest: &[SourceTensor],
+    plan_for: PlanFor<'_>,
+    opts: &PlanOptions,
+    problems: &mut Vec<String>,
+) -> Result<Option<Arc<Plan>>> {
+    let mut tensors = BTreeMap::new();
+    for (i, t) in manifest.iter().enumerate() {
+        let Some(len) = t.bytes() else {
+            problems.push(format!(
+                "`{}`: shape {:?} of {} overflows",
+                t.name, t.shape, t.dtype
+            ));
+            continue;
+        };
+        let info = TensorInfo {
+            name: t.name.clone(),
+            shard: i,
+            dtype: t.dtype,
+            shape: t.shape.clone(),
+            offset: 0,
+            len,
+        };
+        if tensors.insert(t.name.clone(), info).is_some() {
+            problems.push(format!("`{}` is in the source twice", t.name));
+        }
+    }
+    match plan_for(&tensors, opts) {
+        Ok(p) => Ok(Some(p)),
+        Err(Error::Plan(s)) => {
+            problems.push(s);
+            Ok(None)
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// True when `tensors` are what [`plan_of`] makes of `manifest`: then the
+/// manifest's names are distinct (each maps to its own place) and no size
+/// overflows. Compared without building the set.
+fn made_from(manifest: &[SourceTensor], tensors: &BTreeMap<String, TensorInfo>) -> bool {
+    tensors.len() == manifest.len()
+        && manifest.iter().enumerate().all(|(i, t)| {
+            tensors.get(&t.name).is_some_and(|x| {
+                x.shard == i
+                    && x.dtype == t.dtype
+                    && x.shape == t.shape
+                    && x.offset == 0
+                    && Some(x.len) == t.bytes()
+            })
+        })
 }
 
 impl UpdatePlan {

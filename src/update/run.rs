@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use super::cut::{cut, Copy2d, Coverage};
-use super::plan::{self, PlanFor, UpdatePlan};
+use super::plan::{self, KeptPlan, PlanFor, UpdatePlan};
 use super::source::{Batch, Bytes, Source, SourceTensor};
 use super::{check_options, Staging, UpdateOptions, UpdatePhases, UpdateResult};
 use crate::driver::{DevicePtr, Driver, EventId, StreamId};
@@ -39,9 +39,15 @@ struct Done {
     seconds: f64,
 }
 
+/// Where an update's plan comes from: kept from an earlier update, or made.
+pub(super) struct Plans<'a> {
+    pub plan_for: PlanFor<'a>,
+    pub kept: KeptPlan<'a>,
+}
+
 pub(super) fn run(
     pool: &Pool,
-    plan_for: PlanFor<'_>,
+    plans: &Plans<'_>,
     registry: &Registry,
     source: &mut dyn Source,
     opts: &UpdateOptions,
@@ -52,7 +58,8 @@ pub(super) fn run(
     check_destinations(pool, registry)?;
     let up = plan::build(
         &manifest,
-        plan_for,
+        plans.plan_for,
+        plans.kept,
         registry,
         pool,
         opts.tag,

@@ -62,8 +62,8 @@ mod sleep_compressed;
 mod sleep_engine;
 mod sleep_hazards;
 mod update;
-mod update_cli;
 #[cfg(feature = "cli")]
+mod update_cli;
 mod update_repeat;
 mod update_tp;
 mod update_transport_broadcast;
