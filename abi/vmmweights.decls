@@ -98,7 +98,7 @@ typedef struct vmmw_share_t vmmw_share_t;
 typedef struct vmmw_sleep_options_t{size_t size;uint64_t copy_piece_bytes;uint32_t streams;uint32_t debug_fill;uint64_t wake_coalesce_bytes;uint64_t backup_slab_bytes;uint64_t host_memory_limit;uint32_t free_backup_after_wake;uint32_t release_pinned_after_wake;uint8_t debug_fill_byte;uint32_t codec_element_bytes;}vmmw_sleep_options_t;
 typedef struct vmmw_tag_policy_t{uint32_t tag;vmmw_policy_t policy;}vmmw_tag_policy_t;
 typedef struct vmmw_update_options_t{size_t size;uint64_t expected_version;uint32_t tag_set;uint32_t tag;uint32_t allow_missing;uint32_t allow_unexpected;vmmw_staging_t staging;}vmmw_update_options_t;
-typedef struct vmmw_update_result_t{uint32_t tag;uint32_t staged;uint32_t retried;uint64_t version;uint64_t bytes;uint64_t destinations;uint64_t copies;double seconds;double gbps;}vmmw_update_result_t;
+typedef struct vmmw_update_result_t{uint32_t tag;uint32_t staged;uint32_t retried;uint64_t version;uint64_t bytes;uint64_t destinations;uint64_t copies;double seconds;double gbps;double plan_seconds;double issue_seconds;double wait_seconds;double bookkeeping_seconds;}vmmw_update_result_t;
 typedef struct vmmw_update_sender_t vmmw_update_sender_t;
 typedef struct vmmw_update_source_t vmmw_update_source_t;
 typedef void(*vmmw_remap_fn)(void*user,uint32_t tag,uint64_t epoch);

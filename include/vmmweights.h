@@ -929,6 +929,23 @@ typedef struct vmmw_update_result_t {
    * Bytes written per second, in GB/s (10^9).
    */
   double gbps;
+  /**
+   * Seconds checking and planning, up to the first copy queued.
+   */
+  double plan_seconds;
+  /**
+   * Seconds queuing the copies on the device.
+   */
+  double issue_seconds;
+  /**
+   * Seconds waiting for the device to finish the copies.
+   */
+  double wait_seconds;
+  /**
+   * Seconds of Reload retirement (while the device copies), version
+   * publish and release.
+   */
+  double bookkeeping_seconds;
 } vmmw_update_result_t;
 
 /**

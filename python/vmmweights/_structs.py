@@ -209,6 +209,10 @@ class UpdateResult(ctypes.Structure):
         ("copies", u64),
         ("seconds", f64),
         ("gbps", f64),
+        ("plan_seconds", f64),
+        ("issue_seconds", f64),
+        ("wait_seconds", f64),
+        ("bookkeeping_seconds", f64),
     ]
 
 

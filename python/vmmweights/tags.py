@@ -9,25 +9,41 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-from typing import Callable, Iterator
+from typing import Callable, Dict, Iterator
 
 from ._native import REMAP_FN, call, call_text
 
 DEFAULT = "default"
+
+# Ids and names seen, both ways: they never change once registered, and
+# every update asks for them.
+_ids: Dict[str, int] = {}
+_names: Dict[int, str] = {}
 
 
 def tag_id(name: str) -> int:
     """The id of tag `name`, registering the name on first use (ids are stable
     for the life of the process). Registering is harmless: sleep and wake
     refuse a tag that never held memory in the pool."""
+    known = _ids.get(name)
+    if known is not None:
+        return known
     out = ctypes.c_uint32()
     call("vmmw_tag_id", name.encode("utf-8"), ctypes.byref(out))
+    _ids[name] = out.value
+    _names[out.value] = name
     return out.value
 
 
 def tag_name(tag: int) -> str:
     """The name of a registered tag id."""
-    return call_text("vmmw_tag_name", ctypes.c_uint32(tag))
+    known = _names.get(tag)
+    if known is not None:
+        return known
+    name = call_text("vmmw_tag_name", ctypes.c_uint32(tag))
+    _names[tag] = name
+    _ids[name] = tag
+    return name
 
 
 def push(name: str) -> None:

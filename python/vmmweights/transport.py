@@ -28,7 +28,7 @@ from . import _structs as S
 from ._native import call, function
 from .loader import Loader
 from .pool import Pool
-from .tags import tag_id, tag_name
+from .tags import tag_id
 from .update import UpdateResult, UpdateSource
 
 
@@ -54,9 +54,7 @@ def _options(expected_version: int, tag: Optional[str], allow_missing: bool,
 
 
 def _result(out: S.UpdateResult) -> UpdateResult:
-    return UpdateResult(tag=tag_name(out.tag), version=out.version, bytes=out.bytes,
-                        destinations=out.destinations, copies=out.copies, staged=bool(out.staged),
-                        retried=bool(out.retried), seconds=out.seconds, gbps=out.gbps)
+    return UpdateResult.of(out)
 
 
 class Sender:

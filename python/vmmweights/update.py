@@ -50,6 +50,23 @@ class UpdateResult:
     """True when the copies into the destinations failed once and ran again."""
     seconds: float
     gbps: float
+    plan_seconds: float = 0.0
+    """Checks and plan, up to the first copy queued."""
+    issue_seconds: float = 0.0
+    """Queuing the copies on the device."""
+    wait_seconds: float = 0.0
+    """Waiting for the device to finish them."""
+    bookkeeping_seconds: float = 0.0
+    """Reload retirement (while the device copies), version publish, release."""
+
+    @staticmethod
+    def of(out: S.UpdateResult) -> "UpdateResult":
+        """From a ``vmmw_update_result_t``."""
+        return UpdateResult(tag=tag_name(out.tag), version=out.version, bytes=out.bytes,
+                            destinations=out.destinations, copies=out.copies, staged=bool(out.staged),
+                            retried=bool(out.retried), seconds=out.seconds, gbps=out.gbps,
+                            plan_seconds=out.plan_seconds, issue_seconds=out.issue_seconds,
+                            wait_seconds=out.wait_seconds, bookkeeping_seconds=out.bookkeeping_seconds)
 
 
 class UpdateSource:
@@ -130,6 +147,4 @@ def update(
                            allow_unexpected=int(allow_unexpected), staging=int(staged))
     out = S.UpdateResult()
     call("vmmw_update", loader.handle, pool.handle, source.handle, ctypes.byref(opts), ctypes.byref(out))
-    return UpdateResult(tag=tag_name(out.tag), version=out.version, bytes=out.bytes,
-                        destinations=out.destinations, copies=out.copies, staged=bool(out.staged),
-                        retried=bool(out.retried), seconds=out.seconds, gbps=out.gbps)
+    return UpdateResult.of(out)

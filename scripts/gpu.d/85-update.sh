@@ -4,7 +4,8 @@
 #      device and host tensors, direct and staged, buckets, failures midway
 #      writing nothing, validation, Reload after an update, the version an
 #      importer sees, and tensor-parallel worlds 2/4/8 every rank bitwise
-#      (the cases that printed `RAN cuda:` are counted);
+#      (the cases that printed `RAN cuda:` are counted); repeated updates
+#      (moved sources read again, a changed shape refused, the phases);
 #   2. tests/torch/test_update_torch.py: transformers models saved with
 #      save_pretrained, loaded with vmmweights.torch.load_, updated with
 #      update_ from a trainer model of other values: logits equal the
@@ -13,7 +14,8 @@
 #      when absent): `vmmw bench-update` (the core against one device-to-device
 #      copy of the same bytes) and tests/torch/bench_update_python.py (update_
 #      against torch's own copy_ of the same bytes into the same slices, same
-#      run; target >= 0.8).
+#      run; target >= 0.8), each with where the update's time went (the
+#      library's phases; update_'s Python parts).
 # Writes update-tests.txt, update-torch.txt, update-cli.json and
 # update-python.json to $VMMW_GPU_OUT.
 set -uo pipefail
@@ -21,7 +23,7 @@ source scripts/gpu-lib.sh
 rc=0
 
 log="$VMMW_GPU_OUT/update-tests.txt"
-VMMW_BACKEND=cuda .gpu/tests/all update:: update_tp:: --nocapture --test-threads=1 >"$log" 2>&1
+VMMW_BACKEND=cuda .gpu/tests/all update:: update_tp:: update_repeat:: --nocapture --test-threads=1 >"$log" 2>&1
 t=$?
 tail -25 "$log"
 ran=$(grep -c '^RAN cuda: ' "$log")
@@ -63,7 +65,7 @@ if [ ! -f "$dir/model.safetensors.index.json" ]; then
 fi
 cli="$VMMW_GPU_OUT/update-cli.json"
 if .gpu/vmmw bench-update "$dir" --preset qwen3 --backend cuda --repeat 5 --json "$cli"; then
-  result "update: bench-update (core vs one d2d copy)" INFO "$(python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); print("%.0f GB/s vs d2d copy %.0f GB/s = %.3f; %d destinations checked bitwise" % (r["update_gbps"], r["copy_gbps"], r["ratio"], r["verified_destinations"]))' "$cli")"
+  result "update: bench-update (core vs one d2d copy)" INFO "$(python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); m=lambda k: sorted(p[k] for p in r["update_phases"])[len(r["update_phases"]) // 2] * 1e3; print("%.0f GB/s vs d2d copy %.0f GB/s = %.3f; %d destinations checked bitwise; phases (median ms) plan %.2f, issue %.2f, wait %.2f, bookkeeping %.2f" % (r["update_gbps"], r["copy_gbps"], r["ratio"], r["verified_destinations"], m("plan"), m("issue"), m("wait"), m("bookkeeping")))' "$cli")"
 else
   result "update: bench-update" FAIL "vmmw bench-update failed; see the log"
   rc=1
@@ -72,7 +74,7 @@ out="$VMMW_GPU_OUT/update-python.json"
 python3 tests/torch/bench_update_python.py --dir "$dir" --out "$out"
 t=$?
 if [ -f "$out" ]; then
-  detail=$(python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); print("update_ %.0f GB/s vs torch copy_ %.0f GB/s over %.1f GB: %.3f (target 0.8)" % (r["update_gbps"], r["copy_gbps"], r["bytes"] / 1e9, r["ratio"]))' "$out")
+  detail=$(python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); print("update_ %.0f GB/s vs torch copy_ %.0f GB/s over %.1f GB: %.3f (target 0.8); python parts (ms) %s; library phases (ms) %s" % (r["update_gbps"], r["copy_gbps"], r["bytes"] / 1e9, r["ratio"], ", ".join("%s %.2f" % kv for kv in r["update_python_ms"].items()), ", ".join("%s %.2f" % kv for kv in r["update_library_ms"].items())))' "$out")
 else
   detail="no result; see the log"
 fi

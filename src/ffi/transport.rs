@@ -54,17 +54,7 @@ fn timeout(ms: u64) -> Duration {
 }
 
 fn c_result(r: &UpdateResult) -> vmmw_update_result_t {
-    vmmw_update_result_t {
-        tag: r.tag.0,
-        staged: r.staged as u32,
-        retried: r.retried as u32,
-        version: r.version,
-        bytes: r.bytes,
-        destinations: r.destinations,
-        copies: r.copies,
-        seconds: r.seconds,
-        gbps: r.gbps(),
-    }
+    vmmw_update_result_t::from(r)
 }
 
 /// A new IPC sender: `slots` ring slots (0 = 2) of `slot_bytes` each (0 = the

@@ -21,7 +21,7 @@ use super::status::vmmw_status_t;
 use crate::error::{Error, Result};
 use crate::loader::{Dtype, PlanOptions};
 use crate::tag::TagId;
-use crate::update::{self, Bytes, Staging, Tensors, UpdateOptions};
+use crate::update::{self, Bytes, Staging, Tensors, UpdateOptions, UpdateResult};
 
 /// Where an update source tensor's bytes lie: one of the `VMMW_UPDATE_*` values.
 pub type vmmw_update_memory_t = i32;
@@ -111,6 +111,35 @@ pub struct vmmw_update_result_t {
     pub seconds: f64,
     /// Bytes written per second, in GB/s (10^9).
     pub gbps: f64,
+    /// Seconds checking and planning, up to the first copy queued.
+    pub plan_seconds: f64,
+    /// Seconds queuing the copies on the device.
+    pub issue_seconds: f64,
+    /// Seconds waiting for the device to finish the copies.
+    pub wait_seconds: f64,
+    /// Seconds of Reload retirement (while the device copies), version
+    /// publish and release.
+    pub bookkeeping_seconds: f64,
+}
+
+impl From<&UpdateResult> for vmmw_update_result_t {
+    fn from(r: &UpdateResult) -> Self {
+        vmmw_update_result_t {
+            tag: r.tag.0,
+            staged: r.staged as u32,
+            retried: r.retried as u32,
+            version: r.version,
+            bytes: r.bytes,
+            destinations: r.destinations,
+            copies: r.copies,
+            seconds: r.seconds,
+            gbps: r.gbps(),
+            plan_seconds: r.phases.plan,
+            issue_seconds: r.phases.issue,
+            wait_seconds: r.phases.wait,
+            bookkeeping_seconds: r.phases.bookkeeping,
+        }
+    }
 }
 
 /// A new, empty update source. On success `*out` receives a handle owned
@@ -303,17 +332,7 @@ pub unsafe extern "C" fn vmmw_update(
         let opts = options(&o)?;
         let mut t = s.tensors.lock().unwrap_or_else(|p| p.into_inner());
         let r = update::update(&l.session, &p.pool, &mut *t, &opts)?;
-        Ok(vmmw_update_result_t {
-            tag: r.tag.0,
-            staged: r.staged as u32,
-            retried: r.retried as u32,
-            version: r.version,
-            bytes: r.bytes,
-            destinations: r.destinations,
-            copies: r.copies,
-            seconds: r.seconds,
-            gbps: r.gbps(),
-        })
+        Ok(vmmw_update_result_t::from(&r))
     })
 }
 

@@ -83,13 +83,15 @@ pub fn check_destinations(pool: &Pool, registry: &Registry) -> Result<()> {
     // tag, or memory no one mapped, faults.
     for d in registry.iter() {
         let len = d.bytes();
-        let what = format!("destination `{}`", d.name);
         if len == 0 {
             continue;
         }
         if pool.overlaps_segments(d.ptr, len) {
             // Pool memory is always checked, declared foreign or not.
-            pool.check_live_range(d.ptr, len, &what)?;
+            named(
+                |what| pool.check_live_range(d.ptr, len, what),
+                || format!("destination `{}`", d.name),
+            )?;
         } else if !registry.in_foreign(d.ptr, len as u64) {
             return Err(Error::UnknownPointer {
                 ptr: d.ptr,
@@ -107,10 +109,20 @@ pub fn check_destinations(pool: &Pool, registry: &Registry) -> Result<()> {
 /// wrote as a reload source.
 pub fn check_owners(registry: &Registry) -> Result<()> {
     for d in registry.iter() {
-        let what = format!("destination `{}`", d.name);
-        crate::pool::check_owner(d.ptr, d.bytes(), registry.owner(d), &what)?;
+        let owner = registry.owner(d);
+        named(
+            |what| crate::pool::check_owner(d.ptr, d.bytes(), owner, what),
+            || format!("destination `{}`", d.name),
+        )?;
     }
     Ok(())
+}
+
+/// Run `check` unnamed, and again named `name()` when it fails: the checks
+/// run over every destination before each load and update, and nearly
+/// always pass, so the name is built only for an error.
+fn named<T>(check: impl Fn(&str) -> Result<T>, name: impl FnOnce() -> String) -> Result<T> {
+    check("").or_else(|_| check(&name()))
 }
 
 /// Load `ckpt` into `registry`'s destinations on `pool`'s device (as

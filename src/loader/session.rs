@@ -76,7 +76,8 @@ struct State {
     /// Opened lazily again after a load consumed it.
     ckpt: Option<Checkpoint>,
     rules: Rules,
-    registry: Registry,
+    /// Shared with updates in flight: changed copy-on-write.
+    registry: Arc<Registry>,
     options: LoadOptions,
     executed: Option<Arc<ExecutedPlan>>,
     /// The last plan built for a set of tensors other than the checkpoint
@@ -144,7 +145,7 @@ impl Session {
                 path,
                 ckpt: Some(ckpt),
                 rules: Rules::default(),
-                registry: Registry::new(),
+                registry: Arc::new(Registry::new()),
                 options: LoadOptions::default(),
                 executed: None,
                 tensor_plan: None,
@@ -209,13 +210,13 @@ impl Session {
     pub fn register(&self, name: &str, ptr: u64, dtype: Dtype, shape: &[usize]) -> Result<()> {
         let mut st = self.lock();
         st.tensor_plan = None;
-        st.registry.register(name, ptr, dtype, shape)
+        Arc::make_mut(&mut st.registry).register(name, ptr, dtype, shape)
     }
 
     /// Declare `[ptr, ptr + bytes)` as device memory the caller owns outside
     /// the pool loads run on (see [`Registry::declare_foreign`]).
     pub fn declare_foreign(&self, ptr: u64, bytes: u64) -> Result<()> {
-        self.lock().registry.declare_foreign(ptr, bytes)
+        Arc::make_mut(&mut self.lock().registry).declare_foreign(ptr, bytes)
     }
 
     /// The destinations the rules produce from this checkpoint (names,
@@ -235,7 +236,7 @@ impl Session {
         let rules = st.rules.clone();
         let specs = Plan::destinations(st.ckpt()?, &rules)?;
         st.tensor_plan = None;
-        allocate_in_pool(&mut st.registry, &specs, pool, tag)
+        allocate_in_pool(Arc::make_mut(&mut st.registry), &specs, pool, tag)
     }
 
     /// Number of registered destinations.
@@ -251,6 +252,12 @@ impl Session {
     /// The registered destinations with their aliases and foreign ranges, as
     /// a load would write them (what an update writes through).
     pub fn registry(&self) -> Registry {
+        Registry::clone(&self.lock().registry)
+    }
+
+    /// [`Session::registry`] without a copy: the registry as it is now,
+    /// unchanged by later registrations (which copy it first).
+    pub fn shared_registry(&self) -> Arc<Registry> {
         self.lock().registry.clone()
     }
 
@@ -278,6 +285,19 @@ impl Session {
             plan: plan.clone(),
         });
         Ok(plan)
+    }
+
+    /// The plan [`Session::plan_for`] keeps, when it was built with
+    /// `options` for tensors `same` accepts: a caller that can compare its
+    /// tensors with the kept ones finds the plan without building the set.
+    pub fn kept_plan(
+        &self,
+        options: &PlanOptions,
+        same: &dyn Fn(&BTreeMap<String, TensorInfo>) -> bool,
+    ) -> Option<Arc<Plan>> {
+        let st = self.lock();
+        let kept = st.tensor_plan.as_ref()?;
+        (kept.options == *options && same(&kept.tensors)).then(|| kept.plan.clone())
     }
 
     /// The destination registered under `name`.

@@ -64,12 +64,14 @@
 
 mod cut;
 mod plan;
+mod resolved;
 mod run;
 pub mod source;
 pub mod transport;
 
 pub use cut::{Copy2d, Coverage};
 pub use plan::UpdatePlan;
+pub use resolved::Resolved;
 pub use source::{Batch, Bytes, Piece, Source, SourceTensor, Tensors};
 
 use std::collections::BTreeMap;
@@ -136,6 +138,27 @@ pub struct UpdateResult {
     pub retried: bool,
     /// Seconds from the first copy to the last byte in place.
     pub seconds: f64,
+    /// Where the call's time went.
+    pub phases: UpdatePhases,
+}
+
+/// Where an update's time went, in seconds of the calling thread, from the
+/// call to its return. Together they make up the call's time, less what a
+/// staged source spends producing its buckets.
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize)]
+pub struct UpdatePhases {
+    /// Checks and plan: options, the destinations against the pool, the
+    /// plan (kept by the session), the tag's version, pinning, the source's
+    /// pieces collected and their coverage, the copy list.
+    pub plan: f64,
+    /// Queuing the copies and pad fills on the device (for a staged update:
+    /// the source's buckets into scratch, then the scratch into place).
+    pub issue: f64,
+    /// Waiting for the device to finish the copies.
+    pub wait: f64,
+    /// Reload retirement of the written ranges (done while the device
+    /// copies), the version publish, the stream's release.
+    pub bookkeeping: f64,
 }
 
 impl UpdateResult {
@@ -154,7 +177,8 @@ impl UpdateResult {
 /// module docs). Returns the new version and what was written.
 ///
 /// The session keeps the plan ([`Session::plan_for`]): updates that repeat
-/// with the same source tensors plan once.
+/// with the same source tensors plan once, and find it again by comparing
+/// their tensors with the kept ones ([`Session::kept_plan`]).
 pub fn update(
     session: &Session,
     pool: &Pool,
@@ -162,7 +186,14 @@ pub fn update(
     opts: &UpdateOptions,
 ) -> Result<UpdateResult> {
     let plan_for = |t: &BTreeMap<String, TensorInfo>, o: &PlanOptions| session.plan_for(t, o);
-    run::run(pool, &plan_for, &session.registry(), source, opts)
+    let kept = |o: &PlanOptions, same: &dyn Fn(&BTreeMap<String, TensorInfo>) -> bool| {
+        session.kept_plan(o, same)
+    };
+    let plans = run::Plans {
+        plan_for: &plan_for,
+        kept: &kept,
+    };
+    run::run(pool, &plans, &session.shared_registry(), source, opts)
 }
 
 /// [`update`] with the rules and destinations given directly (planned at
@@ -177,7 +208,11 @@ pub fn update_registry(
     let plan_for = |t: &BTreeMap<String, TensorInfo>, o: &PlanOptions| {
         Plan::build_for(t, rules, registry, o).map(Arc::new)
     };
-    run::run(pool, &plan_for, registry, source, opts)
+    let plans = run::Plans {
+        plan_for: &plan_for,
+        kept: &|_: &PlanOptions, _: &dyn Fn(&BTreeMap<String, TensorInfo>) -> bool| None,
+    };
+    run::run(pool, &plans, registry, source, opts)
 }
 
 /// Refuse an update whose `expected_version` is 0 (versions start at

@@ -7,6 +7,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use super::resolved::Resolved;
 use super::source::SourceTensor;
 use crate::driver::DevicePtr;
 use crate::error::{Error, Result};
@@ -18,16 +19,20 @@ use crate::tag::{self, TagId};
 /// between updates, or one built at each call).
 pub type PlanFor<'a> = &'a dyn Fn(&BTreeMap<String, TensorInfo>, &PlanOptions) -> Result<Arc<Plan>>;
 
+/// The plan kept from an earlier update with these options, when its
+/// tensors pass the test given (the session's, see
+/// [`crate::loader::Session::kept_plan`]; None where nothing is kept).
+pub type KeptPlan<'a> =
+    &'a dyn Fn(&PlanOptions, &dyn Fn(&BTreeMap<String, TensorInfo>) -> bool) -> Option<Arc<Plan>>;
+
 /// A checked update: the copies by source tensor and what they write.
 #[derive(Debug, Clone)]
 pub struct UpdatePlan {
     /// The load plan over the manifest.
     pub plan: Arc<Plan>,
-    /// Indices into `plan.extents`, per manifest entry, ordered by offset.
-    pub by_tensor: Vec<Vec<usize>>,
-    /// Each destination the update writes, whole: `(address, bytes, name)`,
-    /// by address.
-    pub written: Vec<(DevicePtr, usize, String)>,
+    /// What the update derives from the plan alone: the extents by manifest
+    /// entry, the destinations written.
+    pub resolved: Arc<Resolved>,
     /// The tag whose version the update moves.
     pub tag: TagId,
 }
@@ -43,6 +48,7 @@ pub struct UpdatePlan {
 pub fn build(
     manifest: &[SourceTensor],
     plan_for: PlanFor<'_>,
+    kept: KeptPlan<'_>,
     registry: &Registry,
     pool: &Pool,
     tag: Option<TagId>,
@@ -50,36 +56,11 @@ pub fn build(
     opts: &PlanOptions,
 ) -> Result<UpdatePlan> {
     let mut problems: Vec<String> = Vec::new();
-    let mut tensors = BTreeMap::new();
-    for (i, t) in manifest.iter().enumerate() {
-        let Some(len) = t.bytes() else {
-            problems.push(format!(
-                "`{}`: shape {:?} of {} overflows",
-                t.name, t.shape, t.dtype
-            ));
-            continue;
-        };
-        let info = TensorInfo {
-            name: t.name.clone(),
-            shard: i,
-            dtype: t.dtype,
-            shape: t.shape.clone(),
-            offset: 0,
-            len,
-        };
-        if tensors.insert(t.name.clone(), info).is_some() {
-            problems.push(format!("`{}` is in the source twice", t.name));
-        }
-    }
-    let plan = match plan_for(&tensors, opts) {
-        Ok(p) => Some(p),
-        Err(Error::Plan(s)) => {
-            problems.push(s);
-            None
-        }
-        Err(e) => return Err(e),
+    let plan = match kept(opts, &|tensors| made_from(manifest, tensors)) {
+        Some(plan) => Some(plan),
+        None => plan_of(manifest, plan_for, opts, &mut problems)?,
     };
-    let mut written = Vec::new();
+    let mut resolved = None;
     if let Some(plan) = &plan {
         let mut converted: Vec<&str> = plan
             .extents
@@ -93,8 +74,9 @@ pub fn build(
                 "`{name}`: its dtype differs from its destination's; an update copies bytes as they are (convert on the sender)"
             ));
         }
-        written = written_destinations(plan, registry);
+        resolved = Some(super::resolved::resolve(plan, manifest.len(), registry));
     }
+    let written: &[(DevicePtr, usize, String)] = resolved.as_ref().map_or(&[], |r| &r.written);
     let tag = match tag {
         Some(t) => {
             tag::check(t)?;
@@ -175,52 +157,82 @@ pub fn build(
             "update refused, nothing written: no destination receives any source tensor".into(),
         ));
     };
-    let mut by_tensor = vec![Vec::new(); manifest.len()];
-    for (i, e) in plan.extents.iter().enumerate() {
-        by_tensor[e.shard as usize].push(i);
-    }
-    for v in &mut by_tensor {
-        v.sort_by_key(|&i| plan.extents[i].src);
-    }
+    let resolved = resolved.expect("a plan was resolved");
     Ok(UpdatePlan {
         plan,
-        by_tensor,
-        written,
+        resolved,
         tag,
     })
 }
 
-/// Each destination some extent or fill writes, whole, by address.
-fn written_destinations(plan: &Plan, registry: &Registry) -> Vec<(DevicePtr, usize, String)> {
-    let mut dests: Vec<(DevicePtr, usize, String)> = registry
-        .iter()
-        .map(|d| (d.ptr, d.bytes(), d.name.clone()))
-        .collect();
-    dests.sort_by_key(|d| d.0);
-    let mut hit = vec![false; dests.len()];
-    let mut mark = |addr: DevicePtr| {
-        let i = dests.partition_point(|d| d.0 <= addr);
-        if i > 0 && addr < dests[i - 1].0 + dests[i - 1].1 as u64 {
-            hit[i - 1] = true;
+/// The plan `plan_for` makes from the manifest's tensors (each numbered by
+/// its place, whole from offset 0); the manifest's own problems (a size that
+/// overflows, a name given twice) and a plan refused go to `problems`.
+fn plan_of(
+    manifest: &[SourceTensor],
+    plan_for: PlanFor<'_>,
+    opts: &PlanOptions,
+    problems: &mut Vec<String>,
+) -> Result<Option<Arc<Plan>>> {
+    let mut tensors = BTreeMap::new();
+    for (i, t) in manifest.iter().enumerate() {
+        let Some(len) = t.bytes() else {
+            problems.push(format!(
+                "`{}`: shape {:?} of {} overflows",
+                t.name, t.shape, t.dtype
+            ));
+            continue;
+        };
+        let info = TensorInfo {
+            name: t.name.clone(),
+            shard: i,
+            dtype: t.dtype,
+            shape: t.shape.clone(),
+            offset: 0,
+            len,
+        };
+        if tensors.insert(t.name.clone(), info).is_some() {
+            problems.push(format!("`{}` is in the source twice", t.name));
         }
-    };
-    for e in &plan.extents {
-        mark(e.dst);
     }
-    for f in &plan.fills {
-        mark(f.dst);
+    match plan_for(&tensors, opts) {
+        Ok(p) => Ok(Some(p)),
+        Err(Error::Plan(s)) => {
+            problems.push(s);
+            Ok(None)
+        }
+        Err(e) => Err(e),
     }
-    dests
-        .into_iter()
-        .zip(hit)
-        .filter_map(|(d, h)| h.then_some(d))
-        .collect()
+}
+
+/// True when `tensors` are what [`plan_of`] makes of `manifest`: then the
+/// manifest's names are distinct (each maps to its own place) and no size
+/// overflows. Compared without building the set.
+fn made_from(manifest: &[SourceTensor], tensors: &BTreeMap<String, TensorInfo>) -> bool {
+    tensors.len() == manifest.len()
+        && manifest.iter().enumerate().all(|(i, t)| {
+            tensors.get(&t.name).is_some_and(|x| {
+                x.shard == i
+                    && x.dtype == t.dtype
+                    && x.shape == t.shape
+                    && x.offset == 0
+                    && Some(x.len) == t.bytes()
+            })
+        })
 }
 
 impl UpdatePlan {
     /// The extents reading tensor `t`.
     pub fn extents_of(&self, t: usize) -> impl Iterator<Item = &Extent> {
-        self.by_tensor[t].iter().map(|&i| &self.plan.extents[i])
+        self.resolved.by_tensor[t]
+            .iter()
+            .map(|&i| &self.plan.extents[i])
+    }
+
+    /// Each destination the update writes, whole: `(address, bytes, name)`,
+    /// by address.
+    pub fn written(&self) -> &[(DevicePtr, usize, String)] {
+        &self.resolved.written
     }
 
     /// Bytes the update writes into destinations.

@@ -7,9 +7,9 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use super::cut::{cut, Copy2d, Coverage};
-use super::plan::{self, PlanFor, UpdatePlan};
+use super::plan::{self, KeptPlan, PlanFor, UpdatePlan};
 use super::source::{Batch, Bytes, Source, SourceTensor};
-use super::{check_options, Staging, UpdateOptions, UpdateResult};
+use super::{check_options, Staging, UpdateOptions, UpdatePhases, UpdateResult};
 use crate::driver::{DevicePtr, Driver, EventId, StreamId};
 use crate::error::{Error, Result};
 use crate::loader::{check_destinations, Registry};
@@ -39,19 +39,27 @@ struct Done {
     seconds: f64,
 }
 
+/// Where an update's plan comes from: kept from an earlier update, or made.
+pub(super) struct Plans<'a> {
+    pub plan_for: PlanFor<'a>,
+    pub kept: KeptPlan<'a>,
+}
+
 pub(super) fn run(
     pool: &Pool,
-    plan_for: PlanFor<'_>,
+    plans: &Plans<'_>,
     registry: &Registry,
     source: &mut dyn Source,
     opts: &UpdateOptions,
 ) -> Result<UpdateResult> {
+    let called = Instant::now();
     check_options(opts)?;
     let manifest = source.manifest().to_vec();
     check_destinations(pool, registry)?;
     let up = plan::build(
         &manifest,
-        plan_for,
+        plans.plan_for,
+        plans.kept,
         registry,
         pool,
         opts.tag,
@@ -59,7 +67,7 @@ pub(super) fn run(
         &opts.plan,
     )?;
     let dests: Vec<(DevicePtr, usize, &str)> = up
-        .written
+        .written()
         .iter()
         .map(|(p, l, n)| (*p, *l, n.as_str()))
         .collect();
@@ -85,28 +93,35 @@ pub(super) fn run(
         manifest: &manifest,
         while_writing: &retire,
         retired: Cell::new(false),
+        called,
+        clock: Cell::new(UpdatePhases::default()),
+        first_copy: Cell::new(None),
     };
     let outcome = if staged {
         run.staged(source)
     } else {
         run.direct(source)
     };
-    let _ = driver.stream_synchronize(stream);
+    let _ = run.timed(|p| &mut p.wait, || driver.stream_synchronize(stream));
+    let books = Instant::now();
     let _ = driver.stream_destroy(stream);
     match outcome {
         Ok(done) => {
             run.destinations_queued();
             drop(pin);
             let version = ticket.commit();
+            let mut phases = run.clock.get();
+            phases.bookkeeping += books.elapsed().as_secs_f64();
             Ok(UpdateResult {
                 tag: up.tag,
                 version,
                 bytes: up.dst_bytes(),
-                destinations: up.written.len() as u64,
+                destinations: up.written().len() as u64,
                 copies: done.copies,
                 staged,
                 retried: done.retried,
                 seconds: done.seconds,
+                phases,
             })
         }
         Err(Failed::Untouched(e)) => Err(e),
@@ -141,14 +156,43 @@ struct Run<'a> {
     /// the device runs them.
     while_writing: &'a dyn Fn(),
     retired: Cell<bool>,
+    /// When the update was called.
+    called: Instant,
+    /// Time spent so far, by phase ([`UpdatePhases::plan`] is set when the
+    /// first copy is queued).
+    clock: Cell<UpdatePhases>,
+    first_copy: Cell<Option<Instant>>,
 }
 
 impl Run<'_> {
     /// Copies into the destinations are queued: run `while_writing` (once).
     fn destinations_queued(&self) {
         if !self.retired.replace(true) {
-            (self.while_writing)();
+            self.timed(|p| &mut p.bookkeeping, || (self.while_writing)());
         }
+    }
+
+    /// Run `f`, adding its time to the phase `phase` picks.
+    fn timed<T>(&self, phase: fn(&mut UpdatePhases) -> &mut f64, f: impl FnOnce() -> T) -> T {
+        let t0 = Instant::now();
+        let out = f();
+        let mut p = self.clock.get();
+        *phase(&mut p) += t0.elapsed().as_secs_f64();
+        self.clock.set(p);
+        out
+    }
+
+    /// The first copy is about to be queued: what came before was planning.
+    fn start_copies(&self) -> Instant {
+        if let Some(t) = self.first_copy.get() {
+            return t;
+        }
+        let now = Instant::now();
+        self.first_copy.set(Some(now));
+        let mut p = self.clock.get();
+        p.plan = (now - self.called).as_secs_f64();
+        self.clock.set(p);
+        now
     }
 
     /// Check a batch's pieces and record their coverage.
@@ -231,21 +275,28 @@ impl Run<'_> {
         remap: &dyn Fn(DevicePtr) -> DevicePtr,
         into_destinations: bool,
     ) -> Result<()> {
-        let queued = self.queue(copies).and_then(|()| {
-            for f in &self.up.plan.fills {
-                // SAFETY: fills lie in checked destinations (or their scratch).
-                unsafe {
-                    self.driver
-                        .memset_async(remap(f.dst), 0, f.len as usize, self.stream)
-                }?;
-            }
-            Ok(())
-        });
+        let queued: Result<()> = self.timed(
+            |p| &mut p.issue,
+            || {
+                self.queue(copies)?;
+                for f in &self.up.plan.fills {
+                    // SAFETY: fills lie in checked destinations (or their scratch).
+                    unsafe {
+                        self.driver
+                            .memset_async(remap(f.dst), 0, f.len as usize, self.stream)
+                    }?;
+                }
+                Ok(())
+            },
+        );
         if into_destinations {
             self.destinations_queued();
         }
         queued?;
-        self.driver.stream_synchronize(self.stream)
+        self.timed(
+            |p| &mut p.wait,
+            || self.driver.stream_synchronize(self.stream),
+        )
     }
 
     /// An event recorded on the update's stream after what is queued.
@@ -313,7 +364,7 @@ impl Run<'_> {
             .iter()
             .flat_map(|b| self.copies_of(b, &same))
             .collect();
-        let t0 = Instant::now();
+        let t0 = self.start_copies();
         let mut retried = false;
         if let Err(first) = self.write(&copies, &same, true) {
             retried = true;
@@ -337,7 +388,7 @@ impl Run<'_> {
     /// Copy pieces into scratch as they arrive (one batch in flight), then
     /// move the scratch into the destinations (retried once).
     fn staged(&self, source: &mut dyn Source) -> std::result::Result<Done, Failed> {
-        let written = &self.up.written;
+        let written = self.up.written();
         let mut offsets = Vec::with_capacity(written.len());
         let mut total = 0u64;
         for (_, len, _) in written {
@@ -351,7 +402,7 @@ impl Run<'_> {
             let i = written.partition_point(|d| d.0 <= p) - 1;
             base + offsets[i] + (p - written[i].0)
         };
-        let t0 = Instant::now();
+        let t0 = self.start_copies();
         let mut cov = Coverage::new(self.manifest.len());
         // One batch in flight: batch k's copies run on the device while the
         // source produces batch k + 1 (into its other buffer); k is released
@@ -371,7 +422,11 @@ impl Run<'_> {
             }
             let cs = self.copies_of(&b, &remap);
             copies += cs.len() as u64;
-            let ev = match self.queue(&cs).and_then(|()| self.record()) {
+            let queued = self.timed(
+                |p| &mut p.issue,
+                || self.queue(&cs).and_then(|()| self.record()),
+            );
+            let ev = match queued {
                 Ok(ev) => ev,
                 Err(e) => {
                     // Some of its copies may be queued: wait before handing it back.
@@ -381,7 +436,7 @@ impl Run<'_> {
                 }
             };
             if let Some((id, prev)) = inflight.replace((b.id, ev)) {
-                let done = self.driver.event_synchronize(prev);
+                let done = self.timed(|p| &mut p.wait, || self.driver.event_synchronize(prev));
                 let _ = self.driver.event_destroy(prev);
                 if let Err(e) = done {
                     let _ = self.driver.stream_synchronize(self.stream);
@@ -427,9 +482,14 @@ impl Run<'_> {
             })
             .collect();
         let mut retried = false;
-        let queued = self.queue(&flip);
+        let queued = self.timed(|p| &mut p.issue, || self.queue(&flip));
         self.destinations_queued();
-        let flipped = queued.and_then(|()| self.driver.stream_synchronize(self.stream));
+        let flipped = queued.and_then(|()| {
+            self.timed(
+                |p| &mut p.wait,
+                || self.driver.stream_synchronize(self.stream),
+            )
+        });
         if let Err(first) = flipped {
             retried = true;
             let _ = self.driver.stream_synchronize(self.stream);

@@ -64,6 +64,7 @@ mod sleep_hazards;
 mod update;
 #[cfg(feature = "cli")]
 mod update_cli;
+mod update_repeat;
 mod update_tp;
 mod update_transport_broadcast;
 mod update_transport_processes;

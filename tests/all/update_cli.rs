@@ -34,6 +34,20 @@ fn bench_update_reports_the_ratio_and_checks_the_bytes() {
     // The norms and embeddings are whole tensors: checked bitwise.
     assert!(j["verified_destinations"].as_u64().unwrap() >= 5, "{j}");
     assert_eq!(j["update_seconds"].as_array().unwrap().len(), 2);
+    let phases = j["update_phases"].as_array().unwrap();
+    assert_eq!(phases.len(), 2, "{j}");
+    for (p, whole) in phases.iter().zip(j["update_seconds"].as_array().unwrap()) {
+        let part = |k: &str| p[k].as_f64().unwrap();
+        assert!(
+            part("plan") > 0.0 && part("issue") > 0.0 && part("bookkeeping") > 0.0,
+            "{p}"
+        );
+        let sum = part("plan") + part("issue") + part("wait") + part("bookkeeping");
+        assert!(
+            sum <= whole.as_f64().unwrap(),
+            "phases {p} exceed the update's {whole} s"
+        );
+    }
 
     // A rank of a tensor-parallel world, staged.
     let r = vmmw(&[

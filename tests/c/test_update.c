@@ -119,6 +119,9 @@ int main(void) {
   CHECK_OK(vmmw_update(ld, pool, src, &uo, &ur, &err));
   CHECK(ur.version == 2 && ur.tag == tag && ur.destinations == 2 && !ur.staged);
   CHECK(ur.bytes == sizeof q2 + sizeof k2 + sizeof n2);
+  /* Where the time went: every phase took some, together no more than the call. */
+  CHECK(ur.plan_seconds > 0 && ur.issue_seconds > 0 && ur.wait_seconds >= 0 && ur.bookkeeping_seconds > 0);
+  CHECK(ur.seconds <= ur.plan_seconds + ur.issue_seconds + ur.wait_seconds + ur.bookkeeping_seconds);
   CHECK_OK(vmmw_pool_read(pool, dqk.ptr, after, sizeof after, &err));
   CHECK(memcmp(after, q2, sizeof q2) == 0 && memcmp(after + 12, k2, sizeof k2) == 0);
   CHECK_OK(vmmw_pool_read(pool, dn.ptr, nback, sizeof nback, &err));

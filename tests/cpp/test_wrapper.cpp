@@ -266,6 +266,7 @@ static void test_loader() {
     uo.expected_version = 1;
     const auto ur = vmmw::update(loader, pool, src, uo);
     CHECK(ur.version == 2 && ur.destinations == 2 && ur.bytes == (a.size() + b.size()) * 4);
+    CHECK(ur.plan_seconds > 0 && ur.issue_seconds > 0 && ur.bookkeeping_seconds > 0);
     pool.sleep({{w, vmmw::Policy::Reload}});
     pool.wake({w});
     pool.read(d.ptr, back.data(), back.size() * 4);

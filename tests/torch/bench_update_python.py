@@ -13,7 +13,10 @@ bytes:
 
 Reports each as GB/s and the ratio update_/copy_ (target >= 0.8), checks
 every destination against the trainer's tensors bitwise (torch.equal on the
-device), and writes the figures as JSON.
+device), and writes the figures as JSON. Where update_'s time goes, from
+more calls made after the timed ones with ``vt.update_timing`` on: its
+Python parts (state dicts, target, source, synchronize, version, the
+library call) and the library's phases (plan, issue, wait, bookkeeping).
 
   python3 tests/torch/bench_update_python.py --dir /root/vmmw-ckpt-8b --out update-python.json
 """
@@ -112,20 +115,43 @@ def main():
     copy_s = timed(lambda: torch_copy(view, trainer), a.repeat + 1, new_values)[1:]
     check(view, trainer)
 
+    # Where the time goes (timing on: not the calls timed above).
+    vt.update_timing(True)
+    parts, phases = [], []
+
+    def one_timed():
+        r = vt.update_(params, trainer)
+        parts.append(vt.update_timing())
+        phases.append({"plan": r.plan_seconds, "issue": r.issue_seconds, "wait": r.wait_seconds,
+                       "bookkeeping": r.bookkeeping_seconds, "core": r.seconds})
+        runs.append(r)
+
+    timed(one_timed, a.repeat, new_values)
+    vt.update_timing(False)
+    check(view, trainer)
+
+    def med_ms(rows):
+        return {k: statistics.median(r[k] for r in rows) * 1e3 for k in rows[0]}
+
+    python_ms, library_ms = med_ms(parts), med_ms(phases)
+
     upd = nbytes / statistics.median(update_s) / 1e9
     cp = nbytes / statistics.median(copy_s) / 1e9
     ratio = upd / cp
-    versions = [first.version] + [r.version for r in runs]
+    versions = [first.version] + [r.version for r in runs]  # the timed calls, then the timing ones
     assert versions == list(range(v0 + 1, v0 + 2 + len(runs))), versions
     result = {"bytes": nbytes, "tensors": len(trainer), "destinations": first.destinations,
-              "update_gbps": upd, "update_seconds": update_s, "update_core_seconds": [r.seconds for r in runs],
+              "update_gbps": upd, "update_seconds": update_s, "update_core_seconds": [r.seconds for r in runs[:a.repeat]],
               "copy_gbps": cp, "copy_seconds": copy_s, "ratio": ratio, "targets": {"ratio": 0.8},
-              "versions": versions}
+              "versions": versions, "update_python_ms": python_ms, "update_library_ms": library_ms}
     with open(a.out, "w") as f:
         json.dump(result, f, indent=2)
     print(f"update_ {upd:.0f} GB/s, torch copy_ {cp:.0f} GB/s over the same {nbytes / 1e9:.1f} GB: "
           f"{ratio:.3f} of copy_ (target 0.8); versions {versions[0]}..{versions[-1]}; every destination bitwise",
           flush=True)
+    print("update_ parts (median ms): " + ", ".join(f"{k} {v:.2f}" for k, v in python_ms.items())
+          + f"; wall {statistics.median(update_s) * 1e3:.2f}, copy_ {statistics.median(copy_s) * 1e3:.2f}", flush=True)
+    print("library phases (median ms): " + ", ".join(f"{k} {v:.2f}" for k, v in library_ms.items()), flush=True)
     del params, view, trainer
     vt.release_pools("weights")
     vt.trim()

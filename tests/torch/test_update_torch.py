@@ -86,3 +86,70 @@ def test_update_gives_the_trainers_logits_bitwise(tmp_path, name):
     del model, t, t2
     torch.cuda.synchronize()
     vt.release_pools(tag)
+
+
+def test_repeated_updates_follow_the_tensors_they_are_given(tmp_path):
+    """update_ keeps what it derived from a target and a source between
+    calls; every call still reads the tensors as they are now: moved tensors
+    at their new addresses, a changed shape refused with nothing written, a
+    target whose tensors changed no longer taken for the loaded one."""
+    tag = "update-repeat"
+    name = sorted(hf_models.CONFIGS)[0]
+    cfg = hf_models.CONFIGS[name]()
+    ids, _ = hf_models.write(cfg, tmp_path)
+    model = hf_models.empty_in_pool(cfg, vt, tag)
+    vt.load_(model, str(tmp_path))
+    pool = vt.pool()
+    v0 = pool.tag_version(tag)
+    t1, t2 = trainer(cfg, seed=21), trainer(cfg, seed=22)
+    want1, want2 = logits(t1, ids), logits(t2, ids)
+    sd1, sd2 = dict(t1.state_dict()), dict(t2.state_dict())
+    # A plain dict of the model's tensors is the loaded target too.
+    target = dict(model.state_dict(keep_vars=True))
+
+    source = dict(sd1)
+    assert vt.update_(target, source).version == v0 + 1
+    assert torch.equal(logits(model, ids), want1)
+    # The same dict, every tensor moved to the second trainer's memory.
+    source.update(sd2)
+    assert vt.update_(target, source).version == v0 + 2
+    assert torch.equal(logits(model, ids), want2), "the moved tensors were not read at their new addresses"
+    # Back to the first trainer's tensors, then one tensor reshaped in place.
+    source.update(sd1)
+    assert vt.update_(target, source).version == v0 + 3
+    assert torch.equal(logits(model, ids), want1)
+    first = sorted(k for k in source if source[k].dim() == 2)[0]
+    source[first] = source[first].reshape(-1)
+    with pytest.raises(vw.VmmwError) as e:
+        vt.update_(target, source)
+    assert e.value.status_name == "VMMW_PLAN_MISMATCH" and first in str(e.value)
+    assert pool.tag_version(tag) == v0 + 3
+    assert torch.equal(logits(model, ids), want1), "a refused update wrote bytes"
+    source[first] = sd1[first]
+
+    # Timing on: the parts of the call and the library's phases.
+    vt.update_timing(True)
+    try:
+        r = vt.update_(target, sd2)
+        parts = vt.update_timing()
+    finally:
+        vt.update_timing(False)
+    assert list(parts) == ["state_dict", "target", "source", "synchronize", "version", "update"], parts
+    assert all(v >= 0 for v in parts.values())
+    assert r.plan_seconds > 0 and r.issue_seconds > 0 and r.wait_seconds >= 0 and r.bookkeeping_seconds > 0
+    assert r.version == v0 + 4 and torch.equal(logits(model, ids), want2)
+
+    # A Reload cycle keeps the last update.
+    vt.sleep(**{tag: "reload"})
+    vt.wake(tag)
+    assert torch.equal(logits(model, ids), want2)
+
+    # A target whose tensor changed is not the loaded one any more.
+    key = next(k for k, v in target.items() if v.numel() > 0)
+    target[key] = torch.empty_like(target[key])
+    with pytest.raises(ValueError, match="load_"):
+        vt.update_(target, sd1)
+    assert pool.tag_version(tag) == v0 + 4
+    del model, target, t1, t2, sd1, sd2, source
+    torch.cuda.synchronize()
+    vt.release_pools(tag)

@@ -94,7 +94,9 @@ func updateOptions(o UpdateOptions) C.vmmw_update_options_t {
 func resultOf(r *C.vmmw_update_result_t) UpdateResult {
 	return UpdateResult{Tag: Tag(r.tag), Staged: r.staged != 0, Retried: r.retried != 0,
 		Version: uint64(r.version), Bytes: uint64(r.bytes), Destinations: uint64(r.destinations),
-		Copies: uint64(r.copies), Seconds: float64(r.seconds), GBps: float64(r.gbps)}
+		Copies: uint64(r.copies), Seconds: float64(r.seconds), GBps: float64(r.gbps),
+		PlanSeconds: float64(r.plan_seconds), IssueSeconds: float64(r.issue_seconds),
+		WaitSeconds: float64(r.wait_seconds), BookkeepingSeconds: float64(r.bookkeeping_seconds)}
 }
 
 // ReceiveIPC receives one update from the sender at path into loader's

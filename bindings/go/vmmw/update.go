@@ -98,6 +98,10 @@ type UpdateResult struct {
 	Staged, Retried                      bool
 	Version, Bytes, Destinations, Copies uint64
 	Seconds, GBps                        float64
+	// Where the call's time went, in seconds: checks and plan up to the
+	// first copy, queuing the copies, waiting for them, and bookkeeping
+	// (Reload retirement while the device copies, version publish).
+	PlanSeconds, IssueSeconds, WaitSeconds, BookkeepingSeconds float64
 }
 
 // Update writes source into the destinations loader registered, through its
@@ -134,9 +138,7 @@ func Update(loader *Loader, pool *Pool, source *UpdateSource, o UpdateOptions) (
 	if err != nil {
 		return UpdateResult{}, err
 	}
-	return UpdateResult{Tag: Tag(r.tag), Staged: r.staged != 0, Retried: r.retried != 0,
-		Version: uint64(r.version), Bytes: uint64(r.bytes), Destinations: uint64(r.destinations),
-		Copies: uint64(r.copies), Seconds: float64(r.seconds), GBps: float64(r.gbps)}, nil
+	return resultOf(&r), nil
 }
 
 // TagVersion is the weights version of tag in this pool (1 until an update

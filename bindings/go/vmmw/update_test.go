@@ -89,6 +89,10 @@ func TestUpdateWritesNewWeightsAndMovesTheVersion(t *testing.T) {
 	if err != nil || r.Version != 2 || r.Destinations != 2 || r.Tag != tag || r.Staged {
 		t.Fatalf("update %+v %v", r, err)
 	}
+	if r.PlanSeconds <= 0 || r.IssueSeconds <= 0 || r.BookkeepingSeconds <= 0 ||
+		r.Seconds > r.PlanSeconds+r.IssueSeconds+r.WaitSeconds+r.BookkeepingSeconds {
+		t.Fatalf("phases %+v", r)
+	}
 	if err := p.Sleep(TagPolicy{tag, Reload}); err != nil {
 		t.Fatal(err)
 	}

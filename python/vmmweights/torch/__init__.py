@@ -23,8 +23,12 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import operator
+import os
 import sys
 import threading
+import time
+import weakref
 from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple, Union
 
 import torch
@@ -61,6 +65,7 @@ __all__ = [
     "tensors",
     "trim",
     "update_",
+    "update_timing",
     "use_pool",
     "wake",
 ]
@@ -324,10 +329,22 @@ def load_(
 # Each load_'s loader (its rules and registered tensors), by the tensors it
 # filled, so update_ writes through the same rules.
 _loads: Dict[Tuple[Tuple[str, int, int], ...], Loader] = {}
-# The last update source per loaded target, by what it names (names,
-# addresses, dtypes, shapes, strides): an RL loop updating from the same
-# trainer tensors every step builds it once.
-_sources: Dict[Tuple[Tuple[str, int, int], ...], Tuple[Tuple[Any, ...], UpdateSource]] = {}
+# The last update source per loaded target, with the trainer tensors it was
+# built from (see _Seen): an RL loop updating from the same trainer tensors
+# every step builds it once.
+_sources: Dict[Tuple[Tuple[str, int, int], ...], Tuple["_Seen", UpdateSource]] = {}
+# What update_ derived from a target mapping (its loader, device, tag), by
+# the mapping's id, with the tensors it was derived from: a call whose
+# target holds the same tensors skips the signature.
+_targets: Dict[int, Tuple["_Seen", "_Target"]] = {}
+_TARGETS_KEPT = 8
+
+_data_ptr = torch.Tensor.data_ptr
+_stride = torch.Tensor.stride
+_shape = operator.attrgetter("shape")
+_dtype = operator.attrgetter("dtype")
+_is_cuda = operator.attrgetter("is_cuda")
+_deref = weakref.ref.__call__
 
 
 def _signature(tensors: Mapping[str, torch.Tensor]) -> Tuple[Tuple[str, int, int], ...]:
@@ -368,7 +385,95 @@ def update_(
     untouched or wholly new (docs/UPDATES.md). A Reload sleep afterwards
     keeps the update. Returns what the update did (bytes, seconds, gbps,
     version)."""
+    laps = _update_laps()
     tensors = _state_dict(target)
+    laps.lap("state_dict")
+    tgt = _target_of(target, tensors, tag)
+    laps.lap("target")
+    src_map = _state_dict(source)
+    with _lock:
+        cached = _sources.get(tgt.key)
+    if cached is not None and cached[0].holds(src_map):
+        src = cached[1]
+    else:
+        # The source moved, changed, or is new: check every tensor again.
+        items = [(n, t) for n, t in src_map.items() if t.numel() > 0]
+        src = _update_source(items, tgt.dev)
+        with _lock:
+            old = _sources.pop(tgt.key, None)
+            _sources[tgt.key] = (_Seen(src_map), src)
+        if old is not None:
+            old[1].close()
+    laps.lap("source")
+    torch.cuda.synchronize(tgt.dev)  # the trainer's kernels wrote the source; nothing may read the target
+    laps.lap("synchronize")
+    version = tgt.pool.tag_version(tgt.tag) if expected_version is None else expected_version
+    laps.lap("version")
+    # The source names the source tensors' memory: they are alive (the caller's) for the call.
+    done = _update(tgt.loader, tgt.pool, src, version, tag=tgt.tag, allow_missing=allow_missing,
+                   allow_unexpected=allow_unexpected, staged=staged)
+    laps.lap("update")
+    return done
+
+
+class _Target:
+    """What update_ needs of a loaded target: the loader whose rules it
+    writes through, its device and pool, the tag to version (`asked`: the
+    tag the caller named, None when it was found from the tensors)."""
+
+    __slots__ = ("key", "loader", "dev", "pool", "tag", "asked")
+
+    def __init__(self, key: Tuple[Tuple[str, int, int], ...], loader: Loader, dev: int, p: Pool,
+                 tag: str, asked: Optional[str]) -> None:
+        self.key, self.loader, self.dev, self.pool, self.tag, self.asked = key, loader, dev, p, tag, asked
+
+
+def _layout(tensors: Mapping[str, torch.Tensor]) -> Tuple[Any, ...]:
+    """Everything an update reads of `tensors` (names, addresses, shapes,
+    dtypes, strides, device kind), in their order, built without a Python
+    loop: equal layouts name the same bytes the same way."""
+    values = tensors.values()
+    return (tuple(tensors), tuple(map(_data_ptr, values)), tuple(map(_shape, values)),
+            tuple(map(_dtype, values)), tuple(map(_stride, values)), tuple(map(_is_cuda, values)))
+
+
+class _Seen:
+    """A mapping's tensors as update_ saw them: their names, the tensor
+    objects themselves (weakly: the cache keeps no trainer memory alive),
+    their addresses and their layout."""
+
+    __slots__ = ("names", "refs", "ptrs", "layout")
+
+    def __init__(self, tensors: Mapping[str, torch.Tensor]) -> None:
+        values = tensors.values()
+        self.names = tuple(tensors)
+        self.refs = tuple(map(weakref.ref, values))
+        self.ptrs = tuple(map(_data_ptr, values))
+        self.layout = _layout(tensors)
+
+    def holds(self, tensors: Mapping[str, torch.Tensor]) -> bool:
+        """True when `tensors` are the ones seen, where they were: the same
+        names and addresses, and the same tensor objects (a tensor's shape,
+        dtype and strides change in place only by ``resize_``, ``set_`` or
+        ``as_strided_``, which a trainer's parameters do not go through) or,
+        for other objects (``state_dict()`` detaches new ones each call), the
+        same layout read again."""
+        values = tensors.values()
+        if tuple(tensors) != self.names or tuple(map(_data_ptr, values)) != self.ptrs:
+            return False
+        return all(map(operator.is_, values, map(_deref, self.refs))) or _layout(tensors) == self.layout
+
+
+def _target_of(target: Any, tensors: Mapping[str, torch.Tensor], tag: Optional[str]) -> _Target:
+    """The loaded target `tensors` (of `target`) is: cached per mapping,
+    found again by the signature when its layout changed."""
+    with _lock:
+        hit = _targets.get(id(target))
+    if hit is not None and hit[1].asked == tag and hit[0].holds(tensors):
+        with _lock:
+            alive = _loads.get(hit[1].key) is hit[1].loader
+        if alive:
+            return hit[1]
     key = _signature(tensors)
     with _lock:
         ld = _loads.get(key)
@@ -378,30 +483,64 @@ def update_(
     first = next(t for t in tensors.values() if t.numel() > 0)
     dev = _device(first.device)
     p = pool(dev)
-    if tag is None:
+    found_tag = tag
+    if found_tag is None:
         try:
-            tag = p.tag_of(first.data_ptr())
+            found_tag = p.tag_of(first.data_ptr())
         except VmmwError as e:
             raise ValueError("update_: the tensors lie outside this library's pool; pass tag= to name "
                              "the version counter to move") from e
-    items = [(n, t) for n, t in _state_dict(source).items() if t.numel() > 0]
-    named = tuple((n, t.data_ptr(), t.dtype, t.shape, t.stride(), t.is_cuda) for n, t in items)
+    found = _Target(key, ld, dev, p, found_tag, tag)
     with _lock:
-        cached = _sources.get(key)
-    if cached is not None and cached[0] == named:
-        src = cached[1]
-    else:
-        src = _update_source(items, dev)
-        with _lock:
-            old = _sources.pop(key, None)
-            _sources[key] = (named, src)
-        if old is not None:
-            old[1].close()
-    torch.cuda.synchronize(dev)  # the trainer's kernels wrote the source; nothing may read the target
-    version = p.tag_version(tag) if expected_version is None else expected_version
-    # The source names `items`' memory: they are alive (the caller's) for the call.
-    return _update(ld, p, src, version, tag=tag, allow_missing=allow_missing,
-                   allow_unexpected=allow_unexpected, staged=staged)
+        _targets.pop(id(target), None)
+        _targets[id(target)] = (_Seen(tensors), found)
+        while len(_targets) > _TARGETS_KEPT:  # the oldest first (dicts keep insertion order)
+            del _targets[next(iter(_targets))]
+    return found
+
+
+class _Laps:
+    """Seconds between the marks update_ makes, when timing is on."""
+
+    def __init__(self) -> None:
+        self.last = time.perf_counter()
+        self.seconds: Dict[str, float] = {}
+
+    def lap(self, name: str) -> None:
+        now = time.perf_counter()
+        self.seconds[name] = now - self.last
+        self.last = now
+
+
+class _NoLaps:
+    """Timing off: marks cost a call that does nothing."""
+
+    def lap(self, name: str) -> None:
+        pass
+
+
+_NO_LAPS = _NoLaps()
+_last_laps: Optional[_Laps] = None
+_timing = bool(os.environ.get("VMMW_UPDATE_TIMING"))
+
+
+def _update_laps() -> Union[_Laps, _NoLaps]:
+    global _last_laps
+    if not _timing:
+        return _NO_LAPS
+    _last_laps = _Laps()
+    return _last_laps
+
+
+def update_timing(on: Optional[bool] = None) -> Dict[str, float]:
+    """Time the parts of :func:`update_` (also on when the environment sets
+    ``VMMW_UPDATE_TIMING``): `on` switches it; returns the last timed call's
+    seconds by part ("state_dict", "target", "source", "synchronize",
+    "version", "update": the library call), in order."""
+    global _timing
+    if on is not None:
+        _timing = bool(on)
+    return dict(_last_laps.seconds) if _last_laps is not None else {}
 
 
 def _update_source(items: List[Tuple[str, torch.Tensor]], dev: int) -> UpdateSource:

@@ -95,6 +95,8 @@ struct Output {
     destinations: u64,
     copies: u64,
     update_seconds: Vec<f64>,
+    /// Each timed update's phases (checks and plan, issue, wait, bookkeeping).
+    update_phases: Vec<update::UpdatePhases>,
     update_gbps: f64,
     copy_seconds: Vec<f64>,
     copy_gbps: f64,
@@ -288,12 +290,14 @@ pub fn run(a: Args) -> Result<()> {
     let (mut last, _) = one(&opts, &mut src)?;
     let mut update_seconds = Vec::with_capacity(a.repeat);
     let mut setup_ms = Vec::new();
+    let mut update_phases = Vec::with_capacity(a.repeat);
     for _ in 0..a.repeat {
         opts.expected_version = last.version;
         let t0 = Instant::now();
         let (r, setup) = one(&opts, &mut src)?;
         update_seconds.push(t0.elapsed().as_secs_f64());
         setup_ms.extend(setup.map(|s| s.as_secs_f64() * 1e3));
+        update_phases.push(r.phases);
         last = r;
     }
     if ipc {
@@ -348,6 +352,17 @@ pub fn run(a: Args) -> Result<()> {
         "  update {update_gbps:.1} GB/s (median of {}), device-to-device copy {copy_gbps:.1} GB/s: {ratio:.3} of the copy",
         a.repeat
     );
+    let ms = |f: fn(&update::UpdatePhases) -> f64| {
+        median(&update_phases.iter().map(f).collect::<Vec<_>>()) * 1e3
+    };
+    outln!(
+        "  update phases (median ms): plan {:.2}, issue {:.2}, wait {:.2}, bookkeeping {:.2}; whole call {:.2}",
+        ms(|p| p.plan),
+        ms(|p| p.issue),
+        ms(|p| p.wait),
+        ms(|p| p.bookkeeping),
+        median(&update_seconds) * 1e3
+    );
     outln!(
         "  version {first_version} -> {}; {verified} destinations equal their source, bitwise",
         last.version
@@ -369,6 +384,7 @@ pub fn run(a: Args) -> Result<()> {
         destinations: last.destinations,
         copies: last.copies,
         update_seconds,
+        update_phases,
         update_gbps,
         copy_seconds,
         copy_gbps,
