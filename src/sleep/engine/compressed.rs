@@ -2,10 +2,13 @@
 //! (`crate::codec`), encoded and decoded on the device, so only encoded
 //! bytes cross the link and occupy the pinned arena.
 //!
-//! A segment is cut into frames of [`FRAME_RAW_BYTES`] raw bytes. Sleep
-//! encodes frame j into device buffer j % 2 (counted over the whole sleep)
-//! while the copy of frame j-1 to the host runs; wake copies frame j+1 in
-//! while frame j decodes in place, so the link never waits for the codec. Each frame's blocks carry
+//! A segment is cut into frames of `SleepOptions::codec_frame_bytes` raw
+//! bytes, passed through a ring of `codec_ring` device buffers (frame t of
+//! the whole sleep or wake uses buffer t % ring). Sleep encodes frame j while
+//! the copies of the frames before it to the host run; wake queues the copies
+//! of frames j+1..j+ring-1 before it waits for frame j's and decodes it in
+//! place, so a host wait (or a chunk being mapped) never leaves the link
+//! idle. Each frame's blocks carry
 //! checksums: a corrupt backup fails the wake, and the caller unmaps what the
 //! wake mapped (the tag stays asleep, the backup untouched).
 
@@ -19,17 +22,13 @@ use crate::segment::map_new_at;
 use crate::sleep::backup::BackupArena;
 use crate::tag::TagId;
 
-/// Raw bytes per frame: the unit encoded, copied and decoded in one step.
-/// Small enough that the device scratch stays about 50 MiB, large enough
-/// that each launch fills the GPU (256 thread blocks).
-pub(super) const FRAME_RAW_BYTES: usize = 16 << 20;
-
 /// The most backup bytes a segment of `committed` bytes can take as frames
-/// (every block stored raw): the host-memory check of a sleep counts this.
-pub(super) fn max_backup_bytes(committed: usize) -> usize {
+/// of `frame` raw bytes (every block stored raw): the host-memory check of a
+/// sleep counts this.
+pub(super) fn max_backup_bytes(committed: usize, frame: usize) -> usize {
     (0..committed)
-        .step_by(FRAME_RAW_BYTES)
-        .map(|at| format::max_frame_bytes(FRAME_RAW_BYTES.min(committed - at)))
+        .step_by(frame)
+        .map(|at| format::max_frame_bytes(frame.min(committed - at)))
         .sum()
 }
 
@@ -85,9 +84,10 @@ impl SegmentBackup {
     }
 }
 
-/// Device memory for the codec during one sleep or wake: two frame buffers
-/// and the encoder's scratch (at wake: the decoder's status words), mapped
-/// on this device; events marking each buffer's last copy and its last use.
+/// Device memory for the codec during one sleep or wake: a ring of frame
+/// buffers and the encoder's scratch (at wake: the decoders' status words),
+/// mapped on this device; events marking each buffer's last copy and its
+/// last use.
 #[derive(Debug)]
 pub(super) struct CodecScratch {
     driver: Arc<dyn Driver>,
@@ -97,24 +97,61 @@ pub(super) struct CodecScratch {
     reserved: bool,
     handle: Option<PhysHandle>,
     mapped: bool,
-    frames: [DevicePtr; 2],
+    /// Raw bytes of the largest frame the buffers hold.
+    frame_raw: usize,
+    frames: Vec<DevicePtr>,
     scratch: DevicePtr,
-    copied: [EventId; 2],
-    done: [EventId; 2],
-    used: [bool; 2],
+    /// Status words at `scratch` (wake).
+    status_words: usize,
+    copied: Vec<EventId>,
+    done: Vec<EventId>,
+    used: Vec<bool>,
     /// Frames passed through the buffers so far: frame t of the whole
-    /// sleep or wake uses buffer t % 2, so the buffers alternate across
+    /// sleep or wake uses buffer t % ring, so the buffers cycle across
     /// segments too and a segment's first frame never waits for the copy of
     /// the one before's last.
     turn: usize,
 }
 
 impl CodecScratch {
-    /// Map scratch for frames of up to [`FRAME_RAW_BYTES`].
-    pub(super) fn new(driver: &Arc<dyn Driver>) -> Result<CodecScratch> {
-        let frame_room = format::max_frame_bytes(FRAME_RAW_BYTES).next_multiple_of(256);
-        let extra = format::encode_scratch_bytes(FRAME_RAW_BYTES).next_multiple_of(256);
-        let size = (2 * frame_room + extra).next_multiple_of(driver.granularity());
+    /// Map scratch for a sleep: `ring` buffers for frames of up to
+    /// `frame_raw` raw bytes, and the encoder's scratch.
+    pub(super) fn for_sleep(
+        driver: &Arc<dyn Driver>,
+        frame_raw: usize,
+        ring: usize,
+    ) -> Result<CodecScratch> {
+        Self::new(
+            driver,
+            frame_raw,
+            ring,
+            format::encode_scratch_bytes(frame_raw),
+            0,
+        )
+    }
+
+    /// Map scratch for a wake: `ring` buffers for frames of up to `frame_raw`
+    /// raw bytes, and a status word for each of `frames` frames.
+    pub(super) fn for_wake(
+        driver: &Arc<dyn Driver>,
+        frame_raw: usize,
+        ring: usize,
+        frames: usize,
+    ) -> Result<CodecScratch> {
+        Self::new(driver, frame_raw, ring, 4 * frames, frames)
+    }
+
+    fn new(
+        driver: &Arc<dyn Driver>,
+        frame_raw: usize,
+        ring: usize,
+        extra: usize,
+        status_words: usize,
+    ) -> Result<CodecScratch> {
+        let ring = ring.max(2);
+        let frame_room = format::max_frame_bytes(frame_raw).next_multiple_of(256);
+        let extra = extra.max(8).next_multiple_of(256);
+        let size = (ring * frame_room + extra).next_multiple_of(driver.granularity());
         let va = driver.reserve(size, 0)?;
         let mut sc = CodecScratch {
             driver: driver.clone(),
@@ -123,11 +160,13 @@ impl CodecScratch {
             reserved: true,
             handle: None,
             mapped: false,
-            frames: [va, va + frame_room as u64],
-            scratch: va + 2 * frame_room as u64,
-            copied: [EventId(0); 2],
-            done: [EventId(0); 2],
-            used: [false; 2],
+            frame_raw,
+            frames: (0..ring).map(|k| va + (k * frame_room) as u64).collect(),
+            scratch: va + (ring * frame_room) as u64,
+            status_words,
+            copied: vec![EventId(0); ring],
+            done: vec![EventId(0); ring],
+            used: vec![false; ring],
             turn: 0,
         };
         sc.handle = Some(
@@ -138,16 +177,16 @@ impl CodecScratch {
             })?,
         );
         sc.mapped = true;
-        for k in 0..2 {
+        for k in 0..ring {
             sc.copied[k] = driver.event_create()?;
             sc.done[k] = driver.event_create()?;
         }
         Ok(sc)
     }
 
-    /// Status words the scratch holds at wake (frames per segment).
-    fn status_words(&self) -> usize {
-        format::encode_scratch_bytes(FRAME_RAW_BYTES) / 4
+    /// Buffers in the ring.
+    fn ring(&self) -> usize {
+        self.frames.len()
     }
 
     /// Wait until buffer `k`'s last use has completed.
@@ -291,9 +330,10 @@ impl SleepEngine {
             );
         }
         let mut at = 0usize;
-        for (j, offset) in (0..committed).step_by(FRAME_RAW_BYTES).enumerate() {
-            let raw_len = FRAME_RAW_BYTES.min(committed - offset);
-            let k = (sc.turn + j) % 2;
+        let (frame, ring) = (sc.frame_raw, sc.ring());
+        for (j, offset) in (0..committed).step_by(frame).enumerate() {
+            let raw_len = frame.min(committed - offset);
+            let k = (sc.turn + j) % ring;
             sc.wait(k)?;
             // SAFETY: the segment is awake (mapped) and in this transition;
             // the frame buffer and scratch lie in `sc`, and no copy still
@@ -335,7 +375,7 @@ impl SleepEngine {
             sc.used[k] = true;
             at += len;
         }
-        sc.turn += committed.div_ceil(FRAME_RAW_BYTES);
+        sc.turn += committed.div_ceil(frame);
         let e = self.driver.event_create()?;
         if let Err(err) = self.driver.event_record(e, copy_on) {
             let _ = self.driver.event_destroy(e);
@@ -378,10 +418,12 @@ impl SleepEngine {
             (b.frames.clone(), runs, b.tag)
         };
         let first = decoded.len();
-        if first + frames.len() > sc.status_words() {
-            return Err(Error::Unsupported(format!(
-                "a wake of more than {} backup frames (16 MiB each)",
-                sc.status_words()
+        if first + frames.len() > sc.status_words || frames.iter().any(|f| f.raw_len > sc.frame_raw)
+        {
+            return Err(Error::InvalidState(format!(
+                "the wake's codec scratch holds {} status words and frames of {} raw bytes, \
+                 too few for the backup of segment {ptr:#x}",
+                sc.status_words, sc.frame_raw
             )));
         }
         let status = sc.scratch + 4 * first as u64;
@@ -391,9 +433,9 @@ impl SleepEngine {
             self.driver
                 .memset_async(status, 0xFF, 4 * frames.len(), decode_on)?
         };
-        let base = sc.turn;
+        let (base, ring) = (sc.turn, sc.ring());
         let issue = |sc: &mut CodecScratch, j: usize| -> Result<()> {
-            let k = (base + j) % 2;
+            let k = (base + j) % ring;
             sc.wait(k)?;
             for &(host, n, within) in &runs[j] {
                 // SAFETY: `host` holds `n` bytes of this segment's backup,
@@ -407,14 +449,17 @@ impl SleepEngine {
             self.driver.event_record(sc.copied[k], copy_on)
         };
         let mut copied = 0u64;
-        if !frames.is_empty() {
-            issue(sc, 0)?;
+        // The copies of the first ring - 1 frames go first; then each step
+        // queues one more copy before it waits for the oldest, so ring - 1
+        // copies are queued while the host waits or maps.
+        for j in 0..frames.len().min(ring - 1) {
+            issue(sc, j)?;
         }
         for (j, f) in frames.iter().enumerate() {
-            if j + 1 < frames.len() {
-                issue(sc, j + 1)?;
+            if j + ring - 1 < frames.len() {
+                issue(sc, j + ring - 1)?;
             }
-            let k = (base + j) % 2;
+            let k = (base + j) % ring;
             map_upto(f.offset + f.raw_len)?;
             self.driver.event_synchronize(sc.copied[k])?;
             // SAFETY: the frame is in buffer k (its copy completed); the

@@ -103,12 +103,15 @@ impl SleepEngine {
         if compress {
             self.release_stale_scratch();
         }
+        let (layout, frame, ring) = {
+            let o = &self.lock().options;
+            (o.codec_layout, o.codec_frame_bytes, o.codec_ring)
+        };
         let mut scratch = self.guard_scratch(if compress {
-            Some(CodecScratch::new(&self.driver)?)
+            Some(CodecScratch::for_sleep(&self.driver, frame, ring)?)
         } else {
             None
         });
-        let layout = self.lock().options.codec_layout;
         // Compressed backups pin as frames arrive: pinning the raw size
         // ahead would hold the bytes the codec saves.
         self.start_pinning(&todo, if compress { 0 } else { run.need_new });
@@ -159,7 +162,7 @@ impl SleepEngine {
                 let bound = if raw == 0 {
                     0
                 } else {
-                    compressed::max_backup_bytes(raw)
+                    compressed::max_backup_bytes(raw, s.options.codec_frame_bytes)
                 };
                 bound.saturating_sub(old.map_or(0, |b| b.len())) as u64
             } else if old.is_some_and(|b| &b.ranges == k && !b.is_compressed()) {

@@ -127,7 +127,16 @@ impl SleepEngine {
             self.release_stale_scratch();
         }
         let mut guard = self.guard_scratch(if any {
-            Some(CodecScratch::new(&self.driver)?)
+            // Buffers for the largest frame to restore, a status word per frame.
+            let (largest, frames) = {
+                let s = self.lock();
+                todo.iter()
+                    .filter_map(|t| s.backups.get(&t.ptr))
+                    .flat_map(|b| &b.frames)
+                    .fold((0, 0), |(m, n), f| (m.max(f.raw_len), n + 1))
+            };
+            let ring = self.lock().options.codec_ring;
+            Some(CodecScratch::for_wake(&self.driver, largest, ring, frames)?)
         } else {
             None
         });
