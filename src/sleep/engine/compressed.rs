@@ -388,90 +388,98 @@ impl SleepEngine {
         })
     }
 
-    /// Queue the restore of segment `ptr` from its compressed backup: copy
-    /// each frame to the device and decode it in place, the copy of frame
-    /// j+1 running while frame j decodes; `map_upto(end)` maps the segment's
-    /// chunks below segment offset `end`, called before each decode (so
-    /// mapping overlaps the copies).
-    /// `streams[0]` copies, `streams[1]` decodes. Each frame's verdict goes
-    /// to a status word of the scratch, listed in `decoded` for
-    /// [`Self::check_decoded`], which the wake calls once every segment is
-    /// queued (so no segment waits for the one before). Returns the encoded
-    /// bytes copied. Nothing here writes the backup.
+    /// Queue the restore of the segments `ptrs` from their compressed
+    /// backups: copy each frame to the device and decode it in place, one
+    /// ring over all the segments' frames, so ring - 1 copies are queued
+    /// ahead of every host wait, a segment's end included.
+    /// `map_upto(p, end)` maps the chunks of segment `ptrs[p]` below segment
+    /// offset `end`, called before each decode (so mapping overlaps the
+    /// copies). `streams[0]` copies, `streams[1]` decodes. Each frame's
+    /// verdict goes to a status word of the scratch, listed in `decoded` for
+    /// [`Self::check_decoded`], which the wake calls once every frame is
+    /// queued. Returns the encoded bytes copied. Nothing here writes the
+    /// backup.
     pub(super) fn restore_compressed(
         &self,
-        ptr: DevicePtr,
+        ptrs: &[DevicePtr],
         sc: &mut CodecScratch,
         streams: &[StreamId],
         decoded: &mut Vec<Decoded>,
-        map_upto: &mut dyn FnMut(usize) -> Result<()>,
+        map_upto: &mut dyn FnMut(usize, usize) -> Result<()>,
     ) -> Result<u64> {
         let (copy_on, decode_on) = (streams[0], streams[1 % streams.len()]);
-        let (frames, runs, tag) = {
-            let s = self.lock();
-            let b = &s.backups[&ptr];
-            let runs: Vec<Vec<HostRun>> = b
-                .frames
-                .iter()
-                .map(|f| b.byte_runs(&s.arena, f.at, f.len))
-                .collect();
-            (b.frames.clone(), runs, b.tag)
-        };
-        let first = decoded.len();
-        if first + frames.len() > sc.status_words || frames.iter().any(|f| f.raw_len > sc.frame_raw)
+        // Every frame of every segment, in order: (segment, its frame index,
+        // the frame, its host runs).
+        let mut all: Vec<(usize, usize, FrameRec, Vec<HostRun>)> = Vec::new();
+        let mut tags = Vec::with_capacity(ptrs.len());
         {
+            let s = self.lock();
+            for (p, ptr) in ptrs.iter().enumerate() {
+                let b = &s.backups[ptr];
+                tags.push(b.tag);
+                for (j, f) in b.frames.iter().enumerate() {
+                    all.push((p, j, *f, b.byte_runs(&s.arena, f.at, f.len)));
+                }
+            }
+        }
+        let first = decoded.len();
+        if first + all.len() > sc.status_words || all.iter().any(|f| f.2.raw_len > sc.frame_raw) {
             return Err(Error::InvalidState(format!(
                 "the wake's codec scratch holds {} status words and frames of {} raw bytes, \
-                 too few for the backup of segment {ptr:#x}",
-                sc.status_words, sc.frame_raw
+                 too few for {} backup frames",
+                sc.status_words,
+                sc.frame_raw,
+                all.len()
             )));
         }
         let status = sc.scratch + 4 * first as u64;
-        // SAFETY: the status words lie in the scratch, mapped; no decode
-        // queued before uses these.
-        unsafe {
-            self.driver
-                .memset_async(status, 0xFF, 4 * frames.len(), decode_on)?
-        };
+        if !all.is_empty() {
+            // SAFETY: the status words lie in the scratch, mapped; no decode
+            // queued before uses these.
+            unsafe {
+                self.driver
+                    .memset_async(status, 0xFF, 4 * all.len(), decode_on)?
+            };
+        }
         let (base, ring) = (sc.turn, sc.ring());
-        let issue = |sc: &mut CodecScratch, j: usize| -> Result<()> {
-            let k = (base + j) % ring;
+        let issue = |sc: &mut CodecScratch, n: usize| -> Result<()> {
+            let k = (base + n) % ring;
             sc.wait(k)?;
-            for &(host, n, within) in &runs[j] {
-                // SAFETY: `host` holds `n` bytes of this segment's backup,
+            for &(host, len, within) in &all[n].3 {
+                // SAFETY: `host` holds `len` bytes of this segment's backup,
                 // kept (busy) for the whole wake; the buffer's last decode
                 // has completed (waited above).
                 unsafe {
                     self.driver
-                        .copy_htod_async(sc.frames[k] + within as u64, host, n, copy_on)?
+                        .copy_htod_async(sc.frames[k] + within as u64, host, len, copy_on)?
                 };
             }
             self.driver.event_record(sc.copied[k], copy_on)
         };
         let mut copied = 0u64;
         // The copies of the first ring - 1 frames go first; then each step
-        // queues one more copy before it waits for the oldest, so ring - 1
-        // copies are queued while the host waits or maps.
-        for j in 0..frames.len().min(ring - 1) {
-            issue(sc, j)?;
+        // queues one more copy before it waits for the oldest.
+        for n in 0..all.len().min(ring - 1) {
+            issue(sc, n)?;
         }
-        for (j, f) in frames.iter().enumerate() {
-            if j + ring - 1 < frames.len() {
-                issue(sc, j + ring - 1)?;
+        for n in 0..all.len() {
+            if n + ring - 1 < all.len() {
+                issue(sc, n + ring - 1)?;
             }
-            let k = (base + j) % ring;
-            map_upto(f.offset + f.raw_len)?;
+            let (p, j, f) = (all[n].0, all[n].1, all[n].2);
+            let k = (base + n) % ring;
+            map_upto(p, f.offset + f.raw_len)?;
             self.driver.event_synchronize(sc.copied[k])?;
             // SAFETY: the frame is in buffer k (its copy completed); the
-            // segment range is mapped (map_upto above) and status word j
+            // segment range is mapped (map_upto above) and status word n
             // lies in the scratch.
             unsafe {
                 self.driver.codec_decode_async(
                     sc.frames[k],
                     f.len,
-                    ptr + f.offset as u64,
+                    ptrs[p] + f.offset as u64,
                     f.raw_len,
-                    status + 4 * j as u64,
+                    status + 4 * n as u64,
                     decode_on,
                 )
             }?;
@@ -479,13 +487,13 @@ impl SleepEngine {
             sc.used[k] = true;
             copied += f.len as u64;
             decoded.push(Decoded {
-                tag,
-                ptr,
+                tag: tags[p],
+                ptr: ptrs[p],
                 frame: j,
-                rec: *f,
+                rec: f,
             });
         }
-        sc.turn += frames.len();
+        sc.turn += all.len();
         Ok(copied)
     }
 
