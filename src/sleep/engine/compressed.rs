@@ -103,7 +103,11 @@ pub(super) struct CodecScratch {
     scratch: DevicePtr,
     /// Status words at `scratch` (wake).
     status_words: usize,
-    copied: Vec<EventId>,
+    /// One length word per buffer after the encoder's scratch (sleep): where
+    /// the encode of the buffer's frame leaves the frame's length.
+    len_words: DevicePtr,
+    /// The buffer's frame is ready: encoded (sleep) or copied in (wake).
+    ready: Vec<EventId>,
     done: Vec<EventId>,
     used: Vec<bool>,
     /// Frames passed through the buffers so far: frame t of the whole
@@ -115,19 +119,17 @@ pub(super) struct CodecScratch {
 
 impl CodecScratch {
     /// Map scratch for a sleep: `ring` buffers for frames of up to
-    /// `frame_raw` raw bytes, and the encoder's scratch.
+    /// `frame_raw` raw bytes, the encoder's scratch and a length word per
+    /// buffer.
     pub(super) fn for_sleep(
         driver: &Arc<dyn Driver>,
         frame_raw: usize,
         ring: usize,
     ) -> Result<CodecScratch> {
-        Self::new(
-            driver,
-            frame_raw,
-            ring,
-            format::encode_scratch_bytes(frame_raw),
-            0,
-        )
+        let encoder = format::encode_scratch_bytes(frame_raw).next_multiple_of(256);
+        let mut sc = Self::new(driver, frame_raw, ring, encoder + 8 * ring, 0)?;
+        sc.len_words = sc.scratch + encoder as u64;
+        Ok(sc)
     }
 
     /// Map scratch for a wake: `ring` buffers for frames of up to `frame_raw`
@@ -164,7 +166,8 @@ impl CodecScratch {
             frames: (0..ring).map(|k| va + (k * frame_room) as u64).collect(),
             scratch: va + (ring * frame_room) as u64,
             status_words,
-            copied: vec![EventId(0); ring],
+            len_words: 0,
+            ready: vec![EventId(0); ring],
             done: vec![EventId(0); ring],
             used: vec![false; ring],
             turn: 0,
@@ -178,7 +181,7 @@ impl CodecScratch {
         );
         sc.mapped = true;
         for k in 0..ring {
-            sc.copied[k] = driver.event_create()?;
+            sc.ready[k] = driver.event_create()?;
             sc.done[k] = driver.event_create()?;
         }
         Ok(sc)
@@ -207,7 +210,7 @@ impl CodecScratch {
         if self.driver.synchronize().is_err() {
             return false;
         }
-        for e in self.copied.iter_mut().chain(self.done.iter_mut()) {
+        for e in self.ready.iter_mut().chain(self.done.iter_mut()) {
             if e.0 != 0 {
                 // An event that does not go away holds no memory.
                 let _ = self.driver.event_destroy(*e);
@@ -331,23 +334,61 @@ impl SleepEngine {
         }
         let mut at = 0usize;
         let (frame, ring) = (sc.frame_raw, sc.ring());
-        for (j, offset) in (0..committed).step_by(frame).enumerate() {
-            let raw_len = frame.min(committed - offset);
-            let k = (sc.turn + j) % ring;
+        let count = committed.div_ceil(frame);
+        let base = sc.turn;
+        let raw_len = |j: usize| frame.min(committed - j * frame);
+        // Queue frame j's encode into its buffer, once the copy that used
+        // the buffer a ring earlier has completed.
+        let queue = |sc: &mut CodecScratch, j: usize| -> Result<()> {
+            let k = (base + j) % ring;
             sc.wait(k)?;
             // SAFETY: the segment is awake (mapped) and in this transition;
-            // the frame buffer and scratch lie in `sc`, and no copy still
-            // reads the buffer (waited above).
-            let len = unsafe {
-                self.driver.codec_encode(
-                    ptr + offset as u64,
-                    raw_len,
+            // the frame buffer, the encoder's scratch (used in stream order)
+            // and the length word lie in `sc`, and no copy still reads the
+            // buffer (waited above).
+            unsafe {
+                self.driver.codec_encode_async(
+                    ptr + (j * frame) as u64,
+                    raw_len(j),
                     layout,
                     sc.frames[k],
                     sc.scratch,
+                    sc.len_words + 8 * k as u64,
                     encode_on,
                 )
             }?;
+            self.driver.event_record(sc.ready[k], encode_on)
+        };
+        // The encodes of the first ring - 1 frames go first; each step then
+        // waits for the oldest, queues its copy, and queues one more encode,
+        // so the encoder is never idle while the host learns a length.
+        for j in 0..count.min(ring - 1) {
+            queue(sc, j)?;
+        }
+        for j in 0..count {
+            let (offset, raw_len) = (j * frame, raw_len(j));
+            let k = (base + j) % ring;
+            self.driver.event_synchronize(sc.ready[k])?;
+            let mut word = [0u8; 8];
+            // SAFETY: `word` outlives the synchronize below; the length word
+            // lies in the scratch and its encode has completed.
+            unsafe {
+                self.driver.copy_dtoh_async(
+                    word.as_mut_ptr(),
+                    sc.len_words + 8 * k as u64,
+                    8,
+                    StreamId::DEFAULT,
+                )
+            }?;
+            self.driver.stream_synchronize(StreamId::DEFAULT)?;
+            let len = u64::from_le_bytes(word) as usize;
+            if len > format::max_frame_bytes(raw_len) {
+                return Err(Error::InvalidState(format!(
+                    "the device encoder reports a frame of {len} bytes for {raw_len} raw bytes, \
+                     over the largest possible ({}); the codec PTX does not match this build",
+                    format::max_frame_bytes(raw_len)
+                )));
+            }
             let runs = {
                 let mut guard = self.lock();
                 let s = &mut *guard;
@@ -365,7 +406,7 @@ impl SleepEngine {
             for (host, n, within) in runs {
                 // SAFETY: `host` points at `n` bytes of this segment's backup,
                 // kept (busy) until the copies are waited on; the frame
-                // buffer holds the encoded frame (codec_encode waited for it).
+                // buffer holds the encoded frame (its encode completed).
                 unsafe {
                     self.driver
                         .copy_dtoh_async(host, sc.frames[k] + within as u64, n, copy_on)?
@@ -374,8 +415,13 @@ impl SleepEngine {
             self.driver.event_record(sc.done[k], copy_on)?;
             sc.used[k] = true;
             at += len;
+            if j + ring - 1 < count {
+                // Its buffer held frame j - 1, whose copy runs ahead of
+                // frame j's: the link stays busy while the host waits.
+                queue(sc, j + ring - 1)?;
+            }
         }
-        sc.turn += committed.div_ceil(frame);
+        sc.turn += count;
         let e = self.driver.event_create()?;
         if let Err(err) = self.driver.event_record(e, copy_on) {
             let _ = self.driver.event_destroy(e);
@@ -454,7 +500,7 @@ impl SleepEngine {
                         .copy_htod_async(sc.frames[k] + within as u64, host, len, copy_on)?
                 };
             }
-            self.driver.event_record(sc.copied[k], copy_on)
+            self.driver.event_record(sc.ready[k], copy_on)
         };
         let mut copied = 0u64;
         // The copies of the first ring - 1 frames go first; then each step
@@ -469,7 +515,7 @@ impl SleepEngine {
             let (p, j, f) = (all[n].0, all[n].1, all[n].2);
             let k = (base + n) % ring;
             map_upto(p, f.offset + f.raw_len)?;
-            self.driver.event_synchronize(sc.copied[k])?;
+            self.driver.event_synchronize(sc.ready[k])?;
             // SAFETY: the frame is in buffer k (its copy completed); the
             // segment range is mapped (map_upto above) and status word n
             // lies in the scratch.
