@@ -19,6 +19,9 @@ fn pool(b: &Backend) -> Pool {
     let config = PoolConfig {
         sleep: SleepOptions {
             backup_slab_bytes: 8 << 20,
+            // The 40 MiB of `fill` cross more frames than the ring holds.
+            codec_frame_bytes: 16 << 20,
+            codec_ring: 2,
             ..SleepOptions::default()
         },
         ..PoolConfig::default()
@@ -40,7 +43,7 @@ fn read(d: &Arc<dyn Driver>, ptr: DevicePtr, len: usize) -> Vec<u8> {
     v
 }
 
-/// bf16 weights over more than two frames (double buffering), a block of
+/// bf16 weights over more frames than the test pool's ring holds, a block of
 /// random bytes and a small odd-sized one: `(ptr, bytes)`.
 fn fill(p: &Pool, t: tag::TagId) -> Vec<(DevicePtr, Vec<u8>)> {
     let d = p.driver().clone();

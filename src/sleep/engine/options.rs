@@ -81,7 +81,7 @@ pub struct SleepOptions {
     pub codec_layout: Layout,
     /// Raw bytes per OffloadCompressed frame (the unit encoded, copied and
     /// decoded in one step): a multiple of the codec's 64 KiB block in
-    /// [`CODEC_FRAME_BYTES`]. Default: `VMMW_CODEC_FRAME_MIB` or 16 MiB.
+    /// [`CODEC_FRAME_BYTES`]. Default: `VMMW_CODEC_FRAME_MIB` or 32 MiB.
     pub codec_frame_bytes: usize,
     /// Device frame buffers OffloadCompressed cycles through, in
     /// [`CODEC_RING`]: the sleep and the wake keep this many frames in
@@ -119,7 +119,7 @@ fn codec_defaults() -> (usize, usize) {
             }
         };
         (
-            read("VMMW_CODEC_FRAME_MIB", 1 << 20, &CODEC_FRAME_BYTES, 16 << 20),
+            read("VMMW_CODEC_FRAME_MIB", 1 << 20, &CODEC_FRAME_BYTES, 32 << 20),
             read("VMMW_CODEC_RING", 1, &CODEC_RING, 3),
         )
     })
