@@ -8,7 +8,8 @@
 #   decode gives the bytes back, corrupt frames are refused;
 # - with BENCH=1: `vmmw bench-codec` against raw Offload on the link measured
 #   in the same run (bf16 from the checkpoint 20-load.sh generated, in
-#   LOAD_DIR, plus synthetic bf16 N(0, 0.02^2), fp16, fp32 and random bytes).
+#   LOAD_DIR, plus synthetic bf16 N(0, 0.02^2), fp16, fp32 and random bytes)
+#   and its sweep of frame size x ring depth; the targets as PASS/FAIL rows.
 set -uo pipefail
 source scripts/gpu-lib.sh
 rc=0
@@ -69,10 +70,37 @@ if [ "${BENCH:-0}" = 1 ]; then
   fi
   [ ${#args[@]} -le 2 ] && echo "codec bench: no trained weights in the HF cache ($hub)" 
   out="$VMMW_GPU_OUT/codec-bench"
-  .gpu/vmmw bench-codec --backend cuda --json "$out.json" "${args[@]}" 2>&1 | tee "$out.txt"
+  # --sweep: frame 16/32/64 MiB x ring 2/3/4 on synthetic bf16 and random
+  # data after the main rows, into the same text and JSON.
+  .gpu/vmmw bench-codec --backend cuda --sweep --json "$out.json" "${args[@]}" 2>&1 | tee "$out.txt"
   t=${PIPESTATUS[0]}
   if [ "$t" -eq 0 ]; then
-    result "codec: bench against raw Offload" INFO "$(grep -E '^(checkpoint|synthetic bf16|random)' "$out.txt" | cut -c1-200 | tr '\n' ' ')"
+    # The targets, one row each: on bf16 (checkpoints coded as bf16 and the
+    # synthetic bf16) wake >= 1.3x and sleep >= 1.2x the link and the backup
+    # <= 75% of raw; on random bytes sleep and wake within 3% of Offload.
+    while IFS=$'\t' read -r name status detail; do
+      result "$name" "$status" "$detail"
+      [ "$status" = FAIL ] && rc=1
+    done < <(python3 - "$out.json" <<'PY'
+import json, sys
+doc = json.load(open(sys.argv[1]))
+def row(name, ok, detail):
+    print(f"{name}\t{'PASS' if ok else 'FAIL'}\t{detail}")
+for r in doc["rows"]:
+    d = r["dataset"]
+    if d.startswith("random"):
+        row("codec: random bytes within 3% of Offload",
+            r["sleep_vs_offload"] >= 0.97 and r["wake_vs_offload"] >= 0.97,
+            f"sleep {r['sleep_vs_offload']:.3f}x, wake {r['wake_vs_offload']:.3f}x Offload (>= 0.97)")
+    elif r["layout"] == "half" and ("BF16" in d or "bf16" in d):
+        short = d.split(" (")[0][-60:]
+        row(f"codec: {short}: wake >= 1.3x link", r["wake_vs_link"] >= 1.3, f"{r['wake_vs_link']:.3f}x")
+        row(f"codec: {short}: sleep >= 1.2x link", r["sleep_vs_link"] >= 1.2, f"{r['sleep_vs_link']:.3f}x")
+        row(f"codec: {short}: backup <= 75%", r["backup_ratio"] <= 0.75, f"{100 * r['backup_ratio']:.1f}%")
+PY
+    )
+    result "codec: bench rows" INFO "$(grep -E '^(checkpoint|synthetic|random)' "$out.txt" | cut -c1-160 | tr '\n' ' ')"
+    result "codec: sweep (frame MiB x ring)" INFO "$(grep -E '^sweep (best|chosen)' "$out.txt" | tr '\n' ' ')"
   else
     result "codec: bench against raw Offload" FAIL "exit $t; see codec-bench.txt"
     rc=1

@@ -387,6 +387,27 @@ pub trait Driver: std::any::Any + Send + Sync + fmt::Debug {
         stream: StreamId,
     ) -> Result<usize>;
 
+    /// Queue what [`Driver::codec_encode`] does on `stream` without waiting:
+    /// the frame's length lands at `len_at` (a little-endian `u64`) once
+    /// `stream` has passed the encode, so a caller keeps encodes queued
+    /// while it waits for an earlier one.
+    ///
+    /// # Safety
+    /// As [`Driver::codec_encode`], and the eight bytes at `len_at`
+    /// (8-aligned) are mapped, writable and overlap nothing else of the call;
+    /// every range stays so until `stream` has passed the encode.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn codec_encode_async(
+        &self,
+        src: DevicePtr,
+        len: usize,
+        layout: Layout,
+        dst: DevicePtr,
+        scratch: DevicePtr,
+        len_at: DevicePtr,
+        stream: StreamId,
+    ) -> Result<()>;
+
     /// Queue the decode of the frame of `frame_len` bytes at `frame` into
     /// the `raw_len` bytes at `dst`. Each block's checksum is checked: a
     /// corrupt frame lowers the `u32` at `status` (which the caller sets to

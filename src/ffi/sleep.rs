@@ -364,6 +364,8 @@ pub unsafe extern "C" fn vmmw_pool_set_sleep_options(
                         ))
                     })?,
             },
+            codec_frame_bytes: d.codec_frame_bytes,
+            codec_ring: d.codec_ring,
         };
         p.pool.set_sleep_options(opts)
     })

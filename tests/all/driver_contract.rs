@@ -1109,6 +1109,36 @@ fn codec_frames_equal_the_reference() {
                 &read(d.as_ref(), m.at(frame_at), n),
                 &want,
             );
+            // The queued encode makes the same frame and leaves its length
+            // at the word given, once the stream has passed it.
+            fill(d.as_ref(), m.at(frame_at), 0xEE, frame_room);
+            // SAFETY: as above; the length word lies inside `m` after the
+            // status word, apart from the other ranges.
+            unsafe {
+                d.codec_encode_async(
+                    m.at(raw_at + shift),
+                    raw.len(),
+                    *layout,
+                    m.at(frame_at),
+                    m.at(scratch_at),
+                    m.at(status_at + 8),
+                    s,
+                )
+            }
+            .unwrap_or_else(|e| panic!("{what}: codec_encode_async: {e}"));
+            d.stream_synchronize(s).unwrap();
+            let len =
+                u64::from_le_bytes(read(d.as_ref(), m.at(status_at + 8), 8).try_into().unwrap());
+            assert_eq!(
+                len as usize,
+                want.len(),
+                "{what}: codec_encode_async's length"
+            );
+            assert_same(
+                &format!("{what}: queued frame"),
+                &read(d.as_ref(), m.at(frame_at), n),
+                &want,
+            );
             let decode = |status: u32| {
                 fill(d.as_ref(), m.at(out_at), 0xEE, raw_room + guard);
                 write(d.as_ref(), m.at(status_at), &status.to_le_bytes());

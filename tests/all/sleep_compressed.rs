@@ -19,6 +19,9 @@ fn pool(b: &Backend) -> Pool {
     let config = PoolConfig {
         sleep: SleepOptions {
             backup_slab_bytes: 8 << 20,
+            // The 40 MiB of `fill` cross more frames than the ring holds.
+            codec_frame_bytes: 16 << 20,
+            codec_ring: 2,
             ..SleepOptions::default()
         },
         ..PoolConfig::default()
@@ -40,7 +43,7 @@ fn read(d: &Arc<dyn Driver>, ptr: DevicePtr, len: usize) -> Vec<u8> {
     v
 }
 
-/// bf16 weights over more than two frames (double buffering), a block of
+/// bf16 weights over more frames than the test pool's ring holds, a block of
 /// random bytes and a small odd-sized one: `(ptr, bytes)`.
 fn fill(p: &Pool, t: tag::TagId) -> Vec<(DevicePtr, Vec<u8>)> {
     let d = p.driver().clone();
@@ -262,4 +265,119 @@ fn a_backup_over_the_host_limit_is_refused_before_anything_moves() {
             check(&p, &blocks, "after a sleep with room");
         }
     });
+}
+
+/// Pool `p` with frames of `frame` bytes and a ring of `ring` buffers.
+fn set_codec(p: &Pool, frame: usize, ring: usize) -> vmmweights::Result<()> {
+    p.set_sleep_options(SleepOptions {
+        backup_slab_bytes: 8 << 20,
+        codec_frame_bytes: frame,
+        codec_ring: ring,
+        ..SleepOptions::default()
+    })
+}
+
+#[test]
+fn every_frame_size_and_ring_depth_gives_the_bytes_back() {
+    let test = "every_frame_size_and_ring_depth_gives_the_bytes_back";
+    on_each_backend(test, |b| {
+        let p = pool(b);
+        let t = tag::id("compressed-ring").unwrap();
+        let d = p.driver().clone();
+        // Several segments of several frames each, one shorter than a frame,
+        // so the ring wraps inside segments and across them.
+        let blocks: Vec<(DevicePtr, Vec<u8>)> = [
+            normal_bf16((5 << 20) / 2 + 777, 0.02, 51),
+            Rng::new(52).bytes((1 << 20) + 4096),
+            normal_bf16((3 << 20) / 2, 0.02, 53),
+            normal_bf16(5000, 1.0, 54),
+        ]
+        .into_iter()
+        .map(|bytes| {
+            let blk = p.alloc_tagged(bytes.len(), t).unwrap();
+            write(&d, blk.ptr, &bytes);
+            (blk.ptr, bytes)
+        })
+        .collect();
+        for (frame, ring) in [(1 << 20, 2), (1 << 20, 8), (3 << 20, 3), (64 << 20, 4)] {
+            set_codec(&p, frame, ring).unwrap();
+            if !sleep_compressed(&p, t, test, b) {
+                return;
+            }
+            // Reads of asleep memory cross frame edges.
+            let (ptr, want) = &blocks[0];
+            let mut got = vec![0u8; 3 << 20];
+            p.read_backup(ptr + 1_000_000, &mut got).unwrap();
+            assert!(
+                got[..] == want[1_000_000..1_000_000 + (3 << 20)],
+                "frame {frame}, ring {ring}: read_backup"
+            );
+            p.wake(&[t]).unwrap();
+            check(
+                &p,
+                &blocks,
+                &format!("{}: frame {frame}, ring {ring}", b.kind()),
+            );
+        }
+        // A backup made with one frame size wakes under another.
+        set_codec(&p, 2 << 20, 2).unwrap();
+        assert!(sleep_compressed(&p, t, test, b));
+        set_codec(&p, 1 << 20, 5).unwrap();
+        p.wake(&[t]).unwrap();
+        check(
+            &p,
+            &blocks,
+            "frames of 2 MiB woken with the options of 1 MiB",
+        );
+        // A corrupt frame deep in the ring still fails the wake, the tag asleep.
+        if let Some(h) = b.host() {
+            set_codec(&p, 1 << 20, 4).unwrap();
+            assert!(sleep_compressed(&p, t, test, b));
+            for nth in [1, 6, 9] {
+                h.faults().corrupt_nth(FaultOp::CopyHtod, nth);
+                let e = p.wake(&[t]).unwrap_err().to_string();
+                assert!(
+                    e.contains("corrupt") && e.contains("checksum"),
+                    "copy {nth}: {e}"
+                );
+                let r = p.report();
+                let u = r.tags.iter().find(|u| u.tag == "compressed-ring").unwrap();
+                assert!(
+                    u.asleep && u.tracked_bytes == 0,
+                    "copy {nth}: asleep, released"
+                );
+            }
+            p.wake(&[t]).unwrap();
+            check(&p, &blocks, "wake after corrupt frames in a ring of 4");
+        }
+    });
+}
+
+#[test]
+fn codec_frame_and_ring_options_out_of_range_are_refused() {
+    on_each_backend(
+        "codec_frame_and_ring_options_out_of_range_are_refused",
+        |b| {
+            let p = pool(b);
+            let before = p.sleep_engine().options();
+            for (frame, ring, what) in [
+                (0, 3, "codec_frame_bytes"),
+                ((1 << 20) + 4096, 3, "codec_frame_bytes"),
+                (512 << 20, 3, "codec_frame_bytes"),
+                (16 << 20, 1, "codec_ring"),
+                (16 << 20, 9, "codec_ring"),
+            ] {
+                let e = set_codec(&p, frame, ring).unwrap_err();
+                assert!(
+                    matches!(e, Error::InvalidArgument(_)) && e.to_string().contains(what),
+                    "frame {frame}, ring {ring}: {e}"
+                );
+                let now = p.sleep_engine().options();
+                assert_eq!(
+                    (now.codec_frame_bytes, now.codec_ring),
+                    (before.codec_frame_bytes, before.codec_ring)
+                );
+            }
+        },
+    );
 }

@@ -37,6 +37,31 @@ pub struct Args {
     /// them on stdout and moves the other lines to stderr.
     #[arg(long, value_name = "FILE", num_args = 0..=1, default_missing_value = "-")]
     pub json: Option<PathBuf>,
+    /// Also sweep the codec's frame size and ring depth (frames of 16, 32
+    /// and 64 MiB x rings of 2, 3 and 4 buffers) on the synthetic bf16 and
+    /// random data, and print the best and the suggested default.
+    #[arg(long)]
+    pub sweep: bool,
+    /// Run only the sweep (with `--sweep`): no checkpoints, no main rows.
+    #[arg(long)]
+    pub sweep_only: bool,
+}
+
+/// Frame sizes (MiB) and ring depths `--sweep` measures.
+const SWEEP_FRAME_MIB: [usize; 3] = [16, 32, 64];
+const SWEEP_RING: [usize; 3] = [2, 3, 4];
+
+/// One point of the sweep on one dataset.
+#[derive(Debug, Clone, serde::Serialize)]
+struct SweepPoint {
+    dataset: String,
+    frame_mib: usize,
+    ring: usize,
+    sleep_vs_link: f64,
+    wake_vs_link: f64,
+    /// Offload's time over this point's (above 1: faster than raw Offload).
+    sleep_vs_offload: f64,
+    wake_vs_offload: f64,
 }
 
 /// One dataset's figures.
@@ -120,40 +145,178 @@ fn measure(
     ranges: &[(DevicePtr, usize)],
     cycles: usize,
 ) -> Result<[(f64, f64, u64, u64); 2]> {
+    Ok([
+        measure_policy(pool, t, ranges, cycles, Policy::Offload)?,
+        measure_policy(pool, t, ranges, cycles, Policy::OffloadCompressed)?,
+    ])
+}
+
+/// Median sleep and wake seconds of `t` with `policy` over `cycles` cycles
+/// (after one untimed), raw and encoded bytes; every wake checked by device
+/// hash against the bytes before the first sleep.
+fn measure_policy(
+    pool: &Pool,
+    t: tag::TagId,
+    ranges: &[(DevicePtr, usize)],
+    cycles: usize,
+    policy: Policy,
+) -> Result<(f64, f64, u64, u64)> {
     let d = pool.driver().clone();
     d.synchronize()?;
     // SAFETY: the ranges are live, awake blocks; the device is synchronized.
     let want = unsafe { d.hash_ranges(ranges) }?;
-    let mut out = [(0.0, 0.0, 0, 0); 2];
-    for (k, policy) in [Policy::Offload, Policy::OffloadCompressed]
-        .into_iter()
-        .enumerate()
-    {
-        let (mut sleeps, mut wakes) = (Vec::new(), Vec::new());
-        let (mut raw, mut encoded) = (0u64, 0u64);
-        for c in 0..=cycles {
-            let s = pool.sleep(&[(t, policy)])?;
-            let w = pool.wake(&[t])?;
-            // SAFETY: as above: awake again, the wake synchronized its copies.
-            let got = unsafe { d.hash_ranges(ranges) }?;
-            if got != want {
-                return Err(Error::InvalidState(format!(
-                    "{policy:?}: the bytes after wake {c} differ from those before the sleep"
-                )));
-            }
-            if c > 0 {
-                sleeps.push(s[0].report.seconds);
-                wakes.push(w[0].report.seconds);
-            }
-            let r = &s[0].report;
-            (raw, encoded) = match policy {
-                Policy::OffloadCompressed => (r.raw_bytes, r.copied_bytes),
-                _ => (r.copied_bytes, r.copied_bytes),
-            };
+    let (mut sleeps, mut wakes) = (Vec::new(), Vec::new());
+    let (mut raw, mut encoded) = (0u64, 0u64);
+    for c in 0..=cycles {
+        let s = pool.sleep(&[(t, policy)])?;
+        let w = pool.wake(&[t])?;
+        // SAFETY: as above: awake again, the wake synchronized its copies.
+        let got = unsafe { d.hash_ranges(ranges) }?;
+        if got != want {
+            return Err(Error::InvalidState(format!(
+                "{policy:?}: the bytes after wake {c} differ from those before the sleep"
+            )));
         }
-        out[k] = (median(sleeps), median(wakes), raw, encoded);
+        if c > 0 {
+            sleeps.push(s[0].report.seconds);
+            wakes.push(w[0].report.seconds);
+        }
+        let r = &s[0].report;
+        (raw, encoded) = match policy {
+            Policy::OffloadCompressed => (r.raw_bytes, r.copied_bytes),
+            _ => (r.copied_bytes, r.copied_bytes),
+        };
     }
-    Ok(out)
+    Ok((median(sleeps), median(wakes), raw, encoded))
+}
+
+/// `total` bytes of `pattern` tiled over tensors of 256 MiB (as the large
+/// weights of a model) tagged `t`; their ranges.
+fn fill(
+    pool: &Pool,
+    t: tag::TagId,
+    total: usize,
+    pattern: &[u8],
+) -> Result<Vec<(DevicePtr, usize)>> {
+    let d = pool.driver().clone();
+    let mut ranges = Vec::new();
+    let mut at = 0usize;
+    while at < total {
+        let n = (256usize << 20).min(total - at);
+        let b = pool.alloc_tagged(n, t)?;
+        let mut off = 0;
+        while off < n {
+            let k = pattern.len().min(n - off);
+            // SAFETY: inside the block just allocated; synchronized below
+            // before `pattern` can go.
+            unsafe {
+                d.copy_htod_async(b.ptr + off as u64, pattern.as_ptr(), k, StreamId::DEFAULT)
+            }?;
+            off += k;
+        }
+        ranges.push((b.ptr, n));
+        at += n;
+    }
+    d.synchronize()?;
+    Ok(ranges)
+}
+
+/// Measure every frame size and ring depth of the sweep on the synthetic
+/// bf16 and random datasets of `total` bytes; print each point, the best
+/// for sleep and for wake, and the suggested default: the point with the
+/// highest bf16 min(sleep / 1.2, wake / 1.3) (the targets over the link)
+/// among those whose random-data sleep and wake stay within 3% of raw
+/// Offload.
+fn sweep(
+    d: &Arc<dyn Driver>,
+    total: usize,
+    cycles: usize,
+    link: (f64, f64),
+) -> Result<Vec<SweepPoint>> {
+    let (h2d, d2h) = link;
+    let mut points = Vec::new();
+    for (name, layout, pattern) in synthetic(total)
+        .into_iter()
+        .filter(|(n, _, _)| n.starts_with("synthetic bf16") || n.starts_with("random"))
+    {
+        let pool = pool_for(d, layout)?;
+        let t = tag::id("bench-codec-sweep")?;
+        let ranges = fill(&pool, t, total, &pattern)?;
+        let (os, ow, _, _) = measure_policy(&pool, t, &ranges, cycles, Policy::Offload)?;
+        for frame_mib in SWEEP_FRAME_MIB {
+            for ring in SWEEP_RING {
+                pool.set_sleep_options(SleepOptions {
+                    codec_layout: layout,
+                    codec_frame_bytes: frame_mib << 20,
+                    codec_ring: ring,
+                    ..SleepOptions::default()
+                })?;
+                let (cs, cw, raw, _) =
+                    measure_policy(&pool, t, &ranges, cycles, Policy::OffloadCompressed)?;
+                let p = SweepPoint {
+                    dataset: name.to_owned(),
+                    frame_mib,
+                    ring,
+                    sleep_vs_link: raw as f64 / cs / 1e9 / d2h,
+                    wake_vs_link: raw as f64 / cw / 1e9 / h2d,
+                    sleep_vs_offload: os / cs,
+                    wake_vs_offload: ow / cw,
+                };
+                outln!(
+                    "sweep {}: frame {} MiB, ring {}: sleep {:.2}x link, {:.2}x Offload; wake {:.2}x link, {:.2}x Offload",
+                    p.dataset, p.frame_mib, p.ring, p.sleep_vs_link, p.sleep_vs_offload, p.wake_vs_link, p.wake_vs_offload
+                );
+                points.push(p);
+            }
+        }
+    }
+    let bf16: Vec<&SweepPoint> = points
+        .iter()
+        .filter(|p| p.dataset.starts_with("synthetic bf16"))
+        .collect();
+    let random_ok = |p: &SweepPoint| {
+        points.iter().any(|r| {
+            r.dataset.starts_with("random")
+                && (r.frame_mib, r.ring) == (p.frame_mib, p.ring)
+                && r.sleep_vs_offload >= 0.97
+                && r.wake_vs_offload >= 0.97
+        })
+    };
+    let best = |key: &dyn Fn(&SweepPoint) -> f64| {
+        bf16.iter()
+            .copied()
+            .max_by(|a, b| key(a).total_cmp(&key(b)))
+            .map(|p| {
+                format!(
+                    "frame {} MiB, ring {} ({:.2}x)",
+                    p.frame_mib,
+                    p.ring,
+                    key(p)
+                )
+            })
+            .unwrap_or_default()
+    };
+    outln!("sweep best bf16 sleep: {}", best(&|p| p.sleep_vs_link));
+    outln!("sweep best bf16 wake: {}", best(&|p| p.wake_vs_link));
+    let score = |p: &SweepPoint| (p.sleep_vs_link / 1.2).min(p.wake_vs_link / 1.3);
+    let chosen = bf16
+        .iter()
+        .copied()
+        .filter(|p| random_ok(p))
+        .max_by(|a, b| score(a).total_cmp(&score(b)));
+    let dflt = SleepOptions::default();
+    match chosen {
+        Some(p) => outln!(
+            "sweep chosen default: frame {} MiB, ring {} (bf16 sleep {:.2}x, wake {:.2}x link; random within 3% of Offload); the built-in default is frame {} MiB, ring {} (VMMW_CODEC_FRAME_MIB={} VMMW_CODEC_RING={} to try it)",
+            p.frame_mib, p.ring, p.sleep_vs_link, p.wake_vs_link,
+            dflt.codec_frame_bytes >> 20, dflt.codec_ring, p.frame_mib, p.ring
+        ),
+        None => outln!(
+            "sweep chosen default: none keeps random data within 3% of Offload; the built-in default is frame {} MiB, ring {}",
+            dflt.codec_frame_bytes >> 20, dflt.codec_ring
+        ),
+    }
+    Ok(points)
 }
 
 fn row(
@@ -219,7 +382,8 @@ pub fn run(args: Args) -> Result<()> {
     );
     let cycles = args.cycles.max(1);
     let mut rows = Vec::new();
-    for path in &args.checkpoint {
+    let main = !(args.sweep && args.sweep_only);
+    for path in args.checkpoint.iter().filter(|_| main) {
         let pool = pool_for(&d, Layout::Half)?;
         let t = tag::id("bench-codec-ckpt")?;
         let session = vmmweights::loader::Session::open(path)?;
@@ -252,33 +416,19 @@ pub fn run(args: Args) -> Result<()> {
         ));
     }
     let total = args.mib.max(1) << 20;
-    for (name, layout, pattern) in synthetic(total) {
+    for (name, layout, pattern) in synthetic(total).into_iter().filter(|_| main) {
         let pool = pool_for(&d, layout)?;
         let t = tag::id("bench-codec-synthetic")?;
-        // Tensors of 256 MiB, as the large weights of a model.
-        let mut ranges = Vec::new();
-        let mut at = 0usize;
-        while at < total {
-            let n = (256usize << 20).min(total - at);
-            let b = pool.alloc_tagged(n, t)?;
-            let mut off = 0;
-            while off < n {
-                let k = pattern.len().min(n - off);
-                // SAFETY: inside the block just allocated; synchronized below
-                // before `pattern` can go.
-                unsafe {
-                    d.copy_htod_async(b.ptr + off as u64, pattern.as_ptr(), k, StreamId::DEFAULT)
-                }?;
-                off += k;
-            }
-            ranges.push((b.ptr, n));
-            at += n;
-        }
-        d.synchronize()?;
+        let ranges = fill(&pool, t, total, &pattern)?;
         let m = measure(&pool, t, &ranges, cycles)?;
         let data = vmmweights::codec::encode(&pattern, layout).len() as f64 / pattern.len() as f64;
         rows.push(row(name, layout, m, link, Some(data)));
     }
+    let sweep = if args.sweep {
+        sweep(&d, total, cycles, link)?
+    } else {
+        Vec::new()
+    };
     if let Some(path) = &args.json {
         let doc = serde_json::json!({
             "backend": d.kind().to_string(),
@@ -287,6 +437,7 @@ pub fn run(args: Args) -> Result<()> {
             "link_d2h_gb_s": link.1,
             "cycles": cycles,
             "rows": rows,
+            "sweep": sweep,
         });
         std::fs::write(path, serde_json::to_string_pretty(&doc).unwrap_or_default()).map_err(
             |e| Error::Io {

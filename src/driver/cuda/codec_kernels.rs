@@ -83,11 +83,48 @@ impl CudaDriver {
         scratch: DevicePtr,
         stream: StreamId,
     ) -> Result<usize> {
+        let nb = format::block_count(len);
+        let sizes = scratch + (nb * SLOT_BYTES) as u64;
+        let frame_len_at = sizes + (4 * nb).next_multiple_of(8) as u64;
+        // SAFETY: the caller's contract; the length word lies in the
+        // scratch, after the slots and sizes (encode_scratch_bytes counts it).
+        unsafe { self.codec_encode_queue(src, len, layout, dst, scratch, frame_len_at, stream) }?;
+        let s = Self::stream(stream);
+        cu::stream_synchronize(s)?;
+        let mut frame_len = [0u64; 1];
+        // SAFETY: u64 takes any bit pattern; the kernels have finished.
+        unsafe { cu::memcpy_dtoh(&mut frame_len, frame_len_at) }?;
+        let n = frame_len[0] as usize;
+        if n > format::max_frame_bytes(len) {
+            return Err(Error::InvalidState(format!(
+                "vmmw_codec_index reports a frame of {n} bytes for {len} raw bytes, over the \
+                 largest possible ({}); the codec PTX does not match this build",
+                format::max_frame_bytes(len)
+            )));
+        }
+        Ok(n)
+    }
+
+    /// Queue the encode's three launches on `stream`; the frame's length
+    /// lands at `frame_len_at`. The caller has bound the context.
+    ///
+    /// # Safety
+    /// As `Driver::codec_encode_async`.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) unsafe fn codec_encode_queue(
+        &self,
+        src: DevicePtr,
+        len: usize,
+        layout: Layout,
+        dst: DevicePtr,
+        scratch: DevicePtr,
+        frame_len_at: DevicePtr,
+        stream: StreamId,
+    ) -> Result<()> {
         let k = self.codec_kernels()?;
         let nb = format::block_count(len);
         let s = Self::stream(stream);
         let sizes = scratch + (nb * SLOT_BYTES) as u64;
-        let frame_len_at = sizes + (4 * nb).next_multiple_of(8) as u64;
         let (mut p_src, mut p_len, mut p_width) = (src, len as u64, layout.width() as u32);
         let (mut p_slots, mut p_sizes, mut p_dst, mut p_flen) = (scratch, sizes, dst, frame_len_at);
         let mut encode = [
@@ -124,20 +161,7 @@ impl CudaDriver {
         // every block lands inside the frame's room (sizes sum to at most
         // the largest frame).
         unsafe { cu::launch_kernel(k.pack, grid(nb), THREADS, s, &mut pack) }
-            .map_err(|e| e.detail(|| format!("vmmw_codec_pack over {nb} blocks")))?;
-        cu::stream_synchronize(s)?;
-        let mut frame_len = [0u64; 1];
-        // SAFETY: u64 takes any bit pattern; the kernels have finished.
-        unsafe { cu::memcpy_dtoh(&mut frame_len, frame_len_at) }?;
-        let n = frame_len[0] as usize;
-        if n > format::max_frame_bytes(len) {
-            return Err(Error::InvalidState(format!(
-                "vmmw_codec_index reports a frame of {n} bytes for {len} raw bytes, over the \
-                 largest possible ({}); the codec PTX does not match this build",
-                format::max_frame_bytes(len)
-            )));
-        }
-        Ok(n)
+            .map_err(|e| e.detail(|| format!("vmmw_codec_pack over {nb} blocks")))
     }
 
     /// Queue a decode on the device; see

@@ -591,6 +591,22 @@ impl Driver for CudaDriver {
         unsafe { self.codec_encode_on_device(src, len, layout, dst, scratch, stream) }
     }
 
+    unsafe fn codec_encode_async(
+        &self,
+        src: DevicePtr,
+        len: usize,
+        layout: crate::codec::Layout,
+        dst: DevicePtr,
+        scratch: DevicePtr,
+        len_at: DevicePtr,
+        stream: StreamId,
+    ) -> Result<()> {
+        self.bind()?;
+        self.faults.check(FaultOp::Codec, "vmmw_codec_encode")?;
+        // SAFETY: forwarded from the caller's contract.
+        unsafe { self.codec_encode_queue(src, len, layout, dst, scratch, len_at, stream) }
+    }
+
     unsafe fn codec_decode_async(
         &self,
         frame: DevicePtr,

@@ -370,6 +370,23 @@ impl Driver for HostDriver {
         unsafe { copy::codec_encode(self, src, len, layout, dst) }
     }
 
+    unsafe fn codec_encode_async(
+        &self,
+        src: DevicePtr,
+        len: usize,
+        layout: crate::codec::Layout,
+        dst: DevicePtr,
+        _scratch: DevicePtr,
+        len_at: DevicePtr,
+        _stream: StreamId,
+    ) -> Result<()> {
+        // SAFETY: forwarded from the caller's contract.
+        let n = unsafe { copy::codec_encode(self, src, len, layout, dst) }?;
+        // SAFETY: the caller guarantees eight writable bytes at `len_at`.
+        unsafe { std::ptr::write_unaligned(len_at as *mut u64, n as u64) };
+        Ok(())
+    }
+
     unsafe fn codec_decode_async(
         &self,
         frame: DevicePtr,

@@ -2,10 +2,13 @@
 //! (`crate::codec`), encoded and decoded on the device, so only encoded
 //! bytes cross the link and occupy the pinned arena.
 //!
-//! A segment is cut into frames of [`FRAME_RAW_BYTES`] raw bytes. Sleep
-//! encodes frame j into device buffer j % 2 (counted over the whole sleep)
-//! while the copy of frame j-1 to the host runs; wake copies frame j+1 in
-//! while frame j decodes in place, so the link never waits for the codec. Each frame's blocks carry
+//! A segment is cut into frames of `SleepOptions::codec_frame_bytes` raw
+//! bytes, passed through a ring of `codec_ring` device buffers (frame t of
+//! the whole sleep or wake uses buffer t % ring). Sleep encodes frame j while
+//! the copies of the frames before it to the host run; wake queues the copies
+//! of frames j+1..j+ring-1 before it waits for frame j's and decodes it in
+//! place, so a host wait (or a chunk being mapped) never leaves the link
+//! idle. Each frame's blocks carry
 //! checksums: a corrupt backup fails the wake, and the caller unmaps what the
 //! wake mapped (the tag stays asleep, the backup untouched).
 
@@ -19,17 +22,13 @@ use crate::segment::map_new_at;
 use crate::sleep::backup::BackupArena;
 use crate::tag::TagId;
 
-/// Raw bytes per frame: the unit encoded, copied and decoded in one step.
-/// Small enough that the device scratch stays about 50 MiB, large enough
-/// that each launch fills the GPU (256 thread blocks).
-pub(super) const FRAME_RAW_BYTES: usize = 16 << 20;
-
 /// The most backup bytes a segment of `committed` bytes can take as frames
-/// (every block stored raw): the host-memory check of a sleep counts this.
-pub(super) fn max_backup_bytes(committed: usize) -> usize {
+/// of `frame` raw bytes (every block stored raw): the host-memory check of a
+/// sleep counts this.
+pub(super) fn max_backup_bytes(committed: usize, frame: usize) -> usize {
     (0..committed)
-        .step_by(FRAME_RAW_BYTES)
-        .map(|at| format::max_frame_bytes(FRAME_RAW_BYTES.min(committed - at)))
+        .step_by(frame)
+        .map(|at| format::max_frame_bytes(frame.min(committed - at)))
         .sum()
 }
 
@@ -85,9 +84,10 @@ impl SegmentBackup {
     }
 }
 
-/// Device memory for the codec during one sleep or wake: two frame buffers
-/// and the encoder's scratch (at wake: the decoder's status words), mapped
-/// on this device; events marking each buffer's last copy and its last use.
+/// Device memory for the codec during one sleep or wake: a ring of frame
+/// buffers and the encoder's scratch (at wake: the decoders' status words),
+/// mapped on this device; events marking each buffer's last copy and its
+/// last use.
 #[derive(Debug)]
 pub(super) struct CodecScratch {
     driver: Arc<dyn Driver>,
@@ -97,24 +97,63 @@ pub(super) struct CodecScratch {
     reserved: bool,
     handle: Option<PhysHandle>,
     mapped: bool,
-    frames: [DevicePtr; 2],
+    /// Raw bytes of the largest frame the buffers hold.
+    frame_raw: usize,
+    frames: Vec<DevicePtr>,
     scratch: DevicePtr,
-    copied: [EventId; 2],
-    done: [EventId; 2],
-    used: [bool; 2],
+    /// Status words at `scratch` (wake).
+    status_words: usize,
+    /// One length word per buffer after the encoder's scratch (sleep): where
+    /// the encode of the buffer's frame leaves the frame's length.
+    len_words: DevicePtr,
+    /// The buffer's frame is ready: encoded (sleep) or copied in (wake).
+    ready: Vec<EventId>,
+    done: Vec<EventId>,
+    used: Vec<bool>,
     /// Frames passed through the buffers so far: frame t of the whole
-    /// sleep or wake uses buffer t % 2, so the buffers alternate across
+    /// sleep or wake uses buffer t % ring, so the buffers cycle across
     /// segments too and a segment's first frame never waits for the copy of
     /// the one before's last.
     turn: usize,
 }
 
 impl CodecScratch {
-    /// Map scratch for frames of up to [`FRAME_RAW_BYTES`].
-    pub(super) fn new(driver: &Arc<dyn Driver>) -> Result<CodecScratch> {
-        let frame_room = format::max_frame_bytes(FRAME_RAW_BYTES).next_multiple_of(256);
-        let extra = format::encode_scratch_bytes(FRAME_RAW_BYTES).next_multiple_of(256);
-        let size = (2 * frame_room + extra).next_multiple_of(driver.granularity());
+    /// Map scratch for a sleep: `ring` buffers for frames of up to
+    /// `frame_raw` raw bytes, the encoder's scratch and a length word per
+    /// buffer.
+    pub(super) fn for_sleep(
+        driver: &Arc<dyn Driver>,
+        frame_raw: usize,
+        ring: usize,
+    ) -> Result<CodecScratch> {
+        let encoder = format::encode_scratch_bytes(frame_raw).next_multiple_of(256);
+        let mut sc = Self::new(driver, frame_raw, ring, encoder + 8 * ring, 0)?;
+        sc.len_words = sc.scratch + encoder as u64;
+        Ok(sc)
+    }
+
+    /// Map scratch for a wake: `ring` buffers for frames of up to `frame_raw`
+    /// raw bytes, and a status word for each of `frames` frames.
+    pub(super) fn for_wake(
+        driver: &Arc<dyn Driver>,
+        frame_raw: usize,
+        ring: usize,
+        frames: usize,
+    ) -> Result<CodecScratch> {
+        Self::new(driver, frame_raw, ring, 4 * frames, frames)
+    }
+
+    fn new(
+        driver: &Arc<dyn Driver>,
+        frame_raw: usize,
+        ring: usize,
+        extra: usize,
+        status_words: usize,
+    ) -> Result<CodecScratch> {
+        let ring = ring.max(2);
+        let frame_room = format::max_frame_bytes(frame_raw).next_multiple_of(256);
+        let extra = extra.max(8).next_multiple_of(256);
+        let size = (ring * frame_room + extra).next_multiple_of(driver.granularity());
         let va = driver.reserve(size, 0)?;
         let mut sc = CodecScratch {
             driver: driver.clone(),
@@ -123,11 +162,14 @@ impl CodecScratch {
             reserved: true,
             handle: None,
             mapped: false,
-            frames: [va, va + frame_room as u64],
-            scratch: va + 2 * frame_room as u64,
-            copied: [EventId(0); 2],
-            done: [EventId(0); 2],
-            used: [false; 2],
+            frame_raw,
+            frames: (0..ring).map(|k| va + (k * frame_room) as u64).collect(),
+            scratch: va + (ring * frame_room) as u64,
+            status_words,
+            len_words: 0,
+            ready: vec![EventId(0); ring],
+            done: vec![EventId(0); ring],
+            used: vec![false; ring],
             turn: 0,
         };
         sc.handle = Some(
@@ -138,16 +180,16 @@ impl CodecScratch {
             })?,
         );
         sc.mapped = true;
-        for k in 0..2 {
-            sc.copied[k] = driver.event_create()?;
+        for k in 0..ring {
+            sc.ready[k] = driver.event_create()?;
             sc.done[k] = driver.event_create()?;
         }
         Ok(sc)
     }
 
-    /// Status words the scratch holds at wake (frames per segment).
-    fn status_words(&self) -> usize {
-        format::encode_scratch_bytes(FRAME_RAW_BYTES) / 4
+    /// Buffers in the ring.
+    fn ring(&self) -> usize {
+        self.frames.len()
     }
 
     /// Wait until buffer `k`'s last use has completed.
@@ -168,7 +210,7 @@ impl CodecScratch {
         if self.driver.synchronize().is_err() {
             return false;
         }
-        for e in self.copied.iter_mut().chain(self.done.iter_mut()) {
+        for e in self.ready.iter_mut().chain(self.done.iter_mut()) {
             if e.0 != 0 {
                 // An event that does not go away holds no memory.
                 let _ = self.driver.event_destroy(*e);
@@ -291,23 +333,62 @@ impl SleepEngine {
             );
         }
         let mut at = 0usize;
-        for (j, offset) in (0..committed).step_by(FRAME_RAW_BYTES).enumerate() {
-            let raw_len = FRAME_RAW_BYTES.min(committed - offset);
-            let k = (sc.turn + j) % 2;
+        let (frame, ring) = (sc.frame_raw, sc.ring());
+        let count = committed.div_ceil(frame);
+        let base = sc.turn;
+        let raw_len = |j: usize| frame.min(committed - j * frame);
+        // Queue frame j's encode into its buffer, once the copy that used
+        // the buffer a ring earlier has completed.
+        let queue = |sc: &mut CodecScratch, j: usize| -> Result<()> {
+            let k = (base + j) % ring;
             sc.wait(k)?;
             // SAFETY: the segment is awake (mapped) and in this transition;
-            // the frame buffer and scratch lie in `sc`, and no copy still
-            // reads the buffer (waited above).
-            let len = unsafe {
-                self.driver.codec_encode(
-                    ptr + offset as u64,
-                    raw_len,
+            // the frame buffer, the encoder's scratch (used in stream order)
+            // and the length word lie in `sc`, and no copy still reads the
+            // buffer (waited above).
+            unsafe {
+                self.driver.codec_encode_async(
+                    ptr + (j * frame) as u64,
+                    raw_len(j),
                     layout,
                     sc.frames[k],
                     sc.scratch,
+                    sc.len_words + 8 * k as u64,
                     encode_on,
                 )
             }?;
+            self.driver.event_record(sc.ready[k], encode_on)
+        };
+        // The encodes of the first ring - 1 frames go first; each step then
+        // waits for the oldest, queues its copy, and queues one more encode,
+        // so the encoder is never idle while the host learns a length.
+        for j in 0..count.min(ring - 1) {
+            queue(sc, j)?;
+        }
+        for j in 0..count {
+            let (offset, raw_len) = (j * frame, raw_len(j));
+            let k = (base + j) % ring;
+            self.driver.event_synchronize(sc.ready[k])?;
+            let mut word = [0u8; 8];
+            // SAFETY: `word` outlives the synchronize below; the length word
+            // lies in the scratch and its encode has completed.
+            unsafe {
+                self.driver.copy_dtoh_async(
+                    word.as_mut_ptr(),
+                    sc.len_words + 8 * k as u64,
+                    8,
+                    StreamId::DEFAULT,
+                )
+            }?;
+            self.driver.stream_synchronize(StreamId::DEFAULT)?;
+            let len = u64::from_le_bytes(word) as usize;
+            if len > format::max_frame_bytes(raw_len) {
+                return Err(Error::InvalidState(format!(
+                    "the device encoder reports a frame of {len} bytes for {raw_len} raw bytes, \
+                     over the largest possible ({}); the codec PTX does not match this build",
+                    format::max_frame_bytes(raw_len)
+                )));
+            }
             let runs = {
                 let mut guard = self.lock();
                 let s = &mut *guard;
@@ -325,7 +406,7 @@ impl SleepEngine {
             for (host, n, within) in runs {
                 // SAFETY: `host` points at `n` bytes of this segment's backup,
                 // kept (busy) until the copies are waited on; the frame
-                // buffer holds the encoded frame (codec_encode waited for it).
+                // buffer holds the encoded frame (its encode completed).
                 unsafe {
                     self.driver
                         .copy_dtoh_async(host, sc.frames[k] + within as u64, n, copy_on)?
@@ -334,8 +415,13 @@ impl SleepEngine {
             self.driver.event_record(sc.done[k], copy_on)?;
             sc.used[k] = true;
             at += len;
+            if j + ring - 1 < count {
+                // Its buffer held frame j - 1, whose copy runs ahead of
+                // frame j's: the link stays busy while the host waits.
+                queue(sc, j + ring - 1)?;
+            }
         }
-        sc.turn += committed.div_ceil(FRAME_RAW_BYTES);
+        sc.turn += count;
         let e = self.driver.event_create()?;
         if let Err(err) = self.driver.event_record(e, copy_on) {
             let _ = self.driver.event_destroy(e);
@@ -348,85 +434,98 @@ impl SleepEngine {
         })
     }
 
-    /// Queue the restore of segment `ptr` from its compressed backup: copy
-    /// each frame to the device and decode it in place, the copy of frame
-    /// j+1 running while frame j decodes; `map_upto(end)` maps the segment's
-    /// chunks below segment offset `end`, called before each decode (so
-    /// mapping overlaps the copies).
-    /// `streams[0]` copies, `streams[1]` decodes. Each frame's verdict goes
-    /// to a status word of the scratch, listed in `decoded` for
-    /// [`Self::check_decoded`], which the wake calls once every segment is
-    /// queued (so no segment waits for the one before). Returns the encoded
-    /// bytes copied. Nothing here writes the backup.
+    /// Queue the restore of the segments `ptrs` from their compressed
+    /// backups: copy each frame to the device and decode it in place, one
+    /// ring over all the segments' frames, so ring - 1 copies are queued
+    /// ahead of every host wait, a segment's end included.
+    /// `map_upto(p, end)` maps the chunks of segment `ptrs[p]` below segment
+    /// offset `end`, called before each decode (so mapping overlaps the
+    /// copies). `streams[0]` copies, `streams[1]` decodes. Each frame's
+    /// verdict goes to a status word of the scratch, listed in `decoded` for
+    /// [`Self::check_decoded`], which the wake calls once every frame is
+    /// queued. Returns the encoded bytes copied. Nothing here writes the
+    /// backup.
     pub(super) fn restore_compressed(
         &self,
-        ptr: DevicePtr,
+        ptrs: &[DevicePtr],
         sc: &mut CodecScratch,
         streams: &[StreamId],
         decoded: &mut Vec<Decoded>,
-        map_upto: &mut dyn FnMut(usize) -> Result<()>,
+        map_upto: &mut dyn FnMut(usize, usize) -> Result<()>,
     ) -> Result<u64> {
         let (copy_on, decode_on) = (streams[0], streams[1 % streams.len()]);
-        let (frames, runs, tag) = {
+        // Every frame of every segment, in order: (segment, its frame index,
+        // the frame, its host runs).
+        let mut all: Vec<(usize, usize, FrameRec, Vec<HostRun>)> = Vec::new();
+        let mut tags = Vec::with_capacity(ptrs.len());
+        {
             let s = self.lock();
-            let b = &s.backups[&ptr];
-            let runs: Vec<Vec<HostRun>> = b
-                .frames
-                .iter()
-                .map(|f| b.byte_runs(&s.arena, f.at, f.len))
-                .collect();
-            (b.frames.clone(), runs, b.tag)
-        };
+            for (p, ptr) in ptrs.iter().enumerate() {
+                let b = &s.backups[ptr];
+                tags.push(b.tag);
+                for (j, f) in b.frames.iter().enumerate() {
+                    all.push((p, j, *f, b.byte_runs(&s.arena, f.at, f.len)));
+                }
+            }
+        }
         let first = decoded.len();
-        if first + frames.len() > sc.status_words() {
-            return Err(Error::Unsupported(format!(
-                "a wake of more than {} backup frames (16 MiB each)",
-                sc.status_words()
+        if first + all.len() > sc.status_words || all.iter().any(|f| f.2.raw_len > sc.frame_raw) {
+            return Err(Error::InvalidState(format!(
+                "the wake's codec scratch holds {} status words and frames of {} raw bytes, \
+                 too few for {} backup frames",
+                sc.status_words,
+                sc.frame_raw,
+                all.len()
             )));
         }
         let status = sc.scratch + 4 * first as u64;
-        // SAFETY: the status words lie in the scratch, mapped; no decode
-        // queued before uses these.
-        unsafe {
-            self.driver
-                .memset_async(status, 0xFF, 4 * frames.len(), decode_on)?
-        };
-        let base = sc.turn;
-        let issue = |sc: &mut CodecScratch, j: usize| -> Result<()> {
-            let k = (base + j) % 2;
+        if !all.is_empty() {
+            // SAFETY: the status words lie in the scratch, mapped; no decode
+            // queued before uses these.
+            unsafe {
+                self.driver
+                    .memset_async(status, 0xFF, 4 * all.len(), decode_on)?
+            };
+        }
+        let (base, ring) = (sc.turn, sc.ring());
+        let issue = |sc: &mut CodecScratch, n: usize| -> Result<()> {
+            let k = (base + n) % ring;
             sc.wait(k)?;
-            for &(host, n, within) in &runs[j] {
-                // SAFETY: `host` holds `n` bytes of this segment's backup,
+            for &(host, len, within) in &all[n].3 {
+                // SAFETY: `host` holds `len` bytes of this segment's backup,
                 // kept (busy) for the whole wake; the buffer's last decode
                 // has completed (waited above).
                 unsafe {
                     self.driver
-                        .copy_htod_async(sc.frames[k] + within as u64, host, n, copy_on)?
+                        .copy_htod_async(sc.frames[k] + within as u64, host, len, copy_on)?
                 };
             }
-            self.driver.event_record(sc.copied[k], copy_on)
+            self.driver.event_record(sc.ready[k], copy_on)
         };
         let mut copied = 0u64;
-        if !frames.is_empty() {
-            issue(sc, 0)?;
+        // The copies of the first ring - 1 frames go first; then each step
+        // queues one more copy before it waits for the oldest.
+        for n in 0..all.len().min(ring - 1) {
+            issue(sc, n)?;
         }
-        for (j, f) in frames.iter().enumerate() {
-            if j + 1 < frames.len() {
-                issue(sc, j + 1)?;
+        for n in 0..all.len() {
+            if n + ring - 1 < all.len() {
+                issue(sc, n + ring - 1)?;
             }
-            let k = (base + j) % 2;
-            map_upto(f.offset + f.raw_len)?;
-            self.driver.event_synchronize(sc.copied[k])?;
+            let (p, j, f) = (all[n].0, all[n].1, all[n].2);
+            let k = (base + n) % ring;
+            map_upto(p, f.offset + f.raw_len)?;
+            self.driver.event_synchronize(sc.ready[k])?;
             // SAFETY: the frame is in buffer k (its copy completed); the
-            // segment range is mapped (map_upto above) and status word j
+            // segment range is mapped (map_upto above) and status word n
             // lies in the scratch.
             unsafe {
                 self.driver.codec_decode_async(
                     sc.frames[k],
                     f.len,
-                    ptr + f.offset as u64,
+                    ptrs[p] + f.offset as u64,
                     f.raw_len,
-                    status + 4 * j as u64,
+                    status + 4 * n as u64,
                     decode_on,
                 )
             }?;
@@ -434,13 +533,13 @@ impl SleepEngine {
             sc.used[k] = true;
             copied += f.len as u64;
             decoded.push(Decoded {
-                tag,
-                ptr,
+                tag: tags[p],
+                ptr: ptrs[p],
                 frame: j,
-                rec: *f,
+                rec: f,
             });
         }
-        sc.turn += frames.len();
+        sc.turn += all.len();
         Ok(copied)
     }
 

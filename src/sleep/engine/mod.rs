@@ -27,7 +27,7 @@ mod sources;
 mod staged;
 mod wake;
 
-pub use options::{CycleReport, Policy, SleepOptions, MAX_STREAMS};
+pub use options::{CycleReport, Policy, SleepOptions, CODEC_FRAME_BYTES, CODEC_RING, MAX_STREAMS};
 pub use sources::Retired;
 pub use staged::{HostSpan, StagedWake};
 

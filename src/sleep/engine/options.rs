@@ -79,6 +79,50 @@ pub struct SleepOptions {
     /// How OffloadCompressed splits elements (the width of the tag's dtype:
     /// [`Layout::Half`] for bf16 and fp16, the default).
     pub codec_layout: Layout,
+    /// Raw bytes per OffloadCompressed frame (the unit encoded, copied and
+    /// decoded in one step): a multiple of the codec's 64 KiB block in
+    /// [`CODEC_FRAME_BYTES`]. Default: `VMMW_CODEC_FRAME_MIB` or 32 MiB.
+    pub codec_frame_bytes: usize,
+    /// Device frame buffers OffloadCompressed cycles through, in
+    /// [`CODEC_RING`]: the sleep and the wake keep this many frames in
+    /// flight, so a host wait for one frame overlaps the copies of the
+    /// others. Default: `VMMW_CODEC_RING` or 3.
+    pub codec_ring: usize,
+}
+
+/// Allowed `codec_frame_bytes`: 1 MiB to 256 MiB.
+pub const CODEC_FRAME_BYTES: std::ops::RangeInclusive<usize> = (1 << 20)..=(256 << 20);
+/// Allowed `codec_ring`.
+pub const CODEC_RING: std::ops::RangeInclusive<usize> = 2..=8;
+
+/// The codec's frame size and ring depth when the options do not say:
+/// `VMMW_CODEC_FRAME_MIB` and `VMMW_CODEC_RING`, read once per process (a
+/// value that is not a number in range is ignored with a warning).
+fn codec_defaults() -> (usize, usize) {
+    static DEFAULTS: std::sync::OnceLock<(usize, usize)> = std::sync::OnceLock::new();
+    *DEFAULTS.get_or_init(|| {
+        let read = |var: &str, scale: usize, ok: &std::ops::RangeInclusive<usize>, dflt: usize| {
+            let Ok(v) = std::env::var(var) else {
+                return dflt;
+            };
+            match v.trim().parse::<usize>().ok().and_then(|n| n.checked_mul(scale)) {
+                Some(n) if ok.contains(&n) => n,
+                _ => {
+                    // Once per process; the engine runs on with the default.
+                    eprintln!(
+                        "vmmw: {var}={v:?} is not in {}..={} (units of {scale} bytes); using {dflt}",
+                        ok.start() / scale,
+                        ok.end() / scale
+                    );
+                    dflt
+                }
+            }
+        };
+        (
+            read("VMMW_CODEC_FRAME_MIB", 1 << 20, &CODEC_FRAME_BYTES, 32 << 20),
+            read("VMMW_CODEC_RING", 1, &CODEC_RING, 3),
+        )
+    })
 }
 
 /// Most streams a sleep engine spreads copies over.
@@ -108,6 +152,27 @@ impl SleepOptions {
                 )));
             }
         }
+        if !CODEC_FRAME_BYTES.contains(&self.codec_frame_bytes)
+            || !self
+                .codec_frame_bytes
+                .is_multiple_of(crate::codec::format::BLOCK_BYTES)
+        {
+            return Err(Error::InvalidArgument(format!(
+                "sleep option codec_frame_bytes = {} must be a multiple of {} in {}..={}",
+                self.codec_frame_bytes,
+                crate::codec::format::BLOCK_BYTES,
+                CODEC_FRAME_BYTES.start(),
+                CODEC_FRAME_BYTES.end()
+            )));
+        }
+        if !CODEC_RING.contains(&self.codec_ring) {
+            return Err(Error::InvalidArgument(format!(
+                "sleep option codec_ring = {} must be in {}..={}",
+                self.codec_ring,
+                CODEC_RING.start(),
+                CODEC_RING.end()
+            )));
+        }
         Ok(())
     }
 }
@@ -125,6 +190,8 @@ impl Default for SleepOptions {
             release_pinned_after_wake: false,
             debug_fill_discarded: None,
             codec_layout: Layout::Half,
+            codec_frame_bytes: codec_defaults().0,
+            codec_ring: codec_defaults().1,
         }
     }
 }

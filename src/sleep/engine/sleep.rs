@@ -98,17 +98,21 @@ impl SleepEngine {
             .iter()
             .map(|t| t.host_keep(policy, &coverage, in_use))
             .collect();
-        let run = self.plan_copies(tag, &todo, &keep, policy)?;
+        // Read once: the host-memory check and the frames agree on the size.
+        let (layout, frame, ring) = {
+            let o = &self.lock().options;
+            (o.codec_layout, o.codec_frame_bytes, o.codec_ring)
+        };
+        let run = self.plan_copies(tag, &todo, &keep, policy, frame)?;
         let compress = policy == Policy::OffloadCompressed && keep.iter().any(|k| !k.is_empty());
         if compress {
             self.release_stale_scratch();
         }
         let mut scratch = self.guard_scratch(if compress {
-            Some(CodecScratch::new(&self.driver)?)
+            Some(CodecScratch::for_sleep(&self.driver, frame, ring)?)
         } else {
             None
         });
-        let layout = self.lock().options.codec_layout;
         // Compressed backups pin as frames arrive: pinning the raw size
         // ahead would hold the bytes the codec saves.
         self.start_pinning(&todo, if compress { 0 } else { run.need_new });
@@ -140,13 +144,15 @@ impl SleepEngine {
 
     /// Check that the backup the segments need (`keep`) fits under the
     /// host-memory limit and in the host's available memory, and make the
-    /// streams. Nothing has moved when this fails.
+    /// streams. Compressed backups count frames of `frame` raw bytes stored
+    /// raw. Nothing has moved when this fails.
     fn plan_copies(
         &self,
         tag: TagId,
         todo: &[SegTodo],
         keep: &[Vec<(usize, usize)>],
         policy: Policy,
+        frame: usize,
     ) -> Result<CopyPlan> {
         let mut s = self.lock();
         let mut need_new = 0u64;
@@ -159,7 +165,7 @@ impl SleepEngine {
                 let bound = if raw == 0 {
                     0
                 } else {
-                    compressed::max_backup_bytes(raw)
+                    compressed::max_backup_bytes(raw, frame)
                 };
                 bound.saturating_sub(old.map_or(0, |b| b.len())) as u64
             } else if old.is_some_and(|b| &b.ranges == k && !b.is_compressed()) {

@@ -127,12 +127,21 @@ impl SleepEngine {
             self.release_stale_scratch();
         }
         let mut guard = self.guard_scratch(if any {
-            Some(CodecScratch::new(&self.driver)?)
+            // Buffers for the largest frame to restore, a status word per frame.
+            let (largest, frames) = {
+                let s = self.lock();
+                todo.iter()
+                    .filter_map(|t| s.backups.get(&t.ptr))
+                    .flat_map(|b| &b.frames)
+                    .fold((0, 0), |(m, n), f| (m.max(f.raw_len), n + 1))
+            };
+            let ring = self.lock().options.codec_ring;
+            Some(CodecScratch::for_wake(&self.driver, largest, ring, frames)?)
         } else {
             None
         });
         let codec = &mut guard.sc;
-        for (i, t) in todo.iter().enumerate() {
+        for t in todo {
             if t.state == SleepState::Offloaded
                 && t.committed > 0
                 && !self.lock().backups.contains_key(&t.ptr)
@@ -142,37 +151,52 @@ impl SleepEngine {
                     t.ptr
                 )));
             }
-            if let (Some(sc), true) = (codec.as_mut(), compressed(t)) {
-                // Chunks are mapped as the decodes reach them, so mapping
-                // overlaps the copies of the frames before.
-                let mut next = 0usize;
-                let mut mapped = 0u64;
-                let mut map_upto = |end: usize| -> Result<()> {
-                    while next < t.chunks.len() && t.chunks[next].offset < end {
-                        let chunk = t.chunks[next];
-                        if chunk.handle.is_none() {
-                            let va = t.ptr + chunk.offset as u64;
-                            let h = map_new_at(
-                                self.driver.as_ref(),
-                                va,
-                                chunk.size,
-                                &t.peers,
-                                t.flags,
-                            )?;
-                            made.push((i, next, h));
-                            mapped += chunk.size as u64;
-                        }
-                        next += 1;
+        }
+        if let Some(sc) = codec.as_mut() {
+            // The compressed segments first, their frames in one pipeline:
+            // chunks are mapped as the decodes reach them, so mapping
+            // overlaps the copies of the frames before.
+            let coded: Vec<usize> = (0..todo.len()).filter(|&i| compressed(&todo[i])).collect();
+            let ptrs: Vec<DevicePtr> = coded.iter().map(|&i| todo[i].ptr).collect();
+            let mut next = vec![0usize; todo.len()];
+            let mut mapped = 0u64;
+            let mut map_upto = |i: usize, end: usize| -> Result<()> {
+                let t = &todo[i];
+                while next[i] < t.chunks.len() && t.chunks[next[i]].offset < end {
+                    let chunk = t.chunks[next[i]];
+                    if chunk.handle.is_none() {
+                        let va = t.ptr + chunk.offset as u64;
+                        let h =
+                            map_new_at(self.driver.as_ref(), va, chunk.size, &t.peers, t.flags)?;
+                        made.push((i, next[i], h));
+                        mapped += chunk.size as u64;
                     }
-                    Ok(())
-                };
-                let raw = self.lock().backups[&t.ptr].raw_len() as u64;
-                let copied =
-                    self.restore_compressed(t.ptr, sc, &streams, &mut decoded, &mut map_upto);
-                let rest = copied.and_then(|c| map_upto(usize::MAX).map(|()| c));
-                report.physical_bytes += mapped;
-                report.copied_bytes += rest?;
-                report.raw_bytes += raw;
+                    next[i] += 1;
+                }
+                Ok(())
+            };
+            let copied =
+                self.restore_compressed(&ptrs, sc, &streams, &mut decoded, &mut |p, end| {
+                    map_upto(coded[p], end)
+                });
+            // Chunks past the last frame (none when the frames cover the
+            // segment) are mapped too.
+            let rest = copied.and_then(|c| {
+                coded
+                    .iter()
+                    .try_for_each(|&i| map_upto(i, usize::MAX))
+                    .map(|()| c)
+            });
+            report.physical_bytes += mapped;
+            report.copied_bytes += rest?;
+            let s = self.lock();
+            report.raw_bytes += ptrs
+                .iter()
+                .map(|p| s.backups[p].raw_len() as u64)
+                .sum::<u64>();
+        }
+        for (i, t) in todo.iter().enumerate() {
+            if codec.is_some() && compressed(t) {
                 continue;
             }
             for (c, chunk) in t.chunks.iter().enumerate() {
