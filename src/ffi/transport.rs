@@ -17,7 +17,7 @@ use crate::driver::nccl::UNIQUE_ID_BYTES;
 use crate::error::{Error, Result};
 use crate::share::LogSink;
 use crate::update::transport::broadcast::{self, BroadcastOptions, BroadcastSource, Ring};
-use crate::update::transport::ipc::{IpcReceiver, IpcSender, SenderOptions};
+use crate::update::transport::ipc::{receive_ipc, IpcSender, SenderOptions};
 use crate::update::transport::nccl::NcclCollective;
 use crate::update::transport::{receive, send, DEFAULT_BUCKET_BYTES, DEFAULT_SLOTS};
 use crate::update::UpdateResult;
@@ -220,8 +220,14 @@ pub unsafe extern "C" fn vmmw_update_receive_ipc(
         // SAFETY: forwarded contract (readable for its `size`).
         let o = unsafe { read_sized(options_in) }?.ok_or(Error::NullArgument("options"))?;
         let opts = options(&o)?;
-        let mut source = IpcReceiver::connect(p.pool.driver().clone(), path, timeout(timeout_ms))?;
-        let r = receive(&mut source, &l.session, &p.pool, &opts)?;
+        let r = receive_ipc(
+            p.pool.driver().clone(),
+            path,
+            timeout(timeout_ms),
+            &l.session,
+            &p.pool,
+            &opts,
+        )?;
         Ok(c_result(&r))
     })
 }

@@ -27,15 +27,17 @@ use std::time::{Duration, Instant};
 use super::bucket::{plan_buckets, AnnouncedTensor, BucketManifest};
 use super::control::{Channel, FromReceiver, FromSender};
 use super::receive::BucketSource;
-pub use super::send::{SendData, SendTensor};
+pub use super::send::{SendData, SendReport, SendTensor};
 use super::{DEFAULT_BUCKET_BYTES, DEFAULT_SLOTS};
 use crate::driver::{DevicePtr, Driver, StreamId};
 use crate::error::{Error, Result};
 use crate::loader::dtype::Dtype;
 use crate::loader::registry::Destination;
+use crate::loader::Session;
 use crate::pool::Pool;
 use crate::share::{AttachOptions, Attachment, LogSink, ServeOptions, Server};
 use crate::tag;
+use crate::update::{UpdateOptions, UpdateResult};
 
 /// Most slots a ring may have (a bound on what a hostile sender makes a receiver map).
 pub const MAX_SLOTS: u32 = 64;
@@ -62,21 +64,6 @@ impl Default for SenderOptions {
             log: LogSink::default(),
         }
     }
-}
-
-/// What one send did.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct SendReport {
-    /// The receiver's version after the update.
-    pub version: u64,
-    /// Buckets sent.
-    pub buckets: u64,
-    /// Bytes sent.
-    pub bytes: u64,
-    /// From accepting the receiver to its `Attached` (the one ring handshake).
-    pub setup: Duration,
-    /// The whole send, setup included.
-    pub total: Duration,
 }
 
 /// The sending side: a ring exported once, a control socket receivers connect to.
@@ -277,34 +264,7 @@ impl IpcSender {
     }
 
     fn accept(&self) -> Result<Channel> {
-        let deadline = Instant::now() + self.options.timeout;
-        self.listener
-            .set_nonblocking(true)
-            .map_err(|e| Error::io(&self.path, e))?;
-        loop {
-            match self.listener.accept() {
-                Ok((sock, _)) => {
-                    sock.set_nonblocking(false)
-                        .map_err(|e| Error::io(&self.path, e))?;
-                    return Channel::new(
-                        sock,
-                        format!("update receiver on {}", self.path.display()),
-                        self.options.timeout,
-                    );
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                    if Instant::now() >= deadline {
-                        return Err(Error::InvalidState(format!(
-                            "update sender {}: no receiver connected within {:?}",
-                            self.path.display(),
-                            self.options.timeout
-                        )));
-                    }
-                    std::thread::sleep(Duration::from_millis(2));
-                }
-                Err(e) => return Err(Error::io(&self.path, e)),
-            }
-        }
+        super::control::accept(&self.listener, &self.path, self.options.timeout)
     }
 
     fn stream_buckets(
@@ -431,6 +391,53 @@ fn unexpected(path: &Path, msg: &FromReceiver) -> Error {
     ))
 }
 
+/// Receive one update from the sender at `path` into `session`'s
+/// destinations in `pool`, whichever way it sends: through its ring (the
+/// update stages what lands, [`super::receive`]) or directly out of its pool
+/// memory ([`super::direct`]). Waits at most `timeout` for each message.
+pub fn receive_ipc(
+    driver: Arc<dyn Driver>,
+    path: impl AsRef<Path>,
+    timeout: Duration,
+    session: &Session,
+    pool: &Pool,
+    opts: &UpdateOptions,
+) -> Result<UpdateResult> {
+    let start = Instant::now();
+    let path = path.as_ref().to_path_buf();
+    let sock = UnixStream::connect(&path).map_err(|e| Error::io(&path, e))?;
+    let mut ch = Channel::new(
+        sock,
+        format!("update sender on {}", path.display()),
+        timeout,
+    )?;
+    match ch.recv::<FromSender>()? {
+        FromSender::Ring {
+            share,
+            slots,
+            slot_bytes,
+        } => {
+            let mut source = IpcReceiver::attach_ring(
+                driver,
+                ch,
+                path,
+                (share, slots, slot_bytes),
+                timeout,
+                start,
+            )?;
+            super::receive(&mut source, session, pool, opts)
+        }
+        FromSender::Direct { shares, tensors } => super::direct::receive(
+            driver, ch, &path, &shares, &tensors, timeout, session, pool, opts,
+        ),
+        other => Err(Error::InvalidArgument(format!(
+            "update sender on {}: expected the ring or a direct update first, got {}",
+            path.display(),
+            kind(&other)
+        ))),
+    }
+}
+
 /// The receiving side: connected to a sender, its ring attached.
 #[derive(Debug)]
 pub struct IpcReceiver {
@@ -459,21 +466,39 @@ impl IpcReceiver {
             format!("update sender on {}", path.display()),
             timeout,
         )?;
-        let bad = |why: String| {
-            Error::InvalidArgument(format!("update sender on {}: {why}", path.display()))
-        };
-        let (share, slots, slot_bytes) = match ch.recv::<FromSender>()? {
+        match ch.recv::<FromSender>()? {
             FromSender::Ring {
                 share,
                 slots,
                 slot_bytes,
-            } => (share, slots, slot_bytes),
-            other => {
-                return Err(bad(format!(
-                    "expected the ring first, got {}",
-                    kind(&other)
-                )))
-            }
+            } => IpcReceiver::attach_ring(
+                driver,
+                ch,
+                path,
+                (share, slots, slot_bytes),
+                timeout,
+                start,
+            ),
+            other => Err(Error::InvalidArgument(format!(
+                "update sender on {}: expected the ring first, got {}",
+                path.display(),
+                kind(&other)
+            ))),
+        }
+    }
+
+    /// Attach the ring a sender announced (`share`, `slots`, `slot_bytes`)
+    /// on a control channel already read up to that announcement.
+    pub(super) fn attach_ring(
+        driver: Arc<dyn Driver>,
+        mut ch: Channel,
+        path: PathBuf,
+        (share, slots, slot_bytes): (String, u32, u64),
+        timeout: Duration,
+        start: Instant,
+    ) -> Result<Self> {
+        let bad = |why: String| {
+            Error::InvalidArgument(format!("update sender on {}: {why}", path.display()))
         };
         if slots == 0 || slots > MAX_SLOTS || slot_bytes == 0 {
             return Err(bad(format!(
@@ -542,9 +567,10 @@ impl IpcReceiver {
     }
 }
 
-fn kind(m: &FromSender) -> &'static str {
+pub(super) fn kind(m: &FromSender) -> &'static str {
     match m {
         FromSender::Ring { .. } => "the ring",
+        FromSender::Direct { .. } => "a direct update",
         FromSender::Begin { .. } => "a begin",
         FromSender::Bucket { .. } => "a bucket",
         FromSender::End => "the end",

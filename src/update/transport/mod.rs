@@ -24,6 +24,7 @@
 pub mod broadcast;
 pub mod bucket;
 pub mod control;
+pub mod direct;
 pub mod ipc;
 pub mod nccl;
 mod receive;
