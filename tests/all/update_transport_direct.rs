@@ -26,7 +26,8 @@ use vmmweights::loader::registry::Destination;
 use vmmweights::loader::Dtype;
 use vmmweights::share::{LogSink, ServeOptions, Server};
 use vmmweights::update::transport::control::{Channel, FromReceiver, FromSender};
-use vmmweights::update::transport::direct::{DirectSender, DirectTensor};
+use vmmweights::update::transport::direct::DirectTensor;
+use vmmweights::update::transport::ipc::{IpcSender, SenderOptions};
 use vmmweights::update::transport::{SendData, SendTensor};
 use vmmweights::{tag, Pool, Status};
 
@@ -61,6 +62,14 @@ fn in_pool(pool: &Arc<Pool>, name: &str) -> Vec<Destination> {
     out
 }
 
+fn options() -> SenderOptions {
+    SenderOptions {
+        timeout: TIMEOUT,
+        log: LogSink::discard(),
+        ..SenderOptions::default()
+    }
+}
+
 fn sends(d: &[Destination]) -> Vec<SendTensor<'static>> {
     d.iter()
         .map(|d| SendTensor {
@@ -77,10 +86,10 @@ fn sends(d: &[Destination]) -> Vec<SendTensor<'static>> {
 pub fn child_sender(path: &Path) {
     let pool = sender_pool();
     let tensors = in_pool(&pool, "direct-sender");
-    let mut sender = DirectSender::bind(pool, path, TIMEOUT, LogSink::discard()).unwrap();
+    let mut sender = IpcSender::bind(pool, path, options()).unwrap();
     println!("@ready");
     let receivers = std::env::var("VMMW_UPDATE_RECEIVERS").map_or(1, |v| v.parse().unwrap());
-    match sender.send_to(&sends(&tensors), receivers) {
+    match sender.send_direct_to(&sends(&tensors), receivers) {
         Ok(r) => println!("@sent version={} bytes={}", r.version, r.bytes),
         Err(e) => println!("@error {e}"),
     }
@@ -293,24 +302,30 @@ fn hostile_direct_manifests_are_refused_and_change_nothing() {
 fn direct_sender_refuses_memory_outside_its_pool() {
     let pool = sender_pool();
     let path = sock_path("direct-host-memory");
-    let mut sender = DirectSender::bind(pool, &path, TIMEOUT, LogSink::discard()).unwrap();
+    let mut sender = IpcSender::bind(pool, &path, options()).unwrap();
     let bytes = vec![0u8; 8];
     let e = sender
-        .send(&[SendTensor {
-            name: "w".into(),
-            dtype: Dtype::Bf16,
-            shape: vec![4],
-            data: SendData::Host(&bytes),
-        }])
+        .send_direct_to(
+            &[SendTensor {
+                name: "w".into(),
+                dtype: Dtype::Bf16,
+                shape: vec![4],
+                data: SendData::Host(&bytes),
+            }],
+            1,
+        )
         .unwrap_err();
     assert!(e.to_string().contains("lies in host memory"), "{e}");
     let e = sender
-        .send(&[SendTensor {
-            name: "w".into(),
-            dtype: Dtype::Bf16,
-            shape: vec![4],
-            data: SendData::Device(0x1000),
-        }])
+        .send_direct_to(
+            &[SendTensor {
+                name: "w".into(),
+                dtype: Dtype::Bf16,
+                shape: vec![4],
+                data: SendData::Device(0x1000),
+            }],
+            1,
+        )
         .unwrap_err();
     assert!(e.to_string().contains("not in this sender's pool"), "{e}");
 }

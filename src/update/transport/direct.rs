@@ -35,213 +35,178 @@ use crate::update::{self, Bytes, Tensors, UpdateOptions, UpdateResult};
 /// makes a receiver attach).
 pub const MAX_SHARES: usize = 64;
 
-/// The sending side of direct updates: a control socket receivers connect to.
-#[derive(Debug)]
-pub struct DirectSender {
-    pool: Arc<Pool>,
-    listener: UnixListener,
-    path: PathBuf,
-    timeout: Duration,
-    log: LogSink,
-    updates: u64,
-}
-
-impl DirectSender {
-    /// Listen for receivers at `path` (which must not exist). Each update's
-    /// shares are served at `path` + `.direct.N.K` while it runs.
-    pub fn bind(
-        pool: Arc<Pool>,
-        path: impl AsRef<Path>,
-        timeout: Duration,
-        log: LogSink,
-    ) -> Result<Self> {
-        let path = path.as_ref().to_path_buf();
-        let listener = UnixListener::bind(&path).map_err(|e| Error::io(&path, e))?;
-        Ok(DirectSender {
-            pool,
-            listener,
-            path,
-            timeout,
-            log,
-            updates: 0,
-        })
-    }
-
-    /// The control socket's path, which receivers connect to.
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
-
-    /// Wait for one receiver and send it `tensors`: [`DirectSender::send_to`] with one.
-    pub fn send(&mut self, tensors: &[SendTensor<'_>]) -> Result<SendReport> {
-        self.send_to(tensors, 1)
-    }
-
-    /// Wait for `receivers` receivers (the ranks of one engine, each keeping
-    /// its slices) and send them `tensors`, which must lie in device memory
-    /// of this sender's pool. Returns once every receiver committed; the
-    /// tensors must not be written before then. On any failure each
-    /// receiver is told to abort and keeps its last version.
-    pub fn send_to(&mut self, tensors: &[SendTensor<'_>], receivers: usize) -> Result<SendReport> {
-        let start = Instant::now();
-        if receivers == 0 {
-            return Err(Error::InvalidArgument(format!(
-                "update sender {}: at least one receiver",
-                self.path.display()
-            )));
-        }
-        let (shares, manifest, bytes) = self.plan(tensors)?;
-        self.updates += 1;
-        // Served only while this update runs; stopped (sockets removed) on return.
-        let mut servers = Vec::with_capacity(shares.len());
-        let mut paths = Vec::with_capacity(shares.len());
-        for (k, (tag, dests)) in shares.into_iter().enumerate() {
-            let mut p = self.path.as_os_str().to_owned();
-            p.push(format!(".direct.{}.{k}", self.updates));
-            let p = PathBuf::from(p);
-            let _ = std::fs::remove_file(&p);
-            servers.push(Server::start(
-                self.pool.clone(),
-                tag,
-                dests,
-                &p,
-                ServeOptions {
-                    max_connections: receivers.max(1),
-                    log: self.log.clone(),
-                    ..ServeOptions::default()
-                },
-            )?);
-            paths.push(p.to_string_lossy().into_owned());
-        }
-        let mut chs = Vec::with_capacity(receivers);
-        for _ in 0..receivers {
-            chs.push(accept(&self.listener, &self.path, self.timeout)?);
-        }
-        let setup_start = Instant::now();
-        let msg = FromSender::Direct {
-            shares: paths,
-            tensors: manifest,
-        };
-        let result = (|| {
-            for ch in chs.iter_mut() {
-                ch.send(&msg)?;
-            }
-            for ch in chs.iter_mut() {
-                expect(ch, &self.path, |m| matches!(m, FromReceiver::Attached))?;
-            }
-            let setup = setup_start.elapsed();
-            let mut version = 0;
-            for ch in chs.iter_mut() {
-                match ch.recv::<FromReceiver>()? {
-                    FromReceiver::Committed { version: v } => version = version.max(v),
-                    FromReceiver::Failed { reason } => return Err(refused(&self.path, reason)),
-                    other => return Err(unexpected(&self.path, &other)),
-                }
-            }
-            Ok((version, setup))
-        })();
-        drop(servers);
-        let (version, setup) = match result {
-            Ok(v) => v,
-            Err(e) => {
-                let abort = FromSender::Abort {
-                    reason: e.to_string(),
-                };
-                for ch in chs.iter_mut() {
-                    let _ = ch.send(&abort);
-                }
-                return Err(e);
-            }
-        };
-        Ok(SendReport {
-            version,
-            buckets: 0,
+/// Check `tensors` and group them by the tag that holds them.
+#[allow(clippy::type_complexity)]
+fn plan(
+    at: &Endpoint<'_>,
+    tensors: &[SendTensor<'_>],
+) -> Result<(Vec<(TagId, Vec<Destination>)>, Vec<DirectTensor>, u64)> {
+    let sizes = tensors
+        .iter()
+        .map(SendTensor::checked_bytes)
+        .collect::<Result<Vec<u64>>>()?;
+    let announced: Vec<AnnouncedTensor> = tensors
+        .iter()
+        .zip(&sizes)
+        .map(|(t, &bytes)| AnnouncedTensor {
+            name: t.name.clone(),
+            dtype: t.dtype.name().to_string(),
+            shape: t.shape.iter().map(|&d| d as u64).collect(),
             bytes,
-            setup,
-            total: start.elapsed(),
         })
-    }
-
-    /// Check `tensors` and group them by the tag that holds them.
-    #[allow(clippy::type_complexity)]
-    fn plan(
-        &self,
-        tensors: &[SendTensor<'_>],
-    ) -> Result<(Vec<(TagId, Vec<Destination>)>, Vec<DirectTensor>, u64)> {
-        let sizes = tensors
-            .iter()
-            .map(SendTensor::checked_bytes)
-            .collect::<Result<Vec<u64>>>()?;
-        let announced: Vec<AnnouncedTensor> = tensors
-            .iter()
-            .zip(&sizes)
-            .map(|(t, &bytes)| AnnouncedTensor {
-                name: t.name.clone(),
-                dtype: t.dtype.name().to_string(),
-                shape: t.shape.iter().map(|&d| d as u64).collect(),
-                bytes,
-            })
-            .collect();
-        check_announced(&announced)?;
-        let mut shares: Vec<(TagId, Vec<Destination>)> = Vec::new();
-        let mut manifest = Vec::with_capacity(tensors.len());
-        let mut problems = Vec::new();
-        for t in tensors {
-            let SendData::Device(ptr) = t.data else {
-                problems.push(format!(
-                    "tensor `{}` lies in host memory (a direct update sends pool memory)",
-                    t.name.escape_debug()
-                ));
-                continue;
-            };
-            let Some(seg) = self.pool.segment_of(ptr) else {
-                problems.push(format!(
-                    "tensor `{}` at {ptr:#x} is not in this sender's pool",
-                    t.name.escape_debug()
-                ));
-                continue;
-            };
-            let k = match shares.iter().position(|(tag, _)| *tag == seg.tag) {
-                Some(k) => k,
-                None => {
-                    shares.push((seg.tag, Vec::new()));
-                    shares.len() - 1
-                }
-            };
-            shares[k].1.push(Destination {
-                name: t.name.clone(),
-                ptr,
-                dtype: t.dtype,
-                shape: t.shape.clone(),
-            });
-            manifest.push(DirectTensor {
-                name: t.name.clone(),
-                dtype: t.dtype.name().to_string(),
-                shape: t.shape.iter().map(|&d| d as u64).collect(),
-                share: k as u32,
-            });
-        }
-        if shares.len() > MAX_SHARES {
+        .collect();
+    check_announced(&announced)?;
+    let mut shares: Vec<(TagId, Vec<Destination>)> = Vec::new();
+    let mut manifest = Vec::with_capacity(tensors.len());
+    let mut problems = Vec::new();
+    for t in tensors {
+        let SendData::Device(ptr) = t.data else {
             problems.push(format!(
-                "the tensors lie in {} tags, more than the {MAX_SHARES} a direct update serves",
-                shares.len()
+                "tensor `{}` lies in host memory (a direct update sends pool memory)",
+                t.name.escape_debug()
             ));
-        }
-        if !problems.is_empty() {
-            return Err(Error::InvalidArgument(format!(
-                "direct update over {}: {}",
-                self.path.display(),
-                problems.join("; ")
-            )));
-        }
-        Ok((shares, manifest, sizes.iter().sum()))
+            continue;
+        };
+        let Some(seg) = at.pool.segment_of(ptr) else {
+            problems.push(format!(
+                "tensor `{}` at {ptr:#x} is not in this sender's pool",
+                t.name.escape_debug()
+            ));
+            continue;
+        };
+        let k = match shares.iter().position(|(tag, _)| *tag == seg.tag) {
+            Some(k) => k,
+            None => {
+                shares.push((seg.tag, Vec::new()));
+                shares.len() - 1
+            }
+        };
+        shares[k].1.push(Destination {
+            name: t.name.clone(),
+            ptr,
+            dtype: t.dtype,
+            shape: t.shape.clone(),
+        });
+        manifest.push(DirectTensor {
+            name: t.name.clone(),
+            dtype: t.dtype.name().to_string(),
+            shape: t.shape.iter().map(|&d| d as u64).collect(),
+            share: k as u32,
+        });
     }
+    if shares.len() > MAX_SHARES {
+        problems.push(format!(
+            "the tensors lie in {} tags, more than the {MAX_SHARES} a direct update serves",
+            shares.len()
+        ));
+    }
+    if !problems.is_empty() {
+        return Err(Error::InvalidArgument(format!(
+            "direct update over {}: {}",
+            at.path.display(),
+            problems.join("; ")
+        )));
+    }
+    Ok((shares, manifest, sizes.iter().sum()))
 }
 
-impl Drop for DirectSender {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.path);
+/// What a direct send needs of its sender.
+pub(super) struct Endpoint<'a> {
+    pub pool: &'a Arc<Pool>,
+    pub listener: &'a UnixListener,
+    pub path: &'a Path,
+    pub timeout: Duration,
+    pub log: &'a LogSink,
+    /// This send's number at the sender, naming its shares.
+    pub serial: u64,
+}
+
+/// Wait for `receivers` receivers (the ranks of one engine, each keeping
+/// its slices) and send them `tensors`, which must lie in device memory
+/// of this sender's pool. Returns once every receiver committed; the
+/// tensors must not be written before then. On any failure each
+/// receiver is told to abort and keeps its last version.
+pub(super) fn send(
+    at: Endpoint<'_>,
+    tensors: &[SendTensor<'_>],
+    receivers: usize,
+) -> Result<SendReport> {
+    let start = Instant::now();
+    if receivers == 0 {
+        return Err(Error::InvalidArgument(format!(
+            "update sender {}: at least one receiver",
+            at.path.display()
+        )));
     }
+    let (shares, manifest, bytes) = plan(&at, tensors)?;
+    // Served only while this update runs; stopped (sockets removed) on return.
+    let mut servers = Vec::with_capacity(shares.len());
+    let mut paths = Vec::with_capacity(shares.len());
+    for (k, (tag, dests)) in shares.into_iter().enumerate() {
+        let mut p = at.path.as_os_str().to_owned();
+        p.push(format!(".direct.{}.{k}", at.serial));
+        let p = PathBuf::from(p);
+        let _ = std::fs::remove_file(&p);
+        servers.push(Server::start(
+            at.pool.clone(),
+            tag,
+            dests,
+            &p,
+            ServeOptions {
+                max_connections: receivers.max(1),
+                log: at.log.clone(),
+                ..ServeOptions::default()
+            },
+        )?);
+        paths.push(p.to_string_lossy().into_owned());
+    }
+    let mut chs = Vec::with_capacity(receivers);
+    for _ in 0..receivers {
+        chs.push(accept(at.listener, at.path, at.timeout)?);
+    }
+    let setup_start = Instant::now();
+    let msg = FromSender::Direct {
+        shares: paths,
+        tensors: manifest,
+    };
+    let result = (|| {
+        for ch in chs.iter_mut() {
+            ch.send(&msg)?;
+        }
+        for ch in chs.iter_mut() {
+            expect(ch, at.path, |m| matches!(m, FromReceiver::Attached))?;
+        }
+        let setup = setup_start.elapsed();
+        let mut version = 0;
+        for ch in chs.iter_mut() {
+            match ch.recv::<FromReceiver>()? {
+                FromReceiver::Committed { version: v } => version = version.max(v),
+                FromReceiver::Failed { reason } => return Err(refused(at.path, reason)),
+                other => return Err(unexpected(at.path, &other)),
+            }
+        }
+        Ok((version, setup))
+    })();
+    drop(servers);
+    let (version, setup) = match result {
+        Ok(v) => v,
+        Err(e) => {
+            let abort = FromSender::Abort {
+                reason: e.to_string(),
+            };
+            for ch in chs.iter_mut() {
+                let _ = ch.send(&abort);
+            }
+            return Err(e);
+        }
+    };
+    Ok(SendReport {
+        version,
+        buckets: 0,
+        bytes,
+        setup,
+        total: start.elapsed(),
+    })
 }
 
 fn expect(ch: &mut Channel, path: &Path, ok: impl Fn(&FromReceiver) -> bool) -> Result<()> {
