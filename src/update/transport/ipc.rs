@@ -1,9 +1,12 @@
 //! The IPC transport: another process on the same host sends an update
-//! through a ring of device buffers it exports once.
+//! through a ring of device buffers it exports once, or, when its tensors
+//! lie in its pool, directly out of them ([`super::direct`]). The first
+//! message on the control socket says which; [`receive_ipc`] takes either.
 //!
-//! The sender ([`IpcSender`]) allocates `slots` buffers of `slot_bytes` in
-//! its pool under a tag of its own and serves them as a share
-//! ([`crate::share::Server`]) next to its control socket. A receiver
+//! For the ring, the sender ([`IpcSender`]) allocates `slots` buffers of
+//! `slot_bytes` in its pool under a tag of its own at its first ring send and
+//! serves them as a share ([`crate::share::Server`]) next to its control
+//! socket. A receiver
 //! ([`IpcReceiver`]) connects to the control socket, attaches the ring (one
 //! share handshake: every slot's descriptors at once) and then reads one
 //! control message per bucket. Bucket k goes in slot k mod `slots`; the
