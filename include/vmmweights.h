@@ -3115,18 +3115,19 @@ void *vmmw_torch_malloc(ptrdiff_t size, int32_t device, void *stream);
 void vmmw_torch_free(void *ptr, ptrdiff_t size, int32_t device, void *stream);
 
 /**
- * A new IPC sender: `slots` ring slots (0 = 2) of `slot_bytes` each (0 = the
- * default bucket size, 256 MiB) in `pool` under a tag of their own, served
- * at `path` + ".ring", with receivers connecting at `path` (which must not
- * exist; it is removed when the sender is freed). Receivers and their
+ * A new IPC sender: receivers connect at `path` (which must not exist; it
+ * is removed when the sender is freed). Its ring, `slots` slots (0 = 2) of
+ * `slot_bytes` each (0 = the default bucket size, 256 MiB) in `pool` under a
+ * tag of their own, served at `path` + ".ring", is allocated at the first
+ * `vmmw_update_sender_send` and kept until the sender is freed; a sender
+ * that only sends directly (`vmmw_update_sender_send_direct`) never
+ * allocates it. Receivers and their
  * answers are waited for at most `timeout_ms` each (0 = 60 s). `*out`
  * receives a handle owned by the caller (`vmmw_update_sender_free`).
  *
  * Errors (nothing is left behind on any):
  * - `VMMW_NULL_ARGUMENT`: `pool`, `path` or `out` is NULL.
  * - `VMMW_INVALID_ARGUMENT`: more than 64 slots; `path` not UTF-8.
- * - `VMMW_OUT_OF_MEMORY`: the ring does not fit on the device.
- * - `VMMW_UNSUPPORTED`: the pool's memory is not created shareable.
  * - `VMMW_IO`: `path` cannot be bound (it exists, or its folder does not).
  *
  * # Safety
@@ -3156,6 +3157,9 @@ void vmmw_update_sender_free(struct vmmw_update_sender_t *sender);
  * - `VMMW_NULL_ARGUMENT`: `sender`, `source` or `out` is NULL.
  * - `VMMW_INVALID_ARGUMENT`: the source's tensors are refused (no tensor, a
  *   name twice, a size that does not match the shape).
+ * - `VMMW_OUT_OF_MEMORY`: the ring (allocated at the first send) does not
+ *   fit on the device.
+ * - `VMMW_UNSUPPORTED`: the pool's memory is not created shareable.
  * - `VMMW_INVALID_STATE`: no receiver connected in time, a receiver went
  *   away, or a receiver refused the update (its reason in the message).
  *
@@ -3164,6 +3168,35 @@ void vmmw_update_sender_free(struct vmmw_update_sender_t *sender);
  * bytes until this returns; `out` is writable; `error` is NULL or writable.
  */
 vmmw_status_t vmmw_update_sender_send(struct vmmw_update_sender_t *sender, struct vmmw_update_source_t *source, uint32_t receivers, struct vmmw_send_report_t *out, struct vmmw_error_t **error);
+
+/**
+ * Wait for `receivers` receivers (0 = 1) and send them the tensors of
+ * `source` directly, without the ring: every tensor must lie in device
+ * memory of the sender's pool (a trainer that allocates its weights, or a
+ * gathered copy of them, in the pool). The sender serves the pool segments
+ * that hold them as read-only shares (one per tag, one handshake per
+ * update) and sends one manifest; each receiver maps them and copies every
+ * destination piece straight out of them. Returns once every receiver
+ * committed the update, with `*out` saying what was sent (`buckets` = 0);
+ * the tensors must not be written before it returns. On any failure each
+ * receiver is told to abort and keeps its last version. One send at a time
+ * per sender (others wait).
+ *
+ * Errors:
+ * - `VMMW_NULL_ARGUMENT`: `sender`, `source` or `out` is NULL.
+ * - `VMMW_INVALID_ARGUMENT`: the source's tensors are refused (as
+ *   `vmmw_update_sender_send`), or one lies in host memory or outside the
+ *   sender's pool (every such tensor named).
+ * - `VMMW_UNSUPPORTED`: the pool's memory is not created shareable.
+ * - `VMMW_INVALID_STATE`: a tag holding them is asleep, no receiver
+ *   connected in time, a receiver went away, or a receiver refused the
+ *   update (its reason in the message).
+ *
+ * # Safety
+ * `sender` and `source` are live handles; the source's tensors hold their
+ * bytes until this returns; `out` is writable; `error` is NULL or writable.
+ */
+vmmw_status_t vmmw_update_sender_send_direct(struct vmmw_update_sender_t *sender, struct vmmw_update_source_t *source, uint32_t receivers, struct vmmw_send_report_t *out, struct vmmw_error_t **error);
 
 /**
  * Receive one update from the IPC sender at `path` into the destinations of

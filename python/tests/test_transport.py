@@ -1,6 +1,6 @@
 """Update transports from Python on the host backend: a sender in another
 process (a child Python) updates this process's destinations, loaded with
-the llama preset, bitwise (the reference: the new values loaded through the
+the llama preset, through its ring or directly out of its pool, bitwise (the reference: the new values loaded through the
 same rules); a sender that dies mid-handshake leaves the destinations and
 the version as they were, with VMMW_UPDATE_SOURCE or an I/O error; a
 missing NCCL is named."""
@@ -46,7 +46,9 @@ def loaded(pool, tmp_path):
     ld.close()
 
 
-def sender(path: str, die: bool) -> subprocess.Popen:
+def sender(path: str, die: bool, direct: bool = False) -> subprocess.Popen:
+    """A sender in a child Python: host tensors through the ring, or
+    (`direct`) tensors in its pool sent directly."""
     script = textwrap.dedent(f"""
         import ctypes, os, sys
         sys.path.insert(0, {HERE!r})
@@ -55,13 +57,18 @@ def sender(path: str, die: bool) -> subprocess.Popen:
         pool = vw.Pool(backend="host")
         src = vw.UpdateSource()
         for name, (dtype, shape, data) in llama_like(seed=2).items():
-            buf = ctypes.create_string_buffer(data, len(data))
-            src.add(name, dtype, shape, ctypes.addressof(buf), "host", keep=buf)
+            if {direct!r}:
+                ptr = pool.alloc(len(data), "trainer")
+                pool.write(ptr, data)
+                src.add(name, dtype, shape, ptr, "device")
+            else:
+                buf = ctypes.create_string_buffer(data, len(data))
+                src.add(name, dtype, shape, ctypes.addressof(buf), "host", keep=buf)
         with vw.transport.Sender(pool, {path!r}, slot_bytes=8192, timeout_ms=20000) as tx:
             print("ready", flush=True)
             if {die!r}:
                 os._exit(3)
-            r = tx.send(src)
+            r = tx.send_direct(src) if {direct!r} else tx.send(src)
             print(f"sent {{r.version}} {{r.buckets}}", flush=True)
     """)
     env = dict(os.environ, VMMW_BACKEND="host")
@@ -79,6 +86,17 @@ def test_update_from_another_process_is_bitwise(pool, loaded, tmp_path):
     assert contents(pool, ld) == want
     out, _ = p.communicate(timeout=30)
     assert out.startswith("sent 2 "), out
+
+
+def test_a_direct_update_from_another_process_is_bitwise_and_unstaged(pool, loaded, tmp_path):
+    ld, want = loaded
+    path = str(tmp_path / "direct.sock")
+    p = sender(path, die=False, direct=True)
+    r = vw.transport.receive_ipc(ld, pool, path, pool.tag_version("py-transport"), timeout_ms=20000)
+    assert r.version == 2 and not r.staged
+    assert contents(pool, ld) == want
+    out, _ = p.communicate(timeout=30)
+    assert out.strip() == "sent 2 0", out
 
 
 def test_a_dead_sender_changes_nothing(pool, loaded, tmp_path):

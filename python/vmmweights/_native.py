@@ -226,6 +226,7 @@ _SIGNATURES: dict[str, tuple[Any, list[Any], bool]] = {
         _I32, [_P, ctypes.c_char_p, ctypes.c_uint32, ctypes.c_uint64, ctypes.c_uint64, ctypes.POINTER(_P)], True),
     "vmmw_update_sender_free": (None, [_P], False),
     "vmmw_update_sender_send": (_I32, [_P, _P, ctypes.c_uint32, ctypes.POINTER(S.SendReport)], True),
+    "vmmw_update_sender_send_direct": (_I32, [_P, _P, ctypes.c_uint32, ctypes.POINTER(S.SendReport)], True),
     "vmmw_update_receive_ipc": (
         _I32,
         [_P, _P, ctypes.c_char_p, ctypes.c_uint64, ctypes.POINTER(S.UpdateOptions), ctypes.POINTER(S.UpdateResult)],

@@ -58,9 +58,10 @@ def _result(out: S.UpdateResult) -> UpdateResult:
 
 
 class Sender:
-    """An IPC sender: a ring of `slots` buffers of `slot_bytes` (0: 2 of the
-    default bucket size) in `pool`, exported once, and a control socket at
-    `path` receivers connect to. Use as a context manager, or call
+    """An IPC sender: a control socket at `path` receivers connect to, and a
+    ring of `slots` buffers of `slot_bytes` (0: 2 of the default bucket size)
+    in `pool`, allocated at the first :meth:`send` and exported once
+    (:meth:`send_direct` needs no ring). Use as a context manager, or call
     :meth:`close`."""
 
     def __init__(self, pool: Pool, path: str, slots: int = 0, slot_bytes: int = 0, timeout_ms: int = 0) -> None:
@@ -75,8 +76,21 @@ class Sender:
         buckets; returns once every receiver committed the update."""
         if self._handle is None:
             raise ValueError("the sender is closed")
+        return self._send("vmmw_update_sender_send", source, receivers)
+
+    def send_direct(self, source: UpdateSource, receivers: int = 1) -> SendReport:
+        """Wait for `receivers` receivers and send them `source`'s tensors
+        directly, without the ring: every tensor lies in device memory of the
+        sender's pool; each receiver maps it and copies straight out of it.
+        Returns once every receiver committed; the tensors must not be
+        written before then."""
+        return self._send("vmmw_update_sender_send_direct", source, receivers)
+
+    def _send(self, fn: str, source: UpdateSource, receivers: int) -> SendReport:
+        if self._handle is None:
+            raise ValueError("the sender is closed")
         out = S.SendReport()
-        call("vmmw_update_sender_send", self._handle, source.handle, ctypes.c_uint32(receivers), ctypes.byref(out))
+        call(fn, self._handle, source.handle, ctypes.c_uint32(receivers), ctypes.byref(out))
         return SendReport(version=out.version, buckets=out.buckets, bytes=out.bytes,
                           setup_seconds=out.setup_seconds, seconds=out.seconds)
 

@@ -17,7 +17,7 @@ use crate::driver::nccl::UNIQUE_ID_BYTES;
 use crate::error::{Error, Result};
 use crate::share::LogSink;
 use crate::update::transport::broadcast::{self, BroadcastOptions, BroadcastSource, Ring};
-use crate::update::transport::ipc::{IpcReceiver, IpcSender, SenderOptions};
+use crate::update::transport::ipc::{receive_ipc, IpcSender, SendReport, SenderOptions};
 use crate::update::transport::nccl::NcclCollective;
 use crate::update::transport::{receive, send, DEFAULT_BUCKET_BYTES, DEFAULT_SLOTS};
 use crate::update::UpdateResult;
@@ -45,6 +45,16 @@ pub struct vmmw_send_report_t {
     pub seconds: f64,
 }
 
+fn report(r: &SendReport) -> vmmw_send_report_t {
+    vmmw_send_report_t {
+        version: r.version,
+        buckets: r.buckets,
+        bytes: r.bytes,
+        setup_seconds: r.setup.as_secs_f64(),
+        seconds: r.total.as_secs_f64(),
+    }
+}
+
 fn timeout(ms: u64) -> Duration {
     if ms == 0 {
         Duration::from_secs(60)
@@ -57,18 +67,19 @@ fn c_result(r: &UpdateResult) -> vmmw_update_result_t {
     vmmw_update_result_t::from(r)
 }
 
-/// A new IPC sender: `slots` ring slots (0 = 2) of `slot_bytes` each (0 = the
-/// default bucket size, 256 MiB) in `pool` under a tag of their own, served
-/// at `path` + ".ring", with receivers connecting at `path` (which must not
-/// exist; it is removed when the sender is freed). Receivers and their
+/// A new IPC sender: receivers connect at `path` (which must not exist; it
+/// is removed when the sender is freed). Its ring, `slots` slots (0 = 2) of
+/// `slot_bytes` each (0 = the default bucket size, 256 MiB) in `pool` under a
+/// tag of their own, served at `path` + ".ring", is allocated at the first
+/// `vmmw_update_sender_send` and kept until the sender is freed; a sender
+/// that only sends directly (`vmmw_update_sender_send_direct`) never
+/// allocates it. Receivers and their
 /// answers are waited for at most `timeout_ms` each (0 = 60 s). `*out`
 /// receives a handle owned by the caller (`vmmw_update_sender_free`).
 ///
 /// Errors (nothing is left behind on any):
 /// - `VMMW_NULL_ARGUMENT`: `pool`, `path` or `out` is NULL.
 /// - `VMMW_INVALID_ARGUMENT`: more than 64 slots; `path` not UTF-8.
-/// - `VMMW_OUT_OF_MEMORY`: the ring does not fit on the device.
-/// - `VMMW_UNSUPPORTED`: the pool's memory is not created shareable.
 /// - `VMMW_IO`: `path` cannot be bound (it exists, or its folder does not).
 ///
 /// # Safety
@@ -133,6 +144,9 @@ pub unsafe extern "C" fn vmmw_update_sender_free(sender: *mut vmmw_update_sender
 /// - `VMMW_NULL_ARGUMENT`: `sender`, `source` or `out` is NULL.
 /// - `VMMW_INVALID_ARGUMENT`: the source's tensors are refused (no tensor, a
 ///   name twice, a size that does not match the shape).
+/// - `VMMW_OUT_OF_MEMORY`: the ring (allocated at the first send) does not
+///   fit on the device.
+/// - `VMMW_UNSUPPORTED`: the pool's memory is not created shareable.
 /// - `VMMW_INVALID_STATE`: no receiver connected in time, a receiver went
 ///   away, or a receiver refused the update (its reason in the message).
 ///
@@ -157,13 +171,54 @@ pub unsafe extern "C" fn vmmw_update_sender_send(
         let r = send::with_source(&mut *tensors, |t| {
             sender.send_to(t, receivers.max(1) as usize)
         })?;
-        Ok(vmmw_send_report_t {
-            version: r.version,
-            buckets: r.buckets,
-            bytes: r.bytes,
-            setup_seconds: r.setup.as_secs_f64(),
-            seconds: r.total.as_secs_f64(),
-        })
+        Ok(report(&r))
+    })
+}
+
+/// Wait for `receivers` receivers (0 = 1) and send them the tensors of
+/// `source` directly, without the ring: every tensor must lie in device
+/// memory of the sender's pool (a trainer that allocates its weights, or a
+/// gathered copy of them, in the pool). The sender serves the pool segments
+/// that hold them as read-only shares (one per tag, one handshake per
+/// update) and sends one manifest; each receiver maps them and copies every
+/// destination piece straight out of them. Returns once every receiver
+/// committed the update, with `*out` saying what was sent (`buckets` = 0);
+/// the tensors must not be written before it returns. On any failure each
+/// receiver is told to abort and keeps its last version. One send at a time
+/// per sender (others wait).
+///
+/// Errors:
+/// - `VMMW_NULL_ARGUMENT`: `sender`, `source` or `out` is NULL.
+/// - `VMMW_INVALID_ARGUMENT`: the source's tensors are refused (as
+///   `vmmw_update_sender_send`), or one lies in host memory or outside the
+///   sender's pool (every such tensor named).
+/// - `VMMW_UNSUPPORTED`: the pool's memory is not created shareable.
+/// - `VMMW_INVALID_STATE`: a tag holding them is asleep, no receiver
+///   connected in time, a receiver went away, or a receiver refused the
+///   update (its reason in the message).
+///
+/// # Safety
+/// `sender` and `source` are live handles; the source's tensors hold their
+/// bytes until this returns; `out` is writable; `error` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn vmmw_update_sender_send_direct(
+    sender: *mut vmmw_update_sender_t,
+    source: *mut vmmw_update_source_t,
+    receivers: u32,
+    out: *mut vmmw_send_report_t,
+    error: *mut *mut vmmw_error_t,
+) -> vmmw_status_t {
+    call_out(out, "out", error, || {
+        // SAFETY: forwarded contract.
+        let s = unsafe { arg(sender.cast_const(), "sender") }?;
+        // SAFETY: forwarded contract.
+        let src = unsafe { arg(source.cast_const(), "source") }?;
+        let mut tensors = src.tensors.lock().unwrap_or_else(|p| p.into_inner());
+        let mut sender = s.sender.lock().unwrap_or_else(|p| p.into_inner());
+        let r = send::with_source(&mut *tensors, |t| {
+            sender.send_direct_to(t, receivers.max(1) as usize)
+        })?;
+        Ok(report(&r))
     })
 }
 
@@ -210,8 +265,14 @@ pub unsafe extern "C" fn vmmw_update_receive_ipc(
         // SAFETY: forwarded contract (readable for its `size`).
         let o = unsafe { read_sized(options_in) }?.ok_or(Error::NullArgument("options"))?;
         let opts = options(&o)?;
-        let mut source = IpcReceiver::connect(p.pool.driver().clone(), path, timeout(timeout_ms))?;
-        let r = receive(&mut source, &l.session, &p.pool, &opts)?;
+        let r = receive_ipc(
+            p.pool.driver().clone(),
+            path,
+            timeout(timeout_ms),
+            &l.session,
+            &p.pool,
+            &opts,
+        )?;
         Ok(c_result(&r))
     })
 }

@@ -67,5 +67,6 @@ mod update_cli;
 mod update_repeat;
 mod update_tp;
 mod update_transport_broadcast;
+mod update_transport_direct;
 mod update_transport_processes;
 mod update_transport_ranks;

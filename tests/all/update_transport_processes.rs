@@ -28,13 +28,14 @@ use vmmweights::loader::Dtype;
 use vmmweights::share::{LogSink, ServeOptions, Server};
 use vmmweights::update::transport::bucket::{plan_buckets, AnnouncedTensor, BucketManifest};
 use vmmweights::update::transport::control::{Channel, FromReceiver, FromSender};
-use vmmweights::update::transport::ipc::{IpcReceiver, IpcSender, SenderOptions};
+use vmmweights::update::transport::ipc::{receive_ipc, IpcSender, SenderOptions};
+use vmmweights::update::UpdateOptions;
 use vmmweights::{tag, Pool, PoolConfig, Status};
 
-const TIMEOUT: Duration = Duration::from_secs(20);
-const SEED: u64 = 7000;
+pub(crate) const TIMEOUT: Duration = Duration::from_secs(20);
+pub(crate) const SEED: u64 = 7000;
 
-fn sock_path(name: &str) -> PathBuf {
+pub(crate) fn sock_path(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("vmmw-update-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let p = dir.join(name);
@@ -43,13 +44,13 @@ fn sock_path(name: &str) -> PathBuf {
     p
 }
 
-struct Proc {
+pub(crate) struct Proc {
     child: Child,
     lines: std::sync::mpsc::Receiver<String>,
 }
 
 impl Proc {
-    fn spawn(role: &str, path: &Path, env: &[(&str, String)]) -> Proc {
+    pub(crate) fn spawn(role: &str, path: &Path, env: &[(&str, String)]) -> Proc {
         let mut cmd = Command::new(std::env::current_exe().unwrap());
         cmd.args([
             "--exact",
@@ -79,27 +80,38 @@ impl Proc {
         Proc { child, lines }
     }
 
-    fn line(&self) -> String {
+    pub(crate) fn line(&self) -> String {
         self.lines
             .recv_timeout(Duration::from_secs(30))
             .expect("the child answered within 30 s")
     }
 
-    fn kill(mut self) {
+    pub(crate) fn kill(mut self) {
         let _ = self.child.kill();
         self.child.wait().unwrap();
     }
 
-    fn wait(mut self) -> String {
+    pub(crate) fn wait(mut self) -> String {
         let l = self.line();
         self.child.wait().unwrap();
         l
     }
 }
 
-fn receive_as(r: &Rank, path: &Path) -> vmmweights::Result<vmmweights::update::UpdateResult> {
-    let mut source = IpcReceiver::connect(r.pool.driver().clone(), path, TIMEOUT)?;
-    r.receive(&mut source)
+/// Receive one update at `path` as an engine does, whichever way the sender sends.
+pub(crate) fn receive_as(
+    r: &Rank,
+    path: &Path,
+) -> vmmweights::Result<vmmweights::update::UpdateResult> {
+    let opts = UpdateOptions::from_version(r.version());
+    receive_ipc(
+        r.pool.driver().clone(),
+        path,
+        TIMEOUT,
+        &r.session,
+        &r.pool,
+        &opts,
+    )
 }
 
 #[test]
@@ -295,6 +307,11 @@ fn child() {
     match role.as_str() {
         "sender" => child_sender(&path),
         "raw" => child_raw(&path, &std::env::var("VMMW_UPDATE_CASE").unwrap()),
+        "direct" => crate::update_transport_direct::child_sender(&path),
+        "direct_raw" => crate::update_transport_direct::child_raw(
+            &path,
+            &std::env::var("VMMW_UPDATE_CASE").unwrap(),
+        ),
         other => panic!("unknown role {other}"),
     }
 }
@@ -306,7 +323,7 @@ fn env_usize(k: &str, default: usize) -> usize {
 /// The sender's pool, on the backend the parent names (`VMMW_UPDATE_BACKEND`,
 /// host by default): a ring on the cuda backend is CUDA VMM memory, exported
 /// to the receiver as such.
-fn sender_pool() -> std::sync::Arc<Pool> {
+pub(crate) fn sender_pool() -> std::sync::Arc<Pool> {
     let driver = match std::env::var("VMMW_UPDATE_BACKEND").as_deref() {
         Ok("cuda") => common::backend::cuda_device(0).expect("the cuda sender's device"),
         _ => crate::update_transport_ranks::host_driver(),

@@ -333,6 +333,24 @@ static void test_loader() {
     CHECK(r.version == v + 1 && r.staged == 1 && report.version == v + 1 && report.buckets == 9);
     pool.read(d.ptr, back.data(), back.size() * 4);
     CHECK(back == a3);
+    // Directly out of the sender's pool memory: no ring, no staging.
+    std::vector<float> a4(a.size());
+    for (size_t i = 0; i < a4.size(); ++i) a4[i] = static_cast<float>(i) * -0.5f;
+    vmmw::Block wa = sender_pool.alloc(a4.size() * 4, vmmw::tag_id("cpp-trainer"));
+    vmmw::Block wb = sender_pool.alloc(b3.size() * 4, vmmw::tag_id("cpp-trainer"));
+    sender_pool.write(wa.ptr(), a4.data(), a4.size() * 4);
+    sender_pool.write(wb.ptr(), b3.data(), b3.size() * 4);
+    vmmw::UpdateSource direct;
+    direct.add("layer.weight", "F32", {64, 32}, wa.ptr(), vmmw::Memory::Device);
+    direct.add("layer.bias", "F32", {32}, wb.ptr(), vmmw::Memory::Device);
+    std::thread td([&] { report = tx.send_direct(direct); });
+    uo.expected_version = v + 1;
+    const auto rd = vmmw::receive_ipc(loader, pool, tx_path, uo, 20000);
+    td.join();
+    CHECK(rd.version == v + 2 && rd.staged == 0 && report.version == v + 2 && report.buckets == 0);
+    pool.read(d.ptr, back.data(), back.size() * 4);
+    CHECK(back == a4);
+    CHECK(status_of([&] { (void)tx.send_direct(src); }) == VMMW_INVALID_ARGUMENT);  // host memory
     CHECK(status_of([&] { (void)vmmw::receive_ipc(loader, pool, std::string(dir) + "/none.sock", uo, 1000); }) ==
           VMMW_IO);
     CHECK(status_of([] { (void)vmmw::NcclComm::from_raw(nullptr); }) != VMMW_OK);

@@ -1153,9 +1153,10 @@ inline vmmw_update_options_t update_options(const UpdateOptions& o) {
 }
 }  // namespace detail
 
-/// An IPC update sender (vmmw_update_sender_t): a ring of `slots` buffers of
-/// `slot_bytes` (0: 2 of 256 MiB) in `pool`, exported once, and a control
-/// socket at `path` that receivers connect to. Move-only.
+/// An IPC update sender (vmmw_update_sender_t): a control socket at `path`
+/// that receivers connect to, and a ring of `slots` buffers of `slot_bytes`
+/// (0: 2 of 256 MiB) in `pool`, allocated at the first send() and exported
+/// once (send_direct() needs no ring). Move-only.
 class UpdateSender {
  public:
   UpdateSender(Pool& pool, const std::string& path, uint32_t slots = 0, uint64_t slot_bytes = 0,
@@ -1174,6 +1175,20 @@ class UpdateSender {
     vmmw_update_source_t* s = source.get();
     if (s == nullptr) detail::empty_handle("vmmw::UpdateSource");
     detail::call([&](vmmw_error_t** e) { return vmmw_update_sender_send(get_mut(), s, receivers, &r, e); });
+    return r;
+  }
+
+  /// Wait for `receivers` receivers and send them `source`'s tensors
+  /// directly, without the ring: every tensor lies in device memory of the
+  /// sender's pool; each receiver maps it and copies straight out of it.
+  /// Returns once every receiver committed; the tensors must not be written
+  /// before then.
+  vmmw_send_report_t send_direct(UpdateSource& source, uint32_t receivers = 1) {
+    vmmw_send_report_t r{};
+    vmmw_update_source_t* s = source.get();
+    if (s == nullptr) detail::empty_handle("vmmw::UpdateSource");
+    detail::call(
+        [&](vmmw_error_t** e) { return vmmw_update_sender_send_direct(get_mut(), s, receivers, &r, e); });
     return r;
   }
 

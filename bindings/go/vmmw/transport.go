@@ -10,8 +10,9 @@ import (
 	"unsafe"
 )
 
-// UpdateSender is an IPC update sender: a ring of buffers in a pool,
-// exported once, and a control socket receivers connect to.
+// UpdateSender is an IPC update sender: a control socket receivers connect
+// to, and a ring of buffers in a pool, exported once, for tensors that do
+// not lie in the pool (SendDirect needs no ring).
 type UpdateSender struct {
 	ptr *C.vmmw_update_sender_t
 }
@@ -23,9 +24,9 @@ type SendReport struct {
 	SetupSeconds, Seconds float64
 }
 
-// NewUpdateSender allocates a ring of slots buffers of slotBytes (0: 2 of
-// 256 MiB) in pool and listens for receivers at path; timeoutMs bounds each
-// wait (0: 60 s).
+// NewUpdateSender listens for receivers at path; its ring, slots buffers of
+// slotBytes (0: 2 of 256 MiB) in pool, is allocated at the first Send.
+// timeoutMs bounds each wait (0: 60 s).
 func NewUpdateSender(pool *Pool, path string, slots uint32, slotBytes, timeoutMs uint64) (*UpdateSender, error) {
 	cp, err := pool.live()
 	if err != nil {
@@ -47,8 +48,22 @@ func NewUpdateSender(pool *Pool, path string, slots uint32, slotBytes, timeoutMs
 }
 
 // Send waits for receivers receivers and sends them source's tensors in
-// buckets; it returns once every receiver committed the update.
+// buckets through the ring (allocated at the first Send); it returns once
+// every receiver committed the update.
 func (s *UpdateSender) Send(source *UpdateSource, receivers uint32) (SendReport, error) {
+	return s.send(source, receivers, false)
+}
+
+// SendDirect waits for receivers receivers and sends them source's tensors
+// directly, without the ring: every tensor must lie in device memory of the
+// sender's pool. Each receiver maps the pool segments holding them and
+// copies straight out of them. It returns once every receiver committed
+// the update; the tensors must not be written before then.
+func (s *UpdateSender) SendDirect(source *UpdateSource, receivers uint32) (SendReport, error) {
+	return s.send(source, receivers, true)
+}
+
+func (s *UpdateSender) send(source *UpdateSource, receivers uint32, direct bool) (SendReport, error) {
 	if s == nil || s.ptr == nil {
 		return SendReport{}, closedError("UpdateSender")
 	}
@@ -57,6 +72,9 @@ func (s *UpdateSender) Send(source *UpdateSource, receivers uint32) (SendReport,
 	}
 	var r C.vmmw_send_report_t
 	err := call(func(e **C.vmmw_error_t) C.vmmw_status_t {
+		if direct {
+			return C.vmmw_update_sender_send_direct(s.ptr, source.ptr, C.uint32_t(receivers), &r, e)
+		}
 		return C.vmmw_update_sender_send(s.ptr, source.ptr, C.uint32_t(receivers), &r, e)
 	})
 	runtime.KeepAlive(s)

@@ -81,7 +81,37 @@ func TestReceiveIPCFromASender(t *testing.T) {
 	if string(got) != string(newA) {
 		t.Fatal("the destination does not hold the sent bytes")
 	}
-	if _, err := ReceiveIPC(l, p, filepath.Join(dir, "none.sock"), UpdateOptions{ExpectedVersion: 2}, 1000); !isStatus(err, StatusIO) {
+	// Directly out of the sender's pool memory: no ring, no staging.
+	for i := range a {
+		binary.LittleEndian.PutUint32(newA[4*i:], math.Float32bits(float32(2*i)))
+	}
+	if err := p.Write(src, newA); err != nil {
+		t.Fatal(err)
+	}
+	direct, err := NewUpdateSender(p, filepath.Join(dir, "direct.sock"), 0, 0, 20000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer direct.Close()
+	go func() {
+		r, err := direct.SendDirect(s, 1)
+		if err != nil {
+			t.Error(err)
+		}
+		sent <- r
+	}()
+	r, err = ReceiveIPC(l, p, filepath.Join(dir, "direct.sock"), UpdateOptions{ExpectedVersion: 2}, 20000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	report = <-sent
+	if r.Version != 3 || r.Staged || report.Version != 3 || report.Buckets != 0 {
+		t.Fatalf("direct: result %+v, report %+v", r, report)
+	}
+	if err := p.Read(d.Ptr, got); err != nil || string(got) != string(newA) {
+		t.Fatalf("direct: the destination does not hold the sent bytes (%v)", err)
+	}
+	if _, err := ReceiveIPC(l, p, filepath.Join(dir, "none.sock"), UpdateOptions{ExpectedVersion: 3}, 1000); !isStatus(err, StatusIO) {
 		t.Fatalf("no sender: %v", err)
 	}
 	if _, err := NcclCommFromRaw(nil); err == nil {

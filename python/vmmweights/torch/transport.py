@@ -4,7 +4,9 @@ receives into the tensors a :func:`vmmweights.torch.load_` filled, through
 that load's rules (:func:`receive_`, :func:`broadcast_`), each
 tensor-parallel rank keeping its slices.
 
-    # trainer process
+    # trainer process (weights in our pool: sent directly, no extra copy)
+    with vt.use_pool("trainer"):
+        model = build_model()
     with vt.transport.Sender("/tmp/engine.sock") as tx:
         tx.send(model.state_dict())
     # engine process
@@ -13,14 +15,18 @@ tensor-parallel rank keeping its slices.
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Optional, Union
+from typing import Any, Dict, Mapping, Optional, Union
 
 import torch
 
 from .. import transport as _transport
+from .._native import VmmwError
 from ..update import UpdateResult, UpdateSource
 from . import _device, _loads, _lock, _signature, _state_dict, pool
 from .dtypes import DTYPES
+
+#: The tag a gathered copy is allocated under (mode "gather").
+GATHER_TAG = "vmmw.update.gather"
 
 
 def _source(state: Mapping[str, torch.Tensor], dev: int) -> UpdateSource:
@@ -42,25 +48,84 @@ def _source(state: Mapping[str, torch.Tensor], dev: int) -> UpdateSource:
     return src
 
 
+MODES = ("auto", "direct", "gather", "ring")
+
+
+def _in_pool(p: Any, state: Mapping[str, torch.Tensor], dev: int) -> bool:
+    """True when every non-empty tensor lies in CUDA memory of pool `p`."""
+    for t in state.values():
+        if t.numel() == 0:
+            continue
+        if not t.is_cuda or _device(t.device) != dev:
+            return False
+        try:
+            p.tag_of(t.data_ptr())
+        except VmmwError:
+            return False
+    return True
+
+
 class Sender:
-    """A trainer's IPC sender on `device`: a ring of `slots` buffers of
-    `slot_bytes` (0: 2 of 256 MiB) exported once, receivers connecting at
-    `path`."""
+    """A trainer's IPC sender on `device`, receivers connecting at `path`.
+
+    How each :meth:`send` moves the bytes (`mode`):
+
+    - ``"direct"``: the tensors lie in our pool (allocated under
+      :func:`vmmweights.torch.use_pool`, or a gathered copy made there); the
+      sender serves the pool segments holding them and each receiver copies
+      straight out of them. No extra memory, one copy in all.
+    - ``"gather"``: tensors outside the pool are first copied once into a
+      pool buffer (extra device memory the size of those tensors, on the
+      sender's GPU, while the send runs), then sent directly.
+    - ``"ring"``: through a ring of `slots` buffers of `slot_bytes` (0: 2 of
+      256 MiB), allocated at the first ring send and kept: bounded memory,
+      any tensors, host ones included, but three copies and a round trip per
+      bucket.
+    - ``"auto"`` (the default): direct when every tensor lies in the pool,
+      else the ring (no memory beyond the ring's).
+
+    The tensors must not be written until :meth:`send` returns."""
 
     def __init__(self, path: str, device: Union[int, torch.device, None] = None, slots: int = 0,
-                 slot_bytes: int = 0, timeout_ms: int = 0) -> None:
+                 slot_bytes: int = 0, timeout_ms: int = 0, mode: str = "auto") -> None:
+        if mode not in MODES:
+            raise ValueError(f"mode {mode!r}: one of {MODES}")
         self._dev = _device(device)
+        self._mode = mode
         self._tx = _transport.Sender(pool(self._dev), path, slots, slot_bytes, timeout_ms)
 
-    def send(self, state: Union[torch.nn.Module, Mapping[str, torch.Tensor]], receivers: int = 1) -> _transport.SendReport:
+    def send(self, state: Union[torch.nn.Module, Mapping[str, torch.Tensor]], receivers: int = 1,
+             mode: Optional[str] = None) -> _transport.SendReport:
         """Wait for `receivers` engine ranks and send them `state` (a model or
-        state dict, by checkpoint name); returns once every one committed."""
-        src = _source(_state_dict(state), self._dev)
+        state dict, by checkpoint name); returns once every one committed.
+        `mode` overrides the sender's for this send."""
+        mode = self._mode if mode is None else mode
+        if mode not in MODES:
+            raise ValueError(f"mode {mode!r}: one of {MODES}")
+        tensors = _state_dict(state)
+        p = pool(self._dev)
+        if mode == "auto":
+            mode = "direct" if _in_pool(p, tensors, self._dev) else "ring"
+        gathered: Dict[str, torch.Tensor] = {}
+        if mode == "gather":
+            from . import use_pool
+            with use_pool(GATHER_TAG, self._dev):
+                for n, t in tensors.items():
+                    if t.numel() > 0 and not _in_pool(p, {n: t}, self._dev):
+                        gathered[n] = torch.empty(t.shape, dtype=t.dtype, device=f"cuda:{self._dev}")
+            for n, g in gathered.items():
+                g.copy_(tensors[n])
+            tensors = {n: gathered.get(n, t) for n, t in tensors.items()}
+            mode = "direct"
+        src = _source(tensors, self._dev)
         try:
-            torch.cuda.synchronize(self._dev)  # the trainer's kernels wrote the tensors
+            torch.cuda.synchronize(self._dev)  # the trainer's kernels (or the gather) wrote the tensors
+            if mode == "direct":
+                return self._tx.send_direct(src, receivers)
             return self._tx.send(src, receivers)
         finally:
             src.close()
+            gathered.clear()
 
     def close(self) -> None:
         self._tx.close()

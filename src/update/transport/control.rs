@@ -4,9 +4,9 @@
 //! slot may be written again. A closed socket is how a dead peer shows.
 
 use std::io::{Read, Write};
-use std::os::unix::net::UnixStream;
+use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::Path;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
@@ -15,6 +15,19 @@ use crate::error::{Error, Result};
 
 /// Longest message accepted (a header for a million tensors fits).
 pub const MAX_MESSAGE_BYTES: u32 = 256 << 20;
+
+/// One tensor of a direct update, as its manifest names it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DirectTensor {
+    /// Checkpoint name; also its name in the share.
+    pub name: String,
+    /// Element type as safetensors spells it.
+    pub dtype: String,
+    /// Shape of the full tensor.
+    pub shape: Vec<u64>,
+    /// Index of the share that holds it.
+    pub share: u32,
+}
 
 /// What the sender says.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -27,6 +40,16 @@ pub enum FromSender {
         slots: u32,
         /// Bytes of each slot.
         slot_bytes: u64,
+    },
+    /// First message of a direct update: the tensors already lie in memory
+    /// the sender serves as shares (one per tag); the receiver attaches
+    /// them and copies each tensor straight out of the imported memory.
+    Direct {
+        /// Socket paths of the shares, as `DirectTensor::share` indexes them.
+        shares: Vec<String>,
+        /// Every tensor, naming its share (the share's manifest says where
+        /// in the exported segments it lies).
+        tensors: Vec<DirectTensor>,
     },
     /// An update begins: its tensors, in the order its buckets carry them.
     Begin {
@@ -147,5 +170,37 @@ fn describe(e: &std::io::Error) -> String {
             "timed out (the peer is stuck or gone)".into()
         }
         _ => e.to_string(),
+    }
+}
+
+/// Wait up to `timeout` for one receiver on `listener` (bound at `path`).
+pub(super) fn accept(listener: &UnixListener, path: &Path, timeout: Duration) -> Result<Channel> {
+    let deadline = Instant::now() + timeout;
+    listener
+        .set_nonblocking(true)
+        .map_err(|e| Error::io(path, e))?;
+    loop {
+        match listener.accept() {
+            Ok((sock, _)) => {
+                sock.set_nonblocking(false)
+                    .map_err(|e| Error::io(path, e))?;
+                return Channel::new(
+                    sock,
+                    format!("update receiver on {}", path.display()),
+                    timeout,
+                );
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                if Instant::now() >= deadline {
+                    return Err(Error::InvalidState(format!(
+                        "update sender {}: no receiver connected within {:?}",
+                        path.display(),
+                        timeout
+                    )));
+                }
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            Err(e) => return Err(Error::io(path, e)),
+        }
     }
 }

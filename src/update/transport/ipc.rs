@@ -1,9 +1,12 @@
 //! The IPC transport: another process on the same host sends an update
-//! through a ring of device buffers it exports once.
+//! through a ring of device buffers it exports once, or, when its tensors
+//! lie in its pool, directly out of them ([`super::direct`]). The first
+//! message on the control socket says which; [`receive_ipc`] takes either.
 //!
-//! The sender ([`IpcSender`]) allocates `slots` buffers of `slot_bytes` in
-//! its pool under a tag of its own and serves them as a share
-//! ([`crate::share::Server`]) next to its control socket. A receiver
+//! For the ring, the sender ([`IpcSender`]) allocates `slots` buffers of
+//! `slot_bytes` in its pool under a tag of its own at its first ring send and
+//! serves them as a share ([`crate::share::Server`]) next to its control
+//! socket. A receiver
 //! ([`IpcReceiver`]) connects to the control socket, attaches the ring (one
 //! share handshake: every slot's descriptors at once) and then reads one
 //! control message per bucket. Bucket k goes in slot k mod `slots`; the
@@ -27,15 +30,17 @@ use std::time::{Duration, Instant};
 use super::bucket::{plan_buckets, AnnouncedTensor, BucketManifest};
 use super::control::{Channel, FromReceiver, FromSender};
 use super::receive::BucketSource;
-pub use super::send::{SendData, SendTensor};
+pub use super::send::{SendData, SendReport, SendTensor};
 use super::{DEFAULT_BUCKET_BYTES, DEFAULT_SLOTS};
 use crate::driver::{DevicePtr, Driver, StreamId};
 use crate::error::{Error, Result};
 use crate::loader::dtype::Dtype;
 use crate::loader::registry::Destination;
+use crate::loader::Session;
 use crate::pool::Pool;
 use crate::share::{AttachOptions, Attachment, LogSink, ServeOptions, Server};
 use crate::tag;
+use crate::update::{UpdateOptions, UpdateResult};
 
 /// Most slots a ring may have (a bound on what a hostile sender makes a receiver map).
 pub const MAX_SLOTS: u32 = 64;
@@ -64,31 +69,16 @@ impl Default for SenderOptions {
     }
 }
 
-/// What one send did.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct SendReport {
-    /// The receiver's version after the update.
-    pub version: u64,
-    /// Buckets sent.
-    pub buckets: u64,
-    /// Bytes sent.
-    pub bytes: u64,
-    /// From accepting the receiver to its `Attached` (the one ring handshake).
-    pub setup: Duration,
-    /// The whole send, setup included.
-    pub total: Duration,
-}
-
 /// The sending side: a ring exported once, a control socket receivers connect to.
 #[derive(Debug)]
 pub struct IpcSender {
     pool: Arc<Pool>,
-    slots: Vec<Destination>,
-    server: Server,
+    ring: Option<Ring>,
     listener: UnixListener,
     path: PathBuf,
     options: SenderOptions,
-    stream: StreamId,
+    /// Direct updates sent, naming each one's shares.
+    updates: u64,
 }
 
 fn ring_path(path: &Path) -> PathBuf {
@@ -101,24 +91,17 @@ fn slot_name(i: usize) -> String {
     format!("slot.{i}")
 }
 
-impl IpcSender {
-    /// Allocate the ring in `pool`, serve it, and listen for receivers at
-    /// `path` (which must not exist; the ring's share is `path` + `.ring`).
-    pub fn bind(pool: Arc<Pool>, path: impl AsRef<Path>, options: SenderOptions) -> Result<Self> {
-        let path = path.as_ref().to_path_buf();
-        if options.slots == 0 || options.slots > MAX_SLOTS as usize {
-            return Err(Error::InvalidArgument(format!(
-                "update sender {}: {} slots asked, 1 to {MAX_SLOTS} accepted",
-                path.display(),
-                options.slots
-            )));
-        }
-        if options.slot_bytes == 0 {
-            return Err(Error::InvalidArgument(format!(
-                "update sender {}: slot size must be at least 1 byte",
-                path.display()
-            )));
-        }
+/// The ring: `slots` buffers in the sender's pool under a tag of its own,
+/// served as one share at `path` + `.ring`.
+#[derive(Debug)]
+struct Ring {
+    slots: Vec<Destination>,
+    server: Server,
+    stream: StreamId,
+}
+
+impl Ring {
+    fn start(pool: &Arc<Pool>, path: &Path, options: &SenderOptions) -> Result<Ring> {
         static RINGS: AtomicU64 = AtomicU64::new(0);
         let tag = tag::id(&format!(
             "vmmw.update.ring.{}.{}",
@@ -147,47 +130,83 @@ impl IpcSender {
         }
         let started = (|| {
             let stream = pool.driver().stream_create()?;
-            let server = match Server::start(
+            match Server::start(
                 pool.clone(),
                 tag,
                 slots.clone(),
-                ring_path(&path),
+                ring_path(path),
                 ServeOptions {
                     log: options.log.clone(),
                     ..ServeOptions::default()
                 },
             ) {
-                Ok(s) => s,
+                Ok(server) => Ok((stream, server)),
                 Err(e) => {
                     let _ = pool.driver().stream_destroy(stream);
-                    return Err(e);
+                    Err(e)
                 }
-            };
-            let listener = match UnixListener::bind(&path) {
-                Ok(l) => l,
-                Err(e) => {
-                    let _ = pool.driver().stream_destroy(stream);
-                    return Err(Error::io(&path, e));
-                }
-            };
-            Ok((stream, server, listener))
+            }
         })();
-        let (stream, server, listener) = match started {
-            Ok(s) => s,
+        match started {
+            Ok((stream, server)) => Ok(Ring {
+                slots,
+                server,
+                stream,
+            }),
             Err(e) => {
                 free_all(&slots);
-                return Err(e);
+                Err(e)
             }
-        };
+        }
+    }
+
+    fn stop(&mut self, pool: &Pool) {
+        self.server.stop();
+        let _ = pool.driver().stream_destroy(self.stream);
+        for s in &self.slots {
+            let _ = pool.free(s.ptr);
+        }
+    }
+}
+
+impl IpcSender {
+    /// Listen for receivers at `path` (which must not exist). The ring is
+    /// allocated in `pool` and served (at `path` + `.ring`) at the first
+    /// ring send and kept for the sender's life; a sender that only sends
+    /// directly never allocates it.
+    pub fn bind(pool: Arc<Pool>, path: impl AsRef<Path>, options: SenderOptions) -> Result<Self> {
+        let path = path.as_ref().to_path_buf();
+        if options.slots == 0 || options.slots > MAX_SLOTS as usize {
+            return Err(Error::InvalidArgument(format!(
+                "update sender {}: {} slots asked, 1 to {MAX_SLOTS} accepted",
+                path.display(),
+                options.slots
+            )));
+        }
+        if options.slot_bytes == 0 {
+            return Err(Error::InvalidArgument(format!(
+                "update sender {}: slot size must be at least 1 byte",
+                path.display()
+            )));
+        }
+        let listener = UnixListener::bind(&path).map_err(|e| Error::io(&path, e))?;
         Ok(IpcSender {
             pool,
-            slots,
-            server,
+            ring: None,
             listener,
             path,
             options,
-            stream,
+            updates: 0,
         })
+    }
+
+    /// The ring, allocated and served at its first use and kept for the
+    /// sender's life.
+    fn ring(&mut self) -> Result<&Ring> {
+        if self.ring.is_none() {
+            self.ring = Some(Ring::start(&self.pool, &self.path, &self.options)?);
+        }
+        Ok(self.ring.as_ref().expect("just set"))
     }
 
     /// The control socket's path, which receivers connect to.
@@ -230,19 +249,21 @@ impl IpcSender {
             .collect();
         super::bucket::check_announced(&announced)?;
         let buckets = plan_buckets(&sizes, self.options.slot_bytes as u64)?;
+        self.ring()?;
+        let ring = self.ring.as_ref().expect("started above");
         let mut chs = Vec::with_capacity(receivers);
         for _ in 0..receivers {
             chs.push(self.accept()?);
         }
         let setup_start = Instant::now();
-        let ring = FromSender::Ring {
+        let announce = FromSender::Ring {
             share: ring_path(&self.path).to_string_lossy().into_owned(),
-            slots: self.slots.len() as u32,
+            slots: ring.slots.len() as u32,
             slot_bytes: self.options.slot_bytes as u64,
         };
         let result = (|| {
             for ch in chs.iter_mut() {
-                ch.send(&ring)?;
+                ch.send(&announce)?;
             }
             for ch in chs.iter_mut() {
                 match ch.recv::<FromReceiver>()? {
@@ -252,7 +273,7 @@ impl IpcSender {
                 }
             }
             let setup = setup_start.elapsed();
-            self.stream_buckets(&mut chs, tensors, announced, &buckets)
+            self.stream_buckets(ring, &mut chs, tensors, announced, &buckets)
                 .map(|v| (v, setup))
         })();
         let (version, setup) = match result {
@@ -276,45 +297,44 @@ impl IpcSender {
         })
     }
 
+    /// Wait for `receivers` receivers and send them `tensors` directly out of
+    /// this sender's pool memory, without the ring (see
+    /// [`super::direct`]): every tensor must lie in device memory of the
+    /// pool. Returns once every receiver committed; the tensors must not be
+    /// written before then.
+    pub fn send_direct_to(
+        &mut self,
+        tensors: &[SendTensor<'_>],
+        receivers: usize,
+    ) -> Result<SendReport> {
+        self.updates += 1;
+        super::direct::send(
+            super::direct::Endpoint {
+                pool: &self.pool,
+                listener: &self.listener,
+                path: &self.path,
+                timeout: self.options.timeout,
+                log: &self.options.log,
+                serial: self.updates,
+            },
+            tensors,
+            receivers,
+        )
+    }
+
     fn accept(&self) -> Result<Channel> {
-        let deadline = Instant::now() + self.options.timeout;
-        self.listener
-            .set_nonblocking(true)
-            .map_err(|e| Error::io(&self.path, e))?;
-        loop {
-            match self.listener.accept() {
-                Ok((sock, _)) => {
-                    sock.set_nonblocking(false)
-                        .map_err(|e| Error::io(&self.path, e))?;
-                    return Channel::new(
-                        sock,
-                        format!("update receiver on {}", self.path.display()),
-                        self.options.timeout,
-                    );
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                    if Instant::now() >= deadline {
-                        return Err(Error::InvalidState(format!(
-                            "update sender {}: no receiver connected within {:?}",
-                            self.path.display(),
-                            self.options.timeout
-                        )));
-                    }
-                    std::thread::sleep(Duration::from_millis(2));
-                }
-                Err(e) => return Err(Error::io(&self.path, e)),
-            }
-        }
+        super::control::accept(&self.listener, &self.path, self.options.timeout)
     }
 
     fn stream_buckets(
         &self,
+        ring: &Ring,
         chs: &mut [Channel],
         tensors: &[SendTensor<'_>],
         announced: Vec<AnnouncedTensor>,
         buckets: &[BucketManifest],
     ) -> Result<u64> {
-        let n = self.slots.len() as u64;
+        let n = ring.slots.len() as u64;
         let begin = FromSender::Begin {
             tensors: announced,
             buckets: buckets.len() as u64,
@@ -330,7 +350,7 @@ impl IpcSender {
                 applied += 1;
             }
             let slot = (b.seq % n) as usize;
-            self.fill(slot, tensors, b)?;
+            self.fill(ring, slot, tensors, b)?;
             let msg = FromSender::Bucket {
                 slot: slot as u32,
                 manifest: b.clone(),
@@ -370,9 +390,15 @@ impl IpcSender {
 
     /// Copy the pieces of bucket `b` into ring slot `slot` and wait until
     /// they are visible to the receiver.
-    fn fill(&self, slot: usize, tensors: &[SendTensor<'_>], b: &BucketManifest) -> Result<()> {
+    fn fill(
+        &self,
+        ring: &Ring,
+        slot: usize,
+        tensors: &[SendTensor<'_>],
+        b: &BucketManifest,
+    ) -> Result<()> {
         let driver = self.pool.driver();
-        let base = self.slots[slot].ptr;
+        let base = ring.slots[slot].ptr;
         for e in &b.entries {
             let t = &tensors[e.tensor as usize];
             let dst = base + e.at;
@@ -384,7 +410,7 @@ impl IpcSender {
                     // this sender's own pool memory of `slot_bytes` >= `at + len`
                     // (the plan cuts buckets at the slot size).
                     unsafe {
-                        driver.copy_htod_async(dst, src.as_ptr(), src.len(), self.stream)?;
+                        driver.copy_htod_async(dst, src.as_ptr(), src.len(), ring.stream)?;
                     }
                 }
                 SendData::Device(p) => {
@@ -396,24 +422,22 @@ impl IpcSender {
                             p + e.offset,
                             driver.device(),
                             e.len as usize,
-                            self.stream,
+                            ring.stream,
                         )?;
                     }
                 }
             }
         }
-        driver.stream_synchronize(self.stream)
+        driver.stream_synchronize(ring.stream)
     }
 }
 
 impl Drop for IpcSender {
     fn drop(&mut self) {
-        self.server.stop();
-        let _ = std::fs::remove_file(&self.path);
-        let _ = self.pool.driver().stream_destroy(self.stream);
-        for s in &self.slots {
-            let _ = self.pool.free(s.ptr);
+        if let Some(mut ring) = self.ring.take() {
+            ring.stop(&self.pool);
         }
+        let _ = std::fs::remove_file(&self.path);
     }
 }
 
@@ -429,6 +453,53 @@ fn unexpected(path: &Path, msg: &FromReceiver) -> Error {
         "update over {}: the receiver sent {msg:?} out of turn",
         path.display()
     ))
+}
+
+/// Receive one update from the sender at `path` into `session`'s
+/// destinations in `pool`, whichever way it sends: through its ring (the
+/// update stages what lands, [`super::receive`]) or directly out of its pool
+/// memory ([`super::direct`]). Waits at most `timeout` for each message.
+pub fn receive_ipc(
+    driver: Arc<dyn Driver>,
+    path: impl AsRef<Path>,
+    timeout: Duration,
+    session: &Session,
+    pool: &Pool,
+    opts: &UpdateOptions,
+) -> Result<UpdateResult> {
+    let start = Instant::now();
+    let path = path.as_ref().to_path_buf();
+    let sock = UnixStream::connect(&path).map_err(|e| Error::io(&path, e))?;
+    let mut ch = Channel::new(
+        sock,
+        format!("update sender on {}", path.display()),
+        timeout,
+    )?;
+    match ch.recv::<FromSender>()? {
+        FromSender::Ring {
+            share,
+            slots,
+            slot_bytes,
+        } => {
+            let mut source = IpcReceiver::attach_ring(
+                driver,
+                ch,
+                path,
+                (share, slots, slot_bytes),
+                timeout,
+                start,
+            )?;
+            super::receive(&mut source, session, pool, opts)
+        }
+        FromSender::Direct { shares, tensors } => super::direct::receive(
+            driver, ch, &path, &shares, &tensors, timeout, session, pool, opts,
+        ),
+        other => Err(Error::InvalidArgument(format!(
+            "update sender on {}: expected the ring or a direct update first, got {}",
+            path.display(),
+            kind(&other)
+        ))),
+    }
 }
 
 /// The receiving side: connected to a sender, its ring attached.
@@ -459,21 +530,39 @@ impl IpcReceiver {
             format!("update sender on {}", path.display()),
             timeout,
         )?;
-        let bad = |why: String| {
-            Error::InvalidArgument(format!("update sender on {}: {why}", path.display()))
-        };
-        let (share, slots, slot_bytes) = match ch.recv::<FromSender>()? {
+        match ch.recv::<FromSender>()? {
             FromSender::Ring {
                 share,
                 slots,
                 slot_bytes,
-            } => (share, slots, slot_bytes),
-            other => {
-                return Err(bad(format!(
-                    "expected the ring first, got {}",
-                    kind(&other)
-                )))
-            }
+            } => IpcReceiver::attach_ring(
+                driver,
+                ch,
+                path,
+                (share, slots, slot_bytes),
+                timeout,
+                start,
+            ),
+            other => Err(Error::InvalidArgument(format!(
+                "update sender on {}: expected the ring first, got {}",
+                path.display(),
+                kind(&other)
+            ))),
+        }
+    }
+
+    /// Attach the ring a sender announced (`share`, `slots`, `slot_bytes`)
+    /// on a control channel already read up to that announcement.
+    pub(super) fn attach_ring(
+        driver: Arc<dyn Driver>,
+        mut ch: Channel,
+        path: PathBuf,
+        (share, slots, slot_bytes): (String, u32, u64),
+        timeout: Duration,
+        start: Instant,
+    ) -> Result<Self> {
+        let bad = |why: String| {
+            Error::InvalidArgument(format!("update sender on {}: {why}", path.display()))
         };
         if slots == 0 || slots > MAX_SLOTS || slot_bytes == 0 {
             return Err(bad(format!(
@@ -542,9 +631,10 @@ impl IpcReceiver {
     }
 }
 
-fn kind(m: &FromSender) -> &'static str {
+pub(super) fn kind(m: &FromSender) -> &'static str {
     match m {
         FromSender::Ring { .. } => "the ring",
+        FromSender::Direct { .. } => "a direct update",
         FromSender::Begin { .. } => "a begin",
         FromSender::Bucket { .. } => "a bucket",
         FromSender::End => "the end",

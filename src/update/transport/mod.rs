@@ -11,7 +11,10 @@
 //! every destination at its last whole version.
 //!
 //! - [`ipc`]: another process on the same host writes buckets into a ring it
-//!   exports once through [`crate::share`]; one handshake per ring.
+//!   exports once through [`crate::share`]; one handshake per ring. When
+//!   its tensors already lie in its pool, it sends them [`direct`]ly
+//!   instead: the receiver maps the pool segments that hold them and the
+//!   update copies straight out of them, unstaged (a resident source).
 //! - [`broadcast`]: one root rank to every rank of a
 //!   [`broadcast::Collective`]: NCCL on the GPU ([`nccl`], loaded at run
 //!   time), a thread-backed [`test_collective`] in CI.
@@ -24,6 +27,7 @@
 pub mod broadcast;
 pub mod bucket;
 pub mod control;
+pub mod direct;
 pub mod ipc;
 pub mod nccl;
 mod receive;

@@ -1,6 +1,8 @@
 //! What a sender sends: named tensors whose bytes lie in host or device
 //! memory of the sending process.
 
+use std::time::Duration;
+
 use crate::driver::DevicePtr;
 use crate::error::{Error, Result};
 use crate::loader::dtype::Dtype;
@@ -103,4 +105,19 @@ pub fn with_source<R>(
     let r = r?;
     released?;
     Ok(r)
+}
+
+/// What one send did.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SendReport {
+    /// The receiver's version after the update.
+    pub version: u64,
+    /// Buckets sent.
+    pub buckets: u64,
+    /// Bytes sent.
+    pub bytes: u64,
+    /// From accepting the receiver to its `Attached` (the one ring handshake).
+    pub setup: Duration,
+    /// The whole send, setup included.
+    pub total: Duration,
 }

@@ -1,0 +1,331 @@
+//! Direct IPC updates between real processes, on the host backend (and on
+//! CUDA when a GPU is there): the sender's tensors lie in its pool, it serves
+//! them as shares and sends one manifest; the receiver copies straight out
+//! of the imported memory, without staging.
+//!
+//! Shown: a direct update arrives bitwise, unstaged, at world 1 and as a
+//! rank of world 2 keeping its slices; a sender killed once the receiver
+//! attached still leaves a whole update, and one killed right after its
+//! manifest leaves either the whole update or none of it; hostile manifests
+//! (an unknown share, a tensor its share does not hold, a shape or dtype
+//! other than the share's, a share that is not there) are refused with
+//! nothing written; the ring still works beside it.
+
+use crate::common;
+use crate::update_transport_processes::{receive_as, sender_pool, sock_path, Proc, SEED, TIMEOUT};
+use crate::update_transport_ranks::{model, new_values, write_checkpoint, Rank};
+
+use common::backend::on_each_backend;
+
+use std::os::unix::net::UnixListener;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use vmmweights::loader::registry::Destination;
+use vmmweights::loader::Dtype;
+use vmmweights::share::{LogSink, ServeOptions, Server};
+use vmmweights::update::transport::control::{Channel, FromReceiver, FromSender};
+use vmmweights::update::transport::direct::DirectTensor;
+use vmmweights::update::transport::ipc::{IpcSender, SenderOptions};
+use vmmweights::update::transport::{SendData, SendTensor};
+use vmmweights::{tag, Pool, Status};
+
+/// The update's tensors copied into `pool` under one tag, as a trainer
+/// holding its weights in our pool has them.
+fn in_pool(pool: &Arc<Pool>, name: &str) -> Vec<Destination> {
+    let t = tag::id(name).unwrap();
+    let new = new_values(&model(), SEED);
+    let driver = pool.driver().clone();
+    let stream = driver.stream_create().unwrap();
+    let out = new
+        .iter()
+        .map(|(n, (shape, bytes))| {
+            let b = pool.alloc_tagged(bytes.len(), t).unwrap();
+            // SAFETY: `b` is this pool's allocation of `bytes.len()`; the
+            // stream is synchronized before `bytes` goes away.
+            unsafe {
+                driver
+                    .copy_htod_async(b.ptr, bytes.as_ptr(), bytes.len(), stream)
+                    .unwrap();
+            }
+            Destination {
+                name: n.clone(),
+                ptr: b.ptr,
+                dtype: Dtype::Bf16,
+                shape: shape.clone(),
+            }
+        })
+        .collect();
+    driver.stream_synchronize(stream).unwrap();
+    driver.stream_destroy(stream).unwrap();
+    out
+}
+
+fn options() -> SenderOptions {
+    SenderOptions {
+        timeout: TIMEOUT,
+        log: LogSink::discard(),
+        ..SenderOptions::default()
+    }
+}
+
+fn sends(d: &[Destination]) -> Vec<SendTensor<'static>> {
+    d.iter()
+        .map(|d| SendTensor {
+            name: d.name.clone(),
+            dtype: d.dtype,
+            shape: d.shape.clone(),
+            data: SendData::Device(d.ptr),
+        })
+        .collect()
+}
+
+/// A direct sender child: the update's tensors in its pool, sent to
+/// `VMMW_UPDATE_RECEIVERS` receivers.
+pub fn child_sender(path: &Path) {
+    let pool = sender_pool();
+    let tensors = in_pool(&pool, "direct-sender");
+    let mut sender = IpcSender::bind(pool, path, options()).unwrap();
+    println!("@ready");
+    let receivers = std::env::var("VMMW_UPDATE_RECEIVERS").map_or(1, |v| v.parse().unwrap());
+    match sender.send_direct_to(&sends(&tensors), receivers) {
+        Ok(r) => println!("@sent version={} bytes={}", r.version, r.bytes),
+        Err(e) => println!("@error {e}"),
+    }
+}
+
+/// A direct sender that speaks the protocol by hand: it serves the real
+/// tensors, then sends a manifest that breaks one rule, or dies.
+pub fn child_raw(path: &Path, case: &str) {
+    let pool = sender_pool();
+    let tensors = in_pool(&pool, "direct-raw");
+    let t = pool.segment_of(tensors[0].ptr).unwrap().tag;
+    let share = PathBuf::from(format!("{}.share", path.display()));
+    let _ = std::fs::remove_file(&share);
+    let options = ServeOptions {
+        log: LogSink::discard(),
+        ..ServeOptions::default()
+    };
+    let _server = Server::start(pool.clone(), t, tensors.clone(), &share, options).unwrap();
+    let listener = UnixListener::bind(path).unwrap();
+    println!("@ready");
+    let (sock, _) = listener.accept().unwrap();
+    let mut ch = Channel::new(sock, "receiver", TIMEOUT).unwrap();
+    let mut manifest: Vec<DirectTensor> = tensors
+        .iter()
+        .map(|d| DirectTensor {
+            name: d.name.clone(),
+            dtype: "BF16".into(),
+            shape: d.shape.iter().map(|&n| n as u64).collect(),
+            share: 0,
+        })
+        .collect();
+    let mut shares = vec![share.to_string_lossy().into_owned()];
+    match case {
+        "unknown_share" => manifest[1].share = 3,
+        "unknown_tensor" => manifest[0].name = "model.not.there".into(),
+        "wrong_shape" => manifest[0].shape[0] += 1,
+        "wrong_dtype" => manifest[0].dtype = "F32".into(),
+        "no_share" => shares[0] = format!("{}.missing", path.display()),
+        _ => {}
+    }
+    let _ = ch.send(&FromSender::Direct {
+        shares,
+        tensors: manifest,
+    });
+    match case {
+        // Dies right after its manifest: the receiver may or may not have attached.
+        "die_at_manifest" => std::process::exit(3),
+        // Dies once the receiver holds the memory: the update must complete.
+        "die_after_attach" => {
+            let _ = ch.recv::<FromReceiver>();
+            std::process::exit(3)
+        }
+        _ => {}
+    }
+    std::thread::sleep(Duration::from_secs(600));
+}
+
+#[test]
+fn direct_update_is_bitwise_and_unstaged_on_each_backend() {
+    let m = model();
+    let dir = tempfile::tempdir().unwrap();
+    write_checkpoint(dir.path(), &m);
+    let new = new_values(&m, SEED);
+    on_each_backend(
+        "direct_update_is_bitwise_and_unstaged_on_each_backend",
+        |b| {
+            for (rank, world) in [(0, 1), (1, 2)] {
+                let path = sock_path(&format!("direct-{}-{world}", b.kind()));
+                let sender = Proc::spawn(
+                    "direct",
+                    &path,
+                    &[("VMMW_UPDATE_BACKEND", b.kind().to_string())],
+                );
+                assert_eq!(sender.line(), "ready");
+                let name = format!("direct-each-{}", b.kind());
+                let r = Rank::load_on(b.driver.clone(), dir.path(), &m, &name, rank, world);
+                let v0 = r.version();
+                let done = receive_as(&r, &path).unwrap();
+                assert_eq!(done.version, v0 + 1);
+                assert!(!done.staged, "a direct update copies without staging");
+                assert!(
+                    r.snapshot() == r.expected(&m, &new),
+                    "{}: rank {rank} of {world} holds its slices of the update",
+                    b.kind()
+                );
+                assert_eq!(
+                    sender.wait().split(' ').nth(1).unwrap(),
+                    format!("version={}", v0 + 1)
+                );
+            }
+        },
+    );
+}
+
+#[test]
+fn direct_update_serves_every_rank_of_a_world() {
+    let m = model();
+    let dir = tempfile::tempdir().unwrap();
+    write_checkpoint(dir.path(), &m);
+    let new = new_values(&m, SEED);
+    let path = sock_path("direct-tp2");
+    let sender = Proc::spawn("direct", &path, &[("VMMW_UPDATE_RECEIVERS", "2".into())]);
+    assert_eq!(sender.line(), "ready");
+    let ranks: Vec<Rank> = (0..2)
+        .map(|r| Rank::load(dir.path(), &m, "direct-tp", r, 2))
+        .collect();
+    std::thread::scope(|s| {
+        let hs: Vec<_> = ranks
+            .iter()
+            .map(|r| s.spawn(|| receive_as(r, &path)))
+            .collect();
+        for h in hs {
+            assert!(!h.join().unwrap().unwrap().staged);
+        }
+    });
+    for r in &ranks {
+        assert!(
+            r.snapshot() == r.expected(&m, &new),
+            "rank {} of 2 holds its slices",
+            r.rank
+        );
+    }
+    assert!(sender.wait().starts_with("sent version="));
+}
+
+#[test]
+fn sender_killed_after_attach_still_leaves_a_whole_update() {
+    let m = model();
+    let dir = tempfile::tempdir().unwrap();
+    write_checkpoint(dir.path(), &m);
+    let new = new_values(&m, SEED);
+    let path = sock_path("direct-die-attached");
+    let sender = Proc::spawn(
+        "direct_raw",
+        &path,
+        &[("VMMW_UPDATE_CASE", "die_after_attach".into())],
+    );
+    assert_eq!(sender.line(), "ready");
+    let r = Rank::load(dir.path(), &m, "direct-die-attached", 0, 1);
+    let v0 = r.version();
+    let done = receive_as(&r, &path).unwrap();
+    assert_eq!(done.version, v0 + 1);
+    assert!(r.snapshot() == r.expected(&m, &new), "the update is whole");
+    sender.kill();
+}
+
+#[test]
+fn sender_killed_at_its_manifest_leaves_all_or_nothing() {
+    let m = model();
+    let dir = tempfile::tempdir().unwrap();
+    write_checkpoint(dir.path(), &m);
+    let new = new_values(&m, SEED);
+    let r = Rank::load(dir.path(), &m, "direct-die-manifest", 0, 1);
+    for i in 0..4 {
+        let path = sock_path(&format!("direct-die-manifest-{i}"));
+        let sender = Proc::spawn(
+            "direct_raw",
+            &path,
+            &[("VMMW_UPDATE_CASE", "die_at_manifest".into())],
+        );
+        assert_eq!(sender.line(), "ready");
+        let (before, v0) = (r.snapshot(), r.version());
+        match receive_as(&r, &path) {
+            Ok(done) => {
+                assert_eq!(done.version, v0 + 1);
+                assert!(r.snapshot() == r.expected(&m, &new), "a whole update");
+            }
+            Err(e) => {
+                assert_eq!(e.status(), Status::UpdateSource, "{e}");
+                assert!(r.snapshot() == before, "nothing written: {e}");
+                assert_eq!(r.version(), v0);
+            }
+        }
+        sender.kill();
+    }
+}
+
+#[test]
+fn hostile_direct_manifests_are_refused_and_change_nothing() {
+    let m = model();
+    let dir = tempfile::tempdir().unwrap();
+    write_checkpoint(dir.path(), &m);
+    let cases = [
+        ("unknown_share", "names share 3 of the 1 sent"),
+        ("unknown_tensor", "no tensor `model.not.there`"),
+        ("wrong_shape", "its share holds"),
+        ("wrong_dtype", "its share holds"),
+        ("no_share", "attaching share"),
+    ];
+    let r = Rank::load(dir.path(), &m, "direct-hostile", 0, 1);
+    for (case, want) in cases {
+        let path = sock_path(&format!("direct-{case}"));
+        let sender = Proc::spawn(
+            "direct_raw",
+            &path,
+            &[("VMMW_UPDATE_CASE", case.to_string())],
+        );
+        assert_eq!(sender.line(), "ready");
+        let (before, v0) = (r.snapshot(), r.version());
+        let e = receive_as(&r, &path).expect_err(case);
+        assert_eq!(e.status(), Status::UpdateSource, "{case}: {e}");
+        assert!(e.to_string().contains(want), "{case}: {e}");
+        assert!(r.snapshot() == before, "{case}: the last version is intact");
+        assert_eq!(r.version(), v0, "{case}");
+        sender.kill();
+    }
+}
+
+#[test]
+fn direct_sender_refuses_memory_outside_its_pool() {
+    let pool = sender_pool();
+    let path = sock_path("direct-host-memory");
+    let mut sender = IpcSender::bind(pool, &path, options()).unwrap();
+    let bytes = vec![0u8; 8];
+    let e = sender
+        .send_direct_to(
+            &[SendTensor {
+                name: "w".into(),
+                dtype: Dtype::Bf16,
+                shape: vec![4],
+                data: SendData::Host(&bytes),
+            }],
+            1,
+        )
+        .unwrap_err();
+    assert!(e.to_string().contains("lies in host memory"), "{e}");
+    let e = sender
+        .send_direct_to(
+            &[SendTensor {
+                name: "w".into(),
+                dtype: Dtype::Bf16,
+                shape: vec![4],
+                data: SendData::Device(0x1000),
+            }],
+            1,
+        )
+        .unwrap_err();
+    assert!(e.to_string().contains("not in this sender's pool"), "{e}");
+}
