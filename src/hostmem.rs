@@ -26,7 +26,7 @@ pub fn available() -> Option<u64> {
 const HEADROOM: u64 = 256 << 20;
 
 /// Refuse to populate `len` bytes for `what` when the host does not have them
-/// available (with [`HEADROOM`] to spare): touching them would wake the
+/// available (with `HEADROOM` to spare): touching them would wake the
 /// kernel's out-of-memory killer instead of returning an error.
 pub fn check_available(len: u64, what: &str) -> Result<()> {
     if len == 0 {

@@ -6,7 +6,7 @@
 //!
 //! This module is the reference (the host backend runs it; the CUDA kernels
 //! in `kernels/codec.cu` produce the same bytes, checked by the driver
-//! contract suite on a GPU). The byte layout is in [`format`]; why it is
+//! contract suite on a GPU). The byte layout is in [`format`](mod@format); why it is
 //! built this way, with figures, in docs/CODEC.md.
 
 mod block;

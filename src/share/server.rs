@@ -7,10 +7,10 @@
 //!   [`ServeOptions::max_connections`] a peer gets a refusal saying so. When
 //!   the process runs out of descriptors (`EMFILE`, `ENFILE`) accepting backs
 //!   off, up to a second between tries, with one log line, never a spin.
-//! - one per handshake ([`super::handshake`]): read the request, export under
+//! - one per handshake (`share::handshake`): read the request, export under
 //!   the pool's share gate, send the manifest and descriptors, all under one
 //!   deadline ([`ServeOptions::handshake_timeout`]).
-//! - one watches every attached importer ([`super::watch`]) with a single
+//! - one watches every attached importer (`share::watch`) with a single
 //!   `poll`, asleep between events: a closed connection stops being counted.
 //!
 //! Notices (publish, revoke) are sent without blocking. An importer whose
