@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Writes the seed corpus of every fuzz target into fuzz/corpus/<target>/.
-Valid inputs plus the hostile shapes issue 16 lists; libFuzzer mutates from
+Valid inputs plus the hostile shapes docs/RELIABILITY.md lists; libFuzzer mutates from
 these. Run from the repository root: python3 fuzz/make_seeds.py"""
 import json, os, struct
 

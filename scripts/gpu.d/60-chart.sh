@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Charts (issue 15) on the GPU: the demo on the cuda backend with a checkpoint
+# Charts on the GPU: the demo on the cuda backend with a checkpoint
 # big enough to read (8 layers, hidden 2048: ~0.9 GB), its memory timeline as
 # an SVG (demo-timeline.svg) and as JSON (demo.json). To commit it, copy
 # demo-timeline.svg to bench/results/demo-timeline.svg and point the README's

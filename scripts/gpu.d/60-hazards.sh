@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Sleep/wake/load hazards (issue 17) on the cuda backend: a checkpoint
+# Sleep/wake/load hazards on the cuda backend: a checkpoint
 # rewritten in place and one truncated while its tag sleeps with Reload (the
 # wake is refused with VMMW_CHECKPOINT_INVALID, no signal, then the tag wakes
 # another way, is loaded again and a device kernel checks the weights); a

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Sharing across processes (issue 13): the owner loads the 16.4 GB 8B-shaped
+# Sharing across processes: the owner loads the 16.4 GB 8B-shaped
 # checkpoint (the one 20-load.sh generates; synthetic tensors of the same
 # shapes when it is absent) and serves it; a second process attaches through
 # CUDA VMM IPC (POSIX file descriptors over a Unix socket), checksums every

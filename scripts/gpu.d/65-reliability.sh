@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Reliability (issue 16) on the GPU: out of memory at wake made real (the
+# Reliability on the GPU: out of memory at wake made real (the
 # device filled by another allocation, then wake: a clear error, the tag still
 # asleep with its backup, a later wake bitwise equal), and a soak of
 # sleep/wake cycles with a forward pass (device bf16->f32 conversion) between,

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# C API misuse (issue 18) on the GPU: builds tests/c/test_misuse.c here with
+# C API misuse on the GPU: builds tests/c/test_misuse.c here with
 # gcc against the bundled .gpu/libvmmweights.so and runs it with its pools on
 # the cuda backend (huge sizes as OUT_OF_MEMORY against the real device size,
 # option limits, destinations checked against the pool, sleep/wake storm,

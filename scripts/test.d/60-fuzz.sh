@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Fuzzing (issue 16): each cargo-fuzz target in fuzz/ runs for a bounded time
+# Fuzzing: each cargo-fuzz target in fuzz/ runs for a bounded time
 # (VMMW_FUZZ_SECONDS per target, default 40; 0 skips) starting from the seed
 # corpus (fuzz/corpus/<target>/) and every crash kept (fuzz/regressions/<target>/).
 # Inputs the run discovers go to a scratch folder, so the committed corpus

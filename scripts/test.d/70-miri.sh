@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Miri (issue 16): the library's unit tests that need no driver (no mmap,
+# Miri: the library's unit tests that need no driver (no mmap,
 # memfd or CUDA) under the Miri interpreter, which reports undefined behaviour
 # in the unsafe code they reach: element conversion, the C buffer contract,
 # the panic boundary, block split/merge, tags, dtypes, the GGUF parser and

@@ -1,4 +1,4 @@
-//! The sleep/wake/load hazards of issue 17 on a real device, for the H200
+//! The sleep/wake/load hazards on a real device, for the H200
 //! evidence (scripts/gpu.d/60-hazards.sh): a changed and a truncated
 //! checkpoint at wake followed by device work, a sleep during a load, and the
 //! allocation latency in another tag during a large wake.

@@ -1,4 +1,4 @@
-//! Hostile checkpoints and rules (issue 16's list, issue 18's loader items):
+//! Hostile checkpoints and rules:
 //! each is refused with an error naming the file and, where there is one, the
 //! tensor, and nothing is written (destinations hold a pattern before and
 //! after). Symlinked shards in the Hugging Face cache layout keep loading.

@@ -1,5 +1,5 @@
 //! One owner process, one importer process, the same bytes: the attach
-//! benchmark of issue 13, on whichever backend `VMMW_BACKEND` picks.
+//! sharing benchmark, on whichever backend `VMMW_BACKEND` picks.
 //!
 //! In CI (host backend) it shares about 10 MB of synthetic tensors. On a GPU
 //! (`VMMW_BACKEND=cuda`) it loads the checkpoint in `VMMW_SHARE_CKPT` (the

@@ -1,5 +1,5 @@
 /*
- * The C API under misuse (issue 18): wrong numbers, wrong pointers and odd
+ * The C API under misuse: wrong numbers, wrong pointers and odd
  * files, as a careless or hostile engine would pass them. Every misuse must
  * return its documented status (never a signal, an abort, a hang or a silent
  * overwrite) and leave the library usable: each section ends with a
