@@ -19,6 +19,7 @@ use crate::share::LogSink;
 use crate::update::transport::broadcast::{self, BroadcastOptions, BroadcastSource, Ring};
 use crate::update::transport::ipc::{receive_ipc, IpcSender, SendReport, SenderOptions};
 use crate::update::transport::nccl::NcclCollective;
+use crate::update::transport::send::SendTensor;
 use crate::update::transport::{receive, send, DEFAULT_BUCKET_BYTES, DEFAULT_SLOTS};
 use crate::update::UpdateResult;
 
@@ -161,18 +162,8 @@ pub unsafe extern "C" fn vmmw_update_sender_send(
     out: *mut vmmw_send_report_t,
     error: *mut *mut vmmw_error_t,
 ) -> vmmw_status_t {
-    call_out(out, "out", error, || {
-        // SAFETY: forwarded contract.
-        let s = unsafe { arg(sender.cast_const(), "sender") }?;
-        // SAFETY: forwarded contract.
-        let src = unsafe { arg(source.cast_const(), "source") }?;
-        let mut tensors = src.tensors.lock().unwrap_or_else(|p| p.into_inner());
-        let mut sender = s.sender.lock().unwrap_or_else(|p| p.into_inner());
-        let r = send::with_source(&mut *tensors, |t| {
-            sender.send_to(t, receivers.max(1) as usize)
-        })?;
-        Ok(report(&r))
-    })
+    // SAFETY: forwarded contract.
+    unsafe { send_with(sender, source, receivers, out, error, IpcSender::send_to) }
 }
 
 /// Wait for `receivers` receivers (0 = 1) and send them the tensors of
@@ -208,6 +199,32 @@ pub unsafe extern "C" fn vmmw_update_sender_send_direct(
     out: *mut vmmw_send_report_t,
     error: *mut *mut vmmw_error_t,
 ) -> vmmw_status_t {
+    // SAFETY: forwarded contract.
+    unsafe {
+        send_with(
+            sender,
+            source,
+            receivers,
+            out,
+            error,
+            IpcSender::send_direct_to,
+        )
+    }
+}
+
+/// The two sends' conversion: `serve` is the sender's way (ring or direct)
+/// of serving `receivers` (0 = 1) the source's tensors.
+///
+/// # Safety
+/// As `vmmw_update_sender_send`.
+unsafe fn send_with(
+    sender: *mut vmmw_update_sender_t,
+    source: *mut vmmw_update_source_t,
+    receivers: u32,
+    out: *mut vmmw_send_report_t,
+    error: *mut *mut vmmw_error_t,
+    serve: fn(&mut IpcSender, &[SendTensor<'_>], usize) -> Result<SendReport>,
+) -> vmmw_status_t {
     call_out(out, "out", error, || {
         // SAFETY: forwarded contract.
         let s = unsafe { arg(sender.cast_const(), "sender") }?;
@@ -216,7 +233,7 @@ pub unsafe extern "C" fn vmmw_update_sender_send_direct(
         let mut tensors = src.tensors.lock().unwrap_or_else(|p| p.into_inner());
         let mut sender = s.sender.lock().unwrap_or_else(|p| p.into_inner());
         let r = send::with_source(&mut *tensors, |t| {
-            sender.send_direct_to(t, receivers.max(1) as usize)
+            serve(&mut sender, t, receivers.max(1) as usize)
         })?;
         Ok(report(&r))
     })
