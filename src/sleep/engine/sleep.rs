@@ -117,9 +117,28 @@ impl SleepEngine {
         // ahead would hold the bytes the codec saves.
         self.start_pinning(&todo, if compress { 0 } else { run.need_new });
         let codec = scratch.sc.as_mut().map(|sc| (sc, layout));
-        let (pending, failure) = self.issue_copies(tag, &todo, &keep, &run, codec, &mut report);
+        // A compressed backup is issued at the encoder's pace, so the
+        // segments whose copies completed meanwhile are unmapped between
+        // segments instead of all after the last copy.
+        let (mut early, mut early_failure) = (0usize, None);
+        let mut unmap_early = |pending: &mut Pending, report: &mut CycleReport| {
+            let (done, failure) = self.unmap_completed(segs, &todo, pending, policy, report);
+            early += done;
+            early_failure = early_failure.take().or(failure);
+        };
+        let (pending, failure) = self.issue_copies(
+            tag,
+            &todo,
+            &keep,
+            &run,
+            codec,
+            &mut report,
+            &mut unmap_early,
+        );
+        let failure = early_failure.or(failure);
         let (done, failure) =
             self.unmap_as_copied(segs, &todo, pending, policy, failure, &mut report);
+        let done = done + early;
         self.finish_sleep(&todo, &run, failure.is_some(), &mut report);
         // Every copy out of the scratch is complete (waited on, or the
         // streams synchronized after a failure).
@@ -213,7 +232,10 @@ impl SleepEngine {
     }
 
     /// Issue every copy, one event per segment per stream it used. Returns
-    /// the segments issued, in order, and the error that stopped the issue.
+    /// the segments issued and not yet unmapped, in order, and the error
+    /// that stopped the issue. `between` runs after each compressed
+    /// segment's frames are queued, with the segments pending so far.
+    #[allow(clippy::too_many_arguments)]
     fn issue_copies(
         &self,
         tag: TagId,
@@ -222,6 +244,7 @@ impl SleepEngine {
         run: &CopyPlan,
         mut codec: Option<(&mut CodecScratch, Layout)>,
         report: &mut CycleReport,
+        between: &mut dyn FnMut(&mut Pending, &mut CycleReport),
     ) -> (Pending, Option<Error>) {
         let mut next_stream = 0usize;
         let mut pending: Pending = Vec::new();
@@ -241,6 +264,7 @@ impl SleepEngine {
                         report.copied_bytes += e.encoded;
                         report.raw_bytes += e.raw;
                         pending.push((i, e.events));
+                        between(&mut pending, report);
                     }
                     Err(e) => return (pending, Some(e)),
                 }
@@ -364,6 +388,42 @@ impl SleepEngine {
             failure = failure.or(out.1);
         }
         (done, failure)
+    }
+
+    /// Unmap the segments at the front of `pending` whose copies have all
+    /// completed, without waiting for any; they leave `pending`. Returns how
+    /// many unmapped fully and the first unmap error. A segment whose event
+    /// cannot be queried stays pending, for [`Self::unmap_as_copied`] to wait
+    /// on and report.
+    fn unmap_completed(
+        &self,
+        segs: TagSegments<'_>,
+        todo: &[SegTodo],
+        pending: &mut Pending,
+        policy: Policy,
+        report: &mut CycleReport,
+    ) -> (usize, Option<Error>) {
+        let complete = pending
+            .iter()
+            .take_while(|(_, events)| {
+                events
+                    .iter()
+                    .all(|&e| self.driver.event_query(e).unwrap_or(false))
+            })
+            .count();
+        if complete == 0 {
+            return (0, None);
+        }
+        let ready: Vec<usize> = pending
+            .drain(..complete)
+            .map(|(i, events)| {
+                for e in events {
+                    let _ = self.driver.event_destroy(e);
+                }
+                i
+            })
+            .collect();
+        self.unmap_copied(segs, todo, &ready, policy, report)
     }
 
     /// Unmap the segments `todo[i]` for `i` in `idx`, whose backups are
