@@ -193,6 +193,19 @@ impl BackupArena {
         }
     }
 
+    /// Stop the background pinning where it is: slabs it pinned that no
+    /// allocation took are given back, and nothing more is pinned.
+    pub fn stop_prefetch(&mut self) {
+        if let Some(Prefetch { ready, threads }) = self.prefetch.take() {
+            // A closed channel ends both stages at their next send; what is
+            // in flight is unpinned as it drops.
+            drop(ready);
+            for t in threads {
+                let _ = t.join();
+            }
+        }
+    }
+
     /// The next slab of the background pinning, if one is coming.
     fn take_prefetched(&mut self) -> Option<Result<usize>> {
         let p = self.prefetch.as_ref()?;

@@ -381,3 +381,63 @@ fn codec_frame_and_ring_options_out_of_range_are_refused() {
         },
     );
 }
+
+/// A first compressed sleep pins its backup in the background, in slabs of
+/// the pipeline size up to the frames' bound, and keeps only what the frames
+/// took: the arena ends at most one slab above the encoded bytes, and the
+/// next sleep pins nothing new.
+#[test]
+fn a_first_sleep_pins_ahead_and_keeps_about_the_encoded_bytes() {
+    let test = "a_first_sleep_pins_ahead_and_keeps_about_the_encoded_bytes";
+    on_each_backend(test, |b| {
+        // Pinned slabs are whole 2 MiB pages.
+        let slab = 2usize << 20;
+        let p = Pool::new(
+            b.driver.clone(),
+            PoolConfig {
+                sleep: SleepOptions {
+                    pipeline_slab_bytes: slab,
+                    codec_frame_bytes: 16 << 20,
+                    codec_ring: 2,
+                    ..SleepOptions::default()
+                },
+                ..PoolConfig::default()
+            },
+        )
+        .unwrap();
+        let t = tag::id("compressed-pinned-ahead").unwrap();
+        let blocks = fill(&p, t);
+        let held = || p.sleep_engine().backup_held_bytes();
+        assert_eq!(held(), 0, "a fresh pool pins nothing");
+        for cycle in 0..2 {
+            let cycles = match p.sleep(&[(t, Policy::OffloadCompressed)]) {
+                Err(Error::Unsupported(why)) if b.is_cuda() => return skip(test, &why),
+                r => r.unwrap(),
+            };
+            let c = &cycles[0].report;
+            let encoded = c.copied_bytes;
+            assert!(encoded < c.raw_bytes * 4 / 5, "{test}: bf16 weights shrink");
+            // Frames fill the slabs they take in order; the lookahead the
+            // pipeline pinned past the last frame is given back.
+            assert!(
+                encoded <= held() && held() <= encoded + slab as u64,
+                "{test}: cycle {cycle}: {} pinned for {encoded} encoded bytes (slabs of {slab})",
+                held()
+            );
+            if cycle == 0 {
+                assert!(
+                    held() > encoded,
+                    "{test}: the backup was pinned ahead in slabs, not frame by frame"
+                );
+                assert_eq!(c.newly_pinned_bytes, held());
+            } else {
+                assert_eq!(
+                    c.newly_pinned_bytes, 0,
+                    "{test}: the second sleep reuses the arena"
+                );
+            }
+            p.wake(&[t]).unwrap();
+            check(&p, &blocks, &format!("{test}: cycle {cycle}"));
+        }
+    });
+}

@@ -23,9 +23,22 @@ struct CopyPlan {
     piece: usize,
     /// Pinned bytes held before this sleep.
     held_before: u64,
-    /// Backup bytes that no backup already assigned holds.
+    /// Backup bytes that no backup already assigned holds: for compressed
+    /// backups, the most the frames can take (every block stored raw).
     need_new: u64,
+    /// `need_new` is an upper bound (compressed backups): slabs pinned
+    /// ahead that no frame took are given back at the end.
+    bound_only: bool,
 }
+
+/// Slab size of the background pinning for compressed backups: their size is
+/// known only as frames are encoded, so the arena keeps at most one slab
+/// more than the frames take (the pipeline's lookahead is given back).
+const COMPRESSED_PIN_SLAB_BYTES: usize = 64 << 20;
+
+/// Compressed backups whose bound is below this many slabs pin on demand,
+/// each frame's bytes exactly, at a cost too small to pipeline.
+const COMPRESSED_PIN_MIN_SLABS: u64 = 4;
 
 /// Per segment (an index into the snapshot), the events its copies record;
 /// none when it copies nothing.
@@ -113,9 +126,7 @@ impl SleepEngine {
         } else {
             None
         });
-        // Compressed backups pin as frames arrive: pinning the raw size
-        // ahead would hold the bytes the codec saves.
-        self.start_pinning(&todo, if compress { 0 } else { run.need_new });
+        self.start_pinning(&todo, &run);
         let codec = scratch.sc.as_mut().map(|sc| (sc, layout));
         // A compressed backup is issued at the encoder's pace, so the
         // segments whose copies completed meanwhile are unmapped between
@@ -214,18 +225,29 @@ impl SleepEngine {
             piece: s.options.copy_piece_bytes.max(1 << 20),
             held_before: s.arena.held(),
             need_new,
+            bound_only: policy == Policy::OffloadCompressed,
         })
     }
 
     /// Mark the segments busy and start pinning the backup bytes missing.
-    fn start_pinning(&self, todo: &[SegTodo], need_new: u64) {
+    fn start_pinning(&self, todo: &[SegTodo], run: &CopyPlan) {
         let mut s = self.lock();
-        s.arena.set_growth_hint(Some(need_new));
         // Pin what is missing in the background, so pinning overlaps itself
-        // (populate | register) and the copies into slabs already pinned.
-        let missing = need_new.saturating_sub(s.arena.free_bytes());
-        if missing > 0 {
-            let slab = s.options.pipeline_slab_bytes;
+        // (populate | register) and the copies into slabs already pinned. A
+        // compressed backup pins in smaller slabs up to its bound and gives
+        // back what its frames did not take (see `finish_sleep`), so the
+        // arena holds about the encoded size, not the raw one; a small one
+        // pins each frame's bytes as they come (a growth hint of 0).
+        let missing = run.need_new.saturating_sub(s.arena.free_bytes());
+        let slab = if run.bound_only {
+            s.options.pipeline_slab_bytes.min(COMPRESSED_PIN_SLAB_BYTES)
+        } else {
+            s.options.pipeline_slab_bytes
+        };
+        let on_demand = run.bound_only && missing < COMPRESSED_PIN_MIN_SLABS * slab as u64;
+        s.arena
+            .set_growth_hint(Some(if on_demand { 0 } else { run.need_new }));
+        if missing > 0 && !on_demand {
             s.arena.start_prefetch(missing, slab);
         }
         s.busy.extend(todo.iter().map(|t| t.ptr));
@@ -485,7 +507,11 @@ impl SleepEngine {
             }
         }
         let mut s = self.lock();
-        s.arena.finish_prefetch();
+        if run.bound_only {
+            s.arena.stop_prefetch();
+        } else {
+            s.arena.finish_prefetch();
+        }
         s.arena.set_growth_hint(None);
         report.newly_pinned_bytes = s.arena.held().saturating_sub(run.held_before);
         for t in todo {
