@@ -85,6 +85,12 @@ struct Row {
     wake_vs_link: f64,
     sleep_vs_offload: f64,
     wake_vs_offload: f64,
+    /// The first sleep of each policy, into an empty arena (it pins the
+    /// backup): raw bytes per second over the link, and Offload's time
+    /// over OffloadCompressed's.
+    first_sleep_vs_link: f64,
+    first_sleep_offload_vs_link: f64,
+    first_sleep_vs_offload: f64,
 }
 
 /// The synthetic datasets: name, layout, one pattern of `n` bytes (at most
@@ -138,17 +144,22 @@ fn pool_for(d: &Arc<dyn Driver>, layout: Layout) -> Result<Pool> {
     )
 }
 
-/// Sleep and wake `t` with each policy; every wake checked by device hash.
+/// Per policy (Offload, OffloadCompressed): median sleep and wake seconds,
+/// raw and encoded bytes; and each policy's first sleep seconds.
+type Measured = ([(f64, f64, u64, u64); 2], [f64; 2]);
+
+/// Sleep and wake `t` with each policy, each from an empty backup arena;
+/// every wake checked by device hash. Also each policy's first sleep
+/// seconds (the one that pins).
 fn measure(
     pool: &Pool,
     t: tag::TagId,
     ranges: &[(DevicePtr, usize)],
     cycles: usize,
-) -> Result<[(f64, f64, u64, u64); 2]> {
-    Ok([
-        measure_policy(pool, t, ranges, cycles, Policy::Offload)?,
-        measure_policy(pool, t, ranges, cycles, Policy::OffloadCompressed)?,
-    ])
+) -> Result<Measured> {
+    let (o, o_first) = measure_cold(pool, t, ranges, cycles, Policy::Offload)?;
+    let (c, c_first) = measure_cold(pool, t, ranges, cycles, Policy::OffloadCompressed)?;
+    Ok(([o, c], [o_first, c_first]))
 }
 
 /// Median sleep and wake seconds of `t` with `policy` over `cycles` cycles
@@ -161,7 +172,21 @@ fn measure_policy(
     cycles: usize,
     policy: Policy,
 ) -> Result<(f64, f64, u64, u64)> {
+    measure_cold(pool, t, ranges, cycles, policy).map(|(m, _)| m)
+}
+
+/// [`measure_policy`] from an empty backup arena (every pinned slab given
+/// back first), and the seconds of that first sleep, which pins its backup.
+fn measure_cold(
+    pool: &Pool,
+    t: tag::TagId,
+    ranges: &[(DevicePtr, usize)],
+    cycles: usize,
+    policy: Policy,
+) -> Result<((f64, f64, u64, u64), f64)> {
     let d = pool.driver().clone();
+    pool.release_backup();
+    let mut first = 0.0;
     d.synchronize()?;
     // SAFETY: the ranges are live, awake blocks; the device is synchronized.
     let want = unsafe { d.hash_ranges(ranges) }?;
@@ -180,6 +205,8 @@ fn measure_policy(
         if c > 0 {
             sleeps.push(s[0].report.seconds);
             wakes.push(w[0].report.seconds);
+        } else {
+            first = s[0].report.seconds;
         }
         let r = &s[0].report;
         (raw, encoded) = match policy {
@@ -187,7 +214,7 @@ fn measure_policy(
             _ => (r.copied_bytes, r.copied_bytes),
         };
     }
-    Ok((median(sleeps), median(wakes), raw, encoded))
+    Ok(((median(sleeps), median(wakes), raw, encoded), first))
 }
 
 /// `total` bytes of `pattern` tiled over tensors of 256 MiB (as the large
@@ -322,12 +349,13 @@ fn sweep(
 fn row(
     dataset: &str,
     layout: Layout,
-    m: [(f64, f64, u64, u64); 2],
+    (m, first): Measured,
     link: (f64, f64),
     data_ratio: Option<f64>,
 ) -> Row {
     let (h2d, d2h) = link;
     let [(os, ow, raw, _), (cs, cw, craw, enc)] = m;
+    let [o_first, c_first] = first;
     let gbps = |bytes: u64, s: f64| bytes as f64 / s / 1e9;
     let r = Row {
         dataset: dataset.to_owned(),
@@ -344,6 +372,9 @@ fn row(
         wake_vs_link: gbps(craw, cw) / h2d,
         sleep_vs_offload: os / cs,
         wake_vs_offload: ow / cw,
+        first_sleep_vs_link: gbps(craw, c_first) / d2h,
+        first_sleep_offload_vs_link: gbps(raw, o_first) / d2h,
+        first_sleep_vs_offload: o_first / c_first,
     };
     outln!(
         "{}: backup {:.1}% of {:.2} GB ({:?}{}); sleep {:.2} GB/s = {:.2}x link, {:.2}x Offload; wake {:.2} GB/s = {:.2}x link, {:.2}x Offload",
@@ -360,6 +391,13 @@ fn row(
         r.compressed_wake_gb_s,
         r.wake_vs_link,
         r.wake_vs_offload
+    );
+    outln!(
+        "{}: first sleep (pins its backup): OffloadCompressed {:.2}x link, Offload {:.2}x link, {:.2}x Offload",
+        r.dataset,
+        r.first_sleep_vs_link,
+        r.first_sleep_offload_vs_link,
+        r.first_sleep_vs_offload
     );
     r
 }
