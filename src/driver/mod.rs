@@ -246,6 +246,10 @@ pub trait Driver: std::any::Any + Send + Sync + fmt::Debug {
     fn event_synchronize(&self, event: EventId) -> Result<()>;
     /// True when `event` has completed (non-blocking).
     fn event_query(&self, event: EventId) -> Result<bool>;
+    /// Make the work queued on `stream` after this call wait on the device
+    /// for `event`, as last recorded before this call; the host does not
+    /// wait. An event never recorded lets the stream run on.
+    fn stream_wait_event(&self, stream: StreamId, event: EventId) -> Result<()>;
 
     /// Queue a host-to-device copy.
     ///

@@ -596,6 +596,34 @@ fn streams_and_events_order_work() {
         assert!(host.bytes()[..half].iter().all(|&x| x == 0x22));
         assert!(host.bytes()[half..].iter().all(|&x| x == 0x33));
 
+        // A stream waits on the device for an event of another: the second
+        // stream's copy sees the first stream's memset, queued behind a
+        // whole copy to the host, though only the second is synchronized.
+        let mut slow = HostAlloc::new(d, len);
+        // SAFETY: as above; `slow` holds `len` bytes and outlives the
+        // synchronize at the end of this block.
+        unsafe {
+            d.copy_dtoh_async(slow.ptr, m.va, len, s).unwrap();
+            d.memset_async(m.va, 0x44, len, s).unwrap();
+        }
+        d.event_record(e, s).unwrap();
+        d.stream_wait_event(s2, e).unwrap();
+        // SAFETY: as above.
+        unsafe { d.copy_dtoh_async(host.ptr, m.va, len, s2) }.unwrap();
+        d.stream_synchronize(s2).unwrap();
+        assert!(
+            host.bytes().iter().all(|&x| x == 0x44),
+            "stream_wait_event orders a second stream after the event"
+        );
+        d.synchronize().unwrap();
+        assert!(slow.bytes()[..half].iter().all(|&x| x == 0x22));
+        drop(slow);
+        // An event never recorded does not hold a stream back.
+        let fresh = d.event_create().unwrap();
+        d.stream_wait_event(s2, fresh).unwrap();
+        d.stream_synchronize(s2).unwrap();
+        d.event_destroy(fresh).unwrap();
+
         assert!(
             matches!(
                 d.stream_destroy(StreamId::DEFAULT),

@@ -605,6 +605,14 @@ pub(super) fn event_synchronize(event: sys::CUevent) -> CuResult<()> {
     check("cuEventSynchronize", rc, ())
 }
 
+/// `cuStreamWaitEvent`: later work on `stream` waits for `event`.
+pub(super) fn stream_wait_event(stream: sys::CUstream, event: sys::CUevent) -> CuResult<()> {
+    // SAFETY: a stream and an event of ours (the backend's contract); flags 0
+    // is the only value the driver defines.
+    let rc = unsafe { sys::cuStreamWaitEvent(stream, event, 0) };
+    check("cuStreamWaitEvent", rc, ())
+}
+
 /// `cuEventQuery`: true when the event has completed, false while it is
 /// not ready.
 pub(super) fn event_query(event: sys::CUevent) -> CuResult<bool> {

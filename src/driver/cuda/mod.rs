@@ -409,6 +409,14 @@ impl Driver for CudaDriver {
         Ok(cu::event_query(Self::event(event))?)
     }
 
+    fn stream_wait_event(&self, stream: StreamId, event: EventId) -> Result<()> {
+        self.bind()?;
+        Ok(cu::stream_wait_event(
+            Self::stream(stream),
+            Self::event(event),
+        )?)
+    }
+
     unsafe fn copy_htod_async(
         &self,
         dst: DevicePtr,
