@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # NCCL broadcast updates (NCCL from PyTorch's install, opened at run time).
-# One GPU: libnccl opens and a world of one rank broadcasts the 16.4 GB
-# checkpoint's update into its fused destinations, bitwise. Two GPUs or more
+# One GPU: libnccl opens, a world of one rank broadcasts the 16.4 GB
+# checkpoint's update into its fused destinations, bitwise, and an
+# RDMA-capable tag registered with its communicator is registered again
+# from the remap callback after sleep/wake. Two GPUs or more
 # (nvidia-h200-x2): the full weights rank 0 -> 1 against
 # torch.distributed.broadcast bus bandwidth in the same run (target >= 0.8),
 # TP=2 ranks each keeping their slices, and an RDMA-capable tag registered
@@ -32,6 +34,8 @@ gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
 line=$(timeout 900 python3 tests/torch/update_nccl.py world1 --dir "$dir" --layers "${LOAD_LAYERS:-36}" 2>&1 |
   tee -a "$log" | grep -E '^(PASS|FAIL)' | tail -1)
 result_of "update: NCCL world of 1 (libnccl opens)" "$line" update-nccl.txt || rc=1
+result_of "update: RDMA tag registered with NCCL, world of 1, through sleep/wake" \
+  "$(grep -E '^(PASS|FAIL|SKIP) RDMA tag on rank 0' "$log" | tail -1)" update-nccl.txt || rc=1
 if [ "${gpus:-0}" -lt 2 ]; then
   result "update: NCCL rank 0 -> 1, TP=2, RDMA tag" SKIP "nvidia-smi -L shows ${gpus:-0} GPU(s); these need 2 or more (machine kind nvidia-h200-x2)"
 else

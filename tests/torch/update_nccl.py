@@ -3,6 +3,7 @@
   world1   one GPU: libnccl opens, a communicator of one rank is made from a
            unique id, and a broadcast update whose root is that rank writes
            the negated checkpoint into its fused destinations, bitwise.
+           Then the RDMA-capable tag check of step 3 below on that rank.
   pair     two GPUs, one process per GPU (torch.distributed for the
            baseline and to share the unique id):
            1. torch.distributed.broadcast of the same bytes, rank 0 -> 1 (bus
@@ -89,11 +90,45 @@ def world1(a):
     r = vtt.broadcast_(params, comm, 0, source=state, slot_bytes=SLOT)
     s = time.perf_counter() - t0
     ok = all(torch.equal(t, orig[n].neg()) for n, t in params.items())
+    rdma = rdma_check(comm, 0)
     comm.close()
+    print(rdma, flush=True)
     print(f"{'PASS' if ok else 'FAIL'} libnccl opened; a world of 1 broadcast {nbytes(params) / 1e9:.2f} GB "
           f"into its fused destinations in {s:.3f} s (version {r.version}), bitwise "
           f"{'equal' if ok else 'DIFFERENT'}")
     return 0 if ok else 1
+
+
+def rdma_check(comm, rank):
+    """An RDMA-capable tag registered with NCCL (ncclCommRegister) survives
+    sleep/wake: the engine deregisters before the sleep and the remap
+    callback registers it again at the new epoch. One PASS/FAIL/SKIP line."""
+    p = vt.pool(rank)
+    try:
+        p.set_tag_rdma("rdma-buffers")
+    except vw.VmmwError as e:
+        return f"SKIP RDMA tag on rank {rank}: {e}"
+    size = 64 << 20
+    ptr = p.alloc(size, tag="rdma-buffers")
+    handle = [comm.register(ptr, size)]
+    registered = []
+
+    def again(tag, epoch):
+        if tag == "rdma-buffers":
+            handle[0] = comm.register(ptr, size)
+            registered.append(epoch)
+
+    e0 = vw.remap_epoch("rdma-buffers")
+    with vw.on_remap(again):
+        comm.deregister(handle[0])  # the engine's sleep hook: pages are about to go
+        p.sleep(**{"rdma-buffers": "offload"})
+        p.wake("rdma-buffers")
+    ok = registered == [e0 + 1] and vw.remap_epoch("rdma-buffers") == e0 + 1
+    comm.deregister(handle[0])
+    p.free(ptr)
+    return (f"{'PASS' if ok else 'FAIL'} RDMA tag on rank {rank}: ncclCommRegister of 64 MiB, sleep/wake "
+            f"raised the epoch {e0} -> {vw.remap_epoch('rdma-buffers')}, registered again from the remap "
+            f"callback ({registered})")
 
 
 def pair_rank(rank, a, port):
@@ -175,34 +210,8 @@ def pair_rank(rank, a, port):
     del tp, before
     torch.cuda.empty_cache()
 
-    # 3. An RDMA-capable tag registered with NCCL survives sleep/wake: the
-    # remap callback registers it again.
-    p = vt.pool(rank)
-    try:
-        p.set_tag_rdma("rdma-buffers")
-    except vw.VmmwError as e:
-        out.append(f"SKIP RDMA tag on rank {rank}: {e}")
-    else:
-        size = 64 << 20
-        ptr = p.alloc(size, tag="rdma-buffers")
-        handle = [comm.register(ptr, size)]
-        registered = []
-
-        def again(tag, epoch):
-            if tag == "rdma-buffers":
-                handle[0] = comm.register(ptr, size)
-                registered.append(epoch)
-
-        e0 = vw.remap_epoch("rdma-buffers")
-        with vw.on_remap(again):
-            comm.deregister(handle[0])  # the engine's sleep hook: pages are about to go
-            p.sleep(**{"rdma-buffers": "offload"})
-            p.wake("rdma-buffers")
-        ok = registered == [e0 + 1] and vw.remap_epoch("rdma-buffers") == e0 + 1
-        comm.deregister(handle[0])
-        out.append(f"{'PASS' if ok else 'FAIL'} RDMA tag on rank {rank}: ncclCommRegister of 64 MiB, sleep/wake "
-                   f"raised the epoch {e0} -> {vw.remap_epoch('rdma-buffers')}, registered again from the remap "
-                   f"callback ({registered})")
+    # 3. An RDMA-capable tag registered with NCCL survives sleep/wake.
+    out.append(rdma_check(comm, rank))
     comm.close()
     dist.barrier()
     dist.destroy_process_group()
