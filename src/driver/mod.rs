@@ -394,12 +394,16 @@ pub trait Driver: std::any::Any + Send + Sync + fmt::Debug {
     /// Queue what [`Driver::codec_encode`] does on `stream` without waiting:
     /// the frame's length lands at `len_at` (a little-endian `u64`) once
     /// `stream` has passed the encode, so a caller keeps encodes queued
-    /// while it waits for an earlier one.
+    /// while it waits for an earlier one. `len_at` may be device memory or
+    /// host memory from [`Driver::host_alloc`] (CUDA: unified addressing
+    /// makes it visible to kernels at the same address), which the host
+    /// reads with no copy once an event after the encode has completed.
     ///
     /// # Safety
     /// As [`Driver::codec_encode`], and the eight bytes at `len_at`
-    /// (8-aligned) are mapped, writable and overlap nothing else of the call;
-    /// every range stays so until `stream` has passed the encode.
+    /// (8-aligned) are mapped (or from `host_alloc`), writable and overlap
+    /// nothing else of the call; every range stays so until `stream` has
+    /// passed the encode.
     #[allow(clippy::too_many_arguments)]
     unsafe fn codec_encode_async(
         &self,

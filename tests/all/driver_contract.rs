@@ -1167,6 +1167,37 @@ fn codec_frames_equal_the_reference() {
                 &read(d.as_ref(), m.at(frame_at), n),
                 &want,
             );
+            // The length word may lie in host memory from `host_alloc`: the
+            // host reads it there once an event after the encode completed.
+            let word = d.host_alloc(8).unwrap();
+            // SAFETY: `word` holds 8 bytes from host_alloc, freed below after
+            // the event was synchronized; the other ranges as above.
+            unsafe {
+                std::ptr::write_volatile(word.cast::<u64>(), u64::MAX);
+                d.codec_encode_async(
+                    m.at(raw_at + shift),
+                    raw.len(),
+                    *layout,
+                    m.at(frame_at),
+                    m.at(scratch_at),
+                    word as DevicePtr,
+                    s,
+                )
+            }
+            .unwrap_or_else(|e| panic!("{what}: codec_encode_async into host memory: {e}"));
+            let e = d.event_create().unwrap();
+            d.event_record(e, s).unwrap();
+            d.event_synchronize(e).unwrap();
+            // SAFETY: the encode that writes the word has completed.
+            let host_len = u64::from_le(unsafe { std::ptr::read_volatile(word.cast::<u64>()) });
+            d.event_destroy(e).unwrap();
+            // SAFETY: from host_alloc above; nothing queued uses it any more.
+            unsafe { d.host_free(word, 8) }.unwrap();
+            assert_eq!(
+                host_len as usize,
+                want.len(),
+                "{what}: codec_encode_async's length in host memory"
+            );
             let decode = |status: u32| {
                 fill(d.as_ref(), m.at(out_at), 0xEE, raw_room + guard);
                 write(d.as_ref(), m.at(status_at), &status.to_le_bytes());

@@ -103,9 +103,10 @@ pub(super) struct CodecScratch {
     scratch: DevicePtr,
     /// Status words at `scratch` (wake).
     status_words: usize,
-    /// One length word per buffer after the encoder's scratch (sleep): where
-    /// the encode of the buffer's frame leaves the frame's length.
-    len_words: DevicePtr,
+    /// One length word per buffer in pinned host memory (sleep; 0 at wake):
+    /// where the encode of the buffer's frame leaves the frame's length, read
+    /// by the host with no copy once the encode has completed.
+    len_words: u64,
     /// The buffer's frame is ready: encoded (sleep) or copied in (wake).
     ready: Vec<EventId>,
     done: Vec<EventId>,
@@ -119,17 +120,31 @@ pub(super) struct CodecScratch {
 
 impl CodecScratch {
     /// Map scratch for a sleep: `ring` buffers for frames of up to
-    /// `frame_raw` raw bytes, the encoder's scratch and a length word per
-    /// buffer.
+    /// `frame_raw` raw bytes and the encoder's scratch; and a length word per
+    /// buffer in pinned host memory.
     pub(super) fn for_sleep(
         driver: &Arc<dyn Driver>,
         frame_raw: usize,
         ring: usize,
     ) -> Result<CodecScratch> {
         let encoder = format::encode_scratch_bytes(frame_raw).next_multiple_of(256);
-        let mut sc = Self::new(driver, frame_raw, ring, encoder + 8 * ring, 0)?;
-        sc.len_words = sc.scratch + encoder as u64;
+        let mut sc = Self::new(driver, frame_raw, ring, encoder, 0)?;
+        sc.len_words = driver.host_alloc(sc.len_words_bytes())? as u64;
         Ok(sc)
+    }
+
+    fn len_words_bytes(&self) -> usize {
+        8 * self.ring()
+    }
+
+    /// The length the encode of buffer `k`'s frame left, once it completed.
+    fn frame_len(&self, k: usize) -> usize {
+        // SAFETY: `len_words` holds a word per buffer (from `host_alloc`,
+        // kept until the scratch is released); the encode that writes word
+        // `k` has completed (the caller synchronized its event) and the next
+        // one into buffer `k` is queued only after this read.
+        let word = unsafe { std::ptr::read_volatile((self.len_words as *const u64).add(k)) };
+        u64::from_le(word) as usize
     }
 
     /// Map scratch for a wake: `ring` buffers for frames of up to `frame_raw`
@@ -216,6 +231,18 @@ impl CodecScratch {
                 let _ = self.driver.event_destroy(*e);
                 *e = EventId(0);
             }
+        }
+        if self.len_words != 0 {
+            // SAFETY: from `host_alloc` with this length in `for_sleep`; the
+            // device is idle (synchronized above), so no encode writes it.
+            let freed = unsafe {
+                self.driver
+                    .host_free(self.len_words as *mut u8, self.len_words_bytes())
+            };
+            if freed.is_err() {
+                return false;
+            }
+            self.len_words = 0;
         }
         if self.mapped {
             if self.driver.unmap(self.va, self.size).is_err() {
@@ -337,15 +364,18 @@ impl SleepEngine {
         let count = committed.div_ceil(frame);
         let base = sc.turn;
         let raw_len = |j: usize| frame.min(committed - j * frame);
-        // Queue frame j's encode into its buffer, once the copy that used
-        // the buffer a ring earlier has completed.
+        // Queue frame j's encode into its buffer, behind (on the device) the
+        // copy that used the buffer a ring earlier: the host does not wait.
         let queue = |sc: &mut CodecScratch, j: usize| -> Result<()> {
             let k = (base + j) % ring;
-            sc.wait(k)?;
+            if sc.used[k] {
+                self.driver.stream_wait_event(encode_on, sc.done[k])?;
+            }
             // SAFETY: the segment is awake (mapped) and in this transition;
-            // the frame buffer, the encoder's scratch (used in stream order)
-            // and the length word lie in `sc`, and no copy still reads the
-            // buffer (waited above).
+            // the frame buffer and the encoder's scratch (used in stream
+            // order) lie in `sc`, the length word in its pinned host words,
+            // read for the buffer's last frame already; the encode runs after
+            // the copy that last read the buffer (the wait above).
             unsafe {
                 self.driver.codec_encode_async(
                     ptr + (j * frame) as u64,
@@ -369,19 +399,7 @@ impl SleepEngine {
             let (offset, raw_len) = (j * frame, raw_len(j));
             let k = (base + j) % ring;
             self.driver.event_synchronize(sc.ready[k])?;
-            let mut word = [0u8; 8];
-            // SAFETY: `word` outlives the synchronize below; the length word
-            // lies in the scratch and its encode has completed.
-            unsafe {
-                self.driver.copy_dtoh_async(
-                    word.as_mut_ptr(),
-                    sc.len_words + 8 * k as u64,
-                    8,
-                    StreamId::DEFAULT,
-                )
-            }?;
-            self.driver.stream_synchronize(StreamId::DEFAULT)?;
-            let len = u64::from_le_bytes(word) as usize;
+            let len = sc.frame_len(k);
             if len > format::max_frame_bytes(raw_len) {
                 return Err(Error::InvalidState(format!(
                     "the device encoder reports a frame of {len} bytes for {raw_len} raw bytes, \
