@@ -7,9 +7,10 @@
 //! rank of world 2 keeping its slices; a sender killed once the receiver
 //! attached still leaves a whole update, and one killed right after its
 //! manifest leaves either the whole update or none of it; hostile manifests
-//! (an unknown share, a tensor its share does not hold, a shape or dtype
-//! other than the share's, a share that is not there) are refused with
-//! nothing written; the ring still works beside it.
+//! (an unknown share or segment, a tensor past its segment or at an offset
+//! that overflows, segments other than the share serves, a share named
+//! twice, a share that is not there, a wrong shape or dtype) are refused
+//! with nothing written; the ring still works beside it.
 
 use crate::common;
 use crate::update_transport_processes::{receive_as, sender_pool, sock_path, Proc, SEED, TIMEOUT};

@@ -37,8 +37,8 @@ use crate::update::{self, Bytes, Tensors, UpdateOptions, UpdateResult};
 
 pub use super::control::MAX_SHARES;
 
-/// A tag's tensors of one send, by address and bytes.
-type Group = (TagId, Vec<(DevicePtr, u64)>);
+/// A tag's tensors of one send: name, address and bytes.
+type Group = (TagId, Vec<(String, DevicePtr, u64)>);
 
 /// Check `tensors` and group them by the tag that holds them. Returns the
 /// groups, each tensor's group and place in it, and the bytes sent.
@@ -88,7 +88,7 @@ fn plan(
             }
         };
         places.push((k, groups[k].1.len()));
-        groups[k].1.push((ptr, bytes));
+        groups[k].1.push((t.name.clone(), ptr, bytes));
     }
     if groups.len() > MAX_SHARES {
         problems.push(format!(

@@ -91,19 +91,20 @@ fn draw_identity() -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
-/// The segments of `tag` holding `tensors` (address and bytes), by base,
+/// The segments of `tag` holding `tensors` (name, address and bytes), by base,
 /// and where each tensor lies in them. A tensor outside the tag's committed
 /// memory, or an asleep tag, is an error.
 fn footprint(
     pool: &Pool,
     tag: TagId,
-    tensors: &[(DevicePtr, u64)],
+    tensors: &[(String, DevicePtr, u64)],
 ) -> Result<(Footprint, Vec<Placement>)> {
     let remap_epoch = remap::epoch(tag);
     pool.with_awake_tag_segments(tag, |segs| {
         let mut used: Vec<usize> = Vec::new();
         let mut at = Vec::with_capacity(tensors.len());
-        for &(ptr, bytes) in tensors {
+        for (name, ptr, bytes) in tensors {
+            let (ptr, bytes) = (*ptr, *bytes);
             let i = segs
                 .iter()
                 .position(|s| {
@@ -114,7 +115,8 @@ fn footprint(
                 })
                 .ok_or_else(|| {
                     Error::InvalidArgument(format!(
-                        "tensor at {ptr:#x} (+{bytes}) is not inside the committed memory of tag `{}`",
+                        "tensor `{}` at {ptr:#x} (+{bytes}) is not inside the committed memory of tag `{}`",
+                        name.escape_debug(),
                         tag::name_of(tag)
                     ))
                 })?;
@@ -169,7 +171,7 @@ impl DirectShares {
     }
 
     /// Serve, or keep serving, a share for each group (a tag and the
-    /// tensors of this send it holds, by address and bytes) for
+    /// tensors of this send it holds: name, address and bytes) for
     /// `receivers` receivers; stop every other. Returns each group's share
     /// as sent and where each of its tensors lies.
     pub fn serve(
@@ -177,7 +179,7 @@ impl DirectShares {
         pool: &Arc<Pool>,
         path: &Path,
         log: &LogSink,
-        groups: &[(TagId, Vec<(DevicePtr, u64)>)],
+        groups: &[(TagId, Vec<(String, DevicePtr, u64)>)],
         receivers: usize,
     ) -> Result<Vec<(DirectShare, Vec<Placement>)>> {
         // Each receiver holds one connection; a receiver that attaches
