@@ -23,10 +23,10 @@ use std::time::{Duration, Instant};
 use super::bucket::{check_announced, AnnouncedTensor};
 use super::control::{accept, Channel, FromReceiver, FromSender};
 pub use super::control::{DirectShare, DirectTensor};
-use super::direct_shares::DirectShares;
+use super::direct_shares::{DirectShares, Group};
 use super::import_cache::{ImportCache, ImportCounts};
 use super::send::{SendData, SendReport, SendTensor};
-use crate::driver::{DevicePtr, Driver};
+use crate::driver::Driver;
 use crate::error::{Error, Result};
 use crate::loader::{Dtype, Session};
 use crate::pool::Pool;
@@ -36,9 +36,6 @@ use crate::tag::TagId;
 use crate::update::{self, Bytes, Tensors, UpdateOptions, UpdateResult};
 
 pub use super::control::MAX_SHARES;
-
-/// A tag's tensors of one send: name, address and bytes.
-type Group = (TagId, Vec<(String, DevicePtr, u64)>);
 
 /// Check `tensors` and group them by the tag that holds them. Returns the
 /// groups, each tensor's group and place in it, and the bytes sent.

@@ -46,6 +46,9 @@ struct Footprint {
     segments: Vec<SegmentPrint>,
 }
 
+/// A tag's tensors of one send: name, address and bytes.
+pub(super) type Group = (TagId, Vec<(String, DevicePtr, u64)>);
+
 /// Where a tensor lies in a kept share.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Placement {
@@ -179,7 +182,7 @@ impl DirectShares {
         pool: &Arc<Pool>,
         path: &Path,
         log: &LogSink,
-        groups: &[(TagId, Vec<(String, DevicePtr, u64)>)],
+        groups: &[Group],
         receivers: usize,
     ) -> Result<Vec<(DirectShare, Vec<Placement>)>> {
         // Each receiver holds one connection; a receiver that attaches
