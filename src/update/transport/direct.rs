@@ -32,7 +32,6 @@ use crate::loader::{Dtype, Session};
 use crate::pool::Pool;
 use crate::share::manifest::printable;
 use crate::share::LogSink;
-use crate::tag::TagId;
 use crate::update::{self, Bytes, Tensors, UpdateOptions, UpdateResult};
 
 pub use super::control::MAX_SHARES;
