@@ -9,7 +9,8 @@
 //! segments, or a tensor past the imported segment, is refused with nothing
 //! written and the imports dropped, and one naming a new generation or
 //! sender at a known path is attached again; a sender killed between
-//! updates leaves an error and no import; the receiver's limits bound what
+//! updates leaves an error and no import, and one started again at the
+//! same path is attached anew; the receiver's limits bound what
 //! it keeps, and dropping the imports makes the next update attach.
 
 use crate::common;
@@ -320,6 +321,17 @@ fn a_sender_killed_between_updates_leaves_an_error_and_no_import() {
     assert_eq!((rx.kept_imports(), rx.kept_bytes()), (0, 0));
     assert!(r.snapshot() == before, "nothing written");
     assert_eq!(r.version(), v0);
+    // A sender started again at the same path: attached anew, its bytes arrive.
+    let path = sock_path("direct-killed-between");
+    let again = Proc::spawn("direct_repeat", &path, &[("VMMW_UPDATE_ROUNDS", "2".into())]);
+    assert_eq!(again.line(), "ready");
+    for (round, want) in [(1, 0), (0, 1)].into_iter().enumerate() {
+        receive(&mut rx, &r).unwrap();
+        let s = rx.last_receive().unwrap();
+        assert_eq!((s.attached, s.reused), want, "round {round}: {s:?}");
+        assert!(r.snapshot() == r.expected(&m, &new_values(&m, seed_for(round))));
+        assert!(again.line().starts_with(&format!("sent round={round} ")));
+    }
 }
 
 #[test]
