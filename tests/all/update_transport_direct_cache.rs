@@ -323,7 +323,11 @@ fn a_sender_killed_between_updates_leaves_an_error_and_no_import() {
     assert_eq!(r.version(), v0);
     // A sender started again at the same path: attached anew, its bytes arrive.
     let path = sock_path("direct-killed-between");
-    let again = Proc::spawn("direct_repeat", &path, &[("VMMW_UPDATE_ROUNDS", "2".into())]);
+    let again = Proc::spawn(
+        "direct_repeat",
+        &path,
+        &[("VMMW_UPDATE_ROUNDS", "2".into())],
+    );
     assert_eq!(again.line(), "ready");
     for (round, want) in [(1, 0), (0, 1)].into_iter().enumerate() {
         receive(&mut rx, &r).unwrap();
