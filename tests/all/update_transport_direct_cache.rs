@@ -10,7 +10,8 @@
 //! written and the imports dropped, and one naming a new generation or
 //! sender at a known path is attached again; a sender killed between
 //! updates leaves an error and no import, and one started again at the
-//! same path is attached anew; the receiver's limits bound what
+//! same path is attached anew; a sender keeps only the shares of its last
+//! send, and stops them on request; the receiver's limits bound what
 //! it keeps, and dropping the imports makes the next update attach.
 
 use crate::common;
@@ -386,4 +387,54 @@ fn receiver_limits_bound_what_is_kept() {
         assert!(sender.line().starts_with(&format!("sent round={round} ")));
         round += 1;
     }
+}
+
+#[test]
+fn a_sender_keeps_only_the_shares_of_its_last_send() {
+    let m = model();
+    let dir = tempfile::tempdir().unwrap();
+    write_checkpoint(dir.path(), &m);
+    let path = sock_path("direct-tags");
+    let pool = sender_pool();
+    let a = in_pool(&pool, "direct-tags-a");
+    let b = in_pool(&pool, "direct-tags-b");
+    let mut tx = IpcSender::bind(pool.clone(), &path, options()).unwrap();
+    let r = Rank::load(dir.path(), &m, "direct-tags", 0, 1);
+    let mut rx = receiver(&r, &path, CacheLimits::default());
+    let share = |g: u64| PathBuf::from(format!("{}.direct.{g}", path.display()));
+    // (what is sent, whether the receiver attaches, the share served after)
+    for (round, (tensors, fresh, generation)) in
+        [(&a, true, 1), (&a, false, 1), (&b, true, 2), (&a, true, 3)]
+            .into_iter()
+            .enumerate()
+    {
+        fill(&pool, tensors, seed_for(round));
+        std::thread::scope(|s| {
+            let sent = s.spawn(|| tx.send_direct_to(&sends(tensors), 1));
+            receive(&mut rx, &r).unwrap();
+            sent.join().unwrap().unwrap();
+        });
+        assert!(r.snapshot() == r.expected(&m, &new_values(&m, seed_for(round))));
+        let st = rx.last_receive().unwrap();
+        let want = if fresh { (1, 0) } else { (0, 1) };
+        assert_eq!((st.attached, st.reused), want, "round {round}: {st:?}");
+        assert_eq!(
+            (tx.direct_shares(), rx.kept_imports()),
+            (1, 1),
+            "round {round}"
+        );
+        for g in 1..=3 {
+            assert_eq!(
+                share(g).exists(),
+                g == generation,
+                "round {round}: share {g}"
+            );
+        }
+    }
+    tx.stop_direct_shares();
+    assert_eq!(tx.direct_shares(), 0);
+    assert!(!share(3).exists());
+    // The receiver's import outlives the share: the memory stays mapped.
+    assert_eq!(rx.kept_imports(), 1);
+    assert!(rx.kept_bytes() > 0);
 }
