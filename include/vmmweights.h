@@ -221,6 +221,13 @@ typedef struct vmmw_share_server_t vmmw_share_server_t;
 typedef struct vmmw_share_t vmmw_share_t;
 
 /**
+ * A receiver of updates from one IPC sender that keeps the shares of its
+ * direct updates imported between updates. Its calls may come from any
+ * thread; they run one at a time.
+ */
+typedef struct vmmw_update_receiver_t vmmw_update_receiver_t;
+
+/**
  * An IPC update sender: a ring of device buffers in a pool, exported once,
  * and a control socket receivers connect to.
  */
@@ -952,6 +959,48 @@ typedef struct vmmw_update_result_t {
  * Where an update source tensor's bytes lie: one of the `VMMW_UPDATE_*` values.
  */
 typedef int32_t vmmw_update_memory_t;
+
+/**
+ * What a receiver's last receive did, and what it keeps now
+ * (`vmmw_update_receiver_stats`).
+ */
+typedef struct vmmw_receive_stats_t {
+  /**
+   * 1 for a direct update, 0 for one through the sender's ring.
+   */
+  uint32_t direct;
+  /**
+   * Shares attached by the last receive (the ring's one, or a direct
+   * update's shares not kept from before).
+   */
+  uint32_t attached;
+  /**
+   * Direct shares whose kept import the last receive reused.
+   */
+  uint32_t reused;
+  /**
+   * Physical chunks the last receive imported.
+   */
+  uint64_t chunks;
+  /**
+   * Seconds from connecting to every share imported and the manifest checked.
+   */
+  double setup_seconds;
+  /**
+   * Seconds of the whole last receive.
+   */
+  double seconds;
+  /**
+   * Shares kept imported now.
+   */
+  uint64_t kept_imports;
+  /**
+   * Bytes of the sender's memory kept mapped now: memory that stays
+   * allocated on the device, also after the sender frees it or puts it
+   * to sleep, until the imports are dropped.
+   */
+  uint64_t kept_bytes;
+} vmmw_receive_stats_t;
 
 /**
  * Backend choice: the `VMMW_BACKEND` environment variable when set ("host",
@@ -3519,6 +3568,78 @@ vmmw_status_t vmmw_pool_tag_torn(const struct vmmw_pool_t *pool, uint32_t tag, i
  * `pool` is a live handle; `out` is writable; `error` is NULL or writable.
  */
 vmmw_status_t vmmw_pool_publish(struct vmmw_pool_t *pool, uint32_t tag, uint64_t *out, struct vmmw_error_t **error);
+
+/**
+ * A new receiver for the IPC sender at `path`, importing on `pool`'s
+ * device. Connects at each `vmmw_update_receiver_receive`, not now. Waits
+ * at most `timeout_ms` (0 = 60 s) for each message and attach. Keeps at
+ * most `max_kept_imports` shares (0 = 64, as many as one update names) and
+ * `max_kept_bytes` bytes (0 = no byte bound) imported between updates; to
+ * keep none, use `vmmw_update_receive_ipc`. `*out` receives a handle owned
+ * by the caller (`vmmw_update_receiver_free`); it holds a reference to the
+ * pool's device, not to the pool.
+ *
+ * Errors (nothing is left behind on any):
+ * - `VMMW_NULL_ARGUMENT`: `pool`, `path` or `out` is NULL.
+ * - `VMMW_INVALID_ARGUMENT`: `path` is not UTF-8; `max_kept_imports` does
+ *   not fit in size_t.
+ *
+ * # Safety
+ * `pool` is a live handle; `path` is NULL or a NUL-terminated string; `out`
+ * is writable; `error` is NULL or writable.
+ */
+vmmw_status_t vmmw_update_receiver_new(struct vmmw_pool_t *pool, const char *path, uint64_t timeout_ms, uint64_t max_kept_imports, uint64_t max_kept_bytes, struct vmmw_update_receiver_t **out, struct vmmw_error_t **error);
+
+/**
+ * Free a receiver: its kept imports are dropped (the sender's memory they
+ * kept alive goes). NULL is accepted.
+ *
+ * # Safety
+ * `receiver` is NULL or a live handle not used afterwards.
+ */
+void vmmw_update_receiver_free(struct vmmw_update_receiver_t *receiver);
+
+/**
+ * Receive one update from the receiver's sender into the destinations of
+ * `loader` in `pool`, as `vmmw_update_receive_ipc`, but a direct update
+ * reuses every share this receiver kept imported from the same sender over
+ * the same memory (the sender says so by the share's generation; the
+ * manifest is still checked against the imports before any byte moves)
+ * and attaches only the others; the imports it used are kept for the next
+ * update. `*out` as `vmmw_update`'s.
+ *
+ * Errors: as `vmmw_update_receive_ipc`, and `VMMW_UPDATE_SOURCE` when the
+ * sender claims a kept share with other segments than it maps, or a tensor
+ * past its segment. On any error every destination keeps its last version
+ * and the kept imports are dropped.
+ *
+ * # Safety
+ * `receiver`, `loader` and `pool` are live handles; `options` is NULL or
+ * readable for its `size`; `out` is writable; `error` is NULL or writable.
+ */
+vmmw_status_t vmmw_update_receiver_receive(struct vmmw_update_receiver_t *receiver, struct vmmw_loader_t *loader, struct vmmw_pool_t *pool, const struct vmmw_update_options_t *options_in, struct vmmw_update_result_t *out, struct vmmw_error_t **error);
+
+/**
+ * What the receiver's last successful receive did (all 0 before the
+ * first) and what it keeps imported now, into `*out`.
+ *
+ * Errors: `VMMW_NULL_ARGUMENT`: `receiver` or `out` is NULL.
+ *
+ * # Safety
+ * `receiver` is a live handle; `out` is writable; `error` is NULL or writable.
+ */
+vmmw_status_t vmmw_update_receiver_stats(const struct vmmw_update_receiver_t *receiver, struct vmmw_receive_stats_t *out, struct vmmw_error_t **error);
+
+/**
+ * Drop every import the receiver keeps: the sender's memory they kept
+ * alive goes, and the next update attaches again.
+ *
+ * Errors: `VMMW_NULL_ARGUMENT`: `receiver` is NULL.
+ *
+ * # Safety
+ * `receiver` is NULL or a live handle; `error` is NULL or writable.
+ */
+vmmw_status_t vmmw_update_receiver_drop_imports(struct vmmw_update_receiver_t *receiver, struct vmmw_error_t **error);
 
 /**
  * The library's version, "MAJOR.MINOR.PATCH". Static; never free it. Thread-safe.

@@ -50,6 +50,8 @@ pub enum SleepState {
 #[derive(Debug)]
 pub struct Segment {
     driver: Arc<dyn Driver>,
+    /// Never reused in the process, also when the VA is reserved again.
+    id: u64,
     va: DevicePtr,
     reserved: usize,
     /// Bytes from the base that have chunks (mapped or not); `<= reserved`.
@@ -97,8 +99,10 @@ impl Segment {
             round_up(chunk_size, g)
         };
         let va = driver.reserve(reserved, 0)?;
+        static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
         Ok(Segment {
             driver,
+            id: NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             va,
             reserved,
             committed: 0,
@@ -132,6 +136,12 @@ impl Segment {
         // On failure `seg` drops here and frees its VA.
         seg.commit(reserved)?;
         Ok(seg)
+    }
+
+    /// This segment's identity: unique in the process and never reused, so
+    /// a segment reserved again at the same address is told apart.
+    pub fn id(&self) -> u64 {
+        self.id
     }
 
     /// The base address. Stable for the segment's whole life.

@@ -46,9 +46,9 @@ def loaded(pool, tmp_path):
     ld.close()
 
 
-def sender(path: str, die: bool, direct: bool = False) -> subprocess.Popen:
+def sender(path: str, die: bool, direct: bool = False, rounds: int = 1) -> subprocess.Popen:
     """A sender in a child Python: host tensors through the ring, or
-    (`direct`) tensors in its pool sent directly."""
+    (`direct`) tensors in its pool sent directly, `rounds` times."""
     script = textwrap.dedent(f"""
         import ctypes, os, sys
         sys.path.insert(0, {HERE!r})
@@ -68,8 +68,9 @@ def sender(path: str, die: bool, direct: bool = False) -> subprocess.Popen:
             print("ready", flush=True)
             if {die!r}:
                 os._exit(3)
-            r = tx.send_direct(src) if {direct!r} else tx.send(src)
-            print(f"sent {{r.version}} {{r.buckets}}", flush=True)
+            for _ in range({rounds!r}):
+                r = tx.send_direct(src) if {direct!r} else tx.send(src)
+                print(f"sent {{r.version}} {{r.buckets}}", flush=True)
     """)
     env = dict(os.environ, VMMW_BACKEND="host")
     p = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, env=env)
@@ -97,6 +98,34 @@ def test_a_direct_update_from_another_process_is_bitwise_and_unstaged(pool, load
     assert contents(pool, ld) == want
     out, _ = p.communicate(timeout=30)
     assert out.strip() == "sent 2 0", out
+
+
+def test_a_receiver_keeps_direct_imports_across_updates(pool, loaded, tmp_path):
+    ld, want = loaded
+    path = str(tmp_path / "kept.sock")
+    p = sender(path, die=False, direct=True, rounds=3)
+    assert p.stdout is not None
+    with vw.transport.Receiver(pool, path, timeout_ms=20000) as rx:
+        assert rx.stats().kept_imports == 0
+        for round in range(3):
+            v = pool.tag_version("py-transport")
+            r = rx.receive(ld, pool, v)
+            assert r.version == v + 1 and not r.staged
+            assert contents(pool, ld) == want
+            s = rx.stats()
+            assert s.direct and (s.attached, s.reused) == ((1, 0) if round == 0 else (0, 1)), s
+            assert s.kept_imports == 1 and s.kept_bytes > 0 and s.setup_seconds <= s.seconds, s
+            assert p.stdout.readline().strip() == f"sent {v + 1} 0"
+        p.wait(timeout=30)
+        # The sender is gone: the next receive fails cleanly and drops the imports.
+        before = contents(pool, ld)
+        with pytest.raises(vw.VmmwError):
+            rx.receive(ld, pool, pool.tag_version("py-transport"))
+        assert rx.stats().kept_imports == 0 and rx.stats().kept_bytes == 0
+        assert contents(pool, ld) == before
+        rx.drop_imports()
+    with pytest.raises(ValueError):
+        rx.stats()
 
 
 def test_a_dead_sender_changes_nothing(pool, loaded, tmp_path):

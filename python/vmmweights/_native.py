@@ -232,6 +232,13 @@ _SIGNATURES: dict[str, tuple[Any, list[Any], bool]] = {
         [_P, _P, ctypes.c_char_p, ctypes.c_uint64, ctypes.POINTER(S.UpdateOptions), ctypes.POINTER(S.UpdateResult)],
         True,
     ),
+    "vmmw_update_receiver_new": (
+        _I32, [_P, ctypes.c_char_p, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_uint64, ctypes.POINTER(_P)], True),
+    "vmmw_update_receiver_free": (None, [_P], False),
+    "vmmw_update_receiver_receive": (
+        _I32, [_P, _P, _P, ctypes.POINTER(S.UpdateOptions), ctypes.POINTER(S.UpdateResult)], True),
+    "vmmw_update_receiver_stats": (_I32, [_P, ctypes.POINTER(S.ReceiveStats)], True),
+    "vmmw_update_receiver_drop_imports": (_I32, [_P], True),
     "vmmw_nccl_unique_id": (_I32, [ctypes.c_char_p], True),
     "vmmw_nccl_comm_new": (_I32, [_P, ctypes.c_char_p, ctypes.c_uint32, ctypes.c_uint32, ctypes.POINTER(_P)], True),
     "vmmw_nccl_comm_from_raw": (_I32, [_P, ctypes.POINTER(_P)], True),

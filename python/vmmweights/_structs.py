@@ -228,6 +228,21 @@ class SendReport(ctypes.Structure):
     ]
 
 
+class ReceiveStats(ctypes.Structure):
+    """vmmw_receive_stats_t"""
+
+    _fields_ = [
+        ("direct", u32),
+        ("attached", u32),
+        ("reused", u32),
+        ("chunks", u64),
+        ("setup_seconds", f64),
+        ("seconds", f64),
+        ("kept_imports", u64),
+        ("kept_bytes", u64),
+    ]
+
+
 ALL = {
     "vmmw_load_options_t": LoadOptions,
     "vmmw_destination_t": Destination,
@@ -244,6 +259,7 @@ ALL = {
     "vmmw_update_options_t": UpdateOptions,
     "vmmw_update_result_t": UpdateResult,
     "vmmw_send_report_t": SendReport,
+    "vmmw_receive_stats_t": ReceiveStats,
 }
 
 PROGRESS_FN = ctypes.CFUNCTYPE(i32, u64, u64, ctypes.c_void_p)

@@ -12,6 +12,13 @@ and the engine receives::
 
     r = receive_ipc(loader, pool, "/tmp/engine.sock", pool.tag_version("weights"))
 
+or, receiving every training step from the same sender, keeps a
+:class:`Receiver` so a direct update's shares are attached once, not at
+every step::
+
+    rx = Receiver(pool, "/tmp/engine.sock")
+    r = rx.receive(loader, pool, pool.tag_version("weights"))
+
 The sender exports its ring of bucket buffers once; each update is one
 handshake, then one message per bucket. Over NCCL, rank 0 makes an id
 (:func:`nccl_unique_id`), shares it as torch.distributed and vLLM do, and
@@ -126,6 +133,100 @@ def receive_ipc(loader: Loader, pool: Pool, path: str, expected_version: int, *,
     call("vmmw_update_receive_ipc", loader.handle, pool.handle, path.encode("utf-8"),
          ctypes.c_uint64(timeout_ms), ctypes.byref(opts), ctypes.byref(out))
     return _result(out)
+
+
+@dataclass(frozen=True)
+class ReceiveStats:
+    """What a :class:`Receiver`'s last receive did, and what it keeps now."""
+
+    direct: bool
+    """True for a direct update, False for one through the sender's ring."""
+    attached: int
+    """Shares attached by the last receive."""
+    reused: int
+    """Kept imports the last receive reused (no attach)."""
+    chunks: int
+    """Physical chunks the last receive imported."""
+    setup_seconds: float
+    """From connecting to every share imported and the manifest checked."""
+    seconds: float
+    """The whole last receive."""
+    kept_imports: int
+    """Shares kept imported now."""
+    kept_bytes: int
+    """Bytes of the sender's memory kept mapped now: they stay allocated on
+    the device, also after the sender frees them or sleeps, until the
+    imports are dropped."""
+
+
+class Receiver:
+    """Receives updates from the IPC sender at `path` and keeps the shares of
+    its direct updates imported between updates, so a later direct update
+    from the same sender over the same memory attaches nothing: one manifest,
+    then the copies. The kept imports keep the sender's memory allocated
+    (also memory it freed or put to sleep since) until they are dropped:
+    :meth:`drop_imports`, a failed receive, or :meth:`close`. At most
+    `max_kept_imports` shares (0: 64) and `max_kept_bytes` bytes (0: no
+    byte bound) stay imported. Imports on `pool`'s device; connects at each
+    :meth:`receive`."""
+
+    def __init__(self, pool: Pool, path: str, *, timeout_ms: int = 0, max_kept_imports: int = 0,
+                 max_kept_bytes: int = 0) -> None:
+        handle = ctypes.c_void_p()
+        call("vmmw_update_receiver_new", pool.handle, path.encode("utf-8"), ctypes.c_uint64(timeout_ms),
+             ctypes.c_uint64(max_kept_imports), ctypes.c_uint64(max_kept_bytes), ctypes.byref(handle))
+        self._handle: Optional[ctypes.c_void_p] = handle
+
+    @property
+    def handle(self) -> ctypes.c_void_p:
+        if self._handle is None:
+            raise ValueError("the receiver is closed")
+        return self._handle
+
+    def receive(self, loader: Loader, pool: Pool, expected_version: int, *, tag: Optional[str] = None,
+                allow_missing: bool = False, allow_unexpected: bool = False) -> UpdateResult:
+        """Receive one update into `loader`'s destinations in `pool`, as
+        :func:`receive_ipc`, reusing the imports kept from earlier direct
+        updates where the sender says the memory is the same. Raises
+        ``VmmwError`` with every destination at its last version (and the
+        kept imports dropped)."""
+        opts = _options(expected_version, tag, allow_missing, allow_unexpected)
+        out = S.UpdateResult()
+        call("vmmw_update_receiver_receive", self.handle, loader.handle, pool.handle, ctypes.byref(opts),
+             ctypes.byref(out))
+        return _result(out)
+
+    def stats(self) -> ReceiveStats:
+        """What the last successful receive did (zeros before the first) and
+        what is kept imported now."""
+        out = S.ReceiveStats()
+        call("vmmw_update_receiver_stats", self.handle, ctypes.byref(out))
+        return ReceiveStats(direct=bool(out.direct), attached=out.attached, reused=out.reused, chunks=out.chunks,
+                            setup_seconds=out.setup_seconds, seconds=out.seconds, kept_imports=out.kept_imports,
+                            kept_bytes=out.kept_bytes)
+
+    def drop_imports(self) -> None:
+        """Drop every kept import: the sender's memory they kept allocated
+        goes, and the next receive attaches again."""
+        call("vmmw_update_receiver_drop_imports", self.handle)
+
+    def close(self) -> None:
+        """Free the receiver and drop its kept imports."""
+        if self._handle is not None:
+            function("vmmw_update_receiver_free")(self._handle)
+            self._handle = None
+
+    def __enter__(self) -> "Receiver":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
 
 
 def nccl_unique_id() -> bytes:

@@ -41,4 +41,5 @@ pub mod testing;
 pub mod torch;
 pub mod transport;
 pub mod update;
+pub mod update_receiver;
 pub mod version;

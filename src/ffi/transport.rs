@@ -56,7 +56,7 @@ fn report(r: &SendReport) -> vmmw_send_report_t {
     }
 }
 
-fn timeout(ms: u64) -> Duration {
+pub(super) fn timeout(ms: u64) -> Duration {
     if ms == 0 {
         Duration::from_secs(60)
     } else {

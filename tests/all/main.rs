@@ -68,5 +68,6 @@ mod update_repeat;
 mod update_tp;
 mod update_transport_broadcast;
 mod update_transport_direct;
+mod update_transport_direct_cache;
 mod update_transport_processes;
 mod update_transport_ranks;

@@ -7,9 +7,10 @@
 //! rank of world 2 keeping its slices; a sender killed once the receiver
 //! attached still leaves a whole update, and one killed right after its
 //! manifest leaves either the whole update or none of it; hostile manifests
-//! (an unknown share, a tensor its share does not hold, a shape or dtype
-//! other than the share's, a share that is not there) are refused with
-//! nothing written; the ring still works beside it.
+//! (an unknown share or segment, a tensor past its segment or at an offset
+//! that overflows, segments other than the share serves, a share named
+//! twice, a share that is not there, a wrong shape or dtype) are refused
+//! with nothing written; the ring still works beside it.
 
 use crate::common;
 use crate::update_transport_processes::{receive_as, sender_pool, sock_path, Proc, SEED, TIMEOUT};
@@ -26,14 +27,14 @@ use vmmweights::loader::registry::Destination;
 use vmmweights::loader::Dtype;
 use vmmweights::share::{LogSink, ServeOptions, Server};
 use vmmweights::update::transport::control::{Channel, FromReceiver, FromSender};
-use vmmweights::update::transport::direct::DirectTensor;
+use vmmweights::update::transport::direct::{DirectShare, DirectTensor};
 use vmmweights::update::transport::ipc::{IpcSender, SenderOptions};
 use vmmweights::update::transport::{SendData, SendTensor};
 use vmmweights::{tag, Pool, Status};
 
 /// The update's tensors copied into `pool` under one tag, as a trainer
 /// holding its weights in our pool has them.
-fn in_pool(pool: &Arc<Pool>, name: &str) -> Vec<Destination> {
+pub fn in_pool(pool: &Arc<Pool>, name: &str) -> Vec<Destination> {
     let t = tag::id(name).unwrap();
     let new = new_values(&model(), SEED);
     let driver = pool.driver().clone();
@@ -62,7 +63,7 @@ fn in_pool(pool: &Arc<Pool>, name: &str) -> Vec<Destination> {
     out
 }
 
-fn options() -> SenderOptions {
+pub fn options() -> SenderOptions {
     SenderOptions {
         timeout: TIMEOUT,
         log: LogSink::discard(),
@@ -70,7 +71,7 @@ fn options() -> SenderOptions {
     }
 }
 
-fn sends(d: &[Destination]) -> Vec<SendTensor<'static>> {
+pub fn sends(d: &[Destination]) -> Vec<SendTensor<'static>> {
     d.iter()
         .map(|d| SendTensor {
             name: d.name.clone(),
@@ -95,41 +96,100 @@ pub fn child_sender(path: &Path) {
     }
 }
 
+/// Serve the segments of `pool` that hold `tensors` at `share` as a direct
+/// sender does (tensor `segment.K` spanning segment K), and describe them
+/// as its manifest does, under `generation`.
+pub fn serve_raw(
+    pool: &Arc<Pool>,
+    tensors: &[Destination],
+    share: &Path,
+    generation: u64,
+) -> (Server, DirectShare, Vec<DirectTensor>) {
+    let t = pool.segment_of(tensors[0].ptr).unwrap().tag;
+    let mut bases: Vec<(u64, usize)> = tensors
+        .iter()
+        .map(|d| {
+            let s = pool.segment_of(d.ptr).unwrap();
+            (s.base, s.tracked_bytes)
+        })
+        .collect();
+    bases.sort();
+    bases.dedup();
+    let segments: Vec<Destination> = bases
+        .iter()
+        .enumerate()
+        .map(|(k, &(base, bytes))| Destination {
+            name: format!("segment.{k}"),
+            ptr: base,
+            dtype: Dtype::U8,
+            shape: vec![bytes],
+        })
+        .collect();
+    let _ = std::fs::remove_file(share);
+    let options = ServeOptions {
+        log: LogSink::discard(),
+        ..ServeOptions::default()
+    };
+    let server = Server::start(pool.clone(), t, segments, share, options).unwrap();
+    let manifest = tensors
+        .iter()
+        .map(|d| {
+            let base = pool.segment_of(d.ptr).unwrap().base;
+            DirectTensor {
+                name: d.name.clone(),
+                dtype: "BF16".into(),
+                shape: d.shape.iter().map(|&n| n as u64).collect(),
+                share: 0,
+                segment: bases.iter().position(|b| b.0 == base).unwrap() as u32,
+                offset: d.ptr - base,
+            }
+        })
+        .collect();
+    let wire = DirectShare {
+        path: share.to_string_lossy().into_owned(),
+        sender: "raw".into(),
+        generation,
+        segments: bases.iter().map(|b| b.1 as u64).collect(),
+    };
+    (server, wire, manifest)
+}
+
+/// Break the rule `case` names in a direct manifest.
+pub fn break_rule(case: &str, shares: &mut [DirectShare], manifest: &mut [DirectTensor]) {
+    match case {
+        "unknown_share" => manifest[1].share = 3,
+        "unknown_segment" => manifest[1].segment = 9,
+        "past_segment" => manifest[0].offset = shares[0].segments[0] - 2,
+        "offset_overflow" => manifest[0].offset = u64::MAX - 1,
+        "other_segments" => shares[0].segments[0] += 65536,
+        "wrong_shape" => manifest[0].shape[0] += 1,
+        "wrong_dtype" => manifest[0].dtype = "F32".into(),
+        "no_share" => shares[0].path.push_str(".missing"),
+        "twice" => {
+            let again = shares[0].clone();
+            shares[1] = again;
+        }
+        _ => {}
+    }
+}
+
 /// A direct sender that speaks the protocol by hand: it serves the real
 /// tensors, then sends a manifest that breaks one rule, or dies.
 pub fn child_raw(path: &Path, case: &str) {
     let pool = sender_pool();
     let tensors = in_pool(&pool, "direct-raw");
-    let t = pool.segment_of(tensors[0].ptr).unwrap().tag;
     let share = PathBuf::from(format!("{}.share", path.display()));
-    let _ = std::fs::remove_file(&share);
-    let options = ServeOptions {
-        log: LogSink::discard(),
-        ..ServeOptions::default()
-    };
-    let _server = Server::start(pool.clone(), t, tensors.clone(), &share, options).unwrap();
+    let (_server, wire, mut manifest) = serve_raw(&pool, &tensors, &share, 1);
+    let mut shares = vec![wire];
+    if case == "twice" {
+        shares.push(shares[0].clone());
+        manifest[1].share = 1;
+    }
     let listener = UnixListener::bind(path).unwrap();
     println!("@ready");
     let (sock, _) = listener.accept().unwrap();
     let mut ch = Channel::new(sock, "receiver", TIMEOUT).unwrap();
-    let mut manifest: Vec<DirectTensor> = tensors
-        .iter()
-        .map(|d| DirectTensor {
-            name: d.name.clone(),
-            dtype: "BF16".into(),
-            shape: d.shape.iter().map(|&n| n as u64).collect(),
-            share: 0,
-        })
-        .collect();
-    let mut shares = vec![share.to_string_lossy().into_owned()];
-    match case {
-        "unknown_share" => manifest[1].share = 3,
-        "unknown_tensor" => manifest[0].name = "model.not.there".into(),
-        "wrong_shape" => manifest[0].shape[0] += 1,
-        "wrong_dtype" => manifest[0].dtype = "F32".into(),
-        "no_share" => shares[0] = format!("{}.missing", path.display()),
-        _ => {}
-    }
+    break_rule(case, &mut shares, &mut manifest);
     let _ = ch.send(&FromSender::Direct {
         shares,
         tensors: manifest,
@@ -272,12 +332,17 @@ fn hostile_direct_manifests_are_refused_and_change_nothing() {
     let m = model();
     let dir = tempfile::tempdir().unwrap();
     write_checkpoint(dir.path(), &m);
+    // (case, what the error says; None: refused by the update's plan instead)
     let cases = [
-        ("unknown_share", "names share 3 of the 1 sent"),
-        ("unknown_tensor", "no tensor `model.not.there`"),
-        ("wrong_shape", "its share holds"),
-        ("wrong_dtype", "its share holds"),
-        ("no_share", "attaching share"),
+        ("unknown_share", Some("names share 3 of the 1 sent")),
+        ("unknown_segment", Some("names segment 9 of share 0")),
+        ("past_segment", Some("run past segment 0 of share 0")),
+        ("offset_overflow", Some("run past segment 0 of share 0")),
+        ("other_segments", Some("the sender claims segments")),
+        ("no_share", Some("attaching share")),
+        ("twice", Some("named twice")),
+        ("wrong_shape", None),
+        ("wrong_dtype", None),
     ];
     let r = Rank::load(dir.path(), &m, "direct-hostile", 0, 1);
     for (case, want) in cases {
@@ -290,8 +355,10 @@ fn hostile_direct_manifests_are_refused_and_change_nothing() {
         assert_eq!(sender.line(), "ready");
         let (before, v0) = (r.snapshot(), r.version());
         let e = receive_as(&r, &path).expect_err(case);
-        assert_eq!(e.status(), Status::UpdateSource, "{case}: {e}");
-        assert!(e.to_string().contains(want), "{case}: {e}");
+        if let Some(want) = want {
+            assert_eq!(e.status(), Status::UpdateSource, "{case}: {e}");
+            assert!(e.to_string().contains(want), "{case}: {e}");
+        }
         assert!(r.snapshot() == before, "{case}: the last version is intact");
         assert_eq!(r.version(), v0, "{case}");
         sender.kill();

@@ -312,6 +312,11 @@ fn child() {
             &path,
             &std::env::var("VMMW_UPDATE_CASE").unwrap(),
         ),
+        "direct_repeat" => crate::update_transport_direct_cache::child_repeat(&path),
+        "direct_raw_twice" => crate::update_transport_direct_cache::child_raw_twice(
+            &path,
+            &std::env::var("VMMW_UPDATE_CASE").unwrap(),
+        ),
         other => panic!("unknown role {other}"),
     }
 }

@@ -155,6 +155,33 @@ int main(void) {
   CHECK_STATUS(VMMW_NULL_ARGUMENT, vmmw_pool_publish(NULL, tag, &version, NULL));
   CHECK(strcmp(vmmw_status_name(VMMW_UPDATE_TORN), "VMMW_UPDATE_TORN") == 0);
 
+  /* A receiver that keeps imports: connects only at receive; nothing there is an I/O error. */
+  char none[512];
+  snprintf(none, sizeof none, "%s/none.sock", dir);
+  vmmw_update_receiver_t* rx = NULL;
+  CHECK_STATUS(VMMW_NULL_ARGUMENT, vmmw_update_receiver_new(NULL, none, 1000, 0, 0, &rx, NULL));
+  CHECK_STATUS(VMMW_NULL_ARGUMENT, vmmw_update_receiver_new(pool, NULL, 1000, 0, 0, &rx, NULL));
+  CHECK_STATUS(VMMW_NULL_ARGUMENT, vmmw_update_receiver_new(pool, none, 1000, 0, 0, NULL, NULL));
+  CHECK(rx == NULL);
+  CHECK_OK(vmmw_update_receiver_new(pool, none, 1000, 0, 0, &rx, &err));
+  uo.expected_version = 4;
+  uo.staging = VMMW_STAGING_AUTO;
+  CHECK_STATUS(VMMW_IO, vmmw_update_receiver_receive(rx, ld, pool, &uo, &ur, NULL));
+  CHECK_STATUS(VMMW_NULL_ARGUMENT, vmmw_update_receiver_receive(NULL, ld, pool, &uo, &ur, NULL));
+  CHECK_STATUS(VMMW_NULL_ARGUMENT, vmmw_update_receiver_receive(rx, ld, pool, NULL, &ur, NULL));
+  vmmw_receive_stats_t rs;
+  memset(&rs, 0xff, sizeof rs);
+  CHECK_OK(vmmw_update_receiver_stats(rx, &rs, &err));
+  CHECK(rs.direct == 0 && rs.attached == 0 && rs.reused == 0 && rs.kept_imports == 0 && rs.kept_bytes == 0);
+  CHECK_STATUS(VMMW_NULL_ARGUMENT, vmmw_update_receiver_stats(rx, NULL, NULL));
+  CHECK_STATUS(VMMW_NULL_ARGUMENT, vmmw_update_receiver_stats(NULL, &rs, NULL));
+  CHECK_OK(vmmw_update_receiver_drop_imports(rx, &err));
+  CHECK_STATUS(VMMW_NULL_ARGUMENT, vmmw_update_receiver_drop_imports(NULL, NULL));
+  CHECK_OK(vmmw_pool_tag_version(pool, tag, &version, &err));
+  CHECK(version == 4);
+  vmmw_update_receiver_free(rx);
+  vmmw_update_receiver_free(NULL);
+
   vmmw_update_source_free(src);
   vmmw_update_source_free(NULL);
   CHECK_OK(vmmw_pool_dealloc(pool, nb, &err));

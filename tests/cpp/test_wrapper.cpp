@@ -350,6 +350,25 @@ static void test_loader() {
     CHECK(rd.version == v + 2 && rd.staged == 0 && report.version == v + 2 && report.buckets == 0);
     pool.read(d.ptr, back.data(), back.size() * 4);
     CHECK(back == a4);
+    // A receiver that keeps its imports: the second direct update attaches nothing.
+    vmmw::UpdateReceiver rx(pool, tx_path, 20000);
+    for (uint32_t round = 0; round < 2; ++round) {
+      for (size_t i = 0; i < a4.size(); ++i) a4[i] = static_cast<float>(i + round) * 0.25f;
+      sender_pool.write(wa.ptr(), a4.data(), a4.size() * 4);
+      std::thread tr([&] { report = tx.send_direct(direct); });
+      uo.expected_version = v + 2 + round;
+      const auto rr = rx.receive(loader, pool, uo);
+      tr.join();
+      const vmmw_receive_stats_t st = rx.stats();
+      CHECK(rr.version == v + 3 + round && rr.staged == 0 && st.direct == 1);
+      CHECK(st.attached == (round == 0 ? 1u : 0u) && st.reused == round && st.kept_imports == 1 && st.kept_bytes > 0);
+      pool.read(d.ptr, back.data(), back.size() * 4);
+      CHECK(back == a4);
+    }
+    rx.drop_imports();
+    CHECK(rx.stats().kept_imports == 0 && rx.stats().kept_bytes == 0);
+    vmmw::UpdateReceiver none(pool, std::string(dir) + "/none.sock", 1000);
+    CHECK(status_of([&] { (void)none.receive(loader, pool, uo); }) == VMMW_IO);
     CHECK(status_of([&] { (void)tx.send_direct(src); }) == VMMW_INVALID_ARGUMENT);  // host memory
     CHECK(status_of([&] { (void)vmmw::receive_ipc(loader, pool, std::string(dir) + "/none.sock", uo, 1000); }) ==
           VMMW_IO);

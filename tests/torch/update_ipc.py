@@ -1,4 +1,4 @@
-"""An update from another process on the same GPU, through the IPC transport
+"""Updates from another process on the same GPU, through the IPC transport
 (scripts/gpu.d/86-update-ipc.sh): the engine (this process) loads the 8B-shaped
 checkpoint into fused destinations with the qwen3 preset; a trainer process
 loads the same file into its own GPU tensors, negates them (a sign flip:
@@ -6,19 +6,25 @@ exact in bf16, and the rules only move bytes, so every destination must then
 hold the negation of what it held), and keeps a second copy of them in our
 pool (as a trainer allocating under `use_pool` has them). It sends:
 
-- `direct`: the pooled copy, directly (the receiver maps the trainer's pool
-  segments and copies out of them, unstaged): the mode the PASS row is for;
+- `direct`: the pooled copy, directly, `--rounds` times from one sender to
+  one `vmmweights.torch.transport.Receiver` (an RL loop: the same tensors,
+  new values each step; before round k the trainer doubles them in place,
+  exact in bf16, so round k must arrive as -2^k times the checkpoint). The
+  first round attaches the trainer's pool segments; the later ones reuse
+  those imports (no attach) and only copy: the mode the PASS row is for;
 - `gather`: the plain tensors, copied once into a pool buffer, then directly;
 - `ring`: the plain tensors through the ring, at each bucket size given.
 
 For each run, in the same run: PyTorch's `copy_` of the same bytes into the
 same destinations (restoring the originals), then the update, checked
-bitwise. Prints the setup time (the one handshake; target <= 50 ms), then
-the update's own GB/s (its copies, after the handshake) and its ratio to
-copy_ (target >= 0.8), and the whole receive_ call's ratio beside it
-(handshake, planning and Python included: 16.4 GB take about 9 ms at
-copy_'s rate, so milliseconds of setup weigh there), INFO lines for the gather and ring runs and a
-PASS/FAIL line for the direct run; writes JSON.
+bitwise. The PASS row: the first direct update's setup (connect to every
+share attached and checked; target <= 50 ms), then the whole receive_ call
+of each later direct update (manifest, checks, planning, copies and Python
+included) as a ratio to copy_ (target >= 0.8 for the median; every later
+round must reuse its imports, attaching nothing); INFO lines for the gather
+and ring runs; writes JSON. The engine starts each receive half a second
+after the trainer says it is about to send, so the trainer is waiting and
+what is timed is the receiving side.
 
   python3 tests/torch/update_ipc.py --dir /root/vmmw-ckpt-8b --out update-ipc.json
 """
@@ -41,11 +47,14 @@ import vmmweights.torch.transport as vtt  # noqa: E402
 
 MIB = 1 << 20
 RING_SIZES = [256 * MIB, 1024 * MIB]
+ROUNDS = 5
 
 
 def runs_of(a):
-    """(mode, bucket bytes) of every run, in order."""
-    return [("direct", 0), ("gather", 0)] + [("ring", size) for size in a.sizes]
+    """(mode, bucket bytes, round) of every run, in order: the direct
+    rounds share one sender (and the engine one receiver)."""
+    return ([("direct", 0, k) for k in range(a.rounds)] + [("gather", 0, 0)]
+            + [("ring", size, 0) for size in a.sizes])
 
 
 def trainer(a):
@@ -63,17 +72,27 @@ def trainer(a):
         pooled = {n: t.clone() for n, t in plain.items()}
     torch.cuda.synchronize()
     print("trainer ready", flush=True)
-    for mode, size in runs_of(a):
+    direct = vtt.Sender(f"{a.path}.direct", device=0, timeout_ms=600000, mode="direct")
+    for mode, size, k in runs_of(a):
+        if mode == "direct":
+            tx = direct
+            if k > 0:
+                for t in pooled.values():
+                    t.mul_(2)  # exact in bf16: the same memory, new values
+                torch.cuda.synchronize()
+        else:
+            direct.close()  # the direct rounds are over: stop serving their shares
+            tx = vtt.Sender(f"{a.path}.{mode}.{size}", device=0, slot_bytes=size, timeout_ms=600000, mode=mode)
         state = pooled if mode == "direct" else plain
-        with vtt.Sender(f"{a.path}.{mode}.{size}", device=0, slot_bytes=size, timeout_ms=600000,
-                        mode=mode) as tx:
-            print(f"listening {mode} {size}", flush=True)
-            t0 = time.perf_counter()
-            r = tx.send(state)
-            print("sent " + json.dumps({"mode": mode, "slot_bytes": size, "version": r.version,
-                                        "buckets": r.buckets, "bytes": r.bytes,
-                                        "setup_ms": r.setup_seconds * 1e3, "send_s": r.seconds,
-                                        "sender_call_s": time.perf_counter() - t0}), flush=True)
+        print(f"listening {mode} {size} {k}", flush=True)
+        t0 = time.perf_counter()
+        r = tx.send(state)
+        print("sent " + json.dumps({"mode": mode, "slot_bytes": size, "round": k, "version": r.version,
+                                    "buckets": r.buckets, "bytes": r.bytes,
+                                    "setup_ms": r.setup_seconds * 1e3, "send_s": r.seconds,
+                                    "sender_call_s": time.perf_counter() - t0}), flush=True)
+        if mode != "direct":
+            tx.close()
 
 
 def main():
@@ -83,6 +102,7 @@ def main():
     ap.add_argument("--layers", type=int, default=36)
     ap.add_argument("--path", default="")
     ap.add_argument("--sizes", type=int, nargs="*", default=RING_SIZES)
+    ap.add_argument("--rounds", type=int, default=ROUNDS)
     ap.add_argument("--out", default="update-ipc.json")
     a = ap.parse_args()
     if a.role == "trainer":
@@ -97,15 +117,20 @@ def main():
     total = sum(t.numel() * t.element_size() for t in params.values())
     path = a.path or os.path.join(tempfile.mkdtemp(prefix="vmmw-ipc-"), "engine.sock")
     child = subprocess.Popen([sys.executable, os.path.abspath(__file__), "trainer", "--dir", a.dir,
-                              "--path", path, "--sizes", *map(str, a.sizes)],
+                              "--path", path, "--rounds", str(a.rounds), "--sizes", *map(str, a.sizes)],
                              stdout=subprocess.PIPE, text=True, env=dict(os.environ))
     assert child.stdout is not None
     line = child.stdout.readline().strip()
     assert line == "trainer ready", line
     runs = []
-    for mode, size in runs_of(a):
+    rx = vtt.Receiver(f"{path}.direct", timeout_ms=600000)
+    for mode, size, k in runs_of(a):
         line = child.stdout.readline().strip()
-        assert line == f"listening {mode} {size}", line
+        assert line == f"listening {mode} {size} {k}", line
+        # The trainer builds its source and serves its shares, then waits for
+        # the engine: the timings below are the receiving side's, not the
+        # trainer's Python.
+        time.sleep(0.5)
         # PyTorch's copy_ of the same bytes into the same destinations.
         torch.cuda.synchronize()
         t0 = time.perf_counter()
@@ -114,11 +139,16 @@ def main():
         torch.cuda.synchronize()
         copy_s = time.perf_counter() - t0
         t0 = time.perf_counter()
-        r = vtt.receive_(params, f"{path}.{mode}.{size}", timeout_ms=600000)
+        if mode == "direct":
+            r = rx.receive_(params)
+        else:
+            r = vtt.receive_(params, f"{path}.{mode}.{size}", timeout_ms=600000)
         torch.cuda.synchronize()
         recv_s = time.perf_counter() - t0
+        st = rx.stats() if mode == "direct" else None
         sent = json.loads(child.stdout.readline().strip().split(" ", 1)[1])
-        ok = all(torch.equal(t, orig[n].neg()) for n, t in params.items())
+        scale = 2.0 ** k if mode == "direct" else 1.0
+        ok = all(torch.equal(t, orig[n].neg().mul_(scale)) for n, t in params.items())
         # update_gbps: the update's own copying (after the handshake; for the
         # ring it includes waiting for buckets). wall_gbps: the whole receive_
         # call, handshake, planning and both sides' Python included.
@@ -126,15 +156,21 @@ def main():
                    wall_gbps=total / recv_s / 1e9, update_s=r.seconds, receive_s=recv_s,
                    overhead_ms=(recv_s - r.seconds) * 1e3, copy_s=copy_s, staged=r.staged, bitwise=ok,
                    version=r.version)
+        if st is not None:
+            run.update(receiver_setup_ms=st.setup_seconds * 1e3, attached=st.attached, reused=st.reused,
+                       chunks=st.chunks, kept_bytes=st.kept_bytes)
         run["ratio"] = run["update_gbps"] / run["copy_gbps"]
         run["wall_ratio"] = run["wall_gbps"] / run["copy_gbps"]
         runs.append(run)
         what = f"bucket {size // MIB} MiB" if mode == "ring" else "no ring"
+        kept = (f"; round {k}: {st.attached} shares attached ({st.chunks} chunks), {st.reused} reused, "
+                f"receiver setup {st.setup_seconds * 1e3:.1f} ms" if st is not None else "")
         print(f"{mode} ({what}): setup {run['setup_ms']:.1f} ms, update {run['update_gbps']:.1f} GB/s "
               f"({r.seconds * 1e3:.1f} ms for {total / 1e9:.2f} GB, staged {r.staged}), torch copy_ "
               f"{run['copy_gbps']:.1f} GB/s ({copy_s * 1e3:.1f} ms), ratio {run['ratio']:.2f}; whole receive_ "
               f"{recv_s * 1e3:.1f} ms = {run['wall_ratio']:.2f} of copy_ ({run['overhead_ms']:.1f} ms beyond the "
-              f"copies); bitwise {'equal' if ok else 'DIFFERENT'}", flush=True)
+              f"copies){kept}; bitwise {'equal' if ok else 'DIFFERENT'}", flush=True)
+    rx.close()
     child.wait(timeout=120)
     ring = [r for r in runs if r["mode"] == "ring"]
     with open(a.out, "w") as f:
@@ -146,15 +182,26 @@ def main():
                   f"{r['ratio']:.2f} of torch copy_ {r['copy_gbps']:.1f} GB/s (whole receive_ "
                   f"{r['wall_ratio']:.2f}); bitwise "
                   f"{'equal' if r['bitwise'] else 'DIFFERENT'}", flush=True)
-    d = next(r for r in runs if r["mode"] == "direct")
+    direct = [r for r in runs if r["mode"] == "direct"]
+    first, later = direct[0], direct[1:]
     bitwise = all(r["bitwise"] for r in runs)
-    ok = d["setup_ms"] <= 50 and d["ratio"] >= 0.8 and bitwise and not d["staged"]
+    ratios = sorted(r["wall_ratio"] for r in later)
+    median = ratios[len(ratios) // 2] if ratios else 0.0
+    reused = all(r["attached"] == 0 and r["reused"] >= 1 for r in later)
+    ok = (first["receiver_setup_ms"] <= 50 and len(later) > 0 and median >= 0.8 and reused and bitwise
+          and not any(r["staged"] for r in direct))
     status = "PASS" if ok else "FAIL"
-    print(f"{status} another process, same GPU, direct, {total / 1e9:.2f} GB: setup {d['setup_ms']:.1f} ms "
-          f"(target <= 50); then {d['update_gbps']:.1f} GB/s = {d['ratio']:.2f} of torch copy_ {d['copy_gbps']:.1f} GB/s "
-          f"(target >= 0.8), staged {d['staged']}; whole receive_ {d['receive_s'] * 1e3:.1f} ms = "
-          f"{d['wall_ratio']:.2f} of copy_ ({d['overhead_ms']:.1f} ms beyond the copies); bitwise (every run, ring {len(ring)} sizes too) "
-          f"{'equal' if bitwise else 'DIFFERENT'}", flush=True)
+    later_ms = ", ".join(f"{r['receive_s'] * 1e3:.1f}" for r in later)
+    later_ratio = ", ".join(f"{r['wall_ratio']:.2f}" for r in later)
+    later_copies = ", ".join(f"{r['ratio']:.2f}" for r in later)
+    print(f"{status} another process, same GPU, direct, {total / 1e9:.2f} GB, {len(direct)} updates from one "
+          f"sender: first setup {first['receiver_setup_ms']:.1f} ms ({first['attached']} shares, "
+          f"{first['chunks']} chunks attached; target <= 50); later updates "
+          f"{'attach nothing' if reused else 'ATTACHED AGAIN'}, whole receive_ "
+          f"{later_ms} ms = "
+          f"{later_ratio} of torch copy_ (median {median:.2f}, "
+          f"target >= 0.8; copies alone {later_copies}); bitwise (every run, "
+          f"ring {len(ring)} sizes too) {'equal' if bitwise else 'DIFFERENT'}", flush=True)
 
 
 if __name__ == "__main__":

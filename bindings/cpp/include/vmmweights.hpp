@@ -1211,6 +1211,58 @@ inline vmmw_update_result_t receive_ipc(Loader& loader, Pool& pool, const std::s
   return r;
 }
 
+/// A receiver of updates from the IPC sender at `path` that keeps the shares
+/// of its direct updates imported between updates
+/// (vmmw_update_receiver_t): a later direct update from the same sender over
+/// the same memory attaches nothing. The kept imports keep the sender's
+/// memory allocated (also memory it freed or put to sleep since) until they
+/// are dropped: drop_imports(), a failed receive, or destruction. Imports on
+/// `pool`'s device; connects at each receive(). At most `max_kept_imports`
+/// shares (0: 64) and `max_kept_bytes` bytes (0: no byte bound) stay
+/// imported. Move-only.
+class UpdateReceiver {
+ public:
+  UpdateReceiver(Pool& pool, const std::string& path, uint64_t timeout_ms = 0, uint64_t max_kept_imports = 0,
+                 uint64_t max_kept_bytes = 0) {
+    vmmw_update_receiver_t* raw = nullptr;
+    detail::call([&](vmmw_error_t** e) {
+      return vmmw_update_receiver_new(pool.get(), path.c_str(), timeout_ms, max_kept_imports, max_kept_bytes, &raw,
+                                      e);
+    });
+    h_.reset(raw);
+  }
+
+  /// Receive one update into `loader`'s destinations in `pool`, as
+  /// receive_ipc(), reusing the imports kept from earlier direct updates
+  /// where the sender says the memory is the same.
+  vmmw_update_result_t receive(Loader& loader, Pool& pool, const UpdateOptions& o) {
+    vmmw_update_options_t c = detail::update_options(o);
+    vmmw_update_result_t r{};
+    vmmw_loader_t* l = loader.get();
+    if (l == nullptr) detail::empty_handle("vmmw::Loader");
+    detail::call([&](vmmw_error_t** e) { return vmmw_update_receiver_receive(get_mut(), l, pool.get(), &c, &r, e); });
+    return r;
+  }
+
+  /// What the last successful receive() did (zero before the first) and
+  /// what is kept imported now.
+  [[nodiscard]] vmmw_receive_stats_t stats() const {
+    vmmw_receive_stats_t s{};
+    const vmmw_update_receiver_t* r = detail::live(h_, "vmmw::UpdateReceiver");
+    detail::call([&](vmmw_error_t** e) { return vmmw_update_receiver_stats(r, &s, e); });
+    return s;
+  }
+
+  /// Drop every kept import; the next receive() attaches again.
+  void drop_imports() {
+    detail::call([&](vmmw_error_t** e) { return vmmw_update_receiver_drop_imports(get_mut(), e); });
+  }
+
+ private:
+  vmmw_update_receiver_t* get_mut() { return detail::live(h_, "vmmw::UpdateReceiver"); }
+  detail::Owned<vmmw_update_receiver_t, vmmw_update_receiver_free> h_;
+};
+
 /// An NCCL communicator for broadcast updates (vmmw_nccl_comm_t). Move-only.
 class NcclComm {
  public:

@@ -139,6 +139,115 @@ func ReceiveIPC(loader *Loader, pool *Pool, path string, o UpdateOptions, timeou
 	return resultOf(&r), nil
 }
 
+// UpdateReceiver receives updates from one IPC sender and keeps the shares
+// of its direct updates imported between updates, so a later update from
+// the same sender over the same memory attaches nothing. The kept imports
+// keep the sender's memory allocated (also memory it freed or put to sleep
+// since) until they are dropped: DropImports, a failed update, Close.
+type UpdateReceiver struct {
+	ptr *C.vmmw_update_receiver_t
+}
+
+// ReceiveStats says what a receiver's last receive did and what it keeps.
+type ReceiveStats struct {
+	// Direct is true for a direct update, false for one through the ring.
+	Direct bool
+	// Attached and Reused count the shares attached and the kept imports
+	// reused by the last receive; Chunks the physical chunks it imported.
+	Attached, Reused uint32
+	Chunks           uint64
+	// SetupSeconds runs from connecting to every share imported and checked.
+	SetupSeconds, Seconds float64
+	// KeptImports and KeptBytes: what is kept imported now (and so kept
+	// allocated on the device).
+	KeptImports, KeptBytes uint64
+}
+
+// NewUpdateReceiver makes a receiver for the sender at path, importing on
+// pool's device; it connects at each Receive. timeoutMs bounds each wait
+// (0: 60 s); at most maxKeptImports shares (0: 64) and maxKeptBytes bytes
+// (0: no byte bound) stay imported between updates.
+func NewUpdateReceiver(pool *Pool, path string, timeoutMs, maxKeptImports, maxKeptBytes uint64) (*UpdateReceiver, error) {
+	cp, err := pool.live()
+	if err != nil {
+		return nil, err
+	}
+	cs := C.CString(path)
+	defer C.free(unsafe.Pointer(cs))
+	var p *C.vmmw_update_receiver_t
+	err = call(func(e **C.vmmw_error_t) C.vmmw_status_t {
+		return C.vmmw_update_receiver_new(cp, cs, C.uint64_t(timeoutMs), C.uint64_t(maxKeptImports),
+			C.uint64_t(maxKeptBytes), &p, e)
+	})
+	runtime.KeepAlive(pool)
+	if err != nil {
+		return nil, err
+	}
+	r := &UpdateReceiver{ptr: p}
+	runtime.SetFinalizer(r, (*UpdateReceiver).Close)
+	return r, nil
+}
+
+// Receive receives one update into loader's destinations in pool, as
+// ReceiveIPC, reusing the imports kept from the sender's earlier direct
+// updates where the sender says the memory is the same. On failure every
+// destination keeps its last version and the kept imports are dropped.
+func (r *UpdateReceiver) Receive(loader *Loader, pool *Pool, o UpdateOptions) (UpdateResult, error) {
+	if r == nil || r.ptr == nil {
+		return UpdateResult{}, closedError("UpdateReceiver")
+	}
+	cp, err := pool.live()
+	if err != nil {
+		return UpdateResult{}, err
+	}
+	c := updateOptions(o)
+	var out C.vmmw_update_result_t
+	err = loader.do(func(cl *C.vmmw_loader_t, e **C.vmmw_error_t) C.vmmw_status_t {
+		return C.vmmw_update_receiver_receive(r.ptr, cl, cp, &c, &out, e)
+	})
+	runtime.KeepAlive(pool)
+	runtime.KeepAlive(r)
+	if err != nil {
+		return UpdateResult{}, err
+	}
+	return resultOf(&out), nil
+}
+
+// Stats says what the last successful Receive did (zero before the first)
+// and what is kept imported now.
+func (r *UpdateReceiver) Stats() (ReceiveStats, error) {
+	if r == nil || r.ptr == nil {
+		return ReceiveStats{}, closedError("UpdateReceiver")
+	}
+	var s C.vmmw_receive_stats_t
+	err := call(func(e **C.vmmw_error_t) C.vmmw_status_t { return C.vmmw_update_receiver_stats(r.ptr, &s, e) })
+	runtime.KeepAlive(r)
+	return ReceiveStats{Direct: s.direct != 0, Attached: uint32(s.attached), Reused: uint32(s.reused),
+		Chunks: uint64(s.chunks), SetupSeconds: float64(s.setup_seconds), Seconds: float64(s.seconds),
+		KeptImports: uint64(s.kept_imports), KeptBytes: uint64(s.kept_bytes)}, err
+}
+
+// DropImports drops every kept import: the sender's memory they kept
+// allocated goes, and the next Receive attaches again.
+func (r *UpdateReceiver) DropImports() error {
+	if r == nil || r.ptr == nil {
+		return closedError("UpdateReceiver")
+	}
+	err := call(func(e **C.vmmw_error_t) C.vmmw_status_t { return C.vmmw_update_receiver_drop_imports(r.ptr, e) })
+	runtime.KeepAlive(r)
+	return err
+}
+
+// Close frees the receiver and drops its kept imports.
+func (r *UpdateReceiver) Close() error {
+	if r.ptr != nil {
+		C.vmmw_update_receiver_free(r.ptr)
+		r.ptr = nil
+		runtime.SetFinalizer(r, nil)
+	}
+	return nil
+}
+
 // NcclComm is an NCCL communicator for broadcast updates.
 type NcclComm struct {
 	ptr *C.vmmw_nccl_comm_t

@@ -111,8 +111,61 @@ func TestReceiveIPCFromASender(t *testing.T) {
 	if err := p.Read(d.Ptr, got); err != nil || string(got) != string(newA) {
 		t.Fatalf("direct: the destination does not hold the sent bytes (%v)", err)
 	}
-	if _, err := ReceiveIPC(l, p, filepath.Join(dir, "none.sock"), UpdateOptions{ExpectedVersion: 3}, 1000); !isStatus(err, StatusIO) {
+	// A receiver that keeps its imports: the second direct update attaches nothing.
+	rx, err := NewUpdateReceiver(p, filepath.Join(dir, "direct.sock"), 20000, 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rx.Close()
+	for round, want := range []uint32{1, 0} {
+		for i := range a {
+			binary.LittleEndian.PutUint32(newA[4*i:], math.Float32bits(float32(3*i+round)))
+		}
+		if err := p.Write(src, newA); err != nil {
+			t.Fatal(err)
+		}
+		go func() {
+			r, err := direct.SendDirect(s, 1)
+			if err != nil {
+				t.Error(err)
+			}
+			sent <- r
+		}()
+		v := uint64(4 + round)
+		r, err = rx.Receive(l, p, UpdateOptions{ExpectedVersion: v - 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		<-sent
+		st, err := rx.Stats()
+		if err != nil || r.Version != v || !st.Direct || st.Attached != want || st.Reused != 1-want ||
+			st.KeptImports != 1 || st.KeptBytes == 0 {
+			t.Fatalf("round %d: result %+v, stats %+v (%v)", round, r, st, err)
+		}
+		if err := p.Read(d.Ptr, got); err != nil || string(got) != string(newA) {
+			t.Fatalf("round %d: the destination does not hold the sent bytes (%v)", round, err)
+		}
+	}
+	if err := rx.DropImports(); err != nil {
+		t.Fatal(err)
+	}
+	if st, _ := rx.Stats(); st.KeptImports != 0 || st.KeptBytes != 0 {
+		t.Fatalf("dropped imports still kept: %+v", st)
+	}
+	if _, err := ReceiveIPC(l, p, filepath.Join(dir, "none.sock"), UpdateOptions{ExpectedVersion: 5}, 1000); !isStatus(err, StatusIO) {
 		t.Fatalf("no sender: %v", err)
+	}
+	none, err := NewUpdateReceiver(p, filepath.Join(dir, "none.sock"), 1000, 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer none.Close()
+	if _, err := none.Receive(l, p, UpdateOptions{ExpectedVersion: 5}); !isStatus(err, StatusIO) {
+		t.Fatalf("no sender: %v", err)
+	}
+	none.Close()
+	if _, err := none.Receive(l, p, UpdateOptions{ExpectedVersion: 5}); err == nil {
+		t.Fatal("a closed receiver received")
 	}
 	if _, err := NcclCommFromRaw(nil); err == nil {
 		t.Fatal("a NULL communicator was accepted")

@@ -9,8 +9,11 @@ tensor-parallel rank keeping its slices.
         model = build_model()
     with vt.transport.Sender("/tmp/engine.sock") as tx:
         tx.send(model.state_dict())
-    # engine process
+    # engine process: one update
     vt.transport.receive_(engine_model, "/tmp/engine.sock")
+    # or every step, attaching the trainer's memory once
+    with vt.transport.Receiver("/tmp/engine.sock") as rx:
+        rx.receive_(engine_model)
 """
 
 from __future__ import annotations
@@ -163,6 +166,72 @@ def receive_(target: Union[torch.nn.Module, Mapping[str, torch.Tensor]], path: s
     version = p.tag_version(tag) if expected_version is None else expected_version
     torch.cuda.synchronize(dev)  # nothing queued may still read the targets
     return _transport.receive_ipc(ld, p, path, version, timeout_ms=timeout_ms, tag=tag)
+
+
+class Receiver:
+    """Receives every update from the :class:`Sender` at `path` into targets
+    filled by :func:`vmmweights.torch.load_`, as :func:`receive_`, keeping
+    the shares of direct updates imported between updates: an engine that
+    takes the trainer's weights every step attaches them once, then each
+    update is one manifest and the copies.
+
+    The kept imports keep the trainer's memory allocated on the GPU (also
+    memory it freed or put to sleep since) until they are dropped:
+    :meth:`drop_imports`, a failed update, or :meth:`close`; :meth:`stats`
+    says how many bytes. At most `max_kept_imports` shares (0: 64) and
+    `max_kept_bytes` bytes (0: no byte bound) are kept.
+
+        with vt.transport.Receiver("/tmp/engine.sock") as rx:
+            for step in steps:
+                rx.receive_(engine_model)
+    """
+
+    def __init__(self, path: str, *, timeout_ms: int = 0, max_kept_imports: int = 0,
+                 max_kept_bytes: int = 0) -> None:
+        self._path = path
+        self._options = dict(timeout_ms=timeout_ms, max_kept_imports=max_kept_imports,
+                             max_kept_bytes=max_kept_bytes)
+        self._rx: Optional[_transport.Receiver] = None
+        self._dev: Optional[int] = None
+
+    def receive_(self, target: Union[torch.nn.Module, Mapping[str, torch.Tensor]], *,
+                 expected_version: Optional[int] = None, tag: Optional[str] = None) -> UpdateResult:
+        """Receive one update into `target`; every target of one receiver
+        lies on the same GPU (the imports are mapped there)."""
+        ld, dev, first = _loader_of(target)
+        p = pool(dev)
+        if self._rx is None:
+            self._rx = _transport.Receiver(p, self._path, **self._options)
+            self._dev = dev
+        elif dev != self._dev:
+            raise ValueError(f"this receiver imports on cuda:{self._dev}; the target lies on cuda:{dev}")
+        tag = _tag_of(first, dev, tag)
+        version = p.tag_version(tag) if expected_version is None else expected_version
+        torch.cuda.synchronize(dev)  # nothing queued may still read the targets
+        return self._rx.receive(ld, p, version, tag=tag)
+
+    def stats(self) -> _transport.ReceiveStats:
+        """What the last receive did and what is kept imported now."""
+        if self._rx is None:
+            return _transport.ReceiveStats(direct=False, attached=0, reused=0, chunks=0, setup_seconds=0.0,
+                                           seconds=0.0, kept_imports=0, kept_bytes=0)
+        return self._rx.stats()
+
+    def drop_imports(self) -> None:
+        """Drop every kept import; the next update attaches again."""
+        if self._rx is not None:
+            self._rx.drop_imports()
+
+    def close(self) -> None:
+        if self._rx is not None:
+            self._rx.close()
+            self._rx = None
+
+    def __enter__(self) -> "Receiver":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
 
 
 def broadcast_(target: Optional[Union[torch.nn.Module, Mapping[str, torch.Tensor]]], comm: _transport.NcclComm,

@@ -16,10 +16,15 @@ use crate::error::{Error, Result};
 /// Longest message accepted (a header for a million tensors fits).
 pub const MAX_MESSAGE_BYTES: u32 = 256 << 20;
 
-/// One tensor of a direct update, as its manifest names it.
+/// Most shares one direct update may name (a bound on what a hostile sender
+/// makes a receiver attach).
+pub const MAX_SHARES: usize = 64;
+
+/// One tensor of a direct update: what it is and where it lies in the
+/// memory a share exports.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DirectTensor {
-    /// Checkpoint name; also its name in the share.
+    /// Checkpoint name.
     pub name: String,
     /// Element type as safetensors spells it.
     pub dtype: String,
@@ -27,6 +32,27 @@ pub struct DirectTensor {
     pub shape: Vec<u64>,
     /// Index of the share that holds it.
     pub share: u32,
+    /// Which of the share's segments holds it (`segment.K` in the share).
+    pub segment: u32,
+    /// Offset of element 0 from that segment's base.
+    pub offset: u64,
+}
+
+/// One share of a direct update: a sender's segments of one tag, served
+/// whole (tensor `segment.K` spans segment K's committed bytes), and what
+/// tells a receiver whether an import it keeps still maps the same memory.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DirectShare {
+    /// Socket path of the share.
+    pub path: String,
+    /// The sending process's identity, drawn when it started sending.
+    pub sender: String,
+    /// Moves whenever the memory behind the share changes (a segment freed,
+    /// created, grown, shrunk, or remapped by a wake); the same generation
+    /// from the same sender is the same physical memory.
+    pub generation: u64,
+    /// Bytes of each segment, in share order.
+    pub segments: Vec<u64>,
 }
 
 /// What the sender says.
@@ -43,12 +69,12 @@ pub enum FromSender {
     },
     /// First message of a direct update: the tensors already lie in memory
     /// the sender serves as shares (one per tag); the receiver attaches
-    /// them and copies each tensor straight out of the imported memory.
+    /// them (or reuses its imports of the same generation) and copies each
+    /// tensor straight out of the imported memory.
     Direct {
-        /// Socket paths of the shares, as `DirectTensor::share` indexes them.
-        shares: Vec<String>,
-        /// Every tensor, naming its share (the share's manifest says where
-        /// in the exported segments it lies).
+        /// The shares, as `DirectTensor::share` indexes them.
+        shares: Vec<DirectShare>,
+        /// Every tensor, naming its share, segment and offset.
         tensors: Vec<DirectTensor>,
     },
     /// An update begins: its tensors, in the order its buckets carry them.

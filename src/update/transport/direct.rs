@@ -1,11 +1,13 @@
 //! Direct IPC updates: the sender's tensors already lie in memory of its
 //! pool, so nothing is copied into a ring. The sender serves the segments
-//! that hold them as shares (one per tag, read-only, one handshake per
-//! update) and sends one manifest: each tensor's name, dtype, shape and
-//! share. The receiver attaches every share, checks the manifest against
-//! what it imported, and runs the update from a resident source pointing
-//! into the imported memory: the whole update is checked before any byte
-//! moves, then one device-to-device copy per destination piece.
+//! that hold them as shares (one per tag, read-only, kept across sends while
+//! the memory behind them is the same: [`super::direct_shares`]) and sends
+//! one manifest: each tensor's name, dtype, shape, share, segment and
+//! offset. The receiver attaches every share it does not hold an import of
+//! the same generation of ([`super::import_cache`]), checks the manifest
+//! against what it imported, and runs the update from a resident source
+//! pointing into the imported memory: the whole update is checked before
+//! any byte moves, then one device-to-device copy per destination piece.
 //!
 //! Failure rule: an importer's mapping keeps the physical memory alive even
 //! when the owner dies, so once every share is attached the update
@@ -14,33 +16,33 @@
 //! its tensors) until every receiver said how its update ended.
 
 use std::os::unix::net::UnixListener;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::bucket::{check_announced, AnnouncedTensor};
-pub use super::control::DirectTensor;
 use super::control::{accept, Channel, FromReceiver, FromSender};
+pub use super::control::{DirectShare, DirectTensor};
+use super::direct_shares::{DirectShares, Group};
+use super::import_cache::{ImportCache, ImportCounts};
 use super::send::{SendData, SendReport, SendTensor};
 use crate::driver::Driver;
 use crate::error::{Error, Result};
-use crate::loader::registry::Destination;
 use crate::loader::{Dtype, Session};
 use crate::pool::Pool;
-use crate::share::{AttachOptions, Attachment, LogSink, ServeOptions, Server};
-use crate::tag::TagId;
+use crate::share::manifest::printable;
+use crate::share::LogSink;
 use crate::update::{self, Bytes, Tensors, UpdateOptions, UpdateResult};
 
-/// Most shares one direct update may name (a bound on what a hostile sender
-/// makes a receiver attach).
-pub const MAX_SHARES: usize = 64;
+pub use super::control::MAX_SHARES;
 
-/// Check `tensors` and group them by the tag that holds them.
+/// Check `tensors` and group them by the tag that holds them. Returns the
+/// groups, each tensor's group and place in it, and the bytes sent.
 #[allow(clippy::type_complexity)]
 fn plan(
     at: &Endpoint<'_>,
     tensors: &[SendTensor<'_>],
-) -> Result<(Vec<(TagId, Vec<Destination>)>, Vec<DirectTensor>, u64)> {
+) -> Result<(Vec<Group>, Vec<(usize, usize)>, u64)> {
     let sizes = tensors
         .iter()
         .map(SendTensor::checked_bytes)
@@ -56,10 +58,10 @@ fn plan(
         })
         .collect();
     check_announced(&announced)?;
-    let mut shares: Vec<(TagId, Vec<Destination>)> = Vec::new();
-    let mut manifest = Vec::with_capacity(tensors.len());
+    let mut groups: Vec<Group> = Vec::new();
+    let mut places = Vec::with_capacity(tensors.len());
     let mut problems = Vec::new();
-    for t in tensors {
+    for (t, &bytes) in tensors.iter().zip(&sizes) {
         let SendData::Device(ptr) = t.data else {
             problems.push(format!(
                 "tensor `{}` lies in host memory (a direct update sends pool memory)",
@@ -74,30 +76,20 @@ fn plan(
             ));
             continue;
         };
-        let k = match shares.iter().position(|(tag, _)| *tag == seg.tag) {
+        let k = match groups.iter().position(|(tag, _)| *tag == seg.tag) {
             Some(k) => k,
             None => {
-                shares.push((seg.tag, Vec::new()));
-                shares.len() - 1
+                groups.push((seg.tag, Vec::new()));
+                groups.len() - 1
             }
         };
-        shares[k].1.push(Destination {
-            name: t.name.clone(),
-            ptr,
-            dtype: t.dtype,
-            shape: t.shape.clone(),
-        });
-        manifest.push(DirectTensor {
-            name: t.name.clone(),
-            dtype: t.dtype.name().to_string(),
-            shape: t.shape.iter().map(|&d| d as u64).collect(),
-            share: k as u32,
-        });
+        places.push((k, groups[k].1.len()));
+        groups[k].1.push((t.name.clone(), ptr, bytes));
     }
-    if shares.len() > MAX_SHARES {
+    if groups.len() > MAX_SHARES {
         problems.push(format!(
             "the tensors lie in {} tags, more than the {MAX_SHARES} a direct update serves",
-            shares.len()
+            groups.len()
         ));
     }
     if !problems.is_empty() {
@@ -107,7 +99,7 @@ fn plan(
             problems.join("; ")
         )));
     }
-    Ok((shares, manifest, sizes.iter().sum()))
+    Ok((groups, places, sizes.iter().sum()))
 }
 
 /// What a direct send needs of its sender.
@@ -117,8 +109,8 @@ pub(super) struct Endpoint<'a> {
     pub path: &'a Path,
     pub timeout: Duration,
     pub log: &'a LogSink,
-    /// This send's number at the sender, naming its shares.
-    pub serial: u64,
+    /// The shares kept from earlier sends.
+    pub shares: &'a mut DirectShares,
 }
 
 /// Wait for `receivers` receivers (the ranks of one engine, each keeping
@@ -138,35 +130,34 @@ pub(super) fn send(
             at.path.display()
         )));
     }
-    let (shares, manifest, bytes) = plan(&at, tensors)?;
-    // Served only while this update runs; stopped (sockets removed) on return.
-    let mut servers = Vec::with_capacity(shares.len());
-    let mut paths = Vec::with_capacity(shares.len());
-    for (k, (tag, dests)) in shares.into_iter().enumerate() {
-        let mut p = at.path.as_os_str().to_owned();
-        p.push(format!(".direct.{}.{k}", at.serial));
-        let p = PathBuf::from(p);
-        let _ = std::fs::remove_file(&p);
-        servers.push(Server::start(
-            at.pool.clone(),
-            tag,
-            dests,
-            &p,
-            ServeOptions {
-                max_connections: receivers.max(1),
-                log: at.log.clone(),
-                ..ServeOptions::default()
-            },
-        )?);
-        paths.push(p.to_string_lossy().into_owned());
-    }
+    let (groups, places, bytes) = plan(&at, tensors)?;
+    // Kept served after this send, while the memory behind them is the same.
+    let served = at
+        .shares
+        .serve(at.pool, at.path, at.log, &groups, receivers)?;
+    let manifest: Vec<DirectTensor> = tensors
+        .iter()
+        .zip(places)
+        .map(|(t, (k, j))| {
+            let p = served[k].1[j];
+            DirectTensor {
+                name: t.name.clone(),
+                dtype: t.dtype.name().to_string(),
+                shape: t.shape.iter().map(|&d| d as u64).collect(),
+                share: k as u32,
+                segment: p.segment,
+                offset: p.offset,
+            }
+        })
+        .collect();
+    let shares: Vec<DirectShare> = served.into_iter().map(|(s, _)| s).collect();
     let mut chs = Vec::with_capacity(receivers);
     for _ in 0..receivers {
         chs.push(accept(at.listener, at.path, at.timeout)?);
     }
     let setup_start = Instant::now();
     let msg = FromSender::Direct {
-        shares: paths,
+        shares,
         tensors: manifest,
     };
     let result = (|| {
@@ -187,7 +178,6 @@ pub(super) fn send(
         }
         Ok((version, setup))
     })();
-    drop(servers);
     let (version, setup) = match result {
         Ok(v) => v,
         Err(e) => {
@@ -231,17 +221,19 @@ fn unexpected(path: &Path, msg: &FromReceiver) -> Error {
     ))
 }
 
-/// Attach the shares of a direct update and check its manifest against
-/// them: every share index named exists, every tensor is in its share with
-/// the dtype, shape and size announced. Every problem in one error
-/// ([`Error::UpdateSource`]); nothing is written.
+/// Check a direct update's manifest, resolve its shares through `cache`
+/// (reusing imports of the same generation, attaching the others), and
+/// check every tensor against the segments imported: every share index and
+/// segment named exists, every tensor lies inside its segment. Every
+/// problem in one error ([`Error::UpdateSource`]); nothing is written.
 fn admit(
     driver: &Arc<dyn Driver>,
     path: &Path,
-    shares: &[String],
+    shares: &[DirectShare],
     tensors: &[DirectTensor],
     timeout: Duration,
-) -> Result<(Vec<Attachment>, Tensors)> {
+    cache: &mut ImportCache,
+) -> Result<(Vec<super::import_cache::Import>, Tensors, ImportCounts)> {
     let bad =
         |why: String| Error::UpdateSource(format!("direct update from {}: {why}", path.display()));
     if shares.is_empty() || shares.len() > MAX_SHARES {
@@ -251,6 +243,11 @@ fn admit(
         )));
     }
     let mut problems = Vec::new();
+    for (k, s) in shares.iter().enumerate() {
+        if shares[..k].iter().any(|o| o.path == s.path) {
+            problems.push(format!("share {} named twice", printable(&s.path)));
+        }
+    }
     let mut parsed = Vec::with_capacity(tensors.len());
     let mut announced = Vec::with_capacity(tensors.len());
     for t in tensors {
@@ -276,13 +273,21 @@ fn admit(
             shape: t.shape.clone(),
             bytes: bytes.unwrap_or(0),
         });
-        if t.share as usize >= shares.len() {
-            problems.push(format!(
+        match shares.get(t.share as usize) {
+            None => problems.push(format!(
                 "tensor `{}` names share {} of the {} sent",
                 t.name.escape_debug(),
                 t.share,
                 shares.len()
-            ));
+            )),
+            Some(s) if t.segment as usize >= s.segments.len() => problems.push(format!(
+                "tensor `{}` names segment {} of share {}, which has {}",
+                t.name.escape_debug(),
+                t.segment,
+                t.share,
+                s.segments.len()
+            )),
+            Some(_) => {}
         }
     }
     if let Err(e) = check_announced(&announced) {
@@ -291,78 +296,80 @@ fn admit(
     if !problems.is_empty() {
         return Err(bad(problems.join("; ")));
     }
-    let mut attached = Vec::with_capacity(shares.len());
-    for s in shares {
-        let a = Attachment::attach(
-            driver.clone(),
-            s,
-            &AttachOptions {
-                timeout,
-                ..AttachOptions::default()
-            },
-        )
-        .map_err(|e| bad(format!("attaching share {s}: {e}")))?;
-        attached.push(a);
-    }
+    let (imports, counts) = cache
+        .resolve(driver, shares, timeout)
+        .map_err(|e| bad(e.to_string()))?;
     let mut source = Tensors::new();
     for (t, (dtype, shape, bytes)) in tensors.iter().zip(parsed) {
-        let share = &attached[t.share as usize];
-        let got = match share.tensor(&t.name) {
-            Ok(g) => g,
-            Err(e) => {
-                problems.push(e.to_string());
-                continue;
-            }
-        };
-        if got.dtype != dtype || got.shape != t.shape || got.bytes as u64 != bytes {
+        // Both indexes were checked against the claim, which the import matches.
+        let (base, len) = imports[t.share as usize].segments[t.segment as usize];
+        let inside = t.offset.checked_add(bytes).is_some_and(|end| end <= len);
+        if !inside {
             problems.push(format!(
-                "tensor `{}`: announced {} {:?} ({bytes} bytes), its share holds {} {:?} ({} bytes)",
+                "tensor `{}`: {bytes} bytes at offset {} run past segment {} of share {} \
+                 ({len} bytes imported)",
                 t.name.escape_debug(),
-                t.dtype.escape_debug(),
-                t.shape,
-                got.dtype,
-                got.shape,
-                got.bytes
+                t.offset,
+                t.segment,
+                t.share
             ));
             continue;
         }
-        // SAFETY: the share client checked that the tensor lies inside the
-        // memory it mapped, and `attached` (returned with the source) keeps
-        // that mapping alive for as long as the caller holds it, sender dead
-        // or not.
-        if let Err(e) = unsafe { source.add(&t.name, dtype, &shape, Bytes::Device(got.ptr)) } {
+        // SAFETY: the tensor lies inside a segment of an import (checked
+        // just above against the bytes the share client mapped), and the
+        // imports, returned with the source, keep that mapping alive for as
+        // long as the caller holds them, sender dead or not.
+        if let Err(e) =
+            unsafe { source.add(&t.name, dtype, &shape, Bytes::Device(base + t.offset)) }
+        {
             problems.push(e.to_string());
         }
     }
     if !problems.is_empty() {
         return Err(bad(problems.join("; ")));
     }
-    Ok((attached, source))
+    Ok((imports, source, counts))
 }
 
-/// Run one direct update announced on `ch`: attach, check, tell the sender
-/// the shares are attached, apply, and tell it how the update ended.
+/// What receiving one direct update did besides the update.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct DirectReceipt {
+    /// Shares attached and reused.
+    pub imports: ImportCounts,
+    /// From the start of the receive to every share imported and checked.
+    pub setup: Duration,
+}
+
+/// Run one direct update announced on `ch`: resolve its shares through
+/// `cache`, check, tell the sender the shares are attached, apply, and tell
+/// it how the update ended. The imports used are kept in `cache` (within
+/// its limits) when the update committed; on any failure the cache is
+/// emptied. `start` is when the receive began (for the setup time).
 #[allow(clippy::too_many_arguments)]
 pub(super) fn receive(
     driver: Arc<dyn Driver>,
     mut ch: Channel,
     path: &Path,
-    shares: &[String],
-    tensors: &[DirectTensor],
+    (shares, tensors): (&[DirectShare], &[DirectTensor]),
     timeout: Duration,
     session: &Session,
     pool: &Pool,
     opts: &UpdateOptions,
-) -> Result<UpdateResult> {
-    let (attached, mut source) = match admit(&driver, path, shares, tensors, timeout) {
+    cache: &mut ImportCache,
+    start: Instant,
+) -> Result<(UpdateResult, DirectReceipt)> {
+    let (imports, mut source, counts) = match admit(&driver, path, shares, tensors, timeout, cache)
+    {
         Ok(a) => a,
         Err(e) => {
+            cache.clear();
             let _ = ch.send(&FromReceiver::Failed {
                 reason: e.to_string(),
             });
             return Err(e);
         }
     };
+    let setup = start.elapsed();
     // The sender may be gone by now: its memory stays mapped, so the update goes on.
     let _ = ch.send(&FromReceiver::Attached);
     let r = update::update(session, pool, &mut source, opts);
@@ -374,6 +381,22 @@ pub(super) fn receive(
             reason: e.to_string(),
         },
     });
-    drop(attached);
-    r
+    drop(source);
+    match r {
+        Ok(done) => {
+            cache.keep(imports);
+            Ok((
+                done,
+                DirectReceipt {
+                    imports: counts,
+                    setup,
+                },
+            ))
+        }
+        Err(e) => {
+            drop(imports);
+            cache.clear();
+            Err(e)
+        }
+    }
 }

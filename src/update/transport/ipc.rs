@@ -29,6 +29,8 @@ use std::time::{Duration, Instant};
 
 use super::bucket::{plan_buckets, AnnouncedTensor, BucketManifest};
 use super::control::{Channel, FromReceiver, FromSender};
+use super::direct_shares::DirectShares;
+use super::import_cache::{CacheLimits, ImportCache, ImportCounts};
 use super::receive::BucketSource;
 pub use super::send::{SendData, SendReport, SendTensor};
 use super::{DEFAULT_BUCKET_BYTES, DEFAULT_SLOTS};
@@ -77,8 +79,8 @@ pub struct IpcSender {
     listener: UnixListener,
     path: PathBuf,
     options: SenderOptions,
-    /// Direct updates sent, naming each one's shares.
-    updates: u64,
+    /// The direct sends' shares, kept served across sends.
+    direct: DirectShares,
 }
 
 fn ring_path(path: &Path) -> PathBuf {
@@ -196,7 +198,7 @@ impl IpcSender {
             listener,
             path,
             options,
-            updates: 0,
+            direct: DirectShares::new(),
         })
     }
 
@@ -301,13 +303,15 @@ impl IpcSender {
     /// this sender's pool memory, without the ring (see
     /// [`super::direct`]): every tensor must lie in device memory of the
     /// pool. Returns once every receiver committed; the tensors must not be
-    /// written before then.
+    /// written before then. The shares stay served after the send while
+    /// the memory behind them is the same (a receiver that keeps its
+    /// imports attaches nothing at the next send), until the sender is
+    /// dropped or [`IpcSender::stop_direct_shares`].
     pub fn send_direct_to(
         &mut self,
         tensors: &[SendTensor<'_>],
         receivers: usize,
     ) -> Result<SendReport> {
-        self.updates += 1;
         super::direct::send(
             super::direct::Endpoint {
                 pool: &self.pool,
@@ -315,11 +319,23 @@ impl IpcSender {
                 path: &self.path,
                 timeout: self.options.timeout,
                 log: &self.options.log,
-                serial: self.updates,
+                shares: &mut self.direct,
             },
             tensors,
             receivers,
         )
+    }
+
+    /// Shares the direct sends keep served now.
+    pub fn direct_shares(&self) -> usize {
+        self.direct.len()
+    }
+
+    /// Stop serving the direct sends' shares. Receivers keep what they
+    /// imported (and with it the memory) until their next update or until
+    /// they drop their imports; the next direct send serves anew.
+    pub fn stop_direct_shares(&mut self) {
+        self.direct.stop_all();
     }
 
     fn accept(&self) -> Result<Channel> {
@@ -434,6 +450,7 @@ impl IpcSender {
 
 impl Drop for IpcSender {
     fn drop(&mut self) {
+        self.direct.stop_all();
         if let Some(mut ring) = self.ring.take() {
             ring.stop(&self.pool);
         }
@@ -459,6 +476,8 @@ fn unexpected(path: &Path, msg: &FromReceiver) -> Error {
 /// destinations in `pool`, whichever way it sends: through its ring (the
 /// update stages what lands, [`super::receive`]) or directly out of its pool
 /// memory ([`super::direct`]). Waits at most `timeout` for each message.
+/// Keeps nothing: every share is attached for this update and detached
+/// after it ([`UpdateReceiver`] keeps direct imports across updates).
 pub fn receive_ipc(
     driver: Arc<dyn Driver>,
     path: impl AsRef<Path>,
@@ -467,38 +486,213 @@ pub fn receive_ipc(
     pool: &Pool,
     opts: &UpdateOptions,
 ) -> Result<UpdateResult> {
-    let start = Instant::now();
-    let path = path.as_ref().to_path_buf();
-    let sock = UnixStream::connect(&path).map_err(|e| Error::io(&path, e))?;
-    let mut ch = Channel::new(
-        sock,
-        format!("update sender on {}", path.display()),
-        timeout,
-    )?;
-    match ch.recv::<FromSender>()? {
-        FromSender::Ring {
-            share,
-            slots,
-            slot_bytes,
-        } => {
-            let mut source = IpcReceiver::attach_ring(
-                driver,
-                ch,
-                path,
-                (share, slots, slot_bytes),
-                timeout,
-                start,
-            )?;
-            super::receive(&mut source, session, pool, opts)
+    UpdateReceiver::new(
+        driver,
+        path,
+        ReceiverOptions {
+            timeout,
+            cache: CacheLimits {
+                max_imports: 0,
+                max_bytes: 0,
+            },
+        },
+    )
+    .receive(session, pool, opts)
+}
+
+/// How an [`UpdateReceiver`] waits and what it keeps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReceiverOptions {
+    /// Longest wait for each message of the sender, and for each attach.
+    pub timeout: Duration,
+    /// What is kept imported between direct updates.
+    pub cache: CacheLimits,
+}
+
+impl Default for ReceiverOptions {
+    fn default() -> Self {
+        ReceiverOptions {
+            timeout: Duration::from_secs(60),
+            cache: CacheLimits::default(),
         }
-        FromSender::Direct { shares, tensors } => super::direct::receive(
-            driver, ch, &path, &shares, &tensors, timeout, session, pool, opts,
-        ),
-        other => Err(Error::InvalidArgument(format!(
-            "update sender on {}: expected the ring or a direct update first, got {}",
-            path.display(),
-            kind(&other)
-        ))),
+    }
+}
+
+/// What one receive did besides the update.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct ReceiveStats {
+    /// True for a direct update, false for one through the ring.
+    pub direct: bool,
+    /// Shares attached (the ring's one, or a direct update's not kept).
+    pub attached: usize,
+    /// Direct shares whose kept import was reused.
+    pub reused: usize,
+    /// Physical chunks imported by those attaches.
+    pub chunks: usize,
+    /// From connecting to every share attached and the manifest checked.
+    pub setup: Duration,
+    /// The whole receive.
+    pub total: Duration,
+}
+
+/// The receiving side of the IPC transport, kept across updates from one
+/// sender: each [`UpdateReceiver::receive`] connects, takes one update
+/// either way the sender sends, and returns. Direct updates' imports are
+/// kept ([`super::import_cache`]), so a later update from the same sender
+/// over the same memory attaches nothing: one manifest, then the copies.
+///
+/// The cost: the kept imports keep the sender's physical memory alive,
+/// also memory it freed or put to sleep since, until this receiver drops
+/// them ([`UpdateReceiver::drop_imports`], its next update, a failed
+/// update, an unreachable sender, or drop). [`UpdateReceiver::kept_bytes`]
+/// says how much.
+#[derive(Debug)]
+pub struct UpdateReceiver {
+    driver: Arc<dyn Driver>,
+    path: PathBuf,
+    timeout: Duration,
+    cache: ImportCache,
+    last: Option<ReceiveStats>,
+}
+
+impl UpdateReceiver {
+    /// A receiver for the sender at `path`, on `driver`'s device. Connects
+    /// at each receive, not now.
+    pub fn new(
+        driver: Arc<dyn Driver>,
+        path: impl AsRef<Path>,
+        options: ReceiverOptions,
+    ) -> UpdateReceiver {
+        UpdateReceiver {
+            driver,
+            path: path.as_ref().to_path_buf(),
+            timeout: options.timeout,
+            cache: ImportCache::new(options.cache),
+            last: None,
+        }
+    }
+
+    /// The sender's control socket.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Receive one update into `session`'s destinations in `pool` (as
+    /// [`receive_ipc`]). On any failure the kept imports are dropped, and
+    /// every destination keeps its last version.
+    pub fn receive(
+        &mut self,
+        session: &Session,
+        pool: &Pool,
+        opts: &UpdateOptions,
+    ) -> Result<UpdateResult> {
+        let start = Instant::now();
+        let r = self.receive_from(session, pool, opts, start);
+        if r.is_err() {
+            self.cache.clear();
+        }
+        let (done, mut stats) = r?;
+        stats.total = start.elapsed();
+        self.last = Some(stats);
+        Ok(done)
+    }
+
+    fn receive_from(
+        &mut self,
+        session: &Session,
+        pool: &Pool,
+        opts: &UpdateOptions,
+        start: Instant,
+    ) -> Result<(UpdateResult, ReceiveStats)> {
+        let path = &self.path;
+        let sock = UnixStream::connect(path).map_err(|e| Error::io(path, e))?;
+        let mut ch = Channel::new(
+            sock,
+            format!("update sender on {}", path.display()),
+            self.timeout,
+        )?;
+        match ch.recv::<FromSender>()? {
+            FromSender::Ring {
+                share,
+                slots,
+                slot_bytes,
+            } => {
+                // A ring is the sender's other memory: the direct imports go.
+                self.cache.clear();
+                let mut source = IpcReceiver::attach_ring(
+                    self.driver.clone(),
+                    ch,
+                    path.clone(),
+                    (share, slots, slot_bytes),
+                    self.timeout,
+                    start,
+                )?;
+                let stats = ReceiveStats {
+                    direct: false,
+                    attached: 1,
+                    chunks: source.ring.stats().chunks,
+                    setup: source.setup_time(),
+                    ..ReceiveStats::default()
+                };
+                Ok((super::receive(&mut source, session, pool, opts)?, stats))
+            }
+            FromSender::Direct { shares, tensors } => {
+                let (done, receipt) = super::direct::receive(
+                    self.driver.clone(),
+                    ch,
+                    path,
+                    (&shares, &tensors),
+                    self.timeout,
+                    session,
+                    pool,
+                    opts,
+                    &mut self.cache,
+                    start,
+                )?;
+                let ImportCounts {
+                    attached,
+                    reused,
+                    chunks,
+                } = receipt.imports;
+                Ok((
+                    done,
+                    ReceiveStats {
+                        direct: true,
+                        attached,
+                        reused,
+                        chunks,
+                        setup: receipt.setup,
+                        total: Duration::ZERO,
+                    },
+                ))
+            }
+            other => Err(Error::InvalidArgument(format!(
+                "update sender on {}: expected the ring or a direct update first, got {}",
+                path.display(),
+                kind(&other)
+            ))),
+        }
+    }
+
+    /// What the last successful receive did; `None` before the first.
+    pub fn last_receive(&self) -> Option<ReceiveStats> {
+        self.last
+    }
+
+    /// Shares kept imported now.
+    pub fn kept_imports(&self) -> usize {
+        self.cache.len()
+    }
+
+    /// Bytes of the sender's memory kept mapped, and so kept alive, now.
+    pub fn kept_bytes(&self) -> u64 {
+        self.cache.bytes()
+    }
+
+    /// Drop every kept import: detach, and let the sender's memory go. The
+    /// next update attaches again.
+    pub fn drop_imports(&mut self) {
+        self.cache.clear();
     }
 }
 

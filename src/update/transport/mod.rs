@@ -28,6 +28,8 @@ pub mod broadcast;
 pub mod bucket;
 pub mod control;
 pub mod direct;
+mod direct_shares;
+pub mod import_cache;
 pub mod ipc;
 pub mod nccl;
 mod receive;

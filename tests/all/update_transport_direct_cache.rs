@@ -1,0 +1,440 @@
+//! Direct updates from one sender, repeated, into a receiver that keeps its
+//! imports (`UpdateReceiver`), between real processes on the host backend
+//! (and CUDA when a GPU is there).
+//!
+//! Shown: the second and later updates attach nothing and stay bitwise; a
+//! sender that frees and re-allocates its tensors, or sleeps and wakes
+//! them, between updates is attached again and its new bytes arrive (never
+//! the old memory's); a hostile sender claiming a kept share with other
+//! segments, or a tensor past the imported segment, is refused with nothing
+//! written and the imports dropped, and one naming a new generation or
+//! sender at a known path is attached again; a sender killed between
+//! updates leaves an error and no import, and one started again at the
+//! same path is attached anew; a sender keeps only the shares of its last
+//! send, and stops them on request; the receiver's limits bound what
+//! it keeps, and dropping the imports makes the next update attach.
+
+use crate::common;
+use crate::update_transport_direct::{break_rule, in_pool, options, sends, serve_raw};
+use crate::update_transport_processes::{sender_pool, sock_path, Proc, SEED, TIMEOUT};
+use crate::update_transport_ranks::{model, new_values, write_checkpoint, Rank};
+
+use common::backend::on_each_backend;
+
+use std::os::unix::net::UnixListener;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use vmmweights::loader::registry::Destination;
+use vmmweights::sleep::Policy;
+use vmmweights::update::transport::control::{Channel, FromReceiver, FromSender};
+use vmmweights::update::transport::import_cache::CacheLimits;
+use vmmweights::update::transport::ipc::{IpcSender, ReceiverOptions, UpdateReceiver};
+use vmmweights::update::{UpdateOptions, UpdateResult};
+use vmmweights::{Pool, Status};
+
+/// The values of round `k`: different every round.
+fn seed_for(round: usize) -> u64 {
+    SEED + 1000 * (round as u64 + 1)
+}
+
+/// Write round `seed`'s values into the sender's tensors.
+fn fill(pool: &Arc<Pool>, dests: &[Destination], seed: u64) {
+    let new = new_values(&model(), seed);
+    let driver = pool.driver().clone();
+    let stream = driver.stream_create().unwrap();
+    for d in dests {
+        let bytes = &new[&d.name].1;
+        // SAFETY: `d` is this pool's live allocation of `bytes.len()`; the
+        // stream is synchronized before `new` goes away.
+        unsafe {
+            driver
+                .copy_htod_async(d.ptr, bytes.as_ptr(), bytes.len(), stream)
+                .unwrap();
+        }
+    }
+    driver.stream_synchronize(stream).unwrap();
+    driver.stream_destroy(stream).unwrap();
+}
+
+/// A direct sender child sending `VMMW_UPDATE_ROUNDS` updates, each with
+/// new values; before round k it does `VMMW_UPDATE_CHURN`'s k-th action:
+/// `keep`, `realloc` (free every tensor, trim, allocate again) or `sleep`
+/// (sleep and wake the tag).
+pub fn child_repeat(path: &Path) {
+    let pool = sender_pool();
+    let name = "direct-repeat";
+    let t = vmmweights::tag::id(name).unwrap();
+    let mut tensors = in_pool(&pool, name);
+    let mut sender = IpcSender::bind(pool.clone(), path, options()).unwrap();
+    let rounds: usize = std::env::var("VMMW_UPDATE_ROUNDS").map_or(3, |v| v.parse().unwrap());
+    let churn = std::env::var("VMMW_UPDATE_CHURN").unwrap_or_default();
+    let actions: Vec<&str> = churn.split(',').collect();
+    println!("@ready");
+    for round in 0..rounds {
+        match actions.get(round).copied().unwrap_or("keep") {
+            "realloc" => {
+                for d in &tensors {
+                    pool.free(d.ptr).unwrap();
+                }
+                pool.trim().unwrap();
+                for d in tensors.iter_mut() {
+                    d.ptr = pool.alloc_tagged(d.bytes(), t).unwrap().ptr;
+                }
+            }
+            "sleep" => {
+                pool.sleep(&[(t, Policy::Discard)]).unwrap();
+                pool.wake(&[t]).unwrap();
+            }
+            _ => {}
+        }
+        fill(&pool, &tensors, seed_for(round));
+        match sender.send_direct_to(&sends(&tensors), 1) {
+            Ok(r) => println!(
+                "@sent round={round} version={} shares={}",
+                r.version,
+                sender.direct_shares()
+            ),
+            Err(e) => println!("@error {e}"),
+        }
+    }
+}
+
+/// A direct sender by hand: a legitimate update, then one that breaks the
+/// rule `VMMW_UPDATE_CASE` names against what the receiver kept.
+pub fn child_raw_twice(path: &Path, case: &str) {
+    let pool = sender_pool();
+    let tensors = in_pool(&pool, "direct-raw-twice");
+    fill(&pool, &tensors, seed_for(0));
+    let share = PathBuf::from(format!("{}.share", path.display()));
+    let (_server, wire, manifest) = serve_raw(&pool, &tensors, &share, 1);
+    let listener = UnixListener::bind(path).unwrap();
+    println!("@ready");
+    for round in 0..2 {
+        let (sock, _) = listener.accept().unwrap();
+        let mut ch = Channel::new(sock, "receiver", TIMEOUT).unwrap();
+        let mut shares = vec![wire.clone()];
+        let mut manifest = manifest.clone();
+        if round == 1 {
+            match case {
+                "new_generation" => shares[0].generation += 1,
+                "other_sender" => shares[0].sender = "another".into(),
+                _ => break_rule(case, &mut shares, &mut manifest),
+            }
+        }
+        ch.send(&FromSender::Direct {
+            shares,
+            tensors: manifest,
+        })
+        .unwrap();
+        // Attached (or refused), then committed.
+        let _ = ch.recv::<FromReceiver>();
+        let _ = ch.recv::<FromReceiver>();
+    }
+    println!("@done");
+    std::thread::sleep(Duration::from_secs(600));
+}
+
+fn receive(rx: &mut UpdateReceiver, r: &Rank) -> vmmweights::Result<UpdateResult> {
+    rx.receive(
+        &r.session,
+        &r.pool,
+        &UpdateOptions::from_version(r.version()),
+    )
+}
+
+fn receiver(r: &Rank, path: &Path, cache: CacheLimits) -> UpdateReceiver {
+    UpdateReceiver::new(
+        r.pool.driver().clone(),
+        path,
+        ReceiverOptions {
+            timeout: TIMEOUT,
+            cache,
+        },
+    )
+}
+
+#[test]
+fn repeated_direct_updates_attach_once_and_stay_bitwise() {
+    let m = model();
+    let dir = tempfile::tempdir().unwrap();
+    write_checkpoint(dir.path(), &m);
+    on_each_backend(
+        "repeated_direct_updates_attach_once_and_stay_bitwise",
+        |b| {
+            let path = sock_path(&format!("direct-repeat-{}", b.kind()));
+            let rounds = 5;
+            let sender = Proc::spawn(
+                "direct_repeat",
+                &path,
+                &[
+                    ("VMMW_UPDATE_BACKEND", b.kind().to_string()),
+                    ("VMMW_UPDATE_ROUNDS", rounds.to_string()),
+                ],
+            );
+            assert_eq!(sender.line(), "ready");
+            let name = format!("direct-repeat-{}", b.kind());
+            let r = Rank::load_on(b.driver.clone(), dir.path(), &m, &name, 0, 1);
+            let mut rx = receiver(&r, &path, CacheLimits::default());
+            for round in 0..rounds {
+                let v0 = r.version();
+                let done = receive(&mut rx, &r).unwrap();
+                assert_eq!(done.version, v0 + 1);
+                assert!(!done.staged);
+                assert!(
+                    r.snapshot() == r.expected(&m, &new_values(&m, seed_for(round))),
+                    "{}: round {round} arrives bitwise",
+                    b.kind()
+                );
+                let s = rx.last_receive().unwrap();
+                assert!(s.direct);
+                if round == 0 {
+                    assert_eq!((s.attached, s.reused), (1, 0), "{s:?}");
+                    assert!(s.chunks > 0, "{s:?}");
+                } else {
+                    assert_eq!(
+                        (s.attached, s.reused, s.chunks),
+                        (0, 1, 0),
+                        "round {round}: {s:?}"
+                    );
+                }
+                assert!(s.setup <= s.total, "{s:?}");
+                assert_eq!(rx.kept_imports(), 1);
+                assert!(rx.kept_bytes() > 0);
+                assert_eq!(
+                    sender.line(),
+                    format!("sent round={round} version={} shares=1", v0 + 1)
+                );
+            }
+            rx.drop_imports();
+            assert_eq!((rx.kept_imports(), rx.kept_bytes()), (0, 0));
+        },
+    );
+}
+
+#[test]
+fn freed_reallocated_or_woken_memory_is_attached_again() {
+    let m = model();
+    let dir = tempfile::tempdir().unwrap();
+    write_checkpoint(dir.path(), &m);
+    let path = sock_path("direct-churn");
+    let sender = Proc::spawn(
+        "direct_repeat",
+        &path,
+        &[
+            ("VMMW_UPDATE_ROUNDS", "5".into()),
+            (
+                "VMMW_UPDATE_CHURN",
+                "keep,realloc,sleep,keep,realloc".into(),
+            ),
+        ],
+    );
+    assert_eq!(sender.line(), "ready");
+    let r = Rank::load(dir.path(), &m, "direct-churn", 0, 1);
+    let mut rx = receiver(&r, &path, CacheLimits::default());
+    // Whether each round's import is attached anew: the memory changed.
+    for (round, fresh) in [true, true, true, false, true].into_iter().enumerate() {
+        receive(&mut rx, &r).unwrap();
+        assert!(
+            r.snapshot() == r.expected(&m, &new_values(&m, seed_for(round))),
+            "round {round}: the sender's new bytes, not its old memory's"
+        );
+        let s = rx.last_receive().unwrap();
+        let want = if fresh { (1, 0) } else { (0, 1) };
+        assert_eq!((s.attached, s.reused), want, "round {round}: {s:?}");
+        assert_eq!(rx.kept_imports(), 1);
+        assert!(sender.line().starts_with(&format!("sent round={round} ")));
+    }
+}
+
+#[test]
+fn hostile_claims_against_kept_imports_are_refused_or_attached_again() {
+    let m = model();
+    let dir = tempfile::tempdir().unwrap();
+    write_checkpoint(dir.path(), &m);
+    let expected = new_values(&m, seed_for(0));
+    // (case, what the refusal says; None: accepted after attaching again)
+    let cases = [
+        ("other_segments", Some("the import of that generation maps")),
+        ("past_segment", Some("run past segment 0 of share 0")),
+        ("offset_overflow", Some("run past segment 0 of share 0")),
+        ("unknown_segment", Some("names segment 9 of share 0")),
+        ("new_generation", None),
+        ("other_sender", None),
+    ];
+    let r = Rank::load(dir.path(), &m, "direct-hostile-kept", 0, 1);
+    for (case, want) in cases {
+        let path = sock_path(&format!("direct-kept-{case}"));
+        let sender = Proc::spawn(
+            "direct_raw_twice",
+            &path,
+            &[("VMMW_UPDATE_CASE", case.to_string())],
+        );
+        assert_eq!(sender.line(), "ready");
+        let mut rx = receiver(&r, &path, CacheLimits::default());
+        receive(&mut rx, &r).unwrap();
+        assert_eq!(rx.kept_imports(), 1, "{case}");
+        let (before, v0) = (r.snapshot(), r.version());
+        match want {
+            Some(want) => {
+                let e = receive(&mut rx, &r).expect_err(case);
+                assert_eq!(e.status(), Status::UpdateSource, "{case}: {e}");
+                assert!(e.to_string().contains(want), "{case}: {e}");
+                assert!(r.snapshot() == before, "{case}: nothing written");
+                assert_eq!(r.version(), v0, "{case}");
+                assert_eq!(rx.kept_imports(), 0, "{case}: a refusal drops the imports");
+            }
+            None => {
+                receive(&mut rx, &r).unwrap();
+                let s = rx.last_receive().unwrap();
+                assert_eq!((s.attached, s.reused), (1, 0), "{case}: {s:?}");
+                assert!(r.snapshot() == r.expected(&m, &expected), "{case}");
+            }
+        }
+        assert_eq!(sender.line(), "done", "{case}");
+        sender.kill();
+    }
+}
+
+#[test]
+fn a_sender_killed_between_updates_leaves_an_error_and_no_import() {
+    let m = model();
+    let dir = tempfile::tempdir().unwrap();
+    write_checkpoint(dir.path(), &m);
+    let path = sock_path("direct-killed-between");
+    let sender = Proc::spawn(
+        "direct_repeat",
+        &path,
+        &[("VMMW_UPDATE_ROUNDS", "2".into())],
+    );
+    assert_eq!(sender.line(), "ready");
+    let r = Rank::load(dir.path(), &m, "direct-killed-between", 0, 1);
+    let mut rx = receiver(&r, &path, CacheLimits::default());
+    receive(&mut rx, &r).unwrap();
+    assert!(sender.line().starts_with("sent round=0 "));
+    assert_eq!(rx.kept_imports(), 1);
+    sender.kill();
+    let (before, v0) = (r.snapshot(), r.version());
+    let e = receive(&mut rx, &r).unwrap_err();
+    assert_eq!(e.status(), Status::Io, "{e}");
+    assert!(e.to_string().contains("direct-killed-between"), "{e}");
+    assert_eq!((rx.kept_imports(), rx.kept_bytes()), (0, 0));
+    assert!(r.snapshot() == before, "nothing written");
+    assert_eq!(r.version(), v0);
+    // A sender started again at the same path: attached anew, its bytes arrive.
+    let path = sock_path("direct-killed-between");
+    let again = Proc::spawn(
+        "direct_repeat",
+        &path,
+        &[("VMMW_UPDATE_ROUNDS", "2".into())],
+    );
+    assert_eq!(again.line(), "ready");
+    for (round, want) in [(1, 0), (0, 1)].into_iter().enumerate() {
+        receive(&mut rx, &r).unwrap();
+        let s = rx.last_receive().unwrap();
+        assert_eq!((s.attached, s.reused), want, "round {round}: {s:?}");
+        assert!(r.snapshot() == r.expected(&m, &new_values(&m, seed_for(round))));
+        assert!(again.line().starts_with(&format!("sent round={round} ")));
+    }
+}
+
+#[test]
+fn receiver_limits_bound_what_is_kept() {
+    let m = model();
+    let dir = tempfile::tempdir().unwrap();
+    write_checkpoint(dir.path(), &m);
+    let path = sock_path("direct-limits");
+    let sender = Proc::spawn(
+        "direct_repeat",
+        &path,
+        &[("VMMW_UPDATE_ROUNDS", "6".into())],
+    );
+    assert_eq!(sender.line(), "ready");
+    let r = Rank::load(dir.path(), &m, "direct-limits", 0, 1);
+    let tiny = [
+        CacheLimits {
+            max_imports: 64,
+            max_bytes: 1,
+        },
+        CacheLimits {
+            max_imports: 0,
+            max_bytes: u64::MAX,
+        },
+    ];
+    let mut round = 0;
+    for limits in tiny {
+        let mut rx = receiver(&r, &path, limits);
+        for _ in 0..2 {
+            receive(&mut rx, &r).unwrap();
+            assert!(r.snapshot() == r.expected(&m, &new_values(&m, seed_for(round))));
+            let s = rx.last_receive().unwrap();
+            assert_eq!((s.attached, s.reused), (1, 0), "{limits:?}: {s:?}");
+            assert_eq!(rx.kept_imports(), 0, "{limits:?}");
+            assert!(sender.line().starts_with(&format!("sent round={round} ")));
+            round += 1;
+        }
+    }
+    // Within the limits, until the imports are dropped by request.
+    let mut rx = receiver(&r, &path, CacheLimits::default());
+    for want in [(1, 0), (1, 0)] {
+        receive(&mut rx, &r).unwrap();
+        assert!(r.snapshot() == r.expected(&m, &new_values(&m, seed_for(round))));
+        let s = rx.last_receive().unwrap();
+        assert_eq!((s.attached, s.reused), want, "{s:?}");
+        assert_eq!(rx.kept_imports(), 1);
+        rx.drop_imports();
+        assert!(sender.line().starts_with(&format!("sent round={round} ")));
+        round += 1;
+    }
+}
+
+#[test]
+fn a_sender_keeps_only_the_shares_of_its_last_send() {
+    let m = model();
+    let dir = tempfile::tempdir().unwrap();
+    write_checkpoint(dir.path(), &m);
+    let path = sock_path("direct-tags");
+    let pool = sender_pool();
+    let a = in_pool(&pool, "direct-tags-a");
+    let b = in_pool(&pool, "direct-tags-b");
+    let mut tx = IpcSender::bind(pool.clone(), &path, options()).unwrap();
+    let r = Rank::load(dir.path(), &m, "direct-tags", 0, 1);
+    let mut rx = receiver(&r, &path, CacheLimits::default());
+    let share = |g: u64| PathBuf::from(format!("{}.direct.{g}", path.display()));
+    // (what is sent, whether the receiver attaches, the share served after)
+    for (round, (tensors, fresh, generation)) in
+        [(&a, true, 1), (&a, false, 1), (&b, true, 2), (&a, true, 3)]
+            .into_iter()
+            .enumerate()
+    {
+        fill(&pool, tensors, seed_for(round));
+        std::thread::scope(|s| {
+            let sent = s.spawn(|| tx.send_direct_to(&sends(tensors), 1));
+            receive(&mut rx, &r).unwrap();
+            sent.join().unwrap().unwrap();
+        });
+        assert!(r.snapshot() == r.expected(&m, &new_values(&m, seed_for(round))));
+        let st = rx.last_receive().unwrap();
+        let want = if fresh { (1, 0) } else { (0, 1) };
+        assert_eq!((st.attached, st.reused), want, "round {round}: {st:?}");
+        assert_eq!(
+            (tx.direct_shares(), rx.kept_imports()),
+            (1, 1),
+            "round {round}"
+        );
+        for g in 1..=3 {
+            assert_eq!(
+                share(g).exists(),
+                g == generation,
+                "round {round}: share {g}"
+            );
+        }
+    }
+    tx.stop_direct_shares();
+    assert_eq!(tx.direct_shares(), 0);
+    assert!(!share(3).exists());
+    // The receiver's import outlives the share: the memory stays mapped.
+    assert_eq!(rx.kept_imports(), 1);
+    assert!(rx.kept_bytes() > 0);
+}
