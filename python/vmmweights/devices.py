@@ -28,7 +28,7 @@ from typing import Any, Dict, Sequence, Tuple
 from . import _structs as S
 from ._native import call
 from .loader import Loader
-from .pool import Pool
+from .pool import POLICIES, Pool
 from .tags import tag_id
 
 MODES = {"replicas": 0, "ranks": 1}
@@ -87,14 +87,21 @@ def _group(replicas: Sequence[Tuple[Pool, str]]) -> Tuple[Any, Any, int]:
     return _handles(pools), tags, len(replicas)
 
 
-def sleep_replicas(replicas: Sequence[Tuple[Pool, str]]) -> Dict[str, Any]:
+def sleep_replicas(replicas: Sequence[Tuple[Pool, str]], *, holder_policy: str = "offload") -> Dict[str, Any]:
     """Put replicas ``[(pool, tag), ...]`` (one pool per device, the same
     bytes in each, allocated the same way) to sleep on one host backup taken
     from the first; the others release their memory without a copy
-    (``vmmw_replicas_sleep``). Returns backup_bytes, released_bytes, seconds."""
+    (``vmmw_replicas_sleep_with``). ``holder_policy`` is ``"offload"`` (raw
+    bytes) or ``"offload_compressed"`` (codec frames, decoded on every device
+    at wake); any other policy raises ``VMMW_INVALID_ARGUMENT`` and nothing
+    sleeps. Returns backup_bytes (encoded bytes when compressed),
+    released_bytes, seconds."""
+    if holder_policy not in POLICIES:
+        raise ValueError(f"unknown holder_policy {holder_policy!r}: expected 'offload' or 'offload_compressed'")
     ps, ts, n = _group(replicas)
+    o = S.ReplicaSleepOptions(holder_policy=POLICIES[holder_policy])
     r = S.ReplicaSleepResult()
-    call("vmmw_replicas_sleep", ps, ts, n, ctypes.byref(r))
+    call("vmmw_replicas_sleep_with", ps, ts, n, ctypes.byref(o), ctypes.byref(r))
     return _fields(r)
 
 
