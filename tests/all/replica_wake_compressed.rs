@@ -408,3 +408,29 @@ fn a_holder_policy_without_a_full_backup_is_refused() {
     }
     assert_exact(&pools, &ptrs, &data, "after refused policies");
 }
+
+#[test]
+fn a_holder_backup_part_raw_part_compressed_wakes_every_member() {
+    // The holder's raw sleep stops after its first segments (a copy to the
+    // host fails); sleeping the group again compressed finishes it, so the
+    // backup holds raw spans and codec frames side by side.
+    let pools = pools(3);
+    let (t, ptrs, data) = replicas(&pools, "replica-codec-mixed", 31);
+    host(&pools[0]).fail_nth(FaultOp::CopyDtoh, 3);
+    sleep_replicas(&members(&pools, t)).unwrap_err();
+    host(&pools[0]).clear_faults();
+    assert!(pools[0].is_tag_asleep(t));
+    let s = sleep_with(&members(&pools, t), &compressed()).unwrap();
+    assert!(
+        s.backup_bytes > 0,
+        "the rest of the holder slept compressed"
+    );
+    let raw = physical(&pools).iter().sum::<u64>();
+    assert_eq!(raw, 0, "every member released");
+    let w = wake_from_backup(&members(&pools, t), &small_pieces()).unwrap();
+    assert!(
+        w.decoded_bytes > 0 && w.decoded_bytes < w.delivered_bytes / 3,
+        "{w:?}"
+    );
+    assert_exact(&pools, &ptrs, &data, "part raw, part compressed");
+}
