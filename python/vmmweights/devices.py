@@ -9,7 +9,8 @@ Each pool is one device's (``Pool(device=k)`` or ``Pool.default(k)``).
   plan (tensor-parallel ranks).
 - :func:`sleep_replicas` / :func:`wake_replicas_from_backup`: replicas (the same bytes
   in a tag on every device) sleep on one pinned host backup taken from the
-  first device; the wake restores every device from it, each copying a
+  first device (raw, or compressed with ``holder_policy="offload_compressed"``);
+  the wake restores every device from it, each copying (or decoding) a
   different 1/N over its own link and the parts exchanged over peer copies.
   A failed wake leaves every replica asleep with the backup intact.
 - :func:`wake_replicas_by_reload`: replicas slept with ``"discard"``
@@ -109,7 +110,8 @@ def wake_replicas_from_backup(
     replicas: Sequence[Tuple[Pool, str]], *, peer_copies: bool = True, copy_piece_bytes: int = 0
 ) -> Dict[str, Any]:
     """Wake replicas slept by :func:`sleep_replicas` on every device from the
-    one backup, host memory read once (``vmmw_replicas_wake_from_backup``). With
+    one backup, host memory read once (``vmmw_replicas_wake_from_backup``); a
+    compressed backup is decoded on every device, each a share of its frames. With
     ``peer_copies=False`` every device copies the whole backup. On an error
     every replica stays asleep with the backup intact; waking again can succeed."""
     ps, ts, n = _group(replicas)

@@ -1524,7 +1524,8 @@ struct ReplicaWakeOptions {
 };
 
 /// Wake replicas slept by sleep_replicas on every device from the one
-/// backup, host memory read once (vmmw_replicas_wake_from_backup). On an
+/// backup, host memory read once (vmmw_replicas_wake_from_backup); a
+/// compressed backup is decoded on every device, each a share of its frames. On an
 /// error every replica stays asleep with the backup intact; waking again can
 /// succeed.
 inline vmmw_replica_wake_result_t wake_replicas_from_backup(const std::vector<Replica>& replicas,

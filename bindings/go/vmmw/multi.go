@@ -251,9 +251,10 @@ func WakeReplicas(o ReplicaWakeOptions, replicas ...Replica) (ReplicaWakeResult,
 	return WakeReplicasFromBackup(o, replicas...)
 }
 
-// WakeReplicasFromBackup wakes replicas slept by SleepReplicas on every
-// device from the one backup, host memory read once
-// (vmmw_replicas_wake_from_backup). On an error every replica stays asleep
+// WakeReplicasFromBackup wakes replicas slept by SleepReplicas or
+// SleepReplicasWith on every device from the one backup, host memory read
+// once (vmmw_replicas_wake_from_backup); a compressed backup is decoded on
+// every device, each a share of its frames. On an error every replica stays asleep
 // with the backup intact; waking again can succeed.
 func WakeReplicasFromBackup(o ReplicaWakeOptions, replicas ...Replica) (ReplicaWakeResult, error) {
 	ps, ts, err := replicaArgs(replicas)
