@@ -219,26 +219,31 @@ fn members_listed_in_another_order_get_the_holders_bytes() {
     assert_exact(&pools, &ptrs, &data, "reversed");
 }
 
-#[test]
-fn without_peer_access_devices_decode_the_frames_they_cannot_pull() {
-    let pools = pools(3);
-    let (t, ptrs, data) = replicas(&pools, "replica-codec-nopeer", 13);
+fn without_peer_access(n: usize) {
+    let pools = pools(n);
+    let (t, ptrs, data) = replicas(&pools, &format!("replica-codec-nopeer-{n}"), 13);
     let raw = physical(&pools)[0];
     let slept = sleep_compressed(&pools, t);
-    // Device 2's memory is readable by no one: devices 0 and 1 decode the
-    // frames device 2 decoded, from the backup.
-    pools[2].set_peer_access(t, &[]).unwrap();
+    // The last device's memory is readable by no one: the others decode the
+    // frames it decoded, from the backup.
+    pools[n - 1].set_peer_access(t, &[]).unwrap();
     let w = wake_from_backup(&members(&pools, t), &small_pieces()).unwrap();
-    assert_eq!(w.direct_pairs, 2);
+    let n64 = n as u64;
+    assert_eq!(w.direct_pairs, n - 1);
     assert!(
-        w.host_bytes > slept.backup_bytes && w.host_bytes < 3 * slept.backup_bytes,
+        w.host_bytes > slept.backup_bytes && w.host_bytes < n64 * slept.backup_bytes,
         "{} host bytes for a backup of {}",
         w.host_bytes,
         slept.backup_bytes
     );
-    assert!(w.decoded_bytes > raw && w.decoded_bytes < 3 * raw);
-    assert_eq!(w.decoded_bytes + w.peer_bytes, 3 * raw, "every byte once");
-    assert_exact(&pools, &ptrs, &data, "device 2 unreadable");
+    assert!(w.decoded_bytes > raw && w.decoded_bytes < n64 * raw);
+    assert_eq!(w.decoded_bytes + w.peer_bytes, n64 * raw, "every byte once");
+    assert_exact(
+        &pools,
+        &ptrs,
+        &data,
+        &format!("{n} devices, the last unreadable"),
+    );
 
     // Peer copies off: every device decodes every frame.
     let slept = sleep_compressed(&pools, t);
@@ -247,10 +252,21 @@ fn without_peer_access_devices_decode_the_frames_they_cannot_pull() {
         ..small_pieces()
     };
     let w = wake_from_backup(&members(&pools, t), &off).unwrap();
-    assert_eq!(w.host_bytes, 3 * slept.backup_bytes);
-    assert_eq!(w.decoded_bytes, 3 * raw);
-    assert_eq!((w.peer_bytes, w.direct_pairs), (0, 6));
-    assert_exact(&pools, &ptrs, &data, "no peer copies");
+    assert_eq!(w.host_bytes, n64 * slept.backup_bytes);
+    assert_eq!(w.decoded_bytes, n64 * raw);
+    assert_eq!((w.peer_bytes, w.direct_pairs), (0, n * (n - 1)));
+    assert_exact(
+        &pools,
+        &ptrs,
+        &data,
+        &format!("{n} devices, no peer copies"),
+    );
+}
+
+#[test]
+fn without_peer_access_devices_decode_the_frames_they_cannot_pull() {
+    without_peer_access(2);
+    without_peer_access(3);
 }
 
 /// What a failed group wake must leave: every member asleep with nothing
