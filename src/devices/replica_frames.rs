@@ -84,6 +84,29 @@ pub(super) fn any_compressed(holder: &StagedWake<'_>, segs: &[usize]) -> bool {
     segs.iter().any(|&i| holder.backup_is_compressed(i))
 }
 
+/// Device bytes each of `engines` may map for its codec scratch in this wake:
+/// room for every frame of the holder's backup (with peer copies off, or no
+/// peer in reach, a device decodes them all); none for a raw backup.
+pub(super) fn scratch_bytes(
+    holder: &StagedWake<'_>,
+    segs: &[usize],
+    engines: &[&SleepEngine],
+) -> Result<Vec<u64>> {
+    let (mut largest, mut frames) = (0usize, 0usize);
+    for &i in segs {
+        if holder.backup_is_compressed(i) {
+            for f in holder.backup_frames(i)? {
+                largest = largest.max(f.raw_len);
+                frames += 1;
+            }
+        }
+    }
+    Ok(engines
+        .iter()
+        .map(|e| e.decode_scratch_bytes(largest, frames))
+        .collect())
+}
+
 /// The holder's backup as units: `segs[i]` is the staged index of the
 /// segment at creation-order index i, `sizes[i]` its committed bytes.
 fn units(

@@ -40,8 +40,9 @@
 //! backup), and a later group wake of the rest is refused naming it. Putting
 //! a member to sleep on its own while awake does the same.
 //!
-//! Nothing is lost on a failure: free memory is checked on every device
-//! before anything is mapped, and if a map, a host copy, a decode (a corrupt
+//! Nothing is lost on a failure: free memory (for a compressed backup, with
+//! the codec's ring of frame buffers) is checked on every device before
+//! anything is mapped, and if a map, a host copy, a decode (a corrupt
 //! frame included) or a peer copy fails on any device, every chunk mapped on
 //! every device is unmapped again (once that device is idle), every member
 //! stays asleep in the group, the backup intact; waking again can succeed.
@@ -62,7 +63,7 @@ use crate::error::{Error, Result};
 use crate::loader::{Checkpoint, Control, LoadOptions};
 use crate::pool::{Pool, TagLease};
 use crate::segment::Segment;
-use crate::sleep::{HostSpan, Policy, StagedWake};
+use crate::sleep::{HostSpan, Policy, SleepEngine, StagedWake};
 use crate::tag::{self, TagId};
 
 /// One replica: a tag in the pool of one device.
@@ -556,8 +557,12 @@ fn restore(
             )));
         }
     }
-    for (m, s) in members.iter().zip(staged.iter()) {
-        let need = s.unmapped_bytes();
+    // The codec's scratch on every device, for a compressed backup.
+    let holder_segs: Vec<usize> = order[h].iter().map(|x| x.0).collect();
+    let engines: Vec<&SleepEngine> = members.iter().map(|m| m.pool.sleep_engine()).collect();
+    let scratch = replica_frames::scratch_bytes(&staged[h], &holder_segs, &engines)?;
+    for ((m, s), scratch) in members.iter().zip(staged.iter()).zip(scratch) {
+        let need = s.unmapped_bytes() + scratch;
         let free = m.pool.driver().mem_info()?.free;
         if need > free {
             return Err(Error::OutOfMemory {
@@ -612,11 +617,10 @@ fn restore(
     let drivers: Vec<Arc<dyn Driver>> = members.iter().map(|m| m.pool.driver().clone()).collect();
     stats.delivered_bytes = sizes.iter().sum::<usize>() as u64 * n as u64;
 
-    let holder_segs: Vec<usize> = order[h].iter().map(|x| x.0).collect();
     if replica_frames::any_compressed(&staged[h], &holder_segs) {
         let group = Members {
             drivers,
-            engines: members.iter().map(|m| m.pool.sleep_engine()).collect(),
+            engines,
             tags: members.iter().map(|m| m.tag).collect(),
             dsts,
             peer,

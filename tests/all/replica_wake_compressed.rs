@@ -450,3 +450,20 @@ fn a_holder_backup_part_raw_part_compressed_wakes_every_member() {
     );
     assert_exact(&pools, &ptrs, &data, "part raw, part compressed");
 }
+
+#[test]
+fn a_device_without_room_for_its_codec_scratch_is_refused_before_anything_is_mapped() {
+    let pools = pools(2);
+    let (t, ptrs, data) = replicas(&pools, "replica-codec-room", 37);
+    let awake = physical(&pools);
+    sleep_compressed(&pools, t);
+    // Room for device 1's memory, not for its ring of frame buffers too.
+    host(&pools[1]).set_memory_limit(awake[1] + (1 << 20));
+    let e = wake_from_backup(&members(&pools, t), &small_pieces()).unwrap_err();
+    assert!(matches!(e, Error::OutOfMemory { .. }), "{e}");
+    assert!(e.to_string().contains("device 1"), "{e}");
+    assert_eq!(physical(&pools), vec![0, 0], "nothing mapped");
+    host(&pools[1]).set_memory_limit(1 << 30);
+    wake_from_backup(&members(&pools, t), &small_pieces()).unwrap();
+    assert_exact(&pools, &ptrs, &data, "after room was made");
+}

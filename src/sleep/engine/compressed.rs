@@ -154,6 +154,24 @@ impl CodecScratch {
         Self::new(driver, frame_raw, ring, 4 * frames, frames)
     }
 
+    /// Device bytes [`Self::for_wake`] maps for the same arguments.
+    pub(super) fn wake_bytes(
+        driver: &Arc<dyn Driver>,
+        frame_raw: usize,
+        ring: usize,
+        frames: usize,
+    ) -> usize {
+        Self::size(driver, frame_raw, ring, 4 * frames)
+    }
+
+    /// Bytes mapped for `ring` buffers of frames of `frame_raw` raw bytes and
+    /// `extra` bytes after them.
+    fn size(driver: &Arc<dyn Driver>, frame_raw: usize, ring: usize, extra: usize) -> usize {
+        let frame_room = format::max_frame_bytes(frame_raw).next_multiple_of(256);
+        let extra = extra.max(8).next_multiple_of(256);
+        (ring.max(2) * frame_room + extra).next_multiple_of(driver.granularity())
+    }
+
     fn new(
         driver: &Arc<dyn Driver>,
         frame_raw: usize,
@@ -163,8 +181,7 @@ impl CodecScratch {
     ) -> Result<CodecScratch> {
         let ring = ring.max(2);
         let frame_room = format::max_frame_bytes(frame_raw).next_multiple_of(256);
-        let extra = extra.max(8).next_multiple_of(256);
-        let size = (ring * frame_room + extra).next_multiple_of(driver.granularity());
+        let size = Self::size(driver, frame_raw, ring, extra);
         let va = driver.reserve(size, 0)?;
         let mut sc = CodecScratch {
             driver: driver.clone(),

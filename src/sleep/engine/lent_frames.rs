@@ -30,6 +30,17 @@ pub struct BackupFrame {
 }
 
 impl SleepEngine {
+    /// Device bytes [`Self::decode_frames`] maps for its codec scratch when
+    /// given `frames` frames of at most `largest` raw bytes: a wake of
+    /// replicas counts them with the memory it maps.
+    pub(crate) fn decode_scratch_bytes(&self, largest: usize, frames: usize) -> u64 {
+        if frames == 0 {
+            return 0;
+        }
+        let ring = self.lock().options.codec_ring;
+        CodecScratch::wake_bytes(&self.driver, largest, ring, frames) as u64
+    }
+
     /// Copy each frame of `frames` from host memory to this engine's device
     /// and decode it into `dst + frame.offset` (`dst` the base of the
     /// segment of `tag` that receives it), all in one ring on this engine's
