@@ -86,6 +86,7 @@ typedef struct vmmw_plan_summary_t{uint64_t extents;uint64_t fills;uint64_t src_
 typedef struct vmmw_pool_options_t{size_t size;const struct vmmw_device_t*device_handle;vmmw_backend_t backend;int32_t device;uint64_t align;uint64_t small_request_max;uint64_t small_segment_bytes;uint64_t large_segment_bytes;uint64_t chunk_bytes;}vmmw_pool_options_t;
 typedef struct vmmw_pool_t vmmw_pool_t;
 typedef struct vmmw_receive_stats_t{uint32_t direct;uint32_t attached;uint32_t reused;uint64_t chunks;double setup_seconds;double seconds;uint64_t kept_imports;uint64_t kept_bytes;}vmmw_receive_stats_t;
+typedef struct vmmw_replica_sleep_options_t{size_t size;vmmw_policy_t holder_policy;}vmmw_replica_sleep_options_t;
 typedef struct vmmw_replica_sleep_result_t{uint64_t backup_bytes;uint64_t released_bytes;double seconds;}vmmw_replica_sleep_result_t;
 typedef struct vmmw_replica_wake_options_t{size_t size;uint64_t copy_piece_bytes;int32_t no_peer_copies;}vmmw_replica_wake_options_t;
 typedef struct vmmw_replica_wake_result_t{uint64_t host_bytes;uint64_t peer_bytes;uint64_t delivered_bytes;double seconds;double map_seconds;double host_seconds;double peer_seconds;double gbps;uint32_t direct_pairs;}vmmw_replica_wake_result_t;
@@ -190,6 +191,7 @@ vmmw_status_t vmmw_pool_write(struct vmmw_pool_t*pool,uint64_t dst,const void*sr
 vmmw_status_t vmmw_remap_callback_add(vmmw_remap_fn f,void*user,uint64_t*id,struct vmmw_error_t**error);
 vmmw_status_t vmmw_remap_callback_remove(uint64_t id,struct vmmw_error_t**error);
 vmmw_status_t vmmw_replicas_sleep(struct vmmw_pool_t*const*pools,const uint32_t*tags,size_t count,struct vmmw_replica_sleep_result_t*out,struct vmmw_error_t**error);
+vmmw_status_t vmmw_replicas_sleep_with(struct vmmw_pool_t*const*pools,const uint32_t*tags,size_t count,const struct vmmw_replica_sleep_options_t*options,struct vmmw_replica_sleep_result_t*out,struct vmmw_error_t**error);
 vmmw_status_t vmmw_replicas_wake(struct vmmw_pool_t*const*pools,const uint32_t*tags,size_t count,const struct vmmw_replica_wake_options_t*options,struct vmmw_replica_wake_result_t*out,struct vmmw_error_t**error);
 vmmw_status_t vmmw_replicas_wake_by_reload(struct vmmw_loader_t*const*loaders,struct vmmw_pool_t*const*pools,size_t count,struct vmmw_multi_result_t*out,struct vmmw_error_t**error);
 vmmw_status_t vmmw_replicas_wake_from_backup(struct vmmw_pool_t*const*pools,const uint32_t*tags,size_t count,const struct vmmw_replica_wake_options_t*options,struct vmmw_replica_wake_result_t*out,struct vmmw_error_t**error);

@@ -85,6 +85,7 @@
 #define VMMW_SLEEP_OPTIONS_INIT { .size = sizeof(vmmw_sleep_options_t) }
 #define VMMW_SHARE_OPTIONS_INIT { .size = sizeof(vmmw_share_options_t) }
 #define VMMW_REPLICA_WAKE_OPTIONS_INIT { .size = sizeof(vmmw_replica_wake_options_t) }
+#define VMMW_REPLICA_SLEEP_OPTIONS_INIT { .size = sizeof(vmmw_replica_sleep_options_t) }
 #define VMMW_UPDATE_OPTIONS_INIT { .size = sizeof(vmmw_update_options_t) }
 #endif
 
@@ -593,7 +594,8 @@ typedef void (*vmmw_remap_fn)(void *user, uint32_t tag, uint64_t epoch);
  */
 typedef struct vmmw_replica_sleep_result_t {
   /**
-   * Bytes copied into the one host backup (from the first device).
+   * Bytes copied into the one host backup (from the first device;
+   * encoded bytes for `VMMW_POLICY_OFFLOAD_COMPRESSED`).
    */
   uint64_t backup_bytes;
   /**
@@ -605,6 +607,33 @@ typedef struct vmmw_replica_sleep_result_t {
    */
   double seconds;
 } vmmw_replica_sleep_result_t;
+
+/**
+ * What sleep does with a tag's memory: one of the `VMMW_POLICY_*` values.
+ */
+typedef int32_t vmmw_policy_t;
+
+/**
+ * Options of `vmmw_replicas_sleep_with`. Start from
+ * `VMMW_REPLICA_SLEEP_OPTIONS_INIT` (C) so `size` is set; every other field
+ * 0 is its default.
+ */
+typedef struct vmmw_replica_sleep_options_t {
+  /**
+   * `sizeof(vmmw_replica_sleep_options_t)` as the caller's header declares
+   * it (`VMMW_REPLICA_SLEEP_OPTIONS_INIT`): fields past it take their
+   * defaults.
+   */
+  size_t size;
+  /**
+   * How the holder (`pools[0]`'s tag) keeps the one host backup:
+   * `VMMW_POLICY_OFFLOAD` (0, the default: raw bytes) or
+   * `VMMW_POLICY_OFFLOAD_COMPRESSED` (codec frames, with the holder pool's
+   * sleep options; every device decodes a share of them at wake). Any
+   * other value is `VMMW_INVALID_ARGUMENT`.
+   */
+  vmmw_policy_t holder_policy;
+} vmmw_replica_sleep_options_t;
 
 /**
  * Options of `vmmw_replicas_wake_from_backup`. Start from `VMMW_REPLICA_WAKE_OPTIONS_INIT`
@@ -750,11 +779,6 @@ typedef struct vmmw_share_options_t {
    */
   uint32_t handshake_timeout_ms;
 } vmmw_share_options_t;
-
-/**
- * What sleep does with a tag's memory: one of the `VMMW_POLICY_*` values.
- */
-typedef int32_t vmmw_policy_t;
 
 /**
  * One tag and the policy it sleeps with.
@@ -1119,8 +1143,8 @@ typedef struct vmmw_receive_stats_t {
  * with the tag still asleep and the backup intact. About 70% of raw on bf16
  * weights; data that does not compress costs under 0.1% more than Offload.
  * Needs the codec kernels in the build (`VMMW_UNSUPPORTED` otherwise).
- * Replicas wake from one Offload backup (`vmmw_replicas_sleep`), not from
- * a compressed one.
+ * Replicas keep their one host backup this way when
+ * `vmmw_replicas_sleep_with` says so.
  */
 #define VMMW_POLICY_OFFLOAD_COMPRESSED 3
 
@@ -2549,17 +2573,31 @@ vmmw_status_t vmmw_remap_callback_add(vmmw_remap_fn f, void *user, uint64_t *id,
 vmmw_status_t vmmw_remap_callback_remove(uint64_t id, struct vmmw_error_t **error);
 
 /**
+ * Put replicas to sleep on one raw host backup: `vmmw_replicas_sleep_with`
+ * with default options (the holder offloaded with `VMMW_POLICY_OFFLOAD`).
+ *
+ * Errors: as `vmmw_replicas_sleep_with`.
+ *
+ * # Safety
+ * As `vmmw_replicas_sleep_with` with `options` NULL.
+ */
+vmmw_status_t vmmw_replicas_sleep(struct vmmw_pool_t *const *pools, const uint32_t *tags, size_t count, struct vmmw_replica_sleep_result_t *out, struct vmmw_error_t **error);
+
+/**
  * Put replicas to sleep on one host backup: `tags[i]` in `pools[i]`, one
  * pool per device, `count` of them. `pools[0]`'s tag (the holder) is
- * offloaded to pinned host memory; every other tag releases its physical
- * memory without a copy. The caller asserts every tag holds the same bytes;
+ * offloaded to pinned host memory with `options.holder_policy`
+ * (`VMMW_POLICY_OFFLOAD` by default, or `VMMW_POLICY_OFFLOAD_COMPRESSED`
+ * to keep the backup as codec frames, encoded with the holder pool's sleep
+ * options); every other tag releases its physical memory without a copy.
+ * The caller asserts every tag holds the same bytes;
  * the library checks the layout (same segments in the same creation order,
  * same sizes and live blocks: allocate the replicas the same way on every
  * device), not the bytes. Each tag is granted read access for the other
  * devices that can reach it, so the wake can exchange over peer copies.
  * Wake them with `vmmw_replicas_wake_from_backup`; waking one with `vmmw_pool_wake`
  * takes it out of the group (the holder gets its backup back, any other
- * tag undefined bytes). `out` may be NULL.
+ * tag undefined bytes). `options` may be NULL (defaults); `out` may be NULL.
  *
  * A tag already asleep is accepted (the holder only when each of its
  * segments is offloaded or still awake, as a failed call leaves it), so a
@@ -2571,7 +2609,12 @@ vmmw_status_t vmmw_remap_callback_remove(uint64_t id, struct vmmw_error_t **erro
  * - `VMMW_NULL_ARGUMENT`: `pools` or `tags` is NULL with `count` > 0, or an
  *   entry is NULL.
  * - `VMMW_INVALID_ARGUMENT`: `count` is 0, a device is listed twice, pools
- *   are on different backends, or tags are laid out differently.
+ *   are on different backends, tags are laid out differently, bad
+ *   `options.size`, or `options.holder_policy` is not
+ *   `VMMW_POLICY_OFFLOAD` or `VMMW_POLICY_OFFLOAD_COMPRESSED`.
+ * - `VMMW_UNSUPPORTED`: `options` from a newer header with fields this
+ *   library does not know set, or OffloadCompressed in a build without the
+ *   codec kernels.
  * - `VMMW_UNKNOWN_TAG`: a tag that never held memory in its pool.
  * - `VMMW_INVALID_STATE`: the holder is asleep without a backup.
  * - `VMMW_HOST_OUT_OF_MEMORY`: the backup does not fit; nothing sleeps.
@@ -2581,17 +2624,22 @@ vmmw_status_t vmmw_remap_callback_remove(uint64_t id, struct vmmw_error_t **erro
  *
  * # Safety
  * `pools` and `tags` point to `count` entries each (live pool handles);
- * `out` is NULL or writable; `error` is NULL or writable.
+ * `options` is NULL or readable for its `size` bytes; `out` is NULL or
+ * writable; `error` is NULL or writable.
  */
-vmmw_status_t vmmw_replicas_sleep(struct vmmw_pool_t *const *pools, const uint32_t *tags, size_t count, struct vmmw_replica_sleep_result_t *out, struct vmmw_error_t **error);
+vmmw_status_t vmmw_replicas_sleep_with(struct vmmw_pool_t *const *pools, const uint32_t *tags, size_t count, const struct vmmw_replica_sleep_options_t *options, struct vmmw_replica_sleep_result_t *out, struct vmmw_error_t **error);
 
 /**
- * Wake replicas put to sleep by `vmmw_replicas_sleep` (the same tags and
- * pools, in any order). Every device maps its memory again, copies its own
- * 1/N part of the one host backup over its own link (all devices at once),
- * then pulls the other parts from the devices that copied them (peer
- * copies): host memory is read once. A pair of devices without peer access
- * copies that part from the backup instead. `options` may be NULL
+ * Wake replicas put to sleep by `vmmw_replicas_sleep` or
+ * `vmmw_replicas_sleep_with` (the same tags and pools, in any order). Every
+ * device maps its memory again, copies its own 1/N part of the one host
+ * backup over its own link (all devices at once), then pulls the other
+ * parts from the devices that copied them (peer copies): host memory is
+ * read once. A pair of devices without peer access copies that part from
+ * the backup instead. A compressed backup is shared the same way by its
+ * codec frames: each device decodes its part into its own memory, checking
+ * every block's checksum, and a device that cannot read a peer decodes that
+ * peer's frames itself. `options` may be NULL
  * (defaults); `out` may be NULL.
  *
  * Nothing is lost on a failure. On success every tag is awake holding the
@@ -2612,8 +2660,10 @@ vmmw_status_t vmmw_replicas_sleep(struct vmmw_pool_t *const *pools, const uint32
  *   listed one (never slept with them, or woken or slept on its own since).
  * - `VMMW_OUT_OF_MEMORY`: free memory, checked on every device before
  *   anything is mapped, is short.
- * - A map or a copy that fails on any device: the memory mapped on every
- *   device is released again and every tag stays asleep in its group with
+ * - `VMMW_INVALID_STATE` naming a frame that fails its checksum: a corrupt
+ *   compressed backup (or a corrupt transfer), as below.
+ * - A map, a copy or a decode that fails on any device: the memory mapped
+ *   on every device is released again and every tag stays asleep in its group with
  *   the backup intact; the error names the device, and calling again can
  *   succeed.
  *

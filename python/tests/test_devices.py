@@ -58,6 +58,21 @@ def test_replicas_sleep_on_one_backup_and_wake_everywhere(pools):
     assert w["host_bytes"] == 3 * s["backup_bytes"] and w["direct_pairs"] == 6
     assert pools[1].read(ptrs[1][1], len(data[1])) == data[1]
 
+    # The holder's backup compressed: every device decodes a share of its frames.
+    with pytest.raises(vw.VmmwError) as e:
+        vw.sleep_replicas(group, holder_policy="reload")
+    assert e.value.status_name == "VMMW_INVALID_ARGUMENT"
+    with pytest.raises(ValueError):
+        vw.sleep_replicas(group, holder_policy="zip")
+    assert pools[2].read(ptrs[2][0], len(data[0])) == data[0], "nothing slept"
+    c = vw.sleep_replicas(group, holder_policy="offload_compressed")
+    assert c["released_bytes"] == s["released_bytes"] and c["backup_bytes"] > 0
+    w = vw.wake_replicas_from_backup(group)
+    assert w["host_bytes"] == c["backup_bytes"] and w["delivered_bytes"] == c["released_bytes"]
+    for p, row in zip(pools, ptrs):
+        for ptr, d in zip(row, data):
+            assert p.read(ptr, len(d)) == d
+
 
 def test_replicas_load_once_and_wake_from_the_checkpoint(pools, tmp_path):
     tensors = llama_like()

@@ -182,6 +182,17 @@ _SIGNATURES: dict[str, tuple[Any, list[Any], bool]] = {
         [ctypes.POINTER(_P), ctypes.POINTER(ctypes.c_uint32), ctypes.c_size_t, ctypes.POINTER(S.ReplicaSleepResult)],
         True,
     ),
+    "vmmw_replicas_sleep_with": (
+        _I32,
+        [
+            ctypes.POINTER(_P),
+            ctypes.POINTER(ctypes.c_uint32),
+            ctypes.c_size_t,
+            ctypes.POINTER(S.ReplicaSleepOptions),
+            ctypes.POINTER(S.ReplicaSleepResult),
+        ],
+        True,
+    ),
     "vmmw_replicas_wake_from_backup": (
         _I32,
         [

@@ -143,6 +143,15 @@ class ReplicaWakeOptions(_Sized):
     ]
 
 
+class ReplicaSleepOptions(_Sized):
+    """vmmw_replica_sleep_options_t"""
+
+    _fields_ = [
+        ("size", ctypes.c_size_t),
+        ("holder_policy", i32),
+    ]
+
+
 class ReplicaSleepResult(ctypes.Structure):
     """vmmw_replica_sleep_result_t"""
 
@@ -253,6 +262,7 @@ ALL = {
     "vmmw_sleep_options_t": SleepOptions,
     "vmmw_multi_result_t": MultiResult,
     "vmmw_replica_wake_options_t": ReplicaWakeOptions,
+    "vmmw_replica_sleep_options_t": ReplicaSleepOptions,
     "vmmw_replica_sleep_result_t": ReplicaSleepResult,
     "vmmw_replica_wake_result_t": ReplicaWakeResult,
     "vmmw_share_options_t": ShareOptions,

@@ -9,7 +9,8 @@ Each pool is one device's (``Pool(device=k)`` or ``Pool.default(k)``).
   plan (tensor-parallel ranks).
 - :func:`sleep_replicas` / :func:`wake_replicas_from_backup`: replicas (the same bytes
   in a tag on every device) sleep on one pinned host backup taken from the
-  first device; the wake restores every device from it, each copying a
+  first device (raw, or compressed with ``holder_policy="offload_compressed"``);
+  the wake restores every device from it, each copying (or decoding) a
   different 1/N over its own link and the parts exchanged over peer copies.
   A failed wake leaves every replica asleep with the backup intact.
 - :func:`wake_replicas_by_reload`: replicas slept with ``"discard"``
@@ -28,7 +29,7 @@ from typing import Any, Dict, Sequence, Tuple
 from . import _structs as S
 from ._native import call
 from .loader import Loader
-from .pool import Pool
+from .pool import POLICIES, Pool
 from .tags import tag_id
 
 MODES = {"replicas": 0, "ranks": 1}
@@ -87,14 +88,21 @@ def _group(replicas: Sequence[Tuple[Pool, str]]) -> Tuple[Any, Any, int]:
     return _handles(pools), tags, len(replicas)
 
 
-def sleep_replicas(replicas: Sequence[Tuple[Pool, str]]) -> Dict[str, Any]:
+def sleep_replicas(replicas: Sequence[Tuple[Pool, str]], *, holder_policy: str = "offload") -> Dict[str, Any]:
     """Put replicas ``[(pool, tag), ...]`` (one pool per device, the same
     bytes in each, allocated the same way) to sleep on one host backup taken
     from the first; the others release their memory without a copy
-    (``vmmw_replicas_sleep``). Returns backup_bytes, released_bytes, seconds."""
+    (``vmmw_replicas_sleep_with``). ``holder_policy`` is ``"offload"`` (raw
+    bytes) or ``"offload_compressed"`` (codec frames, decoded on every device
+    at wake); any other policy raises ``VMMW_INVALID_ARGUMENT`` and nothing
+    sleeps. Returns backup_bytes (encoded bytes when compressed),
+    released_bytes, seconds."""
+    if holder_policy not in POLICIES:
+        raise ValueError(f"unknown holder_policy {holder_policy!r}: expected 'offload' or 'offload_compressed'")
     ps, ts, n = _group(replicas)
+    o = S.ReplicaSleepOptions(holder_policy=POLICIES[holder_policy])
     r = S.ReplicaSleepResult()
-    call("vmmw_replicas_sleep", ps, ts, n, ctypes.byref(r))
+    call("vmmw_replicas_sleep_with", ps, ts, n, ctypes.byref(o), ctypes.byref(r))
     return _fields(r)
 
 
@@ -102,7 +110,8 @@ def wake_replicas_from_backup(
     replicas: Sequence[Tuple[Pool, str]], *, peer_copies: bool = True, copy_piece_bytes: int = 0
 ) -> Dict[str, Any]:
     """Wake replicas slept by :func:`sleep_replicas` on every device from the
-    one backup, host memory read once (``vmmw_replicas_wake_from_backup``). With
+    one backup, host memory read once (``vmmw_replicas_wake_from_backup``); a
+    compressed backup is decoded on every device, each a share of its frames. With
     ``peer_copies=False`` every device copies the whole backup. On an error
     every replica stays asleep with the backup intact; waking again can succeed."""
     ps, ts, n = _group(replicas)

@@ -9,11 +9,15 @@
 #    after the replicas' wake), and the wakes: one GPU from its host backup
 #    (Offload) vs the replicas from ONE host backup (replicas::sleep +
 #    replicas::wake_from_backup: read once, 1/N per link, rest over NVLink),
-#    plus the replicas' checkpoint fan-out wake (Discard + replicas::wake_by_reload);
+#    plus the replicas' checkpoint fan-out wake (Discard + replicas::wake_by_reload),
+#    and the same two wakes from a compressed backup (OffloadCompressed: one GPU
+#    from its own, the replicas from the holder's, every GPU decoding a share of
+#    its frames), as ratios to one GPU's raw wake (its link) and to the raw
+#    replicas' wake;
 # 4. an all-reduce through torch.distributed's NCCL over tensors in our pool;
 # 5. peer access of a tag on the real devices (tests/all/gpu_peers.rs);
-# 6. replicas slept on one host backup and woken on every GPU from it,
-#    byte-exact, also retried after injected copy faults mid-wake
+# 6. replicas slept on one host backup (raw and compressed) and woken on every
+#    GPU from it, byte-exact, also retried after injected copy faults mid-wake
 #    (tests/all/gpu_replica_wake.rs; the PyTorch check is in multi_gpu.py load).
 # NVLink multicast stays off (gpu-check.sh exports NCCL_NVLS_ENABLE=0 and the like).
 # Writes multi-topo.txt, multi-tests.txt, multi-replica-wake.txt, multi.json to $VMMW_GPU_OUT.
@@ -81,7 +85,7 @@ if VMMW_BACKEND=cuda .gpu/tests/all gpu_replica_wake:: --nocapture >"$wlog" 2>&1
   if grep -q '^SKIP' "$wlog"; then
     result "multi-gpu: replicas woken from one backup" SKIP "$(grep -m1 '^SKIP' "$wlog")"
   else
-    result "multi-gpu: replicas woken from one backup" PASS "byte-exact on every GPU, with and without peer copies, and retried after a host copy and a peer copy failed mid-wake on the last GPU (all stayed asleep): $(grep -m1 '^round 1' "$wlog") (tests/all/gpu_replica_wake.rs)"
+    result "multi-gpu: replicas woken from one backup" PASS "byte-exact on every GPU from a raw and a compressed backup, with and without peer copies, and retried after a host copy, a peer copy and a decode failed mid-wake on the last GPU (all stayed asleep): $(grep -m1 '^round 1' "$wlog"); $(grep -m1 '^compressed round 1' "$wlog") (tests/all/gpu_replica_wake.rs)"
   fi
 else
   result "multi-gpu: replicas woken from one backup" FAIL "see multi-replica-wake.txt"
@@ -110,6 +114,23 @@ if wc:
     s += "; replicas from the checkpoint %.1f GB/s" % wc["aggregate_gbps"]
 print(s)' "$out")
   result "multi-gpu: bench" INFO "$summary"
+  csum=$(python3 -c '
+import json, sys
+c = json.load(open(sys.argv[1])).get("compressed")
+if not c:
+    print("SKIP no compressed rows (the codec kernels are missing)")
+    sys.exit()
+w1, wn = c["one_device_wake"], c["replicas_wake"]
+lw = wn.get("last_wake") or {}
+print("INFO backup %.1f%% of raw; wake one GPU from its compressed backup %.1f GB/s raw (%.2fx its link); "
+      "replicas from one compressed backup %.1f GB/s delivered (%.2fx one GPU link, %.2fx the raw replicas; "
+      "target about the raw ratio times the codec) [host %.1f GB encoded read, %.1f GB decoded, %.1f GB over peers, "
+      "%d direct pairs, %d rows verified]" % (
+    100 * c["backup_ratio"], w1["aggregate_gbps"], c["one_device_over_link"], wn["aggregate_gbps"],
+    c["replicas_over_link"], c["replicas_over_raw_replicas"], lw.get("host_bytes", 0) / 1e9,
+    lw.get("decoded_bytes", 0) / 1e9, lw.get("peer_bytes", 0) / 1e9, lw.get("direct_pairs", 0),
+    wn["verified_rows"]))' "$out")
+  result "multi-gpu: bench compressed" "${csum%% *}" "${csum#* }"
 else
   result "multi-gpu: bench" FAIL "vmmw bench-load --devices $devices failed"
   rc=1

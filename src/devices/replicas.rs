@@ -4,18 +4,29 @@
 //! ([`sleep`], [`wake_from_backup`]), or, for replicas slept without backups
 //! ([`Policy::Discard`]), by one fan-out of the checkpoint ([`wake_by_reload`]).
 //!
-//! - Sleep ([`sleep`]): the first member (the holder) sleeps with
-//!   [`Policy::Offload`]; every other member only releases its physical
+//! - Sleep ([`sleep`], [`sleep_with`]): the first member (the holder) sleeps
+//!   with [`Policy::Offload`] or, when [`ReplicaSleepOptions::holder_policy`]
+//!   says so, [`Policy::OffloadCompressed`] (a backup of codec frames, about
+//!   70% of raw on bf16); every other member only releases its physical
 //!   memory ([`Policy::Discard`]). Each member is granted read access for the
 //!   others where the devices can reach each other, so wake can fan out.
-//! - Wake ([`wake_from_backup`]): every member maps its memory again
-//!   (nothing copied yet), then the backup is cut into N contiguous parts and
-//!   device k copies part k from host memory over its own link, all devices at
-//!   once; then every device pulls the parts it lacks from the devices that
-//!   copied them (peer copies, NVLink on a GPU host). Host memory is read
-//!   once, each link carries 1/N of it. A pair of devices without peer access
-//!   (or with [`ReplicaWakeOptions::peer_copies`] off) copies that part from
-//!   the backup instead.
+//! - Wake from a raw backup ([`wake_from_backup`]): every member maps its
+//!   memory again (nothing copied yet), then the backup is cut into N
+//!   contiguous parts and device k copies part k from host memory over its
+//!   own link, all devices at once; then every device pulls the parts it
+//!   lacks from the devices that copied them (peer copies, NVLink on a GPU
+//!   host). Host memory is read once, each link carries 1/N of it. A pair of
+//!   devices without peer access (or with [`ReplicaWakeOptions::peer_copies`]
+//!   off) copies that part from the backup instead.
+//! - Wake from a compressed backup (`replica_frames`): the same two phases
+//!   over the holder's frames. The frames are shared among the members by
+//!   encoded bytes; each device copies its frames into a codec ring of its
+//!   own and decodes them into its memory, all devices at once, then every
+//!   device pulls the decoded ranges it lacks over peer copies; a device that
+//!   cannot read a member's memory decodes that member's frames itself. Only
+//!   encoded bytes cross the host links, each carrying about 1/N of them.
+//!   Every frame's checksum verdict on every device is read before any
+//!   member is marked awake.
 //!
 //! The caller asserts the members hold identical bytes: the library checks
 //! what it can cheaply (distinct devices, one backend, the same segments in
@@ -29,11 +40,12 @@
 //! backup), and a later group wake of the rest is refused naming it. Putting
 //! a member to sleep on its own while awake does the same.
 //!
-//! Nothing is lost on a failure: free memory is checked on every device
-//! before anything is mapped, and if a map, a host copy or a peer copy fails
-//! on any device, every chunk mapped on every device is unmapped again (once
-//! that device is idle), every member stays asleep in the group, the backup
-//! intact; waking again can succeed.
+//! Nothing is lost on a failure: free memory (for a compressed backup, with
+//! the codec's ring of frame buffers) is checked on every device before
+//! anything is mapped, and if a map, a host copy, a decode (a corrupt
+//! frame included) or a peer copy fails on any device, every chunk mapped on
+//! every device is unmapped again (once that device is idle), every member
+//! stays asleep in the group, the backup intact; waking again can succeed.
 
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -43,13 +55,15 @@ use std::time::Instant;
 use super::load::{check_devices, MultiLoaded, MultiMode};
 use super::load_pools::{device_loads, load_multi_into_pools, PoolLoad};
 use super::peers::grant_reachable;
+use super::replica_frames::{self, Members};
+use super::stream_copies::{copy_spans, with_streams};
 use super::threads::on_threads;
-use crate::driver::{round_up, DevicePtr, Driver, StreamId};
+use crate::driver::{round_up, DevicePtr, Driver};
 use crate::error::{Error, Result};
 use crate::loader::{Checkpoint, Control, LoadOptions};
 use crate::pool::{Pool, TagLease};
 use crate::segment::Segment;
-use crate::sleep::{HostSpan, Policy, StagedWake};
+use crate::sleep::{HostSpan, Policy, SleepEngine, StagedWake};
 use crate::tag::{self, TagId};
 
 /// One replica: a tag in the pool of one device.
@@ -113,13 +127,48 @@ impl Default for ReplicaWakeOptions {
     }
 }
 
+/// How [`sleep_with`] keeps the one host backup.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReplicaSleepOptions {
+    /// The holder's policy: [`Policy::Offload`] (the default, raw bytes) or
+    /// [`Policy::OffloadCompressed`] (codec frames, with the holder pool's
+    /// codec options); any other is refused.
+    pub holder_policy: Policy,
+}
+
+impl ReplicaSleepOptions {
+    /// Refuse a holder policy that keeps no full host backup.
+    pub fn validate(&self) -> Result<()> {
+        match self.holder_policy {
+            Policy::Offload | Policy::OffloadCompressed => Ok(()),
+            other => Err(Error::InvalidArgument(format!(
+                "sleep of replicas: the holder's policy is {other:?}; replicas wake from the \
+                 holder's full host backup, so it must be Offload or OffloadCompressed (to \
+                 sleep replicas without a backup, sleep each with Discard and wake them by \
+                 reload)"
+            ))),
+        }
+    }
+}
+
+impl Default for ReplicaSleepOptions {
+    fn default() -> Self {
+        ReplicaSleepOptions {
+            holder_policy: Policy::Offload,
+        }
+    }
+}
+
 /// What [`sleep`] did.
 #[derive(Debug, Clone, Default, serde::Serialize)]
 pub struct ReplicaSleepStats {
     /// Devices, in the order given; the first holds the backup.
     pub devices: Vec<i32>,
-    /// Bytes copied into the host backup (from the first device only).
+    /// Bytes copied into the host backup (from the first device only;
+    /// encoded bytes for a compressed backup).
     pub backup_bytes: u64,
+    /// Raw bytes the host backup restores.
+    pub backup_raw_bytes: u64,
     /// Physical bytes released over all devices.
     pub released_bytes: u64,
     /// Wall seconds.
@@ -132,8 +181,12 @@ pub struct ReplicaWakeStats {
     /// Devices, in the order given; the first held the backup.
     pub devices: Vec<i32>,
     /// Bytes read from the host backup over all devices (the backup's size
-    /// when every pair exchanged over peer copies).
+    /// when every pair exchanged over peer copies; encoded bytes for a
+    /// compressed backup).
     pub host_bytes: u64,
+    /// Raw bytes decoded from a compressed backup's frames over all devices
+    /// (0 for a raw backup).
+    pub decoded_bytes: u64,
     /// Bytes moved between devices by peer copies.
     pub peer_bytes: u64,
     /// Device bytes restored on all devices together.
@@ -198,9 +251,16 @@ fn check_members(members: &[Replica<'_>], what: &str) -> Result<()> {
     Ok(())
 }
 
+/// Put replicas to sleep on one raw host backup: [`sleep_with`] with the
+/// default options (the holder with [`Policy::Offload`]).
+pub fn sleep(members: &[Replica<'_>]) -> Result<ReplicaSleepStats> {
+    sleep_with(members, &ReplicaSleepOptions::default())
+}
+
 /// Put replicas to sleep on one host backup: `members[0]` (the holder) is
-/// offloaded to pinned host memory, every other member releases its physical
-/// memory without a copy. The caller asserts every member holds the same
+/// offloaded to pinned host memory with `opts.holder_policy`, every other
+/// member releases its physical memory without a copy. A policy other than
+/// Offload or OffloadCompressed is `InvalidArgument` and nothing changes. The caller asserts every member holds the same
 /// bytes; the members must have the same layout (segments, committed sizes,
 /// live blocks), else `InvalidArgument` and nothing changes.
 ///
@@ -209,8 +269,12 @@ fn check_members(members: &[Replica<'_>], what: &str) -> Result<()> {
 /// call that failed midway can be repeated. On an error the holder is asleep
 /// with its backup once its sleep succeeded, the members after it as far as
 /// the error says; the group is formed only when every member is asleep.
-pub fn sleep(members: &[Replica<'_>]) -> Result<ReplicaSleepStats> {
+pub fn sleep_with(
+    members: &[Replica<'_>],
+    opts: &ReplicaSleepOptions,
+) -> Result<ReplicaSleepStats> {
     let t0 = Instant::now();
+    opts.validate()?;
     check_members(members, "sleep of replicas")?;
     let holder = members[0];
     let layout = holder.lease().layout();
@@ -248,7 +312,7 @@ pub fn sleep(members: &[Replica<'_>]) -> Result<ReplicaSleepStats> {
     };
     for (i, m) in members.iter().enumerate() {
         let policy = if i == 0 {
-            Policy::Offload
+            opts.holder_policy
         } else {
             Policy::Discard
         };
@@ -265,6 +329,9 @@ pub fn sleep(members: &[Replica<'_>]) -> Result<ReplicaSleepStats> {
         })?;
         for c in cycles {
             stats.backup_bytes += c.report.copied_bytes;
+            if i == 0 {
+                stats.backup_raw_bytes += c.report.raw_bytes.max(c.report.copied_bytes);
+            }
             stats.released_bytes += c.report.physical_bytes;
         }
     }
@@ -358,59 +425,6 @@ fn cut_parts(sizes: &[usize], n: usize, align: usize, max: usize) -> Vec<Vec<Pie
         base += size;
     }
     parts
-}
-
-/// Queue copies on two streams of `driver`, wait for them, destroy the streams.
-fn with_streams(driver: &dyn Driver, f: impl FnOnce(&[StreamId; 2]) -> Result<u64>) -> Result<u64> {
-    let a = driver.stream_create()?;
-    let b = match driver.stream_create() {
-        Ok(b) => b,
-        Err(e) => {
-            let _ = driver.stream_destroy(a);
-            return Err(e);
-        }
-    };
-    let streams = [a, b];
-    let r = f(&streams);
-    // Wait even after an error: queued copies read the backup and write memory
-    // that may be unmapped next.
-    let synced = streams
-        .iter()
-        .map(|&s| driver.stream_synchronize(s))
-        .collect::<Result<Vec<()>>>();
-    for s in streams {
-        let _ = driver.stream_destroy(s);
-    }
-    let n = r?;
-    synced?;
-    Ok(n)
-}
-
-/// Copy `spans` of segment bytes from host memory into the segment at `dst`.
-///
-/// # Safety
-/// The segment is mapped for every span; each span's host bytes are pinned
-/// backup memory kept (busy) until the streams are synchronized.
-unsafe fn copy_spans(
-    driver: &dyn Driver,
-    dsts: &[DevicePtr],
-    spans: &[(usize, HostSpan)],
-    streams: &[StreamId; 2],
-) -> Result<u64> {
-    let mut n = 0u64;
-    for (i, &(seg, s)) in spans.iter().enumerate() {
-        // SAFETY: forwarded contract.
-        unsafe {
-            driver.copy_htod_async(
-                dsts[seg] + s.offset as u64,
-                s.host as *const u8,
-                s.len,
-                streams[i % 2],
-            )?
-        };
-        n += s.len as u64;
-    }
-    Ok(n)
 }
 
 /// Wake replicas put to sleep by [`sleep`] (the same members, in any
@@ -543,8 +557,12 @@ fn restore(
             )));
         }
     }
-    for (m, s) in members.iter().zip(staged.iter()) {
-        let need = s.unmapped_bytes();
+    // The codec's scratch on every device, for a compressed backup.
+    let holder_segs: Vec<usize> = order[h].iter().map(|x| x.0).collect();
+    let engines: Vec<&SleepEngine> = members.iter().map(|m| m.pool.sleep_engine()).collect();
+    let scratch = replica_frames::scratch_bytes(&staged[h], &holder_segs, &engines)?;
+    for ((m, s), scratch) in members.iter().zip(staged.iter()).zip(scratch) {
+        let need = s.unmapped_bytes() + scratch;
         let free = m.pool.driver().mem_info()?.free;
         if need > free {
             return Err(Error::OutOfMemory {
@@ -570,19 +588,6 @@ fn restore(
     } else {
         opts.copy_piece_bytes
     };
-    let align = members[h].lease().granularity().max(1);
-    let parts = cut_parts(&sizes, n, align, round_up(piece, align).max(align));
-    // Part k in host spans (the holder's backup), one list per part.
-    let mut spans: Vec<Vec<(usize, HostSpan)>> = Vec::with_capacity(n);
-    for part in &parts {
-        let mut v = Vec::new();
-        for p in part {
-            for s in staged[h].backup_spans(order[h][p.seg].0, p.offset, p.len, piece)? {
-                v.push((p.seg, s));
-            }
-        }
-        spans.push(v);
-    }
     let dsts: Vec<Vec<DevicePtr>> = order
         .iter()
         .map(|o| o.iter().map(|x| x.1).collect())
@@ -610,6 +615,41 @@ fn restore(
         stats.direct_pairs = n * (n - 1);
     }
     let drivers: Vec<Arc<dyn Driver>> = members.iter().map(|m| m.pool.driver().clone()).collect();
+    stats.delivered_bytes = sizes.iter().sum::<usize>() as u64 * n as u64;
+
+    if replica_frames::any_compressed(&staged[h], &holder_segs) {
+        let group = Members {
+            drivers,
+            engines,
+            tags: members.iter().map(|m| m.tag).collect(),
+            dsts,
+            peer,
+            piece,
+        };
+        let moved = replica_frames::restore(&group, &staged[h], &holder_segs, &sizes, h)
+            .map_err(|f| on_device(&members[f.device], f.step, f.error))?;
+        stats.host_bytes = moved.host_bytes;
+        stats.decoded_bytes = moved.decoded_bytes;
+        stats.peer_bytes = moved.peer_bytes;
+        stats.host_seconds = moved.host_seconds;
+        stats.peer_seconds = moved.peer_seconds;
+        stats.seconds = t0.elapsed().as_secs_f64();
+        return Ok(stats);
+    }
+
+    let align = members[h].lease().granularity().max(1);
+    let parts = cut_parts(&sizes, n, align, round_up(piece, align).max(align));
+    // Part k in host spans (the holder's backup), one list per part.
+    let mut spans: Vec<Vec<(usize, HostSpan)>> = Vec::with_capacity(n);
+    for part in &parts {
+        let mut v = Vec::new();
+        for p in part {
+            for s in staged[h].backup_spans(order[h][p.seg].0, p.offset, p.len, piece)? {
+                v.push((p.seg, s));
+            }
+        }
+        spans.push(v);
+    }
 
     // Phase 1: device k copies part k from the backup, all devices at once.
     let t = Instant::now();
@@ -666,7 +706,6 @@ fn restore(
         stats.host_bytes += from_host;
     }
     stats.peer_seconds = t.elapsed().as_secs_f64();
-    stats.delivered_bytes = sizes.iter().sum::<usize>() as u64 * n as u64;
     stats.seconds = t0.elapsed().as_secs_f64();
     Ok(stats)
 }

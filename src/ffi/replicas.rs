@@ -7,10 +7,65 @@ use super::error::vmmw_error_t;
 use super::numbers::or_default;
 use super::options::{read_sized, SizedOptions};
 use super::pool::vmmw_pool_t;
+use super::sleep::{
+    vmmw_policy_t, VMMW_POLICY_DISCARD, VMMW_POLICY_OFFLOAD, VMMW_POLICY_OFFLOAD_COMPRESSED,
+    VMMW_POLICY_RELOAD,
+};
 use super::status::vmmw_status_t;
-use crate::devices::replicas::{self, Replica, ReplicaWakeOptions};
+use crate::devices::replicas::{self, Replica, ReplicaSleepOptions, ReplicaWakeOptions};
 use crate::error::{Error, Result};
+use crate::sleep::Policy;
 use crate::tag::TagId;
+
+/// Options of `vmmw_replicas_sleep_with`. Start from
+/// `VMMW_REPLICA_SLEEP_OPTIONS_INIT` (C) so `size` is set; every other field
+/// 0 is its default.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct vmmw_replica_sleep_options_t {
+    /// `sizeof(vmmw_replica_sleep_options_t)` as the caller's header declares
+    /// it (`VMMW_REPLICA_SLEEP_OPTIONS_INIT`): fields past it take their
+    /// defaults.
+    pub size: usize,
+    /// How the holder (`pools[0]`'s tag) keeps the one host backup:
+    /// `VMMW_POLICY_OFFLOAD` (0, the default: raw bytes) or
+    /// `VMMW_POLICY_OFFLOAD_COMPRESSED` (codec frames, with the holder pool's
+    /// sleep options; every device decodes a share of them at wake). Any
+    /// other value is `VMMW_INVALID_ARGUMENT`.
+    pub holder_policy: vmmw_policy_t,
+}
+
+// SAFETY: repr(C), `size` first, integers only.
+unsafe impl SizedOptions for vmmw_replica_sleep_options_t {
+    const NAME: &'static str = "vmmw_replica_sleep_options_t";
+    fn defaults() -> Self {
+        vmmw_replica_sleep_options_t {
+            size: std::mem::size_of::<Self>(),
+            holder_policy: VMMW_POLICY_OFFLOAD,
+        }
+    }
+}
+
+impl vmmw_replica_sleep_options_t {
+    /// The Rust options; the core refuses a policy without a full backup.
+    fn to_rust(self) -> Result<ReplicaSleepOptions> {
+        let holder_policy = match self.holder_policy {
+            VMMW_POLICY_OFFLOAD => Policy::Offload,
+            VMMW_POLICY_OFFLOAD_COMPRESSED => Policy::OffloadCompressed,
+            VMMW_POLICY_DISCARD => Policy::Discard,
+            VMMW_POLICY_RELOAD => Policy::Reload,
+            other => {
+                return Err(Error::InvalidArgument(format!(
+                    "vmmw_replica_sleep_options_t.holder_policy is {other}: expected \
+                     VMMW_POLICY_OFFLOAD (0) or VMMW_POLICY_OFFLOAD_COMPRESSED (3)"
+                )))
+            }
+        };
+        let o = ReplicaSleepOptions { holder_policy };
+        o.validate()?;
+        Ok(o)
+    }
+}
 
 /// Options of `vmmw_replicas_wake_from_backup`. Start from `VMMW_REPLICA_WAKE_OPTIONS_INIT`
 /// (C) so `size` is set; every other field 0 is its default.
@@ -44,7 +99,8 @@ unsafe impl SizedOptions for vmmw_replica_wake_options_t {
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct vmmw_replica_sleep_result_t {
-    /// Bytes copied into the one host backup (from the first device).
+    /// Bytes copied into the one host backup (from the first device;
+    /// encoded bytes for `VMMW_POLICY_OFFLOAD_COMPRESSED`).
     pub backup_bytes: u64,
     /// Physical bytes released over all devices.
     pub released_bytes: u64,
@@ -110,17 +166,39 @@ unsafe fn members<'a>(
         .collect()
 }
 
+/// Put replicas to sleep on one raw host backup: `vmmw_replicas_sleep_with`
+/// with default options (the holder offloaded with `VMMW_POLICY_OFFLOAD`).
+///
+/// Errors: as `vmmw_replicas_sleep_with`.
+///
+/// # Safety
+/// As `vmmw_replicas_sleep_with` with `options` NULL.
+#[no_mangle]
+pub unsafe extern "C" fn vmmw_replicas_sleep(
+    pools: *const *mut vmmw_pool_t,
+    tags: *const u32,
+    count: usize,
+    out: *mut vmmw_replica_sleep_result_t,
+    error: *mut *mut vmmw_error_t,
+) -> vmmw_status_t {
+    // SAFETY: forwarded contract.
+    unsafe { vmmw_replicas_sleep_with(pools, tags, count, std::ptr::null(), out, error) }
+}
+
 /// Put replicas to sleep on one host backup: `tags[i]` in `pools[i]`, one
 /// pool per device, `count` of them. `pools[0]`'s tag (the holder) is
-/// offloaded to pinned host memory; every other tag releases its physical
-/// memory without a copy. The caller asserts every tag holds the same bytes;
+/// offloaded to pinned host memory with `options.holder_policy`
+/// (`VMMW_POLICY_OFFLOAD` by default, or `VMMW_POLICY_OFFLOAD_COMPRESSED`
+/// to keep the backup as codec frames, encoded with the holder pool's sleep
+/// options); every other tag releases its physical memory without a copy.
+/// The caller asserts every tag holds the same bytes;
 /// the library checks the layout (same segments in the same creation order,
 /// same sizes and live blocks: allocate the replicas the same way on every
 /// device), not the bytes. Each tag is granted read access for the other
 /// devices that can reach it, so the wake can exchange over peer copies.
 /// Wake them with `vmmw_replicas_wake_from_backup`; waking one with `vmmw_pool_wake`
 /// takes it out of the group (the holder gets its backup back, any other
-/// tag undefined bytes). `out` may be NULL.
+/// tag undefined bytes). `options` may be NULL (defaults); `out` may be NULL.
 ///
 /// A tag already asleep is accepted (the holder only when each of its
 /// segments is offloaded or still awake, as a failed call leaves it), so a
@@ -132,7 +210,12 @@ unsafe fn members<'a>(
 /// - `VMMW_NULL_ARGUMENT`: `pools` or `tags` is NULL with `count` > 0, or an
 ///   entry is NULL.
 /// - `VMMW_INVALID_ARGUMENT`: `count` is 0, a device is listed twice, pools
-///   are on different backends, or tags are laid out differently.
+///   are on different backends, tags are laid out differently, bad
+///   `options.size`, or `options.holder_policy` is not
+///   `VMMW_POLICY_OFFLOAD` or `VMMW_POLICY_OFFLOAD_COMPRESSED`.
+/// - `VMMW_UNSUPPORTED`: `options` from a newer header with fields this
+///   library does not know set, or OffloadCompressed in a build without the
+///   codec kernels.
 /// - `VMMW_UNKNOWN_TAG`: a tag that never held memory in its pool.
 /// - `VMMW_INVALID_STATE`: the holder is asleep without a backup.
 /// - `VMMW_HOST_OUT_OF_MEMORY`: the backup does not fit; nothing sleeps.
@@ -142,19 +225,25 @@ unsafe fn members<'a>(
 ///
 /// # Safety
 /// `pools` and `tags` point to `count` entries each (live pool handles);
-/// `out` is NULL or writable; `error` is NULL or writable.
+/// `options` is NULL or readable for its `size` bytes; `out` is NULL or
+/// writable; `error` is NULL or writable.
 #[no_mangle]
-pub unsafe extern "C" fn vmmw_replicas_sleep(
+pub unsafe extern "C" fn vmmw_replicas_sleep_with(
     pools: *const *mut vmmw_pool_t,
     tags: *const u32,
     count: usize,
+    options: *const vmmw_replica_sleep_options_t,
     out: *mut vmmw_replica_sleep_result_t,
     error: *mut *mut vmmw_error_t,
 ) -> vmmw_status_t {
     call(error, || {
         // SAFETY: forwarded contract.
+        let o = unsafe { read_sized(options) }?
+            .unwrap_or_else(vmmw_replica_sleep_options_t::defaults)
+            .to_rust()?;
+        // SAFETY: forwarded contract.
         let m = unsafe { members(pools, tags, count, "vmmw_replicas_sleep") }?;
-        let s = replicas::sleep(&m)?;
+        let s = replicas::sleep_with(&m, &o)?;
         if !out.is_null() {
             let r = vmmw_replica_sleep_result_t {
                 backup_bytes: s.backup_bytes,
@@ -168,12 +257,16 @@ pub unsafe extern "C" fn vmmw_replicas_sleep(
     })
 }
 
-/// Wake replicas put to sleep by `vmmw_replicas_sleep` (the same tags and
-/// pools, in any order). Every device maps its memory again, copies its own
-/// 1/N part of the one host backup over its own link (all devices at once),
-/// then pulls the other parts from the devices that copied them (peer
-/// copies): host memory is read once. A pair of devices without peer access
-/// copies that part from the backup instead. `options` may be NULL
+/// Wake replicas put to sleep by `vmmw_replicas_sleep` or
+/// `vmmw_replicas_sleep_with` (the same tags and pools, in any order). Every
+/// device maps its memory again, copies its own 1/N part of the one host
+/// backup over its own link (all devices at once), then pulls the other
+/// parts from the devices that copied them (peer copies): host memory is
+/// read once. A pair of devices without peer access copies that part from
+/// the backup instead. A compressed backup is shared the same way by its
+/// codec frames: each device decodes its part into its own memory, checking
+/// every block's checksum, and a device that cannot read a peer decodes that
+/// peer's frames itself. `options` may be NULL
 /// (defaults); `out` may be NULL.
 ///
 /// Nothing is lost on a failure. On success every tag is awake holding the
@@ -194,8 +287,10 @@ pub unsafe extern "C" fn vmmw_replicas_sleep(
 ///   listed one (never slept with them, or woken or slept on its own since).
 /// - `VMMW_OUT_OF_MEMORY`: free memory, checked on every device before
 ///   anything is mapped, is short.
-/// - A map or a copy that fails on any device: the memory mapped on every
-///   device is released again and every tag stays asleep in its group with
+/// - `VMMW_INVALID_STATE` naming a frame that fails its checksum: a corrupt
+///   compressed backup (or a corrupt transfer), as below.
+/// - A map, a copy or a decode that fails on any device: the memory mapped
+///   on every device is released again and every tag stays asleep in its group with
 ///   the backup intact; the error names the device, and calling again can
 ///   succeed.
 ///

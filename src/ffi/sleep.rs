@@ -45,8 +45,8 @@ pub const VMMW_POLICY_RELOAD: vmmw_policy_t = 2;
 /// with the tag still asleep and the backup intact. About 70% of raw on bf16
 /// weights; data that does not compress costs under 0.1% more than Offload.
 /// Needs the codec kernels in the build (`VMMW_UNSUPPORTED` otherwise).
-/// Replicas wake from one Offload backup (`vmmw_replicas_sleep`), not from
-/// a compressed one.
+/// Replicas keep their one host backup this way when
+/// `vmmw_replicas_sleep_with` says so.
 pub const VMMW_POLICY_OFFLOAD_COMPRESSED: vmmw_policy_t = 3;
 
 /// One tag and the policy it sleeps with.

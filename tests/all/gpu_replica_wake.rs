@@ -5,7 +5,9 @@
 //! copies, then with peer copies off), byte-exact on every device after each;
 //! then a host copy and a peer copy made to fail on the last device mid-wake
 //! (the driver's fault table, on both backends): every replica stays asleep
-//! with its memory released, and the retry is byte-exact.
+//! with its memory released, and the retry is byte-exact. The same from one
+//! compressed backup (the holder slept with OffloadCompressed), every device
+//! decoding a share of its frames.
 //!
 //! With `VMMW_BACKEND=cuda` this uses every CUDA device that opens (at least
 //! two that reach each other; it skips with a message otherwise); on the host
@@ -13,16 +15,20 @@
 //! failure cases (a device out of memory, faults on other devices) are in
 //! `replica_wake.rs`.
 
+use crate::codec::normal_bf16;
 use crate::common;
 
+use common::backend::skip;
 use common::pool::{device_pools, Rng, G};
 use vmmweights::devices::replicas::{
-    sleep as sleep_replicas, wake_from_backup as wake_replicas_from_backup, Replica,
-    ReplicaWakeOptions,
+    sleep as sleep_replicas, sleep_with, wake_from_backup as wake_replicas_from_backup, Replica,
+    ReplicaSleepOptions, ReplicaWakeOptions,
 };
 use vmmweights::driver::fault::FaultOp;
 use vmmweights::driver::testing::Testing;
-use vmmweights::{tag, Pool};
+use vmmweights::driver::BackendKind;
+use vmmweights::sleep::Policy;
+use vmmweights::{tag, Error, Pool};
 
 /// Pools on the devices and the size of a big block.
 fn pools() -> Option<(Vec<Pool>, usize)> {
@@ -157,4 +163,126 @@ fn replicas_wake_from_one_backup_byte_exact_on_every_device() {
         wake_replicas_from_backup(&group, &pieces).unwrap();
         check(&format!("retry after {op:?}"));
     }
+}
+
+/// Replicas asleep on one compressed backup (the holder slept with
+/// OffloadCompressed): every device decodes a share of the holder's frames
+/// and pulls the rest over peer copies (then, with peer copies off, decodes
+/// every frame), byte-exact on every device; a decode made to fail on the
+/// last device mid-wake (peer copies off, so it decodes) leaves every
+/// replica asleep, and the retry is byte-exact. Skips on cuda without the codec kernels.
+#[test]
+fn replicas_wake_from_one_compressed_backup_byte_exact_on_every_device() {
+    let test = "replicas_wake_from_one_compressed_backup_byte_exact_on_every_device";
+    let Some((pools, big)) = pools() else {
+        return;
+    };
+    let n = pools.len();
+    let t = tag::id("gpu-replica-wake-compressed").unwrap();
+    let mut rng = Rng(0xc0de);
+    let data: Vec<Vec<u8>> = vec![
+        normal_bf16(big / 2 + 5, 0.02, 71),
+        (0..3000).map(|_| rng.next() as u8).collect(),
+        normal_bf16(big / 4 + 17, 1.0, 72),
+        (0..(1 << 20) + 3).map(|_| rng.next() as u8).collect(),
+    ];
+    let ptrs: Vec<Vec<u64>> = pools
+        .iter()
+        .map(|p| {
+            data.iter()
+                .map(|d| {
+                    let b = p.alloc_tagged(d.len(), t).unwrap();
+                    // SAFETY: a live awake block; nothing else touches it.
+                    unsafe { p.write(b.ptr, d) }.unwrap();
+                    b.ptr
+                })
+                .collect()
+        })
+        .collect();
+    let check = |what: &str| {
+        for (k, p) in pools.iter().enumerate() {
+            for (i, d) in data.iter().enumerate() {
+                let mut got = vec![0u8; d.len()];
+                // SAFETY: awake; nothing else touches it.
+                unsafe { p.read(ptrs[k][i], &mut got) }.unwrap();
+                let bad = got.iter().zip(d).position(|(a, b)| a != b);
+                assert!(
+                    bad.is_none(),
+                    "{what}: device {k}, block {i}: first difference at byte {bad:?}"
+                );
+            }
+        }
+    };
+    let group: Vec<Replica<'_>> = pools.iter().map(|pool| Replica { pool, tag: t }).collect();
+    let coded = ReplicaSleepOptions {
+        holder_policy: Policy::OffloadCompressed,
+    };
+    for (round, peer_copies) in [(1, true), (2, false), (3, true)] {
+        let s = match sleep_with(&group, &coded) {
+            Err(Error::Unsupported(why)) if pools[0].driver().kind() == BackendKind::Cuda => {
+                skip(test, &why);
+                return;
+            }
+            r => r.unwrap(),
+        };
+        assert!(s.backup_bytes < s.backup_raw_bytes, "round {round}: {s:?}");
+        let o = ReplicaWakeOptions {
+            peer_copies,
+            ..ReplicaWakeOptions::default()
+        };
+        let w = wake_replicas_from_backup(&group, &o).unwrap();
+        let copies = if peer_copies { 1 } else { n as u64 };
+        assert_eq!(w.host_bytes, s.backup_bytes * copies, "round {round}");
+        assert_eq!(
+            w.decoded_bytes,
+            s.backup_raw_bytes * copies,
+            "round {round}"
+        );
+        assert_eq!(w.delivered_bytes, s.backup_raw_bytes * n as u64);
+        println!(
+            "compressed round {round} ({}): {n} devices, backup {:.1} MB for {:.1} MB raw, wake \
+             {:.4} s = {:.1} GB/s delivered (map {:.4} s, host+decode {:.4} s, peer {:.4} s)",
+            if peer_copies {
+                "peer copies"
+            } else {
+                "every device decodes every frame"
+            },
+            s.backup_bytes as f64 / 1e6,
+            s.backup_raw_bytes as f64 / 1e6,
+            w.seconds,
+            w.aggregate_gbps(),
+            w.map_seconds,
+            w.host_seconds,
+            w.peer_seconds
+        );
+        check(&format!("compressed round {round}"));
+    }
+    let last = pools.last().unwrap();
+    let faults = last
+        .driver()
+        .faults()
+        .expect("both backends have a fault table");
+    sleep_with(&group, &coded).unwrap();
+    // Without peer copies every device decodes every frame, the last one too.
+    let every = ReplicaWakeOptions {
+        peer_copies: false,
+        ..ReplicaWakeOptions::default()
+    };
+    faults.fail_nth(FaultOp::Codec, 1);
+    let err = wake_replicas_from_backup(&group, &every).unwrap_err();
+    faults.clear();
+    assert!(
+        err.to_string()
+            .contains(&format!("device {}", last.device())),
+        "{err}"
+    );
+    for (k, p) in pools.iter().enumerate() {
+        assert!(p.is_tag_asleep(t), "device {k} stays asleep after {err}");
+    }
+    println!(
+        "a decode failing on device {} mid-wake: every replica asleep ({err})",
+        last.device()
+    );
+    wake_replicas_from_backup(&group, &ReplicaWakeOptions::default()).unwrap();
+    check("retry after a failed decode");
 }

@@ -135,6 +135,31 @@ fn bench_load_devices_compares_loads_and_wakes_on_simulated_devices() {
     );
     assert!(wake["verified_rows"].as_u64().unwrap() > 0, "{wake}");
     assert!(r["one_device_wake"]["delivered_bytes"].as_u64().unwrap() * 2 == delivered);
+    // The wakes from a compressed backup: every device decodes a share of
+    // the holder's frames, only encoded bytes read from host memory.
+    assert!(out.contains("compressed wake"), "{out}");
+    let c = &r["compressed"];
+    for k in [
+        "backup_ratio",
+        "one_device_wake",
+        "replicas_wake",
+        "one_device_over_link",
+        "replicas_over_link",
+        "replicas_over_raw_replicas",
+    ] {
+        assert!(!c[k].is_null(), "compressed.{k} missing: {c}");
+    }
+    let ratio = c["backup_ratio"].as_f64().unwrap();
+    assert!(ratio > 0.5 && ratio < 0.9, "bf16 backup at {ratio} of raw");
+    let cw = &c["replicas_wake"];
+    let last = &cw["last_wake"];
+    assert_eq!(cw["delivered_bytes"].as_u64().unwrap(), delivered);
+    assert_eq!(last["decoded_bytes"].as_u64().unwrap() * 2, delivered);
+    assert!(
+        last["host_bytes"].as_u64().unwrap() * 2 < delivered,
+        "{last}"
+    );
+    assert!(cw["verified_rows"].as_u64().unwrap() > 0, "{cw}");
 
     // The one-device table's options are refused with --devices, not ignored.
     for extra in [

@@ -56,6 +56,7 @@ mod pool_sleep;
 mod pool_tags;
 mod reload_writes;
 mod replica_wake;
+mod replica_wake_compressed;
 mod segment;
 mod share_attach_bench;
 mod sleep_compressed;

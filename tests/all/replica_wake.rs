@@ -435,12 +435,11 @@ fn the_rest_of_a_group_whose_pool_was_dropped_wakes_with_its_bytes() {
 }
 
 #[test]
-fn replicas_asleep_with_a_compressed_backup_are_refused_and_stay_asleep() {
-    // Replicas sleep through `sleep` alone (the holder with Offload); a
-    // holder put to sleep with OffloadCompressed on its own is no replica
-    // group, so the wake from one backup refuses it before anything moves
-    // (a compressed backup decodes on its own device only), and the holder
-    // still wakes from it on its own.
+fn members_slept_one_by_one_with_a_compressed_holder_form_no_group() {
+    // A holder put to sleep with OffloadCompressed on its own (not by
+    // `sleep_with`) forms no replica group, so the wake from one backup
+    // refuses it before anything moves, and the holder still wakes from it
+    // on its own.
     let pools = pools(2);
     let (t, ptrs, data) = replicas(&pools, "replica-wake-compressed", 99);
     pools[0].sleep(&[(t, Policy::OffloadCompressed)]).unwrap();

@@ -1,8 +1,9 @@
 /*
  * C ABI tests of several devices on the host backend's simulated devices:
  * peer access of a pool tag, a replica load into two pools read once from
- * host memory, two tensor-parallel-style loaders on two devices, and bad
- * inputs that change nothing.
+ * host memory, replicas asleep on one raw or compressed host backup, two
+ * tensor-parallel-style loaders on two devices, and bad inputs that change
+ * nothing.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <stdint.h>
@@ -118,6 +119,106 @@ static void test_replicas_one_backup(void) {
   CHECK(wr.host_bytes == 2 * sr.backup_bytes && wr.peer_bytes == 0 && wr.direct_pairs == 2);
   CHECK_OK(vmmw_pool_read(rp[1], ptr[1][1], back, (size_t)sizes[1], &err));
   CHECK(memcmp(back, bytes[1], sizes[1]) == 0);
+
+  for (int d = 0; d < 2; ++d) {
+    vmmw_pool_free(rp[d]);
+    vmmw_device_free(dev[d]);
+  }
+}
+
+/* Replicas asleep on one compressed host backup (vmmw_replicas_sleep_with,
+ * the holder with VMMW_POLICY_OFFLOAD_COMPRESSED): bf16-like bytes over
+ * several codec frames, a holder policy without a full backup refused, a
+ * device failing mid-wake losing nothing, every device woken bit for bit
+ * with only encoded bytes read from host memory. */
+static void test_replicas_compressed_backup(void) {
+  enum { NB = 2 };
+  static const uint64_t sizes[NB] = {(3u << 20) + 6, 4001};
+  static unsigned char bytes[NB][(3u << 20) + 6];
+  uint32_t x = 12345;
+  for (int i = 0; i < NB; ++i)
+    for (uint64_t j = 0; j < sizes[i]; ++j) {
+      x = x * 1664525u + 1013904223u;
+      /* bf16 little-endian: a random low byte, a high byte (sign and
+       * exponent) from four values, as weights of one scale have. */
+      bytes[i][j] = (j % 2 == 0) ? (unsigned char)(x >> 24) : (unsigned char)(0x3c + ((x >> 20) & 1) + ((x >> 21) & 1) * 0x80);
+    }
+  vmmw_device_t* dev[2] = {NULL, NULL};
+  vmmw_pool_t* rp[2] = {NULL, NULL};
+  uint64_t ptr[2][NB];
+  uint32_t tag = 0;
+  CHECK_OK(vmmw_tag_id("replicas-c-compressed", &tag, &err));
+  for (int d = 0; d < 2; ++d) {
+    CHECK_OK(vmmw_device_open(VMMW_BACKEND_HOST, d, &dev[d], &err));
+    vmmw_pool_options_t opts;
+    memset(&opts, 0, sizeof opts);
+    opts.size = sizeof opts;
+    opts.device_handle = dev[d];
+    CHECK_OK(vmmw_pool_new(&opts, &rp[d], &err));
+    for (int i = 0; i < NB; ++i) {
+      CHECK_OK(vmmw_pool_alloc_tagged(rp[d], sizes[i], tag, &ptr[d][i], &err));
+      CHECK_OK(vmmw_pool_write(rp[d], ptr[d][i], bytes[i], sizes[i], &err));
+    }
+  }
+  uint32_t tags[2] = {tag, tag};
+  vmmw_replica_sleep_result_t sr;
+  unsigned char probe[16];
+
+  /* Bad options change nothing: size 0, a policy without a full backup, an unknown one. */
+  vmmw_replica_sleep_options_t so;
+  memset(&so, 0, sizeof so); /* size 0: never set */
+  CHECK_STATUS(VMMW_INVALID_ARGUMENT, vmmw_replicas_sleep_with(rp, tags, 2, &so, &sr, NULL));
+  vmmw_replica_sleep_options_t bad;
+  memset(&bad, 0, sizeof bad);
+  bad.size = sizeof bad;
+  bad.holder_policy = VMMW_POLICY_RELOAD;
+  CHECK_STATUS(VMMW_INVALID_ARGUMENT, vmmw_replicas_sleep_with(rp, tags, 2, &bad, &sr, NULL));
+  bad.holder_policy = VMMW_POLICY_DISCARD;
+  CHECK_STATUS(VMMW_INVALID_ARGUMENT, vmmw_replicas_sleep_with(rp, tags, 2, &bad, &sr, NULL));
+  bad.holder_policy = 7;
+  CHECK_STATUS(VMMW_INVALID_ARGUMENT, vmmw_replicas_sleep_with(rp, tags, 2, &bad, &sr, NULL));
+  CHECK_STATUS(VMMW_NULL_ARGUMENT, vmmw_replicas_sleep_with(NULL, tags, 2, NULL, &sr, NULL));
+  for (int d = 0; d < 2; ++d) CHECK_OK(vmmw_pool_read(rp[d], ptr[d][0], probe, sizeof probe, &err));
+
+  vmmw_replica_sleep_options_t co;
+  memset(&co, 0, sizeof co);
+  co.size = sizeof co;
+  co.holder_policy = VMMW_POLICY_OFFLOAD_COMPRESSED;
+  memset(&sr, 0, sizeof sr);
+  CHECK_OK(vmmw_replicas_sleep_with(rp, tags, 2, &co, &sr, &err));
+  /* Half of the bytes are low-entropy exponents: well under raw. */
+  CHECK(sr.backup_bytes > 0 && sr.backup_bytes * 10 < sr.released_bytes / 2 * 9);
+  CHECK_STATUS(VMMW_INVALID_STATE, vmmw_pool_read(rp[1], ptr[1][0], probe, sizeof probe, NULL));
+
+  /* Device 1 cannot create memory mid-wake: nothing is lost. */
+  CHECK_OK(vmmw_host_fail_nth(dev[1], VMMW_FAULT_CREATE, 1, &err));
+  vmmw_replica_wake_result_t wr;
+  CHECK_STATUS(VMMW_OUT_OF_MEMORY, vmmw_replicas_wake_from_backup(rp, tags, 2, NULL, &wr, NULL));
+  for (int d = 0; d < 2; ++d) {
+    vmmw_host_counts_t c;
+    CHECK_OK(vmmw_host_counts(dev[d], &c, &err));
+    CHECK(c.physical_bytes == 0);
+    CHECK_STATUS(VMMW_INVALID_STATE, vmmw_pool_read(rp[d], ptr[d][0], probe, sizeof probe, NULL));
+  }
+
+  memset(&wr, 0, sizeof wr);
+  CHECK_OK(vmmw_replicas_wake_from_backup(rp, tags, 2, NULL, &wr, &err));
+  CHECK(wr.host_bytes == sr.backup_bytes);
+  CHECK(wr.delivered_bytes == sr.released_bytes);
+  CHECK(wr.direct_pairs == 0);
+  static unsigned char back[(3u << 20) + 6];
+  for (int d = 0; d < 2; ++d)
+    for (int i = 0; i < NB; ++i) {
+      CHECK_OK(vmmw_pool_read(rp[d], ptr[d][i], back, (size_t)sizes[i], &err));
+      CHECK(memcmp(back, bytes[i], sizes[i]) == 0);
+    }
+
+  /* vmmw_replicas_sleep keeps a raw backup: the same bytes come back. */
+  CHECK_OK(vmmw_replicas_sleep(rp, tags, 2, &sr, &err));
+  CHECK(sr.backup_bytes * 2 == sr.released_bytes);
+  CHECK_OK(vmmw_replicas_wake_from_backup(rp, tags, 2, NULL, &wr, &err));
+  CHECK_OK(vmmw_pool_read(rp[1], ptr[1][0], back, (size_t)sizes[0], &err));
+  CHECK(memcmp(back, bytes[0], sizes[0]) == 0);
 
   for (int d = 0; d < 2; ++d) {
     vmmw_pool_free(rp[d]);
@@ -244,6 +345,7 @@ int main(void) {
   }
 
   test_replicas_one_backup();
+  test_replicas_compressed_backup();
 
   for (int d = 0; d < 2; ++d) {
     vmmw_loader_free(ld[d]);

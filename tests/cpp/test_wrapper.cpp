@@ -463,6 +463,21 @@ static void test_devices() {
   direct.peer_copies = false;
   const auto wd = vmmw::wake_replicas_from_backup(group, direct);
   CHECK(wd.host_bytes == 2 * sr.backup_bytes && wd.direct_pairs == 2);
+  // The holder's backup compressed: every device decodes a share of its frames.
+  vmmw::ReplicaSleepOptions reload;
+  reload.holder_policy = vmmw::Policy::Reload;
+  CHECK(status_of([&] { vmmw::sleep_replicas(group, reload); }) == VMMW_INVALID_ARGUMENT);
+  vmmw::ReplicaSleepOptions coded;
+  coded.holder_policy = vmmw::Policy::OffloadCompressed;
+  const auto sc = vmmw::sleep_replicas(group, coded);
+  CHECK(sc.backup_bytes > 0 && sc.released_bytes == 2 * sr.backup_bytes);
+  const auto wc = vmmw::wake_replicas_from_backup(group);
+  CHECK(wc.host_bytes == sc.backup_bytes && wc.delivered_bytes == sc.released_bytes);
+  for (int d = 0; d < 2; ++d) {
+    std::vector<uint8_t> back(bytes.size());
+    pools[d].read(ptr[d], back.data(), back.size());
+    CHECK(back == bytes);
+  }
   unlink(path.c_str());
   rmdir(dir);
 }

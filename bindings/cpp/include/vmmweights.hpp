@@ -1543,15 +1543,29 @@ inline void replica_args(const std::vector<Replica>& rs, std::vector<vmmw_pool_t
 }
 }  // namespace detail
 
+/// How replicas keep their one host backup (vmmw_replica_sleep_options_t).
+struct ReplicaSleepOptions {
+  /// The holder's policy: Policy::Offload (raw bytes) or
+  /// Policy::OffloadCompressed (codec frames, decoded on every device at
+  /// wake); any other throws (VMMW_INVALID_ARGUMENT) and nothing sleeps.
+  Policy holder_policy = Policy::Offload;
+};
+
 /// Put replicas to sleep on one host backup taken from `replicas[0]`; the
-/// others release their memory without a copy (vmmw_replicas_sleep). The
-/// caller asserts they hold the same bytes.
-inline vmmw_replica_sleep_result_t sleep_replicas(const std::vector<Replica>& replicas) {
+/// others release their memory without a copy (vmmw_replicas_sleep_with).
+/// The caller asserts they hold the same bytes.
+inline vmmw_replica_sleep_result_t sleep_replicas(const std::vector<Replica>& replicas,
+                                                  const ReplicaSleepOptions& o = ReplicaSleepOptions()) {
   std::vector<vmmw_pool_t*> ps;
   std::vector<uint32_t> ts;
   detail::replica_args(replicas, ps, ts);
+  vmmw_replica_sleep_options_t c{};
+  c.size = sizeof c;
+  c.holder_policy = static_cast<vmmw_policy_t>(o.holder_policy);
   vmmw_replica_sleep_result_t r{};
-  detail::call([&](vmmw_error_t** e) { return vmmw_replicas_sleep(ps.data(), ts.data(), ps.size(), &r, e); });
+  detail::call([&](vmmw_error_t** e) {
+    return vmmw_replicas_sleep_with(ps.data(), ts.data(), ps.size(), &c, &r, e);
+  });
   return r;
 }
 
@@ -1562,7 +1576,8 @@ struct ReplicaWakeOptions {
 };
 
 /// Wake replicas slept by sleep_replicas on every device from the one
-/// backup, host memory read once (vmmw_replicas_wake_from_backup). On an
+/// backup, host memory read once (vmmw_replicas_wake_from_backup); a
+/// compressed backup is decoded on every device, each a share of its frames. On an
 /// error every replica stays asleep with the backup intact; waking again can
 /// succeed.
 inline vmmw_replica_wake_result_t wake_replicas_from_backup(const std::vector<Replica>& replicas,

@@ -200,10 +200,27 @@ func replicaArgs(rs []Replica) ([]*C.vmmw_pool_t, []C.uint32_t, error) {
 	return ps, ts, nil
 }
 
-// SleepReplicas puts replicas to sleep on one host backup taken from
+// ReplicaSleepOptions says how SleepReplicasWith keeps the one host backup;
+// the zero value is the default (the holder offloaded raw).
+type ReplicaSleepOptions struct {
+	// HolderPolicy is Offload (raw bytes) or OffloadCompressed (codec
+	// frames, decoded on every device at wake); any other is
+	// ErrInvalidArgument and nothing sleeps.
+	HolderPolicy Policy
+}
+
+// SleepReplicas puts replicas to sleep on one raw host backup taken from
 // replicas[0]; the others release their memory without a copy
 // (vmmw_replicas_sleep). The caller asserts they hold the same bytes.
 func SleepReplicas(replicas ...Replica) (ReplicaSleepResult, error) {
+	return SleepReplicasWith(ReplicaSleepOptions{}, replicas...)
+}
+
+// SleepReplicasWith puts replicas to sleep on one host backup taken from
+// replicas[0] with o.HolderPolicy; the others release their memory without
+// a copy (vmmw_replicas_sleep_with). The caller asserts they hold the same
+// bytes.
+func SleepReplicasWith(o ReplicaSleepOptions, replicas ...Replica) (ReplicaSleepResult, error) {
 	ps, ts, err := replicaArgs(replicas)
 	if err != nil {
 		return ReplicaSleepResult{}, err
@@ -213,9 +230,12 @@ func SleepReplicas(replicas ...Replica) (ReplicaSleepResult, error) {
 	if len(ps) > 0 {
 		pp, tp = &ps[0], &ts[0]
 	}
+	var c C.vmmw_replica_sleep_options_t
+	c.size = C.size_t(unsafe.Sizeof(c))
+	c.holder_policy = C.vmmw_policy_t(o.HolderPolicy)
 	var r C.vmmw_replica_sleep_result_t
 	err = call(func(e **C.vmmw_error_t) C.int32_t {
-		return C.vmmw_replicas_sleep(pp, tp, C.size_t(len(ps)), &r, e)
+		return C.vmmw_replicas_sleep_with(pp, tp, C.size_t(len(ps)), &c, &r, e)
 	})
 	runtime.KeepAlive(replicas)
 	if err != nil {
@@ -231,9 +251,10 @@ func WakeReplicas(o ReplicaWakeOptions, replicas ...Replica) (ReplicaWakeResult,
 	return WakeReplicasFromBackup(o, replicas...)
 }
 
-// WakeReplicasFromBackup wakes replicas slept by SleepReplicas on every
-// device from the one backup, host memory read once
-// (vmmw_replicas_wake_from_backup). On an error every replica stays asleep
+// WakeReplicasFromBackup wakes replicas slept by SleepReplicas or
+// SleepReplicasWith on every device from the one backup, host memory read
+// once (vmmw_replicas_wake_from_backup); a compressed backup is decoded on
+// every device, each a share of its frames. On an error every replica stays asleep
 // with the backup intact; waking again can succeed.
 func WakeReplicasFromBackup(o ReplicaWakeOptions, replicas ...Replica) (ReplicaWakeResult, error) {
 	ps, ts, err := replicaArgs(replicas)

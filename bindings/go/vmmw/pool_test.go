@@ -567,4 +567,25 @@ func TestReplicasWakeFromOneBackup(t *testing.T) {
 	if err != nil || w.HostBytes != 2*s.BackupBytes || w.DirectPairs != 2 {
 		t.Fatalf("wake without peer copies: %+v %v", w, err)
 	}
+	// The holder's backup compressed: every device decodes a share of its frames.
+	if _, err := SleepReplicasWith(ReplicaSleepOptions{HolderPolicy: Reload}, group...); !errors.Is(err, ErrInvalidArgument) {
+		t.Fatalf("a Reload holder: %v", err)
+	}
+	c, err := SleepReplicasWith(ReplicaSleepOptions{HolderPolicy: OffloadCompressed}, group...)
+	if err != nil || c.BackupBytes == 0 || c.ReleasedBytes != s.ReleasedBytes {
+		t.Fatalf("compressed sleep: %+v %v", c, err)
+	}
+	w, err = WakeReplicasFromBackup(ReplicaWakeOptions{}, group...)
+	if err != nil || w.HostBytes != c.BackupBytes || w.DeliveredBytes != c.ReleasedBytes {
+		t.Fatalf("wake from the compressed backup: %+v %v", w, err)
+	}
+	for d, r := range group {
+		back := make([]byte, len(data))
+		if err := r.Pool.Read(ptrs[d], back); err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(back, data) {
+			t.Fatalf("device %d differs after the wake from the compressed backup", d)
+		}
+	}
 }

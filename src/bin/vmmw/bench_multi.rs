@@ -3,14 +3,17 @@
 //! are exchanged over peer copies) and as tensor-parallel ranks (each device
 //! loads its slices), against one device's load in the same run; and the
 //! wakes: one device from its host backup against the replicas woken from one
-//! host backup (the same bytes per device), and the replicas woken by the
-//! checkpoint fan-out.
+//! host backup (the same bytes per device), raw (Offload) and compressed
+//! (OffloadCompressed: every device decodes a share of the frames), and the
+//! replicas woken by the checkpoint fan-out.
 
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 
-use vmmweights::devices::replicas::{self, Replica, ReplicaWakeOptions, ReplicaWakeStats};
+use vmmweights::devices::replicas::{
+    self, Replica, ReplicaSleepOptions, ReplicaWakeOptions, ReplicaWakeStats,
+};
 use vmmweights::devices::{load_multi_into_pools, MultiMode, MultiStats, PoolLoad};
 use vmmweights::driver;
 use vmmweights::loader::*;
@@ -77,12 +80,38 @@ struct Report {
     replicas_wake: Phase,
     /// Seconds of each `replicas::sleep` before a timed wake.
     replicas_sleep_seconds: Vec<f64>,
+    /// The wakes from a compressed backup (OffloadCompressed), when the
+    /// backend has the codec.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    compressed: Option<CompressedWakes>,
     /// The replicas slept with Discard, woken by one checkpoint fan-out
     /// (`replicas::wake_by_reload`).
     replicas_wake_checkpoint: Phase,
     ranks: Option<Phase>,
     /// Replicas' aggregate rate over one device's rate.
     replicas_speedup: f64,
+}
+
+/// One device's wake from its compressed backup against the replicas woken
+/// from the holder's compressed backup; rates count raw bytes restored.
+#[derive(Debug, serde::Serialize)]
+struct CompressedWakes {
+    /// Encoded bytes of the holder's backup over the raw bytes it restores.
+    backup_ratio: f64,
+    /// One device from its own compressed backup.
+    one_device_wake: Phase,
+    /// The replicas from one compressed backup (`replicas::sleep_with`
+    /// OffloadCompressed, `replicas::wake_from_backup`).
+    replicas_wake: Phase,
+    /// Seconds of each compressed `replicas::sleep_with` before a timed wake.
+    replicas_sleep_seconds: Vec<f64>,
+    /// One device's compressed wake over its raw wake (its link).
+    one_device_over_link: f64,
+    /// The replicas' compressed wake over one device's raw wake: the link
+    /// multiplied by the devices and by the codec.
+    replicas_over_link: f64,
+    /// The replicas' compressed wake over their raw wake.
+    replicas_over_raw_replicas: f64,
 }
 
 fn median(v: &[f64]) -> f64 {
@@ -197,6 +226,17 @@ pub fn run(m: MultiArgs<'_>) -> Result<()> {
     }
     let one_wake = phase(wakes, restored, None, 0);
     pools[0].release_backup();
+    // The same from a compressed backup; a backend without the codec skips
+    // every compressed row.
+    let one_wake_compressed = match one_device_compressed(&pools[0], one_tag, repeat) {
+        Ok(p) => Some(p),
+        Err(Error::Unsupported(why)) => {
+            say!(m, "compressed wakes: skipped ({why})");
+            None
+        }
+        Err(e) => return Err(e),
+    };
+    pools[0].release_backup();
     say!(
         m,
         "one device: {:.3} s, {:.1} GB/s",
@@ -253,6 +293,29 @@ pub fn run(m: MultiArgs<'_>) -> Result<()> {
     let mut replicas_wake = phase(wakes, restored, None, verified);
     replicas_wake.last_wake = last;
     pools[0].release_backup();
+    let compressed = match one_wake_compressed {
+        None => None,
+        Some(one_c) => {
+            let c =
+                replicas_compressed(&m, &group, &plans, repeat, one_c, &one_wake, &replicas_wake)?;
+            say!(
+                m,
+                "compressed wake ({:.1}% of raw in the backup): one device {:.3} s, {:.1} GB/s raw \
+                 ({:.2}x its raw wake); {n} replicas from one backup {:.3} s, {:.1} GB/s delivered \
+                 ({:.2}x one device's raw wake, {:.2}x the raw replicas' wake)",
+                100.0 * c.backup_ratio,
+                c.one_device_wake.median_s,
+                c.one_device_wake.aggregate_gbps,
+                c.one_device_over_link,
+                c.replicas_wake.median_s,
+                c.replicas_wake.aggregate_gbps,
+                c.replicas_over_link,
+                c.replicas_over_raw_replicas
+            );
+            pools[0].release_backup();
+            Some(c)
+        }
+    };
     say!(
         m,
         "wake: one device from its backup {:.3} s, {:.1} GB/s; {n} replicas from one backup {:.3} s, \
@@ -341,6 +404,7 @@ pub fn run(m: MultiArgs<'_>) -> Result<()> {
         replicas,
         replicas_wake,
         replicas_sleep_seconds: sleeps,
+        compressed,
         replicas_wake_checkpoint,
         ranks,
     };
@@ -355,6 +419,68 @@ pub fn run(m: MultiArgs<'_>) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// `repeat` wakes of `tag` in `pool` from its compressed backup, each after
+/// an untimed OffloadCompressed sleep; `Unsupported` when the backend has no
+/// codec. Rates count the raw bytes restored.
+fn one_device_compressed(pool: &Pool, tag: tag::TagId, repeat: usize) -> Result<Phase> {
+    let mut wakes = Vec::new();
+    let mut restored = 0;
+    for _ in 0..repeat {
+        pool.sleep(&[(tag, Policy::OffloadCompressed)])?;
+        let t = Instant::now();
+        let w = pool.wake(&[tag])?;
+        wakes.push(t.elapsed().as_secs_f64());
+        restored = w.iter().map(|c| c.report.raw_bytes).sum();
+    }
+    Ok(phase(wakes, restored, None, 0))
+}
+
+/// `repeat` wakes of `group` from the holder's compressed backup, each after
+/// an untimed `replicas::sleep_with` OffloadCompressed; checked against the
+/// plans with `--verify`; with the ratios to the raw wakes of the same run.
+fn replicas_compressed(
+    m: &MultiArgs<'_>,
+    group: &[Replica<'_>],
+    plans: &[Arc<ExecutedPlan>],
+    repeat: usize,
+    one_device_wake: Phase,
+    one_raw: &Phase,
+    replicas_raw: &Phase,
+) -> Result<CompressedWakes> {
+    let opts = ReplicaSleepOptions {
+        holder_policy: Policy::OffloadCompressed,
+    };
+    let (mut wakes, mut sleeps, mut last) = (Vec::new(), Vec::new(), None);
+    let mut backup_ratio = 0.0;
+    for _ in 0..repeat {
+        let s = replicas::sleep_with(group, &opts)?;
+        backup_ratio = s.backup_bytes as f64 / s.backup_raw_bytes.max(1) as f64;
+        sleeps.push(s.seconds);
+        let t = Instant::now();
+        let w = replicas::wake_from_backup(group, &ReplicaWakeOptions::default())?;
+        wakes.push(t.elapsed().as_secs_f64());
+        last = Some(w);
+    }
+    let mut verified = 0;
+    if m.verify {
+        for (r, ex) in group.iter().zip(plans) {
+            verified += crate::load_verify::verify(r.pool.driver().as_ref(), ex)?;
+        }
+    }
+    let delivered = last.as_ref().map_or(0, |w| w.delivered_bytes);
+    let mut replicas_wake = phase(wakes, delivered, None, verified);
+    replicas_wake.last_wake = last;
+    Ok(CompressedWakes {
+        backup_ratio,
+        one_device_over_link: one_device_wake.aggregate_gbps / one_raw.aggregate_gbps,
+        replicas_over_link: replicas_wake.aggregate_gbps / one_raw.aggregate_gbps,
+        replicas_over_raw_replicas: replicas_wake.aggregate_gbps / replicas_raw.aggregate_gbps,
+        one_device_wake,
+        replicas_wake,
+        replicas_sleep_seconds: sleeps,
+    })
 }
 
 /// `repeat` timed multi-device loads after one untimed (which pins the

@@ -61,6 +61,10 @@ pub(super) unsafe fn copy_dtoh_async(
     d.copy_fault(FaultOp::CopyDtoh, "copy_dtoh")?;
     // SAFETY: the caller guarantees both ranges are valid for `len` bytes.
     unsafe { std::ptr::copy_nonoverlapping(src as *const u8, dst, len) };
+    if len > 0 && d.faults.take_corrupt(FaultOp::CopyDtoh) {
+        // SAFETY: inside the destination just written.
+        unsafe { *dst.add(len / 2) ^= 0x10 };
+    }
     Ok(())
 }
 

@@ -43,21 +43,32 @@ pub(super) struct FrameRec {
 }
 
 /// A frame a wake queued for decoding, and whose verdict is in the status
-/// word of its index in the wake's list.
+/// word of its index in the wake's list: frame `frame` of a backup of `tag`,
+/// decoded into the segment at `ptr`.
+#[derive(Debug, Clone, Copy)]
 pub(super) struct Decoded {
-    tag: TagId,
-    ptr: DevicePtr,
-    frame: usize,
-    rec: FrameRec,
+    pub tag: TagId,
+    pub ptr: DevicePtr,
+    pub frame: usize,
+    pub rec: FrameRec,
 }
 
 /// A host run of backup bytes: `len` bytes at `host` hold frame bytes from
 /// `within`.
-type HostRun = (*mut u8, usize, usize);
+pub(super) type HostRun = (*mut u8, usize, usize);
+
+/// A frame for [`SleepEngine::decode_pipeline`]: where it decodes and what
+/// its verdict names (`label`), the segment the caller maps it into
+/// (`seg`), and its encoded bytes in host memory (`runs`).
+pub(super) struct FrameJob {
+    pub seg: usize,
+    pub label: Decoded,
+    pub runs: Vec<HostRun>,
+}
 
 impl SegmentBackup {
     /// Backup bytes `[at, at + len)` as runs that each lie in one piece.
-    fn byte_runs(&self, arena: &BackupArena, at: usize, len: usize) -> Vec<HostRun> {
+    pub(super) fn byte_runs(&self, arena: &BackupArena, at: usize, len: usize) -> Vec<HostRun> {
         let mut out = Vec::new();
         let mut done = 0usize;
         while done < len {
@@ -158,6 +169,24 @@ impl CodecScratch {
         Self::new(driver, frame_raw, ring, 4 * frames, frames)
     }
 
+    /// Device bytes [`Self::for_wake`] maps for the same arguments.
+    pub(super) fn wake_bytes(
+        driver: &Arc<dyn Driver>,
+        frame_raw: usize,
+        ring: usize,
+        frames: usize,
+    ) -> usize {
+        Self::size(driver, frame_raw, ring, 4 * frames)
+    }
+
+    /// Bytes mapped for `ring` buffers of frames of `frame_raw` raw bytes and
+    /// `extra` bytes after them.
+    fn size(driver: &Arc<dyn Driver>, frame_raw: usize, ring: usize, extra: usize) -> usize {
+        let frame_room = format::max_frame_bytes(frame_raw).next_multiple_of(256);
+        let extra = extra.max(8).next_multiple_of(256);
+        (ring.max(2) * frame_room + extra).next_multiple_of(driver.granularity())
+    }
+
     fn new(
         driver: &Arc<dyn Driver>,
         frame_raw: usize,
@@ -167,8 +196,7 @@ impl CodecScratch {
     ) -> Result<CodecScratch> {
         let ring = ring.max(2);
         let frame_room = format::max_frame_bytes(frame_raw).next_multiple_of(256);
-        let extra = extra.max(8).next_multiple_of(256);
-        let size = (ring * frame_room + extra).next_multiple_of(driver.granularity());
+        let size = Self::size(driver, frame_raw, ring, extra);
         let va = driver.reserve(size, 0)?;
         let mut sc = CodecScratch {
             driver: driver.clone(),
@@ -471,48 +499,84 @@ impl SleepEngine {
         decoded: &mut Vec<Decoded>,
         map_upto: &mut dyn FnMut(usize, usize) -> Result<()>,
     ) -> Result<u64> {
-        let (copy_on, decode_on) = (streams[0], streams[1 % streams.len()]);
-        // Every frame of every segment, in order: (segment, its frame index,
-        // the frame, its host runs).
-        let mut all: Vec<(usize, usize, FrameRec, Vec<HostRun>)> = Vec::new();
-        let mut tags = Vec::with_capacity(ptrs.len());
+        // Every frame of every segment, in order.
+        let mut jobs: Vec<FrameJob> = Vec::new();
         {
             let s = self.lock();
             for (p, ptr) in ptrs.iter().enumerate() {
                 let b = &s.backups[ptr];
-                tags.push(b.tag);
                 for (j, f) in b.frames.iter().enumerate() {
-                    all.push((p, j, *f, b.byte_runs(&s.arena, f.at, f.len)));
+                    jobs.push(FrameJob {
+                        seg: p,
+                        label: Decoded {
+                            tag: b.tag,
+                            ptr: *ptr,
+                            frame: j,
+                            rec: *f,
+                        },
+                        runs: b.byte_runs(&s.arena, f.at, f.len),
+                    });
                 }
             }
         }
+        // SAFETY: the runs lie in this engine's backups of segments in this
+        // wake (busy: kept and unchanged until it ends); `map_upto` maps each
+        // destination before its decode.
+        unsafe { self.decode_pipeline(&jobs, sc, streams, decoded, map_upto) }
+    }
+
+    /// Copy the frames `jobs` lists into the ring's buffers and decode each
+    /// in place into `label.ptr + label.rec.offset`, one ring over all of
+    /// them: the copies of the first ring - 1 frames go first, then each step
+    /// queues one more copy before it waits (on the host) for the oldest and
+    /// queues its decode. `map_upto(seg, end)` runs before each decode.
+    /// `streams[0]` copies, `streams[1]` decodes; each verdict goes to the
+    /// status word of its frame's place in `decoded`, which
+    /// [`Self::check_decoded`] reads. Returns the encoded bytes copied.
+    ///
+    /// # Safety
+    /// Every run's host bytes are pinned and stay allocated and unchanged
+    /// until the decode stream is synchronized; each destination range is
+    /// device memory of this engine's device, mapped by `map_upto` at the
+    /// latest, that nothing else writes meanwhile.
+    pub(super) unsafe fn decode_pipeline(
+        &self,
+        jobs: &[FrameJob],
+        sc: &mut CodecScratch,
+        streams: &[StreamId],
+        decoded: &mut Vec<Decoded>,
+        map_upto: &mut dyn FnMut(usize, usize) -> Result<()>,
+    ) -> Result<u64> {
+        let (copy_on, decode_on) = (streams[0], streams[1 % streams.len()]);
         let first = decoded.len();
-        if first + all.len() > sc.status_words || all.iter().any(|f| f.2.raw_len > sc.frame_raw) {
+        if first + jobs.len() > sc.status_words
+            || jobs.iter().any(|f| f.label.rec.raw_len > sc.frame_raw)
+        {
             return Err(Error::InvalidState(format!(
                 "the wake's codec scratch holds {} status words and frames of {} raw bytes, \
                  too few for {} backup frames",
                 sc.status_words,
                 sc.frame_raw,
-                all.len()
+                jobs.len()
             )));
         }
         let status = sc.scratch + 4 * first as u64;
-        if !all.is_empty() {
+        if !jobs.is_empty() {
             // SAFETY: the status words lie in the scratch, mapped; no decode
             // queued before uses these.
             unsafe {
                 self.driver
-                    .memset_async(status, 0xFF, 4 * all.len(), decode_on)?
+                    .memset_async(status, 0xFF, 4 * jobs.len(), decode_on)?
             };
         }
         let (base, ring) = (sc.turn, sc.ring());
         let issue = |sc: &mut CodecScratch, n: usize| -> Result<()> {
             let k = (base + n) % ring;
             sc.wait(k)?;
-            for &(host, len, within) in &all[n].3 {
-                // SAFETY: `host` holds `len` bytes of this segment's backup,
-                // kept (busy) for the whole wake; the buffer's last decode
-                // has completed (waited above).
+            for &(host, len, within) in &jobs[n].runs {
+                // SAFETY: `host` holds `len` bytes of the frame, kept and
+                // unchanged for the whole pipeline (the caller's contract);
+                // the buffer's last decode has completed (waited above).
                 unsafe {
                     self.driver
                         .copy_htod_async(sc.frames[k] + within as u64, host, len, copy_on)?
@@ -523,25 +587,25 @@ impl SleepEngine {
         let mut copied = 0u64;
         // The copies of the first ring - 1 frames go first; then each step
         // queues one more copy before it waits for the oldest.
-        for n in 0..all.len().min(ring - 1) {
+        for n in 0..jobs.len().min(ring - 1) {
             issue(sc, n)?;
         }
-        for n in 0..all.len() {
-            if n + ring - 1 < all.len() {
+        for (n, job) in jobs.iter().enumerate() {
+            if n + ring - 1 < jobs.len() {
                 issue(sc, n + ring - 1)?;
             }
-            let (p, j, f) = (all[n].0, all[n].1, all[n].2);
+            let f = job.label.rec;
             let k = (base + n) % ring;
-            map_upto(p, f.offset + f.raw_len)?;
+            map_upto(job.seg, f.offset + f.raw_len)?;
             self.driver.event_synchronize(sc.ready[k])?;
             // SAFETY: the frame is in buffer k (its copy completed); the
-            // segment range is mapped (map_upto above) and status word n
-            // lies in the scratch.
+            // destination range is mapped (map_upto above, or the caller's
+            // contract) and status word n lies in the scratch.
             unsafe {
                 self.driver.codec_decode_async(
                     sc.frames[k],
                     f.len,
-                    ptrs[p] + f.offset as u64,
+                    job.label.ptr + f.offset as u64,
                     f.raw_len,
                     status + 4 * n as u64,
                     decode_on,
@@ -550,14 +614,9 @@ impl SleepEngine {
             self.driver.event_record(sc.done[k], decode_on)?;
             sc.used[k] = true;
             copied += f.len as u64;
-            decoded.push(Decoded {
-                tag: tags[p],
-                ptr: ptrs[p],
-                frame: j,
-                rec: f,
-            });
+            decoded.push(job.label);
         }
-        sc.turn += all.len();
+        sc.turn += jobs.len();
         Ok(copied)
     }
 

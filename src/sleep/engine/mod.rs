@@ -5,8 +5,10 @@
 //! in one file per idea: `options.rs` (policy, tunables, report),
 //! `sources.rs` (reload sources and their proofs), `plan.rs` (the snapshot
 //! of a tag's segments and what each keeps on the host), `sleep.rs` and
-//! `wake.rs` (the two transitions, phase by phase) and `staged.rs` (a wake
-//! in steps).
+//! `wake.rs` (the two transitions, phase by phase), `compressed.rs`
+//! (OffloadCompressed's frames, scratch and ring pipelines), `staged.rs` (a
+//! wake in steps) and `lent_frames.rs` (frames of another engine's backup
+//! decoded here).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -19,6 +21,7 @@ use crate::tag::TagId;
 use sources::Registered;
 
 mod compressed;
+mod lent_frames;
 mod options;
 mod plan;
 mod read;
@@ -27,6 +30,7 @@ mod sources;
 mod staged;
 mod wake;
 
+pub use lent_frames::BackupFrame;
 pub use options::{CycleReport, Policy, SleepOptions, CODEC_FRAME_BYTES, CODEC_RING, MAX_STREAMS};
 pub use sources::Retired;
 pub use staged::{HostSpan, StagedWake};

@@ -1,8 +1,10 @@
 //! A wake in steps, for callers that fill the memory themselves (the wake of
 //! replicas from one host backup, `devices::replicas`): map every unmapped chunk
-//! of a tag's asleep segments, let the caller copy, then either commit (the
-//! segments are awake) or abort (every chunk mapped here is unmapped again,
-//! the segments stay asleep, their backups intact).
+//! of a tag's asleep segments, let the caller copy (raw backups as host spans,
+//! [`StagedWake::backup_spans`]) or decode (compressed backups as frames,
+//! [`StagedWake::backup_frames`], decoded on any member's engine), then either
+//! commit (the segments are awake) or abort (every chunk mapped here is
+//! unmapped again, the segments stay asleep, their backups intact).
 //!
 //! The engine's transition lock is held from [`SleepEngine::stage_wake`]
 //! until commit or abort, and the segments' backups are marked busy, so no
@@ -10,6 +12,7 @@
 
 use std::sync::MutexGuard;
 
+use super::lent_frames::BackupFrame;
 use super::options::CycleReport;
 use super::plan::{self, SegTodo, Transition};
 use super::wake::{self, Made};
@@ -128,8 +131,8 @@ impl StagedWake<'_> {
         if b.is_compressed() {
             return Err(Error::Unsupported(format!(
                 "segment at {:#x} (tag {}) is asleep with a compressed backup \
-                 (OffloadCompressed), which decodes on its own device only: \
-                 sleep replicas with Offload to wake them from one backup",
+                 (OffloadCompressed): its bytes are frames to decode \
+                 (backup_frames), not spans to copy",
                 t.ptr, self.tag
             )));
         }
@@ -150,6 +153,68 @@ impl StagedWake<'_> {
             )));
         }
         Ok(spans)
+    }
+
+    /// True when segment `i` (an index into [`Self::segments`]) is asleep
+    /// with a compressed backup (OffloadCompressed): its bytes come back
+    /// through [`Self::backup_frames`].
+    pub fn backup_is_compressed(&self, i: usize) -> bool {
+        let t = &self.todo[i];
+        t.state == SleepState::Offloaded
+            && self
+                .engine
+                .lock()
+                .backups
+                .get(&t.ptr)
+                .is_some_and(|b| b.is_compressed())
+    }
+
+    /// The frames of segment `i`'s compressed backup, in segment order, each
+    /// with its encoded bytes' host runs: any engine of the same backend can
+    /// decode them into its own memory while this wake holds the backup
+    /// (`SleepEngine::decode_frames`). An error when the segment is not
+    /// asleep with a compressed backup, or its frames do not cover the
+    /// segment's committed bytes.
+    pub fn backup_frames(&self, i: usize) -> Result<Vec<BackupFrame>> {
+        let t = &self.todo[i];
+        let s = self.engine.lock();
+        let b = s
+            .backups
+            .get(&t.ptr)
+            .filter(|b| t.state == SleepState::Offloaded && b.is_compressed())
+            .ok_or_else(|| {
+                Error::InvalidState(format!(
+                    "segment at {:#x} (tag {}) is asleep as {:?}, without a compressed host backup",
+                    t.ptr, self.tag, t.state
+                ))
+            })?;
+        let mut end = 0usize;
+        let mut out = Vec::with_capacity(b.frames.len());
+        for (index, f) in b.frames.iter().enumerate() {
+            if f.offset != end {
+                break;
+            }
+            end += f.raw_len;
+            out.push(BackupFrame {
+                index,
+                offset: f.offset,
+                raw_len: f.raw_len,
+                len: f.len,
+                runs: b
+                    .byte_runs(&s.arena, f.at, f.len)
+                    .into_iter()
+                    .map(|(host, n, _)| (host as usize, n))
+                    .collect(),
+            });
+        }
+        if end != t.committed || out.len() != b.frames.len() {
+            return Err(Error::InvalidState(format!(
+                "the compressed backup of segment {:#x} (tag {}) holds frames over {end} of its \
+                 {} bytes, not one after another from offset 0",
+                t.ptr, self.tag, t.committed
+            )));
+        }
+        Ok(out)
     }
 
     /// Every chunk is mapped and filled: install the handles and mark the
