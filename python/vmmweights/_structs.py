@@ -216,6 +216,18 @@ class UpdateResult(ctypes.Structure):
     ]
 
 
+class BroadcastLoadResult(ctypes.Structure):
+    """vmmw_broadcast_load_result_t"""
+
+    _fields_ = [
+        ("update", UpdateResult),
+        ("buckets", u64),
+        ("bytes", u64),
+        ("files_read", u64),
+        ("bytes_read", u64),
+    ]
+
+
 class SendReport(ctypes.Structure):
     """vmmw_send_report_t"""
 
