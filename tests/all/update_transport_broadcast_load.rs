@@ -6,7 +6,8 @@
 //! as loaded, the communicator still usable; a staged load that fails
 //! leaves the destinations untouched; headers that differ between ranks
 //! are refused on every rank before any byte moves, each rank's problem
-//! listed; a rank that leaves mid-load fails the others without a hang.
+//! listed; a rank that leaves mid-load fails the others without a hang; a
+//! GGUF checkpoint (quantized tensors cut by rows) loads the same way.
 
 use crate::update_transport_ranks::{host_driver, model, write_checkpoint, Rank};
 
@@ -489,5 +490,100 @@ fn a_rank_leaving_mid_load_fails_the_others_without_a_hang() {
             assert!(e.to_string().contains("rank 2 left the group"), "{e}");
         }
         assert!(r.session.last_result().is_none());
+    }
+}
+
+#[test]
+fn a_gguf_checkpoint_loads_through_the_same_path() {
+    use crate::common::gguf::{pattern, File};
+    use vmmweights::loader::Rules;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("m.gguf");
+    // F32, Q8_0 and Q4_K tensors, split by rows over two ranks (whole blocks).
+    File::new(
+        vec![],
+        &[
+            ("norm.weight", &[8, 2], 0, pattern(1, 8 * 2 * 4)),
+            ("blk.0.attn_q.weight", &[64, 4], 8, pattern(2, 2 * 4 * 34)),
+            ("blk.0.ffn_up.weight", &[256, 2], 12, pattern(3, 2 * 144)),
+        ],
+    )
+    .write(&path);
+    let rules = |rank: usize| {
+        Rules::from_json(&format!(
+            r#"{{"tp":{{"rank":{rank},"world":2}},"rules":[{{"match":".*","shard":{{"dim":0}}}}]}}"#
+        ))
+        .unwrap()
+    };
+    let rank = |r: usize, name: &str, load: bool| {
+        let pool = Arc::new(Pool::new(host_driver(), PoolConfig::default()).unwrap());
+        let t = tag::id(&format!("{name}-{r}")).unwrap();
+        let session = Session::open(&path).unwrap();
+        session.set_rules(rules(r)).unwrap();
+        session.allocate(&pool, t).unwrap();
+        if load {
+            session.load(&pool, None).unwrap();
+        }
+        Rank {
+            pool,
+            session,
+            tag: t,
+            rank: r,
+            world: 2,
+        }
+    };
+    let ranks = [rank(0, "bload-gguf", false), rank(1, "bload-gguf", false)];
+    let mut colls = TestCollective::group(2, Duration::from_secs(10));
+    for (r, res) in ranks
+        .iter()
+        .zip(load_all(&mut colls, &ranks, &[1], 200, false))
+    {
+        assert_eq!(
+            res.unwrap().files_read,
+            r.rank as u64,
+            "rank 1 reads the file"
+        );
+    }
+    for r in &ranks {
+        let normal = rank(r.rank, "bload-gguf-normal", true);
+        assert!(r.snapshot() == normal.snapshot(), "rank {}", r.rank);
+        assert_eq!(r.snapshot().len(), 3);
+    }
+}
+
+#[test]
+fn reload_after_a_broadcast_load_reads_the_checkpoint_again() {
+    use vmmweights::sleep::Policy;
+    let m = model();
+    let dir = tempfile::tempdir().unwrap();
+    write_checkpoint(dir.path(), &m);
+    let ranks: Vec<Rank> = (0..2)
+        .map(|r| allocated(dir.path(), &m, "bload-reload", r, 2))
+        .collect();
+    let mut colls = TestCollective::group(2, Duration::from_secs(10));
+    for res in load_all(&mut colls, &ranks, &[0], 3000, false) {
+        res.unwrap();
+    }
+    for r in &ranks {
+        let normal = Rank::load(dir.path(), &m, "bload-reload-normal", r.rank, 2);
+        let want = normal.snapshot();
+        // The checkpoint is the tag's reload source, as after a load: the
+        // sleep keeps in its host backup what a normal load's keeps (the
+        // bytes no destination covers), the wake reads the files.
+        let kept = |k: &Rank| {
+            k.pool.sleep(&[(k.tag, Policy::Reload)]).unwrap()[0]
+                .report
+                .copied_bytes
+        };
+        let total: u64 = want.values().map(|v| v.len() as u64).sum();
+        let ours = kept(r);
+        assert!(
+            ours < total,
+            "rank {}: {ours} of {total} bytes kept",
+            r.rank
+        );
+        assert_eq!(ours, kept(&normal), "rank {}", r.rank);
+        r.pool.wake(&[r.tag]).unwrap();
+        assert!(r.snapshot() == want, "rank {}", r.rank);
     }
 }

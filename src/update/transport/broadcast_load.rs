@@ -45,11 +45,12 @@
 //! [`Error::UpdateTorn`]; a failure before the first bucket landed writes
 //! nothing. With [`BroadcastLoad::stage`] the buckets go to scratch first
 //! (device memory the size of the destinations) and the destinations are
-//! either untouched or whole, as for any update. Reload: the written ranges
-//! are kept in the host backup by a Reload sleep (as after an update); no
-//! reload source is registered.
+//! either untouched or whole, as for any update. Reload: a load that
+//! succeeded registers the checkpoint as the tag's reload source, as a load
+//! does, so a Reload wake reads the files on each rank.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
@@ -58,8 +59,8 @@ use super::bucket::{plan_buckets, AnnouncedTensor, BucketManifest};
 use super::receive::{receive, BucketSource};
 use crate::driver::{DevicePtr, StreamId};
 use crate::error::{Error, Result};
-use crate::loader::copy::{self, Control, CopyOptions};
-use crate::loader::{Checkpoint, Extent, Session, TensorInfo};
+use crate::loader::copy::{self, Control, CopyOptions, CopyStats};
+use crate::loader::{Checkpoint, ExecutedPlan, Extent, Plan, Session, TensorInfo};
 use crate::pool::Pool;
 use crate::update::{self, SourceTensor, Staging, UpdateOptions, UpdateResult};
 
@@ -778,6 +779,26 @@ pub fn load(
         bytes_read: 0,
     };
     let done = receive(&mut source, session, pool, &update_opts)?;
+    // Reload restores from the checkpoint, as after a load: every rank has
+    // it open.
+    let ckpt = source
+        .ckpt
+        .take()
+        .expect("a load that ran has its checkpoint");
+    let plan = Plan::build(
+        &ckpt,
+        &session.rules(),
+        &session.shared_registry(),
+        &update_opts.plan,
+    )?;
+    let executed = ExecutedPlan::new(Arc::new(ckpt), plan, source.copy, CopyStats::default())
+        .with_driver(pool.driver().clone());
+    let executed = if session.options().reload_check {
+        executed.with_checksums()?
+    } else {
+        executed
+    };
+    pool.add_reload_source(done.tag, Arc::new(executed))?;
     Ok(BroadcastLoadReport {
         update: done,
         buckets: source.plan.len() as u64,
