@@ -587,3 +587,46 @@ fn reload_after_a_broadcast_load_reads_the_checkpoint_again() {
         assert!(r.snapshot() == want, "rank {}", r.rank);
     }
 }
+
+#[test]
+fn a_rank_that_stalls_mid_load_fails_every_rank_within_the_timeout() {
+    let m = model();
+    let dir = tempfile::tempdir().unwrap();
+    write_checkpoint(dir.path(), &m);
+    let ranks: Vec<Rank> = (0..4)
+        .map(|r| allocated(dir.path(), &m, "bload-stall", r, 4))
+        .collect();
+    // Each broadcast waits at most 1 s for the others; rank 2 stalls 3 s
+    // after the agreement (10 broadcasts) and two buckets.
+    let mut colls: Vec<_> = TestCollective::group(4, Duration::from_secs(1))
+        .into_iter()
+        .map(|c| {
+            let stalls = c.rank() == 2;
+            Act {
+                inner: c,
+                at: 12,
+                n: 0,
+                act: Some(move || {
+                    if stalls {
+                        std::thread::sleep(Duration::from_secs(3));
+                    }
+                }),
+            }
+        })
+        .collect();
+    let started = std::time::Instant::now();
+    let results = load_all(&mut colls, &ranks, &[0], 3000, false);
+    assert!(
+        started.elapsed() < Duration::from_secs(8),
+        "bounded by the timeout"
+    );
+    for (r, res) in ranks.iter().zip(results) {
+        let e = res.unwrap_err();
+        assert!(
+            e.to_string().contains("waited 1s for the others"),
+            "rank {}: {e}",
+            r.rank
+        );
+        assert!(r.session.last_result().is_none());
+    }
+}

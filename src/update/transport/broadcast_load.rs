@@ -639,7 +639,9 @@ impl BucketSource for LoadSource<'_> {
             )));
         }
         let Some(Ok(local)) = self.local.take() else {
-            unreachable!("a rank without its header refuses above")
+            return Err(Error::InvalidState(
+                "broadcast load: its header was taken (the load began twice)".into(),
+            ));
         };
         let mut announced = Vec::new();
         for p in &local.header.parts {
