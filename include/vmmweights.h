@@ -1257,8 +1257,8 @@ extern "C" {
  * (allocated and registered first, as for `vmmw_loader_load`), its files
  * read by the `n_readers` ranks at `readers` (each a contiguous run of the
  * files, about the same bytes each) and broadcast to every rank of `comm`
- * in buckets of `slot_bytes` (0 = 256 MiB) through a ring of two buffers in
- * `pool`. Every rank calls it with the same readers and `slot_bytes`; each
+ * in buckets of `slot_bytes` (0 = 256 MiB) through a ring of three buffers
+ * in `pool` (a reader reads one bucket while the one before is broadcast). Every rank calls it with the same readers and `slot_bytes`; each
  * applies every bucket through its loader's rules (a tensor-parallel rank
  * keeps its slices). Every rank opens the checkpoint; only readers read
  * its tensor data. Each broadcast is waited for at most `timeout_ms`

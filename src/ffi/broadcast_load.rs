@@ -10,8 +10,10 @@ use super::status::vmmw_status_t;
 use super::transport::{ring_options, vmmw_nccl_comm_t};
 use super::update::vmmw_update_result_t;
 use crate::error::Error;
-use crate::update::transport::broadcast::Ring;
-use crate::update::transport::broadcast_load::{self, BroadcastLoad, BroadcastLoadReport};
+use crate::update::transport::broadcast::{BroadcastOptions, Ring};
+use crate::update::transport::broadcast_load::{
+    self, BroadcastLoad, BroadcastLoadReport, LOAD_SLOTS,
+};
 
 /// What a broadcast load did on this rank (from `vmmw_load_broadcast`).
 #[repr(C)]
@@ -45,8 +47,8 @@ impl From<&BroadcastLoadReport> for vmmw_broadcast_load_result_t {
 /// (allocated and registered first, as for `vmmw_loader_load`), its files
 /// read by the `n_readers` ranks at `readers` (each a contiguous run of the
 /// files, about the same bytes each) and broadcast to every rank of `comm`
-/// in buckets of `slot_bytes` (0 = 256 MiB) through a ring of two buffers in
-/// `pool`. Every rank calls it with the same readers and `slot_bytes`; each
+/// in buckets of `slot_bytes` (0 = 256 MiB) through a ring of three buffers
+/// in `pool` (a reader reads one bucket while the one before is broadcast). Every rank calls it with the same readers and `slot_bytes`; each
 /// applies every bucket through its loader's rules (a tensor-parallel rank
 /// keeps its slices). Every rank opens the checkpoint; only readers read
 /// its tensor data. Each broadcast is waited for at most `timeout_ms`
@@ -109,7 +111,11 @@ pub unsafe extern "C" fn vmmw_load_broadcast(
                 )))
             }
         };
-        let ring = Ring::new(p.pool.clone(), &ring_options(slot_bytes, timeout_ms)?)?;
+        let shape = BroadcastOptions {
+            slots: LOAD_SLOTS,
+            ..ring_options(slot_bytes, timeout_ms)?
+        };
+        let ring = Ring::new(p.pool.clone(), &shape)?;
         let opts = BroadcastLoad {
             readers: readers.iter().map(|&r| r as usize).collect(),
             stage,

@@ -26,10 +26,10 @@ use vmmweights::update::transport::broadcast_load::{
 use vmmweights::update::transport::test_collective::TestCollective;
 use vmmweights::{tag, DevicePtr, Error, Pool, PoolConfig, Status};
 
-/// Rings of two slots holding `bytes` of checkpoint each.
-fn options(bytes: usize) -> BroadcastOptions {
+/// Rings of `slots` slots holding `bytes` of checkpoint each.
+fn options(bytes: usize, slots: usize) -> BroadcastOptions {
     BroadcastOptions {
-        slots: 2,
+        slots,
         slot_bytes: bytes + TRAILER_BYTES,
         timeout: Duration::from_secs(10),
     }
@@ -56,10 +56,10 @@ fn load_rank(
     coll: &mut dyn Collective,
     r: &Rank,
     readers: &[usize],
-    bytes: usize,
+    (bytes, slots): (usize, usize),
     stage: bool,
 ) -> vmmweights::Result<BroadcastLoadReport> {
-    let ring = Ring::new(r.pool.clone(), &options(bytes))?;
+    let ring = Ring::new(r.pool.clone(), &options(bytes, slots))?;
     let opts = BroadcastLoad {
         readers: readers.to_vec(),
         stage,
@@ -73,14 +73,14 @@ fn load_all(
     colls: &mut [impl Collective],
     ranks: &[Rank],
     readers: &[usize],
-    bytes: usize,
+    ring: (usize, usize),
     stage: bool,
 ) -> Vec<vmmweights::Result<BroadcastLoadReport>> {
     std::thread::scope(|s| {
         let handles: Vec<_> = colls
             .iter_mut()
             .zip(ranks)
-            .map(|(c, r)| s.spawn(move || load_rank(c, r, readers, bytes, stage)))
+            .map(|(c, r)| s.spawn(move || load_rank(c, r, readers, ring, stage)))
             .collect();
         handles.into_iter().map(|h| h.join().unwrap()).collect()
     })
@@ -95,20 +95,20 @@ fn every_rank_holds_what_a_normal_load_puts_there() {
     let m = model();
     let dir = tempfile::tempdir().unwrap();
     write_checkpoint(dir.path(), &m);
-    for (world, readers) in [
-        (1usize, vec![0usize]),
-        (2, vec![0]),
-        (2, vec![1]),
-        (4, vec![0]),
-        (4, vec![3, 1]),
-        (4, vec![0, 1, 2, 3]),
+    for (world, readers, slots) in [
+        (1usize, vec![0usize], 2usize),
+        (2, vec![0], 2),
+        (2, vec![1], 3),
+        (4, vec![0], 2),
+        (4, vec![3, 1], 3),
+        (4, vec![0, 1, 2, 3], 2),
     ] {
         let ranks: Vec<Rank> = (0..world)
             .map(|r| allocated(dir.path(), &m, "bload", r, world))
             .collect();
         let v0: Vec<u64> = ranks.iter().map(Rank::version).collect();
         let mut colls = TestCollective::group(world, Duration::from_secs(10));
-        let reports = load_all(&mut colls, &ranks, &readers, 3000, false);
+        let reports = load_all(&mut colls, &ranks, &readers, (3000, slots), false);
         let reports: Vec<BroadcastLoadReport> = reports
             .into_iter()
             .map(|r| r.unwrap_or_else(|e| panic!("world {world}, readers {readers:?}: {e}")))
@@ -151,7 +151,7 @@ fn a_staged_load_is_bitwise_too() {
     let mut colls = TestCollective::group(2, Duration::from_secs(10));
     for (r, rep) in ranks
         .iter()
-        .zip(load_all(&mut colls, &ranks, &[0, 1], 5000, true))
+        .zip(load_all(&mut colls, &ranks, &[0, 1], (5000, 2), true))
     {
         assert!(rep.unwrap().update.staged);
         assert!(r.snapshot() == normally_loaded(dir.path(), &m, r.rank, 2));
@@ -211,7 +211,7 @@ const LAST_FILE: &str = "model-00003-of-00003.safetensors";
 #[test]
 fn a_reader_whose_file_changed_fails_the_load_on_every_rank() {
     let m = model();
-    for stage in [false, true] {
+    for (stage, slots) in [(false, 2), (true, 2), (false, 3), (false, 4)] {
         let dirs = copies(&m, 4);
         let ranks: Vec<Rank> = (0..4)
             .map(|r| allocated(dirs[r].path(), &m, "bload-short", r, 4))
@@ -240,7 +240,7 @@ fn a_reader_whose_file_changed_fails_the_load_on_every_rank() {
                 }
             })
             .collect();
-        let results = load_all(&mut colls, &ranks, &[0, 1], 3000, stage);
+        let results = load_all(&mut colls, &ranks, &[0, 1], (3000, slots), stage);
         for (r, res) in ranks.iter().zip(results) {
             let e = res.unwrap_err();
             let msg = e.to_string();
@@ -267,9 +267,10 @@ fn a_reader_whose_file_changed_fails_the_load_on_every_rank() {
         let ranks: Vec<Rank> = (0..4)
             .map(|r| allocated(dirs[r].path(), &m, "bload-again", r, 4))
             .collect();
-        for (r, res) in ranks
-            .iter()
-            .zip(load_all(&mut colls, &ranks, &[0, 1], 3000, stage))
+        for (r, res) in
+            ranks
+                .iter()
+                .zip(load_all(&mut colls, &ranks, &[0, 1], (3000, slots), stage))
         {
             res.unwrap();
             assert!(r.snapshot() == normally_loaded(dirs[r.rank].path(), &m, r.rank, 4));
@@ -310,7 +311,7 @@ fn headers_that_differ_are_refused_on_every_rank_before_any_byte() {
             .map(|(mut c, r)| {
                 s.spawn(move || {
                     let readers: &[usize] = if r.rank == 2 { &[1, 0] } else { &[0, 1] };
-                    load_rank(&mut c, r, readers, 3000, false)
+                    load_rank(&mut c, r, readers, (3000, 2), false)
                 })
             })
             .collect();
@@ -357,7 +358,9 @@ fn ranks_with_different_slots_are_refused_alike() {
         let handles: Vec<_> = colls
             .into_iter()
             .zip(&ranks)
-            .map(|(mut c, r)| s.spawn(move || load_rank(&mut c, r, &[0], 3000 + r.rank, false)))
+            .map(|(mut c, r)| {
+                s.spawn(move || load_rank(&mut c, r, &[0], (3000 + r.rank, 2), false))
+            })
             .collect();
         handles.into_iter().map(|h| h.join().unwrap()).collect()
     });
@@ -386,7 +389,7 @@ fn bad_arguments_are_refused_on_every_rank() {
             .map(|r| allocated(dir.path(), &m, "bload-args", r, 2))
             .collect();
         let mut colls = TestCollective::group(2, Duration::from_secs(10));
-        for res in load_all(&mut colls, &ranks, &readers, 3000, false) {
+        for res in load_all(&mut colls, &ranks, &readers, (3000, 2), false) {
             let e = res.unwrap_err().to_string();
             assert!(e.contains(want), "{e}");
         }
@@ -474,7 +477,7 @@ fn a_rank_leaving_mid_load_fails_the_others_without_a_hang() {
             after: if r == 2 { 13 } else { usize::MAX },
         })
         .collect();
-    let results = load_all(&mut colls, &ranks, &[0], 3000, false);
+    let results = load_all(&mut colls, &ranks, &[0], (3000, 2), false);
     assert!(
         started.elapsed() < Duration::from_secs(9),
         "the others learn at once, not by their timeout"
@@ -536,7 +539,7 @@ fn a_gguf_checkpoint_loads_through_the_same_path() {
     let mut colls = TestCollective::group(2, Duration::from_secs(10));
     for (r, res) in ranks
         .iter()
-        .zip(load_all(&mut colls, &ranks, &[1], 200, false))
+        .zip(load_all(&mut colls, &ranks, &[1], (200, 2), false))
     {
         assert_eq!(
             res.unwrap().files_read,
@@ -561,7 +564,7 @@ fn reload_after_a_broadcast_load_reads_the_checkpoint_again() {
         .map(|r| allocated(dir.path(), &m, "bload-reload", r, 2))
         .collect();
     let mut colls = TestCollective::group(2, Duration::from_secs(10));
-    for res in load_all(&mut colls, &ranks, &[0], 3000, false) {
+    for res in load_all(&mut colls, &ranks, &[0], (3000, 2), false) {
         res.unwrap();
     }
     for r in &ranks {
@@ -615,7 +618,7 @@ fn a_rank_that_stalls_mid_load_fails_every_rank_within_the_timeout() {
         })
         .collect();
     let started = std::time::Instant::now();
-    let results = load_all(&mut colls, &ranks, &[0], 3000, false);
+    let results = load_all(&mut colls, &ranks, &[0], (3000, 2), false);
     assert!(
         started.elapsed() < Duration::from_secs(8),
         "bounded by the timeout"

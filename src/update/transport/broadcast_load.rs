@@ -64,6 +64,11 @@ use crate::loader::{Checkpoint, ExecutedPlan, Extent, Plan, Session, TensorInfo}
 use crate::pool::Pool;
 use crate::update::{self, SourceTensor, Staging, UpdateOptions, UpdateResult};
 
+/// Ring slots a load uses unless set: three, so a reader reads bucket k + 2
+/// while bucket k + 1 is broadcast and bucket k applied (with two, the read
+/// and the broadcast take turns).
+pub const LOAD_SLOTS: usize = 3;
+
 /// Bytes after each bucket that carry its reader's status.
 pub const TRAILER_BYTES: usize = 1024;
 
@@ -706,7 +711,9 @@ impl Drop for LoadSource<'_> {
 /// Load the checkpoint `session` opened into its registered destinations in
 /// `pool`, its bytes read by `opts.readers` and broadcast to every rank of
 /// `coll` through `ring` (see the module docs). Every rank calls it with the
-/// same readers and ring size. Returns what this rank wrote and read.
+/// same readers and ring size; a ring of [`LOAD_SLOTS`] slots keeps the
+/// reads, the broadcasts and the copies going at once. Returns what this
+/// rank wrote and read.
 pub fn load(
     coll: &mut dyn Collective,
     ring: &Ring,
