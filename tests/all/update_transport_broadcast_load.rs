@@ -3,7 +3,8 @@
 //! worlds 1, 2 and 4 (tensor-parallel) holds bitwise what a normal load puts
 //! there, with one reader and with several owning different files; a
 //! reader whose file changed fails the load on every rank, nothing reported
-//! as loaded, the communicator still usable; a staged load that fails
+//! as loaded, the communicator still usable; a corrupt file on one rank
+//! refused on every rank before any byte; a staged load that fails
 //! leaves the destinations untouched; headers that differ between ranks
 //! are refused on every rank before any byte moves, each rank's problem
 //! listed; a rank that leaves mid-load fails the others without a hang; a
@@ -631,5 +632,37 @@ fn a_rank_that_stalls_mid_load_fails_every_rank_within_the_timeout() {
             r.rank
         );
         assert!(r.session.last_result().is_none());
+    }
+}
+
+#[test]
+fn a_corrupt_file_on_one_rank_is_refused_on_every_rank_before_any_byte() {
+    let m = model();
+    let dirs = copies(&m, 2);
+    let ranks: Vec<Rank> = (0..2)
+        .map(|r| allocated(dirs[r].path(), &m, "bload-corrupt", r, 2))
+        .collect();
+    let before: Vec<_> = ranks.iter().map(|r| r.snapshot()).collect();
+    // Rank 1's copy of the last file gets a garbage header length.
+    let victim = dirs[1].path().join(LAST_FILE);
+    let mut bytes = std::fs::read(&victim).unwrap();
+    bytes[..8].copy_from_slice(&u64::MAX.to_le_bytes());
+    std::fs::write(&victim, bytes).unwrap();
+    let mut colls = TestCollective::group(2, Duration::from_secs(10));
+    for (r, res) in ranks
+        .iter()
+        .zip(load_all(&mut colls, &ranks, &[0, 1], (3000, 2), false))
+    {
+        let e = res.unwrap_err();
+        assert_eq!(e.status(), Status::UpdateSource, "{e}");
+        let msg = e.to_string();
+        assert!(
+            msg.contains("refused before any byte moved")
+                && msg.contains("rank 1: ")
+                && msg.contains(LAST_FILE),
+            "rank {}: {msg}",
+            r.rank
+        );
+        assert!(r.snapshot() == before[r.rank], "rank {}: untouched", r.rank);
     }
 }
