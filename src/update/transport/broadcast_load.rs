@@ -122,6 +122,15 @@ struct Header {
     parts: Vec<Part>,
 }
 
+/// What rank 0 sent as the load's header.
+enum FromRank0 {
+    Header(Header),
+    /// Rank 0 has none; its verdict says why.
+    Refused,
+    /// This rank could not read what it sent.
+    Unreadable(String),
+}
+
 /// The local view of the load: the header this rank expects, and where
 /// each announced tensor's bytes are in its checkpoint.
 struct Local {
@@ -361,8 +370,13 @@ impl LoadSource<'_> {
         )))
     }
 
-    /// Rank 0's header, as every rank receives it.
-    fn header_of_rank0(&mut self) -> Result<std::result::Result<Header, String>> {
+    /// Rank 0's header, as every rank receives it. An error here is the
+    /// collective's (the ranks are out of step).
+    fn header_of_rank0(&mut self) -> Result<FromRank0> {
+        let encode = |h: &std::result::Result<Header, String>| {
+            serde_json::to_vec(h)
+                .map_err(|e| Error::InvalidState(format!("broadcast load: the header: {e}")))
+        };
         let mut body = Vec::new();
         if self.me() == 0 {
             let mine = match &self.local {
@@ -370,34 +384,46 @@ impl LoadSource<'_> {
                 Some(Err(e)) => Err(e.to_string()),
                 None => Err("no header".to_string()),
             };
-            body = serde_json::to_vec(&mine)
-                .map_err(|e| Error::InvalidState(format!("broadcast load: the header: {e}")))?;
+            body = encode(&mine)?;
+            if body.len() as u64 > MAX_HEADER_BYTES {
+                body = encode(&Err(format!(
+                    "a header of {} bytes, past the {MAX_HEADER_BYTES} accepted",
+                    body.len()
+                )))?;
+            }
         }
         let mut len = (body.len() as u64).to_le_bytes().to_vec();
         self.exchange(0, &mut len, 8)?;
         let len = u64::from_le_bytes(len.try_into().expect("8 bytes"));
         if len == 0 || len > MAX_HEADER_BYTES {
+            self.broken = true;
             return Err(Error::InvalidArgument(format!(
                 "broadcast load: header of {len} bytes from rank 0 (1 to {MAX_HEADER_BYTES} accepted)"
             )));
         }
         self.exchange(0, &mut body, len)?;
-        serde_json::from_slice(&body).map_err(|e| {
-            Error::InvalidArgument(format!("broadcast load: malformed header from rank 0: {e}"))
-        })
+        Ok(
+            match serde_json::from_slice::<std::result::Result<Header, String>>(&body) {
+                Ok(Ok(h)) => FromRank0::Header(h),
+                Ok(Err(_)) => FromRank0::Refused,
+                Err(e) => FromRank0::Unreadable(format!("unreadable header from rank 0: {e}")),
+            },
+        )
     }
 
     /// This rank's problems with the load: its own checkpoint, rank 0's
     /// header against its own, its plan.
-    fn problems(&self, theirs: &std::result::Result<Header, String>) -> Vec<String> {
+    fn problems(&self, theirs: &FromRank0) -> Vec<String> {
         let local = match &self.local {
             Some(Ok(l)) => l,
             Some(Err(e)) => return vec![e.to_string()],
             None => return vec!["no header".into()],
         };
-        let Ok(theirs) = theirs else {
+        let theirs = match theirs {
+            FromRank0::Header(h) => h,
             // Rank 0 states its own problem.
-            return Vec::new();
+            FromRank0::Refused => return Vec::new(),
+            FromRank0::Unreadable(e) => return vec![e.clone()],
         };
         let diff = differences(theirs, &local.header);
         if !diff.is_empty() {
