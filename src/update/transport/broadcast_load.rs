@@ -598,8 +598,19 @@ impl LoadSource<'_> {
         .min(self.plan.len() - 1);
         // Whatever is queued from now on is only passed along.
         self.failed_at.get_or_insert(self.queued);
+        // The slots are free once what was queued landed (each wait bounded
+        // by the ring's timeout, the collective's errors polled).
+        for j in self.handed..self.queued {
+            let n_slot = j % n;
+            let landed =
+                self.ring
+                    .wait(self.ring.events[n_slot], self.coll, &format!("bucket {j}"));
+            if landed.is_err() {
+                self.broken = true;
+                return;
+            }
+        }
         let driver = self.ring.driver().clone();
-        let _ = driver.stream_synchronize(self.ring.stream);
         for k in self.queued..=last {
             let (root, bytes) = (self.plan[k].0, self.plan[k].1.bytes as usize);
             let slot = self.ring.slots[k % n];
@@ -638,7 +649,6 @@ impl LoadSource<'_> {
             }
             self.queued = k + 1;
         }
-        let _ = driver.stream_synchronize(self.ring.stream);
     }
 }
 
