@@ -1262,8 +1262,9 @@ extern "C" {
  * applies every bucket through its loader's rules (a tensor-parallel rank
  * keeps its slices). Every rank opens the checkpoint; only readers read
  * its tensor data. Each broadcast is waited for at most `timeout_ms`
- * (0 = 300 s). The tag's version moves by one, and the checkpoint becomes
- * the tag's reload source, as after `vmmw_loader_load`.
+ * (0 = 300 s). The tag's version moves by one; the load becomes the
+ * loader's last result (`vmmw_loader_result_json`) and the checkpoint the
+ * tag's reload source, as after `vmmw_loader_load`.
  *
  * `stage` = 0: destinations are written as buckets land; a load that fails
  * midway leaves them partly written, the tag marked torn

@@ -123,6 +123,8 @@ fn every_rank_holds_what_a_normal_load_puts_there() {
             assert_eq!(rep.update.version, v + 1);
             assert!(!rep.update.staged);
             assert!(!r.pool.tag_torn(r.tag).unwrap());
+            let last = r.session.last_result().expect("reported as loaded");
+            assert_eq!(last.stats.bytes, rep.bytes);
             if !readers.contains(&r.rank) {
                 assert_eq!((rep.files_read, rep.bytes_read), (0, 0));
             }

@@ -47,7 +47,9 @@
 //! (device memory the size of the destinations) and the destinations are
 //! either untouched or whole, as for any update. Reload: a load that
 //! succeeded registers the checkpoint as the tag's reload source, as a load
-//! does, so a Reload wake reads the files on each rank.
+//! does, so a Reload wake reads the files on each rank, and is the session's
+//! last result ([`Session::last_result`]: the checkpoint's bytes over the
+//! whole call, and this rank's reads by path).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -329,6 +331,8 @@ struct LoadSource<'a> {
     broken: bool,
     files_read: std::collections::BTreeSet<usize>,
     bytes_read: u64,
+    /// How this rank's reads went (by which path, on how many threads).
+    read_paths: CopyStats,
 }
 
 impl LoadSource<'_> {
@@ -488,7 +492,7 @@ impl LoadSource<'_> {
                 .try_for_each(|&s| ckpt.shards[s].check_unchanged())
         };
         unchanged(ckpt)?;
-        copy::execute(
+        let stats = copy::execute(
             self.ring.driver(),
             &ckpt.shards,
             &extents,
@@ -497,6 +501,10 @@ impl LoadSource<'_> {
             &Control::default(),
         )?;
         unchanged(ckpt)?;
+        self.read_paths.direct_bytes += stats.direct_bytes;
+        self.read_paths.staged_bytes += stats.staged_bytes;
+        self.read_paths.read_bytes += stats.read_bytes;
+        self.read_paths.threads = stats.threads;
         self.bytes_read += b.bytes;
         self.files_read.extend(shards);
         Ok(())
@@ -757,6 +765,7 @@ pub fn load(
     pool: &Pool,
     opts: &BroadcastLoad,
 ) -> Result<BroadcastLoadReport> {
+    let called = std::time::Instant::now();
     if ring.slot_bytes <= TRAILER_BYTES {
         return Err(Error::InvalidArgument(format!(
             "broadcast load: slots of {} bytes; each bucket needs more than {TRAILER_BYTES} bytes (its reader's status)",
@@ -822,6 +831,7 @@ pub fn load(
         broken: false,
         files_read: Default::default(),
         bytes_read: 0,
+        read_paths: CopyStats::default(),
     };
     let done = receive(&mut source, session, pool, &update_opts)?;
     // Reload restores from the checkpoint, as after a load: every rank has
@@ -836,18 +846,26 @@ pub fn load(
         &session.shared_registry(),
         &update_opts.plan,
     )?;
-    let executed = ExecutedPlan::new(Arc::new(ckpt), plan, source.copy, CopyStats::default())
+    let bytes: u64 = source.plan.iter().map(|(_, b)| b.bytes).sum();
+    let stats = CopyStats {
+        bytes,
+        seconds: called.elapsed().as_secs_f64(),
+        ..source.read_paths
+    };
+    let executed = ExecutedPlan::new(Arc::new(ckpt), plan, source.copy, stats)
         .with_driver(pool.driver().clone());
     let executed = if session.options().reload_check {
         executed.with_checksums()?
     } else {
         executed
     };
-    pool.add_reload_source(done.tag, Arc::new(executed))?;
+    let executed = Arc::new(executed);
+    pool.add_reload_source(done.tag, executed.clone())?;
+    session.record_load(executed);
     Ok(BroadcastLoadReport {
         update: done,
         buckets: source.plan.len() as u64,
-        bytes: source.plan.iter().map(|(_, b)| b.bytes).sum(),
+        bytes,
         files_read: source.files_read.len() as u64,
         bytes_read: source.bytes_read,
     })
