@@ -151,15 +151,13 @@ fn file_name(ckpt: &Checkpoint, shard: usize) -> String {
         .to_string()
 }
 
-/// Cut the files into one contiguous run per reader, about the same bytes each.
-fn assign(ckpt: &Checkpoint, readers: &[usize]) -> Vec<Vec<usize>> {
-    let mut per_shard = vec![0u64; ckpt.shards.len()];
-    for t in ckpt.tensors.values() {
-        per_shard[t.shard] += t.len;
-    }
+/// Cut files of `per_shard` bytes into one contiguous run per reader (of
+/// `readers`), about the same bytes each: a file goes to the reader whose
+/// share of the total its middle byte falls in.
+fn assign(per_shard: &[u64], readers: usize) -> Vec<Vec<usize>> {
     let total: u128 = per_shard.iter().map(|&b| b as u128).sum::<u128>().max(1);
-    let n = readers.len() as u128;
-    let mut parts = vec![Vec::new(); readers.len()];
+    let n = readers as u128;
+    let mut parts = vec![Vec::new(); readers];
     let mut before = 0u128;
     for (i, &b) in per_shard.iter().enumerate() {
         let mid = before + b as u128 / 2;
@@ -168,6 +166,15 @@ fn assign(ckpt: &Checkpoint, readers: &[usize]) -> Vec<Vec<usize>> {
         before += b as u128;
     }
     parts
+}
+
+/// Bytes of tensor data in each of `ckpt`'s files.
+fn shard_bytes(ckpt: &Checkpoint) -> Vec<u64> {
+    let mut per_shard = vec![0u64; ckpt.shards.len()];
+    for t in ckpt.tensors.values() {
+        per_shard[t.shard] += t.len;
+    }
+    per_shard
 }
 
 fn check_readers(readers: &[usize], world: usize) -> Result<()> {
@@ -195,7 +202,10 @@ impl Local {
     fn new(ckpt: Checkpoint, readers: &[usize]) -> Local {
         let mut parts = Vec::with_capacity(readers.len());
         let mut infos = Vec::new();
-        for (&reader, shards) in readers.iter().zip(assign(&ckpt, readers)) {
+        for (&reader, shards) in readers
+            .iter()
+            .zip(assign(&shard_bytes(&ckpt), readers.len()))
+        {
             let mut tensors: Vec<&TensorInfo> = ckpt
                 .tensors
                 .values()
@@ -869,4 +879,97 @@ pub fn load(
         files_read: source.files_read.len() as u64,
         bytes_read: source.bytes_read,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_status_round_trips_and_a_long_message_is_cut_at_a_character() {
+        let (ok, msg) = decode_message(&encode_message(true, "", 64));
+        assert!(ok && msg.is_empty());
+        let long = "é".repeat(100);
+        let b = encode_message(false, &long, 64);
+        let (ok, msg) = decode_message(&b);
+        assert!(!ok);
+        assert_eq!(msg, "é".repeat(28), "56 bytes of 2-byte characters");
+        // A length past the buffer reads as a failure, never a panic.
+        let mut bad = encode_message(true, "x", 64);
+        bad[4..8].copy_from_slice(&u32::MAX.to_le_bytes());
+        assert_eq!(decode_message(&bad).1, "a malformed status");
+    }
+
+    fn announced(name: &str, shape: &[u64]) -> AnnouncedTensor {
+        AnnouncedTensor {
+            name: name.into(),
+            dtype: "BF16".into(),
+            shape: shape.to_vec(),
+            bytes: shape.iter().product::<u64>() * 2,
+        }
+    }
+
+    #[test]
+    fn differences_name_each_kind_of_disagreement() {
+        let part = |reader, files: &[&str], tensors| Part {
+            reader,
+            files: files.iter().map(|f| f.to_string()).collect(),
+            tensors,
+        };
+        let ours = Header {
+            parts: vec![
+                part(
+                    0,
+                    &["a"],
+                    vec![announced("x", &[2, 2]), announced("y", &[4])],
+                ),
+                part(1, &["b"], vec![announced("z", &[8])]),
+            ],
+        };
+        assert!(differences(&ours, &ours).is_empty());
+        let mut theirs = ours.clone();
+        theirs.parts[0].tensors[1] = announced("y", &[2, 2]);
+        theirs.parts[1].tensors.push(announced("w", &[1]));
+        theirs.parts[1].files = vec!["c".into()];
+        let d = differences(&theirs, &ours).join("\n");
+        assert!(
+            d.contains("`y`: BF16 [2, 2] on rank 0, BF16 [4] here"),
+            "{d}"
+        );
+        assert!(d.contains("`w` only on rank 0"), "{d}");
+        assert!(
+            d.contains(r#"reader 1 owns files ["c"] on rank 0, ["b"] here"#),
+            "{d}"
+        );
+        let mut reordered = ours.clone();
+        reordered.parts[0].tensors.swap(0, 1);
+        assert_eq!(
+            differences(&reordered, &ours),
+            vec!["the tensors' order differs from rank 0's".to_string()]
+        );
+        let mut readers = ours.clone();
+        readers.parts[1].reader = 2;
+        assert!(differences(&readers, &ours)[0].contains("readers [0, 2] on rank 0, [0, 1] here"));
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn readers_own_contiguous_runs_of_every_file_about_evenly(
+            sizes in proptest::collection::vec(0u64..1000, 1..12),
+            n in 1usize..6,
+        ) {
+            let parts = assign(&sizes, n);
+            proptest::prop_assert_eq!(parts.len(), n);
+            // In order, each file once: contiguous runs.
+            let flat: Vec<usize> = parts.iter().flatten().copied().collect();
+            proptest::prop_assert_eq!(flat, (0..sizes.len()).collect::<Vec<_>>());
+            // No reader reads more than its share and one file.
+            let total: u64 = sizes.iter().sum();
+            let largest = sizes.iter().copied().max().unwrap_or(0);
+            for p in &parts {
+                let mine: u64 = p.iter().map(|&i| sizes[i]).sum();
+                proptest::prop_assert!(mine <= total / n as u64 + largest);
+            }
+        }
+    }
 }
