@@ -255,6 +255,7 @@ ALL = {
     "vmmw_share_options_t": ShareOptions,
     "vmmw_update_options_t": UpdateOptions,
     "vmmw_update_result_t": UpdateResult,
+    "vmmw_broadcast_load_result_t": BroadcastLoadResult,
     "vmmw_send_report_t": SendReport,
 }
 
