@@ -387,6 +387,7 @@ fn bad_arguments_are_refused_on_every_rank() {
         (vec![], "at least one reader"),
         (vec![2usize], "reader rank 2 of a world of 2"),
         (vec![1, 1], "listed twice"),
+        (vec![0, 1, 0], "3 reader ranks for a world of 2"),
     ] {
         let ranks: Vec<Rank> = (0..2)
             .map(|r| allocated(dir.path(), &m, "bload-args", r, 2))

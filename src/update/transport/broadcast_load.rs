@@ -183,6 +183,12 @@ fn check_readers(readers: &[usize], world: usize) -> Result<()> {
             "a broadcast load needs at least one reader rank".into(),
         ));
     }
+    if readers.len() > world {
+        return Err(Error::InvalidArgument(format!(
+            "{} reader ranks for a world of {world}",
+            readers.len()
+        )));
+    }
     for (i, &r) in readers.iter().enumerate() {
         if r >= world {
             return Err(Error::InvalidArgument(format!(
