@@ -72,6 +72,7 @@ typedef int32_t vmmw_staging_t;
 typedef int32_t vmmw_status_t;
 typedef int32_t vmmw_update_memory_t;
 typedef int32_t(*vmmw_progress_fn)(uint64_t done,uint64_t total,void*user);
+typedef struct vmmw_broadcast_load_result_t{struct vmmw_update_result_t update;uint64_t buckets;uint64_t bytes;uint64_t files_read;uint64_t bytes_read;}vmmw_broadcast_load_result_t;
 typedef struct vmmw_destination_t{uint64_t ptr;uint64_t bytes;char dtype[16];uint32_t ndim;uint64_t shape[VMMW_MAX_DIMS];}vmmw_destination_t;
 typedef struct vmmw_device_t vmmw_device_t;
 typedef struct vmmw_error_t vmmw_error_t;
@@ -117,6 +118,7 @@ vmmw_status_t vmmw_device_open(vmmw_backend_t backend,int32_t device,struct vmmw
 vmmw_status_t vmmw_device_synchronize(const struct vmmw_device_t*device,struct vmmw_error_t**error);
 vmmw_status_t vmmw_error_status(const struct vmmw_error_t*error);
 vmmw_status_t vmmw_ggml_type(const char*name,uint32_t*id,size_t*block,size_t*type_size,struct vmmw_error_t**error);
+vmmw_status_t vmmw_load_broadcast(struct vmmw_nccl_comm_t*comm,struct vmmw_loader_t*loader,struct vmmw_pool_t*pool,const uint32_t*readers,size_t n_readers,uint64_t slot_bytes,uint64_t timeout_ms,uint32_t stage,struct vmmw_broadcast_load_result_t*out,struct vmmw_error_t**error);
 vmmw_status_t vmmw_loader_allocate(struct vmmw_loader_t*loader,struct vmmw_pool_t*pool,uint32_t tag,struct vmmw_error_t**error);
 vmmw_status_t vmmw_loader_cancel(struct vmmw_loader_t*loader,struct vmmw_error_t**error);
 vmmw_status_t vmmw_loader_declare_foreign(struct vmmw_loader_t*loader,uint64_t ptr,uint64_t bytes,struct vmmw_error_t**error);

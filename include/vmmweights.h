@@ -250,6 +250,91 @@ typedef struct vmmw_update_source_t vmmw_update_source_t;
 typedef int32_t vmmw_status_t;
 
 /**
+ * What an update did (from `vmmw_update`).
+ */
+typedef struct vmmw_update_result_t {
+  /**
+   * The tag versioned.
+   */
+  uint32_t tag;
+  /**
+   * 1 when the update staged through scratch device memory.
+   */
+  uint32_t staged;
+  /**
+   * 1 when the copies into the destinations failed once and ran again.
+   */
+  uint32_t retried;
+  /**
+   * The tag's new version.
+   */
+  uint64_t version;
+  /**
+   * Bytes written into destinations.
+   */
+  uint64_t bytes;
+  /**
+   * Destinations written.
+   */
+  uint64_t destinations;
+  /**
+   * Copies issued (a 2D copy counts once).
+   */
+  uint64_t copies;
+  /**
+   * Seconds from the first copy to the last byte in place.
+   */
+  double seconds;
+  /**
+   * Bytes written per second, in GB/s (10^9).
+   */
+  double gbps;
+  /**
+   * Seconds checking and planning, up to the first copy queued.
+   */
+  double plan_seconds;
+  /**
+   * Seconds queuing the copies on the device.
+   */
+  double issue_seconds;
+  /**
+   * Seconds waiting for the device to finish the copies.
+   */
+  double wait_seconds;
+  /**
+   * Seconds of Reload retirement (while the device copies), version
+   * publish and release.
+   */
+  double bookkeeping_seconds;
+} vmmw_update_result_t;
+
+/**
+ * What a broadcast load did on this rank (from `vmmw_load_broadcast`).
+ */
+typedef struct vmmw_broadcast_load_result_t {
+  /**
+   * The destinations' side: the tag, its new version, bytes written.
+   */
+  struct vmmw_update_result_t update;
+  /**
+   * Buckets broadcast, by every reader.
+   */
+  uint64_t buckets;
+  /**
+   * Bytes of checkpoint data broadcast, by every reader.
+   */
+  uint64_t bytes;
+  /**
+   * Files this rank read.
+   */
+  uint64_t files_read;
+  /**
+   * Bytes this rank read from them.
+   */
+  uint64_t bytes_read;
+} vmmw_broadcast_load_result_t;
+
+/**
  * Which implementation opens a device: one of the `VMMW_BACKEND_*` values.
  */
 typedef int32_t vmmw_backend_t;
@@ -921,65 +1006,6 @@ typedef struct vmmw_update_options_t {
 } vmmw_update_options_t;
 
 /**
- * What an update did (from `vmmw_update`).
- */
-typedef struct vmmw_update_result_t {
-  /**
-   * The tag versioned.
-   */
-  uint32_t tag;
-  /**
-   * 1 when the update staged through scratch device memory.
-   */
-  uint32_t staged;
-  /**
-   * 1 when the copies into the destinations failed once and ran again.
-   */
-  uint32_t retried;
-  /**
-   * The tag's new version.
-   */
-  uint64_t version;
-  /**
-   * Bytes written into destinations.
-   */
-  uint64_t bytes;
-  /**
-   * Destinations written.
-   */
-  uint64_t destinations;
-  /**
-   * Copies issued (a 2D copy counts once).
-   */
-  uint64_t copies;
-  /**
-   * Seconds from the first copy to the last byte in place.
-   */
-  double seconds;
-  /**
-   * Bytes written per second, in GB/s (10^9).
-   */
-  double gbps;
-  /**
-   * Seconds checking and planning, up to the first copy queued.
-   */
-  double plan_seconds;
-  /**
-   * Seconds queuing the copies on the device.
-   */
-  double issue_seconds;
-  /**
-   * Seconds waiting for the device to finish the copies.
-   */
-  double wait_seconds;
-  /**
-   * Seconds of Reload retirement (while the device copies), version
-   * publish and release.
-   */
-  double bookkeeping_seconds;
-} vmmw_update_result_t;
-
-/**
  * Where an update source tensor's bytes lie: one of the `VMMW_UPDATE_*` values.
  */
 typedef int32_t vmmw_update_memory_t;
@@ -1298,6 +1324,47 @@ typedef struct vmmw_receive_stats_t {
 #ifdef __cplusplus
 extern "C" {
 #endif // __cplusplus
+
+/**
+ * Load the checkpoint `loader` opened into its destinations in `pool`
+ * (allocated and registered first, as for `vmmw_loader_load`), its files
+ * read by the `n_readers` ranks at `readers` (each a contiguous run of the
+ * files, about the same bytes each) and broadcast to every rank of `comm`
+ * in buckets of `slot_bytes` (0 = 256 MiB) through a ring of three buffers
+ * in `pool` (a reader reads one bucket while the one before is broadcast). Every rank calls it with the same readers and `slot_bytes`; each
+ * applies every bucket through its loader's rules (a tensor-parallel rank
+ * keeps its slices). Every rank opens the checkpoint; only readers read
+ * its tensor data. Each broadcast is waited for at most `timeout_ms`
+ * (0 = 300 s). The tag's version moves by one; the load becomes the
+ * loader's last result (`vmmw_loader_result_json`) and the checkpoint the
+ * tag's reload source, as after `vmmw_loader_load`.
+ *
+ * `stage` = 0: destinations are written as buckets land; a load that fails
+ * midway leaves them partly written, the tag marked torn
+ * (`vmmw_pool_tag_torn`) and its version unchanged (`VMMW_UPDATE_TORN`).
+ * `stage` = 1: buckets land in scratch device memory the size of the
+ * destinations first; a failed load leaves them untouched.
+ *
+ * Errors (on every rank alike, the ranks' problems listed in one message):
+ * - `VMMW_NULL_ARGUMENT`: `comm`, `loader`, `pool` or `out` is NULL, or
+ *   `readers` is NULL with `n_readers` above 0.
+ * - `VMMW_INVALID_ARGUMENT`: `stage` is not 0 or 1; `slot_bytes` of 1024
+ *   or less (each bucket carries its reader's status in 1024 bytes).
+ * - `VMMW_UPDATE_SOURCE`: refused before any byte moved (no reader, a
+ *   reader not in the world or listed twice, ranks whose checkpoints,
+ *   readers or slot sizes differ, a plan that does not match a rank's
+ *   destinations); a reader could not read its files; the broadcast failed
+ *   (NCCL's error, a rank gone, a timeout). Nothing written when staged or
+ *   before the first bucket.
+ * - `VMMW_UPDATE_TORN`: not staged, it failed once buckets had landed.
+ * - `VMMW_OUT_OF_MEMORY`: the ring does not fit.
+ *
+ * # Safety
+ * `comm`, `loader` and `pool` are live handles; `readers` is readable for
+ * `n_readers` elements; `out` is writable; `error` is NULL or writable.
+ * The communicator is used by one call at a time (calls serialize on it).
+ */
+vmmw_status_t vmmw_load_broadcast(struct vmmw_nccl_comm_t *comm, struct vmmw_loader_t *loader, struct vmmw_pool_t *pool, const uint32_t *readers, size_t n_readers, uint64_t slot_bytes, uint64_t timeout_ms, uint32_t stage, struct vmmw_broadcast_load_result_t *out, struct vmmw_error_t **error);
 
 /**
  * Open `backend` (a `VMMW_BACKEND_*` value) for CUDA device ordinal `device`.

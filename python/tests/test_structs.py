@@ -39,8 +39,12 @@ def header_structs() -> dict:
             m = re.fullmatch(r"(.+?)\s*(\*?)\s*(\w+)(?:\[(\w+)\])?", decl)
             assert m, f"cannot parse `{decl}` in {name}"
             ctype, star, field, count = m.groups()
+            nested = re.fullmatch(r"struct (vmmw_\w+)", ctype.strip())
             if star:
                 t = ctypes.c_void_p
+            elif nested:
+                # A struct of the header held by value: its mirror, checked on its own.
+                t = S.ALL[nested[1]]
             else:
                 t = C_TYPES[ctype.strip()]
                 if count:

@@ -3,7 +3,7 @@ process (a child Python) updates this process's destinations, loaded with
 the llama preset, through its ring or directly out of its pool, bitwise (the reference: the new values loaded through the
 same rules); a sender that dies mid-handshake leaves the destinations and
 the version as they were, with VMMW_UPDATE_SOURCE or an I/O error; a
-missing NCCL is named."""
+missing NCCL is named; a broadcast load checks its communicator."""
 
 from __future__ import annotations
 
@@ -145,3 +145,16 @@ def test_nccl_missing_is_named(monkeypatch):
     with pytest.raises(vw.VmmwError) as e:
         vw.transport.nccl_unique_id()
     assert "/nonexistent/libnccl.so.2" in str(e.value)
+
+
+def test_broadcast_load_checks_its_communicator(pool, loaded):
+    # No communicator exists without NCCL: a NULL one is refused by the C
+    # call, through the arguments this wrapper converts.
+    import ctypes
+
+    ld, _ = loaded
+    comm = vw.transport.NcclComm(_handle=ctypes.c_void_p())
+    with pytest.raises(vw.VmmwError) as e:
+        comm.broadcast_load(ld, pool, [0, 1], slot_bytes=1 << 20, stage=True)
+    assert e.value.status_name == "VMMW_NULL_ARGUMENT"
+    assert e.value.function == "vmmw_load_broadcast"

@@ -267,6 +267,12 @@ _SIGNATURES: dict[str, tuple[Any, list[Any], bool]] = {
          ctypes.POINTER(S.UpdateResult)],
         True,
     ),
+    "vmmw_load_broadcast": (
+        _I32,
+        [_P, _P, _P, ctypes.POINTER(ctypes.c_uint32), ctypes.c_size_t, ctypes.c_uint64, ctypes.c_uint64,
+         ctypes.c_uint32, ctypes.POINTER(S.BroadcastLoadResult)],
+        True,
+    ),
     "vmmw_nccl_register": (_I32, [_P, ctypes.c_uint64, ctypes.c_uint64, ctypes.POINTER(_P)], True),
     "vmmw_nccl_deregister": (_I32, [_P, _P], True),
     "vmmw_pool_tag_version": (_I32, [_P, ctypes.c_uint32, _U64P], True),

@@ -225,6 +225,18 @@ class UpdateResult(ctypes.Structure):
     ]
 
 
+class BroadcastLoadResult(ctypes.Structure):
+    """vmmw_broadcast_load_result_t"""
+
+    _fields_ = [
+        ("update", UpdateResult),
+        ("buckets", u64),
+        ("bytes", u64),
+        ("files_read", u64),
+        ("bytes_read", u64),
+    ]
+
+
 class SendReport(ctypes.Structure):
     """vmmw_send_report_t"""
 
@@ -268,6 +280,7 @@ ALL = {
     "vmmw_share_options_t": ShareOptions,
     "vmmw_update_options_t": UpdateOptions,
     "vmmw_update_result_t": UpdateResult,
+    "vmmw_broadcast_load_result_t": BroadcastLoadResult,
     "vmmw_send_report_t": SendReport,
     "vmmw_receive_stats_t": ReceiveStats,
 }

@@ -64,6 +64,22 @@ def _result(out: S.UpdateResult) -> UpdateResult:
     return UpdateResult.of(out)
 
 
+@dataclass(frozen=True)
+class BroadcastLoadResult:
+    """What one broadcast load did on this rank."""
+
+    update: UpdateResult
+    """The destinations' side: the tag, its new version, bytes written."""
+    buckets: int
+    """Buckets broadcast, by every reader."""
+    bytes: int
+    """Bytes of checkpoint data broadcast, by every reader."""
+    files_read: int
+    """Files this rank read."""
+    bytes_read: int
+    """Bytes this rank read from them."""
+
+
 class Sender:
     """An IPC sender: a control socket at `path` receivers connect to, and a
     ring of `slots` buffers of `slot_bytes` (0: 2 of the default bucket size)
@@ -296,6 +312,22 @@ class NcclComm:
         call("vmmw_update_broadcast_root", self.handle, loader.handle, pool.handle, source.handle,
              ctypes.c_uint64(slot_bytes), ctypes.c_uint64(timeout_ms), ctypes.byref(opts), ctypes.byref(out))
         return _result(out)
+
+    def broadcast_load(self, loader: Loader, pool: Pool, readers: list[int], *, slot_bytes: int = 0,
+                       timeout_ms: int = 0, stage: bool = False) -> "BroadcastLoadResult":
+        """Load the checkpoint `loader` opened into its destinations in `pool`
+        (allocated first, as for a load): the `readers` ranks stream its files
+        into the broadcast ring, every rank applies each bucket through its
+        rules (each rank its slices). Every rank passes the same readers and
+        `slot_bytes`. `stage`: buckets land in scratch first, so a failed load
+        leaves the destinations untouched (otherwise the tag is left torn)."""
+        ranks = (ctypes.c_uint32 * len(readers))(*readers)
+        out = S.BroadcastLoadResult()
+        call("vmmw_load_broadcast", self.handle, loader.handle, pool.handle, ranks, ctypes.c_size_t(len(readers)),
+             ctypes.c_uint64(slot_bytes), ctypes.c_uint64(timeout_ms), ctypes.c_uint32(1 if stage else 0),
+             ctypes.byref(out))
+        return BroadcastLoadResult(update=_result(out.update), buckets=out.buckets, bytes=out.bytes,
+                                   files_read=out.files_read, bytes_read=out.bytes_read)
 
     def register(self, ptr: int, nbytes: int) -> int:
         """Register device memory with the communicator (``ncclCommRegister``);

@@ -7,7 +7,10 @@
 # (nvidia-h200-x2): the full weights rank 0 -> 1 against
 # torch.distributed.broadcast bus bandwidth in the same run (target >= 0.8),
 # TP=2 ranks each keeping their slices, and an RDMA-capable tag registered
-# with ncclCommRegister surviving sleep/wake through the remap callback.
+# with ncclCommRegister surviving sleep/wake through the remap callback;
+# then the checkpoint load through the same ring (rank 0 reads, both ranks
+# apply, bitwise against a local load, the rate against
+# torch.distributed.broadcast and the local load; TP=2 with two readers).
 # NVLink multicast stays off. Writes update-nccl.txt to $VMMW_GPU_OUT.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -48,6 +51,22 @@ else
   done < <(grep -E '^(PASS|FAIL|SKIP)' "$log" | tail -n +2)
   if [ "$t" -ne 0 ] || [ "$n" -eq 0 ]; then
     result "update: NCCL pair" FAIL "exit $t; see update-nccl.txt"
+    rc=1
+  fi
+  # The checkpoint load through the same ring: rank 0 reads, both apply;
+  # then TP=2 with two readers.
+  part=$(mktemp)
+  timeout 1500 python3 tests/torch/load_broadcast.py --dir "$dir" --layers "${LOAD_LAYERS:-36}" >"$part" 2>&1
+  t=$?
+  cat "$part" >>"$log"
+  n=0
+  while IFS= read -r l; do
+    n=$((n + 1))
+    result_of "load: broadcast $n" "$l" update-nccl.txt || rc=1
+  done < <(grep -E '^(PASS|FAIL)' "$part")
+  rm -f "$part"
+  if [ "$t" -ne 0 ] || [ "$n" -eq 0 ]; then
+    result "load: broadcast" FAIL "exit $t; see update-nccl.txt"
     rc=1
   fi
 fi

@@ -21,6 +21,7 @@
 #![allow(non_camel_case_types)]
 
 pub(crate) mod boundary;
+pub mod broadcast_load;
 pub mod buffer;
 pub mod device;
 pub mod error;

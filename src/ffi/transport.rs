@@ -296,7 +296,7 @@ pub unsafe extern "C" fn vmmw_update_receive_ipc(
 
 /// An NCCL communicator for the broadcast transport.
 pub struct vmmw_nccl_comm_t {
-    coll: Mutex<NcclCollective>,
+    pub(super) coll: Mutex<NcclCollective>,
 }
 
 /// A new NCCL unique id into `out` (128 bytes): rank 0 makes it and shares
@@ -408,7 +408,7 @@ pub unsafe extern "C" fn vmmw_nccl_comm_free(comm: *mut vmmw_nccl_comm_t) {
     unsafe { free_handle(comm) }
 }
 
-fn ring_options(slot_bytes: u64, timeout_ms: u64) -> Result<BroadcastOptions> {
+pub(super) fn ring_options(slot_bytes: u64, timeout_ms: u64) -> Result<BroadcastOptions> {
     Ok(BroadcastOptions {
         slots: DEFAULT_SLOTS,
         slot_bytes: if slot_bytes == 0 {

@@ -439,6 +439,13 @@ impl Session {
         self.cancel.load(Ordering::Acquire)
     }
 
+    /// Keep `executed` as the last successful load's result: the checkpoint
+    /// reached this session's destinations by another path (a load
+    /// broadcast from reader ranks).
+    pub fn record_load(&self, executed: Arc<ExecutedPlan>) {
+        self.lock().executed = Some(executed);
+    }
+
     /// The executed plan of the last successful load.
     pub fn last_result(&self) -> Option<Arc<ExecutedPlan>> {
         self.lock().executed.clone()

@@ -23,7 +23,9 @@
 //! # The failure rule
 //! An update leaves every destination either untouched or fully written
 //! with the new version, never a mix; the tag's version moves (by one) only
-//! when every destination holds the new bytes. Two ways, chosen by the source:
+//! when every destination holds the new bytes. Two ways, chosen by the source
+//! (a third, streamed, gives the rule up for destinations that serve nothing
+//! yet):
 //!
 //! - **Staged** (a source whose bytes arrive over time: a transport, a
 //!   bucket ring). Pieces are copied into scratch device memory laid out as
@@ -33,12 +35,16 @@
 //!   copy per destination moves the scratch into place. Costs device memory
 //!   equal to the bytes the update writes, for the update's duration, and one
 //!   more pass over them in device memory.
+//! - **Streamed** (asked for with [`Staging::Streamed`]: destinations that
+//!   serve nothing yet, as a load's). Pieces are copied straight into the
+//!   destinations as they arrive; a source that fails midway leaves them
+//!   partly written, the tag marked torn and its version unchanged.
 //! - **Direct** (a [`Source::resident`] source: tensors of this process,
 //!   whose bytes cannot go missing). Every piece is collected and its
 //!   coverage checked first, then copied straight into the destinations: no
 //!   scratch, one pass.
 //!
-//! In both, the copies into the destinations can still fail (a device
+//! Staged and direct, the copies into the destinations can still fail (a device
 //! error); the update then rolls forward: it waits for the device and runs
 //! them all again from the same bytes (the scratch, or the resident
 //! source). When that retry fails too the destinations hold a mix: the tag
@@ -90,6 +96,13 @@ pub enum Staging {
     Auto,
     /// Always stage, also a resident source (costs the scratch).
     Always,
+    /// Never stage: copy each batch into the destinations as it arrives, no
+    /// scratch and one pass. A source that fails midway leaves the
+    /// destinations partly written (a load's rule): the tag is marked torn,
+    /// its version stays, and the error is [`Error::UpdateTorn`]. For
+    /// destinations that serve nothing yet, such as a load's
+    /// ([`transport::broadcast_load`]).
+    Streamed,
 }
 
 /// Options of one update.
@@ -213,6 +226,62 @@ pub fn update_registry(
         kept: &|_: &PlanOptions, _: &dyn Fn(&BTreeMap<String, TensorInfo>) -> bool| None,
     };
     run::run(pool, &plans, registry, source, opts)
+}
+
+/// Make every check [`update`] makes before its first copy (options,
+/// destinations, plan, version) for a source bringing `manifest`, moving
+/// nothing; every problem in one error.
+pub fn check(
+    session: &Session,
+    pool: &Pool,
+    manifest: &[SourceTensor],
+    opts: &UpdateOptions,
+) -> Result<()> {
+    check_options(opts)?;
+    let registry = session.shared_registry();
+    crate::loader::check_destinations(pool, &registry)?;
+    let plan_for = |t: &BTreeMap<String, TensorInfo>, o: &PlanOptions| session.plan_for(t, o);
+    let kept = |o: &PlanOptions, same: &dyn Fn(&BTreeMap<String, TensorInfo>) -> bool| {
+        session.kept_plan(o, same)
+    };
+    plan::build(
+        manifest,
+        &plan_for,
+        &kept,
+        &registry,
+        pool,
+        opts.tag,
+        opts.expected_version,
+        &opts.plan,
+    )
+    .map(|_| ())
+}
+
+/// The one pool tag `session`'s registered destinations lie in (the tag a
+/// load into them versions).
+pub fn destinations_tag(session: &Session, pool: &Pool) -> Result<TagId> {
+    let mut tags: Vec<TagId> = Vec::new();
+    for d in session.destinations() {
+        let Some(seg) = pool.segment_of(d.ptr) else {
+            return Err(Error::InvalidArgument(format!(
+                "destination `{}` lies outside the pool: a load through the update path writes pool memory of one tag",
+                d.name.escape_debug()
+            )));
+        };
+        if !tags.contains(&seg.tag) {
+            tags.push(seg.tag);
+        }
+    }
+    match tags[..] {
+        [t] => Ok(t),
+        [] => Err(Error::InvalidState(
+            "no destination is registered: allocate them first (as for a load)".into(),
+        )),
+        _ => Err(Error::InvalidArgument(format!(
+            "the destinations lie in {} tags; a load through the update path versions one",
+            tags.len()
+        ))),
+    }
 }
 
 /// Refuse an update whose `expected_version` is 0 (versions start at

@@ -75,7 +75,11 @@ pub(super) fn run(
     let ticket = pool.begin_update(up.tag, opts.expected_version)?;
     let driver = pool.driver().clone();
     let stream = driver.stream_create()?;
-    let staged = opts.staging == Staging::Always || !source.resident();
+    let staged = match opts.staging {
+        Staging::Always => true,
+        Staging::Auto => !source.resident(),
+        Staging::Streamed => false,
+    };
     // Reload keeps what the update writes in the host backup from now on;
     // done while the device copies into the destinations (the tag is pinned:
     // no sleep can start meanwhile).
@@ -99,6 +103,8 @@ pub(super) fn run(
     };
     let outcome = if staged {
         run.staged(source)
+    } else if opts.staging == Staging::Streamed {
+        run.streamed(source)
     } else {
         run.direct(source)
     };
@@ -403,60 +409,9 @@ impl Run<'_> {
             base + offsets[i] + (p - written[i].0)
         };
         let t0 = self.start_copies();
-        let mut cov = Coverage::new(self.manifest.len());
-        // One batch in flight: batch k's copies run on the device while the
-        // source produces batch k + 1 (into its other buffer); k is released
-        // once its copies have completed.
-        let mut inflight: Option<(u64, EventId)> = None;
-        let mut copies = 0u64;
         let scratch_error = |e: Error| e.with_context(" (copying into the update's scratch)");
-        let streamed = loop {
-            let b = match source.next() {
-                Ok(Some(b)) => b,
-                Ok(None) => break Ok(()),
-                Err(e) => break Err(e),
-            };
-            if let Err(e) = self.accept(&b, &mut cov) {
-                let _ = source.release(b.id);
-                break Err(e);
-            }
-            let cs = self.copies_of(&b, &remap);
-            copies += cs.len() as u64;
-            let queued = self.timed(
-                |p| &mut p.issue,
-                || self.queue(&cs).and_then(|()| self.record()),
-            );
-            let ev = match queued {
-                Ok(ev) => ev,
-                Err(e) => {
-                    // Some of its copies may be queued: wait before handing it back.
-                    let _ = self.driver.stream_synchronize(self.stream);
-                    let _ = source.release(b.id);
-                    break Err(scratch_error(e));
-                }
-            };
-            if let Some((id, prev)) = inflight.replace((b.id, ev)) {
-                let done = self.timed(|p| &mut p.wait, || self.driver.event_synchronize(prev));
-                let _ = self.driver.event_destroy(prev);
-                if let Err(e) = done {
-                    let _ = self.driver.stream_synchronize(self.stream);
-                    let _ = source.release(id);
-                    break Err(scratch_error(e));
-                }
-                if let Err(e) = source.release(id) {
-                    break Err(e);
-                }
-            }
-        };
-        let _ = self.driver.stream_synchronize(self.stream);
-        if let Some((id, ev)) = inflight {
-            let _ = self.driver.event_destroy(ev);
-            let released = source.release(id);
-            if streamed.is_ok() {
-                released.map_err(source_error)?;
-            }
-        }
-        match streamed.and_then(|()| self.complete(&cov)) {
+        let mut copies = 0;
+        match self.stream(source, &remap, &scratch_error, &mut copies) {
             Ok(()) => {}
             Err(e @ (Error::Driver { .. } | Error::OutOfMemory { .. })) => {
                 return Err(Failed::Untouched(e))
@@ -508,6 +463,94 @@ impl Run<'_> {
             copies: copies + flip.len() as u64,
             retried,
             seconds,
+        })
+    }
+    /// Copy each batch of `source` to its `remap`ped destinations as it
+    /// arrives, one batch in flight: batch k's copies run on the device while
+    /// the source produces batch k + 1 (into its other buffer); k is released
+    /// once its copies have completed. Ends once every byte of every tensor
+    /// arrived; `copies` counts the copies queued.
+    fn stream(
+        &self,
+        source: &mut dyn Source,
+        remap: &dyn Fn(DevicePtr) -> DevicePtr,
+        copy_error: &dyn Fn(Error) -> Error,
+        copies: &mut u64,
+    ) -> Result<()> {
+        let mut cov = Coverage::new(self.manifest.len());
+        let mut inflight: Option<(u64, EventId)> = None;
+        let streamed = loop {
+            let b = match source.next() {
+                Ok(Some(b)) => b,
+                Ok(None) => break Ok(()),
+                Err(e) => break Err(e),
+            };
+            if let Err(e) = self.accept(&b, &mut cov) {
+                let _ = source.release(b.id);
+                break Err(e);
+            }
+            let cs = self.copies_of(&b, remap);
+            *copies += cs.len() as u64;
+            let queued = self.timed(
+                |p| &mut p.issue,
+                || self.queue(&cs).and_then(|()| self.record()),
+            );
+            let ev = match queued {
+                Ok(ev) => ev,
+                Err(e) => {
+                    // Some of its copies may be queued: wait before handing it back.
+                    let _ = self.driver.stream_synchronize(self.stream);
+                    let _ = source.release(b.id);
+                    break Err(copy_error(e));
+                }
+            };
+            if let Some((id, prev)) = inflight.replace((b.id, ev)) {
+                let done = self.timed(|p| &mut p.wait, || self.driver.event_synchronize(prev));
+                let _ = self.driver.event_destroy(prev);
+                if let Err(e) = done {
+                    let _ = self.driver.stream_synchronize(self.stream);
+                    let _ = source.release(id);
+                    break Err(copy_error(e));
+                }
+                if let Err(e) = source.release(id) {
+                    break Err(e);
+                }
+            }
+        };
+        let _ = self.driver.stream_synchronize(self.stream);
+        if let Some((id, ev)) = inflight {
+            let _ = self.driver.event_destroy(ev);
+            let released = source.release(id);
+            if streamed.is_ok() {
+                released?;
+            }
+        }
+        streamed.and_then(|()| self.complete(&cov))
+    }
+
+    /// Copy pieces straight into the destinations as they arrive, then the
+    /// pad fills. A failure once a piece was queued leaves them partly
+    /// written.
+    fn streamed(&self, source: &mut dyn Source) -> std::result::Result<Done, Failed> {
+        let same = |p: DevicePtr| p;
+        let t0 = self.start_copies();
+        let mut copies = 0;
+        let copied = self.stream(source, &same, &|e| e, &mut copies);
+        let written = |e: Error| Failed::Torn(format!("{e} (the destinations are partly written)"));
+        match copied {
+            // Nothing was queued: the destinations are as they were.
+            Err(e) if copies == 0 => return Err(source_error(e)),
+            Err(e) => {
+                self.destinations_queued();
+                return Err(written(e));
+            }
+            Ok(()) => self.destinations_queued(),
+        }
+        self.write(&[], &same, true).map_err(written)?;
+        Ok(Done {
+            copies,
+            retried: false,
+            seconds: t0.elapsed().as_secs_f64(),
         })
     }
 }

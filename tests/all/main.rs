@@ -68,6 +68,7 @@ mod update_cli;
 mod update_repeat;
 mod update_tp;
 mod update_transport_broadcast;
+mod update_transport_broadcast_load;
 mod update_transport_direct;
 mod update_transport_direct_cache;
 mod update_transport_processes;

@@ -182,6 +182,15 @@ int main(void) {
   vmmw_update_receiver_free(rx);
   vmmw_update_receiver_free(NULL);
 
+  /* A broadcast load checks its handles before any NCCL call (no
+     communicator exists without NCCL); the result is left alone. */
+  vmmw_broadcast_load_result_t lr;
+  memset(&lr, 0x5a, sizeof lr);
+  uint32_t readers[1] = {0};
+  CHECK_STATUS(VMMW_NULL_ARGUMENT, vmmw_load_broadcast(NULL, ld, pool, readers, 1, 0, 0, 0, &lr, NULL));
+  CHECK_STATUS(VMMW_NULL_ARGUMENT, vmmw_load_broadcast(NULL, ld, pool, readers, 1, 0, 0, 0, NULL, NULL));
+  CHECK(lr.buckets == 0x5a5a5a5a5a5a5a5aull);
+
   vmmw_update_source_free(src);
   vmmw_update_source_free(NULL);
   CHECK_OK(vmmw_pool_dealloc(pool, nb, &err));

@@ -1326,6 +1326,24 @@ class NcclComm {
     return r;
   }
 
+  /// Load the checkpoint `loader` opened into its destinations in `pool`
+  /// (allocated first, as for a load): the `readers` stream its files into
+  /// the broadcast ring and every rank applies each bucket through its
+  /// rules. Every rank passes the same readers and `slot_bytes`. `stage`:
+  /// buckets land in scratch first, so a failed load leaves the
+  /// destinations untouched.
+  vmmw_broadcast_load_result_t broadcast_load(Loader& loader, Pool& pool, const std::vector<uint32_t>& readers,
+                                              uint64_t slot_bytes = 0, uint64_t timeout_ms = 0, bool stage = false) {
+    vmmw_broadcast_load_result_t r{};
+    vmmw_loader_t* l = loader.get();
+    if (l == nullptr) detail::empty_handle("vmmw::Loader");
+    detail::call([&](vmmw_error_t** e) {
+      return vmmw_load_broadcast(get_mut(), l, pool.get(), readers.data(), readers.size(), slot_bytes, timeout_ms,
+                                 stage ? 1u : 0u, &r, e);
+    });
+    return r;
+  }
+
   /// Register device memory with the communicator (ncclCommRegister).
   [[nodiscard]] void* register_buffer(uint64_t ptr, uint64_t len) {
     void* h = nullptr;

@@ -170,4 +170,8 @@ func TestReceiveIPCFromASender(t *testing.T) {
 	if _, err := NcclCommFromRaw(nil); err == nil {
 		t.Fatal("a NULL communicator was accepted")
 	}
+	var closed *NcclComm
+	if _, err := closed.BroadcastLoad(l, p, BroadcastLoadOptions{Readers: []uint32{0}}); err == nil {
+		t.Fatal("a broadcast load on no communicator was accepted")
+	}
 }

@@ -86,10 +86,10 @@ struct Header {
 #[derive(Debug)]
 pub struct Ring {
     pool: Arc<Pool>,
-    slots: Vec<DevicePtr>,
-    slot_bytes: usize,
-    stream: StreamId,
-    events: Vec<EventId>,
+    pub(super) slots: Vec<DevicePtr>,
+    pub(super) slot_bytes: usize,
+    pub(super) stream: StreamId,
+    pub(super) events: Vec<EventId>,
     timeout: Duration,
 }
 
@@ -124,12 +124,12 @@ impl Ring {
         Ok(ring)
     }
 
-    fn driver(&self) -> &Arc<dyn Driver> {
+    pub(super) fn driver(&self) -> &Arc<dyn Driver> {
         self.pool.driver()
     }
 
     /// Wait for `event`, polling the collective so a dead rank is reported.
-    fn wait(&self, event: EventId, coll: &dyn Collective, what: &str) -> Result<()> {
+    pub(super) fn wait(&self, event: EventId, coll: &dyn Collective, what: &str) -> Result<()> {
         let deadline = Instant::now() + self.timeout;
         loop {
             if self.driver().event_query(event)? {
@@ -148,7 +148,7 @@ impl Ring {
 
     /// Broadcast `bytes` (meaningful on the root) through slot 0 and return
     /// them on every rank.
-    fn broadcast_bytes(
+    pub(super) fn broadcast_bytes(
         &self,
         coll: &mut dyn Collective,
         root: usize,

@@ -92,8 +92,9 @@ pub fn check_announced(tensors: &[AnnouncedTensor]) -> Result<()> {
         if t.bytes == 0 {
             problems.push(format!("tensor `{}` has 0 bytes", t.name.escape_debug()));
         }
-        if let Some(size) = crate::loader::dtype::Dtype::parse(&t.dtype).map(|d| d.size() as u64) {
-            let want = t.shape.iter().try_fold(size, |acc, &d| acc.checked_mul(d));
+        if let Some(dtype) = crate::loader::dtype::Dtype::parse(&t.dtype) {
+            // Quantized types count whole blocks of the last dimension.
+            let want = dtype.bytes(&t.shape);
             if want != Some(t.bytes) {
                 problems.push(format!(
                     "tensor `{}`: {} bytes announced, shape {:?} of {} is {}",

@@ -17,7 +17,9 @@
 //!   update copies straight out of them, unstaged (a resident source).
 //! - [`broadcast`]: one root rank to every rank of a
 //!   [`broadcast::Collective`]: NCCL on the GPU ([`nccl`], loaded at run
-//!   time), a thread-backed [`test_collective`] in CI.
+//!   time), a thread-backed [`test_collective`] in CI. The same path loads
+//!   a checkpoint across ranks ([`broadcast_load`]): reader ranks stream
+//!   its files into the ring.
 //!
 //! On the host backend the IPC transport runs between real processes over
 //! memfd-backed memory; CI uses it and the test collective to exercise the
@@ -25,6 +27,7 @@
 //! (docs/UPDATE-TRANSPORTS.md).
 
 pub mod broadcast;
+pub mod broadcast_load;
 pub mod bucket;
 pub mod control;
 pub mod direct;

@@ -1,0 +1,671 @@
+//! A checkpoint load through the broadcast transport, on the test
+//! collective (threads of this process on the host backend): every rank of
+//! worlds 1, 2 and 4 (tensor-parallel) holds bitwise what a normal load puts
+//! there, with one reader and with several owning different files; a
+//! reader whose file changed fails the load on every rank, nothing reported
+//! as loaded, the communicator still usable; a corrupt file on one rank
+//! refused on every rank before any byte; a staged load that fails
+//! leaves the destinations untouched; headers that differ between ranks
+//! are refused on every rank before any byte moves, each rank's problem
+//! listed; a rank that leaves mid-load fails the others without a hang; a
+//! GGUF checkpoint (quantized tensors cut by rows) loads the same way.
+
+use crate::update_transport_ranks::{host_driver, model, write_checkpoint, Rank};
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::loader_tp::Model;
+use vmmweights::driver::StreamId;
+use vmmweights::loader::{Session, Tp};
+use vmmweights::update::transport::broadcast::{BroadcastOptions, Collective, Ring};
+use vmmweights::update::transport::broadcast_load::{
+    self, BroadcastLoad, BroadcastLoadReport, TRAILER_BYTES,
+};
+use vmmweights::update::transport::test_collective::TestCollective;
+use vmmweights::{tag, DevicePtr, Error, Pool, PoolConfig, Status};
+
+/// Rings of `slots` slots holding `bytes` of checkpoint each.
+fn options(bytes: usize, slots: usize) -> BroadcastOptions {
+    BroadcastOptions {
+        slots,
+        slot_bytes: bytes + TRAILER_BYTES,
+        timeout: Duration::from_secs(10),
+    }
+}
+
+/// A rank whose destinations are allocated as for a load, not loaded.
+fn allocated(dir: &Path, m: &Model, name: &str, rank: usize, world: usize) -> Rank {
+    let pool = Arc::new(Pool::new(host_driver(), PoolConfig::default()).unwrap());
+    let t = tag::id(&format!("{name}-{world}-{rank}")).unwrap();
+    let session = Session::open(dir).unwrap();
+    let tp = (world > 1).then_some(Tp { rank, world });
+    session.set_preset(m.preset, tp, m.shape.head_dim).unwrap();
+    session.allocate(&pool, t).unwrap();
+    Rank {
+        pool,
+        session,
+        tag: t,
+        rank,
+        world,
+    }
+}
+
+fn load_rank(
+    coll: &mut dyn Collective,
+    r: &Rank,
+    readers: &[usize],
+    (bytes, slots): (usize, usize),
+    stage: bool,
+) -> vmmweights::Result<BroadcastLoadReport> {
+    let ring = Ring::new(r.pool.clone(), &options(bytes, slots))?;
+    let opts = BroadcastLoad {
+        readers: readers.to_vec(),
+        stage,
+    };
+    broadcast_load::load(coll, &ring, &r.session, &r.pool, &opts)
+}
+
+/// Run one broadcast load on every rank (rank i with `dirs[i]`'s files),
+/// each with its own collective.
+fn load_all(
+    colls: &mut [impl Collective],
+    ranks: &[Rank],
+    readers: &[usize],
+    ring: (usize, usize),
+    stage: bool,
+) -> Vec<vmmweights::Result<BroadcastLoadReport>> {
+    std::thread::scope(|s| {
+        let handles: Vec<_> = colls
+            .iter_mut()
+            .zip(ranks)
+            .map(|(c, r)| s.spawn(move || load_rank(c, r, readers, ring, stage)))
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
+fn normally_loaded(dir: &Path, m: &Model, rank: usize, world: usize) -> BTreeMap<String, Vec<u8>> {
+    Rank::load(dir, m, "bload-normal", rank, world).snapshot()
+}
+
+#[test]
+fn every_rank_holds_what_a_normal_load_puts_there() {
+    let m = model();
+    let dir = tempfile::tempdir().unwrap();
+    write_checkpoint(dir.path(), &m);
+    for (world, readers, slots) in [
+        (1usize, vec![0usize], 2usize),
+        (2, vec![0], 2),
+        (2, vec![1], 3),
+        (4, vec![0], 2),
+        (4, vec![3, 1], 3),
+        (4, vec![0, 1, 2, 3], 2),
+    ] {
+        let ranks: Vec<Rank> = (0..world)
+            .map(|r| allocated(dir.path(), &m, "bload", r, world))
+            .collect();
+        let v0: Vec<u64> = ranks.iter().map(Rank::version).collect();
+        let mut colls = TestCollective::group(world, Duration::from_secs(10));
+        let reports = load_all(&mut colls, &ranks, &readers, (3000, slots), false);
+        let reports: Vec<BroadcastLoadReport> = reports
+            .into_iter()
+            .map(|r| r.unwrap_or_else(|e| panic!("world {world}, readers {readers:?}: {e}")))
+            .collect();
+        for ((r, rep), v) in ranks.iter().zip(&reports).zip(&v0) {
+            assert!(
+                r.snapshot() == normally_loaded(dir.path(), &m, r.rank, world),
+                "world {world}, readers {readers:?}, rank {}: bitwise a normal load",
+                r.rank
+            );
+            assert_eq!(rep.update.version, v + 1);
+            assert!(!rep.update.staged);
+            assert!(!r.pool.tag_torn(r.tag).unwrap());
+            let last = r.session.last_result().expect("reported as loaded");
+            assert_eq!(last.stats.bytes, rep.bytes);
+            if !readers.contains(&r.rank) {
+                assert_eq!((rep.files_read, rep.bytes_read), (0, 0));
+            }
+        }
+        // The readers share the files: each read some, together all of
+        // them once.
+        let files: u64 = reports.iter().map(|r| r.files_read).sum();
+        let read: u64 = reports.iter().map(|r| r.bytes_read).sum();
+        assert_eq!(files, 3, "world {world}, readers {readers:?}");
+        assert_eq!(read, reports[0].bytes);
+        if readers.len() > 1 && readers.len() <= 3 {
+            for &rd in &readers {
+                assert!(reports[rd].files_read > 0, "reader {rd} read its files");
+            }
+        }
+    }
+}
+
+#[test]
+fn a_staged_load_is_bitwise_too() {
+    let m = model();
+    let dir = tempfile::tempdir().unwrap();
+    write_checkpoint(dir.path(), &m);
+    let ranks: Vec<Rank> = (0..2)
+        .map(|r| allocated(dir.path(), &m, "bload-staged", r, 2))
+        .collect();
+    let mut colls = TestCollective::group(2, Duration::from_secs(10));
+    for (r, rep) in ranks
+        .iter()
+        .zip(load_all(&mut colls, &ranks, &[0, 1], (5000, 2), true))
+    {
+        assert!(rep.unwrap().update.staged);
+        assert!(r.snapshot() == normally_loaded(dir.path(), &m, r.rank, 2));
+    }
+}
+
+/// A collective that runs `act` once, just before its `at`-th broadcast
+/// (counted from 0), then forwards to `inner`.
+struct Act<F: FnMut()> {
+    inner: TestCollective,
+    at: usize,
+    n: usize,
+    act: Option<F>,
+}
+
+impl<F: FnMut() + Send> Collective for Act<F> {
+    fn rank(&self) -> usize {
+        self.inner.rank()
+    }
+    fn world(&self) -> usize {
+        self.inner.world()
+    }
+    unsafe fn broadcast(
+        &mut self,
+        buf: DevicePtr,
+        len: usize,
+        root: usize,
+        stream: StreamId,
+    ) -> vmmweights::Result<()> {
+        if self.n == self.at {
+            if let Some(mut f) = self.act.take() {
+                f();
+            }
+        }
+        self.n += 1;
+        // SAFETY: forwarded from the caller's contract.
+        unsafe { self.inner.broadcast(buf, len, root, stream) }
+    }
+    fn check(&self) -> vmmweights::Result<()> {
+        self.inner.check()
+    }
+}
+
+/// Each rank with its own copy of the checkpoint (one per node).
+fn copies(m: &Model, world: usize) -> Vec<tempfile::TempDir> {
+    (0..world)
+        .map(|_| {
+            let d = tempfile::tempdir().unwrap();
+            write_checkpoint(d.path(), m);
+            d
+        })
+        .collect()
+}
+
+const LAST_FILE: &str = "model-00003-of-00003.safetensors";
+
+#[test]
+fn a_reader_whose_file_changed_fails_the_load_on_every_rank() {
+    let m = model();
+    for (stage, slots) in [(false, 2), (true, 2), (false, 3), (false, 4)] {
+        let dirs = copies(&m, 4);
+        let ranks: Vec<Rank> = (0..4)
+            .map(|r| allocated(dirs[r].path(), &m, "bload-short", r, 4))
+            .collect();
+        let before: Vec<_> = ranks.iter().map(|r| (r.snapshot(), r.version())).collect();
+        // Reader 1 owns the last file; it is cut short once the load is
+        // agreed on (4 slot sizes, the header's length and body, 4 verdicts:
+        // 10 broadcasts), before reader 1 reads it.
+        let victim = dirs[1].path().join(LAST_FILE);
+        let len = std::fs::metadata(&victim).unwrap().len();
+        let mut colls: Vec<_> = TestCollective::group(4, Duration::from_secs(10))
+            .into_iter()
+            .map(|c| {
+                let victim = victim.clone();
+                let mine = c.rank() == 1;
+                Act {
+                    inner: c,
+                    at: 10,
+                    n: 0,
+                    act: Some(move || {
+                        if mine {
+                            let f = std::fs::OpenOptions::new().write(true).open(&victim);
+                            f.unwrap().set_len(len - 100).unwrap();
+                        }
+                    }),
+                }
+            })
+            .collect();
+        let results = load_all(&mut colls, &ranks, &[0, 1], (3000, slots), stage);
+        for (r, res) in ranks.iter().zip(results) {
+            let e = res.unwrap_err();
+            let msg = e.to_string();
+            assert!(
+                msg.contains("reader rank 1 could not read") && msg.contains(LAST_FILE),
+                "rank {}: {msg}",
+                r.rank
+            );
+            assert!(r.session.last_result().is_none(), "nothing reported loaded");
+            assert_eq!(r.version(), before[r.rank].1, "the version stays");
+            if stage {
+                assert_eq!(e.status(), Status::UpdateSource, "{msg}");
+                assert!(r.snapshot() == before[r.rank].0, "staged: untouched");
+                assert!(!r.pool.tag_torn(r.tag).unwrap());
+            } else {
+                // Reader 0's part landed first: the destinations hold some of it.
+                assert_eq!(e.status(), Status::UpdateTorn, "{msg}");
+                assert!(r.pool.tag_torn(r.tag).unwrap());
+            }
+        }
+        // Every rank took part in the same broadcasts: the group serves a
+        // load again once the file is whole.
+        write_checkpoint(dirs[1].path(), &m);
+        let ranks: Vec<Rank> = (0..4)
+            .map(|r| allocated(dirs[r].path(), &m, "bload-again", r, 4))
+            .collect();
+        for (r, res) in
+            ranks
+                .iter()
+                .zip(load_all(&mut colls, &ranks, &[0, 1], (3000, slots), stage))
+        {
+            res.unwrap();
+            assert!(r.snapshot() == normally_loaded(dirs[r.rank].path(), &m, r.rank, 4));
+        }
+    }
+}
+
+#[test]
+fn headers_that_differ_are_refused_on_every_rank_before_any_byte() {
+    let m = model();
+    // Rank 1's files lack a tensor and hold one of another shape (rewritten
+    // after its destinations were allocated); rank 2 names other readers.
+    let dirs = copies(&m, 4);
+    let ranks: Vec<Rank> = (0..4)
+        .map(|r| allocated(dirs[r].path(), &m, "bload-hdr", r, 4))
+        .collect();
+    let mut other = crate::loader_tp::tensors(&m);
+    let dropped = other.keys().nth(1).unwrap().clone();
+    other.remove(&dropped);
+    let (reshaped, (shape, _)) = other.iter_mut().next().unwrap();
+    let reshaped = reshaped.clone();
+    *shape = vec![shape.iter().product::<usize>()];
+    for f in std::fs::read_dir(dirs[1].path()).unwrap() {
+        std::fs::remove_file(f.unwrap().path()).unwrap();
+    }
+    crate::common::loader::write_sharded(
+        dirs[1].path(),
+        &other,
+        vmmweights::loader::Dtype::Bf16,
+        3,
+    );
+    let before: Vec<_> = ranks.iter().map(|r| (r.snapshot(), r.version())).collect();
+    let colls = TestCollective::group(4, Duration::from_secs(10));
+    let results: Vec<_> = std::thread::scope(|s| {
+        let handles: Vec<_> = colls
+            .into_iter()
+            .zip(&ranks)
+            .map(|(mut c, r)| {
+                s.spawn(move || {
+                    let readers: &[usize] = if r.rank == 2 { &[1, 0] } else { &[0, 1] };
+                    load_rank(&mut c, r, readers, (3000, 2), false)
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for (r, res) in ranks.iter().zip(results) {
+        let e = res.unwrap_err();
+        assert_eq!(e.status(), Status::UpdateSource, "{e}");
+        let msg = e.to_string();
+        assert!(msg.contains("refused before any byte moved"), "{msg}");
+        assert!(
+            msg.contains(&format!("`{dropped}` only on rank 0")),
+            "{msg}"
+        );
+        assert!(msg.contains(&format!("`{reshaped}`: BF16")), "{msg}");
+        assert!(
+            msg.contains("rank 2: readers [0, 1] on rank 0, [1, 0] here"),
+            "{msg}"
+        );
+        assert!(
+            !msg.contains("rank 0:") && !msg.contains("rank 3:"),
+            "{msg}"
+        );
+        assert!(
+            r.snapshot() == before[r.rank].0,
+            "rank {}: untouched",
+            r.rank
+        );
+        assert_eq!(r.version(), before[r.rank].1);
+        assert!(!r.pool.tag_torn(r.tag).unwrap());
+    }
+}
+
+#[test]
+fn ranks_with_different_slots_are_refused_alike() {
+    let m = model();
+    let dir = tempfile::tempdir().unwrap();
+    write_checkpoint(dir.path(), &m);
+    let ranks: Vec<Rank> = (0..2)
+        .map(|r| allocated(dir.path(), &m, "bload-slots", r, 2))
+        .collect();
+    let colls = TestCollective::group(2, Duration::from_secs(10));
+    let results: Vec<_> = std::thread::scope(|s| {
+        let handles: Vec<_> = colls
+            .into_iter()
+            .zip(&ranks)
+            .map(|(mut c, r)| {
+                s.spawn(move || load_rank(&mut c, r, &[0], (3000 + r.rank, 2), false))
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let s0 = 3000 + TRAILER_BYTES;
+    for res in results {
+        let e = res.unwrap_err().to_string();
+        assert!(
+            e.contains(&format!("rank 0: {s0}, rank 1: {}", s0 + 1))
+                && e.contains("same bucket size"),
+            "{e}"
+        );
+    }
+}
+
+#[test]
+fn bad_arguments_are_refused_on_every_rank() {
+    let m = model();
+    let dir = tempfile::tempdir().unwrap();
+    write_checkpoint(dir.path(), &m);
+    for (readers, want) in [
+        (vec![], "at least one reader"),
+        (vec![2usize], "reader rank 2 of a world of 2"),
+        (vec![1, 1], "listed twice"),
+        (vec![0, 1, 0], "3 reader ranks for a world of 2"),
+    ] {
+        let ranks: Vec<Rank> = (0..2)
+            .map(|r| allocated(dir.path(), &m, "bload-args", r, 2))
+            .collect();
+        let mut colls = TestCollective::group(2, Duration::from_secs(10));
+        for res in load_all(&mut colls, &ranks, &readers, (3000, 2), false) {
+            let e = res.unwrap_err().to_string();
+            assert!(e.contains(want), "{e}");
+        }
+    }
+    // A ring too small for a bucket's status is refused before anything.
+    let r = allocated(dir.path(), &m, "bload-small", 0, 1);
+    let ring = Ring::new(
+        r.pool.clone(),
+        &BroadcastOptions {
+            slots: 2,
+            slot_bytes: TRAILER_BYTES,
+            timeout: Duration::from_secs(1),
+        },
+    )
+    .unwrap();
+    let mut c = TestCollective::group(1, Duration::from_secs(1))
+        .pop()
+        .unwrap();
+    let opts = BroadcastLoad {
+        readers: vec![0],
+        stage: false,
+    };
+    let e = broadcast_load::load(&mut c, &ring, &r.session, &r.pool, &opts).unwrap_err();
+    assert_eq!(e.status(), Status::InvalidArgument, "{e}");
+}
+
+/// A collective whose rank leaves (is dropped) before its `after`-th broadcast.
+struct Leaving {
+    inner: Option<TestCollective>,
+    rank: usize,
+    world: usize,
+    after: usize,
+}
+
+impl Collective for Leaving {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+    fn world(&self) -> usize {
+        self.world
+    }
+    unsafe fn broadcast(
+        &mut self,
+        buf: DevicePtr,
+        len: usize,
+        root: usize,
+        stream: StreamId,
+    ) -> vmmweights::Result<()> {
+        if self.after == 0 {
+            self.inner = None;
+            return Err(Error::InvalidState("this rank left".into()));
+        }
+        self.after -= 1;
+        // SAFETY: forwarded from the caller's contract.
+        unsafe {
+            self.inner
+                .as_mut()
+                .unwrap()
+                .broadcast(buf, len, root, stream)
+        }
+    }
+    fn check(&self) -> vmmweights::Result<()> {
+        self.inner.as_ref().map_or(Ok(()), |c| c.check())
+    }
+}
+
+#[test]
+fn a_rank_leaving_mid_load_fails_the_others_without_a_hang() {
+    let m = model();
+    let dir = tempfile::tempdir().unwrap();
+    write_checkpoint(dir.path(), &m);
+    let ranks: Vec<Rank> = (0..4)
+        .map(|r| allocated(dir.path(), &m, "bload-leave", r, 4))
+        .collect();
+    let started = std::time::Instant::now();
+    let mut colls: Vec<Leaving> = TestCollective::group(4, Duration::from_secs(10))
+        .into_iter()
+        .enumerate()
+        .map(|(r, c)| Leaving {
+            inner: Some(c),
+            rank: r,
+            world: 4,
+            // Rank 2 leaves after the agreement (10 broadcasts) and three
+            // buckets.
+            after: if r == 2 { 13 } else { usize::MAX },
+        })
+        .collect();
+    let results = load_all(&mut colls, &ranks, &[0], (3000, 2), false);
+    assert!(
+        started.elapsed() < Duration::from_secs(9),
+        "the others learn at once, not by their timeout"
+    );
+    for (r, res) in ranks.iter().zip(results) {
+        let e = res.unwrap_err();
+        assert!(
+            matches!(e.status(), Status::UpdateTorn | Status::UpdateSource),
+            "rank {}: {e}",
+            r.rank
+        );
+        if r.rank != 2 {
+            assert!(e.to_string().contains("rank 2 left the group"), "{e}");
+        }
+        assert!(r.session.last_result().is_none());
+    }
+}
+
+#[test]
+fn a_gguf_checkpoint_loads_through_the_same_path() {
+    use crate::common::gguf::{pattern, File};
+    use vmmweights::loader::Rules;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("m.gguf");
+    // F32, Q8_0 and Q4_K tensors, split by rows over two ranks (whole blocks).
+    File::new(
+        vec![],
+        &[
+            ("norm.weight", &[8, 2], 0, pattern(1, 8 * 2 * 4)),
+            ("blk.0.attn_q.weight", &[64, 4], 8, pattern(2, 2 * 4 * 34)),
+            ("blk.0.ffn_up.weight", &[256, 2], 12, pattern(3, 2 * 144)),
+        ],
+    )
+    .write(&path);
+    let rules = |rank: usize| {
+        Rules::from_json(&format!(
+            r#"{{"tp":{{"rank":{rank},"world":2}},"rules":[{{"match":".*","shard":{{"dim":0}}}}]}}"#
+        ))
+        .unwrap()
+    };
+    let rank = |r: usize, name: &str, load: bool| {
+        let pool = Arc::new(Pool::new(host_driver(), PoolConfig::default()).unwrap());
+        let t = tag::id(&format!("{name}-{r}")).unwrap();
+        let session = Session::open(&path).unwrap();
+        session.set_rules(rules(r)).unwrap();
+        session.allocate(&pool, t).unwrap();
+        if load {
+            session.load(&pool, None).unwrap();
+        }
+        Rank {
+            pool,
+            session,
+            tag: t,
+            rank: r,
+            world: 2,
+        }
+    };
+    let ranks = [rank(0, "bload-gguf", false), rank(1, "bload-gguf", false)];
+    let mut colls = TestCollective::group(2, Duration::from_secs(10));
+    for (r, res) in ranks
+        .iter()
+        .zip(load_all(&mut colls, &ranks, &[1], (200, 2), false))
+    {
+        assert_eq!(
+            res.unwrap().files_read,
+            r.rank as u64,
+            "rank 1 reads the file"
+        );
+    }
+    for r in &ranks {
+        let normal = rank(r.rank, "bload-gguf-normal", true);
+        assert!(r.snapshot() == normal.snapshot(), "rank {}", r.rank);
+        assert_eq!(r.snapshot().len(), 3);
+    }
+}
+
+#[test]
+fn reload_after_a_broadcast_load_reads_the_checkpoint_again() {
+    use vmmweights::sleep::Policy;
+    let m = model();
+    let dir = tempfile::tempdir().unwrap();
+    write_checkpoint(dir.path(), &m);
+    let ranks: Vec<Rank> = (0..2)
+        .map(|r| allocated(dir.path(), &m, "bload-reload", r, 2))
+        .collect();
+    let mut colls = TestCollective::group(2, Duration::from_secs(10));
+    for res in load_all(&mut colls, &ranks, &[0], (3000, 2), false) {
+        res.unwrap();
+    }
+    for r in &ranks {
+        let normal = Rank::load(dir.path(), &m, "bload-reload-normal", r.rank, 2);
+        let want = normal.snapshot();
+        // The checkpoint is the tag's reload source, as after a load: the
+        // sleep keeps in its host backup what a normal load's keeps (the
+        // bytes no destination covers), the wake reads the files.
+        let kept = |k: &Rank| {
+            k.pool.sleep(&[(k.tag, Policy::Reload)]).unwrap()[0]
+                .report
+                .copied_bytes
+        };
+        let total: u64 = want.values().map(|v| v.len() as u64).sum();
+        let ours = kept(r);
+        assert!(
+            ours < total,
+            "rank {}: {ours} of {total} bytes kept",
+            r.rank
+        );
+        assert_eq!(ours, kept(&normal), "rank {}", r.rank);
+        r.pool.wake(&[r.tag]).unwrap();
+        assert!(r.snapshot() == want, "rank {}", r.rank);
+    }
+}
+
+#[test]
+fn a_rank_that_stalls_mid_load_fails_every_rank_within_the_timeout() {
+    let m = model();
+    let dir = tempfile::tempdir().unwrap();
+    write_checkpoint(dir.path(), &m);
+    let ranks: Vec<Rank> = (0..4)
+        .map(|r| allocated(dir.path(), &m, "bload-stall", r, 4))
+        .collect();
+    // Each broadcast waits at most 1 s for the others; rank 2 stalls 3 s
+    // after the agreement (10 broadcasts) and two buckets.
+    let mut colls: Vec<_> = TestCollective::group(4, Duration::from_secs(1))
+        .into_iter()
+        .map(|c| {
+            let stalls = c.rank() == 2;
+            Act {
+                inner: c,
+                at: 12,
+                n: 0,
+                act: Some(move || {
+                    if stalls {
+                        std::thread::sleep(Duration::from_secs(3));
+                    }
+                }),
+            }
+        })
+        .collect();
+    let started = std::time::Instant::now();
+    let results = load_all(&mut colls, &ranks, &[0], (3000, 2), false);
+    assert!(
+        started.elapsed() < Duration::from_secs(8),
+        "bounded by the timeout"
+    );
+    for (r, res) in ranks.iter().zip(results) {
+        let e = res.unwrap_err();
+        assert!(
+            e.to_string().contains("waited 1s for the others"),
+            "rank {}: {e}",
+            r.rank
+        );
+        assert!(r.session.last_result().is_none());
+    }
+}
+
+#[test]
+fn a_corrupt_file_on_one_rank_is_refused_on_every_rank_before_any_byte() {
+    let m = model();
+    let dirs = copies(&m, 2);
+    let ranks: Vec<Rank> = (0..2)
+        .map(|r| allocated(dirs[r].path(), &m, "bload-corrupt", r, 2))
+        .collect();
+    let before: Vec<_> = ranks.iter().map(|r| r.snapshot()).collect();
+    // Rank 1's copy of the last file gets a garbage header length.
+    let victim = dirs[1].path().join(LAST_FILE);
+    let mut bytes = std::fs::read(&victim).unwrap();
+    bytes[..8].copy_from_slice(&u64::MAX.to_le_bytes());
+    std::fs::write(&victim, bytes).unwrap();
+    let mut colls = TestCollective::group(2, Duration::from_secs(10));
+    for (r, res) in ranks
+        .iter()
+        .zip(load_all(&mut colls, &ranks, &[0, 1], (3000, 2), false))
+    {
+        let e = res.unwrap_err();
+        assert_eq!(e.status(), Status::UpdateSource, "{e}");
+        let msg = e.to_string();
+        assert!(
+            msg.contains("refused before any byte moved")
+                && msg.contains("rank 1: ")
+                && msg.contains(LAST_FILE),
+            "rank {}: {msg}",
+            r.rank
+        );
+        assert!(r.snapshot() == before[r.rank], "rank {}: untouched", r.rank);
+    }
+}
