@@ -5,10 +5,11 @@
 //! A segment is cut into frames of `SleepOptions::codec_frame_bytes` raw
 //! bytes, passed through a ring of `codec_ring` device buffers (frame t of
 //! the whole sleep or wake uses buffer t % ring). Sleep encodes frame j while
-//! the copies of the frames before it to the host run; wake queues the copies
-//! of frames j+1..j+ring-1 before it waits for frame j's and decodes it in
-//! place, so a host wait (or a chunk being mapped) never leaves the link
-//! idle. Each frame's blocks carry
+//! the copies of the frames before it to the host run, the host waiting only
+//! to learn each frame's length; wake queues every frame's copy and decode
+//! with the streams ordered on the device (a copy waits for the last decode
+//! out of its buffer, a decode for its copy), so the host maps chunks and
+//! queues work ahead of the link and never waits. Each frame's blocks carry
 //! checksums: a corrupt backup fails the wake, and the caller unmaps what the
 //! wake mapped (the tag stays asleep, the backup untouched).
 
@@ -233,14 +234,6 @@ impl CodecScratch {
     /// Buffers in the ring.
     fn ring(&self) -> usize {
         self.frames.len()
-    }
-
-    /// Wait until buffer `k`'s last use has completed.
-    fn wait(&self, k: usize) -> Result<()> {
-        if self.used[k] {
-            self.driver.event_synchronize(self.done[k])?;
-        }
-        Ok(())
     }
 }
 
@@ -527,9 +520,8 @@ impl SleepEngine {
 
     /// Copy the frames `jobs` lists into the ring's buffers and decode each
     /// in place into `label.ptr + label.rec.offset`, one ring over all of
-    /// them: the copies of the first ring - 1 frames go first, then each step
-    /// queues one more copy before it waits (on the host) for the oldest and
-    /// queues its decode. `map_upto(seg, end)` runs before each decode.
+    /// them, the streams ordered on the device so the host never waits.
+    /// `map_upto(seg, end)` runs before each decode is queued.
     /// `streams[0]` copies, `streams[1]` decodes; each verdict goes to the
     /// status word of its frame's place in `decoded`, which
     /// [`Self::check_decoded`] reads. Returns the encoded bytes copied.
@@ -570,37 +562,35 @@ impl SleepEngine {
             };
         }
         let (base, ring) = (sc.turn, sc.ring());
-        let issue = |sc: &mut CodecScratch, n: usize| -> Result<()> {
+        let mut copied = 0u64;
+        // Each step queues one frame's copy into its buffer and its decode
+        // out of it. The streams wait for each other on the device (a copy
+        // for the last decode out of its buffer, a decode for its copy), so
+        // the host never waits: it maps destinations and queues copies ahead
+        // of the link, as the raw wake does.
+        for (n, job) in jobs.iter().enumerate() {
+            let f = job.label.rec;
             let k = (base + n) % ring;
-            sc.wait(k)?;
-            for &(host, len, within) in &jobs[n].runs {
+            if sc.used[k] {
+                self.driver.stream_wait_event(copy_on, sc.done[k])?;
+            }
+            for &(host, len, within) in &job.runs {
                 // SAFETY: `host` holds `len` bytes of the frame, kept and
                 // unchanged for the whole pipeline (the caller's contract);
-                // the buffer's last decode has completed (waited above).
+                // the copy runs after the buffer's last decode (the wait
+                // above).
                 unsafe {
                     self.driver
                         .copy_htod_async(sc.frames[k] + within as u64, host, len, copy_on)?
                 };
             }
-            self.driver.event_record(sc.ready[k], copy_on)
-        };
-        let mut copied = 0u64;
-        // The copies of the first ring - 1 frames go first; then each step
-        // queues one more copy before it waits for the oldest.
-        for n in 0..jobs.len().min(ring - 1) {
-            issue(sc, n)?;
-        }
-        for (n, job) in jobs.iter().enumerate() {
-            if n + ring - 1 < jobs.len() {
-                issue(sc, n + ring - 1)?;
-            }
-            let f = job.label.rec;
-            let k = (base + n) % ring;
+            self.driver.event_record(sc.ready[k], copy_on)?;
             map_upto(job.seg, f.offset + f.raw_len)?;
-            self.driver.event_synchronize(sc.ready[k])?;
-            // SAFETY: the frame is in buffer k (its copy completed); the
-            // destination range is mapped (map_upto above, or the caller's
-            // contract) and status word n lies in the scratch.
+            self.driver.stream_wait_event(decode_on, sc.ready[k])?;
+            // SAFETY: the decode runs after the frame's copy into buffer k
+            // (the wait above); the destination range is mapped (map_upto
+            // above, or the caller's contract) and status word n lies in the
+            // scratch.
             unsafe {
                 self.driver.codec_decode_async(
                     sc.frames[k],
