@@ -10,7 +10,8 @@ from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from . import _structs as S
-from ._native import VmmwError, call, call_text, function
+from ._native import VmmwError, call, call_text
+from ._owned import OwnedHandle
 from .pool import Pool, _json_object
 from .tags import tag_id
 
@@ -73,7 +74,7 @@ def _fields(cls: Any, c: ctypes.Structure) -> Dict[str, Any]:
     return {name: getattr(c, name) for name in cls.__dataclass_fields__}
 
 
-class Loader:
+class Loader(OwnedHandle):
     """One checkpoint to load: a ``.safetensors`` file, or a folder with
     ``model.safetensors.index.json`` (sharded, also the Hugging Face cache's
     symlinked layout) or one ``model.safetensors``. Headers are read and
@@ -87,8 +88,11 @@ class Loader:
     block is freed, :meth:`load` refuses it (``VmmwError`` with status
     ``VMMW_UNKNOWN_POINTER`` naming it) even when the pool handed the same
     address to a new tensor; register the new tensor to load into it.
-    Use as a context manager, or call :meth:`close`.
+    Use as a context manager, or call :meth:`close` (destinations it
+    allocated stay in their pool).
     """
+
+    _free = "vmmw_loader_free"
 
     def __init__(self, path: Union[str, os.PathLike[str]]) -> None:
         self.path = os.fspath(path)
@@ -102,24 +106,6 @@ class Loader:
         if self._handle is None:
             raise ValueError("the loader is closed")
         return self._handle
-
-    def close(self) -> None:
-        """Free the loader (destinations it allocated stay in their pool)."""
-        if self._handle is not None:
-            function("vmmw_loader_free")(self._handle)
-            self._handle = None
-
-    def __enter__(self) -> "Loader":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:
-            pass
 
     # --- rules and options ----------------------------------------------------------
 

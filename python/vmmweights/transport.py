@@ -33,6 +33,7 @@ from typing import Any, Optional
 
 from . import _structs as S
 from ._native import call, function
+from ._owned import OwnedHandle
 from .loader import Loader
 from .pool import Pool
 from .tags import tag_id
@@ -80,12 +81,15 @@ class BroadcastLoadResult:
     """Bytes this rank read from them."""
 
 
-class Sender:
+class Sender(OwnedHandle):
     """An IPC sender: a control socket at `path` receivers connect to, and a
     ring of `slots` buffers of `slot_bytes` (0: 2 of the default bucket size)
     in `pool`, allocated at the first :meth:`send` and exported once
     (:meth:`send_direct` needs no ring). Use as a context manager, or call
-    :meth:`close`."""
+    :meth:`close`, which stops serving the ring, removes the socket and frees
+    the ring."""
+
+    _free = "vmmw_update_sender_free"
 
     def __init__(self, pool: Pool, path: str, slots: int = 0, slot_bytes: int = 0, timeout_ms: int = 0) -> None:
         handle = ctypes.c_void_p()
@@ -116,24 +120,6 @@ class Sender:
         call(fn, self._handle, source.handle, ctypes.c_uint32(receivers), ctypes.byref(out))
         return SendReport(version=out.version, buckets=out.buckets, bytes=out.bytes,
                           setup_seconds=out.setup_seconds, seconds=out.seconds)
-
-    def close(self) -> None:
-        """Stop serving the ring, remove the socket, free the ring."""
-        if self._handle is not None:
-            function("vmmw_update_sender_free")(self._handle)
-            self._handle = None
-
-    def __enter__(self) -> "Sender":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:
-            pass
 
 
 def receive_ipc(loader: Loader, pool: Pool, path: str, expected_version: int, *, timeout_ms: int = 0,
@@ -175,7 +161,7 @@ class ReceiveStats:
     imports are dropped."""
 
 
-class Receiver:
+class Receiver(OwnedHandle):
     """Receives updates from the IPC sender at `path` and keeps the shares of
     its direct updates imported between updates, so a later direct update
     from the same sender over the same memory attaches nothing: one manifest,
@@ -184,7 +170,9 @@ class Receiver:
     :meth:`drop_imports`, a failed receive, or :meth:`close`. At most
     `max_kept_imports` shares (0: 64) and `max_kept_bytes` bytes (0: no
     byte bound) stay imported. Imports on `pool`'s device; connects at each
-    :meth:`receive`."""
+    :meth:`receive`. :meth:`close` frees it and drops its kept imports."""
+
+    _free = "vmmw_update_receiver_free"
 
     def __init__(self, pool: Pool, path: str, *, timeout_ms: int = 0, max_kept_imports: int = 0,
                  max_kept_bytes: int = 0) -> None:
@@ -225,24 +213,6 @@ class Receiver:
         """Drop every kept import: the sender's memory they kept allocated
         goes, and the next receive attaches again."""
         call("vmmw_update_receiver_drop_imports", self.handle)
-
-    def close(self) -> None:
-        """Free the receiver and drop its kept imports."""
-        if self._handle is not None:
-            function("vmmw_update_receiver_free")(self._handle)
-            self._handle = None
-
-    def __enter__(self) -> "Receiver":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:
-            pass
 
 
 def nccl_unique_id() -> bytes:

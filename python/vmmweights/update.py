@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from typing import Any, List, Optional, Sequence
 
 from . import _structs as S
-from ._native import call, function
+from ._native import call
+from ._owned import OwnedHandle
 from .loader import Loader
 from .pool import Pool
 from .tags import tag_id, tag_name
@@ -69,11 +70,14 @@ class UpdateResult:
                             wait_seconds=out.wait_seconds, bookkeeping_seconds=out.bookkeeping_seconds)
 
 
-class UpdateSource:
+class UpdateSource(OwnedHandle):
     """Whole tensors, by checkpoint name, that :func:`update` reads. The
     memory stays the caller's: keep it alive, unchanged, while updates read
     it. One source serves any number of updates. Use as a context manager,
-    or call :meth:`close`."""
+    or call :meth:`close` (which frees the source, not the memory it names,
+    and lets go of the objects `add` kept)."""
+
+    _free = "vmmw_update_source_free"
 
     def __init__(self) -> None:
         handle = ctypes.c_void_p()
@@ -103,23 +107,8 @@ class UpdateSource:
             self._keep.append(keep)
 
     def close(self) -> None:
-        """Free the source (not the memory it names)."""
-        if self._handle is not None:
-            function("vmmw_update_source_free")(self._handle)
-            self._handle = None
-            self._keep.clear()
-
-    def __enter__(self) -> "UpdateSource":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:
-            pass
+        super().close()
+        self._keep.clear()
 
 
 def update(
