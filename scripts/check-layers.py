@@ -266,7 +266,7 @@ def crate_graph(files, root):
 PY_LAYERS = [
     ["_structs"],
     ["_native"],
-    ["report", "tags", "metadata"],
+    ["report", "tags", "metadata", "_owned"],
     ["pool"],
     ["loader", "saver"],
     ["devices", "share", "update"],
