@@ -441,3 +441,149 @@ fn a_first_sleep_pins_ahead_and_keeps_about_the_encoded_bytes() {
         }
     });
 }
+
+/// A compressed sleep that fails at any frame (the encode of a later segment
+/// after earlier ones were unmapped early) leaves complete backups only: the
+/// segments asleep hold every frame and the error counts them, the failing
+/// segment stays awake with no backup; sleeping again finishes, the arena
+/// ends at most one pinning slab above the encoded bytes, and every byte
+/// comes back.
+#[test]
+fn a_sleep_failing_at_any_frame_keeps_only_complete_backups() {
+    let test = "a_sleep_failing_at_any_frame_keeps_only_complete_backups";
+    on_each_backend(test, |b| {
+        let slab = 2usize << 20;
+        let frame = 1usize << 20;
+        let faults = b
+            .driver
+            .faults()
+            .expect("both backends take injected faults");
+        let mut fired_after_early = false;
+        // The first frame, then (once the frames are counted) one inside the
+        // first segments, the last two and one past the last.
+        let mut nths = vec![1usize];
+        let mut at = 0;
+        while at < nths.len() {
+            let nth = nths[at];
+            at += 1;
+            // Small slabs: the frames' bound spans many, so the pinning runs
+            // in the background and is stopped midway by the failure.
+            let p = Pool::new(
+                b.driver.clone(),
+                PoolConfig {
+                    sleep: SleepOptions {
+                        pipeline_slab_bytes: slab,
+                        codec_frame_bytes: frame,
+                        codec_ring: 2,
+                        ..SleepOptions::default()
+                    },
+                    ..PoolConfig::default()
+                },
+            )
+            .unwrap();
+            let t = tag::id("compressed-fails-midway").unwrap();
+            // Frames of several segments; a bound of more than four slabs.
+            let d = p.driver().clone();
+            let blocks: Vec<(DevicePtr, Vec<u8>)> = [
+                normal_bf16((8 << 20) / 2 + 777, 0.02, 51),
+                Rng::new(52).bytes(1 << 20),
+                normal_bf16(1001, 1.0, 53)[..2001].to_vec(),
+            ]
+            .into_iter()
+            .map(|bytes| {
+                let blk = p.alloc_tagged(bytes.len(), t).unwrap();
+                write(&d, blk.ptr, &bytes);
+                (blk.ptr, bytes)
+            })
+            .collect();
+            // Segment base -> committed bytes, before the sleep.
+            let mut segs = std::collections::BTreeMap::new();
+            for (ptr, _) in &blocks {
+                let s = p.segment_of(*ptr).unwrap();
+                segs.insert(s.base, s.tracked_bytes);
+            }
+            let frames: usize = segs.values().map(|c| c.div_ceil(frame)).sum();
+            if at == 1 {
+                nths.extend([frames / 2, frames - 1, frames, frames + 1]);
+            }
+            faults.fail_nth(FaultOp::Codec, nth as u64);
+            let r = p.sleep(&[(t, Policy::OffloadCompressed)]);
+            let fired = !faults.pending(FaultOp::Codec);
+            faults.fail_nth(FaultOp::Codec, 0);
+            match r {
+                Err(Error::Unsupported(why)) if b.is_cuda() => return skip(test, &why),
+                Ok(_) => {
+                    assert!(
+                        !fired,
+                        "{test}: frame {nth}: a failed encode went unreported"
+                    );
+                    assert!(nth > frames, "{test}: frame {nth} of {frames} did not fail");
+                    continue;
+                }
+                Err(e) => {
+                    assert!(fired, "{test}: frame {nth}: {e}");
+                    let asleep: Vec<(DevicePtr, usize)> = segs
+                        .iter()
+                        .filter(|(&base, _)| {
+                            p.segment_of(base).unwrap().sleep_state != vmmweights::SleepState::Awake
+                        })
+                        .map(|(&base, &c)| (base, c))
+                        .collect();
+                    for &(base, _) in &asleep {
+                        assert_eq!(
+                            p.segment_of(base).unwrap().tracked_bytes,
+                            0,
+                            "{test}: frame {nth}: an asleep segment is released"
+                        );
+                    }
+                    let msg = e.to_string();
+                    if asleep.is_empty() {
+                        assert!(!msg.contains("stopped after"), "{test}: frame {nth}: {msg}");
+                    } else {
+                        fired_after_early = true;
+                        let want = format!("stopped after {} of {}", asleep.len(), segs.len());
+                        assert!(
+                            msg.contains(&want),
+                            "{test}: frame {nth}: {msg} (want {want})"
+                        );
+                    }
+                    // Only complete backups: those of the asleep segments.
+                    let raw = p
+                        .sleep_engine()
+                        .backup_raw_bytes_by_tag()
+                        .get(&t)
+                        .copied()
+                        .unwrap_or(0);
+                    let want: u64 = asleep.iter().map(|&(_, c)| c as u64).sum();
+                    assert_eq!(
+                        raw, want,
+                        "{test}: frame {nth}: backups restore {raw} bytes, the asleep segments hold {want}"
+                    );
+                }
+            }
+            let c = p.sleep(&[(t, Policy::OffloadCompressed)]).unwrap();
+            assert!(
+                p.is_tag_asleep(t),
+                "{test}: frame {nth}: asleep after the retry"
+            );
+            let encoded: u64 = p
+                .sleep_engine()
+                .backup_bytes_by_tag()
+                .get(&t)
+                .copied()
+                .unwrap_or(0);
+            let held = p.sleep_engine().backup_held_bytes();
+            assert!(
+                encoded <= held && held <= encoded + slab as u64,
+                "{test}: frame {nth}: {held} pinned for {encoded} encoded bytes after the retry ({:?})",
+                c[0].report
+            );
+            p.wake(&[t]).unwrap();
+            check(&p, &blocks, &format!("{test}: frame {nth}"));
+        }
+        assert!(
+            fired_after_early,
+            "{test}: no failure came after a segment was asleep: the tag has one segment"
+        );
+    });
+}

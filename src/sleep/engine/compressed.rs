@@ -316,27 +316,11 @@ pub(super) struct Encoded {
 impl SleepEngine {
     /// Give segment `ptr` (`committed` bytes, of `tag`) a compressed backup:
     /// encode each frame on the device and queue its copy into the arena.
-    /// `streams[0]` encodes, `streams[1]` copies.
+    /// `streams[0]` encodes, `streams[1]` copies. On an error the backup
+    /// misses frames while copies into its pieces may still run: the caller
+    /// drops it once the streams are synchronized (the segment stays awake
+    /// and busy until then, so nothing restores, reads or unpins it).
     pub(super) fn issue_compressed(
-        &self,
-        tag: TagId,
-        ptr: DevicePtr,
-        committed: usize,
-        layout: Layout,
-        sc: &mut CodecScratch,
-        streams: &[StreamId],
-    ) -> Result<Encoded> {
-        let r = self.encode_segment(tag, ptr, committed, layout, sc, streams);
-        if r.is_err() {
-            // A backup missing frames must never be restored: drop it. No
-            // later copy targets its pieces (the sleep stops issuing here and
-            // synchronizes its streams before anything reuses the arena).
-            self.lock().free_backup(ptr);
-        }
-        r
-    }
-
-    fn encode_segment(
         &self,
         tag: TagId,
         ptr: DevicePtr,

@@ -137,7 +137,7 @@ impl SleepEngine {
             early += done;
             early_failure = early_failure.take().or(failure);
         };
-        let (pending, failure) = self.issue_copies(
+        let (pending, failure, partial) = self.issue_copies(
             tag,
             &todo,
             &keep,
@@ -150,7 +150,7 @@ impl SleepEngine {
         let (done, failure) =
             self.unmap_as_copied(segs, &todo, pending, policy, failure, &mut report);
         let done = done + early;
-        self.finish_sleep(&todo, &run, failure.is_some(), &mut report);
+        self.finish_sleep(&todo, &run, failure.is_some(), partial, &mut report);
         // Every copy out of the scratch is complete (waited on, or the
         // streams synchronized after a failure).
         drop(scratch);
@@ -254,9 +254,11 @@ impl SleepEngine {
     }
 
     /// Issue every copy, one event per segment per stream it used. Returns
-    /// the segments issued and not yet unmapped, in order, and the error
-    /// that stopped the issue. `between` runs after each compressed
-    /// segment's frames are queued, with the segments pending so far.
+    /// the segments issued and not yet unmapped, in order, the error that
+    /// stopped the issue, and the segment whose compressed backup that error
+    /// left missing frames (for [`Self::finish_sleep`] to drop). `between`
+    /// runs after each compressed segment's frames are queued, with the
+    /// segments pending so far.
     #[allow(clippy::too_many_arguments)]
     fn issue_copies(
         &self,
@@ -267,7 +269,7 @@ impl SleepEngine {
         mut codec: Option<(&mut CodecScratch, Layout)>,
         report: &mut CycleReport,
         between: &mut dyn FnMut(&mut Pending, &mut CycleReport),
-    ) -> (Pending, Option<Error>) {
+    ) -> (Pending, Option<Error>, Option<DevicePtr>) {
         let mut next_stream = 0usize;
         let mut pending: Pending = Vec::new();
         for (i, t) in todo.iter().enumerate() {
@@ -288,7 +290,7 @@ impl SleepEngine {
                         pending.push((i, e.events));
                         between(&mut pending, report);
                     }
-                    Err(e) => return (pending, Some(e)),
+                    Err(e) => return (pending, Some(e), Some(t.ptr)),
                 }
                 continue;
             }
@@ -297,10 +299,10 @@ impl SleepEngine {
                     report.copied_bytes += bytes;
                     pending.push((i, events));
                 }
-                Err(e) => return (pending, Some(e)),
+                Err(e) => return (pending, Some(e), None),
             }
         }
-        (pending, None)
+        (pending, None, None)
     }
 
     /// Give `t` a backup holding `keep` and queue its device-to-host copies.
@@ -490,13 +492,15 @@ impl SleepEngine {
         (done, failure)
     }
 
-    /// Stop the pinning, count what it pinned and free the segments for
-    /// other transitions.
+    /// Stop the pinning, count what it pinned, drop the backup a failed
+    /// compressed issue left `partial`, and free the segments for other
+    /// transitions.
     fn finish_sleep(
         &self,
         todo: &[SegTodo],
         run: &CopyPlan,
         failed: bool,
+        partial: Option<DevicePtr>,
         report: &mut CycleReport,
     ) {
         if failed {
@@ -507,6 +511,12 @@ impl SleepEngine {
             }
         }
         let mut s = self.lock();
+        if let Some(ptr) = partial {
+            // A backup missing frames must never be restored. Freed only
+            // now: until the streams were idle its pieces took copies, and a
+            // slab they free wholly may be unpinned (`release_backup`) at once.
+            s.free_backup(ptr);
+        }
         if run.bound_only {
             s.arena.stop_prefetch();
         } else {
