@@ -587,3 +587,79 @@ fn a_sleep_failing_at_any_frame_keeps_only_complete_backups() {
         );
     });
 }
+
+/// The host-memory check of a compressed sleep counts the pinned pages its
+/// frames' bound takes (every block stored raw, as random bytes are): a
+/// limit of the bound itself is refused before anything moves, a limit of
+/// its pages runs and the arena stays under it, pinned in the background or
+/// frame by frame.
+#[test]
+fn the_pinned_backup_stays_under_the_limit_at_the_frames_bound() {
+    let test = "the_pinned_backup_stays_under_the_limit_at_the_frames_bound";
+    on_each_backend(test, |b| {
+        let frame = 1usize << 20;
+        let page = 2u64 << 20;
+        // Background pinning (a bound over four 2 MiB slabs, and slabs of a
+        // page and a half), then on demand. Whole granules of random bytes:
+        // every block is stored raw.
+        for (bytes, slab) in [
+            (10usize << 20, 2usize << 20),
+            (10 << 20, 3 << 20),
+            (4 << 20, 64 << 20),
+        ] {
+            let p = Pool::new(
+                b.driver.clone(),
+                PoolConfig {
+                    sleep: SleepOptions {
+                        pipeline_slab_bytes: slab,
+                        codec_frame_bytes: frame,
+                        codec_ring: 2,
+                        ..SleepOptions::default()
+                    },
+                    ..PoolConfig::default()
+                },
+            )
+            .unwrap();
+            let t = tag::id("compressed-at-the-limit").unwrap();
+            let data = Rng::new(61).bytes(bytes);
+            // A segment of its own, filled: no zero tail to compress.
+            let blk = p.alloc_segment(data.len(), t).unwrap();
+            write(p.driver(), blk.ptr, &data);
+            let committed = p.segment_of(blk.ptr).unwrap().tracked_bytes;
+            let bound: u64 = (0..committed)
+                .step_by(frame)
+                .map(|at| {
+                    vmmweights::codec::format::max_frame_bytes(frame.min(committed - at)) as u64
+                })
+                .sum();
+            let set_limit = |limit: u64| {
+                let mut o = p.sleep_engine().options();
+                o.host_memory_limit = limit;
+                p.set_sleep_options(o).unwrap();
+            };
+            set_limit(bound);
+            match p.sleep(&[(t, Policy::OffloadCompressed)]) {
+                Err(Error::Unsupported(why)) if b.is_cuda() => return skip(test, &why),
+                Err(Error::HostOutOfMemory { .. }) => {}
+                r => panic!("{test}: a bound of {bound} under a limit of {bound}: {r:?}"),
+            }
+            assert!(!p.is_tag_asleep(t), "{test}: nothing slept");
+            assert_eq!(
+                p.sleep_engine().backup_held_bytes(),
+                0,
+                "{test}: nothing pinned"
+            );
+            let limit = bound.next_multiple_of(page);
+            set_limit(limit);
+            p.sleep(&[(t, Policy::OffloadCompressed)])
+                .unwrap_or_else(|e| panic!("{test}: a bound of {bound} under {limit}: {e}"));
+            let held = p.sleep_engine().backup_held_bytes();
+            assert!(
+                held <= limit,
+                "{test}: {held} bytes pinned under a limit of {limit} (slabs of {slab})"
+            );
+            p.wake(&[t]).unwrap();
+            check(&p, &[(blk.ptr, data)], test);
+        }
+    });
+}

@@ -13,6 +13,7 @@ use super::{SegmentBackup, SleepEngine, TagSegments};
 use crate::codec::Layout;
 use crate::driver::{DevicePtr, EventId, StreamId};
 use crate::error::{Error, Result};
+use crate::hostmem::PINNED_UNIT_BYTES;
 use crate::segment::{Segment, SleepState};
 use crate::tag::TagId;
 
@@ -204,8 +205,18 @@ impl SleepEngine {
                 raw as u64
             };
         }
-        let can_pin = s.arena.limit().saturating_sub(s.arena.held()) + s.arena.free_bytes();
-        if need_new > can_pin {
+        let room = s.arena.limit().saturating_sub(s.arena.held());
+        let refused = if policy == Policy::OffloadCompressed {
+            // The bound is not a whole number of pinned pages, and slabs
+            // are (see `start_pinning`): count the pages the pinning takes.
+            need_new
+                .saturating_sub(s.arena.free_bytes())
+                .next_multiple_of(PINNED_UNIT_BYTES as u64)
+                > room
+        } else {
+            need_new > room + s.arena.free_bytes()
+        };
+        if refused {
             return Err(Error::HostOutOfMemory {
                 what: format!("backup for sleeping tag {tag}"),
                 requested: need_new,
@@ -240,7 +251,12 @@ impl SleepEngine {
         // pins each frame's bytes as they come (a growth hint of 0).
         let missing = run.need_new.saturating_sub(s.arena.free_bytes());
         let slab = if run.bound_only {
-            s.options.pipeline_slab_bytes.min(COMPRESSED_PIN_SLAB_BYTES)
+            // Whole pinned pages, so the slabs pin no more than the pages
+            // `plan_copies` counted.
+            s.options
+                .pipeline_slab_bytes
+                .min(COMPRESSED_PIN_SLAB_BYTES)
+                .next_multiple_of(PINNED_UNIT_BYTES)
         } else {
             s.options.pipeline_slab_bytes
         };
