@@ -43,6 +43,9 @@ pub fn check_available(len: u64, what: &str) -> Result<()> {
     }
 }
 
+/// Pinned buffers made here are whole multiples of this (a huge page).
+pub const PINNED_UNIT_BYTES: usize = 2 << 20;
+
 /// Map `len` bytes (rounded up to 2 MiB) of private anonymous memory, advise
 /// huge pages and touch every page from several threads. Returns the address
 /// and the rounded length; free it with [`unmap`]. Refused with
@@ -56,7 +59,7 @@ fn map_populated(len: usize, what: &str) -> Result<(*mut u8, usize)> {
             in_use: 0,
         });
     }
-    let len = len.max(1).div_ceil(2 << 20) * (2 << 20);
+    let len = len.max(1).next_multiple_of(PINNED_UNIT_BYTES);
     check_available(len as u64, what)?;
     // SAFETY: a fresh private anonymous mapping; no existing memory is affected.
     let p = unsafe {

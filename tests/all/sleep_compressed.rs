@@ -441,3 +441,223 @@ fn a_first_sleep_pins_ahead_and_keeps_about_the_encoded_bytes() {
         }
     });
 }
+
+/// A compressed sleep that fails at any frame (the encode of a later segment
+/// after earlier ones were unmapped early), or whose background pinning fails
+/// at a slab, leaves complete backups only: the
+/// segments asleep hold every frame and the error counts them, the failing
+/// segment stays awake with no backup; sleeping again finishes, the arena
+/// ends at most one pinning slab above the encoded bytes, and every byte
+/// comes back.
+#[test]
+fn a_sleep_failing_at_any_frame_keeps_only_complete_backups() {
+    let test = "a_sleep_failing_at_any_frame_keeps_only_complete_backups";
+    on_each_backend(test, |b| {
+        let slab = 2usize << 20;
+        let frame = 1usize << 20;
+        let faults = b
+            .driver
+            .faults()
+            .expect("both backends take injected faults");
+        let mut fired_after_early = false;
+        // The first frame, then (once the frames are counted) one inside the
+        // first segments, the last two and one past the last; the first
+        // slabs the background pinning registers.
+        let mut cases = vec![(FaultOp::Codec, 1usize)];
+        let mut at = 0;
+        while at < cases.len() {
+            let (op, nth) = cases[at];
+            at += 1;
+            // Small slabs: the frames' bound spans many, so the pinning runs
+            // in the background and is stopped midway by the failure.
+            let p = Pool::new(
+                b.driver.clone(),
+                PoolConfig {
+                    sleep: SleepOptions {
+                        pipeline_slab_bytes: slab,
+                        codec_frame_bytes: frame,
+                        codec_ring: 2,
+                        ..SleepOptions::default()
+                    },
+                    ..PoolConfig::default()
+                },
+            )
+            .unwrap();
+            let t = tag::id("compressed-fails-midway").unwrap();
+            // Frames of several segments; a bound of more than four slabs.
+            let d = p.driver().clone();
+            let blocks: Vec<(DevicePtr, Vec<u8>)> = [
+                normal_bf16((8 << 20) / 2 + 777, 0.02, 51),
+                Rng::new(52).bytes(1 << 20),
+                normal_bf16(1001, 1.0, 53)[..2001].to_vec(),
+            ]
+            .into_iter()
+            .map(|bytes| {
+                let blk = p.alloc_tagged(bytes.len(), t).unwrap();
+                write(&d, blk.ptr, &bytes);
+                (blk.ptr, bytes)
+            })
+            .collect();
+            // Segment base -> committed bytes, before the sleep.
+            let mut segs = std::collections::BTreeMap::new();
+            for (ptr, _) in &blocks {
+                let s = p.segment_of(*ptr).unwrap();
+                segs.insert(s.base, s.tracked_bytes);
+            }
+            let frames: usize = segs.values().map(|c| c.div_ceil(frame)).sum();
+            if at == 1 {
+                let codec = [frames / 2, frames - 1, frames, frames + 1];
+                cases.extend(codec.map(|n| (FaultOp::Codec, n)));
+                cases.extend((1..=3).map(|n| (FaultOp::HostRegister, n)));
+            }
+            let what = format!("{op:?} #{nth}");
+            faults.fail_nth(op, nth as u64);
+            let r = p.sleep(&[(t, Policy::OffloadCompressed)]);
+            let fired = !faults.pending(op);
+            faults.fail_nth(op, 0);
+            match r {
+                Err(Error::Unsupported(why)) if b.is_cuda() => return skip(test, &why),
+                // A slab pinned ahead that fails unneeded fails nothing.
+                Ok(_) if op == FaultOp::HostRegister => continue,
+                Ok(_) => {
+                    assert!(!fired, "{test}: {what}: a failed encode went unreported");
+                    assert!(nth > frames, "{test}: {what} of {frames} did not fail");
+                    continue;
+                }
+                Err(e) => {
+                    assert!(fired, "{test}: {what}: {e}");
+                    let asleep: Vec<(DevicePtr, usize)> = segs
+                        .iter()
+                        .filter(|(&base, _)| {
+                            p.segment_of(base).unwrap().sleep_state != vmmweights::SleepState::Awake
+                        })
+                        .map(|(&base, &c)| (base, c))
+                        .collect();
+                    for &(base, _) in &asleep {
+                        assert_eq!(
+                            p.segment_of(base).unwrap().tracked_bytes,
+                            0,
+                            "{test}: {what}: an asleep segment is released"
+                        );
+                    }
+                    let msg = e.to_string();
+                    if asleep.is_empty() {
+                        assert!(!msg.contains("stopped after"), "{test}: {what}: {msg}");
+                    } else {
+                        fired_after_early = true;
+                        let want = format!("stopped after {} of {}", asleep.len(), segs.len());
+                        assert!(msg.contains(&want), "{test}: {what}: {msg} (want {want})");
+                    }
+                    // Only complete backups: those of the asleep segments.
+                    let raw = p
+                        .sleep_engine()
+                        .backup_raw_bytes_by_tag()
+                        .get(&t)
+                        .copied()
+                        .unwrap_or(0);
+                    let want: u64 = asleep.iter().map(|&(_, c)| c as u64).sum();
+                    assert_eq!(
+                        raw, want,
+                        "{test}: {what}: backups restore {raw} bytes, the asleep segments hold {want}"
+                    );
+                }
+            }
+            let c = p.sleep(&[(t, Policy::OffloadCompressed)]).unwrap();
+            assert!(p.is_tag_asleep(t), "{test}: {what}: asleep after the retry");
+            let encoded: u64 = p
+                .sleep_engine()
+                .backup_bytes_by_tag()
+                .get(&t)
+                .copied()
+                .unwrap_or(0);
+            let held = p.sleep_engine().backup_held_bytes();
+            assert!(
+                encoded <= held && held <= encoded + slab as u64,
+                "{test}: {what}: {held} pinned for {encoded} encoded bytes after the retry ({:?})",
+                c[0].report
+            );
+            p.wake(&[t]).unwrap();
+            check(&p, &blocks, &format!("{test}: {what}"));
+        }
+        assert!(
+            fired_after_early,
+            "{test}: no failure came after a segment was asleep: the tag has one segment"
+        );
+    });
+}
+
+/// The host-memory check of a compressed sleep counts the pinned pages its
+/// frames' bound takes (every block stored raw, as random bytes are): a
+/// limit of the bound itself is refused before anything moves, a limit of
+/// its pages runs and the arena stays under it, pinned in the background or
+/// frame by frame.
+#[test]
+fn the_pinned_backup_stays_under_the_limit_at_the_frames_bound() {
+    let test = "the_pinned_backup_stays_under_the_limit_at_the_frames_bound";
+    on_each_backend(test, |b| {
+        let frame = 1usize << 20;
+        let page = 2u64 << 20;
+        // Background pinning (a bound over four 2 MiB slabs, and slabs of a
+        // page and a half), then on demand. Whole granules of random bytes:
+        // every block is stored raw.
+        for (bytes, slab) in [
+            (10usize << 20, 2usize << 20),
+            (10 << 20, 3 << 20),
+            (4 << 20, 64 << 20),
+        ] {
+            let p = Pool::new(
+                b.driver.clone(),
+                PoolConfig {
+                    sleep: SleepOptions {
+                        pipeline_slab_bytes: slab,
+                        codec_frame_bytes: frame,
+                        codec_ring: 2,
+                        ..SleepOptions::default()
+                    },
+                    ..PoolConfig::default()
+                },
+            )
+            .unwrap();
+            let t = tag::id("compressed-at-the-limit").unwrap();
+            let data = Rng::new(61).bytes(bytes);
+            // A segment of its own, filled: no zero tail to compress.
+            let blk = p.alloc_segment(data.len(), t).unwrap();
+            write(p.driver(), blk.ptr, &data);
+            let committed = p.segment_of(blk.ptr).unwrap().tracked_bytes;
+            let bound: u64 = (0..committed)
+                .step_by(frame)
+                .map(|at| {
+                    vmmweights::codec::format::max_frame_bytes(frame.min(committed - at)) as u64
+                })
+                .sum();
+            let set_limit = |limit: u64| {
+                let mut o = p.sleep_engine().options();
+                o.host_memory_limit = limit;
+                p.set_sleep_options(o).unwrap();
+            };
+            set_limit(bound);
+            match p.sleep(&[(t, Policy::OffloadCompressed)]) {
+                Err(Error::Unsupported(why)) if b.is_cuda() => return skip(test, &why),
+                Err(Error::HostOutOfMemory { .. }) => {}
+                r => panic!("{test}: a bound of {bound} under a limit of {bound}: {r:?}"),
+            }
+            assert!(!p.is_tag_asleep(t), "{test}: nothing slept");
+            assert_eq!(
+                p.sleep_engine().backup_held_bytes(),
+                0,
+                "{test}: nothing pinned"
+            );
+            let limit = bound.next_multiple_of(page);
+            set_limit(limit);
+            p.sleep(&[(t, Policy::OffloadCompressed)])
+                .unwrap_or_else(|e| panic!("{test}: a bound of {bound} under {limit}: {e}"));
+            let held = p.sleep_engine().backup_held_bytes();
+            assert!(
+                held <= limit,
+                "{test}: {held} bytes pinned under a limit of {limit} (slabs of {slab})"
+            );
+            p.wake(&[t]).unwrap();
+            check(&p, &[(blk.ptr, data)], test);
+        }
+    });
+}

@@ -130,6 +130,9 @@ pub(super) struct CodecScratch {
     turn: usize,
 }
 
+/// A length word no encode has written since it was cleared.
+const NO_LEN: u64 = u64::MAX;
+
 impl CodecScratch {
     /// Map scratch for a sleep: `ring` buffers for frames of up to
     /// `frame_raw` raw bytes and the encoder's scratch; and a length word per
@@ -142,6 +145,9 @@ impl CodecScratch {
         let encoder = format::encode_scratch_bytes(frame_raw).next_multiple_of(256);
         let mut sc = Self::new(driver, frame_raw, ring, encoder, 0)?;
         sc.len_words = driver.host_alloc(sc.len_words_bytes())? as u64;
+        for k in 0..sc.ring() {
+            sc.clear_len(k);
+        }
         Ok(sc)
     }
 
@@ -149,14 +155,29 @@ impl CodecScratch {
         8 * self.ring()
     }
 
-    /// The length the encode of buffer `k`'s frame left, once it completed.
-    fn frame_len(&self, k: usize) -> usize {
+    /// The length the encode of buffer `k`'s frame left, once it completed;
+    /// `None` when it left none. The word is cleared again for the buffer's
+    /// next frame.
+    fn frame_len(&mut self, k: usize) -> Option<usize> {
         // SAFETY: `len_words` holds a word per buffer (from `host_alloc`,
         // kept until the scratch is released); the encode that writes word
         // `k` has completed (the caller synchronized its event) and the next
         // one into buffer `k` is queued only after this read.
         let word = unsafe { std::ptr::read_volatile((self.len_words as *const u64).add(k)) };
-        u64::from_le(word) as usize
+        self.clear_len(k);
+        match u64::from_le(word) {
+            NO_LEN => None,
+            len => Some(len as usize),
+        }
+    }
+
+    /// Mark buffer `k`'s length word as not written: an encode that leaves
+    /// no length (a kernel of another build) is caught, not read as the
+    /// length of the buffer's frame before.
+    fn clear_len(&mut self, k: usize) {
+        // SAFETY: as in `frame_len`; no encode into buffer `k` is queued
+        // (none yet, or its last one completed and was read).
+        unsafe { std::ptr::write_volatile((self.len_words as *mut u64).add(k), NO_LEN.to_le()) };
     }
 
     /// Map scratch for a wake: `ring` buffers for frames of up to `frame_raw`
@@ -337,27 +358,11 @@ pub(super) struct Encoded {
 impl SleepEngine {
     /// Give segment `ptr` (`committed` bytes, of `tag`) a compressed backup:
     /// encode each frame on the device and queue its copy into the arena.
-    /// `streams[0]` encodes, `streams[1]` copies.
+    /// `streams[0]` encodes, `streams[1]` copies. On an error the backup
+    /// misses frames while copies into its pieces may still run: the caller
+    /// drops it once the streams are synchronized (the segment stays awake
+    /// and busy until then, so nothing restores, reads or unpins it).
     pub(super) fn issue_compressed(
-        &self,
-        tag: TagId,
-        ptr: DevicePtr,
-        committed: usize,
-        layout: Layout,
-        sc: &mut CodecScratch,
-        streams: &[StreamId],
-    ) -> Result<Encoded> {
-        let r = self.encode_segment(tag, ptr, committed, layout, sc, streams);
-        if r.is_err() {
-            // A backup missing frames must never be restored: drop it. No
-            // later copy targets its pieces (the sleep stops issuing here and
-            // synchronizes its streams before anything reuses the arena).
-            self.lock().free_backup(ptr);
-        }
-        r
-    }
-
-    fn encode_segment(
         &self,
         tag: TagId,
         ptr: DevicePtr,
@@ -420,14 +425,17 @@ impl SleepEngine {
             let (offset, raw_len) = (j * frame, raw_len(j));
             let k = (base + j) % ring;
             self.driver.event_synchronize(sc.ready[k])?;
-            let len = sc.frame_len(k);
-            if len > format::max_frame_bytes(raw_len) {
-                return Err(Error::InvalidState(format!(
-                    "the device encoder reports a frame of {len} bytes for {raw_len} raw bytes, \
-                     over the largest possible ({}); the codec PTX does not match this build",
-                    format::max_frame_bytes(raw_len)
-                )));
-            }
+            let max = format::max_frame_bytes(raw_len);
+            let len = match sc.frame_len(k) {
+                Some(len) if len > 0 && len <= max => len,
+                got => {
+                    let got = got.map_or("no length".to_owned(), |n| format!("{n} bytes"));
+                    return Err(Error::InvalidState(format!(
+                        "the device encoder reports {got} for a frame of {raw_len} raw bytes \
+                         (1 to {max} possible); the codec PTX does not match this build"
+                    )));
+                }
+            };
             let runs = {
                 let mut guard = self.lock();
                 let s = &mut *guard;

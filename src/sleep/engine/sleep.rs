@@ -13,6 +13,7 @@ use super::{SegmentBackup, SleepEngine, TagSegments};
 use crate::codec::Layout;
 use crate::driver::{DevicePtr, EventId, StreamId};
 use crate::error::{Error, Result};
+use crate::hostmem::PINNED_UNIT_BYTES;
 use crate::segment::{Segment, SleepState};
 use crate::tag::TagId;
 
@@ -137,7 +138,7 @@ impl SleepEngine {
             early += done;
             early_failure = early_failure.take().or(failure);
         };
-        let (pending, failure) = self.issue_copies(
+        let (pending, failure, partial) = self.issue_copies(
             tag,
             &todo,
             &keep,
@@ -150,7 +151,7 @@ impl SleepEngine {
         let (done, failure) =
             self.unmap_as_copied(segs, &todo, pending, policy, failure, &mut report);
         let done = done + early;
-        self.finish_sleep(&todo, &run, failure.is_some(), &mut report);
+        self.finish_sleep(&todo, &run, failure.is_some(), partial, &mut report);
         // Every copy out of the scratch is complete (waited on, or the
         // streams synchronized after a failure).
         drop(scratch);
@@ -204,8 +205,18 @@ impl SleepEngine {
                 raw as u64
             };
         }
-        let can_pin = s.arena.limit().saturating_sub(s.arena.held()) + s.arena.free_bytes();
-        if need_new > can_pin {
+        let room = s.arena.limit().saturating_sub(s.arena.held());
+        let refused = if policy == Policy::OffloadCompressed {
+            // The bound is not a whole number of pinned pages, and slabs
+            // are (see `start_pinning`): count the pages the pinning takes.
+            need_new
+                .saturating_sub(s.arena.free_bytes())
+                .next_multiple_of(PINNED_UNIT_BYTES as u64)
+                > room
+        } else {
+            need_new > room + s.arena.free_bytes()
+        };
+        if refused {
             return Err(Error::HostOutOfMemory {
                 what: format!("backup for sleeping tag {tag}"),
                 requested: need_new,
@@ -240,7 +251,12 @@ impl SleepEngine {
         // pins each frame's bytes as they come (a growth hint of 0).
         let missing = run.need_new.saturating_sub(s.arena.free_bytes());
         let slab = if run.bound_only {
-            s.options.pipeline_slab_bytes.min(COMPRESSED_PIN_SLAB_BYTES)
+            // Whole pinned pages, so the slabs pin no more than the pages
+            // `plan_copies` counted.
+            s.options
+                .pipeline_slab_bytes
+                .min(COMPRESSED_PIN_SLAB_BYTES)
+                .next_multiple_of(PINNED_UNIT_BYTES)
         } else {
             s.options.pipeline_slab_bytes
         };
@@ -254,9 +270,11 @@ impl SleepEngine {
     }
 
     /// Issue every copy, one event per segment per stream it used. Returns
-    /// the segments issued and not yet unmapped, in order, and the error
-    /// that stopped the issue. `between` runs after each compressed
-    /// segment's frames are queued, with the segments pending so far.
+    /// the segments issued and not yet unmapped, in order, the error that
+    /// stopped the issue, and the segment whose compressed backup that error
+    /// left missing frames (for [`Self::finish_sleep`] to drop). `between`
+    /// runs after each compressed segment's frames are queued, with the
+    /// segments pending so far.
     #[allow(clippy::too_many_arguments)]
     fn issue_copies(
         &self,
@@ -267,7 +285,7 @@ impl SleepEngine {
         mut codec: Option<(&mut CodecScratch, Layout)>,
         report: &mut CycleReport,
         between: &mut dyn FnMut(&mut Pending, &mut CycleReport),
-    ) -> (Pending, Option<Error>) {
+    ) -> (Pending, Option<Error>, Option<DevicePtr>) {
         let mut next_stream = 0usize;
         let mut pending: Pending = Vec::new();
         for (i, t) in todo.iter().enumerate() {
@@ -288,7 +306,7 @@ impl SleepEngine {
                         pending.push((i, e.events));
                         between(&mut pending, report);
                     }
-                    Err(e) => return (pending, Some(e)),
+                    Err(e) => return (pending, Some(e), Some(t.ptr)),
                 }
                 continue;
             }
@@ -297,10 +315,10 @@ impl SleepEngine {
                     report.copied_bytes += bytes;
                     pending.push((i, events));
                 }
-                Err(e) => return (pending, Some(e)),
+                Err(e) => return (pending, Some(e), None),
             }
         }
-        (pending, None)
+        (pending, None, None)
     }
 
     /// Give `t` a backup holding `keep` and queue its device-to-host copies.
@@ -490,13 +508,15 @@ impl SleepEngine {
         (done, failure)
     }
 
-    /// Stop the pinning, count what it pinned and free the segments for
-    /// other transitions.
+    /// Stop the pinning, count what it pinned, drop the backup a failed
+    /// compressed issue left `partial`, and free the segments for other
+    /// transitions.
     fn finish_sleep(
         &self,
         todo: &[SegTodo],
         run: &CopyPlan,
         failed: bool,
+        partial: Option<DevicePtr>,
         report: &mut CycleReport,
     ) {
         if failed {
@@ -507,6 +527,12 @@ impl SleepEngine {
             }
         }
         let mut s = self.lock();
+        if let Some(ptr) = partial {
+            // A backup missing frames must never be restored. Freed only
+            // now: until the streams were idle its pieces took copies, and a
+            // slab they free wholly may be unpinned (`release_backup`) at once.
+            s.free_backup(ptr);
+        }
         if run.bound_only {
             s.arena.stop_prefetch();
         } else {
