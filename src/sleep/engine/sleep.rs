@@ -30,6 +30,11 @@ struct CopyPlan {
     /// `need_new` is an upper bound (compressed backups): slabs pinned
     /// ahead that no frame took are given back at the end.
     bound_only: bool,
+    /// Bytes to pin in the background: `need_new`, except that compressed
+    /// backups count only segments without a backup yet (one that had one
+    /// takes its frames from the pieces it frees, and pins any excess as
+    /// frames come).
+    pin_ahead: u64,
 }
 
 /// Slab size of the background pinning for compressed backups: their size is
@@ -186,7 +191,7 @@ impl SleepEngine {
         frame: usize,
     ) -> Result<CopyPlan> {
         let mut s = self.lock();
-        let mut need_new = 0u64;
+        let (mut need_new, mut pin_ahead) = (0u64, 0u64);
         for (t, k) in todo.iter().zip(keep) {
             let raw: usize = k.iter().map(|&(_, l)| l).sum();
             let old = s.backups.get(&t.ptr);
@@ -198,6 +203,9 @@ impl SleepEngine {
                 } else {
                     compressed::max_backup_bytes(raw, frame)
                 };
+                if old.is_none() {
+                    pin_ahead += bound as u64;
+                }
                 bound.saturating_sub(old.map_or(0, |b| b.len())) as u64
             } else if old.is_some_and(|b| &b.ranges == k && !b.is_compressed()) {
                 0
@@ -237,6 +245,11 @@ impl SleepEngine {
             held_before: s.arena.held(),
             need_new,
             bound_only: policy == Policy::OffloadCompressed,
+            pin_ahead: if policy == Policy::OffloadCompressed {
+                pin_ahead.min(need_new)
+            } else {
+                need_new
+            },
         })
     }
 
@@ -249,7 +262,7 @@ impl SleepEngine {
         // back what its frames did not take (see `finish_sleep`), so the
         // arena holds about the encoded size, not the raw one; a small one
         // pins each frame's bytes as they come (a growth hint of 0).
-        let missing = run.need_new.saturating_sub(s.arena.free_bytes());
+        let missing = run.pin_ahead.saturating_sub(s.arena.free_bytes());
         let slab = if run.bound_only {
             // Whole pinned pages, so the slabs pin no more than the pages
             // `plan_copies` counted.
