@@ -669,3 +669,69 @@ fn a_corrupt_file_on_one_rank_is_refused_on_every_rank_before_any_byte() {
         assert!(r.snapshot() == before[r.rank], "rank {}: untouched", r.rank);
     }
 }
+
+#[test]
+fn a_reader_failing_after_another_rank_failed_alone_stops_every_rank_together() {
+    use vmmweights::driver::fault::FaultOp;
+    use vmmweights::driver::testing::Testing;
+    let m = model();
+    for slots in [2, 3] {
+        let dirs = copies(&m, 4);
+        let ranks: Vec<Rank> = (0..4)
+            .map(|r| allocated(dirs[r].path(), &m, "bload-twice", r, 4))
+            .collect();
+        // Once the load is agreed on (10 broadcasts): rank 2, no reader,
+        // fails its first copy into its destinations (a failure of its own,
+        // which it passes along to the end); reader 1's file is cut short
+        // before it reads it, so the others stop at reader 1's first bucket.
+        let victim = dirs[1].path().join(LAST_FILE);
+        let len = std::fs::metadata(&victim).unwrap().len();
+        let drivers: Vec<_> = ranks.iter().map(|r| r.pool.driver().clone()).collect();
+        let mut colls: Vec<_> = TestCollective::group(4, Duration::from_secs(10))
+            .into_iter()
+            .map(|c| {
+                let victim = victim.clone();
+                let rank = c.rank();
+                let driver = drivers[rank].clone();
+                Act {
+                    inner: c,
+                    at: 10,
+                    n: 0,
+                    act: Some(move || match rank {
+                        1 => {
+                            let f = std::fs::OpenOptions::new().write(true).open(&victim);
+                            f.unwrap().set_len(len - 100).unwrap();
+                        }
+                        2 => driver.faults().unwrap().fail_nth(FaultOp::CopyDtod, 1),
+                        _ => {}
+                    }),
+                }
+            })
+            .collect();
+        let t0 = std::time::Instant::now();
+        let results = load_all(&mut colls, &ranks, &[0, 1], (3000, slots), false);
+        let took = t0.elapsed();
+        for (r, res) in ranks.iter().zip(results) {
+            let e = res.unwrap_err();
+            assert_eq!(e.status(), Status::UpdateTorn, "rank {}: {e}", r.rank);
+        }
+        assert!(
+            took < Duration::from_secs(5),
+            "slots {slots}: every rank stops at the same bucket, no rank waits for the \
+             broadcast timeout ({took:?})"
+        );
+        // The ranks took part in the same broadcasts: the group loads again.
+        write_checkpoint(dirs[1].path(), &m);
+        let ranks: Vec<Rank> = (0..4)
+            .map(|r| allocated(dirs[r].path(), &m, "bload-twice-again", r, 4))
+            .collect();
+        for (r, res) in
+            ranks
+                .iter()
+                .zip(load_all(&mut colls, &ranks, &[0, 1], (3000, slots), false))
+        {
+            res.unwrap_or_else(|e| panic!("slots {slots}, rank {}: {e}", r.rank));
+            assert!(r.snapshot() == normally_loaded(dirs[r.rank].path(), &m, r.rank, 4));
+        }
+    }
+}

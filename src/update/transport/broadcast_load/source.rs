@@ -280,9 +280,21 @@ impl LoadSource<'_> {
 
     /// The status its reader wrote after bucket `k` (landed).
     fn status(&self, k: usize) -> Result<()> {
-        let (root, b) = (&self.plan[k].0, &self.plan[k].1);
-        if *root == self.me() {
-            return Ok(());
+        match self.reader_failure(k)? {
+            None => Ok(()),
+            Some(msg) => Err(Error::UpdateSource(format!(
+                "reader rank {} could not read its part of the checkpoint: {msg}",
+                self.plan[k].0
+            ))),
+        }
+    }
+
+    /// What the reader of bucket `k` (landed) reported in its trailer: its
+    /// failure, or `None` when it read the bucket (or is this rank).
+    fn reader_failure(&self, k: usize) -> Result<Option<String>> {
+        let b = &self.plan[k].1;
+        if self.plan[k].0 == self.me() {
+            return Ok(None);
         }
         let n = self.ring.slots.len();
         let mut trailer = vec![0u8; TRAILER_BYTES];
@@ -299,26 +311,26 @@ impl LoadSource<'_> {
             )?;
         }
         driver.stream_synchronize(self.side)?;
-        match decode_message(&trailer) {
-            (true, _) => Ok(()),
-            (false, msg) => Err(Error::UpdateSource(format!(
-                "reader rank {root} could not read its part of the checkpoint: {msg}"
-            ))),
-        }
+        Ok(match decode_message(&trailer) {
+            (true, _) => None,
+            (false, msg) => Some(msg),
+        })
     }
 
     /// After a failure: take part in every broadcast another rank may have
     /// queued before it learned of it, so no rank waits for this one. A
     /// failure found at bucket k: every rank queued at most up to bucket
     /// k + slots - 2 (bucket k - 1 is released only after k is handed over).
-    /// A failure of this rank alone (its own copies): every bucket.
+    /// A failure of this rank alone (its own copies): every bucket, unless a
+    /// reader reports a failure in a bucket passed along here (at bucket k
+    /// the others stop at k + slots - 2, as above, and so does this rank).
     fn complete_broadcasts(&mut self) {
         if self.broken || self.plan.is_empty() {
             return;
         }
         let n = self.ring.slots.len();
         let me = self.me();
-        let last = match self.failed_at {
+        let mut last = match self.failed_at {
             Some(k) => k + n - 2,
             // This rank's failure reaches the others at its first bucket as
             // a reader, if any is left: they stop there, as above.
@@ -340,9 +352,11 @@ impl LoadSource<'_> {
                 self.broken = true;
                 return;
             }
+            last = last.min(self.stop_after(j));
         }
         let driver = self.ring.driver().clone();
-        for k in self.queued..=last {
+        while self.queued <= last {
+            let k = self.queued;
             let (root, bytes) = (self.plan[k].0, self.plan[k].1.bytes as usize);
             let slot = self.ring.slots[k % n];
             if root == self.me() {
@@ -379,6 +393,17 @@ impl LoadSource<'_> {
                 return;
             }
             self.queued = k + 1;
+            last = last.min(self.stop_after(k));
+        }
+    }
+
+    /// The last bucket to pass along once bucket `k` landed: where every
+    /// rank stops when its reader reported a failure (a trailer that cannot
+    /// be read changes nothing), else any.
+    fn stop_after(&self, k: usize) -> usize {
+        match self.reader_failure(k) {
+            Ok(Some(_)) => (k + self.ring.slots.len()).saturating_sub(2),
+            _ => usize::MAX,
         }
     }
 }
