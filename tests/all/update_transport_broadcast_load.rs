@@ -735,3 +735,71 @@ fn a_reader_failing_after_another_rank_failed_alone_stops_every_rank_together() 
         }
     }
 }
+
+/// A safetensors file of `tensors` (name, shape, F32 values in order).
+fn write_f32_safetensors(path: &Path, tensors: &[(&str, &[usize])]) {
+    let mut header = serde_json::Map::new();
+    let mut at = 0usize;
+    for (name, shape) in tensors {
+        let len = 4 * shape.iter().product::<usize>();
+        header.insert(
+            name.to_string(),
+            serde_json::json!({"dtype": "F32", "shape": shape, "data_offsets": [at, at + len]}),
+        );
+        at += len;
+    }
+    let mut h = serde_json::to_vec(&header).unwrap();
+    while !h.len().is_multiple_of(8) {
+        h.push(b' ');
+    }
+    let mut out = (h.len() as u64).to_le_bytes().to_vec();
+    out.extend(h);
+    out.extend((0..at as u32).map(|i| (i % 251) as u8));
+    std::fs::write(path, out).unwrap();
+}
+
+#[test]
+fn an_empty_tensor_in_the_checkpoint_loads_as_a_normal_load_does() {
+    let dir = tempfile::tempdir().unwrap();
+    write_f32_safetensors(
+        &dir.path().join("model.safetensors"),
+        &[("a", &[64, 4]), ("empty", &[0, 4]), ("b", &[16])],
+    );
+    let open = |name: &str| {
+        let pool = Arc::new(Pool::new(host_driver(), PoolConfig::default()).unwrap());
+        let t = tag::id(name).unwrap();
+        let session = Session::open(dir.path()).unwrap();
+        session.allocate(&pool, t).unwrap();
+        (pool, session, t)
+    };
+    let (npool, normal, nt) = open("bload-empty-normal");
+    normal.load(&npool, None).expect("a normal load takes it");
+    let (pool, session, t) = open("bload-empty");
+    let held = |pool: Arc<Pool>, session: Session, tag| {
+        Rank {
+            pool,
+            session,
+            tag,
+            rank: 0,
+            world: 1,
+        }
+        .snapshot()
+    };
+    let before = pool.tag_version(t).unwrap();
+    let ring = Ring::new(pool.clone(), &options(3000, 2)).unwrap();
+    let mut coll = TestCollective::group(1, Duration::from_secs(10))
+        .pop()
+        .unwrap();
+    let opts = BroadcastLoad {
+        readers: vec![0],
+        stage: false,
+    };
+    let rep = broadcast_load::load(&mut coll, &ring, &session, &pool, &opts)
+        .unwrap_or_else(|e| panic!("an empty tensor loads by broadcast too: {e}"));
+    assert_eq!(rep.update.version, before + 1);
+    assert!(!pool.tag_torn(t).unwrap());
+    drop(ring);
+    let want = held(npool, normal, nt);
+    assert_eq!(want.len(), 3, "three destinations, one of them empty");
+    assert!(held(pool, session, t) == want, "bitwise a normal load");
+}

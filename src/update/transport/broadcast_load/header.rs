@@ -113,7 +113,7 @@ impl Local {
             let mut tensors: Vec<&TensorInfo> = ckpt
                 .tensors
                 .values()
-                .filter(|t| shards.contains(&t.shard) && t.len > 0)
+                .filter(|t| shards.contains(&t.shard))
                 .collect();
             tensors.sort_by_key(|t| (t.shard, t.offset));
             parts.push(Part {
