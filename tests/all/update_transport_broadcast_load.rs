@@ -803,3 +803,39 @@ fn an_empty_tensor_in_the_checkpoint_loads_as_a_normal_load_does() {
     assert_eq!(want.len(), 3, "three destinations, one of them empty");
     assert!(held(pool, session, t) == want, "bitwise a normal load");
 }
+
+#[test]
+fn ranks_with_rings_of_different_slot_counts_are_refused_alike() {
+    // After a failure every rank passes along the buckets the others may
+    // have queued, which depends on the ring's slots: ranks with rings of
+    // different lengths would stop at different buckets.
+    let m = model();
+    let dir = tempfile::tempdir().unwrap();
+    write_checkpoint(dir.path(), &m);
+    let ranks: Vec<Rank> = (0..2)
+        .map(|r| allocated(dir.path(), &m, "bload-nslots", r, 2))
+        .collect();
+    let before: Vec<_> = ranks.iter().map(|r| (r.snapshot(), r.version())).collect();
+    let colls = TestCollective::group(2, Duration::from_secs(10));
+    let results: Vec<_> = std::thread::scope(|s| {
+        let handles: Vec<_> = colls
+            .into_iter()
+            .zip(&ranks)
+            .map(|(mut c, r)| {
+                s.spawn(move || load_rank(&mut c, r, &[0], (3000, 2 + r.rank), false))
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for (r, res) in ranks.iter().zip(results) {
+        let e = res.unwrap_err();
+        let msg = e.to_string();
+        assert_eq!(e.status(), Status::UpdateSource, "{msg}");
+        assert!(
+            msg.contains("rank 0: 2 slots, rank 1: 3 slots") && msg.contains("same ring"),
+            "{msg}"
+        );
+        assert!(r.snapshot() == before[r.rank].0, "nothing written");
+        assert_eq!(r.version(), before[r.rank].1);
+    }
+}

@@ -22,10 +22,9 @@
 //! applied. A reader fills a slot with the loader's copy engine (the same
 //! page-cache or `pread` staging as a load, [`crate::loader::copy`]).
 //!
-//! Before any bucket moves, the ranks check that their slots have one size,
-//! then rank 0 broadcasts the load's header (each reader's files and
-//! tensors: names, dtypes, shapes); every rank
-//! compares it with its own view of the checkpoint and checks its plan
+//! Before any bucket moves, the ranks check that their rings have one slot
+//! size and one slot count, then rank 0 broadcasts the load's header (each
+//! reader's files and tensors: names, dtypes, shapes); every rank compares it with its own view of the checkpoint and checks its plan
 //! against its destinations, then every rank broadcasts its verdict, so a
 //! refusal anywhere fails the load on every rank with every rank's problems
 //! listed in one error, and nothing written.

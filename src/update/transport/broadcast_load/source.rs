@@ -73,28 +73,40 @@ impl LoadSource<'_> {
         r
     }
 
-    /// Check that every rank's slots have this rank's size (the header is
-    /// broadcast in slot-sized pieces, which must match): each rank
-    /// broadcasts its size, so every rank refuses alike.
+    /// Check that every rank's ring has this rank's slot size (the header
+    /// is broadcast in slot-sized pieces, which must match) and slot count
+    /// (after a failure, the buckets a rank passes along depend on it): each
+    /// rank broadcasts both, so every rank refuses alike.
     fn same_slots(&mut self) -> Result<()> {
-        let mut sizes = Vec::with_capacity(self.coll.world());
+        let mut rings = Vec::with_capacity(self.coll.world());
         for r in 0..self.coll.world() {
-            let mut size = (self.ring.slot_bytes as u64).to_le_bytes().to_vec();
-            self.exchange(r, &mut size, 8)?;
-            sizes.push(u64::from_le_bytes(size.try_into().expect("8 bytes")));
+            let mut ring = (self.ring.slot_bytes as u64).to_le_bytes().to_vec();
+            ring.extend((self.ring.slots.len() as u64).to_le_bytes());
+            self.exchange(r, &mut ring, 16)?;
+            let word = |i: usize| u64::from_le_bytes(ring[i..i + 8].try_into().expect("8 bytes"));
+            rings.push((word(0), word(8)));
         }
-        if sizes.iter().all(|&s| s == sizes[0]) {
-            return Ok(());
+        let each = |what: &dyn Fn(&(u64, u64)) -> String| {
+            rings
+                .iter()
+                .enumerate()
+                .map(|(r, x)| format!("rank {r}: {}", what(x)))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        if rings.iter().any(|x| x.0 != rings[0].0) {
+            return Err(Error::InvalidArgument(format!(
+                "broadcast load refused before any byte moved: ring slots of different sizes ({} bytes); every rank must use the same bucket size",
+                each(&|x| x.0.to_string())
+            )));
         }
-        let each: Vec<String> = sizes
-            .iter()
-            .enumerate()
-            .map(|(r, s)| format!("rank {r}: {s}"))
-            .collect();
-        Err(Error::InvalidArgument(format!(
-            "broadcast load refused before any byte moved: ring slots of different sizes ({} bytes); every rank must use the same bucket size",
-            each.join(", ")
-        )))
+        if rings.iter().any(|x| x.1 != rings[0].1) {
+            return Err(Error::InvalidArgument(format!(
+                "broadcast load refused before any byte moved: rings of different lengths ({}); every rank must use the same ring",
+                each(&|x| format!("{} slots", x.1))
+            )));
+        }
+        Ok(())
     }
 
     /// Rank 0's header, as every rank receives it. An error here is the
