@@ -839,3 +839,55 @@ fn ranks_with_rings_of_different_slot_counts_are_refused_alike() {
         assert_eq!(r.version(), before[r.rank].1);
     }
 }
+
+#[test]
+fn a_tensor_name_past_the_transport_bound_is_refused_in_the_agreement() {
+    let dir = tempfile::tempdir().unwrap();
+    let long = "w".repeat(5000);
+    write_f32_safetensors(
+        &dir.path().join("model.safetensors"),
+        &[("a", &[64, 4]), (&long, &[16])],
+    );
+    let ranks: Vec<(Arc<Pool>, Session, tag::TagId)> = (0..2)
+        .map(|r| {
+            let pool = Arc::new(Pool::new(host_driver(), PoolConfig::default()).unwrap());
+            let t = tag::id(&format!("bload-long-{r}")).unwrap();
+            let session = Session::open(dir.path()).unwrap();
+            session.allocate(&pool, t).unwrap();
+            (pool, session, t)
+        })
+        .collect();
+    let colls = TestCollective::group(2, Duration::from_secs(10));
+    let t0 = std::time::Instant::now();
+    let results: Vec<_> = std::thread::scope(|s| {
+        let handles: Vec<_> = colls
+            .into_iter()
+            .zip(&ranks)
+            .map(|(mut c, (pool, session, _))| {
+                s.spawn(move || {
+                    let ring = Ring::new(pool.clone(), &options(3000, 3))?;
+                    let opts = BroadcastLoad {
+                        readers: vec![0],
+                        stage: false,
+                    };
+                    broadcast_load::load(&mut c, &ring, session, pool, &opts)
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert!(
+        t0.elapsed() < Duration::from_secs(5),
+        "no rank waits for the timeout"
+    );
+    for ((pool, _, t), res) in ranks.iter().zip(results) {
+        let e = res.unwrap_err();
+        let msg = e.to_string();
+        assert_eq!(e.status(), Status::UpdateSource, "{msg}");
+        assert!(
+            msg.contains("refused before any byte moved") && msg.contains("name of 5000 bytes"),
+            "{msg}"
+        );
+        assert!(!pool.tag_torn(*t).unwrap());
+    }
+}

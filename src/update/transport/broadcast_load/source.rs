@@ -4,7 +4,7 @@
 //! the broadcasts completed after a failure so no rank waits for another.
 
 use super::super::broadcast::{Collective, Ring};
-use super::super::bucket::{plan_buckets, AnnouncedTensor, BucketManifest};
+use super::super::bucket::{check_announced, plan_buckets, AnnouncedTensor, BucketManifest};
 use super::super::receive::BucketSource;
 use super::header::{decode_message, differences, encode_message, Header, Local, TRAILER_BYTES};
 use crate::driver::{DevicePtr, StreamId};
@@ -174,7 +174,9 @@ impl LoadSource<'_> {
             .iter()
             .flat_map(|p| p.tensors.iter().cloned())
             .collect();
-        match (self.check)(&tensors) {
+        // What the transport refuses after the agreement (names past its
+        // bound) is refused here, on every rank, before any byte moves.
+        match check_announced(&tensors).and_then(|()| (self.check)(&tensors)) {
             Ok(()) => Vec::new(),
             Err(e) => vec![e.to_string()],
         }
