@@ -891,3 +891,39 @@ fn a_tensor_name_past_the_transport_bound_is_refused_in_the_agreement() {
         assert!(!pool.tag_torn(*t).unwrap());
     }
 }
+
+#[test]
+fn a_torn_load_is_repaired_by_loading_the_same_destinations_again() {
+    use vmmweights::driver::fault::FaultOp;
+    use vmmweights::driver::testing::Testing;
+    let m = model();
+    let dir = tempfile::tempdir().unwrap();
+    write_checkpoint(dir.path(), &m);
+    let ranks: Vec<Rank> = (0..2)
+        .map(|r| allocated(dir.path(), &m, "bload-repair", r, 2))
+        .collect();
+    let v0: Vec<u64> = ranks.iter().map(Rank::version).collect();
+    // Rank 1 fails its third copy into its destinations: torn there.
+    ranks[1]
+        .pool
+        .driver()
+        .faults()
+        .unwrap()
+        .fail_nth(FaultOp::CopyDtod, 3);
+    let mut colls = TestCollective::group(2, Duration::from_secs(10));
+    let results = load_all(&mut colls, &ranks, &[0], (3000, 3), false);
+    let e = results[1].as_ref().unwrap_err();
+    assert_eq!(e.status(), Status::UpdateTorn, "{e}");
+    assert!(ranks[1].pool.tag_torn(ranks[1].tag).unwrap());
+    assert_eq!(ranks[1].version(), v0[1], "the version stays");
+    assert!(ranks[1].session.last_result().is_none());
+    // Loading again on the same destinations repairs them and clears the mark.
+    for (r, res) in ranks
+        .iter()
+        .zip(load_all(&mut colls, &ranks, &[0], (3000, 3), false))
+    {
+        res.unwrap_or_else(|e| panic!("rank {}: loading again repairs: {e}", r.rank));
+        assert!(!r.pool.tag_torn(r.tag).unwrap(), "rank {}", r.rank);
+        assert!(r.snapshot() == normally_loaded(dir.path(), &m, r.rank, 2));
+    }
+}
