@@ -21,8 +21,8 @@ const MAX_HEADER_BYTES: u64 = 256 << 20;
 /// What rank 0 sent as the load's header.
 enum FromRank0 {
     Header(Header),
-    /// Rank 0 has none; its verdict says why.
-    Refused,
+    /// Rank 0 has none (why, as it sent it); its verdict says so.
+    Refused(String),
     /// This rank could not read what it sent.
     Unreadable(String),
 }
@@ -144,7 +144,7 @@ impl LoadSource<'_> {
         Ok(
             match serde_json::from_slice::<std::result::Result<Header, String>>(&body) {
                 Ok(Ok(h)) => FromRank0::Header(h),
-                Ok(Err(_)) => FromRank0::Refused,
+                Ok(Err(why)) => FromRank0::Refused(why),
                 Err(e) => FromRank0::Unreadable(format!("unreadable header from rank 0: {e}")),
             },
         )
@@ -160,8 +160,11 @@ impl LoadSource<'_> {
         };
         let theirs = match theirs {
             FromRank0::Header(h) => h,
-            // Rank 0 states its own problem.
-            FromRank0::Refused => return Vec::new(),
+            // Rank 0 states its own problem, the others none: rank 0 may
+            // have sent no header with its own checkpoint read (a header
+            // past the bound), and must refuse then too.
+            FromRank0::Refused(why) if self.me() == 0 => return vec![why.clone()],
+            FromRank0::Refused(_) => return Vec::new(),
             FromRank0::Unreadable(e) => return vec![e.clone()],
         };
         let diff = differences(theirs, &local.header);
