@@ -8,7 +8,11 @@
 //! leaves the destinations untouched; headers that differ between ranks
 //! are refused on every rank before any byte moves, each rank's problem
 //! listed; a rank that leaves mid-load fails the others without a hang; a
-//! GGUF checkpoint (quantized tensors cut by rows) loads the same way.
+//! GGUF checkpoint (quantized tensors cut by rows) loads the same way; a
+//! rank failing alone before a reader fails stopping with the others; rings
+//! of different lengths and names past the transport's bound refused in the
+//! agreement; an empty tensor loaded as a normal load does; a torn load
+//! repaired by loading again.
 
 use crate::update_transport_ranks::{host_driver, model, write_checkpoint, Rank};
 
