@@ -4,8 +4,8 @@
 //!
 //! Shown: the second and later updates attach nothing and stay bitwise; a
 //! sender that frees and re-allocates its tensors, or sleeps and wakes
-//! them, between updates is attached again and its new bytes arrive (never
-//! the old memory's); a hostile sender claiming a kept share with other
+//! them, or commits memory again under reused handle ids, between updates
+//! is attached again and its new bytes arrive (never the old memory's); a hostile sender claiming a kept share with other
 //! segments, or a tensor past the imported segment, is refused with nothing
 //! written and the imports dropped, and one naming a new generation or
 //! sender at a known path is attached again; a sender killed between
@@ -26,7 +26,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use vmmweights::driver::testing::Testing;
 use vmmweights::loader::registry::Destination;
+use vmmweights::pool::{Mode, PoolConfig};
 use vmmweights::sleep::Policy;
 use vmmweights::update::transport::control::{Channel, FromReceiver, FromSender};
 use vmmweights::update::transport::import_cache::CacheLimits;
@@ -60,12 +62,29 @@ fn fill(pool: &Arc<Pool>, dests: &[Destination], seed: u64) {
 
 /// A direct sender child sending `VMMW_UPDATE_ROUNDS` updates, each with
 /// new values; before round k it does `VMMW_UPDATE_CHURN`'s k-th action:
-/// `keep`, `realloc` (free every tensor, trim, allocate again) or `sleep`
-/// (sleep and wake the tag).
+/// `keep`, `realloc` (free every tensor, trim, allocate again), `retrim`
+/// (the same but the first tensor stays, so the segment does too) or
+/// `sleep` (sleep and wake the tag). With `VMMW_UPDATE_ARENA` set the tag
+/// is an arena of one-granule chunks on a driver that reuses released
+/// handle ids (as CUDA may).
 pub fn child_repeat(path: &Path) {
-    let pool = sender_pool();
     let name = "direct-repeat";
     let t = vmmweights::tag::id(name).unwrap();
+    let pool = if std::env::var("VMMW_UPDATE_ARENA").is_ok() {
+        let driver = crate::update_transport_ranks::host_driver();
+        driver.as_host().unwrap().set_reuse_handle_ids(true);
+        let mut config = PoolConfig::default();
+        config.tag_modes.insert(
+            t,
+            Mode::Arena {
+                reserve_bytes: 8 << 20,
+                grow_step: 0,
+            },
+        );
+        Arc::new(Pool::new(driver, config).unwrap())
+    } else {
+        sender_pool()
+    };
     let mut tensors = in_pool(&pool, name);
     let mut sender = IpcSender::bind(pool.clone(), path, options()).unwrap();
     let rounds: usize = std::env::var("VMMW_UPDATE_ROUNDS").map_or(3, |v| v.parse().unwrap());
@@ -80,6 +99,15 @@ pub fn child_repeat(path: &Path) {
                 }
                 pool.trim().unwrap();
                 for d in tensors.iter_mut() {
+                    d.ptr = pool.alloc_tagged(d.bytes(), t).unwrap().ptr;
+                }
+            }
+            "retrim" => {
+                for d in &tensors[1..] {
+                    pool.free(d.ptr).unwrap();
+                }
+                pool.trim().unwrap();
+                for d in tensors[1..].iter_mut() {
                     d.ptr = pool.alloc_tagged(d.bytes(), t).unwrap().ptr;
                 }
             }
@@ -244,6 +272,42 @@ fn freed_reallocated_or_woken_memory_is_attached_again() {
         let want = if fresh { (1, 0) } else { (0, 1) };
         assert_eq!((s.attached, s.reused), want, "round {round}: {s:?}");
         assert_eq!(rx.kept_imports(), 1);
+        assert!(sender.line().starts_with(&format!("sent round={round} ")));
+    }
+}
+
+/// A sender whose segment keeps its identity while the memory behind part
+/// of it is given back and committed again (an arena trimmed and grown),
+/// on a driver that hands the released handle ids out again: the receiver
+/// attaches anew and gets the new memory's bytes, never the old memory it
+/// kept imported.
+#[test]
+fn memory_committed_again_under_reused_handle_ids_is_attached_again() {
+    let m = model();
+    let dir = tempfile::tempdir().unwrap();
+    write_checkpoint(dir.path(), &m);
+    let path = sock_path("direct-retrim");
+    let sender = Proc::spawn(
+        "direct_repeat",
+        &path,
+        &[
+            ("VMMW_UPDATE_ROUNDS", "4".into()),
+            ("VMMW_UPDATE_CHURN", "keep,retrim,keep,realloc".into()),
+            ("VMMW_UPDATE_ARENA", "1".into()),
+        ],
+    );
+    assert_eq!(sender.line(), "ready");
+    let r = Rank::load(dir.path(), &m, "direct-retrim", 0, 1);
+    let mut rx = receiver(&r, &path, CacheLimits::default());
+    for (round, fresh) in [true, true, false, true].into_iter().enumerate() {
+        receive(&mut rx, &r).unwrap();
+        assert!(
+            r.snapshot() == r.expected(&m, &new_values(&m, seed_for(round))),
+            "round {round}: the sender's new bytes, not its old memory's"
+        );
+        let s = rx.last_receive().unwrap();
+        let want = if fresh { (1, 0) } else { (0, 1) };
+        assert_eq!((s.attached, s.reused), want, "round {round}: {s:?}");
         assert!(sender.line().starts_with(&format!("sent round={round} ")));
     }
 }
