@@ -26,7 +26,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use vmmweights::driver::host::{HostConfig, HostDriver};
 use vmmweights::driver::testing::Testing;
+use vmmweights::driver::Driver;
 use vmmweights::loader::registry::Destination;
 use vmmweights::pool::{Mode, PoolConfig};
 use vmmweights::sleep::Policy;
@@ -501,4 +503,51 @@ fn a_sender_keeps_only_the_shares_of_its_last_send() {
     // The receiver's import outlives the share: the memory stays mapped.
     assert_eq!(rx.kept_imports(), 1);
     assert!(rx.kept_bytes() > 0);
+}
+
+/// A receiver made for one device, handed a pool on another (a careless
+/// caller): refused before it connects, nothing written, the tag not marked
+/// torn, its kept imports kept; the same receiver then receives into its own
+/// device's pool, reusing them.
+#[test]
+fn a_pool_on_another_device_is_refused_before_anything_moves() {
+    let m = model();
+    let dir = tempfile::tempdir().unwrap();
+    write_checkpoint(dir.path(), &m);
+    let path = sock_path("direct-other-device");
+    let sender = Proc::spawn(
+        "direct_repeat",
+        &path,
+        &[("VMMW_UPDATE_ROUNDS", "2".into())],
+    );
+    assert_eq!(sender.line(), "ready");
+    let r = Rank::load(dir.path(), &m, "direct-other-device", 0, 1);
+    let other_driver: Arc<dyn Driver> = Arc::new(
+        HostDriver::for_device(
+            HostConfig {
+                granularity: 64 << 10,
+                memory_limit: 1 << 30,
+            },
+            1,
+        )
+        .unwrap(),
+    );
+    let other = Rank::load_on(other_driver, dir.path(), &m, "direct-other-device-1", 0, 1);
+    let mut rx = receiver(&r, &path, CacheLimits::default());
+    receive(&mut rx, &r).unwrap();
+    assert_eq!(rx.kept_imports(), 1);
+    assert!(sender.line().starts_with("sent round=0 "));
+    let (before, v0) = (other.snapshot(), other.version());
+    let e = receive(&mut rx, &other).expect_err("a pool on another device");
+    assert_eq!(e.status(), Status::InvalidArgument, "{e}");
+    assert!(e.to_string().contains("device 1"), "{e}");
+    assert!(other.snapshot() == before, "nothing written");
+    assert_eq!(other.version(), v0);
+    assert!(!other.pool.tag_torn(other.tag).unwrap(), "not marked torn");
+    assert_eq!(rx.kept_imports(), 1, "bad input changes nothing");
+    receive(&mut rx, &r).unwrap();
+    let s = rx.last_receive().unwrap();
+    assert_eq!((s.attached, s.reused), (0, 1), "{s:?}");
+    assert!(r.snapshot() == r.expected(&m, &new_values(&m, seed_for(1))));
+    assert!(sender.line().starts_with("sent round=1 "));
 }

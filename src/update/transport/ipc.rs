@@ -578,14 +578,27 @@ impl UpdateReceiver {
     }
 
     /// Receive one update into `session`'s destinations in `pool` (as
-    /// [`receive_ipc`]). On any failure the kept imports are dropped, and
-    /// every destination keeps its last version.
+    /// [`receive_ipc`]). `pool` must be on this receiver's device: the
+    /// imports are mapped there. On any failure the kept imports are
+    /// dropped, and every destination keeps its last version; a pool on
+    /// another device is refused before anything is touched.
     pub fn receive(
         &mut self,
         session: &Session,
         pool: &Pool,
         opts: &UpdateOptions,
     ) -> Result<UpdateResult> {
+        let (ours, theirs) = (&self.driver, pool.driver());
+        if ours.kind() != theirs.kind() || ours.device() != theirs.device() {
+            // Copies from imports another device mapped fail midway (the
+            // tag would be marked torn), or on CUDA fault the context.
+            return Err(Error::InvalidArgument(format!(
+                "update receiver for {}: it imports on {}, the pool is on {}",
+                self.path.display(),
+                ours.describe(),
+                theirs.describe()
+            )));
+        }
         let start = Instant::now();
         let r = self.receive_from(session, pool, opts, start);
         if r.is_err() {
