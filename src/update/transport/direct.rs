@@ -124,12 +124,7 @@ pub(super) fn send(
     receivers: usize,
 ) -> Result<SendReport> {
     let start = Instant::now();
-    if receivers == 0 {
-        return Err(Error::InvalidArgument(format!(
-            "update sender {}: at least one receiver",
-            at.path.display()
-        )));
-    }
+    super::send::check_receivers(at.path, receivers)?;
     let (groups, places, bytes) = plan(&at, tensors)?;
     // Kept served after this send, while the memory behind them is the same.
     let served = at

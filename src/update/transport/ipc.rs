@@ -228,12 +228,7 @@ impl IpcSender {
     /// keeps its last version.
     pub fn send_to(&mut self, tensors: &[SendTensor<'_>], receivers: usize) -> Result<SendReport> {
         let start = Instant::now();
-        if receivers == 0 {
-            return Err(Error::InvalidArgument(format!(
-                "update sender {}: at least one receiver",
-                self.path.display()
-            )));
-        }
+        super::send::check_receivers(&self.path, receivers)?;
         // Every check before a receiver is involved.
         let sizes = tensors
             .iter()
