@@ -2,7 +2,8 @@
 //! imports (`UpdateReceiver`), between real processes on the host backend
 //! (and CUDA when a GPU is there).
 //!
-//! Shown: the second and later updates attach nothing and stay bitwise; a
+//! Shown: the second and later updates attach nothing and stay bitwise,
+//! also for several engines updated in turn from the same sender; a
 //! sender that frees and re-allocates its tensors, or sleeps and wakes
 //! them, or commits memory again under reused handle ids, between updates
 //! is attached again and its new bytes arrive (never the old memory's); a hostile sender claiming a kept share with other
@@ -550,4 +551,42 @@ fn a_pool_on_another_device_is_refused_before_anything_moves() {
     assert_eq!((s.attached, s.reused), (0, 1), "{s:?}");
     assert!(r.snapshot() == r.expected(&m, &new_values(&m, seed_for(1))));
     assert!(sender.line().starts_with("sent round=1 "));
+}
+
+/// One sender updating several engines in turn (each send to one
+/// receiver), each engine keeping its imports: every engine's update
+/// arrives, the later rounds without an attach.
+#[test]
+fn engines_served_in_turn_each_keep_their_imports() {
+    let m = model();
+    let dir = tempfile::tempdir().unwrap();
+    write_checkpoint(dir.path(), &m);
+    let path = sock_path("direct-in-turn");
+    let engines = 4;
+    let rounds = 2 * engines;
+    let sender = Proc::spawn(
+        "direct_repeat",
+        &path,
+        &[("VMMW_UPDATE_ROUNDS", rounds.to_string())],
+    );
+    assert_eq!(sender.line(), "ready");
+    let ranks: Vec<Rank> = (0..engines)
+        .map(|k| Rank::load(dir.path(), &m, &format!("direct-in-turn-{k}"), 0, 1))
+        .collect();
+    let mut rxs: Vec<UpdateReceiver> = ranks
+        .iter()
+        .map(|r| receiver(r, &path, CacheLimits::default()))
+        .collect();
+    for round in 0..rounds {
+        let k = round % engines;
+        receive(&mut rxs[k], &ranks[k]).unwrap_or_else(|e| panic!("round {round}: {e}"));
+        assert!(
+            ranks[k].snapshot() == ranks[k].expected(&m, &new_values(&m, seed_for(round))),
+            "round {round}"
+        );
+        let s = rxs[k].last_receive().unwrap();
+        let want = if round < engines { (1, 0) } else { (0, 1) };
+        assert_eq!((s.attached, s.reused), want, "round {round}: {s:?}");
+        assert!(sender.line().starts_with(&format!("sent round={round} ")));
+    }
 }

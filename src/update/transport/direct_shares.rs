@@ -28,6 +28,7 @@ use crate::error::{Error, Result};
 use crate::loader::registry::Destination;
 use crate::loader::Dtype;
 use crate::pool::{remap, Pool};
+use crate::share::options::DEFAULT_MAX_CONNECTIONS;
 use crate::share::{LogSink, ServeOptions, Server, SleepPolicy};
 use crate::tag::{self, TagId};
 
@@ -191,9 +192,12 @@ impl DirectShares {
         groups: &[Group],
         receivers: usize,
     ) -> Result<Vec<(DirectShare, Vec<Placement>)>> {
-        // Each receiver holds one connection; a receiver that attaches
-        // again while its old connection is still counted needs one more.
-        let max_connections = 2 * receivers.max(1);
+        // Each receiver that keeps its import holds a connection between
+        // sends, also the receivers of earlier sends (engines updated in
+        // turn), and one that attaches again while its old connection is
+        // still counted needs one more: the share layer's bound, or twice
+        // this send's receivers when that is more.
+        let max_connections = DEFAULT_MAX_CONNECTIONS.max(2 * receivers.max(1));
         let mut old = std::mem::take(&mut self.kept);
         let mut out = Vec::with_capacity(groups.len());
         for (tag, tensors) in groups {
