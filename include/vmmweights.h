@@ -3382,7 +3382,8 @@ vmmw_status_t vmmw_update_sender_send_direct(struct vmmw_update_sender_t *sender
  * - `VMMW_INVALID_STATE`: the sender went away before the update began.
  * - `VMMW_UPDATE_SOURCE`: the sender died, aborted, ended short or broke
  *   the protocol (a bucket out of order, past its slot, naming a tensor it
- *   did not announce); the message says which.
+ *   did not announce, a share another process serves); the message says
+ *   which.
  * - `VMMW_VERSION_MISMATCH`, `VMMW_PLAN_MISMATCH`: as `vmmw_update`.
  *
  * # Safety
@@ -3727,8 +3728,8 @@ void vmmw_update_receiver_free(struct vmmw_update_receiver_t *receiver);
  * update. `*out` as `vmmw_update`'s.
  *
  * Errors: as `vmmw_update_receive_ipc`, and `VMMW_UPDATE_SOURCE` when the
- * sender claims a kept share with other segments than it maps, or a tensor
- * past its segment. On any error every destination keeps its last version
+ * sender claims a kept share with other segments than it maps, a tensor
+ * past its segment, or a share another process serves. On any error every destination keeps its last version
  * and the kept imports are dropped, except `VMMW_INVALID_ARGUMENT` for a
  * `pool` on another device than the one given to
  * `vmmw_update_receiver_new`, refused before anything is touched.

@@ -256,7 +256,8 @@ unsafe fn send_with(
 /// - `VMMW_INVALID_STATE`: the sender went away before the update began.
 /// - `VMMW_UPDATE_SOURCE`: the sender died, aborted, ended short or broke
 ///   the protocol (a bucket out of order, past its slot, naming a tensor it
-///   did not announce); the message says which.
+///   did not announce, a share another process serves); the message says
+///   which.
 /// - `VMMW_VERSION_MISMATCH`, `VMMW_PLAN_MISMATCH`: as `vmmw_update`.
 ///
 /// # Safety

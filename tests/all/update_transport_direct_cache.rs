@@ -167,6 +167,22 @@ pub fn child_raw_twice(path: &Path, case: &str) {
     std::thread::sleep(Duration::from_secs(600));
 }
 
+/// A sender that serves nothing of its own: it sends the message in
+/// `VMMW_UPDATE_MESSAGE` (a `FromSender` as JSON), naming another process's
+/// shares, to one receiver.
+pub fn child_relay(path: &Path) {
+    let msg: FromSender =
+        serde_json::from_str(&std::env::var("VMMW_UPDATE_MESSAGE").unwrap()).unwrap();
+    let listener = UnixListener::bind(path).unwrap();
+    println!("@ready");
+    let (sock, _) = listener.accept().unwrap();
+    let mut ch = Channel::new(sock, "receiver", TIMEOUT).unwrap();
+    ch.send(&msg).unwrap();
+    let _ = ch.recv::<FromReceiver>();
+    println!("@done");
+    std::thread::sleep(Duration::from_secs(600));
+}
+
 fn receive(rx: &mut UpdateReceiver, r: &Rank) -> vmmweights::Result<UpdateResult> {
     rx.receive(
         &r.session,
@@ -589,4 +605,40 @@ fn engines_served_in_turn_each_keep_their_imports() {
         assert_eq!((s.attached, s.reused), want, "round {round}: {s:?}");
         assert!(sender.line().starts_with(&format!("sent round={round} ")));
     }
+}
+
+/// A sender naming a share another process serves (here the receiving
+/// process itself, which any sender could name) is refused: the receiver
+/// copies only memory of the process on the control socket. Nothing is
+/// written and nothing kept.
+#[test]
+fn a_share_served_by_another_process_is_refused() {
+    let m = model();
+    let dir = tempfile::tempdir().unwrap();
+    write_checkpoint(dir.path(), &m);
+    let pool = sender_pool();
+    let tensors = in_pool(&pool, "direct-foreign-source");
+    let share = sock_path("direct-foreign-share");
+    let (_server, wire, manifest) = serve_raw(&pool, &tensors, &share, 1);
+    let msg = FromSender::Direct {
+        shares: vec![wire],
+        tensors: manifest,
+    };
+    let path = sock_path("direct-foreign");
+    let relay = Proc::spawn(
+        "direct_relay",
+        &path,
+        &[("VMMW_UPDATE_MESSAGE", serde_json::to_string(&msg).unwrap())],
+    );
+    assert_eq!(relay.line(), "ready");
+    let r = Rank::load(dir.path(), &m, "direct-foreign", 0, 1);
+    let (before, v0) = (r.snapshot(), r.version());
+    let mut rx = receiver(&r, &path, CacheLimits::default());
+    let e = receive(&mut rx, &r).expect_err("another process's share");
+    assert_eq!(e.status(), Status::UpdateSource, "{e}");
+    assert!(e.to_string().contains("not by the sender"), "{e}");
+    assert!(r.snapshot() == before, "nothing written");
+    assert_eq!(r.version(), v0);
+    assert_eq!(rx.kept_imports(), 0);
+    assert_eq!(relay.line(), "done");
 }

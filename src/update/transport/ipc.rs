@@ -40,7 +40,7 @@ use crate::loader::dtype::Dtype;
 use crate::loader::registry::Destination;
 use crate::loader::Session;
 use crate::pool::Pool;
-use crate::share::{AttachOptions, Attachment, LogSink, ServeOptions, Server};
+use crate::share::{wire, AttachOptions, Attachment, LogSink, ServeOptions, Server};
 use crate::tag;
 use crate::update::{UpdateOptions, UpdateResult};
 
@@ -614,6 +614,9 @@ impl UpdateReceiver {
     ) -> Result<(UpdateResult, ReceiveStats)> {
         let path = &self.path;
         let sock = UnixStream::connect(path).map_err(|e| Error::io(path, e))?;
+        // The shares it names must be its own: the memory of the process
+        // on this socket, not any other the receiver could attach.
+        let sender_pid = wire::peer_cred(&sock).map_err(|e| Error::io(path, e))?.pid;
         let mut ch = Channel::new(
             sock,
             format!("update sender on {}", path.display()),
@@ -633,7 +636,7 @@ impl UpdateReceiver {
                     path.clone(),
                     (share, slots, slot_bytes),
                     self.timeout,
-                    start,
+                    (start, sender_pid),
                 )?;
                 let stats = ReceiveStats {
                     direct: false,
@@ -655,7 +658,7 @@ impl UpdateReceiver {
                     pool,
                     opts,
                     &mut self.cache,
-                    start,
+                    (start, sender_pid),
                 )?;
                 let ImportCounts {
                     attached,
@@ -727,6 +730,7 @@ impl IpcReceiver {
         let start = Instant::now();
         let path = path.as_ref().to_path_buf();
         let sock = UnixStream::connect(&path).map_err(|e| Error::io(&path, e))?;
+        let sender_pid = wire::peer_cred(&sock).map_err(|e| Error::io(&path, e))?.pid;
         let mut ch = Channel::new(
             sock,
             format!("update sender on {}", path.display()),
@@ -743,7 +747,7 @@ impl IpcReceiver {
                 path,
                 (share, slots, slot_bytes),
                 timeout,
-                start,
+                (start, sender_pid),
             ),
             other => Err(Error::InvalidArgument(format!(
                 "update sender on {}: expected the ring first, got {}",
@@ -754,14 +758,15 @@ impl IpcReceiver {
     }
 
     /// Attach the ring a sender announced (`share`, `slots`, `slot_bytes`)
-    /// on a control channel already read up to that announcement.
+    /// on a control channel already read up to that announcement; the
+    /// process `sender_pid` (the sender's) must serve it.
     pub(super) fn attach_ring(
         driver: Arc<dyn Driver>,
         mut ch: Channel,
         path: PathBuf,
         (share, slots, slot_bytes): (String, u32, u64),
         timeout: Duration,
-        start: Instant,
+        (start, sender_pid): (Instant, i32),
     ) -> Result<Self> {
         let bad = |why: String| {
             Error::InvalidArgument(format!("update sender on {}: {why}", path.display()))
@@ -778,7 +783,9 @@ impl IpcReceiver {
                 timeout,
                 ..AttachOptions::default()
             },
-        ) {
+        )
+        .and_then(|r| super::import_cache::served_by_sender(&r, sender_pid).map(|()| r))
+        {
             Ok(r) => r,
             Err(e) => {
                 let _ = ch.send(&FromReceiver::Failed {
