@@ -3321,8 +3321,9 @@ void vmmw_update_sender_free(struct vmmw_update_sender_t *sender);
  *
  * Errors:
  * - `VMMW_NULL_ARGUMENT`: `sender`, `source` or `out` is NULL.
- * - `VMMW_INVALID_ARGUMENT`: the source's tensors are refused (no tensor, a
- *   name twice, a size that does not match the shape).
+ * - `VMMW_INVALID_ARGUMENT`: more than 256 receivers; the source's tensors
+ *   are refused (no tensor, a name twice, a size that does not match the
+ *   shape).
  * - `VMMW_OUT_OF_MEMORY`: the ring (allocated at the first send) does not
  *   fit on the device.
  * - `VMMW_UNSUPPORTED`: the pool's memory is not created shareable.
@@ -3350,9 +3351,9 @@ vmmw_status_t vmmw_update_sender_send(struct vmmw_update_sender_t *sender, struc
  *
  * Errors:
  * - `VMMW_NULL_ARGUMENT`: `sender`, `source` or `out` is NULL.
- * - `VMMW_INVALID_ARGUMENT`: the source's tensors are refused (as
- *   `vmmw_update_sender_send`), or one lies in host memory or outside the
- *   sender's pool (every such tensor named).
+ * - `VMMW_INVALID_ARGUMENT`: more than 256 receivers; the source's tensors
+ *   are refused (as `vmmw_update_sender_send`), or one lies in host memory
+ *   or outside the sender's pool (every such tensor named).
  * - `VMMW_UNSUPPORTED`: the pool's memory is not created shareable.
  * - `VMMW_INVALID_STATE`: a tag holding them is asleep, no receiver
  *   connected in time, a receiver went away, or a receiver refused the
@@ -3381,7 +3382,8 @@ vmmw_status_t vmmw_update_sender_send_direct(struct vmmw_update_sender_t *sender
  * - `VMMW_INVALID_STATE`: the sender went away before the update began.
  * - `VMMW_UPDATE_SOURCE`: the sender died, aborted, ended short or broke
  *   the protocol (a bucket out of order, past its slot, naming a tensor it
- *   did not announce); the message says which.
+ *   did not announce, a share another process serves); the message says
+ *   which.
  * - `VMMW_VERSION_MISMATCH`, `VMMW_PLAN_MISMATCH`: as `vmmw_update`.
  *
  * # Safety
@@ -3726,9 +3728,11 @@ void vmmw_update_receiver_free(struct vmmw_update_receiver_t *receiver);
  * update. `*out` as `vmmw_update`'s.
  *
  * Errors: as `vmmw_update_receive_ipc`, and `VMMW_UPDATE_SOURCE` when the
- * sender claims a kept share with other segments than it maps, or a tensor
- * past its segment. On any error every destination keeps its last version
- * and the kept imports are dropped.
+ * sender claims a kept share with other segments than it maps, a tensor
+ * past its segment, or a share another process serves. On any error every destination keeps its last version
+ * and the kept imports are dropped, except `VMMW_INVALID_ARGUMENT` for a
+ * `pool` on another device than the one given to
+ * `vmmw_update_receiver_new`, refused before anything is touched.
  *
  * # Safety
  * `receiver`, `loader` and `pool` are live handles; `options` is NULL or

@@ -59,6 +59,9 @@ pub struct Segment {
     /// Chunk size used when committing; a granularity multiple.
     chunk_size: usize,
     chunks: Vec<Chunk>,
+    /// Chunks given physical memory over the segment's life: what is behind
+    /// it changed whenever this did (handle values may be reused).
+    mappings: u64,
     sleep_state: SleepState,
     /// Unmapped handles whose release failed, with their sizes (see
     /// [`Segment::unmap_chunk`]); retried by later unmaps, trims and drop.
@@ -108,6 +111,7 @@ impl Segment {
             committed: 0,
             chunk_size,
             chunks: Vec::new(),
+            mappings: 0,
             sleep_state: SleepState::Awake,
             orphans: Vec::new(),
             closed: false,
@@ -176,6 +180,15 @@ impl Segment {
     /// The chunks, in address order.
     pub fn chunks(&self) -> &[Chunk] {
         &self.chunks
+    }
+
+    /// How many times a chunk of this segment was given physical memory
+    /// (commit, wake): equal at two moments, with the same chunks mapped
+    /// and the same [`Segment::id`], means the same memory is behind it. A
+    /// handle's value says nothing of the kind: a driver may hand a
+    /// released handle's value to the next allocation.
+    pub fn mappings(&self) -> u64 {
+        self.mappings
     }
 
     /// Whether the segment is awake or asleep, and how it sleeps.
@@ -299,11 +312,14 @@ impl Segment {
                 remaining.min(self.chunk_size)
             };
             match self.map_new(offset, size) {
-                Ok(handle) => self.chunks.push(Chunk {
-                    offset,
-                    size,
-                    handle: Some(handle),
-                }),
+                Ok(handle) => {
+                    self.chunks.push(Chunk {
+                        offset,
+                        size,
+                        handle: Some(handle),
+                    });
+                    self.mappings += 1;
+                }
                 Err(e) => {
                     // A chunk whose unmap fails in the undo stays (mapped,
                     // counted): its range must not be mapped again.
@@ -356,6 +372,7 @@ impl Segment {
         if c.handle.is_none() {
             let h = self.map_new(c.offset, c.size)?;
             self.chunks[i].handle = Some(h);
+            self.mappings += 1;
         }
         Ok(())
     }
@@ -436,6 +453,7 @@ impl Segment {
         match self.chunks.get_mut(i) {
             Some(c) if c.handle.is_none() => {
                 c.handle = Some(h);
+                self.mappings += 1;
                 Ok(())
             }
             _ => Err(Error::InvalidState(format!(

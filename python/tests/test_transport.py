@@ -3,7 +3,8 @@ process (a child Python) updates this process's destinations, loaded with
 the llama preset, through its ring or directly out of its pool, bitwise (the reference: the new values loaded through the
 same rules); a sender that dies mid-handshake leaves the destinations and
 the version as they were, with VMMW_UPDATE_SOURCE or an I/O error; a
-missing NCCL is named; a broadcast load checks its communicator."""
+receiver closed on one thread while another receives waits for that
+receive; a missing NCCL is named; a broadcast load checks its communicator."""
 
 from __future__ import annotations
 
@@ -158,3 +159,42 @@ def test_broadcast_load_checks_its_communicator(pool, loaded):
         comm.broadcast_load(ld, pool, [0, 1], slot_bytes=1 << 20, stage=True)
     assert e.value.status_name == "VMMW_NULL_ARGUMENT"
     assert e.value.function == "vmmw_load_broadcast"
+
+
+def test_closing_a_receiver_waits_for_a_receive_on_another_thread(pool, loaded, tmp_path):
+    """A peer that connects and says nothing holds a receive for its
+    timeout; a close from another thread waits for it instead of freeing
+    the receiver under it, and the destinations stay as they were."""
+    import socket
+    import threading
+    import time
+
+    ld, _ = loaded
+    before = contents(pool, ld)
+    path = str(tmp_path / "silent.sock")
+    silent = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    silent.bind(path)
+    silent.listen(1)
+    rx = vw.transport.Receiver(pool, path, timeout_ms=1500)
+    ended = {}
+
+    def receive() -> None:
+        try:
+            rx.receive(ld, pool, pool.tag_version("py-transport"))
+        except vw.VmmwError as e:
+            ended["error"] = e
+        ended["at"] = time.monotonic()
+
+    t = threading.Thread(target=receive)
+    t.start()
+    conn, _ = silent.accept()  # the receive is running
+    rx.close()
+    closed_at = time.monotonic()
+    t.join(timeout=30)
+    assert "error" in ended, ended
+    assert ended["at"] <= closed_at, "close returned while the receive still ran"
+    with pytest.raises(ValueError):
+        rx.stats()
+    assert contents(pool, ld) == before
+    conn.close()
+    silent.close()

@@ -28,6 +28,7 @@ every rank opens :class:`NcclComm` with it.
 from __future__ import annotations
 
 import ctypes
+import threading
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -170,16 +171,29 @@ class Receiver(OwnedHandle):
     :meth:`drop_imports`, a failed receive, or :meth:`close`. At most
     `max_kept_imports` shares (0: 64) and `max_kept_bytes` bytes (0: no
     byte bound) stay imported. Imports on `pool`'s device; connects at each
-    :meth:`receive`. :meth:`close` frees it and drops its kept imports."""
+    :meth:`receive`. :meth:`close` frees it and drops its kept imports.
+
+    Thread-safe: calls run one at a time, and :meth:`close` from another
+    thread waits for a running :meth:`receive` to end (at most its
+    `timeout_ms` per message) rather than free what it uses."""
 
     _free = "vmmw_update_receiver_free"
 
     def __init__(self, pool: Pool, path: str, *, timeout_ms: int = 0, max_kept_imports: int = 0,
                  max_kept_bytes: int = 0) -> None:
+        # Held by every call on the handle and by close: the native call runs
+        # without the GIL, so a close on another thread would free the
+        # receiver under it.
+        self._busy = threading.Lock()
         handle = ctypes.c_void_p()
         call("vmmw_update_receiver_new", pool.handle, path.encode("utf-8"), ctypes.c_uint64(timeout_ms),
              ctypes.c_uint64(max_kept_imports), ctypes.c_uint64(max_kept_bytes), ctypes.byref(handle))
         self._handle: Optional[ctypes.c_void_p] = handle
+
+    def close(self) -> None:
+        """Free the receiver and drop its kept imports, once no call runs."""
+        with self._busy:
+            super().close()
 
     @property
     def handle(self) -> ctypes.c_void_p:
@@ -196,15 +210,17 @@ class Receiver(OwnedHandle):
         kept imports dropped)."""
         opts = _options(expected_version, tag, allow_missing, allow_unexpected)
         out = S.UpdateResult()
-        call("vmmw_update_receiver_receive", self.handle, loader.handle, pool.handle, ctypes.byref(opts),
-             ctypes.byref(out))
+        with self._busy:
+            call("vmmw_update_receiver_receive", self.handle, loader.handle, pool.handle, ctypes.byref(opts),
+                 ctypes.byref(out))
         return _result(out)
 
     def stats(self) -> ReceiveStats:
         """What the last successful receive did (zeros before the first) and
         what is kept imported now."""
         out = S.ReceiveStats()
-        call("vmmw_update_receiver_stats", self.handle, ctypes.byref(out))
+        with self._busy:
+            call("vmmw_update_receiver_stats", self.handle, ctypes.byref(out))
         return ReceiveStats(direct=bool(out.direct), attached=out.attached, reused=out.reused, chunks=out.chunks,
                             setup_seconds=out.setup_seconds, seconds=out.seconds, kept_imports=out.kept_imports,
                             kept_bytes=out.kept_bytes)
@@ -212,7 +228,8 @@ class Receiver(OwnedHandle):
     def drop_imports(self) -> None:
         """Drop every kept import: the sender's memory they kept allocated
         goes, and the next receive attaches again."""
-        call("vmmw_update_receiver_drop_imports", self.handle)
+        with self._busy:
+            call("vmmw_update_receiver_drop_imports", self.handle)
 
 
 def nccl_unique_id() -> bytes:

@@ -143,8 +143,9 @@ pub unsafe extern "C" fn vmmw_update_sender_free(sender: *mut vmmw_update_sender
 ///
 /// Errors:
 /// - `VMMW_NULL_ARGUMENT`: `sender`, `source` or `out` is NULL.
-/// - `VMMW_INVALID_ARGUMENT`: the source's tensors are refused (no tensor, a
-///   name twice, a size that does not match the shape).
+/// - `VMMW_INVALID_ARGUMENT`: more than 256 receivers; the source's tensors
+///   are refused (no tensor, a name twice, a size that does not match the
+///   shape).
 /// - `VMMW_OUT_OF_MEMORY`: the ring (allocated at the first send) does not
 ///   fit on the device.
 /// - `VMMW_UNSUPPORTED`: the pool's memory is not created shareable.
@@ -180,9 +181,9 @@ pub unsafe extern "C" fn vmmw_update_sender_send(
 ///
 /// Errors:
 /// - `VMMW_NULL_ARGUMENT`: `sender`, `source` or `out` is NULL.
-/// - `VMMW_INVALID_ARGUMENT`: the source's tensors are refused (as
-///   `vmmw_update_sender_send`), or one lies in host memory or outside the
-///   sender's pool (every such tensor named).
+/// - `VMMW_INVALID_ARGUMENT`: more than 256 receivers; the source's tensors
+///   are refused (as `vmmw_update_sender_send`), or one lies in host memory
+///   or outside the sender's pool (every such tensor named).
 /// - `VMMW_UNSUPPORTED`: the pool's memory is not created shareable.
 /// - `VMMW_INVALID_STATE`: a tag holding them is asleep, no receiver
 ///   connected in time, a receiver went away, or a receiver refused the
@@ -255,7 +256,8 @@ unsafe fn send_with(
 /// - `VMMW_INVALID_STATE`: the sender went away before the update began.
 /// - `VMMW_UPDATE_SOURCE`: the sender died, aborted, ended short or broke
 ///   the protocol (a bucket out of order, past its slot, naming a tensor it
-///   did not announce); the message says which.
+///   did not announce, a share another process serves); the message says
+///   which.
 /// - `VMMW_VERSION_MISMATCH`, `VMMW_PLAN_MISMATCH`: as `vmmw_update`.
 ///
 /// # Safety

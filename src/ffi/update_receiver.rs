@@ -122,9 +122,11 @@ pub unsafe extern "C" fn vmmw_update_receiver_free(receiver: *mut vmmw_update_re
 /// update. `*out` as `vmmw_update`'s.
 ///
 /// Errors: as `vmmw_update_receive_ipc`, and `VMMW_UPDATE_SOURCE` when the
-/// sender claims a kept share with other segments than it maps, or a tensor
-/// past its segment. On any error every destination keeps its last version
-/// and the kept imports are dropped.
+/// sender claims a kept share with other segments than it maps, a tensor
+/// past its segment, or a share another process serves. On any error every destination keeps its last version
+/// and the kept imports are dropped, except `VMMW_INVALID_ARGUMENT` for a
+/// `pool` on another device than the one given to
+/// `vmmw_update_receiver_new`, refused before anything is touched.
 ///
 /// # Safety
 /// `receiver`, `loader` and `pool` are live handles; `options` is NULL or

@@ -207,6 +207,8 @@ fn receive_and_map(
 pub struct Attachment {
     path: PathBuf,
     sock: UnixStream,
+    /// The owner's process id as the kernel reported it (`SO_PEERCRED`).
+    owner_pid: i32,
     manifest: Manifest,
     index: HashMap<String, usize>,
     layout: Layout,
@@ -342,6 +344,7 @@ impl Attachment {
         Ok(Attachment {
             path: path.to_path_buf(),
             sock,
+            owner_pid: owner.pid,
             manifest,
             index,
             layout,
@@ -356,6 +359,12 @@ impl Attachment {
                 total: start.elapsed(),
             },
         })
+    }
+
+    /// The process serving the share, as the kernel reported it for the
+    /// socket (not as the owner's manifest says).
+    pub fn owner_pid(&self) -> i32 {
+        self.owner_pid
     }
 
     /// Where this attach spent its time.

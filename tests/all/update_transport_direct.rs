@@ -396,3 +396,42 @@ fn direct_sender_refuses_memory_outside_its_pool() {
         .unwrap_err();
     assert!(e.to_string().contains("not in this sender's pool"), "{e}");
 }
+
+/// A receiver count no engine has (the most a C caller can pass) is
+/// refused before anything is served or waited for, ring or direct: not a
+/// table for that many receivers (which aborts the process when it cannot
+/// be allocated), not a wait for the first of them.
+#[test]
+fn a_receiver_count_past_the_bound_is_refused_before_anything_is_served() {
+    let pool = sender_pool();
+    let path = sock_path("direct-many-receivers");
+    let tensors = in_pool(&pool, "direct-many-receivers");
+    let mut sender = IpcSender::bind(pool, &path, options()).unwrap();
+    let host = vec![0u8; 8];
+    let ring = [SendTensor {
+        name: "w".into(),
+        dtype: Dtype::Bf16,
+        shape: vec![4],
+        data: SendData::Host(&host),
+    }];
+    let max = vmmweights::update::transport::MAX_RECEIVERS;
+    for receivers in [max + 1, u32::MAX as usize] {
+        let start = std::time::Instant::now();
+        let e = sender
+            .send_direct_to(&sends(&tensors), receivers)
+            .unwrap_err();
+        assert_eq!(e.status(), Status::InvalidArgument, "{e}");
+        assert!(
+            e.to_string().contains(&format!("at most {max} receivers")),
+            "{e}"
+        );
+        assert_eq!(sender.direct_shares(), 0, "nothing served");
+        let e = sender.send_to(&ring, receivers).unwrap_err();
+        assert_eq!(e.status(), Status::InvalidArgument, "{e}");
+        assert!(
+            e.to_string().contains(&format!("at most {max} receivers")),
+            "{e}"
+        );
+        assert!(start.elapsed() < TIMEOUT, "refused without waiting");
+    }
+}

@@ -2,10 +2,11 @@
 //! imports (`UpdateReceiver`), between real processes on the host backend
 //! (and CUDA when a GPU is there).
 //!
-//! Shown: the second and later updates attach nothing and stay bitwise; a
+//! Shown: the second and later updates attach nothing and stay bitwise,
+//! also for several engines updated in turn from the same sender; a
 //! sender that frees and re-allocates its tensors, or sleeps and wakes
-//! them, between updates is attached again and its new bytes arrive (never
-//! the old memory's); a hostile sender claiming a kept share with other
+//! them, or commits memory again under reused handle ids, between updates
+//! is attached again and its new bytes arrive (never the old memory's); a hostile sender claiming a kept share with other
 //! segments, or a tensor past the imported segment, is refused with nothing
 //! written and the imports dropped, and one naming a new generation or
 //! sender at a known path is attached again; a sender killed between
@@ -26,7 +27,11 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use vmmweights::driver::host::{HostConfig, HostDriver};
+use vmmweights::driver::testing::Testing;
+use vmmweights::driver::Driver;
 use vmmweights::loader::registry::Destination;
+use vmmweights::pool::{Mode, PoolConfig};
 use vmmweights::sleep::Policy;
 use vmmweights::update::transport::control::{Channel, FromReceiver, FromSender};
 use vmmweights::update::transport::import_cache::CacheLimits;
@@ -60,12 +65,29 @@ fn fill(pool: &Arc<Pool>, dests: &[Destination], seed: u64) {
 
 /// A direct sender child sending `VMMW_UPDATE_ROUNDS` updates, each with
 /// new values; before round k it does `VMMW_UPDATE_CHURN`'s k-th action:
-/// `keep`, `realloc` (free every tensor, trim, allocate again) or `sleep`
-/// (sleep and wake the tag).
+/// `keep`, `realloc` (free every tensor, trim, allocate again), `retrim`
+/// (the same but the first tensor stays, so the segment does too) or
+/// `sleep` (sleep and wake the tag). With `VMMW_UPDATE_ARENA` set the tag
+/// is an arena of one-granule chunks on a driver that reuses released
+/// handle ids (as CUDA may).
 pub fn child_repeat(path: &Path) {
-    let pool = sender_pool();
     let name = "direct-repeat";
     let t = vmmweights::tag::id(name).unwrap();
+    let pool = if std::env::var("VMMW_UPDATE_ARENA").is_ok() {
+        let driver = crate::update_transport_ranks::host_driver();
+        driver.as_host().unwrap().set_reuse_handle_ids(true);
+        let mut config = PoolConfig::default();
+        config.tag_modes.insert(
+            t,
+            Mode::Arena {
+                reserve_bytes: 8 << 20,
+                grow_step: 0,
+            },
+        );
+        Arc::new(Pool::new(driver, config).unwrap())
+    } else {
+        sender_pool()
+    };
     let mut tensors = in_pool(&pool, name);
     let mut sender = IpcSender::bind(pool.clone(), path, options()).unwrap();
     let rounds: usize = std::env::var("VMMW_UPDATE_ROUNDS").map_or(3, |v| v.parse().unwrap());
@@ -80,6 +102,15 @@ pub fn child_repeat(path: &Path) {
                 }
                 pool.trim().unwrap();
                 for d in tensors.iter_mut() {
+                    d.ptr = pool.alloc_tagged(d.bytes(), t).unwrap().ptr;
+                }
+            }
+            "retrim" => {
+                for d in &tensors[1..] {
+                    pool.free(d.ptr).unwrap();
+                }
+                pool.trim().unwrap();
+                for d in tensors[1..].iter_mut() {
                     d.ptr = pool.alloc_tagged(d.bytes(), t).unwrap().ptr;
                 }
             }
@@ -132,6 +163,22 @@ pub fn child_raw_twice(path: &Path, case: &str) {
         let _ = ch.recv::<FromReceiver>();
         let _ = ch.recv::<FromReceiver>();
     }
+    println!("@done");
+    std::thread::sleep(Duration::from_secs(600));
+}
+
+/// A sender that serves nothing of its own: it sends the message in
+/// `VMMW_UPDATE_MESSAGE` (a `FromSender` as JSON), naming another process's
+/// shares, to one receiver.
+pub fn child_relay(path: &Path) {
+    let msg: FromSender =
+        serde_json::from_str(&std::env::var("VMMW_UPDATE_MESSAGE").unwrap()).unwrap();
+    let listener = UnixListener::bind(path).unwrap();
+    println!("@ready");
+    let (sock, _) = listener.accept().unwrap();
+    let mut ch = Channel::new(sock, "receiver", TIMEOUT).unwrap();
+    ch.send(&msg).unwrap();
+    let _ = ch.recv::<FromReceiver>();
     println!("@done");
     std::thread::sleep(Duration::from_secs(600));
 }
@@ -244,6 +291,42 @@ fn freed_reallocated_or_woken_memory_is_attached_again() {
         let want = if fresh { (1, 0) } else { (0, 1) };
         assert_eq!((s.attached, s.reused), want, "round {round}: {s:?}");
         assert_eq!(rx.kept_imports(), 1);
+        assert!(sender.line().starts_with(&format!("sent round={round} ")));
+    }
+}
+
+/// A sender whose segment keeps its identity while the memory behind part
+/// of it is given back and committed again (an arena trimmed and grown),
+/// on a driver that hands the released handle ids out again: the receiver
+/// attaches anew and gets the new memory's bytes, never the old memory it
+/// kept imported.
+#[test]
+fn memory_committed_again_under_reused_handle_ids_is_attached_again() {
+    let m = model();
+    let dir = tempfile::tempdir().unwrap();
+    write_checkpoint(dir.path(), &m);
+    let path = sock_path("direct-retrim");
+    let sender = Proc::spawn(
+        "direct_repeat",
+        &path,
+        &[
+            ("VMMW_UPDATE_ROUNDS", "4".into()),
+            ("VMMW_UPDATE_CHURN", "keep,retrim,keep,realloc".into()),
+            ("VMMW_UPDATE_ARENA", "1".into()),
+        ],
+    );
+    assert_eq!(sender.line(), "ready");
+    let r = Rank::load(dir.path(), &m, "direct-retrim", 0, 1);
+    let mut rx = receiver(&r, &path, CacheLimits::default());
+    for (round, fresh) in [true, true, false, true].into_iter().enumerate() {
+        receive(&mut rx, &r).unwrap();
+        assert!(
+            r.snapshot() == r.expected(&m, &new_values(&m, seed_for(round))),
+            "round {round}: the sender's new bytes, not its old memory's"
+        );
+        let s = rx.last_receive().unwrap();
+        let want = if fresh { (1, 0) } else { (0, 1) };
+        assert_eq!((s.attached, s.reused), want, "round {round}: {s:?}");
         assert!(sender.line().starts_with(&format!("sent round={round} ")));
     }
 }
@@ -437,4 +520,125 @@ fn a_sender_keeps_only_the_shares_of_its_last_send() {
     // The receiver's import outlives the share: the memory stays mapped.
     assert_eq!(rx.kept_imports(), 1);
     assert!(rx.kept_bytes() > 0);
+}
+
+/// A receiver made for one device, handed a pool on another (a careless
+/// caller): refused before it connects, nothing written, the tag not marked
+/// torn, its kept imports kept; the same receiver then receives into its own
+/// device's pool, reusing them.
+#[test]
+fn a_pool_on_another_device_is_refused_before_anything_moves() {
+    let m = model();
+    let dir = tempfile::tempdir().unwrap();
+    write_checkpoint(dir.path(), &m);
+    let path = sock_path("direct-other-device");
+    let sender = Proc::spawn(
+        "direct_repeat",
+        &path,
+        &[("VMMW_UPDATE_ROUNDS", "2".into())],
+    );
+    assert_eq!(sender.line(), "ready");
+    let r = Rank::load(dir.path(), &m, "direct-other-device", 0, 1);
+    let other_driver: Arc<dyn Driver> = Arc::new(
+        HostDriver::for_device(
+            HostConfig {
+                granularity: 64 << 10,
+                memory_limit: 1 << 30,
+            },
+            1,
+        )
+        .unwrap(),
+    );
+    let other = Rank::load_on(other_driver, dir.path(), &m, "direct-other-device-1", 0, 1);
+    let mut rx = receiver(&r, &path, CacheLimits::default());
+    receive(&mut rx, &r).unwrap();
+    assert_eq!(rx.kept_imports(), 1);
+    assert!(sender.line().starts_with("sent round=0 "));
+    let (before, v0) = (other.snapshot(), other.version());
+    let e = receive(&mut rx, &other).expect_err("a pool on another device");
+    assert_eq!(e.status(), Status::InvalidArgument, "{e}");
+    assert!(e.to_string().contains("device 1"), "{e}");
+    assert!(other.snapshot() == before, "nothing written");
+    assert_eq!(other.version(), v0);
+    assert!(!other.pool.tag_torn(other.tag).unwrap(), "not marked torn");
+    assert_eq!(rx.kept_imports(), 1, "bad input changes nothing");
+    receive(&mut rx, &r).unwrap();
+    let s = rx.last_receive().unwrap();
+    assert_eq!((s.attached, s.reused), (0, 1), "{s:?}");
+    assert!(r.snapshot() == r.expected(&m, &new_values(&m, seed_for(1))));
+    assert!(sender.line().starts_with("sent round=1 "));
+}
+
+/// One sender updating several engines in turn (each send to one
+/// receiver), each engine keeping its imports: every engine's update
+/// arrives, the later rounds without an attach.
+#[test]
+fn engines_served_in_turn_each_keep_their_imports() {
+    let m = model();
+    let dir = tempfile::tempdir().unwrap();
+    write_checkpoint(dir.path(), &m);
+    let path = sock_path("direct-in-turn");
+    let engines = 4;
+    let rounds = 2 * engines;
+    let sender = Proc::spawn(
+        "direct_repeat",
+        &path,
+        &[("VMMW_UPDATE_ROUNDS", rounds.to_string())],
+    );
+    assert_eq!(sender.line(), "ready");
+    let ranks: Vec<Rank> = (0..engines)
+        .map(|k| Rank::load(dir.path(), &m, &format!("direct-in-turn-{k}"), 0, 1))
+        .collect();
+    let mut rxs: Vec<UpdateReceiver> = ranks
+        .iter()
+        .map(|r| receiver(r, &path, CacheLimits::default()))
+        .collect();
+    for round in 0..rounds {
+        let k = round % engines;
+        receive(&mut rxs[k], &ranks[k]).unwrap_or_else(|e| panic!("round {round}: {e}"));
+        assert!(
+            ranks[k].snapshot() == ranks[k].expected(&m, &new_values(&m, seed_for(round))),
+            "round {round}"
+        );
+        let s = rxs[k].last_receive().unwrap();
+        let want = if round < engines { (1, 0) } else { (0, 1) };
+        assert_eq!((s.attached, s.reused), want, "round {round}: {s:?}");
+        assert!(sender.line().starts_with(&format!("sent round={round} ")));
+    }
+}
+
+/// A sender naming a share another process serves (here the receiving
+/// process itself, which any sender could name) is refused: the receiver
+/// copies only memory of the process on the control socket. Nothing is
+/// written and nothing kept.
+#[test]
+fn a_share_served_by_another_process_is_refused() {
+    let m = model();
+    let dir = tempfile::tempdir().unwrap();
+    write_checkpoint(dir.path(), &m);
+    let pool = sender_pool();
+    let tensors = in_pool(&pool, "direct-foreign-source");
+    let share = sock_path("direct-foreign-share");
+    let (_server, wire, manifest) = serve_raw(&pool, &tensors, &share, 1);
+    let msg = FromSender::Direct {
+        shares: vec![wire],
+        tensors: manifest,
+    };
+    let path = sock_path("direct-foreign");
+    let relay = Proc::spawn(
+        "direct_relay",
+        &path,
+        &[("VMMW_UPDATE_MESSAGE", serde_json::to_string(&msg).unwrap())],
+    );
+    assert_eq!(relay.line(), "ready");
+    let r = Rank::load(dir.path(), &m, "direct-foreign", 0, 1);
+    let (before, v0) = (r.snapshot(), r.version());
+    let mut rx = receiver(&r, &path, CacheLimits::default());
+    let e = receive(&mut rx, &r).expect_err("another process's share");
+    assert_eq!(e.status(), Status::UpdateSource, "{e}");
+    assert!(e.to_string().contains("not by the sender"), "{e}");
+    assert!(r.snapshot() == before, "nothing written");
+    assert_eq!(r.version(), v0);
+    assert_eq!(rx.kept_imports(), 0);
+    assert_eq!(relay.line(), "done");
 }

@@ -313,6 +313,7 @@ fn child() {
             &std::env::var("VMMW_UPDATE_CASE").unwrap(),
         ),
         "direct_repeat" => crate::update_transport_direct_cache::child_repeat(&path),
+        "direct_relay" => crate::update_transport_direct_cache::child_relay(&path),
         "direct_raw_twice" => crate::update_transport_direct_cache::child_raw_twice(
             &path,
             &std::env::var("VMMW_UPDATE_CASE").unwrap(),

@@ -182,6 +182,21 @@ int main(void) {
   vmmw_update_receiver_free(rx);
   vmmw_update_receiver_free(NULL);
 
+  /* A receiver made on another device's pool is refused for this pool before
+     it connects (not an I/O error: nothing is tried), the tag untouched. */
+  vmmw_pool_options_t po1 = po;
+  po1.device = 1;
+  vmmw_pool_t* pool1 = NULL;
+  CHECK_OK(vmmw_pool_new(&po1, &pool1, &err));
+  CHECK_OK(vmmw_update_receiver_new(pool1, none, 1000, 0, 0, &rx, &err));
+  CHECK_STATUS(VMMW_INVALID_ARGUMENT, vmmw_update_receiver_receive(rx, ld, pool, &uo, &ur, NULL));
+  CHECK_OK(vmmw_pool_tag_torn(pool, tag, &torn, &err));
+  CHECK(torn == 0);
+  CHECK_OK(vmmw_pool_tag_version(pool, tag, &version, &err));
+  CHECK(version == 4);
+  vmmw_update_receiver_free(rx);
+  vmmw_pool_free(pool1);
+
   /* A broadcast load checks its handles before any NCCL call (no
      communicator exists without NCCL); the result is left alone. */
   vmmw_broadcast_load_result_t lr;

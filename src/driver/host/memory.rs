@@ -51,8 +51,18 @@ pub(super) fn create(d: &HostDriver, size: usize) -> Result<PhysHandle> {
         unsafe { libc::close(fd) };
         return Err(e);
     }
-    let id = s.next_handle;
-    s.next_handle += 1;
+    let id = if s.reuse_handle_ids {
+        let id = (1..)
+            .find(|id| !s.handles.contains_key(id))
+            .expect("a free id");
+        // Ids past every one given out stay new for the next import.
+        s.next_handle = s.next_handle.max(id + 1);
+        id
+    } else {
+        let id = s.next_handle;
+        s.next_handle += 1;
+        id
+    };
     s.handles.insert(
         id,
         Phys {

@@ -139,6 +139,14 @@ impl HostDriver {
         self.rdma.store(supported, Ordering::Relaxed);
     }
 
+    /// Give each new physical allocation the lowest handle id no live
+    /// allocation holds (default: never reuse an id). A CUDA driver may
+    /// hand a released handle's value to the next allocation; tests set this
+    /// to show that nothing takes a handle's value for the memory's identity.
+    pub fn set_reuse_handle_ids(&self, reuse: bool) {
+        self.state().reuse_handle_ids = reuse;
+    }
+
     /// Physical handles created RDMA-capable so far.
     pub fn rdma_handles_created(&self) -> u64 {
         self.rdma_created.load(Ordering::Relaxed)

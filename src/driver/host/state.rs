@@ -43,6 +43,9 @@ pub(super) struct State {
     pub(super) physical_bytes: u64,
     pub(super) memory_limit: u64,
     pub(super) next_handle: u64,
+    /// Hand out the lowest free handle id instead of a new one, as a CUDA
+    /// driver may give a released handle's value to the next allocation.
+    pub(super) reuse_handle_ids: bool,
     pub(super) next_stream: u64,
     pub(super) next_event: u64,
     pub(super) streams: usize,

@@ -124,12 +124,7 @@ pub(super) fn send(
     receivers: usize,
 ) -> Result<SendReport> {
     let start = Instant::now();
-    if receivers == 0 {
-        return Err(Error::InvalidArgument(format!(
-            "update sender {}: at least one receiver",
-            at.path.display()
-        )));
-    }
+    super::send::check_receivers(at.path, receivers)?;
     let (groups, places, bytes) = plan(&at, tensors)?;
     // Kept served after this send, while the memory behind them is the same.
     let served = at
@@ -222,7 +217,8 @@ fn unexpected(path: &Path, msg: &FromReceiver) -> Error {
 }
 
 /// Check a direct update's manifest, resolve its shares through `cache`
-/// (reusing imports of the same generation, attaching the others), and
+/// (reusing imports of the same generation, attaching the others; each
+/// served by the process `sender_pid`, the sender's), and
 /// check every tensor against the segments imported: every share index and
 /// segment named exists, every tensor lies inside its segment. Every
 /// problem in one error ([`Error::UpdateSource`]); nothing is written.
@@ -233,6 +229,7 @@ fn admit(
     tensors: &[DirectTensor],
     timeout: Duration,
     cache: &mut ImportCache,
+    sender_pid: i32,
 ) -> Result<(Vec<super::import_cache::Import>, Tensors, ImportCounts)> {
     let bad =
         |why: String| Error::UpdateSource(format!("direct update from {}: {why}", path.display()));
@@ -297,7 +294,7 @@ fn admit(
         return Err(bad(problems.join("; ")));
     }
     let (imports, counts) = cache
-        .resolve(driver, shares, timeout)
+        .resolve(driver, shares, timeout, sender_pid)
         .map_err(|e| bad(e.to_string()))?;
     let mut source = Tensors::new();
     for (t, (dtype, shape, bytes)) in tensors.iter().zip(parsed) {
@@ -344,7 +341,9 @@ pub struct DirectReceipt {
 /// `cache`, check, tell the sender the shares are attached, apply, and tell
 /// it how the update ended. The imports used are kept in `cache` (within
 /// its limits) when the update committed; on any failure the cache is
-/// emptied. `start` is when the receive began (for the setup time).
+/// emptied. `start` is when the receive began (for the setup time);
+/// `sender_pid` is the process on the control socket, which must serve
+/// every share.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn receive(
     driver: Arc<dyn Driver>,
@@ -356,19 +355,19 @@ pub(super) fn receive(
     pool: &Pool,
     opts: &UpdateOptions,
     cache: &mut ImportCache,
-    start: Instant,
+    (start, sender_pid): (Instant, i32),
 ) -> Result<(UpdateResult, DirectReceipt)> {
-    let (imports, mut source, counts) = match admit(&driver, path, shares, tensors, timeout, cache)
-    {
-        Ok(a) => a,
-        Err(e) => {
-            cache.clear();
-            let _ = ch.send(&FromReceiver::Failed {
-                reason: e.to_string(),
-            });
-            return Err(e);
-        }
-    };
+    let (imports, mut source, counts) =
+        match admit(&driver, path, shares, tensors, timeout, cache, sender_pid) {
+            Ok(a) => a,
+            Err(e) => {
+                cache.clear();
+                let _ = ch.send(&FromReceiver::Failed {
+                    reason: e.to_string(),
+                });
+                return Err(e);
+            }
+        };
     let setup = start.elapsed();
     // The sender may be gone by now: its memory stays mapped, so the update goes on.
     let _ = ch.send(&FromReceiver::Attached);

@@ -5,12 +5,14 @@
 //! (tensor `segment.K` spans segment K's committed bytes), so a later send of
 //! other tensors in the same segments reuses it. Each share has a
 //! generation, drawn anew whenever the memory behind it changes; what is
-//! compared is the share's *footprint*: the identity, base, length and
-//! chunk handles of every segment, and the tag's remap epoch (a wake maps
-//! new pages at the same addresses). A send whose footprint differs stops
-//! the old share and serves a new one under a new generation and path; a
-//! receiver holding an import of the old one sees a generation it does not
-//! have and attaches again. Shares no longer needed by a send are stopped.
+//! compared is the share's *footprint*: the identity, base, length, chunk
+//! layout and mapping count of every segment (physical memory committed
+//! again after a trim, or mapped at a wake, counts; a handle's value is no
+//! identity, a driver may reuse it), and the tag's remap epoch. A send
+//! whose footprint differs stops the old share and serves a new one under a
+//! new generation and path; a receiver holding an import of the old one sees
+//! a generation it does not have and attaches again. Shares no longer
+//! needed by a send are stopped.
 //!
 //! The shares revoke on sleep ([`SleepPolicy::Revoke`]): a receiver holding
 //! an import does not block the sender's sleep, and its import of a revoked
@@ -21,11 +23,12 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use super::control::DirectShare;
-use crate::driver::{DevicePtr, PhysHandle};
+use crate::driver::DevicePtr;
 use crate::error::{Error, Result};
 use crate::loader::registry::Destination;
 use crate::loader::Dtype;
 use crate::pool::{remap, Pool};
+use crate::share::options::DEFAULT_MAX_CONNECTIONS;
 use crate::share::{LogSink, ServeOptions, Server, SleepPolicy};
 use crate::tag::{self, TagId};
 
@@ -36,7 +39,10 @@ struct SegmentPrint {
     id: u64,
     base: DevicePtr,
     committed: usize,
-    chunks: Vec<(usize, usize, Option<PhysHandle>)>,
+    /// Offset and bytes of each chunk, and whether it is mapped.
+    chunks: Vec<(usize, usize, bool)>,
+    /// [`crate::segment::Segment::mappings`]: new memory behind any chunk changes it.
+    mappings: u64,
 }
 
 /// What must not change for an import of a share to map the same memory.
@@ -138,8 +144,9 @@ fn footprint(
                 chunks: segs[i]
                     .chunks()
                     .iter()
-                    .map(|c| (c.offset, c.size, c.handle))
+                    .map(|c| (c.offset, c.size, c.handle.is_some()))
                     .collect(),
+                mappings: segs[i].mappings(),
             })
             .collect();
         let placements = at
@@ -185,9 +192,12 @@ impl DirectShares {
         groups: &[Group],
         receivers: usize,
     ) -> Result<Vec<(DirectShare, Vec<Placement>)>> {
-        // Each receiver holds one connection; a receiver that attaches
-        // again while its old connection is still counted needs one more.
-        let max_connections = 2 * receivers.max(1);
+        // Each receiver that keeps its import holds a connection between
+        // sends, also the receivers of earlier sends (engines updated in
+        // turn), and one that attaches again while its old connection is
+        // still counted needs one more: the share layer's bound, or twice
+        // this send's receivers when that is more.
+        let max_connections = DEFAULT_MAX_CONNECTIONS.max(2 * receivers.max(1));
         let mut old = std::mem::take(&mut self.kept);
         let mut out = Vec::with_capacity(groups.len());
         for (tag, tensors) in groups {

@@ -1,6 +1,10 @@
 //! A receiver's imports of a direct sender's shares, kept across updates so
 //! the second and later updates from the same sender attach nothing.
 //!
+//! Every share must be served by the sender itself: the process on the
+//! control socket (its pid as the kernel reports it), so a sender cannot
+//! make the receiver copy another process's memory it can reach.
+//!
 //! An import is reused only when the sender names the same share (path),
 //! the same sending process and the same generation (the sender draws a new
 //! one whenever the memory behind the share changes), the share is still
@@ -68,8 +72,27 @@ impl Import {
     }
 }
 
-/// Attach `share` and find its claimed segments in what it maps.
-fn attach(driver: &Arc<dyn Driver>, share: &DirectShare, timeout: Duration) -> Result<Import> {
+/// Refuse `attachment` unless the process `sender_pid` (the sender on the
+/// control socket) serves it.
+pub(super) fn served_by_sender(attachment: &Attachment, sender_pid: i32) -> Result<()> {
+    if attachment.owner_pid() != sender_pid {
+        return Err(Error::UpdateSource(format!(
+            "share {} is served by process {}, not by the sender (process {sender_pid})",
+            printable(&attachment.path().to_string_lossy()),
+            attachment.owner_pid()
+        )));
+    }
+    Ok(())
+}
+
+/// Attach `share`, check that the sender serves it, and find its claimed
+/// segments in what it maps.
+fn attach(
+    driver: &Arc<dyn Driver>,
+    share: &DirectShare,
+    timeout: Duration,
+    sender_pid: i32,
+) -> Result<Import> {
     let attachment = Attachment::attach(
         driver.clone(),
         &share.path,
@@ -79,6 +102,7 @@ fn attach(driver: &Arc<dyn Driver>, share: &DirectShare, timeout: Duration) -> R
         },
     )
     .map_err(|e| Error::UpdateSource(format!("attaching share {}: {e}", printable(&share.path))))?;
+    served_by_sender(&attachment, sender_pid)?;
     let held: Vec<(String, u64)> = attachment
         .manifest()
         .tensors
@@ -167,22 +191,27 @@ impl ImportCache {
     }
 
     /// The imports of `shares`, in order: each kept one still valid for its
-    /// claim taken out of the cache, every other attached. A kept import of
-    /// the same generation whose segments differ from the claim is refused
-    /// ([`Error::UpdateSource`]). Imports not named stay in the cache until
-    /// [`ImportCache::keep`].
+    /// claim taken out of the cache, every other attached; every one served
+    /// by the process `sender_pid`. A kept import of the same generation
+    /// whose segments differ from the claim, or a share another process
+    /// serves, is refused ([`Error::UpdateSource`]). Imports not named stay
+    /// in the cache until [`ImportCache::keep`].
     pub(super) fn resolve(
         &mut self,
         driver: &Arc<dyn Driver>,
         shares: &[DirectShare],
         timeout: Duration,
+        sender_pid: i32,
     ) -> Result<(Vec<Import>, ImportCounts)> {
         let mut out = Vec::with_capacity(shares.len());
         let mut counts = ImportCounts::default();
         for s in shares {
             let known = self.kept.iter().position(|k| k.share.path == s.path);
             let same = known.map(|i| self.kept.swap_remove(i)).filter(|k| {
-                k.share.sender == s.sender && k.share.generation == s.generation && k.live()
+                k.share.sender == s.sender
+                    && k.share.generation == s.generation
+                    && k.attachment.owner_pid() == sender_pid
+                    && k.live()
             });
             match same {
                 Some(k) if k.share.segments != s.segments => {
@@ -200,7 +229,7 @@ impl ImportCache {
                     out.push(k);
                 }
                 None => {
-                    let i = attach(driver, s, timeout)?;
+                    let i = attach(driver, s, timeout, sender_pid)?;
                     counts.attached += 1;
                     counts.chunks += i.attachment.stats().chunks;
                     out.push(i);

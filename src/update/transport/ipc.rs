@@ -40,7 +40,7 @@ use crate::loader::dtype::Dtype;
 use crate::loader::registry::Destination;
 use crate::loader::Session;
 use crate::pool::Pool;
-use crate::share::{AttachOptions, Attachment, LogSink, ServeOptions, Server};
+use crate::share::{wire, AttachOptions, Attachment, LogSink, ServeOptions, Server};
 use crate::tag;
 use crate::update::{UpdateOptions, UpdateResult};
 
@@ -228,12 +228,7 @@ impl IpcSender {
     /// keeps its last version.
     pub fn send_to(&mut self, tensors: &[SendTensor<'_>], receivers: usize) -> Result<SendReport> {
         let start = Instant::now();
-        if receivers == 0 {
-            return Err(Error::InvalidArgument(format!(
-                "update sender {}: at least one receiver",
-                self.path.display()
-            )));
-        }
+        super::send::check_receivers(&self.path, receivers)?;
         // Every check before a receiver is involved.
         let sizes = tensors
             .iter()
@@ -578,14 +573,27 @@ impl UpdateReceiver {
     }
 
     /// Receive one update into `session`'s destinations in `pool` (as
-    /// [`receive_ipc`]). On any failure the kept imports are dropped, and
-    /// every destination keeps its last version.
+    /// [`receive_ipc`]). `pool` must be on this receiver's device: the
+    /// imports are mapped there. On any failure the kept imports are
+    /// dropped, and every destination keeps its last version; a pool on
+    /// another device is refused before anything is touched.
     pub fn receive(
         &mut self,
         session: &Session,
         pool: &Pool,
         opts: &UpdateOptions,
     ) -> Result<UpdateResult> {
+        let (ours, theirs) = (&self.driver, pool.driver());
+        if ours.kind() != theirs.kind() || ours.device() != theirs.device() {
+            // Copies from imports another device mapped fail midway (the
+            // tag would be marked torn), or on CUDA fault the context.
+            return Err(Error::InvalidArgument(format!(
+                "update receiver for {}: it imports on {}, the pool is on {}",
+                self.path.display(),
+                ours.describe(),
+                theirs.describe()
+            )));
+        }
         let start = Instant::now();
         let r = self.receive_from(session, pool, opts, start);
         if r.is_err() {
@@ -606,6 +614,9 @@ impl UpdateReceiver {
     ) -> Result<(UpdateResult, ReceiveStats)> {
         let path = &self.path;
         let sock = UnixStream::connect(path).map_err(|e| Error::io(path, e))?;
+        // The shares it names must be its own: the memory of the process
+        // on this socket, not any other the receiver could attach.
+        let sender_pid = wire::peer_cred(&sock).map_err(|e| Error::io(path, e))?.pid;
         let mut ch = Channel::new(
             sock,
             format!("update sender on {}", path.display()),
@@ -625,7 +636,7 @@ impl UpdateReceiver {
                     path.clone(),
                     (share, slots, slot_bytes),
                     self.timeout,
-                    start,
+                    (start, sender_pid),
                 )?;
                 let stats = ReceiveStats {
                     direct: false,
@@ -647,7 +658,7 @@ impl UpdateReceiver {
                     pool,
                     opts,
                     &mut self.cache,
-                    start,
+                    (start, sender_pid),
                 )?;
                 let ImportCounts {
                     attached,
@@ -719,6 +730,7 @@ impl IpcReceiver {
         let start = Instant::now();
         let path = path.as_ref().to_path_buf();
         let sock = UnixStream::connect(&path).map_err(|e| Error::io(&path, e))?;
+        let sender_pid = wire::peer_cred(&sock).map_err(|e| Error::io(&path, e))?.pid;
         let mut ch = Channel::new(
             sock,
             format!("update sender on {}", path.display()),
@@ -735,7 +747,7 @@ impl IpcReceiver {
                 path,
                 (share, slots, slot_bytes),
                 timeout,
-                start,
+                (start, sender_pid),
             ),
             other => Err(Error::InvalidArgument(format!(
                 "update sender on {}: expected the ring first, got {}",
@@ -746,14 +758,15 @@ impl IpcReceiver {
     }
 
     /// Attach the ring a sender announced (`share`, `slots`, `slot_bytes`)
-    /// on a control channel already read up to that announcement.
+    /// on a control channel already read up to that announcement; the
+    /// process `sender_pid` (the sender's) must serve it.
     pub(super) fn attach_ring(
         driver: Arc<dyn Driver>,
         mut ch: Channel,
         path: PathBuf,
         (share, slots, slot_bytes): (String, u32, u64),
         timeout: Duration,
-        start: Instant,
+        (start, sender_pid): (Instant, i32),
     ) -> Result<Self> {
         let bad = |why: String| {
             Error::InvalidArgument(format!("update sender on {}: {why}", path.display()))
@@ -770,7 +783,9 @@ impl IpcReceiver {
                 timeout,
                 ..AttachOptions::default()
             },
-        ) {
+        )
+        .and_then(|r| super::import_cache::served_by_sender(&r, sender_pid).map(|()| r))
+        {
             Ok(r) => r,
             Err(e) => {
                 let _ = ch.send(&FromReceiver::Failed {

@@ -46,6 +46,11 @@ pub use send::{SendData, SendTensor};
 /// Ring slots unless set: two, so one bucket is applied while the next lands.
 pub const DEFAULT_SLOTS: usize = 2;
 
+/// Most receivers one IPC send waits for: the ranks of one engine, each
+/// attaching the sender's ring, which serves at most this many importers
+/// ([`crate::share::options::DEFAULT_MAX_CONNECTIONS`]).
+pub const MAX_RECEIVERS: usize = crate::share::options::DEFAULT_MAX_CONNECTIONS;
+
 /// Bytes of one ring slot (one bucket) unless set. The bucket-size sweep of
 /// `scripts/gpu.d/86-update-ipc.sh` measures the rate from 64 MiB to 1 GiB
 /// and names the smallest size within 5% of the fastest

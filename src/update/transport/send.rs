@@ -107,6 +107,19 @@ pub fn with_source<R>(
     Ok(r)
 }
 
+/// Check the receiver count of a send to `path`: 1 to
+/// [`super::MAX_RECEIVERS`], before anything is served or waited for.
+pub(super) fn check_receivers(path: &std::path::Path, receivers: usize) -> Result<()> {
+    if receivers == 0 || receivers > super::MAX_RECEIVERS {
+        return Err(Error::InvalidArgument(format!(
+            "update sender {}: {receivers} receivers asked; at least one, at most {} receivers",
+            path.display(),
+            super::MAX_RECEIVERS
+        )));
+    }
+    Ok(())
+}
+
 /// What one send did.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct SendReport {
