@@ -15,6 +15,7 @@
 
 use std::sync::Arc;
 
+use super::options::CODEC_RING;
 use super::{SegmentBackup, SleepEngine};
 use crate::codec::{self, format, Layout};
 use crate::driver::{CreateFlags, DevicePtr, Driver, EventId, PhysHandle, StreamId};
@@ -115,10 +116,11 @@ pub(super) struct CodecScratch {
     scratch: DevicePtr,
     /// Status words at `scratch` (wake).
     status_words: usize,
-    /// One length word per buffer in pinned host memory (sleep; 0 at wake):
-    /// where the encode of the buffer's frame leaves the frame's length, read
-    /// by the host with no copy once the encode has completed.
-    len_words: u64,
+    /// One length word per buffer in pinned host memory (sleep; none at
+    /// wake), shared with the engine: where the encode of the buffer's frame
+    /// leaves the frame's length, read by the host with no copy once the
+    /// encode has completed.
+    words: Option<Arc<LengthWords>>,
     /// The buffer's frame is ready: encoded (sleep) or copied in (wake).
     ready: Vec<EventId>,
     done: Vec<EventId>,
@@ -133,37 +135,76 @@ pub(super) struct CodecScratch {
 /// A length word no encode has written since it was cleared.
 const NO_LEN: u64 = u64::MAX;
 
+/// Pinned host words, one per ring buffer of the largest ring, where the
+/// encoder leaves each frame's length. The engine keeps them for its life:
+/// pinning even these few bytes costs about a millisecond on the H200 and
+/// unpinning a third of one, which every compressed sleep would otherwise
+/// pay (2% of a 4 GiB sleep at the link's rate).
+#[derive(Debug)]
+pub(super) struct LengthWords {
+    driver: Arc<dyn Driver>,
+    ptr: u64,
+}
+
+impl LengthWords {
+    const BYTES: usize = 8 * *CODEC_RING.end();
+
+    pub(super) fn new(driver: &Arc<dyn Driver>) -> Result<LengthWords> {
+        Ok(LengthWords {
+            driver: driver.clone(),
+            ptr: driver.host_alloc(Self::BYTES)? as u64,
+        })
+    }
+}
+
+impl Drop for LengthWords {
+    fn drop(&mut self) {
+        // An encode still queued may write a word: free only once the device
+        // is idle, and keep the few bytes pinned when it cannot be shown so.
+        if self.driver.synchronize().is_ok() {
+            // SAFETY: from `host_alloc` with this length; the device is idle
+            // and nothing holds the words any more (the last `Arc` drops
+            // them: the engine's and every scratch's, stale ones included).
+            let _ = unsafe { self.driver.host_free(self.ptr as *mut u8, Self::BYTES) };
+        }
+    }
+}
+
 impl CodecScratch {
     /// Map scratch for a sleep: `ring` buffers for frames of up to
-    /// `frame_raw` raw bytes and the encoder's scratch; and a length word per
-    /// buffer in pinned host memory.
+    /// `frame_raw` raw bytes and the encoder's scratch; the frames' lengths
+    /// go to `words`, which serve no other transition meanwhile (transitions
+    /// run one at a time).
     pub(super) fn for_sleep(
         driver: &Arc<dyn Driver>,
         frame_raw: usize,
         ring: usize,
+        words: Arc<LengthWords>,
     ) -> Result<CodecScratch> {
         let encoder = format::encode_scratch_bytes(frame_raw).next_multiple_of(256);
         let mut sc = Self::new(driver, frame_raw, ring, encoder, 0)?;
-        sc.len_words = driver.host_alloc(sc.len_words_bytes())? as u64;
+        debug_assert!(8 * sc.ring() <= LengthWords::BYTES);
+        sc.words = Some(words);
         for k in 0..sc.ring() {
             sc.clear_len(k);
         }
         Ok(sc)
     }
 
-    fn len_words_bytes(&self) -> usize {
-        8 * self.ring()
-    }
-
     /// The length the encode of buffer `k`'s frame left, once it completed;
     /// `None` when it left none. The word is cleared again for the buffer's
     /// next frame.
+    /// Device-visible address of buffer `k`'s length word (sleep).
+    fn len_word(&self, k: usize) -> u64 {
+        self.words.as_ref().map_or(0, |w| w.ptr) + 8 * k as u64
+    }
+
     fn frame_len(&mut self, k: usize) -> Option<usize> {
-        // SAFETY: `len_words` holds a word per buffer (from `host_alloc`,
-        // kept until the scratch is released); the encode that writes word
+        // SAFETY: `len_word(k)` is buffer k's word in the `LengthWords` the
+        // scratch holds (a sleep's: only sleeps read lengths); the encode that writes word
         // `k` has completed (the caller synchronized its event) and the next
         // one into buffer `k` is queued only after this read.
-        let word = unsafe { std::ptr::read_volatile((self.len_words as *const u64).add(k)) };
+        let word = unsafe { std::ptr::read_volatile(self.len_word(k) as *const u64) };
         self.clear_len(k);
         match u64::from_le(word) {
             NO_LEN => None,
@@ -177,7 +218,7 @@ impl CodecScratch {
     fn clear_len(&mut self, k: usize) {
         // SAFETY: as in `frame_len`; no encode into buffer `k` is queued
         // (none yet, or its last one completed and was read).
-        unsafe { std::ptr::write_volatile((self.len_words as *mut u64).add(k), NO_LEN.to_le()) };
+        unsafe { std::ptr::write_volatile(self.len_word(k) as *mut u64, NO_LEN.to_le()) };
     }
 
     /// Map scratch for a wake: `ring` buffers for frames of up to `frame_raw`
@@ -231,7 +272,7 @@ impl CodecScratch {
             frames: (0..ring).map(|k| va + (k * frame_room) as u64).collect(),
             scratch: va + (ring * frame_room) as u64,
             status_words,
-            len_words: 0,
+            words: None,
             ready: vec![EventId(0); ring],
             done: vec![EventId(0); ring],
             used: vec![false; ring],
@@ -273,18 +314,6 @@ impl CodecScratch {
                 let _ = self.driver.event_destroy(*e);
                 *e = EventId(0);
             }
-        }
-        if self.len_words != 0 {
-            // SAFETY: from `host_alloc` with this length in `for_sleep`; the
-            // device is idle (synchronized above), so no encode writes it.
-            let freed = unsafe {
-                self.driver
-                    .host_free(self.len_words as *mut u8, self.len_words_bytes())
-            };
-            if freed.is_err() {
-                return false;
-            }
-            self.len_words = 0;
         }
         if self.mapped {
             if self.driver.unmap(self.va, self.size).is_err() {
@@ -409,7 +438,7 @@ impl SleepEngine {
                     layout,
                     sc.frames[k],
                     sc.scratch,
-                    sc.len_words + 8 * k as u64,
+                    sc.len_word(k),
                     encode_on,
                 )
             }?;

@@ -118,6 +118,9 @@ struct EngineState {
     /// transition and when the engine is dropped.
     stale_scratch: Vec<compressed::CodecScratch>,
     options: SleepOptions,
+    /// Where compressed sleeps' encodes leave frame lengths, pinned at the
+    /// first one and kept.
+    length_words: Option<Arc<compressed::LengthWords>>,
 }
 
 impl EngineState {
@@ -156,6 +159,7 @@ impl SleepEngine {
                 busy: HashSet::new(),
                 stale_scratch: Vec::new(),
                 options,
+                length_words: None,
             }),
             transition: Mutex::new(()),
             driver,
@@ -236,6 +240,16 @@ impl SleepEngine {
     /// Forget a segment that is being freed: its backup returns to the arena.
     pub fn forget_segment(&self, va: DevicePtr) {
         self.lock().free_backup(va);
+    }
+
+    /// The pinned words compressed sleeps' encodes leave frame lengths in,
+    /// pinned at the first call.
+    fn length_words(&self) -> Result<Arc<compressed::LengthWords>> {
+        let mut s = self.lock();
+        if s.length_words.is_none() {
+            s.length_words = Some(Arc::new(compressed::LengthWords::new(&self.driver)?));
+        }
+        Ok(s.length_words.clone().expect("set above"))
     }
 
     fn ensure_streams(&self, s: &mut EngineState) -> Result<()> {

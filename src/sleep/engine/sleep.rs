@@ -128,7 +128,8 @@ impl SleepEngine {
             self.release_stale_scratch();
         }
         let mut scratch = self.guard_scratch(if compress {
-            Some(CodecScratch::for_sleep(&self.driver, frame, ring)?)
+            let words = self.length_words()?;
+            Some(CodecScratch::for_sleep(&self.driver, frame, ring, words)?)
         } else {
             None
         });
