@@ -435,3 +435,57 @@ fn a_receiver_count_past_the_bound_is_refused_before_anything_is_served() {
         assert!(start.elapsed() < TIMEOUT, "refused without waiting");
     }
 }
+
+/// The sender waits for its receiver in the kernel, up to its timeout: one
+/// that never comes is reported once the timeout has passed (not before,
+/// not long after), and one that connects late in the wait is answered and
+/// receives the manifest.
+#[test]
+fn the_sender_waits_its_timeout_for_a_receiver_and_answers_a_late_one() {
+    let wait = Duration::from_millis(400);
+    let pool = sender_pool();
+    let path = sock_path("direct-late-receiver");
+    let tensors = in_pool(&pool, "direct-late-receiver");
+    let mut sender = IpcSender::bind(
+        pool,
+        &path,
+        SenderOptions {
+            timeout: wait,
+            ..options()
+        },
+    )
+    .unwrap();
+    let start = std::time::Instant::now();
+    let e = sender.send_direct_to(&sends(&tensors), 1).unwrap_err();
+    let took = start.elapsed();
+    assert!(
+        e.to_string().contains("no receiver connected within"),
+        "{e}"
+    );
+    assert!(
+        took >= wait && took < wait + Duration::from_secs(3),
+        "waited {took:?} for a timeout of {wait:?}"
+    );
+
+    let late = {
+        let path = path.clone();
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(150));
+            let sock = std::os::unix::net::UnixStream::connect(&path).unwrap();
+            let mut ch = Channel::new(sock, "test sender", Duration::from_secs(5)).unwrap();
+            let first = ch.recv::<FromSender>().unwrap();
+            // Refuse it: the sender reports the refusal, nothing is written.
+            ch.send(&FromReceiver::Failed {
+                reason: "a test receiver only looks".into(),
+            })
+            .unwrap();
+            first
+        })
+    };
+    let e = sender.send_direct_to(&sends(&tensors), 1).unwrap_err();
+    assert!(e.to_string().contains("a test receiver only looks"), "{e}");
+    match late.join().unwrap() {
+        FromSender::Direct { tensors: t, .. } => assert_eq!(t.len(), tensors.len()),
+        other => panic!("the late receiver got {other:?}"),
+    }
+}

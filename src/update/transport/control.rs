@@ -4,6 +4,7 @@
 //! slot may be written again. A closed socket is how a dead peer shows.
 
 use std::io::{Read, Write};
+use std::os::fd::AsRawFd;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -141,6 +142,20 @@ impl Channel {
 
     /// Send one message.
     pub fn send<T: Serialize>(&mut self, msg: &T) -> Result<()> {
+        let frame = Self::encode(msg)?;
+        self.send_encoded(&frame)
+    }
+
+    /// Send a message [`Self::encode`] made, so a sender can encode while it
+    /// waits for its receivers instead of after one connected.
+    pub fn send_encoded(&mut self, frame: &[u8]) -> Result<()> {
+        self.sock
+            .write_all(frame)
+            .map_err(|e| self.gone(format!("sending: {e}")))
+    }
+
+    /// `msg` as it goes on the wire: its length, then its JSON.
+    pub fn encode<T: Serialize>(msg: &T) -> Result<Vec<u8>> {
         let body = serde_json::to_vec(msg)
             .map_err(|e| Error::InvalidState(format!("encoding a control message: {e}")))?;
         let len = u32::try_from(body.len())
@@ -155,9 +170,7 @@ impl Channel {
         let mut frame = Vec::with_capacity(4 + body.len());
         frame.extend_from_slice(&len.to_le_bytes());
         frame.extend_from_slice(&body);
-        self.sock
-            .write_all(&frame)
-            .map_err(|e| self.gone(format!("sending: {e}")))
+        Ok(frame)
     }
 
     /// Receive one message; a closed socket or a timeout is an error naming the peer.
@@ -199,6 +212,27 @@ fn describe(e: &std::io::Error) -> String {
     }
 }
 
+/// Block until `listener` has a connection waiting or `left` has passed
+/// (then the caller's accept finds none and checks its deadline).
+fn wait_for_connection(listener: &UnixListener, left: Duration) -> std::io::Result<()> {
+    let mut fd = libc::pollfd {
+        fd: listener.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // At most a second per wait, rounded up so a wait never spins at 0 ms.
+    let ms = left.as_micros().div_ceil(1000).clamp(1, 1000) as libc::c_int;
+    // SAFETY: `fd` is one valid pollfd for the call; the listener outlives it.
+    let r = unsafe { libc::poll(&mut fd, 1, ms) };
+    if r < 0 {
+        let e = std::io::Error::last_os_error();
+        if e.kind() != std::io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+    Ok(())
+}
+
 /// Wait up to `timeout` for one receiver on `listener` (bound at `path`).
 pub(super) fn accept(listener: &UnixListener, path: &Path, timeout: Duration) -> Result<Channel> {
     let deadline = Instant::now() + timeout;
@@ -217,14 +251,17 @@ pub(super) fn accept(listener: &UnixListener, path: &Path, timeout: Duration) ->
                 );
             }
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                if Instant::now() >= deadline {
+                let left = deadline.saturating_duration_since(Instant::now());
+                if left.is_zero() {
                     return Err(Error::InvalidState(format!(
                         "update sender {}: no receiver connected within {:?}",
                         path.display(),
                         timeout
                     )));
                 }
-                std::thread::sleep(Duration::from_millis(2));
+                // Sleep in the kernel until a receiver connects, so it is
+                // answered at once: its setup is part of every update.
+                wait_for_connection(listener, left).map_err(|e| Error::io(path, e))?;
             }
             Err(e) => return Err(Error::io(path, e)),
         }

@@ -146,18 +146,19 @@ pub(super) fn send(
         })
         .collect();
     let shares: Vec<DirectShare> = served.into_iter().map(|(s, _)| s).collect();
+    // Encoded before the wait: a receiver that connects is answered at once.
+    let msg = Channel::encode(&FromSender::Direct {
+        shares,
+        tensors: manifest,
+    })?;
     let mut chs = Vec::with_capacity(receivers);
     for _ in 0..receivers {
         chs.push(accept(at.listener, at.path, at.timeout)?);
     }
     let setup_start = Instant::now();
-    let msg = FromSender::Direct {
-        shares,
-        tensors: manifest,
-    };
     let result = (|| {
         for ch in chs.iter_mut() {
-            ch.send(&msg)?;
+            ch.send_encoded(&msg)?;
         }
         for ch in chs.iter_mut() {
             expect(ch, at.path, |m| matches!(m, FromReceiver::Attached))?;
