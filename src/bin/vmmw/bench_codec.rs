@@ -85,9 +85,9 @@ struct Row {
     wake_vs_link: f64,
     sleep_vs_offload: f64,
     wake_vs_offload: f64,
-    /// The first sleep of each policy, into an empty arena (it pins the
-    /// backup): raw bytes per second over the link, and Offload's time
-    /// over OffloadCompressed's.
+    /// Sleeps of each policy into an empty arena (they pin the backup),
+    /// the median of [`FIRST_SLEEPS`]: raw bytes per second over the link,
+    /// and Offload's time over OffloadCompressed's.
     first_sleep_vs_link: f64,
     first_sleep_offload_vs_link: f64,
     first_sleep_vs_offload: f64,
@@ -145,12 +145,12 @@ fn pool_for(d: &Arc<dyn Driver>, layout: Layout) -> Result<Pool> {
 }
 
 /// Per policy (Offload, OffloadCompressed): median sleep and wake seconds,
-/// raw and encoded bytes; and each policy's first sleep seconds.
+/// raw and encoded bytes; and each policy's median first-sleep seconds.
 type Measured = ([(f64, f64, u64, u64); 2], [f64; 2]);
 
 /// Sleep and wake `t` with each policy, each from an empty backup arena;
-/// every wake checked by device hash. Also each policy's first sleep
-/// seconds (the one that pins).
+/// every wake checked by device hash. Also each policy's median seconds of
+/// a sleep into an empty arena (one that pins).
 fn measure(
     pool: &Pool,
     t: tag::TagId,
@@ -175,8 +175,14 @@ fn measure_policy(
     measure_cold(pool, t, ranges, cycles, policy).map(|(m, _)| m)
 }
 
-/// [`measure_policy`] from an empty backup arena (every pinned slab given
-/// back first), and the seconds of that first sleep, which pins its backup.
+/// Sleeps from an empty arena timed per policy and dataset: their median is
+/// reported, since how fast the host pins memory varies from one sleep to
+/// the next by more than the policies differ.
+const FIRST_SLEEPS: usize = 3;
+
+/// [`measure_policy`] after sleeps from an empty backup arena (every pinned
+/// slab given back before each), and the median seconds of those sleeps,
+/// which pin their backup.
 fn measure_cold(
     pool: &Pool,
     t: tag::TagId,
@@ -185,13 +191,25 @@ fn measure_cold(
     policy: Policy,
 ) -> Result<((f64, f64, u64, u64), f64)> {
     let d = pool.driver().clone();
-    pool.release_backup();
-    let mut first = 0.0;
     d.synchronize()?;
     // SAFETY: the ranges are live, awake blocks; the device is synchronized.
     let want = unsafe { d.hash_ranges(ranges) }?;
+    let mut firsts = Vec::with_capacity(FIRST_SLEEPS);
+    for c in 0..FIRST_SLEEPS {
+        pool.release_backup();
+        let s = pool.sleep(&[(t, policy)])?;
+        pool.wake(&[t])?;
+        // SAFETY: as above: awake again, the wake synchronized its copies.
+        if unsafe { d.hash_ranges(ranges) }? != want {
+            return Err(Error::InvalidState(format!(
+                "{policy:?}: the bytes after the wake of first sleep {c} differ from those before it"
+            )));
+        }
+        firsts.push(s[0].report.seconds);
+    }
     let (mut sleeps, mut wakes) = (Vec::new(), Vec::new());
     let (mut raw, mut encoded) = (0u64, 0u64);
+    // Cycle 0 warms the arena's reuse (a backup assigned per segment).
     for c in 0..=cycles {
         let s = pool.sleep(&[(t, policy)])?;
         let w = pool.wake(&[t])?;
@@ -205,8 +223,6 @@ fn measure_cold(
         if c > 0 {
             sleeps.push(s[0].report.seconds);
             wakes.push(w[0].report.seconds);
-        } else {
-            first = s[0].report.seconds;
         }
         let r = &s[0].report;
         (raw, encoded) = match policy {
@@ -214,7 +230,10 @@ fn measure_cold(
             _ => (r.copied_bytes, r.copied_bytes),
         };
     }
-    Ok(((median(sleeps), median(wakes), raw, encoded), first))
+    Ok((
+        (median(sleeps), median(wakes), raw, encoded),
+        median(firsts),
+    ))
 }
 
 /// `total` bytes of `pattern` tiled over tensors of 256 MiB (as the large
