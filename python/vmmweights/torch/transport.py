@@ -198,7 +198,7 @@ class Receiver:
         # The target of the last receive, its tensors as they were, and the
         # load found for them: a step that passes the same tensors again
         # skips the lookup (its signature costs most of a millisecond on a
-        # model of a few hundred tensors, a tenth of a whole update).
+        # model of a few hundred tensors, a twentieth of a whole update).
         self._last: Optional[Tuple[Any, List[Tuple[str, torch.Tensor, int]], Any, int, torch.Tensor]] = None
 
     def _load_of(self, target: Union[torch.nn.Module, Mapping[str, torch.Tensor]]) -> Tuple[Any, int, torch.Tensor]:
