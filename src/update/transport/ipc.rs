@@ -613,15 +613,7 @@ impl UpdateReceiver {
         start: Instant,
     ) -> Result<(UpdateResult, ReceiveStats)> {
         let path = &self.path;
-        let sock = UnixStream::connect(path).map_err(|e| Error::io(path, e))?;
-        // The shares it names must be its own: the memory of the process
-        // on this socket, not any other the receiver could attach.
-        let sender_pid = wire::peer_cred(&sock).map_err(|e| Error::io(path, e))?.pid;
-        let mut ch = Channel::new(
-            sock,
-            format!("update sender on {}", path.display()),
-            self.timeout,
-        )?;
+        let (mut ch, sender_pid) = connect_to_sender(path, self.timeout)?;
         match ch.recv::<FromSender>()? {
             FromSender::Ring {
                 share,
@@ -707,6 +699,20 @@ impl UpdateReceiver {
     }
 }
 
+/// Connect to the sender's control socket at `path`; the channel, and the
+/// sender's process id: the shares it names must be its own, the memory of
+/// the process on this socket, not any other the receiver could attach.
+fn connect_to_sender(path: &Path, timeout: Duration) -> Result<(Channel, i32)> {
+    let sock = UnixStream::connect(path).map_err(|e| Error::io(path, e))?;
+    let sender_pid = wire::peer_cred(&sock).map_err(|e| Error::io(path, e))?.pid;
+    let ch = Channel::new(
+        sock,
+        format!("update sender on {}", path.display()),
+        timeout,
+    )?;
+    Ok((ch, sender_pid))
+}
+
 /// The receiving side: connected to a sender, its ring attached.
 #[derive(Debug)]
 pub struct IpcReceiver {
@@ -729,13 +735,7 @@ impl IpcReceiver {
     ) -> Result<Self> {
         let start = Instant::now();
         let path = path.as_ref().to_path_buf();
-        let sock = UnixStream::connect(&path).map_err(|e| Error::io(&path, e))?;
-        let sender_pid = wire::peer_cred(&sock).map_err(|e| Error::io(&path, e))?.pid;
-        let mut ch = Channel::new(
-            sock,
-            format!("update sender on {}", path.display()),
-            timeout,
-        )?;
+        let (mut ch, sender_pid) = connect_to_sender(&path, timeout)?;
         match ch.recv::<FromSender>()? {
             FromSender::Ring {
                 share,
