@@ -116,13 +116,13 @@ fn a_root_that_is_an_engine_rank_applies_the_update_too() {
     }
 }
 
-/// A collective whose rank leaves after `after` broadcasts: the test stand-in
-/// for a peer that dies mid-update.
-struct Leaving {
-    inner: Option<TestCollective>,
-    rank: usize,
-    world: usize,
-    after: usize,
+/// A collective whose rank leaves (is dropped) before its `after`-th
+/// broadcast: the test stand-in for a peer that dies mid-update or mid-load.
+pub(crate) struct Leaving {
+    pub(crate) inner: Option<TestCollective>,
+    pub(crate) rank: usize,
+    pub(crate) world: usize,
+    pub(crate) after: usize,
 }
 
 impl Collective for Leaving {
@@ -153,7 +153,7 @@ impl Collective for Leaving {
         }
     }
     fn check(&self) -> vmmweights::Result<()> {
-        Ok(())
+        self.inner.as_ref().map_or(Ok(()), |c| c.check())
     }
 }
 

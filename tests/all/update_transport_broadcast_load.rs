@@ -14,9 +14,9 @@
 //! agreement; an empty tensor loaded as a normal load does; a torn load
 //! repaired by loading again.
 
+use crate::update_transport_broadcast::Leaving;
 use crate::update_transport_ranks::{host_driver, model, write_checkpoint, Rank};
 
-use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
@@ -29,7 +29,9 @@ use vmmweights::update::transport::broadcast_load::{
     self, BroadcastLoad, BroadcastLoadReport, TRAILER_BYTES,
 };
 use vmmweights::update::transport::test_collective::TestCollective;
-use vmmweights::{tag, DevicePtr, Error, Pool, PoolConfig, Status};
+use vmmweights::{tag, DevicePtr, Pool, PoolConfig, Status};
+
+use tempfile::TempDir;
 
 /// Rings of `slots` slots holding `bytes` of checkpoint each.
 fn options(bytes: usize, slots: usize) -> BroadcastOptions {
@@ -40,13 +42,18 @@ fn options(bytes: usize, slots: usize) -> BroadcastOptions {
     }
 }
 
-/// A rank whose destinations are allocated as for a load, not loaded.
-fn allocated(dir: &Path, m: &Model, name: &str, rank: usize, world: usize) -> Rank {
+/// A rank whose destinations are allocated from `src` under the tag
+/// `tag_name`, not loaded; `configure` sets the session up first.
+fn allocated_with(
+    src: &Path,
+    tag_name: &str,
+    (rank, world): (usize, usize),
+    configure: impl FnOnce(&Session),
+) -> Rank {
     let pool = Arc::new(Pool::new(host_driver(), PoolConfig::default()).unwrap());
-    let t = tag::id(&format!("{name}-{world}-{rank}")).unwrap();
-    let session = Session::open(dir).unwrap();
-    let tp = (world > 1).then_some(Tp { rank, world });
-    session.set_preset(m.preset, tp, m.shape.head_dim).unwrap();
+    let t = tag::id(tag_name).unwrap();
+    let session = Session::open(src).unwrap();
+    configure(&session);
     session.allocate(&pool, t).unwrap();
     Rank {
         pool,
@@ -55,6 +62,63 @@ fn allocated(dir: &Path, m: &Model, name: &str, rank: usize, world: usize) -> Ra
         rank,
         world,
     }
+}
+
+/// A rank whose destinations are allocated as for a load, not loaded.
+fn allocated(dir: &Path, m: &Model, name: &str, rank: usize, world: usize) -> Rank {
+    let t = format!("{name}-{world}-{rank}");
+    allocated_with(dir, &t, (rank, world), |session| {
+        let tp = (world > 1).then_some(Tp { rank, world });
+        session.set_preset(m.preset, tp, m.shape.head_dim).unwrap();
+    })
+}
+
+/// `world` ranks allocated from the checkpoint in `dir`.
+fn allocated_world(dir: &Path, m: &Model, name: &str, world: usize) -> Vec<Rank> {
+    (0..world)
+        .map(|r| allocated(dir, m, name, r, world))
+        .collect()
+}
+
+/// Rank r allocated from its own copy of the checkpoint, `dirs[r]`.
+fn allocated_copies(dirs: &[TempDir], m: &Model, name: &str) -> Vec<Rank> {
+    dirs.iter()
+        .enumerate()
+        .map(|(r, d)| allocated(d.path(), m, name, r, dirs.len()))
+        .collect()
+}
+
+/// A checkpoint of the test model and `world` ranks allocated from it.
+fn world(name: &str, world: usize) -> (Model, TempDir, Vec<Rank>) {
+    let m = model();
+    let dir = tempfile::tempdir().unwrap();
+    write_checkpoint(dir.path(), &m);
+    let ranks = allocated_world(dir.path(), &m, name, world);
+    (m, dir, ranks)
+}
+
+/// A rank of a world of one whose destinations are allocated from `dir`'s
+/// files as they are (no preset), under the tag `name`.
+fn allocated_as_is(dir: &Path, name: &str) -> Rank {
+    allocated_with(dir, name, (0, 1), |_| {})
+}
+
+/// Run `f` on every rank, each on a thread of its own with its own
+/// collective; the results in rank order.
+fn on_every_rank<C: Send, T: Send>(
+    colls: impl IntoIterator<Item = C>,
+    ranks: &[Rank],
+    f: impl Fn(C, &Rank) -> T + Sync,
+) -> Vec<T> {
+    let f = &f;
+    std::thread::scope(|s| {
+        let handles: Vec<_> = colls
+            .into_iter()
+            .zip(ranks)
+            .map(|(c, r)| s.spawn(move || f(c, r)))
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    })
 }
 
 fn load_rank(
@@ -72,8 +136,7 @@ fn load_rank(
     broadcast_load::load(coll, &ring, &r.session, &r.pool, &opts)
 }
 
-/// Run one broadcast load on every rank (rank i with `dirs[i]`'s files),
-/// each with its own collective.
+/// Run one broadcast load on every rank, each with its own collective.
 fn load_all(
     colls: &mut [impl Collective],
     ranks: &[Rank],
@@ -81,18 +144,15 @@ fn load_all(
     ring: (usize, usize),
     stage: bool,
 ) -> Vec<vmmweights::Result<BroadcastLoadReport>> {
-    std::thread::scope(|s| {
-        let handles: Vec<_> = colls
-            .iter_mut()
-            .zip(ranks)
-            .map(|(c, r)| s.spawn(move || load_rank(c, r, readers, ring, stage)))
-            .collect();
-        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    on_every_rank(colls.iter_mut(), ranks, |c, r| {
+        load_rank(c, r, readers, ring, stage)
     })
 }
 
-fn normally_loaded(dir: &Path, m: &Model, rank: usize, world: usize) -> BTreeMap<String, Vec<u8>> {
-    Rank::load(dir, m, "bload-normal", rank, world).snapshot()
+/// Whether `r` holds bitwise what a normal load of `dir` puts there.
+fn holds_a_normal_load(r: &Rank, dir: &Path, m: &Model) -> bool {
+    let normal = Rank::load(dir, m, "bload-normal", r.rank, r.world);
+    r.snapshot() == normal.snapshot()
 }
 
 #[test]
@@ -120,7 +180,7 @@ fn every_rank_holds_what_a_normal_load_puts_there() {
             .collect();
         for ((r, rep), v) in ranks.iter().zip(&reports).zip(&v0) {
             assert!(
-                r.snapshot() == normally_loaded(dir.path(), &m, r.rank, world),
+                holds_a_normal_load(r, dir.path(), &m),
                 "world {world}, readers {readers:?}, rank {}: bitwise a normal load",
                 r.rank
             );
@@ -149,19 +209,14 @@ fn every_rank_holds_what_a_normal_load_puts_there() {
 
 #[test]
 fn a_staged_load_is_bitwise_too() {
-    let m = model();
-    let dir = tempfile::tempdir().unwrap();
-    write_checkpoint(dir.path(), &m);
-    let ranks: Vec<Rank> = (0..2)
-        .map(|r| allocated(dir.path(), &m, "bload-staged", r, 2))
-        .collect();
+    let (m, dir, ranks) = world("bload-staged", 2);
     let mut colls = TestCollective::group(2, Duration::from_secs(10));
     for (r, rep) in ranks
         .iter()
         .zip(load_all(&mut colls, &ranks, &[0, 1], (5000, 2), true))
     {
         assert!(rep.unwrap().update.staged);
-        assert!(r.snapshot() == normally_loaded(dir.path(), &m, r.rank, 2));
+        assert!(holds_a_normal_load(r, dir.path(), &m));
     }
 }
 
@@ -202,8 +257,35 @@ impl<F: FnMut() + Send> Collective for Act<F> {
     }
 }
 
+/// The collectives of a group of `world` whose broadcasts wait `timeout`
+/// for the others, rank r's running `act(r)` just before its `at`-th
+/// broadcast.
+fn acting<F: FnMut() + Send>(
+    world: usize,
+    timeout: Duration,
+    at: usize,
+    act: impl Fn(usize) -> F,
+) -> Vec<Act<F>> {
+    TestCollective::group(world, timeout)
+        .into_iter()
+        .map(|c| Act {
+            act: Some(act(c.rank())),
+            inner: c,
+            at,
+            n: 0,
+        })
+        .collect()
+}
+
+/// Cut `file` 100 bytes short.
+fn cut_short(file: &Path) {
+    let len = std::fs::metadata(file).unwrap().len();
+    let f = std::fs::OpenOptions::new().write(true).open(file).unwrap();
+    f.set_len(len - 100).unwrap();
+}
+
 /// Each rank with its own copy of the checkpoint (one per node).
-fn copies(m: &Model, world: usize) -> Vec<tempfile::TempDir> {
+fn copies(m: &Model, world: usize) -> Vec<TempDir> {
     (0..world)
         .map(|_| {
             let d = tempfile::tempdir().unwrap();
@@ -215,38 +297,50 @@ fn copies(m: &Model, world: usize) -> Vec<tempfile::TempDir> {
 
 const LAST_FILE: &str = "model-00003-of-00003.safetensors";
 
+/// Once a load on `colls` failed: fresh destinations on every rank (rank r
+/// reading `dirs[r]`) loaded by the same group, readers 0 and 1, each
+/// holding what a normal load puts there.
+fn the_group_loads_again(
+    colls: &mut [impl Collective],
+    dirs: &[TempDir],
+    m: &Model,
+    name: &str,
+    ring: (usize, usize),
+    stage: bool,
+) {
+    let ranks = allocated_copies(dirs, m, name);
+    for (r, res) in ranks
+        .iter()
+        .zip(load_all(colls, &ranks, &[0, 1], ring, stage))
+    {
+        res.unwrap_or_else(|e| panic!("ring {ring:?}, rank {}: {e}", r.rank));
+        assert!(
+            holds_a_normal_load(r, dirs[r.rank].path(), m),
+            "rank {}",
+            r.rank
+        );
+    }
+}
+
 #[test]
 fn a_reader_whose_file_changed_fails_the_load_on_every_rank() {
     let m = model();
     for (stage, slots) in [(false, 2), (true, 2), (false, 3), (false, 4)] {
         let dirs = copies(&m, 4);
-        let ranks: Vec<Rank> = (0..4)
-            .map(|r| allocated(dirs[r].path(), &m, "bload-short", r, 4))
-            .collect();
+        let ranks = allocated_copies(&dirs, &m, "bload-short");
         let before: Vec<_> = ranks.iter().map(|r| (r.snapshot(), r.version())).collect();
         // Reader 1 owns the last file; it is cut short once the load is
         // agreed on (4 slot sizes, the header's length and body, 4 verdicts:
         // 10 broadcasts), before reader 1 reads it.
         let victim = dirs[1].path().join(LAST_FILE);
-        let len = std::fs::metadata(&victim).unwrap().len();
-        let mut colls: Vec<_> = TestCollective::group(4, Duration::from_secs(10))
-            .into_iter()
-            .map(|c| {
-                let victim = victim.clone();
-                let mine = c.rank() == 1;
-                Act {
-                    inner: c,
-                    at: 10,
-                    n: 0,
-                    act: Some(move || {
-                        if mine {
-                            let f = std::fs::OpenOptions::new().write(true).open(&victim);
-                            f.unwrap().set_len(len - 100).unwrap();
-                        }
-                    }),
+        let mut colls = acting(4, Duration::from_secs(10), 10, |rank| {
+            let victim = victim.clone();
+            move || {
+                if rank == 1 {
+                    cut_short(&victim);
                 }
-            })
-            .collect();
+            }
+        });
         let results = load_all(&mut colls, &ranks, &[0, 1], (3000, slots), stage);
         for (r, res) in ranks.iter().zip(results) {
             let e = res.unwrap_err();
@@ -271,17 +365,7 @@ fn a_reader_whose_file_changed_fails_the_load_on_every_rank() {
         // Every rank took part in the same broadcasts: the group serves a
         // load again once the file is whole.
         write_checkpoint(dirs[1].path(), &m);
-        let ranks: Vec<Rank> = (0..4)
-            .map(|r| allocated(dirs[r].path(), &m, "bload-again", r, 4))
-            .collect();
-        for (r, res) in
-            ranks
-                .iter()
-                .zip(load_all(&mut colls, &ranks, &[0, 1], (3000, slots), stage))
-        {
-            res.unwrap();
-            assert!(r.snapshot() == normally_loaded(dirs[r.rank].path(), &m, r.rank, 4));
-        }
+        the_group_loads_again(&mut colls, &dirs, &m, "bload-again", (3000, slots), stage);
     }
 }
 
@@ -291,9 +375,7 @@ fn headers_that_differ_are_refused_on_every_rank_before_any_byte() {
     // Rank 1's files lack a tensor and hold one of another shape (rewritten
     // after its destinations were allocated); rank 2 names other readers.
     let dirs = copies(&m, 4);
-    let ranks: Vec<Rank> = (0..4)
-        .map(|r| allocated(dirs[r].path(), &m, "bload-hdr", r, 4))
-        .collect();
+    let ranks = allocated_copies(&dirs, &m, "bload-hdr");
     let mut other = crate::loader_tp::tensors(&m);
     let dropped = other.keys().nth(1).unwrap().clone();
     other.remove(&dropped);
@@ -311,18 +393,9 @@ fn headers_that_differ_are_refused_on_every_rank_before_any_byte() {
     );
     let before: Vec<_> = ranks.iter().map(|r| (r.snapshot(), r.version())).collect();
     let colls = TestCollective::group(4, Duration::from_secs(10));
-    let results: Vec<_> = std::thread::scope(|s| {
-        let handles: Vec<_> = colls
-            .into_iter()
-            .zip(&ranks)
-            .map(|(mut c, r)| {
-                s.spawn(move || {
-                    let readers: &[usize] = if r.rank == 2 { &[1, 0] } else { &[0, 1] };
-                    load_rank(&mut c, r, readers, (3000, 2), false)
-                })
-            })
-            .collect();
-        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    let results = on_every_rank(colls, &ranks, |mut c, r| {
+        let readers: &[usize] = if r.rank == 2 { &[1, 0] } else { &[0, 1] };
+        load_rank(&mut c, r, readers, (3000, 2), false)
     });
     for (r, res) in ranks.iter().zip(results) {
         let e = res.unwrap_err();
@@ -354,22 +427,10 @@ fn headers_that_differ_are_refused_on_every_rank_before_any_byte() {
 
 #[test]
 fn ranks_with_different_slots_are_refused_alike() {
-    let m = model();
-    let dir = tempfile::tempdir().unwrap();
-    write_checkpoint(dir.path(), &m);
-    let ranks: Vec<Rank> = (0..2)
-        .map(|r| allocated(dir.path(), &m, "bload-slots", r, 2))
-        .collect();
+    let (_, _dir, ranks) = world("bload-slots", 2);
     let colls = TestCollective::group(2, Duration::from_secs(10));
-    let results: Vec<_> = std::thread::scope(|s| {
-        let handles: Vec<_> = colls
-            .into_iter()
-            .zip(&ranks)
-            .map(|(mut c, r)| {
-                s.spawn(move || load_rank(&mut c, r, &[0], (3000 + r.rank, 2), false))
-            })
-            .collect();
-        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    let results = on_every_rank(colls, &ranks, |mut c, r| {
+        load_rank(&mut c, r, &[0], (3000 + r.rank, 2), false)
     });
     let s0 = 3000 + TRAILER_BYTES;
     for res in results {
@@ -393,9 +454,7 @@ fn bad_arguments_are_refused_on_every_rank() {
         (vec![1, 1], "listed twice"),
         (vec![0, 1, 0], "3 reader ranks for a world of 2"),
     ] {
-        let ranks: Vec<Rank> = (0..2)
-            .map(|r| allocated(dir.path(), &m, "bload-args", r, 2))
-            .collect();
+        let ranks = allocated_world(dir.path(), &m, "bload-args", 2);
         let mut colls = TestCollective::group(2, Duration::from_secs(10));
         for res in load_all(&mut colls, &ranks, &readers, (3000, 2), false) {
             let e = res.unwrap_err().to_string();
@@ -424,54 +483,9 @@ fn bad_arguments_are_refused_on_every_rank() {
     assert_eq!(e.status(), Status::InvalidArgument, "{e}");
 }
 
-/// A collective whose rank leaves (is dropped) before its `after`-th broadcast.
-struct Leaving {
-    inner: Option<TestCollective>,
-    rank: usize,
-    world: usize,
-    after: usize,
-}
-
-impl Collective for Leaving {
-    fn rank(&self) -> usize {
-        self.rank
-    }
-    fn world(&self) -> usize {
-        self.world
-    }
-    unsafe fn broadcast(
-        &mut self,
-        buf: DevicePtr,
-        len: usize,
-        root: usize,
-        stream: StreamId,
-    ) -> vmmweights::Result<()> {
-        if self.after == 0 {
-            self.inner = None;
-            return Err(Error::InvalidState("this rank left".into()));
-        }
-        self.after -= 1;
-        // SAFETY: forwarded from the caller's contract.
-        unsafe {
-            self.inner
-                .as_mut()
-                .unwrap()
-                .broadcast(buf, len, root, stream)
-        }
-    }
-    fn check(&self) -> vmmweights::Result<()> {
-        self.inner.as_ref().map_or(Ok(()), |c| c.check())
-    }
-}
-
 #[test]
 fn a_rank_leaving_mid_load_fails_the_others_without_a_hang() {
-    let m = model();
-    let dir = tempfile::tempdir().unwrap();
-    write_checkpoint(dir.path(), &m);
-    let ranks: Vec<Rank> = (0..4)
-        .map(|r| allocated(dir.path(), &m, "bload-leave", r, 4))
-        .collect();
+    let (_, _dir, ranks) = world("bload-leave", 4);
     let started = std::time::Instant::now();
     let mut colls: Vec<Leaving> = TestCollective::group(4, Duration::from_secs(10))
         .into_iter()
@@ -527,21 +541,13 @@ fn a_gguf_checkpoint_loads_through_the_same_path() {
         .unwrap()
     };
     let rank = |r: usize, name: &str, load: bool| {
-        let pool = Arc::new(Pool::new(host_driver(), PoolConfig::default()).unwrap());
-        let t = tag::id(&format!("{name}-{r}")).unwrap();
-        let session = Session::open(&path).unwrap();
-        session.set_rules(rules(r)).unwrap();
-        session.allocate(&pool, t).unwrap();
+        let rank = allocated_with(&path, &format!("{name}-{r}"), (r, 2), |session| {
+            session.set_rules(rules(r)).unwrap();
+        });
         if load {
-            session.load(&pool, None).unwrap();
+            rank.session.load(&rank.pool, None).unwrap();
         }
-        Rank {
-            pool,
-            session,
-            tag: t,
-            rank: r,
-            world: 2,
-        }
+        rank
     };
     let ranks = [rank(0, "bload-gguf", false), rank(1, "bload-gguf", false)];
     let mut colls = TestCollective::group(2, Duration::from_secs(10));
@@ -565,12 +571,7 @@ fn a_gguf_checkpoint_loads_through_the_same_path() {
 #[test]
 fn reload_after_a_broadcast_load_reads_the_checkpoint_again() {
     use vmmweights::sleep::Policy;
-    let m = model();
-    let dir = tempfile::tempdir().unwrap();
-    write_checkpoint(dir.path(), &m);
-    let ranks: Vec<Rank> = (0..2)
-        .map(|r| allocated(dir.path(), &m, "bload-reload", r, 2))
-        .collect();
+    let (m, dir, ranks) = world("bload-reload", 2);
     let mut colls = TestCollective::group(2, Duration::from_secs(10));
     for res in load_all(&mut colls, &ranks, &[0], (3000, 2), false) {
         res.unwrap();
@@ -601,30 +602,16 @@ fn reload_after_a_broadcast_load_reads_the_checkpoint_again() {
 
 #[test]
 fn a_rank_that_stalls_mid_load_fails_every_rank_within_the_timeout() {
-    let m = model();
-    let dir = tempfile::tempdir().unwrap();
-    write_checkpoint(dir.path(), &m);
-    let ranks: Vec<Rank> = (0..4)
-        .map(|r| allocated(dir.path(), &m, "bload-stall", r, 4))
-        .collect();
+    let (_, _dir, ranks) = world("bload-stall", 4);
     // Each broadcast waits at most 1 s for the others; rank 2 stalls 3 s
     // after the agreement (10 broadcasts) and two buckets.
-    let mut colls: Vec<_> = TestCollective::group(4, Duration::from_secs(1))
-        .into_iter()
-        .map(|c| {
-            let stalls = c.rank() == 2;
-            Act {
-                inner: c,
-                at: 12,
-                n: 0,
-                act: Some(move || {
-                    if stalls {
-                        std::thread::sleep(Duration::from_secs(3));
-                    }
-                }),
+    let mut colls = acting(4, Duration::from_secs(1), 12, |rank| {
+        move || {
+            if rank == 2 {
+                std::thread::sleep(Duration::from_secs(3));
             }
-        })
-        .collect();
+        }
+    });
     let started = std::time::Instant::now();
     let results = load_all(&mut colls, &ranks, &[0], (3000, 2), false);
     assert!(
@@ -646,9 +633,7 @@ fn a_rank_that_stalls_mid_load_fails_every_rank_within_the_timeout() {
 fn a_corrupt_file_on_one_rank_is_refused_on_every_rank_before_any_byte() {
     let m = model();
     let dirs = copies(&m, 2);
-    let ranks: Vec<Rank> = (0..2)
-        .map(|r| allocated(dirs[r].path(), &m, "bload-corrupt", r, 2))
-        .collect();
+    let ranks = allocated_copies(&dirs, &m, "bload-corrupt");
     let before: Vec<_> = ranks.iter().map(|r| r.snapshot()).collect();
     // Rank 1's copy of the last file gets a garbage header length.
     let victim = dirs[1].path().join(LAST_FILE);
@@ -681,37 +666,21 @@ fn a_reader_failing_after_another_rank_failed_alone_stops_every_rank_together() 
     let m = model();
     for slots in [2, 3] {
         let dirs = copies(&m, 4);
-        let ranks: Vec<Rank> = (0..4)
-            .map(|r| allocated(dirs[r].path(), &m, "bload-twice", r, 4))
-            .collect();
+        let ranks = allocated_copies(&dirs, &m, "bload-twice");
         // Once the load is agreed on (10 broadcasts): rank 2, no reader,
         // fails its first copy into its destinations (a failure of its own,
         // which it passes along to the end); reader 1's file is cut short
         // before it reads it, so the others stop at reader 1's first bucket.
         let victim = dirs[1].path().join(LAST_FILE);
-        let len = std::fs::metadata(&victim).unwrap().len();
-        let drivers: Vec<_> = ranks.iter().map(|r| r.pool.driver().clone()).collect();
-        let mut colls: Vec<_> = TestCollective::group(4, Duration::from_secs(10))
-            .into_iter()
-            .map(|c| {
-                let victim = victim.clone();
-                let rank = c.rank();
-                let driver = drivers[rank].clone();
-                Act {
-                    inner: c,
-                    at: 10,
-                    n: 0,
-                    act: Some(move || match rank {
-                        1 => {
-                            let f = std::fs::OpenOptions::new().write(true).open(&victim);
-                            f.unwrap().set_len(len - 100).unwrap();
-                        }
-                        2 => driver.faults().unwrap().fail_nth(FaultOp::CopyDtod, 1),
-                        _ => {}
-                    }),
-                }
-            })
-            .collect();
+        let mut colls = acting(4, Duration::from_secs(10), 10, |rank| {
+            let victim = victim.clone();
+            let driver = ranks[rank].pool.driver().clone();
+            move || match rank {
+                1 => cut_short(&victim),
+                2 => driver.faults().unwrap().fail_nth(FaultOp::CopyDtod, 1),
+                _ => {}
+            }
+        });
         let t0 = std::time::Instant::now();
         let results = load_all(&mut colls, &ranks, &[0, 1], (3000, slots), false);
         let took = t0.elapsed();
@@ -726,17 +695,8 @@ fn a_reader_failing_after_another_rank_failed_alone_stops_every_rank_together() 
         );
         // The ranks took part in the same broadcasts: the group loads again.
         write_checkpoint(dirs[1].path(), &m);
-        let ranks: Vec<Rank> = (0..4)
-            .map(|r| allocated(dirs[r].path(), &m, "bload-twice-again", r, 4))
-            .collect();
-        for (r, res) in
-            ranks
-                .iter()
-                .zip(load_all(&mut colls, &ranks, &[0, 1], (3000, slots), false))
-        {
-            res.unwrap_or_else(|e| panic!("slots {slots}, rank {}: {e}", r.rank));
-            assert!(r.snapshot() == normally_loaded(dirs[r.rank].path(), &m, r.rank, 4));
-        }
+        let ring = (3000, slots);
+        the_group_loads_again(&mut colls, &dirs, &m, "bload-twice-again", ring, false);
     }
 }
 
@@ -769,43 +729,22 @@ fn an_empty_tensor_in_the_checkpoint_loads_as_a_normal_load_does() {
         &dir.path().join("model.safetensors"),
         &[("a", &[64, 4]), ("empty", &[0, 4]), ("b", &[16])],
     );
-    let open = |name: &str| {
-        let pool = Arc::new(Pool::new(host_driver(), PoolConfig::default()).unwrap());
-        let t = tag::id(name).unwrap();
-        let session = Session::open(dir.path()).unwrap();
-        session.allocate(&pool, t).unwrap();
-        (pool, session, t)
-    };
-    let (npool, normal, nt) = open("bload-empty-normal");
-    normal.load(&npool, None).expect("a normal load takes it");
-    let (pool, session, t) = open("bload-empty");
-    let held = |pool: Arc<Pool>, session: Session, tag| {
-        Rank {
-            pool,
-            session,
-            tag,
-            rank: 0,
-            world: 1,
-        }
-        .snapshot()
-    };
-    let before = pool.tag_version(t).unwrap();
-    let ring = Ring::new(pool.clone(), &options(3000, 2)).unwrap();
+    let normal = allocated_as_is(dir.path(), "bload-empty-normal");
+    (normal.session)
+        .load(&normal.pool, None)
+        .expect("a normal load takes it");
+    let r = allocated_as_is(dir.path(), "bload-empty");
+    let before = r.version();
     let mut coll = TestCollective::group(1, Duration::from_secs(10))
         .pop()
         .unwrap();
-    let opts = BroadcastLoad {
-        readers: vec![0],
-        stage: false,
-    };
-    let rep = broadcast_load::load(&mut coll, &ring, &session, &pool, &opts)
+    let rep = load_rank(&mut coll, &r, &[0], (3000, 2), false)
         .unwrap_or_else(|e| panic!("an empty tensor loads by broadcast too: {e}"));
     assert_eq!(rep.update.version, before + 1);
-    assert!(!pool.tag_torn(t).unwrap());
-    drop(ring);
-    let want = held(npool, normal, nt);
+    assert!(!r.pool.tag_torn(r.tag).unwrap());
+    let want = normal.snapshot();
     assert_eq!(want.len(), 3, "three destinations, one of them empty");
-    assert!(held(pool, session, t) == want, "bitwise a normal load");
+    assert!(r.snapshot() == want, "bitwise a normal load");
 }
 
 #[test]
@@ -813,23 +752,11 @@ fn ranks_with_rings_of_different_slot_counts_are_refused_alike() {
     // After a failure every rank passes along the buckets the others may
     // have queued, which depends on the ring's slots: ranks with rings of
     // different lengths would stop at different buckets.
-    let m = model();
-    let dir = tempfile::tempdir().unwrap();
-    write_checkpoint(dir.path(), &m);
-    let ranks: Vec<Rank> = (0..2)
-        .map(|r| allocated(dir.path(), &m, "bload-nslots", r, 2))
-        .collect();
+    let (_, _dir, ranks) = world("bload-nslots", 2);
     let before: Vec<_> = ranks.iter().map(|r| (r.snapshot(), r.version())).collect();
     let colls = TestCollective::group(2, Duration::from_secs(10));
-    let results: Vec<_> = std::thread::scope(|s| {
-        let handles: Vec<_> = colls
-            .into_iter()
-            .zip(&ranks)
-            .map(|(mut c, r)| {
-                s.spawn(move || load_rank(&mut c, r, &[0], (3000, 2 + r.rank), false))
-            })
-            .collect();
-        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    let results = on_every_rank(colls, &ranks, |mut c, r| {
+        load_rank(&mut c, r, &[0], (3000, 2 + r.rank), false)
     });
     for (r, res) in ranks.iter().zip(results) {
         let e = res.unwrap_err();
@@ -852,39 +779,19 @@ fn a_tensor_name_past_the_transport_bound_is_refused_in_the_agreement() {
         &dir.path().join("model.safetensors"),
         &[("a", &[64, 4]), (&long, &[16])],
     );
-    let ranks: Vec<(Arc<Pool>, Session, tag::TagId)> = (0..2)
-        .map(|r| {
-            let pool = Arc::new(Pool::new(host_driver(), PoolConfig::default()).unwrap());
-            let t = tag::id(&format!("bload-long-{r}")).unwrap();
-            let session = Session::open(dir.path()).unwrap();
-            session.allocate(&pool, t).unwrap();
-            (pool, session, t)
-        })
+    let ranks: Vec<Rank> = (0..2)
+        .map(|r| allocated_as_is(dir.path(), &format!("bload-long-{r}")))
         .collect();
     let colls = TestCollective::group(2, Duration::from_secs(10));
     let t0 = std::time::Instant::now();
-    let results: Vec<_> = std::thread::scope(|s| {
-        let handles: Vec<_> = colls
-            .into_iter()
-            .zip(&ranks)
-            .map(|(mut c, (pool, session, _))| {
-                s.spawn(move || {
-                    let ring = Ring::new(pool.clone(), &options(3000, 3))?;
-                    let opts = BroadcastLoad {
-                        readers: vec![0],
-                        stage: false,
-                    };
-                    broadcast_load::load(&mut c, &ring, session, pool, &opts)
-                })
-            })
-            .collect();
-        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    let results = on_every_rank(colls, &ranks, |mut c, r| {
+        load_rank(&mut c, r, &[0], (3000, 3), false)
     });
     assert!(
         t0.elapsed() < Duration::from_secs(5),
         "no rank waits for the timeout"
     );
-    for ((pool, _, t), res) in ranks.iter().zip(results) {
+    for (r, res) in ranks.iter().zip(results) {
         let e = res.unwrap_err();
         let msg = e.to_string();
         assert_eq!(e.status(), Status::UpdateSource, "{msg}");
@@ -892,7 +799,7 @@ fn a_tensor_name_past_the_transport_bound_is_refused_in_the_agreement() {
             msg.contains("refused before any byte moved") && msg.contains("name of 5000 bytes"),
             "{msg}"
         );
-        assert!(!pool.tag_torn(*t).unwrap());
+        assert!(!r.pool.tag_torn(r.tag).unwrap());
     }
 }
 
@@ -900,12 +807,7 @@ fn a_tensor_name_past_the_transport_bound_is_refused_in_the_agreement() {
 fn a_torn_load_is_repaired_by_loading_the_same_destinations_again() {
     use vmmweights::driver::fault::FaultOp;
     use vmmweights::driver::testing::Testing;
-    let m = model();
-    let dir = tempfile::tempdir().unwrap();
-    write_checkpoint(dir.path(), &m);
-    let ranks: Vec<Rank> = (0..2)
-        .map(|r| allocated(dir.path(), &m, "bload-repair", r, 2))
-        .collect();
+    let (m, dir, ranks) = world("bload-repair", 2);
     let v0: Vec<u64> = ranks.iter().map(Rank::version).collect();
     // Rank 1 fails its third copy into its destinations: torn there.
     ranks[1]
@@ -928,6 +830,6 @@ fn a_torn_load_is_repaired_by_loading_the_same_destinations_again() {
     {
         res.unwrap_or_else(|e| panic!("rank {}: loading again repairs: {e}", r.rank));
         assert!(!r.pool.tag_torn(r.tag).unwrap(), "rank {}", r.rank);
-        assert!(r.snapshot() == normally_loaded(dir.path(), &m, r.rank, 2));
+        assert!(holds_a_normal_load(r, dir.path(), &m));
     }
 }

@@ -16,6 +16,7 @@
 //! it keeps, and dropping the imports makes the next update attach.
 
 use crate::common;
+use crate::loader_tp::Model;
 use crate::update_transport_direct::{break_rule, in_pool, options, sends, serve_raw};
 use crate::update_transport_processes::{sender_pool, sock_path, Proc, SEED, TIMEOUT};
 use crate::update_transport_ranks::{model, new_values, write_checkpoint, Rank};
@@ -38,6 +39,8 @@ use vmmweights::update::transport::import_cache::CacheLimits;
 use vmmweights::update::transport::ipc::{IpcSender, ReceiverOptions, UpdateReceiver};
 use vmmweights::update::{UpdateOptions, UpdateResult};
 use vmmweights::{Pool, Status};
+
+use tempfile::TempDir;
 
 /// The values of round `k`: different every round.
 fn seed_for(round: usize) -> u64 {
@@ -202,38 +205,75 @@ fn receiver(r: &Rank, path: &Path, cache: CacheLimits) -> UpdateReceiver {
     )
 }
 
-#[test]
-fn repeated_direct_updates_attach_once_and_stay_bitwise() {
+/// The test model and a checkpoint of it for the engines to load.
+fn checkpoint() -> (Model, TempDir) {
     let m = model();
     let dir = tempfile::tempdir().unwrap();
     write_checkpoint(dir.path(), &m);
+    (m, dir)
+}
+
+/// A child in `role` at `path`, once it says it is ready.
+fn ready(role: &str, path: &Path, env: &[(&str, String)]) -> Proc {
+    let child = Proc::spawn(role, path, env);
+    assert_eq!(child.line(), "ready");
+    child
+}
+
+/// A [`child_repeat`] sender at `path` sending `rounds` updates, ready.
+fn repeat_sender(path: &Path, rounds: usize, env: &[(&str, String)]) -> Proc {
+    let mut env = env.to_vec();
+    env.push(("VMMW_UPDATE_ROUNDS", rounds.to_string()));
+    ready("direct_repeat", path, &env)
+}
+
+/// Whether `r` holds bitwise the values of round `round`.
+fn holds_round(r: &Rank, m: &Model, round: usize) -> bool {
+    r.snapshot() == r.expected(m, &new_values(m, seed_for(round)))
+}
+
+/// Receive round `round`'s update into `r`; it arrives bitwise.
+fn receive_round(rx: &mut UpdateReceiver, r: &Rank, m: &Model, round: usize) -> UpdateResult {
+    let done = receive(rx, r).unwrap_or_else(|e| panic!("round {round}: {e}"));
+    assert!(
+        holds_round(r, m, round),
+        "round {round}: the sender's new bytes arrive bitwise"
+    );
+    done
+}
+
+/// The last receive attached the sender's share anew (`fresh`) or reused
+/// the import it kept.
+fn assert_attached(rx: &UpdateReceiver, fresh: bool, what: &str) {
+    let s = rx.last_receive().unwrap();
+    let want = if fresh { (1, 0) } else { (0, 1) };
+    assert_eq!((s.attached, s.reused), want, "{what}: {s:?}");
+}
+
+/// The sender reports round `round` sent.
+fn assert_sent(sender: &Proc, round: usize) {
+    let line = sender.line();
+    assert!(line.starts_with(&format!("sent round={round} ")), "{line}");
+}
+
+#[test]
+fn repeated_direct_updates_attach_once_and_stay_bitwise() {
+    let (m, dir) = checkpoint();
     on_each_backend(
         "repeated_direct_updates_attach_once_and_stay_bitwise",
         |b| {
             let path = sock_path(&format!("direct-repeat-{}", b.kind()));
             let rounds = 5;
-            let sender = Proc::spawn(
-                "direct_repeat",
-                &path,
-                &[
-                    ("VMMW_UPDATE_BACKEND", b.kind().to_string()),
-                    ("VMMW_UPDATE_ROUNDS", rounds.to_string()),
-                ],
-            );
-            assert_eq!(sender.line(), "ready");
+            let backend = [("VMMW_UPDATE_BACKEND", b.kind().to_string())];
+            let sender = repeat_sender(&path, rounds, &backend);
             let name = format!("direct-repeat-{}", b.kind());
             let r = Rank::load_on(b.driver.clone(), dir.path(), &m, &name, 0, 1);
             let mut rx = receiver(&r, &path, CacheLimits::default());
             for round in 0..rounds {
                 let v0 = r.version();
-                let done = receive(&mut rx, &r).unwrap();
+                let done = receive_round(&mut rx, &r, &m, round);
                 assert_eq!(done.version, v0 + 1);
                 assert!(!done.staged);
-                assert!(
-                    r.snapshot() == r.expected(&m, &new_values(&m, seed_for(round))),
-                    "{}: round {round} arrives bitwise",
-                    b.kind()
-                );
                 let s = rx.last_receive().unwrap();
                 assert!(s.direct);
                 if round == 0 {
@@ -262,36 +302,21 @@ fn repeated_direct_updates_attach_once_and_stay_bitwise() {
 
 #[test]
 fn freed_reallocated_or_woken_memory_is_attached_again() {
-    let m = model();
-    let dir = tempfile::tempdir().unwrap();
-    write_checkpoint(dir.path(), &m);
+    let (m, dir) = checkpoint();
     let path = sock_path("direct-churn");
-    let sender = Proc::spawn(
-        "direct_repeat",
-        &path,
-        &[
-            ("VMMW_UPDATE_ROUNDS", "5".into()),
-            (
-                "VMMW_UPDATE_CHURN",
-                "keep,realloc,sleep,keep,realloc".into(),
-            ),
-        ],
-    );
-    assert_eq!(sender.line(), "ready");
+    let churn = [(
+        "VMMW_UPDATE_CHURN",
+        "keep,realloc,sleep,keep,realloc".into(),
+    )];
+    let sender = repeat_sender(&path, 5, &churn);
     let r = Rank::load(dir.path(), &m, "direct-churn", 0, 1);
     let mut rx = receiver(&r, &path, CacheLimits::default());
     // Whether each round's import is attached anew: the memory changed.
     for (round, fresh) in [true, true, true, false, true].into_iter().enumerate() {
-        receive(&mut rx, &r).unwrap();
-        assert!(
-            r.snapshot() == r.expected(&m, &new_values(&m, seed_for(round))),
-            "round {round}: the sender's new bytes, not its old memory's"
-        );
-        let s = rx.last_receive().unwrap();
-        let want = if fresh { (1, 0) } else { (0, 1) };
-        assert_eq!((s.attached, s.reused), want, "round {round}: {s:?}");
+        receive_round(&mut rx, &r, &m, round);
+        assert_attached(&rx, fresh, &format!("round {round}"));
         assert_eq!(rx.kept_imports(), 1);
-        assert!(sender.line().starts_with(&format!("sent round={round} ")));
+        assert_sent(&sender, round);
     }
 }
 
@@ -302,41 +327,25 @@ fn freed_reallocated_or_woken_memory_is_attached_again() {
 /// kept imported.
 #[test]
 fn memory_committed_again_under_reused_handle_ids_is_attached_again() {
-    let m = model();
-    let dir = tempfile::tempdir().unwrap();
-    write_checkpoint(dir.path(), &m);
+    let (m, dir) = checkpoint();
     let path = sock_path("direct-retrim");
-    let sender = Proc::spawn(
-        "direct_repeat",
-        &path,
-        &[
-            ("VMMW_UPDATE_ROUNDS", "4".into()),
-            ("VMMW_UPDATE_CHURN", "keep,retrim,keep,realloc".into()),
-            ("VMMW_UPDATE_ARENA", "1".into()),
-        ],
-    );
-    assert_eq!(sender.line(), "ready");
+    let churn = [
+        ("VMMW_UPDATE_CHURN", "keep,retrim,keep,realloc".into()),
+        ("VMMW_UPDATE_ARENA", "1".into()),
+    ];
+    let sender = repeat_sender(&path, 4, &churn);
     let r = Rank::load(dir.path(), &m, "direct-retrim", 0, 1);
     let mut rx = receiver(&r, &path, CacheLimits::default());
     for (round, fresh) in [true, true, false, true].into_iter().enumerate() {
-        receive(&mut rx, &r).unwrap();
-        assert!(
-            r.snapshot() == r.expected(&m, &new_values(&m, seed_for(round))),
-            "round {round}: the sender's new bytes, not its old memory's"
-        );
-        let s = rx.last_receive().unwrap();
-        let want = if fresh { (1, 0) } else { (0, 1) };
-        assert_eq!((s.attached, s.reused), want, "round {round}: {s:?}");
-        assert!(sender.line().starts_with(&format!("sent round={round} ")));
+        receive_round(&mut rx, &r, &m, round);
+        assert_attached(&rx, fresh, &format!("round {round}"));
+        assert_sent(&sender, round);
     }
 }
 
 #[test]
 fn hostile_claims_against_kept_imports_are_refused_or_attached_again() {
-    let m = model();
-    let dir = tempfile::tempdir().unwrap();
-    write_checkpoint(dir.path(), &m);
-    let expected = new_values(&m, seed_for(0));
+    let (m, dir) = checkpoint();
     // (case, what the refusal says; None: accepted after attaching again)
     let cases = [
         ("other_segments", Some("the import of that generation maps")),
@@ -349,12 +358,11 @@ fn hostile_claims_against_kept_imports_are_refused_or_attached_again() {
     let r = Rank::load(dir.path(), &m, "direct-hostile-kept", 0, 1);
     for (case, want) in cases {
         let path = sock_path(&format!("direct-kept-{case}"));
-        let sender = Proc::spawn(
+        let sender = ready(
             "direct_raw_twice",
             &path,
             &[("VMMW_UPDATE_CASE", case.to_string())],
         );
-        assert_eq!(sender.line(), "ready");
         let mut rx = receiver(&r, &path, CacheLimits::default());
         receive(&mut rx, &r).unwrap();
         assert_eq!(rx.kept_imports(), 1, "{case}");
@@ -370,9 +378,8 @@ fn hostile_claims_against_kept_imports_are_refused_or_attached_again() {
             }
             None => {
                 receive(&mut rx, &r).unwrap();
-                let s = rx.last_receive().unwrap();
-                assert_eq!((s.attached, s.reused), (1, 0), "{case}: {s:?}");
-                assert!(r.snapshot() == r.expected(&m, &expected), "{case}");
+                assert_attached(&rx, true, case);
+                assert!(holds_round(&r, &m, 0), "{case}");
             }
         }
         assert_eq!(sender.line(), "done", "{case}");
@@ -382,20 +389,13 @@ fn hostile_claims_against_kept_imports_are_refused_or_attached_again() {
 
 #[test]
 fn a_sender_killed_between_updates_leaves_an_error_and_no_import() {
-    let m = model();
-    let dir = tempfile::tempdir().unwrap();
-    write_checkpoint(dir.path(), &m);
+    let (m, dir) = checkpoint();
     let path = sock_path("direct-killed-between");
-    let sender = Proc::spawn(
-        "direct_repeat",
-        &path,
-        &[("VMMW_UPDATE_ROUNDS", "2".into())],
-    );
-    assert_eq!(sender.line(), "ready");
+    let sender = repeat_sender(&path, 2, &[]);
     let r = Rank::load(dir.path(), &m, "direct-killed-between", 0, 1);
     let mut rx = receiver(&r, &path, CacheLimits::default());
     receive(&mut rx, &r).unwrap();
-    assert!(sender.line().starts_with("sent round=0 "));
+    assert_sent(&sender, 0);
     assert_eq!(rx.kept_imports(), 1);
     sender.kill();
     let (before, v0) = (r.snapshot(), r.version());
@@ -407,33 +407,19 @@ fn a_sender_killed_between_updates_leaves_an_error_and_no_import() {
     assert_eq!(r.version(), v0);
     // A sender started again at the same path: attached anew, its bytes arrive.
     let path = sock_path("direct-killed-between");
-    let again = Proc::spawn(
-        "direct_repeat",
-        &path,
-        &[("VMMW_UPDATE_ROUNDS", "2".into())],
-    );
-    assert_eq!(again.line(), "ready");
-    for (round, want) in [(1, 0), (0, 1)].into_iter().enumerate() {
-        receive(&mut rx, &r).unwrap();
-        let s = rx.last_receive().unwrap();
-        assert_eq!((s.attached, s.reused), want, "round {round}: {s:?}");
-        assert!(r.snapshot() == r.expected(&m, &new_values(&m, seed_for(round))));
-        assert!(again.line().starts_with(&format!("sent round={round} ")));
+    let again = repeat_sender(&path, 2, &[]);
+    for (round, fresh) in [true, false].into_iter().enumerate() {
+        receive_round(&mut rx, &r, &m, round);
+        assert_attached(&rx, fresh, &format!("round {round}"));
+        assert_sent(&again, round);
     }
 }
 
 #[test]
 fn receiver_limits_bound_what_is_kept() {
-    let m = model();
-    let dir = tempfile::tempdir().unwrap();
-    write_checkpoint(dir.path(), &m);
+    let (m, dir) = checkpoint();
     let path = sock_path("direct-limits");
-    let sender = Proc::spawn(
-        "direct_repeat",
-        &path,
-        &[("VMMW_UPDATE_ROUNDS", "6".into())],
-    );
-    assert_eq!(sender.line(), "ready");
+    let sender = repeat_sender(&path, 6, &[]);
     let r = Rank::load(dir.path(), &m, "direct-limits", 0, 1);
     let tiny = [
         CacheLimits {
@@ -449,34 +435,28 @@ fn receiver_limits_bound_what_is_kept() {
     for limits in tiny {
         let mut rx = receiver(&r, &path, limits);
         for _ in 0..2 {
-            receive(&mut rx, &r).unwrap();
-            assert!(r.snapshot() == r.expected(&m, &new_values(&m, seed_for(round))));
-            let s = rx.last_receive().unwrap();
-            assert_eq!((s.attached, s.reused), (1, 0), "{limits:?}: {s:?}");
+            receive_round(&mut rx, &r, &m, round);
+            assert_attached(&rx, true, &format!("{limits:?}"));
             assert_eq!(rx.kept_imports(), 0, "{limits:?}");
-            assert!(sender.line().starts_with(&format!("sent round={round} ")));
+            assert_sent(&sender, round);
             round += 1;
         }
     }
     // Within the limits, until the imports are dropped by request.
     let mut rx = receiver(&r, &path, CacheLimits::default());
-    for want in [(1, 0), (1, 0)] {
-        receive(&mut rx, &r).unwrap();
-        assert!(r.snapshot() == r.expected(&m, &new_values(&m, seed_for(round))));
-        let s = rx.last_receive().unwrap();
-        assert_eq!((s.attached, s.reused), want, "{s:?}");
+    for _ in 0..2 {
+        receive_round(&mut rx, &r, &m, round);
+        assert_attached(&rx, true, &format!("round {round}"));
         assert_eq!(rx.kept_imports(), 1);
         rx.drop_imports();
-        assert!(sender.line().starts_with(&format!("sent round={round} ")));
+        assert_sent(&sender, round);
         round += 1;
     }
 }
 
 #[test]
 fn a_sender_keeps_only_the_shares_of_its_last_send() {
-    let m = model();
-    let dir = tempfile::tempdir().unwrap();
-    write_checkpoint(dir.path(), &m);
+    let (m, dir) = checkpoint();
     let path = sock_path("direct-tags");
     let pool = sender_pool();
     let a = in_pool(&pool, "direct-tags-a");
@@ -497,10 +477,8 @@ fn a_sender_keeps_only_the_shares_of_its_last_send() {
             receive(&mut rx, &r).unwrap();
             sent.join().unwrap().unwrap();
         });
-        assert!(r.snapshot() == r.expected(&m, &new_values(&m, seed_for(round))));
-        let st = rx.last_receive().unwrap();
-        let want = if fresh { (1, 0) } else { (0, 1) };
-        assert_eq!((st.attached, st.reused), want, "round {round}: {st:?}");
+        assert!(holds_round(&r, &m, round), "round {round}");
+        assert_attached(&rx, fresh, &format!("round {round}"));
         assert_eq!(
             (tx.direct_shares(), rx.kept_imports()),
             (1, 1),
@@ -528,16 +506,9 @@ fn a_sender_keeps_only_the_shares_of_its_last_send() {
 /// device's pool, reusing them.
 #[test]
 fn a_pool_on_another_device_is_refused_before_anything_moves() {
-    let m = model();
-    let dir = tempfile::tempdir().unwrap();
-    write_checkpoint(dir.path(), &m);
+    let (m, dir) = checkpoint();
     let path = sock_path("direct-other-device");
-    let sender = Proc::spawn(
-        "direct_repeat",
-        &path,
-        &[("VMMW_UPDATE_ROUNDS", "2".into())],
-    );
-    assert_eq!(sender.line(), "ready");
+    let sender = repeat_sender(&path, 2, &[]);
     let r = Rank::load(dir.path(), &m, "direct-other-device", 0, 1);
     let other_driver: Arc<dyn Driver> = Arc::new(
         HostDriver::for_device(
@@ -553,7 +524,7 @@ fn a_pool_on_another_device_is_refused_before_anything_moves() {
     let mut rx = receiver(&r, &path, CacheLimits::default());
     receive(&mut rx, &r).unwrap();
     assert_eq!(rx.kept_imports(), 1);
-    assert!(sender.line().starts_with("sent round=0 "));
+    assert_sent(&sender, 0);
     let (before, v0) = (other.snapshot(), other.version());
     let e = receive(&mut rx, &other).expect_err("a pool on another device");
     assert_eq!(e.status(), Status::InvalidArgument, "{e}");
@@ -562,11 +533,9 @@ fn a_pool_on_another_device_is_refused_before_anything_moves() {
     assert_eq!(other.version(), v0);
     assert!(!other.pool.tag_torn(other.tag).unwrap(), "not marked torn");
     assert_eq!(rx.kept_imports(), 1, "bad input changes nothing");
-    receive(&mut rx, &r).unwrap();
-    let s = rx.last_receive().unwrap();
-    assert_eq!((s.attached, s.reused), (0, 1), "{s:?}");
-    assert!(r.snapshot() == r.expected(&m, &new_values(&m, seed_for(1))));
-    assert!(sender.line().starts_with("sent round=1 "));
+    receive_round(&mut rx, &r, &m, 1);
+    assert_attached(&rx, false, "its own device's pool");
+    assert_sent(&sender, 1);
 }
 
 /// One sender updating several engines in turn (each send to one
@@ -574,18 +543,11 @@ fn a_pool_on_another_device_is_refused_before_anything_moves() {
 /// arrives, the later rounds without an attach.
 #[test]
 fn engines_served_in_turn_each_keep_their_imports() {
-    let m = model();
-    let dir = tempfile::tempdir().unwrap();
-    write_checkpoint(dir.path(), &m);
+    let (m, dir) = checkpoint();
     let path = sock_path("direct-in-turn");
     let engines = 4;
     let rounds = 2 * engines;
-    let sender = Proc::spawn(
-        "direct_repeat",
-        &path,
-        &[("VMMW_UPDATE_ROUNDS", rounds.to_string())],
-    );
-    assert_eq!(sender.line(), "ready");
+    let sender = repeat_sender(&path, rounds, &[]);
     let ranks: Vec<Rank> = (0..engines)
         .map(|k| Rank::load(dir.path(), &m, &format!("direct-in-turn-{k}"), 0, 1))
         .collect();
@@ -595,15 +557,9 @@ fn engines_served_in_turn_each_keep_their_imports() {
         .collect();
     for round in 0..rounds {
         let k = round % engines;
-        receive(&mut rxs[k], &ranks[k]).unwrap_or_else(|e| panic!("round {round}: {e}"));
-        assert!(
-            ranks[k].snapshot() == ranks[k].expected(&m, &new_values(&m, seed_for(round))),
-            "round {round}"
-        );
-        let s = rxs[k].last_receive().unwrap();
-        let want = if round < engines { (1, 0) } else { (0, 1) };
-        assert_eq!((s.attached, s.reused), want, "round {round}: {s:?}");
-        assert!(sender.line().starts_with(&format!("sent round={round} ")));
+        receive_round(&mut rxs[k], &ranks[k], &m, round);
+        assert_attached(&rxs[k], round < engines, &format!("round {round}"));
+        assert_sent(&sender, round);
     }
 }
 
@@ -613,9 +569,7 @@ fn engines_served_in_turn_each_keep_their_imports() {
 /// written and nothing kept.
 #[test]
 fn a_share_served_by_another_process_is_refused() {
-    let m = model();
-    let dir = tempfile::tempdir().unwrap();
-    write_checkpoint(dir.path(), &m);
+    let (m, dir) = checkpoint();
     let pool = sender_pool();
     let tensors = in_pool(&pool, "direct-foreign-source");
     let share = sock_path("direct-foreign-share");
@@ -625,12 +579,11 @@ fn a_share_served_by_another_process_is_refused() {
         tensors: manifest,
     };
     let path = sock_path("direct-foreign");
-    let relay = Proc::spawn(
+    let relay = ready(
         "direct_relay",
         &path,
         &[("VMMW_UPDATE_MESSAGE", serde_json::to_string(&msg).unwrap())],
     );
-    assert_eq!(relay.line(), "ready");
     let r = Rank::load(dir.path(), &m, "direct-foreign", 0, 1);
     let (before, v0) = (r.snapshot(), r.version());
     let mut rx = receiver(&r, &path, CacheLimits::default());
