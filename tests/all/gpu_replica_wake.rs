@@ -17,6 +17,7 @@
 
 use crate::codec::normal_bf16;
 use crate::common;
+use crate::replica_wake_compressed::{assert_exact, with_blocks};
 
 use common::backend::skip;
 use common::pool::{device_pools, Rng, G};
@@ -28,7 +29,7 @@ use vmmweights::driver::fault::FaultOp;
 use vmmweights::driver::testing::Testing;
 use vmmweights::driver::BackendKind;
 use vmmweights::sleep::Policy;
-use vmmweights::{tag, Error, Pool};
+use vmmweights::{Error, Pool};
 
 /// Pools on the devices and the size of a big block.
 fn pools() -> Option<(Vec<Pool>, usize)> {
@@ -42,40 +43,14 @@ fn replicas_wake_from_one_backup_byte_exact_on_every_device() {
         return;
     };
     let n = pools.len();
-    let t = tag::id("gpu-replica-wake").unwrap();
     let mut rng = Rng(0x5eed);
     let sizes = [big, 3000, big / 2 + 17, 1 << 20];
     let data: Vec<Vec<u8>> = sizes
         .iter()
         .map(|&s| (0..s).map(|_| rng.next() as u8).collect())
         .collect();
-    let ptrs: Vec<Vec<u64>> = pools
-        .iter()
-        .map(|p| {
-            data.iter()
-                .map(|d| {
-                    let b = p.alloc_tagged(d.len(), t).unwrap();
-                    // SAFETY: a live awake block; nothing else touches it.
-                    unsafe { p.write(b.ptr, d) }.unwrap();
-                    b.ptr
-                })
-                .collect()
-        })
-        .collect();
-    let check = |what: &str| {
-        for (k, p) in pools.iter().enumerate() {
-            for (i, d) in data.iter().enumerate() {
-                let mut got = vec![0u8; d.len()];
-                // SAFETY: awake; nothing else touches it.
-                unsafe { p.read(ptrs[k][i], &mut got) }.unwrap();
-                let bad = got.iter().zip(d).position(|(a, b)| a != b);
-                assert!(
-                    bad.is_none(),
-                    "{what}: device {k}, block {i}: first difference at byte {bad:?}"
-                );
-            }
-        }
-    };
+    let (t, ptrs, data) = with_blocks(&pools, "gpu-replica-wake", data);
+    let check = |what: &str| assert_exact(&pools, &ptrs, &data, what);
     let group: Vec<Replica<'_>> = pools.iter().map(|pool| Replica { pool, tag: t }).collect();
     for (round, peer_copies) in [(1, true), (2, false), (3, true)] {
         let free_awake: Vec<u64> = pools
@@ -178,7 +153,6 @@ fn replicas_wake_from_one_compressed_backup_byte_exact_on_every_device() {
         return;
     };
     let n = pools.len();
-    let t = tag::id("gpu-replica-wake-compressed").unwrap();
     let mut rng = Rng(0xc0de);
     let data: Vec<Vec<u8>> = vec![
         normal_bf16(big / 2 + 5, 0.02, 71),
@@ -186,33 +160,8 @@ fn replicas_wake_from_one_compressed_backup_byte_exact_on_every_device() {
         normal_bf16(big / 4 + 17, 1.0, 72),
         (0..(1 << 20) + 3).map(|_| rng.next() as u8).collect(),
     ];
-    let ptrs: Vec<Vec<u64>> = pools
-        .iter()
-        .map(|p| {
-            data.iter()
-                .map(|d| {
-                    let b = p.alloc_tagged(d.len(), t).unwrap();
-                    // SAFETY: a live awake block; nothing else touches it.
-                    unsafe { p.write(b.ptr, d) }.unwrap();
-                    b.ptr
-                })
-                .collect()
-        })
-        .collect();
-    let check = |what: &str| {
-        for (k, p) in pools.iter().enumerate() {
-            for (i, d) in data.iter().enumerate() {
-                let mut got = vec![0u8; d.len()];
-                // SAFETY: awake; nothing else touches it.
-                unsafe { p.read(ptrs[k][i], &mut got) }.unwrap();
-                let bad = got.iter().zip(d).position(|(a, b)| a != b);
-                assert!(
-                    bad.is_none(),
-                    "{what}: device {k}, block {i}: first difference at byte {bad:?}"
-                );
-            }
-        }
-    };
+    let (t, ptrs, data) = with_blocks(&pools, "gpu-replica-wake-compressed", data);
+    let check = |what: &str| assert_exact(&pools, &ptrs, &data, what);
     let group: Vec<Replica<'_>> = pools.iter().map(|pool| Replica { pool, tag: t }).collect();
     let coded = ReplicaSleepOptions {
         holder_policy: Policy::OffloadCompressed,

@@ -82,7 +82,9 @@ fn small_replicas(
 }
 
 /// `data` written into blocks of tag `name` in every pool.
-fn with_blocks(
+/// Blocks holding `data` in a tag `name` on every pool: the tag, the
+/// blocks' addresses per pool, and the data.
+pub(crate) fn with_blocks(
     pools: &[Pool],
     name: &str,
     data: Vec<Vec<u8>>,
@@ -125,16 +127,20 @@ fn sleep_compressed(pools: &[Pool], t: tag::TagId) -> ReplicaSleepStats {
     s
 }
 
-fn assert_exact(pools: &[Pool], ptrs: &[Vec<u64>], data: &[Vec<u8>], what: &str) {
+/// Every pool's tag is awake and its blocks `ptrs[k]` hold `data`, byte
+/// for byte; a failure names the device, the block and its first byte that
+/// differs.
+pub(crate) fn assert_exact(pools: &[Pool], ptrs: &[Vec<u64>], data: &[Vec<u8>], what: &str) {
     for (k, p) in pools.iter().enumerate() {
         assert!(!p.is_tag_asleep(p.segment_of(ptrs[k][0]).unwrap().tag));
         for (i, d) in data.iter().enumerate() {
             let mut got = vec![0u8; d.len()];
             // SAFETY: awake, nothing else touches it.
             unsafe { p.read(ptrs[k][i], &mut got) }.unwrap();
+            let bad = got.iter().zip(d).position(|(a, b)| a != b);
             assert!(
-                got == *d,
-                "{what}: device {k}, block {i}: bytes differ after wake"
+                bad.is_none(),
+                "{what}: device {k}, block {i}: bytes differ after wake, first at byte {bad:?}"
             );
         }
     }
