@@ -29,6 +29,22 @@ fn pool(b: &Backend) -> Pool {
     Pool::new(b.driver.clone(), config).unwrap()
 }
 
+/// A pool whose sleeps pin their backup in slabs of `slab` bytes and code
+/// frames of `frame` bytes through a ring of two buffers.
+fn slab_pool(b: &Backend, slab: usize, frame: usize) -> Pool {
+    let sleep = SleepOptions {
+        pipeline_slab_bytes: slab,
+        codec_frame_bytes: frame,
+        codec_ring: 2,
+        ..SleepOptions::default()
+    };
+    let config = PoolConfig {
+        sleep,
+        ..PoolConfig::default()
+    };
+    Pool::new(b.driver.clone(), config).unwrap()
+}
+
 fn write(d: &Arc<dyn Driver>, ptr: DevicePtr, data: &[u8]) {
     // SAFETY: `ptr` is a live awake block of at least `data.len()` bytes.
     unsafe { d.copy_htod_async(ptr, data.as_ptr(), data.len(), StreamId::DEFAULT) }.unwrap();
@@ -392,19 +408,7 @@ fn a_first_sleep_pins_ahead_and_keeps_about_the_encoded_bytes() {
     on_each_backend(test, |b| {
         // Pinned slabs are whole 2 MiB pages.
         let slab = 2usize << 20;
-        let p = Pool::new(
-            b.driver.clone(),
-            PoolConfig {
-                sleep: SleepOptions {
-                    pipeline_slab_bytes: slab,
-                    codec_frame_bytes: 16 << 20,
-                    codec_ring: 2,
-                    ..SleepOptions::default()
-                },
-                ..PoolConfig::default()
-            },
-        )
-        .unwrap();
+        let p = slab_pool(b, slab, 16 << 20);
         let t = tag::id("compressed-pinned-ahead").unwrap();
         let blocks = fill(&p, t);
         let held = || p.sleep_engine().backup_held_bytes();
@@ -470,19 +474,7 @@ fn a_sleep_failing_at_any_frame_keeps_only_complete_backups() {
             at += 1;
             // Small slabs: the frames' bound spans many, so the pinning runs
             // in the background and is stopped midway by the failure.
-            let p = Pool::new(
-                b.driver.clone(),
-                PoolConfig {
-                    sleep: SleepOptions {
-                        pipeline_slab_bytes: slab,
-                        codec_frame_bytes: frame,
-                        codec_ring: 2,
-                        ..SleepOptions::default()
-                    },
-                    ..PoolConfig::default()
-                },
-            )
-            .unwrap();
+            let p = slab_pool(b, slab, frame);
             let t = tag::id("compressed-fails-midway").unwrap();
             // Frames of several segments; a bound of more than four slabs.
             let d = p.driver().clone();
@@ -605,19 +597,7 @@ fn the_pinned_backup_stays_under_the_limit_at_the_frames_bound() {
             (10 << 20, 3 << 20),
             (4 << 20, 64 << 20),
         ] {
-            let p = Pool::new(
-                b.driver.clone(),
-                PoolConfig {
-                    sleep: SleepOptions {
-                        pipeline_slab_bytes: slab,
-                        codec_frame_bytes: frame,
-                        codec_ring: 2,
-                        ..SleepOptions::default()
-                    },
-                    ..PoolConfig::default()
-                },
-            )
-            .unwrap();
+            let p = slab_pool(b, slab, frame);
             let t = tag::id("compressed-at-the-limit").unwrap();
             let data = Rng::new(61).bytes(bytes);
             // A segment of its own, filled: no zero tail to compress.
