@@ -130,18 +130,21 @@ impl Dtype {
     /// fastest). None when the size overflows, or for a quantized type when
     /// the last dimension is not a whole number of blocks (or there is none).
     pub fn bytes(self, shape: &[u64]) -> Option<u64> {
+        self.bytes_of(shape.iter().copied())
+    }
+
+    /// [`Dtype::bytes`] of a shape given as its dimensions in order.
+    pub fn bytes_of(self, mut shape: impl DoubleEndedIterator<Item = u64>) -> Option<u64> {
         let b = self.block() as u64;
-        let Some((&last, outer)) = shape.split_last() else {
+        let Some(last) = shape.next_back() else {
             return (b == 1).then_some(self.size() as u64);
         };
         if !last.is_multiple_of(b) {
             return None;
         }
-        outer
-            .iter()
-            .try_fold((last / b).checked_mul(self.size() as u64)?, |a, &d| {
-                a.checked_mul(d)
-            })
+        shape.try_fold((last / b).checked_mul(self.size() as u64)?, |a, d| {
+            a.checked_mul(d)
+        })
     }
 
     /// The header name ("BF16").

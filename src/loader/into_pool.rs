@@ -6,11 +6,12 @@
 
 use std::sync::{Arc, Mutex};
 
+use super::registry::Destination;
 use super::{load, Checkpoint, Control, DestAllocator, DestSpec, ExecutedPlan, LoadOptions};
 use super::{Registry, Rules};
 use crate::driver::DevicePtr;
 use crate::error::{Error, Result};
-use crate::pool::Pool;
+use crate::pool::{Owner, Pool};
 use crate::tag::{self, TagId};
 
 /// Parameters the loader allocates from a plan come from the pool, in the
@@ -81,25 +82,27 @@ pub fn check_destinations(pool: &Pool, registry: &Registry) -> Result<()> {
     check_owners(registry)?;
     // Writing past a block overwrites its neighbour; writing into a sleeping
     // tag, or memory no one mapped, faults.
-    for d in registry.iter() {
-        let len = d.bytes();
-        if len == 0 {
-            continue;
-        }
-        if pool.overlaps_segments(d.ptr, len) {
-            // Pool memory is always checked, declared foreign or not.
-            named(
-                |what| pool.check_live_range(d.ptr, len, what),
-                || format!("destination `{}`", d.name),
-            )?;
-        } else if !registry.in_foreign(d.ptr, len as u64) {
-            return Err(Error::UnknownPointer {
-                ptr: d.ptr,
+    let dests: Vec<(&str, DevicePtr, usize)> = registry
+        .iter()
+        .map(|d| (d.name.as_str(), d.ptr, d.bytes()))
+        .filter(|d| d.2 != 0)
+        .collect();
+    let ranges: Vec<(DevicePtr, usize)> = dests.iter().map(|d| (d.1, d.2)).collect();
+    // Pool memory is always checked, declared foreign or not.
+    pool.check_live_ranges(
+        &ranges,
+        &|i| format!("destination `{}`", dests[i].0),
+        &mut |i| {
+            let (ptr, len) = ranges[i];
+            if registry.in_foreign(ptr, len as u64) {
+                return Ok(());
+            }
+            Err(Error::UnknownPointer {
+                ptr,
                 why: "a destination outside the pool the load runs on: allocate it from that pool, or declare its range the caller's own (vmmw_loader_declare_foreign)",
-            });
-        }
-    }
-    Ok(())
+            })
+        },
+    )
 }
 
 /// Check that every destination of `registry` is still owned by what owned it
@@ -108,21 +111,12 @@ pub fn check_destinations(pool: &Pool, registry: &Registry) -> Result<()> {
 /// Loads call it before writing, and again before registering what they
 /// wrote as a reload source.
 pub fn check_owners(registry: &Registry) -> Result<()> {
-    for d in registry.iter() {
-        let owner = registry.owner(d);
-        named(
-            |what| crate::pool::check_owner(d.ptr, d.bytes(), owner, what),
-            || format!("destination `{}`", d.name),
-        )?;
-    }
-    Ok(())
-}
-
-/// Run `check` unnamed, and again named `name()` when it fails: the checks
-/// run over every destination before each load and update, and nearly
-/// always pass, so the name is built only for an error.
-fn named<T>(check: impl Fn(&str) -> Result<T>, name: impl FnOnce() -> String) -> Result<T> {
-    check("").or_else(|_| check(&name()))
+    let dests: Vec<&Destination> = registry.iter().collect();
+    let ranges: Vec<(DevicePtr, usize, Owner)> = dests
+        .iter()
+        .map(|d| (d.ptr, d.bytes(), registry.owner(d)))
+        .collect();
+    crate::pool::check_owners(&ranges, &|i| format!("destination `{}`", dests[i].name))
 }
 
 /// Load `ckpt` into `registry`'s destinations on `pool`'s device (as

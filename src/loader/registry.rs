@@ -30,8 +30,9 @@ pub struct Destination {
 /// overflows (a shape no memory can hold) or, for a quantized type, when the
 /// last dimension is not a whole number of blocks ([`Dtype::bytes`]).
 pub fn byte_size(shape: &[usize], dtype: Dtype) -> Option<usize> {
-    let s: Vec<u64> = shape.iter().map(|&d| d as u64).collect();
-    dtype.bytes(&s).and_then(|b| usize::try_from(b).ok())
+    dtype
+        .bytes_of(shape.iter().map(|&d| d as u64))
+        .and_then(|b| usize::try_from(b).ok())
 }
 
 impl Destination {

@@ -94,21 +94,30 @@ pub(super) fn block_at(st: &State, ptr: DevicePtr) -> Option<BlockId> {
 ///
 /// Must not be called while holding a pool's lock.
 pub fn owner_of(ptr: DevicePtr) -> Owner {
+    owners_of(&[ptr])[0]
+}
+
+/// [`owner_of`] of each address, each pool's lock taken once for all.
+fn owners_of(ptrs: &[DevicePtr]) -> Vec<Owner> {
+    let mut out = vec![Owner::Outside; ptrs.len()];
     let list = pools();
     for w in list.iter() {
         let Some(state) = w.upgrade() else { continue };
-        let found = {
+        {
             let st = state.lock().unwrap_or_else(|p| p.into_inner());
-            block_at(&st, ptr)
-        };
+            for (o, &ptr) in out.iter_mut().zip(ptrs) {
+                if *o == Owner::Outside {
+                    if let Some(id) = block_at(&st, ptr) {
+                        *o = Owner::Block(id);
+                    }
+                }
+            }
+        }
         // The strong reference drops here, under the list lock: a pool being
         // dropped waits in `dismiss` until it is gone.
         drop(state);
-        if let Some(id) = found {
-            return Owner::Block(id);
-        }
     }
-    Owner::Outside
+    out
 }
 
 /// The rule every writer into recorded destinations follows: `[ptr, ptr +
@@ -124,18 +133,31 @@ pub fn owner_of(ptr: DevicePtr) -> Owner {
 /// foreign range freed and reused outside every pool: the caller guarantees
 /// those stay theirs.
 pub fn check_owner(ptr: DevicePtr, len: usize, recorded: Owner, what: &str) -> Result<()> {
-    if len == 0 {
+    check_owners(&[(ptr, len, recorded)], &|_| what.to_owned())
+}
+
+/// [`check_owner`] of every `(ptr, len, recorded)` range (each pool's lock
+/// taken once: an update checks hundreds of destinations), `what(i)`
+/// naming range i in the error, made only for the first that fails.
+pub fn check_owners(
+    ranges: &[(DevicePtr, usize, Owner)],
+    what: &dyn Fn(usize) -> String,
+) -> Result<()> {
+    let ptrs: Vec<DevicePtr> = ranges.iter().map(|r| r.0).collect();
+    let now = owners_of(&ptrs);
+    let changed = ranges
+        .iter()
+        .zip(&now)
+        .position(|(&(_, len, recorded), &now)| len != 0 && now != recorded);
+    let Some(i) = changed else {
         return Ok(());
-    }
-    let now = owner_of(ptr);
-    if now == recorded {
-        return Ok(());
-    }
+    };
+    let (ptr, _, recorded) = ranges[i];
     Err(Error::DestinationChanged {
-        what: what.to_owned(),
+        what: what(i),
         ptr,
         recorded: recorded.to_string(),
-        now: now.to_string(),
+        now: now[i].to_string(),
     })
 }
 

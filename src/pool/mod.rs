@@ -53,7 +53,7 @@ use crate::report::{Boundary, Report, TagUsage, Timeline};
 use crate::segment::{Segment, SleepState};
 use crate::tag::{self, TagId};
 use block::{BlockMap, Change, ReleaseError};
-pub use identity::{check_owner, owner_of, BlockId, Owner};
+pub use identity::{check_owner, check_owners, owner_of, BlockId, Owner};
 pub(crate) use lease::TagLease;
 use release::Released;
 pub use release::Unreleased;

@@ -11,9 +11,7 @@ use crate::tag::TagId;
 impl Pool {
     /// True when any byte of `[ptr, ptr + len)` lies in a segment of this pool.
     pub fn overlaps_segments(&self, ptr: DevicePtr, len: usize) -> bool {
-        let end = ptr.saturating_add(len as u64);
-        let st = self.lock();
-        segment_base(&st, ptr).is_some() || st.segs.range(ptr..end).next().is_some()
+        touches_segments(&self.lock(), ptr, len)
     }
 
     /// Check that `[ptr, ptr + len)` lies inside one live block of this pool
@@ -25,6 +23,29 @@ impl Pool {
     /// overflows), `InvalidState` when the block's tag is asleep.
     pub fn check_live_range(&self, ptr: DevicePtr, len: usize, what: &str) -> Result<TagId> {
         live_range_tag(&self.lock(), ptr, len, what)
+    }
+
+    /// Check every range of `ranges` under one hold of the pool's lock (an
+    /// update checks hundreds of destinations): one that overlaps a segment
+    /// of this pool as [`Pool::check_live_range`], named `what(i)` in the
+    /// error; any other is handed to `outside(i)` (called under the lock:
+    /// it must not call into the pool).
+    pub fn check_live_ranges(
+        &self,
+        ranges: &[(DevicePtr, usize)],
+        what: &dyn Fn(usize) -> String,
+        outside: &mut dyn FnMut(usize) -> Result<()>,
+    ) -> Result<()> {
+        let st = self.lock();
+        for (i, &(ptr, len)) in ranges.iter().enumerate() {
+            if !touches_segments(&st, ptr, len) {
+                outside(i)?;
+            } else if live_range_tag(&st, ptr, len, "").is_err() {
+                // Named only when it fails: the check nearly always passes.
+                live_range_tag(&st, ptr, len, &what(i))?;
+            }
+        }
+        Ok(())
     }
 
     /// The caller wrote `[ptr, ptr + len)` since a load filled it (weights
@@ -55,6 +76,12 @@ impl Pool {
 }
 
 /// [`Pool::check_live_range`] under a lock already held.
+/// True when `[ptr, ptr + len)` overlaps a segment of the pool.
+fn touches_segments(st: &State, ptr: DevicePtr, len: usize) -> bool {
+    let end = ptr.saturating_add(len as u64);
+    segment_base(st, ptr).is_some() || st.segs.range(ptr..end).next().is_some()
+}
+
 fn live_range_tag(st: &State, ptr: DevicePtr, len: usize, what: &str) -> Result<TagId> {
     let end = ptr.checked_add(len as u64).ok_or_else(|| {
         Error::InvalidArgument(format!(

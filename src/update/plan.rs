@@ -207,12 +207,14 @@ fn plan_of(
 
 /// True when `tensors` are what [`plan_of`] makes of `manifest`: then the
 /// manifest's names are distinct (each maps to its own place) and no size
-/// overflows. Compared without building the set.
+/// overflows. Compared without building the set, walking it in order (no
+/// lookups): each entry must name the tensor at its place, and the names
+/// are distinct, so as many entries as tensors are one per place.
 fn made_from(manifest: &[SourceTensor], tensors: &BTreeMap<String, TensorInfo>) -> bool {
     tensors.len() == manifest.len()
-        && manifest.iter().enumerate().all(|(i, t)| {
-            tensors.get(&t.name).is_some_and(|x| {
-                x.shard == i
+        && tensors.iter().all(|(name, x)| {
+            manifest.get(x.shard).is_some_and(|t| {
+                t.name == *name
                     && x.dtype == t.dtype
                     && x.shape == t.shape
                     && x.offset == 0

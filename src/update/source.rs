@@ -10,6 +10,8 @@
 //! byte range holding several tensors or a part of one, as the pieces it
 //! cuts into.
 
+use std::collections::HashSet;
+
 use crate::driver::DevicePtr;
 use crate::error::{Error, Result};
 use crate::loader::registry::byte_size;
@@ -111,6 +113,8 @@ pub unsafe trait Source {
 pub struct Tensors {
     manifest: Vec<SourceTensor>,
     at: Vec<Bytes>,
+    /// The names given, for the duplicate check (a state dict has hundreds).
+    names: HashSet<String>,
     delivered: bool,
 }
 
@@ -139,7 +143,7 @@ impl Tensors {
                 "update source tensor name must not be empty".into(),
             ));
         }
-        if self.manifest.iter().any(|t| t.name == name) {
+        if self.names.contains(name) {
             return Err(Error::InvalidArgument(format!(
                 "update source tensor `{name}` is given twice"
             )));
@@ -163,6 +167,7 @@ impl Tensors {
                 "update source tensor `{name}`: shape {shape:?} of {dtype} at {base:#x} does not fit in the address space"
             )));
         }
+        self.names.insert(t.name.clone());
         self.manifest.push(t);
         self.at.push(at);
         Ok(())
