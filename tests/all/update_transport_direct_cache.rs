@@ -242,12 +242,13 @@ fn receive_round(rx: &mut UpdateReceiver, r: &Rank, m: &Model, round: usize) -> 
     done
 }
 
-/// The last receive attached the sender's share anew (`fresh`) or reused
-/// the import it kept.
+/// The last receive attached the sender's share anew (`fresh`: the
+/// manifest was new to the receiver) or reused the import it kept (and
+/// recognized the manifest, the last one byte for byte).
 fn assert_attached(rx: &UpdateReceiver, fresh: bool, what: &str) {
     let s = rx.last_receive().unwrap();
-    let want = if fresh { (1, 0) } else { (0, 1) };
-    assert_eq!((s.attached, s.reused), want, "{what}: {s:?}");
+    let want = if fresh { (1, 0, false) } else { (0, 1, true) };
+    assert_eq!((s.attached, s.reused, s.recognized), want, "{what}: {s:?}");
 }
 
 /// The sender reports round `round` sent.
@@ -277,12 +278,12 @@ fn repeated_direct_updates_attach_once_and_stay_bitwise() {
                 let s = rx.last_receive().unwrap();
                 assert!(s.direct);
                 if round == 0 {
-                    assert_eq!((s.attached, s.reused), (1, 0), "{s:?}");
+                    assert_eq!((s.attached, s.reused, s.recognized), (1, 0, false), "{s:?}");
                     assert!(s.chunks > 0, "{s:?}");
                 } else {
                     assert_eq!(
-                        (s.attached, s.reused, s.chunks),
-                        (0, 1, 0),
+                        (s.attached, s.reused, s.chunks, s.recognized),
+                        (0, 1, 0, true),
                         "round {round}: {s:?}"
                     );
                 }
@@ -567,6 +568,11 @@ fn engines_served_in_turn_each_keep_their_imports() {
 /// process itself, which any sender could name) is refused: the receiver
 /// copies only memory of the process on the control socket. Nothing is
 /// written and nothing kept.
+/// A share the process on the control socket does not serve is refused:
+/// named by a sender that serves nothing, and also when it sends, byte for
+/// byte, the manifest the receiver admitted from the process that serves
+/// it (a replay the receiver recognizes: its kept imports are still checked
+/// against the sender).
 #[test]
 fn a_share_served_by_another_process_is_refused() {
     let (m, dir) = checkpoint();
@@ -578,20 +584,45 @@ fn a_share_served_by_another_process_is_refused() {
         shares: vec![wire],
         tensors: manifest,
     };
-    let path = sock_path("direct-foreign");
-    let relay = ready(
-        "direct_relay",
-        &path,
-        &[("VMMW_UPDATE_MESSAGE", serde_json::to_string(&msg).unwrap())],
-    );
     let r = Rank::load(dir.path(), &m, "direct-foreign", 0, 1);
-    let (before, v0) = (r.snapshot(), r.version());
+    let path = sock_path("direct-foreign");
     let mut rx = receiver(&r, &path, CacheLimits::default());
-    let e = receive(&mut rx, &r).expect_err("another process's share");
-    assert_eq!(e.status(), Status::UpdateSource, "{e}");
-    assert!(e.to_string().contains("not by the sender"), "{e}");
-    assert!(r.snapshot() == before, "nothing written");
-    assert_eq!(r.version(), v0);
-    assert_eq!(rx.kept_imports(), 0);
-    assert_eq!(relay.line(), "done");
+    // This process serves the share and sends it itself: accepted.
+    let listener = UnixListener::bind(&path).unwrap();
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let (sock, _) = listener.accept().unwrap();
+            let mut ch = Channel::new(sock, "receiver", TIMEOUT).unwrap();
+            ch.send(&msg).unwrap();
+            let _ = ch.recv::<FromReceiver>();
+            let _ = ch.recv::<FromReceiver>();
+        });
+        receive(&mut rx, &r).unwrap();
+    });
+    drop(listener);
+    std::fs::remove_file(&path).unwrap();
+    assert_eq!(rx.kept_imports(), 1);
+    for replay in [true, false] {
+        let relay = ready(
+            "direct_relay",
+            &path,
+            &[("VMMW_UPDATE_MESSAGE", serde_json::to_string(&msg).unwrap())],
+        );
+        if !replay {
+            rx = receiver(&r, &path, CacheLimits::default());
+        }
+        let (before, v0) = (r.snapshot(), r.version());
+        let e = receive(&mut rx, &r).expect_err("another process's share");
+        assert_eq!(e.status(), Status::UpdateSource, "replay {replay}: {e}");
+        assert!(
+            e.to_string().contains("not by the sender"),
+            "replay {replay}: {e}"
+        );
+        assert!(r.snapshot() == before, "replay {replay}: nothing written");
+        assert_eq!(r.version(), v0);
+        assert_eq!(rx.kept_imports(), 0);
+        assert_eq!(relay.line(), "done");
+        relay.kill();
+        let _ = std::fs::remove_file(&path);
+    }
 }

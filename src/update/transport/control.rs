@@ -175,6 +175,13 @@ impl Channel {
 
     /// Receive one message; a closed socket or a timeout is an error naming the peer.
     pub fn recv<T: for<'de> Deserialize<'de>>(&mut self) -> Result<T> {
+        let body = self.recv_body()?;
+        self.decode(&body)
+    }
+
+    /// Receive one message's JSON without decoding it (a receiver that
+    /// recognizes a message it decoded before skips the decoding).
+    pub fn recv_body(&mut self) -> Result<Vec<u8>> {
         let mut len = [0u8; 4];
         self.sock
             .read_exact(&mut len)
@@ -190,7 +197,12 @@ impl Channel {
         self.sock
             .read_exact(&mut body)
             .map_err(|e| self.gone(format!("reading a message: {}", describe(&e))))?;
-        serde_json::from_slice(&body).map_err(|e| {
+        Ok(body)
+    }
+
+    /// Decode a message [`Self::recv_body`] received.
+    pub fn decode<T: for<'de> Deserialize<'de>>(&self, body: &[u8]) -> Result<T> {
+        serde_json::from_slice(body).map_err(|e| {
             Error::InvalidArgument(format!("{}: malformed control message: {e}", self.peer))
         })
     }

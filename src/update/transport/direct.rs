@@ -24,7 +24,7 @@ use super::bucket::{check_announced, AnnouncedTensor};
 use super::control::{accept, Channel, FromReceiver, FromSender};
 pub use super::control::{DirectShare, DirectTensor};
 use super::direct_shares::{DirectShares, Group};
-use super::import_cache::{ImportCache, ImportCounts};
+use super::import_cache::{Admitted, DirectManifest, ImportCache, ImportCounts};
 use super::send::{SendData, SendReport, SendTensor};
 use crate::driver::Driver;
 use crate::error::{Error, Result};
@@ -102,6 +102,26 @@ fn plan(
     Ok((groups, places, sizes.iter().sum()))
 }
 
+/// The last manifest a direct sender encoded, sent again as it is when a
+/// later send announces the same (the same tensors in the same kept
+/// shares, as an RL loop sends): no second encoding.
+#[derive(Debug, Default)]
+pub(super) struct LastAnnounced {
+    message: Option<FromSender>,
+    frame: Vec<u8>,
+}
+
+impl LastAnnounced {
+    /// `msg` as it goes on the wire.
+    fn frame(&mut self, msg: FromSender) -> Result<&[u8]> {
+        if self.message.as_ref() != Some(&msg) {
+            self.frame = Channel::encode(&msg)?;
+            self.message = Some(msg);
+        }
+        Ok(&self.frame)
+    }
+}
+
 /// What a direct send needs of its sender.
 pub(super) struct Endpoint<'a> {
     pub pool: &'a Arc<Pool>,
@@ -111,6 +131,8 @@ pub(super) struct Endpoint<'a> {
     pub log: &'a LogSink,
     /// The shares kept from earlier sends.
     pub shares: &'a mut DirectShares,
+    /// The manifest encoded for the last send.
+    pub announced: &'a mut LastAnnounced,
 }
 
 /// Wait for `receivers` receivers (the ranks of one engine, each keeping
@@ -147,7 +169,7 @@ pub(super) fn send(
         .collect();
     let shares: Vec<DirectShare> = served.into_iter().map(|(s, _)| s).collect();
     // Encoded before the wait: a receiver that connects is answered at once.
-    let msg = Channel::encode(&FromSender::Direct {
+    let msg = at.announced.frame(FromSender::Direct {
         shares,
         tensors: manifest,
     })?;
@@ -158,7 +180,7 @@ pub(super) fn send(
     let setup_start = Instant::now();
     let result = (|| {
         for ch in chs.iter_mut() {
-            ch.send_encoded(&msg)?;
+            ch.send_encoded(msg)?;
         }
         for ch in chs.iter_mut() {
             expect(ch, at.path, |m| matches!(m, FromReceiver::Attached))?;
@@ -217,21 +239,14 @@ fn unexpected(path: &Path, msg: &FromReceiver) -> Error {
     ))
 }
 
-/// Check a direct update's manifest, resolve its shares through `cache`
-/// (reusing imports of the same generation, attaching the others; each
-/// served by the process `sender_pid`, the sender's), and
-/// check every tensor against the segments imported: every share index and
-/// segment named exists, every tensor lies inside its segment. Every
-/// problem in one error ([`Error::UpdateSource`]); nothing is written.
-fn admit(
-    driver: &Arc<dyn Driver>,
-    path: &Path,
-    shares: &[DirectShare],
-    tensors: &[DirectTensor],
-    timeout: Duration,
-    cache: &mut ImportCache,
-    sender_pid: i32,
-) -> Result<(Vec<super::import_cache::Import>, Tensors, ImportCounts)> {
+/// Each tensor's dtype, shape and bytes, as this machine holds them.
+type Parsed = Vec<(Dtype, Vec<usize>, u64)>;
+
+/// Check a direct update's manifest on its own: the share count, no share
+/// named twice, every tensor's dtype and shape, every share index and
+/// segment named exists (per the sender's claim; [`source_of`] checks the
+/// imports). Every problem in one error ([`Error::UpdateSource`]).
+fn check_manifest(path: &Path, shares: &[DirectShare], tensors: &[DirectTensor]) -> Result<Parsed> {
     let bad =
         |why: String| Error::UpdateSource(format!("direct update from {}: {why}", path.display()));
     if shares.is_empty() || shares.len() > MAX_SHARES {
@@ -294,9 +309,19 @@ fn admit(
     if !problems.is_empty() {
         return Err(bad(problems.join("; ")));
     }
-    let (imports, counts) = cache
-        .resolve(driver, shares, timeout, sender_pid)
-        .map_err(|e| bad(e.to_string()))?;
+    Ok(parsed)
+}
+
+/// The update's source: each tensor of a checked manifest at its place in
+/// the segments imported, refused (every problem in one error) when it
+/// runs past its segment as imported.
+fn source_of(
+    path: &Path,
+    imports: &[super::import_cache::Import],
+    tensors: &[DirectTensor],
+    parsed: Parsed,
+) -> Result<Tensors> {
+    let mut problems = Vec::new();
     let mut source = Tensors::new();
     for (t, (dtype, shape, bytes)) in tensors.iter().zip(parsed) {
         // Both indexes were checked against the claim, which the import matches.
@@ -315,8 +340,9 @@ fn admit(
         }
         // SAFETY: the tensor lies inside a segment of an import (checked
         // just above against the bytes the share client mapped), and the
-        // imports, returned with the source, keep that mapping alive for as
-        // long as the caller holds them, sender dead or not.
+        // imports, kept with the source (in the cache or by the caller),
+        // keep that mapping alive for as long as the source is used,
+        // sender dead or not.
         if let Err(e) =
             unsafe { source.add(&t.name, dtype, &shape, Bytes::Device(base + t.offset)) }
         {
@@ -324,8 +350,49 @@ fn admit(
         }
     }
     if !problems.is_empty() {
-        return Err(bad(problems.join("; ")));
+        return Err(Error::UpdateSource(format!(
+            "direct update from {}: {}",
+            path.display(),
+            problems.join("; ")
+        )));
     }
+    Ok(source)
+}
+
+/// Admit a direct update: check its manifest (unless it is the one
+/// `known` was admitted from), resolve its shares through `cache`
+/// (reusing imports of the same generation, attaching the others; each
+/// served by the process `sender_pid`, the sender's), and build its source
+/// over the imports: `known`'s when every import was reused. Nothing is
+/// written.
+fn admit(
+    driver: &Arc<dyn Driver>,
+    path: &Path,
+    manifest: &DirectManifest,
+    known: Option<Tensors>,
+    timeout: Duration,
+    cache: &mut ImportCache,
+    sender_pid: i32,
+) -> Result<(Vec<super::import_cache::Import>, Tensors, ImportCounts)> {
+    let (shares, tensors) = (&manifest.shares, &manifest.tensors);
+    let parsed = match known {
+        Some(_) => None,
+        None => Some(check_manifest(path, shares, tensors)?),
+    };
+    let (imports, counts) = cache
+        .resolve(driver, shares, timeout, sender_pid)
+        .map_err(|e| Error::UpdateSource(format!("direct update from {}: {e}", path.display())))?;
+    let source = match (known, parsed) {
+        // The same imports as when `known` was built: its addresses hold.
+        (Some(source), _) if counts.attached == 0 => source,
+        (_, Some(parsed)) => source_of(path, &imports, tensors, parsed)?,
+        (_, None) => source_of(
+            path,
+            &imports,
+            tensors,
+            check_manifest(path, shares, tensors)?,
+        )?,
+    };
     Ok((imports, source, counts))
 }
 
@@ -338,19 +405,20 @@ pub struct DirectReceipt {
     pub setup: Duration,
 }
 
-/// Run one direct update announced on `ch`: resolve its shares through
-/// `cache`, check, tell the sender the shares are attached, apply, and tell
-/// it how the update ended. The imports used are kept in `cache` (within
-/// its limits) when the update committed; on any failure the cache is
-/// emptied. `start` is when the receive began (for the setup time);
-/// `sender_pid` is the process on the control socket, which must serve
-/// every share.
+/// Run one direct update announced on `ch`: admit it (`known`: the
+/// source the cache remembered for this very manifest), tell the sender
+/// the shares are attached, apply, and tell it how the update ended. The
+/// imports used are kept in `cache` (within its limits) when the update
+/// committed, and with them the manifest and its source when all were
+/// kept; on any failure the cache is emptied. `start` is when the receive
+/// began (for the setup time); `sender_pid` is the process on the control
+/// socket, which must serve every share.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn receive(
     driver: Arc<dyn Driver>,
     mut ch: Channel,
     path: &Path,
-    (shares, tensors): (&[DirectShare], &[DirectTensor]),
+    (manifest, known): (DirectManifest, Option<Tensors>),
     timeout: Duration,
     session: &Session,
     pool: &Pool,
@@ -358,17 +426,17 @@ pub(super) fn receive(
     cache: &mut ImportCache,
     (start, sender_pid): (Instant, i32),
 ) -> Result<(UpdateResult, DirectReceipt)> {
-    let (imports, mut source, counts) =
-        match admit(&driver, path, shares, tensors, timeout, cache, sender_pid) {
-            Ok(a) => a,
-            Err(e) => {
-                cache.clear();
-                let _ = ch.send(&FromReceiver::Failed {
-                    reason: e.to_string(),
-                });
-                return Err(e);
-            }
-        };
+    let admitted = admit(&driver, path, &manifest, known, timeout, cache, sender_pid);
+    let (imports, mut source, counts) = match admitted {
+        Ok(a) => a,
+        Err(e) => {
+            cache.clear();
+            let _ = ch.send(&FromReceiver::Failed {
+                reason: e.to_string(),
+            });
+            return Err(e);
+        }
+    };
     let setup = start.elapsed();
     // The sender may be gone by now: its memory stays mapped, so the update goes on.
     let _ = ch.send(&FromReceiver::Attached);
@@ -381,10 +449,11 @@ pub(super) fn receive(
             reason: e.to_string(),
         },
     });
-    drop(source);
     match r {
         Ok(done) => {
-            cache.keep(imports);
+            if cache.keep(imports) {
+                cache.remember(Admitted { manifest, source });
+            }
             Ok((
                 done,
                 DirectReceipt {
@@ -394,6 +463,7 @@ pub(super) fn receive(
             ))
         }
         Err(e) => {
+            drop(source);
             drop(imports);
             cache.clear();
             Err(e)

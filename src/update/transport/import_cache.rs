@@ -15,6 +15,13 @@
 //! Whatever is reused, every tensor is still checked against the imported
 //! segments before any byte moves.
 //!
+//! The cache also remembers the last committed update's manifest, byte for
+//! byte, and the source admitted from it ([`Admitted`]): a sender that sends
+//! the same manifest again (the same tensors in the same memory, as an RL
+//! loop does) is not decoded or checked again. Its shares are still
+//! resolved as above, and the source is reused only when every import it
+//! points into was reused.
+//!
 //! Cost: an import keeps the sender's physical memory alive, also memory
 //! the sender freed or put to sleep since, until the import is dropped.
 //! The cache holds only the imports the last update used, within
@@ -24,12 +31,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::control::{DirectShare, MAX_SHARES};
+use super::control::{DirectShare, DirectTensor, MAX_SHARES};
 use crate::driver::{DevicePtr, Driver};
 use crate::error::{Error, Result};
 use crate::loader::Dtype;
 use crate::share::manifest::printable;
 use crate::share::{AttachOptions, Attachment};
+use crate::update::Tensors;
 
 /// How much a receiver keeps imported between updates. Imports past either
 /// bound are dropped after the update that used them (the update itself
@@ -149,11 +157,35 @@ pub struct ImportCounts {
     pub chunks: usize,
 }
 
+/// A direct update's manifest: the message as received, and decoded.
+#[derive(Debug)]
+pub(super) struct DirectManifest {
+    /// The message's JSON, as the sender sent it.
+    pub body: Vec<u8>,
+    /// Its shares.
+    pub shares: Vec<DirectShare>,
+    /// Its tensors.
+    pub tensors: Vec<DirectTensor>,
+}
+
+/// A manifest that passed every check, and the source built from it over
+/// the imports of its shares.
+#[derive(Debug)]
+pub(super) struct Admitted {
+    pub manifest: DirectManifest,
+    /// Points into the imports of `manifest.shares`, as resolved when it
+    /// was built.
+    pub source: Tensors,
+}
+
 /// The imports kept between updates.
 #[derive(Debug, Default)]
 pub struct ImportCache {
     limits: CacheLimits,
     kept: Vec<Import>,
+    /// The last committed update's manifest, whose source points into
+    /// exactly the imports in `kept`.
+    admitted: Option<Admitted>,
 }
 
 impl ImportCache {
@@ -162,6 +194,7 @@ impl ImportCache {
         ImportCache {
             limits,
             kept: Vec::new(),
+            admitted: None,
         }
     }
 
@@ -187,7 +220,24 @@ impl ImportCache {
 
     /// Drop every import: detach, and let the sender's memory go.
     pub fn clear(&mut self) {
+        self.admitted = None;
         self.kept.clear();
+    }
+
+    /// The manifest remembered, taken out of the cache, when `body` is the
+    /// same message byte for byte. Its source may be used only when
+    /// [`ImportCache::resolve`] of its shares reuses every import.
+    pub(super) fn recall(&mut self, body: &[u8]) -> Option<Admitted> {
+        match &self.admitted {
+            Some(a) if a.manifest.body == body => self.admitted.take(),
+            _ => None,
+        }
+    }
+
+    /// Remember `admitted`, the update whose imports [`ImportCache::keep`]
+    /// just kept, all of them.
+    pub(super) fn remember(&mut self, admitted: Admitted) {
+        self.admitted = Some(admitted);
     }
 
     /// The imports of `shares`, in order: each kept one still valid for its
@@ -240,9 +290,12 @@ impl ImportCache {
     }
 
     /// Keep `imports` (those of the update just run) within the limits, in
-    /// order; drop every other import.
-    pub(super) fn keep(&mut self, imports: Vec<Import>) {
+    /// order; drop every other import and the manifest remembered. True
+    /// when every one was kept.
+    pub(super) fn keep(&mut self, imports: Vec<Import>) -> bool {
+        self.admitted = None;
         self.kept.clear();
+        let offered = imports.len();
         let mut bytes = 0u64;
         for i in imports {
             let b = i.bytes();
@@ -255,5 +308,6 @@ impl ImportCache {
                 self.kept.push(i);
             }
         }
+        self.kept.len() == offered
     }
 }

@@ -29,8 +29,9 @@ use std::time::{Duration, Instant};
 
 use super::bucket::{plan_buckets, AnnouncedTensor, BucketManifest};
 use super::control::{Channel, FromReceiver, FromSender};
+use super::direct::LastAnnounced;
 use super::direct_shares::DirectShares;
-use super::import_cache::{CacheLimits, ImportCache, ImportCounts};
+use super::import_cache::{CacheLimits, DirectManifest, ImportCache, ImportCounts};
 use super::receive::BucketSource;
 pub use super::send::{SendData, SendReport, SendTensor};
 use super::{DEFAULT_BUCKET_BYTES, DEFAULT_SLOTS};
@@ -81,6 +82,8 @@ pub struct IpcSender {
     options: SenderOptions,
     /// The direct sends' shares, kept served across sends.
     direct: DirectShares,
+    /// The direct sends' last manifest, encoded.
+    announced: LastAnnounced,
 }
 
 fn ring_path(path: &Path) -> PathBuf {
@@ -199,6 +202,7 @@ impl IpcSender {
             path,
             options,
             direct: DirectShares::new(),
+            announced: LastAnnounced::default(),
         })
     }
 
@@ -315,6 +319,7 @@ impl IpcSender {
                 timeout: self.options.timeout,
                 log: &self.options.log,
                 shares: &mut self.direct,
+                announced: &mut self.announced,
             },
             tensors,
             receivers,
@@ -524,6 +529,10 @@ pub struct ReceiveStats {
     pub reused: usize,
     /// Physical chunks imported by those attaches.
     pub chunks: usize,
+    /// The direct manifest was the last update's, byte for byte: it was
+    /// not decoded or checked again (its shares were still resolved, and
+    /// its source reused when every import was).
+    pub recognized: bool,
     /// From connecting to every share attached and the manifest checked.
     pub setup: Duration,
     /// The whole receive.
@@ -614,7 +623,20 @@ impl UpdateReceiver {
     ) -> Result<(UpdateResult, ReceiveStats)> {
         let path = &self.path;
         let (mut ch, sender_pid) = connect_to_sender(path, self.timeout)?;
-        match ch.recv::<FromSender>()? {
+        let body = ch.recv_body()?;
+        // The manifest of the last update again: nothing to decode or check.
+        if let Some(known) = self.cache.recall(&body) {
+            let (manifest, source) = (known.manifest, Some(known.source));
+            return self.direct(
+                ch,
+                (manifest, source),
+                session,
+                pool,
+                opts,
+                (start, sender_pid),
+            );
+        }
+        match ch.decode::<FromSender>(&body)? {
             FromSender::Ring {
                 share,
                 slots,
@@ -640,34 +662,19 @@ impl UpdateReceiver {
                 Ok((super::receive(&mut source, session, pool, opts)?, stats))
             }
             FromSender::Direct { shares, tensors } => {
-                let (done, receipt) = super::direct::receive(
-                    self.driver.clone(),
+                let manifest = DirectManifest {
+                    body,
+                    shares,
+                    tensors,
+                };
+                self.direct(
                     ch,
-                    path,
-                    (&shares, &tensors),
-                    self.timeout,
+                    (manifest, None),
                     session,
                     pool,
                     opts,
-                    &mut self.cache,
                     (start, sender_pid),
-                )?;
-                let ImportCounts {
-                    attached,
-                    reused,
-                    chunks,
-                } = receipt.imports;
-                Ok((
-                    done,
-                    ReceiveStats {
-                        direct: true,
-                        attached,
-                        reused,
-                        chunks,
-                        setup: receipt.setup,
-                        total: Duration::ZERO,
-                    },
-                ))
+                )
             }
             other => Err(Error::InvalidArgument(format!(
                 "update sender on {}: expected the ring or a direct update first, got {}",
@@ -675,6 +682,48 @@ impl UpdateReceiver {
                 kind(&other)
             ))),
         }
+    }
+
+    /// Run one direct update (see [`super::direct::receive`]).
+    fn direct(
+        &mut self,
+        ch: Channel,
+        admitted: (DirectManifest, Option<crate::update::Tensors>),
+        session: &Session,
+        pool: &Pool,
+        opts: &UpdateOptions,
+        from: (Instant, i32),
+    ) -> Result<(UpdateResult, ReceiveStats)> {
+        let recognized = admitted.1.is_some();
+        let (done, receipt) = super::direct::receive(
+            self.driver.clone(),
+            ch,
+            &self.path,
+            admitted,
+            self.timeout,
+            session,
+            pool,
+            opts,
+            &mut self.cache,
+            from,
+        )?;
+        let ImportCounts {
+            attached,
+            reused,
+            chunks,
+        } = receipt.imports;
+        Ok((
+            done,
+            ReceiveStats {
+                direct: true,
+                attached,
+                reused,
+                chunks,
+                recognized,
+                setup: receipt.setup,
+                total: Duration::ZERO,
+            },
+        ))
     }
 
     /// What the last successful receive did; `None` before the first.
