@@ -96,6 +96,28 @@ fn bench_update_through_the_ipc_transport() {
     assert_eq!(j["last_version"], 4, "one untimed and two timed updates");
     assert_eq!(j["setup_ms"].as_array().unwrap().len(), 2);
     assert!(j["verified_destinations"].as_u64().unwrap() >= 5, "{j}");
+    // Straight out of the sender's pool: the first update attaches, the
+    // timed ones recognize the manifest and reuse the imports.
+    let r = vmmw(&[
+        "bench-update",
+        &ckpt,
+        "--preset",
+        "llama",
+        "--head-dim",
+        "16",
+        "--transport",
+        "ipc-direct",
+        "--repeat",
+        "2",
+        "--json",
+    ]);
+    assert_eq!(r.code, 0, "{}", r.all());
+    let j = r.json();
+    assert_eq!(j["transport"], "ipc-direct");
+    assert_eq!(j["recognized"], serde_json::json!([true, true]), "{j}");
+    assert_eq!(j["last_version"], 4, "one untimed and two timed updates");
+    assert_eq!(j["setup_ms"].as_array().unwrap().len(), 2);
+    assert!(j["verified_destinations"].as_u64().unwrap() >= 5, "{j}");
     let r = vmmw(&["bench-update", &ckpt, "--transport", "carrier-pigeon"]);
     assert_ne!(r.code, 0);
     assert!(r.stderr.contains("ipc"), "{}", r.all());

@@ -12,7 +12,11 @@
 //! destination a source fills whole is compared with the source, bitwise.
 //! On the host backend the rates are those of the simulation, labelled so.
 //! `--transport ipc` sends the source through the IPC transport's ring from
-//! another thread (the export, the attach and the buckets every time).
+//! another thread (the export, the attach and the buckets every time);
+//! `--transport ipc-direct` sends it straight out of the sender's pool (the
+//! trainer's tensors allocated one by one there), to a receiver that keeps
+//! its imports across updates: the first update attaches, the timed ones
+//! reuse.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -21,7 +25,9 @@ use std::time::Instant;
 use vmmweights::driver::{Driver, StreamId};
 use vmmweights::loader::{Session, Tp};
 use vmmweights::share::LogSink;
-use vmmweights::update::transport::ipc::{IpcReceiver, IpcSender, SenderOptions};
+use vmmweights::update::transport::ipc::{
+    IpcReceiver, IpcSender, ReceiverOptions, SendData, SendTensor, SenderOptions, UpdateReceiver,
+};
 use vmmweights::update::transport::{receive, send};
 use vmmweights::update::{self, Bytes, Staging, Tensors, UpdateOptions};
 use vmmweights::{tag, BackendKind, Error, Pool, PoolConfig, Result, Segment};
@@ -55,10 +61,12 @@ pub struct Args {
     #[arg(long)]
     staged: bool,
     /// How the source reaches the update: `direct` (the tensors of this
-    /// process) or `ipc` (a sender on another thread sends them through the
+    /// process), `ipc` (a sender on another thread sends them through the
     /// IPC transport's ring: export, attach, buckets; each timed update
-    /// includes its handshake).
-    #[arg(long, default_value = "direct", value_parser = ["direct", "ipc"])]
+    /// includes its handshake) or `ipc-direct` (the sender's tensors lie in
+    /// its pool and are copied straight out of them by a receiver that keeps
+    /// its imports; each timed update includes its handshake).
+    #[arg(long, default_value = "direct", value_parser = ["direct", "ipc", "ipc-direct"])]
     transport: String,
     /// Bucket (ring slot) size for `--transport ipc`.
     #[arg(long, default_value_t = vmmweights::update::transport::DEFAULT_BUCKET_BYTES)]
@@ -91,6 +99,9 @@ struct Output {
     transport: String,
     bucket_bytes: Option<usize>,
     setup_ms: Vec<f64>,
+    /// `ipc-direct`: per timed update, whether the receiver recognized the
+    /// manifest and reused every import.
+    recognized: Option<Vec<bool>>,
     bytes: u64,
     destinations: u64,
     copies: u64,
@@ -240,6 +251,92 @@ impl Sender {
     }
 }
 
+/// A direct IPC sender for the benchmark: the trainer's tensors allocated
+/// one by one in a pool of its own on the same device (as a framework's
+/// allocator places them), sent from another thread straight out of that
+/// memory to a receiver here that keeps its imports across updates.
+struct DirectSender {
+    dir: tempfile_dir::Dir,
+    tx: IpcSender,
+    rx: UpdateReceiver,
+    tensors: Vec<SendTensor<'static>>,
+    /// Per update: the receiver recognized the manifest (the last one, byte
+    /// for byte) and reused every import.
+    recognized: Vec<bool>,
+}
+
+impl DirectSender {
+    /// The sender, its tensors (each filled with a byte of its own) and
+    /// where they lie.
+    fn new(driver: &Arc<dyn Driver>, session: &Session) -> Result<(DirectSender, Placed)> {
+        let dir = tempfile_dir::Dir::new().map_err(|e| Error::io(std::env::temp_dir(), e))?;
+        let pool = Arc::new(Pool::new(driver.clone(), PoolConfig::default())?);
+        let t = tag::id("bench-update-sender")?;
+        let ckpt = vmmweights::loader::Checkpoint::open(session.path())?;
+        let mut tensors = Vec::with_capacity(ckpt.tensors.len());
+        let mut at = BTreeMap::new();
+        for (i, (name, info)) in ckpt.tensors.iter().enumerate() {
+            let block = pool.alloc_tagged(info.len.max(1) as usize, t)?;
+            // SAFETY: the block is mapped, writable and at least `len` long.
+            unsafe {
+                driver.memset_async(
+                    block.ptr,
+                    (i * 37 + 11) as u8,
+                    info.len as usize,
+                    StreamId::DEFAULT,
+                )
+            }?;
+            tensors.push(SendTensor {
+                name: name.clone(),
+                dtype: info.dtype,
+                shape: info.shape.clone(),
+                data: SendData::Device(block.ptr),
+            });
+            at.insert(name.clone(), (block.ptr, info.len));
+        }
+        driver.synchronize()?;
+        let path = dir.0.join("direct.sock");
+        let options = SenderOptions {
+            log: LogSink::discard(),
+            ..SenderOptions::default()
+        };
+        let tx = IpcSender::bind(pool, &path, options)?;
+        let rx = UpdateReceiver::new(driver.clone(), &path, ReceiverOptions::default());
+        let sender = DirectSender {
+            dir,
+            tx,
+            rx,
+            tensors,
+            recognized: Vec::new(),
+        };
+        Ok((sender, at))
+    }
+
+    /// One update of `session`'s destinations, sent from another thread;
+    /// returns the update and the receiver's setup (connect to every share
+    /// resolved and the manifest checked).
+    fn update(
+        &mut self,
+        session: &Session,
+        pool: &Pool,
+        opts: &UpdateOptions,
+    ) -> Result<(update::UpdateResult, Option<std::time::Duration>)> {
+        let _ = &self.dir;
+        let (tx, tensors, rx) = (&mut self.tx, &self.tensors, &mut self.rx);
+        let (r, stats) = std::thread::scope(|s| {
+            let sent = s.spawn(move || tx.send_direct_to(tensors, 1));
+            let r = rx.receive(session, pool, opts);
+            sent.join()
+                .map_err(|_| Error::InvalidState("the sending thread panicked".into()))??;
+            Ok::<_, Error>((r?, rx.last_receive()))
+        })?;
+        let stats = stats.unwrap_or_default();
+        self.recognized
+            .push(stats.recognized && stats.attached == 0 && stats.reused > 0);
+        Ok((r, Some(stats.setup)))
+    }
+}
+
 pub fn run(a: Args) -> Result<()> {
     if a.repeat == 0 {
         return Err(Error::InvalidArgument("--repeat must be at least 1".into()));
@@ -270,7 +367,7 @@ pub fn run(a: Args) -> Result<()> {
     }
     session.allocate(&pool, t)?;
     session.load(&pool, None)?;
-    let (_src_seg, mut src, at) = trainer_tensors(&driver, &session)?;
+    let (_src_seg, mut src, mut at) = trainer_tensors(&driver, &session)?;
     let mut opts = UpdateOptions::from_version(pool.tag_version(t)?);
     if a.staged {
         opts.staging = Staging::Always;
@@ -282,9 +379,17 @@ pub fn run(a: Args) -> Result<()> {
     } else {
         None
     };
-    let mut one = |opts: &UpdateOptions, src: &mut Tensors| match sender.as_mut() {
-        Some(s) => s.update(&session, &pool, src, opts),
-        None => update::update(&session, &pool, src, opts).map(|r| (r, None)),
+    let mut direct = if a.transport == "ipc-direct" {
+        let (d, placed) = DirectSender::new(&driver, &session)?;
+        at = placed;
+        Some(d)
+    } else {
+        None
+    };
+    let mut one = |opts: &UpdateOptions, src: &mut Tensors| match (&mut sender, &mut direct) {
+        (Some(s), _) => s.update(&session, &pool, src, opts),
+        (None, Some(d)) => d.update(&session, &pool, opts),
+        (None, None) => update::update(&session, &pool, src, opts).map(|r| (r, None)),
     };
     // Untimed: plans once (kept by the session) and warms the copy path.
     let (mut last, _) = one(&opts, &mut src)?;
@@ -304,6 +409,15 @@ pub fn run(a: Args) -> Result<()> {
         outln!(
             "  transport: ipc, buckets of {} bytes, setup (the ring's handshake) {:.1} ms median",
             a.bucket_bytes,
+            median(&setup_ms)
+        );
+    }
+    let recognized = direct.as_ref().map(|d| d.recognized[1..].to_vec());
+    if let Some(r) = &recognized {
+        outln!(
+            "  transport: ipc-direct, {} of {} timed updates recognized the manifest and reused the imports; setup (connect to the manifest checked) {:.2} ms median",
+            r.iter().filter(|&&x| x).count(),
+            r.len(),
             median(&setup_ms)
         );
     }
@@ -380,6 +494,7 @@ pub fn run(a: Args) -> Result<()> {
         transport: a.transport,
         bucket_bytes: ipc.then_some(a.bucket_bytes),
         setup_ms,
+        recognized,
         bytes,
         destinations: last.destinations,
         copies: last.copies,
