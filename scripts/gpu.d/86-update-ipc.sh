@@ -13,8 +13,12 @@
 #    copy_ of the same bytes into the same destinations in the same run, the
 #    median of the later rounds; bitwise every round), gathered into its
 #    pool first, and through the ring at 256 MiB and 1 GiB buckets (INFO
-#    rows). Writes
-# update-transport-tests.txt, update-ipc.txt and update-ipc.json to $VMMW_GPU_OUT.
+#    rows).
+# 3. `vmmw bench-update --transport ipc-direct` on the same checkpoint: the
+#    kept-imports path without Python, against one device-to-device copy
+#    (an INFO row).
+# Writes update-transport-tests.txt, update-ipc.txt, update-ipc.json and
+# update-ipc-cli.json to $VMMW_GPU_OUT.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 source scripts/gpu-lib.sh
@@ -46,4 +50,12 @@ while IFS= read -r info; do
   result "update: another process, same GPU, ${info%%:*}" INFO "${info#*: }"
 done < <(grep -E '^INFO ' "$log" | sed 's/^INFO //')
 result_of "update: another process, same GPU, direct" "$line" update-ipc.txt || rc=1
+cli="$VMMW_GPU_OUT/update-ipc-cli.json"
+if .gpu/vmmw bench-update "${LOAD_DIR:-/root/vmmw-ckpt-8b}" --preset qwen3 --backend cuda \
+  --transport ipc-direct --repeat 10 --json "$cli"; then
+  result "update: bench-update ipc-direct (core vs one d2d copy)" INFO "$(python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); m=lambda v: sorted(v)[len(v) // 2]; print("%.3f of the d2d copy (whole update, median of %d); setup %.2f ms median; %d of %d recognized the manifest; %d destinations checked bitwise" % (r["ratio"], len(r["update_seconds"]), m(r["setup_ms"]), sum(r["recognized"]), len(r["recognized"]), r["verified_destinations"]))' "$cli")"
+else
+  result "update: bench-update ipc-direct" FAIL "vmmw bench-update --transport ipc-direct failed; see the log"
+  rc=1
+fi
 exit $rc
