@@ -461,26 +461,54 @@ fn bad_arguments_are_refused_on_every_rank() {
             assert!(e.contains(want), "{e}");
         }
     }
-    // A ring too small for a bucket's status is refused before anything.
-    let r = allocated(dir.path(), &m, "bload-small", 0, 1);
-    let ring = Ring::new(
-        r.pool.clone(),
-        &BroadcastOptions {
-            slots: 2,
-            slot_bytes: TRAILER_BYTES,
-            timeout: Duration::from_secs(1),
-        },
-    )
-    .unwrap();
-    let mut c = TestCollective::group(1, Duration::from_secs(1))
-        .pop()
-        .unwrap();
-    let opts = BroadcastLoad {
-        readers: vec![0],
-        stage: false,
-    };
-    let e = broadcast_load::load(&mut c, &ring, &r.session, &r.pool, &opts).unwrap_err();
-    assert_eq!(e.status(), Status::InvalidArgument, "{e}");
+    // A ring too small for a bucket's status, on one rank or on every
+    // rank: refused on every rank together, at once (a rank that returned
+    // alone would leave the others waiting for their timeout).
+    let timeout = Duration::from_secs(20);
+    for small in [vec![1usize], vec![0, 1]] {
+        let ranks = allocated_world(dir.path(), &m, "bload-small", 2);
+        let colls = TestCollective::group(2, timeout);
+        let started = std::time::Instant::now();
+        let results = on_every_rank(colls, &ranks, |mut c, r| {
+            let slot_bytes = if small.contains(&r.rank) {
+                TRAILER_BYTES
+            } else {
+                3000 + TRAILER_BYTES
+            };
+            let ring = Ring::new(
+                r.pool.clone(),
+                &BroadcastOptions {
+                    slots: 2,
+                    slot_bytes,
+                    timeout,
+                },
+            )
+            .unwrap();
+            let opts = BroadcastLoad {
+                readers: vec![0],
+                stage: false,
+            };
+            broadcast_load::load(&mut c, &ring, &r.session, &r.pool, &opts)
+        });
+        assert!(
+            started.elapsed() < timeout / 4,
+            "{small:?}: refused in {:?}, not at once",
+            started.elapsed()
+        );
+        for (rank, res) in results.into_iter().enumerate() {
+            let e = res.unwrap_err().to_string();
+            let refused = if small.len() == 2 {
+                let why = format!("slots of {TRAILER_BYTES} bytes; each bucket needs more");
+                e.matches(&why).count() == 2 && e.contains("rank 0: ") && e.contains("rank 1: ")
+            } else {
+                e.contains("same bucket size")
+            };
+            assert!(refused, "{small:?}, rank {rank}: {e}");
+        }
+        for r in &ranks {
+            assert_eq!(r.version(), 1, "nothing written");
+        }
+    }
 }
 
 #[test]

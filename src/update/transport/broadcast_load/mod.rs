@@ -27,7 +27,9 @@
 //! reader's files and tensors: names, dtypes, shapes); every rank compares it with its own view of the checkpoint and checks its plan
 //! against its destinations, then every rank broadcasts its verdict, so a
 //! refusal anywhere fails the load on every rank with every rank's problems
-//! listed in one error, and nothing written.
+//! listed in one error, and nothing written. A rank's own problems (its
+//! ring, its readers list, its checkpoint) are refused there too, never by
+//! returning alone, which would leave the others waiting for it.
 //!
 //! Each bucket carries a trailer ([`TRAILER_BYTES`]) after its bytes: the
 //! reader's status. A reader that cannot read its files (a short or changed
@@ -115,12 +117,17 @@ pub fn load(
     opts: &BroadcastLoad,
 ) -> Result<BroadcastLoadReport> {
     let called = std::time::Instant::now();
-    if ring.slot_bytes <= TRAILER_BYTES {
-        return Err(Error::InvalidArgument(format!(
+    // Every problem of this rank's own is refused in the agreement, on
+    // every rank together: a rank that returned alone would leave the
+    // others waiting for it until their timeout.
+    let slots = if ring.slot_bytes <= TRAILER_BYTES {
+        Err(Error::InvalidArgument(format!(
             "broadcast load: slots of {} bytes; each bucket needs more than {TRAILER_BYTES} bytes (its reader's status)",
             ring.slot_bytes
-        )));
-    }
+        )))
+    } else {
+        Ok(())
+    };
     let world = coll.world();
     let update_opts = UpdateOptions {
         expected_version: 0,
@@ -134,7 +141,16 @@ pub fn load(
     };
     let version =
         update::destinations_tag(session, pool).and_then(|t| Ok((t, pool.tag_version(t)?)));
-    let local = check_readers(&opts.readers, world)
+    let (side, made) = match ring.driver().stream_create() {
+        Ok(s) => (Some(s), Ok(())),
+        Err(e) => (
+            None,
+            Err(e.with_context(" (the broadcast load's side stream)")),
+        ),
+    };
+    let local = slots
+        .and(made)
+        .and_then(|()| check_readers(&opts.readers, world))
         .and_then(|()| Checkpoint::open(session.path()))
         .map(|ckpt| Local::new(ckpt, &opts.readers));
     let update_opts = match version {
@@ -161,7 +177,6 @@ pub fn load(
             .collect::<Result<Vec<_>>>()?;
         update::check(session, pool, &manifest, &update_opts)
     };
-    let side = ring.driver().stream_create()?;
     let mut source = LoadSource {
         coll,
         ring,

@@ -44,7 +44,9 @@ pub(super) struct LoadSource<'a> {
     /// the slot's broadcast completed).
     pub(super) trailers: Vec<Vec<u8>>,
     /// Reads a received bucket's trailer.
-    pub(super) side: StreamId,
+    /// None when it could not be made (this rank then refuses the load
+    /// in the agreement, before any trailer is read).
+    pub(super) side: Option<StreamId>,
     pub(super) queued: usize,
     pub(super) handed: usize,
     pub(super) released: usize,
@@ -313,6 +315,9 @@ impl LoadSource<'_> {
         if self.plan[k].0 == self.me() {
             return Ok(None);
         }
+        let side = self.side.ok_or_else(|| {
+            Error::InvalidState("broadcast load: no stream to read a trailer on".into())
+        })?;
         let n = self.ring.slots.len();
         let mut trailer = vec![0u8; TRAILER_BYTES];
         let driver = self.ring.driver();
@@ -324,10 +329,10 @@ impl LoadSource<'_> {
                 trailer.as_mut_ptr(),
                 self.ring.slots[k % n] + b.bytes,
                 TRAILER_BYTES,
-                self.side,
+                side,
             )?;
         }
-        driver.stream_synchronize(self.side)?;
+        driver.stream_synchronize(side)?;
         Ok(match decode_message(&trailer) {
             (true, _) => None,
             (false, msg) => Some(msg),
@@ -513,6 +518,8 @@ impl BucketSource for LoadSource<'_> {
 
 impl Drop for LoadSource<'_> {
     fn drop(&mut self) {
-        let _ = self.ring.driver().stream_destroy(self.side);
+        if let Some(side) = self.side {
+            let _ = self.ring.driver().stream_destroy(side);
+        }
     }
 }
