@@ -428,14 +428,19 @@ pub(super) fn ring_options(slot_bytes: u64, timeout_ms: u64) -> Result<Broadcast
 }
 
 /// Broadcast the tensors of `source` from this rank (the root) to every rank
-/// of `comm`, in buckets of `slot_bytes` (0 = 256 MiB; every rank must pass
-/// the same) through a ring of two buffers in `pool`; this rank applies
-/// nothing. Each broadcast is waited for at most `timeout_ms` (0 = 300 s),
-/// NCCL's asynchronous errors polled meanwhile.
+/// of `comm`, in buckets of `slot_bytes` (0 = 256 MiB, at least 1024; every
+/// rank must pass the same) through a ring of two buffers in `pool`; this
+/// rank applies nothing. Each broadcast is waited for at most `timeout_ms`
+/// (0 = 300 s), NCCL's asynchronous errors polled meanwhile. Before any
+/// bucket, every rank says whether it accepts the update, so a refusal on
+/// any rank fails every rank at once.
 ///
 /// Errors:
 /// - `VMMW_NULL_ARGUMENT`: `comm`, `pool` or `source` is NULL.
-/// - `VMMW_INVALID_ARGUMENT`: the source's tensors are refused.
+/// - `VMMW_INVALID_ARGUMENT`: the source's tensors are refused, or the
+///   ranks' bucket sizes differ.
+/// - `VMMW_UPDATE_SOURCE`: a rank refused the update (every refusing rank's
+///   problems listed); no bucket was broadcast.
 /// - `VMMW_OUT_OF_MEMORY`: the ring does not fit.
 /// - `VMMW_DRIVER_ERROR`: NCCL failed.
 /// - `VMMW_INVALID_STATE`: a broadcast did not complete in time.
@@ -473,8 +478,12 @@ pub unsafe extern "C" fn vmmw_update_broadcast_send(
 /// Errors (every destination keeps its last version on each):
 /// - `VMMW_NULL_ARGUMENT`: `comm`, `loader`, `pool`, `options` or `out` is NULL.
 /// - `VMMW_UPDATE_SOURCE`: the broadcast failed (NCCL's error, a rank gone,
-///   a timeout, a header or bucket size that does not match this rank's).
-/// - `VMMW_VERSION_MISMATCH`, `VMMW_PLAN_MISMATCH`: as `vmmw_update`.
+///   a timeout), or another rank refused the update: every rank says whether
+///   it accepts before any bucket, so all fail together, at once, and this
+///   error lists each refusing rank's problems.
+/// - `VMMW_INVALID_ARGUMENT`: the ranks' bucket sizes differ.
+/// - `VMMW_VERSION_MISMATCH`, `VMMW_PLAN_MISMATCH`: this rank refused, as
+///   `vmmw_update` would.
 ///
 /// # Safety
 /// `comm`, `loader` and `pool` are live handles; `options` is NULL or

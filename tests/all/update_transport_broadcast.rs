@@ -18,7 +18,9 @@ use vmmweights::driver::StreamId;
 use vmmweights::update::transport::broadcast::{
     self, BroadcastOptions, BroadcastSource, Collective, Ring,
 };
+use vmmweights::update::transport::receive;
 use vmmweights::update::transport::test_collective::TestCollective;
+use vmmweights::update::UpdateOptions;
 use vmmweights::{DevicePtr, Error, Pool, PoolConfig, Status};
 
 fn options(slot_bytes: usize) -> BroadcastOptions {
@@ -176,14 +178,15 @@ fn a_rank_leaving_mid_update_fails_the_others_with_their_last_version() {
     std::thread::scope(|s| {
         let tensors = &tensors;
         let (r0, r1) = (&ranks[0], &ranks[1]);
-        // The root leaves after the header (2 broadcasts) and two buckets.
+        // The root leaves after the agreement (3 slot sizes, the header's
+        // 2 broadcasts, 3 verdicts) and two buckets.
         let sender = s.spawn(move || {
             let ring = Ring::new(sender_pool(), &options(2048)).unwrap();
             let mut leaving = Leaving {
                 inner: Some(root),
                 rank: 0,
                 world: 3,
-                after: 4,
+                after: 10,
             };
             broadcast::send(&mut leaving, &ring, tensors)
         });
@@ -224,17 +227,85 @@ fn ranks_with_different_bucket_sizes_are_refused_before_any_bucket() {
             let ring = Ring::new(sender_pool(), &options(8192)).unwrap();
             broadcast::send(&mut root, &ring, tensors)
         });
+        // Both ranks see both sizes and refuse alike, before the header.
         let e = run_rank(&mut other, &r, 0, 4096).unwrap_err().to_string();
-        assert!(
-            e.contains("every rank must use the same bucket size"),
-            "{e}"
-        );
-        // The refusing rank leaves; the root's next broadcast fails at once.
-        drop(other);
-        let e = sender.join().unwrap().unwrap_err().to_string();
-        assert!(e.contains("rank 1 left the group"), "{e}");
+        let sent = sender.join().unwrap().unwrap_err().to_string();
+        for e in [e, sent] {
+            assert!(
+                e.contains("rank 0: 8192, rank 1: 4096 bytes")
+                    && e.contains("every rank must use the same bucket size"),
+                "{e}"
+            );
+        }
     });
     assert!(r.snapshot() == before);
+}
+
+/// A rank that refuses the update (here: it expects another version, and
+/// another rank's plan names a tensor the root does not send) fails every
+/// rank at once, before any bucket: each refusing rank with its own error,
+/// the others naming every refusal; nothing written anywhere.
+#[test]
+fn a_rank_that_refuses_fails_every_rank_before_any_bucket() {
+    let m = model();
+    let dir = tempfile::tempdir().unwrap();
+    write_checkpoint(dir.path(), &m);
+    let new = new_values(&m, 8000);
+    let mut tensors = send_tensors(&new);
+    // The root sends one tensor less: every engine rank's plan misses it.
+    let dropped = tensors.pop().unwrap().name;
+    let ranks = [
+        Rank::load(dir.path(), &m, "bcast-refuse", 0, 2),
+        Rank::load(dir.path(), &m, "bcast-refuse", 1, 2),
+    ];
+    let before: Vec<_> = ranks.iter().map(|r| (r.snapshot(), r.version())).collect();
+    let timeout = Duration::from_secs(20);
+    let mut colls = TestCollective::group(3, timeout);
+    let (mut c2, mut c1, mut root) = (
+        colls.pop().unwrap(),
+        colls.pop().unwrap(),
+        colls.pop().unwrap(),
+    );
+    let started = std::time::Instant::now();
+    std::thread::scope(|s| {
+        let tensors = &tensors;
+        let (r0, r1) = (&ranks[0], &ranks[1]);
+        let sender = s.spawn(move || {
+            let ring = Ring::new(sender_pool(), &options(2048)).unwrap();
+            broadcast::send(&mut root, &ring, tensors)
+        });
+        let a = s.spawn(move || run_rank(&mut c1, r0, 0, 2048));
+        // Rank 2 also expects a version its tag is not at.
+        let b = s.spawn(move || {
+            let ring = Ring::new(r1.pool.clone(), &options(2048)).unwrap();
+            let mut source = BroadcastSource::rank(&mut c2, &ring, 0);
+            let opts = UpdateOptions::from_version(r1.version() + 5);
+            receive(&mut source, &r1.session, &r1.pool, &opts)
+        });
+        let sent = sender.join().unwrap().unwrap_err();
+        assert_eq!(sent.status(), Status::UpdateSource, "{sent}");
+        let sent = sent.to_string();
+        assert!(
+            sent.contains("rank 1: ") && sent.contains("rank 2: ") && !sent.contains("rank 0: "),
+            "the root hears both refusals: {sent}"
+        );
+        assert!(sent.contains(&dropped), "{sent}");
+        let e1 = a.join().unwrap().unwrap_err();
+        assert_eq!(e1.status(), Status::PlanMismatch, "its own refusal: {e1}");
+        assert!(e1.to_string().contains(&dropped), "{e1}");
+        let e2 = b.join().unwrap().unwrap_err();
+        assert_eq!(e2.status(), Status::PlanMismatch, "its own refusal: {e2}");
+        assert!(e2.to_string().contains("version"), "{e2}");
+    });
+    assert!(
+        started.elapsed() < timeout / 4,
+        "refused in {:?}, not at once",
+        started.elapsed()
+    );
+    for (r, (snap, v)) in ranks.iter().zip(before) {
+        assert!(r.snapshot() == snap, "rank {}: nothing written", r.rank);
+        assert_eq!(r.version(), v);
+    }
 }
 
 #[test]

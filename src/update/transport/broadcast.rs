@@ -1,8 +1,11 @@
 //! The broadcast transport: one root rank sends an update to every rank of a
 //! collective, through a ring of device buffers on each rank's device.
 //!
-//! The root broadcasts a header first (the announced tensors and the slot
-//! size, as length then JSON), then every bucket in place in the ring. Every
+//! The ranks agree first ([`super::agreement`]): every rank's slot size,
+//! the root's header (the announced tensors, as length then JSON), then
+//! every rank's verdict on it ([`BucketSource::agree`]), so a refusal on any
+//! rank fails every rank before any bucket. Then every bucket travels in
+//! place in the ring. Every
 //! rank cuts the same plan from the header ([`plan_buckets`]), so no
 //! per-bucket manifest travels and a rank's plan is its own. Bucket k+1's
 //! broadcast is queued before bucket k is handed to the sink, so it lands
@@ -21,6 +24,7 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
+use super::agreement::{self, Exchange, FromRoot};
 use super::bucket::{check_announced, plan_buckets, AnnouncedTensor, BucketManifest};
 use super::receive::{drain, BucketSource};
 use super::send::{SendData, SendTensor};
@@ -76,10 +80,13 @@ impl Default for BroadcastOptions {
 /// Longest header accepted from the root.
 const MAX_HEADER_BYTES: u64 = 256 << 20;
 
+/// Smallest slot a ring accepts: the ranks' agreement sends each rank's
+/// verdict in one broadcast, which must be one on every rank.
+pub const MIN_SLOT_BYTES: usize = agreement::VERDICT_BYTES;
+
 #[derive(Debug, Serialize, Deserialize)]
 struct Header {
     tensors: Vec<AnnouncedTensor>,
-    slot_bytes: u64,
 }
 
 /// One rank's ring: slots in its pool, a stream for the broadcasts, an event per slot.
@@ -96,9 +103,9 @@ pub struct Ring {
 impl Ring {
     /// Allocate `options.slots` slots in `pool` under a tag of their own.
     pub fn new(pool: Arc<Pool>, options: &BroadcastOptions) -> Result<Ring> {
-        if options.slots < 2 || options.slots > 64 || options.slot_bytes == 0 {
+        if options.slots < 2 || options.slots > 64 || options.slot_bytes < MIN_SLOT_BYTES {
             return Err(Error::InvalidArgument(format!(
-                "broadcast ring of {} slots of {} bytes (2 to 64 slots of at least 1 byte accepted)",
+                "broadcast ring of {} slots of {} bytes (2 to 64 slots of at least {MIN_SLOT_BYTES} bytes accepted)",
                 options.slots, options.slot_bytes
             )));
         }
@@ -209,6 +216,11 @@ pub struct BroadcastSource<'a> {
     /// Buckets the sink released so far: their copies out of the slot have
     /// completed, so the slot may take another bucket.
     released: usize,
+    /// A problem this rank found in the header, told in its verdict.
+    refused_here: Option<String>,
+    /// The header's broadcast completed: the ranks are in step, and the
+    /// verdicts can be exchanged.
+    in_step: bool,
 }
 
 impl<'a> BroadcastSource<'a> {
@@ -242,7 +254,33 @@ impl<'a> BroadcastSource<'a> {
             queued: 0,
             handed: 0,
             released: 0,
+            refused_here: None,
+            in_step: false,
         }
+    }
+
+    /// The root's header: its tensors, checked.
+    fn header(&self) -> Result<Header> {
+        let tensors = self
+            .tensors
+            .iter()
+            .map(|t| {
+                Ok(AnnouncedTensor {
+                    name: t.name.clone(),
+                    dtype: t.dtype.name().to_string(),
+                    shape: t.shape.iter().map(|&d| d as u64).collect(),
+                    bytes: t.checked_bytes()?,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        check_announced(&tensors)?;
+        Ok(Header { tensors })
+    }
+
+    /// Run one step of the agreement with its broadcasts (slot 0).
+    fn step<T>(&mut self, f: impl FnOnce(Exchange<'_>) -> Result<T>) -> Result<T> {
+        let (ring, coll) = (self.ring, &mut *self.coll);
+        f(&mut |root, bytes, len| ring.broadcast_bytes(coll, root, bytes, len))
     }
 
     fn is_root(&self) -> bool {
@@ -309,61 +347,74 @@ impl<'a> BroadcastSource<'a> {
 
 impl BucketSource for BroadcastSource<'_> {
     fn begin(&mut self) -> Result<Vec<AnnouncedTensor>> {
-        if self.root >= self.coll.world() {
+        let (world, root) = (self.coll.world(), self.root);
+        if root >= world {
             return Err(Error::InvalidArgument(format!(
-                "broadcast: root {} of a world of {}",
-                self.root,
-                self.coll.world()
+                "broadcast: root {root} of a world of {world}"
             )));
         }
-        let mut body = Vec::new();
-        if self.is_root() {
-            let tensors = self
-                .tensors
-                .iter()
-                .map(|t| {
-                    Ok(AnnouncedTensor {
-                        name: t.name.clone(),
-                        dtype: t.dtype.name().to_string(),
-                        shape: t.shape.iter().map(|&d| d as u64).collect(),
-                        bytes: t.checked_bytes()?,
-                    })
-                })
-                .collect::<Result<Vec<_>>>()?;
-            check_announced(&tensors)?;
-            body = serde_json::to_vec(&Header {
-                tensors,
-                slot_bytes: self.ring.slot_bytes as u64,
-            })
-            .map_err(|e| Error::InvalidState(format!("broadcast: encoding the header: {e}")))?;
+        // Every rank's slot size first: the header travels in slot-sized
+        // pieces, which must match (see [`agreement`]).
+        let shape = (self.ring.slot_bytes as u64, self.ring.slots.len() as u64);
+        let shapes = self.step(|x| agreement::shapes(world, shape, x))?;
+        agreement::same_shapes(&shapes, false, &format!("broadcast from rank {root}"))?;
+        let mine = self
+            .is_root()
+            .then(|| self.header().map_err(|e| e.to_string()));
+        let header = self.step(|x| agreement::from_root(root, mine, MAX_HEADER_BYTES, x))?;
+        self.in_step = true;
+        let tensors = match header {
+            FromRoot::Value(h) => Ok(h.tensors),
+            // The root refuses its own tensors in its verdict, the others
+            // nothing: they have no header to judge.
+            FromRoot::Refused(why) if self.is_root() => Err(why),
+            FromRoot::Refused(_) => Err(String::new()),
+            FromRoot::Unreadable(e) => Err(e),
+        };
+        match tensors {
+            Ok(t) => {
+                let sizes: Vec<u64> = t.iter().map(|t| t.bytes).collect();
+                match plan_buckets(&sizes, self.ring.slot_bytes as u64) {
+                    Ok(plan) => self.plan = plan,
+                    Err(e) => self.refused_here = Some(e.to_string()),
+                }
+                Ok(t)
+            }
+            Err(why) => {
+                // Every rank still takes part in the verdicts: the root's
+                // problem fails every rank together.
+                self.refused_here = Some(why);
+                Ok(Vec::new())
+            }
         }
-        let mut len = (body.len() as u64).to_le_bytes().to_vec();
-        self.ring
-            .broadcast_bytes(self.coll, self.root, &mut len, 8)?;
-        let len = u64::from_le_bytes(len.try_into().expect("8 bytes"));
-        if len == 0 || len > MAX_HEADER_BYTES {
-            return Err(Error::InvalidArgument(format!(
-                "broadcast from rank {}: header of {len} bytes (1 to {MAX_HEADER_BYTES} accepted)",
-                self.root
-            )));
+    }
+
+    fn agree(&mut self, verdict: Result<()>) -> Result<()> {
+        if !self.in_step {
+            // `begin` failed alike on every rank (a bad root, different
+            // slot sizes) or the collective did: nothing to exchange.
+            return verdict;
         }
-        self.ring
-            .broadcast_bytes(self.coll, self.root, &mut body, len)?;
-        let header: Header = serde_json::from_slice(&body).map_err(|e| {
-            Error::InvalidArgument(format!(
-                "broadcast from rank {}: malformed header: {e}",
-                self.root
-            ))
-        })?;
-        if header.slot_bytes != self.ring.slot_bytes as u64 {
-            return Err(Error::InvalidArgument(format!(
-                "broadcast from rank {}: slots of {} bytes, this rank's ring has {} (every rank must use the same bucket size)",
-                self.root, header.slot_bytes, self.ring.slot_bytes
-            )));
+        let (world, me, root) = (self.coll.world(), self.coll.rank(), self.root);
+        // A problem with the header supersedes the verdict, judged on no
+        // tensors (an empty one: the root refused, and says why itself).
+        let header = self.refused_here.take();
+        let mine: Vec<String> = match (&header, &verdict) {
+            (Some(p), _) => [p.clone()].into_iter().filter(|p| !p.is_empty()).collect(),
+            (None, Err(e)) => vec![e.to_string()],
+            (None, Ok(())) => Vec::new(),
+        };
+        let refusals = self.step(|x| agreement::verdicts(world, me, &mine, x))?;
+        if header.is_none() {
+            // This rank's own refusal keeps its status (a version mismatch, a plan).
+            verdict?;
         }
-        let sizes: Vec<u64> = header.tensors.iter().map(|t| t.bytes).collect();
-        self.plan = plan_buckets(&sizes, header.slot_bytes)?;
-        Ok(header.tensors)
+        if refusals.is_empty() && header.is_none() {
+            return Ok(());
+        }
+        Err(Error::UpdateSource(
+            agreement::refused(&format!("broadcast from rank {root}"), &refusals).to_string(),
+        ))
     }
 
     fn slot_bytes(&self) -> u64 {

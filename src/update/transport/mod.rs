@@ -26,6 +26,7 @@
 //! bucketing, ordering and failure paths the GPU transports share
 //! (docs/UPDATE-TRANSPORTS.md).
 
+mod agreement;
 pub mod broadcast;
 pub mod broadcast_load;
 pub mod bucket;

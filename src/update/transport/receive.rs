@@ -26,6 +26,14 @@ pub trait BucketSource {
     fn release(&mut self, seq: u64) -> Result<()>;
     /// Tell the sender how the update ended: the version committed, or why not.
     fn finish(&mut self, outcome: std::result::Result<u64, String>);
+    /// After [`BucketSource::begin`], before the first bucket: this rank's
+    /// `verdict` on the update (every check it makes before a byte moves).
+    /// A transport whose ranks move in step (a collective) exchanges the
+    /// verdicts, so a refusal on any rank fails every rank here, before
+    /// any bucket; others return the verdict as it is.
+    fn agree(&mut self, verdict: Result<()>) -> Result<()> {
+        verdict
+    }
 }
 
 fn source_error(e: Error) -> Error {
@@ -140,10 +148,22 @@ pub fn receive(
     let mut src = match TransportSource::begin(source) {
         Ok(s) => s,
         Err(e) => {
+            // Told to the other ranks too, then to the sender.
+            let why = e.to_string();
+            let e = source
+                .agree(Err(e))
+                .err()
+                .unwrap_or(Error::UpdateSource(why));
             source.finish(Err(e.to_string()));
             return Err(e);
         }
     };
+    // Every check before any bucket moves, agreed with the other ranks.
+    let verdict = update::check(session, pool, &src.manifest, opts);
+    if let Err(e) = src.source.agree(verdict) {
+        src.finish(Err(e.to_string()));
+        return Err(e);
+    }
     let r = update::update(session, pool, &mut src, opts);
     src.finish(match &r {
         Ok(done) => Ok(done.version),
@@ -156,7 +176,8 @@ pub fn receive(
 /// of a broadcast that only sends). Returns the buckets passed.
 pub fn drain(source: &mut dyn BucketSource) -> Result<u64> {
     let tensors = source.begin()?;
-    check_announced(&tensors)?;
+    let checked = check_announced(&tensors);
+    source.agree(checked)?;
     let mut coverage = Coverage::new(
         tensors.iter().map(|t| t.bytes).collect(),
         source.slot_bytes(),

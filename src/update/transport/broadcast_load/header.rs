@@ -196,46 +196,9 @@ pub(super) fn differences(theirs: &Header, ours: &Header) -> Vec<String> {
     out
 }
 
-pub(super) fn encode_message(ok: bool, msg: &str, len: usize) -> Vec<u8> {
-    let mut out = vec![0u8; len];
-    out[0] = if ok { 0 } else { 1 };
-    let mut end = msg.len().min(len - 8);
-    while !msg.is_char_boundary(end) {
-        end -= 1;
-    }
-    out[4..8].copy_from_slice(&(end as u32).to_le_bytes());
-    out[8..8 + end].copy_from_slice(&msg.as_bytes()[..end]);
-    out
-}
-
-/// (ok, message) of an encoded status; a malformed one reads as a failure.
-pub(super) fn decode_message(b: &[u8]) -> (bool, String) {
-    let n = u32::from_le_bytes(b[4..8].try_into().expect("4 bytes")) as usize;
-    let msg = b
-        .get(8..8 + n)
-        .map(|m| String::from_utf8_lossy(m).into_owned())
-        .unwrap_or_else(|| "a malformed status".into());
-    (b[0] == 0, msg)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_status_round_trips_and_a_long_message_is_cut_at_a_character() {
-        let (ok, msg) = decode_message(&encode_message(true, "", 64));
-        assert!(ok && msg.is_empty());
-        let long = "é".repeat(100);
-        let b = encode_message(false, &long, 64);
-        let (ok, msg) = decode_message(&b);
-        assert!(!ok);
-        assert_eq!(msg, "é".repeat(28), "56 bytes of 2-byte characters");
-        // A length past the buffer reads as a failure, never a panic.
-        let mut bad = encode_message(true, "x", 64);
-        bad[4..8].copy_from_slice(&u32::MAX.to_le_bytes());
-        assert_eq!(decode_message(&bad).1, "a malformed status");
-    }
 
     fn announced(name: &str, shape: &[u64]) -> AnnouncedTensor {
         AnnouncedTensor {

@@ -3,29 +3,18 @@
 //! broadcast through the ring, its reader's status checked on arrival, and
 //! the broadcasts completed after a failure so no rank waits for another.
 
+use super::super::agreement::{self, decode_message, encode_message, Exchange, FromRoot};
 use super::super::broadcast::{Collective, Ring};
 use super::super::bucket::{check_announced, plan_buckets, AnnouncedTensor, BucketManifest};
 use super::super::receive::BucketSource;
-use super::header::{decode_message, differences, encode_message, Header, Local, TRAILER_BYTES};
+use super::header::{differences, Header, Local, TRAILER_BYTES};
 use crate::driver::{DevicePtr, StreamId};
 use crate::error::{Error, Result};
 use crate::loader::copy::{self, Control, CopyOptions, CopyStats};
 use crate::loader::{Checkpoint, Extent, TensorInfo};
 
-/// Bytes of a rank's verdict on the header.
-const VERDICT_BYTES: usize = 1024;
-
 /// Longest header accepted from rank 0.
 const MAX_HEADER_BYTES: u64 = 256 << 20;
-
-/// What rank 0 sent as the load's header.
-enum FromRank0 {
-    Header(Header),
-    /// Rank 0 has none (why, as it sent it); its verdict says so.
-    Refused(String),
-    /// This rank could not read what it sent.
-    Unreadable(String),
-}
 
 /// This rank's side of a broadcast load, as a [`BucketSource`].
 pub(super) struct LoadSource<'a> {
@@ -69,105 +58,56 @@ impl LoadSource<'_> {
         self.ring.slot_bytes - TRAILER_BYTES
     }
 
-    fn exchange(&mut self, root: usize, bytes: &mut Vec<u8>, len: u64) -> Result<()> {
-        let r = self.ring.broadcast_bytes(self.coll, root, bytes, len);
+    /// Run one step of the agreement with its broadcasts; an error from it
+    /// (the collective's, not a refusal) leaves the ranks out of step: no
+    /// more broadcasts.
+    fn step<T>(&mut self, f: impl FnOnce(Exchange<'_>) -> Result<T>) -> Result<T> {
+        let (ring, coll) = (self.ring, &mut *self.coll);
+        let r = f(&mut |root, bytes, len| ring.broadcast_bytes(coll, root, bytes, len));
         self.broken |= r.is_err();
         r
     }
 
-    /// Check that every rank's ring has this rank's slot size (the header
-    /// is broadcast in slot-sized pieces, which must match) and slot count
-    /// (after a failure, the buckets a rank passes along depend on it): each
-    /// rank broadcasts both, so every rank refuses alike.
-    fn same_slots(&mut self) -> Result<()> {
-        let mut rings = Vec::with_capacity(self.coll.world());
-        for r in 0..self.coll.world() {
-            let mut ring = (self.ring.slot_bytes as u64).to_le_bytes().to_vec();
-            ring.extend((self.ring.slots.len() as u64).to_le_bytes());
-            self.exchange(r, &mut ring, 16)?;
-            let word = |i: usize| u64::from_le_bytes(ring[i..i + 8].try_into().expect("8 bytes"));
-            rings.push((word(0), word(8)));
-        }
-        let each = |what: &dyn Fn(&(u64, u64)) -> String| {
-            rings
-                .iter()
-                .enumerate()
-                .map(|(r, x)| format!("rank {r}: {}", what(x)))
-                .collect::<Vec<_>>()
-                .join(", ")
-        };
-        if rings.iter().any(|x| x.0 != rings[0].0) {
-            return Err(Error::InvalidArgument(format!(
-                "broadcast load refused before any byte moved: ring slots of different sizes ({} bytes); every rank must use the same bucket size",
-                each(&|x| x.0.to_string())
-            )));
-        }
-        if rings.iter().any(|x| x.1 != rings[0].1) {
-            return Err(Error::InvalidArgument(format!(
-                "broadcast load refused before any byte moved: rings of different lengths ({}); every rank must use the same ring",
-                each(&|x| format!("{} slots", x.1))
-            )));
+    /// The agreement before any byte moves (see [`agreement`]): every
+    /// rank's ring (the same slot size, since the header is broadcast in
+    /// slot-sized pieces, and the same count, since after a failure the
+    /// buckets a rank passes along depend on it), rank 0's header, then
+    /// every rank's verdict on it.
+    fn agree(&mut self) -> Result<()> {
+        let (world, me) = (self.coll.world(), self.me());
+        let shape = (self.ring.slot_bytes as u64, self.ring.slots.len() as u64);
+        let shapes = self.step(|x| agreement::shapes(world, shape, x))?;
+        agreement::same_shapes(&shapes, true, "broadcast load")?;
+        let mine = (me == 0).then(|| match &self.local {
+            Some(Ok(l)) => Ok(l.header.clone()),
+            Some(Err(e)) => Err(e.to_string()),
+            None => Err("no header".to_string()),
+        });
+        let theirs = self.step(|x| agreement::from_root(0, mine, MAX_HEADER_BYTES, x))?;
+        let problems = self.problems(&theirs);
+        let refusals = self.step(|x| agreement::verdicts(world, me, &problems, x))?;
+        if !refusals.is_empty() {
+            return Err(agreement::refused("broadcast load", &refusals));
         }
         Ok(())
     }
 
-    /// Rank 0's header, as every rank receives it. An error here is the
-    /// collective's (the ranks are out of step).
-    fn header_of_rank0(&mut self) -> Result<FromRank0> {
-        let encode = |h: &std::result::Result<Header, String>| {
-            serde_json::to_vec(h)
-                .map_err(|e| Error::InvalidState(format!("broadcast load: the header: {e}")))
-        };
-        let mut body = Vec::new();
-        if self.me() == 0 {
-            let mine = match &self.local {
-                Some(Ok(l)) => Ok(l.header.clone()),
-                Some(Err(e)) => Err(e.to_string()),
-                None => Err("no header".to_string()),
-            };
-            body = encode(&mine)?;
-            if body.len() as u64 > MAX_HEADER_BYTES {
-                body = encode(&Err(format!(
-                    "a header of {} bytes, past the {MAX_HEADER_BYTES} accepted",
-                    body.len()
-                )))?;
-            }
-        }
-        let mut len = (body.len() as u64).to_le_bytes().to_vec();
-        self.exchange(0, &mut len, 8)?;
-        let len = u64::from_le_bytes(len.try_into().expect("8 bytes"));
-        if len == 0 || len > MAX_HEADER_BYTES {
-            self.broken = true;
-            return Err(Error::InvalidArgument(format!(
-                "broadcast load: header of {len} bytes from rank 0 (1 to {MAX_HEADER_BYTES} accepted)"
-            )));
-        }
-        self.exchange(0, &mut body, len)?;
-        Ok(
-            match serde_json::from_slice::<std::result::Result<Header, String>>(&body) {
-                Ok(Ok(h)) => FromRank0::Header(h),
-                Ok(Err(why)) => FromRank0::Refused(why),
-                Err(e) => FromRank0::Unreadable(format!("unreadable header from rank 0: {e}")),
-            },
-        )
-    }
-
     /// This rank's problems with the load: its own checkpoint, rank 0's
     /// header against its own, its plan.
-    fn problems(&self, theirs: &FromRank0) -> Vec<String> {
+    fn problems(&self, theirs: &FromRoot<Header>) -> Vec<String> {
         let local = match &self.local {
             Some(Ok(l)) => l,
             Some(Err(e)) => return vec![e.to_string()],
             None => return vec!["no header".into()],
         };
         let theirs = match theirs {
-            FromRank0::Header(h) => h,
+            FromRoot::Value(h) => h,
             // Rank 0 states its own problem, the others none: rank 0 may
             // have sent no header with its own checkpoint read (a header
             // past the bound), and must refuse then too.
-            FromRank0::Refused(why) if self.me() == 0 => return vec![why.clone()],
-            FromRank0::Refused(_) => return Vec::new(),
-            FromRank0::Unreadable(e) => return vec![e.clone()],
+            FromRoot::Refused(why) if self.me() == 0 => return vec![why.clone()],
+            FromRoot::Refused(_) => return Vec::new(),
+            FromRoot::Unreadable(e) => return vec![e.clone()],
         };
         let diff = differences(theirs, &local.header);
         if !diff.is_empty() {
@@ -432,31 +372,7 @@ impl LoadSource<'_> {
 
 impl BucketSource for LoadSource<'_> {
     fn begin(&mut self) -> Result<Vec<AnnouncedTensor>> {
-        self.same_slots()?;
-        let theirs = self.header_of_rank0()?;
-        let mine = self.problems(&theirs);
-        let mut refusals: Vec<(usize, String)> = Vec::new();
-        for r in 0..self.coll.world() {
-            let mut verdict = Vec::new();
-            if r == self.me() {
-                verdict = encode_message(mine.is_empty(), &mine.join("; "), VERDICT_BYTES);
-            }
-            self.exchange(r, &mut verdict, VERDICT_BYTES as u64)?;
-            if let (false, msg) = decode_message(&verdict) {
-                let msg = if r == self.me() { mine.join("; ") } else { msg };
-                refusals.push((r, msg));
-            }
-        }
-        if !refusals.is_empty() {
-            let lines: Vec<String> = refusals
-                .iter()
-                .map(|(r, m)| format!("rank {r}: {m}"))
-                .collect();
-            return Err(Error::InvalidArgument(format!(
-                "broadcast load refused before any byte moved:\n  {}",
-                lines.join("\n  ")
-            )));
-        }
+        self.agree()?;
         let Some(Ok(local)) = self.local.take() else {
             return Err(Error::InvalidState(
                 "broadcast load: its header was taken (the load began twice)".into(),
