@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Rust: format, lint (the library as its users build it, then with the `cli`
-# feature), unit and integration tests on the host backend with the command
-# line. VMMW_QUICK=1 runs the tests that need no command line only and lints once.
+# feature), the API docs (no broken or private links), unit and integration
+# tests on the host backend with the command line. VMMW_QUICK=1 runs the tests that need no command line only and lints once.
 set -euo pipefail
 rustup component add rustfmt clippy >/dev/null 2>&1 || true
 cargo fmt --all -- --check
@@ -12,4 +12,5 @@ if [ "${VMMW_QUICK:-0}" = 1 ]; then
 fi
 cargo clippy --all-targets -- -D warnings
 cargo clippy --all-targets --features cli -- -D warnings
+RUSTDOCFLAGS="-D warnings" cargo doc --no-deps
 VMMW_BACKEND=host cargo test --all-targets --features cli

@@ -1,7 +1,7 @@
 //! The broadcast transport: one root rank sends an update to every rank of a
 //! collective, through a ring of device buffers on each rank's device.
 //!
-//! The ranks agree first ([`super::agreement`]): every rank's slot size,
+//! The ranks agree first (`agreement`): every rank's slot size,
 //! the root's header (the announced tensors, as length then JSON), then
 //! every rank's verdict on it ([`BucketSource::agree`]), so a refusal on any
 //! rank fails every rank before any bucket. Then every bucket travels in

@@ -1,7 +1,7 @@
 //! Direct IPC updates: the sender's tensors already lie in memory of its
 //! pool, so nothing is copied into a ring. The sender serves the segments
 //! that hold them as shares (one per tag, read-only, kept across sends while
-//! the memory behind them is the same: [`super::direct_shares`]) and sends
+//! the memory behind them is the same: `direct_shares`) and sends
 //! one manifest: each tensor's name, dtype, shape, share, segment and
 //! offset. The receiver attaches every share it does not hold an import of
 //! the same generation of ([`super::import_cache`]), checks the manifest

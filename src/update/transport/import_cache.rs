@@ -16,7 +16,7 @@
 //! segments before any byte moves.
 //!
 //! The cache also remembers the last committed update's manifest, byte for
-//! byte, and the source admitted from it ([`Admitted`]): a sender that sends
+//! byte, and the source admitted from it (`Admitted`): a sender that sends
 //! the same manifest again (the same tensors in the same memory, as an RL
 //! loop does) is not decoded or checked again. Its shares are still
 //! resolved as above, and the source is reused only when every import it
