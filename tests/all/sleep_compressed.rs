@@ -283,6 +283,43 @@ fn a_backup_over_the_host_limit_is_refused_before_anything_moves() {
     });
 }
 
+/// A device too full for the codec's ring (its creation refused as out of
+/// memory): the sleep keeps raw backups, as Offload, instead of failing,
+/// and says so; the wake gives every byte back, and the next sleep with
+/// room compresses again.
+#[test]
+fn a_device_too_full_for_the_codec_falls_back_to_raw_backups() {
+    let test = "a_device_too_full_for_the_codec_falls_back_to_raw_backups";
+    on_each_backend(test, |b| {
+        let p = pool(b);
+        let t = tag::id("compressed-full").unwrap();
+        let blocks = fill(&p, t);
+        let faults = b
+            .driver
+            .faults()
+            .expect("both backends take injected faults");
+        faults.fail_nth(FaultOp::Create, 1);
+        let cycles = p.sleep(&[(t, Policy::OffloadCompressed)]).unwrap();
+        faults.clear();
+        let c = &cycles[0].report;
+        assert!(c.codec_fallback, "{test}: {c:?}");
+        assert_eq!(c.raw_bytes, 0, "{test}: nothing was encoded: {c:?}");
+        let u = p.report();
+        let u = u.tags.iter().find(|u| u.tag == "compressed-full").unwrap();
+        assert!(u.asleep);
+        assert!(
+            u.host_backup_bytes >= blocks.iter().map(|b| b.1.len() as u64).sum::<u64>(),
+            "{test}: a raw backup of every byte: {u:?}"
+        );
+        p.wake(&[t]).unwrap();
+        check(&p, &blocks, "after a sleep that fell back to raw backups");
+        if sleep_compressed(&p, t, test, b) {
+            p.wake(&[t]).unwrap();
+            check(&p, &blocks, "after a compressed sleep with room");
+        }
+    });
+}
+
 /// Pool `p` with frames of `frame` bytes and a ring of `ring` buffers.
 fn set_codec(p: &Pool, frame: usize, ring: usize) -> vmmweights::Result<()> {
     p.set_sleep_options(SleepOptions {

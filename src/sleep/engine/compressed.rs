@@ -279,9 +279,11 @@ impl CodecScratch {
             turn: 0,
         };
         sc.handle = Some(
+            // Its kind kept: a sleep falls back to raw backups when the
+            // device is out of memory, and a wake says it is.
             map_new_at(driver.as_ref(), va, size, &[], CreateFlags::default()).map_err(|e| {
-                Error::InvalidState(format!(
-                    "device scratch of {size} bytes for the backup codec: {e}"
+                e.with_context(&format!(
+                    " (device scratch of {size} bytes for the backup codec)"
                 ))
             })?,
         );

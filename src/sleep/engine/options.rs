@@ -217,6 +217,10 @@ pub struct CycleReport {
     pub changed_bytes: u64,
     /// Pinned host bytes newly allocated during this call.
     pub newly_pinned_bytes: u64,
+    /// OffloadCompressed: the codec's device buffers did not fit, so this
+    /// sleep kept raw backups, as Offload does (nothing is lost: the backup
+    /// is whole, only not smaller; the wake restores it as Offload's).
+    pub codec_fallback: bool,
     /// Wall time of the call.
     pub seconds: f64,
 }

@@ -122,17 +122,31 @@ impl SleepEngine {
             let o = &self.lock().options;
             (o.codec_layout, o.codec_frame_bytes, o.codec_ring)
         };
-        let run = self.plan_copies(tag, &todo, &keep, policy, frame)?;
         let compress = policy == Policy::OffloadCompressed && keep.iter().any(|k| !k.is_empty());
         if compress {
             self.release_stale_scratch();
         }
         let mut scratch = self.guard_scratch(if compress {
             let words = self.length_words()?;
-            Some(CodecScratch::for_sleep(&self.driver, frame, ring, words)?)
+            match CodecScratch::for_sleep(&self.driver, frame, ring, words) {
+                Ok(sc) => Some(sc),
+                // A nearly full device: raw backups need no device memory,
+                // and a sleep that frees memory must not fail for want of it.
+                Err(e) if e.is_out_of_memory() => {
+                    report.codec_fallback = true;
+                    None
+                }
+                Err(e) => return Err(e),
+            }
         } else {
             None
         });
+        let policy = if report.codec_fallback {
+            Policy::Offload
+        } else {
+            policy
+        };
+        let run = self.plan_copies(tag, &todo, &keep, policy, frame)?;
         self.start_pinning(&todo, &run);
         let codec = scratch.sc.as_mut().map(|sc| (sc, layout));
         // A compressed backup is issued at the encoder's pace, so the
