@@ -3457,7 +3457,7 @@ void vmmw_nccl_comm_free(struct vmmw_nccl_comm_t *comm);
 
 /**
  * Broadcast the tensors of `source` from this rank (the root) to every rank
- * of `comm`, in buckets of `slot_bytes` (0 = 256 MiB, at least 1024; every
+ * of `comm`, in buckets of `slot_bytes` (0 = 256 MiB, at least 16; every
  * rank must pass the same) through a ring of two buffers in `pool`; this
  * rank applies nothing. Each broadcast is waited for at most `timeout_ms`
  * (0 = 300 s), NCCL's asynchronous errors polled meanwhile. Before any
@@ -3488,10 +3488,10 @@ vmmw_status_t vmmw_update_broadcast_send(struct vmmw_nccl_comm_t *comm, struct v
  * Errors (every destination keeps its last version on each):
  * - `VMMW_NULL_ARGUMENT`: `comm`, `loader`, `pool`, `options` or `out` is NULL.
  * - `VMMW_UPDATE_SOURCE`: the broadcast failed (NCCL's error, a rank gone,
- *   a timeout), or another rank refused the update: every rank says whether
- *   it accepts before any bucket, so all fail together, at once, and this
- *   error lists each refusing rank's problems.
- * - `VMMW_INVALID_ARGUMENT`: the ranks' bucket sizes differ.
+ *   a timeout), the ranks' bucket sizes differ, or another rank refused
+ *   the update: every rank says whether it accepts before any bucket, so
+ *   all fail together, at once, and this error lists each refusing rank's
+ *   problems.
  * - `VMMW_VERSION_MISMATCH`, `VMMW_PLAN_MISMATCH`: this rank refused, as
  *   `vmmw_update` would.
  *
@@ -3511,7 +3511,9 @@ vmmw_status_t vmmw_update_broadcast_receive(struct vmmw_nccl_comm_t *comm, struc
  * Errors (every destination here keeps its last version on each):
  * - `VMMW_NULL_ARGUMENT`: `comm`, `loader`, `pool`, `source`, `options` or `out` is NULL.
  * - `VMMW_INVALID_ARGUMENT`: the source's tensors are refused.
- * - `VMMW_UPDATE_SOURCE`: the broadcast failed.
+ * - `VMMW_UPDATE_SOURCE`: the broadcast failed, the ranks' bucket sizes
+ *   differ, or another rank refused the update (each refusing rank's
+ *   problems listed; no bucket was broadcast).
  * - `VMMW_VERSION_MISMATCH`, `VMMW_PLAN_MISMATCH`: as `vmmw_update`.
  *
  * # Safety

@@ -132,13 +132,20 @@ fn owners_of(ptrs: &[DevicePtr]) -> Vec<Owner> {
 /// caching allocator) hands to a new tensor without freeing it here; nor a
 /// foreign range freed and reused outside every pool: the caller guarantees
 /// those stay theirs.
+///
+/// Must not be called while holding a pool's lock.
 pub fn check_owner(ptr: DevicePtr, len: usize, recorded: Owner, what: &str) -> Result<()> {
+    if len == 0 {
+        return Ok(());
+    }
     check_owners(&[(ptr, len, recorded)], &|_| what.to_owned())
 }
 
 /// [`check_owner`] of every `(ptr, len, recorded)` range (each pool's lock
 /// taken once: an update checks hundreds of destinations), `what(i)`
 /// naming range i in the error, made only for the first that fails.
+///
+/// Must not be called while holding a pool's lock.
 pub fn check_owners(
     ranges: &[(DevicePtr, usize, Owner)],
     what: &dyn Fn(usize) -> String,

@@ -75,13 +75,13 @@ impl Pool {
     }
 }
 
-/// [`Pool::check_live_range`] under a lock already held.
 /// True when `[ptr, ptr + len)` overlaps a segment of the pool.
 fn touches_segments(st: &State, ptr: DevicePtr, len: usize) -> bool {
     let end = ptr.saturating_add(len as u64);
     segment_base(st, ptr).is_some() || st.segs.range(ptr..end).next().is_some()
 }
 
+/// [`Pool::check_live_range`] under a lock already held.
 fn live_range_tag(st: &State, ptr: DevicePtr, len: usize, what: &str) -> Result<TagId> {
     let end = ptr.checked_add(len as u64).ok_or_else(|| {
         Error::InvalidArgument(format!(

@@ -308,6 +308,47 @@ fn a_rank_that_refuses_fails_every_rank_before_any_bucket() {
     }
 }
 
+/// A root whose own tensors are refused (one named twice) still takes
+/// part in the agreement: it fails with its own error, every other rank at
+/// once with the root's reason, nothing written.
+#[test]
+fn a_root_refusing_its_own_tensors_fails_every_rank_at_once() {
+    let m = model();
+    let dir = tempfile::tempdir().unwrap();
+    write_checkpoint(dir.path(), &m);
+    let new = new_values(&m, 9000);
+    let mut tensors = send_tensors(&new);
+    let twice = tensors[0].clone();
+    tensors.push(twice.clone());
+    let r = Rank::load(dir.path(), &m, "bcast-root-refuses", 0, 1);
+    let before = (r.snapshot(), r.version());
+    let timeout = Duration::from_secs(20);
+    let mut colls = TestCollective::group(2, timeout);
+    let (mut other, mut root) = (colls.pop().unwrap(), colls.pop().unwrap());
+    let started = std::time::Instant::now();
+    std::thread::scope(|s| {
+        let tensors = &tensors;
+        let sender = s.spawn(move || {
+            let ring = Ring::new(sender_pool(), &options(2048)).unwrap();
+            broadcast::send(&mut root, &ring, tensors)
+        });
+        let e = run_rank(&mut other, &r, 0, 2048).unwrap_err();
+        let sent = sender.join().unwrap().unwrap_err();
+        assert_eq!(
+            sent.status(),
+            Status::InvalidArgument,
+            "its own error: {sent}"
+        );
+        assert_eq!(e.status(), Status::UpdateSource, "{e}");
+        for e in [e.to_string(), sent.to_string()] {
+            assert!(e.contains(&twice.name) && e.contains("twice"), "{e}");
+        }
+    });
+    assert!(started.elapsed() < timeout / 4, "{:?}", started.elapsed());
+    assert!(r.snapshot() == before.0);
+    assert_eq!(r.version(), before.1);
+}
+
 #[test]
 fn a_missing_or_wrong_nccl_is_named() {
     // Only this test sets the variable, so its cases run in order here.

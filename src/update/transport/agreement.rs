@@ -21,8 +21,6 @@ use crate::error::{Error, Result};
 pub(super) type Exchange<'a> = &'a mut dyn FnMut(usize, &mut Vec<u8>, u64) -> Result<()>;
 
 /// Bytes of one rank's verdict: its status and the start of its message.
-/// Every ring's slot holds one ([`super::broadcast::MIN_SLOT_BYTES`]), so
-/// it is one broadcast on every rank.
 pub(super) const VERDICT_BYTES: usize = 1024;
 
 /// `(ok, msg)` as `len` bytes: a status byte, the message's length, then
@@ -39,14 +37,14 @@ pub(super) fn encode_message(ok: bool, msg: &str, len: usize) -> Vec<u8> {
     out
 }
 
-/// (ok, message) of an encoded status; a malformed one reads as a failure.
+/// (ok, message) of an encoded status; a malformed one (a status byte
+/// other than 0 or 1, a length past the buffer) reads as a failure.
 pub(super) fn decode_message(b: &[u8]) -> (bool, String) {
     let n = u32::from_le_bytes(b[4..8].try_into().expect("4 bytes")) as usize;
-    let msg = b
-        .get(8..8 + n)
-        .map(|m| String::from_utf8_lossy(m).into_owned())
-        .unwrap_or_else(|| "a malformed status".into());
-    (b[0] == 0, msg)
+    match (b[0], b.get(8..8 + n)) {
+        (s @ (0 | 1), Some(m)) => (s == 0, String::from_utf8_lossy(m).into_owned()),
+        _ => (false, "a malformed status".into()),
+    }
 }
 
 /// Every rank's `(slot bytes, slots)`, in rank order; `mine` is this rank's.
@@ -168,16 +166,21 @@ pub(super) fn verdicts(
     Ok(refusals)
 }
 
-/// The refusals [`verdicts`] found as one error, each rank's on a line.
-pub(super) fn refused(what: &str, refusals: &[(usize, String)]) -> Error {
+/// The refusals [`verdicts`] found as one message, each rank's on a line.
+pub(super) fn refusals(what: &str, refusals: &[(usize, String)]) -> String {
     let lines: Vec<String> = refusals
         .iter()
-        .map(|(r, m)| format!("rank {r}: {m}"))
+        .map(|(r, m)| {
+            format!(
+                "rank {r}: {}",
+                m.split_whitespace().collect::<Vec<_>>().join(" ")
+            )
+        })
         .collect();
-    Error::InvalidArgument(format!(
+    format!(
         "{what} refused before any byte moved:\n  {}",
         lines.join("\n  ")
-    ))
+    )
 }
 
 #[cfg(test)]
@@ -193,9 +196,13 @@ mod tests {
         let (ok, msg) = decode_message(&b);
         assert!(!ok);
         assert_eq!(msg, "é".repeat(28), "56 bytes of 2-byte characters");
-        // A length past the buffer reads as a failure, never a panic.
+        // A length past the buffer, or another status byte, reads as a
+        // failure, never a panic.
         let mut bad = encode_message(true, "x", 64);
         bad[4..8].copy_from_slice(&u32::MAX.to_le_bytes());
-        assert_eq!(decode_message(&bad).1, "a malformed status");
+        assert_eq!(decode_message(&bad), (false, "a malformed status".into()));
+        let mut bad = encode_message(true, "x", 64);
+        bad[0] = 7;
+        assert_eq!(decode_message(&bad), (false, "a malformed status".into()));
     }
 }

@@ -80,9 +80,11 @@ impl Default for BroadcastOptions {
 /// Longest header accepted from the root.
 const MAX_HEADER_BYTES: u64 = 256 << 20;
 
-/// Smallest slot a ring accepts: the ranks' agreement sends each rank's
-/// verdict in one broadcast, which must be one on every rank.
-pub const MIN_SLOT_BYTES: usize = agreement::VERDICT_BYTES;
+/// Smallest slot a ring accepts: the ranks' agreement first sends each
+/// rank's slot size and count (16 bytes), which must be one broadcast on
+/// every rank whatever its slot size; every later piece is cut alike once
+/// the sizes agree.
+pub const MIN_SLOT_BYTES: usize = 16;
 
 #[derive(Debug, Serialize, Deserialize)]
 struct Header {
@@ -216,8 +218,12 @@ pub struct BroadcastSource<'a> {
     /// Buckets the sink released so far: their copies out of the slot have
     /// completed, so the slot may take another bucket.
     released: usize,
-    /// A problem this rank found in the header, told in its verdict.
-    refused_here: Option<String>,
+    /// This rank's own problem with the header (the root's with its own
+    /// tensors), told in its verdict and returned with its kind kept.
+    refused_here: Option<Error>,
+    /// The root sent no header (it refused its tensors, or this rank could
+    /// not read it): there is nothing to judge.
+    no_header: bool,
     /// The header's broadcast completed: the ranks are in step, and the
     /// verdicts can be exchanged.
     in_step: bool,
@@ -255,6 +261,7 @@ impl<'a> BroadcastSource<'a> {
             handed: 0,
             released: 0,
             refused_here: None,
+            no_header: false,
             in_step: false,
         }
     }
@@ -358,35 +365,43 @@ impl BucketSource for BroadcastSource<'_> {
         let shape = (self.ring.slot_bytes as u64, self.ring.slots.len() as u64);
         let shapes = self.step(|x| agreement::shapes(world, shape, x))?;
         agreement::same_shapes(&shapes, false, &format!("broadcast from rank {root}"))?;
-        let mine = self
-            .is_root()
-            .then(|| self.header().map_err(|e| e.to_string()));
+        let mine = if self.is_root() {
+            Some(self.header().map_err(|e| {
+                let why = e.to_string();
+                self.refused_here = Some(e);
+                why
+            }))
+        } else {
+            None
+        };
         let header = self.step(|x| agreement::from_root(root, mine, MAX_HEADER_BYTES, x))?;
         self.in_step = true;
         let tensors = match header {
-            FromRoot::Value(h) => Ok(h.tensors),
-            // The root refuses its own tensors in its verdict, the others
-            // nothing: they have no header to judge.
-            FromRoot::Refused(why) if self.is_root() => Err(why),
-            FromRoot::Refused(_) => Err(String::new()),
-            FromRoot::Unreadable(e) => Err(e),
+            FromRoot::Value(h) => h.tensors,
+            // The root refuses its own tensors in its verdict; the others
+            // have nothing to judge, and say nothing.
+            FromRoot::Refused(_) => {
+                self.no_header = true;
+                Vec::new()
+            }
+            FromRoot::Unreadable(e) => {
+                self.no_header = true;
+                self.refused_here = Some(Error::InvalidArgument(e));
+                Vec::new()
+            }
         };
-        match tensors {
-            Ok(t) => {
-                let sizes: Vec<u64> = t.iter().map(|t| t.bytes).collect();
-                match plan_buckets(&sizes, self.ring.slot_bytes as u64) {
-                    Ok(plan) => self.plan = plan,
-                    Err(e) => self.refused_here = Some(e.to_string()),
-                }
-                Ok(t)
-            }
-            Err(why) => {
-                // Every rank still takes part in the verdicts: the root's
-                // problem fails every rank together.
-                self.refused_here = Some(why);
-                Ok(Vec::new())
-            }
+        let sizes: Vec<u64> = tensors.iter().map(|t| t.bytes).collect();
+        match plan_buckets(&sizes, self.ring.slot_bytes as u64) {
+            Ok(plan) => self.plan = plan,
+            Err(e) => self.refused_here = self.refused_here.take().or(Some(e)),
         }
+        // Every rank takes part in the verdicts whatever it found: a
+        // problem anywhere fails every rank together.
+        Ok(tensors)
+    }
+
+    fn agrees(&self) -> bool {
+        self.in_step
     }
 
     fn agree(&mut self, verdict: Result<()>) -> Result<()> {
@@ -396,25 +411,31 @@ impl BucketSource for BroadcastSource<'_> {
             return verdict;
         }
         let (world, me, root) = (self.coll.world(), self.coll.rank(), self.root);
-        // A problem with the header supersedes the verdict, judged on no
-        // tensors (an empty one: the root refused, and says why itself).
-        let header = self.refused_here.take();
-        let mine: Vec<String> = match (&header, &verdict) {
-            (Some(p), _) => [p.clone()].into_iter().filter(|p| !p.is_empty()).collect(),
+        // A problem with the header supersedes the verdict, which was
+        // judged on no tensors.
+        let own = self.refused_here.take();
+        let mine: Vec<String> = match (&own, &verdict) {
+            (Some(e), _) => vec![e.to_string()],
+            (None, _) if self.no_header => Vec::new(),
             (None, Err(e)) => vec![e.to_string()],
             (None, Ok(())) => Vec::new(),
         };
         let refusals = self.step(|x| agreement::verdicts(world, me, &mine, x))?;
-        if header.is_none() {
-            // This rank's own refusal keeps its status (a version mismatch, a plan).
+        // This rank's own refusal keeps its kind (a version mismatch, a plan,
+        // the root's tensors).
+        if let Some(e) = own {
+            return Err(e);
+        }
+        if !self.no_header {
             verdict?;
+            if refusals.is_empty() {
+                return Ok(());
+            }
         }
-        if refusals.is_empty() && header.is_none() {
-            return Ok(());
-        }
-        Err(Error::UpdateSource(
-            agreement::refused(&format!("broadcast from rank {root}"), &refusals).to_string(),
-        ))
+        Err(Error::UpdateSource(agreement::refusals(
+            &format!("broadcast from rank {root}"),
+            &refusals,
+        )))
     }
 
     fn slot_bytes(&self) -> u64 {

@@ -530,8 +530,9 @@ pub struct ReceiveStats {
     /// Physical chunks imported by those attaches.
     pub chunks: usize,
     /// The direct manifest was the last update's, byte for byte: it was
-    /// not decoded or checked again (its shares were still resolved, and
-    /// its source reused when every import was).
+    /// not decoded again, its shares were still resolved, and the source
+    /// admitted from it was reused when every import was (otherwise the
+    /// manifest was checked again over the new imports).
     pub recognized: bool,
     /// From connecting to every share attached and the manifest checked.
     pub setup: Duration,

@@ -87,7 +87,10 @@ impl LoadSource<'_> {
         let problems = self.problems(&theirs);
         let refusals = self.step(|x| agreement::verdicts(world, me, &problems, x))?;
         if !refusals.is_empty() {
-            return Err(agreement::refused("broadcast load", &refusals));
+            return Err(Error::InvalidArgument(agreement::refusals(
+                "broadcast load",
+                &refusals,
+            )));
         }
         Ok(())
     }
