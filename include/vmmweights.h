@@ -3491,7 +3491,8 @@ vmmw_status_t vmmw_update_broadcast_send(struct vmmw_nccl_comm_t *comm, struct v
  *   a timeout), the ranks' bucket sizes differ, or another rank refused
  *   the update: every rank says whether it accepts before any bucket, so
  *   all fail together, at once, and this error lists each refusing rank's
- *   problems.
+ *   problems. Also when a rank failed after the buckets began: every rank
+ *   votes after the last bucket, and none applies the update.
  * - `VMMW_VERSION_MISMATCH`, `VMMW_PLAN_MISMATCH`: this rank refused, as
  *   `vmmw_update` would.
  *

@@ -481,7 +481,8 @@ pub unsafe extern "C" fn vmmw_update_broadcast_send(
 ///   a timeout), the ranks' bucket sizes differ, or another rank refused
 ///   the update: every rank says whether it accepts before any bucket, so
 ///   all fail together, at once, and this error lists each refusing rank's
-///   problems.
+///   problems. Also when a rank failed after the buckets began: every rank
+///   votes after the last bucket, and none applies the update.
 /// - `VMMW_VERSION_MISMATCH`, `VMMW_PLAN_MISMATCH`: this rank refused, as
 ///   `vmmw_update` would.
 ///

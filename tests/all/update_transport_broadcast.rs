@@ -13,7 +13,9 @@ use crate::update_transport_ranks::{
 use std::sync::Arc;
 use std::time::Duration;
 
+use vmmweights::driver::fault::FaultOp;
 use vmmweights::driver::nccl::Nccl;
+use vmmweights::driver::testing::Testing;
 use vmmweights::driver::StreamId;
 use vmmweights::update::transport::broadcast::{
     self, BroadcastOptions, BroadcastSource, Collective, Ring,
@@ -305,6 +307,85 @@ fn a_rank_that_refuses_fails_every_rank_before_any_bucket() {
     for (r, (snap, v)) in ranks.iter().zip(before) {
         assert!(r.snapshot() == snap, "rank {}: nothing written", r.rank);
         assert_eq!(r.version(), v);
+    }
+}
+
+/// A rank whose update fails after every rank accepted it (no device
+/// memory for its staged update's scratch) still takes part in every
+/// bucket's broadcast and in the vote after the last: every rank keeps its
+/// last version, at once, naming the failing rank; the collective stays in
+/// step for the next update, which every rank applies.
+#[test]
+fn a_rank_failing_after_the_agreement_makes_every_rank_keep_its_version() {
+    let m = model();
+    let dir = tempfile::tempdir().unwrap();
+    write_checkpoint(dir.path(), &m);
+    let new = new_values(&m, 9500);
+    let tensors = send_tensors(&new);
+    let ranks = [
+        Rank::load(dir.path(), &m, "bcast-late", 0, 2),
+        Rank::load(dir.path(), &m, "bcast-late", 1, 2),
+    ];
+    let before: Vec<_> = ranks.iter().map(|r| (r.snapshot(), r.version())).collect();
+    let timeout = Duration::from_secs(20);
+    let mut colls = TestCollective::group(3, timeout);
+    let (mut c2, mut c1, mut root) = (
+        colls.pop().unwrap(),
+        colls.pop().unwrap(),
+        colls.pop().unwrap(),
+    );
+    let started = std::time::Instant::now();
+    for round in 0..2 {
+        std::thread::scope(|s| {
+            let tensors = &tensors;
+            let (r0, r1) = (&ranks[0], &ranks[1]);
+            let (root, c1, c2) = (&mut root, &mut c1, &mut c2);
+            let sender = s.spawn(move || {
+                let ring = Ring::new(sender_pool(), &options(2048)).unwrap();
+                broadcast::send(root, &ring, tensors)
+            });
+            let a = s.spawn(move || run_rank(c1, r0, 0, 2048));
+            let b = s.spawn(move || {
+                let ring = Ring::new(r1.pool.clone(), &options(2048)).unwrap();
+                if round == 0 {
+                    // The next physical allocation is the update's scratch.
+                    let faults = r1.pool.driver().faults().unwrap();
+                    faults.fail_nth(FaultOp::Create, 1);
+                }
+                let mut source = BroadcastSource::rank(c2, &ring, 0);
+                r1.receive(&mut source).map(|d| d.version)
+            });
+            let (sent, a, b) = (sender.join().unwrap(), a.join().unwrap(), b.join().unwrap());
+            if round == 0 {
+                let e = b.unwrap_err();
+                assert!(
+                    e.is_out_of_memory() || e.to_string().contains("scratch"),
+                    "{e}"
+                );
+                for e in [sent.unwrap_err(), a.unwrap_err()] {
+                    assert_eq!(e.status(), Status::UpdateSource, "{e}");
+                    let e = e.to_string();
+                    assert!(
+                        e.contains("rank 2: ") && e.contains("no rank applies it"),
+                        "{e}"
+                    );
+                }
+            } else {
+                sent.unwrap();
+                assert_eq!(a.unwrap(), before[0].1 + 1);
+                assert_eq!(b.unwrap(), before[1].1 + 1);
+            }
+        });
+        if round == 0 {
+            assert!(started.elapsed() < timeout / 4, "{:?}", started.elapsed());
+            for (r, (snap, v)) in ranks.iter().zip(&before) {
+                assert!(r.snapshot() == *snap, "rank {}: its last version", r.rank);
+                assert_eq!(r.version(), *v);
+            }
+        }
+    }
+    for r in &ranks {
+        assert!(r.snapshot() == r.expected(&m, &new), "rank {}", r.rank);
     }
 }
 

@@ -166,8 +166,9 @@ pub(super) fn verdicts(
     Ok(refusals)
 }
 
-/// The refusals [`verdicts`] found as one message, each rank's on a line.
-pub(super) fn refusals(what: &str, refusals: &[(usize, String)]) -> String {
+/// The refusals [`verdicts`] found as one message under `heading`, each
+/// rank's on a line.
+pub(super) fn refusals(heading: &str, refusals: &[(usize, String)]) -> String {
     let lines: Vec<String> = refusals
         .iter()
         .map(|(r, m)| {
@@ -177,10 +178,7 @@ pub(super) fn refusals(what: &str, refusals: &[(usize, String)]) -> String {
             )
         })
         .collect();
-    format!(
-        "{what} refused before any byte moved:\n  {}",
-        lines.join("\n  ")
-    )
+    format!("{heading}:\n  {}", lines.join("\n  "))
 }
 
 #[cfg(test)]

@@ -5,7 +5,10 @@
 //! the root's header (the announced tensors, as length then JSON), then
 //! every rank's verdict on it ([`BucketSource::agree`]), so a refusal on any
 //! rank fails every rank before any bucket. Then every bucket travels in
-//! place in the ring. Every
+//! place in the ring, and after the last every rank votes on whether it
+//! holds the whole update (a rank that failed meanwhile still takes part in
+//! every broadcast), so a staged update is applied on every rank or on
+//! none. Every
 //! rank cuts the same plan from the header ([`plan_buckets`]), so no
 //! per-bucket manifest travels and a rank's plan is its own. Bucket k+1's
 //! broadcast is queued before bucket k is handed to the sink, so it lands
@@ -227,6 +230,13 @@ pub struct BroadcastSource<'a> {
     /// The header's broadcast completed: the ranks are in step, and the
     /// verdicts can be exchanged.
     in_step: bool,
+    /// Every rank accepted the update: the buckets flow.
+    agreed: bool,
+    /// The vote after the last bucket was taken.
+    voted: bool,
+    /// A broadcast or a wait failed: the ranks are out of step, so no more
+    /// broadcasts.
+    broken: bool,
 }
 
 impl<'a> BroadcastSource<'a> {
@@ -263,6 +273,9 @@ impl<'a> BroadcastSource<'a> {
             refused_here: None,
             no_header: false,
             in_step: false,
+            agreed: false,
+            voted: false,
+            broken: false,
         }
     }
 
@@ -287,7 +300,67 @@ impl<'a> BroadcastSource<'a> {
     /// Run one step of the agreement with its broadcasts (slot 0).
     fn step<T>(&mut self, f: impl FnOnce(Exchange<'_>) -> Result<T>) -> Result<T> {
         let (ring, coll) = (self.ring, &mut *self.coll);
-        f(&mut |root, bytes, len| ring.broadcast_bytes(coll, root, bytes, len))
+        let r = f(&mut |root, bytes, len| ring.broadcast_bytes(coll, root, bytes, len));
+        self.broken |= r.is_err();
+        r
+    }
+
+    /// The vote after the last bucket: every rank says whether it holds
+    /// the whole update (`mine`: why not). A staged update moves nothing
+    /// into place before it, so a rank that failed after the agreement (no
+    /// scratch for a staged update, a copy error) makes every rank keep its
+    /// last version, at once, instead of leaving them waiting for it.
+    fn vote(&mut self, mine: &[String]) -> Result<()> {
+        self.voted = true;
+        let (world, me, root) = (self.coll.world(), self.coll.rank(), self.root);
+        let failed = self.step(|x| agreement::verdicts(world, me, mine, x))?;
+        if failed.is_empty() {
+            return Ok(());
+        }
+        Err(Error::UpdateSource(agreement::refusals(
+            &format!(
+                "broadcast from rank {root}: a rank could not apply the update, so no rank applies it (each keeps its last version)"
+            ),
+            &failed,
+        )))
+    }
+
+    /// After this rank's update failed midway: take part in every bucket's
+    /// broadcast the others still make (applying none), then in the vote,
+    /// saying why, so no rank waits for this one.
+    fn complete(&mut self, why: &str) {
+        if !self.agreed || self.voted || self.broken {
+            return;
+        }
+        let n = self.ring.slots.len();
+        // The update returned: it holds no slot any more.
+        while self.queued < self.plan.len() && !self.broken {
+            let k = self.queued;
+            if k >= n {
+                let done = self.ring.wait(
+                    self.ring.events[k % n],
+                    self.coll,
+                    &format!("bucket {}", k - n),
+                );
+                self.broken |= done.is_err();
+                self.released = self.released.max(k + 1 - n);
+            }
+            if !self.broken {
+                let queued = self.queue(k);
+                self.broken |= queued.is_err();
+            }
+        }
+        for k in self.plan.len().saturating_sub(n)..self.plan.len() {
+            if !self.broken {
+                let done =
+                    self.ring
+                        .wait(self.ring.events[k % n], self.coll, &format!("bucket {k}"));
+                self.broken |= done.is_err();
+            }
+        }
+        if !self.broken {
+            let _ = self.vote(&[why.to_string()]);
+        }
     }
 
     fn is_root(&self) -> bool {
@@ -421,6 +494,7 @@ impl BucketSource for BroadcastSource<'_> {
             (None, Ok(())) => Vec::new(),
         };
         let refusals = self.step(|x| agreement::verdicts(world, me, &mine, x))?;
+        self.agreed = own.is_none() && !self.no_header && verdict.is_ok() && refusals.is_empty();
         // This rank's own refusal keeps its kind (a version mismatch, a plan,
         // the root's tensors).
         if let Some(e) = own {
@@ -433,7 +507,7 @@ impl BucketSource for BroadcastSource<'_> {
             }
         }
         Err(Error::UpdateSource(agreement::refusals(
-            &format!("broadcast from rank {root}"),
+            &format!("broadcast from rank {root} refused before any byte moved"),
             &refusals,
         )))
     }
@@ -445,14 +519,20 @@ impl BucketSource for BroadcastSource<'_> {
     fn next(&mut self) -> Result<Option<(BucketManifest, DevicePtr)>> {
         let k = self.handed;
         if k == self.plan.len() {
+            if self.agreed && !self.voted {
+                self.vote(&[])?;
+            }
             return Ok(None);
         }
         let n = self.ring.slots.len();
         // Bucket k's slot is free (the sink holds at most the bucket before
         // it); later buckets are queued as the sink releases their slots.
-        self.queue_ready()?;
-        self.ring
-            .wait(self.ring.events[k % n], self.coll, &format!("bucket {k}"))?;
+        let landed = self.queue_ready().and_then(|()| {
+            self.ring
+                .wait(self.ring.events[k % n], self.coll, &format!("bucket {k}"))
+        });
+        self.broken |= landed.is_err();
+        landed?;
         self.handed = k + 1;
         Ok(Some((self.plan[k].clone(), self.ring.slots[k % n])))
     }
@@ -461,11 +541,17 @@ impl BucketSource for BroadcastSource<'_> {
         // The next bucket for this slot lands while the sink applies the
         // one it holds.
         self.released = self.released.max(seq as usize + 1);
-        self.queue_ready()
+        let queued = self.queue_ready();
+        self.broken |= queued.is_err();
+        queued
     }
 
-    fn finish(&mut self, _outcome: std::result::Result<u64, String>) {
-        // Every rank learns of a failure through the collective itself.
+    fn finish(&mut self, outcome: std::result::Result<u64, String>) {
+        // A failure before the agreement ended is every rank's already; one
+        // after it is told in the vote (see `complete`).
+        if let Err(why) = outcome {
+            self.complete(&why);
+        }
     }
 }
 

@@ -88,7 +88,7 @@ impl LoadSource<'_> {
         let refusals = self.step(|x| agreement::verdicts(world, me, &problems, x))?;
         if !refusals.is_empty() {
             return Err(Error::InvalidArgument(agreement::refusals(
-                "broadcast load",
+                "broadcast load refused before any byte moved",
                 &refusals,
             )));
         }
