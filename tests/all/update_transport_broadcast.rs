@@ -6,10 +6,13 @@
 //! version intact; ranks whose bucket sizes differ refused before any bucket
 //! moves; NCCL missing or wrong named in the error.
 
+use crate::common::loader::Tensors;
+use crate::loader_tp::Model;
 use crate::update_transport_ranks::{
     host_driver, model, new_values, send_tensors, write_checkpoint, Rank,
 };
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -46,6 +49,45 @@ fn run_rank(
     let ring = Ring::new(r.pool.clone(), &options(slot))?;
     let mut source = BroadcastSource::rank(coll, &ring, root);
     r.receive(&mut source).map(|d| d.version)
+}
+
+/// The test model's checkpoint loaded by both ranks of a tensor-parallel
+/// world of two under `name`, and a trainer's new values (`seed`).
+struct WorldOfTwo {
+    m: Model,
+    _dir: tempfile::TempDir,
+    new: Tensors,
+    ranks: [Rank; 2],
+}
+
+fn world_of_two(name: &str, seed: u64) -> WorldOfTwo {
+    let m = model();
+    let dir = tempfile::tempdir().unwrap();
+    write_checkpoint(dir.path(), &m);
+    let new = new_values(&m, seed);
+    let ranks = [
+        Rank::load(dir.path(), &m, name, 0, 2),
+        Rank::load(dir.path(), &m, name, 1, 2),
+    ];
+    WorldOfTwo {
+        m,
+        _dir: dir,
+        new,
+        ranks,
+    }
+}
+
+/// What each rank holds now, and its version.
+fn held(ranks: &[Rank]) -> Vec<(BTreeMap<String, Vec<u8>>, u64)> {
+    ranks.iter().map(|r| (r.snapshot(), r.version())).collect()
+}
+
+/// Every rank still holds `before`, at the same version.
+fn assert_kept(ranks: &[Rank], before: &[(BTreeMap<String, Vec<u8>>, u64)]) {
+    for (r, (snap, v)) in ranks.iter().zip(before) {
+        assert!(r.snapshot() == *snap, "rank {}: its last version", r.rank);
+        assert_eq!(r.version(), *v, "rank {}", r.rank);
+    }
 }
 
 #[test]
@@ -92,16 +134,9 @@ fn tensor_parallel_ranks_keep_only_their_slices_bitwise() {
 
 #[test]
 fn a_root_that_is_an_engine_rank_applies_the_update_too() {
-    let m = model();
-    let dir = tempfile::tempdir().unwrap();
-    write_checkpoint(dir.path(), &m);
-    let new = new_values(&m, 5000);
+    let WorldOfTwo { m, new, ranks, .. } = world_of_two("bcast-root", 5000);
     let tensors = send_tensors(&new);
     let mut colls = TestCollective::group(2, Duration::from_secs(10));
-    let ranks = [
-        Rank::load(dir.path(), &m, "bcast-root", 0, 2),
-        Rank::load(dir.path(), &m, "bcast-root", 1, 2),
-    ];
     let (a, b) = colls.split_at_mut(1);
     std::thread::scope(|s| {
         let (r0, r1) = (&ranks[0], &ranks[1]);
@@ -163,16 +198,9 @@ impl Collective for Leaving {
 
 #[test]
 fn a_rank_leaving_mid_update_fails_the_others_with_their_last_version() {
-    let m = model();
-    let dir = tempfile::tempdir().unwrap();
-    write_checkpoint(dir.path(), &m);
-    let new = new_values(&m, 6000);
+    let WorldOfTwo { new, ranks, .. } = world_of_two("bcast-leave", 6000);
     let tensors = send_tensors(&new);
-    let ranks = [
-        Rank::load(dir.path(), &m, "bcast-leave", 0, 2),
-        Rank::load(dir.path(), &m, "bcast-leave", 1, 2),
-    ];
-    let before: Vec<_> = ranks.iter().map(|r| (r.snapshot(), r.version())).collect();
+    let before = held(&ranks);
     let mut colls = TestCollective::group(3, Duration::from_secs(10));
     let mut last = colls.pop().unwrap();
     let mut middle = colls.pop().unwrap();
@@ -201,14 +229,7 @@ fn a_rank_leaving_mid_update_fails_the_others_with_their_last_version() {
             assert!(e.to_string().contains("rank 0 left the group"), "{e}");
         }
     });
-    for (r, (snap, v)) in ranks.iter().zip(before) {
-        assert!(
-            r.snapshot() == snap,
-            "rank {}: the last version is intact",
-            r.rank
-        );
-        assert_eq!(r.version(), v);
-    }
+    assert_kept(&ranks, &before);
 }
 
 #[test]
@@ -249,18 +270,11 @@ fn ranks_with_different_bucket_sizes_are_refused_before_any_bucket() {
 /// the others naming every refusal; nothing written anywhere.
 #[test]
 fn a_rank_that_refuses_fails_every_rank_before_any_bucket() {
-    let m = model();
-    let dir = tempfile::tempdir().unwrap();
-    write_checkpoint(dir.path(), &m);
-    let new = new_values(&m, 8000);
+    let WorldOfTwo { new, ranks, .. } = world_of_two("bcast-refuse", 8000);
     let mut tensors = send_tensors(&new);
     // The root sends one tensor less: every engine rank's plan misses it.
     let dropped = tensors.pop().unwrap().name;
-    let ranks = [
-        Rank::load(dir.path(), &m, "bcast-refuse", 0, 2),
-        Rank::load(dir.path(), &m, "bcast-refuse", 1, 2),
-    ];
-    let before: Vec<_> = ranks.iter().map(|r| (r.snapshot(), r.version())).collect();
+    let before = held(&ranks);
     let timeout = Duration::from_secs(20);
     let mut colls = TestCollective::group(3, timeout);
     let (mut c2, mut c1, mut root) = (
@@ -304,10 +318,7 @@ fn a_rank_that_refuses_fails_every_rank_before_any_bucket() {
         "refused in {:?}, not at once",
         started.elapsed()
     );
-    for (r, (snap, v)) in ranks.iter().zip(before) {
-        assert!(r.snapshot() == snap, "rank {}: nothing written", r.rank);
-        assert_eq!(r.version(), v);
-    }
+    assert_kept(&ranks, &before);
 }
 
 /// A rank whose update fails after every rank accepted it (no device
@@ -317,16 +328,9 @@ fn a_rank_that_refuses_fails_every_rank_before_any_bucket() {
 /// step for the next update, which every rank applies.
 #[test]
 fn a_rank_failing_after_the_agreement_makes_every_rank_keep_its_version() {
-    let m = model();
-    let dir = tempfile::tempdir().unwrap();
-    write_checkpoint(dir.path(), &m);
-    let new = new_values(&m, 9500);
+    let WorldOfTwo { m, new, ranks, .. } = world_of_two("bcast-late", 9500);
     let tensors = send_tensors(&new);
-    let ranks = [
-        Rank::load(dir.path(), &m, "bcast-late", 0, 2),
-        Rank::load(dir.path(), &m, "bcast-late", 1, 2),
-    ];
-    let before: Vec<_> = ranks.iter().map(|r| (r.snapshot(), r.version())).collect();
+    let before = held(&ranks);
     let timeout = Duration::from_secs(20);
     let mut colls = TestCollective::group(3, timeout);
     let (mut c2, mut c1, mut root) = (
@@ -378,10 +382,7 @@ fn a_rank_failing_after_the_agreement_makes_every_rank_keep_its_version() {
         });
         if round == 0 {
             assert!(started.elapsed() < timeout / 4, "{:?}", started.elapsed());
-            for (r, (snap, v)) in ranks.iter().zip(&before) {
-                assert!(r.snapshot() == *snap, "rank {}: its last version", r.rank);
-                assert_eq!(r.version(), *v);
-            }
+            assert_kept(&ranks, &before);
         }
     }
     for r in &ranks {
