@@ -46,6 +46,12 @@ pub fn check_available(len: u64, what: &str) -> Result<()> {
 /// Pinned buffers made here are whole multiples of this (a huge page).
 pub const PINNED_UNIT_BYTES: usize = 2 << 20;
 
+/// The bytes a pinned buffer of `len` bytes holds: whole huge pages. Limits
+/// on pinned memory count these, not the bytes asked for.
+pub fn pinned_len(len: u64) -> u64 {
+    len.max(1).next_multiple_of(PINNED_UNIT_BYTES as u64)
+}
+
 /// Map `len` bytes (rounded up to 2 MiB) of private anonymous memory, advise
 /// huge pages and touch every page from several threads. Returns the address
 /// and the rounded length; free it with [`unmap`]. Refused with
@@ -59,7 +65,7 @@ fn map_populated(len: usize, what: &str) -> Result<(*mut u8, usize)> {
             in_use: 0,
         });
     }
-    let len = len.max(1).next_multiple_of(PINNED_UNIT_BYTES);
+    let len = pinned_len(len as u64) as usize;
     check_available(len as u64, what)?;
     // SAFETY: a fresh private anonymous mapping; no existing memory is affected.
     let p = unsafe {

@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use crate::driver::Driver;
 use crate::error::{Error, Result};
-use crate::hostmem::PinnedHost;
+use crate::hostmem::{pinned_len, PinnedHost};
 
 /// Default slab size: big enough that slab count stays small, small enough that
 /// creating the next slab overlaps the copies into the previous one.
@@ -166,7 +166,9 @@ impl BackupArena {
     /// has checked `bytes` against the limit. Call `finish_prefetch` after.
     pub fn start_prefetch(&mut self, bytes: u64, piece: usize) {
         self.finish_prefetch();
-        let piece = piece.max(crate::units::page_size());
+        // Whole pinned pages, so the slabs pin `pinned_len(bytes)` in all:
+        // what the callers counted against the limit.
+        let piece = pinned_len(piece as u64) as usize;
         let mut sizes = Vec::new();
         let mut left = bytes as usize;
         while left > 0 {
@@ -334,7 +336,7 @@ impl BackupArena {
             return Ok(());
         }
         let held = self.held();
-        if held.saturating_add(missing) > self.limit {
+        if held.saturating_add(pinned_len(missing)) > self.limit {
             return Err(Error::HostOutOfMemory {
                 what: format!("reserving {bytes} bytes of pinned backup"),
                 requested: missing,
@@ -415,7 +417,7 @@ impl BackupArena {
 
     fn add_slab(&mut self, len: usize) -> Result<usize> {
         let held = self.held();
-        if held.saturating_add(len as u64) > self.limit {
+        if held.saturating_add(pinned_len(len as u64)) > self.limit {
             return Err(Error::HostOutOfMemory {
                 what: format!("pinned backup slab of {len} bytes"),
                 requested: len as u64,

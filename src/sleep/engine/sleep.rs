@@ -13,7 +13,7 @@ use super::{SegmentBackup, SleepEngine, TagSegments};
 use crate::codec::Layout;
 use crate::driver::{DevicePtr, EventId, StreamId};
 use crate::error::{Error, Result};
-use crate::hostmem::PINNED_UNIT_BYTES;
+use crate::hostmem::pinned_len;
 use crate::segment::{Segment, SleepState};
 use crate::tag::TagId;
 
@@ -229,17 +229,10 @@ impl SleepEngine {
             };
         }
         let room = s.arena.limit().saturating_sub(s.arena.held());
-        let refused = if policy == Policy::OffloadCompressed {
-            // The bound is not a whole number of pinned pages, and slabs
-            // are (see `start_pinning`): count the pages the pinning takes.
-            need_new
-                .saturating_sub(s.arena.free_bytes())
-                .next_multiple_of(PINNED_UNIT_BYTES as u64)
-                > room
-        } else {
-            need_new > room + s.arena.free_bytes()
-        };
-        if refused {
+        // Slabs are whole pinned pages (see `start_pinning`): count the
+        // pages the pinning takes, not the bytes.
+        let to_pin = need_new.saturating_sub(s.arena.free_bytes());
+        if to_pin > 0 && pinned_len(to_pin) > room {
             return Err(Error::HostOutOfMemory {
                 what: format!("backup for sleeping tag {tag}"),
                 requested: need_new,
@@ -279,15 +272,13 @@ impl SleepEngine {
         // pins each frame's bytes as they come (a growth hint of 0).
         let missing = run.pin_ahead.saturating_sub(s.arena.free_bytes());
         let slab = if run.bound_only {
-            // Whole pinned pages, so the slabs pin no more than the pages
-            // `plan_copies` counted.
-            s.options
-                .pipeline_slab_bytes
-                .min(COMPRESSED_PIN_SLAB_BYTES)
-                .next_multiple_of(PINNED_UNIT_BYTES)
+            s.options.pipeline_slab_bytes.min(COMPRESSED_PIN_SLAB_BYTES)
         } else {
             s.options.pipeline_slab_bytes
         };
+        // The arena pins slabs of whole pages, no more than `plan_copies`
+        // counted.
+        let slab = pinned_len(slab as u64) as usize;
         let on_demand = run.bound_only && missing < COMPRESSED_PIN_MIN_SLABS * slab as u64;
         s.arena
             .set_growth_hint(Some(if on_demand { 0 } else { run.need_new }));
