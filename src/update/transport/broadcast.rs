@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 
 use super::agreement::{self, Exchange, FromRoot};
-use super::bucket::{check_announced, plan_buckets, AnnouncedTensor, BucketManifest};
+use super::bucket::{plan_buckets, AnnouncedTensor, BucketManifest};
 use super::receive::{drain, BucketSource};
 use super::send::{SendData, SendTensor};
 use super::{DEFAULT_BUCKET_BYTES, DEFAULT_SLOTS};
@@ -281,19 +281,7 @@ impl<'a> BroadcastSource<'a> {
 
     /// The root's header: its tensors, checked.
     fn header(&self) -> Result<Header> {
-        let tensors = self
-            .tensors
-            .iter()
-            .map(|t| {
-                Ok(AnnouncedTensor {
-                    name: t.name.clone(),
-                    dtype: t.dtype.name().to_string(),
-                    shape: t.shape.iter().map(|&d| d as u64).collect(),
-                    bytes: t.checked_bytes()?,
-                })
-            })
-            .collect::<Result<Vec<_>>>()?;
-        check_announced(&tensors)?;
+        let (tensors, _) = super::send::announce(self.tensors)?;
         Ok(Header { tensors })
     }
 

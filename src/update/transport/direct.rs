@@ -43,21 +43,7 @@ fn plan(
     at: &Endpoint<'_>,
     tensors: &[SendTensor<'_>],
 ) -> Result<(Vec<Group>, Vec<(usize, usize)>, u64)> {
-    let sizes = tensors
-        .iter()
-        .map(SendTensor::checked_bytes)
-        .collect::<Result<Vec<u64>>>()?;
-    let announced: Vec<AnnouncedTensor> = tensors
-        .iter()
-        .zip(&sizes)
-        .map(|(t, &bytes)| AnnouncedTensor {
-            name: t.name.clone(),
-            dtype: t.dtype.name().to_string(),
-            shape: t.shape.iter().map(|&d| d as u64).collect(),
-            bytes,
-        })
-        .collect();
-    check_announced(&announced)?;
+    let (_, sizes) = super::send::announce(tensors)?;
     let mut groups: Vec<Group> = Vec::new();
     let mut places = Vec::with_capacity(tensors.len());
     let mut problems = Vec::new();

@@ -234,21 +234,7 @@ impl IpcSender {
         let start = Instant::now();
         super::send::check_receivers(&self.path, receivers)?;
         // Every check before a receiver is involved.
-        let sizes = tensors
-            .iter()
-            .map(SendTensor::checked_bytes)
-            .collect::<Result<Vec<u64>>>()?;
-        let announced: Vec<AnnouncedTensor> = tensors
-            .iter()
-            .zip(&sizes)
-            .map(|(t, &bytes)| AnnouncedTensor {
-                name: t.name.clone(),
-                dtype: t.dtype.name().to_string(),
-                shape: t.shape.iter().map(|&d| d as u64).collect(),
-                bytes,
-            })
-            .collect();
-        super::bucket::check_announced(&announced)?;
+        let (announced, sizes) = super::send::announce(tensors)?;
         let buckets = plan_buckets(&sizes, self.options.slot_bytes as u64)?;
         self.ring()?;
         let ring = self.ring.as_ref().expect("started above");

@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use super::bucket::{check_announced, AnnouncedTensor};
 use crate::driver::DevicePtr;
 use crate::error::{Error, Result};
 use crate::loader::dtype::Dtype;
@@ -52,6 +53,27 @@ impl SendTensor<'_> {
         }
         Ok(b as u64)
     }
+}
+
+/// What a sender announces of `tensors` before any bucket, checked as a
+/// receiver checks it, with each tensor's bytes.
+pub fn announce(tensors: &[SendTensor<'_>]) -> Result<(Vec<AnnouncedTensor>, Vec<u64>)> {
+    let sizes = tensors
+        .iter()
+        .map(SendTensor::checked_bytes)
+        .collect::<Result<Vec<u64>>>()?;
+    let announced: Vec<AnnouncedTensor> = tensors
+        .iter()
+        .zip(&sizes)
+        .map(|(t, &bytes)| AnnouncedTensor {
+            name: t.name.clone(),
+            dtype: t.dtype.name().to_string(),
+            shape: t.shape.iter().map(|&d| d as u64).collect(),
+            bytes,
+        })
+        .collect();
+    check_announced(&announced)?;
+    Ok((announced, sizes))
 }
 
 /// Run `f` over the tensors of a resident update source (whole tensors of
