@@ -50,7 +50,11 @@
 //! succeeded registers the checkpoint as the tag's reload source, as a load
 //! does, so a Reload wake reads the files on each rank, and is the session's
 //! last result ([`Session::last_result`]: the checkpoint's bytes over the
-//! whole call, and this rank's reads by path).
+//! whole call, and this rank's reads by path). Should that registration
+//! fail (hashing the checkpoint on the device), the error is returned with
+//! the destinations written and the version moved, as a load into a pool
+//! does: no older reload source covers them any more, so a Reload sleep of
+//! the tag keeps their bytes in the host backup.
 
 mod header;
 mod source;
