@@ -201,10 +201,7 @@ fn a_rank_leaving_mid_update_fails_the_others_with_their_last_version() {
     let WorldOfTwo { new, ranks, .. } = world_of_two("bcast-leave", 6000);
     let tensors = send_tensors(&new);
     let before = held(&ranks);
-    let mut colls = TestCollective::group(3, Duration::from_secs(10));
-    let mut last = colls.pop().unwrap();
-    let mut middle = colls.pop().unwrap();
-    let root = colls.pop().unwrap();
+    let [root, mut middle, mut last] = TestCollective::ranks(Duration::from_secs(10));
     std::thread::scope(|s| {
         let tensors = &tensors;
         let (r0, r1) = (&ranks[0], &ranks[1]);
@@ -241,9 +238,7 @@ fn ranks_with_different_bucket_sizes_are_refused_before_any_bucket() {
     let tensors = send_tensors(&new);
     let r = Rank::load(dir.path(), &m, "bcast-sizes", 0, 1);
     let before = r.snapshot();
-    let mut colls = TestCollective::group(2, Duration::from_secs(10));
-    let mut other = colls.pop().unwrap();
-    let mut root = colls.pop().unwrap();
+    let [mut root, mut other] = TestCollective::ranks(Duration::from_secs(10));
     std::thread::scope(|s| {
         let tensors = &tensors;
         let sender = s.spawn(move || {
@@ -276,12 +271,7 @@ fn a_rank_that_refuses_fails_every_rank_before_any_bucket() {
     let dropped = tensors.pop().unwrap().name;
     let before = held(&ranks);
     let timeout = Duration::from_secs(20);
-    let mut colls = TestCollective::group(3, timeout);
-    let (mut c2, mut c1, mut root) = (
-        colls.pop().unwrap(),
-        colls.pop().unwrap(),
-        colls.pop().unwrap(),
-    );
+    let [mut root, mut c1, mut c2] = TestCollective::ranks(timeout);
     let started = std::time::Instant::now();
     std::thread::scope(|s| {
         let tensors = &tensors;
@@ -332,12 +322,7 @@ fn a_rank_failing_after_the_agreement_makes_every_rank_keep_its_version() {
     let tensors = send_tensors(&new);
     let before = held(&ranks);
     let timeout = Duration::from_secs(20);
-    let mut colls = TestCollective::group(3, timeout);
-    let (mut c2, mut c1, mut root) = (
-        colls.pop().unwrap(),
-        colls.pop().unwrap(),
-        colls.pop().unwrap(),
-    );
+    let [mut root, mut c1, mut c2] = TestCollective::ranks(timeout);
     let started = std::time::Instant::now();
     for round in 0..2 {
         std::thread::scope(|s| {
@@ -405,8 +390,7 @@ fn a_root_refusing_its_own_tensors_fails_every_rank_at_once() {
     let r = Rank::load(dir.path(), &m, "bcast-root-refuses", 0, 1);
     let before = (r.snapshot(), r.version());
     let timeout = Duration::from_secs(20);
-    let mut colls = TestCollective::group(2, timeout);
-    let (mut other, mut root) = (colls.pop().unwrap(), colls.pop().unwrap());
+    let [mut root, mut other] = TestCollective::ranks(timeout);
     let started = std::time::Instant::now();
     std::thread::scope(|s| {
         let tensors = &tensors;

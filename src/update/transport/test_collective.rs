@@ -62,6 +62,14 @@ impl TestCollective {
             .collect()
     }
 
+    /// [`Self::group`] of `N` ranks as an array, to be named rank by rank.
+    pub fn ranks<const N: usize>(timeout: Duration) -> [TestCollective; N] {
+        match Self::group(N, timeout).try_into() {
+            Ok(ranks) => ranks,
+            Err(_) => unreachable!("a group of N has N ranks"),
+        }
+    }
+
     fn wait<'a>(
         &self,
         mut g: std::sync::MutexGuard<'a, Round>,
