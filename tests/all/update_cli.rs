@@ -8,21 +8,25 @@ use crate::common;
 
 use common::cli::*;
 
-#[test]
-fn bench_update_reports_the_ratio_and_checks_the_bytes() {
-    let dir = tempfile::tempdir().unwrap();
-    let ckpt = small_checkpoint(dir.path());
-    let r = vmmw(&[
+/// `vmmw bench-update CKPT` on the llama preset (head dim 16), then `args`.
+fn bench_update(ckpt: &str, args: &[&str]) -> Run {
+    let mut all = vec![
         "bench-update",
-        &ckpt,
+        ckpt,
         "--preset",
         "llama",
         "--head-dim",
         "16",
-        "--repeat",
-        "2",
-        "--json",
-    ]);
+    ];
+    all.extend_from_slice(args);
+    vmmw(&all)
+}
+
+#[test]
+fn bench_update_reports_the_ratio_and_checks_the_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = small_checkpoint(dir.path());
+    let r = bench_update(&ckpt, &["--repeat", "2", "--json"]);
     assert_eq!(r.code, 0, "{}", r.all());
     let j = r.json();
     assert_eq!(j["backend"], "host");
@@ -50,22 +54,19 @@ fn bench_update_reports_the_ratio_and_checks_the_bytes() {
     }
 
     // A rank of a tensor-parallel world, staged.
-    let r = vmmw(&[
-        "bench-update",
+    let r = bench_update(
         &ckpt,
-        "--preset",
-        "llama",
-        "--head-dim",
-        "16",
-        "--tp-world",
-        "2",
-        "--tp-rank",
-        "1",
-        "--staged",
-        "--repeat",
-        "1",
-        "--json",
-    ]);
+        &[
+            "--tp-world",
+            "2",
+            "--tp-rank",
+            "1",
+            "--staged",
+            "--repeat",
+            "1",
+            "--json",
+        ],
+    );
     assert_eq!(r.code, 0, "{}", r.all());
     assert_eq!(r.json()["staged"], true);
 }
@@ -78,21 +79,18 @@ fn bench_update_through_the_ipc_transport() {
     // update attaches, the timed ones recognize the manifest and reuse the
     // imports).
     for transport in ["ipc", "ipc-direct"] {
-        let r = vmmw(&[
-            "bench-update",
+        let r = bench_update(
             &ckpt,
-            "--preset",
-            "llama",
-            "--head-dim",
-            "16",
-            "--transport",
-            transport,
-            "--bucket-bytes",
-            "4096",
-            "--repeat",
-            "2",
-            "--json",
-        ]);
+            &[
+                "--transport",
+                transport,
+                "--bucket-bytes",
+                "4096",
+                "--repeat",
+                "2",
+                "--json",
+            ],
+        );
         assert_eq!(r.code, 0, "{transport}: {}", r.all());
         let j = r.json();
         assert_eq!(j["transport"], transport);
@@ -120,18 +118,7 @@ fn bench_update_refuses_bad_arguments() {
     let r = vmmw(&["bench-update", &ckpt, "--tp-world", "2"]);
     assert_ne!(r.code, 0);
     assert!(r.stderr.contains("--preset"), "{}", r.all());
-    let r = vmmw(&[
-        "bench-update",
-        &ckpt,
-        "--preset",
-        "llama",
-        "--head-dim",
-        "16",
-        "--tp-world",
-        "2",
-        "--tp-rank",
-        "2",
-    ]);
+    let r = bench_update(&ckpt, &["--tp-world", "2", "--tp-rank", "2"]);
     assert_ne!(r.code, 0);
     assert!(r.stderr.contains("rank 2"), "{}", r.all());
     let r = vmmw(&["bench-update", "/nonexistent/model.safetensors"]);
