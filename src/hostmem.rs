@@ -47,9 +47,12 @@ pub fn check_available(len: u64, what: &str) -> Result<()> {
 pub const PINNED_UNIT_BYTES: usize = 2 << 20;
 
 /// The bytes a pinned buffer of `len` bytes holds: whole huge pages. Limits
-/// on pinned memory count these, not the bytes asked for.
+/// on pinned memory count these, not the bytes asked for. Saturates: a
+/// length near `u64::MAX` counts as more than any limit.
 pub fn pinned_len(len: u64) -> u64 {
-    len.max(1).next_multiple_of(PINNED_UNIT_BYTES as u64)
+    len.max(1)
+        .checked_next_multiple_of(PINNED_UNIT_BYTES as u64)
+        .unwrap_or(u64::MAX)
 }
 
 /// Map `len` bytes (rounded up to 2 MiB) of private anonymous memory, advise
