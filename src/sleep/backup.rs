@@ -212,7 +212,14 @@ impl BackupArena {
     fn take_prefetched(&mut self) -> Option<Result<usize>> {
         let p = self.prefetch.as_ref()?;
         match p.ready.recv() {
-            Ok(Ok(slab)) => Some(Ok(self.push_slab(slab))),
+            Ok(Ok(slab)) => {
+                // Pinned for the current operation's need, as a slab that
+                // `add_slab` makes is.
+                if let Some(h) = self.growth_hint.as_mut() {
+                    *h = h.saturating_sub(slab.len() as u64);
+                }
+                Some(Ok(self.push_slab(slab)))
+            }
             Ok(Err(e)) => {
                 self.finish_prefetch();
                 Some(Err(e))

@@ -62,6 +62,7 @@ mod share_attach_bench;
 mod sleep_compressed;
 mod sleep_engine;
 mod sleep_hazards;
+mod sleep_limits;
 mod update;
 #[cfg(feature = "cli")]
 mod update_cli;

@@ -251,47 +251,6 @@ fn offload_over_the_host_limit_changes_nothing() {
     assert!(read(d.as_ref(), &seg) == data);
 }
 
-#[test]
-fn pinning_in_slabs_of_odd_sizes_stays_under_the_host_limit() {
-    // Pinned slabs are whole 2 MiB pages: slabs of 3 MiB pin 4 MiB each.
-    // The limit counts the pages, so a backup whose pages do not fit is
-    // refused up front, and one whose pages fit never holds more.
-    let (_, d) = host(1 << 30);
-    let engine = SleepEngine::new(
-        d.clone(),
-        SleepOptions {
-            host_memory_limit: 9 << 20,
-            pipeline_slab_bytes: 3 << 20,
-            ..options()
-        },
-    );
-    let mut seg = Segment::allocate(d.clone(), 9 << 20, G).unwrap();
-    let data = fill(d.as_ref(), &seg, 11);
-    let e = engine
-        .sleep(TagId(5), &mut [&mut seg], Policy::Offload)
-        .unwrap_err();
-    assert!(matches!(e, Error::HostOutOfMemory { .. }), "{e}");
-    assert_eq!(seg.sleep_state(), SleepState::Awake);
-    assert!(read(d.as_ref(), &seg) == data);
-    assert_eq!(engine.backup_held_bytes(), 0);
-    let e = engine.reserve_backup(9 << 20).unwrap_err();
-    assert!(matches!(e, Error::HostOutOfMemory { .. }), "{e}");
-    assert_eq!(engine.backup_held_bytes(), 0);
-
-    let mut seg = Segment::allocate(d.clone(), 7 << 20, G).unwrap();
-    let data7 = fill(d.as_ref(), &seg, 12);
-    engine
-        .sleep(TagId(5), &mut [&mut seg], Policy::Offload)
-        .unwrap();
-    let held = engine.backup_held_bytes();
-    assert!(
-        held <= 9 << 20,
-        "pinned {held} bytes under a limit of 9 MiB"
-    );
-    engine.wake(TagId(5), &mut [&mut seg]).unwrap();
-    assert!(read(d.as_ref(), &seg) == data7);
-}
-
 #[derive(Debug)]
 struct PatternSource {
     ranges: Vec<(DevicePtr, usize)>,

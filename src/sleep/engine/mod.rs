@@ -188,8 +188,10 @@ impl SleepEngine {
     }
 
     /// Pin `bytes` of backup memory ahead of time, so even the first sleep
-    /// runs at the link's rate.
+    /// runs at the link's rate. Waits for a sleep or wake running now: its
+    /// background pinning is counted against the limit only when it ends.
     pub fn reserve_backup(&self, bytes: u64) -> Result<()> {
+        let _one = self.one_transition();
         self.lock().arena.reserve(bytes)
     }
 

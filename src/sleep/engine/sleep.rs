@@ -225,7 +225,9 @@ impl SleepEngine {
             } else if old.is_some_and(|b| &b.ranges == k && !b.is_compressed()) {
                 0
             } else {
-                raw as u64
+                // An old backup of other ranges (or a compressed one) is
+                // freed before the new one is placed (`issue_backup`).
+                raw.saturating_sub(old.map_or(0, |b| b.len())) as u64
             };
         }
         let room = s.arena.limit().saturating_sub(s.arena.held());
