@@ -910,8 +910,9 @@ typedef struct vmmw_sleep_options_t {
    */
   uint64_t backup_slab_bytes;
   /**
-   * Cap on pinned backup memory (default unlimited): an offload beyond it
-   * fails with `VMMW_HOST_OUT_OF_MEMORY` before anything moves.
+   * Cap on pinned backup memory (default unlimited), counted in whole
+   * pinned pages (2 MiB): an offload beyond it fails with
+   * `VMMW_HOST_OUT_OF_MEMORY` before anything moves.
    */
   uint64_t host_memory_limit;
   /**
@@ -3113,7 +3114,10 @@ vmmw_status_t vmmw_pool_forget_reload(struct vmmw_pool_t *pool, uint32_t tag, st
  * - `VMMW_HOST_OUT_OF_MEMORY`: beyond the sleep options' host-memory limit
  *   or the host's available memory, checked before pinning (any size up to
  *   `UINT64_MAX` is refused at once); a failure midway unpins what this call
- *   pinned.
+ *   pinned. The limit counts whole pinned pages (2 MiB).
+ *
+ * Thread safety: safe from any thread; a call while a sleep or wake of the
+ * pool's device runs waits for it to end.
  *
  * # Safety
  * `pool` is a live handle; `error` is NULL or writable.

@@ -77,8 +77,9 @@ pub struct vmmw_sleep_options_t {
     pub wake_coalesce_bytes: u64,
     /// Size of each pinned backup slab.
     pub backup_slab_bytes: u64,
-    /// Cap on pinned backup memory (default unlimited): an offload beyond it
-    /// fails with `VMMW_HOST_OUT_OF_MEMORY` before anything moves.
+    /// Cap on pinned backup memory (default unlimited), counted in whole
+    /// pinned pages (2 MiB): an offload beyond it fails with
+    /// `VMMW_HOST_OUT_OF_MEMORY` before anything moves.
     pub host_memory_limit: u64,
     /// 1: free a segment's backup once it is awake again.
     pub free_backup_after_wake: u32,
@@ -263,7 +264,10 @@ pub unsafe extern "C" fn vmmw_pool_forget_reload(
 /// - `VMMW_HOST_OUT_OF_MEMORY`: beyond the sleep options' host-memory limit
 ///   or the host's available memory, checked before pinning (any size up to
 ///   `UINT64_MAX` is refused at once); a failure midway unpins what this call
-///   pinned.
+///   pinned. The limit counts whole pinned pages (2 MiB).
+///
+/// Thread safety: safe from any thread; a call while a sleep or wake of the
+/// pool's device runs waits for it to end.
 ///
 /// # Safety
 /// `pool` is a live handle; `error` is NULL or writable.

@@ -321,7 +321,7 @@ impl Pool {
     }
 
     /// Pin `bytes` of host backup ahead of time, so even the first offload
-    /// sleep runs at the link's rate.
+    /// sleep runs at the link's rate. Waits for a sleep or wake running now.
     pub fn reserve_backup(&self, bytes: u64) -> Result<()> {
         self.sleep.reserve_backup(bytes)
     }

@@ -67,7 +67,8 @@ pub struct SleepOptions {
     pub backup_slab_bytes: usize,
     /// Slab size of the background pinning pipeline (first sleep, reserve-ahead).
     pub pipeline_slab_bytes: usize,
-    /// Cap on pinned backup memory.
+    /// Cap on pinned backup memory, counted in whole pinned pages
+    /// ([`crate::hostmem::PINNED_UNIT_BYTES`]).
     pub host_memory_limit: u64,
     /// Free the backup of a segment once it is awake again (the memory stays
     /// pinned in the arena for the next sleep unless `release_pinned_after_wake`).
