@@ -42,7 +42,8 @@ impl Rng {
     }
 }
 
-fn fill(d: &dyn Driver, seg: &Segment, seed: u64) -> Vec<u8> {
+/// Random bytes (they do not compress) over the whole segment.
+pub(crate) fn fill(d: &dyn Driver, seg: &Segment, seed: u64) -> Vec<u8> {
     let mut r = Rng(seed | 1);
     let bytes: Vec<u8> = (0..seg.committed()).map(|_| r.next() as u8).collect();
     // SAFETY: the segment is awake and `committed` bytes long.
@@ -51,7 +52,7 @@ fn fill(d: &dyn Driver, seg: &Segment, seed: u64) -> Vec<u8> {
     bytes
 }
 
-fn read(d: &dyn Driver, seg: &Segment) -> Vec<u8> {
+pub(crate) fn read(d: &dyn Driver, seg: &Segment) -> Vec<u8> {
     let mut out = vec![0u8; seg.committed()];
     // SAFETY: the segment is awake and `committed` bytes long.
     unsafe { d.copy_dtoh_async(out.as_mut_ptr(), seg.ptr(), out.len(), StreamId::DEFAULT) }

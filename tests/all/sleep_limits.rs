@@ -14,6 +14,8 @@ use vmmweights::sleep::{Policy, SleepEngine, SleepOptions};
 use vmmweights::tag::TagId;
 use vmmweights::{Error, Segment, SleepState};
 
+use crate::sleep_engine::{fill, read};
+
 const G: usize = 64 << 10;
 const PAGE: u64 = 2 << 20;
 
@@ -47,30 +49,6 @@ fn write(d: &dyn Driver, seg: &Segment, bytes: &[u8]) {
     unsafe { d.copy_htod_async(seg.ptr(), bytes.as_ptr(), bytes.len(), StreamId::DEFAULT) }
         .unwrap();
     d.synchronize().unwrap();
-}
-
-/// Bytes that do not compress.
-fn fill(d: &dyn Driver, seg: &Segment, seed: u64) -> Vec<u8> {
-    let mut x = seed | 1;
-    let bytes: Vec<u8> = (0..seg.committed())
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect();
-    write(d, seg, &bytes);
-    bytes
-}
-
-fn read(d: &dyn Driver, seg: &Segment) -> Vec<u8> {
-    let mut out = vec![0u8; seg.committed()];
-    // SAFETY: the segment is awake and `committed` bytes long.
-    unsafe { d.copy_dtoh_async(out.as_mut_ptr(), seg.ptr(), out.len(), StreamId::DEFAULT) }
-        .unwrap();
-    d.synchronize().unwrap();
-    out
 }
 
 /// The most a compressed backup of `committed` bytes in frames of `frame`
