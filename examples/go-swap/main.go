@@ -22,7 +22,7 @@ import (
 )
 
 func main() {
-	configPath := flag.String("config", "", "the JSON configuration (README.md)")
+	configPath := flag.String("config", "", "the configuration: llama-swap's YAML (proxy mode) or the library models' JSON (README.md)")
 	listen := flag.String("listen", "127.0.0.1:8077", "address to serve on (port 0: any free port, printed at start)")
 	testEndpoints := flag.Bool("test-endpoints", false, "serve /test/pause and /test/resume (tests hold swaps in flight with them)")
 	shutdownWait := flag.Duration("shutdown-wait", 30*time.Second, "how long a shutdown waits for requests in flight")
@@ -33,11 +33,18 @@ func main() {
 	}
 	if err := run(*configPath, *listen, *testEndpoints, *shutdownWait); err != nil {
 		log.Printf("go-swap: %v", err)
+		var ce configError
+		if errors.As(err, &ce) {
+			os.Exit(2)
+		}
 		os.Exit(1)
 	}
 }
 
 func run(configPath, listen string, testEndpoints bool, shutdownWait time.Duration) error {
+	if raw, err := os.ReadFile(configPath); err == nil && isProxyConfig(raw) {
+		return runProxy(configPath, listen, testEndpoints, shutdownWait)
+	}
 	cfg, err := readConfig(configPath)
 	if err != nil {
 		return err
