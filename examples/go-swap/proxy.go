@@ -30,6 +30,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 )
@@ -61,7 +62,9 @@ type Server struct {
 	cfg *ServerConfig
 	ctl *Control
 
-	proc     *process
+	proc *process
+	// policy is how it sleeps: the configuration's, or one set over HTTP.
+	policy   string
 	state    string
 	phase    string
 	inflight int
@@ -129,7 +132,7 @@ func NewProxy(cfg *ProxyConfig, logger *log.Logger) (*Proxy, error) {
 	p := &Proxy{cfg: cfg, log: logger, sockDir: dir, started: time.Now(), byName: map[string]*Server{}, swapDone: make(chan struct{})}
 	p.cond = sync.NewCond(&p.mu)
 	for _, sc := range cfg.Models {
-		s := &Server{cfg: sc, ctl: &Control{Socket: filepath.Join(dir, sc.ID+".sock")}, state: StateCold, coldWhy: "first request"}
+		s := &Server{cfg: sc, ctl: &Control{Socket: filepath.Join(dir, sc.ID+".sock")}, state: StateCold, coldWhy: "first request", policy: sc.Policy}
 		p.servers = append(p.servers, s)
 		p.byName[sc.ID] = s
 		for _, a := range sc.Aliases {
@@ -297,7 +300,7 @@ func (p *Proxy) swapper() {
 			Start: time.Since(p.started).Seconds(), Held: p.countWaiting(target)}
 		for _, v := range victims {
 			rec.From = append(rec.From, v.cfg.ID)
-			rec.Policies[v.cfg.ID] = v.cfg.Policy
+			rec.Policies[v.cfg.ID] = v.policy
 		}
 		p.flight = &ProxyFlight{ID: rec.ID, Model: target.cfg.ID, From: rec.From, Phase: "draining", Since: rec.Start}
 		aerr := p.swap(target, victims, rec)
@@ -476,13 +479,13 @@ type WakeResult struct {
 }
 
 func (p *Proxy) sleepServer(v *Server) SleepResult {
-	r := SleepResult{Model: v.cfg.ID, Policy: v.cfg.Policy}
 	p.mu.Lock()
+	r := SleepResult{Model: v.cfg.ID, Policy: v.policy}
 	proc := v.proc
 	p.mu.Unlock()
 	t := time.Now()
 	ctx, cancel := context.WithTimeout(context.Background(), p.cfg.SwapTimeout)
-	ans, err := v.ctl.Sleep(ctx, v.cfg.Policy)
+	ans, err := v.ctl.Sleep(ctx, r.Policy)
 	cancel()
 	r.Seconds = time.Since(t).Seconds()
 	p.mu.Lock()
@@ -656,7 +659,7 @@ func (p *Proxy) makeRoom(target *Server, victims []*Server, rec *SwapRecord) map
 	}
 	var need uint64
 	for _, v := range victims {
-		if v.cfg.Policy != "discard" {
+		if v.policy != "discard" {
 			need += v.tracked
 		}
 	}
@@ -783,6 +786,23 @@ func (p *Proxy) Close() {
 	}
 	wg.Wait()
 	os.RemoveAll(p.sockDir)
+}
+
+// SetPolicy changes how name sleeps from its next sleep on.
+func (p *Proxy) SetPolicy(name, policy string) (*ServerView, *APIError) {
+	s, aerr := p.lookup(name)
+	if aerr != nil {
+		return nil, aerr
+	}
+	if !validPolicy(policy) {
+		return nil, &APIError{HTTP: http.StatusBadRequest, Code: CodeBadRequest, Model: s.cfg.ID,
+			Message: fmt.Sprintf("policy %q: use one of %s", policy, strings.Join(proxyPolicies, ", "))}
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	s.policy = policy
+	v := p.viewLocked(s)
+	return &v, nil
 }
 
 // Pause holds later swaps after their drain until Resume (test endpoints).

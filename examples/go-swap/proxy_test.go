@@ -506,6 +506,44 @@ func TestProxyPromptCacheSurvivesSwap(t *testing.T) {
 	}
 }
 
+// TestProxyStandinSeesLostBytes: the stand-in's answers depend on every
+// byte of its memory, so a sleep that keeps nothing (discard) changes what
+// it says after its wake; the tests above would see any loss the same way.
+func TestProxyStandinSeesLostBytes(t *testing.T) {
+	k := standinKit(t)
+	s := proxyService(t, standinConfig(k, ""))
+	before := s.ask("alpha", "remember this", askOpts{})
+	var v struct {
+		Policy string `json:"policy"`
+	}
+	if c := s.call("POST", "/models/alpha/policy", nil); c != 400 {
+		t.Fatalf("a policy request without a body: %d", c)
+	}
+	resp, err := http.Post(s.url+"/models/alpha/policy", "application/json", strings.NewReader(`{"policy":"reload"}`))
+	if err != nil || resp.StatusCode != 400 {
+		t.Fatalf("policy reload: %v %v", resp, err)
+	}
+	resp.Body.Close()
+	resp, err = http.Post(s.url+"/models/alpha/policy", "application/json", strings.NewReader(`{"policy":"discard"}`))
+	if err != nil || resp.StatusCode != 200 {
+		t.Fatalf("policy discard: %v %v", resp, err)
+	}
+	json.NewDecoder(resp.Body).Decode(&v)
+	resp.Body.Close()
+	if v.Policy != "discard" {
+		t.Fatalf("alpha's policy after the change: %q", v.Policy)
+	}
+	s.ask("beta", "x", askOpts{})
+	sw := s.swaps()
+	if last := sw[len(sw)-1]; len(last.Slept) != 1 || last.Slept[0].Policy != "discard" || last.Slept[0].BackupBytes != 0 {
+		t.Fatalf("alpha's discard sleep: %+v", last.Slept)
+	}
+	after, err := s.tryAsk("alpha", "remember this", askOpts{})
+	if err == nil && after.Status == 200 && after.Text == before.Text && after.PromptN == 1 {
+		t.Fatalf("alpha answered as before after its memory was discarded: %+v", after)
+	}
+}
+
 // TestProxyClientGoesAwayMidStream: the upstream request is cancelled, the
 // server's in-flight count drops, and the next swap is not held by it.
 func TestProxyClientGoesAwayMidStream(t *testing.T) {

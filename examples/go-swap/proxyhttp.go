@@ -180,7 +180,8 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, s *Server, path 
 	rp.ServeHTTP(w, r)
 }
 
-// serveModel serves GET /models/{name} and POST /models/{name}/activate.
+// serveModel serves GET /models/{name}, POST /models/{name}/activate and
+// POST /models/{name}/policy.
 func (p *Proxy) serveModel(w http.ResponseWriter, r *http.Request) {
 	parts := strings.Split(strings.TrimPrefix(r.URL.Path, "/models/"), "/")
 	switch {
@@ -208,6 +209,18 @@ func (p *Proxy) serveModel(w http.ResponseWriter, r *http.Request) {
 		release()
 		v, _ := p.Model(s.cfg.ID)
 		reply(w, http.StatusOK, map[string]any{"model": s.cfg.ID, "seconds": time.Since(t).Seconds(), "server": v})
+	case len(parts) == 2 && parts[1] == "policy":
+		if !method(w, r, http.MethodPost) {
+			return
+		}
+		var req struct {
+			Policy string `json:"policy"`
+		}
+		if err := json.NewDecoder(io.LimitReader(r.Body, 4096)).Decode(&req); err != nil {
+			fail(w, &APIError{HTTP: http.StatusBadRequest, Code: CodeBadRequest, Message: `the body: {"policy": "offload"|"offload_compressed"|"discard"}: ` + err.Error()})
+			return
+		}
+		answer(w)(p.SetPolicy(parts[0], req.Policy))
 	default:
 		fail(w, &APIError{HTTP: http.StatusNotFound, Code: CodeNotFound, Message: fmt.Sprintf("no endpoint %s", r.URL.Path)})
 	}

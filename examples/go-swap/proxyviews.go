@@ -194,7 +194,7 @@ func (p *Proxy) Model(name string) (*ServerView, *APIError) {
 
 func (p *Proxy) viewLocked(s *Server) ServerView {
 	v := ServerView{Name: s.cfg.ID, Aliases: append([]string{}, s.cfg.Aliases...), State: s.state, Phase: s.phase,
-		Draining: s.draining, Policy: s.cfg.Policy, Proxy: s.cfg.Proxy.String(), Cmd: s.cfg.Args,
+		Draining: s.draining, Policy: s.policy, Proxy: s.cfg.Proxy.String(), Cmd: s.cfg.Args,
 		InFlight: s.inflight, TrackedBytes: s.tracked, BackupBytes: s.backup, LastError: s.lastError, Counts: s.counts}
 	for _, w := range p.waiters {
 		if w.srv == s {
