@@ -39,7 +39,9 @@ func startProcess(vmmwBin, socket string, cfg *ServerConfig, logger *log.Logger,
 	cmd.Env = append(os.Environ(), cfg.Env...)
 	// Its own process group: SIGTERM and SIGKILL reach the server and
 	// anything it started, and a Ctrl-C at the terminal reaches only the service.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	// Pdeathsig: a service killed outright (SIGKILL, OOM) takes its servers
+	// with it rather than leaving them holding device memory.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
 		return nil, err

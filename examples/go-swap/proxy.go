@@ -72,7 +72,7 @@ type Server struct {
 	lastUsed time.Time
 	// backup is the host memory its asleep process keeps (control status).
 	backup uint64
-	// tracked is the device memory its tags held at the last status.
+	// tracked is the device memory its tags held at the last status taken awake.
 	tracked   uint64
 	coldWhy   string
 	lastError string
@@ -754,7 +754,9 @@ func (p *Proxy) refresh(servers []*Server) {
 			continue
 		}
 		p.mu.Lock()
-		s.tracked = st.TrackedBytes()
+		if st.State == "awake" {
+			s.tracked = st.TrackedBytes()
+		}
 		s.backup = st.HostBackupBytes
 		p.mu.Unlock()
 	}

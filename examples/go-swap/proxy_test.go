@@ -299,18 +299,18 @@ func (s *service) tryAsk(model, prompt string, o askOpts) (completion, error) {
 
 // proxyModels is GET /models of the proxy mode, by name.
 type proxyServer struct {
-	Name         string `json:"name"`
-	State        string `json:"state"`
-	Phase        string `json:"phase"`
-	Draining     bool   `json:"draining"`
-	PID          int    `json:"pid"`
-	InFlight     int    `json:"in_flight"`
-	Queued       int    `json:"queued"`
-	TrackedBytes uint64 `json:"tracked_bytes"`
-	BackupBytes  uint64 `json:"backup_bytes"`
-	NextStart    string `json:"next_start"`
-	LastError    string `json:"last_error"`
-	Counts       Counts `json:"counts"`
+	Name        string `json:"name"`
+	State       string `json:"state"`
+	Phase       string `json:"phase"`
+	Draining    bool   `json:"draining"`
+	PID         int    `json:"pid"`
+	InFlight    int    `json:"in_flight"`
+	Queued      int    `json:"queued"`
+	DeviceBytes uint64 `json:"device_bytes"`
+	BackupBytes uint64 `json:"backup_bytes"`
+	NextStart   string `json:"next_start"`
+	LastError   string `json:"last_error"`
+	Counts      Counts `json:"counts"`
 }
 
 type proxyModelsView struct {
@@ -443,8 +443,8 @@ func TestProxyServesAndSwapsConcurrentClients(t *testing.T) {
 		if m.Counts.ColdStarts != 1 || m.Counts.Crashes != 0 || m.InFlight != 0 || m.Counts.Errors != 0 {
 			t.Errorf("%s: %+v", m.Name, m)
 		}
-		if m.State == "asleep" && (m.BackupBytes == 0 || m.TrackedBytes < 4<<20) {
-			t.Errorf("%s asleep keeps %d backup bytes of %d tracked", m.Name, m.BackupBytes, m.TrackedBytes)
+		if m.State == "asleep" && (m.BackupBytes == 0 || m.DeviceBytes < 4<<20) {
+			t.Errorf("%s asleep keeps %d backup bytes of %d tracked", m.Name, m.BackupBytes, m.DeviceBytes)
 		}
 	}
 	if awake != 1 || v.Queued != 0 || v.SwapInFlight != nil {

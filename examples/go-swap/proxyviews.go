@@ -130,20 +130,22 @@ func (p *Proxy) record(rec *SwapRecord) {
 
 // ServerView is one server in GET /models.
 type ServerView struct {
-	Name         string   `json:"name"`
-	Aliases      []string `json:"aliases"`
-	State        string   `json:"state"`
-	Phase        string   `json:"phase,omitempty"`
-	Draining     bool     `json:"draining"`
-	Policy       string   `json:"policy"`
-	PID          int      `json:"pid,omitempty"`
-	Proxy        string   `json:"proxy"`
-	Cmd          []string `json:"cmd"`
-	InFlight     int      `json:"in_flight"`
-	Queued       int      `json:"queued"`
-	LastUsed     float64  `json:"last_used"`
-	TrackedBytes uint64   `json:"tracked_bytes"`
-	BackupBytes  uint64   `json:"backup_bytes"`
+	Name     string   `json:"name"`
+	Aliases  []string `json:"aliases"`
+	State    string   `json:"state"`
+	Phase    string   `json:"phase,omitempty"`
+	Draining bool     `json:"draining"`
+	Policy   string   `json:"policy"`
+	PID      int      `json:"pid,omitempty"`
+	Proxy    string   `json:"proxy"`
+	Cmd      []string `json:"cmd"`
+	InFlight int      `json:"in_flight"`
+	Queued   int      `json:"queued"`
+	LastUsed float64  `json:"last_used"`
+	// DeviceBytes is the device memory its tags held when last seen awake.
+	DeviceBytes uint64 `json:"device_bytes"`
+	// BackupBytes is the host memory its sleep keeps (0 awake).
+	BackupBytes uint64 `json:"backup_bytes"`
 	// NextStart says why the next start is cold, when the server has no process.
 	NextStart string `json:"next_start,omitempty"`
 	LastError string `json:"last_error,omitempty"`
@@ -195,7 +197,7 @@ func (p *Proxy) Model(name string) (*ServerView, *APIError) {
 func (p *Proxy) viewLocked(s *Server) ServerView {
 	v := ServerView{Name: s.cfg.ID, Aliases: append([]string{}, s.cfg.Aliases...), State: s.state, Phase: s.phase,
 		Draining: s.draining, Policy: s.policy, Proxy: s.cfg.Proxy.String(), Cmd: s.cfg.Args,
-		InFlight: s.inflight, TrackedBytes: s.tracked, BackupBytes: s.backup, LastError: s.lastError, Counts: s.counts}
+		InFlight: s.inflight, DeviceBytes: s.tracked, BackupBytes: s.backup, LastError: s.lastError, Counts: s.counts}
 	for _, w := range p.waiters {
 		if w.srv == s {
 			v.Queued++

@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# go-swap's proxy mode with real llama-server processes on one GPU: three
+# models under the interposer (`vmmw exec`), one awake, the others asleep in
+# host memory; a swap for every pair of sleep policies timed against the
+# link measured in the same run (H2D and D2H with torch), requests sent
+# during each swap answered after it (none lost, answers unchanged where the
+# memory was kept), and the prompt cache surviving a swap.
+#   LLAMA_SERVER  path of a CUDA build of llama-server
+#   LLAMA_GGUF    one GGUF (8B-shaped, ~16 GB F16/BF16) that the three share,
+#   LLAMA_GGUFS   or several, separated by ':' (model i takes GGUF i mod n)
+#   LLAMA_EXTRA   more llama-server options (optional)
+# Writes llama-swap.txt and llama-swap.json to $VMMW_GPU_OUT (the service log's tail goes
+# into the txt when something failed).
+set -uo pipefail
+source scripts/gpu-lib.sh
+name="llama-swap: go-swap proxy, 3 llama-server models, swap vs link"
+for f in .gpu/go-swap .gpu/vmmw; do
+  [ -x "$f" ] || { result "$name" SKIP "no $f in the bundle"; exit 0; }
+done
+if ! .gpu/vmmw exec --help >/dev/null 2>&1; then
+  result "$name" SKIP ".gpu/vmmw has no exec command (the interposer is not in this bundle)"
+  exit 0
+fi
+if [ -z "${LLAMA_SERVER:-}" ] || [ ! -x "${LLAMA_SERVER}" ]; then
+  result "$name" SKIP "LLAMA_SERVER does not name an executable llama-server"
+  exit 0
+fi
+ggufs=()
+if [ -n "${LLAMA_GGUFS:-}" ]; then IFS=: read -r -a ggufs <<<"$LLAMA_GGUFS"; elif [ -n "${LLAMA_GGUF:-}" ]; then ggufs=("$LLAMA_GGUF"); fi
+if [ ${#ggufs[@]} -eq 0 ]; then
+  result "$name" SKIP "neither LLAMA_GGUF nor LLAMA_GGUFS is set"
+  exit 0
+fi
+args=()
+for g in "${ggufs[@]}"; do
+  [ -f "$g" ] || { result "$name" FAIL "GGUF $g does not exist"; exit 1; }
+  args+=(--gguf "$(realpath "$g")")
+done
+if ! python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
+  result "$name" SKIP "PyTorch with CUDA (for the link measurement) not available"
+  exit 0
+fi
+# The service links libvmmweights under its SONAME, as an installed copy is found.
+libdir=$(mktemp -d)
+trap 'rm -rf "$libdir"' EXIT
+lib="$PWD/.gpu/libvmmweights.so"
+soname=$(readelf -d "$lib" | sed -n 's/.*Library soname: \[\(.*\)\]/\1/p')
+ln -s "$lib" "$libdir/${soname:-libvmmweights.so}"
+txt="$VMMW_GPU_OUT/llama-swap.txt"
+LD_LIBRARY_PATH="$libdir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" PYTHONUNBUFFERED=1 timeout 570 \
+  python3 examples/go-swap/bench/llama_swap_bench.py --service "$PWD/.gpu/go-swap" --vmmw "$PWD/.gpu/vmmw" \
+  --llama-server "$(realpath "$LLAMA_SERVER")" "${args[@]}" --extra-args "${LLAMA_EXTRA:-}" \
+  --out "$VMMW_GPU_OUT/llama-swap.json" 2>&1 | tee "$txt"
+t=${PIPESTATUS[0]}
+result_of "$name" "$(grep -E '^(PASS|FAIL|SKIP)' "$txt" | tail -1)" llama-swap.txt || exit 1
+exit "$t"
