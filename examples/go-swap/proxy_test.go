@@ -791,6 +791,27 @@ func TestProxyBadRequests(t *testing.T) {
 	}
 }
 
+// TestProxyTTLSleeps: a server idle past its ttl goes to sleep on its own;
+// its next request wakes it with its memory intact.
+func TestProxyTTLSleeps(t *testing.T) {
+	k := standinKit(t)
+	s := proxyService(t, strings.Replace(standinConfig(k, ""), "    ttl: 0\n", "    ttl: 1\n", 1))
+	first := s.ask("gamma", "idle soon", askOpts{})
+	waitFor(t, func() bool { _, ms := s.servers(); return ms["gamma"].State == "asleep" })
+	sw := s.swaps()
+	last := sw[len(sw)-1]
+	if last.Kind != "ttl_sleep" || len(last.Slept) != 1 || last.Slept[0].Model != "gamma" || last.Slept[0].Error != "" {
+		t.Fatalf("gamma's ttl sleep: %+v", last)
+	}
+	again := s.ask("gamma", "idle soon", askOpts{})
+	if again.Text != first.Text || again.PromptN != 1 {
+		t.Fatalf("gamma after its ttl sleep: %+v, want %q from its cache", again, first.Text)
+	}
+	if _, ms := s.servers(); ms["gamma"].Counts.Wakes != 1 || ms["gamma"].Counts.ColdStarts != 1 {
+		t.Fatalf("gamma: %+v", ms["gamma"])
+	}
+}
+
 // TestProxyShutdownStopsChildren: SIGINT stops every server process.
 func TestProxyShutdownStopsChildren(t *testing.T) {
 	k := standinKit(t)

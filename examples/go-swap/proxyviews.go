@@ -12,8 +12,10 @@ import (
 // SwapRecord is one swap: who slept, who woke (or started cold), how long
 // each step took and how many bytes moved.
 type SwapRecord struct {
-	ID    uint64   `json:"id"`
-	Model string   `json:"model"`
+	ID uint64 `json:"id"`
+	// Kind is "swap", or "ttl_sleep" for a server put to sleep after its ttl.
+	Kind  string   `json:"kind"`
+	Model string   `json:"model,omitempty"`
 	From  []string `json:"from"`
 	// Policies are the sleeping servers' policies by model.
 	Policies map[string]string `json:"policies"`
