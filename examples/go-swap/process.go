@@ -162,6 +162,9 @@ func waitHealthy(ctx context.Context, p *process, cfg *ServerConfig, ctl *Contro
 		case <-p.exited:
 			return fmt.Errorf("%w during its start (%s)", errExited, p.exitText())
 		case <-ctx.Done():
+			if errors.Is(ctx.Err(), context.Canceled) {
+				return fmt.Errorf("start abandoned: the service is shutting down")
+			}
 			return fmt.Errorf("not healthy within %s: %s", timeout, last)
 		case <-tick.C:
 		}

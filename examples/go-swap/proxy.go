@@ -95,6 +95,10 @@ type Proxy struct {
 	servers []*Server
 	byName  map[string]*Server
 
+	// ctx is cancelled by Close: a cold start in progress gives up.
+	ctx    context.Context
+	cancel context.CancelFunc
+
 	mu       sync.Mutex
 	cond     *sync.Cond
 	waiters  []*waiter
@@ -131,6 +135,7 @@ func NewProxy(cfg *ProxyConfig, logger *log.Logger) (*Proxy, error) {
 	}
 	p := &Proxy{cfg: cfg, log: logger, sockDir: dir, started: time.Now(), byName: map[string]*Server{}, swapDone: make(chan struct{})}
 	p.cond = sync.NewCond(&p.mu)
+	p.ctx, p.cancel = context.WithCancel(context.Background())
 	for _, sc := range cfg.Models {
 		s := &Server{cfg: sc, ctl: &Control{Socket: filepath.Join(dir, sc.ID+".sock")}, state: StateCold, coldWhy: "first request", policy: sc.Policy}
 		p.servers = append(p.servers, s)
@@ -445,6 +450,12 @@ func (p *Proxy) swap(target *Server, victims []*Server, rec *SwapRecord) *APIErr
 	rec.Wake = wake
 	rec.SwapSeconds = time.Since(swapStart).Seconds()
 	rec.TotalSeconds = time.Since(t0).Seconds()
+	if wake.Error == "" {
+		// The held requests go first; the bookkeeping below can wait.
+		p.mu.Lock()
+		p.admitReady()
+		p.mu.Unlock()
+	}
 	if p.cfg.LinkBytesPerSecond > 0 {
 		rec.LinkSeconds = float64(maxu(rec.SleepBytes, wake.Bytes)) / p.cfg.LinkBytesPerSecond
 	}
@@ -577,7 +588,7 @@ func (p *Proxy) coldStart(s *Server) *WakeResult {
 		p.mu.Lock()
 		s.proc = proc
 		p.mu.Unlock()
-		err = waitHealthy(context.Background(), proc, s.cfg, s.ctl, p.cfg.HealthCheckTimeout)
+		err = waitHealthy(p.ctx, proc, s.cfg, s.ctl, p.cfg.HealthCheckTimeout)
 		if err != nil {
 			proc.stop(s.cfg.UnloadTimeout)
 		}
@@ -776,6 +787,7 @@ func (p *Proxy) Close() {
 		return
 	}
 	p.closed = true
+	p.cancel()
 	if p.pause != nil {
 		close(p.pause)
 		p.pause = nil
