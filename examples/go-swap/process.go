@@ -81,7 +81,7 @@ func prefixLines(logger *log.Logger, id string, r io.Reader, done *sync.WaitGrou
 	io.Copy(io.Discard, r)
 }
 
-// pid is the server's process id (that of `vmmw exec`, which execs the server).
+// pid is the process the service started: `vmmw exec`, the server's parent.
 func (p *process) pid() int { return p.cmd.Process.Pid }
 
 // alive says whether the process has not exited.
@@ -111,7 +111,9 @@ func (p *process) stop(grace time.Duration) {
 	if !p.alive() {
 		return
 	}
-	syscall.Kill(-pgid, syscall.SIGTERM)
+	// SIGTERM to `vmmw exec` alone: it passes it on to the server once (a
+	// second SIGTERM makes llama-server exit at once, skipping its cleanup).
+	syscall.Kill(pgid, syscall.SIGTERM)
 	select {
 	case <-p.exited:
 		return

@@ -72,6 +72,8 @@ type Server struct {
 	lastUsed time.Time
 	// backup is the host memory its asleep process keeps (control status).
 	backup uint64
+	// serverPID is the server's own process id (the control status's pid).
+	serverPID int
 	// tracked is the device memory its tags held at the last status taken awake.
 	tracked   uint64
 	coldWhy   string
@@ -612,6 +614,7 @@ func (p *Proxy) coldStart(s *Server) *WakeResult {
 	if st, serr := p.statusLocked(s); serr == nil {
 		r.Bytes = st.TrackedBytes()
 		s.tracked = r.Bytes
+		s.serverPID = st.PID
 	}
 	return r
 }
@@ -624,6 +627,7 @@ func (p *Proxy) exited(s *Server, pr *process, requested bool) {
 		return
 	}
 	s.proc = nil
+	s.serverPID = 0
 	if requested {
 		p.mu.Unlock()
 		return
@@ -656,6 +660,7 @@ func (p *Proxy) stopServer(s *Server, state, why string) {
 	}
 	p.mu.Lock()
 	s.proc = nil
+	s.serverPID = 0
 	s.state, s.phase = state, ""
 	s.backup = 0
 	s.coldWhy = why
@@ -773,6 +778,7 @@ func (p *Proxy) refresh(servers []*Server) {
 		if st.State == "awake" {
 			s.tracked = st.TrackedBytes()
 		}
+		s.serverPID = st.PID
 		s.backup = st.HostBackupBytes
 		p.mu.Unlock()
 	}

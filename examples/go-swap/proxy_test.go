@@ -93,6 +93,7 @@ func proxyService(t *testing.T, cfg string) *service {
 		t.Fatal(err)
 	}
 	cmd := exec.Command(binPath, "-config", path, "-listen", "127.0.0.1:0", "-test-endpoints", "-shutdown-wait", "10s")
+	cmd.Env = append(os.Environ(), "VMMW_BACKEND=host")
 	s := &service{t: t, cmd: cmd, stderr: &lockedBuffer{}, done: make(chan error, 1)}
 	cmd.Stderr = s.stderr
 	stdout, err := cmd.StdoutPipe()
@@ -304,6 +305,7 @@ type proxyServer struct {
 	Phase       string `json:"phase"`
 	Draining    bool   `json:"draining"`
 	PID         int    `json:"pid"`
+	ExecPID     int    `json:"exec_pid"`
 	InFlight    int    `json:"in_flight"`
 	Queued      int    `json:"queued"`
 	DeviceBytes uint64 `json:"device_bytes"`
@@ -819,10 +821,10 @@ func TestProxyShutdownStopsChildren(t *testing.T) {
 	_, ms := s.servers()
 	var pids []int
 	for _, m := range ms {
-		if m.PID == 0 {
+		if m.PID == 0 || m.ExecPID == 0 {
 			t.Fatalf("loadAtStart left %s without a process: %+v", m.Name, m)
 		}
-		pids = append(pids, m.PID)
+		pids = append(pids, m.PID, m.ExecPID)
 	}
 	if ms["gamma"].State != "awake" || ms["alpha"].State != "asleep" || ms["beta"].State != "asleep" {
 		t.Fatalf("after loadAtStart: %+v", ms)

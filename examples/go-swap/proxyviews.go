@@ -138,7 +138,9 @@ type ServerView struct {
 	Phase    string   `json:"phase,omitempty"`
 	Draining bool     `json:"draining"`
 	Policy   string   `json:"policy"`
+	// PID is the server's process; ExecPID its parent, `vmmw exec`.
 	PID      int      `json:"pid,omitempty"`
+	ExecPID  int      `json:"exec_pid,omitempty"`
 	Proxy    string   `json:"proxy"`
 	Cmd      []string `json:"cmd"`
 	InFlight int      `json:"in_flight"`
@@ -209,7 +211,8 @@ func (p *Proxy) viewLocked(s *Server) ServerView {
 		v.LastUsed = s.lastUsed.Sub(p.started).Seconds()
 	}
 	if s.proc != nil {
-		v.PID = s.proc.pid()
+		v.ExecPID = s.proc.pid()
+		v.PID = s.serverPID
 	} else {
 		v.NextStart = "cold: " + s.coldWhy
 	}
