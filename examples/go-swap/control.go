@@ -41,6 +41,8 @@ type ControlDevice struct {
 	Free   uint64 `json:"free"`
 	Total  uint64 `json:"total"`
 	Ours   uint64 `json:"ours"`
+	// Cached is the part of Ours no block uses (given back on demand).
+	Cached uint64 `json:"cached"`
 }
 
 // TrackedBytes is the device memory the process's tags hold (or held, asleep).
@@ -54,11 +56,32 @@ func (s *ControlStatus) TrackedBytes() uint64 {
 
 // ControlCycle is the answer to a sleep or a wake.
 type ControlCycle struct {
-	Seconds     float64         `json:"seconds"`
-	SyncSeconds float64         `json:"sync_seconds"`
-	Bytes       uint64          `json:"bytes"`
-	BackupBytes uint64          `json:"backup_bytes"`
-	Tags        json.RawMessage `json:"tags,omitempty"`
+	Seconds     float64 `json:"seconds"`
+	SyncSeconds float64 `json:"sync_seconds"`
+	// WaitSeconds is a wake's wait for memory.
+	WaitSeconds float64 `json:"wait_seconds"`
+	// Bytes are the physical bytes released (sleep) or mapped (wake).
+	Bytes       uint64            `json:"bytes"`
+	BackupBytes uint64            `json:"backup_bytes"`
+	Tags        []ControlTagCycle `json:"tags"`
+}
+
+// ControlTagCycle is what a sleep or wake did to one tag.
+type ControlTagCycle struct {
+	Device      int     `json:"device"`
+	Tag         string  `json:"tag"`
+	Bytes       uint64  `json:"bytes"`
+	CopiedBytes uint64  `json:"copied_bytes"`
+	Seconds     float64 `json:"seconds"`
+}
+
+// CopiedBytes is what the cycle copied between the device and the host.
+func (c *ControlCycle) CopiedBytes() uint64 {
+	var n uint64
+	for _, t := range c.Tags {
+		n += t.CopiedBytes
+	}
+	return n
 }
 
 // ControlError is a refusal from the interposer ({"ok":false,...}) or a

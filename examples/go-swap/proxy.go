@@ -481,6 +481,7 @@ type SleepResult struct {
 	Seconds     float64 `json:"seconds"`
 	SyncSeconds float64 `json:"sync_seconds"`
 	Bytes       uint64  `json:"bytes"`
+	CopiedBytes uint64  `json:"copied_bytes"`
 	BackupBytes uint64  `json:"backup_bytes"`
 	Error       string  `json:"error,omitempty"`
 }
@@ -491,9 +492,12 @@ type WakeResult struct {
 	Kind    string  `json:"kind"` // wake or cold_start
 	Reason  string  `json:"reason,omitempty"`
 	Seconds float64 `json:"seconds"`
-	Bytes   uint64  `json:"bytes"`
-	Error   string  `json:"error,omitempty"`
-	crashed bool
+	// WaitSeconds is the wake's wait for memory the sleep was releasing.
+	WaitSeconds float64 `json:"wait_seconds"`
+	Bytes       uint64  `json:"bytes"`
+	CopiedBytes uint64  `json:"copied_bytes"`
+	Error       string  `json:"error,omitempty"`
+	crashed     bool
 }
 
 func (p *Proxy) sleepServer(v *Server) SleepResult {
@@ -522,7 +526,7 @@ func (p *Proxy) sleepServer(v *Server) SleepResult {
 		}
 		return r
 	}
-	r.SyncSeconds, r.Bytes, r.BackupBytes = ans.SyncSeconds, ans.Bytes, ans.BackupBytes
+	r.SyncSeconds, r.Bytes, r.CopiedBytes, r.BackupBytes = ans.SyncSeconds, ans.Bytes, ans.CopiedBytes(), ans.BackupBytes
 	v.counts.Sleeps++
 	if v.proc == proc && proc.alive() {
 		v.state = StateAsleep
@@ -556,7 +560,7 @@ func (p *Proxy) wakeServer(s *Server) *WakeResult {
 		}
 		return r
 	}
-	r.Bytes = ans.Bytes
+	r.Bytes, r.CopiedBytes, r.WaitSeconds = ans.Bytes, ans.CopiedBytes(), ans.WaitSeconds
 	s.counts.Wakes++
 	if s.proc == proc && proc.alive() {
 		s.state = StateAwake
