@@ -157,7 +157,7 @@ func NewProxy(cfg *ProxyConfig, logger *log.Logger) (*Proxy, error) {
 // stays awake.
 func (p *Proxy) LoadAll(ctx context.Context) error {
 	for _, s := range p.servers {
-		release, aerr := p.acquire(ctx, s)
+		release, aerr := p.admit(ctx, s, false)
 		if aerr != nil {
 			return fmt.Errorf("model %s: %s", s.cfg.ID, aerr.Message)
 		}
@@ -177,6 +177,12 @@ func (p *Proxy) lookup(name string) (*Server, *APIError) {
 // acquire holds the caller until s is awake and admits it: the returned
 // release must be called once the request's answer is done.
 func (p *Proxy) acquire(ctx context.Context, s *Server) (func(), *APIError) {
+	return p.admit(ctx, s, true)
+}
+
+// admit is acquire; counted false keeps the service's own uses (loadAtStart)
+// out of the server's request counts.
+func (p *Proxy) admit(ctx context.Context, s *Server, counted bool) (func(), *APIError) {
 	release := func() {
 		p.mu.Lock()
 		s.inflight--
@@ -189,13 +195,17 @@ func (p *Proxy) acquire(ctx context.Context, s *Server) (func(), *APIError) {
 		p.mu.Unlock()
 		return nil, closedError()
 	}
-	s.counts.Requests++
+	if counted {
+		s.counts.Requests++
+	}
 	if s.state == StateAwake && !s.draining {
 		s.inflight++
 		p.mu.Unlock()
 		return release, nil
 	}
-	s.counts.HeldRequests++
+	if counted {
+		s.counts.HeldRequests++
+	}
 	w := &waiter{srv: s, since: time.Now(), ch: make(chan *APIError, 1)}
 	p.waiters = append(p.waiters, w)
 	p.cond.Broadcast()
