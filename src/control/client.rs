@@ -68,27 +68,34 @@ impl Client {
             _ => CYCLE_TIMEOUT,
         });
         let deadline = Instant::now() + wait;
-        wire::send_all(&self.sock, &request.to_line(), Some(deadline))
-            .map_err(|e| self.io(e, "sending the request"))?;
+        // A process may refuse a peer before reading anything (not allowed,
+        // too many connections): the send then fails, and its refusal is
+        // still there to read.
+        let sent = wire::send_all(&self.sock, &request.to_line(), Some(deadline));
         let line = match self
             .reader
             .read(&self.sock, MAX_ANSWER, deadline)
-            .map_err(|e| self.io(e, "reading the answer"))?
+            .map_err(|e| self.io(e, "reading the answer"))
         {
-            Line::Got(l) => l,
-            Line::Closed => {
+            Ok(Line::Got(l)) => l,
+            Err(_) | Ok(Line::Closed) if sent.is_err() => {
+                let e = sent.expect_err("checked above");
+                return Err(self.io(e, "sending the request"));
+            }
+            Err(e) => return Err(e),
+            Ok(Line::Closed) => {
                 return Err(self.io(
                     std::io::ErrorKind::UnexpectedEof.into(),
                     "the process closed the connection without an answer",
                 ))
             }
-            Line::TooLong => {
+            Ok(Line::TooLong) => {
                 return Err(self.refused(
                     Status::InvalidState,
                     format!("the answer is longer than {MAX_ANSWER} bytes"),
                 ))
             }
-            Line::TimedOut => {
+            Ok(Line::TimedOut) => {
                 return Err(self.io(
                     std::io::ErrorKind::TimedOut.into(),
                     &format!("no answer within {:.1} s", wait.as_secs_f64()),

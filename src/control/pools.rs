@@ -201,12 +201,12 @@ impl ProcessPools {
     fn run_sleep(&self, policy: WirePolicy, names: Option<&[String]>) -> Result<CycleAnswer> {
         let start = Instant::now();
         let pools = self.pools();
-        if pools.is_empty() {
+        let steps = self.steps(&pools, names, |_| true)?;
+        if steps.is_empty() {
             return Err(Error::InvalidState(
-                "no allocations yet: there is nothing to put to sleep".into(),
+                "no allocations yet (or every one freed): there is nothing to put to sleep".into(),
             ));
         }
-        let steps = self.steps(&pools, names, |_| true)?;
         let t = Instant::now();
         let synced = self.synchronize(&pools).map_err(|e| {
             e.with_context("; nothing was put to sleep (the device may hold a fault of the process's own work)")
@@ -400,7 +400,7 @@ impl ProcessPools {
             }));
         }
         let mut extra = Map::new();
-        if pools.is_empty() {
+        if tags.is_empty() {
             extra.insert("note".into(), Value::from("no allocations yet"));
         }
         Ok(StatusAnswer {

@@ -41,15 +41,16 @@ pub fn wait_for_room(needs: &[Need], wait: Option<Duration>) -> Result<Duration>
         if wait.is_none_or(|w| waited >= w) {
             let waited_text = match wait {
                 Some(w) => format!(
-                    " after waiting {:.3} s of {:.3} s",
+                    "waited {:.3} s of the {:.3} s allowed",
                     waited.as_secs_f64(),
                     w.as_secs_f64()
                 ),
-                None => " (ask the wake to wait for memory with wait_memory_ms)".to_owned(),
+                None => "wait_memory_ms would wait for memory being released".to_owned(),
             };
             return Err(Error::OutOfMemory {
                 what: format!(
-                    "wake of device {} tags [{}]{waited_text}; nothing was mapped, every tag stays asleep with its backup",
+                    "wake of device {} tags [{}] (nothing mapped: every tag stays asleep with \
+                     its backup; {waited_text})",
                     need.pool.device(),
                     need.tags.join(", ")
                 ),
