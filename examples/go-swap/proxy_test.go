@@ -25,11 +25,12 @@ import (
 	"time"
 )
 
-// kit is what the children need: the stand-in model library, the CUDA
-// runtime it links against, and the vmmw command.
+// kit is what the children need: the vmmw command (for `vmmw exec`), the
+// interposer, and the stand-in model library linked against the stand-in
+// CUDA runtime (tests/preload/).
 type kit struct {
-	dir, modelLib, vmmw string
-	err                 error
+	dir, modelLib, vmmw, preloadLib string
+	err                             error
 }
 
 var (
@@ -46,39 +47,41 @@ func standinKit(t *testing.T) kit {
 	return theKit
 }
 
+// buildKit takes vmmw and the interposer from VMMW_BIN and
+// VMMW_PRELOAD_LIB (scripts/test.d/50-go.sh builds them), else builds them
+// with cargo; the stand-in runtime and model are compiled here.
 func buildKit() kit {
 	dir, err := os.MkdirTemp("", "go-swap-standin-")
 	if err != nil {
 		return kit{err: err}
 	}
 	here, _ := os.Getwd()
-	k := kit{dir: dir, modelLib: filepath.Join(dir, "standin_model.so"), vmmw: filepath.Join(dir, "vmmw")}
-	run := func(name string, args ...string) error {
-		out, err := exec.Command(name, args...).CombinedOutput()
+	root := filepath.Join(here, "..", "..")
+	run := func(where, name string, args ...string) error {
+		cmd := exec.Command(name, args...)
+		cmd.Dir = where
+		out, err := cmd.CombinedOutput()
 		if err != nil {
 			return fmt.Errorf("%s %s: %v: %s", name, strings.Join(args, " "), err, out)
 		}
 		return nil
 	}
-	if err := run("cc", "-O2", "-shared", "-fPIC", "-o", filepath.Join(dir, "libcudart.so"), filepath.Join(here, "standin/placeholder/cudart.c")); err != nil {
+	k := kit{dir: dir, modelLib: filepath.Join(dir, "standin_model.so"), vmmw: os.Getenv("VMMW_BIN"), preloadLib: os.Getenv("VMMW_PRELOAD_LIB")}
+	if k.vmmw == "" || k.preloadLib == "" {
+		if err := run(root, "cargo", "build", "--quiet", "--features", "cli", "--bin", "vmmw"); err != nil {
+			return kit{err: err}
+		}
+		if err := run(root, "cargo", "build", "--quiet", "-p", "vmmw-preload"); err != nil {
+			return kit{err: err}
+		}
+		k.vmmw = filepath.Join(root, "target", "debug", "vmmw")
+		k.preloadLib = filepath.Join(root, "target", "debug", "libvmmw_preload.so")
+	}
+	if err := run(root, "bash", "scripts/build-preload-standin.sh", dir); err != nil {
 		return kit{err: err}
 	}
-	if err := run("cc", "-O2", "-shared", "-fPIC", "-Wall", "-Werror", "-o", k.modelLib, filepath.Join(here, "standin/standin_model.c"),
-		"-L"+dir, "-lcudart", "-Wl,-rpath,"+dir); err != nil {
-		return kit{err: err}
-	}
-	script := `#!/bin/sh
-# vmmw exec --socket S --tag T -- CMD...: the placeholder runtime's control channel in the child
-[ "$1" = exec ] || { echo "placeholder vmmw: only exec" >&2; exit 2; }
-shift
-while [ "$1" != "--" ]; do
-  case "$1" in --socket) export VMMW_CONTROL_SOCKET="$2"; shift 2;; --tag) shift 2;; *) echo "bad option $1" >&2; exit 2;; esac
-done
-shift
-export STANDIN_FAKE_CONTROL=1
-exec "$@"
-`
-	if err := os.WriteFile(k.vmmw, []byte(script), 0o755); err != nil {
+	if err := run(here, "cc", "-std=c11", "-O2", "-shared", "-fPIC", "-Wall", "-Wextra", "-Werror", "-I", filepath.Join(root, "tests", "preload"),
+		"-o", k.modelLib, "standin/standin_model.c", "-L"+dir, "-lvmmw_standin_cudart", "-Wl,-rpath,"+dir); err != nil {
 		return kit{err: err}
 	}
 	return k
@@ -93,7 +96,10 @@ func proxyService(t *testing.T, cfg string) *service {
 		t.Fatal(err)
 	}
 	cmd := exec.Command(binPath, "-config", path, "-listen", "127.0.0.1:0", "-test-endpoints", "-shutdown-wait", "10s")
-	cmd.Env = append(os.Environ(), "VMMW_BACKEND=host")
+	k := standinKit(t)
+	// The servers run on the host backend (no GPU here), their cudaMalloc
+	// served by the interposer that `vmmw exec` finds through VMMW_PRELOAD_LIB.
+	cmd.Env = append(os.Environ(), "VMMW_BACKEND=host", "VMMW_PRELOAD_LIB="+k.preloadLib)
 	s := &service{t: t, cmd: cmd, stderr: &lockedBuffer{}, done: make(chan error, 1)}
 	cmd.Stderr = s.stderr
 	stdout, err := cmd.StdoutPipe()

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Go: vet, go test -race, go test with GOGC=1 (finalizers and KeepAlive under
 # constant collection), a vendored build, the Go example, and the go-swap
-# service (its test builds it with -race and drives it over HTTP). The package
+# service (its test builds it with -race and drives it over HTTP; its proxy
+# mode's tests need vmmw and the interposer, built here). The package
 # finds the library through pkg-config, as it does for users; here a .pc file
 # points at the repository's header and the freshly built library.
 set -euo pipefail
@@ -24,6 +25,10 @@ export CGO_ENABLED=1 PKG_CONFIG_PATH="$pc"
   && go test -tags vmmw_testing -race -count=1 ./... && GOGC=1 go test -tags vmmw_testing -count=1 ./...)
 (cd examples/go && go vet ./... && go run .)
 echo "--- the model-swapping service, built and driven as a process (host backend)"
+# Its proxy mode runs stand-in servers under the interposer with `vmmw exec`.
+cargo build --quiet --features cli --bin vmmw
+cargo build --quiet -p vmmw-preload
+export VMMW_BIN="$VMMW_LIB_DIR/vmmw" VMMW_PRELOAD_LIB="$VMMW_LIB_DIR/libvmmw_preload.so"
 (cd examples/go-swap && go vet ./... && go test -count=1 ./...)
 echo "--- without cgo: one error that names the fix"
 if said=$(cd bindings/go && CGO_ENABLED=0 go build ./... 2>&1); then

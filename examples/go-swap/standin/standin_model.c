@@ -18,12 +18,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-typedef int cudaError_t;
-enum { cudaMemcpyHostToDevice = 1, cudaMemcpyDeviceToHost = 2 };
-extern cudaError_t cudaMalloc(void **ptr, size_t size);
-extern cudaError_t cudaFree(void *ptr);
-extern cudaError_t cudaMemcpy(void *dst, const void *src, size_t count, int kind);
-extern cudaError_t cudaDeviceSynchronize(void);
+/* The stand-in CUDA runtime's declarations (tests/preload/): the model links
+ * against libvmmw_standin_cudart.so, so its cudaMalloc resolves through the
+ * global scope, where the LD_PRELOAD'ed interposer comes first. */
+#include "standin_cudart.h"
 
 #define SM_VOCAB 4096u
 #define SM_CHUNK (1u << 20)
@@ -58,7 +56,7 @@ int sm_load(uint64_t weight_bytes, uint64_t kv_cap, uint64_t seed) {
     M.buf = malloc(SM_CHUNK);
     if (!M.buf)
         return SM_E_HOST;
-    cudaError_t e = cudaMalloc((void **)&M.weights, weight_bytes);
+    int e = cudaMalloc((void **)&M.weights, weight_bytes);
     if (!e)
         e = cudaMalloc((void **)&M.kv_tokens, kv_cap * sizeof(int32_t));
     if (!e)

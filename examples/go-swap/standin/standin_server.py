@@ -51,7 +51,10 @@ class Model:
     """The C model; one request at a time (llama-server with one slot)."""
 
     def __init__(self, lib_path, name, weight_bytes, ctx):
-        self.lib = ctypes.CDLL(lib_path)
+        # RTLD_GLOBAL, as PyTorch loads its CUDA libraries: the runtime the
+        # model links joins the global scope, where the interposer finds the
+        # functions it forwards to.
+        self.lib = ctypes.CDLL(lib_path, mode=ctypes.RTLD_GLOBAL)
         self.lib.sm_load.argtypes = [ctypes.c_uint64] * 3
         self.lib.sm_prompt.argtypes = [ctypes.POINTER(ctypes.c_int32), ctypes.c_uint64,
                                        ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_uint64)]
@@ -234,59 +237,6 @@ def make_handler(model, name, token_delay):
     return Handler
 
 
-def fake_control(model, path):
-    """Answers the control protocol on path with the placeholder runtime's
-    sleep and wake (only while the interposer is not available)."""
-    import socket
-    rt = model.lib  # dlsym through the model library finds its runtime's symbols
-    for f in ("placeholder_bytes", "placeholder_backup_bytes"):
-        getattr(rt, f).restype = ctypes.c_uint64
-    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    if os.path.exists(path):
-        os.unlink(path)
-    srv.bind(path)
-    srv.listen(8)
-    last = [None]
-
-    def status():
-        b = rt.placeholder_bytes()
-        asleep = bool(rt.placeholder_asleep())
-        return {"ok": True, "pid": os.getpid(), "state": "asleep" if asleep else "awake",
-                "tags": [{"device": 0, "tag": "standin", "asleep": asleep, "live_bytes": b, "tracked_bytes": b,
-                          "backup_bytes": rt.placeholder_backup_bytes()}],
-                "devices": [{"device": 0, "free": 1 << 34, "total": 1 << 35, "ours": 0 if asleep else b}],
-                "host_backup_bytes": rt.placeholder_backup_bytes(), "last": last[0]}
-
-    def serve(conn):
-        with conn, conn.makefile("rwb") as f:
-            for line in f:
-                req = json.loads(line)
-                op = req.get("op")
-                t = time.monotonic()
-                if op == "status":
-                    ans = status()
-                elif op in ("sleep", "wake"):
-                    b = rt.placeholder_bytes()
-                    rc = rt.placeholder_sleep(1 if req.get("policy") == "discard" else 0) if op == "sleep" else rt.placeholder_wake()
-                    if rc:
-                        ans = {"ok": False, "code": "VMMW_INVALID_STATE", "error": f"{op}: already {'asleep' if op == 'sleep' else 'awake'}"}
-                    else:
-                        ans = {"ok": True, "seconds": time.monotonic() - t, "sync_seconds": 0, "bytes": b,
-                               "backup_bytes": rt.placeholder_backup_bytes(), "tags": []}
-                        last[0] = ans
-                else:
-                    ans = {"ok": False, "code": "VMMW_INVALID_ARGUMENT", "error": f"unknown op {op!r}"}
-                f.write(json.dumps(ans).encode() + b"\n")
-                f.flush()
-
-    def accept():
-        while True:
-            conn, _ = srv.accept()
-            threading.Thread(target=serve, args=(conn,), daemon=True).start()
-
-    threading.Thread(target=accept, daemon=True).start()
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", "-m", required=True, help="the model's name (seeds its weights)")
@@ -303,8 +253,6 @@ def main():
         sys.exit("standin_server: --lib or STANDIN_MODEL_LIB names standin_model.so")
     weight_bytes = int(args.weights_mb * (1 << 20)) // 8 * 8
     model = Model(args.lib, args.model, weight_bytes, args.ctx_size)
-    if os.environ.get("STANDIN_FAKE_CONTROL") == "1":
-        fake_control(model, os.environ["VMMW_CONTROL_SOCKET"])
     class Server(ThreadingHTTPServer):
         daemon_threads = True
 
