@@ -21,6 +21,10 @@ if ! .gpu/vmmw exec --help >/dev/null 2>&1; then
   result "$name" SKIP ".gpu/vmmw has no exec command (the interposer is not in this bundle)"
   exit 0
 fi
+if [ ! -f .gpu/libvmmw_preload.so ] && [ -z "${VMMW_PRELOAD_LIB:-}" ]; then
+  result "$name" SKIP "no .gpu/libvmmw_preload.so in the bundle (and VMMW_PRELOAD_LIB unset)"
+  exit 0
+fi
 if [ -z "${LLAMA_SERVER:-}" ] || [ ! -x "${LLAMA_SERVER}" ]; then
   result "$name" SKIP "LLAMA_SERVER does not name an executable llama-server"
   exit 0
