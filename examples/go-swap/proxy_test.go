@@ -820,6 +820,33 @@ func TestProxyTTLSleeps(t *testing.T) {
 	}
 }
 
+// TestProxyHeldRequestTimesOut: a request whose model does not become
+// awake within swapTimeout is answered 504 SWAP_TIMEOUT, not sent; the
+// service shuts down with the start still in progress.
+func TestProxyHeldRequestTimesOut(t *testing.T) {
+	k := standinKit(t)
+	s := proxyService(t, fmt.Sprintf(`vmmw: %s
+swapTimeout: 2
+models:
+  slow:
+    cmd: python3 -c "import time; print('loading forever', flush=True); time.sleep(120)"
+    proxy: http://127.0.0.1:9
+`, k.vmmw))
+	t0 := time.Now()
+	c := s.ask("slow", "anyone there", askOpts{})
+	if c.Status != 504 || c.ErrCode != "SWAP_TIMEOUT" || !strings.Contains(c.Error, "swapTimeout (2s)") {
+		t.Fatalf("a request held past swapTimeout: %+v", c)
+	}
+	if d := time.Since(t0); d < 2*time.Second || d > 20*time.Second {
+		t.Fatalf("answered after %s, want about 2 s", d)
+	}
+	_, ms := s.servers()
+	if ms["slow"].State != "starting" || ms["slow"].Counts.Errors != 1 {
+		t.Fatalf("slow: %+v", ms["slow"])
+	}
+	s.stop()
+}
+
 // TestProxyShutdownStopsChildren: SIGINT stops every server process.
 func TestProxyShutdownStopsChildren(t *testing.T) {
 	k := standinKit(t)

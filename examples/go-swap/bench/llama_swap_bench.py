@@ -269,6 +269,8 @@ models:
             rec = next((s for s in reversed(swaps) if s["model"] == b and s["from"] == [a]), None)
             if rec is None or rec.get("error"):
                 raise RuntimeError(f"pair {pa}->{pb}: no successful swap {a}->{b}: {rec}")
+            if rec["wake"]["kind"] != "wake":
+                failures.append(f"{pa}->{pb}: {b} was started cold, not woken ({rec['wake'].get('reason')})")
             # The bytes each server's memory spans: what the sleep released, what the wake mapped.
             bytes_a, bytes_b = sum(x["bytes"] for x in rec["slept"]), rec["wake"]["bytes"]
             link_s = max(bytes_a / (link["d2h"] * 1e9), bytes_b / (link["h2d"] * 1e9))
