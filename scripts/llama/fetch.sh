@@ -35,7 +35,8 @@ rm -rf "$dest"
 mkdir -p "$dest"
 tar xzf "$archive" -C "$dest" --strip-components=3 "llama_cpp_python-$version/vendor/llama.cpp"
 # What a CUDA build of llama-server does not read. tools/ui keeps its
-# CMakeLists.txt: the server links an (empty) UI library built from it.
+# CMake files and templates: the server links a UI library generated from
+# them, empty here (no web UI is downloaded or built).
 (
   cd "$dest"
   find models -mindepth 1 ! -name ggml-vocab-qwen2.gguf -delete
@@ -43,7 +44,7 @@ tar xzf "$archive" -C "$dest" --strip-components=3 "llama_cpp_python-$version/ve
   for b in cann et hexagon hip metal musa opencl openvino sycl virtgpu vulkan webgpu zdnn zendnn; do
     rm -rf "ggml/src/ggml-$b"
   done
-  find tools/ui -mindepth 1 ! -name CMakeLists.txt -prune -exec rm -rf {} +
+  find tools/ui -mindepth 1 ! -name CMakeLists.txt ! -name "*.in" ! -name sources.cmake -prune -exec rm -rf {} +
   mkdir -p tests examples pocs && touch tests/CMakeLists.txt examples/CMakeLists.txt pocs/CMakeLists.txt
 )
 echo "$version $sha256" >"$dest/VMMW_SOURCE"
