@@ -5,8 +5,11 @@
 # link measured in the same run (H2D and D2H with torch), requests sent
 # during each swap answered after it (none lost, answers unchanged where the
 # memory was kept), and the prompt cache surviving a swap.
-#   LLAMA_SERVER  path of a CUDA build of llama-server
-#   LLAMA_GGUF    one GGUF (8B-shaped, ~16 GB F16/BF16) that the three share,
+#   LLAMA_SERVER  path of a CUDA build of llama-server [default: .llama/build/bin/llama-server,
+#                 built with scripts/llama/build.sh when missing, as 90-llama.sh does]
+#   LLAMA_GGUF    one GGUF (8B-shaped, ~16 GB F16/BF16) that the three share [default:
+#                 $LLAMA_DIR/big.gguf (LLAMA_DIR default /root/vmmw-llama), written with
+#                 scripts/llama/make_gguf.py when missing, as 90-llama.sh does],
 #   LLAMA_GGUFS   or several, separated by ':' (model i takes GGUF i mod n)
 #   LLAMA_EXTRA   more llama-server options (optional)
 # Writes llama-swap.txt and llama-swap.json to $VMMW_GPU_OUT (the service log's tail goes
@@ -25,20 +28,42 @@ if [ ! -f .gpu/libvmmw_preload.so ] && [ -z "${VMMW_PRELOAD_LIB:-}" ]; then
   result "$name" SKIP "no .gpu/libvmmw_preload.so in the bundle (and VMMW_PRELOAD_LIB unset)"
   exit 0
 fi
-if [ -z "${LLAMA_SERVER:-}" ] || [ ! -x "${LLAMA_SERVER}" ]; then
-  result "$name" SKIP "LLAMA_SERVER does not name an executable llama-server"
+dir=${LLAMA_DIR:-/root/vmmw-llama}
+if [ -z "${LLAMA_SERVER:-}" ]; then
+  LLAMA_SERVER=.llama/build/bin/llama-server
+  if [ ! -x "$LLAMA_SERVER" ] && { [ -f .llama/src/CMakeLists.txt ] || [ -f .llama/src.tar.xz ]; }; then
+    mkdir -p "$dir"
+    t0=$SECONDS
+    if ! bash scripts/llama/build.sh >"$dir/build.log" 2>&1; then
+      tail -30 "$dir/build.log"
+      result "$name" FAIL "building llama-server failed (scripts/llama/build.sh; $dir/build.log)"
+      exit 1
+    fi
+    echo "built llama-server in $((SECONDS - t0)) s"
+  fi
+fi
+if [ ! -x "${LLAMA_SERVER}" ]; then
+  result "$name" SKIP "no llama-server: set LLAMA_SERVER, or carry .llama (scripts/llama/fetch.sh) to build one"
   exit 0
 fi
 ggufs=()
-if [ -n "${LLAMA_GGUFS:-}" ]; then IFS=: read -r -a ggufs <<<"$LLAMA_GGUFS"; elif [ -n "${LLAMA_GGUF:-}" ]; then ggufs=("$LLAMA_GGUF"); fi
-if [ ${#ggufs[@]} -eq 0 ]; then
-  result "$name" SKIP "neither LLAMA_GGUF nor LLAMA_GGUFS is set"
-  exit 0
+if [ -n "${LLAMA_GGUFS:-}" ]; then
+  IFS=: read -r -a ggufs <<<"$LLAMA_GGUFS"
+elif [ -n "${LLAMA_GGUF:-}" ]; then
+  ggufs=("$LLAMA_GGUF")
+else
+  if [ ! -f "$dir/big.gguf" ]; then
+    mkdir -p "$dir"
+    if [ -d .llama/src ]; then export LLAMA_SRC="$PWD/.llama/src"; fi
+    python3 scripts/llama/make_gguf.py "$dir/big.gguf" || { result "$name" FAIL "writing $dir/big.gguf failed"; exit 1; }
+  fi
+  ggufs=("$dir/big.gguf")
 fi
 args=()
 for g in "${ggufs[@]}"; do
   [ -f "$g" ] || { result "$name" FAIL "GGUF $g does not exist"; exit 1; }
   args+=(--gguf "$(realpath "$g")")
+  cat "$g" >/dev/null  # page-cached: every cold start reads it from memory
 done
 if ! python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
   result "$name" SKIP "PyTorch with CUDA (for the link measurement) not available"

@@ -163,14 +163,16 @@ def main():
     log(f"link: H2D {link['h2d']:.1f} GB/s, D2H {link['d2h']:.1f} GB/s (pinned, 2 GiB, median of 6)")
     log(f"card: {card / 1e9:.1f} GB; host memory available: {host / 1e9:.1f} GB; GGUF: "
         + ", ".join(f"{os.path.basename(g)} {s / 1e9:.1f} GB" for g, s in zip(args.gguf, sizes)))
-    # Context from the card: the KV cache of an 8B-shaped model is about
-    # 128 KiB a position in f16. During a swap two servers' memory may be
-    # on the card at once (the wake maps chunks as the sleep frees them).
-    ctx = 16384 if card > 120e9 else 8192
-    per_model = max(sizes) + ctx * (128 << 10) + (2 << 30)
-    while ctx > 2048 and 2 * per_model > 0.9 * card:
+    # Context from the card: the KV cache of an 8B-shaped model (36 layers,
+    # 8 kv heads of 128, f16) is 144 KiB a position. During a swap two
+    # servers' memory may be on the card at once (the wake maps chunks as
+    # the sleep frees them).
+    kv = 144 << 10
+    ctx = 32768 if card > 120e9 else 16384
+    per_model = max(sizes) + ctx * kv + (2 << 30)
+    while ctx > 2048 and (2 * per_model > 0.9 * card or 2 * per_model > 0.8 * mem_available()):
         ctx //= 2
-        per_model = max(sizes) + ctx * (128 << 10) + (2 << 30)
+        per_model = max(sizes) + ctx * kv + (2 << 30)
     if per_model > 0.9 * card:
         log(f"SKIP one model needs about {per_model / 1e9:.1f} GB of the card's {card / 1e9:.1f} GB")
         return 0
@@ -193,7 +195,7 @@ maxAwake: 1
 hostMemoryBudget: {budget}
 linkGBps: {min(link['h2d'], link['d2h']):.3f}
 macros:
-  server: {args.llama_server} --host 127.0.0.1 -ngl 999 -c {ctx} --parallel 1 {args.extra_args}
+  server: {args.llama_server} --host 127.0.0.1 -ngl 999 -c {ctx} -np 1 --seed 1 {args.extra_args}
 models:
 """)
         for i, n in enumerate(names):
@@ -214,7 +216,7 @@ models:
         log(f"service up after {report['load_at_start_seconds']:.1f} s (three cold starts, two sleeps)")
 
         ref = {}
-        long_prompt = " ".join(f"word{i % 97}" for i in range(1500))
+        long_prompt = " ".join(f"word{i % 97}" for i in range(min(1500, ctx // 6)))  # ~3 tokens a word
         first_long = {}
         for n in names:
             box = {}
