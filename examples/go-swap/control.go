@@ -167,6 +167,16 @@ func (c *Control) Status(ctx context.Context) (*ControlStatus, error) {
 	return &s, nil
 }
 
+// StatusRaw is the status answer as the interposer wrote it (with the
+// fields it adds beyond ControlStatus's).
+func (c *Control) StatusRaw(ctx context.Context) (json.RawMessage, error) {
+	var raw json.RawMessage
+	if err := c.call(ctx, map[string]any{"op": "status"}, &raw); err != nil {
+		return nil, err
+	}
+	return raw, nil
+}
+
 // Sleep puts every tag of the process to sleep with policy.
 func (c *Control) Sleep(ctx context.Context, policy string) (*ControlCycle, error) {
 	var r ControlCycle

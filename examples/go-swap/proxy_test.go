@@ -474,6 +474,19 @@ func TestProxyServesAndSwapsConcurrentClients(t *testing.T) {
 	if warm < 2 {
 		t.Errorf("%d swaps woke a sleeping server, want at least 2: %+v", warm, sw)
 	}
+	var rep map[string]struct {
+		PID   int    `json:"pid"`
+		State string `json:"state"`
+		Tags  []struct {
+			Tag string `json:"tag"`
+		} `json:"tags"`
+	}
+	s.call("GET", "/report", &rep)
+	for _, m := range []string{"alpha", "beta", "gamma"} {
+		if r := rep[m]; r.PID != ms[m].PID || r.State != ms[m].State || len(r.Tags) == 0 || r.Tags[0].Tag != m {
+			t.Errorf("GET /report for %s: %+v; /models says %+v", m, r, ms[m])
+		}
+	}
 	var tl struct {
 		Timeline []TimelineEntry `json:"timeline"`
 	}

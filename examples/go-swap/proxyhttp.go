@@ -44,6 +44,7 @@ func ProxyHandler(p *Proxy, testEndpoints bool) http.Handler {
 	get("/models", func(w http.ResponseWriter, r *http.Request) { reply(w, http.StatusOK, p.Models()) })
 	mux.HandleFunc("/models/", func(w http.ResponseWriter, r *http.Request) { p.serveModel(w, r) })
 	get("/running", func(w http.ResponseWriter, r *http.Request) { reply(w, http.StatusOK, p.running()) })
+	get("/report", func(w http.ResponseWriter, r *http.Request) { reply(w, http.StatusOK, p.Report()) })
 	get("/swaps", func(w http.ResponseWriter, r *http.Request) {
 		reply(w, http.StatusOK, map[string]any{"swaps": p.Swaps()})
 	})

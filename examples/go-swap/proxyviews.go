@@ -232,3 +232,44 @@ func (p *Proxy) Timeline() []TimelineEntry {
 	defer p.mu.Unlock()
 	return append([]TimelineEntry{}, p.events...)
 }
+
+// Report is each running server's control status as its interposer
+// answers it (GET /report); a server with no process, or one that did not
+// answer, has an error in its place.
+func (p *Proxy) Report() map[string]any {
+	p.mu.Lock()
+	type probe struct {
+		s    *Server
+		live bool
+	}
+	var probes []probe
+	for _, s := range p.servers {
+		probes = append(probes, probe{s, s.proc != nil && s.proc.alive()})
+	}
+	p.mu.Unlock()
+	out := map[string]any{}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for _, pr := range probes {
+		if !pr.live {
+			out[pr.s.cfg.ID] = map[string]string{"error": "no process"}
+			continue
+		}
+		wg.Add(1)
+		go func(s *Server) {
+			defer wg.Done()
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			raw, err := s.ctl.StatusRaw(ctx)
+			cancel()
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				out[s.cfg.ID] = map[string]string{"error": err.Error()}
+				return
+			}
+			out[s.cfg.ID] = raw
+		}(pr.s)
+	}
+	wg.Wait()
+	return out
+}
