@@ -174,10 +174,12 @@ static void *lookup(const char *name) {
 }
 
 /* cudaMalloc of the runtime itself: the object that defines cudaGetDevice
- * (which the interposer leaves alone), asked for its own cudaMalloc. */
+ * (which the interposer leaves alone: the first definition in the global
+ * scope is the runtime's), asked for its own cudaMalloc. */
 static cudaError_t runtime_malloc(void **p, size_t size) {
     Dl_info info;
-    if (!dladdr((void *)&cudaGetDevice, &info) || !info.dli_fname) return cudaErrorInitializationError;
+    void *get_device = dlsym(RTLD_DEFAULT, "cudaGetDevice");
+    if (!get_device || !dladdr(get_device, &info) || !info.dli_fname) return cudaErrorInitializationError;
     void *h = dlopen(info.dli_fname, RTLD_NOW | RTLD_NOLOAD);
     if (!h) return cudaErrorInitializationError;
     cudaError_t (*real)(void **, size_t) = (cudaError_t(*)(void **, size_t))dlsym(h, "cudaMalloc");
