@@ -33,6 +33,8 @@
  *   psleep POLICY | pwake MS    vmmw_preload_sleep / vmmw_preload_wake
  *   link BYTES                  host<->device copy rates from pinned memory
  *   mallocbench N SIZE          median cudaMalloc and cudaFree times
+ *   forkexit                    a child forked here exits normally (its
+ *                               exit handlers run) while this one goes on
  *   quit
  */
 #define _GNU_SOURCE
@@ -579,6 +581,13 @@ int main(void) {
                 answer("ok rc=%d", wake_fn(strtoull(a, NULL, 10), NULL, 0));
         } else if (!strcmp(cmd, "link") && n >= 2) {
             cmd_link(strtoull(a, NULL, 10));
+        } else if (!strcmp(cmd, "forkexit")) {
+            fflush(stdout);
+            pid_t pid = fork();
+            if (pid == 0) exit(0);
+            int st = 0;
+            waitpid(pid, &st, 0);
+            answer("ok child=%d status=%d", (int)pid, st);
         } else if (!strcmp(cmd, "mallocbench") && n >= 3) {
             cmd_mallocbench(atoi(a), (size_t)x);
         } else {

@@ -342,7 +342,10 @@ def main_flow(args):
     kv, _ = t.ok("freeagain big")
     check("a second cudaFree of the same pointer: invalid value, as the runtime says", kv["rc"] == "1", f"rc {kv['rc']}")
 
+    t.ok("forkexit")
     s = c.send({"op": "status"})
+    check("a forked child's exit leaves the parent's socket alone",
+          os.path.exists(sock) and Control(sock).send({"op": "status"})["ok"], "")
     i = s.get("interposer", {})
     check("status: the interposer's counts", i.get("state") == "ready" and i.get("scope") == "all" and
           i.get("refused") == 0 and i.get("allocations") == 29, json.dumps(i)[:300])
