@@ -221,10 +221,11 @@ def main_flow(args):
         if not check(f"sleep {policy} (cycle {cycle + 1})", r["ok"] and r["bytes"] == ours and r["synced_devices"] == used,
                      r.get("error") or f"{r['bytes']} bytes in {r['seconds']:.3f} s, sync {r['sync_seconds']:.4f} s"):
             raise RuntimeError("sleep failed")
-        if host and cycle == 0:
+        if host:
             after = [count(t, "sync", d) for d in used]
-            check("each device used was synchronized (cudaDeviceSynchronize) before the sleep",
+            check(f"each device used was synchronized (cudaDeviceSynchronize) before the sleep ({policy})",
                   all(a > b for a, b in zip(after, syncs)), f"sync counts {syncs} -> {after}")
+            syncs = after
         s = c.send({"op": "status"})
         check(f"status while asleep ({policy})", s["state"] == "asleep" and all(x["asleep"] for x in s["tags"]) and
               (policy == "discard" or s["host_backup_bytes"] > 0),
