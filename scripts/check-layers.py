@@ -267,7 +267,7 @@ PY_LAYERS = [
     ["_structs"],
     ["_native"],
     ["report", "tags", "metadata", "_owned"],
-    ["pool"],
+    ["pool", "control"],
     ["loader", "saver"],
     ["devices", "share", "update"],
     ["transport"],

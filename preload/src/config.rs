@@ -90,3 +90,58 @@ impl Config {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// One test sets the variables, so no other test sees them change.
+    #[test]
+    fn the_environment_is_read_and_checked() {
+        let set = |k: &str, v: Option<&str>| match v {
+            Some(v) => std::env::set_var(k, v),
+            None => std::env::remove_var(k),
+        };
+        for k in [
+            "VMMW_PRELOAD_SCOPE",
+            "VMMW_PRELOAD_TAG",
+            "VMMW_PRELOAD_REGION_DEFAULT",
+        ] {
+            set(k, None);
+        }
+        let c = Config::from_env().unwrap();
+        assert_eq!(c.scope, Scope::All);
+        assert_eq!(tag::name_of(c.tag), DEFAULT_TAG);
+        assert!(!c.region_default);
+        set("VMMW_PRELOAD_SCOPE", Some("region"));
+        set("VMMW_PRELOAD_TAG", Some("llama"));
+        set("VMMW_PRELOAD_REGION_DEFAULT", Some("1"));
+        let c = Config::from_env().unwrap();
+        assert_eq!(
+            (c.scope, tag::name_of(c.tag).as_str(), c.region_default),
+            (Scope::Region, "llama", true)
+        );
+        for (k, v, says) in [
+            (
+                "VMMW_PRELOAD_SCOPE",
+                "everything",
+                "expected `all` or `region`",
+            ),
+            ("VMMW_PRELOAD_REGION_DEFAULT", "yes", "expected 0 or 1"),
+            ("VMMW_PRELOAD_TAG", "a\u{1}b", "control characters"),
+        ] {
+            let old = std::env::var(k).ok();
+            set(k, Some(v));
+            let e = Config::from_env().unwrap_err().to_string();
+            assert!(e.contains(k) && e.contains(says), "{e}");
+            set(k, old.as_deref());
+        }
+        for k in [
+            "VMMW_PRELOAD_SCOPE",
+            "VMMW_PRELOAD_TAG",
+            "VMMW_PRELOAD_REGION_DEFAULT",
+        ] {
+            set(k, None);
+        }
+    }
+}

@@ -78,3 +78,33 @@ pub fn totals() -> (u64, u64) {
         t.bytes.load(Ordering::Relaxed),
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pointers_are_claimed_once_and_counted() {
+        let (n0, b0) = totals();
+        let o = Owned {
+            device: 1,
+            kind: Kind::Block,
+            size: 4096,
+        };
+        for p in [0x7000_0000_0000u64, 0x7000_0000_0200, 0x7000_0020_0000] {
+            insert(p, o);
+        }
+        assert_eq!(totals(), (n0 + 3, b0 + 3 * 4096));
+        assert_eq!(get(0x7000_0000_0200), Some(o));
+        assert_eq!(get(0x7000_0000_0201), None, "only a block's start is ours");
+        assert_eq!(remove(0x7000_0000_0200), Some(o));
+        assert_eq!(
+            remove(0x7000_0000_0200),
+            None,
+            "a second free finds nothing"
+        );
+        remove(0x7000_0000_0000);
+        remove(0x7000_0020_0000);
+        assert_eq!(totals(), (n0, b0));
+    }
+}

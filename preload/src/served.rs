@@ -11,6 +11,7 @@
 //! may start) leaves the variable for its children. The socket file is
 //! removed when the process exits normally.
 
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -122,6 +123,9 @@ pub fn interposed() -> &'static Arc<Interposed> {
 
 /// The server, once started; kept for the life of the process.
 static SERVER: Mutex<Option<Server>> = Mutex::new(None);
+/// The process that started it: a child forked since inherits the memory
+/// but not the server, and must not remove its socket when it exits.
+static SERVER_PID: AtomicU32 = AtomicU32::new(0);
 
 /// Serve the socket `VMMW_CONTROL_SOCKET` names, if it names one and this
 /// process has not taken it yet. Says once why when it cannot.
@@ -140,7 +144,10 @@ pub fn serve_if_asked() {
         ..ControlOptions::default()
     };
     match Server::start(&path, interposed().clone(), options) {
-        Ok(s) => *server = Some(s),
+        Ok(s) => {
+            *server = Some(s);
+            SERVER_PID.store(std::process::id(), Ordering::Relaxed);
+        }
         Err(e) => crate::say::once(&format!(
             "no control socket: {e} (the process runs on without one)"
         )),
@@ -159,6 +166,9 @@ extern "C" fn on_load() {
 /// At a normal exit: remove the socket file, so no stale path is left.
 extern "C" fn on_unload() {
     let _ = std::panic::catch_unwind(|| {
+        if SERVER_PID.load(Ordering::Relaxed) != std::process::id() {
+            return;
+        }
         if let Ok(s) = SERVER.try_lock() {
             if let Some(s) = s.as_ref() {
                 s.remove_socket_file();

@@ -22,7 +22,7 @@
 //! of this library applies (this process's user unless others are listed).
 //!
 //! - [`protocol`]: the messages and their checks;
-//! - [`line`]: bounded line reads under a deadline;
+//! - [`mod@line`]: bounded line reads under a deadline;
 //! - [`target`]: the [`Controlled`] trait a server serves;
 //! - [`pools`]: [`ProcessPools`], a process's pools controlled as one;
 //! - [`room`]: a wake's room on each device and its wait for memory;

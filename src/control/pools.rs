@@ -19,7 +19,7 @@ use serde_json::{Map, Value};
 use super::protocol::{
     refusal, CycleAnswer, DeviceStatus, Phase, StatusAnswer, TagCycleAnswer, TagStatus, WirePolicy,
 };
-use super::room::{wait_for_room, Need};
+use super::room::{wait_for_room, wake_tag, Need};
 use super::target::Controlled;
 use crate::devices::threads::on_threads;
 use crate::error::{Error, Result};
@@ -292,10 +292,11 @@ impl ProcessPools {
             })
             .collect();
         let waited = wait_for_room(&needs, wait)?;
+        let wait_left = wait.map(|w| w.saturating_sub(waited));
         let results = on_threads(steps.len(), "wake of one device", |k| {
             let mut woken = Vec::new();
             for &t in &steps[k].tags {
-                match steps[k].pool.wake(&[t]) {
+                match wake_tag(&steps[k].pool, t, wait_left) {
                     Ok(c) => woken.extend(c),
                     Err(e) => return Ok((woken, Some(e))),
                 }

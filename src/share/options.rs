@@ -83,8 +83,8 @@ pub fn peer_allowed(
                     .any(|g| allowed_gids.contains(g))))
 }
 
-/// Whom [`peer_allowed`] accepts, in words for a refusal ("uid 1000 (the
-/// owner's)", "uids [1000, 1001] and gids [27]").
+/// Whom [`peer_allowed`] accepts, in words for a refusal (`uid 1000 (the
+/// owner's)`, `uids [1000, 1001] and gids [27]`).
 pub fn peers_accepted(allowed_uids: Option<&[u32]>, allowed_gids: &[u32]) -> String {
     let uids = match allowed_uids {
         None => format!("uid {} (the owner's)", wire::own_uid()),

@@ -33,6 +33,8 @@
  *   psleep POLICY | pwake MS    vmmw_preload_sleep / vmmw_preload_wake
  *   link BYTES                  host<->device copy rates from pinned memory
  *   mallocbench N SIZE          median cudaMalloc and cudaFree times
+ *   forkexit                    a child forked here exits normally (its
+ *                               exit handlers run) while this one goes on
  *   quit
  */
 #define _GNU_SOURCE
@@ -174,10 +176,12 @@ static void *lookup(const char *name) {
 }
 
 /* cudaMalloc of the runtime itself: the object that defines cudaGetDevice
- * (which the interposer leaves alone), asked for its own cudaMalloc. */
+ * (which the interposer leaves alone: the first definition in the global
+ * scope is the runtime's), asked for its own cudaMalloc. */
 static cudaError_t runtime_malloc(void **p, size_t size) {
     Dl_info info;
-    if (!dladdr((void *)&cudaGetDevice, &info) || !info.dli_fname) return cudaErrorInitializationError;
+    void *get_device = dlsym(RTLD_DEFAULT, "cudaGetDevice");
+    if (!get_device || !dladdr(get_device, &info) || !info.dli_fname) return cudaErrorInitializationError;
     void *h = dlopen(info.dli_fname, RTLD_NOW | RTLD_NOLOAD);
     if (!h) return cudaErrorInitializationError;
     cudaError_t (*real)(void **, size_t) = (cudaError_t(*)(void **, size_t))dlsym(h, "cudaMalloc");
@@ -577,6 +581,13 @@ int main(void) {
                 answer("ok rc=%d", wake_fn(strtoull(a, NULL, 10), NULL, 0));
         } else if (!strcmp(cmd, "link") && n >= 2) {
             cmd_link(strtoull(a, NULL, 10));
+        } else if (!strcmp(cmd, "forkexit")) {
+            fflush(stdout);
+            pid_t pid = fork();
+            if (pid == 0) exit(0);
+            int st = 0;
+            waitpid(pid, &st, 0);
+            answer("ok child=%d status=%d", (int)pid, st);
         } else if (!strcmp(cmd, "mallocbench") && n >= 3) {
             cmd_mallocbench(atoi(a), (size_t)x);
         } else {

@@ -31,7 +31,8 @@ failed = []
 
 
 def report(kind, name, detail=""):
-    print(f"{kind} {name}: {detail}", flush=True)
+    detail = " ".join(str(detail).split())
+    print(f"{kind} {name}: {detail[:400]}", flush=True)
     if kind == "FAIL":
         failed.append(name)
 
@@ -220,10 +221,11 @@ def main_flow(args):
         if not check(f"sleep {policy} (cycle {cycle + 1})", r["ok"] and r["bytes"] == ours and r["synced_devices"] == used,
                      r.get("error") or f"{r['bytes']} bytes in {r['seconds']:.3f} s, sync {r['sync_seconds']:.4f} s"):
             raise RuntimeError("sleep failed")
-        if host and cycle == 0:
+        if host:
             after = [count(t, "sync", d) for d in used]
-            check("each device used was synchronized (cudaDeviceSynchronize) before the sleep",
+            check(f"each device used was synchronized (cudaDeviceSynchronize) before the sleep ({policy})",
                   all(a > b for a, b in zip(after, syncs)), f"sync counts {syncs} -> {after}")
+            syncs = after
         s = c.send({"op": "status"})
         check(f"status while asleep ({policy})", s["state"] == "asleep" and all(x["asleep"] for x in s["tags"]) and
               (policy == "discard" or s["host_backup_bytes"] > 0),
@@ -231,17 +233,24 @@ def main_flow(args):
         free2, _ = meminfo(t, 0)
         check(f"cudaMemGetInfo: the sleep gave the memory back ({policy})", free2 - free1 >= big,
               f"free {free1} -> {free2}")
-        probe = t.cmd("probe big")
-        if "unknown" in probe:
-            report("SKIP", "memory is inaccessible while asleep", "no way to probe on this runtime")
-        else:
-            check(f"memory is inaccessible while asleep ({policy})", "faulted" in probe, probe)
+        asleep_probe = t.cmd("probe big")
         w = c.send({"op": "wake"})
         check(f"wake ({policy})", w["ok"] and w["bytes"] == r["bytes"],
               w.get("error") or f"{w['bytes']} bytes in {w['seconds']:.3f} s")
-        check(f"memory is accessible after the wake ({policy})", t.cmd("probe big") == "ok readable", "")
+        awake_probe = t.cmd("probe big")
+        if "unknown" in asleep_probe:
+            report("SKIP", f"memory is inaccessible while asleep ({policy})", "no way to probe on this runtime")
+        elif host or awake_probe == "ok readable":
+            check(f"memory is inaccessible while asleep ({policy})", asleep_probe.startswith("ok faulted"), asleep_probe)
+            check(f"memory is accessible after the wake ({policy})", awake_probe == "ok readable", awake_probe)
+        else:
+            # The byte comparison below proves the memory is back; a driver
+            # whose MAPPED attribute says no for it cannot tell the asleep case.
+            report("SKIP", f"memory is inaccessible while asleep ({policy})",
+                   f"cuPointerGetAttribute(MAPPED) does not tell: asleep `{asleep_probe}`, awake `{awake_probe}`")
         free3, _ = meminfo(t, 0)
-        check(f"cudaMemGetInfo: the wake took the memory again ({policy})", abs(free3 - free1) <= 64 * MIB,
+        tolerance = 64 * MIB if host else 512 * MIB
+        check(f"cudaMemGetInfo: the wake took the memory again ({policy})", abs(free3 - free1) <= tolerance,
               f"free {free2} -> {free3} (before the sleep {free1})")
         if policy == "discard":
             t.ok("fill all 500", timeout=900)
@@ -334,7 +343,10 @@ def main_flow(args):
     kv, _ = t.ok("freeagain big")
     check("a second cudaFree of the same pointer: invalid value, as the runtime says", kv["rc"] == "1", f"rc {kv['rc']}")
 
+    t.ok("forkexit")
     s = c.send({"op": "status"})
+    check("a forked child's exit leaves the parent's socket alone",
+          os.path.exists(sock) and Control(sock).send({"op": "status"})["ok"], "")
     i = s.get("interposer", {})
     check("status: the interposer's counts", i.get("state") == "ready" and i.get("scope") == "all" and
           i.get("refused") == 0 and i.get("allocations") == 29, json.dumps(i)[:300])
@@ -344,8 +356,8 @@ def main_flow(args):
     check("vmmw exec ends as the program did, the socket removed", rc == 0 and not os.path.exists(sock),
           f"exit {rc}")
     err = t.stderr_text()
-    check("nothing printed by the interposer but the served sleeps and wakes",
-          "vmmw preload:" not in err.replace("vmmw preload: control socket", ""), err[-300:])
+    stray = [l for l in err.splitlines() if l.startswith("vmmw preload:") and not l.startswith("vmmw preload: control socket")]
+    check("nothing printed by the interposer but the served sleeps and wakes", not stray, "; ".join(stray))
 
 
 def scope_flow(args):
