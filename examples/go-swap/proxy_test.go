@@ -341,6 +341,21 @@ func (s *service) servers() (proxyModelsView, map[string]proxyServer) {
 	return v, out
 }
 
+// settled waits until no swap is in flight and no request is queued or in
+// flight: a held request is answered as soon as its model is awake, before
+// the swap's record is complete.
+func (s *service) settled() {
+	s.t.Helper()
+	waitFor(s.t, func() bool {
+		v, ms := s.servers()
+		n := v.Queued
+		for _, m := range ms {
+			n += m.InFlight
+		}
+		return n == 0 && v.SwapInFlight == nil
+	})
+}
+
 func (s *service) swaps() []SwapRecord {
 	s.t.Helper()
 	var v struct {
@@ -432,14 +447,7 @@ func TestProxyServesAndSwapsConcurrentClients(t *testing.T) {
 		t.Error(err)
 	}
 	// A handler lets go of its server just after its client has read the end.
-	waitFor(t, func() bool {
-		v, ms := s.servers()
-		n := v.Queued
-		for _, m := range ms {
-			n += m.InFlight
-		}
-		return n == 0
-	})
+	s.settled()
 	v, ms := s.servers()
 	awake := 0
 	for _, m := range ms {
@@ -458,6 +466,7 @@ func TestProxyServesAndSwapsConcurrentClients(t *testing.T) {
 	if awake != 1 || v.Queued != 0 || v.SwapInFlight != nil {
 		t.Errorf("after the clients: %d awake, %d queued, flight %+v", awake, v.Queued, v.SwapInFlight)
 	}
+	s.settled()
 	sw := s.swaps()
 	warm := 0
 	for _, r := range sw {
@@ -555,6 +564,7 @@ func TestProxyStandinSeesLostBytes(t *testing.T) {
 		t.Fatalf("alpha's policy after the change: %q", v.Policy)
 	}
 	s.ask("beta", "x", askOpts{})
+	s.settled()
 	sw := s.swaps()
 	if last := sw[len(sw)-1]; len(last.Slept) != 1 || last.Slept[0].Policy != "discard" || last.Slept[0].BackupBytes != 0 {
 		t.Fatalf("alpha's discard sleep: %+v", last.Slept)
@@ -659,6 +669,7 @@ func TestProxySwapWaitsForRequestInFlight(t *testing.T) {
 	if b.c.Held == "" {
 		t.Fatalf("beta's answer does not say it was held")
 	}
+	s.settled()
 	sw := s.swaps()
 	var drained bool
 	for _, r := range sw {
@@ -694,6 +705,7 @@ func TestProxyChildCrashesAsleep(t *testing.T) {
 	if got.Status != 200 || got.Text != ref.Text || got.PromptN != ref.PromptN {
 		t.Fatalf("alpha after its crash: %+v, want %q computed whole", got, ref.Text)
 	}
+	s.settled()
 	sw := s.swaps()
 	last := sw[len(sw)-1]
 	if last.Wake == nil || last.Wake.Kind != "cold_start" || !strings.Contains(last.Wake.Reason, "crashed while asleep") {
@@ -729,6 +741,7 @@ func TestProxyHostBudgetStopsLRU(t *testing.T) {
 	if ms["beta"].State != "asleep" || v.Backup > 7<<20 {
 		t.Fatalf("beta %+v; asleep backups %d", ms["beta"], v.Backup)
 	}
+	s.settled()
 	sw := s.swaps()
 	last := sw[len(sw)-1]
 	if len(last.Stopped) != 1 || last.Stopped[0].Model != "alpha" || !strings.Contains(last.Stopped[0].Reason, "least recently used") {
@@ -738,6 +751,7 @@ func TestProxyHostBudgetStopsLRU(t *testing.T) {
 	if got.Text != ref["alpha"] {
 		t.Fatalf("alpha cold again: %q, want %q", got.Text, ref["alpha"])
 	}
+	s.settled()
 	sw = s.swaps()
 	if w := sw[len(sw)-1].Wake; w.Kind != "cold_start" || !strings.Contains(w.Reason, "host memory budget") {
 		t.Fatalf("alpha's start after the budget stop: %+v", w)
@@ -818,9 +832,14 @@ func TestProxyTTLSleeps(t *testing.T) {
 	k := standinKit(t)
 	s := proxyService(t, strings.Replace(standinConfig(k, ""), "    ttl: 0\n", "    ttl: 1\n", 1))
 	first := s.ask("gamma", "idle soon", askOpts{})
-	waitFor(t, func() bool { _, ms := s.servers(); return ms["gamma"].State == "asleep" })
+	// The record is kept once the sleep and its timeline entry are done.
+	waitFor(t, func() bool { sw := s.swaps(); return sw[len(sw)-1].Kind == "ttl_sleep" })
+	s.settled()
 	sw := s.swaps()
 	last := sw[len(sw)-1]
+	if _, ms := s.servers(); ms["gamma"].State != "asleep" {
+		t.Fatalf("gamma after its ttl: %+v", ms["gamma"])
+	}
 	if last.Kind != "ttl_sleep" || len(last.Slept) != 1 || last.Slept[0].Model != "gamma" || last.Slept[0].Error != "" {
 		t.Fatalf("gamma's ttl sleep: %+v", last)
 	}
