@@ -623,7 +623,7 @@ func TestProxyClientGoesAwayMidStream(t *testing.T) {
 func TestProxySwapWaitsForRequestInFlight(t *testing.T) {
 	k := standinKit(t)
 	s := proxyService(t, strings.Replace(standinConfig(k, ""), "--token-delay-ms 2\n    aliases", "--token-delay-ms 40\n    aliases", 1))
-	ref := s.ask("alpha", "a slow answer", askOpts{maxTokens: 40})
+	ref := s.ask("alpha", "a slow answer", askOpts{maxTokens: 60})
 	refBeta := s.ask("beta", "quick", askOpts{})
 	refAlpha2 := s.ask("alpha", "second", askOpts{})
 
@@ -634,7 +634,7 @@ func TestProxySwapWaitsForRequestInFlight(t *testing.T) {
 	}
 	slow := make(chan result, 1)
 	go func() {
-		c, err := s.tryAsk("alpha", "a slow answer", askOpts{stream: true, maxTokens: 40})
+		c, err := s.tryAsk("alpha", "a slow answer", askOpts{stream: true, maxTokens: 60})
 		slow <- result{c, err, time.Now()}
 	}()
 	waitFor(t, func() bool { _, ms := s.servers(); return ms["alpha"].InFlight == 1 })
