@@ -1,10 +1,11 @@
 package main
 
 // The client side of the interposer's control channel: one JSON object a
-// line over the Unix socket named by VMMW_CONTROL_SOCKET (the protocol is
-// in docs/CONTROL.md of the interposer). Spoken directly rather than through
-// the C library's vmmw_control_* functions so that the proxy mode needs no
-// device library in its own process and each call carries a deadline.
+// line over the Unix socket named by VMMW_CONTROL_SOCKET (docs/PRELOAD.md
+// has the protocol). Spoken here directly rather than through the Go
+// binding's ControlSleep/ControlWake (the C library's vmmw_control_*): each
+// call then carries a context (a deadline, a cancellation at shutdown), and
+// a wake that waits minutes for memory holds a goroutine, not a cgo thread.
 
 import (
 	"bufio"
