@@ -129,11 +129,13 @@ def ask(svc, model, prompt=PROMPT, n=32):
 
 
 def ask_openai(svc, model, results, key):
+    """(status, text, seconds, held seconds: how long the service held it for a swap)."""
     t0 = time.perf_counter()
-    code, body, _ = http(f"{svc.url}/v1/completions",
-                         {"model": model, "prompt": PROMPT, "max_tokens": 32, "temperature": 0, "seed": 1})
+    code, body, headers = http(f"{svc.url}/v1/completions",
+                               {"model": model, "prompt": PROMPT, "max_tokens": 32, "temperature": 0, "seed": 1})
     text = body["choices"][0]["text"] if code == 200 else json.dumps(body)[:300]
-    results[key] = (code, text, time.perf_counter() - t0, time.perf_counter())
+    held = float(headers.get("X-Go-Swap-Held-Seconds", 0) or 0)
+    results[key] = (code, text, time.perf_counter() - t0, held)
 
 
 def servers(svc):
@@ -277,19 +279,24 @@ models:
             bytes_a, bytes_b = sum(x["bytes"] for x in rec["slept"]), rec["wake"]["bytes"]
             link_s = max(bytes_a / (link["d2h"] * 1e9), bytes_b / (link["h2d"] * 1e9))
             lost = [k for k, v in results.items() if v[0] != 200]
+            # Those for b were held until the swap had made it awake.
+            unheld = [k for k, v in results.items() if k.startswith(b + "#") and v[0] == 200 and v[3] < rec["swap_seconds"] / 2]
             wrong = [k for k, v in results.items() if v[0] == 200 and k.split("#")[0] not in tainted
                      and v[1] != ref[k.split("#")[0]]]
             row = {"sleep_policy": pa, "wake_policy": pb, "from": a, "to": b, "bytes_slept": bytes_a, "bytes_woken": bytes_b,
                    "sleep_s": rec["sleep_seconds"], "wake_s": rec["wake"]["seconds"], "swap_s": rec["swap_seconds"],
                    "drain_s": rec["drain_seconds"], "link_s": link_s, "ratio": rec["swap_seconds"] / link_s,
                    "requests": len(results), "lost": lost, "wrong": wrong,
-                   "held_max_s": max(v[2] for v in results.values()), "record": rec}
+                   "latency_max_s": max(v[2] for v in results.values()),
+                   "held_s": {k: v[3] for k, v in results.items()}, "record": rec}
             report["pairs"].append(row)
             log(f"{pa:>18} -> {pb:<18} {a}->{b} sleep {row['sleep_s']:.2f} s wake {row['wake_s']:.2f} s "
                 f"swap {row['swap_s']:.2f} s link {link_s:.2f} s ratio {row['ratio']:.2f}; "
                 f"{len(results) - len(lost)}/{len(results)} answered, {len(wrong)} wrong")
             if lost:
                 failures.append(f"{pa}->{pb}: requests lost: {lost} {[results[k] for k in lost]}")
+            if unheld:
+                failures.append(f"{pa}->{pb}: {unheld} were not held through the swap ({[results[k][3] for k in unheld]} s)")
             if wrong:
                 failures.append(f"{pa}->{pb}: answers changed: {[(k, results[k][1][:80]) for k in wrong]}")
             if row["ratio"] > 1.1:
