@@ -146,7 +146,7 @@ func NewProxy(cfg *ProxyConfig, logger *log.Logger) (*Proxy, error) {
 			p.byName[a] = s
 		}
 	}
-	p.event("start", nil)
+	p.event("start")
 	go p.swapper()
 	go p.ttlTicker()
 	return p, nil

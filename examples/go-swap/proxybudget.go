@@ -58,7 +58,7 @@ func (p *Proxy) makeRoom(target *Server, victims []*Server, rec *SwapRecord) map
 		p.mu.Unlock()
 		p.log.Printf("go-swap: stopping %s for the host memory budget (%d backup bytes); its next request starts it cold", lru.cfg.ID, backup)
 		p.stopServer(lru, StateCold, "stopped for the host memory budget")
-		p.event(fmt.Sprintf("%s stopped for the host memory budget", lru.cfg.ID), nil)
+		p.event(fmt.Sprintf("%s stopped for the host memory budget", lru.cfg.ID))
 		p.mu.Lock()
 	}
 }
@@ -81,9 +81,12 @@ func (p *Proxy) enforceBudget(target *Server, rec *SwapRecord) {
 		rec.Stopped = append(rec.Stopped, BudgetStop{Model: lru.cfg.ID, Bytes: lru.backup,
 			Reason: fmt.Sprintf("least recently used asleep server; the asleep backups were %d bytes, over the host memory budget of %d", kept, budget)})
 		lru.counts.BudgetStops++
+		backup := lru.backup
 		p.mu.Unlock()
+		p.log.Printf("go-swap: stopping %s for the host memory budget (the asleep backups are %d bytes, over %d; its own %d); its next request starts it cold",
+			lru.cfg.ID, kept, budget, backup)
 		p.stopServer(lru, StateCold, "stopped for the host memory budget")
-		p.event(fmt.Sprintf("%s stopped for the host memory budget", lru.cfg.ID), nil)
+		p.event(fmt.Sprintf("%s stopped for the host memory budget", lru.cfg.ID))
 		p.mu.Lock()
 	}
 }

@@ -53,7 +53,7 @@ func (p *Proxy) swap(target *Server, victims []*Server, rec *SwapRecord) *APIErr
 		p.flight.Phase = "sleeping+waking"
 	}
 	p.mu.Unlock()
-	p.event(fmt.Sprintf("swap %d to %s: start", rec.ID, target.cfg.ID), nil)
+	p.event(fmt.Sprintf("swap %d to %s: start", rec.ID, target.cfg.ID))
 
 	swapStart := time.Now()
 	var wg sync.WaitGroup
@@ -112,7 +112,7 @@ func (p *Proxy) swap(target *Server, victims []*Server, rec *SwapRecord) *APIErr
 	p.mu.Lock()
 	p.enforceBudget(target, rec)
 	p.mu.Unlock()
-	p.event(fmt.Sprintf("swap %d to %s: done", rec.ID, target.cfg.ID), nil)
+	p.event(fmt.Sprintf("swap %d to %s: done", rec.ID, target.cfg.ID))
 	p.mu.Lock()
 	if wake.Error != "" {
 		return &APIError{HTTP: http.StatusBadGateway, Code: "SWAP_FAILED", Model: target.cfg.ID, Phase: wake.Kind,
@@ -296,7 +296,7 @@ func (p *Proxy) exited(s *Server, pr *process, requested bool) {
 	p.cond.Broadcast()
 	p.mu.Unlock()
 	p.log.Printf("go-swap: %s %s; its next request starts it cold", s.cfg.ID, why)
-	p.event(fmt.Sprintf("%s %s", s.cfg.ID, why), nil)
+	p.event(fmt.Sprintf("%s %s", s.cfg.ID, why))
 }
 
 // stopServer stops s's process and leaves it in state (cold) with why as

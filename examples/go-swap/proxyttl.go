@@ -80,7 +80,7 @@ func (p *Proxy) sleepIdle(s *Server) {
 	} else {
 		p.log.Printf("go-swap: %s idle for its ttl (%s): put to sleep", s.cfg.ID, s.cfg.TTL)
 	}
-	p.event(fmt.Sprintf("%s asleep after its ttl", s.cfg.ID), nil)
+	p.event(fmt.Sprintf("%s asleep after its ttl", s.cfg.ID))
 	p.mu.Lock()
 	s.draining = false
 	p.record(rec)

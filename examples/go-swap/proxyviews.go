@@ -74,7 +74,7 @@ const (
 
 // event records the memory now under name: it asks every running server's
 // control socket for its status. Called without mu.
-func (p *Proxy) event(name string, _ []*Server) {
+func (p *Proxy) event(name string) {
 	type probe struct {
 		s    *Server
 		st   *ControlStatus
