@@ -15,6 +15,8 @@ mod common;
 #[cfg(feature = "cli")]
 mod cli_chart;
 #[cfg(feature = "cli")]
+mod cli_ctl;
+#[cfg(feature = "cli")]
 mod cli_errors;
 #[cfg(feature = "cli")]
 mod cli_json;
