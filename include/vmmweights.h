@@ -166,6 +166,12 @@
 #define VMMW_TAG_DEFAULT 0
 
 /**
+ * A control socket this process serves over its default pools
+ * (`vmmw_control_serve`). Free with `vmmw_control_server_free`.
+ */
+typedef struct vmmw_control_server_t vmmw_control_server_t;
+
+/**
  * An opened backend for one device. Thread-safe: every function taking a
  * device may be called concurrently, except `vmmw_device_free`.
  */
@@ -1052,6 +1058,34 @@ typedef struct vmmw_receive_stats_t {
    */
   uint64_t kept_bytes;
 } vmmw_receive_stats_t;
+
+/**
+ * What a sleep or wake through a control socket did (`vmmw_control_sleep`,
+ * `vmmw_control_wake`). The whole answer, each tag included, is the
+ * `"last"` field of the next `vmmw_control_status`.
+ */
+typedef struct vmmw_control_result_t {
+  /**
+   * Wall time of the call in the process, in seconds.
+   */
+  double seconds;
+  /**
+   * Of it, the synchronization of every device before a sleep (0 for a wake).
+   */
+  double sync_seconds;
+  /**
+   * Of it, a wake's wait for memory (0 for a sleep).
+   */
+  double wait_seconds;
+  /**
+   * Physical device bytes released (sleep) or mapped again (wake).
+   */
+  uint64_t bytes;
+  /**
+   * Bytes the host backups hold after a sleep, or restored from them by a wake.
+   */
+  uint64_t backup_bytes;
+} vmmw_control_result_t;
 
 /**
  * Backend choice: the `VMMW_BACKEND` environment variable when set ("host",
@@ -3797,6 +3831,106 @@ uint32_t vmmw_version_minor(void);
  * The library's patch version. Thread-safe.
  */
 uint32_t vmmw_version_patch(void);
+
+/**
+ * The status of the process serving the control socket at `socket`, as
+ * the JSON the socket answers (docs/PRELOAD.md): its pid, state
+ * (`awake`, `asleep`, `sleeping`, `waking`), each tag of each device,
+ * each device's memory, the host backup, the last sleep or wake.
+ * Copied into `buf` with the `buf`/`cap`/`*needed` contract of every
+ * string this library returns (`*needed` includes the NUL; the status is
+ * read anew at each call, so ask with room to spare).
+ *
+ * Errors:
+ * - `VMMW_NULL_ARGUMENT`: `socket` is NULL, or `buf` NULL with `cap` > 0.
+ * - `VMMW_IO`: nobody serves `socket` (missing, refused, not a socket), or
+ *   no answer within 30 seconds.
+ * - `VMMW_BUFFER_TOO_SMALL`: `*needed` says how much room the answer needs.
+ * - the status the process refused with (`VMMW_SHARE_REFUSED`: this user is
+ *   not allowed on its socket; `VMMW_INVALID_STATE`: the answer is not one
+ *   of a vmmweights control socket).
+ *
+ * # Safety
+ * `socket` is a NUL-terminated string; `buf` is NULL or writable for `cap`
+ * bytes; `needed` and `error` are NULL or writable.
+ */
+vmmw_status_t vmmw_control_status(const char *socket, char *buf, size_t cap, size_t *needed, struct vmmw_error_t **error);
+
+/**
+ * Ask the process serving `socket` to synchronize every device it used
+ * and sleep its tags (the `n_tags` names in `tags`, or every tag when
+ * `n_tags` is 0) with `policy` (`VMMW_POLICY_OFFLOAD`,
+ * `VMMW_POLICY_OFFLOAD_COMPRESSED` or `VMMW_POLICY_DISCARD`). On success
+ * `*result`, when `result` is not NULL, receives the figures. Waits for the
+ * answer up to 10 minutes.
+ *
+ * Errors:
+ * - `VMMW_NULL_ARGUMENT`: `socket`, or `tags` with `n_tags` > 0, or one of its strings is NULL.
+ * - `VMMW_INVALID_ARGUMENT`: an unknown policy, or `VMMW_POLICY_RELOAD`.
+ * - `VMMW_IO`: nobody serves `socket`, or no answer in time.
+ * - the status the process refused with: `VMMW_UNKNOWN_TAG` (a tag it does
+ *   not hold), `VMMW_INVALID_STATE` (nothing allocated yet, a sleep or wake
+ *   running), `VMMW_DRIVER_ERROR` (a device failed to synchronize: nothing
+ *   slept), `VMMW_HOST_OUT_OF_MEMORY` (no room for the backup),
+ *   `VMMW_SHARE_REFUSED` (this user is not allowed on its socket).
+ *
+ * # Safety
+ * `socket` is a NUL-terminated string; `tags` is NULL with `n_tags` 0 or
+ * points to `n_tags` NUL-terminated strings; `result` and `error` are NULL
+ * or writable.
+ */
+vmmw_status_t vmmw_control_sleep(const char *socket, vmmw_policy_t policy, const char *const *tags, size_t n_tags, struct vmmw_control_result_t *result, struct vmmw_error_t **error);
+
+/**
+ * Ask the process serving `socket` to wake its asleep tags (the `n_tags`
+ * names in `tags`, or every asleep tag when `n_tags` is 0). With
+ * `wait_memory_ms` > 0 it waits up to that long for device memory another
+ * process or tag is releasing; with 0 it refuses at once when memory is
+ * short. On success `*result`, when `result` is not NULL, receives the
+ * figures. A wake that fails leaves the process asleep with every backup
+ * intact.
+ *
+ * Errors:
+ * - `VMMW_NULL_ARGUMENT`: `socket`, or `tags` with `n_tags` > 0, or one of its strings is NULL.
+ * - `VMMW_INVALID_ARGUMENT`: `wait_memory_ms` over one hour.
+ * - `VMMW_IO`: nobody serves `socket`, or no answer in time.
+ * - the status the process refused with: `VMMW_OUT_OF_MEMORY` (no room,
+ *   also after the wait), `VMMW_UNKNOWN_TAG`, `VMMW_INVALID_STATE`,
+ *   `VMMW_DRIVER_ERROR`, `VMMW_SHARE_REFUSED`.
+ *
+ * # Safety
+ * As `vmmw_control_sleep`.
+ */
+vmmw_status_t vmmw_control_wake(const char *socket, uint64_t wait_memory_ms, const char *const *tags, size_t n_tags, struct vmmw_control_result_t *result, struct vmmw_error_t **error);
+
+/**
+ * Serve a control socket at `socket` (which must not exist) over this
+ * process's default pools (those of `vmmw_pool_default`, every device),
+ * so `vmmw ctl`, `vmmw_control_*` and a service can sleep and wake this
+ * process as they do one under the interposer. Peers must run as this
+ * process's user. A sleep synchronizes each device through the pool's
+ * driver first. On success `*out` receives the server, owned by the
+ * caller; it answers on threads of its own until `vmmw_control_server_free`.
+ *
+ * Errors:
+ * - `VMMW_NULL_ARGUMENT`: `socket` or `out` is NULL.
+ * - `VMMW_IO`: `socket` exists or cannot be bound.
+ *
+ * # Safety
+ * `socket` is a NUL-terminated string; `out` is writable; `error` is NULL or writable.
+ */
+vmmw_status_t vmmw_control_serve(const char *socket, struct vmmw_control_server_t **out, struct vmmw_error_t **error);
+
+/**
+ * Stop serving: no connection is accepted from here on, open ones are
+ * closed once a sleep or wake running has answered (this waits for it),
+ * and the socket file is removed if it is still the one bound. NULL is a
+ * no-op.
+ *
+ * # Safety
+ * `server` is NULL or a live handle, not used afterwards.
+ */
+void vmmw_control_server_free(struct vmmw_control_server_t *server);
 
 #ifdef __cplusplus
 }  // extern "C"

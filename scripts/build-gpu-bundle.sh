@@ -2,6 +2,8 @@
 # Builds, here, everything the GPU machine runs (it has no Rust toolchain) and
 # copies it into .gpu/ (git-ignored), which the `run` tool carries:
 #   .gpu/vmmw                     the command line
+#   .gpu/libvmmw_preload.so       the CUDA runtime interposer (scripts/gpu.d/88-preload.sh;
+#                                 its test program is built there from tests/preload)
 #   .gpu/libvmmweights.so         the cdylib (for C/C++/Go/PyTorch checks; the
 #                                 Python package runs from the tree's python/
 #                                 with VMMW_LIB pointing here: the GPU machine
@@ -28,11 +30,13 @@ export CARGO_TERM_COLOR=never
 
 bash scripts/build-clib.sh --release
 cargo build --release --features cli --bins
+# The interposer, over the same vmmweights build as the command line.
+cargo build --release -p vmmweights -p vmmw-preload --features vmmweights/cli --lib
 json=$(cargo test --release --features cli --no-run --message-format=json)
 
 rm -rf .gpu
 mkdir -p .gpu/tests
-cp target/release/vmmw target/release/libvmmweights.so .gpu/
+cp target/release/vmmw target/release/libvmmweights.so target/release/libvmmw_preload.so .gpu/
 
 # One executable per test target; the JSON names each and where it was built.
 echo "$json" | python3 -c '
@@ -74,7 +78,7 @@ else
   echo "note: no go on this machine: the bundle has no go-swap (scripts/gpu.d/80-swap.sh will skip)" >&2
 fi
 
-strip --strip-debug .gpu/vmmw .gpu/libvmmweights.so .gpu/tests/*
+strip --strip-debug .gpu/vmmw .gpu/libvmmweights.so .gpu/libvmmw_preload.so .gpu/tests/*
 {
   echo "commit $(git rev-parse HEAD)$(git diff --quiet HEAD || echo ' (with uncommitted changes)')"
   echo "built $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(uname -n), $(rustc --version)"

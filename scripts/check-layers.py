@@ -34,7 +34,7 @@ LAYERS = [
     ["pool"],
     ["loader"],
     ["share", "devices"],
-    ["update"],
+    ["update", "control"],
     ["ffi", "fuzz"],
 ]
 RANK = {m: i for i, layer in enumerate(LAYERS) for m in layer}
@@ -267,7 +267,7 @@ PY_LAYERS = [
     ["_structs"],
     ["_native"],
     ["report", "tags", "metadata", "_owned"],
-    ["pool"],
+    ["pool", "control"],
     ["loader", "saver"],
     ["devices", "share", "update"],
     ["transport"],

@@ -3,12 +3,15 @@
 # read from Cargo.toml:
 #   include/vmmweights.h          the public API (cbindgen.toml)
 #   include/vmmweights_testing.h  the host backend's testing hooks (cbindgen-testing.toml)
-# Usage: scripts/gen-header.sh [OUT [OUT_TESTING]] (defaults: the paths above).
+#   include/vmmw_preload.h        the CUDA runtime interposer's own calls
+#                                 (cbindgen-preload.toml, from preload/src/api.rs)
+# Usage: scripts/gen-header.sh [OUT [OUT_TESTING [OUT_PRELOAD]]] (defaults: the paths above).
 # cbindgen is pinned: its point releases change the output.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out="${1:-include/vmmweights.h}"
 out_testing="${2:-include/vmmweights_testing.h}"
+out_preload="${3:-include/vmmw_preload.h}"
 want_cbindgen=0.29.4
 command -v cbindgen >/dev/null || { echo "cbindgen missing: cargo install cbindgen --version $want_cbindgen --locked" >&2; exit 1; }
 have=$(cbindgen --version | awk '{print $2}')
@@ -69,3 +72,4 @@ C
 } >"$config"
 cbindgen --quiet --config "$config" --output "$out" src/ffi/mod.rs
 cbindgen --quiet --config cbindgen-testing.toml --output "$out_testing" src/ffi/testing.rs
+cbindgen --quiet --config cbindgen-preload.toml --output "$out_preload" preload/src/api.rs

@@ -295,6 +295,25 @@ _SIGNATURES: dict[str, tuple[Any, list[Any], bool]] = {
 }
 
 
+# The control channel (docs/PRELOAD.md): a process serving a control socket.
+_SIGNATURES.update({
+    "vmmw_control_status": (_I32, [ctypes.c_char_p, *_BUF], True),
+    "vmmw_control_sleep": (
+        _I32,
+        [ctypes.c_char_p, _I32, ctypes.POINTER(ctypes.c_char_p), ctypes.c_size_t,
+         ctypes.POINTER(S.ControlResult)],
+        True,
+    ),
+    "vmmw_control_wake": (
+        _I32,
+        [ctypes.c_char_p, ctypes.c_uint64, ctypes.POINTER(ctypes.c_char_p), ctypes.c_size_t,
+         ctypes.POINTER(S.ControlResult)],
+        True,
+    ),
+    "vmmw_control_serve": (_I32, [ctypes.c_char_p, ctypes.POINTER(_P)], True),
+    "vmmw_control_server_free": (None, [_P], False),
+})
+
 def lib() -> ctypes.CDLL:
     """The loaded library (opened once, by its full path)."""
     global _lib, _lib_path

@@ -264,6 +264,18 @@ class ReceiveStats(ctypes.Structure):
     ]
 
 
+class ControlResult(ctypes.Structure):
+    """vmmw_control_result_t"""
+
+    _fields_ = [
+        ("seconds", f64),
+        ("sync_seconds", f64),
+        ("wait_seconds", f64),
+        ("bytes", u64),
+        ("backup_bytes", u64),
+    ]
+
+
 ALL = {
     "vmmw_load_options_t": LoadOptions,
     "vmmw_destination_t": Destination,
@@ -283,6 +295,7 @@ ALL = {
     "vmmw_broadcast_load_result_t": BroadcastLoadResult,
     "vmmw_send_report_t": SendReport,
     "vmmw_receive_stats_t": ReceiveStats,
+    "vmmw_control_result_t": ControlResult,
 }
 
 PROGRESS_FN = ctypes.CFUNCTYPE(i32, u64, u64, ctypes.c_void_p)

@@ -15,6 +15,8 @@ mod common;
 #[cfg(feature = "cli")]
 mod cli_chart;
 #[cfg(feature = "cli")]
+mod cli_ctl;
+#[cfg(feature = "cli")]
 mod cli_errors;
 #[cfg(feature = "cli")]
 mod cli_json;
@@ -23,6 +25,8 @@ mod cli_pipe;
 #[cfg(feature = "cli")]
 mod cli_serve;
 mod codec;
+mod control_attacks;
+mod control_channel;
 mod device_reliability;
 mod driver_contract;
 mod fault_device;

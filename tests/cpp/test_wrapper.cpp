@@ -583,6 +583,36 @@ static void test_metadata() {
   rmdir(dir);
 }
 
+// The control channel: this process's default pools served on a socket and
+// driven through it, as vmmw ctl drives a program under the interposer.
+static void test_control() {
+  char dir[] = "/tmp/vmmw-cpp-control-XXXXXX";
+  CHECK(mkdtemp(dir) != nullptr);
+  const std::string sock = std::string(dir) + "/control.sock";
+  vmmw::Pool pool = vmmw::Pool::global(0);
+  vmmw::control::Server server(sock);
+  CHECK(status_of([&] { vmmw::control::Server again(sock); }) == VMMW_IO);
+  const vmmw::Tag t = vmmw::tag_id("cpp-control");
+  vmmw::Block b = pool.alloc(4u << 20, t);
+  std::vector<unsigned char> in(4096), out(4096);
+  for (size_t i = 0; i < in.size(); ++i) in[i] = static_cast<unsigned char>(i * 13 + 1);
+  pool.write(b.ptr() + 512, in.data(), in.size());
+  CHECK(vmmw::control::status(sock).find("\"tag\":\"cpp-control\"") != std::string::npos);
+  CHECK(status_of([&] { (void)vmmw::control::sleep(sock, vmmw::Policy::Reload); }) == VMMW_INVALID_ARGUMENT);
+  CHECK(status_of([&] { (void)vmmw::control::sleep(sock, vmmw::Policy::Offload, {"cpp-nope"}); }) ==
+        VMMW_UNKNOWN_TAG);
+  vmmw::control::Result r = vmmw::control::sleep(sock, vmmw::Policy::Offload, {"cpp-control"});
+  CHECK(r.bytes >= (4u << 20) && r.backup_bytes >= (4u << 20));
+  CHECK(vmmw::control::status(sock).find("\"state\":\"asleep\"") != std::string::npos);
+  r = vmmw::control::wake(sock, 1000);
+  CHECK(r.bytes >= (4u << 20));
+  pool.read(b.ptr() + 512, out.data(), out.size());
+  CHECK(in == out);
+  CHECK(status_of([&] { (void)vmmw::control::status(std::string(dir) + "/none.sock"); }) == VMMW_IO);
+  b.reset();
+  rmdir(dir);
+}
+
 int main() {
   test_errors();
   test_remap_notices();
@@ -592,6 +622,7 @@ int main() {
   test_pool_tags_sleep();
   test_loader();
   test_devices();
+  test_control();
   std::printf("test_wrapper: %d checks passed\n", g_checks);
   return 0;
 }

@@ -1620,6 +1620,85 @@ inline vmmw_replica_wake_result_t wake_replicas_from_backup(const std::vector<Re
   return wake_replicas_from_backup(replicas, o);
 }
 
+// ---------------------------------------------------------------------------
+// The control channel (docs/PRELOAD.md): a process serving a control socket
+// (a program run under the interposer with `vmmw exec`, or one that serves
+// its default pools with ControlServer) asked for its status, to sleep, or
+// to wake. A refusal throws vmmw::Error with the status the process named.
+namespace control {
+
+/// What a sleep or wake did (vmmw_control_result_t).
+using Result = vmmw_control_result_t;
+
+/// The status of the process serving `socket`, as its JSON
+/// (vmmw_control_status): state, each tag of each device, each device's
+/// memory, the host backup, the last sleep or wake.
+[[nodiscard]] inline std::string status(const std::string& socket) {
+  return detail::read_string([&](char* b, size_t c, size_t* n, vmmw_error_t** e) {
+    return vmmw_control_status(socket.c_str(), b, c, n, e);
+  });
+}
+
+namespace detail_control {
+inline std::vector<const char*> names(const std::vector<std::string>& tags) {
+  std::vector<const char*> v;
+  v.reserve(tags.size());
+  for (const auto& t : tags) v.push_back(t.c_str());
+  return v;
+}
+}  // namespace detail_control
+
+/// Synchronize every device of the process serving `socket` and sleep its
+/// tags (`tags`, or every tag when empty) with `policy` (Offload,
+/// OffloadCompressed or Discard) (vmmw_control_sleep).
+inline Result sleep(const std::string& socket, Policy policy = Policy::Offload,
+                    const std::vector<std::string>& tags = {}) {
+  auto names = detail_control::names(tags);
+  Result r{};
+  vmmw::detail::call([&](vmmw_error_t** e) {
+    return vmmw_control_sleep(socket.c_str(), static_cast<vmmw_policy_t>(policy), names.data(),
+                              names.size(), &r, e);
+  });
+  return r;
+}
+
+/// Wake the tags asleep (`tags`, or every asleep tag when empty), waiting up
+/// to `wait_memory_ms` for memory being released (0: refuse at once)
+/// (vmmw_control_wake). A failed wake leaves every backup intact.
+inline Result wake(const std::string& socket, uint64_t wait_memory_ms = 0,
+                   const std::vector<std::string>& tags = {}) {
+  auto names = detail_control::names(tags);
+  Result r{};
+  vmmw::detail::call([&](vmmw_error_t** e) {
+    return vmmw_control_wake(socket.c_str(), wait_memory_ms, names.data(), names.size(), &r, e);
+  });
+  return r;
+}
+
+/// This process's default pools served on a control socket at `path`
+/// (vmmw_control_serve), until destroyed.
+class Server {
+ public:
+  explicit Server(const std::string& path) {
+    vmmw_control_server_t* raw = nullptr;
+    vmmw::detail::call([&](vmmw_error_t** e) { return vmmw_control_serve(path.c_str(), &raw, e); });
+    h_.reset(raw);
+  }
+
+  /// Adopt a handle from vmmw_control_serve (this object frees it).
+  explicit Server(vmmw_control_server_t* adopt) noexcept : h_(adopt) {}
+
+  [[nodiscard]] const vmmw_control_server_t* get() const noexcept { return h_.get(); }
+
+  /// Give up the handle (the caller frees it with vmmw_control_server_free).
+  [[nodiscard]] vmmw_control_server_t* release() noexcept { return h_.release(); }
+
+ private:
+  vmmw::detail::Owned<vmmw_control_server_t, vmmw_control_server_free> h_;
+};
+
+}  // namespace control
+
 }  // namespace vmmw
 
 #endif  // VMMWEIGHTS_HPP

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# The CUDA runtime interposer (libvmmw_preload.so, docs/PRELOAD.md) on the host
+# backend: the preload crate's lint and unit tests; what the library exports
+# (the CUDA entry points it owns and the vmmw_preload_* calls of
+# include/vmmw_preload.h, nothing else); then the end-to-end twin of
+# scripts/gpu.d/88-preload.sh: the test program (tests/preload/twin.c), linked
+# against the stand-in CUDA runtime, run with `vmmw exec` and slept and woken
+# through its control socket, its bytes, addresses and memory checked at each
+# step (tests/preload/twin.py prints one line per check). About 30 s once the
+# crates are built.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+cargo clippy -p vmmw-preload --all-targets -- -D warnings
+cargo test -p vmmw-preload --quiet
+# One build for both: the command line's crate and the interposer share the
+# vmmweights library built with `cli`, as the Rust part built it.
+cargo build -p vmmweights -p vmmw-preload --features vmmweights/cli --quiet
+target="$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')/debug"
+lib="$target/libvmmw_preload.so"
+
+echo "--- exports of libvmmw_preload.so"
+exported=$(nm -D --defined-only "$lib" | awk '$2 ~ /^[TDBRV]$/ {print $3}' | sort)
+declared=$( (printf '%s\n' cudaFree cudaMalloc cudaMallocPitch cudaMemGetInfo;
+  grep -o 'vmmw_preload_[a-z_]*(' include/vmmw_preload.h | tr -d '(') | sort -u)
+if [[ "$exported" != "$declared" ]]; then
+  echo "libvmmw_preload.so exports what it should not, or lacks a declared call:" >&2
+  diff <(echo "$declared") <(echo "$exported") >&2 || true
+  exit 1
+fi
+echo "exports: $(echo $exported)"
+
+echo "--- the host twin"
+out=$(mktemp -d)
+trap 'rm -rf "$out"' EXIT
+bash scripts/build-preload-standin.sh "$out" >/dev/null
+python3 tests/preload/twin.py --backend host --vmmw "$target/vmmw" --lib "$lib" \
+  --twin "$out/preload_twin" --workdir "$out/work"
