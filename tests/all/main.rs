@@ -53,6 +53,7 @@ mod pool_rdma;
 mod pool_reload;
 mod pool_remap;
 mod pool_sleep;
+mod pool_swap;
 mod pool_tags;
 mod reload_writes;
 mod replica_wake;
