@@ -238,7 +238,9 @@ pub unsafe extern "C" fn vmmw_pool_swap(
             released_bytes: sum(&out.slept, &|c| c.report.physical_bytes),
             mapped_bytes: sum(&out.woke, &|c| c.report.physical_bytes),
             copied_out_bytes: sum(&out.slept, &|c| c.report.copied_bytes),
-            copied_in_bytes: sum(&out.woke, &|c| c.report.copied_bytes + c.report.reloaded_bytes),
+            copied_in_bytes: sum(&out.woke, &|c| {
+                c.report.copied_bytes + c.report.reloaded_bytes
+            }),
             sleep_seconds: out.sleep_seconds,
             wake_seconds: out.wake_seconds,
             seconds: out.seconds,

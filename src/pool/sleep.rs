@@ -159,7 +159,11 @@ impl Pool {
                 what: format!(
                     "wake of tags [{}]{}",
                     names.join(", "),
-                    if waits { " (more than the device holds)" } else { "" }
+                    if waits {
+                        " (more than the device holds)"
+                    } else {
+                        ""
+                    }
                 ),
                 requested: needed,
                 free: mem.free,

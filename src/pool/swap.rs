@@ -128,7 +128,10 @@ impl Pool {
                 return Err(e);
             }
         }
-        let gate = sleep.iter().any(|&(t, _)| gate.is_shared(t)).then_some(gate);
+        let gate = sleep
+            .iter()
+            .any(|&(t, _)| gate.is_shared(t))
+            .then_some(gate);
         for (&(t, _), &asleep) in sleep.iter().zip(&was_asleep) {
             if !asleep {
                 // New contents of its own: the mark of a group no longer holds.
@@ -138,7 +141,9 @@ impl Pool {
         // Bytes of free blocks carry nothing: Reload backs up only live ones.
         let in_use: Vec<Vec<(DevicePtr, usize)>> =
             sleep.iter().map(|&(t, _)| self.live_ranges(t)).collect();
-        let segs_of = |t: TagId| move |f: &mut dyn FnMut(&mut [&mut Segment])| f(&mut self.lock().tag_segments(t));
+        let segs_of = |t: TagId| {
+            move |f: &mut dyn FnMut(&mut [&mut Segment])| f(&mut self.lock().tag_segments(t))
+        };
         let sleep_segs: Vec<_> = sleep.iter().map(|&(t, _)| segs_of(t)).collect();
         let wake_segs: Vec<_> = wake.iter().map(|&t| segs_of(t)).collect();
         let sleep_sides: Vec<SwapSleep<'_>> = sleep
@@ -209,7 +214,11 @@ impl Pool {
 
     /// Refuse unknown tags, and a tag listed twice or in both lists.
     fn check_swap_lists(&self, sleep: &[(TagId, Policy)], wake: &[TagId]) -> Result<()> {
-        let all: Vec<TagId> = sleep.iter().map(|&(t, _)| t).chain(wake.iter().copied()).collect();
+        let all: Vec<TagId> = sleep
+            .iter()
+            .map(|&(t, _)| t)
+            .chain(wake.iter().copied())
+            .collect();
         for &t in &all {
             self.check_known(t)?;
         }

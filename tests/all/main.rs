@@ -13,6 +13,8 @@
 mod common;
 
 #[cfg(feature = "cli")]
+mod cli_bench_swap;
+#[cfg(feature = "cli")]
 mod cli_chart;
 #[cfg(feature = "cli")]
 mod cli_errors;

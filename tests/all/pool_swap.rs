@@ -39,7 +39,11 @@ const POLICIES: [Policy; 4] = [
 
 fn unique(name: &str) -> TagId {
     static N: AtomicUsize = AtomicUsize::new(0);
-    tag::id(&format!("swap-{name}-{}", N.fetch_add(1, Ordering::Relaxed))).unwrap()
+    tag::id(&format!(
+        "swap-{name}-{}",
+        N.fetch_add(1, Ordering::Relaxed)
+    ))
+    .unwrap()
 }
 
 /// Small granules and chunks, so a few MiB make runs of chunks to release
@@ -183,10 +187,22 @@ fn every_policy_pair_gives_back_every_byte_at_the_same_addresses() {
             let mapped_a = w.mapped(a.tag);
             let phys = w.h.counts().physical_bytes;
             let out = w.pool.swap(&[(a.tag, sleeping)], &[b.tag]).unwrap();
-            assert!(out.is_ok(), "{what}: {:?} / {:?}", out.sleep_error, out.wake_error);
+            assert!(
+                out.is_ok(),
+                "{what}: {:?} / {:?}",
+                out.sleep_error,
+                out.wake_error
+            );
             assert_eq!((out.slept.len(), out.woke.len()), (1, 1), "{what}");
-            assert!(w.pool.is_tag_asleep(a.tag) && !w.pool.is_tag_asleep(b.tag), "{what}");
-            assert_eq!(w.mapped(a.tag), 0, "{what}: the sleeping tag released it all");
+            assert!(
+                w.pool.is_tag_asleep(a.tag) && !w.pool.is_tag_asleep(b.tag),
+                "{what}"
+            );
+            assert_eq!(
+                w.mapped(a.tag),
+                0,
+                "{what}: the sleeping tag released it all"
+            );
             assert_eq!(out.slept[0].report.physical_bytes, mapped_a, "{what}");
             assert_eq!(
                 w.h.counts().physical_bytes,
@@ -198,7 +214,12 @@ fn every_policy_pair_gives_back_every_byte_at_the_same_addresses() {
             }
             // And back: the tag put to sleep by the swap wakes whole.
             let back = w.pool.swap(&[(b.tag, Policy::Offload)], &[a.tag]).unwrap();
-            assert!(back.is_ok(), "{what}, back: {:?} / {:?}", back.sleep_error, back.wake_error);
+            assert!(
+                back.is_ok(),
+                "{what}, back: {:?} / {:?}",
+                back.sleep_error,
+                back.wake_error
+            );
             if sleeping != Policy::Discard {
                 same(&w, a.tag, &bytes_a, &format!("{what}, back"));
             }
@@ -237,13 +258,23 @@ fn a_device_too_small_for_both_makes_the_wake_wait_for_the_sleep() {
         let e = w.pool.wake(&[b.tag]).unwrap_err();
         assert!(e.is_out_of_memory(), "{e}");
         let out = w.pool.swap(&[(a.tag, sleeping)], &[b.tag]).unwrap();
-        assert!(out.is_ok(), "{what}: {:?} / {:?}", out.sleep_error, out.wake_error);
+        assert!(
+            out.is_ok(),
+            "{what}: {:?} / {:?}",
+            out.sleep_error,
+            out.wake_error
+        );
         if asleep != Policy::Discard {
             same(&w, b.tag, &bytes_b, &what);
         }
         assert!(w.h.counts().physical_bytes <= one + one / 2);
         let back = w.pool.swap(&[(b.tag, Policy::Discard)], &[a.tag]).unwrap();
-        assert!(back.is_ok(), "{what}, back: {:?} / {:?}", back.sleep_error, back.wake_error);
+        assert!(
+            back.is_ok(),
+            "{what}, back: {:?} / {:?}",
+            back.sleep_error,
+            back.wake_error
+        );
         if sleeping != Policy::Discard {
             same(&w, a.tag, &bytes_a, &format!("{what}, back"));
         }
@@ -259,12 +290,20 @@ fn a_wake_that_cannot_fit_even_after_the_sleep_fails_and_keeps_its_backup() {
     write(w.d(), big.ptr, &pattern(77, big.size));
     let bytes_b = w.bytes(b.tag);
     w.pool.sleep(&[(b.tag, Policy::Offload)]).unwrap();
-    let need = w.pool.report().tag(&tag::name_of(b.tag)).unwrap().offloaded_bytes;
+    let need = w
+        .pool
+        .report()
+        .tag(&tag::name_of(b.tag))
+        .unwrap()
+        .offloaded_bytes;
     // After a's sleep the device has less than b needs.
     w.h.set_memory_limit(w.h.counts().physical_bytes + need - 2 * G as u64 - w.mapped(a.tag));
     let bytes_a = w.bytes(a.tag);
     // Without a wait: refused up front, nothing changes.
-    let e = w.pool.swap(&[(a.tag, Policy::Offload)], &[b.tag]).unwrap_err();
+    let e = w
+        .pool
+        .swap(&[(a.tag, Policy::Offload)], &[b.tag])
+        .unwrap_err();
     assert!(e.is_out_of_memory(), "{e}");
     assert!(!w.pool.is_tag_asleep(a.tag) && w.pool.is_tag_asleep(b.tag));
     same(&w, a.tag, &bytes_a, "after the refused swap");
@@ -285,14 +324,20 @@ fn a_wake_that_cannot_fit_even_after_the_sleep_fails_and_keeps_its_backup() {
     assert_eq!(out.slept.len(), 1);
     let e = out.wake_error.expect("the wake cannot fit");
     match &e {
-        Error::OutOfMemory { what, requested, .. } => {
+        Error::OutOfMemory {
+            what, requested, ..
+        } => {
             assert!(what.contains(&b.tag.to_string()), "{e}");
             assert!(*requested >= need - need / 8, "{e}");
         }
         other => panic!("{other}"),
     }
     assert!(w.pool.is_tag_asleep(a.tag) && w.pool.is_tag_asleep(b.tag));
-    assert_eq!(w.mapped(b.tag), 0, "the failed wake unmapped what it mapped");
+    assert_eq!(
+        w.mapped(b.tag),
+        0,
+        "the failed wake unmapped what it mapped"
+    );
     w.h.set_memory_limit(1 << 30);
     w.pool.wake(&[b.tag]).unwrap();
     same(&w, b.tag, &bytes_b, "b after the failed wake");
@@ -325,7 +370,10 @@ fn a_wake_failing_midway_stays_asleep_while_the_sleep_is_reported_apart() {
             assert!(out.sleep_error.is_none(), "{what}: {:?}", out.sleep_error);
             assert!(out.wake_error.is_some(), "{what}");
             assert!(out.woke.is_empty(), "{what}");
-            assert!(w.pool.is_tag_asleep(b.tag), "{what}: a failed wake left the tag awake");
+            assert!(
+                w.pool.is_tag_asleep(b.tag),
+                "{what}: a failed wake left the tag awake"
+            );
             assert_eq!(w.mapped(b.tag), 0, "{what}");
             assert!(w.pool.is_tag_asleep(a.tag), "{what}");
             w.pool.check_invariants().unwrap();
@@ -433,16 +481,31 @@ fn bad_lists_and_pinned_tags_are_refused_with_nothing_changed() {
         assert_eq!(w.h.counts().physical_bytes, phys, "{what}");
         same(&w, a.tag, &bytes_a, what);
     };
-    let e = w.pool.swap(&[(a.tag, Policy::Offload)], &[a.tag]).unwrap_err();
-    assert!(matches!(e, Error::InvalidArgument(ref m) if m.contains("both")), "{e}");
+    let e = w
+        .pool
+        .swap(&[(a.tag, Policy::Offload)], &[a.tag])
+        .unwrap_err();
+    assert!(
+        matches!(e, Error::InvalidArgument(ref m) if m.contains("both")),
+        "{e}"
+    );
     unchanged("a tag in both lists");
     let e = w
         .pool
-        .swap(&[(a.tag, Policy::Offload), (a.tag, Policy::Discard)], &[b.tag])
+        .swap(
+            &[(a.tag, Policy::Offload), (a.tag, Policy::Discard)],
+            &[b.tag],
+        )
         .unwrap_err();
-    assert!(matches!(e, Error::InvalidArgument(ref m) if m.contains("twice")), "{e}");
+    assert!(
+        matches!(e, Error::InvalidArgument(ref m) if m.contains("twice")),
+        "{e}"
+    );
     unchanged("a tag twice");
-    let e = w.pool.swap(&[(a.tag, Policy::Offload)], &[b.tag, b.tag]).unwrap_err();
+    let e = w
+        .pool
+        .swap(&[(a.tag, Policy::Offload)], &[b.tag, b.tag])
+        .unwrap_err();
     assert!(matches!(e, Error::InvalidArgument(_)), "{e}");
     unchanged("a waking tag twice");
     let never = unique("never-used");
@@ -451,13 +514,27 @@ fn bad_lists_and_pinned_tags_are_refused_with_nothing_changed() {
         assert!(matches!(e, Error::UnknownTag(_)), "{e}");
         unchanged("an unknown tag");
     }
-    let e = w.pool.swap(&[(TagId(u32::MAX - 3), Policy::Offload)], &[b.tag]).unwrap_err();
-    assert!(matches!(e, Error::UnknownTag(_) | Error::InvalidArgument(_)), "{e}");
+    let e = w
+        .pool
+        .swap(&[(TagId(u32::MAX - 3), Policy::Offload)], &[b.tag])
+        .unwrap_err();
+    assert!(
+        matches!(e, Error::UnknownTag(_) | Error::InvalidArgument(_)),
+        "{e}"
+    );
     unchanged("an unregistered tag id");
     {
-        let blk = w.pool.live_blocks().into_iter().find(|x| x.tag == a.tag).unwrap();
+        let blk = w
+            .pool
+            .live_blocks()
+            .into_iter()
+            .find(|x| x.tag == a.tag)
+            .unwrap();
         let _pin = w.pool.pin_for_load(&[(blk.ptr, blk.size, "x")]).unwrap();
-        let e = w.pool.swap(&[(a.tag, Policy::Offload)], &[b.tag]).unwrap_err();
+        let e = w
+            .pool
+            .swap(&[(a.tag, Policy::Offload)], &[b.tag])
+            .unwrap_err();
         assert!(matches!(e, Error::LoadInProgress { .. }), "{e}");
         unchanged("a pinned tag");
     }
@@ -480,7 +557,10 @@ fn a_wake_waits_for_memory_another_pool_releases() {
     let h = driver(one + one / 2);
     let d: Arc<dyn Driver> = h.clone();
     let dir = checkpoint();
-    let (p1, p2) = (Pool::new(d.clone(), config()).unwrap(), Pool::new(d, config()).unwrap());
+    let (p1, p2) = (
+        Pool::new(d.clone(), config()).unwrap(),
+        Pool::new(d, config()).unwrap(),
+    );
     let w1 = World {
         h: h.clone(),
         pool: p1,
@@ -511,8 +591,15 @@ fn a_wake_waits_for_memory_another_pool_releases() {
         .unwrap_err();
     assert!(t.elapsed() >= Duration::from_millis(40));
     match &e {
-        Error::OutOfMemory { what, requested, free } => {
-            assert!(what.contains(&b.tag.to_string()) && what.contains("waited"), "{e}");
+        Error::OutOfMemory {
+            what,
+            requested,
+            free,
+        } => {
+            assert!(
+                what.contains(&b.tag.to_string()) && what.contains("waited"),
+                "{e}"
+            );
             assert!(*requested > *free, "{e}");
         }
         other => panic!("{other}"),
@@ -537,7 +624,10 @@ fn a_wake_waits_for_memory_another_pool_releases() {
     });
     assert!(t.elapsed() >= Duration::from_millis(30));
     same(&w2, b.tag, &bytes_b, "b woken after the wait");
-    assert_eq!(w2.pool.segment_of(bytes_b[0].0).unwrap().sleep_state, SleepState::Awake);
+    assert_eq!(
+        w2.pool.segment_of(bytes_b[0].0).unwrap().sleep_state,
+        SleepState::Awake
+    );
     // More than the device holds is refused at once, wait or not.
     w2.pool.sleep(&[(b.tag, Policy::Offload)]).unwrap();
     h.set_memory_limit(G as u64);
@@ -579,19 +669,31 @@ fn a_segment_stopped_midway_keeps_its_uncopied_chunks_until_the_next_sleep() {
             w.h.clear_faults();
             assert!(matches!(e, Error::InvalidState(_)), "{what}: {e}");
             let mapped = w.mapped(t);
-            assert!(mapped > 0 && mapped < BLOCK as u64, "{what}: {mapped} bytes still mapped");
+            assert!(
+                mapped > 0 && mapped < BLOCK as u64,
+                "{what}: {mapped} bytes still mapped"
+            );
             let mut buf = vec![0u8; BLOCK];
             let e = w.pool.read_backup(blk.ptr, &mut buf).unwrap_err();
-            assert!(matches!(e, Error::InvalidState(ref m) if m.contains("sleep")), "{what}: {e}");
+            assert!(
+                matches!(e, Error::InvalidState(ref m) if m.contains("sleep")),
+                "{what}: {e}"
+            );
             let mut head = vec![0u8; G];
             w.pool.read_backup(blk.ptr, &mut head).unwrap();
             assert!(head[..] == data[..G], "{what}: the released run's backup");
             w.pool.sleep(&[(t, policy)]).unwrap();
             assert_eq!(w.mapped(t), 0, "{what}");
             w.pool.read_backup(blk.ptr, &mut buf).unwrap();
-            assert!(buf == data, "{what}, round {round}: the backup after the second sleep");
+            assert!(
+                buf == data,
+                "{what}, round {round}: the backup after the second sleep"
+            );
             w.pool.wake(&[t]).unwrap();
-            assert!(read(w.d(), blk.ptr, blk.size) == data, "{what}, round {round}");
+            assert!(
+                read(w.d(), blk.ptr, blk.size) == data,
+                "{what}, round {round}"
+            );
         }
     }
 }

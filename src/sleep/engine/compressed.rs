@@ -432,7 +432,11 @@ impl SleepEngine {
         // (segment offset, raw bytes) of every frame, in order.
         let specs: Vec<(usize, usize)> = ranges
             .iter()
-            .flat_map(|&(o, l)| (0..l).step_by(frame).map(move |j| (o + j, frame.min(l - j))))
+            .flat_map(|&(o, l)| {
+                (0..l)
+                    .step_by(frame)
+                    .map(move |j| (o + j, frame.min(l - j)))
+            })
             .collect();
         let count = specs.len();
         let base = sc.turn;

@@ -37,9 +37,9 @@ pub use lent_frames::BackupFrame;
 pub use options::{
     CycleReport, Policy, SleepOptions, WakeOptions, CODEC_FRAME_BYTES, CODEC_RING, MAX_STREAMS,
 };
-pub use swap::{SwapReport, SwapSleep, SwapWake, SyncTagSegments};
 pub use sources::Retired;
 pub use staged::{HostSpan, StagedWake};
+pub use swap::{SwapReport, SwapSleep, SwapWake, SyncTagSegments};
 
 /// Access to one tag's segments for the short steps of a sleep or wake that
 /// read or change them: the callee gets every segment of the tag, in a stable

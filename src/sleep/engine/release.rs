@@ -62,19 +62,27 @@ impl<'a> Progress<'a> {
 
 impl SleepEngine {
     /// Record an event on every stream of `streams` that `used` marks.
-    pub(super) fn record_events(&self, streams: &[StreamId], used: &[bool]) -> Result<Vec<EventId>> {
+    pub(super) fn record_events(
+        &self,
+        streams: &[StreamId],
+        used: &[bool],
+    ) -> Result<Vec<EventId>> {
         let mut events = Vec::new();
         for (k, _) in used.iter().enumerate().filter(|(_, &u)| u) {
             let e = match self.driver.event_create() {
                 Ok(e) => e,
                 Err(err) => {
-                    events.into_iter().for_each(|e| drop(self.driver.event_destroy(e)));
+                    events
+                        .into_iter()
+                        .for_each(|e| drop(self.driver.event_destroy(e)));
                     return Err(err);
                 }
             };
             if let Err(err) = self.driver.event_record(e, streams[k]) {
                 let _ = self.driver.event_destroy(e);
-                events.into_iter().for_each(|e| drop(self.driver.event_destroy(e)));
+                events
+                    .into_iter()
+                    .for_each(|e| drop(self.driver.event_destroy(e)));
                 return Err(err);
             }
             events.push(e);

@@ -124,9 +124,7 @@ impl<'a> Room<'a> {
                 (Some(r), Some((n, false))) => r.wait_past(n, step),
                 _ => std::thread::sleep(step),
             }
-            if driver.mem_info()?.free >= bytes
-                || self.beside.map(|r| r.snapshot()) != seen
-            {
+            if driver.mem_info()?.free >= bytes || self.beside.map(|r| r.snapshot()) != seen {
                 return Ok(true);
             }
         }

@@ -200,8 +200,7 @@ impl SleepEngine {
         // frames instead of all after the last copy.
         let mut early_failure = None;
         let mut unmap_early = |pending: &mut Pending, report: &mut CycleReport| {
-            let failure =
-                self.unmap_completed(segs, &todo, pending, policy, report, &mut progress);
+            let failure = self.unmap_completed(segs, &todo, pending, policy, report, &mut progress);
             early_failure = early_failure.take().or(failure);
         };
         let mut coded = HashSet::new();
@@ -391,7 +390,11 @@ impl SleepEngine {
                 pending.push(whole(i));
                 continue;
             }
-            let frames = self.lock().backups.get(&t.ptr).is_some_and(|b| b.is_compressed());
+            let frames = self
+                .lock()
+                .backups
+                .get(&t.ptr)
+                .is_some_and(|b| b.is_compressed());
             let encode = if refresh { frames } else { codec.is_some() };
             if encode {
                 let Some((sc, layout)) = codec.as_mut() else {
@@ -401,10 +404,24 @@ impl SleepEngine {
                     ))));
                 };
                 coded.insert(i);
-                let ranges = if refresh { stale[i].clone() } else { vec![(0, t.committed)] };
+                let ranges = if refresh {
+                    stale[i].clone()
+                } else {
+                    vec![(0, t.committed)]
+                };
                 let r = self.issue_compressed(
-                    tag, i, t, &ranges, refresh, *layout, sc, &run.streams, &mut pending,
-                    report, run.piece, between,
+                    tag,
+                    i,
+                    t,
+                    &ranges,
+                    refresh,
+                    *layout,
+                    sc,
+                    &run.streams,
+                    &mut pending,
+                    report,
+                    run.piece,
+                    between,
                 );
                 if let Err(e) = r {
                     return (pending, Some(e));
@@ -412,8 +429,16 @@ impl SleepEngine {
                 continue;
             }
             let ranges = if refresh { &stale[i] } else { &keep[i] };
-            match self.issue_backup(tag, i, t, ranges, refresh, run, &mut next_stream, &mut pending)
-            {
+            match self.issue_backup(
+                tag,
+                i,
+                t,
+                ranges,
+                refresh,
+                run,
+                &mut next_stream,
+                &mut pending,
+            ) {
                 Ok(bytes) => report.copied_bytes += bytes,
                 Err(e) => return (pending, Some(e)),
             }
@@ -473,7 +498,8 @@ impl SleepEngine {
             t.chunks
                 .iter()
                 .map(|c| {
-                    let inside = |&&(o, l): &&(usize, usize)| o < c.offset + c.size && c.offset < o + l;
+                    let inside =
+                        |&&(o, l): &&(usize, usize)| o < c.offset + c.size && c.offset < o + l;
                     if c.handle.is_none() || (refresh && !keep.iter().any(|r| inside(&r))) {
                         return Vec::new();
                     }

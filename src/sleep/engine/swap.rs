@@ -91,7 +91,12 @@ impl SleepEngine {
     /// The tags of the two lists must differ; the caller marks them all in
     /// transition. Sleep-side failures do not stop the wake (it may still
     /// find room), and a wake failure does not stop the sleep.
-    pub fn swap(&self, sleep: &[SwapSleep<'_>], wake: &[SwapWake<'_>], wait: Duration) -> SwapReport {
+    pub fn swap(
+        &self,
+        sleep: &[SwapSleep<'_>],
+        wake: &[SwapWake<'_>],
+        wait: Duration,
+    ) -> SwapReport {
         let t0 = Instant::now();
         let _one = self.one_transition();
         let releases = Releases::default();

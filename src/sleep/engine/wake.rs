@@ -195,9 +195,11 @@ impl SleepEngine {
             };
             let ring = self.lock().options.codec_ring;
             let bytes = CodecScratch::wake_bytes(&self.driver, largest, ring, frames) as u64;
-            Some(room.with_room(driver, bytes, &what, needed + bytes, &mut || {
-                CodecScratch::for_wake(&self.driver, largest, ring, frames)
-            })?)
+            Some(
+                room.with_room(driver, bytes, &what, needed + bytes, &mut || {
+                    CodecScratch::for_wake(&self.driver, largest, ring, frames)
+                })?,
+            )
         } else {
             None
         });
