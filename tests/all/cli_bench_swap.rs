@@ -29,18 +29,32 @@ fn bench_swap_measures_every_policy_pair_and_verifies_the_bytes() {
     let j: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     assert_eq!(j["backend"], "host");
     assert_eq!(j["model_bytes"], 1 << 20);
-    for k in ["h2d_gbps", "d2h_gbps", "duplex_h2d_gbps", "duplex_d2h_gbps", "duplex_total_gbps"] {
-        assert!(j["link"][k].as_f64().unwrap() > 0.0, "link.{k}: {}", j["link"]);
+    for k in [
+        "h2d_gbps",
+        "d2h_gbps",
+        "duplex_h2d_gbps",
+        "duplex_d2h_gbps",
+        "duplex_total_gbps",
+    ] {
+        assert!(
+            j["link"][k].as_f64().unwrap() > 0.0,
+            "link.{k}: {}",
+            j["link"]
+        );
     }
     let rows = j["rows"].as_array().unwrap();
     assert_eq!(rows.len(), 16, "every pair of the four policies");
     let mut pairs = std::collections::BTreeSet::new();
     let mut verified = 0;
     for row in rows {
-        let (w, s) = (row["waking"].as_str().unwrap(), row["sleeping"].as_str().unwrap());
+        let (w, s) = (
+            row["waking"].as_str().unwrap(),
+            row["sleeping"].as_str().unwrap(),
+        );
         pairs.insert((w.to_owned(), s.to_owned()));
         assert!(row["swap_s"].as_f64().unwrap() > 0.0, "{row}");
         assert!(row["sequential_s"].as_f64().unwrap() > 0.0, "{row}");
+        assert!(row["swap_over_slower_side"].as_f64().unwrap() > 0.0, "{row}");
         let v = row["verified_bytes"].as_u64().unwrap();
         // The woken model's bytes are checked unless it slept with Discard.
         assert_eq!(v > 0, w != "discard", "{row}");

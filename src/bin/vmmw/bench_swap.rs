@@ -117,6 +117,13 @@ struct Row {
     sequential_over_link: Option<f64>,
     /// The swap against the rates measured with both directions busy.
     swap_over_duplex: Option<f64>,
+    /// The sleep alone and the wake alone (the halves of `sequential_s`).
+    sleep_alone_s: f64,
+    wake_alone_s: f64,
+    /// The swap against the slower side alone: 1.0 is a perfect overlap
+    /// (what a side bound by something else than the link, the codec of
+    /// OffloadCompressed, is judged by).
+    swap_over_slower_side: f64,
     /// Bytes of the woken model hashed equal to the load's (0 after Discard).
     verified_bytes: u64,
 }
@@ -433,7 +440,8 @@ fn pair(
         pool.sleep(&[(b.tag, waking)])?;
         Ok(())
     };
-    let (mut swaps, mut seqs) = (Vec::new(), Vec::new());
+    let (mut swaps, mut seqs, mut sleeps, mut wakes) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let (mut out_bytes, mut in_bytes, mut verified) = (0u64, 0u64, 0u64);
     for round in 0..=rounds {
         setup()?;
@@ -458,13 +466,17 @@ fn pair(
         setup()?;
         let t = Instant::now();
         pool.sleep(&[(a.tag, sleeping)])?;
+        let slept = t.elapsed().as_secs_f64();
         pool.wake(&[b.tag])?;
         let secs = t.elapsed().as_secs_f64();
         if round > 0 {
             seqs.push(secs);
+            sleeps.push(slept);
+            wakes.push(secs - slept);
         }
     }
     let (swap_s, sequential_s) = (median(swaps), median(seqs));
+    let (sleep_alone_s, wake_alone_s) = (median(sleeps), median(wakes));
     let link_s = link.larger_side(out_bytes, in_bytes);
     let crosses = out_bytes + in_bytes > 0;
     let ratio = |secs: f64, link: f64| crosses.then(|| secs / link);
@@ -479,6 +491,9 @@ fn pair(
         swap_over_link: ratio(swap_s, link_s),
         sequential_over_link: ratio(sequential_s, link_s),
         swap_over_duplex: ratio(swap_s, link.duplex(out_bytes, in_bytes)),
+        sleep_alone_s,
+        wake_alone_s,
+        swap_over_slower_side: swap_s / sleep_alone_s.max(wake_alone_s),
         verified_bytes: verified,
     };
     outln!(
