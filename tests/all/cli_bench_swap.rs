@@ -54,7 +54,10 @@ fn bench_swap_measures_every_policy_pair_and_verifies_the_bytes() {
         pairs.insert((w.to_owned(), s.to_owned()));
         assert!(row["swap_s"].as_f64().unwrap() > 0.0, "{row}");
         assert!(row["sequential_s"].as_f64().unwrap() > 0.0, "{row}");
-        assert!(row["swap_over_slower_side"].as_f64().unwrap() > 0.0, "{row}");
+        assert!(
+            row["swap_over_slower_side"].as_f64().unwrap() > 0.0,
+            "{row}"
+        );
         let v = row["verified_bytes"].as_u64().unwrap();
         // The woken model's bytes are checked unless it slept with Discard.
         assert_eq!(v > 0, w != "discard", "{row}");

@@ -21,6 +21,7 @@ use crate::tag::TagId;
 use sources::Registered;
 
 mod compressed;
+mod encode;
 mod lent_frames;
 mod options;
 mod plan;

@@ -93,6 +93,7 @@ impl SleepEngine {
     /// Unmap each unit of `pending` as soon as its copies are done, while
     /// the later units' copies still run. Returns the first error
     /// (`failure`, the issue's, first).
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn unmap_as_copied(
         &self,
         segs: TagSegments<'_>,
@@ -246,7 +247,8 @@ impl SleepEngine {
         compressed: &HashSet<usize>,
     ) {
         // (index, awake, stale ranges, ranges that keep their frames)
-        let mut found: Vec<(usize, bool, Vec<(usize, usize)>, Vec<(usize, usize)>)> = Vec::new();
+        type Found = (usize, bool, Vec<(usize, usize)>, Vec<(usize, usize)>);
+        let mut found: Vec<Found> = Vec::new();
         segs(&mut |ss| {
             for (i, t) in todo.iter().enumerate() {
                 let Some(seg) = ss.iter().find(|s| s.ptr() == t.ptr) else {
@@ -277,12 +279,7 @@ impl SleepEngine {
             }
             if let Some(b) = s.backups.get_mut(&ptr) {
                 if b.is_compressed() && !stale.is_empty() {
-                    let overlaps = |f: &super::compressed::FrameRec| {
-                        needed
-                            .iter()
-                            .any(|&(o, l)| f.offset < o + l && o < f.offset + f.raw_len)
-                    };
-                    b.frames.retain(overlaps);
+                    b.retain_frames_overlapping(&needed);
                 }
                 b.stale = stale;
             }
