@@ -296,7 +296,11 @@ fn a_wake_that_cannot_fit_even_after_the_sleep_fails_and_keeps_its_backup() {
         .tag(&tag::name_of(b.tag))
         .unwrap()
         .offloaded_bytes;
-    // After a's sleep the device has less than b needs.
+    // Another tag stays awake, so the device holds more than b in all; after
+    // a's sleep it has less than b needs free.
+    let other = w.pool.alloc_tagged(8 * G, unique("other")).unwrap();
+    let others = w.h.counts().physical_bytes - w.mapped(a.tag);
+    assert!(others >= 8 * G as u64);
     w.h.set_memory_limit(w.h.counts().physical_bytes + need - 2 * G as u64 - w.mapped(a.tag));
     let bytes_a = w.bytes(a.tag);
     // Without a wait: refused up front, nothing changes.
@@ -319,8 +323,12 @@ fn a_wake_that_cannot_fit_even_after_the_sleep_fails_and_keeps_its_backup() {
             },
         )
         .unwrap();
-    assert!(t.elapsed() >= Duration::from_millis(50));
     assert!(out.sleep_error.is_none(), "{:?}", out.sleep_error);
+    assert!(
+        t.elapsed() >= Duration::from_millis(50),
+        "{:?}",
+        out.wake_error
+    );
     assert_eq!(out.slept.len(), 1);
     let e = out.wake_error.expect("the wake cannot fit");
     match &e {
@@ -341,6 +349,7 @@ fn a_wake_that_cannot_fit_even_after_the_sleep_fails_and_keeps_its_backup() {
     w.h.set_memory_limit(1 << 30);
     w.pool.wake(&[b.tag]).unwrap();
     same(&w, b.tag, &bytes_b, "b after the failed wake");
+    w.pool.free(other.ptr).unwrap();
     w.pool.wake(&[a.tag]).unwrap();
     same(&w, a.tag, &bytes_a, "a");
 }
