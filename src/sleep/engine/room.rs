@@ -24,15 +24,40 @@ use crate::segment::map_new_at;
 /// within about this long of another process's release.
 const POLL: Duration = Duration::from_millis(1);
 
+/// Free memory a wake beside a sleep leaves the sleep until the sleep has
+/// its own device memory (Reload's hash buffers, the codec's scratch): a
+/// device with less free than the wake needs plus this waits for it.
+const SLEEP_ROOM: u64 = 512 << 20;
+
 /// What a sleep running beside a wake has released, told as it happens.
 #[derive(Debug, Default)]
 pub(super) struct Releases {
     /// (releases so far, the sleep has ended)
     state: Mutex<(u64, bool)>,
+    /// The sleep holds the device memory it needs of its own.
+    ready: Mutex<bool>,
     changed: Condvar,
 }
 
 impl Releases {
+    /// The sleep has taken the device memory it needs of its own (it only
+    /// gives memory back from now on).
+    pub(super) fn ready(&self) {
+        *self.ready.lock().unwrap_or_else(|p| p.into_inner()) = true;
+        self.changed.notify_all();
+    }
+
+    /// Wait until the sleep is ready or has ended.
+    fn wait_ready(&self) {
+        loop {
+            if *self.ready.lock().unwrap_or_else(|p| p.into_inner()) || self.snapshot().1 {
+                return;
+            }
+            let s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+            let _ = self.changed.wait_timeout(s, Duration::from_millis(1));
+        }
+    }
+
     /// Some chunks were unmapped and released.
     pub(super) fn released(&self) {
         let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
@@ -90,6 +115,20 @@ impl<'a> Room<'a> {
             beside,
             deadline: Mutex::new(None),
         }
+    }
+
+    /// Before a wake beside a sleep maps anything: when the device's free
+    /// memory does not hold what the wake needs with room to spare, let the
+    /// sleep take the little device memory of its own it needs first (it
+    /// would otherwise fail for want of it, the wake having taken the last
+    /// free chunks).
+    pub(super) fn let_sleep_start(&self, driver: &dyn Driver, needed: u64) -> Result<()> {
+        if let Some(r) = self.beside {
+            if driver.mem_info()?.free < needed.saturating_add(SLEEP_ROOM) {
+                r.wait_ready();
+            }
+        }
+        Ok(())
     }
 
     /// True when this wake may wait for memory at all.

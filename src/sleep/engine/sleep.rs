@@ -192,6 +192,11 @@ impl SleepEngine {
             policy
         };
         let run = self.plan_copies(tag, &todo, &keep, policy, frame, lane.second)?;
+        if let Some(r) = lane.releases {
+            // Hashed, scratch mapped: from here on this sleep only gives
+            // device memory back.
+            r.ready();
+        }
         self.start_pinning(&todo, &run);
         let codec = scratch.sc.as_mut().map(|sc| (sc, layout));
         let mut progress = Progress::new(lane.releases);
@@ -395,7 +400,13 @@ impl SleepEngine {
                 .backups
                 .get(&t.ptr)
                 .is_some_and(|b| b.is_compressed());
-            let encode = if refresh { frames } else { codec.is_some() };
+            // Frames only for a compressed sleep, or to refresh a compressed
+            // backup (whatever this sleep's policy).
+            let encode = if refresh {
+                frames
+            } else {
+                run.bound_only && codec.is_some()
+            };
             if encode {
                 let Some((sc, layout)) = codec.as_mut() else {
                     return (pending, Some(Error::InvalidState(format!(

@@ -99,7 +99,14 @@ impl SleepEngine {
             streams
         };
         let mut made: Vec<Made> = Vec::new();
-        let result = self.restore(tag, &todo, &sources, &streams, room, &mut made, &mut report);
+        let result = room
+            .let_sleep_start(
+                self.driver.as_ref(),
+                todo.iter().map(SegTodo::unmapped_bytes).sum(),
+            )
+            .and_then(|()| {
+                self.restore(tag, &todo, &sources, &streams, room, &mut made, &mut report)
+            });
         let installed = match result {
             Ok(()) => true,
             Err(_) => !self.undo_mapped(&todo, &streams, &mut made),
