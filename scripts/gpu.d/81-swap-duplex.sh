@@ -10,8 +10,9 @@
 #   Offload, <= 1.2x on every other pair; a pair with an OffloadCompressed
 #   side (bound by its codec, about 1.4x the link alone) <= 1.2x its slower
 #   side alone, its ratio to the link shown;
-# - the go-swap service's bench (examples/go-swap, through 80-swap.sh), whose
-#   /activate is now one library swap: swap / link per swap kind, 1.2x target.
+# - the go-swap service's bench (examples/go-swap, through 80-swap.sh, unless
+#   gpu-check.sh ran that part in this run already), whose /activate is one
+#   library swap: swap / link per swap kind, 1.2x target.
 # Writes swap-duplex.txt and swap-duplex.json to $VMMW_GPU_OUT (the go-swap
 # part its swap.txt and swap.json). SWAP_BENCH_DIR (default
 # /root/vmmw-swap-bench) keeps the two checkpoints for later runs;
@@ -82,6 +83,9 @@ fi
 
 if [ "${SKIP_GO_SWAP:-0}" = 1 ]; then
   result "swap-duplex: go-swap service" SKIP "SKIP_GO_SWAP=1"
+elif grep -q '^80-swap.sh' "$VMMW_GPU_RESULTS"; then
+  # gpu-check.sh ran 80-swap.sh in this run already: its rows are above.
+  result "swap-duplex: go-swap service" INFO "run by 80-swap.sh in this run (swap.txt)"
 else
   bash scripts/gpu.d/80-swap.sh || rc=1
 fi
