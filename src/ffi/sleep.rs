@@ -114,7 +114,7 @@ unsafe impl SizedOptions for vmmw_sleep_options_t {
     }
 }
 
-fn policy(p: vmmw_policy_t, tag: u32) -> Result<Policy> {
+pub(super) fn policy(p: vmmw_policy_t, tag: u32) -> Result<Policy> {
     match p {
         VMMW_POLICY_OFFLOAD => Ok(Policy::Offload),
         VMMW_POLICY_DISCARD => Ok(Policy::Discard),
@@ -126,7 +126,7 @@ fn policy(p: vmmw_policy_t, tag: u32) -> Result<Policy> {
     }
 }
 
-fn record(p: &vmmw_pool_t, cycles: Vec<TagCycle>) {
+pub(super) fn record(p: &vmmw_pool_t, cycles: Vec<TagCycle>) {
     *p.last_cycles.lock().unwrap_or_else(|e| e.into_inner()) = cycles;
 }
 

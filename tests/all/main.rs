@@ -13,6 +13,8 @@
 mod common;
 
 #[cfg(feature = "cli")]
+mod cli_bench_swap;
+#[cfg(feature = "cli")]
 mod cli_chart;
 #[cfg(feature = "cli")]
 mod cli_ctl;
@@ -57,6 +59,7 @@ mod pool_rdma;
 mod pool_reload;
 mod pool_remap;
 mod pool_sleep;
+mod pool_swap;
 mod pool_tags;
 mod reload_writes;
 mod replica_wake;
