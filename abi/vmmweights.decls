@@ -159,6 +159,7 @@ vmmw_status_t vmmw_pool_can_access_peer(const struct vmmw_pool_t*pool,int32_t pe
 vmmw_status_t vmmw_pool_clear_timeline(struct vmmw_pool_t*pool,uint64_t*cleared,struct vmmw_error_t**error);
 vmmw_status_t vmmw_pool_dealloc(struct vmmw_pool_t*pool,uint64_t ptr,struct vmmw_error_t**error);
 vmmw_status_t vmmw_pool_default(int32_t device,struct vmmw_pool_t**out,struct vmmw_error_t**error);
+vmmw_status_t vmmw_pool_drop_backups(struct vmmw_pool_t*pool,const uint32_t*tags,size_t n,uint32_t unpin,uint64_t*released,struct vmmw_error_t**error);
 vmmw_status_t vmmw_pool_forget_reload(struct vmmw_pool_t*pool,uint32_t tag,struct vmmw_error_t**error);
 vmmw_status_t vmmw_pool_free_ptr(struct vmmw_pool_t*pool,uint64_t ptr,struct vmmw_error_t**error);
 vmmw_status_t vmmw_pool_last_cycle_json(const struct vmmw_pool_t*pool,char*buf,size_t cap,size_t*needed,struct vmmw_error_t**error);

@@ -3025,6 +3025,30 @@ vmmw_status_t vmmw_share_detach(struct vmmw_share_t *share, struct vmmw_error_t 
 void vmmw_share_free(struct vmmw_share_t *share);
 
 /**
+ * Drop the host backups the `n` listed tags kept after their last wake (a
+ * wake keeps a tag's backup, so its next sleep reuses the same memory,
+ * unless `free_backup_after_wake` is set): the backups are released, and
+ * their pinned memory stays in the pool's backup arena for the next sleep
+ * of any tag, so it costs nothing to pin again. With `unpin` = 1, every
+ * backup slab holding no asleep segment's bytes is also unpinned (as
+ * `vmmw_pool_release_backup`). Asleep tags keep their backups; a tag
+ * without one is no error. `*released` receives the bytes unpinned (0
+ * without `unpin`). Thread-safe: a sleep or wake running now keeps the
+ * backups it uses.
+ *
+ * Errors:
+ * - `VMMW_NULL_ARGUMENT`: `pool` or `released` is NULL, or `tags` is NULL
+ *   with `n` > 0.
+ * - `VMMW_INVALID_ARGUMENT`: `unpin` is not 0 or 1; nothing changes.
+ * - `VMMW_UNKNOWN_TAG`: a tag id never registered; nothing changes.
+ *
+ * # Safety
+ * `pool` is a live handle; `tags` is readable for `n` entries (NULL when `n`
+ * is 0); `released` is writable; `error` is NULL or writable.
+ */
+vmmw_status_t vmmw_pool_drop_backups(struct vmmw_pool_t *pool, const uint32_t *tags, size_t n, uint32_t unpin, uint64_t *released, struct vmmw_error_t **error);
+
+/**
  * Put the `n` listed tags to sleep, each with its policy. Every pointer stays
  * valid; touching a sleeping tag's memory faults until it wakes; allocating
  * in it fails with `VMMW_INVALID_STATE`. A tag already asleep is left as is.

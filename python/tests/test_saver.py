@@ -124,6 +124,11 @@ def test_backup_is_released_after_resume_and_kept_with_retain(saver):
     saver.core.resume()
     assert saver.backup_bytes() == 0, "upstream's default: no host backup left after resume"
     assert saver.pools[0].read(ptr, 2) == b"WW"
+    # The pinned memory under it stays for the next pause (no pinning again).
+    saver.core.pause()
+    saver.core.resume()
+    assert saver.backup_bytes() == 0
+    assert saver.pools[0].release_backup() >= 4 * MiB, "a releasing resume keeps the pinned arena"
 
     saver.core.retain_cpu_backup = True
     saver.core.pause()
@@ -338,3 +343,44 @@ def test_a_disk_backup_that_cannot_be_written_changes_nothing(saver, tmp_path):
     assert not any(saver.asleep().values()), "nothing sleeps when the copy to disk fails"
     assert saver.pools[0].read(ptr, 2) == b"DD"
     assert blocker.read_bytes() == b""
+
+
+def test_an_mmap_region_gives_its_host_memory_back_at_every_resume(saver):
+    """torch_memory_saver's "mmap" backend: the host memory is reclaimed at
+    a releasing resume (upstream's RSS test); "cpu" keeps the pinned arena."""
+    m = saver.alloc("weights", "mmap", 4 * MiB, b"m")
+    assert saver.core.region_tag(0, "weights", "mmap") == "tms:weights/mmap"
+    for _ in range(2):
+        saver.core.pause()
+        assert saver.backup_bytes() >= 4 * MiB
+        saver.core.resume()
+        assert saver.pools[0].read(m, 2) == b"mm"
+        assert saver.backup_bytes() == 0
+        assert saver.pools[0].release_backup() == 0, "nothing left pinned after an mmap tag's resume"
+    saver.core.retain_cpu_backup = True
+    saver.core.pause()
+    saver.core.resume()
+    assert saver.backup_bytes() >= 4 * MiB, "retained: the backup stays, mmap or not"
+
+
+def test_drop_backups_releases_only_the_named_awake_tags(saver):
+    pool = saver.pools[0]
+    a = saver.alloc("a", "cpu", 2 * MiB, b"a")
+    saver.alloc("b", "cpu", 2 * MiB, b"b")
+    saver.core.retain_cpu_backup = True
+    saver.core.pause()
+    saver.core.resume()
+    per_tag = {t["tag"]: t["host_backup_bytes"] for t in pool.report()["tags"]}
+    assert per_tag["tms:a/cpu"] >= 2 * MiB and per_tag["tms:b/cpu"] >= 2 * MiB
+    assert pool.drop_backups("tms:a/cpu") == 0, "kept pinned: nothing unpinned"
+    per_tag = {t["tag"]: t["host_backup_bytes"] for t in pool.report()["tags"]}
+    assert per_tag.get("tms:a/cpu", 0) == 0 and per_tag["tms:b/cpu"] >= 2 * MiB
+    saver.core.pause("b")
+    assert pool.drop_backups("tms:b/cpu", unpin=True) >= 0
+    per_tag = {t["tag"]: t["host_backup_bytes"] for t in pool.report()["tags"]}
+    assert per_tag["tms:b/cpu"] >= 2 * MiB, "an asleep tag keeps its backup"
+    saver.core.resume("b")
+    assert pool.read(a, 2) == b"aa"
+    with pytest.raises(vw.VmmwError, match="VMMW_INVALID_ARGUMENT|VMMW_UNKNOWN_TAG"):
+        pool.drop_backups("x" * 80)
+    assert pool.drop_backups() == 0

@@ -27,9 +27,13 @@ from .tags import tag_id
 
 #: How a torch_memory_saver region keeps its bytes over a pause, and the pool
 #: policy behind it: "cpu" (``enable_cpu_backup``) offloads to pinned host
-#: memory; "disk" (``enable_disk_backup``) copies to a file, then discards;
-#: "none" discards.
-KIND_POLICY = {"none": "discard", "cpu": "offload", "disk": "discard"}
+#: memory; "mmap" (``enable_cpu_backup`` with ``cpu_backup_backend="mmap"``)
+#: too, its host memory given back at every releasing resume; "disk"
+#: (``enable_disk_backup``) copies to a file, then discards; "none" discards.
+KIND_POLICY = {"none": "discard", "cpu": "offload", "mmap": "offload", "disk": "discard"}
+
+#: The kinds whose bytes a pause keeps in host memory.
+HOST_KINDS = ("cpu", "mmap")
 
 #: Bytes copied per step between a disk backup file and device memory.
 DISK_PIECE_BYTES = 64 << 20
@@ -187,10 +191,21 @@ class DiskBackup:
 
 class SaverCore:
     """torch_memory_saver's pause/resume over our pools, for the tags a shim
-    created: pause offloads "cpu" tags, copies "disk" tags to files and
-    discards the rest; resume wakes only the shim's own sleeping tags, restores
-    disk copies, and (unless :attr:`retain_cpu_backup`) releases the host
-    backup, as torch_memory_saver does.
+    created: pause offloads "cpu" and "mmap" tags, copies "disk" tags to
+    files and discards the rest; resume wakes only the shim's own sleeping
+    tags, restores disk copies, and (unless :attr:`retain_cpu_backup`)
+    releases the host backups of the tags it woke, as torch_memory_saver
+    does.
+
+    What a releasing resume gives back: the backups (nothing of them is
+    readable afterwards), not the pinned memory under "cpu" tags' backups,
+    which stays in the pool's backup arena so the next pause copies at the
+    link's rate without pinning again (torch_memory_saver allocates and
+    pins at every pause). "mmap" tags (torch_memory_saver's reclaimable
+    backend) also unpin every backup slab left holding nothing, so the
+    process's host memory drops at each resume, at the cost of pinning
+    again at the next pause. Memory freed while it holds a backup gives
+    that backup's pinned memory back at once.
 
     `pool_of(device)` gives the pool of a device; `ranges(device, pool_tag)`
     the device ranges a disk-backed tag holds (from PyTorch's memory pools in
@@ -282,7 +297,10 @@ class SaverCore:
                 if self.synchronize is not None:
                     self.synchronize(dev)
                 if not self.retain_cpu_backup:
-                    pool.release_backup()
+                    woke = held(pool, names)
+                    kept = [n for n in asleep if self.kind_of(n) in HOST_KINDS and not woke.get(n, True)]
+                    if kept:
+                        pool.drop_backups(*kept, unpin=any(self.kind_of(n) == "mmap" for n in kept))
                 done[dev] = asleep
             return done
 
@@ -303,8 +321,8 @@ class StartPlan:
     route_all: bool  # the preload hook mode (with init_tag: allocations outside regions are ours)
     hook_mode: str  # "preload" when routed, else "torch"
     init_tag: Optional[str]  # the tag allocations outside any region get (TMS_INIT_ENABLE)
-    init_kind: str  # how that tag keeps its bytes: "cpu", "disk" or "none"
-    cpu_backup_backend: str  # "pinned" or "mmap" (both pinned here; kept for callers that read it)
+    init_kind: str  # how that tag keeps its bytes: "cpu", "mmap", "disk" or "none"
+    cpu_backup_backend: str  # "pinned" or "mmap": the backend of CPU-backup regions that name none
     retain_cpu_backup: bool
     disk_dir: Optional[str]
 
@@ -337,7 +355,7 @@ def start_plan(env: Optional[Mapping[str, str]] = None) -> StartPlan:
         route_all=route,
         hook_mode="preload" if route else "torch",
         init_tag="default" if init else None,
-        init_kind="cpu" if cpu else "disk" if disk else "none",
+        init_kind=("mmap" if backend == "mmap" else "cpu") if cpu else "disk" if disk else "none",
         cpu_backup_backend=backend,
         retain_cpu_backup=truthy(env.get("TMS_RETAIN_CPU_BACKUP")),
         disk_dir=env.get("TMS_DISK_BACKUP_DIR") or None,
