@@ -305,6 +305,70 @@ class SaverCore:
             return done
 
 
+# --- the per-thread region settings -----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RegionConfig:
+    """What a torch_memory_saver region sets for the allocations a thread
+    makes inside it, as upstream's C library keeps it per thread: the tag,
+    whether allocations are pauseable at all ("interesting"), and how they
+    keep their bytes."""
+
+    tag: str
+    interesting: bool
+    cpu_backup: bool
+    backend: str  # "pinned" or "mmap": the host memory a CPU backup lives in
+    disk_backup: bool
+
+    @property
+    def kind(self) -> str:
+        """The backup kind of the pool tag these settings allocate under."""
+        if self.cpu_backup:
+            return "mmap" if self.backend == "mmap" else "cpu"
+        return "disk" if self.disk_backup else "none"
+
+
+class RegionConfigs:
+    """Each thread's current :class:`RegionConfig`, starting from the
+    process's start plan (``TMS_INIT_ENABLE`` makes every allocation
+    pauseable, ``TMS_INIT_ENABLE_CPU_BACKUP`` backs it up,
+    ``TMS_INIT_CPU_BACKUP_BACKEND`` names the backend), changed for the
+    length of a region by :meth:`entered`."""
+
+    def __init__(self, plan: "StartPlan") -> None:
+        self._start = RegionConfig(
+            tag="default",
+            interesting=plan.init_tag is not None,
+            cpu_backup=plan.init_kind in HOST_KINDS,
+            backend=plan.cpu_backup_backend,
+            disk_backup=plan.init_kind == "disk",
+        )
+        self._local = threading.local()
+
+    def current(self) -> RegionConfig:
+        return getattr(self._local, "config", self._start)
+
+    def set(self, **changes: object) -> None:
+        """Change this thread's settings from now on (what upstream's
+        ``tms_set_*`` calls do)."""
+        import dataclasses
+
+        self._local.config = dataclasses.replace(self.current(), **changes)  # type: ignore[arg-type]
+
+    @contextlib.contextmanager
+    def entered(self, tag: str, cpu_backup: bool, backend: Optional[str], disk_backup: bool) -> Iterator[RegionConfig]:
+        """This thread's settings for a region of `tag` inside the block (the
+        backend unchanged when `backend` is None), restored after it."""
+        old = self.current()
+        self.set(tag=tag, interesting=True, cpu_backup=cpu_backup, backend=backend or old.backend,
+                 disk_backup=disk_backup)
+        try:
+            yield self.current()
+        finally:
+            self._local.config = old
+
+
 # --- the start: routing the process's allocations -------------------------------------------
 
 #: Set by ``configure_subprocess()``: a child process starts in the preload
@@ -385,3 +449,67 @@ def configure_subprocess() -> "contextlib.AbstractContextManager[None]":
     """Processes started inside the block route their allocations through us
     from the first one (torch_memory_saver's ``configure_subprocess``)."""
     return changed_env(ROUTE_ENV, "1")
+
+
+@contextlib.contextmanager
+def preloaded_subprocess(interposer: Callable[[], object]) -> Iterator[Optional[str]]:
+    """Processes started inside the block start in the preload hook mode: with
+    the interposer `interposer()` names first on ``LD_PRELOAD`` (what was
+    there kept after it), as torch_memory_saver's ``configure_subprocess``
+    does; when it names none (raises ``RuntimeError``: no such library
+    here), through our memory pools from the first allocation instead
+    (:func:`configure_subprocess`). Yields the library put on
+    ``LD_PRELOAD``, or None."""
+    try:
+        lib: Optional[str] = str(interposer())
+    except RuntimeError:
+        lib = None
+    if lib is None:
+        with configure_subprocess():
+            yield None
+        return
+    current = os.environ.get("LD_PRELOAD", "")
+    with changed_env("LD_PRELOAD", f"{lib}:{current}" if current else lib):
+        yield lib
+
+
+def cuda_major(torch_module: object) -> int:
+    """The CUDA major version the process's runtime is: PyTorch's build
+    (``torch.version.cuda``), else the first of ``libcudart.so.13`` and
+    ``.12`` that loads. ``RuntimeError`` when neither says."""
+    cuda = getattr(getattr(torch_module, "version", None), "cuda", None)
+    if cuda:
+        try:
+            return int(str(cuda).split(".", 1)[0])
+        except ValueError:
+            pass
+    for major in (13, 12):
+        try:
+            ctypes.CDLL(f"libcudart.so.{major}")
+            return major
+        except OSError:
+            continue
+    raise RuntimeError("no CUDA runtime found: torch.version.cuda is unset and libcudart.so.13/.12 do not load")
+
+
+def binary_in_package(directory: str, stem: str, torch_module: object, xpu: bool = False) -> str:
+    """The one shared library of `stem` built for this process's GPU runtime,
+    in `directory` or the folder above it, by the names torch_memory_saver's
+    wheels use: ``<stem>_cu<major>.*.so`` for CUDA, ``<stem>.*.so`` for
+    ROCm or Intel XPU. ``RuntimeError`` when not exactly one matches."""
+    from pathlib import Path
+
+    hip = getattr(getattr(torch_module, "version", None), "hip", None)
+    if hip or xpu:
+        pattern, runtime = f"{stem}.*.so", "ROCm" if hip else "Intel XPU"
+    else:
+        major = cuda_major(torch_module)
+        pattern, runtime = f"{stem}_cu{major}.*.so", f"CUDA {major}"
+    here = Path(directory)
+    found = sorted(here.glob(pattern)) or sorted(here.parent.glob(pattern))
+    if len(found) != 1:
+        raise RuntimeError(
+            f"expected exactly one library matching {pattern!r} ({runtime}) in {here} or {here.parent}, "
+            f"found {len(found)}: {[str(p) for p in found]}"
+        )
+    return str(found[0])
