@@ -227,9 +227,11 @@ vmmw_status_t vmmw_update_broadcast_send(struct vmmw_nccl_comm_t*comm,struct vmm
 vmmw_status_t vmmw_update_receive_ipc(struct vmmw_loader_t*loader,struct vmmw_pool_t*pool,const char*path,uint64_t timeout_ms,const struct vmmw_update_options_t*options_in,struct vmmw_update_result_t*out,struct vmmw_error_t**error);
 vmmw_status_t vmmw_update_receiver_drop_imports(struct vmmw_update_receiver_t*receiver,struct vmmw_error_t**error);
 vmmw_status_t vmmw_update_receiver_new(struct vmmw_pool_t*pool,const char*path,uint64_t timeout_ms,uint64_t max_kept_imports,uint64_t max_kept_bytes,struct vmmw_update_receiver_t**out,struct vmmw_error_t**error);
+vmmw_status_t vmmw_update_receiver_prepare(struct vmmw_update_receiver_t*receiver,struct vmmw_loader_t*loader,struct vmmw_pool_t*pool,const struct vmmw_update_options_t*options_in,struct vmmw_error_t**error);
 vmmw_status_t vmmw_update_receiver_receive(struct vmmw_update_receiver_t*receiver,struct vmmw_loader_t*loader,struct vmmw_pool_t*pool,const struct vmmw_update_options_t*options_in,struct vmmw_update_result_t*out,struct vmmw_error_t**error);
 vmmw_status_t vmmw_update_receiver_stats(const struct vmmw_update_receiver_t*receiver,struct vmmw_receive_stats_t*out,struct vmmw_error_t**error);
 vmmw_status_t vmmw_update_sender_new(struct vmmw_pool_t*pool,const char*path,uint32_t slots,uint64_t slot_bytes,uint64_t timeout_ms,struct vmmw_update_sender_t**out,struct vmmw_error_t**error);
+vmmw_status_t vmmw_update_sender_offer_direct(struct vmmw_update_sender_t*sender,struct vmmw_update_source_t*source,uint32_t receivers,struct vmmw_send_report_t*out,struct vmmw_error_t**error);
 vmmw_status_t vmmw_update_sender_send(struct vmmw_update_sender_t*sender,struct vmmw_update_source_t*source,uint32_t receivers,struct vmmw_send_report_t*out,struct vmmw_error_t**error);
 vmmw_status_t vmmw_update_sender_send_direct(struct vmmw_update_sender_t*sender,struct vmmw_update_source_t*source,uint32_t receivers,struct vmmw_send_report_t*out,struct vmmw_error_t**error);
 vmmw_status_t vmmw_update_source_add(struct vmmw_update_source_t*source,const char*name,const char*dtype,const uint64_t*shape,size_t ndim,uint64_t ptr,vmmw_update_memory_t memory,struct vmmw_error_t**error);

@@ -35,14 +35,22 @@ fn pool() -> Pool {
 fn write(p: &Pool, ptr: DevicePtr, byte: u8, len: usize) {
     let data = vec![byte; len];
     // SAFETY: `ptr` is an awake block of at least `len` bytes.
-    unsafe { p.driver().copy_htod_async(ptr, data.as_ptr(), len, StreamId::DEFAULT) }.unwrap();
+    unsafe {
+        p.driver()
+            .copy_htod_async(ptr, data.as_ptr(), len, StreamId::DEFAULT)
+    }
+    .unwrap();
     p.driver().synchronize().unwrap();
 }
 
 fn first_byte(p: &Pool, ptr: DevicePtr) -> u8 {
     let mut b = [0u8; 1];
     // SAFETY: `ptr` is an awake block.
-    unsafe { p.driver().copy_dtoh_async(b.as_mut_ptr(), ptr, 1, StreamId::DEFAULT) }.unwrap();
+    unsafe {
+        p.driver()
+            .copy_dtoh_async(b.as_mut_ptr(), ptr, 1, StreamId::DEFAULT)
+    }
+    .unwrap();
     p.driver().synchronize().unwrap();
     b[0]
 }
@@ -69,20 +77,33 @@ fn drop_backups_releases_the_named_tags_and_keeps_the_arena_pinned() {
     p.sleep(&[(a, Policy::Offload), (b, Policy::Offload)])
         .unwrap();
     p.wake(&[a, b]).unwrap();
-    assert!(backup_bytes(&p, "backups-drop-a") >= 4 * MIB as u64, "a wake keeps the backup");
+    assert!(
+        backup_bytes(&p, "backups-drop-a") >= 4 * MIB as u64,
+        "a wake keeps the backup"
+    );
 
     assert_eq!(p.drop_backups(&[a], false).unwrap(), 0, "nothing unpinned");
     assert_eq!(backup_bytes(&p, "backups-drop-a"), 0);
-    assert!(backup_bytes(&p, "backups-drop-b") >= 4 * MIB as u64, "only the named tag");
+    assert!(
+        backup_bytes(&p, "backups-drop-b") >= 4 * MIB as u64,
+        "only the named tag"
+    );
 
     // The next sleep of `a` takes the memory kept in the arena: the arena
     // does not grow.
     write(&p, pa, 3, 4 * MIB);
     p.sleep(&[(a, Policy::Offload)]).unwrap();
-    assert!(p.drop_backups(&[a], true).is_ok(), "an asleep tag keeps its backup");
+    assert!(
+        p.drop_backups(&[a], true).is_ok(),
+        "an asleep tag keeps its backup"
+    );
     assert!(backup_bytes(&p, "backups-drop-a") >= 4 * MIB as u64);
     p.wake(&[a]).unwrap();
-    assert_eq!(first_byte(&p, pa), 3, "the backup taken from the kept arena came back");
+    assert_eq!(
+        first_byte(&p, pa),
+        3,
+        "the backup taken from the kept arena came back"
+    );
     assert_eq!(first_byte(&p, pb), 2);
 
     // With unpin, every slab left empty goes too: nothing left to release.
@@ -150,8 +171,13 @@ fn drop_backups_refuses_a_tag_never_registered_and_changes_nothing() {
     let ptr = p.alloc_segment(4 * MIB, t).unwrap().ptr;
     p.sleep(&[(t, Policy::Offload)]).unwrap();
     p.wake(&[t]).unwrap();
-    let e = p.drop_backups(&[t, tag::TagId(u32::MAX)], false).unwrap_err();
+    let e = p
+        .drop_backups(&[t, tag::TagId(u32::MAX)], false)
+        .unwrap_err();
     assert!(matches!(e, Error::UnknownTag(_)), "{e}");
-    assert!(backup_bytes(&p, "backups-refused") >= 4 * MIB as u64, "nothing dropped");
+    assert!(
+        backup_bytes(&p, "backups-refused") >= 4 * MIB as u64,
+        "nothing dropped"
+    );
     p.free_segment(ptr).unwrap();
 }

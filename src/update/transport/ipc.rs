@@ -312,6 +312,34 @@ impl IpcSender {
         )
     }
 
+    /// Wait for `receivers` receivers that prepare ([`UpdateReceiver::prepare`])
+    /// and offer them `tensors` ahead of any update (see
+    /// [`super::direct`]): the shares and manifest a direct send of them
+    /// serves, which each receiver attaches, checks against its
+    /// destinations and keeps, writing nothing. Returns once every receiver
+    /// attached (`version` 0). A later direct send of the same tensors in
+    /// the same memory is then one manifest those receivers recognize and
+    /// the copies: the first update runs as fast as the later ones.
+    pub fn offer_direct_to(
+        &mut self,
+        tensors: &[SendTensor<'_>],
+        receivers: usize,
+    ) -> Result<SendReport> {
+        super::direct::offer(
+            super::direct::Endpoint {
+                pool: &self.pool,
+                listener: &self.listener,
+                path: &self.path,
+                timeout: self.options.timeout,
+                log: &self.options.log,
+                shares: &mut self.direct,
+                announced: &mut self.announced,
+            },
+            tensors,
+            receivers,
+        )
+    }
+
     /// Shares the direct sends keep served now.
     pub fn direct_shares(&self) -> usize {
         self.direct.len()
@@ -579,17 +607,7 @@ impl UpdateReceiver {
         pool: &Pool,
         opts: &UpdateOptions,
     ) -> Result<UpdateResult> {
-        let (ours, theirs) = (&self.driver, pool.driver());
-        if ours.kind() != theirs.kind() || ours.device() != theirs.device() {
-            // Copies from imports another device mapped fail midway (the
-            // tag would be marked torn), or on CUDA fault the context.
-            return Err(Error::InvalidArgument(format!(
-                "update receiver for {}: it imports on {}, the pool is on {}",
-                self.path.display(),
-                ours.describe(),
-                theirs.describe()
-            )));
-        }
+        self.same_device(pool)?;
         let start = Instant::now();
         let r = self.receive_from(session, pool, opts, start);
         if r.is_err() {
@@ -601,6 +619,131 @@ impl UpdateReceiver {
         Ok(done)
     }
 
+    /// Prepare for the updates to come: connect to the sender at this
+    /// receiver's path, which offers its tensors
+    /// ([`IpcSender::offer_direct_to`]), attach every share it names, check
+    /// its manifest against `session`'s destinations in `pool` as an
+    /// update with `opts` would (planning it: nothing is written), and keep
+    /// the imports and the manifest. The first update of those tensors
+    /// after it then attaches and checks nothing, as later ones do. On any
+    /// failure the sender is told why, the kept imports are dropped, and
+    /// nothing is written; a sender that sends an update instead of an
+    /// offer is refused. Returns what was attached and the setup's time.
+    pub fn prepare(
+        &mut self,
+        session: &Session,
+        pool: &Pool,
+        opts: &UpdateOptions,
+    ) -> Result<ReceiveStats> {
+        self.same_device(pool)?;
+        let start = Instant::now();
+        let r = self.take_offer(start, &|source: &crate::update::Tensors| {
+            crate::update::check(session, pool, crate::update::Source::manifest(source), opts)
+        });
+        if r.is_err() {
+            self.cache.clear();
+        }
+        let mut stats = r?;
+        stats.total = start.elapsed();
+        self.last = Some(stats);
+        Ok(stats)
+    }
+
+    /// Connect, read the sender's offer and take it (see [`Self::prepare`]).
+    fn take_offer(
+        &mut self,
+        start: Instant,
+        check: &dyn Fn(&crate::update::Tensors) -> Result<()>,
+    ) -> Result<ReceiveStats> {
+        let (mut ch, sender_pid) = connect_to_sender(&self.path, self.timeout)?;
+        match ch.recv::<FromSender>()? {
+            FromSender::Offer => {}
+            other => {
+                let why = format!(
+                    "update sender on {}: this receiver is preparing and expected an offer, got {}",
+                    self.path.display(),
+                    kind(&other)
+                );
+                let _ = ch.send(&FromReceiver::Failed {
+                    reason: why.clone(),
+                });
+                return Err(Error::InvalidState(why));
+            }
+        }
+        self.take_offered(ch, sender_pid, start, check)
+    }
+
+    /// The manifest after an `Offer` on `ch`: admitted, checked, kept.
+    fn take_offered(
+        &mut self,
+        mut ch: Channel,
+        sender_pid: i32,
+        start: Instant,
+        check: &dyn Fn(&crate::update::Tensors) -> Result<()>,
+    ) -> Result<ReceiveStats> {
+        let body = ch.recv_body()?;
+        let admitted = match self.cache.recall(&body) {
+            Some(known) => (known.manifest, Some(known.source)),
+            None => match ch.decode::<FromSender>(&body)? {
+                FromSender::Direct { shares, tensors } => (
+                    DirectManifest {
+                        body,
+                        shares,
+                        tensors,
+                    },
+                    None,
+                ),
+                other => {
+                    return Err(Error::InvalidArgument(format!(
+                        "update sender on {}: an offer names a direct update, not {}",
+                        self.path.display(),
+                        kind(&other)
+                    )))
+                }
+            },
+        };
+        let recognized = admitted.1.is_some();
+        let receipt = super::direct::prepare(
+            self.driver.clone(),
+            ch,
+            &self.path,
+            admitted,
+            self.timeout,
+            check,
+            &mut self.cache,
+            (start, sender_pid),
+        )?;
+        let ImportCounts {
+            attached,
+            reused,
+            chunks,
+        } = receipt.imports;
+        Ok(ReceiveStats {
+            direct: true,
+            attached,
+            reused,
+            chunks,
+            recognized,
+            setup: receipt.setup,
+            total: Duration::ZERO,
+        })
+    }
+
+    fn same_device(&self, pool: &Pool) -> Result<()> {
+        let (ours, theirs) = (&self.driver, pool.driver());
+        if ours.kind() != theirs.kind() || ours.device() != theirs.device() {
+            // Copies from imports another device mapped fail midway (the
+            // tag would be marked torn), or on CUDA fault the context.
+            return Err(Error::InvalidArgument(format!(
+                "update receiver for {}: it imports on {}, the pool is on {}",
+                self.path.display(),
+                ours.describe(),
+                theirs.describe()
+            )));
+        }
+        Ok(())
+    }
+
     fn receive_from(
         &mut self,
         session: &Session,
@@ -610,7 +753,16 @@ impl UpdateReceiver {
     ) -> Result<(UpdateResult, ReceiveStats)> {
         let path = &self.path;
         let (mut ch, sender_pid) = connect_to_sender(path, self.timeout)?;
-        let body = ch.recv_body()?;
+        let mut body = ch.recv_body()?;
+        if body == OFFER_BODY {
+            // The sender offered first (its update follows on the next
+            // connection): take the offer as `prepare` does, then receive.
+            self.take_offered(ch, sender_pid, start, &|_| Ok(()))?;
+            let path = &self.path;
+            (ch, _) = connect_to_sender(path, self.timeout)?;
+            body = ch.recv_body()?;
+        }
+        let path = &self.path;
         // The manifest of the last update again: nothing to decode or check.
         if let Some(known) = self.cache.recall(&body) {
             let (manifest, source) = (known.manifest, Some(known.source));
@@ -713,7 +865,8 @@ impl UpdateReceiver {
         ))
     }
 
-    /// What the last successful receive did; `None` before the first.
+    /// What the last successful receive (or [`Self::prepare`]) did; `None`
+    /// before the first.
     pub fn last_receive(&self) -> Option<ReceiveStats> {
         self.last
     }
@@ -734,6 +887,9 @@ impl UpdateReceiver {
         self.cache.clear();
     }
 }
+
+/// The JSON of [`FromSender::Offer`], as it arrives.
+const OFFER_BODY: &[u8] = b"\"Offer\"";
 
 /// Connect to the sender's control socket at `path`; the channel, and the
 /// sender's process id: the shares it names must be its own, the memory of
@@ -880,6 +1036,7 @@ pub(super) fn kind(m: &FromSender) -> &'static str {
     match m {
         FromSender::Ring { .. } => "the ring",
         FromSender::Direct { .. } => "a direct update",
+        FromSender::Offer => "an offer",
         FromSender::Begin { .. } => "a begin",
         FromSender::Bucket { .. } => "a bucket",
         FromSender::End => "the end",
