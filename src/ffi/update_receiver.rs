@@ -1,5 +1,5 @@
 //! The persistent receiving side of the IPC transport from C
-//! (`vmmw_update_receiver_t`, `update::transport::ipc::UpdateReceiver`):
+//! (`vmmw_update_receiver_t`, `update::transport::receiver::UpdateReceiver`):
 //! direct updates' imports kept across updates from one sender.
 
 use std::ffi::c_char;
@@ -16,7 +16,7 @@ use super::transport::timeout;
 use super::update::{options, vmmw_update_options_t, vmmw_update_result_t};
 use crate::error::Error;
 use crate::update::transport::import_cache::CacheLimits;
-use crate::update::transport::ipc::{ReceiverOptions, UpdateReceiver};
+use crate::update::transport::receiver::{ReceiverOptions, UpdateReceiver};
 
 /// A receiver of updates from one IPC sender that keeps the shares of its
 /// direct updates imported between updates. Its calls may come from any

@@ -36,7 +36,8 @@ use vmmweights::pool::{Mode, PoolConfig};
 use vmmweights::sleep::Policy;
 use vmmweights::update::transport::control::{Channel, FromReceiver, FromSender};
 use vmmweights::update::transport::import_cache::CacheLimits;
-use vmmweights::update::transport::ipc::{IpcSender, ReceiverOptions, UpdateReceiver};
+use vmmweights::update::transport::ipc::IpcSender;
+use vmmweights::update::transport::receiver::{ReceiverOptions, UpdateReceiver};
 use vmmweights::update::{UpdateOptions, UpdateResult};
 use vmmweights::{Pool, Status};
 

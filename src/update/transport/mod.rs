@@ -37,6 +37,7 @@ pub mod import_cache;
 pub mod ipc;
 pub mod nccl;
 mod receive;
+pub mod receiver;
 pub mod send;
 pub mod test_collective;
 
