@@ -1,7 +1,7 @@
 //! The IPC transport: another process on the same host sends an update
 //! through a ring of device buffers it exports once, or, when its tensors
 //! lie in its pool, directly out of them ([`super::direct`]). The first
-//! message on the control socket says which; [`receive_ipc`] takes either.
+//! message on the control socket says which; [`super::receiver::receive_ipc`] takes either.
 //!
 //! For the ring, the sender ([`IpcSender`]) allocates `slots` buffers of
 //! `slot_bytes` in its pool under a tag of its own at its first ring send and
@@ -309,7 +309,7 @@ impl IpcSender {
         )
     }
 
-    /// Wait for `receivers` receivers that prepare ([`UpdateReceiver::prepare`])
+    /// Wait for `receivers` receivers that prepare ([`super::receiver::UpdateReceiver::prepare`])
     /// and offer them `tensors` ahead of any update (see
     /// [`super::direct`]): the shares and manifest a direct send of them
     /// serves, which each receiver attaches, checks against its

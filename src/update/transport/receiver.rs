@@ -154,7 +154,7 @@ impl UpdateReceiver {
 
     /// Prepare for the updates to come: connect to the sender at this
     /// receiver's path, which offers its tensors
-    /// ([`IpcSender::offer_direct_to`]), attach every share it names, check
+    /// ([`super::ipc::IpcSender::offer_direct_to`]), attach every share it names, check
     /// its manifest against `session`'s destinations in `pool` as an
     /// update with `opts` would (planning it: nothing is written), and keep
     /// the imports and the manifest. The first update of those tensors
