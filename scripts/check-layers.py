@@ -34,7 +34,7 @@ LAYERS = [
     ["pool"],
     ["loader"],
     ["share", "devices"],
-    ["update"],
+    ["update", "control"],
     ["ffi", "fuzz"],
 ]
 RANK = {m: i for i, layer in enumerate(LAYERS) for m in layer}

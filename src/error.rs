@@ -116,6 +116,12 @@ impl Status {
         self.c_name().to_str().expect("status names are ASCII")
     }
 
+    /// The status named `name` ("VMMW_OUT_OF_MEMORY"), as [`Status::name`]
+    /// spells it; `None` for a name this library does not know.
+    pub fn from_name(name: &str) -> Option<Status> {
+        Status::ALL.into_iter().find(|s| s.name() == name)
+    }
+
     /// [`Status::name`] as a static NUL-terminated string (what
     /// `vmmw_status_name` returns to C).
     pub fn c_name(self) -> &'static std::ffi::CStr {
@@ -335,6 +341,18 @@ pub enum Error {
         /// The failure, with its retry's.
         reason: String,
     },
+
+    /// A process serving a control socket (docs/PRELOAD.md) refused a
+    /// request; `status` is the code it answered with.
+    #[error("control socket {}: {message}", socket.display())]
+    ControlRefused {
+        /// The socket the request went to.
+        socket: PathBuf,
+        /// The status the process named (`Status::c_name` on the wire).
+        status: Status,
+        /// Its reason, as it wrote it.
+        message: String,
+    },
 }
 
 /// A configured limit as text: "none" for `u64::MAX`.
@@ -420,6 +438,15 @@ impl Error {
                 version,
                 reason: format!("{reason}{what}"),
             },
+            Error::ControlRefused {
+                socket,
+                status,
+                message,
+            } => Error::ControlRefused {
+                socket,
+                status,
+                message: format!("{message}{what}"),
+            },
             e @ (Error::NullArgument(_)
             | Error::UnknownPointer { .. }
             | Error::DestinationChanged { .. }
@@ -456,6 +483,10 @@ impl Error {
             Error::ShareRefused { .. } => Status::ShareRefused,
             Error::ShareRevoked { .. } => Status::ShareRevoked,
             Error::VersionMismatch { .. } => Status::VersionMismatch,
+            // A refusal never carries success; a peer that sent VMMW_OK in
+            // a refusal broke the protocol.
+            Error::ControlRefused { status, .. } if *status == Status::Ok => Status::InvalidState,
+            Error::ControlRefused { status, .. } => *status,
             Error::UpdateSource(_) => Status::UpdateSource,
             Error::UpdateTorn { .. } => Status::UpdateTorn,
         }

@@ -19,6 +19,8 @@
 //! - [`devices`] (beside [`share`]): work across the devices of one host: the
 //!   multi-device load, replicas' sleep and wake, their peer grants;
 //! - [`update`]: new weights into live destinations, through the load's rules;
+//!   beside it [`control`]: the control socket of a process (status, sleep,
+//!   wake), which the CUDA runtime interposer serves;
 //! - [`ffi`]: the C ABI, thin over the functions above.
 //!
 //! Every layer runs on both backends: the host backend gives CUDA's VMM
@@ -28,6 +30,9 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod codec;
+// The control channel of processes run under the CUDA runtime interposer
+// (docs/PRELOAD.md); above `share`, beside `update`.
+pub mod control;
 pub mod devices;
 pub mod driver;
 pub mod error;

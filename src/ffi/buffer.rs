@@ -12,10 +12,12 @@ use std::ffi::c_char;
 use crate::error::{Error, Result};
 
 /// Copy `text` and a NUL into `buf[..cap]`, reporting the size through `needed`.
+/// Public for the CUDA runtime interposer's own C functions, which keep
+/// the same contract.
 ///
 /// # Safety
 /// `buf` is NULL or writable for `cap` bytes; `needed` is NULL or writable.
-pub(crate) unsafe fn write_str(
+pub unsafe fn write_str(
     text: &str,
     buf: *mut c_char,
     cap: usize,

@@ -44,3 +44,6 @@ pub mod transport;
 pub mod update;
 pub mod update_receiver;
 pub mod version;
+
+// The control channel's client and server (docs/PRELOAD.md).
+pub mod control;

@@ -28,6 +28,7 @@ mod access;
 mod arena;
 mod backup_read;
 pub(crate) mod block;
+mod cached;
 pub mod identity;
 mod lease;
 mod peers;

@@ -42,3 +42,11 @@ pub fn existing_pool(device: i32) -> Option<Arc<Pool>> {
         .get(&device)
         .cloned()
 }
+
+/// Every process-global pool created so far, by device ordinal.
+pub fn all_pools() -> Vec<Arc<Pool>> {
+    let map = pools().lock().unwrap_or_else(|p| p.into_inner());
+    let mut v: Vec<(i32, Arc<Pool>)> = map.iter().map(|(&d, p)| (d, p.clone())).collect();
+    v.sort_by_key(|(d, _)| *d);
+    v.into_iter().map(|(_, p)| p).collect()
+}

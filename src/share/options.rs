@@ -1,9 +1,11 @@
 //! How a share is served: the sleep policy toward importers, who may
 //! attach, and the bounds on connections and handshakes.
 
+use std::os::unix::net::UnixStream;
 use std::time::Duration;
 
 use super::log::LogSink;
+use super::wire::{self, PeerCred};
 
 /// What the owner's sleep of a shared tag does to attached importers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
@@ -56,5 +58,41 @@ impl Default for ServeOptions {
             handshake_timeout: DEFAULT_HANDSHAKE_TIMEOUT,
             log: LogSink::default(),
         }
+    }
+}
+
+/// The admission rule of every socket this library serves (shares and the
+/// control channel): a peer is allowed when its uid is listed (`None`
+/// lists only this process's own user), or when `allowed_gids` names its
+/// primary group or one of its supplementary groups (`SO_PEERGROUPS`).
+pub fn peer_allowed(
+    allowed_uids: Option<&[u32]>,
+    allowed_gids: &[u32],
+    cred: &PeerCred,
+    sock: &UnixStream,
+) -> bool {
+    let by_uid = match allowed_uids {
+        None => cred.uid == wire::own_uid(),
+        Some(uids) => uids.contains(&cred.uid),
+    };
+    by_uid
+        || (!allowed_gids.is_empty()
+            && (allowed_gids.contains(&cred.gid)
+                || wire::peer_groups(sock)
+                    .iter()
+                    .any(|g| allowed_gids.contains(g))))
+}
+
+/// Whom [`peer_allowed`] accepts, in words for a refusal ("uid 1000 (the
+/// owner's)", "uids [1000, 1001] and gids [27]").
+pub fn peers_accepted(allowed_uids: Option<&[u32]>, allowed_gids: &[u32]) -> String {
+    let uids = match allowed_uids {
+        None => format!("uid {} (the owner's)", wire::own_uid()),
+        Some(u) => format!("uids {u:?}"),
+    };
+    if allowed_gids.is_empty() {
+        uids
+    } else {
+        format!("{uids} and gids {allowed_gids:?}")
     }
 }

@@ -29,7 +29,7 @@ use std::time::{Duration, Instant};
 
 use super::connections::{Conns, Shared};
 use super::export::export;
-use super::options::{ServeOptions, SleepPolicy};
+use super::options::{peer_allowed, peers_accepted, ServeOptions, SleepPolicy};
 use super::wire::{self, Notice, PeerCred};
 use crate::error::{Error, Result};
 use crate::loader::registry::Destination;
@@ -42,27 +42,19 @@ const MAX_BACKOFF: Duration = Duration::from_secs(1);
 
 impl Shared {
     fn allowed(&self, cred: &PeerCred, sock: &UnixStream) -> bool {
-        let by_uid = match &self.options.allowed_uids {
-            None => cred.uid == wire::own_uid(),
-            Some(uids) => uids.contains(&cred.uid),
-        };
-        let gids = &self.options.allowed_gids;
-        by_uid
-            || (!gids.is_empty()
-                && (gids.contains(&cred.gid)
-                    || wire::peer_groups(sock).iter().any(|g| gids.contains(g))))
+        peer_allowed(
+            self.options.allowed_uids.as_deref(),
+            &self.options.allowed_gids,
+            cred,
+            sock,
+        )
     }
 
     fn accepts(&self) -> String {
-        let uids = match &self.options.allowed_uids {
-            None => format!("uid {} (the owner's)", wire::own_uid()),
-            Some(u) => format!("uids {u:?}"),
-        };
-        if self.options.allowed_gids.is_empty() {
-            uids
-        } else {
-            format!("{uids} and gids {:?}", self.options.allowed_gids)
-        }
+        peers_accepted(
+            self.options.allowed_uids.as_deref(),
+            &self.options.allowed_gids,
+        )
     }
 
     /// Check a new connection and start its handshake. False once stopping.

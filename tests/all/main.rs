@@ -23,6 +23,8 @@ mod cli_pipe;
 #[cfg(feature = "cli")]
 mod cli_serve;
 mod codec;
+mod control_attacks;
+mod control_channel;
 mod device_reliability;
 mod driver_contract;
 mod fault_device;

@@ -17,9 +17,11 @@ mod bench_pool;
 mod bench_sleep;
 mod bench_update;
 mod chart;
+mod ctl;
 mod demo;
 mod demo_out;
 mod escape;
+mod exec;
 mod exit;
 mod inspect;
 mod load;
@@ -92,6 +94,14 @@ enum Command {
     /// OffloadCompressed against raw Offload: backup size per dtype, sleep and wake against the link.
     #[command(after_help = exit::HELP_EXIT_CODES)]
     BenchCodec(bench_codec::Args),
+    /// Run a CUDA program with its cudaMalloc'd memory in vmmweights pools
+    /// (LD_PRELOAD of libvmmw_preload.so) and a control socket, so `vmmw
+    /// ctl` can sleep and wake it. Ends as the program does.
+    Exec(exec::Args),
+    /// Ask a process serving a control socket (`vmmw exec`) for its memory
+    /// status, to sleep, or to wake.
+    #[command(after_help = exit::HELP_EXIT_CODES)]
+    Ctl(ctl::Args),
 }
 
 /// What a command asked for on stdout, decided before it runs.
@@ -118,6 +128,8 @@ impl Command {
             Command::Load(a) => flag(a.json),
             Command::Report(a) => flag(a.json),
             Command::Serve(_) => Json::Off,
+            Command::Exec(_) => Json::Off,
+            Command::Ctl(a) => flag(a.json),
             Command::BenchAlloc(a) => bench(&mut a.json),
             Command::BenchPool(a) => bench(&mut a.json),
             Command::BenchLoad(a) => bench(&mut a.json),
@@ -135,6 +147,8 @@ impl Command {
             Command::Load(a) => load::run(a).map(Some),
             Command::Report(a) => report::run(a).map(Some),
             Command::Serve(a) => serve::run(a).map(Some),
+            Command::Exec(a) => exec::run(a).map(Some),
+            Command::Ctl(a) => ctl::run(a).map(Some),
             Command::BenchAlloc(mut a) => {
                 let p = bench_chart::prepare(&a.backend, &a.chart, &mut a.json)?;
                 bench_alloc::run(a)?;

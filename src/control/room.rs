@@ -1,0 +1,77 @@
+//! Room for a wake: each device's free memory against what its tags need,
+//! checked before anything is mapped, and the wait a wake may ask for
+//! (`wait_memory_ms`) while another process or tag releases memory.
+//!
+//! This is the seam where the pool's own wake that maps chunk by chunk as
+//! memory frees plugs in: until the pool offers one, a wake that asks to wait
+//! polls the devices' free memory here until all of it fits, then wakes as
+//! usual (transactional per tag).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::error::{Error, Result};
+use crate::pool::Pool;
+
+/// How often free memory is read while waiting.
+const POLL: Duration = Duration::from_millis(20);
+
+/// What one device's wake needs.
+#[derive(Debug, Clone)]
+pub struct Need {
+    /// The device's pool.
+    pub pool: Arc<Pool>,
+    /// Physical bytes its tags map again.
+    pub bytes: u64,
+    /// The tags, for messages.
+    pub tags: Vec<String>,
+}
+
+/// Wait until every device has room for its need, up to `wait` (`None`:
+/// check once). Returns the time waited; out of memory, naming the first
+/// device short, when the wait ends first. Nothing is mapped here.
+pub fn wait_for_room(needs: &[Need], wait: Option<Duration>) -> Result<Duration> {
+    let start = Instant::now();
+    loop {
+        let short = first_short(needs)?;
+        let Some((need, free)) = short else {
+            return Ok(start.elapsed());
+        };
+        let waited = start.elapsed();
+        if wait.is_none_or(|w| waited >= w) {
+            let waited_text = match wait {
+                Some(w) => format!(
+                    "waited {:.3} s of the {:.3} s allowed",
+                    waited.as_secs_f64(),
+                    w.as_secs_f64()
+                ),
+                None => "wait_memory_ms would wait for memory being released".to_owned(),
+            };
+            return Err(Error::OutOfMemory {
+                what: format!(
+                    "wake of device {} tags [{}] (nothing mapped: every tag stays asleep with \
+                     its backup; {waited_text})",
+                    need.pool.device(),
+                    need.tags.join(", ")
+                ),
+                requested: need.bytes,
+                free,
+            });
+        }
+        std::thread::sleep(POLL);
+    }
+}
+
+/// The first device whose free memory is short of its need, with that free memory.
+fn first_short(needs: &[Need]) -> Result<Option<(&Need, u64)>> {
+    for n in needs {
+        if n.bytes == 0 {
+            continue;
+        }
+        let free = n.pool.driver().mem_info()?.free;
+        if free < n.bytes {
+            return Ok(Some((n, free)));
+        }
+    }
+    Ok(None)
+}
