@@ -168,6 +168,7 @@ vmmw_status_t vmmw_pool_can_access_peer(const struct vmmw_pool_t*pool,int32_t pe
 vmmw_status_t vmmw_pool_clear_timeline(struct vmmw_pool_t*pool,uint64_t*cleared,struct vmmw_error_t**error);
 vmmw_status_t vmmw_pool_dealloc(struct vmmw_pool_t*pool,uint64_t ptr,struct vmmw_error_t**error);
 vmmw_status_t vmmw_pool_default(int32_t device,struct vmmw_pool_t**out,struct vmmw_error_t**error);
+vmmw_status_t vmmw_pool_drop_backups(struct vmmw_pool_t*pool,const uint32_t*tags,size_t n,uint32_t unpin,uint64_t*released,struct vmmw_error_t**error);
 vmmw_status_t vmmw_pool_forget_reload(struct vmmw_pool_t*pool,uint32_t tag,struct vmmw_error_t**error);
 vmmw_status_t vmmw_pool_free_ptr(struct vmmw_pool_t*pool,uint64_t ptr,struct vmmw_error_t**error);
 vmmw_status_t vmmw_pool_last_cycle_json(const struct vmmw_pool_t*pool,char*buf,size_t cap,size_t*needed,struct vmmw_error_t**error);
@@ -237,9 +238,11 @@ vmmw_status_t vmmw_update_broadcast_send(struct vmmw_nccl_comm_t*comm,struct vmm
 vmmw_status_t vmmw_update_receive_ipc(struct vmmw_loader_t*loader,struct vmmw_pool_t*pool,const char*path,uint64_t timeout_ms,const struct vmmw_update_options_t*options_in,struct vmmw_update_result_t*out,struct vmmw_error_t**error);
 vmmw_status_t vmmw_update_receiver_drop_imports(struct vmmw_update_receiver_t*receiver,struct vmmw_error_t**error);
 vmmw_status_t vmmw_update_receiver_new(struct vmmw_pool_t*pool,const char*path,uint64_t timeout_ms,uint64_t max_kept_imports,uint64_t max_kept_bytes,struct vmmw_update_receiver_t**out,struct vmmw_error_t**error);
+vmmw_status_t vmmw_update_receiver_prepare(struct vmmw_update_receiver_t*receiver,struct vmmw_loader_t*loader,struct vmmw_pool_t*pool,const struct vmmw_update_options_t*options_in,struct vmmw_error_t**error);
 vmmw_status_t vmmw_update_receiver_receive(struct vmmw_update_receiver_t*receiver,struct vmmw_loader_t*loader,struct vmmw_pool_t*pool,const struct vmmw_update_options_t*options_in,struct vmmw_update_result_t*out,struct vmmw_error_t**error);
 vmmw_status_t vmmw_update_receiver_stats(const struct vmmw_update_receiver_t*receiver,struct vmmw_receive_stats_t*out,struct vmmw_error_t**error);
 vmmw_status_t vmmw_update_sender_new(struct vmmw_pool_t*pool,const char*path,uint32_t slots,uint64_t slot_bytes,uint64_t timeout_ms,struct vmmw_update_sender_t**out,struct vmmw_error_t**error);
+vmmw_status_t vmmw_update_sender_offer_direct(struct vmmw_update_sender_t*sender,struct vmmw_update_source_t*source,uint32_t receivers,struct vmmw_send_report_t*out,struct vmmw_error_t**error);
 vmmw_status_t vmmw_update_sender_send(struct vmmw_update_sender_t*sender,struct vmmw_update_source_t*source,uint32_t receivers,struct vmmw_send_report_t*out,struct vmmw_error_t**error);
 vmmw_status_t vmmw_update_sender_send_direct(struct vmmw_update_sender_t*sender,struct vmmw_update_source_t*source,uint32_t receivers,struct vmmw_send_report_t*out,struct vmmw_error_t**error);
 vmmw_status_t vmmw_update_source_add(struct vmmw_update_source_t*source,const char*name,const char*dtype,const uint64_t*shape,size_t ndim,uint64_t ptr,vmmw_update_memory_t memory,struct vmmw_error_t**error);

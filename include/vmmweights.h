@@ -3160,6 +3160,30 @@ vmmw_status_t vmmw_share_detach(struct vmmw_share_t *share, struct vmmw_error_t 
 void vmmw_share_free(struct vmmw_share_t *share);
 
 /**
+ * Drop the host backups the `n` listed tags kept after their last wake (a
+ * wake keeps a tag's backup, so its next sleep reuses the same memory,
+ * unless `free_backup_after_wake` is set): the backups are released, and
+ * their pinned memory stays in the pool's backup arena for the next sleep
+ * of any tag, so it costs nothing to pin again. With `unpin` = 1, every
+ * backup slab holding no asleep segment's bytes is also unpinned (as
+ * `vmmw_pool_release_backup`). Asleep tags keep their backups; a tag
+ * without one is no error. `*released` receives the bytes unpinned (0
+ * without `unpin`). Thread-safe: a sleep or wake running now keeps the
+ * backups it uses.
+ *
+ * Errors:
+ * - `VMMW_NULL_ARGUMENT`: `pool` or `released` is NULL, or `tags` is NULL
+ *   with `n` > 0.
+ * - `VMMW_INVALID_ARGUMENT`: `unpin` is not 0 or 1; nothing changes.
+ * - `VMMW_UNKNOWN_TAG`: a tag id never registered; nothing changes.
+ *
+ * # Safety
+ * `pool` is a live handle; `tags` is readable for `n` entries (NULL when `n`
+ * is 0); `released` is writable; `error` is NULL or writable.
+ */
+vmmw_status_t vmmw_pool_drop_backups(struct vmmw_pool_t *pool, const uint32_t *tags, size_t n, uint32_t unpin, uint64_t *released, struct vmmw_error_t **error);
+
+/**
  * Put the `n` listed tags to sleep, each with its policy. Every pointer stays
  * valid; touching a sleeping tag's memory faults until it wakes; allocating
  * in it fails with `VMMW_INVALID_STATE`. A tag already asleep is left as is.
@@ -3567,6 +3591,28 @@ vmmw_status_t vmmw_update_sender_send(struct vmmw_update_sender_t *sender, struc
 vmmw_status_t vmmw_update_sender_send_direct(struct vmmw_update_sender_t *sender, struct vmmw_update_source_t *source, uint32_t receivers, struct vmmw_send_report_t *out, struct vmmw_error_t **error);
 
 /**
+ * Wait for `receivers` receivers that prepare
+ * (`vmmw_update_receiver_prepare`) and offer them `source`'s tensors ahead
+ * of any update: the shares and manifest `vmmw_update_sender_send_direct`
+ * of them would serve, which each receiver attaches, checks against its
+ * destinations and keeps, writing nothing. Returns once every receiver
+ * attached; `*out` as for a send, with `version` 0. A later
+ * `vmmw_update_sender_send_direct` of the same tensors in the same memory
+ * is then one manifest those receivers recognize and the copies, so their
+ * first update runs as fast as later ones. The tensors must stay where
+ * they are (a free, a sleep or a wake of their memory makes the next send
+ * attach again).
+ *
+ * Errors: as `vmmw_update_sender_send_direct`; a receiver's refusal (its
+ * destinations do not take the tensors) is `VMMW_INVALID_STATE` with its
+ * reason.
+ *
+ * # Safety
+ * As `vmmw_update_sender_send_direct`.
+ */
+vmmw_status_t vmmw_update_sender_offer_direct(struct vmmw_update_sender_t *sender, struct vmmw_update_source_t *source, uint32_t receivers, struct vmmw_send_report_t *out, struct vmmw_error_t **error);
+
+/**
  * Receive one update from the IPC sender at `path` into the destinations of
  * `loader` in `pool`, through the loader's rules (a tensor-parallel rank
  * keeps its slices): connect, attach the sender's ring (one handshake),
@@ -3954,8 +4000,31 @@ void vmmw_update_receiver_free(struct vmmw_update_receiver_t *receiver);
 vmmw_status_t vmmw_update_receiver_receive(struct vmmw_update_receiver_t *receiver, struct vmmw_loader_t *loader, struct vmmw_pool_t *pool, const struct vmmw_update_options_t *options_in, struct vmmw_update_result_t *out, struct vmmw_error_t **error);
 
 /**
- * What the receiver's last successful receive did (all 0 before the
- * first) and what it keeps imported now, into `*out`.
+ * Prepare for the updates to come from the receiver's sender, which
+ * offers its tensors (`vmmw_update_sender_offer_direct`): connect, attach
+ * every share it names, check the offered manifest against `loader`'s
+ * destinations in `pool` as an update with `options` would (its plan and
+ * version: nothing is written), and keep the imports and the manifest. The
+ * first update of those tensors afterwards attaches and checks nothing, as
+ * later ones do, so it runs as fast as they do. `vmmw_update_receiver_stats`
+ * then says what was attached and how long it took.
+ *
+ * Errors: as `vmmw_update_receiver_receive` (nothing is written on any);
+ * `VMMW_INVALID_STATE` when the sender sends an update or its ring instead
+ * of an offer (the sender is told). On any error the kept imports are
+ * dropped, except `VMMW_INVALID_ARGUMENT` for a `pool` on another device.
+ *
+ * Thread safety: as `vmmw_update_receiver_receive`.
+ *
+ * # Safety
+ * `receiver`, `loader` and `pool` are live handles; `options` is readable
+ * for its `size`; `error` is NULL or writable.
+ */
+vmmw_status_t vmmw_update_receiver_prepare(struct vmmw_update_receiver_t *receiver, struct vmmw_loader_t *loader, struct vmmw_pool_t *pool, const struct vmmw_update_options_t *options_in, struct vmmw_error_t **error);
+
+/**
+ * What the receiver's last successful receive or prepare did (all 0 before
+ * the first) and what it keeps imported now, into `*out`.
  *
  * Errors: `VMMW_NULL_ARGUMENT`: `receiver` or `out` is NULL.
  *

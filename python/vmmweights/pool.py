@@ -361,6 +361,18 @@ class Pool:
         call("vmmw_pool_release_backup", self.handle, ctypes.byref(out))
         return out.value
 
+    def drop_backups(self, *tags: str, unpin: bool = False) -> int:
+        """Drop the host backups `tags` kept after their last wake: their
+        pinned memory stays in the backup arena for the next sleep of any
+        tag (no cost to pin again), unless `unpin`, which also unpins every
+        slab holding no asleep tag's bytes. Asleep tags keep theirs. Returns
+        the bytes unpinned."""
+        ids = (ctypes.c_uint32 * len(tags))(*(tag_id(t) for t in tags))
+        out = ctypes.c_uint64()
+        call("vmmw_pool_drop_backups", self.handle, ids, ctypes.c_size_t(len(tags)),
+             ctypes.c_uint32(1 if unpin else 0), ctypes.byref(out))
+        return out.value
+
     def set_sleep_options(self, **options: int) -> None:
         """Set the sleep engine's options by field name (see
         ``vmmw_sleep_options_t``: copy_piece_bytes, streams, debug_fill,

@@ -370,6 +370,32 @@ impl Pool {
         self.sleep.release_backup(&|va| !asleep.contains(&va))
     }
 
+    /// Drop the host backups `tags` kept after their last wake (a wake keeps
+    /// them unless the sleep options say otherwise), leaving the pinned
+    /// memory in the backup arena for the next sleep of any tag: a backup
+    /// released, with no cost to pin again. With `unpin`, every backup slab
+    /// holding no asleep segment's bytes is unpinned as well (as
+    /// [`Pool::release_backup`]). Asleep tags keep theirs. Returns the bytes
+    /// unpinned.
+    pub fn drop_backups(&self, tags: &[TagId], unpin: bool) -> Result<u64> {
+        for &t in tags {
+            tag::check(t)?;
+        }
+        let wanted: HashSet<TagId> = tags.iter().copied().collect();
+        // Under the pool lock, as `release_backup`: no sleep starts between
+        // the snapshot of asleep segments and the drop.
+        let st = self.lock();
+        let asleep: HashSet<DevicePtr> = st
+            .segs
+            .iter()
+            .filter(|(_, e)| e.seg.sleep_state() != SleepState::Awake)
+            .map(|(&b, _)| b)
+            .collect();
+        Ok(self
+            .sleep
+            .drop_backups(&wanted, &|va| !asleep.contains(&va), unpin))
+    }
+
     /// Register where `tag`'s bytes can be reloaded from (the loader's
     /// executed plan): the source restores what it wrote inside the tag's
     /// segments, and the bytes it covers are taken from older sources.

@@ -51,6 +51,7 @@ mod loader_load;
 mod loader_multi;
 mod loader_tp;
 mod pool_arena;
+mod pool_backups;
 mod pool_errors;
 mod pool_free_faults;
 mod pool_model;

@@ -63,6 +63,7 @@ __all__ = [
     "staging_bytes",
     "swap",
     "tag_usage",
+    "take_mem_pool",
     "tensors",
     "trim",
     "update_",
@@ -160,6 +161,15 @@ def graph(
             yield
     finally:
         _tags.pop()
+
+
+def take_mem_pool(tag: str, device: Union[int, torch.device, None] = None) -> Optional[Any]:
+    """Remove the ``torch.cuda.MemPool`` of `tag` on `device` from the ones
+    kept here and return it (None when there is none): once the caller drops
+    it, with the tensors allocated in it, PyTorch returns its segments to us.
+    A later :func:`use_pool` of the tag makes a new one."""
+    with _lock:
+        return _pools.pop((_device(device), tag), None)
 
 
 def release_pools(tag: Optional[str] = None) -> None:

@@ -151,10 +151,17 @@ struct EngineState {
 }
 
 impl EngineState {
-    fn free_backup(&mut self, va: DevicePtr) {
-        if let Some(b) = self.backups.remove(&va) {
-            b.pieces.into_iter().for_each(|p| self.arena.free(p));
-        }
+    /// Return `va`'s backup to the arena (its memory stays pinned); the
+    /// slabs it lay in.
+    fn free_backup(&mut self, va: DevicePtr) -> Vec<usize> {
+        let Some(b) = self.backups.remove(&va) else {
+            return Vec::new();
+        };
+        let mut slabs: Vec<usize> = b.pieces.iter().map(|p| p.slab).collect();
+        slabs.sort_unstable();
+        slabs.dedup();
+        b.pieces.into_iter().for_each(|p| self.arena.free(p));
+        slabs
     }
 }
 
@@ -267,9 +274,49 @@ impl SleepEngine {
         m
     }
 
-    /// Forget a segment that is being freed: its backup returns to the arena.
+    /// Drop the backups the awake segments of `tags` kept after their wake
+    /// (`awake` says which segments are awake; a sleep or wake running now
+    /// keeps its own): their pinned memory returns to the arena for the
+    /// next sleep of any tag, or, with `unpin`, every slab holding no backup
+    /// is unpinned as [`Self::release_backup`] does. Returns bytes unpinned.
+    pub fn drop_backups(
+        &self,
+        tags: &HashSet<TagId>,
+        awake: &dyn Fn(DevicePtr) -> bool,
+        unpin: bool,
+    ) -> u64 {
+        let mut s = self.lock();
+        let kept: Vec<DevicePtr> = s
+            .backups
+            .iter()
+            .filter(|(va, b)| tags.contains(&b.tag) && awake(**va) && !s.busy.contains(va))
+            .map(|(va, _)| *va)
+            .collect();
+        for va in kept {
+            s.free_backup(va);
+        }
+        if unpin {
+            s.arena.release_unused()
+        } else {
+            0
+        }
+    }
+
+    /// Forget a segment that is being freed: its backup goes, and the
+    /// slabs it lay in are unpinned when they hold no other backup (the
+    /// memory of a freed allocation is given back, as `cudaFreeHost` of a
+    /// per-allocation backup would). Slabs that were already empty (kept
+    /// for the next sleep, or pinned ahead) stay.
     pub fn forget_segment(&self, va: DevicePtr) {
-        self.lock().free_backup(va);
+        let mut s = self.lock();
+        if s.busy.contains(&va) {
+            // A transition still copies into it: the range returns to the
+            // arena, the slab stays pinned until the next release.
+            s.free_backup(va);
+            return;
+        }
+        let slabs = s.free_backup(va);
+        s.arena.release_if_unused(&slabs);
     }
 
     /// The pinned words compressed sleeps' encodes leave frame lengths in,
