@@ -87,6 +87,8 @@
 #define VMMW_REPLICA_WAKE_OPTIONS_INIT { .size = sizeof(vmmw_replica_wake_options_t) }
 #define VMMW_REPLICA_SLEEP_OPTIONS_INIT { .size = sizeof(vmmw_replica_sleep_options_t) }
 #define VMMW_UPDATE_OPTIONS_INIT { .size = sizeof(vmmw_update_options_t) }
+#define VMMW_WAKE_OPTIONS_INIT { .size = sizeof(vmmw_wake_options_t) }
+#define VMMW_SWAP_OPTIONS_INIT { .size = sizeof(vmmw_swap_options_t) }
 #endif
 
 
@@ -941,6 +943,105 @@ typedef struct vmmw_sleep_options_t {
    */
   uint32_t codec_element_bytes;
 } vmmw_sleep_options_t;
+
+/**
+ * Options of `vmmw_pool_wake_with`. Start from `VMMW_WAKE_OPTIONS_INIT` (C)
+ * so `size` is set; every other field 0 is its default.
+ */
+typedef struct vmmw_wake_options_t {
+  /**
+   * `sizeof(vmmw_wake_options_t)` as the caller's header declares it
+   * (`VMMW_WAKE_OPTIONS_INIT`): fields past it take their defaults.
+   */
+  size_t size;
+  /**
+   * 0 (the default): as `vmmw_pool_wake`, the bytes needed are compared
+   * with free device memory first and a shortfall fails at once with
+   * `VMMW_OUT_OF_MEMORY`, nothing changed. Otherwise: each physical chunk
+   * is mapped as soon as the device has room, waiting up to this many
+   * milliseconds in all for memory being released meanwhile (another
+   * process putting its model to sleep, another pool trimming), polling
+   * the driver's free memory; then the wake fails as any wake does: the
+   * tag asleep, its backup intact, `VMMW_OUT_OF_MEMORY` naming the tag,
+   * the bytes needed and free. Values over a year count as a year.
+   */
+  uint64_t wait_memory_ms;
+} vmmw_wake_options_t;
+
+/**
+ * Options of `vmmw_pool_swap`. Start from `VMMW_SWAP_OPTIONS_INIT` (C) so
+ * `size` is set; every other field 0 is its default.
+ */
+typedef struct vmmw_swap_options_t {
+  /**
+   * `sizeof(vmmw_swap_options_t)` as the caller's header declares it
+   * (`VMMW_SWAP_OPTIONS_INIT`): fields past it take their defaults.
+   */
+  size_t size;
+  /**
+   * Once the sleep side has ended, how many milliseconds the wake side may
+   * still wait for device memory released elsewhere before it fails (the
+   * tag asleep, its backup intact). 0 (the default): the swap is refused
+   * up front, nothing changed, when the waking tags need more than the
+   * free memory plus what the sleeping tags hold; and the wake fails as
+   * soon as the sleep has ended without making room.
+   */
+  uint64_t wait_memory_ms;
+} vmmw_swap_options_t;
+
+/**
+ * What `vmmw_pool_swap` did, each side on its own.
+ */
+typedef struct vmmw_swap_result_t {
+  /**
+   * `VMMW_OK`, or why the sleep side stopped (the tag it names is as a
+   * failed `vmmw_pool_sleep` leaves it, the tags after it awake).
+   */
+  vmmw_status_t sleep_status;
+  /**
+   * `VMMW_OK`, or why the wake side stopped (that tag and the ones after
+   * it are asleep with their backups intact).
+   */
+  vmmw_status_t wake_status;
+  /**
+   * Tags of the sleep list put to sleep.
+   */
+  uint64_t slept_tags;
+  /**
+   * Tags of the wake list woken.
+   */
+  uint64_t woken_tags;
+  /**
+   * Physical bytes the sleep side released.
+   */
+  uint64_t released_bytes;
+  /**
+   * Physical bytes the wake side mapped.
+   */
+  uint64_t mapped_bytes;
+  /**
+   * Bytes the sleep side copied device to host (encoded bytes for
+   * `VMMW_POLICY_OFFLOAD_COMPRESSED`).
+   */
+  uint64_t copied_out_bytes;
+  /**
+   * Bytes the wake side copied host to device, and restored from
+   * checkpoints (Reload).
+   */
+  uint64_t copied_in_bytes;
+  /**
+   * Wall time of the sleep side, in seconds.
+   */
+  double sleep_seconds;
+  /**
+   * Wall time of the wake side, in seconds.
+   */
+  double wake_seconds;
+  /**
+   * Wall time of the whole swap, in seconds.
+   */
+  double seconds;
+} vmmw_swap_result_t;
 
 /**
  * What one send did (from `vmmw_update_sender_send`).
@@ -3059,6 +3160,30 @@ vmmw_status_t vmmw_share_detach(struct vmmw_share_t *share, struct vmmw_error_t 
 void vmmw_share_free(struct vmmw_share_t *share);
 
 /**
+ * Drop the host backups the `n` listed tags kept after their last wake (a
+ * wake keeps a tag's backup, so its next sleep reuses the same memory,
+ * unless `free_backup_after_wake` is set): the backups are released, and
+ * their pinned memory stays in the pool's backup arena for the next sleep
+ * of any tag, so it costs nothing to pin again. With `unpin` = 1, every
+ * backup slab holding no asleep segment's bytes is also unpinned (as
+ * `vmmw_pool_release_backup`). Asleep tags keep their backups; a tag
+ * without one is no error. `*released` receives the bytes unpinned (0
+ * without `unpin`). Thread-safe: a sleep or wake running now keeps the
+ * backups it uses.
+ *
+ * Errors:
+ * - `VMMW_NULL_ARGUMENT`: `pool` or `released` is NULL, or `tags` is NULL
+ *   with `n` > 0.
+ * - `VMMW_INVALID_ARGUMENT`: `unpin` is not 0 or 1; nothing changes.
+ * - `VMMW_UNKNOWN_TAG`: a tag id never registered; nothing changes.
+ *
+ * # Safety
+ * `pool` is a live handle; `tags` is readable for `n` entries (NULL when `n`
+ * is 0); `released` is writable; `error` is NULL or writable.
+ */
+vmmw_status_t vmmw_pool_drop_backups(struct vmmw_pool_t *pool, const uint32_t *tags, size_t n, uint32_t unpin, uint64_t *released, struct vmmw_error_t **error);
+
+/**
  * Put the `n` listed tags to sleep, each with its policy. Every pointer stays
  * valid; touching a sleeping tag's memory faults until it wakes; allocating
  * in it fails with `VMMW_INVALID_STATE`. A tag already asleep is left as is.
@@ -3213,6 +3338,68 @@ vmmw_status_t vmmw_pool_last_cycle_json(const struct vmmw_pool_t *pool, char *bu
  * "VMMW_UNKNOWN_STATUS".
  */
 const char *vmmw_status_name(vmmw_status_t status);
+
+/**
+ * Wake the `n` listed tags (every sleeping tag when `n` is 0) as
+ * `vmmw_pool_wake` does, with `options` (NULL: the defaults, which make it
+ * `vmmw_pool_wake`). With `wait_memory_ms` set, a wake short of free device
+ * memory waits for memory another process or pool releases, mapping each
+ * chunk as the device has room, instead of failing at once: how two
+ * processes swap (one sleeps while the other wakes with a wait). Each tag's
+ * wake stays transactional. Thread-safe.
+ *
+ * Errors:
+ * - `VMMW_NULL_ARGUMENT`: `pool` is NULL, or `tags` is NULL with `n` > 0.
+ * - `VMMW_INVALID_ARGUMENT`, `VMMW_UNSUPPORTED`: a bad `options->size`
+ *   (docs/ABI.md).
+ * - `VMMW_UNKNOWN_TAG`: a tag that never held memory in this pool; nothing
+ *   changes.
+ * - `VMMW_OUT_OF_MEMORY`: without a wait, the bytes needed exceed free device
+ *   memory (nothing changes); with one, more than the device's total, or the
+ *   wait ran out (that tag asleep, its backup intact; the message names the
+ *   tag, the bytes needed and free).
+ * - `VMMW_CHECKPOINT_INVALID`: as in `vmmw_pool_wake`.
+ *
+ * # Safety
+ * `pool` is a live handle; `tags` is readable for `n` entries (NULL when `n`
+ * is 0); `options` is NULL or readable for `options->size` bytes; `error` is
+ * NULL or writable.
+ */
+vmmw_status_t vmmw_pool_wake_with(struct vmmw_pool_t *pool, const uint32_t *tags, size_t n, const struct vmmw_wake_options_t *options, struct vmmw_error_t **error);
+
+/**
+ * Put the `n_sleep` tags of `sleep` to sleep (each with its policy) and wake
+ * the `n_wake` tags of `wake`, at once: the sleep's device-to-host copies
+ * and the wake's host-to-device copies (or Reload re-reads, or compressed
+ * decodes) share the link's two directions, and each chunk of the waking
+ * tags is mapped as soon as the sleeping ones free room for it. A swap
+ * between two models takes about the link time of the larger one, not the
+ * sum. `options` NULL: the defaults.
+ *
+ * Refused, nothing changed (`*result` not written): a NULL argument, a bad
+ * policy or `options->size`, a tag unknown to the pool (`VMMW_UNKNOWN_TAG`),
+ * a tag listed twice or in both lists (`VMMW_INVALID_ARGUMENT`), a
+ * sleeping tag a `vmmw_loader_load` writes into (`VMMW_LOAD_IN_PROGRESS`),
+ * and (with no `wait_memory_ms`) waking tags that need more than the free
+ * device memory plus what the sleeping tags hold (`VMMW_OUT_OF_MEMORY`).
+ *
+ * Otherwise the swap runs and `*result` (when not NULL) is written, also
+ * when a side failed, with each side's status: the call returns `VMMW_OK`
+ * when both succeeded, else the wake side's status when it failed, else the
+ * sleep side's (the error message names the failing tag and says how the
+ * other side ended). Each sleeping tag ends as `vmmw_pool_sleep` leaves it,
+ * each waking tag's wake is transactional (on a failure it stays asleep with
+ * its backup intact); no byte is lost. `vmmw_pool_last_cycle_json` then
+ * lists every tag slept and woken. Concurrency as in `vmmw_pool_sleep`:
+ * thread-safe; every listed tag refuses allocation until the call returns.
+ *
+ * # Safety
+ * `pool` is a live handle; `sleep` is readable for `n_sleep` entries and
+ * `wake` for `n_wake` (each NULL when its count is 0); `options` is NULL or
+ * readable for `options->size` bytes; `result` is NULL or writable; `error`
+ * is NULL or writable.
+ */
+vmmw_status_t vmmw_pool_swap(struct vmmw_pool_t *pool, const struct vmmw_tag_policy_t *sleep, size_t n_sleep, const uint32_t *wake, size_t n_wake, const struct vmmw_swap_options_t *options, struct vmmw_swap_result_t *result, struct vmmw_error_t **error);
 
 /**
  * The id of tag `name`, registering it on first use; the same name always
@@ -3402,6 +3589,28 @@ vmmw_status_t vmmw_update_sender_send(struct vmmw_update_sender_t *sender, struc
  * bytes until this returns; `out` is writable; `error` is NULL or writable.
  */
 vmmw_status_t vmmw_update_sender_send_direct(struct vmmw_update_sender_t *sender, struct vmmw_update_source_t *source, uint32_t receivers, struct vmmw_send_report_t *out, struct vmmw_error_t **error);
+
+/**
+ * Wait for `receivers` receivers that prepare
+ * (`vmmw_update_receiver_prepare`) and offer them `source`'s tensors ahead
+ * of any update: the shares and manifest `vmmw_update_sender_send_direct`
+ * of them would serve, which each receiver attaches, checks against its
+ * destinations and keeps, writing nothing. Returns once every receiver
+ * attached; `*out` as for a send, with `version` 0. A later
+ * `vmmw_update_sender_send_direct` of the same tensors in the same memory
+ * is then one manifest those receivers recognize and the copies, so their
+ * first update runs as fast as later ones. The tensors must stay where
+ * they are (a free, a sleep or a wake of their memory makes the next send
+ * attach again).
+ *
+ * Errors: as `vmmw_update_sender_send_direct`; a receiver's refusal (its
+ * destinations do not take the tensors) is `VMMW_INVALID_STATE` with its
+ * reason.
+ *
+ * # Safety
+ * As `vmmw_update_sender_send_direct`.
+ */
+vmmw_status_t vmmw_update_sender_offer_direct(struct vmmw_update_sender_t *sender, struct vmmw_update_source_t *source, uint32_t receivers, struct vmmw_send_report_t *out, struct vmmw_error_t **error);
 
 /**
  * Receive one update from the IPC sender at `path` into the destinations of
@@ -3791,8 +4000,31 @@ void vmmw_update_receiver_free(struct vmmw_update_receiver_t *receiver);
 vmmw_status_t vmmw_update_receiver_receive(struct vmmw_update_receiver_t *receiver, struct vmmw_loader_t *loader, struct vmmw_pool_t *pool, const struct vmmw_update_options_t *options_in, struct vmmw_update_result_t *out, struct vmmw_error_t **error);
 
 /**
- * What the receiver's last successful receive did (all 0 before the
- * first) and what it keeps imported now, into `*out`.
+ * Prepare for the updates to come from the receiver's sender, which
+ * offers its tensors (`vmmw_update_sender_offer_direct`): connect, attach
+ * every share it names, check the offered manifest against `loader`'s
+ * destinations in `pool` as an update with `options` would (its plan and
+ * version: nothing is written), and keep the imports and the manifest. The
+ * first update of those tensors afterwards attaches and checks nothing, as
+ * later ones do, so it runs as fast as they do. `vmmw_update_receiver_stats`
+ * then says what was attached and how long it took.
+ *
+ * Errors: as `vmmw_update_receiver_receive` (nothing is written on any);
+ * `VMMW_INVALID_STATE` when the sender sends an update or its ring instead
+ * of an offer (the sender is told). On any error the kept imports are
+ * dropped, except `VMMW_INVALID_ARGUMENT` for a `pool` on another device.
+ *
+ * Thread safety: as `vmmw_update_receiver_receive`.
+ *
+ * # Safety
+ * `receiver`, `loader` and `pool` are live handles; `options` is readable
+ * for its `size`; `error` is NULL or writable.
+ */
+vmmw_status_t vmmw_update_receiver_prepare(struct vmmw_update_receiver_t *receiver, struct vmmw_loader_t *loader, struct vmmw_pool_t *pool, const struct vmmw_update_options_t *options_in, struct vmmw_error_t **error);
+
+/**
+ * What the receiver's last successful receive or prepare did (all 0 before
+ * the first) and what it keeps imported now, into `*out`.
  *
  * Errors: `VMMW_NULL_ARGUMENT`: `receiver` or `out` is NULL.
  *

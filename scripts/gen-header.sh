@@ -65,6 +65,8 @@ trap 'rm -f "$config"' EXIT
 #define VMMW_REPLICA_WAKE_OPTIONS_INIT { .size = sizeof(vmmw_replica_wake_options_t) }
 #define VMMW_REPLICA_SLEEP_OPTIONS_INIT { .size = sizeof(vmmw_replica_sleep_options_t) }
 #define VMMW_UPDATE_OPTIONS_INIT { .size = sizeof(vmmw_update_options_t) }
+#define VMMW_WAKE_OPTIONS_INIT { .size = sizeof(vmmw_wake_options_t) }
+#define VMMW_SWAP_OPTIONS_INIT { .size = sizeof(vmmw_swap_options_t) }
 #endif
 C
   printf '"""\n'

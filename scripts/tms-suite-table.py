@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """The side-by-side table of torch_memory_saver's suite (scripts/tms-suite.sh):
-one row per test, the real package's outcome and the shim's, N/A with its
-reason for tests of upstream internals. Exits 1 when a test that passes with
-the real package does not pass with the shim and is not N/A."""
+one row per test, the real package's outcome and the shim's from one run of
+one tree, N/A with its reason (upstream's release tooling, other platforms).
+Exits 1 when a test that passes with the real package does not pass with the
+shim and is not N/A, or when the real package's column is missing."""
 
 import argparse
 import fnmatch
@@ -46,6 +47,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--na", required=True)
     ap.add_argument("--commit", default="")
+    ap.add_argument("--tree", default="", help="the tree both columns ran from")
     ap.add_argument("--real", required=True)
     ap.add_argument("--shim", required=True)
     a = ap.parse_args()
@@ -53,8 +55,9 @@ def main() -> int:
     if not shim:
         print(f"no shim results in {a.shim}", file=sys.stderr)
         return 1
-    print(f"torch_memory_saver suite at {a.commit}: real package vs vmmweights shim\n")
-    print("| test | real package | shim | N/A: tests upstream internals |")
+    print(f"torch_memory_saver suite at {a.commit}: real package vs vmmweights shim, both from one run of "
+          f"{a.tree or 'this tree'}\n")
+    print("| test | real package | shim | N/A: why |")
     print("|---|---|---|---|")
     bad, counts = [], {"real": 0, "shim": 0, "na": 0}
     for tid in sorted(set(real) | set(shim)):
@@ -73,8 +76,8 @@ def main() -> int:
         print(f"FAIL {len(bad)} pass with the real package but not with the shim: {', '.join(bad)}")
         return 1
     if not real:
-        print("SKIP the real package did not run: no column to compare")
-        return 0
+        print("FAIL the real package did not run in this run: no column to compare (carry .tms/wheels)")
+        return 1
     if counts["real"] == 0:
         print("FAIL no test passed with the real package: the run itself is broken (see real.log)")
         return 1

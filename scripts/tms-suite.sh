@@ -10,18 +10,22 @@
 #                                          download the real package's cp312
 #                                          manylinux x86_64 wheel into .tms/wheels
 #                                          (needs PyPI; TMS_VERSION, default 0.0.10)
-#   scripts/tms-suite.sh run [OUT]         run .tms/upstream/test with both (the real
-#                                          column only where .tms/wheels holds the
-#                                          wheel or torch_memory_saver is installed);
-#                                          junit XML and logs into OUT (default
-#                                          .tms/out), the table on stdout
+#   scripts/tms-suite.sh run [OUT]         run .tms/upstream/test with both at once, in
+#                                          one run of this tree (the real column only
+#                                          where .tms/wheels holds the wheel or
+#                                          torch_memory_saver is installed); junit XML
+#                                          and logs into OUT (default .tms/out), the
+#                                          table on stdout
 #
-# The table marks tests of upstream internals as N/A with the reason
-# (scripts/tms-suite-na.txt). `run` exits 1 when a test passing with the real
-# package does not pass with the shim and is not N/A (each column stops after
-# TMS_SUITE_TIMEOUT seconds, 280 by default: then pytest is interrupted and
-# reports the tests it ran). TMS_SUITE_K selects tests by pytest's -k
-# expression in both columns. Needs CUDA and PyTorch.
+# The two columns run at the same time; the tests that measure the whole
+# device's memory (TMS_SUITE_EXCLUSIVE, the list below by default) run one at
+# a time across both (scripts/tms_suite/tms_suite_lock.py). The table marks
+# N/A, with the reason, only tests of upstream's release tooling and of other
+# platforms (scripts/tms-suite-na.txt). `run` exits 1 when a test passing with
+# the real package does not pass with the shim and is not N/A (each column
+# stops after TMS_SUITE_TIMEOUT seconds, 280 by default: then pytest is
+# interrupted and reports the tests it ran). TMS_SUITE_K selects tests by
+# pytest's -k expression in both columns. Needs CUDA and PyTorch.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -64,6 +68,7 @@ run() {
   local out=${1:-$tms/out}
   local suite="$tms/upstream/test"
   [ -d "$suite" ] || { echo "tms-suite: no $suite; run 'scripts/tms-suite.sh prepare SRC REV' first" >&2; exit 2; }
+  rm -rf "$out"
   mkdir -p "$out"
   # The real package: the wheel unpacked into .tms/real (a wheel is a zip), else an installed one.
   local real_path=""
@@ -82,27 +87,45 @@ run() {
   local select=()
   [ -z "${TMS_SUITE_K:-}" ] || select=(-k "$TMS_SUITE_K")
   local base="${PYTHONPATH:-}"
+  # Both columns run at once; the tests that measure the whole device's
+  # memory run one at a time across both (scripts/tms_suite/tms_suite_lock.py).
+  export TMS_SUITE_LOCK="$out/device.lock"
+  export TMS_SUITE_EXCLUSIVE="${TMS_SUITE_EXCLUSIVE:-$exclusive}"
+  local plugin=(-p tms_suite_lock)
+  local started=$SECONDS real_pid=""
+  if [ -n "$real_path" ]; then
+    local pp="$root/scripts/tms_suite${base:+:$base}"
+    [ "$real_path" = installed ] || pp="$real_path:$pp"
+    (cd "$suite" && PYTHONPATH="$pp" "${limit[@]}" python3 -m pytest "${plugin[@]}" "${select[@]}" -v -rA -p no:cacheprovider \
+      --continue-on-collection-errors --junitxml="$out/real.xml" . >"$out/real.log" 2>&1) &
+    real_pid=$!
+  fi
+  (cd "$suite" && PYTHONPATH="$alias_dir:$root/python:$root/scripts/tms_suite${base:+:$base}" "${limit[@]}" \
+    python3 -m pytest "${plugin[@]}" "${select[@]}" -v -rA -p no:cacheprovider --continue-on-collection-errors \
+    --junitxml="$out/shim.xml" . >"$out/shim.log" 2>&1) || true
+  [ -z "$real_pid" ] || wait "$real_pid" || true
+  echo "--- both columns in $((SECONDS - started)) s, one run of this tree ($(head -1 "$root/.gpu/MANIFEST" 2>/dev/null || git -C "$root" rev-parse --short HEAD 2>/dev/null || echo "tree unknown"))"
   if [ -n "$real_path" ]; then
     echo "--- real package ($real_path)"
-    local pp=$base
-    [ "$real_path" = installed ] || pp="$real_path${base:+:$base}"
-    (cd "$suite" && PYTHONPATH="$pp" "${limit[@]}" python3 -m pytest "${select[@]}" -v -rA -p no:cacheprovider --continue-on-collection-errors \
-      --junitxml="$out/real.xml" . >"$out/real.log" 2>&1) || true
     tail -3 "$out/real.log"
   else
     echo "--- real package: not available (no wheel in .tms/wheels, not installed)"
   fi
   echo "--- shim (import torch_memory_saver -> vmmweights.torch.memory_saver)"
-  (cd "$suite" && PYTHONPATH="$alias_dir:$root/python${base:+:$base}" "${limit[@]}" \
-    python3 -m pytest "${select[@]}" -v -rA -p no:cacheprovider --continue-on-collection-errors --junitxml="$out/shim.xml" . >"$out/shim.log" 2>&1) || true
   tail -3 "$out/shim.log"
   sed -n '/short test summary info/,$p' "$out/shim.log" | grep -v '^PASSED' || true
   python3 "$root/scripts/tms-suite-table.py" --na "$root/scripts/tms-suite-na.txt" \
-    --commit "$(cat "$tms/upstream/COMMIT")" --real "$out/real.xml" --shim "$out/shim.xml"
+    --commit "$(cat "$tms/upstream/COMMIT")" --tree "$(head -1 "$root/.gpu/MANIFEST" 2>/dev/null || git -C "$root" rev-parse HEAD 2>/dev/null || echo unknown)" \
+    --real "$out/real.xml" --shim "$out/shim.xml"
 }
+
+# Tests that read the whole device's memory (NVML or cudaMemGetInfo) and so
+# must not run while the other column allocates.
+exclusive="test_examples.py::test_simple*,test_examples.py::test_cuda_graph*,test_examples.py::test_rl_example*"
+exclusive+=",test_examples.py::test_nested_region,test_examples.py::test_training_engine,test_examples.py::test_multi_device*"
 
 case "${1:-}" in
   prepare) shift; prepare "$@" ;;
   run) shift; run "$@" ;;
-  *) sed -n '2,22p' "$0" >&2; exit 2 ;;
+  *) sed -n '2,28p' "$0" >&2; exit 2 ;;
 esac

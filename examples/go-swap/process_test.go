@@ -15,6 +15,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math"
 	"math/rand"
 	"net/http"
 	"os"
@@ -395,7 +396,8 @@ func TestSwapsAmongThreeModels(t *testing.T) {
 		if sw.AlreadyAwake || sw.Model != name || sw.Woke == nil || sw.Woke.Model != name {
 			t.Fatalf("swap %d to %s: %+v", i, name, sw)
 		}
-		if sw.WakeSeconds <= 0 || sw.TotalSeconds < sw.WakeSeconds+sw.SleepSeconds || sw.Woke.PhysicalBytes < sw.ModelBytes {
+		// The sleep and the wake run at once: the swap takes as long as the longer.
+		if sw.WakeSeconds <= 0 || sw.TotalSeconds < math.Max(sw.WakeSeconds, sw.SleepSeconds) || sw.Woke.PhysicalBytes < sw.ModelBytes {
 			t.Fatalf("swap %d to %s: times or mapped bytes wrong: %+v", i, name, sw)
 		}
 		// The woken model's bytes came back from the host backup (offload) or
@@ -665,8 +667,10 @@ func TestWakeOutOfMemoryRollsBack(t *testing.T) {
 	if c != http.StatusInsufficientStorage || e.Code != "VMMW_OUT_OF_MEMORY" || e.Phase != "wake" || e.RolledBack == nil || !*e.RolledBack {
 		t.Fatalf("waking c beyond device memory: HTTP %d %+v", c, e)
 	}
-	if e.Swap == nil || len(e.Swap.Slept) != 1 || e.Swap.Slept[0].Model != "a" {
-		t.Fatalf("the failed swap should have slept a (least recently used): %+v", e.Swap)
+	// The swap was refused before anything moved: the waking model needs
+	// more than the free memory plus what a (the least recently used) holds.
+	if e.Swap == nil || len(e.Swap.Slept) != 0 || !strings.Contains(e.Error, "sleeping tags free") {
+		t.Fatalf("the failed swap should have been refused with nothing slept: %+v %+v", e, e.Swap)
 	}
 	s.checkAwake("a", "b")
 	s.checkBytes("a", sums["a"])

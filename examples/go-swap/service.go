@@ -44,6 +44,8 @@ type Service struct {
 // Flight is the swap running now.
 type Flight struct {
 	Model string `json:"model"`
+	// Phase: "swap" (the sleep and the wake at once), or, while the test
+	// hook holds swaps, "sleep", "paused" and "wake" in turn.
 	Phase string `json:"phase"`
 }
 
@@ -237,32 +239,60 @@ func (s *Service) Activate(name string, wait bool) (*Swap, *APIError) {
 	mark("start")
 	start := time.Now()
 	var slept []*Model
-	for _, v := range victims {
-		t := time.Now()
-		err := m.pool.Sleep(vmmw.TagPolicy{Tag: v.tag, Policy: v.policy})
-		sw.SleepSeconds += time.Since(t).Seconds()
-		if err != nil {
-			return s.fail(sw, libraryError(err, v.cfg.Name, "sleep"), append(slept, v), mark)
-		}
-		s.setState(v, Asleep)
-		slept = append(slept, v)
-		if c, ok := s.lastCycle(m.pool, v); ok {
-			sw.Slept = append(sw.Slept, c)
-			sw.SleepBytes += c.CopiedBytes
-		}
-	}
-	mark(fmt.Sprintf("%d asleep", len(slept)))
-
 	if pause != nil {
+		// The test hook holds the swap between its halves, which then run
+		// one after the other.
+		for _, v := range victims {
+			t := time.Now()
+			err := m.pool.Sleep(vmmw.TagPolicy{Tag: v.tag, Policy: v.policy})
+			sw.SleepSeconds += time.Since(t).Seconds()
+			if err != nil {
+				return s.fail(sw, libraryError(err, v.cfg.Name, "sleep"), append(slept, v), mark)
+			}
+			s.setState(v, Asleep)
+			slept = append(slept, v)
+			s.noteSlept(sw, m.pool, v)
+		}
+		mark(fmt.Sprintf("%d asleep", len(slept)))
 		s.setPhase("paused")
 		<-pause
-	}
-	s.setPhase("wake")
-	t := time.Now()
-	err := m.pool.Wake(context.Background(), m.tag)
-	sw.WakeSeconds = time.Since(t).Seconds()
-	if err != nil {
-		return s.fail(sw, libraryError(err, name, "wake"), slept, mark)
+		s.setPhase("wake")
+		t := time.Now()
+		err := m.pool.Wake(context.Background(), m.tag)
+		sw.WakeSeconds = time.Since(t).Seconds()
+		if err != nil {
+			return s.fail(sw, libraryError(err, name, "wake"), slept, mark)
+		}
+	} else {
+		// One library swap: the victims' copies out and m's copies in share
+		// the link's two directions, and m's memory is mapped as theirs is
+		// released, so the swap costs about one model's link time.
+		items := make([]vmmw.TagPolicy, len(victims))
+		for i, v := range victims {
+			items[i] = vmmw.TagPolicy{Tag: v.tag, Policy: v.policy}
+		}
+		s.setPhase("swap")
+		r, err := m.pool.Swap(context.Background(), items, []vmmw.Tag{m.tag}, vmmw.SwapOptions{})
+		sw.SleepSeconds, sw.WakeSeconds = r.SleepSeconds, r.WakeSeconds
+		for _, v := range victims[:r.SleptTags] {
+			s.setState(v, Asleep)
+			slept = append(slept, v)
+			s.noteSlept(sw, m.pool, v)
+		}
+		mark(fmt.Sprintf("%d asleep", len(slept)))
+		if err != nil && r.SleepStatus != vmmw.StatusOK {
+			// All or nothing: m goes back to sleep if it woke, the
+			// victims slept (and the one that failed) wake again.
+			if r.WakeStatus == vmmw.StatusOK && r.WokenTags == 1 {
+				if serr := m.pool.Sleep(vmmw.TagPolicy{Tag: m.tag, Policy: m.policy}); serr != nil {
+					s.setState(m, s.stateFromLibrary(m))
+				}
+			}
+			return s.fail(sw, libraryError(err, victims[r.SleptTags].cfg.Name, "sleep"), append(slept, victims[r.SleptTags]), mark)
+		}
+		if err != nil {
+			return s.fail(sw, libraryError(err, name, "wake"), slept, mark)
+		}
 	}
 	if c, ok := s.lastCycle(m.pool, m); ok {
 		sw.Woke = &c
@@ -278,6 +308,14 @@ func (s *Service) Activate(name string, wait bool) (*Swap, *APIError) {
 	s.record(sw)
 	s.stateMu.Unlock()
 	return sw, nil
+}
+
+// noteSlept records v's sleep cycle in sw (from the pool's last cycle).
+func (s *Service) noteSlept(sw *Swap, pool *vmmw.Pool, v *Model) {
+	if c, ok := s.lastCycle(pool, v); ok {
+		sw.Slept = append(sw.Slept, c)
+		sw.SleepBytes += c.CopiedBytes
+	}
 }
 
 // victims are the awake models of m's device to put to sleep so that m fits

@@ -23,7 +23,8 @@
 //! - `alloc.rs`: what each entry point does; `served.rs`: the control
 //!   socket and the object it serves; `inproc.rs`: the calls from inside;
 //! - `entry.rs`: the CUDA entry points; `api.rs`: the `vmmw_preload_*` C
-//!   functions. These two hold the only exported symbols.
+//!   functions; `tms.rs`: torch_memory_saver's `tms_*` C functions, a thin
+//!   layer over `inproc.rs`. These three hold the only exported symbols.
 
 #![deny(unsafe_op_in_unsafe_fn)]
 
@@ -40,3 +41,4 @@ mod say;
 mod served;
 mod state;
 mod thread;
+pub mod tms;

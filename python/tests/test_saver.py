@@ -124,6 +124,11 @@ def test_backup_is_released_after_resume_and_kept_with_retain(saver):
     saver.core.resume()
     assert saver.backup_bytes() == 0, "upstream's default: no host backup left after resume"
     assert saver.pools[0].read(ptr, 2) == b"WW"
+    # The pinned memory under it stays for the next pause (no pinning again).
+    saver.core.pause()
+    saver.core.resume()
+    assert saver.backup_bytes() == 0
+    assert saver.pools[0].release_backup() >= 4 * MiB, "a releasing resume keeps the pinned arena"
 
     saver.core.retain_cpu_backup = True
     saver.core.pause()
@@ -338,3 +343,126 @@ def test_a_disk_backup_that_cannot_be_written_changes_nothing(saver, tmp_path):
     assert not any(saver.asleep().values()), "nothing sleeps when the copy to disk fails"
     assert saver.pools[0].read(ptr, 2) == b"DD"
     assert blocker.read_bytes() == b""
+
+
+def test_an_mmap_region_gives_its_host_memory_back_at_every_resume(saver):
+    """torch_memory_saver's "mmap" backend: the host memory is reclaimed at
+    a releasing resume (upstream's RSS test); "cpu" keeps the pinned arena."""
+    m = saver.alloc("weights", "mmap", 4 * MiB, b"m")
+    assert saver.core.region_tag(0, "weights", "mmap") == "tms:weights/mmap"
+    for _ in range(2):
+        saver.core.pause()
+        assert saver.backup_bytes() >= 4 * MiB
+        saver.core.resume()
+        assert saver.pools[0].read(m, 2) == b"mm"
+        assert saver.backup_bytes() == 0
+        assert saver.pools[0].release_backup() == 0, "nothing left pinned after an mmap tag's resume"
+    saver.core.retain_cpu_backup = True
+    saver.core.pause()
+    saver.core.resume()
+    assert saver.backup_bytes() >= 4 * MiB, "retained: the backup stays, mmap or not"
+
+
+def test_drop_backups_releases_only_the_named_awake_tags(saver):
+    pool = saver.pools[0]
+    a = saver.alloc("a", "cpu", 2 * MiB, b"a")
+    saver.alloc("b", "cpu", 2 * MiB, b"b")
+    saver.core.retain_cpu_backup = True
+    saver.core.pause()
+    saver.core.resume()
+    per_tag = {t["tag"]: t["host_backup_bytes"] for t in pool.report()["tags"]}
+    assert per_tag["tms:a/cpu"] >= 2 * MiB and per_tag["tms:b/cpu"] >= 2 * MiB
+    assert pool.drop_backups("tms:a/cpu") == 0, "kept pinned: nothing unpinned"
+    per_tag = {t["tag"]: t["host_backup_bytes"] for t in pool.report()["tags"]}
+    assert per_tag.get("tms:a/cpu", 0) == 0 and per_tag["tms:b/cpu"] >= 2 * MiB
+    saver.core.pause("b")
+    assert pool.drop_backups("tms:b/cpu", unpin=True) >= 0
+    per_tag = {t["tag"]: t["host_backup_bytes"] for t in pool.report()["tags"]}
+    assert per_tag["tms:b/cpu"] >= 2 * MiB, "an asleep tag keeps its backup"
+    saver.core.resume("b")
+    assert pool.read(a, 2) == b"aa"
+    with pytest.raises(vw.VmmwError, match="VMMW_INVALID_ARGUMENT|VMMW_UNKNOWN_TAG"):
+        pool.drop_backups("x" * 80)
+    assert pool.drop_backups() == 0
+
+
+def test_region_settings_start_from_the_environment_and_nest_per_thread():
+    """What upstream's C library reports per thread (its tests read it):
+    the start from TMS_INIT_*, a region's settings inside it, restored after."""
+    import threading
+
+    from vmmweights.saver import RegionConfigs
+
+    cfg = RegionConfigs(start_plan({"TMS_INIT_ENABLE": "1", "TMS_INIT_ENABLE_CPU_BACKUP": "1"}))
+    c = cfg.current()
+    assert (c.tag, c.interesting, c.cpu_backup, c.backend, c.disk_backup, c.kind) == (
+        "default", True, True, "pinned", False, "cpu")
+    with cfg.entered("grad", False, None, False) as inner:
+        assert (inner.tag, inner.interesting, inner.cpu_backup, inner.backend, inner.kind) == (
+            "grad", True, False, "pinned", "none")
+        with cfg.entered("w", True, "mmap", False) as deeper:
+            assert (deeper.backend, deeper.kind) == ("mmap", "mmap")
+        assert cfg.current() == inner
+        seen = []
+        t = threading.Thread(target=lambda: seen.append(cfg.current()))
+        t.start()
+        t.join()
+        assert seen == [c], "another thread keeps its own settings"
+    assert cfg.current() == c
+
+    plain = RegionConfigs(start_plan({"TMS_INIT_CPU_BACKUP_BACKEND": "mmap"}))
+    assert (plain.current().interesting, plain.current().backend) == (False, "mmap")
+    with plain.entered("w", True, None, False) as r:
+        assert r.kind == "mmap", "a CPU backup takes the thread's backend when the region names none"
+    with plain.entered("d", False, None, True) as r:
+        assert r.kind == "disk"
+    plain.set(interesting=True)
+    assert plain.current().interesting
+    assert start_plan({"TMS_INIT_ENABLE": "1", "TMS_INIT_ENABLE_CPU_BACKUP": "1",
+                       "TMS_INIT_CPU_BACKUP_BACKEND": "mmap"}).init_kind == "mmap"
+
+
+def test_the_preload_mode_puts_the_interposer_first_on_ld_preload_and_restores(monkeypatch):
+    """torch_memory_saver's configure_subprocess: the interposer first on
+    LD_PRELOAD, what was there kept after it, restored after the block;
+    without an interposer the children route through our allocator."""
+    from vmmweights.saver import preloaded_subprocess
+
+    monkeypatch.delenv("LD_PRELOAD", raising=False)
+    monkeypatch.delenv(ROUTE_ENV, raising=False)
+    with preloaded_subprocess(lambda: "/x/libhook.so") as lib:
+        assert lib == "/x/libhook.so" and os.environ["LD_PRELOAD"] == "/x/libhook.so"
+    assert "LD_PRELOAD" not in os.environ
+    monkeypatch.setenv("LD_PRELOAD", "/other.so")
+    with preloaded_subprocess(lambda: "/x/libhook.so"):
+        assert os.environ["LD_PRELOAD"].split(":") == ["/x/libhook.so", "/other.so"]
+    assert os.environ["LD_PRELOAD"] == "/other.so"
+
+    def none():
+        raise RuntimeError("no interposer here")
+
+    with preloaded_subprocess(none) as lib:
+        assert lib is None and os.environ[ROUTE_ENV] == "1" and os.environ["LD_PRELOAD"] == "/other.so"
+    assert ROUTE_ENV not in os.environ
+
+
+def test_the_interposer_is_found_by_the_gpu_runtimes_name(tmp_path):
+    from types import SimpleNamespace
+
+    from vmmweights.saver import binary_in_package
+
+    pkg = tmp_path / "torch_memory_saver"
+    pkg.mkdir()
+    cuda12 = SimpleNamespace(version=SimpleNamespace(cuda="12.9", hip=None))
+    rocm = SimpleNamespace(version=SimpleNamespace(cuda=None, hip="7.2.0"))
+    (tmp_path / "hook_cu12.abi3.so").touch()
+    (tmp_path / "hook.abi3.so").touch()
+    assert binary_in_package(str(pkg), "hook", cuda12) == str(tmp_path / "hook_cu12.abi3.so")
+    assert binary_in_package(str(pkg), "hook", rocm) == str(tmp_path / "hook.abi3.so")
+    (pkg / "hook_cu12.abi3.so").touch()
+    assert binary_in_package(str(pkg), "hook", cuda12) == str(pkg / "hook_cu12.abi3.so"), "the package's own first"
+    with pytest.raises(RuntimeError, match="_cu13"):
+        binary_in_package(str(pkg), "hook", SimpleNamespace(version=SimpleNamespace(cuda="13.0", hip=None)))
+    (pkg / "hook_cu12.x.so").touch()
+    with pytest.raises(RuntimeError, match="exactly one"):
+        binary_in_package(str(pkg), "hook", cuda12)

@@ -266,3 +266,118 @@ def test_nested_region_under_init_enable_keeps_the_outer_tag_after_it():
     assert out["inside"] == "tms:grad_buffer/none" and out["after"] == "tms:default/cpu"
     assert out["paused"] == {"tms:default/cpu": True, "tms:grad_buffer/none": True}
     assert out["bytes"] == "WWWWWWWW" and out["backup_left"] == 0
+
+
+def test_upstreams_private_names_report_the_shims_own_state():
+    """What upstream's suite reads through torch_memory_saver._impl: the
+    per-thread region settings (TMS_INIT_* at the start, a region's inside
+    it, restored after), a region's MemPool popped by upstream's key, and
+    pause/resume through the C names."""
+    out = run_child(
+        """
+        torch.xpu.is_available.return_value = False
+        torch.version.hip = None
+        cdll = tms._impl._binary_wrapper.cdll
+        start = [cdll.tms_get_interesting_region(), cdll.tms_get_enable_cpu_backup(),
+                 cdll.tms_get_current_tag().decode(), cdll.tms_get_cpu_backup_backend().decode()]
+        out["start"] = start
+        with tms.region(tag="grad", enable_cpu_backup=False):
+            out["grad"] = [cdll.tms_get_interesting_region(), cdll.tms_get_enable_cpu_backup(),
+                           cdll.tms_get_current_tag().decode(), cdll.tms_get_cpu_backup_backend().decode()]
+        with tms.region(enable_cpu_backup=True, cpu_backup_backend="mmap"):
+            out["mmap"] = [cdll.tms_get_cpu_backup_backend().decode()]
+            import vmmweights.tags as tags
+            out["mmap_tag"] = tags.current()
+        out["after"] = [cdll.tms_get_current_tag().decode(), cdll.tms_get_cpu_backup_backend().decode()]
+        with tms._impl._with_region_config(tag="t", enable_cpu_backup=True, cpu_backup_backend="pinned"):
+            out["config_only"] = [cdll.tms_get_current_tag().decode(), cdll.tms_get_enable_cpu_backup()]
+        mp = tms._impl._mem_pools[("w", True, False, "pinned", 0)]
+        out["same_pool"] = mp is vt.mem_pool("tms:w/cpu", 0)
+        out["popped"] = tms._impl._mem_pools.pop(("w", True, False, "pinned", 0)) is mp
+        out["fresh_after_pop"] = (0, "tms:w/cpu") not in vt._pools
+        try:
+            tms._impl._mem_pools.pop(("nothing", False, False, "", 0))
+        except KeyError:
+            out["missing"] = True
+        out["retain"] = [cdll.tms_get_retain_cpu_backup()]
+        cdll.tms_set_retain_cpu_backup(True)
+        out["retain"].append(tms.retain_cpu_backup)
+        with tms.region(tag="w", enable_cpu_backup=True):
+            p = torch_malloc(1 << 20)
+        vt.pool().write(p, b"W" * 8)
+        out["pause"] = cdll.tms_pause(b"w")
+        out["paused"] = report()["tms:w/cpu"]
+        out["resume"] = cdll.tms_resume(None)
+        out["back"] = vt.pool().read(p, 8).decode()
+        """,
+        TMS_INIT_ENABLE="1", TMS_INIT_ENABLE_CPU_BACKUP="1",
+    )
+    assert out["start"] == [True, True, "default", "pinned"]
+    assert out["grad"] == [True, False, "grad", "pinned"]
+    assert out["mmap"][0] == "mmap" and out["mmap_tag"] == "tms:default/mmap"
+    assert out["after"] == ["default", "pinned"]
+    assert out["config_only"] == ["t", True]
+    assert out["same_pool"] and out["popped"] and out["fresh_after_pop"] and out["missing"]
+    assert out["retain"] == [False, True]
+    assert (out["pause"], out["paused"], out["resume"], out["back"]) == (0, True, 0, "WWWWWWWW")
+
+
+def test_a_releasing_resume_keeps_the_pinned_memory_and_mmap_gives_it_back():
+    out = run_child(
+        """
+        torch.xpu.is_available.return_value = False
+        torch.version.hip = None
+        with tms.region(tag="w", enable_cpu_backup=True):
+            p = torch_malloc(4 << 20)
+        vt.pool().write(p, b"P" * 8)
+        tms.pause()
+        tms.resume()
+        out["pinned_kept"] = vt.pool().release_backup()
+        with tms.region(tag="m", enable_cpu_backup=True, cpu_backup_backend="mmap"):
+            q = torch_malloc(4 << 20)
+        tms.pause()
+        tms.resume()
+        out["mmap_left"] = vt.pool().release_backup()
+        out["back"] = vt.pool().read(p, 8).decode()
+        """
+    )
+    assert out["pinned_kept"] >= 4 << 20, "the default keeps the arena for the next pause"
+    assert out["mmap_left"] == 0, "an mmap region's resume unpins what holds nothing"
+    assert out["back"] == "PPPPPPPP"
+
+
+def test_cumem_keep_tags_and_discard_as_vllm_has_them():
+    out = run_child(
+        """
+        from vmmweights.torch.cumem import CuMemAllocator
+        a = CuMemAllocator.get_instance()
+        with a.use_memory_pool(tag="weights"):
+            w = torch_malloc(1 << 20)
+        with a.use_memory_pool(tag="kv_cache"):
+            kv = torch_malloc(1 << 20)
+        vt.pool().write(w, b"W" * 4)
+        vt.pool().write(kv, b"K" * 4)
+        a.sleep(offload_tags=("weights",), keep_tags=("kv_cache",))
+        out["kept"] = report()
+        out["kv"] = vt.pool().read(kv, 4).decode()
+        a.sleep(offload_tags=("kv_cache",))
+        out["both"] = report()
+        a.wake_up()
+        out["back"] = vt.pool().read(w, 4).decode() + vt.pool().read(kv, 4).decode()
+        try:
+            a.sleep(offload_tags=("weights",), keep_tags=("weights",))
+        except AssertionError:
+            out["disjoint"] = True
+        a.discard("kv_cache")
+        out["discarded"] = report()
+        a.wake_up()
+        out["woke"] = report()
+        """
+    )
+    assert out["kept"] == {"cumem:weights": True, "cumem:kv_cache": False}
+    assert out["kv"] == "KKKK"
+    assert out["both"] == {"cumem:weights": True, "cumem:kv_cache": True}
+    assert out["back"] == "WWWWKKKK"
+    assert out["disjoint"]
+    assert out["discarded"] == {"cumem:weights": False, "cumem:kv_cache": True}
+    assert out["woke"] == {"cumem:weights": False, "cumem:kv_cache": False}

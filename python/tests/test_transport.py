@@ -47,9 +47,10 @@ def loaded(pool, tmp_path):
     ld.close()
 
 
-def sender(path: str, die: bool, direct: bool = False, rounds: int = 1) -> subprocess.Popen:
+def sender(path: str, die: bool, direct: bool = False, rounds: int = 1, offer: bool = False) -> subprocess.Popen:
     """A sender in a child Python: host tensors through the ring, or
-    (`direct`) tensors in its pool sent directly, `rounds` times."""
+    (`direct`) tensors in its pool sent directly, `rounds` times (`offer`:
+    offered first)."""
     script = textwrap.dedent(f"""
         import ctypes, os, sys
         sys.path.insert(0, {HERE!r})
@@ -69,6 +70,9 @@ def sender(path: str, die: bool, direct: bool = False, rounds: int = 1) -> subpr
             print("ready", flush=True)
             if {die!r}:
                 os._exit(3)
+            if {offer!r}:
+                r = tx.offer_direct(src)
+                print(f"offered {{r.version}}", flush=True)
             for _ in range({rounds!r}):
                 r = tx.send_direct(src) if {direct!r} else tx.send(src)
                 print(f"sent {{r.version}} {{r.buckets}}", flush=True)
@@ -127,6 +131,27 @@ def test_a_receiver_keeps_direct_imports_across_updates(pool, loaded, tmp_path):
         rx.drop_imports()
     with pytest.raises(ValueError):
         rx.stats()
+
+
+def test_a_receiver_that_takes_the_offer_attaches_nothing_at_the_first_update(pool, loaded, tmp_path):
+    ld, want = loaded
+    path = str(tmp_path / "offer.sock")
+    p = sender(path, die=False, direct=True, rounds=2, offer=True)
+    assert p.stdout is not None
+    with vw.transport.Receiver(pool, path, timeout_ms=20000) as rx:
+        before = contents(pool, ld)
+        v = pool.tag_version("py-transport")
+        s = rx.prepare(ld, pool, v)
+        assert (s.attached, s.reused, s.kept_imports) == (1, 0, 1), s
+        assert contents(pool, ld) == before and pool.tag_version("py-transport") == v, "nothing written"
+        assert p.stdout.readline().strip() == "offered 0"
+        for round in range(2):
+            v = pool.tag_version("py-transport")
+            r = rx.receive(ld, pool, v)
+            assert r.version == v + 1 and contents(pool, ld) == want
+            assert (rx.stats().attached, rx.stats().reused) == (0, 1), rx.stats()
+            assert p.stdout.readline().strip() == f"sent {v + 1} 0"
+    p.wait(timeout=30)
 
 
 def test_a_dead_sender_changes_nothing(pool, loaded, tmp_path):

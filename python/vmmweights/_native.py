@@ -135,6 +135,11 @@ _SIGNATURES: dict[str, tuple[Any, list[Any], bool]] = {
                                       ctypes.POINTER(ctypes.c_uint32)], True),
     "vmmw_pool_sleep": (_I32, [_P, ctypes.POINTER(S.TagPolicy), ctypes.c_size_t], True),
     "vmmw_pool_wake": (_I32, [_P, ctypes.POINTER(ctypes.c_uint32), ctypes.c_size_t], True),
+    "vmmw_pool_wake_with": (_I32, [_P, ctypes.POINTER(ctypes.c_uint32), ctypes.c_size_t,
+                                   ctypes.POINTER(S.WakeOptions)], True),
+    "vmmw_pool_swap": (_I32, [_P, ctypes.POINTER(S.TagPolicy), ctypes.c_size_t,
+                              ctypes.POINTER(ctypes.c_uint32), ctypes.c_size_t,
+                              ctypes.POINTER(S.SwapOptions), ctypes.POINTER(S.SwapResult)], True),
     "vmmw_pool_reserve_backup": (_I32, [_P, ctypes.c_uint64], True),
     "vmmw_pool_release_backup": (_I32, [_P, _U64P], True),
     "vmmw_pool_set_sleep_options": (_I32, [_P, ctypes.POINTER(S.SleepOptions)], True),
@@ -292,6 +297,12 @@ _SIGNATURES: dict[str, tuple[Any, list[Any], bool]] = {
     "vmmw_metadata_bool": (_I32, [_P, ctypes.c_size_t, _SZP, ctypes.c_size_t, ctypes.POINTER(ctypes.c_uint8)], True),
     "vmmw_metadata_string": (_I32, [_P, ctypes.c_size_t, _SZP, ctypes.c_size_t, *_BUF], True),
     "vmmw_ggml_type": (_I32, [ctypes.c_char_p, ctypes.POINTER(ctypes.c_uint32), _SZP, _SZP], True),
+    # An IPC sender's tensors offered ahead of the first update, and the receiver taking them.
+    "vmmw_update_sender_offer_direct": (_I32, [_P, _P, ctypes.c_uint32, ctypes.POINTER(S.SendReport)], True),
+    "vmmw_update_receiver_prepare": (_I32, [_P, _P, _P, ctypes.POINTER(S.UpdateOptions)], True),
+    # Backups a wake kept, dropped per tag (the memory savers' resume).
+    "vmmw_pool_drop_backups": (
+        _I32, [_P, ctypes.POINTER(ctypes.c_uint32), ctypes.c_size_t, ctypes.c_uint32, _U64P], True),
 }
 
 

@@ -276,6 +276,36 @@ class ControlResult(ctypes.Structure):
     ]
 
 
+class WakeOptions(_Sized):
+    """vmmw_wake_options_t"""
+
+    _fields_ = [("size", ctypes.c_size_t), ("wait_memory_ms", u64)]
+
+
+class SwapOptions(_Sized):
+    """vmmw_swap_options_t"""
+
+    _fields_ = [("size", ctypes.c_size_t), ("wait_memory_ms", u64)]
+
+
+class SwapResult(ctypes.Structure):
+    """vmmw_swap_result_t"""
+
+    _fields_ = [
+        ("sleep_status", i32),
+        ("wake_status", i32),
+        ("slept_tags", u64),
+        ("woken_tags", u64),
+        ("released_bytes", u64),
+        ("mapped_bytes", u64),
+        ("copied_out_bytes", u64),
+        ("copied_in_bytes", u64),
+        ("sleep_seconds", ctypes.c_double),
+        ("wake_seconds", ctypes.c_double),
+        ("seconds", ctypes.c_double),
+    ]
+
+
 ALL = {
     "vmmw_load_options_t": LoadOptions,
     "vmmw_destination_t": Destination,
@@ -296,6 +326,9 @@ ALL = {
     "vmmw_send_report_t": SendReport,
     "vmmw_receive_stats_t": ReceiveStats,
     "vmmw_control_result_t": ControlResult,
+    "vmmw_wake_options_t": WakeOptions,
+    "vmmw_swap_options_t": SwapOptions,
+    "vmmw_swap_result_t": SwapResult,
 }
 
 PROGRESS_FN = ctypes.CFUNCTYPE(i32, u64, u64, ctypes.c_void_p)

@@ -5,10 +5,10 @@ from __future__ import annotations
 import ctypes
 import json
 import threading
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from . import _structs as S
-from ._native import call, call_text, function
+from ._native import VmmwError, call, call_text, function
 from .report import table
 from .tags import tag_id, tag_name
 
@@ -283,14 +283,59 @@ class Pool:
         call("vmmw_pool_sleep", self.handle, arr, ctypes.c_size_t(len(items)))
         return self.last_cycle()
 
-    def wake(self, *tags: str) -> List[Dict[str, Any]]:
+    def wake(self, *tags: str, wait_memory_s: float = 0.0) -> List[Dict[str, Any]]:
         """Bring the listed tags back (every sleeping tag when none is named)
         at the same addresses: offloaded and reloaded bytes as they were,
         discarded ones undefined. Checks free device memory first; each tag's
-        wake is all or nothing. Returns what was done per tag."""
+        wake is all or nothing. Returns what was done per tag.
+
+        ``wait_memory_s`` > 0: instead of failing at once when free device
+        memory is short, map each chunk as the device has room, waiting up to
+        that many seconds for memory another process or pool releases (one
+        process puts its model to sleep while another wakes its own); then
+        fail with ``VMMW_OUT_OF_MEMORY`` naming the tag, which stays asleep
+        with its backup (``vmmw_pool_wake_with``)."""
         ids = (ctypes.c_uint32 * max(len(tags), 1))(*[tag_id(t) for t in tags])
-        call("vmmw_pool_wake", self.handle, ids, ctypes.c_size_t(len(tags)))
+        if wait_memory_s:
+            opts = S.WakeOptions(wait_memory_ms=_millis(wait_memory_s))
+            call("vmmw_pool_wake_with", self.handle, ids, ctypes.c_size_t(len(tags)), ctypes.byref(opts))
+        else:
+            call("vmmw_pool_wake", self.handle, ids, ctypes.c_size_t(len(tags)))
         return self.last_cycle()
+
+    def swap(
+        self, sleep: Mapping[str, str], wake: Sequence[str], *, wait_memory_s: float = 0.0
+    ) -> Dict[str, Any]:
+        """Put the tags of ``sleep`` (tag -> policy) to sleep and wake those of
+        ``wake``, at once: the sleep's device-to-host copies and the wake's
+        host-to-device copies share the link's two directions, and each chunk
+        of the waking tags is mapped as soon as the sleeping ones free room,
+        so a swap takes about the link time of the larger side
+        (``vmmw_pool_swap``). ``wait_memory_s``: how long the wake may still
+        wait for memory from elsewhere once the sleep has ended.
+
+        Returns the swap's result (each side's status, tags, bytes, seconds)
+        with ``"tags"``, what was done per tag. A refusal (unknown tag, a tag
+        twice or in both lists, a sleeping tag a load writes into, too little
+        memory without a wait) raises ``VmmwError`` with nothing changed; a
+        side that failed raises ``VmmwError`` whose ``swap_result`` tells both
+        sides (a waking tag that failed stays asleep with its backup)."""
+        codes = [_policy(tag, policy) for tag, policy in sleep.items()]
+        items = (S.TagPolicy * max(len(codes), 1))()
+        for i, (tag, code) in enumerate(zip(sleep, codes)):
+            items[i].policy = code
+            items[i].tag = tag_id(tag)
+        ids = (ctypes.c_uint32 * max(len(wake), 1))(*[tag_id(t) for t in wake])
+        opts = S.SwapOptions(wait_memory_ms=_millis(wait_memory_s))
+        res = S.SwapResult(sleep_status=-1)
+        try:
+            call("vmmw_pool_swap", self.handle, items, ctypes.c_size_t(len(codes)), ids,
+                 ctypes.c_size_t(len(wake)), ctypes.byref(opts), ctypes.byref(res))
+        except VmmwError as e:
+            if res.sleep_status != -1:
+                e.swap_result = dict(_fields(res), tags=self.last_cycle())  # type: ignore[attr-defined]
+            raise
+        return dict(_fields(res), tags=self.last_cycle())
 
     def forget_reload(self, tag: str) -> None:
         """Drop what loads registered to restore `tag` from: a tag asleep with
@@ -314,6 +359,18 @@ class Pool:
         """Unpin backup memory holding no sleeping tag's bytes; bytes unpinned."""
         out = ctypes.c_uint64()
         call("vmmw_pool_release_backup", self.handle, ctypes.byref(out))
+        return out.value
+
+    def drop_backups(self, *tags: str, unpin: bool = False) -> int:
+        """Drop the host backups `tags` kept after their last wake: their
+        pinned memory stays in the backup arena for the next sleep of any
+        tag (no cost to pin again), unless `unpin`, which also unpins every
+        slab holding no asleep tag's bytes. Asleep tags keep theirs. Returns
+        the bytes unpinned."""
+        ids = (ctypes.c_uint32 * len(tags))(*(tag_id(t) for t in tags))
+        out = ctypes.c_uint64()
+        call("vmmw_pool_drop_backups", self.handle, ids, ctypes.c_size_t(len(tags)),
+             ctypes.c_uint32(1 if unpin else 0), ctypes.byref(out))
         return out.value
 
     def set_sleep_options(self, **options: int) -> None:
@@ -358,3 +415,15 @@ class Pool:
     def timeline(self) -> Dict[str, Any]:
         """Every snapshot so far."""
         return _json_object(call_text("vmmw_pool_timeline_json", self.handle))
+
+
+def _millis(seconds: float) -> int:
+    """A wait in seconds as whole milliseconds, rounded up; negative is refused."""
+    if seconds < 0:
+        raise ValueError(f"a wait for memory of {seconds} s: must be 0 or more")
+    return int(-(-seconds * 1000 // 1))
+
+
+def _fields(res: ctypes.Structure) -> Dict[str, Any]:
+    """A result struct's fields as a dict."""
+    return {f[0]: getattr(res, f[0]) for f in res._fields_}

@@ -27,9 +27,13 @@ from .tags import tag_id
 
 #: How a torch_memory_saver region keeps its bytes over a pause, and the pool
 #: policy behind it: "cpu" (``enable_cpu_backup``) offloads to pinned host
-#: memory; "disk" (``enable_disk_backup``) copies to a file, then discards;
-#: "none" discards.
-KIND_POLICY = {"none": "discard", "cpu": "offload", "disk": "discard"}
+#: memory; "mmap" (``enable_cpu_backup`` with ``cpu_backup_backend="mmap"``)
+#: too, its host memory given back at every releasing resume; "disk"
+#: (``enable_disk_backup``) copies to a file, then discards; "none" discards.
+KIND_POLICY = {"none": "discard", "cpu": "offload", "mmap": "offload", "disk": "discard"}
+
+#: The kinds whose bytes a pause keeps in host memory.
+HOST_KINDS = ("cpu", "mmap")
 
 #: Bytes copied per step between a disk backup file and device memory.
 DISK_PIECE_BYTES = 64 << 20
@@ -187,10 +191,21 @@ class DiskBackup:
 
 class SaverCore:
     """torch_memory_saver's pause/resume over our pools, for the tags a shim
-    created: pause offloads "cpu" tags, copies "disk" tags to files and
-    discards the rest; resume wakes only the shim's own sleeping tags, restores
-    disk copies, and (unless :attr:`retain_cpu_backup`) releases the host
-    backup, as torch_memory_saver does.
+    created: pause offloads "cpu" and "mmap" tags, copies "disk" tags to
+    files and discards the rest; resume wakes only the shim's own sleeping
+    tags, restores disk copies, and (unless :attr:`retain_cpu_backup`)
+    releases the host backups of the tags it woke, as torch_memory_saver
+    does.
+
+    What a releasing resume gives back: the backups (nothing of them is
+    readable afterwards), not the pinned memory under "cpu" tags' backups,
+    which stays in the pool's backup arena so the next pause copies at the
+    link's rate without pinning again (torch_memory_saver allocates and
+    pins at every pause). "mmap" tags (torch_memory_saver's reclaimable
+    backend) also unpin every backup slab left holding nothing, so the
+    process's host memory drops at each resume, at the cost of pinning
+    again at the next pause. Memory freed while it holds a backup gives
+    that backup's pinned memory back at once.
 
     `pool_of(device)` gives the pool of a device; `ranges(device, pool_tag)`
     the device ranges a disk-backed tag holds (from PyTorch's memory pools in
@@ -282,9 +297,76 @@ class SaverCore:
                 if self.synchronize is not None:
                     self.synchronize(dev)
                 if not self.retain_cpu_backup:
-                    pool.release_backup()
+                    woke = held(pool, names)
+                    kept = [n for n in asleep if self.kind_of(n) in HOST_KINDS and not woke.get(n, True)]
+                    if kept:
+                        pool.drop_backups(*kept, unpin=any(self.kind_of(n) == "mmap" for n in kept))
                 done[dev] = asleep
             return done
+
+
+# --- the per-thread region settings -----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RegionConfig:
+    """What a torch_memory_saver region sets for the allocations a thread
+    makes inside it, as upstream's C library keeps it per thread: the tag,
+    whether allocations are pauseable at all ("interesting"), and how they
+    keep their bytes."""
+
+    tag: str
+    interesting: bool
+    cpu_backup: bool
+    backend: str  # "pinned" or "mmap": the host memory a CPU backup lives in
+    disk_backup: bool
+
+    @property
+    def kind(self) -> str:
+        """The backup kind of the pool tag these settings allocate under."""
+        if self.cpu_backup:
+            return "mmap" if self.backend == "mmap" else "cpu"
+        return "disk" if self.disk_backup else "none"
+
+
+class RegionConfigs:
+    """Each thread's current :class:`RegionConfig`, starting from the
+    process's start plan (``TMS_INIT_ENABLE`` makes every allocation
+    pauseable, ``TMS_INIT_ENABLE_CPU_BACKUP`` backs it up,
+    ``TMS_INIT_CPU_BACKUP_BACKEND`` names the backend), changed for the
+    length of a region by :meth:`entered`."""
+
+    def __init__(self, plan: "StartPlan") -> None:
+        self._start = RegionConfig(
+            tag="default",
+            interesting=plan.init_tag is not None,
+            cpu_backup=plan.init_kind in HOST_KINDS,
+            backend=plan.cpu_backup_backend,
+            disk_backup=plan.init_kind == "disk",
+        )
+        self._local = threading.local()
+
+    def current(self) -> RegionConfig:
+        return getattr(self._local, "config", self._start)
+
+    def set(self, **changes: object) -> None:
+        """Change this thread's settings from now on (what upstream's
+        ``tms_set_*`` calls do)."""
+        import dataclasses
+
+        self._local.config = dataclasses.replace(self.current(), **changes)  # type: ignore[arg-type]
+
+    @contextlib.contextmanager
+    def entered(self, tag: str, cpu_backup: bool, backend: Optional[str], disk_backup: bool) -> Iterator[RegionConfig]:
+        """This thread's settings for a region of `tag` inside the block (the
+        backend unchanged when `backend` is None), restored after it."""
+        old = self.current()
+        self.set(tag=tag, interesting=True, cpu_backup=cpu_backup, backend=backend or old.backend,
+                 disk_backup=disk_backup)
+        try:
+            yield self.current()
+        finally:
+            self._local.config = old
 
 
 # --- the start: routing the process's allocations -------------------------------------------
@@ -303,8 +385,8 @@ class StartPlan:
     route_all: bool  # the preload hook mode (with init_tag: allocations outside regions are ours)
     hook_mode: str  # "preload" when routed, else "torch"
     init_tag: Optional[str]  # the tag allocations outside any region get (TMS_INIT_ENABLE)
-    init_kind: str  # how that tag keeps its bytes: "cpu", "disk" or "none"
-    cpu_backup_backend: str  # "pinned" or "mmap" (both pinned here; kept for callers that read it)
+    init_kind: str  # how that tag keeps its bytes: "cpu", "mmap", "disk" or "none"
+    cpu_backup_backend: str  # "pinned" or "mmap": the backend of CPU-backup regions that name none
     retain_cpu_backup: bool
     disk_dir: Optional[str]
 
@@ -337,7 +419,7 @@ def start_plan(env: Optional[Mapping[str, str]] = None) -> StartPlan:
         route_all=route,
         hook_mode="preload" if route else "torch",
         init_tag="default" if init else None,
-        init_kind="cpu" if cpu else "disk" if disk else "none",
+        init_kind=("mmap" if backend == "mmap" else "cpu") if cpu else "disk" if disk else "none",
         cpu_backup_backend=backend,
         retain_cpu_backup=truthy(env.get("TMS_RETAIN_CPU_BACKUP")),
         disk_dir=env.get("TMS_DISK_BACKUP_DIR") or None,
@@ -367,3 +449,67 @@ def configure_subprocess() -> "contextlib.AbstractContextManager[None]":
     """Processes started inside the block route their allocations through us
     from the first one (torch_memory_saver's ``configure_subprocess``)."""
     return changed_env(ROUTE_ENV, "1")
+
+
+@contextlib.contextmanager
+def preloaded_subprocess(interposer: Callable[[], object]) -> Iterator[Optional[str]]:
+    """Processes started inside the block start in the preload hook mode: with
+    the interposer `interposer()` names first on ``LD_PRELOAD`` (what was
+    there kept after it), as torch_memory_saver's ``configure_subprocess``
+    does; when it names none (raises ``RuntimeError``: no such library
+    here), through our memory pools from the first allocation instead
+    (:func:`configure_subprocess`). Yields the library put on
+    ``LD_PRELOAD``, or None."""
+    try:
+        lib: Optional[str] = str(interposer())
+    except RuntimeError:
+        lib = None
+    if lib is None:
+        with configure_subprocess():
+            yield None
+        return
+    current = os.environ.get("LD_PRELOAD", "")
+    with changed_env("LD_PRELOAD", f"{lib}:{current}" if current else lib):
+        yield lib
+
+
+def cuda_major(torch_module: object) -> int:
+    """The CUDA major version the process's runtime is: PyTorch's build
+    (``torch.version.cuda``), else the first of ``libcudart.so.13`` and
+    ``.12`` that loads. ``RuntimeError`` when neither says."""
+    cuda = getattr(getattr(torch_module, "version", None), "cuda", None)
+    if cuda:
+        try:
+            return int(str(cuda).split(".", 1)[0])
+        except ValueError:
+            pass
+    for major in (13, 12):
+        try:
+            ctypes.CDLL(f"libcudart.so.{major}")
+            return major
+        except OSError:
+            continue
+    raise RuntimeError("no CUDA runtime found: torch.version.cuda is unset and libcudart.so.13/.12 do not load")
+
+
+def binary_in_package(directory: str, stem: str, torch_module: object, xpu: bool = False) -> str:
+    """The one shared library of `stem` built for this process's GPU runtime,
+    in `directory` or the folder above it, by the names torch_memory_saver's
+    wheels use: ``<stem>_cu<major>.*.so`` for CUDA, ``<stem>.*.so`` for
+    ROCm or Intel XPU. ``RuntimeError`` when not exactly one matches."""
+    from pathlib import Path
+
+    hip = getattr(getattr(torch_module, "version", None), "hip", None)
+    if hip or xpu:
+        pattern, runtime = f"{stem}.*.so", "ROCm" if hip else "Intel XPU"
+    else:
+        major = cuda_major(torch_module)
+        pattern, runtime = f"{stem}_cu{major}.*.so", f"CUDA {major}"
+    here = Path(directory)
+    found = sorted(here.glob(pattern)) or sorted(here.parent.glob(pattern))
+    if len(found) != 1:
+        raise RuntimeError(
+            f"expected exactly one library matching {pattern!r} ({runtime}) in {here} or {here.parent}, "
+            f"found {len(found)}: {[str(p) for p in found]}"
+        )
+    return str(found[0])

@@ -14,9 +14,12 @@ and the engine receives::
 
 or, receiving every training step from the same sender, keeps a
 :class:`Receiver` so a direct update's shares are attached once, not at
-every step::
+every step, and takes the sender's offer before the first update, so even
+that one only copies::
 
+    tx.offer_direct(src)                 # trainer, once, before its first send
     rx = Receiver(pool, "/tmp/engine.sock")
+    rx.prepare(loader, pool, pool.tag_version("weights"))   # engine, once
     r = rx.receive(loader, pool, pool.tag_version("weights"))
 
 The sender exports its ring of bucket buffers once; each update is one
@@ -113,6 +116,17 @@ class Sender(OwnedHandle):
         Returns once every receiver committed; the tensors must not be
         written before then."""
         return self._send("vmmw_update_sender_send_direct", source, receivers)
+
+    def offer_direct(self, source: UpdateSource, receivers: int = 1) -> SendReport:
+        """Wait for `receivers` receivers that :meth:`Receiver.prepare` and
+        offer them `source`'s tensors (in device memory of the sender's
+        pool) ahead of any update: each attaches them, checks them against
+        its destinations and keeps both, writing nothing. A later
+        :meth:`send_direct` of the same tensors in the same memory is then,
+        for them, one manifest and the copies: the first update runs as
+        fast as later ones. Returns once every receiver attached
+        (``version`` 0)."""
+        return self._send("vmmw_update_sender_offer_direct", source, receivers)
 
     def _send(self, fn: str, source: UpdateSource, receivers: int) -> SendReport:
         if self._handle is None:
@@ -215,9 +229,23 @@ class Receiver(OwnedHandle):
                  ctypes.byref(out))
         return _result(out)
 
+    def prepare(self, loader: Loader, pool: Pool, expected_version: int, *, tag: Optional[str] = None,
+                allow_missing: bool = False, allow_unexpected: bool = False) -> ReceiveStats:
+        """Take the sender's offer (:meth:`Sender.offer_direct`) ahead of any
+        update: attach its shares, check its tensors against `loader`'s
+        destinations in `pool` as an update replacing `expected_version`
+        would (nothing is written) and keep both, so the first update
+        attaches and checks nothing. Raises ``VmmwError`` (the kept imports
+        dropped) when the sender sends no offer or the destinations refuse
+        it. Returns what was attached (:meth:`stats`)."""
+        opts = _options(expected_version, tag, allow_missing, allow_unexpected)
+        with self._busy:
+            call("vmmw_update_receiver_prepare", self.handle, loader.handle, pool.handle, ctypes.byref(opts))
+        return self.stats()
+
     def stats(self) -> ReceiveStats:
-        """What the last successful receive did (zeros before the first) and
-        what is kept imported now."""
+        """What the last successful receive or :meth:`prepare` did (zeros
+        before the first) and what is kept imported now."""
         out = S.ReceiveStats()
         with self._busy:
             call("vmmw_update_receiver_stats", self.handle, ctypes.byref(out))

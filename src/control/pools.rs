@@ -291,8 +291,14 @@ impl ProcessPools {
                 }
             })
             .collect();
-        let waited = wait_for_room(&needs, wait)?;
-        let wait_left = wait.map(|w| w.saturating_sub(waited));
+        // A wake that waits maps chunk by chunk as room appears (each tag's
+        // own wait, `wake_tag`); one that does not is refused before any tag
+        // wakes when a device is short.
+        let waited = match wait {
+            Some(w) if !w.is_zero() => Duration::ZERO,
+            _ => wait_for_room(&needs, None)?,
+        };
+        let wait_left = wait;
         let results = on_threads(steps.len(), "wake of one device", |k| {
             let mut woken = Vec::new();
             for &t in &steps[k].tags {

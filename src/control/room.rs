@@ -2,17 +2,18 @@
 //! checked before anything is mapped, and the wait a wake may ask for
 //! (`wait_memory_ms`) while another process or tag releases memory.
 //!
-//! This is the seam where the pool's own wake that maps chunk by chunk as
-//! memory frees plugs in ([`wake_tag`]): until the pool offers one, a wake
-//! that asks to wait polls the devices' free memory here until all of it
-//! fits ([`wait_for_room`]), then wakes each tag as usual (transactional per
-//! tag). With it, [`wake_tag`] passes the time left of the wait to the pool.
+//! A wake that does not wait checks every device's room once, before any
+//! tag wakes ([`wait_for_room`]). A wake that waits does not wait for all of
+//! it to fit first: [`wake_tag`] hands the wait to the pool's own wake, which
+//! maps each chunk as soon as the device has room, so a process waking while
+//! another sleeps overlaps the two directions of the link.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
 use crate::pool::{Pool, TagCycle};
+use crate::sleep::WakeOptions;
 use crate::tag::TagId;
 
 /// How often free memory is read while waiting.
@@ -79,10 +80,17 @@ fn first_short(needs: &[Need]) -> Result<Option<(&Need, u64)>> {
 }
 
 /// Wake `tag` of `pool`, transactionally: on failure it stays asleep with its
-/// backup. `wait_left` is what is left of the wake's wait for memory; the
-/// room is already there ([`wait_for_room`]), so the pool's plain wake is
-/// used until the pool offers one that waits chunk by chunk.
-pub fn wake_tag(pool: &Pool, tag: TagId, wait_left: Option<Duration>) -> Result<Vec<TagCycle>> {
-    let _ = wait_left;
-    pool.wake(&[tag])
+/// backup. `wait` is the wake's wait for memory (`None`: the room was checked
+/// already, [`wait_for_room`]); with one, each chunk is mapped as the device
+/// has room, up to that long ([`Pool::wake_with`]).
+pub fn wake_tag(pool: &Pool, tag: TagId, wait: Option<Duration>) -> Result<Vec<TagCycle>> {
+    match wait {
+        Some(w) if !w.is_zero() => pool.wake_with(
+            &[tag],
+            WakeOptions {
+                wait_for_memory: w,
+            },
+        ),
+        _ => pool.wake(&[tag]),
+    }
 }

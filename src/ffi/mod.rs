@@ -8,8 +8,9 @@
 //! - a panic inside the library is caught at the boundary and becomes
 //!   `VMMW_PANIC`; nothing unwinds into C and nothing aborts the process;
 //! - every pointer argument is checked for NULL (`VMMW_NULL_ARGUMENT`);
-//! - out-parameters are written only on success (the one documented exception:
-//!   `*needed` on `VMMW_BUFFER_TOO_SMALL`);
+//! - out-parameters are written only on success (the documented exceptions:
+//!   `*needed` on `VMMW_BUFFER_TOO_SMALL`, and `vmmw_pool_swap`'s `*result`,
+//!   written whenever the swap ran so each side's outcome is told apart);
 //! - fallible functions take a last argument `vmmw_error_t** error` (may be
 //!   NULL): on failure, when non-NULL, `*error` receives an owned error object
 //!   that the caller frees with `vmmw_error_free`. No thread-local "last error",
@@ -37,6 +38,7 @@ pub mod segment;
 pub mod share;
 pub mod sleep;
 pub mod status;
+pub mod swap;
 pub mod tag;
 pub mod testing;
 pub mod torch;

@@ -59,6 +59,56 @@ pub struct vmmw_tag_policy_t {
     pub policy: vmmw_policy_t,
 }
 
+/// Drop the host backups the `n` listed tags kept after their last wake (a
+/// wake keeps a tag's backup, so its next sleep reuses the same memory,
+/// unless `free_backup_after_wake` is set): the backups are released, and
+/// their pinned memory stays in the pool's backup arena for the next sleep
+/// of any tag, so it costs nothing to pin again. With `unpin` = 1, every
+/// backup slab holding no asleep segment's bytes is also unpinned (as
+/// `vmmw_pool_release_backup`). Asleep tags keep their backups; a tag
+/// without one is no error. `*released` receives the bytes unpinned (0
+/// without `unpin`). Thread-safe: a sleep or wake running now keeps the
+/// backups it uses.
+///
+/// Errors:
+/// - `VMMW_NULL_ARGUMENT`: `pool` or `released` is NULL, or `tags` is NULL
+///   with `n` > 0.
+/// - `VMMW_INVALID_ARGUMENT`: `unpin` is not 0 or 1; nothing changes.
+/// - `VMMW_UNKNOWN_TAG`: a tag id never registered; nothing changes.
+///
+/// # Safety
+/// `pool` is a live handle; `tags` is readable for `n` entries (NULL when `n`
+/// is 0); `released` is writable; `error` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn vmmw_pool_drop_backups(
+    pool: *mut vmmw_pool_t,
+    tags: *const u32,
+    n: usize,
+    unpin: u32,
+    released: *mut u64,
+    error: *mut *mut vmmw_error_t,
+) -> vmmw_status_t {
+    call_out(released, "released", error, || {
+        // SAFETY: forwarded contract.
+        let p = unsafe { arg(pool, "pool") }?;
+        // SAFETY: forwarded contract (`tags` readable for `n` entries).
+        let tags: Vec<TagId> = unsafe { slice_arg(tags, n, "tags") }?
+            .iter()
+            .map(|&t| TagId(t))
+            .collect();
+        let unpin = match unpin {
+            0 => false,
+            1 => true,
+            other => {
+                return Err(Error::InvalidArgument(format!(
+                    "unpin = {other} must be 0 or 1"
+                )))
+            }
+        };
+        p.pool.drop_backups(&tags, unpin)
+    })
+}
+
 /// Tunables of a pool's sleep engine. Every field but `size` 0 means the
 /// default. Start from `VMMW_SLEEP_OPTIONS_INIT` (C) so `size` is set.
 #[repr(C)]
@@ -114,7 +164,7 @@ unsafe impl SizedOptions for vmmw_sleep_options_t {
     }
 }
 
-fn policy(p: vmmw_policy_t, tag: u32) -> Result<Policy> {
+pub(super) fn policy(p: vmmw_policy_t, tag: u32) -> Result<Policy> {
     match p {
         VMMW_POLICY_OFFLOAD => Ok(Policy::Offload),
         VMMW_POLICY_DISCARD => Ok(Policy::Discard),
@@ -126,7 +176,7 @@ fn policy(p: vmmw_policy_t, tag: u32) -> Result<Policy> {
     }
 }
 
-fn record(p: &vmmw_pool_t, cycles: Vec<TagCycle>) {
+pub(super) fn record(p: &vmmw_pool_t, cycles: Vec<TagCycle>) {
     *p.last_cycles.lock().unwrap_or_else(|e| e.into_inner()) = cycles;
 }
 

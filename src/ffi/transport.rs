@@ -17,8 +17,9 @@ use crate::driver::nccl::UNIQUE_ID_BYTES;
 use crate::error::{Error, Result};
 use crate::share::LogSink;
 use crate::update::transport::broadcast::{self, BroadcastOptions, BroadcastSource, Ring};
-use crate::update::transport::ipc::{receive_ipc, IpcSender, SendReport, SenderOptions};
+use crate::update::transport::ipc::{IpcSender, SendReport, SenderOptions};
 use crate::update::transport::nccl::NcclCollective;
+use crate::update::transport::receiver::receive_ipc;
 use crate::update::transport::send::SendTensor;
 use crate::update::transport::{receive, send, DEFAULT_BUCKET_BYTES, DEFAULT_SLOTS};
 use crate::update::UpdateResult;
@@ -209,6 +210,45 @@ pub unsafe extern "C" fn vmmw_update_sender_send_direct(
             out,
             error,
             IpcSender::send_direct_to,
+        )
+    }
+}
+
+/// Wait for `receivers` receivers that prepare
+/// (`vmmw_update_receiver_prepare`) and offer them `source`'s tensors ahead
+/// of any update: the shares and manifest `vmmw_update_sender_send_direct`
+/// of them would serve, which each receiver attaches, checks against its
+/// destinations and keeps, writing nothing. Returns once every receiver
+/// attached; `*out` as for a send, with `version` 0. A later
+/// `vmmw_update_sender_send_direct` of the same tensors in the same memory
+/// is then one manifest those receivers recognize and the copies, so their
+/// first update runs as fast as later ones. The tensors must stay where
+/// they are (a free, a sleep or a wake of their memory makes the next send
+/// attach again).
+///
+/// Errors: as `vmmw_update_sender_send_direct`; a receiver's refusal (its
+/// destinations do not take the tensors) is `VMMW_INVALID_STATE` with its
+/// reason.
+///
+/// # Safety
+/// As `vmmw_update_sender_send_direct`.
+#[no_mangle]
+pub unsafe extern "C" fn vmmw_update_sender_offer_direct(
+    sender: *mut vmmw_update_sender_t,
+    source: *mut vmmw_update_source_t,
+    receivers: u32,
+    out: *mut vmmw_send_report_t,
+    error: *mut *mut vmmw_error_t,
+) -> vmmw_status_t {
+    // SAFETY: forwarded contract.
+    unsafe {
+        send_with(
+            sender,
+            source,
+            receivers,
+            out,
+            error,
+            IpcSender::offer_direct_to,
         )
     }
 }

@@ -1,5 +1,5 @@
 //! The persistent receiving side of the IPC transport from C
-//! (`vmmw_update_receiver_t`, `update::transport::ipc::UpdateReceiver`):
+//! (`vmmw_update_receiver_t`, `update::transport::receiver::UpdateReceiver`):
 //! direct updates' imports kept across updates from one sender.
 
 use std::ffi::c_char;
@@ -16,7 +16,7 @@ use super::transport::timeout;
 use super::update::{options, vmmw_update_options_t, vmmw_update_result_t};
 use crate::error::Error;
 use crate::update::transport::import_cache::CacheLimits;
-use crate::update::transport::ipc::{ReceiverOptions, UpdateReceiver};
+use crate::update::transport::receiver::{ReceiverOptions, UpdateReceiver};
 
 /// A receiver of updates from one IPC sender that keeps the shares of its
 /// direct updates imported between updates. Its calls may come from any
@@ -156,8 +156,50 @@ pub unsafe extern "C" fn vmmw_update_receiver_receive(
     })
 }
 
-/// What the receiver's last successful receive did (all 0 before the
-/// first) and what it keeps imported now, into `*out`.
+/// Prepare for the updates to come from the receiver's sender, which
+/// offers its tensors (`vmmw_update_sender_offer_direct`): connect, attach
+/// every share it names, check the offered manifest against `loader`'s
+/// destinations in `pool` as an update with `options` would (its plan and
+/// version: nothing is written), and keep the imports and the manifest. The
+/// first update of those tensors afterwards attaches and checks nothing, as
+/// later ones do, so it runs as fast as they do. `vmmw_update_receiver_stats`
+/// then says what was attached and how long it took.
+///
+/// Errors: as `vmmw_update_receiver_receive` (nothing is written on any);
+/// `VMMW_INVALID_STATE` when the sender sends an update or its ring instead
+/// of an offer (the sender is told). On any error the kept imports are
+/// dropped, except `VMMW_INVALID_ARGUMENT` for a `pool` on another device.
+///
+/// Thread safety: as `vmmw_update_receiver_receive`.
+///
+/// # Safety
+/// `receiver`, `loader` and `pool` are live handles; `options` is readable
+/// for its `size`; `error` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn vmmw_update_receiver_prepare(
+    receiver: *mut vmmw_update_receiver_t,
+    loader: *mut vmmw_loader_t,
+    pool: *mut vmmw_pool_t,
+    options_in: *const vmmw_update_options_t,
+    error: *mut *mut vmmw_error_t,
+) -> vmmw_status_t {
+    call(error, || {
+        // SAFETY: forwarded contract.
+        let r = unsafe { arg(receiver.cast_const(), "receiver") }?;
+        // SAFETY: forwarded contract.
+        let l = unsafe { arg(loader.cast_const(), "loader") }?;
+        // SAFETY: forwarded contract.
+        let p = unsafe { arg(pool.cast_const(), "pool") }?;
+        // SAFETY: forwarded contract (readable for its `size`).
+        let o = unsafe { read_sized(options_in) }?.ok_or(Error::NullArgument("options"))?;
+        let opts = options(&o)?;
+        let mut r = r.receiver.lock().unwrap_or_else(|e| e.into_inner());
+        r.prepare(&l.session, &p.pool, &opts).map(|_| ())
+    })
+}
+
+/// What the receiver's last successful receive or prepare did (all 0 before
+/// the first) and what it keeps imported now, into `*out`.
 ///
 /// Errors: `VMMW_NULL_ARGUMENT`: `receiver` or `out` is NULL.
 ///

@@ -39,6 +39,7 @@ mod release;
 pub mod remap;
 pub mod shares;
 mod sleep;
+mod swap;
 #[cfg(test)]
 mod tests;
 pub mod torch;
@@ -59,6 +60,7 @@ pub(crate) use lease::TagLease;
 use release::Released;
 pub use release::Unreleased;
 pub use sleep::{LoadPin, TagCycle};
+pub use swap::{SwapOptions, SwapOutcome};
 
 /// How a tag's blocks are placed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]

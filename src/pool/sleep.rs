@@ -11,7 +11,7 @@ use crate::driver::DevicePtr;
 use crate::error::{Error, Result};
 use crate::segment::SleepState;
 use crate::sleep::reload::ReloadSource;
-use crate::sleep::{CycleReport, Policy, SleepEngine, SleepOptions};
+use crate::sleep::{CycleReport, Policy, SleepEngine, SleepOptions, WakeOptions};
 use crate::tag::{self, TagId};
 
 /// What one sleep or wake call did to one tag.
@@ -128,6 +128,20 @@ impl Pool {
     /// [`SleepEngine::wake_tag`]). The rules of [`Pool::sleep`] about the
     /// pool lock and concurrent calls hold here too.
     pub fn wake(&self, tags: &[TagId]) -> Result<Vec<TagCycle>> {
+        self.wake_with(tags, WakeOptions::default())
+    }
+
+    /// [`Pool::wake`] with options. With a non-zero
+    /// [`WakeOptions::wait_for_memory`], a wake short of free device memory
+    /// is not refused at once: each physical chunk is created as the device
+    /// has room, polling the driver's free memory, for as long as the option
+    /// says (memory another process or pool is releasing: process A puts its
+    /// model to sleep while process B wakes its own, both directions of the
+    /// link at once). At the deadline the tag's wake fails as any wake does:
+    /// asleep, backup intact, an [`Error::OutOfMemory`] naming the tag, the
+    /// bytes needed and free. Only more than the device's total memory is
+    /// refused up front.
+    pub fn wake_with(&self, tags: &[TagId], options: WakeOptions) -> Result<Vec<TagCycle>> {
         for &t in tags {
             self.check_known(t)?;
         }
@@ -136,29 +150,33 @@ impl Pool {
         } else {
             tags.to_vec()
         };
-        let needed: u64 = {
-            let st = self.lock();
-            st.segs
-                .values()
-                .filter(|e| tags.contains(&e.tag))
-                .map(|e| (e.seg.committed() - e.seg.mapped_bytes()) as u64)
-                .sum()
-        };
-        let free = self.driver.mem_info()?.free;
-        if needed > free {
+        let needed = self.unmapped_bytes(&tags);
+        let mem = self.driver.mem_info()?;
+        let waits = !options.wait_for_memory.is_zero();
+        if needed > mem.free && (!waits || needed > mem.total) {
             let names: Vec<String> = tags.iter().map(|t| tag::name_of(*t)).collect();
             return Err(Error::OutOfMemory {
-                what: format!("wake of tags [{}]", names.join(", ")),
+                what: format!(
+                    "wake of tags [{}]{}",
+                    names.join(", "),
+                    if waits {
+                        " (more than the device holds)"
+                    } else {
+                        ""
+                    }
+                ),
                 requested: needed,
-                free,
+                free: mem.free,
             });
         }
         let mut out = Vec::with_capacity(tags.len());
         for t in tags {
             self.begin_transition(t, false)?;
-            let r = self
-                .sleep
-                .wake_tag(t, &|f| f(&mut self.lock().tag_segments(t)));
+            let r = self.sleep.wake_tag_waiting(
+                t,
+                &|f| f(&mut self.lock().tag_segments(t)),
+                options.wait_for_memory,
+            );
             if r.is_ok() {
                 // Woken on its own its mark is dropped.
                 self.drop_tag_mark(t);
@@ -172,6 +190,17 @@ impl Pool {
             });
         }
         Ok(out)
+    }
+
+    /// Bytes the segments of `tags` have committed but not mapped: what
+    /// waking them all maps.
+    pub(super) fn unmapped_bytes(&self, tags: &[TagId]) -> u64 {
+        let st = self.lock();
+        st.segs
+            .values()
+            .filter(|e| tags.contains(&e.tag))
+            .map(|e| (e.seg.committed() - e.seg.mapped_bytes()) as u64)
+            .sum()
     }
 
     /// `Error::UnknownTag` unless `tag` is registered and has held memory in
@@ -192,7 +221,7 @@ impl Pool {
     }
 
     /// Every live block of `t`, as normalized device ranges.
-    fn live_ranges(&self, t: TagId) -> Vec<(DevicePtr, usize)> {
+    pub(super) fn live_ranges(&self, t: TagId) -> Vec<(DevicePtr, usize)> {
         let st = self.lock();
         let v = st
             .segs
@@ -339,6 +368,32 @@ impl Pool {
             .map(|(&b, _)| b)
             .collect();
         self.sleep.release_backup(&|va| !asleep.contains(&va))
+    }
+
+    /// Drop the host backups `tags` kept after their last wake (a wake keeps
+    /// them unless the sleep options say otherwise), leaving the pinned
+    /// memory in the backup arena for the next sleep of any tag: a backup
+    /// released, with no cost to pin again. With `unpin`, every backup slab
+    /// holding no asleep segment's bytes is unpinned as well (as
+    /// [`Pool::release_backup`]). Asleep tags keep theirs. Returns the bytes
+    /// unpinned.
+    pub fn drop_backups(&self, tags: &[TagId], unpin: bool) -> Result<u64> {
+        for &t in tags {
+            tag::check(t)?;
+        }
+        let wanted: HashSet<TagId> = tags.iter().copied().collect();
+        // Under the pool lock, as `release_backup`: no sleep starts between
+        // the snapshot of asleep segments and the drop.
+        let st = self.lock();
+        let asleep: HashSet<DevicePtr> = st
+            .segs
+            .iter()
+            .filter(|(_, e)| e.seg.sleep_state() != SleepState::Awake)
+            .map(|(&b, _)| b)
+            .collect();
+        Ok(self
+            .sleep
+            .drop_backups(&wanted, &|va| !asleep.contains(&va), unpin))
     }
 
     /// Register where `tag`'s bytes can be reloaded from (the loader's

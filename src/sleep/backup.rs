@@ -422,6 +422,28 @@ impl BackupArena {
         released
     }
 
+    /// Unpin and unmap those of `slabs` that hold no backup now (a freed
+    /// segment's backup lay in them). Returns the bytes released.
+    pub fn release_if_unused(&mut self, slabs: &[usize]) -> u64 {
+        let mut released = 0;
+        for &i in slabs {
+            let Some(s) = self.slabs.get_mut(i) else {
+                continue;
+            };
+            let unused = s
+                .as_ref()
+                .is_some_and(|s| s.free.len() == 1 && s.free[0] == (0, s.mem.len()));
+            if unused {
+                released += s.as_ref().map_or(0, |s| s.mem.len() as u64);
+                *s = None;
+            }
+        }
+        while matches!(self.slabs.last(), Some(None)) {
+            self.slabs.pop();
+        }
+        released
+    }
+
     fn add_slab(&mut self, len: usize) -> Result<usize> {
         let held = self.held();
         if held.saturating_add(pinned_len(len as u64)) > self.limit {

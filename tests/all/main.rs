@@ -13,7 +13,11 @@
 mod common;
 
 #[cfg(feature = "cli")]
+mod cli_bench_swap;
+#[cfg(feature = "cli")]
 mod cli_chart;
+#[cfg(feature = "cli")]
+mod cli_ctl;
 #[cfg(feature = "cli")]
 mod cli_errors;
 #[cfg(feature = "cli")]
@@ -47,6 +51,7 @@ mod loader_load;
 mod loader_multi;
 mod loader_tp;
 mod pool_arena;
+mod pool_backups;
 mod pool_errors;
 mod pool_free_faults;
 mod pool_model;
@@ -55,6 +60,7 @@ mod pool_rdma;
 mod pool_reload;
 mod pool_remap;
 mod pool_sleep;
+mod pool_swap;
 mod pool_tags;
 mod reload_writes;
 mod replica_wake;

@@ -163,7 +163,10 @@ fn weights_offload_and_cache_discard_over_cycles() {
         pool.free(c.ptr).unwrap();
     }
     pool.trim().unwrap();
-    assert!(pool.release_backup() > 0, "backup unpinned on request");
+    // The freed segments' backups were unpinned as the segments went;
+    // whatever else the arena keeps goes on request, and then nothing is left.
+    pool.release_backup();
+    assert_eq!(pool.release_backup(), 0, "backup unpinned on request");
     drop(pool);
     let c = h.counts();
     assert_eq!((c.reservations, c.handles, c.mappings), (0, 0, 0));

@@ -36,7 +36,8 @@ use vmmweights::pool::{Mode, PoolConfig};
 use vmmweights::sleep::Policy;
 use vmmweights::update::transport::control::{Channel, FromReceiver, FromSender};
 use vmmweights::update::transport::import_cache::CacheLimits;
-use vmmweights::update::transport::ipc::{IpcSender, ReceiverOptions, UpdateReceiver};
+use vmmweights::update::transport::ipc::IpcSender;
+use vmmweights::update::transport::receiver::{ReceiverOptions, UpdateReceiver};
 use vmmweights::update::{UpdateOptions, UpdateResult};
 use vmmweights::{Pool, Status};
 
@@ -97,6 +98,16 @@ pub fn child_repeat(path: &Path) {
     let churn = std::env::var("VMMW_UPDATE_CHURN").unwrap_or_default();
     let actions: Vec<&str> = churn.split(',').collect();
     println!("@ready");
+    if std::env::var("VMMW_UPDATE_OFFER").is_ok() {
+        match sender.offer_direct_to(&sends(&tensors), 1) {
+            Ok(r) => println!(
+                "@offered version={} shares={}",
+                r.version,
+                sender.direct_shares()
+            ),
+            Err(e) => println!("@error {e}"),
+        }
+    }
     for round in 0..rounds {
         match actions.get(round).copied().unwrap_or("keep") {
             "realloc" => {
@@ -625,4 +636,110 @@ fn a_share_served_by_another_process_is_refused() {
         relay.kill();
         let _ = std::fs::remove_file(&path);
     }
+}
+
+/// The documented first-update path: the sender offers its tensors and the
+/// receiver prepares before any update, so the first update attaches and
+/// checks nothing (it recognizes the offered manifest), as later ones.
+#[test]
+fn an_offer_taken_by_prepare_makes_the_first_update_attach_nothing() {
+    let (m, dir) = checkpoint();
+    on_each_backend(
+        "an_offer_taken_by_prepare_makes_the_first_update_attach_nothing",
+        |b| {
+            let path = sock_path(&format!("direct-offer-{}", b.kind()));
+            let env = [
+                ("VMMW_UPDATE_BACKEND", b.kind().to_string()),
+                ("VMMW_UPDATE_OFFER", "1".to_string()),
+            ];
+            let sender = repeat_sender(&path, 3, &env);
+            let name = format!("direct-offer-{}", b.kind());
+            let r = Rank::load_on(b.driver.clone(), dir.path(), &m, &name, 0, 1);
+            let before = r.snapshot();
+            let mut rx = receiver(&r, &path, CacheLimits::default());
+            let v0 = r.version();
+            let s = rx
+                .prepare(&r.session, &r.pool, &UpdateOptions::from_version(v0))
+                .unwrap();
+            assert_eq!((s.attached, s.reused, s.direct), (1, 0, true), "{s:?}");
+            assert!(s.chunks > 0 && s.setup <= s.total, "{s:?}");
+            assert_eq!(sender.line(), "offered version=0 shares=1");
+            assert_eq!(r.version(), v0, "preparing moves no version");
+            assert!(r.snapshot() == before, "preparing writes nothing");
+            assert_eq!(rx.kept_imports(), 1);
+            for round in 0..3 {
+                receive_round(&mut rx, &r, &m, round);
+                assert_attached(&rx, false, &format!("round {round} after the offer"));
+                assert_sent(&sender, round);
+            }
+        },
+    );
+}
+
+/// A receiver that meets an offer in a plain receive takes it (attaching
+/// the shares) and goes on to the update that follows.
+#[test]
+fn a_receive_that_meets_an_offer_takes_it_and_receives_the_update() {
+    let (m, dir) = checkpoint();
+    let path = sock_path("direct-offer-receive");
+    let sender = repeat_sender(&path, 2, &[("VMMW_UPDATE_OFFER", "1".into())]);
+    let r = Rank::load(dir.path(), &m, "direct-offer-receive", 0, 1);
+    let mut rx = receiver(&r, &path, CacheLimits::default());
+    receive_round(&mut rx, &r, &m, 0);
+    assert_eq!(sender.line(), "offered version=0 shares=1");
+    assert_attached(&rx, false, "the update after the offer");
+    assert_sent(&sender, 0);
+    receive_round(&mut rx, &r, &m, 1);
+    assert_sent(&sender, 1);
+}
+
+/// A receiver that prepares refuses a sender that sends an update instead
+/// of an offer: the sender is told, nothing is written, nothing is kept.
+#[test]
+fn prepare_refuses_an_update_in_place_of_an_offer() {
+    let (m, dir) = checkpoint();
+    let path = sock_path("direct-offer-refused");
+    let sender = repeat_sender(&path, 1, &[]);
+    let r = Rank::load(dir.path(), &m, "direct-offer-refused", 0, 1);
+    let before = r.snapshot();
+    let mut rx = receiver(&r, &path, CacheLimits::default());
+    let e = rx
+        .prepare(
+            &r.session,
+            &r.pool,
+            &UpdateOptions::from_version(r.version()),
+        )
+        .unwrap_err();
+    assert_eq!(e.status(), Status::InvalidState, "{e}");
+    assert!(e.to_string().contains("expected an offer"), "{e}");
+    let line = sender.line();
+    assert!(
+        line.starts_with("error ") && line.contains("expected an offer"),
+        "{line}"
+    );
+    assert!(r.snapshot() == before);
+    assert_eq!(rx.kept_imports(), 0);
+}
+
+/// An offer whose tensors the receiver's destinations cannot take is
+/// refused by prepare (the update's own checks), the sender told why.
+#[test]
+fn prepare_refuses_an_offer_its_destinations_cannot_take() {
+    let (m, dir) = checkpoint();
+    let path = sock_path("direct-offer-plan");
+    let sender = repeat_sender(&path, 1, &[("VMMW_UPDATE_OFFER", "1".into())]);
+    let r = Rank::load(dir.path(), &m, "direct-offer-plan", 0, 1);
+    let mut rx = receiver(&r, &path, CacheLimits::default());
+    // A version the tag does not hold: the update's version check refuses.
+    let e = rx
+        .prepare(
+            &r.session,
+            &r.pool,
+            &UpdateOptions::from_version(r.version() + 7),
+        )
+        .unwrap_err();
+    assert_eq!(e.status(), Status::VersionMismatch, "{e}");
+    let line = sender.line();
+    assert!(line.starts_with("error "), "{line}");
+    assert_eq!(rx.kept_imports(), 0);
 }

@@ -28,7 +28,8 @@ use vmmweights::loader::Dtype;
 use vmmweights::share::{LogSink, ServeOptions, Server};
 use vmmweights::update::transport::bucket::{plan_buckets, AnnouncedTensor, BucketManifest};
 use vmmweights::update::transport::control::{Channel, FromReceiver, FromSender};
-use vmmweights::update::transport::ipc::{receive_ipc, IpcSender, SenderOptions};
+use vmmweights::update::transport::ipc::{IpcSender, SenderOptions};
+use vmmweights::update::transport::receiver::receive_ipc;
 use vmmweights::update::UpdateOptions;
 use vmmweights::{tag, Pool, PoolConfig, Status};
 

@@ -611,6 +611,57 @@ static void test_control() {
   CHECK(status_of([&] { (void)vmmw::control::status(std::string(dir) + "/none.sock"); }) == VMMW_IO);
   b.reset();
   rmdir(dir);
+static void test_swap() {
+  vmmw::Device dev(vmmw::Backend::Host);
+  vmmw::PoolOptions o;
+  o.device_handle = &dev;
+  vmmw::Pool pool(o);
+  const vmmw::Tag a = vmmw::tag_id("cpp-swap-a");
+  const vmmw::Tag b = vmmw::tag_id("cpp-swap-b");
+  vmmw::Block pa = pool.alloc(16u << 20, a);
+  vmmw::Block pb = pool.alloc(16u << 20, b);
+  std::vector<unsigned char> in(4096), out(4096);
+  for (size_t i = 0; i < in.size(); ++i) in[i] = static_cast<unsigned char>(i * 13 + 1);
+  pool.write(pb.ptr() + 64, in.data(), in.size());
+  pool.sleep({{b, vmmw::Policy::Offload}});
+
+  // Refused: nothing changes, a plain Error (not a SwapError).
+  bool swap_error = false;
+  try {
+    (void)pool.swap({{a, vmmw::Policy::Offload}}, {a});
+  } catch (const vmmw::SwapError&) {
+    swap_error = true;
+  } catch (const vmmw::Error& e) {
+    CHECK(e.status() == VMMW_INVALID_ARGUMENT);
+  }
+  CHECK(!swap_error && pool.report(b).asleep == 1 && pool.report(a).asleep == 0);
+
+  vmmw::SwapResult r = pool.swap({{a, vmmw::Policy::Offload}}, {b});
+  CHECK(r.sleep_status == VMMW_OK && r.wake_status == VMMW_OK && r.slept_tags == 1 && r.woken_tags == 1);
+  CHECK(r.released_bytes >= (16u << 20) && r.mapped_bytes >= (16u << 20));
+  pool.read(pb.ptr() + 64, out.data(), out.size());
+  CHECK(in == out);
+
+  // A wake failing midway: a SwapError telling both sides.
+  vmmw::testing::host_fail_nth(dev, vmmw::testing::FaultPoint::Map, 1);
+  bool thrown = false;
+  try {
+    (void)pool.swap({{b, vmmw::Policy::Offload}}, {a});
+  } catch (const vmmw::SwapError& e) {
+    thrown = true;
+    CHECK(e.result().sleep_status == VMMW_OK && e.result().wake_status == e.status());
+    CHECK(e.result().woken_tags == 0);
+  }
+  CHECK(thrown && pool.report(a).asleep == 1 && pool.report(b).asleep == 1);
+
+  // A waiting wake: no room, so it fails at its deadline; then it wakes.
+  vmmw::testing::host_set_memory_limit(dev, vmmw::testing::host_counts(dev).physical_bytes + (4u << 20));
+  CHECK(status_of([&] { pool.wake_with({b}, 20); }) == VMMW_OUT_OF_MEMORY);
+  vmmw::testing::host_set_memory_limit(dev, 1ull << 30);
+  pool.wake_with({b}, 20);
+  pool.read(pb.ptr() + 64, out.data(), out.size());
+  CHECK(in == out);
+  pool.wake({a});
 }
 
 int main() {
@@ -620,6 +671,7 @@ int main() {
   test_progress_contract();
   test_device_and_segment();
   test_pool_tags_sleep();
+  test_swap();
   test_loader();
   test_devices();
   test_control();

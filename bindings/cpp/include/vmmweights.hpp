@@ -371,6 +371,24 @@ enum class Policy : vmmw_policy_t {
   OffloadCompressed = VMMW_POLICY_OFFLOAD_COMPRESSED,  ///< as Offload, backup compressed on the GPU
 };
 
+/// What Pool::swap did, each side on its own (vmmw_swap_result_t).
+using SwapResult = vmmw_swap_result_t;
+
+/// A swap that ran and whose sleep or wake side failed (vmmw_pool_swap): the
+/// status is the wake side's when it failed, else the sleep side's; result()
+/// tells both. A waking tag that failed is asleep with its backup intact.
+class SwapError : public Error {
+ public:
+  SwapError(vmmw_status_t status, const std::string& message, int32_t driver_code, const SwapResult& result)
+      : Error(status, message, driver_code), result_(result) {}
+
+  /// Both sides' outcome.
+  [[nodiscard]] const SwapResult& result() const noexcept { return result_; }
+
+ private:
+  SwapResult result_;
+};
+
 /// Pool creation options (defaults: auto backend, device 0, default sizes).
 struct PoolOptions {
   Backend backend = Backend::Auto;
@@ -557,6 +575,45 @@ class Pool {
   /// Wake the listed tags (all sleeping tags when empty), at the same addresses.
   void wake(const std::vector<Tag>& tags = {}) {
     detail::call([&](vmmw_error_t** e) { return vmmw_pool_wake(get_mut(), tags.data(), tags.size(), e); });
+  }
+
+  /// Wake as wake() does, but instead of failing at once when free device
+  /// memory is short, map each chunk as the device has room, waiting up to
+  /// `wait_memory_ms` for memory another process or pool releases
+  /// (vmmw_pool_wake_with). Throws VMMW_OUT_OF_MEMORY naming the tag when the
+  /// wait runs out; the tag stays asleep with its backup.
+  void wake_with(const std::vector<Tag>& tags, uint64_t wait_memory_ms) {
+    vmmw_wake_options_t o{};
+    o.size = sizeof o;
+    o.wait_memory_ms = wait_memory_ms;
+    detail::call([&](vmmw_error_t** e) { return vmmw_pool_wake_with(get_mut(), tags.data(), tags.size(), &o, e); });
+  }
+
+  /// Put `sleep` to sleep and wake `wake` at once, the two directions of the
+  /// link overlapping (vmmw_pool_swap). `wait_memory_ms`: how long the wake
+  /// may still wait for memory from elsewhere once the sleep has ended.
+  /// Throws vmmw::Error when refused (nothing changed), vmmw::SwapError
+  /// (with both sides' outcome) when a side failed.
+  SwapResult swap(const std::vector<std::pair<Tag, Policy>>& sleep, const std::vector<Tag>& wake,
+                  uint64_t wait_memory_ms = 0) {
+    std::vector<vmmw_tag_policy_t> c;
+    c.reserve(sleep.size());
+    for (const auto& i : sleep) c.push_back(vmmw_tag_policy_t{i.first, static_cast<vmmw_policy_t>(i.second)});
+    vmmw_swap_options_t o{};
+    o.size = sizeof o;
+    o.wait_memory_ms = wait_memory_ms;
+    SwapResult r{};
+    r.sleep_status = -1;  // a status the library never writes: tells whether the swap ran
+    vmmw_error_t* err = nullptr;
+    vmmw_status_t rc = vmmw_pool_swap(get_mut(), c.data(), c.size(), wake.data(), wake.size(), &o, &r, &err);
+    if (rc != VMMW_OK && r.sleep_status != -1) {
+      std::string msg = err != nullptr ? vmmw_error_message(err) : vmmw_status_name(rc);
+      int32_t driver_code = vmmw_error_driver_code(err);
+      vmmw_error_free(err);
+      throw SwapError(rc, std::string(vmmw_status_name(rc)) + ": " + msg, driver_code, r);
+    }
+    detail::check(rc, err);
+    return r;
   }
 
   /// Grant peer devices access to every segment of `tag`, kept across

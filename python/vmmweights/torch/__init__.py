@@ -29,7 +29,7 @@ import sys
 import threading
 import time
 import weakref
-from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple, Union
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 import torch
 
@@ -61,7 +61,9 @@ __all__ = [
     "shared",
     "sleep",
     "staging_bytes",
+    "swap",
     "tag_usage",
+    "take_mem_pool",
     "tensors",
     "trim",
     "update_",
@@ -159,6 +161,15 @@ def graph(
             yield
     finally:
         _tags.pop()
+
+
+def take_mem_pool(tag: str, device: Union[int, torch.device, None] = None) -> Optional[Any]:
+    """Remove the ``torch.cuda.MemPool`` of `tag` on `device` from the ones
+    kept here and return it (None when there is none): once the caller drops
+    it, with the tensors allocated in it, PyTorch returns its segments to us.
+    A later :func:`use_pool` of the tag makes a new one."""
+    with _lock:
+        return _pools.pop((_device(device), tag), None)
 
 
 def release_pools(tag: Optional[str] = None) -> None:
@@ -583,10 +594,30 @@ def sleep(device: Union[int, torch.device, None] = None, **policies: str) -> Lis
     return pool(dev).sleep(policies)
 
 
-def wake(*tags: str, device: Union[int, torch.device, None] = None) -> List[Dict[str, Any]]:
+def wake(
+    *tags: str, device: Union[int, torch.device, None] = None, wait_memory_s: float = 0.0
+) -> List[Dict[str, Any]]:
     """Bring the listed tags back (every sleeping tag when none is named) at
-    the same addresses."""
-    return pool(device).wake(*tags)
+    the same addresses. ``wait_memory_s`` > 0: wait up to that long for
+    device memory another process is releasing instead of failing at once
+    (see :meth:`vmmweights.Pool.wake`)."""
+    return pool(device).wake(*tags, wait_memory_s=wait_memory_s)
+
+
+def swap(
+    sleep: Mapping[str, str],
+    wake: Sequence[str],
+    device: Union[int, torch.device, None] = None,
+    wait_memory_s: float = 0.0,
+) -> Dict[str, Any]:
+    """Put the tags of ``sleep`` (tag -> policy) to sleep while the tags of
+    ``wake`` wake, at once, the two directions of the link overlapping:
+    ``swap({"model_a": "offload"}, ["model_b"])``. Waits for the device
+    first, as :func:`sleep` does. Returns both sides' outcome; see
+    :meth:`vmmweights.Pool.swap`."""
+    dev = _device(device)
+    torch.cuda.synchronize(dev)
+    return pool(dev).swap(sleep, wake, wait_memory_s=wait_memory_s)
 
 
 def mark_written(target: Union[torch.Tensor, torch.nn.Module, Mapping[str, torch.Tensor]]) -> None:

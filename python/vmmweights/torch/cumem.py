@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
-from typing import Iterator, Optional, Sequence, Tuple, Union
+from typing import Dict, Iterator, Optional, Sequence, Tuple, Union
 
 import torch
 
@@ -34,7 +34,8 @@ __all__ = ["CuMemAllocator", "ForeignTagError"]
 
 class CuMemAllocator:
     """vLLM's CuMemAllocator API: ``get_instance``, ``use_memory_pool``,
-    ``sleep``, ``wake_up``, ``get_current_usage``."""
+    ``sleep`` (with ``keep_tags``), ``discard``, ``wake_up``,
+    ``get_current_usage``."""
 
     instance: Optional["CuMemAllocator"] = None
     default_tag: str = "default"
@@ -64,22 +65,44 @@ class CuMemAllocator:
         finally:
             self.current_tag = old
 
-    def sleep(self, offload_tags: Union[Tuple[str, ...], str, None] = None) -> None:
+    def sleep(self, offload_tags: Union[Tuple[str, ...], str, None] = None,
+              keep_tags: Union[Tuple[str, ...], str, None] = None) -> None:
         """Offload the tags in `offload_tags` (default: the default tag),
-        discard every other tag's memory, on every device."""
+        leave those in `keep_tags` mapped and untouched, discard every other
+        tag's memory, on every device. A tag in both is an ``AssertionError``,
+        as in vLLM; asleep tags stay as they are."""
         if offload_tags is None:
             offload_tags = (CuMemAllocator.default_tag,)
         else:
             offload_tags = (offload_tags,) if isinstance(offload_tags, str) else tuple(offload_tags)
             self._own.check(offload_tags)
-        for dev in self._own.devices():
-            names = self._own.pool_tags(dev)
-            awake = [n for n, asleep in held(_pool(dev), names).items() if not asleep]
-            if awake:
-                torch.cuda.synchronize(dev)
-                _pool(dev).sleep({n: "offload" if names[n] in offload_tags else "discard" for n in awake})
+        keep = () if keep_tags is None else (keep_tags,) if isinstance(keep_tags, str) else tuple(keep_tags)
+        assert not set(keep) & set(offload_tags), f"tags both kept and offloaded: {sorted(set(keep) & set(offload_tags))}"
+        self._sleep({t: "offload" for t in offload_tags}, keep, default="discard")
         gc.collect()
         torch.cuda.empty_cache()
+
+    def discard(self, tags: Union[Tuple[str, ...], str]) -> None:
+        """Release the memory of `tags` (contents dropped) on every device,
+        keeping every other tag mapped; ``wake_up`` maps it again."""
+        names = (tags,) if isinstance(tags, str) else tuple(tags)
+        self._own.check(names)
+        self._sleep({t: "discard" for t in names}, (), default=None)
+
+    def _sleep(self, policies: Dict[str, str], keep: Sequence[str], default: Optional[str]) -> None:
+        """Sleep each awake own tag with its policy in `policies` (`default`
+        for the others; None leaves them), never those in `keep`."""
+        for dev in self._own.devices():
+            names = self._own.pool_tags(dev)
+            awake = [n for n, asleep in held(_pool(dev), names).items() if not asleep and names[n] not in keep]
+            chosen: Dict[str, str] = {}
+            for n in awake:
+                p = policies.get(names[n], default)
+                if p is not None:
+                    chosen[n] = p
+            if chosen:
+                torch.cuda.synchronize(dev)
+                _pool(dev).sleep(chosen)
 
     def wake_up(self, tags: Optional[Sequence[str]] = None) -> None:
         """Map the memory of `tags` (every sleeping tag of this allocator when

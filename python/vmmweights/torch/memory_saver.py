@@ -20,9 +20,22 @@ in a file of :meth:`TorchMemorySaver.set_disk_backup_dir` (or
 on every device; ``resume`` releases the host backup unless
 ``retain_cpu_backup`` is set (``TMS_RETAIN_CPU_BACKUP=1``).
 
+Speed: the default is the fast mode. A releasing resume drops the backup
+(``get_cpu_backup`` returns None after it, as upstream's) but keeps the
+pinned host memory under it in the pool's backup arena, so from the second
+cycle on a pause copies at the link's rate without pinning again, and a
+resume does not unpin; torch_memory_saver allocates and pins its backup at
+every pause and frees it at every resume. ``retain_cpu_backup`` adds only
+that the backup stays readable after resume. ``cpu_backup_backend="mmap"``
+(or ``TMS_INIT_CPU_BACKUP_BACKEND=mmap``) is the mode that gives the host
+memory back at every resume, as upstream's mmap backend does, and pins again
+at the next pause. Memory freed while it holds a backup gives that backup's
+pinned memory back at once.
+
 Differences:
-- Retained mode (``retain_cpu_backup = True``) is our persistent pinned arena:
-  the next pause copies at the link's rate without pinning again.
+- The host memory under a released backup stays pinned in the pool until
+  ``vmmweights.torch.pool().release_backup()``, an "mmap" region's resume,
+  or the memory's free (see Speed).
 - The shim acts only on its own tags. ``pause("x")`` of a tag it never made
   raises :class:`~vmmweights.saver.ForeignTagError` (torch_memory_saver does
   nothing); its tags show in reports as ``tms:<tag>/<cpu|disk|none>``.
@@ -35,8 +48,13 @@ Differences:
 - ``get_cpu_backup`` reads the pool's pinned backup arena: ``zero_copy=True``
   is a view of it (the same address across cycles, as torch_memory_saver's).
 - ``cpu_backup_backend`` is checked as torch_memory_saver checks it; our
-  backup is pinned either way. ``memory_margin_bytes`` is accepted: wake
-  checks free device memory itself.
+  backup is pinned either way (the backends differ in when the host memory
+  goes, see Speed). ``memory_margin_bytes`` is accepted: wake checks free
+  device memory itself.
+- Upstream's own test suite reaches into ``torch_memory_saver._impl``
+  (``_mem_pools``, ``_with_region_config``, ``_binary_wrapper.cdll``): the
+  shim answers those names from its own state (:class:`_Internals`), so
+  those tests check what they check of user-visible behaviour here too.
 """
 
 from __future__ import annotations
@@ -47,17 +65,18 @@ import sys
 import threading
 import warnings
 from pathlib import Path
-from typing import Any, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import torch
 
 from .._native import VmmwError
-from ..saver import ForeignTagError, SaverCore, StartPlan, set_process_tag, start_plan
+from ..saver import HOST_KINDS, ForeignTagError, RegionConfigs, SaverCore, StartPlan, set_process_tag, start_plan
 from ..saver import configure_subprocess as _configure_subprocess
 from . import allocator as _allocator
 from . import graph as _graph
 from . import mem_pool as _mem_pool
 from . import pool as _pool
+from . import take_mem_pool as _take_mem_pool
 from . import use_pool as _use_pool
 from .process_route import ProcessRoute
 
@@ -116,7 +135,8 @@ class TorchMemorySaver:
         self._hook_mode = "torch"
         self._route: Optional[ProcessRoute] = None
         self._margin = 0
-        self._backend = self._plan.cpu_backup_backend
+        self._configs = RegionConfigs(self._plan)
+        self._internals: Optional[_Internals] = None
         if self._plan.route_all:
             self._preload()
 
@@ -142,6 +162,13 @@ class TorchMemorySaver:
     def _ensure_initialized(self) -> None:
         """Nothing to do: the shim is ready when imported (kept for callers of
         torch_memory_saver's private name)."""
+
+    @property
+    def _impl(self) -> "_Internals":
+        """The private object torch_memory_saver's own tests reach into."""
+        if self._internals is None:
+            self._internals = _Internals(self)
+        return self._internals
 
     @property
     def hook_mode(self) -> str:
@@ -211,26 +238,18 @@ class TorchMemorySaver:
         self._check_backend(enable_cpu_backup, cpu_backup_backend)
         if enable_cpu_backup and enable_disk_backup:
             raise ValueError("enable_cpu_backup and enable_disk_backup are mutually exclusive")
-        kind = "cpu" if enable_cpu_backup else "disk" if enable_disk_backup else "none"
         dev = torch.cuda.current_device()
-        name = self._core.region_tag(dev, tag, kind)
         with contextlib.ExitStack() as stack:
+            config = stack.enter_context(self._configs.entered(tag, enable_cpu_backup, cpu_backup_backend,
+                                                               enable_disk_backup))
+            name = self._core.region_tag(dev, tag, config.kind)
             with self._ahead_of_route(dev):
                 stack.enter_context(_use_pool(name, dev))
-            stack.enter_context(self._backend_set(cpu_backup_backend))
             yield
 
     def _ahead_of_route(self, dev: int) -> "contextlib.AbstractContextManager[None]":
         """PyTorch pool entries made inside come ahead of the process route's."""
         return self._route.behind(dev) if self._route is not None else contextlib.nullcontext()
-
-    @contextlib.contextmanager
-    def _backend_set(self, backend: Optional[str]) -> Iterator[None]:
-        old, self._backend = self._backend, backend or self._backend
-        try:
-            yield
-        finally:
-            self._backend = old
 
     @contextlib.contextmanager
     def cuda_graph(
@@ -246,10 +265,11 @@ class TorchMemorySaver:
         """As ``torch.cuda.graph``, with the graph's memory pauseable under `tag`."""
         self._check_backend(enable_cpu_backup, cpu_backup_backend)
         dev = torch.cuda.current_device()
-        name = self._core.region_tag(dev, tag, "cpu" if enable_cpu_backup else "none")
         if pool is not None:
             warnings.warn("torch_memory_saver (vmmweights): cuda_graph(pool=...) is ignored; the graph's memory goes to the tag's pool")
         with contextlib.ExitStack() as stack:
+            config = stack.enter_context(self._configs.entered(tag, enable_cpu_backup, cpu_backup_backend, False))
+            name = self._core.region_tag(dev, tag, config.kind)
             with self._ahead_of_route(dev):
                 stack.enter_context(_graph(cuda_graph, name, device=dev, stream=stream, capture_error_mode=capture_error_mode))
             yield
@@ -258,14 +278,19 @@ class TorchMemorySaver:
     def disable(self) -> Iterator[None]:
         """Allocations in the block are not pauseable; their memory is returned
         when the block ends."""
-        if self._route is not None:
-            with self._route.stepped_aside(_torch_empty_cache):
+        was = self._configs.current().interesting
+        self._configs.set(interesting=False)
+        try:
+            if self._route is not None:
+                with self._route.stepped_aside(_torch_empty_cache):
+                    yield
+                return
+            mp = torch.cuda.MemPool()
+            with torch.cuda.use_mem_pool(mp):
                 yield
-            return
-        mp = torch.cuda.MemPool()
-        with torch.cuda.use_mem_pool(mp):
-            yield
-        del mp
+            del mp
+        finally:
+            self._configs.set(interesting=was)
 
     # --- pause and resume ---------------------------------------------------------
 
@@ -295,7 +320,7 @@ class TorchMemorySaver:
         storage = x.untyped_storage()
         ptr, nbytes = storage.data_ptr(), storage.nbytes()
         names = self._core.own.pool_tags(dev)
-        if not nbytes or not any(SaverCore.kind_of(n) == "cpu" for n in names):
+        if not nbytes or not any(SaverCore.kind_of(n) in HOST_KINDS for n in names):
             return None
         try:
             owner, host = _pool(dev).backup_view(ptr, nbytes)
@@ -308,8 +333,8 @@ class TorchMemorySaver:
                 return None
             raw = torch.empty(nbytes, dtype=torch.uint8)
             owner = _pool(dev).read_backup_into(ptr, raw.data_ptr(), nbytes)
-            return self._shaped(raw, x) if owner in names and SaverCore.kind_of(owner) == "cpu" else None
-        if owner not in names or SaverCore.kind_of(owner) != "cpu":
+            return self._shaped(raw, x) if owner in names and SaverCore.kind_of(owner) in HOST_KINDS else None
+        if owner not in names or SaverCore.kind_of(owner) not in HOST_KINDS:
             return None
         view = torch.frombuffer((ctypes.c_uint8 * nbytes).from_address(host), dtype=torch.uint8)
         return self._shaped(view if zero_copy else view.clone(), x)
@@ -330,6 +355,113 @@ class TorchMemorySaver:
 
 
 _torch_empty_cache = torch.cuda.memory.empty_cache
+
+
+class _MemPools:
+    """The shim's PyTorch memory pools by torch_memory_saver's key, ``(tag,
+    enable_cpu_backup, enable_disk_backup, backend or "", device)``: the
+    ``_impl._mem_pools`` its tests pop a region's pool from, to free it."""
+
+    def __init__(self, saver: TorchMemorySaver) -> None:
+        self._saver = saver
+
+    def _pool_tag(self, key: Tuple[str, bool, bool, str, int]) -> Tuple[str, int]:
+        tag, cpu, disk, backend, dev = key
+        kind = ("mmap" if backend == "mmap" else "cpu") if cpu else "disk" if disk else "none"
+        return self._saver._core.own.pool_tag(tag, kind), int(dev)
+
+    def __getitem__(self, key: Tuple[str, bool, bool, str, int]) -> Any:
+        name, dev = self._pool_tag(key)
+        return _mem_pool(name, dev)
+
+    def pop(self, key: Tuple[str, bool, bool, str, int], *default: Any) -> Any:
+        """Forget the pool: dropped with its tensors, its memory is freed."""
+        name, dev = self._pool_tag(key)
+        mp = _take_mem_pool(name, dev)
+        if mp is None:
+            if default:
+                return default[0]
+            raise KeyError(key)
+        return mp
+
+
+def _cudart() -> ctypes.CDLL:
+    """The CUDA runtime library this process loaded (PyTorch's)."""
+    with open("/proc/self/maps") as f:
+        paths = {line.split()[-1] for line in f if "libcudart.so" in line and line.split()[-1].startswith("/")}
+    if not paths:
+        raise OSError("no CUDA runtime (libcudart.so) is loaded in this process")
+    return ctypes.CDLL(sorted(paths)[0])
+
+
+class _Library:
+    """What torch_memory_saver's tests read through
+    ``_impl._binary_wrapper.cdll``: upstream's C library's per-thread region
+    settings (``tms_get_current_tag``, ``tms_get_interesting_region``,
+    ``tms_get_enable_cpu_backup``, ``tms_get_cpu_backup_backend``,
+    ``tms_get_enable_disk_backup``, their setters, retain, pause and resume),
+    answered from the shim's own state; any other name is a CUDA runtime
+    function of this process (``cudaHostGetFlags``)."""
+
+    def __init__(self, saver: TorchMemorySaver) -> None:
+        cfg = saver._configs
+        self._calls: Dict[str, Callable[..., Any]] = {
+            "tms_get_current_tag": lambda: cfg.current().tag.encode(),
+            "tms_set_current_tag": lambda t: cfg.set(tag=_text(t)),
+            "tms_get_interesting_region": lambda: cfg.current().interesting,
+            "tms_set_interesting_region": lambda on: cfg.set(interesting=bool(on)),
+            "tms_get_enable_cpu_backup": lambda: cfg.current().cpu_backup,
+            "tms_set_enable_cpu_backup": lambda on: cfg.set(cpu_backup=bool(on)),
+            "tms_get_cpu_backup_backend": lambda: cfg.current().backend.encode(),
+            "tms_set_cpu_backup_backend": lambda b: cfg.set(backend=_text(b)),
+            "tms_get_enable_disk_backup": lambda: cfg.current().disk_backup,
+            "tms_set_enable_disk_backup": lambda on: cfg.set(disk_backup=bool(on)),
+            "tms_set_disk_backup_dir": lambda d: saver.set_disk_backup_dir(_text(d)),
+            "tms_get_retain_cpu_backup": lambda: saver.retain_cpu_backup,
+            "tms_set_retain_cpu_backup": lambda on: setattr(saver, "retain_cpu_backup", bool(on)),
+            "tms_pause": lambda t: _status(saver.pause, t),
+            "tms_resume": lambda t: _status(saver.resume, t),
+        }
+
+    def __getattr__(self, name: str) -> Any:
+        call = self.__dict__.get("_calls", {}).get(name)
+        if call is not None:
+            return call
+        return getattr(_cudart(), name)
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _status(act: Callable[[Optional[str]], None], tag: Any) -> int:
+    """`act` on `tag` (None: every tag) as upstream's C call does it: 0 when done."""
+    act(_text(tag) if tag else None)
+    return 0
+
+
+class _BinaryWrapper:
+    def __init__(self, saver: TorchMemorySaver) -> None:
+        self.cdll = _Library(saver)
+
+
+class _Internals:
+    """``torch_memory_saver._impl`` over the shim: the three names upstream's
+    test suite reaches into (``_mem_pools``, ``_with_region_config``,
+    ``_binary_wrapper``), each answered from the shim's own state."""
+
+    def __init__(self, saver: TorchMemorySaver) -> None:
+        self._saver = saver
+        self._mem_pools = _MemPools(saver)
+        self._binary_wrapper = _BinaryWrapper(saver)
+
+    @contextlib.contextmanager
+    def _with_region_config(self, tag: str, enable_cpu_backup: bool, cpu_backup_backend: Optional[str],
+                            enable_disk_backup: bool = False) -> Iterator[None]:
+        """This thread's region settings for `tag` inside the block, without
+        entering the region's memory pool."""
+        with self._saver._configs.entered(tag, enable_cpu_backup, cpu_backup_backend, enable_disk_backup):
+            yield
 
 
 #: The global instance, as ``from torch_memory_saver import torch_memory_saver``.

@@ -8,12 +8,18 @@ tensor-parallel rank keeping its slices.
     with vt.use_pool("trainer"):
         model = build_model()
     with vt.transport.Sender("/tmp/engine.sock") as tx:
-        tx.send(model.state_dict())
-    # engine process: one update
-    vt.transport.receive_(engine_model, "/tmp/engine.sock")
-    # or every step, attaching the trainer's memory once
+        tx.offer(model)                      # once: the engine attaches now
+        for step in steps:
+            train(model)
+            tx.send(model)
+    # engine process: every step, the trainer's memory attached once, before
+    # the first update, so even the first one only copies
     with vt.transport.Receiver("/tmp/engine.sock") as rx:
-        rx.receive_(engine_model)
+        rx.attach(engine_model)
+        for step in steps:
+            rx.receive_(engine_model)
+    # or one update, attaching for it alone
+    vt.transport.receive_(engine_model, "/tmp/engine.sock")
 """
 
 from __future__ import annotations
@@ -130,6 +136,26 @@ class Sender:
             src.close()
             gathered.clear()
 
+    def offer(self, state: Union[torch.nn.Module, Mapping[str, torch.Tensor]], receivers: int = 1) -> _transport.SendReport:
+        """Offer `state` (a model or state dict whose tensors lie in our pool
+        on the sender's device, as direct sends need) to `receivers` engine
+        ranks ahead of the first update: each :meth:`Receiver.attach` attaches
+        the memory and checks it against its targets now, so the first
+        :meth:`send` of the same tensors is, for them, one manifest and the
+        copies. Waits until every receiver attached. Offer again after the
+        tensors move (freed and allocated again, or a sleep and wake of
+        their tag): the next send attaches anew otherwise."""
+        tensors = _state_dict(state)
+        p = pool(self._dev)
+        if not _in_pool(p, tensors, self._dev):
+            raise ValueError("offer: every tensor must lie in our pool on the sender's device "
+                             "(allocate the model under vmmweights.torch.use_pool)")
+        src = _source(tensors, self._dev)
+        try:
+            return self._tx.offer_direct(src, receivers)
+        finally:
+            src.close()
+
     def close(self) -> None:
         self._tx.close()
 
@@ -175,6 +201,10 @@ class Receiver:
     takes the trainer's weights every step attaches them once, then each
     update is one manifest and the copies.
 
+    :meth:`attach` takes the trainer's offer (:meth:`Sender.offer`) before
+    the first update, so that one attaches nothing either: the documented
+    path for an engine that times its updates.
+
     The kept imports keep the trainer's memory allocated on the GPU (also
     memory it freed or put to sleep since) until they are dropped:
     :meth:`drop_imports`, a failed update, or :meth:`close`; :meth:`stats`
@@ -184,6 +214,7 @@ class Receiver:
     same addresses, reuses the load found for it then.
 
         with vt.transport.Receiver("/tmp/engine.sock") as rx:
+            rx.attach(engine_model)
             for step in steps:
                 rx.receive_(engine_model)
     """
@@ -213,21 +244,41 @@ class Receiver:
         self._last = (target, [(n, t, t.data_ptr()) for n, t in tensors.items()], ld, dev, first)
         return ld, dev, first
 
-    def receive_(self, target: Union[torch.nn.Module, Mapping[str, torch.Tensor]], *,
-                 expected_version: Optional[int] = None, tag: Optional[str] = None) -> UpdateResult:
-        """Receive one update into `target`; every target of one receiver
-        lies on the same GPU (the imports are mapped there)."""
-        ld, dev, first = self._load_of(target)
+    def _native(self, dev: int) -> _transport.Receiver:
         p = pool(dev)
         if self._rx is None:
             self._rx = _transport.Receiver(p, self._path, **self._options)
             self._dev = dev
         elif dev != self._dev:
             raise ValueError(f"this receiver imports on cuda:{self._dev}; the target lies on cuda:{dev}")
+        return self._rx
+
+    def attach(self, target: Union[torch.nn.Module, Mapping[str, torch.Tensor]], *,
+               expected_version: Optional[int] = None, tag: Optional[str] = None) -> _transport.ReceiveStats:
+        """Take the trainer's offer (:meth:`Sender.offer`, which this waits
+        for) before the first update: attach its memory, check its tensors
+        against `target` (filled by :func:`vmmweights.torch.load_`) as an
+        update would, writing nothing, and keep both. Every update of the
+        same tensors after it, the first included, attaches and checks
+        nothing: one manifest and the copies. Returns what was attached."""
+        ld, dev, first = self._load_of(target)
+        rx = self._native(dev)
+        p = pool(dev)
+        tag = _tag_of(first, dev, tag)
+        version = p.tag_version(tag) if expected_version is None else expected_version
+        return rx.prepare(ld, p, version, tag=tag)
+
+    def receive_(self, target: Union[torch.nn.Module, Mapping[str, torch.Tensor]], *,
+                 expected_version: Optional[int] = None, tag: Optional[str] = None) -> UpdateResult:
+        """Receive one update into `target`; every target of one receiver
+        lies on the same GPU (the imports are mapped there)."""
+        ld, dev, first = self._load_of(target)
+        rx = self._native(dev)
+        p = pool(dev)
         tag = _tag_of(first, dev, tag)
         version = p.tag_version(tag) if expected_version is None else expected_version
         torch.cuda.synchronize(dev)  # nothing queued may still read the targets
-        return self._rx.receive(ld, p, version, tag=tag)
+        return rx.receive(ld, p, version, tag=tag)
 
     def stats(self) -> _transport.ReceiveStats:
         """What the last receive did and what is kept imported now."""

@@ -26,8 +26,9 @@ use vmmweights::driver::{Driver, StreamId};
 use vmmweights::loader::{Session, Tp};
 use vmmweights::share::LogSink;
 use vmmweights::update::transport::ipc::{
-    IpcReceiver, IpcSender, ReceiverOptions, SendData, SendTensor, SenderOptions, UpdateReceiver,
+    IpcReceiver, IpcSender, SendData, SendTensor, SenderOptions,
 };
+use vmmweights::update::transport::receiver::{ReceiverOptions, UpdateReceiver};
 use vmmweights::update::transport::{receive, send};
 use vmmweights::update::{self, Bytes, Staging, Tensors, UpdateOptions};
 use vmmweights::{tag, BackendKind, Error, Pool, PoolConfig, Result, Segment};

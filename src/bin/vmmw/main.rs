@@ -15,6 +15,7 @@ mod bench_load;
 mod bench_multi;
 mod bench_pool;
 mod bench_sleep;
+mod bench_swap;
 mod bench_update;
 mod chart;
 mod ctl;
@@ -102,6 +103,9 @@ enum Command {
     /// status, to sleep, or to wake.
     #[command(after_help = exit::HELP_EXIT_CODES)]
     Ctl(ctl::Args),
+    /// Two models swapped (one sleeps while the other wakes) for every pair of policies, against the link and sleep-then-wake.
+    #[command(after_help = exit::HELP_EXIT_CODES)]
+    BenchSwap(bench_swap::Args),
 }
 
 /// What a command asked for on stdout, decided before it runs.
@@ -136,6 +140,7 @@ impl Command {
             Command::BenchSleep(a) => bench(&mut a.json),
             Command::BenchUpdate(a) => bench(&mut a.json),
             Command::BenchCodec(a) => bench(&mut a.json),
+            Command::BenchSwap(a) => bench(&mut a.json),
         }
     }
 
@@ -184,6 +189,11 @@ impl Command {
             }
             Command::BenchCodec(a) => {
                 bench_codec::run(a)?;
+                Ok(None)
+            }
+            Command::BenchSwap(a) => {
+                a.backend.check()?;
+                bench_swap::run(a)?;
                 Ok(None)
             }
         }

@@ -17,7 +17,7 @@ use std::sync::Arc;
 
 use super::options::CODEC_RING;
 use super::{SegmentBackup, SleepEngine};
-use crate::codec::{self, format, Layout};
+use crate::codec::{self, format};
 use crate::driver::{CreateFlags, DevicePtr, Driver, EventId, PhysHandle, StreamId};
 use crate::error::{Error, Result};
 use crate::segment::map_new_at;
@@ -82,6 +82,16 @@ impl SegmentBackup {
         out
     }
 
+    /// Keep only the frames that overlap a range of `needed` (segment
+    /// `(offset, len)`): the others hold bytes no wake needs.
+    pub(super) fn retain_frames_overlapping(&mut self, needed: &[(usize, usize)]) {
+        self.frames.retain(|f| {
+            needed
+                .iter()
+                .any(|&(o, l)| f.offset < o + l && o < f.offset + f.raw_len)
+        });
+    }
+
     /// True when the backup holds codec frames.
     pub(super) fn is_compressed(&self) -> bool {
         !self.frames.is_empty()
@@ -111,9 +121,9 @@ pub(super) struct CodecScratch {
     handle: Option<PhysHandle>,
     mapped: bool,
     /// Raw bytes of the largest frame the buffers hold.
-    frame_raw: usize,
-    frames: Vec<DevicePtr>,
-    scratch: DevicePtr,
+    pub(super) frame_raw: usize,
+    pub(super) frames: Vec<DevicePtr>,
+    pub(super) scratch: DevicePtr,
     /// Status words at `scratch` (wake).
     status_words: usize,
     /// One length word per buffer in pinned host memory (sleep; none at
@@ -122,14 +132,14 @@ pub(super) struct CodecScratch {
     /// encode has completed.
     words: Option<Arc<LengthWords>>,
     /// The buffer's frame is ready: encoded (sleep) or copied in (wake).
-    ready: Vec<EventId>,
-    done: Vec<EventId>,
-    used: Vec<bool>,
+    pub(super) ready: Vec<EventId>,
+    pub(super) done: Vec<EventId>,
+    pub(super) used: Vec<bool>,
     /// Frames passed through the buffers so far: frame t of the whole
     /// sleep or wake uses buffer t % ring, so the buffers cycle across
     /// segments too and a segment's first frame never waits for the copy of
     /// the one before's last.
-    turn: usize,
+    pub(super) turn: usize,
 }
 
 /// A length word no encode has written since it was cleared.
@@ -195,11 +205,11 @@ impl CodecScratch {
     /// `None` when it left none. The word is cleared again for the buffer's
     /// next frame.
     /// Device-visible address of buffer `k`'s length word (sleep).
-    fn len_word(&self, k: usize) -> u64 {
+    pub(super) fn len_word(&self, k: usize) -> u64 {
         self.words.as_ref().map_or(0, |w| w.ptr) + 8 * k as u64
     }
 
-    fn frame_len(&mut self, k: usize) -> Option<usize> {
+    pub(super) fn frame_len(&mut self, k: usize) -> Option<usize> {
         // SAFETY: `len_word(k)` is buffer k's word in the `LengthWords` the
         // scratch holds (a sleep's: only sleeps read lengths); the encode that writes word
         // `k` has completed (the caller synchronized its event) and the next
@@ -296,7 +306,7 @@ impl CodecScratch {
     }
 
     /// Buffers in the ring.
-    fn ring(&self) -> usize {
+    pub(super) fn ring(&self) -> usize {
         self.frames.len()
     }
 }
@@ -378,140 +388,7 @@ impl SleepEngine {
     }
 }
 
-/// What one compressed backup's sleep copied: the events its copies record,
-/// raw and encoded bytes.
-pub(super) struct Encoded {
-    pub events: Vec<EventId>,
-    pub raw: u64,
-    pub encoded: u64,
-}
-
 impl SleepEngine {
-    /// Give segment `ptr` (`committed` bytes, of `tag`) a compressed backup:
-    /// encode each frame on the device and queue its copy into the arena.
-    /// `streams[0]` encodes, `streams[1]` copies. On an error the backup
-    /// misses frames while copies into its pieces may still run: the caller
-    /// drops it once the streams are synchronized (the segment stays awake
-    /// and busy until then, so nothing restores, reads or unpins it).
-    pub(super) fn issue_compressed(
-        &self,
-        tag: TagId,
-        ptr: DevicePtr,
-        committed: usize,
-        layout: Layout,
-        sc: &mut CodecScratch,
-        streams: &[StreamId],
-    ) -> Result<Encoded> {
-        let (encode_on, copy_on) = (streams[0], streams[1 % streams.len()]);
-        {
-            let mut s = self.lock();
-            s.free_backup(ptr);
-            s.backups.insert(
-                ptr,
-                SegmentBackup {
-                    tag,
-                    ranges: vec![(0, committed)],
-                    pieces: Vec::new(),
-                    frames: Vec::new(),
-                },
-            );
-        }
-        let mut at = 0usize;
-        let (frame, ring) = (sc.frame_raw, sc.ring());
-        let count = committed.div_ceil(frame);
-        let base = sc.turn;
-        let raw_len = |j: usize| frame.min(committed - j * frame);
-        // Queue frame j's encode into its buffer, behind (on the device) the
-        // copy that used the buffer a ring earlier: the host does not wait.
-        let queue = |sc: &mut CodecScratch, j: usize| -> Result<()> {
-            let k = (base + j) % ring;
-            if sc.used[k] {
-                self.driver.stream_wait_event(encode_on, sc.done[k])?;
-            }
-            // SAFETY: the segment is awake (mapped) and in this transition;
-            // the frame buffer and the encoder's scratch (used in stream
-            // order) lie in `sc`, the length word in its pinned host words,
-            // read for the buffer's last frame already; the encode runs after
-            // the copy that last read the buffer (the wait above).
-            unsafe {
-                self.driver.codec_encode_async(
-                    ptr + (j * frame) as u64,
-                    raw_len(j),
-                    layout,
-                    sc.frames[k],
-                    sc.scratch,
-                    sc.len_word(k),
-                    encode_on,
-                )
-            }?;
-            self.driver.event_record(sc.ready[k], encode_on)
-        };
-        // The encodes of the first ring - 1 frames go first; each step then
-        // waits for the oldest, queues its copy, and queues one more encode,
-        // so the encoder is never idle while the host learns a length.
-        for j in 0..count.min(ring - 1) {
-            queue(sc, j)?;
-        }
-        for j in 0..count {
-            let (offset, raw_len) = (j * frame, raw_len(j));
-            let k = (base + j) % ring;
-            self.driver.event_synchronize(sc.ready[k])?;
-            let max = format::max_frame_bytes(raw_len);
-            let len = match sc.frame_len(k) {
-                Some(len) if len > 0 && len <= max => len,
-                got => {
-                    let got = got.map_or("no length".to_owned(), |n| format!("{n} bytes"));
-                    return Err(Error::InvalidState(format!(
-                        "the device encoder reports {got} for a frame of {raw_len} raw bytes \
-                         (1 to {max} possible); the codec PTX does not match this build"
-                    )));
-                }
-            };
-            let runs = {
-                let mut guard = self.lock();
-                let s = &mut *guard;
-                let pieces = s.arena.alloc_pieces(len)?;
-                let b = s.backups.get_mut(&ptr).expect("inserted above");
-                b.pieces.extend(pieces);
-                b.frames.push(FrameRec {
-                    offset,
-                    raw_len,
-                    at,
-                    len,
-                });
-                b.byte_runs(&s.arena, at, len)
-            };
-            for (host, n, within) in runs {
-                // SAFETY: `host` points at `n` bytes of this segment's backup,
-                // kept (busy) until the copies are waited on; the frame
-                // buffer holds the encoded frame (its encode completed).
-                unsafe {
-                    self.driver
-                        .copy_dtoh_async(host, sc.frames[k] + within as u64, n, copy_on)?
-                };
-            }
-            self.driver.event_record(sc.done[k], copy_on)?;
-            sc.used[k] = true;
-            at += len;
-            if j + ring - 1 < count {
-                // Its buffer held frame j - 1, whose copy runs ahead of
-                // frame j's: the link stays busy while the host waits.
-                queue(sc, j + ring - 1)?;
-            }
-        }
-        sc.turn += count;
-        let e = self.driver.event_create()?;
-        if let Err(err) = self.driver.event_record(e, copy_on) {
-            let _ = self.driver.event_destroy(e);
-            return Err(err);
-        }
-        Ok(Encoded {
-            events: vec![e],
-            raw: committed as u64,
-            encoded: at as u64,
-        })
-    }
-
     /// Queue the restore of the segments `ptrs` from their compressed
     /// backups: copy each frame to the device and decode it in place, one
     /// ring over all the segments' frames, so ring - 1 copies are queued

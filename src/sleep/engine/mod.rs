@@ -21,19 +21,26 @@ use crate::tag::TagId;
 use sources::Registered;
 
 mod compressed;
+mod encode;
 mod lent_frames;
 mod options;
 mod plan;
 mod read;
+mod release;
+mod room;
 mod sleep;
 mod sources;
 mod staged;
+mod swap;
 mod wake;
 
 pub use lent_frames::BackupFrame;
-pub use options::{CycleReport, Policy, SleepOptions, CODEC_FRAME_BYTES, CODEC_RING, MAX_STREAMS};
+pub use options::{
+    CycleReport, Policy, SleepOptions, WakeOptions, CODEC_FRAME_BYTES, CODEC_RING, MAX_STREAMS,
+};
 pub use sources::Retired;
 pub use staged::{HostSpan, StagedWake};
+pub use swap::{SwapReport, SwapSleep, SwapWake, SyncTagSegments};
 
 /// Access to one tag's segments for the short steps of a sleep or wake that
 /// read or change them: the callee gets every segment of the tag, in a stable
@@ -54,9 +61,26 @@ struct SegmentBackup {
     /// OffloadCompressed: the codec frames the pieces hold, in segment
     /// order; empty for a backup of raw bytes.
     frames: Vec<compressed::FrameRec>,
+    /// `(segment offset, len)` of chunks a sleep that stopped midway left
+    /// mapped before their copies completed: the backup does not hold their
+    /// bytes (the device does). Never restored or read; the next sleep
+    /// copies them again (`release.rs`).
+    stale: Vec<(usize, usize)>,
 }
 
 impl SegmentBackup {
+    /// An error naming `tag` when segment range `[off, off+len)` touches a
+    /// stale range (bytes the backup does not hold; see `stale`).
+    fn check_fresh(&self, va: DevicePtr, off: usize, len: usize, tag: &str) -> Result<()> {
+        match self.stale.iter().find(|&&(o, l)| o < off + len && off < o + l) {
+            None => Ok(()),
+            Some(&(o, l)) => Err(crate::error::Error::InvalidState(format!(
+                "the host backup of tag `{tag}` does not hold bytes [{o}, {}) of segment {va:#x}: a sleep stopped before copying them (the device still holds them); sleep the tag again to finish",
+                o + l
+            ))),
+        }
+    }
+
     fn len(&self) -> usize {
         self.pieces.iter().map(|p| p.len).sum()
     }
@@ -103,6 +127,9 @@ impl SegmentBackup {
 struct EngineState {
     arena: BackupArena,
     streams: Vec<StreamId>,
+    /// A second set, as many: a swap's wake queues on these while its sleep
+    /// queues on `streams`, so the two directions of the link overlap.
+    second_streams: Vec<StreamId>,
     /// Backups by segment base address. A backup stays assigned after wake
     /// (unless configured otherwise), so the next sleep reuses the same memory.
     backups: HashMap<DevicePtr, SegmentBackup>,
@@ -124,10 +151,17 @@ struct EngineState {
 }
 
 impl EngineState {
-    fn free_backup(&mut self, va: DevicePtr) {
-        if let Some(b) = self.backups.remove(&va) {
-            b.pieces.into_iter().for_each(|p| self.arena.free(p));
-        }
+    /// Return `va`'s backup to the arena (its memory stays pinned); the
+    /// slabs it lay in.
+    fn free_backup(&mut self, va: DevicePtr) -> Vec<usize> {
+        let Some(b) = self.backups.remove(&va) else {
+            return Vec::new();
+        };
+        let mut slabs: Vec<usize> = b.pieces.iter().map(|p| p.slab).collect();
+        slabs.sort_unstable();
+        slabs.dedup();
+        b.pieces.into_iter().for_each(|p| self.arena.free(p));
+        slabs
     }
 }
 
@@ -153,6 +187,7 @@ impl SleepEngine {
                     options.host_memory_limit,
                 ),
                 streams: Vec::new(),
+                second_streams: Vec::new(),
                 backups: HashMap::new(),
                 reload: HashMap::new(),
                 loaded: HashSet::new(),
@@ -239,9 +274,49 @@ impl SleepEngine {
         m
     }
 
-    /// Forget a segment that is being freed: its backup returns to the arena.
+    /// Drop the backups the awake segments of `tags` kept after their wake
+    /// (`awake` says which segments are awake; a sleep or wake running now
+    /// keeps its own): their pinned memory returns to the arena for the
+    /// next sleep of any tag, or, with `unpin`, every slab holding no backup
+    /// is unpinned as [`Self::release_backup`] does. Returns bytes unpinned.
+    pub fn drop_backups(
+        &self,
+        tags: &HashSet<TagId>,
+        awake: &dyn Fn(DevicePtr) -> bool,
+        unpin: bool,
+    ) -> u64 {
+        let mut s = self.lock();
+        let kept: Vec<DevicePtr> = s
+            .backups
+            .iter()
+            .filter(|(va, b)| tags.contains(&b.tag) && awake(**va) && !s.busy.contains(va))
+            .map(|(va, _)| *va)
+            .collect();
+        for va in kept {
+            s.free_backup(va);
+        }
+        if unpin {
+            s.arena.release_unused()
+        } else {
+            0
+        }
+    }
+
+    /// Forget a segment that is being freed: its backup goes, and the
+    /// slabs it lay in are unpinned when they hold no other backup (the
+    /// memory of a freed allocation is given back, as `cudaFreeHost` of a
+    /// per-allocation backup would). Slabs that were already empty (kept
+    /// for the next sleep, or pinned ahead) stay.
     pub fn forget_segment(&self, va: DevicePtr) {
-        self.lock().free_backup(va);
+        let mut s = self.lock();
+        if s.busy.contains(&va) {
+            // A transition still copies into it: the range returns to the
+            // arena, the slab stays pinned until the next release.
+            s.free_backup(va);
+            return;
+        }
+        let slabs = s.free_backup(va);
+        s.arena.release_if_unused(&slabs);
     }
 
     /// The pinned words compressed sleeps' encodes leave frame lengths in,
@@ -261,12 +336,25 @@ impl SleepEngine {
         }
         Ok(())
     }
+
+    /// The streams of the first set, or of the `second` (made as needed).
+    fn lane_streams(&self, s: &mut EngineState, second: bool) -> Result<Vec<StreamId>> {
+        if !second {
+            self.ensure_streams(s)?;
+            return Ok(s.streams.clone());
+        }
+        let want = s.options.streams.max(2);
+        while s.second_streams.len() < want {
+            s.second_streams.push(self.driver.stream_create()?);
+        }
+        Ok(s.second_streams[..want].to_vec())
+    }
 }
 
 impl Drop for SleepEngine {
     fn drop(&mut self) {
         let s = self.state.get_mut().unwrap_or_else(|p| p.into_inner());
-        for &st in &s.streams {
+        for &st in s.streams.iter().chain(&s.second_streams) {
             let _ = self.driver.stream_synchronize(st);
             let _ = self.driver.stream_destroy(st);
         }

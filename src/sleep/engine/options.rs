@@ -197,6 +197,19 @@ impl Default for SleepOptions {
     }
 }
 
+/// How a wake gets its device memory.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct WakeOptions {
+    /// Zero (the default): the bytes the wake needs are compared with the
+    /// device's free memory first, and a shortfall refuses the wake before
+    /// anything moves. Otherwise: each physical chunk is created as soon as
+    /// the device has room, waiting up to this long in all for memory being
+    /// released meanwhile (another process's sleep, another pool's trim),
+    /// polling the driver's free memory; then the wake fails
+    /// transactionally. Longer than a year counts as a year.
+    pub wait_for_memory: std::time::Duration,
+}
+
 /// What one sleep or wake of one tag did.
 #[derive(Debug, Clone, Default, serde::Serialize)]
 pub struct CycleReport {

@@ -29,6 +29,7 @@ impl SleepEngine {
                 )))
             }
         };
+        b.check_fresh(va, off, dst.len(), tag)?;
         if b.is_compressed() {
             return Self::read_compressed(b, &s.arena, off, dst, tag);
         }
@@ -85,6 +86,7 @@ impl SleepEngine {
                 )))
             }
         };
+        b.check_fresh(va, off, len, tag)?;
         match b.spans(&s.arena, off, len, usize::MAX)[..] {
             [(at, host, n)] if at == off && n == len => Ok(host),
             ref spans if spans.iter().map(|&(_, _, n)| n).sum::<usize>() == len => Err(Error::InvalidState(format!(

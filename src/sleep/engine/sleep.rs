@@ -4,18 +4,35 @@
 //! finish.
 
 use std::cell::RefCell;
+use std::collections::HashSet;
 use std::time::Instant;
 
 use super::compressed::{self, CodecScratch};
 use super::options::{CycleReport, Policy};
 use super::plan::{self, SegTodo, Transition};
+use super::release::{Pending, Progress, Unit};
+use super::room::Releases;
 use super::{SegmentBackup, SleepEngine, TagSegments};
 use crate::codec::Layout;
-use crate::driver::{DevicePtr, EventId, StreamId};
+use crate::driver::{DevicePtr, StreamId};
 use crate::error::{Error, Result};
 use crate::hostmem::pinned_len;
 use crate::segment::{Segment, SleepState};
 use crate::tag::TagId;
+
+/// Where a sleep or wake runs: which of the engine's two sets of streams it
+/// queues on (a swap runs its sleep and its wake at once, one on each, so
+/// the two directions of the link overlap), whether the device was already
+/// synchronized for it, and who hears of the memory a sleep releases.
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct Lane<'a> {
+    /// The second set of streams.
+    pub(super) second: bool,
+    /// The caller synchronized the device after the last work it queued.
+    pub(super) synced: bool,
+    /// Told each time the sleep releases chunks, and when it ends.
+    pub(super) releases: Option<&'a Releases>,
+}
 
 /// What the copies of one sleep run with, fixed before the first one.
 struct CopyPlan {
@@ -45,10 +62,6 @@ const COMPRESSED_PIN_SLAB_BYTES: usize = 64 << 20;
 /// Compressed backups whose bound is below this many slabs pin on demand,
 /// each frame's bytes exactly, at a cost too small to pipeline.
 const COMPRESSED_PIN_MIN_SLABS: u64 = 4;
-
-/// Per segment (an index into the snapshot), the events its copies record;
-/// none when it copies nothing.
-type Pending = Vec<(usize, Vec<EventId>)>;
 
 impl SleepEngine {
     /// Put the awake segments among `segs` (all of tag `tag`) to sleep with
@@ -86,8 +99,20 @@ impl SleepEngine {
         segs: TagSegments<'_>,
         in_use: Option<&[(DevicePtr, usize)]>,
     ) -> Result<CycleReport> {
-        let t0 = Instant::now();
         let _one = self.one_transition();
+        self.sleep_in(tag, policy, segs, in_use, Lane::default())
+    }
+
+    /// [`Self::sleep_tag`] within a transition the caller holds, on `lane`.
+    pub(super) fn sleep_in(
+        &self,
+        tag: TagId,
+        policy: Policy,
+        segs: TagSegments<'_>,
+        in_use: Option<&[(DevicePtr, usize)]>,
+        lane: Lane<'_>,
+    ) -> Result<CycleReport> {
+        let t0 = Instant::now();
         let mut report = CycleReport::default();
         let todo = plan::snapshot(segs, Transition::Sleep);
         if todo.is_empty() {
@@ -100,7 +125,9 @@ impl SleepEngine {
         // Work still queued on other streams (the caller's) may be writing
         // these bytes: it must land before Reload hashes them, and none may
         // touch memory once it is unmapped.
-        self.driver.synchronize()?;
+        if !lane.synced {
+            self.driver.synchronize()?;
+        }
         if policy == Policy::Reload {
             // What changed since the load (an update in place, a block reused
             // without our free) is kept in the backup, not reverted at wake.
@@ -122,7 +149,25 @@ impl SleepEngine {
             let o = &self.lock().options;
             (o.codec_layout, o.codec_frame_bytes, o.codec_ring)
         };
-        let compress = policy == Policy::OffloadCompressed && keep.iter().any(|k| !k.is_empty());
+        // Segments an earlier sleep left asleep with chunks whose copies
+        // never completed: copied again before they are unmapped.
+        let stale: Vec<Vec<(usize, usize)>> = {
+            let s = self.lock();
+            todo.iter()
+                .map(|t| match s.backups.get(&t.ptr) {
+                    Some(b) if t.state != SleepState::Awake => b.stale.clone(),
+                    _ => Vec::new(),
+                })
+                .collect()
+        };
+        let refresh_frames = {
+            let s = self.lock();
+            todo.iter().zip(&stale).any(|(t, st)| {
+                !st.is_empty() && s.backups.get(&t.ptr).is_some_and(|b| b.is_compressed())
+            })
+        };
+        let compress = (policy == Policy::OffloadCompressed && keep.iter().any(|k| !k.is_empty()))
+            || refresh_frames;
         if compress {
             self.release_stale_scratch();
         }
@@ -132,7 +177,7 @@ impl SleepEngine {
                 Ok(sc) => Some(sc),
                 // A nearly full device: raw backups need no device memory,
                 // and a sleep that frees memory must not fail for want of it.
-                Err(e) if e.is_out_of_memory() => {
+                Err(e) if e.is_out_of_memory() && !refresh_frames => {
                     report.codec_fallback = true;
                     None
                 }
@@ -146,36 +191,59 @@ impl SleepEngine {
         } else {
             policy
         };
-        let run = self.plan_copies(tag, &todo, &keep, policy, frame)?;
+        let run = self.plan_copies(tag, &todo, &keep, policy, frame, lane.second)?;
+        if let Some(r) = lane.releases {
+            // Hashed, scratch mapped: from here on this sleep only gives
+            // device memory back.
+            r.ready();
+        }
         self.start_pinning(&todo, &run);
         let codec = scratch.sc.as_mut().map(|sc| (sc, layout));
+        let mut progress = Progress::new(lane.releases);
         // A compressed backup is issued at the encoder's pace, so the
-        // segments whose copies completed meanwhile are unmapped between
-        // segments instead of all after the last copy.
-        let (mut early, mut early_failure) = (0usize, None);
+        // chunks whose copies completed meanwhile are unmapped between
+        // frames instead of all after the last copy.
+        let mut early_failure = None;
         let mut unmap_early = |pending: &mut Pending, report: &mut CycleReport| {
-            let (done, failure) = self.unmap_completed(segs, &todo, pending, policy, report);
-            early += done;
+            let failure = self.unmap_completed(segs, &todo, pending, policy, report, &mut progress);
             early_failure = early_failure.take().or(failure);
         };
-        let (pending, failure, partial) = self.issue_copies(
+        let mut coded = HashSet::new();
+        let (pending, failure) = self.issue_copies(
             tag,
             &todo,
             &keep,
+            &stale,
             &run,
             codec,
             &mut report,
+            &mut coded,
             &mut unmap_early,
         );
         let failure = early_failure.or(failure);
-        let (done, failure) =
-            self.unmap_as_copied(segs, &todo, pending, policy, failure, &mut report);
-        let done = done + early;
-        self.finish_sleep(&todo, &run, failure.is_some(), partial, &mut report);
+        let failure = self.unmap_as_copied(
+            segs,
+            &todo,
+            pending,
+            policy,
+            failure,
+            &mut report,
+            &mut progress,
+        );
+        self.finish_sleep(
+            segs,
+            &todo,
+            &run,
+            failure.is_some(),
+            &progress,
+            &coded,
+            &mut report,
+        );
         // Every copy out of the scratch is complete (waited on, or the
         // streams synchronized after a failure).
         drop(scratch);
         report.seconds = t0.elapsed().as_secs_f64();
+        let done = progress.emptied();
         match failure {
             None => {
                 if policy == Policy::Reload {
@@ -192,7 +260,6 @@ impl SleepEngine {
             ))),
         }
     }
-
     /// Check that the backup the segments need (`keep`) fits under the
     /// host-memory limit and in the host's available memory, and make the
     /// streams. Compressed backups count frames of `frame` raw bytes stored
@@ -204,6 +271,7 @@ impl SleepEngine {
         keep: &[Vec<(usize, usize)>],
         policy: Policy,
         frame: usize,
+        second: bool,
     ) -> Result<CopyPlan> {
         let mut s = self.lock();
         let (mut need_new, mut pin_ahead) = (0u64, 0u64);
@@ -248,9 +316,9 @@ impl SleepEngine {
             need_new.saturating_sub(s.arena.free_bytes()),
             &format!("backup for sleeping tag {tag}"),
         )?;
-        self.ensure_streams(&mut s)?;
+        let streams = self.lane_streams(&mut s, second)?;
         Ok(CopyPlan {
-            streams: s.streams.clone(),
+            streams,
             piece: s.options.copy_piece_bytes.max(1 << 20),
             held_before: s.arena.held(),
             need_new,
@@ -290,75 +358,131 @@ impl SleepEngine {
         s.busy.extend(todo.iter().map(|t| t.ptr));
     }
 
-    /// Issue every copy, one event per segment per stream it used. Returns
-    /// the segments issued and not yet unmapped, in order, the error that
-    /// stopped the issue, and the segment whose compressed backup that error
-    /// left missing frames (for [`Self::finish_sleep`] to drop). `between`
-    /// runs after each compressed segment's frames are queued, with the
-    /// segments pending so far.
+    /// Issue every copy: per run of chunks, the copies out of them and one
+    /// event per stream they used (see [`Unit`]). Returns the units issued
+    /// and not yet unmapped, in order, and the error that stopped the issue.
+    /// `coded` receives the segments given compressed frames. `between` runs
+    /// after each run of chunks a compressed backup covers, with the units
+    /// pending so far.
     #[allow(clippy::too_many_arguments)]
     fn issue_copies(
         &self,
         tag: TagId,
         todo: &[SegTodo],
         keep: &[Vec<(usize, usize)>],
+        stale: &[Vec<(usize, usize)>],
         run: &CopyPlan,
         mut codec: Option<(&mut CodecScratch, Layout)>,
         report: &mut CycleReport,
+        coded: &mut HashSet<usize>,
         between: &mut dyn FnMut(&mut Pending, &mut CycleReport),
-    ) -> (Pending, Option<Error>, Option<DevicePtr>) {
+    ) -> (Pending, Option<Error>) {
         let mut next_stream = 0usize;
         let mut pending: Pending = Vec::new();
+        let whole = |i: usize| Unit {
+            seg: i,
+            chunks: 0..todo[i].chunks.len(),
+            events: Vec::new(),
+        };
         for (i, t) in todo.iter().enumerate() {
-            if keep[i].is_empty() {
+            let refresh = !stale[i].is_empty();
+            if keep[i].is_empty() && !refresh {
                 if t.state == SleepState::Awake {
                     // A backup from an earlier Offload must not be restored
                     // over what this sleep does not keep.
                     self.lock().free_backup(t.ptr);
                 }
-                pending.push((i, Vec::new()));
+                pending.push(whole(i));
                 continue;
             }
-            if let Some((sc, layout)) = codec.as_mut() {
-                match self.issue_compressed(tag, t.ptr, t.committed, *layout, sc, &run.streams) {
-                    Ok(e) => {
-                        report.copied_bytes += e.encoded;
-                        report.raw_bytes += e.raw;
-                        pending.push((i, e.events));
-                        between(&mut pending, report);
-                    }
-                    Err(e) => return (pending, Some(e), Some(t.ptr)),
+            let frames = self
+                .lock()
+                .backups
+                .get(&t.ptr)
+                .is_some_and(|b| b.is_compressed());
+            // Frames only for a compressed sleep, or to refresh a compressed
+            // backup (whatever this sleep's policy).
+            let encode = if refresh {
+                frames
+            } else {
+                run.bound_only && codec.is_some()
+            };
+            if encode {
+                let Some((sc, layout)) = codec.as_mut() else {
+                    return (pending, Some(Error::InvalidState(format!(
+                        "segment at {:#x} of tag {tag} needs its compressed backup refreshed but the sleep has no codec scratch",
+                        t.ptr
+                    ))));
+                };
+                coded.insert(i);
+                let ranges = if refresh {
+                    stale[i].clone()
+                } else {
+                    vec![(0, t.committed)]
+                };
+                let r = self.issue_compressed(
+                    tag,
+                    i,
+                    t,
+                    &ranges,
+                    refresh,
+                    *layout,
+                    sc,
+                    &run.streams,
+                    &mut pending,
+                    report,
+                    run.piece,
+                    between,
+                );
+                if let Err(e) = r {
+                    return (pending, Some(e));
                 }
                 continue;
             }
-            match self.issue_backup(tag, t, &keep[i], run.piece, &run.streams, &mut next_stream) {
-                Ok((events, bytes)) => {
-                    report.copied_bytes += bytes;
-                    pending.push((i, events));
-                }
-                Err(e) => return (pending, Some(e), None),
+            let ranges = if refresh { &stale[i] } else { &keep[i] };
+            match self.issue_backup(
+                tag,
+                i,
+                t,
+                ranges,
+                refresh,
+                run,
+                &mut next_stream,
+                &mut pending,
+            ) {
+                Ok(bytes) => report.copied_bytes += bytes,
+                Err(e) => return (pending, Some(e)),
             }
         }
-        (pending, None, None)
+        (pending, None)
     }
 
-    /// Give `t` a backup holding `keep` and queue its device-to-host copies.
-    /// The arena is locked only to place the backup; the copies run without it.
+    /// Give `t` (snapshot index `i`) a backup holding `keep` and queue its
+    /// device-to-host copies, one unit per run of chunks of at least a copy
+    /// piece, so the memory goes back in runs that size as copies complete.
+    /// With `refresh`, the segment keeps the backup it has and only the
+    /// ranges `keep` (stale ones) are copied into it again. The arena is
+    /// locked only to place the backup; the copies run without it.
+    #[allow(clippy::too_many_arguments)]
     fn issue_backup(
         &self,
         tag: TagId,
+        i: usize,
         t: &SegTodo,
         keep: &[(usize, usize)],
-        piece: usize,
-        streams: &[StreamId],
+        refresh: bool,
+        run: &CopyPlan,
         next_stream: &mut usize,
-    ) -> Result<(Vec<EventId>, u64)> {
-        let spans = {
+        pending: &mut Pending,
+    ) -> Result<u64> {
+        let (streams, piece) = (&run.streams, run.piece);
+        // Per chunk, the host spans its copies fill.
+        let spans: Vec<Vec<(usize, *mut u8, usize)>> = {
             let mut s = self.lock();
-            let reuse = s
-                .backups
-                .get(&t.ptr)
-                .is_some_and(|b| b.ranges == keep && !b.is_compressed());
+            let reuse = refresh
+                || s.backups
+                    .get(&t.ptr)
+                    .is_some_and(|b| b.ranges == keep && !b.is_compressed());
             if !reuse {
                 s.free_backup(t.ptr);
                 let len = keep.iter().map(|&(_, l)| l).sum();
@@ -370,190 +494,101 @@ impl SleepEngine {
                         ranges: keep.to_vec(),
                         pieces,
                         frames: Vec::new(),
+                        stale: Vec::new(),
                     },
                 );
             }
-            let b = s.backups.get_mut(&t.ptr).expect("inserted above");
+            let Some(b) = s.backups.get_mut(&t.ptr) else {
+                return Err(Error::InvalidState(format!(
+                    "segment at {:#x} of tag {tag} has stale backup ranges but no backup",
+                    t.ptr
+                )));
+            };
             b.tag = tag;
             let b = &s.backups[&t.ptr];
-            b.spans(&s.arena, 0, t.committed, piece)
-        };
-        let mut used = vec![false; streams.len()];
-        let mut copied = 0u64;
-        for (at, host, n) in spans {
-            let k = *next_stream % streams.len();
-            *next_stream += 1;
-            // SAFETY: the segment is awake (mapped) and in this transition, so
-            // no one unmaps it; `host` points into its backup with `n` bytes
-            // left, kept (busy) until the copy is synchronized before unmap.
-            unsafe {
-                self.driver
-                    .copy_dtoh_async(host, t.ptr + at as u64, n, streams[k])?
-            };
-            used[k] = true;
-            copied += n as u64;
-        }
-        let mut events = Vec::new();
-        for (k, &u) in used.iter().enumerate() {
-            if u {
-                let e = self.driver.event_create()?;
-                if let Err(err) = self.driver.event_record(e, streams[k]) {
-                    let _ = self.driver.event_destroy(e);
-                    return Err(err);
-                }
-                events.push(e);
-            }
-        }
-        Ok((events, copied))
-    }
-
-    /// Unmap each segment of `pending` as soon as its copies are done, while
-    /// the later segments' copies still run: unmapping and releasing all of
-    /// them after the last copy would add their whole cost to the sleep.
-    /// Returns how many unmapped fully and the first error (`failure`, the
-    /// issue's, first).
-    fn unmap_as_copied(
-        &self,
-        segs: TagSegments<'_>,
-        todo: &[SegTodo],
-        pending: Pending,
-        policy: Policy,
-        mut failure: Option<Error>,
-        report: &mut CycleReport,
-    ) -> (usize, Option<Error>) {
-        let mut ready: Vec<usize> = Vec::new();
-        let mut done = 0usize;
-        for (i, events) in pending {
-            if !events.is_empty() && !ready.is_empty() {
-                let out = self.unmap_copied(segs, todo, &ready, policy, report);
-                done += out.0;
-                failure = failure.or(out.1);
-                ready.clear();
-            }
-            let waited = events
+            t.chunks
                 .iter()
-                .try_for_each(|&e| self.driver.event_synchronize(e));
-            for &e in &events {
-                let _ = self.driver.event_destroy(e);
-            }
-            match waited {
-                Ok(()) => ready.push(i),
-                Err(e) => {
-                    failure.get_or_insert(e);
-                }
-            }
-        }
-        if !ready.is_empty() {
-            let out = self.unmap_copied(segs, todo, &ready, policy, report);
-            done += out.0;
-            failure = failure.or(out.1);
-        }
-        (done, failure)
-    }
-
-    /// Unmap the segments at the front of `pending` whose copies have all
-    /// completed, without waiting for any; they leave `pending`. Returns how
-    /// many unmapped fully and the first unmap error. A segment whose event
-    /// cannot be queried stays pending, for [`Self::unmap_as_copied`] to wait
-    /// on and report.
-    fn unmap_completed(
-        &self,
-        segs: TagSegments<'_>,
-        todo: &[SegTodo],
-        pending: &mut Pending,
-        policy: Policy,
-        report: &mut CycleReport,
-    ) -> (usize, Option<Error>) {
-        let complete = pending
-            .iter()
-            .take_while(|(_, events)| {
-                events
-                    .iter()
-                    .all(|&e| self.driver.event_query(e).unwrap_or(false))
-            })
-            .count();
-        if complete == 0 {
-            return (0, None);
-        }
-        let ready: Vec<usize> = pending
-            .drain(..complete)
-            .map(|(i, events)| {
-                for e in events {
-                    let _ = self.driver.event_destroy(e);
-                }
-                i
-            })
-            .collect();
-        self.unmap_copied(segs, todo, &ready, policy, report)
-    }
-
-    /// Unmap the segments `todo[i]` for `i` in `idx`, whose backups are
-    /// complete, under one call of `segs` (the pool lock, held only for the
-    /// unmaps). Returns how many unmapped fully and the first error.
-    fn unmap_copied(
-        &self,
-        segs: TagSegments<'_>,
-        todo: &[SegTodo],
-        idx: &[usize],
-        policy: Policy,
-        report: &mut CycleReport,
-    ) -> (usize, Option<Error>) {
-        let mut done = 0usize;
-        let mut failure: Option<Error> = None;
-        segs(&mut |ss| {
-            for &i in idx {
-                let t = &todo[i];
-                let Some(seg) = ss.iter_mut().find(|s| s.ptr() == t.ptr) else {
-                    continue;
+                .map(|c| {
+                    let inside =
+                        |&&(o, l): &&(usize, usize)| o < c.offset + c.size && c.offset < o + l;
+                    if c.handle.is_none() || (refresh && !keep.iter().any(|r| inside(&r))) {
+                        return Vec::new();
+                    }
+                    let mut v = Vec::new();
+                    for &(o, l) in keep.iter().filter(inside) {
+                        let (lo, hi) = (o.max(c.offset), (o + l).min(c.offset + c.size));
+                        v.extend(b.spans(&s.arena, lo, hi - lo, piece));
+                    }
+                    v
+                })
+                .collect()
+        };
+        let mut copied = 0u64;
+        let (mut used, mut first, mut bytes) = (vec![false; streams.len()], 0usize, 0usize);
+        for (c, chunk_spans) in spans.iter().enumerate() {
+            for &(at, host, n) in chunk_spans {
+                let k = *next_stream % streams.len();
+                *next_stream += 1;
+                // SAFETY: the chunk is mapped (awake, or left mapped by an
+                // earlier sleep) and the segment in this transition, so no one
+                // unmaps it; `host` points into its backup with `n` bytes
+                // left, kept (busy) until the copy is waited on before unmap.
+                unsafe {
+                    self.driver
+                        .copy_dtoh_async(host, t.ptr + at as u64, n, streams[k])?
                 };
-                let mapped = seg.mapped_bytes() as u64;
-                let r = seg.unmap_all();
-                if t.state == SleepState::Awake
-                    && ((seg.mapped_bytes() as u64) < mapped || r.is_ok())
-                {
-                    // The backup is complete (its events were waited on); once
-                    // any chunk is gone the segment is asleep, and both a
-                    // retried sleep and wake take care of what is still mapped.
-                    seg.set_sleep_state(policy.asleep_state());
-                    report.segments += 1;
-                }
-                if r.is_ok() {
-                    done += 1;
-                }
-                report.physical_bytes += mapped - seg.mapped_bytes() as u64;
-                if let Err(e) = r {
-                    failure.get_or_insert(e);
-                }
+                used[k] = true;
+                copied += n as u64;
             }
-        });
-        (done, failure)
+            bytes += t.chunks[c].size;
+            let last = c + 1 == t.chunks.len();
+            if bytes >= piece || last {
+                let events = self.record_events(streams, &used)?;
+                pending.push(Unit {
+                    seg: i,
+                    chunks: first..c + 1,
+                    events,
+                });
+                used.iter_mut().for_each(|u| *u = false);
+                (first, bytes) = (c + 1, 0);
+            }
+        }
+        if t.chunks.is_empty() {
+            pending.push(Unit {
+                seg: i,
+                chunks: 0..0,
+                events: Vec::new(),
+            });
+        }
+        Ok(copied)
     }
 
-    /// Stop the pinning, count what it pinned, drop the backup a failed
-    /// compressed issue left `partial`, and free the segments for other
-    /// transitions.
+    /// Stop the pinning, count what it pinned, and free the segments for
+    /// other transitions.
+    #[allow(clippy::too_many_arguments)]
     fn finish_sleep(
         &self,
+        segs: TagSegments<'_>,
         todo: &[SegTodo],
         run: &CopyPlan,
         failed: bool,
-        partial: Option<DevicePtr>,
+        progress: &Progress<'_>,
+        coded: &HashSet<usize>,
         report: &mut CycleReport,
     ) {
         if failed {
-            // Copies of a segment whose issue failed midway are covered by no
+            // Copies of a unit whose issue failed midway are covered by no
             // event: wait for them before anyone may reuse or free the backup.
             for &st in &run.streams {
                 let _ = self.driver.stream_synchronize(st);
             }
         }
+        // Before the segments are free for others: a backup missing frames
+        // is dropped, stale ranges are marked. Only now: until the streams
+        // were idle its pieces took copies, and a slab they free wholly may
+        // be unpinned (`release_backup`) at once.
+        self.settle_backups(segs, todo, progress, coded);
         let mut s = self.lock();
-        if let Some(ptr) = partial {
-            // A backup missing frames must never be restored. Freed only
-            // now: until the streams were idle its pieces took copies, and a
-            // slab they free wholly may be unpinned (`release_backup`) at once.
-            s.free_backup(ptr);
-        }
         if run.bound_only {
             s.arena.stop_prefetch();
         } else {

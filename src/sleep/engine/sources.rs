@@ -153,10 +153,10 @@ impl SleepEngine {
     }
 
     /// Hash again, on the device, every proof block of `tag`'s sources that
-    /// lies in `readable` (awake, mapped and idle segments). Bytes whose block
-    /// changed since the load, and live bytes no block proves, stop being
-    /// restored from the checkpoint: a Reload sleep keeps them in the host
-    /// backup. Returns the live bytes taken from the sources. An error (the
+    /// lies in `readable` (awake, mapped and idle segments). Bytes of
+    /// `readable` whose block changed since the load, and live bytes there no
+    /// block proves, stop being restored from the checkpoint: a Reload sleep
+    /// keeps them in the host backup. Coverage outside `readable` is kept. Returns the live bytes taken from the sources. An error (the
     /// hash failed) changes nothing. The device must be synchronized: queued
     /// writes land before the hashes are taken.
     pub(super) fn drop_changed_coverage(
@@ -212,10 +212,19 @@ impl SleepEngine {
                     let Some(i) = checks.iter().position(|(src, _)| same(src, &r.src)) else {
                         return true;
                     };
+                    // Bytes outside `readable` (segments asleep already,
+                    // proven when they went to sleep and untouched since)
+                    // keep their coverage: dropping it would lose them, as
+                    // no backup holds them.
+                    let mut outside = r.live.clone();
+                    for &(a, l) in readable {
+                        outside = ranges::subtract(&outside, a, l);
+                    }
                     let kept = ranges::normalize(
                         proven[i]
                             .iter()
                             .flat_map(|&(a, l)| ranges::intersect(&r.live, a, l))
+                            .chain(outside)
                             .collect(),
                     );
                     taken += ranges::total(&r.live) - ranges::total(&kept);

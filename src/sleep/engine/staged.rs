@@ -128,6 +128,7 @@ impl StagedWake<'_> {
                     t.ptr, self.tag, t.state
                 ))
             })?;
+        b.check_fresh(t.ptr, offset, len, &crate::tag::name_of(self.tag))?;
         if b.is_compressed() {
             return Err(Error::Unsupported(format!(
                 "segment at {:#x} (tag {}) is asleep with a compressed backup \

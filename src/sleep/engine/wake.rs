@@ -9,11 +9,13 @@ use std::time::Instant;
 use super::compressed::CodecScratch;
 use super::options::CycleReport;
 use super::plan::{self, SegTodo, Transition};
+use super::room::Room;
+use super::sleep::Lane;
 use super::sources::Replay;
 use super::{SleepEngine, TagSegments};
-use crate::driver::{DevicePtr, Driver, PhysHandle};
+use crate::driver::{DevicePtr, Driver, PhysHandle, StreamId};
 use crate::error::{Error, Result};
-use crate::segment::{map_new_at, unmap_release_at, Segment, SleepState};
+use crate::segment::{unmap_release_at, Segment, SleepState};
 use crate::tag::TagId;
 
 /// A chunk mapped by a wake and not yet installed in its segment:
@@ -37,9 +39,41 @@ impl SleepEngine {
     ///
     /// Each segment gets back its backed-up bytes, then the bytes its tag's
     /// reload sources cover; bytes of a Discard sleep come back undefined.
+    /// Chunks a failed sleep left mapped keep what they hold.
     pub fn wake_tag(&self, tag: TagId, segs: TagSegments<'_>) -> Result<CycleReport> {
-        let t0 = Instant::now();
         let _one = self.one_transition();
+        self.wake_in(tag, segs, Lane::default(), &Room::none())
+    }
+
+    /// [`Self::wake_tag`], except that instead of refusing at once when the
+    /// device's free memory is short, each physical chunk is created when the
+    /// device has room, waiting up to `wait` for memory being released
+    /// (another process putting its model to sleep, another pool trimming),
+    /// polling the driver's free memory. At the deadline the wake fails as
+    /// any wake does: every chunk it mapped is unmapped again, the tag stays
+    /// asleep with its backup intact, and the error
+    /// ([`Error::OutOfMemory`]) names the tag, the bytes needed and free.
+    /// A zero `wait` is [`Self::wake_tag`].
+    pub fn wake_tag_waiting(
+        &self,
+        tag: TagId,
+        segs: TagSegments<'_>,
+        wait: std::time::Duration,
+    ) -> Result<CycleReport> {
+        let _one = self.one_transition();
+        self.wake_in(tag, segs, Lane::default(), &Room::new(wait, None))
+    }
+
+    /// [`Self::wake_tag`] within a transition the caller holds, on `lane`,
+    /// creating chunks as `room` allows.
+    pub(super) fn wake_in(
+        &self,
+        tag: TagId,
+        segs: TagSegments<'_>,
+        lane: Lane<'_>,
+        room: &Room<'_>,
+    ) -> Result<CycleReport> {
+        let t0 = Instant::now();
         let coalesce = self.lock().options.wake_coalesce_bytes;
         let todo = plan::snapshot(segs, Transition::Wake { coalesce });
         let mut report = CycleReport::default();
@@ -47,7 +81,7 @@ impl SleepEngine {
             report.seconds = t0.elapsed().as_secs_f64();
             return Ok(report);
         }
-        self.check_free_memory(tag, &todo)?;
+        self.check_free_memory(tag, &todo, room.waits())?;
         // What each source restores here, checked before any byte is touched.
         let reloadable: Vec<(DevicePtr, usize)> = todo
             .iter()
@@ -58,16 +92,24 @@ impl SleepEngine {
         for (src, _) in &sources {
             src.check()?;
         }
-        {
+        let streams = {
             let mut s = self.lock();
-            self.ensure_streams(&mut s)?;
+            let streams = self.lane_streams(&mut s, lane.second)?;
             s.busy.extend(todo.iter().map(|t| t.ptr));
-        }
+            streams
+        };
         let mut made: Vec<Made> = Vec::new();
-        let result = self.restore(&todo, &sources, &mut made, &mut report);
+        let result = room
+            .let_sleep_start(
+                self.driver.as_ref(),
+                todo.iter().map(SegTodo::unmapped_bytes).sum(),
+            )
+            .and_then(|()| {
+                self.restore(tag, &todo, &sources, &streams, room, &mut made, &mut report)
+            });
         let installed = match result {
             Ok(()) => true,
-            Err(_) => !self.undo_mapped(&todo, &mut made),
+            Err(_) => !self.undo_mapped(&todo, &streams, &mut made),
         };
         if installed {
             install(segs, &todo, &made, result.is_ok());
@@ -80,11 +122,24 @@ impl SleepEngine {
     }
 
     /// Compare the bytes the segments need mapped with the device's free
-    /// memory, before anything is mapped.
-    fn check_free_memory(&self, tag: TagId, todo: &[SegTodo]) -> Result<()> {
+    /// memory (with `waits`, its total: memory may be freed meanwhile),
+    /// before anything is mapped.
+    fn check_free_memory(&self, tag: TagId, todo: &[SegTodo], waits: bool) -> Result<()> {
         let needed: u64 = todo.iter().map(SegTodo::unmapped_bytes).sum();
-        let free = self.driver.mem_info()?.free;
-        if needed > free {
+        let info = self.driver.mem_info()?;
+        let free = info.free;
+        if waits && needed > info.total {
+            return Err(Error::OutOfMemory {
+                what: format!(
+                    "wake of tag {tag} ({} segments; more than the device's {} bytes in all, so no wait can make room)",
+                    todo.len(),
+                    info.total
+                ),
+                requested: needed,
+                free,
+            });
+        }
+        if !waits && needed > free {
             return Err(Error::OutOfMemory {
                 what: format!("wake of tag {tag} ({} segments)", todo.len()),
                 requested: needed,
@@ -94,23 +149,33 @@ impl SleepEngine {
         Ok(())
     }
 
-    /// Map every unmapped chunk of `todo`, copy the backups in, fill discarded
-    /// memory when asked, then run the reload sources. No segment is touched:
-    /// the handles made are listed in `made` for the caller to install or undo.
+    /// Map every unmapped chunk of `todo` (each as `room` has space for
+    /// it), copy the backups into them, fill discarded memory when asked,
+    /// then run the reload sources. No segment is touched: the handles made
+    /// are listed in `made` for the caller to install or undo.
+    #[allow(clippy::too_many_arguments)]
     fn restore(
         &self,
+        tag: TagId,
         todo: &[SegTodo],
         sources: &[Replay],
+        streams: &[StreamId],
+        room: &Room<'_>,
         made: &mut Vec<Made>,
         report: &mut CycleReport,
     ) -> Result<()> {
-        let (piece, streams, fill) = {
+        let (piece, fill) = {
             let s = self.lock();
             (
                 s.options.copy_piece_bytes.max(1 << 20),
-                s.streams.clone(),
                 s.options.debug_fill_discarded,
             )
+        };
+        let needed: u64 = todo.iter().map(SegTodo::unmapped_bytes).sum();
+        let what = || format!("wake of tag {tag} ({} segments)", todo.len());
+        let driver = self.driver.as_ref();
+        let map = |t: &SegTodo, va: DevicePtr, size: usize| {
+            room.map(driver, va, size, &t.peers, t.flags, &what, needed)
         };
         let mut next_stream = 0usize;
         let compressed = |t: &SegTodo| {
@@ -136,7 +201,12 @@ impl SleepEngine {
                     .fold((0, 0), |(m, n), f| (m.max(f.raw_len), n + 1))
             };
             let ring = self.lock().options.codec_ring;
-            Some(CodecScratch::for_wake(&self.driver, largest, ring, frames)?)
+            let bytes = CodecScratch::wake_bytes(&self.driver, largest, ring, frames) as u64;
+            Some(
+                room.with_room(driver, bytes, &what, needed + bytes, &mut || {
+                    CodecScratch::for_wake(&self.driver, largest, ring, frames)
+                })?,
+            )
         } else {
             None
         });
@@ -166,8 +236,7 @@ impl SleepEngine {
                     let chunk = t.chunks[next[i]];
                     if chunk.handle.is_none() {
                         let va = t.ptr + chunk.offset as u64;
-                        let h =
-                            map_new_at(self.driver.as_ref(), va, chunk.size, &t.peers, t.flags)?;
+                        let h = map(t, va, chunk.size)?;
                         made.push((i, next[i], h));
                         mapped += chunk.size as u64;
                     }
@@ -176,7 +245,7 @@ impl SleepEngine {
                 Ok(())
             };
             let copied =
-                self.restore_compressed(&ptrs, sc, &streams, &mut decoded, &mut |p, end| {
+                self.restore_compressed(&ptrs, sc, streams, &mut decoded, &mut |p, end| {
                     map_upto(coded[p], end)
                 });
             // Chunks past the last frame (none when the frames cover the
@@ -201,11 +270,14 @@ impl SleepEngine {
             }
             for (c, chunk) in t.chunks.iter().enumerate() {
                 let va = t.ptr + chunk.offset as u64;
-                if chunk.handle.is_none() {
-                    let h = map_new_at(self.driver.as_ref(), va, chunk.size, &t.peers, t.flags)?;
-                    made.push((i, c, h));
-                    report.physical_bytes += chunk.size as u64;
+                if chunk.handle.is_some() {
+                    // Left mapped by a sleep that stopped midway: it holds
+                    // the bytes (its backup may not, `release.rs`).
+                    continue;
                 }
+                let h = map(t, va, chunk.size)?;
+                made.push((i, c, h));
+                report.physical_bytes += chunk.size as u64;
                 let spans = {
                     let s = self.lock();
                     s.backups
@@ -217,7 +289,7 @@ impl SleepEngine {
                 for (at, host, n) in spans {
                     let st = streams[next_stream % streams.len()];
                     next_stream += 1;
-                    // SAFETY: the chunk is mapped (just now or before); `host`
+                    // SAFETY: the chunk was mapped just now; `host`
                     // points into the segment's backup with `n` bytes left,
                     // kept (busy) until the streams are synchronized below.
                     unsafe {
@@ -235,9 +307,9 @@ impl SleepEngine {
             }
         }
         if let Some(sc) = &codec {
-            self.check_decoded(sc, &streams, &decoded)?;
+            self.check_decoded(sc, streams, &decoded)?;
         }
-        for &st in &streams {
+        for &st in streams {
             self.driver.stream_synchronize(st)?;
         }
         for (src, parts) in sources {
@@ -248,12 +320,11 @@ impl SleepEngine {
 
     /// After a failed restore, unmap what it mapped. Returns false (nothing
     /// unmapped) when the device could not be shown idle.
-    fn undo_mapped(&self, todo: &[SegTodo], made: &mut Vec<Made>) -> bool {
-        let streams = self.lock().streams.clone();
+    fn undo_mapped(&self, todo: &[SegTodo], streams: &[StreamId], made: &mut Vec<Made>) -> bool {
         // Copies may still target chunks about to be unmapped: unmap
         // only once the device is known idle.
         let mut idle = true;
-        for &st in &streams {
+        for &st in streams {
             idle &= self.driver.stream_synchronize(st).is_ok();
         }
         idle &= self.driver.synchronize().is_ok();

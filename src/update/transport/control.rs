@@ -78,6 +78,12 @@ pub enum FromSender {
         /// Every tensor, naming its share, segment and offset.
         tensors: Vec<DirectTensor>,
     },
+    /// The next message is a direct update's manifest offered ahead of any
+    /// update (`IpcSender::offer_direct_to`): the receiver attaches its
+    /// shares and checks it, keeps the imports and the manifest for the
+    /// updates that follow, writes nothing, and answers `Attached` (or
+    /// `Failed`); the sender then waits for nothing more.
+    Offer,
     /// An update begins: its tensors, in the order its buckets carry them.
     Begin {
         /// The announced tensors.

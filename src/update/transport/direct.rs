@@ -131,6 +131,32 @@ pub(super) fn send(
     tensors: &[SendTensor<'_>],
     receivers: usize,
 ) -> Result<SendReport> {
+    exchange(at, tensors, receivers, false)
+}
+
+/// Offer `tensors` to `receivers` receivers ahead of any update: the same
+/// shares and manifest a send of them serves, announced as an offer. Each
+/// receiver attaches the shares and checks the manifest against its
+/// destinations, keeps both for the updates that follow, and writes
+/// nothing; returns once every receiver attached (its `version` is 0). A
+/// later send of the same tensors in the same memory is then, for those
+/// receivers, one manifest they recognize and the copies.
+pub(super) fn offer(
+    at: Endpoint<'_>,
+    tensors: &[SendTensor<'_>],
+    receivers: usize,
+) -> Result<SendReport> {
+    exchange(at, tensors, receivers, true)
+}
+
+/// A send (`offer` false: receivers apply the update and commit) or an
+/// offer (receivers attach and keep, nothing more).
+fn exchange(
+    at: Endpoint<'_>,
+    tensors: &[SendTensor<'_>],
+    receivers: usize,
+    offer: bool,
+) -> Result<SendReport> {
     let start = Instant::now();
     super::send::check_receivers(at.path, receivers)?;
     let (groups, places, bytes) = plan(&at, tensors)?;
@@ -166,12 +192,18 @@ pub(super) fn send(
     let setup_start = Instant::now();
     let result = (|| {
         for ch in chs.iter_mut() {
+            if offer {
+                ch.send(&FromSender::Offer)?;
+            }
             ch.send_encoded(msg)?;
         }
         for ch in chs.iter_mut() {
             expect(ch, at.path, |m| matches!(m, FromReceiver::Attached))?;
         }
         let setup = setup_start.elapsed();
+        if offer {
+            return Ok((0, setup));
+        }
         let mut version = 0;
         for ch in chs.iter_mut() {
             match ch.recv::<FromReceiver>()? {
@@ -389,6 +421,50 @@ pub struct DirectReceipt {
     pub imports: ImportCounts,
     /// From the start of the receive to every share imported and checked.
     pub setup: Duration,
+}
+
+/// Take a direct manifest offered on `ch` ahead of any update (after the
+/// sender's `Offer`): admit it as an update would (reusing what `cache`
+/// holds, attaching the rest), run `check` on the source it makes (the
+/// receiver's plan against its destinations: nothing is written), answer
+/// `Attached`, and keep the imports and the manifest with its source in
+/// `cache`, so the next update of that manifest attaches and checks
+/// nothing. On any failure the sender is told why and the cache emptied.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn prepare(
+    driver: Arc<dyn Driver>,
+    mut ch: Channel,
+    path: &Path,
+    (manifest, known): (DirectManifest, Option<Tensors>),
+    timeout: Duration,
+    check: &dyn Fn(&Tensors) -> Result<()>,
+    cache: &mut ImportCache,
+    (start, sender_pid): (Instant, i32),
+) -> Result<DirectReceipt> {
+    let admitted = admit(&driver, path, &manifest, known, timeout, cache, sender_pid)
+        .and_then(|(imports, source, counts)| check(&source).map(|()| (imports, source, counts)));
+    let (imports, source, counts) = match admitted {
+        Ok(a) => a,
+        Err(e) => {
+            cache.clear();
+            let _ = ch.send(&FromReceiver::Failed {
+                reason: e.to_string(),
+            });
+            return Err(e);
+        }
+    };
+    let setup = start.elapsed();
+    if let Err(e) = ch.send(&FromReceiver::Attached) {
+        cache.clear();
+        return Err(e);
+    }
+    if cache.keep(imports) {
+        cache.remember(Admitted { manifest, source });
+    }
+    Ok(DirectReceipt {
+        imports: counts,
+        setup,
+    })
 }
 
 /// Run one direct update announced on `ch`: admit it (`known`: the

@@ -1,7 +1,7 @@
 //! The IPC transport: another process on the same host sends an update
 //! through a ring of device buffers it exports once, or, when its tensors
 //! lie in its pool, directly out of them ([`super::direct`]). The first
-//! message on the control socket says which; [`receive_ipc`] takes either.
+//! message on the control socket says which; [`super::receiver::receive_ipc`] takes either.
 //!
 //! For the ring, the sender ([`IpcSender`]) allocates `slots` buffers of
 //! `slot_bytes` in its pool under a tag of its own at its first ring send and
@@ -31,7 +31,6 @@ use super::bucket::{plan_buckets, AnnouncedTensor, BucketManifest};
 use super::control::{Channel, FromReceiver, FromSender};
 use super::direct::LastAnnounced;
 use super::direct_shares::DirectShares;
-use super::import_cache::{CacheLimits, DirectManifest, ImportCache, ImportCounts};
 use super::receive::BucketSource;
 pub use super::send::{SendData, SendReport, SendTensor};
 use super::{DEFAULT_BUCKET_BYTES, DEFAULT_SLOTS};
@@ -39,11 +38,9 @@ use crate::driver::{DevicePtr, Driver, StreamId};
 use crate::error::{Error, Result};
 use crate::loader::dtype::Dtype;
 use crate::loader::registry::Destination;
-use crate::loader::Session;
 use crate::pool::Pool;
 use crate::share::{wire, AttachOptions, Attachment, LogSink, ServeOptions, Server};
 use crate::tag;
-use crate::update::{UpdateOptions, UpdateResult};
 
 /// Most slots a ring may have (a bound on what a hostile sender makes a receiver map).
 pub const MAX_SLOTS: u32 = 64;
@@ -312,6 +309,34 @@ impl IpcSender {
         )
     }
 
+    /// Wait for `receivers` receivers that prepare ([`super::receiver::UpdateReceiver::prepare`])
+    /// and offer them `tensors` ahead of any update (see
+    /// [`super::direct`]): the shares and manifest a direct send of them
+    /// serves, which each receiver attaches, checks against its
+    /// destinations and keeps, writing nothing. Returns once every receiver
+    /// attached (`version` 0). A later direct send of the same tensors in
+    /// the same memory is then one manifest those receivers recognize and
+    /// the copies: the first update runs as fast as the later ones.
+    pub fn offer_direct_to(
+        &mut self,
+        tensors: &[SendTensor<'_>],
+        receivers: usize,
+    ) -> Result<SendReport> {
+        super::direct::offer(
+            super::direct::Endpoint {
+                pool: &self.pool,
+                listener: &self.listener,
+                path: &self.path,
+                timeout: self.options.timeout,
+                log: &self.options.log,
+                shares: &mut self.direct,
+                announced: &mut self.announced,
+            },
+            tensors,
+            receivers,
+        )
+    }
+
     /// Shares the direct sends keep served now.
     pub fn direct_shares(&self) -> usize {
         self.direct.len()
@@ -458,287 +483,10 @@ fn unexpected(path: &Path, msg: &FromReceiver) -> Error {
     ))
 }
 
-/// Receive one update from the sender at `path` into `session`'s
-/// destinations in `pool`, whichever way it sends: through its ring (the
-/// update stages what lands, [`super::receive`]) or directly out of its pool
-/// memory ([`super::direct`]). Waits at most `timeout` for each message.
-/// Keeps nothing: every share is attached for this update and detached
-/// after it ([`UpdateReceiver`] keeps direct imports across updates).
-pub fn receive_ipc(
-    driver: Arc<dyn Driver>,
-    path: impl AsRef<Path>,
-    timeout: Duration,
-    session: &Session,
-    pool: &Pool,
-    opts: &UpdateOptions,
-) -> Result<UpdateResult> {
-    UpdateReceiver::new(
-        driver,
-        path,
-        ReceiverOptions {
-            timeout,
-            cache: CacheLimits {
-                max_imports: 0,
-                max_bytes: 0,
-            },
-        },
-    )
-    .receive(session, pool, opts)
-}
-
-/// How an [`UpdateReceiver`] waits and what it keeps.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ReceiverOptions {
-    /// Longest wait for each message of the sender, and for each attach.
-    pub timeout: Duration,
-    /// What is kept imported between direct updates.
-    pub cache: CacheLimits,
-}
-
-impl Default for ReceiverOptions {
-    fn default() -> Self {
-        ReceiverOptions {
-            timeout: Duration::from_secs(60),
-            cache: CacheLimits::default(),
-        }
-    }
-}
-
-/// What one receive did besides the update.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct ReceiveStats {
-    /// True for a direct update, false for one through the ring.
-    pub direct: bool,
-    /// Shares attached (the ring's one, or a direct update's not kept).
-    pub attached: usize,
-    /// Direct shares whose kept import was reused.
-    pub reused: usize,
-    /// Physical chunks imported by those attaches.
-    pub chunks: usize,
-    /// The direct manifest was the last update's, byte for byte: it was
-    /// not decoded again, its shares were still resolved, and the source
-    /// admitted from it was reused when every import was (otherwise the
-    /// manifest was checked again over the new imports).
-    pub recognized: bool,
-    /// From connecting to every share attached and the manifest checked.
-    pub setup: Duration,
-    /// The whole receive.
-    pub total: Duration,
-}
-
-/// The receiving side of the IPC transport, kept across updates from one
-/// sender: each [`UpdateReceiver::receive`] connects, takes one update
-/// either way the sender sends, and returns. Direct updates' imports are
-/// kept ([`super::import_cache`]), so a later update from the same sender
-/// over the same memory attaches nothing: one manifest, then the copies.
-///
-/// The cost: the kept imports keep the sender's physical memory alive,
-/// also memory it freed or put to sleep since, until this receiver drops
-/// them ([`UpdateReceiver::drop_imports`], its next update, a failed
-/// update, an unreachable sender, or drop). [`UpdateReceiver::kept_bytes`]
-/// says how much.
-#[derive(Debug)]
-pub struct UpdateReceiver {
-    driver: Arc<dyn Driver>,
-    path: PathBuf,
-    timeout: Duration,
-    cache: ImportCache,
-    last: Option<ReceiveStats>,
-}
-
-impl UpdateReceiver {
-    /// A receiver for the sender at `path`, on `driver`'s device. Connects
-    /// at each receive, not now.
-    pub fn new(
-        driver: Arc<dyn Driver>,
-        path: impl AsRef<Path>,
-        options: ReceiverOptions,
-    ) -> UpdateReceiver {
-        UpdateReceiver {
-            driver,
-            path: path.as_ref().to_path_buf(),
-            timeout: options.timeout,
-            cache: ImportCache::new(options.cache),
-            last: None,
-        }
-    }
-
-    /// The sender's control socket.
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
-
-    /// Receive one update into `session`'s destinations in `pool` (as
-    /// [`receive_ipc`]). `pool` must be on this receiver's device: the
-    /// imports are mapped there. On any failure the kept imports are
-    /// dropped, and every destination keeps its last version; a pool on
-    /// another device is refused before anything is touched.
-    pub fn receive(
-        &mut self,
-        session: &Session,
-        pool: &Pool,
-        opts: &UpdateOptions,
-    ) -> Result<UpdateResult> {
-        let (ours, theirs) = (&self.driver, pool.driver());
-        if ours.kind() != theirs.kind() || ours.device() != theirs.device() {
-            // Copies from imports another device mapped fail midway (the
-            // tag would be marked torn), or on CUDA fault the context.
-            return Err(Error::InvalidArgument(format!(
-                "update receiver for {}: it imports on {}, the pool is on {}",
-                self.path.display(),
-                ours.describe(),
-                theirs.describe()
-            )));
-        }
-        let start = Instant::now();
-        let r = self.receive_from(session, pool, opts, start);
-        if r.is_err() {
-            self.cache.clear();
-        }
-        let (done, mut stats) = r?;
-        stats.total = start.elapsed();
-        self.last = Some(stats);
-        Ok(done)
-    }
-
-    fn receive_from(
-        &mut self,
-        session: &Session,
-        pool: &Pool,
-        opts: &UpdateOptions,
-        start: Instant,
-    ) -> Result<(UpdateResult, ReceiveStats)> {
-        let path = &self.path;
-        let (mut ch, sender_pid) = connect_to_sender(path, self.timeout)?;
-        let body = ch.recv_body()?;
-        // The manifest of the last update again: nothing to decode or check.
-        if let Some(known) = self.cache.recall(&body) {
-            let (manifest, source) = (known.manifest, Some(known.source));
-            return self.direct(
-                ch,
-                (manifest, source),
-                session,
-                pool,
-                opts,
-                (start, sender_pid),
-            );
-        }
-        match ch.decode::<FromSender>(&body)? {
-            FromSender::Ring {
-                share,
-                slots,
-                slot_bytes,
-            } => {
-                // A ring is the sender's other memory: the direct imports go.
-                self.cache.clear();
-                let mut source = IpcReceiver::attach_ring(
-                    self.driver.clone(),
-                    ch,
-                    path.clone(),
-                    (share, slots, slot_bytes),
-                    self.timeout,
-                    (start, sender_pid),
-                )?;
-                let stats = ReceiveStats {
-                    direct: false,
-                    attached: 1,
-                    chunks: source.ring.stats().chunks,
-                    setup: source.setup_time(),
-                    ..ReceiveStats::default()
-                };
-                Ok((super::receive(&mut source, session, pool, opts)?, stats))
-            }
-            FromSender::Direct { shares, tensors } => {
-                let manifest = DirectManifest {
-                    body,
-                    shares,
-                    tensors,
-                };
-                self.direct(
-                    ch,
-                    (manifest, None),
-                    session,
-                    pool,
-                    opts,
-                    (start, sender_pid),
-                )
-            }
-            other => Err(Error::InvalidArgument(format!(
-                "update sender on {}: expected the ring or a direct update first, got {}",
-                path.display(),
-                kind(&other)
-            ))),
-        }
-    }
-
-    /// Run one direct update (see [`super::direct::receive`]).
-    fn direct(
-        &mut self,
-        ch: Channel,
-        admitted: (DirectManifest, Option<crate::update::Tensors>),
-        session: &Session,
-        pool: &Pool,
-        opts: &UpdateOptions,
-        from: (Instant, i32),
-    ) -> Result<(UpdateResult, ReceiveStats)> {
-        let recognized = admitted.1.is_some();
-        let (done, receipt) = super::direct::receive(
-            self.driver.clone(),
-            ch,
-            &self.path,
-            admitted,
-            self.timeout,
-            session,
-            pool,
-            opts,
-            &mut self.cache,
-            from,
-        )?;
-        let ImportCounts {
-            attached,
-            reused,
-            chunks,
-        } = receipt.imports;
-        Ok((
-            done,
-            ReceiveStats {
-                direct: true,
-                attached,
-                reused,
-                chunks,
-                recognized,
-                setup: receipt.setup,
-                total: Duration::ZERO,
-            },
-        ))
-    }
-
-    /// What the last successful receive did; `None` before the first.
-    pub fn last_receive(&self) -> Option<ReceiveStats> {
-        self.last
-    }
-
-    /// Shares kept imported now.
-    pub fn kept_imports(&self) -> usize {
-        self.cache.len()
-    }
-
-    /// Bytes of the sender's memory kept mapped, and so kept alive, now.
-    pub fn kept_bytes(&self) -> u64 {
-        self.cache.bytes()
-    }
-
-    /// Drop every kept import: detach, and let the sender's memory go. The
-    /// next update attaches again.
-    pub fn drop_imports(&mut self) {
-        self.cache.clear();
-    }
-}
-
 /// Connect to the sender's control socket at `path`; the channel, and the
 /// sender's process id: the shares it names must be its own, the memory of
 /// the process on this socket, not any other the receiver could attach.
-fn connect_to_sender(path: &Path, timeout: Duration) -> Result<(Channel, i32)> {
+pub(super) fn connect_to_sender(path: &Path, timeout: Duration) -> Result<(Channel, i32)> {
     let sock = UnixStream::connect(path).map_err(|e| Error::io(path, e))?;
     let sender_pid = wire::peer_cred(&sock).map_err(|e| Error::io(path, e))?.pid;
     let ch = Channel::new(
@@ -754,7 +502,7 @@ fn connect_to_sender(path: &Path, timeout: Duration) -> Result<(Channel, i32)> {
 pub struct IpcReceiver {
     ch: Channel,
     path: PathBuf,
-    ring: Attachment,
+    pub(super) ring: Attachment,
     slots: Vec<DevicePtr>,
     slot_bytes: u64,
     announced: u64,
@@ -880,6 +628,7 @@ pub(super) fn kind(m: &FromSender) -> &'static str {
     match m {
         FromSender::Ring { .. } => "the ring",
         FromSender::Direct { .. } => "a direct update",
+        FromSender::Offer => "an offer",
         FromSender::Begin { .. } => "a begin",
         FromSender::Bucket { .. } => "a bucket",
         FromSender::End => "the end",

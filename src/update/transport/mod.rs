@@ -37,6 +37,7 @@ pub mod import_cache;
 pub mod ipc;
 pub mod nccl;
 mod receive;
+pub mod receiver;
 pub mod send;
 pub mod test_collective;
 
@@ -52,9 +53,11 @@ pub const DEFAULT_SLOTS: usize = 2;
 /// ([`crate::share::options::DEFAULT_MAX_CONNECTIONS`]).
 pub const MAX_RECEIVERS: usize = crate::share::options::DEFAULT_MAX_CONNECTIONS;
 
-/// Bytes of one ring slot (one bucket) unless set. The bucket-size sweep of
-/// `scripts/gpu.d/86-update-ipc.sh` measures the rate from 64 MiB to 1 GiB
-/// and names the smallest size within 5% of the fastest
-/// (docs/UPDATE-TRANSPORTS.md); two slots of this size are a small fraction
-/// of an engine's memory.
+/// Bytes of one ring slot (one bucket) unless set, chosen for memory, not
+/// speed: two slots of it are 512 MiB per sender and per rank. A larger
+/// bucket is faster through the IPC ring (on the H200, 0.12 of torch
+/// `copy_` at 256 MiB, 0.17 at 1 GiB, `scripts/gpu.d/86-update-ipc.sh`),
+/// but no size brings the ring near a copy: each byte is copied three times
+/// and each bucket costs a round trip, so the direct mode, one copy out of
+/// the sender's own memory, is the fast path (docs/UPDATE-TRANSPORTS.md).
 pub const DEFAULT_BUCKET_BYTES: usize = 256 << 20;

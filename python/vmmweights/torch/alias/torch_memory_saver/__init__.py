@@ -2,6 +2,8 @@
 above this one first on ``PYTHONPATH`` (see
 ``vmmweights.torch.memory_saver.alias_path()``)."""
 
-from vmmweights.torch.memory_saver import TorchMemorySaver, configure_subprocess, torch_memory_saver
+from vmmweights.torch.memory_saver import TorchMemorySaver, torch_memory_saver
+
+from .hooks.mode_preload import configure_subprocess
 
 __all__ = ["TorchMemorySaver", "configure_subprocess", "torch_memory_saver"]
