@@ -65,10 +65,7 @@ func buildKit() kit {
 	}
 	k := kit{dir: dir, modelLib: filepath.Join(dir, "standin_model.so"), vmmw: os.Getenv("VMMW_BIN"), preloadLib: os.Getenv("VMMW_PRELOAD_LIB")}
 	if k.vmmw == "" || k.preloadLib == "" {
-		if err := run(root, "cargo", "build", "--quiet", "--features", "cli", "--bin", "vmmw"); err != nil {
-			return kit{err: err}
-		}
-		if err := run(root, "cargo", "build", "--quiet", "-p", "vmmw-preload"); err != nil {
+		if err := run(root, "cargo", "build", "--quiet", "-p", "vmmweights", "-p", "vmmw-preload", "--features", "vmmweights/cli"); err != nil {
 			return kit{err: err}
 		}
 		k.vmmw = filepath.Join(root, "target", "debug", "vmmw")

@@ -25,9 +25,9 @@ export CGO_ENABLED=1 PKG_CONFIG_PATH="$pc"
   && go test -tags vmmw_testing -race -count=1 ./... && GOGC=1 go test -tags vmmw_testing -count=1 ./...)
 (cd examples/go && go vet ./... && go run .)
 echo "--- the model-swapping service, built and driven as a process (host backend)"
-# Its proxy mode runs stand-in servers under the interposer with `vmmw exec`.
-cargo build --quiet --features cli --bin vmmw
-cargo build --quiet -p vmmw-preload
+# Its proxy mode runs stand-in servers under the interposer with `vmmw exec`
+# (the same build as 32-preload.sh's, so one after the other builds once).
+cargo build -p vmmweights -p vmmw-preload --features vmmweights/cli --quiet
 export VMMW_BIN="$VMMW_LIB_DIR/vmmw" VMMW_PRELOAD_LIB="$VMMW_LIB_DIR/libvmmw_preload.so"
 (cd examples/go-swap && go vet ./... && go test -count=1 ./...)
 echo "--- without cgo: one error that names the fix"
