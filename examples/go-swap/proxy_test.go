@@ -551,6 +551,43 @@ func TestProxyShutdownStopsChildren(t *testing.T) {
 	}
 }
 
+// TestProxyAPIKeys: with apiKeys, every endpoint but /health needs a key,
+// as a bearer token, a Basic password or x-api-key.
+func TestProxyAPIKeys(t *testing.T) {
+	k := standinKit(t)
+	s := proxyService(t, fmt.Sprintf("vmmw: %s\napiKeys: [sk-one, sk-two]\nmodels:\n  m:\n    cmd: srv\n", k.vmmw))
+	get := func(path string, set func(*http.Request)) int {
+		req, _ := http.NewRequest("GET", s.url+path, nil)
+		set(req)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	none := func(*http.Request) {}
+	for _, c := range []struct {
+		path string
+		set  func(*http.Request)
+		want int
+	}{
+		{"/health", none, 200},
+		{"/v1/models", none, 401},
+		{"/models", none, 401},
+		{"/upstream/m/health", none, 401},
+		{"/v1/models", func(r *http.Request) { r.Header.Set("Authorization", "Bearer sk-wrong") }, 401},
+		{"/v1/models", func(r *http.Request) { r.Header.Set("Authorization", "Bearer sk-two") }, 200},
+		{"/models", func(r *http.Request) { r.Header.Set("x-api-key", "sk-one") }, 200},
+		{"/swaps", func(r *http.Request) { r.SetBasicAuth("anyone", "sk-one") }, 200},
+	} {
+		if got := get(c.path, c.set); got != c.want {
+			t.Errorf("GET %s: %d, want %d", c.path, got, c.want)
+		}
+	}
+}
+
 // TestProxyBadConfig: configurations the proxy mode refuses, each with a
 // message naming the key, and exit status 2.
 func TestProxyBadConfig(t *testing.T) {
@@ -578,6 +615,7 @@ func TestProxyBadConfig(t *testing.T) {
 		{"models: {}\nvmmw: x\n", "models: none configured"},
 		{"models:\n  m: [1, 2]\n", "models.m:"},
 		{"models:\n  'bad name':\n    cmd: x\n", `"bad name": use 1 to 64`},
+		{good("apiKeys: ['sk one']", "    cmd: srv\n"), "apiKeys[0]: empty, or with a space"},
 	} {
 		path := filepath.Join(t.TempDir(), "bad.yaml")
 		os.WriteFile(path, []byte(c.cfg), 0o644)

@@ -40,6 +40,9 @@ type ProxyConfig struct {
 	LoadAtStart bool
 	// IncludeAliasesInList lists aliases in /v1/models too.
 	IncludeAliasesInList bool
+	// APIKeys, when any, are required of every request but /health and
+	// /healthz (llama-swap's apiKeys).
+	APIKeys []string
 	// Models in the file's order.
 	Models []*ServerConfig
 	// Ignored are the llama-swap keys this service accepts but does not act on.
@@ -77,6 +80,7 @@ type rawProxyConfig struct {
 	GlobalTTL            int            `yaml:"globalTTL"`
 	UnloadTimeout        int            `yaml:"unloadTimeout"`
 	IncludeAliasesInList bool           `yaml:"includeAliasesInList"`
+	APIKeys              []string       `yaml:"apiKeys"`
 	Macros               yaml.Node      `yaml:"macros"`
 	Models               yaml.Node      `yaml:"models"`
 	Rest                 map[string]any `yaml:",inline"`
@@ -158,6 +162,12 @@ func parseProxyConfig(raw []byte) (*ProxyConfig, error) {
 	for k := range rc.Rest {
 		c.Ignored = append(c.Ignored, k)
 	}
+	for i, k := range rc.APIKeys {
+		if k == "" || strings.ContainsAny(k, " \t\r\n") {
+			return nil, fmt.Errorf("apiKeys[%d]: empty, or with a space", i)
+		}
+	}
+	c.APIKeys = rc.APIKeys
 	if c.Vmmw == "" {
 		c.Vmmw = os.Getenv("VMMW_BIN")
 	}

@@ -6,6 +6,7 @@ package main
 
 import (
 	"bytes"
+	"crypto/subtle"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -68,7 +69,44 @@ func ProxyHandler(p *Proxy, testEndpoints bool) http.Handler {
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		fail(w, &APIError{HTTP: http.StatusNotFound, Code: CodeNotFound, Message: fmt.Sprintf("no endpoint %s", r.URL.Path)})
 	})
-	return mux
+	if len(p.cfg.APIKeys) == 0 {
+		return mux
+	}
+	return requireKey(p.cfg.APIKeys, mux)
+}
+
+// requireKey answers 401 to a request without one of keys, given as
+// `Authorization: Bearer KEY`, as Basic authentication's password, or as
+// `x-api-key: KEY` (the ways llama-swap takes them). /health and /healthz
+// stay open for probes.
+func requireKey(keys []string, next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/health" || r.URL.Path == "/healthz" {
+			next.ServeHTTP(w, r)
+			return
+		}
+		var given []string
+		if _, pass, ok := r.BasicAuth(); ok {
+			given = append(given, pass)
+		}
+		if scheme, cred, ok := strings.Cut(r.Header.Get("Authorization"), " "); ok && strings.EqualFold(scheme, "bearer") {
+			given = append(given, strings.TrimSpace(cred))
+		}
+		if k := r.Header.Get("X-Api-Key"); k != "" {
+			given = append(given, k)
+		}
+		for _, g := range given {
+			for _, k := range keys {
+				if subtle.ConstantTimeCompare([]byte(g), []byte(k)) == 1 {
+					next.ServeHTTP(w, r)
+					return
+				}
+			}
+		}
+		w.Header().Set("WWW-Authenticate", `Bearer realm="go-swap"`)
+		openAIError(w, &APIError{HTTP: http.StatusUnauthorized, Code: "UNAUTHORIZED",
+			Message: "a key of apiKeys is required: Authorization: Bearer KEY, or x-api-key: KEY"})
+	})
 }
 
 // openAIError answers in the shape OpenAI clients read ({"error":{...}}),
