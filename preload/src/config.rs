@@ -6,6 +6,7 @@
 //! | `VMMW_PRELOAD_SCOPE` | `all`: every device allocation is ours; `region`: only those of threads inside a region (`vmmw_preload_set_region`) | `all` |
 //! | `VMMW_PRELOAD_TAG` | the tag allocations get when their thread set none | `process` |
 //! | `VMMW_PRELOAD_REGION_DEFAULT` | `1`: in `region` scope, threads start inside a region | `0` |
+//! | `VMMW_PRELOAD_CHUNK` | the largest physical chunk of a big allocation: a sleep gives memory back, and a wake (of this or another process) takes it, chunk by chunk | `512M` |
 //! | `VMMW_BACKEND` | the pools' backend (`cuda`, `host`, `auto`) | `auto` |
 //! | `VMMW_CONTROL_SOCKET` | the control socket's path (`served.rs`) | none |
 
@@ -40,7 +41,14 @@ pub struct Config {
     pub tag: TagId,
     /// Whether threads start inside a region (`region` scope).
     pub region_default: bool,
+    /// The largest physical chunk of a segment (the pools' `chunk_bytes`).
+    pub chunk_bytes: usize,
 }
+
+/// The default chunk: 32 chunks for 16 GiB keep the driver's create and map
+/// calls few, while a sleep releases memory a waking process can take long
+/// before the whole buffer is copied out.
+pub const DEFAULT_CHUNK_BYTES: usize = 512 << 20;
 
 /// The default tag's name.
 pub const DEFAULT_TAG: &str = "process";
@@ -83,10 +91,24 @@ impl Config {
                 )))
             }
         };
+        let chunk_bytes = match var("VMMW_PRELOAD_CHUNK")? {
+            None => DEFAULT_CHUNK_BYTES,
+            Some(v) => vmmweights::units::parse_bytes(&v)
+                .ok()
+                .and_then(|b| usize::try_from(b).ok())
+                .filter(|&b| b > 0)
+                .ok_or_else(|| {
+                    Error::InvalidArgument(format!(
+                        "VMMW_PRELOAD_CHUNK=`{}`: expected a size such as 512M",
+                        v.escape_debug()
+                    ))
+                })?,
+        };
         Ok(Config {
             scope,
             tag,
             region_default,
+            chunk_bytes,
         })
     }
 }
@@ -106,10 +128,15 @@ mod tests {
             "VMMW_PRELOAD_SCOPE",
             "VMMW_PRELOAD_TAG",
             "VMMW_PRELOAD_REGION_DEFAULT",
+            "VMMW_PRELOAD_CHUNK",
         ] {
             set(k, None);
         }
         let c = Config::from_env().unwrap();
+        assert_eq!(c.chunk_bytes, DEFAULT_CHUNK_BYTES);
+        set("VMMW_PRELOAD_CHUNK", Some("64M"));
+        assert_eq!(Config::from_env().unwrap().chunk_bytes, 64 << 20);
+        set("VMMW_PRELOAD_CHUNK", None);
         assert_eq!(c.scope, Scope::All);
         assert_eq!(tag::name_of(c.tag), DEFAULT_TAG);
         assert!(!c.region_default);
@@ -128,6 +155,8 @@ mod tests {
                 "expected `all` or `region`",
             ),
             ("VMMW_PRELOAD_REGION_DEFAULT", "yes", "expected 0 or 1"),
+            ("VMMW_PRELOAD_CHUNK", "lots", "expected a size"),
+            ("VMMW_PRELOAD_CHUNK", "0", "expected a size"),
             ("VMMW_PRELOAD_TAG", "a\u{1}b", "control characters"),
         ] {
             let old = std::env::var(k).ok();

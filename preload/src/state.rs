@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use vmmweights::driver::BackendKind;
 use vmmweights::pool::registry;
-use vmmweights::{Error, Pool, Result};
+use vmmweights::{Error, Pool, PoolConfig, Result};
 
 use crate::config::Config;
 use crate::{context, real};
@@ -76,6 +76,10 @@ fn try_make() -> Result<State> {
     let device = real::current_device().map_err(|rc| {
         Error::DriverUnavailable(format!("cudaGetDevice failed: {}", real::error_string(rc)))
     })?;
+    registry::set_new_pool_config(PoolConfig {
+        chunk_bytes: config.chunk_bytes,
+        ..PoolConfig::default()
+    });
     let backend = registry::global_pool(device)?.driver().kind();
     if backend == BackendKind::Host {
         context::no_driver_contexts();

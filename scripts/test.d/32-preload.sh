@@ -20,8 +20,11 @@ lib="$target/libvmmw_preload.so"
 
 echo "--- exports of libvmmw_preload.so"
 exported=$(nm -D --defined-only "$lib" | awk '$2 ~ /^[TDBRV]$/ {print $3}' | sort)
+# torch_memory_saver's C names (preload/src/tms.rs) are upstream's, kept as its
+# binary exports them for the shim's preload mode.
 declared=$( (printf '%s\n' cudaFree cudaMalloc cudaMallocPitch cudaMemGetInfo;
-  grep -o 'vmmw_preload_[a-z_]*(' include/vmmw_preload.h | tr -d '(') | sort -u)
+  grep -o 'vmmw_preload_[a-z_]*(' include/vmmw_preload.h | tr -d '(';
+  grep -o 'extern "C" fn tms_[a-z_]*' preload/src/tms.rs | sed 's/.* fn //') | sort -u)
 if [[ "$exported" != "$declared" ]]; then
   echo "libvmmw_preload.so exports what it should not, or lacks a declared call:" >&2
   diff <(echo "$declared") <(echo "$exported") >&2 || true

@@ -330,7 +330,13 @@ impl ProcessPools {
             policy: None,
             seconds: start.elapsed().as_secs_f64(),
             sync_seconds: 0.0,
-            wait_seconds: waited.as_secs_f64(),
+            // The room checked first, or the waits of each tag's wake.
+            wait_seconds: waited.as_secs_f64()
+                + woken_by_step
+                    .iter()
+                    .flatten()
+                    .map(|c| c.report.waited_seconds)
+                    .sum::<f64>(),
             synced_devices: Vec::new(),
             bytes: tags.iter().map(|t| t.bytes).sum(),
             backup_bytes: tags.iter().map(|t| t.copied_bytes).sum(),

@@ -85,12 +85,7 @@ fn first_short(needs: &[Need]) -> Result<Option<(&Need, u64)>> {
 /// has room, up to that long ([`Pool::wake_with`]).
 pub fn wake_tag(pool: &Pool, tag: TagId, wait: Option<Duration>) -> Result<Vec<TagCycle>> {
     match wait {
-        Some(w) if !w.is_zero() => pool.wake_with(
-            &[tag],
-            WakeOptions {
-                wait_for_memory: w,
-            },
-        ),
+        Some(w) if !w.is_zero() => pool.wake_with(&[tag], WakeOptions { wait_for_memory: w }),
         _ => pool.wake(&[tag]),
     }
 }

@@ -14,6 +14,20 @@ fn pools() -> &'static Mutex<HashMap<i32, Arc<Pool>>> {
     POOLS.get_or_init(|| Mutex::new(HashMap::new()))
 }
 
+fn new_pool_config() -> &'static Mutex<PoolConfig> {
+    static CONFIG: OnceLock<Mutex<PoolConfig>> = OnceLock::new();
+    CONFIG.get_or_init(|| Mutex::new(PoolConfig::default()))
+}
+
+/// The configuration the process-global pools created from now on get (the
+/// default `PoolConfig` unless set); pools already created keep theirs. A
+/// program that owns the process's allocations sets it before its first one:
+/// the CUDA runtime interposer cuts big segments into chunks so a sleep gives
+/// memory back, and a wake takes it, chunk by chunk.
+pub fn set_new_pool_config(config: PoolConfig) {
+    *new_pool_config().lock().unwrap_or_else(|p| p.into_inner()) = config;
+}
+
 /// The process-global pool of `device`, created on first use with the backend
 /// named by `VMMW_BACKEND` (auto by default). The PyTorch entry points and
 /// `vmmw_pool_default` share it. A failed creation is not cached: the next call tries again.
@@ -29,7 +43,11 @@ pub fn global_pool(device: i32) -> Result<Arc<Pool>> {
         return Ok(p.clone());
     }
     let opened = driver::open(BackendChoice::from_env()?, device)?;
-    let pool = Arc::new(Pool::new(opened.driver, PoolConfig::default())?);
+    let config = new_pool_config()
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .clone();
+    let pool = Arc::new(Pool::new(opened.driver, config)?);
     map.insert(device, pool.clone());
     Ok(pool)
 }

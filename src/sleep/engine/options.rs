@@ -237,4 +237,7 @@ pub struct CycleReport {
     pub codec_fallback: bool,
     /// Wall time of the call.
     pub seconds: f64,
+    /// Wake: the part of `seconds` spent waiting for device memory another
+    /// process or tag was releasing (a wake that may wait, or a swap).
+    pub waited_seconds: f64,
 }

@@ -100,6 +100,8 @@ pub(super) struct Room<'a> {
     pub(super) beside: Option<&'a Releases>,
     /// Deadline of the wait, once it counts (see `beside`).
     deadline: Mutex<Option<Instant>>,
+    /// Time spent waiting for memory so far (the wake's report says it).
+    waited: Mutex<Duration>,
 }
 
 impl<'a> Room<'a> {
@@ -114,7 +116,13 @@ impl<'a> Room<'a> {
             wait: wait.min(Duration::from_secs(365 * 24 * 3600)),
             beside,
             deadline: Mutex::new(None),
+            waited: Mutex::new(Duration::ZERO),
         }
+    }
+
+    /// Time this wake has spent waiting for device memory.
+    pub(super) fn waited(&self) -> Duration {
+        *self.waited.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Before a wake beside a sleep maps anything: when the device's free
@@ -151,6 +159,13 @@ impl<'a> Room<'a> {
     /// deadline has passed (the caller fails), true when a create is worth
     /// trying again.
     fn wait_for(&self, driver: &dyn Driver, bytes: u64) -> Result<bool> {
+        let start = Instant::now();
+        let r = self.wait_for_inner(driver, bytes);
+        *self.waited.lock().unwrap_or_else(|p| p.into_inner()) += start.elapsed();
+        r
+    }
+
+    fn wait_for_inner(&self, driver: &dyn Driver, bytes: u64) -> Result<bool> {
         loop {
             let seen = self.beside.map(|r| r.snapshot());
             let deadline = self.deadline();

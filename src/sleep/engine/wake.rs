@@ -117,6 +117,7 @@ impl SleepEngine {
         self.finish_wake(&todo, result.is_ok());
         result?;
         report.segments = todo.len();
+        report.waited_seconds = room.waited().as_secs_f64();
         report.seconds = t0.elapsed().as_secs_f64();
         Ok(report)
     }
