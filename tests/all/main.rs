@@ -44,6 +44,7 @@ mod loader_into_pool;
 mod loader_load;
 mod loader_multi;
 mod loader_tp;
+mod packed;
 mod pool_arena;
 mod pool_errors;
 mod pool_free_faults;

@@ -24,6 +24,7 @@ mod exit;
 mod inspect;
 mod load;
 mod load_verify;
+mod pack;
 mod parse;
 mod plan;
 mod report;
@@ -92,6 +93,13 @@ enum Command {
     /// OffloadCompressed against raw Offload: backup size per dtype, sleep and wake against the link.
     #[command(after_help = exit::HELP_EXIT_CODES)]
     BenchCodec(bench_codec::Args),
+    /// Pack a checkpoint (safetensors file or folder, GGUF file): the same tensors,
+    /// header and metadata, each tensor's bytes losslessly compressed (docs/PACKED.md).
+    #[command(after_help = exit::HELP_EXIT_CODES)]
+    Pack(pack::PackArgs),
+    /// Give back the original files of a packed checkpoint, bit for bit.
+    #[command(after_help = exit::HELP_EXIT_CODES)]
+    Unpack(pack::UnpackArgs),
 }
 
 /// What a command asked for on stdout, decided before it runs.
@@ -124,6 +132,8 @@ impl Command {
             Command::BenchSleep(a) => bench(&mut a.json),
             Command::BenchUpdate(a) => bench(&mut a.json),
             Command::BenchCodec(a) => bench(&mut a.json),
+            Command::Pack(a) => flag(a.json),
+            Command::Unpack(a) => flag(a.json),
         }
     }
 
@@ -172,6 +182,8 @@ impl Command {
                 bench_codec::run(a)?;
                 Ok(None)
             }
+            Command::Pack(a) => pack::run_pack(a).map(Some),
+            Command::Unpack(a) => pack::run_unpack(a).map(Some),
         }
     }
 }
