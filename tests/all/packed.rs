@@ -304,10 +304,10 @@ fn a_folder_with_its_index_round_trips() {
 /// row and column slices start and end inside frames.
 fn large(m: &crate::loader_tp::Model) -> crate::loader_tp::Model {
     let mut s = m.shape;
-    s.hidden = 256;
-    s.inter = if m.preset == "qwen2" { 640 } else { 512 };
-    s.vocab = 1024;
-    s.head_dim = 32;
+    s.hidden = 128;
+    s.inter = if m.preset == "qwen2" { 320 } else { 256 };
+    s.vocab = 512;
+    s.head_dim = 16;
     crate::loader_tp::Model {
         preset: m.preset,
         shape: s,
@@ -315,13 +315,9 @@ fn large(m: &crate::loader_tp::Model) -> crate::loader_tp::Model {
     }
 }
 
-const STRATEGIES: [Strategy; 5] = [
-    Strategy::Auto,
-    Strategy::Staged,
-    Strategy::Read,
-    Strategy::Direct,
-    Strategy::Stream,
-];
+/// The reading paths the frames go through: page cache by memcpy, `pread`,
+/// registered windows.
+const STRATEGIES: [Strategy; 3] = [Strategy::Auto, Strategy::Read, Strategy::Direct];
 
 #[test]
 fn a_packed_checkpoint_loads_every_rank_and_strategy_as_its_original() {
@@ -388,7 +384,7 @@ fn a_packed_checkpoint_loads_every_rank_and_strategy_as_its_original() {
             }
         },
     );
-    assert!(checked > 3 * 15 * 5 * 4, "{checked}");
+    assert!(checked > 3 * 6 * 3 * 4, "{checked}");
 }
 
 #[test]
