@@ -245,6 +245,17 @@ impl Checkpoint {
         Ok(out)
     }
 
+    /// Bytes a tensor takes in its packed file (its frames), or None when
+    /// its file is not packed. An empty tensor takes none.
+    pub fn packed_len(&self, t: &TensorInfo) -> Option<u64> {
+        let ix = self.shards.get(t.shard)?.packed.as_ref()?;
+        if t.len == 0 {
+            return Some(0);
+        }
+        let frames = ix.frames_for(t.offset, t.offset + t.len).ok()?;
+        Some(frames.iter().map(|f| f.entry.len).sum())
+    }
+
     /// True when any of the files is packed (docs/PACKED.md).
     pub fn is_packed(&self) -> bool {
         self.shards.iter().any(|s| s.packed.is_some())
