@@ -62,6 +62,7 @@ trap 'rm -f "$config"' EXIT
 #define VMMW_REPLICA_WAKE_OPTIONS_INIT { .size = sizeof(vmmw_replica_wake_options_t) }
 #define VMMW_REPLICA_SLEEP_OPTIONS_INIT { .size = sizeof(vmmw_replica_sleep_options_t) }
 #define VMMW_UPDATE_OPTIONS_INIT { .size = sizeof(vmmw_update_options_t) }
+#define VMMW_PACK_OPTIONS_INIT { .size = sizeof(vmmw_pack_options_t) }
 #endif
 C
   printf '"""\n'

@@ -159,10 +159,10 @@ fn every_dtype_header_order_metadata_and_padding_round_trip_bitwise() {
     let d = host();
     for (enc, o) in encoders(&d) {
         let p = dir.path().join(format!("all-{enc}.packed"));
-        let r = pack(&src, &p, &o, None).unwrap();
+        let r = pack(&src, &p, &o, None, None).unwrap();
         assert!(r.packed_bytes < r.original_bytes, "{enc}: {r:?}");
         let back = dir.path().join(format!("all-{enc}.safetensors"));
-        unpack(&p, &back, 2, false, None).unwrap();
+        unpack(&p, &back, 2, false, None, None).unwrap();
         same_files(&src, &back);
         // The packed file opens as the original: names, dtypes, shapes, offsets.
         let a = Checkpoint::open(&src).unwrap();
@@ -186,8 +186,8 @@ fn both_encoders_write_the_same_file() {
     write_raw_safetensors(&src, &every_dtype(), 0);
     let d = host();
     let [(_, cpu), (_, dev)] = encoders(&d);
-    pack(&src, &dir.path().join("a"), &cpu, None).unwrap();
-    pack(&src, &dir.path().join("b"), &dev, None).unwrap();
+    pack(&src, &dir.path().join("a"), &cpu, None, None).unwrap();
+    pack(&src, &dir.path().join("b"), &dev, None, None).unwrap();
     same_files(&dir.path().join("a"), &dir.path().join("b"));
 }
 
@@ -226,9 +226,9 @@ fn gguf_types_metadata_and_alignment_padding_round_trip_and_load() {
     let d = host();
     for (enc, o) in encoders(&d) {
         let p = dir.path().join(format!("m-{enc}.packed.gguf"));
-        pack(&src, &p, &o, None).unwrap();
+        pack(&src, &p, &o, None, None).unwrap();
         let back = dir.path().join(format!("m-{enc}.gguf"));
-        unpack(&p, &back, 2, false, None).unwrap();
+        unpack(&p, &back, 2, false, None, None).unwrap();
         same_files(&src, &back);
         let a = Checkpoint::open(&src).unwrap();
         let b = Checkpoint::open(&p).unwrap();
@@ -275,21 +275,21 @@ fn a_folder_with_its_index_round_trips() {
     let t = generate(&SMALL, Dtype::Bf16);
     write_sharded(&src, &t, Dtype::Bf16, 3);
     let p = dir.path().join("packed");
-    let r = pack(&src, &p, &opts(None), None).unwrap();
+    let r = pack(&src, &p, &opts(None), None, None).unwrap();
     assert_eq!(r.files.len(), 3);
     same_files(
         &src.join("model.safetensors.index.json"),
         &p.join("model.safetensors.index.json"),
     );
     let back = dir.path().join("back");
-    unpack(&p, &back, 2, false, None).unwrap();
+    unpack(&p, &back, 2, false, None, None).unwrap();
     for e in std::fs::read_dir(&src).unwrap() {
         let n = e.unwrap().file_name();
         same_files(&src.join(&n), &back.join(&n));
     }
     // Output that exists is refused, and packing a packed checkpoint too.
-    assert!(pack(&src, &p, &opts(None), None).is_err());
-    let e = pack(&p, &dir.path().join("again"), &opts(None), None).unwrap_err();
+    assert!(pack(&src, &p, &opts(None), None, None).is_err());
+    let e = pack(&p, &dir.path().join("again"), &opts(None), None, None).unwrap_err();
     assert!(e.to_string().contains("already packed"), "{e}");
     assert!(!dir.path().join("again").exists());
     let leftovers: Vec<_> = std::fs::read_dir(dir.path())
@@ -331,7 +331,7 @@ fn a_packed_checkpoint_loads_every_rank_and_strategy_as_its_original() {
             std::fs::create_dir(&src).unwrap();
             write_sharded(&src, &t, Dtype::Bf16, 3);
             let p = dir.path().join("packed");
-            pack(&src, &p, &opts(None), None).unwrap();
+            pack(&src, &p, &opts(None), None, None).unwrap();
             (m, t, dir)
         })
         .collect();
@@ -401,7 +401,7 @@ fn conversions_and_a_driver_packed_file_load_as_the_original() {
             let d = &b.driver;
             // Packed with this backend's own codec (the GPU's kernels on cuda).
             let p = dir.path().join(format!("packed-{}", b.kind()));
-            pack(&src, &p, &opts(Some(d.clone())), None).unwrap();
+            pack(&src, &p, &opts(Some(d.clone())), None, None).unwrap();
             for world in [1, 4] {
                 for rank in [0, world - 1] {
                     let mut rules =
@@ -455,7 +455,7 @@ fn a_reload_wake_decodes_from_the_packed_file() {
     std::fs::create_dir(&src).unwrap();
     write_sharded(&src, &t, Dtype::Bf16, 2);
     let p = dir.path().join("packed");
-    pack(&src, &p, &opts(None), None).unwrap();
+    pack(&src, &p, &opts(None), None, None).unwrap();
     on_each_backend(
         "a_reload_wake_decodes_from_the_packed_file",
         |b: &Backend| {
@@ -512,7 +512,7 @@ fn packed_one(dir: &Path) -> (std::path::PathBuf, Vec<u8>, pf::Index) {
     let src = dir.join("one.safetensors");
     write_raw_safetensors(&src, &every_dtype(), 3);
     let p = dir.join("one.packed");
-    pack(&src, &p, &opts(None), None).unwrap();
+    pack(&src, &p, &opts(None), None, None).unwrap();
     let bytes = std::fs::read(&p).unwrap();
     let ix = pf::parse(&bytes).unwrap();
     (p, bytes, ix)
@@ -556,7 +556,7 @@ fn a_corrupt_frame_fails_the_load_naming_file_tensor_and_frame() {
     // The host decoder refuses it too (unpack and reads).
     let ck = Checkpoint::open(&p).unwrap();
     assert!(ck.read_tensor("t.bf16").is_err());
-    assert!(unpack(&p, &dir.path().join("x"), 1, false, None).is_err());
+    assert!(unpack(&p, &dir.path().join("x"), 1, false, None, None).is_err());
     assert!(!dir.path().join("x").exists());
 }
 
@@ -670,4 +670,158 @@ fn hostile_packed_headers_are_refused_at_open() {
     let p = dir.path().join("forged.packed");
     std::fs::write(&p, &forged).unwrap();
     assert!(Checkpoint::open(&p).is_err());
+}
+
+// ---------------------------------------------------------------- C API
+
+mod c_api {
+    use super::*;
+    use std::ffi::{c_void, CString};
+    use std::ptr;
+    use vmmweights::ffi::error::{vmmw_error_free, vmmw_error_message, vmmw_error_t};
+    use vmmweights::ffi::pack::*;
+
+    unsafe extern "C" fn count(done: u64, total: u64, user: *mut c_void) -> i32 {
+        // SAFETY: the test passes a live `Vec<(u64, u64)>`; calls come one at a time.
+        unsafe { (*(user as *mut Vec<(u64, u64)>)).push((done, total)) };
+        0
+    }
+
+    unsafe extern "C" fn stop(_: u64, _: u64, _: *mut c_void) -> i32 {
+        1
+    }
+
+    fn message(e: *mut vmmw_error_t) -> String {
+        if e.is_null() {
+            return String::new();
+        }
+        // SAFETY: a live error from the call, freed once here.
+        unsafe {
+            let m = std::ffi::CStr::from_ptr(vmmw_error_message(e))
+                .to_string_lossy()
+                .into_owned();
+            vmmw_error_free(e);
+            m
+        }
+    }
+
+    #[test]
+    fn pack_and_unpack_through_the_c_api() {
+        let dir = tempfile::tempdir().unwrap();
+        let src = dir.path().join("m.safetensors");
+        write_raw_safetensors(&src, &every_dtype(), 1);
+        let c = |p: &Path| CString::new(p.to_str().unwrap()).unwrap();
+        let (i, o, back) = (
+            c(&src),
+            c(&dir.path().join("m.packed")),
+            c(&dir.path().join("back")),
+        );
+        let mut opts = vmmw_pack_options_t {
+            size: std::mem::size_of::<vmmw_pack_options_t>(),
+            frame_bytes: FRAME,
+            threads: 2,
+            cpu: 1,
+            force: 0,
+            device: 0,
+        };
+        let mut seen: Vec<(u64, u64)> = Vec::new();
+        let mut rep = vmmw_pack_report_t::default();
+        let mut err: *mut vmmw_error_t = ptr::null_mut();
+        // SAFETY: valid strings, options, callback and out-pointers.
+        let rc = unsafe {
+            vmmw_pack(
+                i.as_ptr(),
+                o.as_ptr(),
+                &opts,
+                Some(count),
+                &mut seen as *mut _ as *mut c_void,
+                &mut rep,
+                &mut err,
+            )
+        };
+        assert_eq!(rc, 0, "{}", message(err));
+        assert!(
+            rep.packed_bytes > 0 && rep.packed_bytes < rep.original_bytes,
+            "{rep:?}"
+        );
+        assert_eq!(seen.last().map(|x| x.0 == x.1), Some(true), "{seen:?}");
+        // SAFETY: as above; default options (NULL).
+        let rc = unsafe {
+            vmmw_unpack(
+                o.as_ptr(),
+                back.as_ptr(),
+                ptr::null(),
+                None,
+                ptr::null_mut(),
+                ptr::null_mut(),
+                &mut err,
+            )
+        };
+        assert_eq!(rc, 0, "{}", message(err));
+        same_files(&src, &dir.path().join("back"));
+        // A progress callback that asks to stop: cancelled, nothing written.
+        let stopped = c(&dir.path().join("stopped"));
+        // SAFETY: as above.
+        let rc = unsafe {
+            vmmw_pack(
+                i.as_ptr(),
+                stopped.as_ptr(),
+                &opts,
+                Some(stop),
+                ptr::null_mut(),
+                ptr::null_mut(),
+                &mut err,
+            )
+        };
+        let m = message(err);
+        assert_ne!(rc, 0);
+        assert!(m.contains("cancel"), "{m}");
+        assert!(!dir.path().join("stopped").exists());
+        // Bad arguments: NULL paths, an option struct without its size, an
+        // existing output; nothing changes.
+        // SAFETY: NULL input is the case under test.
+        let rc = unsafe {
+            vmmw_pack(
+                ptr::null(),
+                o.as_ptr(),
+                &opts,
+                None,
+                ptr::null_mut(),
+                ptr::null_mut(),
+                &mut err,
+            )
+        };
+        assert_ne!(rc, 0);
+        assert!(message(err).contains("input"));
+        opts.size = 0;
+        // SAFETY: valid pointers; the size field is the case under test.
+        let rc = unsafe {
+            vmmw_pack(
+                i.as_ptr(),
+                stopped.as_ptr(),
+                &opts,
+                None,
+                ptr::null_mut(),
+                ptr::null_mut(),
+                &mut err,
+            )
+        };
+        assert_ne!(rc, 0);
+        assert!(message(err).contains("vmmw_pack_options_t"));
+        // SAFETY: valid pointers; the existing output is the case under test.
+        let rc = unsafe {
+            vmmw_unpack(
+                o.as_ptr(),
+                back.as_ptr(),
+                ptr::null(),
+                None,
+                ptr::null_mut(),
+                ptr::null_mut(),
+                &mut err,
+            )
+        };
+        assert_ne!(rc, 0);
+        assert!(message(err).contains("exists"));
+        same_files(&src, &dir.path().join("back"));
+    }
 }

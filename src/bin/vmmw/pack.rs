@@ -111,7 +111,7 @@ pub fn run_pack(a: PackArgs) -> CliResult<Value> {
     };
     let bar = crate::output::Progress::new("pack", false);
     let show = |done: u64, total: u64| bar.update(done, total);
-    let r = pack::pack(&a.input, &a.output, &opts, Some(&show));
+    let r = pack::pack(&a.input, &a.output, &opts, Some(&show), None);
     bar.finish();
     let r = r.map_err(|e| match e {
         Error::InvalidArgument(m) => CliError::bad_input(m),
@@ -123,7 +123,7 @@ pub fn run_pack(a: PackArgs) -> CliResult<Value> {
 pub fn run_unpack(a: UnpackArgs) -> CliResult<Value> {
     let bar = crate::output::Progress::new("unpack", false);
     let show = |done: u64, total: u64| bar.update(done, total);
-    let r = pack::unpack(&a.input, &a.output, a.threads, a.force, Some(&show));
+    let r = pack::unpack(&a.input, &a.output, a.threads, a.force, Some(&show), None);
     bar.finish();
     let r = r.map_err(|e| match e {
         Error::InvalidArgument(m) => CliError::bad_input(m),

@@ -103,6 +103,7 @@ pub fn pack_file(
     threads: usize,
     batch_raw: usize,
     progress: &(dyn Fn(u64) + Sync),
+    stopped: &(dyn Fn() -> Result<()> + Sync),
 ) -> Result<FileCounts> {
     let pieces = pieces(prefix_len, orig_len, tensors, frame_raw);
     let n_frames: u64 = pieces.iter().map(Piece::frame_count).sum();
@@ -140,8 +141,10 @@ pub fn pack_file(
     let entries = Mutex::new(vec![FrameEntry { at: 0, len: 0 }; n_frames as usize]);
     let end = run_pipeline(
         src, src_path, out, out_path, batches, encoder, pinned_for, threads, batch_raw, data_start,
-        &entries, progress,
+        &entries, progress, stopped,
     )?;
+    // A cancel seen after the last batch still leaves nothing behind.
+    stopped()?;
     let ix = Index {
         kind,
         orig_len,
@@ -232,6 +235,7 @@ fn run_pipeline(
     data_start: u64,
     entries: &Mutex<Vec<FrameEntry>>,
     progress: &(dyn Fn(u64) + Sync),
+    stopped: &(dyn Fn() -> Result<()> + Sync),
 ) -> Result<u64> {
     let out_room = Batch::output_room(batch_raw);
     let mut slots = Vec::new();
@@ -270,6 +274,10 @@ fn run_pipeline(
             let (enc_tx, free_rx) = (enc_tx, free_rx);
             for frames in batches {
                 if stop.load(Ordering::SeqCst) {
+                    break;
+                }
+                if let Err(e) = stopped() {
+                    fail(e);
                     break;
                 }
                 let Ok(mut b) = free_rx.recv() else { break };

@@ -17,7 +17,7 @@ mod unpack;
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -35,6 +35,10 @@ use output::Pending;
 const DEVICE_BATCH: usize = 256 << 20;
 /// Largest batch on CPU threads.
 const CPU_BATCH: usize = 256 << 20;
+
+/// Progress of a pack or unpack: (raw bytes done, total), called from one
+/// of its threads, one call at a time.
+pub type PackProgress<'a> = &'a (dyn Fn(u64, u64) + Sync);
 
 /// How to pack.
 #[derive(Debug, Clone)]
@@ -90,6 +94,17 @@ pub struct PackReport {
     pub seconds: f64,
     /// Seconds syncing the output to its disk and renaming it.
     pub sync_seconds: f64,
+}
+
+/// `Error::Cancelled` once `cancel` is set.
+fn stopped(cancel: Option<&AtomicBool>, done: &AtomicU64, total: u64) -> Result<()> {
+    if cancel.is_some_and(|c| c.load(Ordering::SeqCst)) {
+        return Err(Error::Cancelled {
+            done: done.load(Ordering::Relaxed),
+            total,
+        });
+    }
+    Ok(())
 }
 
 fn thread_count(t: usize) -> usize {
@@ -204,12 +219,14 @@ fn write_all(
 /// Pack the checkpoint at `input` (a safetensors file, a folder with its
 /// index or a single `model.safetensors`, or a GGUF file) into `output` (a
 /// folder for a folder, else a file). `progress(done, total)` counts raw
-/// tensor bytes. Nothing is left under `output` on failure.
+/// bytes; `cancel` set (from any thread) stops it with `Error::Cancelled`.
+/// Nothing is left under `output` on failure.
 pub fn pack(
     input: &Path,
     output: &Path,
     opts: &PackOptions,
-    progress: Option<&(dyn Fn(u64, u64) + Sync)>,
+    progress: Option<PackProgress<'_>>,
+    cancel: Option<&AtomicBool>,
 ) -> Result<PackReport> {
     let fr = opts.frame_bytes;
     if fr == 0 || fr > packed::MAX_FRAME_RAW || !fr.is_multiple_of(crate::codec::BLOCK_BYTES as u64)
@@ -287,6 +304,7 @@ pub fn pack(
                 threads,
                 batch,
                 &tick,
+                &|| stopped(cancel, &done, total),
             )?;
             // The source must not have changed under the pack.
             sh.check_unchanged()?;
@@ -311,13 +329,15 @@ pub fn pack(
 
 /// Unpack the packed checkpoint at `input` into `output`: every file as it
 /// was before packing, bit for bit (docs/PACKED.md says what that covers),
-/// the folder's index copied. `threads` decode (0: the CPUs, at most 16).
+/// the folder's index copied. `threads` decode (0: the CPUs, at most 16);
+/// `progress` and `cancel` as for [`pack`].
 pub fn unpack(
     input: &Path,
     output: &Path,
     threads: usize,
     force: bool,
-    progress: Option<&(dyn Fn(u64, u64) + Sync)>,
+    progress: Option<PackProgress<'_>>,
+    cancel: Option<&AtomicBool>,
 ) -> Result<PackReport> {
     let ckpt = Checkpoint::open(input)?;
     if let Some(s) = ckpt.shards.iter().find(|s| s.packed.is_none()) {
@@ -345,7 +365,16 @@ pub fn unpack(
     let (files, sync_seconds) = write_all(&ckpt, input, output, force, &mut |i, out, out_path| {
         let sh = &ckpt.shards[i];
         let ix = sh.packed.as_ref().expect("every shard is packed");
-        unpack::unpack_file(&sh.file, &sh.path, ix, out, out_path, threads, &tick)?;
+        unpack::unpack_file(
+            &sh.file,
+            &sh.path,
+            ix,
+            out,
+            out_path,
+            threads,
+            &tick,
+            &|| stopped(cancel, &done, total),
+        )?;
         sh.check_unchanged()?;
         Ok(FileReport {
             path: PathBuf::new(),

@@ -15,6 +15,7 @@ use crate::loader::packed::{self, FrameUse, Index};
 
 /// Write the original of the packed file `src` (index `ix`) into `out`, a
 /// new empty file; `progress(raw)` counts raw bytes written.
+#[allow(clippy::too_many_arguments)]
 pub fn unpack_file(
     src: &File,
     src_path: &Path,
@@ -23,6 +24,7 @@ pub fn unpack_file(
     out_path: &Path,
     threads: usize,
     progress: &(dyn Fn(u64) + Sync),
+    stopped: &(dyn Fn() -> Result<()> + Sync),
 ) -> Result<()> {
     out.write_all_at(&ix.prefix, 0)
         .map_err(|e| Error::io(out_path, e))?;
@@ -45,6 +47,7 @@ pub fn unpack_file(
         .collect();
     let written = AtomicU64::new(ix.prefix.len() as u64);
     parallel(uses.len(), threads, &|i| {
+        stopped()?;
         let u = &uses[i];
         let raw = packed::decode_frame(src, u).map_err(|r| Error::checkpoint(src_path, None, r))?;
         out.write_all_at(&raw, u.raw.0)
@@ -53,6 +56,7 @@ pub fn unpack_file(
         progress(raw.len() as u64);
         Ok(())
     })?;
+    stopped()?;
     let len = out.metadata().map_err(|e| Error::io(out_path, e))?.len();
     if len != ix.orig_len || written.load(Ordering::Relaxed) != ix.orig_len {
         return Err(Error::InvalidState(format!(
