@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, Callable, List, Optional, Union
 
 from . import _structs as S
@@ -64,7 +64,7 @@ def _run(fn: str, src: PathLike, dst: PathLike, opts: S.PackOptions, progress: O
         if failure:
             raise failure[0] from None
         raise
-    return PackReport(**{name: getattr(out, name) for name, _ in S.PackReport._fields_})
+    return PackReport(**{f.name: getattr(out, f.name) for f in fields(PackReport)})
 
 
 def pack(
