@@ -13,6 +13,7 @@ mod bench_chart;
 mod bench_codec;
 mod bench_load;
 mod bench_multi;
+mod bench_packed;
 mod bench_pool;
 mod bench_sleep;
 mod bench_update;
