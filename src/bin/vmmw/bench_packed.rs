@@ -6,8 +6,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use vmmweights::loader::{
-    load, Checkpoint, Control, LoadOptions, Plan, Registry, Rules,
-    SegmentAllocator, Session,
+    load, Checkpoint, Control, LoadOptions, Plan, Registry, Rules, SegmentAllocator, Session,
 };
 use vmmweights::sleep::Policy;
 use vmmweights::{tag, Driver, Error, Pool, PoolConfig, Result};
@@ -28,7 +27,14 @@ pub fn same_as(
     let alloc = SegmentAllocator::new(d.clone(), total);
     let mut twin = Registry::new();
     twin.allocate(&specs, &alloc)?;
-    load(d, ckpt, rules, &twin, &LoadOptions::default(), &Control::default())?;
+    load(
+        d,
+        ckpt,
+        rules,
+        &twin,
+        &LoadOptions::default(),
+        &Control::default(),
+    )?;
     let mut ours = Vec::new();
     let mut theirs = Vec::new();
     let mut names = Vec::new();

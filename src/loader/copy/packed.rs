@@ -22,8 +22,9 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use super::execute::execute as execute_plain;
-use super::options::{Control, CopyOptions, CopyStats};
+use super::options::{Control, CopyOptions, CopyStats, Strategy};
 use super::scratch_release;
+use super::staging::resident_share;
 use crate::driver::{DevicePtr, Driver, EventId, StreamId};
 use crate::error::{Error, Result};
 use crate::loader::checkpoint::Shard;
@@ -32,10 +33,13 @@ use crate::loader::plan::{Extent, Fill};
 use crate::loader::read_error::source_invalid;
 use crate::segment::Segment;
 
-/// Bounds of one compressed-frame buffer (two are mapped during a load):
-/// large enough that the engine's start and drain per chunk cost little
-/// against the chunk's transfer, small enough to leave the device its memory.
-const MAX_CHUNK: u64 = 1 << 30;
+/// Bounds of one compressed-frame buffer of a page-cached load (two are
+/// mapped): large enough that the engine's start and drain per chunk cost
+/// little against the chunk's transfer, small enough to leave the device its
+/// memory. A load from disk reads as much as a third of the free memory per
+/// chunk instead: its large `pread` slots drain slowly at each chunk's end,
+/// and its decodes are short against the disk's time anyway.
+const MAX_CHUNK: u64 = 2 << 30;
 const MIN_CHUNK: u64 = 32 << 20;
 
 /// One frame a plan needs, and the extents (indices into the packed
@@ -324,11 +328,19 @@ pub(super) fn execute(
             .sum();
         let largest = works.iter().map(|w| w.f.entry.len).max().unwrap_or(0);
         let free = d.mem_info().map_or(MIN_CHUNK * 8, |m| m.free);
-        let chunk = (free / 16)
-            .clamp(MIN_CHUNK, MAX_CHUNK)
-            .min(need)
-            .max(largest)
-            .next_multiple_of(256);
+        let cold = match opts.strategy {
+            Strategy::Read => true,
+            Strategy::Auto | Strategy::Hybrid => {
+                resident_share(shards, &reads(&works, &packed, 0)) < 0.5
+            }
+            _ => false,
+        };
+        let cap = if cold {
+            (free / 3).max(MIN_CHUNK)
+        } else {
+            (free / 16).clamp(MIN_CHUNK, MAX_CHUNK)
+        };
+        let chunk = cap.min(need).max(largest).next_multiple_of(256);
         let ranges = chunks(&mut works, chunk);
         let raw_scratch = works
             .iter()

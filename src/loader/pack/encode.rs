@@ -264,6 +264,6 @@ impl Encoder for DeviceEncoder {
     }
 
     fn name(&self) -> String {
-        format!("{} ({})", self.driver.kind(), self.driver.describe())
+        self.driver.describe()
     }
 }
