@@ -45,6 +45,8 @@ mod loader_load;
 mod loader_multi;
 mod loader_tp;
 mod packed;
+#[cfg(feature = "cli")]
+mod packed_cli;
 mod pool_arena;
 mod pool_errors;
 mod pool_free_faults;
