@@ -236,13 +236,13 @@ fn works(shards: &[Shard], extents: &[Extent]) -> Result<Vec<Work>> {
 fn chunks(works: &mut [Work], chunk: u64) -> Vec<(usize, usize)> {
     let mut out = Vec::new();
     let (mut start, mut used) = (0usize, 0u64);
-    for i in 0..works.len() {
-        let len = works[i].f.entry.len;
+    for (i, w) in works.iter_mut().enumerate() {
+        let len = w.f.entry.len;
         if i > start && used + len > chunk {
             out.push((start, i));
             (start, used) = (i, 0);
         }
-        works[i].at = used;
+        w.at = used;
         used += len.next_multiple_of(256);
     }
     if start < works.len() {
