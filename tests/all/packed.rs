@@ -399,9 +399,16 @@ fn conversions_and_a_driver_packed_file_load_as_the_original() {
         "conversions_and_a_driver_packed_file_load_as_the_original",
         |b| {
             let d = &b.driver;
-            // Packed with this backend's own codec (the GPU's kernels on cuda).
+            // Packed with this backend's own codec (the GPU's kernels on
+            // cuda): the same files as the reference encoder writes.
             let p = dir.path().join(format!("packed-{}", b.kind()));
             pack(&src, &p, &opts(Some(d.clone())), None, None).unwrap();
+            let cpu = dir.path().join(format!("packed-cpu-{}", b.kind()));
+            pack(&src, &cpu, &opts(None), None, None).unwrap();
+            for f in std::fs::read_dir(&src).unwrap() {
+                let n = f.unwrap().file_name();
+                same_files(&p.join(&n), &cpu.join(&n));
+            }
             for world in [1, 4] {
                 for rank in [0, world - 1] {
                     let mut rules =
