@@ -2,7 +2,7 @@
 //! stored as backup-codec frames ([`crate::codec`]), with the original
 //! header kept verbatim (docs/PACKED.md).
 //!
-//! This module owns the format ([`format`]) and reading it on the host:
+//! This module owns the format ([`format`](mod@format)) and reading it on the host:
 //! the checked index of a packed file ([`read_index`]) and the decode of
 //! any range of original bytes ([`decode_range`]). The loader opens packed
 //! files by their magic (`checkpoint.rs`, `gguf/`), gives their tensors the
