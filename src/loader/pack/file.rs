@@ -100,6 +100,7 @@ pub fn pack_file(
     out_path: &Path,
     encoder: &mut dyn Encoder,
     pinned_for: Option<&Arc<dyn Driver>>,
+    slots: &mut Vec<Batch>,
     threads: usize,
     batch_raw: usize,
     progress: &(dyn Fn(u64) + Sync),
@@ -140,8 +141,8 @@ pub fn pack_file(
     let batches = cut_batches(specs, batch_raw);
     let entries = Mutex::new(vec![FrameEntry { at: 0, len: 0 }; n_frames as usize]);
     let end = run_pipeline(
-        src, src_path, out, out_path, batches, encoder, pinned_for, threads, batch_raw, data_start,
-        &entries, progress, stopped,
+        src, src_path, out, out_path, batches, encoder, pinned_for, slots, threads, batch_raw,
+        data_start, &entries, progress, stopped,
     )?;
     // A cancel seen after the last batch still leaves nothing behind.
     stopped()?;
@@ -173,6 +174,26 @@ pub fn pack_file(
         packed: end,
         frames: n_frames,
     })
+}
+
+/// The batch buffers of one pack (kept across its files): pinned with the
+/// driver that encodes, or plain populated memory for the CPU encoder.
+fn make_slots(batch_raw: usize, pinned_for: Option<&Arc<dyn Driver>>) -> Result<Vec<Batch>> {
+    let mk = |len: usize, what: &str| -> Result<PinnedHost> {
+        match pinned_for {
+            Some(d) => PinnedHost::new(d, len, what),
+            None => PinnedHost::populated(len, what),
+        }
+    };
+    (0..SLOTS)
+        .map(|_| {
+            Ok(Batch {
+                input: mk(batch_raw, "packing input batch")?,
+                output: mk(Batch::output_room(batch_raw), "packing output batch")?,
+                frames: Vec::new(),
+            })
+        })
+        .collect()
 }
 
 /// Consecutive frames in batches of at most `batch_raw` raw bytes (a frame
@@ -230,6 +251,7 @@ fn run_pipeline(
     batches: Vec<Vec<BatchFrame>>,
     encoder: &mut dyn Encoder,
     pinned_for: Option<&Arc<dyn Driver>>,
+    slots: &mut Vec<Batch>,
     threads: usize,
     batch_raw: usize,
     data_start: u64,
@@ -237,20 +259,8 @@ fn run_pipeline(
     progress: &(dyn Fn(u64) + Sync),
     stopped: &(dyn Fn() -> Result<()> + Sync),
 ) -> Result<u64> {
-    let out_room = Batch::output_room(batch_raw);
-    let mut slots = Vec::new();
-    for _ in 0..SLOTS.min(batches.len().max(1)) {
-        let mk = |len: usize, what: &str| -> Result<PinnedHost> {
-            match pinned_for {
-                Some(d) => PinnedHost::new(d, len, what),
-                None => PinnedHost::populated(len, what),
-            }
-        };
-        slots.push(Batch {
-            input: mk(batch_raw, "packing input batch")?,
-            output: mk(out_room, "packing output batch")?,
-            frames: Vec::new(),
-        });
+    if slots.is_empty() {
+        slots.extend(make_slots(batch_raw, pinned_for)?);
     }
     let stop = AtomicBool::new(false);
     let failure: Mutex<Option<Error>> = Mutex::new(None);
@@ -265,12 +275,12 @@ fn run_pipeline(
     let (free_tx, free_rx) = sync_channel::<Batch>(SLOTS);
     let (enc_tx, enc_rx) = sync_channel::<Batch>(SLOTS);
     let (wr_tx, wr_rx) = sync_channel::<Batch>(SLOTS);
-    for s in slots {
+    for s in slots.drain(..) {
         free_tx.send(s).expect("room for every slot");
     }
-    std::thread::scope(|s| {
+    let free_rx = std::thread::scope(|s| {
         // Reader: raw bytes of each batch's frames.
-        s.spawn(|| {
+        let reader = s.spawn(|| {
             let (enc_tx, free_rx) = (enc_tx, free_rx);
             for frames in batches {
                 if stop.load(Ordering::SeqCst) {
@@ -302,6 +312,7 @@ fn run_pipeline(
                     break;
                 }
             }
+            free_rx
         });
         // Writer: each batch's frames at their offsets, in order.
         s.spawn(|| {
@@ -356,7 +367,13 @@ fn run_pipeline(
         drop(wr_tx);
         // Unblock a reader waiting for a slot.
         drop(enc_rx);
+        reader.join().ok()
     });
+    // The slots back, for the next file (those a failure left in a channel
+    // are dropped with it).
+    if let Some(rx) = free_rx {
+        slots.extend(rx.try_iter());
+    }
     if let Some(e) = failure.into_inner().unwrap_or_else(|p| p.into_inner()) {
         return Err(e);
     }

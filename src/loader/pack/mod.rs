@@ -270,6 +270,8 @@ pub fn pack(
             p(d.min(total), total);
         }
     };
+    // Batch buffers made by the first file, kept for the others.
+    let mut slots = Vec::new();
     let (files, sync_seconds) =
         write_all(&ckpt, input, output, opts.force, &mut |i, out, out_path| {
             let sh = &ckpt.shards[i];
@@ -301,6 +303,7 @@ pub fn pack(
                 out_path,
                 encoder.as_mut(),
                 opts.driver.as_ref(),
+                &mut slots,
                 threads,
                 batch,
                 &tick,
