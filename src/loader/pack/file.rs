@@ -176,6 +176,36 @@ pub fn pack_file(
     })
 }
 
+/// The output file mapped for writing up to `bound` bytes (every frame at
+/// its largest), its blocks reserved first with `fallocate`, so a write
+/// through the mapping never meets a full disk (which would raise SIGBUS).
+/// None where the file system cannot reserve or map: the writer then uses
+/// `pwrite`.
+struct OutMap {
+    map: memmap2::MmapMut,
+}
+
+impl OutMap {
+    fn new(out: &File, bound: u64) -> Option<OutMap> {
+        use std::os::fd::AsRawFd;
+        let len = libc::off_t::try_from(bound).ok().filter(|&l| l > 0)?;
+        // SAFETY: fallocate on a descriptor this function borrows; mode 0
+        // reserves blocks and extends the file, writing no data.
+        if unsafe { libc::fallocate(out.as_raw_fd(), 0, 0, len) } != 0 {
+            return None;
+        }
+        // SAFETY: `out` is the pack's own temporary file, open read-write,
+        // its blocks reserved up to `bound`; nothing else maps or truncates
+        // it while the mapping lives (it is dropped before `set_len`).
+        let map = unsafe { memmap2::MmapOptions::new().len(bound as usize).map_mut(out) }.ok()?;
+        Some(OutMap { map })
+    }
+
+    fn base(&self) -> usize {
+        self.map.as_ptr() as usize
+    }
+}
+
 /// The batch buffers of one pack (kept across its files): pinned with the
 /// driver that encodes, or plain populated memory for the CPU encoder.
 fn make_slots(batch_raw: usize, pinned_for: Option<&Arc<dyn Driver>>) -> Result<Vec<Batch>> {
@@ -262,6 +292,14 @@ fn run_pipeline(
     if slots.is_empty() {
         slots.extend(make_slots(batch_raw, pinned_for)?);
     }
+    let bound = data_start
+        + batches
+            .iter()
+            .flatten()
+            .map(|f| format::max_frame_bytes_for(f.raw_len))
+            .sum::<u64>();
+    let map = OutMap::new(out, bound);
+    let mapped = map.as_ref().map(|m| m.base());
     let stop = AtomicBool::new(false);
     let failure: Mutex<Option<Error>> = Mutex::new(None);
     let fail = |e: Error| {
@@ -337,11 +375,36 @@ fn run_pipeline(
                 end.store(at, Ordering::SeqCst);
                 let output = b.output();
                 let fr = &b.frames;
-                let r = parallel(fr.len(), threads, &|i| {
-                    let f = fr[i];
-                    out.write_all_at(&output[f.out_at..f.out_at + f.out_len], places[i])
-                        .map_err(|e| Error::io(out_path, e))
-                });
+                // The batch's frames lie back to back in its output and in
+                // the file.
+                let first = places.first().copied().unwrap_or(at);
+                let bytes = &output[..(at - first) as usize];
+                let r = match mapped {
+                    // Through the mapping on every thread: buffered writes
+                    // to one file take its lock in turn.
+                    Some(base) => {
+                        let piece = bytes.len().div_ceil(threads.max(1)).max(1 << 20);
+                        parallel(bytes.len().div_ceil(piece), threads, &|i| {
+                            let lo = i * piece;
+                            let n = piece.min(bytes.len() - lo);
+                            // SAFETY: `first + lo + n` is at most the bound
+                            // the mapping covers (every frame at its
+                            // largest); pieces are disjoint, and nothing
+                            // else touches the mapping.
+                            unsafe {
+                                std::ptr::copy_nonoverlapping(
+                                    bytes.as_ptr().add(lo),
+                                    (base + first as usize + lo) as *mut u8,
+                                    n,
+                                )
+                            };
+                            Ok(())
+                        })
+                    }
+                    None => out
+                        .write_all_at(bytes, first)
+                        .map_err(|e| Error::io(out_path, e)),
+                };
                 if let Err(e) = r {
                     fail(e);
                     break;
@@ -374,10 +437,15 @@ fn run_pipeline(
     if let Some(rx) = free_rx {
         slots.extend(rx.try_iter());
     }
+    // Unmapped before the file is cut to its length (its pages stay in the
+    // page cache, dirty, for the sync).
+    drop(map);
     if let Some(e) = failure.into_inner().unwrap_or_else(|p| p.into_inner()) {
         return Err(e);
     }
-    Ok(end.load(Ordering::SeqCst))
+    let end = end.load(Ordering::SeqCst);
+    out.set_len(end).map_err(|e| Error::io(out_path, e))?;
+    Ok(end)
 }
 
 #[cfg(test)]

@@ -211,6 +211,11 @@ impl Index {
     }
 }
 
+/// The most bytes a frame of `raw_len` raw bytes takes (every block raw).
+pub fn max_frame_bytes_for(raw_len: usize) -> u64 {
+    cf::max_frame_bytes(raw_len) as u64
+}
+
 /// Where the frames start for a manifest of `manifest_len` bytes.
 pub fn data_start_for(manifest_len: u64) -> u64 {
     (PREAMBLE_BYTES as u64 + manifest_len).div_ceil(DATA_ALIGN) * DATA_ALIGN
