@@ -84,7 +84,7 @@ phase() {
   fi
   cat "$work/pack-$label.json" >>"$log"
   .gpu/vmmw inspect "$packed" --json >"$work/inspect-$label.json" 2>>"$log"
-  local bench=(bench-load --preset qwen3 --strategies auto,staged --repeat 3 --cold --cold-repeat 1 --reload-wake 3)
+  local bench=(bench-load --preset qwen3 --strategies auto,staged,stream,hybrid --repeat 3 --cold --cold-repeat 1 --reload-wake 3)
   echo "+ vmmw ${bench[*]} $orig" >>"$log"
   .gpu/vmmw "${bench[@]}" "$orig" --json "$work/orig-$label.json" >>"$log" 2>&1 || ok=1
   echo "+ vmmw ${bench[*]} $packed --same-as $orig" >>"$log"
