@@ -832,3 +832,94 @@ mod c_api {
         same_files(&src, &dir.path().join("back"));
     }
 }
+
+#[test]
+fn a_reload_wake_with_content_checks_refuses_frames_rewritten_in_place() {
+    let dir = tempfile::tempdir().unwrap();
+    let (p, mut bytes, ix) = packed_one(dir.path());
+    let d = host();
+    let pool = Pool::new(d.clone(), PoolConfig::default()).unwrap();
+    let weights = tag::id("packed-reload-check").unwrap();
+    let rules = Rules::default();
+    let ckpt = Checkpoint::open(&p).unwrap();
+    let mut reg = Registry::new();
+    allocate_in_pool(
+        &mut reg,
+        &Plan::destinations(&ckpt, &rules).unwrap(),
+        &pool,
+        weights,
+    )
+    .unwrap();
+    let o = LoadOptions {
+        reload_check: true,
+        ..Default::default()
+    };
+    let plan = load_into_pool(&pool, ckpt, &rules, &reg, &o, &Control::default()).unwrap();
+    assert!(plan.has_checksums());
+    pool.sleep(&[(weights, Policy::Reload)]).unwrap();
+    pool.wake(&[weights]).unwrap();
+    // One byte of a frame changed in place; size and modification time kept.
+    let f = ix.frames[ix.frames.len() / 2];
+    bytes[(f.at + f.len / 2) as usize] ^= 1;
+    let mtime = std::fs::metadata(&p).unwrap().modified().unwrap();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&p)
+        .and_then(|mut h| {
+            use std::io::Write;
+            h.write_all(&bytes)?;
+            h.set_modified(mtime)
+        })
+        .unwrap();
+    pool.sleep(&[(weights, Policy::Reload)]).unwrap();
+    let e = pool.wake(&[weights]).unwrap_err().to_string();
+    assert!(e.contains("one.packed") && e.contains("rewritten"), "{e}");
+    drop(plan);
+}
+
+#[test]
+fn a_folder_of_packed_and_plain_shards_loads_as_the_original() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("orig");
+    std::fs::create_dir(&src).unwrap();
+    let t = generate(&SMALL, Dtype::Bf16);
+    write_sharded(&src, &t, Dtype::Bf16, 3);
+    let p = dir.path().join("packed");
+    pack(&src, &p, &opts(None), None, None).unwrap();
+    // The second shard back as it was: one execution reads both kinds.
+    let second = "model-00002-of-00003.safetensors";
+    std::fs::copy(src.join(second), p.join(second)).unwrap();
+    let d = host();
+    let rules = Rules::preset("llama", None, SMALL.head_dim).unwrap();
+    let a = Checkpoint::open(&src).unwrap();
+    let b = Checkpoint::open(&p).unwrap();
+    assert!(b.shards[1].packed.is_none() && b.shards[0].packed.is_some());
+    let (_x, ra) = allocate_for(&d, &a, &rules, 8 << 20);
+    let (_y, rb) = allocate_for(&d, &b, &rules, 8 << 20);
+    load(
+        &d,
+        a,
+        &rules,
+        &ra,
+        &LoadOptions::default(),
+        &Control::default(),
+    )
+    .unwrap();
+    load(
+        &d,
+        b,
+        &rules,
+        &rb,
+        &LoadOptions::default(),
+        &Control::default(),
+    )
+    .unwrap();
+    for (x, y) in ra.iter().zip(rb.iter()) {
+        assert_eq!(
+            read(d.as_ref(), x.ptr, x.bytes()),
+            read(d.as_ref(), y.ptr, y.bytes()),
+            "{}",
+            x.name
+        );
+    }
+}
