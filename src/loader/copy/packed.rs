@@ -42,6 +42,16 @@ use crate::segment::Segment;
 const MAX_CHUNK: u64 = 2 << 30;
 const MIN_CHUNK: u64 = 32 << 20;
 
+/// The largest page-cached chunk: [`MAX_CHUNK`], or `VMMW_PACKED_CHUNK_MIB`
+/// (32 to 16384) to measure others.
+fn chunk_cap() -> u64 {
+    std::env::var("VMMW_PACKED_CHUNK_MIB")
+        .ok()
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .filter(|m| (32..=16384).contains(m))
+        .map_or(MAX_CHUNK, |m| m << 20)
+}
+
 /// One frame a plan needs, and the extents (indices into the packed
 /// extents) that receive its bytes.
 struct Work {
@@ -338,7 +348,7 @@ pub(super) fn execute(
         let cap = if cold {
             (free / 3).max(MIN_CHUNK)
         } else {
-            (free / 16).clamp(MIN_CHUNK, MAX_CHUNK)
+            (free / 16).clamp(MIN_CHUNK, chunk_cap())
         };
         let chunk = cap.min(need).max(largest).next_multiple_of(256);
         let ranges = chunks(&mut works, chunk);
