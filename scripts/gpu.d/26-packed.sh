@@ -98,7 +98,13 @@ phase() {
 }
 
 labels=()
-if phase safetensors "$src" "$work/st"; then labels+=(safetensors); else rc=1; fi
+if [ "$(free_gb "$work")" -lt 13 ]; then
+  result "packed safetensors" SKIP "$(free_gb "$work") GB free: the packed copy needs 13"
+elif phase safetensors "$src" "$work/st"; then
+  labels+=(safetensors)
+else
+  rc=1
+fi
 rm -rf "$work/st"
 if [ "${PACKED_GGUF:-1}" = 0 ]; then
   result "packed gguf" SKIP "PACKED_GGUF=0"
