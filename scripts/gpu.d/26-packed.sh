@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Packed checkpoints (docs/PACKED.md) on the GPU. First tests/all/packed.rs on
-# the cuda backend (round trips, every rank and strategy against the original,
-# conversions, a file packed by the GPU's kernels, the Reload wake, a corrupt
-# frame, hostile headers). Then, in one run, the 16.4 GB bf16 checkpoint of
+# Packed checkpoints (docs/PACKED.md) on the GPU. First tests/all/packed.rs and
+# packed_integrity.rs on the cuda backend (round trips, every rank and
+# strategy against the original, conversions, a file packed by the GPU's
+# kernels against the reference encoder's, the Reload wake, a corrupt frame
+# caught by the decode kernel, hostile headers). Then, in one run, the 16.4 GB bf16 checkpoint of
 # 20-load.sh (made here when absent) and a GGUF of the same tensors:
 #   - packed on the GPU (`vmmw pack`, source page-cached), timed without and
 #     with the sync to disk;
@@ -32,7 +33,7 @@ rc=0
 log="$VMMW_GPU_OUT/packed.txt"
 : >"$log"
 
-.gpu/tests/all packed:: --nocapture --test-threads=1 >>"$log" 2>&1
+.gpu/tests/all packed:: packed_integrity:: --nocapture --test-threads=1 >>"$log" 2>&1
 t=$?
 summary=$(grep -E '^test result:' "$log" | tail -1)
 ran=$(grep -c '^RAN cuda' "$log")

@@ -47,6 +47,7 @@ mod loader_tp;
 mod packed;
 #[cfg(feature = "cli")]
 mod packed_cli;
+mod packed_integrity;
 mod pool_arena;
 mod pool_errors;
 mod pool_free_faults;
