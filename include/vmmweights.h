@@ -89,6 +89,7 @@
 #define VMMW_UPDATE_OPTIONS_INIT { .size = sizeof(vmmw_update_options_t) }
 #define VMMW_WAKE_OPTIONS_INIT { .size = sizeof(vmmw_wake_options_t) }
 #define VMMW_SWAP_OPTIONS_INIT { .size = sizeof(vmmw_swap_options_t) }
+#define VMMW_PACK_OPTIONS_INIT { .size = sizeof(vmmw_pack_options_t) }
 #endif
 
 
@@ -565,6 +566,69 @@ typedef struct vmmw_multi_result_t {
    */
   uint32_t recovered_devices;
 } vmmw_multi_result_t;
+
+/**
+ * Options of `vmmw_pack` and `vmmw_unpack`. Every field but `size` 0 means
+ * the default. Start from `VMMW_PACK_OPTIONS_INIT` (C) so `size` is set.
+ */
+typedef struct vmmw_pack_options_t {
+  /**
+   * `sizeof(vmmw_pack_options_t)` as the caller's header declares it.
+   */
+  size_t size;
+  /**
+   * Raw bytes per frame (0: 16 MiB): a multiple of 64 KiB up to 256 MiB.
+   */
+  uint64_t frame_bytes;
+  /**
+   * CPU threads reading, writing and coding (0: the CPUs, at most 16).
+   */
+  uint32_t threads;
+  /**
+   * 1: encode with the reference encoder on CPU threads even where a GPU
+   * is present (packing only).
+   */
+  uint32_t cpu;
+  /**
+   * 1: replace an existing output file (a folder is never replaced).
+   */
+  uint32_t force;
+  /**
+   * The CUDA device that encodes (packing only; `VMMW_BACKEND` picks the
+   * backend as for every call: with `host`, the host backend's codec).
+   */
+  int32_t device;
+} vmmw_pack_options_t;
+
+/**
+ * What a pack or unpack wrote.
+ */
+typedef struct vmmw_pack_report_t {
+  /**
+   * Bytes of the original files.
+   */
+  uint64_t original_bytes;
+  /**
+   * Bytes of the packed files.
+   */
+  uint64_t packed_bytes;
+  /**
+   * Files written (the index of a folder not counted).
+   */
+  uint64_t files;
+  /**
+   * Tensors in the checkpoint.
+   */
+  uint64_t tensors;
+  /**
+   * Seconds reading, coding and writing.
+   */
+  double seconds;
+  /**
+   * Seconds syncing the output to its disk and renaming it into place.
+   */
+  double sync_seconds;
+} vmmw_pack_report_t;
 
 /**
  * How to create a pool. Every field but `size` 0 means the default: the
@@ -2346,6 +2410,57 @@ vmmw_status_t vmmw_replicas_wake_by_reload(struct vmmw_loader_t *const *loaders,
  * As `vmmw_replicas_wake_by_reload`.
  */
 VMMW_DEPRECATED("renamed vmmw_replicas_wake_by_reload (vmmw_replicas_wake_from_backup wakes from one host backup)") vmmw_status_t vmmw_loader_wake_replicas(struct vmmw_loader_t *const *loaders, struct vmmw_pool_t *const *pools, size_t count, struct vmmw_multi_result_t *out, struct vmmw_error_t **error);
+
+/**
+ * Pack the checkpoint at `input` (a safetensors file, a folder with its
+ * index, or a GGUF file) into `output` (a folder for a folder, else a file;
+ * it must not exist unless `force` and it is a file): the same tensors,
+ * header and metadata, each tensor's bytes as codec frames. Encodes on the
+ * GPU where one opens (`VMMW_BACKEND` unset or `cuda`), else on CPU threads.
+ * Streams through a bounded set of buffers. Writes under a temporary name in
+ * the output's folder, syncs, and renames: on any failure nothing is left
+ * under `output`. `progress(done, total, user)` (may be NULL) counts raw
+ * bytes, called from one of the packer's threads, one call at a time;
+ * returning non-zero stops the pack (`VMMW_CANCELLED`). On success
+ * `*report` (may be NULL) receives what was written.
+ *
+ * Errors:
+ * - `VMMW_NULL_ARGUMENT`: `input` or `output` is NULL.
+ * - `VMMW_INVALID_ARGUMENT`: the output exists, the input is already packed,
+ *   a bad frame size or option struct.
+ * - `VMMW_IO`, `VMMW_CHECKPOINT_INVALID`: reading or validating the input,
+ *   writing the output.
+ * - `VMMW_CANCELLED`, `VMMW_OUT_OF_MEMORY` (the GPU's buffers), `VMMW_DRIVER_ERROR`.
+ *
+ * Thread safety: any thread; packs of different outputs may run at once.
+ *
+ * # Safety
+ * `input` and `output` are NUL-terminated strings; `options` is NULL or
+ * readable for its `size` bytes; `progress` is NULL or safe to call with
+ * `user` from another thread; `report` and `error` are NULL or writable.
+ */
+vmmw_status_t vmmw_pack(const char *input, const char *output, const struct vmmw_pack_options_t *options, vmmw_progress_fn progress, void *user, struct vmmw_pack_report_t *report, struct vmmw_error_t **error);
+
+/**
+ * Give back the original files of the packed checkpoint at `input`, bit for
+ * bit, into `output` (as `vmmw_pack` writes: atomically, a folder for a
+ * folder). Every frame's checksums are checked. `options` (may be NULL)
+ * gives `threads` and `force`; `progress`, `user` and `report` as for
+ * `vmmw_pack`.
+ *
+ * Errors:
+ * - `VMMW_NULL_ARGUMENT`: `input` or `output` is NULL.
+ * - `VMMW_INVALID_ARGUMENT`: the output exists, or a file is not packed.
+ * - `VMMW_CHECKPOINT_INVALID`: a header refused, or a frame that fails its
+ *   checksum (naming the file and the frame).
+ * - `VMMW_IO`, `VMMW_CANCELLED`.
+ *
+ * Thread safety: any thread.
+ *
+ * # Safety
+ * As for `vmmw_pack`.
+ */
+vmmw_status_t vmmw_unpack(const char *input, const char *output, const struct vmmw_pack_options_t *options, vmmw_progress_fn progress, void *user, struct vmmw_pack_report_t *report, struct vmmw_error_t **error);
 
 /**
  * Create a pool. `options` may be NULL (all defaults). On success `*out`

@@ -268,7 +268,7 @@ PY_LAYERS = [
     ["_native"],
     ["report", "tags", "metadata", "_owned"],
     ["pool", "control"],
-    ["loader", "saver"],
+    ["loader", "saver", "pack"],
     ["devices", "share", "update"],
     ["transport"],
     ["torch"],

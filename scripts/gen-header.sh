@@ -67,6 +67,7 @@ trap 'rm -f "$config"' EXIT
 #define VMMW_UPDATE_OPTIONS_INIT { .size = sizeof(vmmw_update_options_t) }
 #define VMMW_WAKE_OPTIONS_INIT { .size = sizeof(vmmw_wake_options_t) }
 #define VMMW_SWAP_OPTIONS_INIT { .size = sizeof(vmmw_swap_options_t) }
+#define VMMW_PACK_OPTIONS_INIT { .size = sizeof(vmmw_pack_options_t) }
 #endif
 C
   printf '"""\n'

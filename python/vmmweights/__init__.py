@@ -31,6 +31,7 @@ from .devices import (
 )
 from .metadata import ggml_type, gguf_metadata, gguf_metadata_types
 from .loader import STRATEGIES, Destination, Loader, LoadResult, PlanSummary, load
+from .pack import PackReport, pack, unpack
 from .pool import BACKENDS, POLICIES, Pool
 from .report import table as report_table
 from .report import tag_usage
@@ -47,6 +48,7 @@ __all__ = [
     "Destination",
     "LoadResult",
     "Loader",
+    "PackReport",
     "PlanSummary",
     "Pool",
     "UpdateResult",
@@ -59,6 +61,7 @@ __all__ = [
     "load",
     "load_devices",
     "on_remap",
+    "pack",
     "remap_epoch",
     "report_table",
     "share",
@@ -69,6 +72,7 @@ __all__ = [
     "tag_name",
     "tag_scope",
     "tag_usage",
+    "unpack",
     "update",
     "version",
     "wake_replicas",

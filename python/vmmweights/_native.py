@@ -170,6 +170,18 @@ _SIGNATURES: dict[str, tuple[Any, list[Any], bool]] = {
     "vmmw_loader_plan": (_I32, [_P, ctypes.POINTER(S.PlanSummary)], True),
     "vmmw_loader_load": (_I32, [_P, _P, S.PROGRESS_FN, ctypes.c_void_p], True),
     "vmmw_loader_cancel": (_I32, [_P], True),
+    "vmmw_pack": (
+        _I32,
+        [ctypes.c_char_p, ctypes.c_char_p, ctypes.POINTER(S.PackOptions), S.PROGRESS_FN, ctypes.c_void_p,
+         ctypes.POINTER(S.PackReport)],
+        True,
+    ),
+    "vmmw_unpack": (
+        _I32,
+        [ctypes.c_char_p, ctypes.c_char_p, ctypes.POINTER(S.PackOptions), S.PROGRESS_FN, ctypes.c_void_p,
+         ctypes.POINTER(S.PackReport)],
+        True,
+    ),
     "vmmw_loader_result": (_I32, [_P, ctypes.POINTER(S.LoadResult)], True),
     "vmmw_loader_result_json": (_I32, [_P, *_BUF], True),
     "vmmw_loader_load_devices": (

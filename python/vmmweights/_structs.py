@@ -78,6 +78,32 @@ class LoadResult(ctypes.Structure):
     ]
 
 
+class PackOptions(_Sized):
+    """vmmw_pack_options_t"""
+
+    _fields_ = [
+        ("size", ctypes.c_size_t),
+        ("frame_bytes", u64),
+        ("threads", u32),
+        ("cpu", u32),
+        ("force", u32),
+        ("device", i32),
+    ]
+
+
+class PackReport(ctypes.Structure):
+    """vmmw_pack_report_t"""
+
+    _fields_ = [
+        ("original_bytes", u64),
+        ("packed_bytes", u64),
+        ("files", u64),
+        ("tensors", u64),
+        ("seconds", f64),
+        ("sync_seconds", f64),
+    ]
+
+
 class PoolOptions(_Sized):
     """vmmw_pool_options_t"""
 

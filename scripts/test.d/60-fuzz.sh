@@ -25,7 +25,7 @@ command -v cargo-fuzz >/dev/null || cargo install cargo-fuzz --locked
 scratch=$(mktemp -d)
 trap 'rm -rf "$scratch"' EXIT
 cargo +nightly fuzz build --fuzz-dir fuzz
-for t in safetensors_header gguf_header gguf_metadata index rules planner share_manifest share_client share_server codec_frame; do
+for t in safetensors_header gguf_header gguf_metadata index rules planner share_manifest share_client share_server codec_frame packed_header; do
   mkdir -p "$scratch/$t"
   dirs=("fuzz/corpus/$t")
   [ -d "fuzz/regressions/$t" ] && dirs+=("fuzz/regressions/$t")

@@ -31,6 +31,7 @@ pub mod metadata;
 pub mod multi;
 mod numbers;
 mod options;
+pub mod pack;
 pub mod pool;
 pub mod remap;
 pub mod replicas;

@@ -27,6 +27,7 @@ use std::path::{Component, Path, PathBuf};
 
 use super::dtype::Dtype;
 use super::gguf::{self, GgufInfo, Metadata};
+use super::packed;
 use super::shard::{map_file, open_regular};
 pub use super::shard::{FileIdentity, Shard};
 pub use super::tensor::TensorInfo;
@@ -223,14 +224,56 @@ impl Checkpoint {
         self.tensors.get(name)
     }
 
+    /// A tensor's bytes read with `pread`, a packed file's decoded on the
+    /// host (their checksums checked).
+    pub fn read_tensor(&self, name: &str) -> Result<Vec<u8>> {
+        let t = self
+            .tensors
+            .get(name)
+            .ok_or_else(|| Error::checkpoint(&self.root, Some(name), "no tensor of that name"))?;
+        let mut out = vec![0u8; t.len as usize];
+        self.shards[t.shard]
+            .read_original(t.offset, &mut out)
+            .map_err(|e| match e {
+                Error::Checkpoint { file, reason, .. } => Error::Checkpoint {
+                    file,
+                    tensor: Some(name.to_owned()),
+                    reason,
+                },
+                e => e,
+            })?;
+        Ok(out)
+    }
+
+    /// Bytes a tensor takes in its packed file (its frames), or None when
+    /// its file is not packed. An empty tensor takes none.
+    pub fn packed_len(&self, t: &TensorInfo) -> Option<u64> {
+        let ix = self.shards.get(t.shard)?.packed.as_ref()?;
+        if t.len == 0 {
+            return Some(0);
+        }
+        let frames = ix.frames_for(t.offset, t.offset + t.len).ok()?;
+        Some(frames.iter().map(|f| f.entry.len).sum())
+    }
+
+    /// True when any of the files is packed (docs/PACKED.md).
+    pub fn is_packed(&self) -> bool {
+        self.shards.iter().any(|s| s.packed.is_some())
+    }
+
     /// [`Shard::check_unchanged`] for every shard.
     pub fn check_unchanged(&self) -> Result<()> {
         self.shards.iter().try_for_each(Shard::check_unchanged)
     }
 
-    /// The bytes of a tensor, read through the mapping (for tests and tools).
+    /// The bytes of a tensor, read through the mapping (for tests and tools);
+    /// None for a tensor of a packed file, whose bytes are encoded (read
+    /// them with [`Checkpoint::read_tensor`]).
     pub fn tensor_bytes(&self, name: &str) -> Option<&[u8]> {
         let t = self.tensors.get(name)?;
+        if self.shards[t.shard].packed.is_some() {
+            return None;
+        }
         let m = self.shards[t.shard].map.as_ref()?;
         m.get(t.offset as usize..(t.offset + t.len) as usize)
     }
@@ -333,11 +376,137 @@ impl<'de, V: serde::Deserialize<'de>> serde::Deserialize<'de> for UniqueMap<V> {
     }
 }
 
-/// Open, map and validate one shard; returns its tensors sorted by offset.
+/// Open, map and validate one shard; returns its tensors sorted by offset. A
+/// packed file (its magic) is read through its kept header.
 fn open_shard(path: &Path, index: usize) -> Result<(Shard, Vec<TensorInfo>)> {
     let (file, _) = open_regular(path)?;
     let identity = FileIdentity::of(&file).map_err(|e| Error::io(path, e))?;
     let len = identity.len;
+    let mut magic = [0u8; 8];
+    if len >= 8 {
+        read_exact_at(&file, &mut magic, 0).map_err(|e| Error::io(path, e))?;
+    }
+    if packed::format::is_packed(&magic) {
+        return open_packed_shard(path, index, file, identity);
+    }
+    let tensors = parse_header(path, index, len, &|buf, off| read_exact_at(&file, buf, off))?;
+    let map = map_file(path, &file, len)?;
+    if let Some(m) = &map {
+        safetensors::SafeTensors::read_metadata(m).map_err(|e| {
+            bad(
+                path,
+                None,
+                format!("rejected by the safetensors format checks: {e:?}"),
+            )
+        })?;
+    }
+    Ok((
+        Shard {
+            path: path.to_path_buf(),
+            file,
+            map,
+            len,
+            identity,
+            packed: None,
+        },
+        tensors,
+    ))
+}
+
+/// A packed safetensors shard: the index checked, the kept header parsed as
+/// the original file's (`orig_len` bytes), the tensors tiling the data
+/// section as the safetensors crate requires of a plain file, and each
+/// tensor one piece.
+fn open_packed_shard(
+    path: &Path,
+    index: usize,
+    file: File,
+    identity: FileIdentity,
+) -> Result<(Shard, Vec<TensorInfo>)> {
+    let ix = packed::read_index(&file, identity.len).map_err(|r| bad(path, None, r))?;
+    if ix.kind != packed::SourceKind::Safetensors {
+        return Err(bad(
+            path,
+            None,
+            "is a packed GGUF file, named where a safetensors shard is expected".into(),
+        ));
+    }
+    let prefix = &ix.prefix;
+    let tensors = parse_header(path, index, ix.orig_len, &|buf, off| {
+        let lo = off as usize;
+        match prefix.get(lo..lo + buf.len()) {
+            Some(b) => {
+                buf.copy_from_slice(b);
+                Ok(())
+            }
+            None => Err(std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                "the packed file's kept header is shorter than the header it states",
+            )),
+        }
+    })?;
+    let data_start = 8 + u64::from_le_bytes(prefix[..8].try_into().expect("8 bytes"));
+    if data_start != prefix.len() as u64 {
+        return Err(bad(
+            path,
+            None,
+            format!(
+                "the kept header holds {} bytes, the safetensors header it holds ends at {data_start}",
+                prefix.len()
+            ),
+        ));
+    }
+    let mut end = data_start;
+    for t in &tensors {
+        if t.offset != end {
+            return Err(bad(
+                path,
+                Some(&t.name),
+                format!(
+                    "data starts at byte {} of the original file, expected {end}: safetensors data has no gaps",
+                    t.offset
+                ),
+            ));
+        }
+        end += t.len;
+    }
+    if end != ix.orig_len {
+        return Err(bad(
+            path,
+            None,
+            format!(
+                "the tensors end at byte {end} of the original file, which had {} bytes",
+                ix.orig_len
+            ),
+        ));
+    }
+    packed::check_tensors(
+        &ix,
+        tensors.iter().map(|t| (t.name.as_str(), t.offset, t.len)),
+    )
+    .map_err(|(t, r)| bad(path, Some(&t), r))?;
+    let map = map_file(path, &file, identity.len)?;
+    Ok((
+        Shard {
+            path: path.to_path_buf(),
+            file,
+            map,
+            len: identity.len,
+            identity,
+            packed: Some(std::sync::Arc::new(ix)),
+        },
+        tensors,
+    ))
+}
+
+/// Parse and check a safetensors header of a file of `len` bytes, read
+/// through `read(buf, offset)`; returns its tensors sorted by offset.
+fn parse_header(
+    path: &Path,
+    index: usize,
+    len: u64,
+    read: &dyn Fn(&mut [u8], u64) -> std::io::Result<()>,
+) -> Result<Vec<TensorInfo>> {
     if len < 8 {
         return Err(bad(
             path,
@@ -346,7 +515,7 @@ fn open_shard(path: &Path, index: usize) -> Result<(Shard, Vec<TensorInfo>)> {
         ));
     }
     let mut lenbuf = [0u8; 8];
-    read_exact_at(&file, &mut lenbuf, 0).map_err(|e| Error::io(path, e))?;
+    read(&mut lenbuf, 0).map_err(|e| Error::io(path, e))?;
     let n = u64::from_le_bytes(lenbuf);
     if n > MAX_HEADER || n > len - 8 {
         return Err(bad(
@@ -358,7 +527,7 @@ fn open_shard(path: &Path, index: usize) -> Result<(Shard, Vec<TensorInfo>)> {
         ));
     }
     let mut header = vec![0u8; n as usize];
-    read_exact_at(&file, &mut header, 8).map_err(|e| Error::io(path, e))?;
+    read(&mut header, 8).map_err(|e| Error::io(path, e))?;
     let text = std::str::from_utf8(&header)
         .map_err(|e| bad(path, None, format!("header is not UTF-8: {e}")))?;
     let UniqueMap::<serde_json::Value>(raw) = serde_json::from_str(text)
@@ -449,26 +618,7 @@ fn open_shard(path: &Path, index: usize) -> Result<(Shard, Vec<TensorInfo>)> {
             ));
         }
     }
-    let map = map_file(path, &file, len)?;
-    if let Some(m) = &map {
-        safetensors::SafeTensors::read_metadata(m).map_err(|e| {
-            bad(
-                path,
-                None,
-                format!("rejected by the safetensors format checks: {e:?}"),
-            )
-        })?;
-    }
-    Ok((
-        Shard {
-            path: path.to_path_buf(),
-            file,
-            map,
-            len,
-            identity,
-        },
-        tensors,
-    ))
+    Ok(tensors)
 }
 
 fn read_exact_at(file: &File, buf: &mut [u8], offset: u64) -> std::io::Result<()> {

@@ -33,7 +33,21 @@ fn mix(mut h: u64, data: &[u8]) -> u64 {
 pub fn extent(shard: &Shard, e: &Extent, driver: Option<&dyn Driver>) -> Result<u64> {
     let mut h = K ^ e.src;
     let mut buf = vec![0u8; PIECE.min((e.width * e.height) as usize).max(1)];
-    let rows: Vec<(u64, u64)> = if e.src_pitch == e.width {
+    let rows: Vec<(u64, u64)> = if shard.packed.is_some() {
+        // A packed shard: the encoded frames that hold the extent's bytes.
+        let end = e.src + (e.height - 1) * e.src_pitch + e.width;
+        let (lo, hi) = shard.file_range(e.src, end).ok_or_else(|| {
+            crate::error::Error::checkpoint(
+                &shard.path,
+                None,
+                format!(
+                    "original bytes [{}, {end}) are not in one packed piece",
+                    e.src
+                ),
+            )
+        })?;
+        vec![(lo, hi - lo)]
+    } else if e.src_pitch == e.width {
         vec![(e.src, e.width * e.height)]
     } else {
         (0..e.height)

@@ -161,8 +161,16 @@ impl ExecutedPlan {
         const PAGE: u64 = 4096;
         let mut per_shard: std::collections::BTreeMap<u32, (u64, u64)> = Default::default();
         for e in &self.plan.extents {
-            let lo = e.src / PAGE * PAGE;
-            let hi = (e.src + (e.height - 1) * e.src_pitch + e.width).div_ceil(PAGE) * PAGE;
+            // A packed shard's extents read the frames that hold their bytes.
+            let end = e.src + (e.height - 1) * e.src_pitch + e.width;
+            let (lo, hi) = self
+                .ckpt
+                .shards
+                .get(e.shard as usize)
+                .and_then(|sh| sh.file_range(e.src, end))
+                .unwrap_or((e.src, end));
+            let lo = lo / PAGE * PAGE;
+            let hi = hi.div_ceil(PAGE) * PAGE;
             let r = per_shard.entry(e.shard).or_insert((lo, hi));
             r.0 = r.0.min(lo);
             r.1 = r.1.max(hi);

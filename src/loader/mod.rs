@@ -30,6 +30,8 @@ pub mod executed;
 pub mod ggml_type;
 pub mod gguf;
 mod into_pool;
+pub mod pack;
+pub mod packed;
 pub mod plan;
 mod read_error;
 pub mod registry;

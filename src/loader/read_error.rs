@@ -78,9 +78,32 @@ pub(crate) fn check_read(
     testing::file_read(driver).map_err(|e| read_failed(path, source, start, len, e))
 }
 
+/// What stands for the tensor's name in an error about plan source `n` until
+/// [`name_tensor`] knows the name.
+const UNNAMED: &str = "source tensor #";
+
+/// An [`Error::Checkpoint`] on `path` about the bytes of plan source
+/// `source`: a packed frame that does not decode, a frame missing for a copy.
+pub(crate) fn source_invalid(path: &Path, source: u32, reason: String) -> Error {
+    Error::checkpoint(path, Some(&format!("{UNNAMED}{source}")), reason)
+}
+
 /// Put the tensor's name (from `names`, the plan's sources) into a read error
-/// made by [`read_failed`]; any other error is returned as it is.
+/// made by [`read_failed`] or [`source_invalid`]; any other error is
+/// returned as it is.
 pub(crate) fn name_tensor(mut e: Error, names: &[String]) -> Error {
+    if let Error::Checkpoint {
+        tensor: Some(t), ..
+    } = &mut e
+    {
+        let named = t
+            .strip_prefix(UNNAMED)
+            .and_then(|n| n.parse::<usize>().ok())
+            .and_then(|n| names.get(n));
+        if let Some(name) = named {
+            *t = name.clone();
+        }
+    }
     if let Error::Io { source, .. } = &mut e {
         if let Some(r) = source
             .get_mut()

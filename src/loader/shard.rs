@@ -4,9 +4,11 @@
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use memmap2::Mmap;
 
+use super::packed;
 use crate::error::{Error, Result};
 
 /// What identifies a file's contents without reading them: device, inode,
@@ -50,6 +52,10 @@ pub struct Shard {
     pub len: u64,
     /// Identity, size and modification time when opened.
     pub identity: FileIdentity,
+    /// A packed file's checked index (docs/PACKED.md), or None for a file
+    /// read as it is. Tensors of a packed shard keep their offsets in the
+    /// original file; the copy engine decodes the frames that hold them.
+    pub packed: Option<Arc<packed::Index>>,
 }
 
 impl Shard {
@@ -73,6 +79,42 @@ impl Shard {
                 was.len, now.len, was.mtime_ns, now.mtime_ns, was.ino, now.ino
             ),
         ))
+    }
+
+    /// Bytes of the original file: the file's own length, or a packed
+    /// file's original length.
+    pub fn original_len(&self) -> u64 {
+        self.packed.as_ref().map_or(self.len, |p| p.orig_len)
+    }
+
+    /// The file bytes `[lo, hi)` of original bytes `[lo, hi)` live in: the
+    /// same for a plain file; for a packed one, the frames that decode them
+    /// (what a reader of that range must read), or None when the range is
+    /// not in one piece.
+    pub fn file_range(&self, lo: u64, hi: u64) -> Option<(u64, u64)> {
+        match &self.packed {
+            None => Some((lo, hi)),
+            Some(ix) => {
+                let f = ix.frames_for(lo, hi).ok()?;
+                let (a, b) = (f.first()?.entry, f.last()?.entry);
+                Some((a.at, b.at + b.len))
+            }
+        }
+    }
+
+    /// Read the original bytes `[offset, offset + out.len())` with `pread`
+    /// (a file shrunk meanwhile gives an error, never a fault); a packed
+    /// file's frames are decoded on the host and their checksums checked.
+    pub fn read_original(&self, offset: u64, out: &mut [u8]) -> Result<()> {
+        use std::os::unix::fs::FileExt;
+        match &self.packed {
+            None => self
+                .file
+                .read_exact_at(out, offset)
+                .map_err(|e| Error::io(&self.path, e)),
+            Some(ix) => packed::decode_range(&self.file, ix, offset, out)
+                .map_err(|r| Error::checkpoint(&self.path, None, r)),
+        }
     }
 
     /// Address of byte `offset` of the mapping.
@@ -147,5 +189,6 @@ pub(super) fn map_shard(path: &Path) -> Result<Shard> {
         map,
         len: identity.len,
         identity,
+        packed: None,
     })
 }

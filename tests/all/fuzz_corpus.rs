@@ -230,3 +230,13 @@ fn gguf_metadata_corpus() {
 fn codec_frame_corpus() {
     replay("codec_frame", 8, fuzz::fuzz_codec_frame);
 }
+
+#[test]
+fn packed_header_corpus() {
+    replay("packed_header", 8, fuzz::fuzz_packed_header);
+}
+
+#[test]
+fn packed_header_random_run() {
+    run_mutated("packed_header", 0x5eed_9ac4, fuzz::fuzz_packed_header);
+}

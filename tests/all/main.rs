@@ -50,6 +50,10 @@ mod loader_into_pool;
 mod loader_load;
 mod loader_multi;
 mod loader_tp;
+mod packed;
+#[cfg(feature = "cli")]
+mod packed_cli;
+mod packed_integrity;
 mod pool_arena;
 mod pool_backups;
 mod pool_errors;

@@ -662,9 +662,41 @@ static void test_swap() {
   pool.read(pb.ptr() + 64, out.data(), out.size());
   CHECK(in == out);
   pool.wake({a});
+static void test_pack() {
+  char dir[] = "/tmp/vmmw-cpp-pack-XXXXXX";
+  CHECK(mkdtemp(dir) != nullptr);
+  const std::string path = std::string(dir) + "/model.safetensors";
+  const std::string packed = std::string(dir) + "/model.packed";
+  const std::string back = std::string(dir) + "/back.safetensors";
+  std::vector<float> a(40000);
+  for (size_t i = 0; i < a.size(); ++i) a[i] = static_cast<float>(i % 101) / 64.0f;
+  st_tensor t = {"w", "F32", {40000, 0, 0, 0}, 1, a.data(), a.size() * 4};
+  CHECK(st_write(path.c_str(), &t, 1) == 0);
+  vmmw_pack_options_t po = vmmw::pack_options();
+  po.frame_bytes = 64 << 10;
+  po.cpu = 1;
+  const auto r = vmmw::pack(path, packed, po);
+  CHECK(r.files == 1 && r.tensors == 1 && r.packed_bytes > 0);
+  CHECK(status_of([&] { (void)vmmw::pack(path, packed, po); }) == VMMW_INVALID_ARGUMENT);
+  (void)vmmw::unpack(packed, back);
+  // The packed file loads as any checkpoint.
+  vmmw::PoolOptions o;
+  o.backend = vmmw::Backend::Host;
+  vmmw::Pool pool(o);
+  vmmw::Loader loader(packed);
+  loader.allocate(pool, vmmw::tag_id("cpp-packed"));
+  (void)loader.load(pool);
+  std::vector<float> got(a.size());
+  pool.read(loader.destination("w").ptr, got.data(), got.size() * 4);
+  CHECK(got == a);
+  unlink(path.c_str());
+  unlink(packed.c_str());
+  unlink(back.c_str());
+  rmdir(dir);
 }
 
 int main() {
+  test_pack();
   test_errors();
   test_remap_notices();
   test_metadata();

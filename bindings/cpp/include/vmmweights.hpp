@@ -284,6 +284,40 @@ class Segment {
 
 // ---- tags ------------------------------------------------------------------
 
+/// Options of `pack` and `unpack` (docs/PACKED.md); value-initialized is the
+/// defaults, with `size` set.
+[[nodiscard]] inline vmmw_pack_options_t pack_options() {
+  vmmw_pack_options_t o{};
+  o.size = sizeof o;
+  return o;
+}
+
+/// Pack the checkpoint at `src` (a safetensors file, a folder with its index,
+/// or a GGUF file) into `dst` (a folder for a folder, else a file): the same
+/// tensors, header and metadata, each tensor's bytes losslessly compressed.
+/// Encodes on the GPU where one opens, on CPU threads otherwise; nothing is
+/// left at `dst` when it throws. Loading needs nothing new: `Loader` reads
+/// packed checkpoints.
+inline vmmw_pack_report_t pack(const std::string& src, const std::string& dst,
+                               const vmmw_pack_options_t& options = pack_options()) {
+  vmmw_pack_report_t r{};
+  detail::call([&](vmmw_error_t** e) {
+    return vmmw_pack(src.c_str(), dst.c_str(), &options, nullptr, nullptr, &r, e);
+  });
+  return r;
+}
+
+/// Write the original files of the packed checkpoint at `src` to `dst`, bit
+/// for bit.
+inline vmmw_pack_report_t unpack(const std::string& src, const std::string& dst,
+                                 const vmmw_pack_options_t& options = pack_options()) {
+  vmmw_pack_report_t r{};
+  detail::call([&](vmmw_error_t** e) {
+    return vmmw_unpack(src.c_str(), dst.c_str(), &options, nullptr, nullptr, &r, e);
+  });
+  return r;
+}
+
 /// A tag id: names a group of allocations that sleep and wake together.
 using Tag = uint32_t;
 

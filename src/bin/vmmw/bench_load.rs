@@ -92,6 +92,15 @@ pub struct Args {
     /// default copy strategy (and `--threads` per device); the options of the
     /// one-device strategy table (`--strategies`, `--cold`, `--chart`, ...) are
     /// refused with it.
+    /// A packed checkpoint's original (docs/PACKED.md): after the first
+    /// load, load it into destinations of its own and compare every
+    /// destination, all its bytes, by a device hash.
+    #[arg(long, value_name = "ORIGINAL")]
+    same_as: Option<std::path::PathBuf>,
+    /// Time N Reload wakes of the checkpoint (loaded into a pool with the same
+    /// rules, slept with Reload, its page cache pinned) against the link.
+    #[arg(long, default_value_t = 0, value_name = "N")]
+    reload_wake: usize,
     #[arg(
         long,
         value_delimiter = ',',
@@ -195,6 +204,16 @@ struct Report {
     first_load_s: f64,
     disk_read_gbps: Option<f64>,
     runs: Vec<Run>,
+    /// Bytes of the checkpoint's files (for a packed one, the packed files).
+    file_bytes: u64,
+    /// Bytes of the original files (for a packed one, before packing).
+    original_file_bytes: u64,
+    /// Destinations found equal to the original's (`--same-as`).
+    same_as_destinations: Option<usize>,
+    /// Seconds of each Reload wake (`--reload-wake`).
+    reload_wake_s: Vec<f64>,
+    /// Bytes each Reload wake placed.
+    reload_wake_bytes: u64,
 }
 
 fn median(v: &mut [f64]) -> f64 {
@@ -313,6 +332,8 @@ pub fn run(a: Args) -> Result<()> {
     let ckpt = Checkpoint::open(&a.checkpoint)?;
     let bytes = ckpt.data_bytes();
     let tensors = ckpt.tensors.len();
+    let file_bytes: u64 = ckpt.shards.iter().map(|s| s.len).sum();
+    let original_file_bytes: u64 = ckpt.shards.iter().map(|s| s.original_len()).sum();
     let specs = Plan::destinations(&ckpt, &rules)?;
     let opened = a.backend.open()?;
     let d = opened.driver.clone();
@@ -389,6 +410,17 @@ pub fn run(a: Args) -> Result<()> {
         outln!("verify: {} rows match the file", verify(d.as_ref(), &ex)?);
     }
     drop(ex);
+    let same = match &a.same_as {
+        Some(orig) => {
+            let n = crate::bench_packed::same_as(&d, &reg, orig, &rules)?;
+            outln!(
+                "same-as: all {n} destinations equal to the load of {} (device hash of every byte)",
+                orig.display()
+            );
+            Some(n)
+        }
+        None => None,
+    };
     let cpu_threads = if a.threads == 0 {
         std::thread::available_parallelism()
             .map_or(4, |n| n.get())
@@ -519,6 +551,25 @@ pub fn run(a: Args) -> Result<()> {
             });
         }
     }
+    let destinations = reg.len();
+    let (reload_wake_s, reload_wake_bytes) = if a.reload_wake > 0 {
+        // The segment's memory goes back before the pool takes its own.
+        drop(reg);
+        drop(alloc);
+        let (mut secs, b) =
+            crate::bench_packed::reload_wake(&d, &a.checkpoint, &rules, a.reload_wake)?;
+        let med = median(&mut secs.clone());
+        outln!(
+            "reload wake (median of {}): {med:.3} s, {:.1} GB/s placed, {:.2}x the link",
+            secs.len(),
+            b as f64 / med / 1e9,
+            b as f64 / med / 1e9 / link
+        );
+        secs.sort_by(|x, y| x.total_cmp(y));
+        (secs, b)
+    } else {
+        (Vec::new(), 0)
+    };
     let report = Report {
         backend: d.kind().to_string(),
         device: d.describe(),
@@ -526,12 +577,17 @@ pub fn run(a: Args) -> Result<()> {
         checkpoint: a.checkpoint.display().to_string(),
         bytes,
         tensors,
-        destinations: reg.len(),
+        destinations,
         link_htod_gbps: link,
         host_cache_memcpy_gbps: cache_copy,
         first_load_s: first_s,
         disk_read_gbps: disk,
         runs,
+        file_bytes,
+        original_file_bytes,
+        same_as_destinations: same,
+        reload_wake_s,
+        reload_wake_bytes,
     };
     if let Some(p) = &a.json {
         std::fs::write(

@@ -172,19 +172,41 @@ pub fn run(a: Args) -> CliResult<Value> {
             outln!("    {} = {}", escape_name(k), v);
         }
     }
-    let mut by_dtype: BTreeMap<String, (usize, u64)> = BTreeMap::new();
+    let packed = ckpt.is_packed();
+    let pct = |p: u64, b: u64| 100.0 * p as f64 / b.max(1) as f64;
+    // (tensors, bytes, packed bytes)
+    let mut by_dtype: BTreeMap<String, (usize, u64, u64)> = BTreeMap::new();
     for t in ckpt.tensors.values() {
         let e = by_dtype.entry(t.dtype.name().to_owned()).or_default();
         e.0 += 1;
         e.1 += t.len;
+        e.2 += ckpt.packed_len(t).unwrap_or(t.len);
     }
-    for (d, (n, b)) in &by_dtype {
-        outln!("  {d}: {n} tensors, {b} bytes");
+    for (d, (n, b, p)) in &by_dtype {
+        if packed {
+            outln!(
+                "  {d}: {n} tensors, {b} bytes, packed {p} ({:.1}%)",
+                pct(*p, *b)
+            );
+        } else {
+            outln!("  {d}: {n} tensors, {b} bytes");
+        }
     }
+    let packed_total: u64 = by_dtype.values().map(|v| v.2).sum();
     outln!(
-        "  total: {} tensors, {} bytes of data",
+        "  total: {} tensors, {} bytes of data{}",
         ckpt.tensors.len(),
-        ckpt.data_bytes()
+        ckpt.data_bytes(),
+        if packed {
+            format!(
+                ", packed {packed_total} ({:.1}%; files {} bytes, originals {})",
+                pct(packed_total, ckpt.data_bytes()),
+                ckpt.shards.iter().map(|s| s.len).sum::<u64>(),
+                ckpt.shards.iter().map(|s| s.original_len()).sum::<u64>()
+            )
+        } else {
+            String::new()
+        }
     );
     if a.tensors {
         let gguf = ckpt.gguf().is_some();
@@ -193,8 +215,12 @@ pub fn run(a: Args) -> CliResult<Value> {
                 Some(g) => format!(" (ggml type {}, ne {:?})", g.id(), t.ggml_ne()),
                 None => String::new(),
             };
+            let ratio = match ckpt.packed_len(t) {
+                Some(p) => format!(" packed {p} of {} ({:.1}%)", t.len, pct(p, t.len)),
+                None => String::new(),
+            };
             outln!(
-                "  {} {} {:?}{ggml} shard {} @ {}",
+                "  {} {} {:?}{ggml} shard {} @ {}{ratio}",
                 escape_name(&t.name),
                 t.dtype,
                 t.shape,
@@ -219,10 +245,32 @@ pub fn run(a: Args) -> CliResult<Value> {
     let mut doc = json!({
         "checkpoint": a.checkpoint.display().to_string(),
         "shards": ckpt.shards.iter().map(|s| json!({"path": s.path.display().to_string(), "bytes": s.len})).collect::<Vec<_>>(),
-        "dtypes": by_dtype.iter().map(|(d, (n, b))| (d.clone(), json!({"tensors": n, "bytes": b}))).collect::<serde_json::Map<_, _>>(),
+        "dtypes": by_dtype.iter().map(|(d, (n, b, p))| {
+            let mut j = json!({"tensors": n, "bytes": b});
+            if packed {
+                j["packed_bytes"] = json!(p);
+                j["packed_ratio"] = json!(*p as f64 / (*b).max(1) as f64);
+            }
+            (d.clone(), j)
+        }).collect::<serde_json::Map<_, _>>(),
         "tensor_count": ckpt.tensors.len(),
         "data_bytes": ckpt.data_bytes(),
+        "packed": packed,
     });
+    if packed {
+        doc["packed_bytes"] = json!(packed_total);
+        doc["packed_ratio"] = json!(packed_total as f64 / ckpt.data_bytes().max(1) as f64);
+        doc["packed_files"] = ckpt
+            .shards
+            .iter()
+            .filter_map(|s| {
+                let ix = s.packed.as_ref()?;
+                Some(json!({"path": s.path.display().to_string(), "bytes": s.len,
+                            "original_bytes": ix.orig_len, "frames": ix.frames.len(),
+                            "format_version": vmmweights::loader::packed::VERSION}))
+            })
+            .collect();
+    }
     if let (Some(d), Some(f)) = (doc.as_object_mut(), format_doc.as_object()) {
         d.extend(f.clone());
     }
@@ -233,6 +281,9 @@ pub fn run(a: Args) -> CliResult<Value> {
             .map(|t| {
                 let mut j = json!({"name": t.name, "dtype": t.dtype.name(), "shape": t.shape,
                        "shard": t.shard, "offset": t.offset, "bytes": t.len});
+                if let Some(p) = ckpt.packed_len(t) {
+                    j["packed_bytes"] = json!(p);
+                }
                 if let Some(g) = t.dtype.ggml().filter(|_| ckpt.gguf().is_some()) {
                     j["ggml_type"] = json!(g.id());
                     j["ne"] = json!(t.ggml_ne());

@@ -13,6 +13,7 @@ mod bench_chart;
 mod bench_codec;
 mod bench_load;
 mod bench_multi;
+mod bench_packed;
 mod bench_pool;
 mod bench_sleep;
 mod bench_swap;
@@ -27,6 +28,7 @@ mod exit;
 mod inspect;
 mod load;
 mod load_verify;
+mod pack;
 mod parse;
 mod plan;
 mod report;
@@ -106,6 +108,13 @@ enum Command {
     /// Two models swapped (one sleeps while the other wakes) for every pair of policies, against the link and sleep-then-wake.
     #[command(after_help = exit::HELP_EXIT_CODES)]
     BenchSwap(bench_swap::Args),
+    /// Pack a checkpoint (safetensors file or folder, GGUF file): the same tensors,
+    /// header and metadata, each tensor's bytes losslessly compressed (docs/PACKED.md).
+    #[command(after_help = exit::HELP_EXIT_CODES)]
+    Pack(pack::PackArgs),
+    /// Give back the original files of a packed checkpoint, bit for bit.
+    #[command(after_help = exit::HELP_EXIT_CODES)]
+    Unpack(pack::UnpackArgs),
 }
 
 /// What a command asked for on stdout, decided before it runs.
@@ -141,6 +150,8 @@ impl Command {
             Command::BenchUpdate(a) => bench(&mut a.json),
             Command::BenchCodec(a) => bench(&mut a.json),
             Command::BenchSwap(a) => bench(&mut a.json),
+            Command::Pack(a) => flag(a.json),
+            Command::Unpack(a) => flag(a.json),
         }
     }
 
@@ -196,6 +207,8 @@ impl Command {
                 bench_swap::run(a)?;
                 Ok(None)
             }
+            Command::Pack(a) => pack::run_pack(a).map(Some),
+            Command::Unpack(a) => pack::run_unpack(a).map(Some),
         }
     }
 }

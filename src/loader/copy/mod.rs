@@ -39,13 +39,30 @@ pub mod geometry;
 mod issue;
 mod jobs;
 mod options;
+mod packed;
 mod scratch_release;
 mod shared;
 pub mod slot_copy;
 mod staged;
 pub mod staging;
 
-pub use execute::execute;
+/// Copy `extents` and zero `fills` into device memory. Synchronous: every copy
+/// has completed when it returns. Extents of packed shards (docs/PACKED.md)
+/// are read as codec frames and decoded on the device.
+pub fn execute(
+    driver: &std::sync::Arc<dyn crate::driver::Driver>,
+    shards: &[crate::loader::checkpoint::Shard],
+    extents: &[crate::loader::plan::Extent],
+    fills: &[crate::loader::plan::Fill],
+    opts: &CopyOptions,
+    ctl: &Control<'_>,
+) -> crate::error::Result<CopyStats> {
+    if packed::any_packed(shards) {
+        packed::execute(driver, shards, extents, fills, opts, ctl)
+    } else {
+        execute::execute(driver, shards, extents, fills, opts, ctl)
+    }
+}
 pub(crate) use extents::{clip_rows, sub_extent};
 pub use options::{
     Control, CopyOptions, CopyStats, Strategy, MAX_DEPTH, MAX_SLOT_BYTES, MAX_THREADS,

@@ -201,6 +201,11 @@ pub struct CopyStats {
     pub cache_resident: bool,
     /// Bytes of `staged_bytes` filled with streaming (non-temporal) stores.
     pub streamed_bytes: u64,
+    /// Encoded bytes read from packed files (docs/PACKED.md); `bytes` counts
+    /// the original bytes they decoded to.
+    pub packed_bytes: u64,
+    /// Packed frames decoded on the device.
+    pub frames: u64,
 }
 
 impl CopyStats {

@@ -239,12 +239,18 @@ impl<'a> Cursor<'a> {
 
 /// Parse and validate the header of a GGUF file whose bytes are `file`.
 pub fn parse(file: &[u8]) -> Res<Header> {
-    let file_len = file.len() as u64;
-    let head = &file[..file.len().min(MAX_HEADER as usize)];
+    parse_prefix(file, file.len() as u64)
+}
+
+/// Parse and validate the header of a GGUF file of `file_len` bytes from
+/// its first bytes `head` (at least its header: a packed file keeps them);
+/// tensor data is checked against `file_len`.
+pub fn parse_prefix(head: &[u8], file_len: u64) -> Res<Header> {
+    let head = &head[..head.len().min(MAX_HEADER as usize)];
     let mut c = Cursor {
         buf: head,
         pos: 0,
-        capped: head.len() < file.len(),
+        capped: (head.len() as u64) < file_len,
     };
     let magic: [u8; 4] = c.array("magic")?;
     if magic != MAGIC {

@@ -31,6 +31,7 @@ pub use split::{SplitPlace, KEY_COUNT, KEY_NO, KEY_TENSORS, MAX_SPLITS};
 pub use value::{Array, Metadata, Value, ValueRef, ValueType};
 
 use super::dtype::Dtype;
+use super::packed;
 use super::shard::{map_shard, open_regular, Shard};
 use super::tensor::TensorInfo;
 use crate::error::{Error, Result};
@@ -63,13 +64,24 @@ impl GgufInfo {
     }
 }
 
-/// True when `path`'s first four bytes are GGUF's magic.
+/// True when `path`'s first four bytes are GGUF's magic, or it is a packed
+/// file whose preamble says it holds a GGUF file.
 pub fn sniff(path: &Path) -> bool {
     use std::os::unix::fs::FileExt;
-    let mut magic = [0u8; 4];
-    open_regular(path)
-        .ok()
-        .is_some_and(|(f, _)| f.read_exact_at(&mut magic, 0).is_ok() && magic == MAGIC)
+    let mut head = [0u8; 20];
+    let Some((f, _)) = open_regular(path).ok() else {
+        return false;
+    };
+    if f.read_exact_at(&mut head[..4], 0).is_err() {
+        return false;
+    }
+    if head[..4] == MAGIC {
+        return true;
+    }
+    f.read_exact_at(&mut head, 0).is_ok()
+        && packed::format::is_packed(&head)
+        && u32::from_le_bytes(head[16..20].try_into().expect("4 bytes"))
+            == packed::SourceKind::Gguf as u32
 }
 
 /// Open the GGUF file `path` and, when it is part of a split, every other part.
@@ -180,11 +192,46 @@ fn add_tensors(
     Ok(())
 }
 
-/// Open, map and validate one GGUF file.
+/// Open, map and validate one GGUF file, or a packed one through its kept
+/// header.
 fn open_file(path: &Path) -> Result<(Shard, Header)> {
-    let shard = map_shard(path)?;
+    let mut shard = map_shard(path)?;
     let bytes: &[u8] = shard.map.as_deref().unwrap_or(&[]);
-    let header =
-        parse_header(bytes).map_err(|e| Error::checkpoint(path, e.tensor.as_deref(), e.reason))?;
+    if !packed::format::is_packed(bytes) {
+        let header = parse_header(bytes)
+            .map_err(|e| Error::checkpoint(path, e.tensor.as_deref(), e.reason))?;
+        return Ok((shard, header));
+    }
+    let ix =
+        packed::read_index(&shard.file, shard.len).map_err(|r| Error::checkpoint(path, None, r))?;
+    if ix.kind != packed::SourceKind::Gguf {
+        return Err(Error::checkpoint(
+            path,
+            None,
+            "is a packed safetensors file, named where a GGUF file is expected",
+        ));
+    }
+    let header = header::parse_prefix(&ix.prefix, ix.orig_len)
+        .map_err(|e| Error::checkpoint(path, e.tensor.as_deref(), e.reason))?;
+    let kept = header.data_start.min(ix.orig_len);
+    if kept != ix.prefix.len() as u64 {
+        return Err(Error::checkpoint(
+            path,
+            None,
+            format!(
+                "the kept header holds {} bytes, the GGUF header it holds ends (aligned) at {kept}",
+                ix.prefix.len()
+            ),
+        ));
+    }
+    packed::check_tensors(
+        &ix,
+        header
+            .tensors
+            .iter()
+            .map(|t| (t.name.as_str(), t.offset, t.len)),
+    )
+    .map_err(|(t, r)| Error::checkpoint(path, Some(&t), r))?;
+    shard.packed = Some(std::sync::Arc::new(ix));
     Ok((shard, header))
 }
