@@ -27,6 +27,7 @@ use std::path::{Component, Path, PathBuf};
 
 use super::dtype::Dtype;
 use super::gguf::{self, GgufInfo, Metadata};
+use super::not_checkpoint;
 use super::shard::{map_file, open_regular};
 pub use super::shard::{FileIdentity, Shard};
 pub use super::tensor::TensorInfo;
@@ -126,7 +127,7 @@ impl Checkpoint {
             return Err(Error::checkpoint(
                 &root,
                 None,
-                format!("folder holds neither {INDEX_FILE} nor model.safetensors"),
+                not_checkpoint::describe_folder(&root, INDEX_FILE),
             ));
         }
         Self::open_index(root, &index_path)
@@ -336,7 +337,27 @@ impl<'de, V: serde::Deserialize<'de>> serde::Deserialize<'de> for UniqueMap<V> {
 /// Open, map and validate one shard; returns its tensors sorted by offset.
 fn open_shard(path: &Path, index: usize) -> Result<(Shard, Vec<TensorInfo>)> {
     let (file, _) = open_regular(path)?;
-    let identity = FileIdentity::of(&file).map_err(|e| Error::io(path, e))?;
+    let header = read_header(&file, path).map_err(|e| {
+        // A file that is not safetensors at all (a ZIP, a pickle, text) is
+        // named for what it is, not for the length its first bytes make.
+        match not_checkpoint::describe_file(path) {
+            Some(what) => bad(path, None, format!("not a safetensors file: {what}")),
+            None => e,
+        }
+    })?;
+    validate_shard(file, path, index, header)
+}
+
+/// A shard's parsed header: its entries, where its data starts, the file's identity.
+struct Header {
+    raw: Vec<(String, serde_json::Value)>,
+    n: u64,
+    identity: FileIdentity,
+}
+
+/// The 8-byte length and the JSON header it frames.
+fn read_header(file: &File, path: &Path) -> Result<Header> {
+    let identity = FileIdentity::of(file).map_err(|e| Error::io(path, e))?;
     let len = identity.len;
     if len < 8 {
         return Err(bad(
@@ -346,7 +367,7 @@ fn open_shard(path: &Path, index: usize) -> Result<(Shard, Vec<TensorInfo>)> {
         ));
     }
     let mut lenbuf = [0u8; 8];
-    read_exact_at(&file, &mut lenbuf, 0).map_err(|e| Error::io(path, e))?;
+    read_exact_at(file, &mut lenbuf, 0).map_err(|e| Error::io(path, e))?;
     let n = u64::from_le_bytes(lenbuf);
     if n > MAX_HEADER || n > len - 8 {
         return Err(bad(
@@ -358,11 +379,23 @@ fn open_shard(path: &Path, index: usize) -> Result<(Shard, Vec<TensorInfo>)> {
         ));
     }
     let mut header = vec![0u8; n as usize];
-    read_exact_at(&file, &mut header, 8).map_err(|e| Error::io(path, e))?;
+    read_exact_at(file, &mut header, 8).map_err(|e| Error::io(path, e))?;
     let text = std::str::from_utf8(&header)
         .map_err(|e| bad(path, None, format!("header is not UTF-8: {e}")))?;
     let UniqueMap::<serde_json::Value>(raw) = serde_json::from_str(text)
         .map_err(|e| bad(path, None, format!("header JSON is invalid: {e}")))?;
+    Ok(Header { raw, n, identity })
+}
+
+/// Every entry of a parsed header checked against the file; the shard mapped.
+fn validate_shard(
+    file: File,
+    path: &Path,
+    index: usize,
+    header: Header,
+) -> Result<(Shard, Vec<TensorInfo>)> {
+    let Header { raw, n, identity } = header;
+    let len = identity.len;
     let data_start = 8 + n;
     let data_len = len - data_start;
     let mut tensors = Vec::with_capacity(raw.len());

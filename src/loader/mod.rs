@@ -30,6 +30,7 @@ pub mod executed;
 pub mod ggml_type;
 pub mod gguf;
 mod into_pool;
+mod not_checkpoint;
 pub mod plan;
 mod read_error;
 pub mod registry;
