@@ -53,9 +53,11 @@ if [ ! -d .tms/real/torch_memory_saver ] && [ -n "$wheel" ]; then
 fi
 [ -d .tms/real/torch_memory_saver ] && real="$PWD/.tms/real"
 mkdir -p "$VMMW_GPU_OUT/bench"
-python3 tests/torch/bench_tms.py --gb "${TMS_BENCH_GB:-16.4}" --real "$real" \
+# 16.4 GB, the 8B-shaped weights, or 40% of a smaller card.
+gb=$(python3 -c 'import sys; print(round(min(16.4, 0.4 * int(sys.argv[1]) * 2**20 / 1e9), 1))' "$(gpu_mem_mib)")
+python3 tests/torch/bench_tms.py --gb "${TMS_BENCH_GB:-$gb}" --real "$real" \
   --out "$VMMW_GPU_OUT/bench/tms_pause_resume.json" >"$work/bench.txt" 2>&1
 tee -a "$log" <"$work/bench.txt"
-result_of "tms: pause/resume 16.4 GB, upstream / shim" "$(grep -E '^(PASS|FAIL) ' "$work/bench.txt" | tail -1)" tms.txt || rc=1
+result_of "tms: pause/resume ${TMS_BENCH_GB:-$gb} GB, upstream / shim" "$(grep -E '^(PASS|FAIL) ' "$work/bench.txt" | tail -1)" tms.txt || rc=1
 rm -rf "$work"
 exit $rc
