@@ -93,7 +93,7 @@ fn a_gguf_file_listed_as_a_safetensors_shard() {
     let g = common::gguf::File::new(Vec::new(), &[("w", &[4], 0, vec![0u8; 16])]);
     let shard = dir.path().join("model-00002-of-00002.safetensors");
     g.write(&shard);
-    let e = Checkpoint::open(dir.path()).err().expect("opened");
+    let e = Checkpoint::open(dir.path()).expect_err("opened");
     let msg = e.to_string();
     assert!(msg.contains("model-00002-of-00002.safetensors"), "{msg}");
     assert!(msg.contains("GGUF file") && msg.contains(".gguf"), "{msg}");
@@ -107,7 +107,7 @@ fn folders_without_safetensors_say_what_they_hold() {
     std::fs::create_dir(&only_gguf).unwrap();
     let g = common::gguf::File::new(Vec::new(), &[("w", &[4], 0, vec![0u8; 16])]);
     g.write(&only_gguf.join("model-Q8_0.gguf"));
-    let e = Checkpoint::open(&only_gguf).err().expect("opened");
+    let e = Checkpoint::open(&only_gguf).expect_err("opened");
     let msg = e.to_string();
     let file = only_gguf.join("model-Q8_0.gguf").display().to_string();
     assert!(
@@ -123,7 +123,7 @@ fn folders_without_safetensors_say_what_they_hold() {
     for part in ["m-00002-of-00002.gguf", "m-00001-of-00002.gguf"] {
         g.write(&split.join(part));
     }
-    let msg = Checkpoint::open(&split).err().expect("opened").to_string();
+    let msg = Checkpoint::open(&split).expect_err("opened").to_string();
     assert!(
         msg.contains(&split.join("m-00001-of-00002.gguf").display().to_string()),
         "{msg}"
@@ -133,10 +133,7 @@ fn folders_without_safetensors_say_what_they_hold() {
     let pickles = dir.path().join("pickles");
     std::fs::create_dir(&pickles).unwrap();
     std::fs::write(pickles.join("pytorch_model.bin"), b"\x80\x02}q\x00.").unwrap();
-    let msg = Checkpoint::open(&pickles)
-        .err()
-        .expect("opened")
-        .to_string();
+    let msg = Checkpoint::open(&pickles).expect_err("opened").to_string();
     assert!(
         msg.contains("`pytorch_model.bin`") && msg.contains("pickle"),
         "{msg}"
@@ -147,7 +144,7 @@ fn folders_without_safetensors_say_what_they_hold() {
     std::fs::create_dir(&other).unwrap();
     let t = generate(&SMALL, Dtype::Bf16);
     write_file(&other.join("consolidated.safetensors"), &t, Dtype::Bf16);
-    let msg = Checkpoint::open(&other).err().expect("opened").to_string();
+    let msg = Checkpoint::open(&other).expect_err("opened").to_string();
     assert!(
         msg.contains("`consolidated.safetensors`: pass one of them"),
         "{msg}"
@@ -156,7 +153,7 @@ fn folders_without_safetensors_say_what_they_hold() {
     // Nothing at all.
     let empty = dir.path().join("empty");
     std::fs::create_dir(&empty).unwrap();
-    let msg = Checkpoint::open(&empty).err().expect("opened").to_string();
+    let msg = Checkpoint::open(&empty).expect_err("opened").to_string();
     assert!(
         msg.contains("neither") && msg.contains("nor any .safetensors or .gguf file"),
         "{msg}"
@@ -171,7 +168,7 @@ fn a_damaged_safetensors_file_keeps_its_precise_error() {
     let mut b = (1u64 << 40).to_le_bytes().to_vec();
     b.extend_from_slice(&[0u8; 64]);
     std::fs::write(&p, b).unwrap();
-    let msg = Checkpoint::open(&p).err().expect("opened").to_string();
+    let msg = Checkpoint::open(&p).expect_err("opened").to_string();
     assert!(
         msg.contains("header length 1099511627776 runs past the end"),
         "{msg}"
