@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Fuzzing: each cargo-fuzz target in fuzz/ runs for a bounded time
-# (VMMW_FUZZ_SECONDS per target, default 40; 0 skips) starting from the seed
+# (VMMW_FUZZ_SECONDS per target, default 15: the whole test command stays
+# under 20 minutes on 2 cores; 0 skips) starting from the seed
 # corpus (fuzz/corpus/<target>/) and every crash kept (fuzz/regressions/<target>/).
 # Inputs the run discovers go to a scratch folder, so the committed corpus
 # only changes by hand. A crash fails this part; libFuzzer leaves the input in
@@ -10,7 +11,7 @@
 # with the reason when they cannot be).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-secs=${VMMW_FUZZ_SECONDS:-40}
+secs=${VMMW_FUZZ_SECONDS:-15}
 if [ "$secs" = 0 ]; then
   echo "SKIP fuzz: VMMW_FUZZ_SECONDS=0"
   exit 0
