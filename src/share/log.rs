@@ -8,8 +8,9 @@
 //! included, and the server stops serving. So [`LogSink::stderr`] (the
 //! default) and [`LogSink::queued`] hand each line to a bounded queue that
 //! one writer thread empties; when the queue is full the line is dropped and
-//! counted, and the writer writes `vmmw: N log lines dropped` before the
-//! next line it gets through. A server's threads never wait on the log.
+//! counted, and the writer writes `vmmw: N log lines dropped` where they
+//! were lost: between the lines written before and after them, or once the
+//! queue runs dry. A server's threads never wait on the log.
 //!
 //! Other servers of the library (the control channel) use the same sink:
 //! `LogSink::stderr("vmmw ctl")` for their own prefix.
@@ -71,7 +72,7 @@ impl LogSink {
     /// Lines go to `f` on a writer thread of this sink's own, through a
     /// queue of `capacity` lines: the caller never waits for `f`; a line
     /// that finds the queue full is dropped and counted, and `f` gets
-    /// `N log lines dropped` before the next line that gets through.
+    /// `vmmw: N log lines dropped` where they were lost (see the module).
     pub fn queued(capacity: usize, f: impl Fn(&str) + Send + 'static) -> LogSink {
         let q = Queue::start(capacity.max(1), f);
         let sink = q.clone();
@@ -128,15 +129,20 @@ impl fmt::Debug for LogSink {
 /// A bounded queue of lines and the thread that writes them.
 struct Queue {
     /// None when the writer thread could not start: every line is dropped.
-    tx: Option<SyncSender<String>>,
+    tx: Option<SyncSender<Queued>>,
     counts: Arc<Counts>,
+}
+
+/// A line, and how many lines had been dropped before it was queued: the
+/// writer says how many were lost exactly where they were lost.
+struct Queued {
+    dropped_before: u64,
+    line: String,
 }
 
 /// What the callers and the writer thread share.
 #[derive(Default)]
 struct Counts {
-    /// Dropped since the writer last said so.
-    dropped_unsaid: AtomicU64,
     dropped_total: AtomicU64,
     /// Handed to the queue and not yet written.
     pending: AtomicUsize,
@@ -144,7 +150,7 @@ struct Counts {
 
 impl Queue {
     fn start(capacity: usize, write: impl Fn(&str) + Send + 'static) -> Arc<Queue> {
-        let (tx, rx) = sync_channel::<String>(capacity);
+        let (tx, rx) = sync_channel::<Queued>(capacity);
         let counts = Arc::new(Counts::default());
         let c = counts.clone();
         let started = std::thread::Builder::new()
@@ -161,7 +167,11 @@ impl Queue {
         let c = &self.counts;
         let sent = self.tx.as_ref().is_some_and(|tx| {
             c.pending.fetch_add(1, Ordering::AcqRel);
-            match tx.try_send(line) {
+            let q = Queued {
+                dropped_before: c.dropped_total.load(Ordering::Acquire),
+                line,
+            };
+            match tx.try_send(q) {
                 Ok(()) => true,
                 Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => {
                     c.pending.fetch_sub(1, Ordering::AcqRel);
@@ -170,33 +180,36 @@ impl Queue {
             }
         });
         if !sent {
-            c.dropped_unsaid.fetch_add(1, Ordering::Relaxed);
-            c.dropped_total.fetch_add(1, Ordering::Relaxed);
+            c.dropped_total.fetch_add(1, Ordering::AcqRel);
         }
     }
 }
 
 impl Counts {
-    /// The writer thread: every line in turn, each preceded by the count of
-    /// lines dropped since the last one written, and the count said as soon
-    /// as the queue runs dry too.
-    fn drain(&self, rx: Receiver<String>, write: impl Fn(&str)) {
-        let say_dropped = || {
-            let n = self.dropped_unsaid.swap(0, Ordering::Relaxed);
-            if n > 0 {
+    /// The writer thread: every line in turn; where lines were dropped
+    /// between two written ones, a note of how many, and the count of the
+    /// latest drops as soon as the queue runs dry.
+    fn drain(&self, rx: Receiver<Queued>, write: impl Fn(&str)) {
+        let mut said = 0u64;
+        let say = |upto: u64, said: &mut u64| {
+            if upto > *said {
+                let n = upto - *said;
                 write(&format!(
                     "vmmw: {n} log line{} dropped (the log's reader fell behind)",
                     if n == 1 { "" } else { "s" }
                 ));
+                *said = upto;
             }
         };
-        while let Ok(line) = rx.recv() {
-            say_dropped();
-            write(&line);
-            self.pending.fetch_sub(1, Ordering::AcqRel);
-            if self.pending.load(Ordering::Acquire) == 0 {
-                say_dropped();
+        while let Ok(q) = rx.recv() {
+            say(q.dropped_before, &mut said);
+            write(&q.line);
+            // The last line queued: the drops since are said now, before a
+            // flush sees the queue empty.
+            if self.pending.load(Ordering::Acquire) == 1 {
+                say(self.dropped_total.load(Ordering::Acquire), &mut said);
             }
+            self.pending.fetch_sub(1, Ordering::AcqRel);
         }
     }
 }
@@ -237,14 +250,20 @@ mod tests {
         gate_tx.send(()).unwrap();
         assert!(sink.flush(Duration::from_secs(5)));
         let lines = got.lock().unwrap().clone();
-        assert_eq!(lines[0], "line 0");
-        let note = lines
-            .iter()
-            .find(|l| l.contains("dropped"))
-            .expect("a dropped-lines note");
-        let n: u64 = note.split(' ').nth(1).unwrap().parse().unwrap();
-        assert_eq!(n, sink.dropped(), "{lines:?}");
-        assert_eq!(lines.len() as u64 + n - 1, 1000, "{lines:?}");
+        assert_eq!(lines[0], "line 0", "{lines:?}");
+        // Notes where lines were lost, their counts adding up to the drops;
+        // the written lines in the order they were logged.
+        let mut noted = 0;
+        let mut written = Vec::new();
+        for l in &lines {
+            match l.strip_prefix("vmmw: ") {
+                Some(note) => noted += note.split(' ').next().unwrap().parse::<u64>().unwrap(),
+                None => written.push(l[5..].parse::<u64>().unwrap()),
+            }
+        }
+        assert_eq!(noted, sink.dropped(), "{lines:?}");
+        assert!(written.windows(2).all(|w| w[0] < w[1]), "{lines:?}");
+        assert_eq!(written.len() as u64 + noted, 1000, "{lines:?}");
     }
 
     #[test]
