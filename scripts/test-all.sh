@@ -3,7 +3,8 @@
 # machine lacks (scripts/test.d/00-setup.sh). Each part lives in
 # scripts/test.d/NN-name.sh and runs in order; the first failure stops the run.
 # The summary at the end lists every part with its time and PASS, or SKIP
-# with each reason a part gave (a line `SKIP what: why` in its output).
+# with each reason a part gave (a line `SKIP what: why` in its output; the
+# cuda halves of backend-parametric tests, `SKIP cuda: ...`, as one count).
 # How long each part takes is in the README's table, the one place those
 # times are written.
 #
@@ -44,7 +45,13 @@ for part in scripts/test.d/*.sh; do
     exit "$rc"
   fi
   echo "=== $name: $took s"
-  skips=$(sed -n 's/^SKIP \(.*\)$/\1/p' "$logs/$name.log")
+  # Backend-parametric Rust tests print `SKIP cuda: NAME: why` for their
+  # cuda half without a GPU (scripts/gpu.d runs it there): one line for all.
+  skips=$(sed -n 's/^SKIP \(.*\)$/\1/p' "$logs/$name.log" | { grep -v '^cuda: ' || true; } | sort -u)
+  cuda=$(grep -c '^SKIP cuda: ' "$logs/$name.log" || true)
+  if [ "$cuda" -gt 0 ]; then
+    skips=$(printf '%s\n%s' "cuda halves of $cuda backend-parametric tests: no CUDA here (scripts/gpu-check.sh runs them on a GPU)" "$skips" | sed '/^$/d')
+  fi
   if [ -z "$skips" ]; then
     summary+=("$(printf '%-18s %4d s  PASS' "$name" "$took")")
   else
