@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Builds the C library, libvmmweights.so (with its SONAME) and
+# Builds the C library, libvmmweights.so (with its SONAME, and a link of
+# that name to it) and
 # libvmmweights.a, into <target>/<profile dir>/. The crate's manifest lists
 # only the rlib, so a Rust crate that depends on vmmweights builds neither
 # (a debug build would write a 70 MB shared and a 180 MB static library it
@@ -17,3 +18,22 @@ version=$(sed -n '/^\[package\]/,/^\[/s/^version *= *"\([^"]*\)".*/\1/p' Cargo.t
 IFS=. read -r major minor _ <<<"$version"
 if [[ $major == 0 ]]; then soname="libvmmweights.so.0.$minor"; else soname="libvmmweights.so.$major"; fi
 "${CARGO:-cargo}" rustc --lib --crate-type cdylib,staticlib "$@" -- -C "link-arg=-Wl,-soname,$soname"
+
+# The SONAME is the name programs linked against the library look for at
+# run time: a link of that name beside it, so they run without a hand-made one.
+profile=debug target=${CARGO_TARGET_DIR:-}
+while [ $# -gt 0 ]; do
+  case $1 in
+    --release | -r) profile=release ;;
+    --profile) profile=$2; shift ;;
+    --profile=*) profile=${1#--profile=} ;;
+    --target-dir) target=$2; shift ;;
+    --target-dir=*) target=${1#--target-dir=} ;;
+  esac
+  shift
+done
+[ "$profile" = dev ] && profile=debug
+[ -n "$target" ] || target=$("${CARGO:-cargo}" metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')
+if [ -f "$target/$profile/libvmmweights.so" ]; then
+  ln -sf libvmmweights.so "$target/$profile/$soname"
+fi

@@ -25,6 +25,34 @@
 //!
 //! Every layer runs on both backends: the host backend gives CUDA's VMM
 //! semantics on host memory, so the whole library is tested without a GPU.
+//!
+//! ## Quick start
+//!
+//! Open a backend, load a checkpoint in place under a tag, sleep, wake: the
+//! tensors keep their addresses and bytes. The whole program, with the
+//! check, is `examples/quickstart.rs` (`cargo run --example quickstart`;
+//! `VMMW_BACKEND=host` runs it without a GPU).
+//!
+//! ```no_run
+//! use vmmweights::driver::{self, BackendChoice};
+//! use vmmweights::loader::Session;
+//! use vmmweights::sleep::Policy;
+//! use vmmweights::{tag, Pool, PoolConfig};
+//!
+//! # fn main() -> vmmweights::Result<()> {
+//! let opened = driver::open(BackendChoice::from_env()?, 0)?; // CUDA, or the host backend
+//! let pool = Pool::new(opened.driver, PoolConfig::default())?;
+//! let weights = tag::id("weights")?;
+//! let session = Session::open("/models/qwen2")?; // a file, or a folder with an index
+//! session.allocate(&pool, weights)?; // one destination per tensor, in the pool
+//! session.load(&pool, None)?; // filled in place
+//! pool.sleep(&[(weights, Policy::Offload)])?; // device memory released, addresses kept
+//! pool.wake(&[weights])?; // same addresses, same bytes
+//! for d in session.destinations() {
+//!     println!("{} at {:#x}", d.name, d.ptr);
+//! }
+//! # Ok(()) }
+//! ```
 
 #![warn(missing_docs)]
 #![deny(unsafe_op_in_unsafe_fn)]

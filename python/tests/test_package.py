@@ -33,3 +33,20 @@ def test_torch_part_needs_torch():
         pytest.skip("PyTorch is installed here; tests/torch covers vmmweights.torch")
     with pytest.raises(ImportError):
         import vmmweights.torch  # noqa: F401
+
+
+def test_version_is_the_package_and_the_library_version():
+    import re
+
+    assert re.fullmatch(r"\d+\.\d+\.\d+", vw.__version__), vw.__version__
+    assert vw.__version__ == vw.version(), "package and library versions differ"
+
+
+def test_python_m_help_lists_the_diagnosis(capsys):
+    from vmmweights.__main__ import main
+
+    rc = main(["--help"])
+    out = capsys.readouterr().out
+    assert "--diagnose" in out and "python -m vmmweights" in out, out
+    # The command line's own help follows where the package carries it.
+    assert rc == 0

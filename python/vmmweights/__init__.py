@@ -41,6 +41,24 @@ from .update import UpdateResult, UpdateSource, update
 from . import transport  # noqa: E402
 from . import share  # noqa: E402  (after the names it uses)
 
+
+def _package_version() -> str:
+    """The installed distribution's version; from a source checkout, which
+    has no distribution metadata, the library's (the same number: both come
+    from Cargo.toml)."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as distribution_version
+
+    try:
+        return distribution_version("vmmweights")
+    except PackageNotFoundError:
+        return version()
+
+
+#: The package's version, "MAJOR.MINOR.PATCH" (:func:`version` is the
+#: loaded library's, and equals it in an installed package).
+__version__: str = _package_version()
+
 __all__ = [
     "BACKENDS",
     "POLICIES",

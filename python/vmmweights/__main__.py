@@ -5,7 +5,7 @@ With arguments it runs the ``vmmw`` command line the wheel installs (the
 arguments and exit code: ``python -m vmmweights demo``. Without arguments,
 or with ``--diagnose``, it prints what this installation uses: versions, the
 library's path, the command line's, and the backend and device a pool opens
-on.
+on. ``--help`` says both, then shows the command line's help.
 """
 
 from __future__ import annotations
@@ -38,9 +38,12 @@ def cli_path() -> Optional[Path]:
 
 def diagnose() -> int:
     """Print what this installation uses; 0 when a pool opened, 1 otherwise."""
-    from . import Pool, library_path, version
+    from . import Pool, __version__, library_path, version
 
-    print(f"vmmweights {version()} (Python {platform.python_version()}, {sys.executable})")
+    print(
+        f"vmmweights {__version__}, library {version()} "
+        f"(Python {platform.python_version()}, {sys.executable})"
+    )
     print(f"library:   {library_path()}")
     cli = cli_path()
     print(f"vmmw:      {cli if cli else 'not in this installation'}")
@@ -56,11 +59,33 @@ def diagnose() -> int:
     return 0
 
 
+USAGE = """\
+usage: python -m vmmweights [--diagnose | COMMAND [ARGS...]]
+
+  (no arguments), --diagnose
+      what this installation uses: the package's and the library's version,
+      the library's and the vmmw command's paths, and the backend and device a
+      pool opens on (VMMW_BACKEND=host|cuda|auto); exit 0 when a pool opened
+  COMMAND [ARGS...]
+      the vmmw command line installed with the package, e.g.
+      `python -m vmmweights demo`; its commands follow
+"""
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if not args or args == ["--diagnose"]:
         return diagnose()
     cli = cli_path()
+    if args in (["--help"], ["-h"]):
+        print(USAGE)
+        sys.stdout.flush()
+        if cli is None:
+            print("(no vmmw command is installed with this package)")
+            return 0
+        import subprocess
+
+        return subprocess.run([str(cli), "--help"], check=False).returncode
     if cli is None:
         print(
             "vmmw: no vmmw command is installed with this package (a source checkout on "

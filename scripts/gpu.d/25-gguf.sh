@@ -48,6 +48,11 @@ if ! python3 -c 'import gguf' 2>/dev/null; then
   export PYTHONPATH=".gguf-wheels/site${PYTHONPATH:+:$PYTHONPATH}"
 fi
 log="$tlog"
+# Each file is about the 36-layer checkpoint's size (its layers are chosen so);
+# ours and the reference's copy are on the GPU at once.
+if ! fits "gguf: bench" $((2 * $(ckpt_mib 36) + 4096)); then
+  exit $rc
+fi
 for dtype in ${GGUF_TYPES:-bf16 q8_0}; do
   out="$VMMW_GPU_OUT/load-gguf-$dtype.json"
   if python3 tests/torch/bench_load_gguf.py --vmmw .gpu/vmmw --dtype "$dtype" --dir "${GGUF_DIR:-/root/vmmw-gguf}" \

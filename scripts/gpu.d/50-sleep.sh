@@ -11,9 +11,15 @@ ckpt="${LOAD_DIR:-/root/vmmw-ckpt-8b}"
 reload=()
 [ -e "$ckpt" ] && reload=(--reload-checkpoint "$ckpt")
 out="$VMMW_GPU_OUT/sleep-bench"
-.gpu/vmmw bench-sleep --backend cuda --json "$out.json" --chart "$out.svg" "${reload[@]}" 2>&1 | tee "$out.txt"
-t=${PIPESTATUS[0]}
-if [ "$t" -eq 0 ]; then
+if ! fits "sleep: bench-sleep" $((2 * $(ckpt_mib 36) + 4096)); then
+  t=skip
+else
+  .gpu/vmmw bench-sleep --backend cuda --json "$out.json" --chart "$out.svg" "${reload[@]}" 2>&1 | tee "$out.txt"
+  t=${PIPESTATUS[0]}
+fi
+if [ "$t" = skip ]; then
+  :
+elif [ "$t" -eq 0 ]; then
   wake=$(grep -E '^ours: wake' "$out.txt" | awk '{print $(NF-4)}')
   result "sleep: bench-sleep" PASS "wake ratio to h2d ${wake:-?}; see sleep-bench.txt"
 else

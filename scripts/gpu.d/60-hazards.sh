@@ -16,6 +16,12 @@ set -uo pipefail
 source scripts/gpu-lib.sh
 log="$VMMW_GPU_OUT/hazards.txt"
 export LOAD_DIR="${LOAD_DIR:-/root/vmmw-ckpt-8b}"
+# The wake measured under other-tag allocations: 16 GiB, or a quarter of a
+# smaller card; the load case holds the checkpoint beside it.
+mem=$(gpu_mem_mib)
+wake_mib=$((mem / 4 < 16384 ? mem / 4 : 16384))
+export VMMW_HAZARD_WAKE_BYTES="${VMMW_HAZARD_WAKE_BYTES:-$((wake_mib << 20))}"
+fits "hazards: cuda" $((wake_mib + $(ckpt_mib 36) + 4096)) || exit 0
 VMMW_BACKEND=cuda .gpu/tests/all gpu_hazards:: --nocapture --test-threads=1 >"$log" 2>&1
 t=$?
 cat "$log"

@@ -18,6 +18,8 @@ log="$VMMW_GPU_OUT/share.txt"
 : >"$log"
 rc=0
 bench() { # $1: label, $2: importer device
+  # The owner's copy of the checkpoint (the importer maps the same memory).
+  fits "share: $1" $(($(ckpt_mib 36) + 4096)) || return
   VMMW_SHARE_IMPORT_DEVICE="$2" .gpu/tests/all --exact \
     share_attach_bench::owner_serves_and_importer_checksums_equal --nocapture --test-threads=1 >>"$log" 2>&1
   local t=$?

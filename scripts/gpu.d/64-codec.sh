@@ -54,7 +54,7 @@ else
   rc=1
 fi
 
-if [ "${BENCH:-0}" = 1 ]; then
+if [ "${BENCH:-0}" = 1 ] && fits "codec: bench" $((2 * $(ckpt_mib 36) + 8192)); then
   ckpt="${LOAD_DIR:-/root/vmmw-ckpt-8b}"
   args=()
   [ -e "$ckpt" ] && args=(--checkpoint "$ckpt")

@@ -31,6 +31,10 @@ export VMMW_LIB="${VMMW_LIB:-$PWD/.gpu/libvmmweights.so}"
 export VMMW_BACKEND=cuda PYTHONUNBUFFERED=1
 dir="${LOAD_DIR:-/root/vmmw-ckpt-8b}"
 layers="${LOAD_LAYERS:-36}"
+# Each GPU holds the checkpoint and the full tensors PyTorch slices to compare.
+if [ "${gpus:-0}" -ge 1 ] && ! fits "multi-gpu" $((2 * $(ckpt_mib "$layers") + 4096)); then
+  exit 0
+fi
 if [ "${gpus:-0}" -lt 2 ]; then
   result "multi-gpu" SKIP "nvidia-smi -L shows ${gpus:-0} GPU(s); this part needs 2 or more (machine kind nvidia-h200-x2)"
   # One GPU: the same C path and PyTorch check with one device (no peers), as a smoke test.

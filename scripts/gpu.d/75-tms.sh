@@ -61,7 +61,9 @@ if [ ! -d .tms/real/torch_memory_saver ] && [ -n "$wheel" ]; then
 fi
 [ -d .tms/real/torch_memory_saver ] && real="$PWD/.tms/real"
 mkdir -p "$VMMW_GPU_OUT/bench"
-python3 tests/torch/bench_tms.py --gb "${TMS_BENCH_GB:-16.4}" --real "$real" \
+# 16.4 GB, the 8B-shaped weights, or 40% of a smaller card.
+gb=$(python3 -c 'import sys; print(round(min(16.4, 0.4 * int(sys.argv[1]) * 2**20 / 1e9), 1))' "$(gpu_mem_mib)")
+python3 tests/torch/bench_tms.py --gb "${TMS_BENCH_GB:-$gb}" --real "$real" \
   --out "$VMMW_GPU_OUT/bench/tms_pause_resume.json" >"$work/bench.txt" 2>&1
 tee -a "$log" <"$work/bench.txt"
 result_of "tms: pause/resume, shim default vs real default and retained, every cycle" "$(grep -E '^(PASS|FAIL|SKIP) ' "$work/bench.txt" | tail -1)" tms.txt || rc=1

@@ -25,6 +25,8 @@ lib="$PWD/.gpu/libvmmweights.so"
 soname=$(readelf -d "$lib" | sed -n 's/.*Library soname: \[\(.*\)\]/\1/p')
 ln -s "$lib" "$libdir/${soname:-libvmmweights.so}"
 txt="$VMMW_GPU_OUT/swap.txt"
+# Three models of SWAP_GB each, counted as if all were on the GPU at once.
+fits "swap: go-swap service" $(python3 -c 'import sys; print(int(3 * float(sys.argv[1]) * 1e9) >> 20)' "${SWAP_GB:-5}") || exit 0
 LD_LIBRARY_PATH="$libdir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" PYTHONUNBUFFERED=1 \
   python3 examples/go-swap/bench/swap_bench.py --service .gpu/go-swap --dir "${SWAP_DIR:-/root/vmmw-swap}" \
   --gb "${SWAP_GB:-5}" --rounds "${SWAP_ROUNDS:-3}" --out "$VMMW_GPU_OUT/swap.json" 2>&1 | tee "$txt"

@@ -59,6 +59,8 @@ else
 fi
 
 dir="${LOAD_DIR:-/root/vmmw-ckpt-8b}"
+# The benches hold the destinations, the sources and the reference's copy.
+fits "update: benches, 16.4 GB" $((3 * $(ckpt_mib 36) + 4096)) || exit $rc
 if [ ! -f "$dir/model.safetensors.index.json" ]; then
   echo "generating the checkpoint in $dir"
   python3 -c 'import sys; sys.path.insert(0, "tests/torch"); import bench_load_reference as r; r.generate(sys.argv[1], 36)' "$dir"

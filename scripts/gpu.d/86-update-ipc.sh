@@ -5,7 +5,9 @@
 #    pool memory, each imported by the receiver, bitwise for world 1 and a
 #    rank of world 2 (the host-only cases run there too).
 # 2. The engine loads the 16.4 GB 8B-shaped checkpoint (LOAD_DIR, as
-#    20-load.sh; made here when absent), a trainer process sends its negated
+#    20-load.sh; made here when absent), or fewer layers of it where five
+#    copies do not fit the card (an H100: 31 of 36 layers, made in
+#    LOAD_DIR-<layers>l and removed after), a trainer process sends its negated
 #    tensors: directly out of its pool, UPDATE_ROUNDS (5) times from one
 #    sender into one receiver on the documented path (the trainer offers its
 #    tensors once, the engine attaches before the first update), new values
@@ -44,14 +46,31 @@ if ! python3 -c 'import torch, safetensors, sys; sys.exit(0 if torch.cuda.is_ava
   exit $rc
 fi
 log="$VMMW_GPU_OUT/update-ipc.txt"
-line=$(timeout 1200 python3 tests/torch/update_ipc.py --dir "${LOAD_DIR:-/root/vmmw-ckpt-8b}" \
-  --layers "${LOAD_LAYERS:-36}" --rounds "${UPDATE_ROUNDS:-5}" --out "$VMMW_GPU_OUT/update-ipc.json" 2>&1 | tee "$log" | grep -E '^(PASS|FAIL)' | tail -1)
+# On the GPU at once: the engine's destinations and their originals, the
+# trainer's tensors, their copy in its pool and the gathered copy (five
+# copies of the checkpoint), ring slots and two processes' contexts.
+dir="${LOAD_DIR:-/root/vmmw-ckpt-8b}"
+layers=$(fit_layers 5 4096)
+scaled=""
+if [ "$layers" -eq 0 ]; then
+  result "update: another process, same GPU, direct" SKIP "five copies of even a one-layer checkpoint do not fit GPU 0 ($(($(gpu_mem_mib) / 1024)) GiB)"
+  exit $rc
+elif [ "$layers" -lt "${LOAD_LAYERS:-36}" ]; then
+  scaled="${dir%/}-${layers}l"
+  dir=$scaled
+  result "update: another process, same GPU, size" INFO "$layers of ${LOAD_LAYERS:-36} layers ($(($(ckpt_mib "$layers") >> 10)) GiB): five copies of the full checkpoint do not fit GPU 0's $(($(gpu_mem_mib) >> 10)) GiB"
+fi
+line=$(timeout 1200 python3 tests/torch/update_ipc.py --dir "$dir" \
+  --layers "$layers" --rounds "${UPDATE_ROUNDS:-5}" --out "$VMMW_GPU_OUT/update-ipc.json" 2>&1 | tee "$log" | grep -E '^(PASS|FAIL)' | tail -1)
 cat "$log"
 while IFS= read -r info; do
   result "update: another process, same GPU, ${info%%:*}" INFO "${info#*: }"
 done < <(grep -E '^INFO ' "$log" | sed 's/^INFO //')
 result_of "update: another process, same GPU, direct, from the first update" "$line" update-ipc.txt || rc=1
+[ -n "$scaled" ] && rm -rf "$scaled"
 cli="$VMMW_GPU_OUT/update-ipc-cli.json"
+# The sender's pool copy, the receiver's destinations and the check's copy.
+fits "update: bench-update ipc-direct" $((3 * $(ckpt_mib "${LOAD_LAYERS:-36}") + 4096)) || exit $rc
 if .gpu/vmmw bench-update "${LOAD_DIR:-/root/vmmw-ckpt-8b}" --preset qwen3 --backend cuda \
   --transport ipc-direct --repeat 10 --json "$cli"; then
   result "update: bench-update ipc-direct (core vs one d2d copy)" INFO "$(python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); m=lambda v: sorted(v)[len(v) // 2]; print("%.3f of the d2d copy (whole update, median of %d); setup %.2f ms median; %d of %d recognized the manifest; %d destinations checked bitwise" % (r["ratio"], len(r["update_seconds"]), m(r["setup_ms"]), sum(r["recognized"]), len(r["recognized"]), r["verified_destinations"]))' "$cli")"

@@ -3,10 +3,8 @@
 # the C example.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-if ! command -v cbindgen >/dev/null; then
-  export PATH="$HOME/.cargo/bin:$PATH"
-  command -v cbindgen >/dev/null || cargo install cbindgen --version 0.29.4 --locked
-fi
+source scripts/install-lib.sh
+vmmw_need_cargo_tool cbindgen cbindgen 0.29.4
 bash scripts/check-header.sh
 
 source scripts/lib-env.sh

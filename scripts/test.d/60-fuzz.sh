@@ -1,27 +1,27 @@
 #!/usr/bin/env bash
 # Fuzzing: each cargo-fuzz target in fuzz/ runs for a bounded time
-# (VMMW_FUZZ_SECONDS per target, default 40; 0 skips) starting from the seed
+# (VMMW_FUZZ_SECONDS per target, default 15: the whole test command stays
+# under 20 minutes on 2 cores; 0 skips) starting from the seed
 # corpus (fuzz/corpus/<target>/) and every crash kept (fuzz/regressions/<target>/).
 # Inputs the run discovers go to a scratch folder, so the committed corpus
 # only changes by hand. A crash fails this part; libFuzzer leaves the input in
 # fuzz/artifacts/<target>/ — fix the bug, then copy the input into
 # fuzz/regressions/<target>/ so tests/all/fuzz_corpus.rs replays it on stable.
-# Needs the nightly toolchain (skips with a message without it) and
-# cargo-fuzz (installed when missing).
+# Needs the nightly toolchain and cargo-fuzz, installed when missing (skips
+# with the reason when they cannot be).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-secs=${VMMW_FUZZ_SECONDS:-40}
+secs=${VMMW_FUZZ_SECONDS:-15}
 if [ "$secs" = 0 ]; then
   echo "SKIP fuzz: VMMW_FUZZ_SECONDS=0"
   exit 0
 fi
-if ! rustup run nightly rustc --version >/dev/null 2>&1; then
-  echo "SKIP fuzz: no nightly toolchain (rustup toolchain install nightly);" \
+source scripts/install-lib.sh
+if ! vmmw_need_toolchain nightly || ! vmmw_need_cargo_tool cargo-fuzz cargo-fuzz 0.13.2; then
+  echo "SKIP fuzz: nightly or cargo-fuzz could not be installed;" \
     "the corpus and regressions still replay on stable in tests/all/fuzz_corpus.rs"
   exit 0
 fi
-export PATH="$HOME/.cargo/bin:$PATH"
-command -v cargo-fuzz >/dev/null || cargo install cargo-fuzz --locked
 scratch=$(mktemp -d)
 trap 'rm -rf "$scratch"' EXIT
 cargo +nightly fuzz build --fuzz-dir fuzz

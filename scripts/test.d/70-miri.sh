@@ -4,17 +4,18 @@
 # in the unsafe code they reach: element conversion, the C buffer contract,
 # the panic boundary, block split/merge, tags, dtypes, the GGUF parser and
 # the metadata C functions,
-# errors and reports. Skips with a message when the nightly toolchain or its
-# miri component is missing (rustup +nightly component add miri rust-src);
-# VMMW_MIRI=0 skips it too. Bounded by a timeout (VMMW_MIRI_SECONDS, default 1200).
+# errors and reports. Installs the nightly toolchain with miri and rust-src
+# when missing (skips with the reason when they cannot be installed);
+# VMMW_MIRI=0 skips it. Bounded by a timeout (VMMW_MIRI_SECONDS, default 1200).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 if [ "${VMMW_MIRI:-1}" = 0 ]; then
   echo "SKIP miri: VMMW_MIRI=0"
   exit 0
 fi
-if ! rustup run nightly cargo miri --version >/dev/null 2>&1; then
-  echo "SKIP miri: the nightly miri component is not installed" \
+source scripts/install-lib.sh
+if ! vmmw_need_toolchain nightly miri rust-src; then
+  echo "SKIP miri: nightly with miri and rust-src could not be installed" \
     "(rustup +nightly component add miri rust-src)"
   exit 0
 fi

@@ -19,12 +19,14 @@ py="$work/venv/bin/python"
 "$py" -m pip install --quiet pytest mypy "gguf==0.19.0"
 echo "--- mypy --strict"
 (cd python && "$work/venv/bin/mypy" --strict --cache-dir=/dev/null -p vmmweights)
-# What a plain `pip install ./python` runs: maturin builds the `vmmw` command
+# What a plain `pip install ./python` runs: python/build_backend.py (maturin's
+# hooks, building into the repository's target/ and tagging the wheel with
+# the manylinux policy its binaries meet), maturin builds the `vmmw` command
 # line (python/Cargo.toml) and python/build.rs the C library the package
-# opens (here in the dev profile, in the shared target folder, so what other
-# parts built is reused). Nothing is copied in beforehand: the build makes it.
+# opens (here in the dev profile, so what other parts built is reused).
+# Nothing is copied in beforehand: the build makes it.
 target=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')
-build_env=(env MATURIN_PEP517_ARGS="--profile dev" CARGO_TARGET_DIR="$target")
+build_env=(env -u CARGO_TARGET_DIR MATURIN_PEP517_ARGS="--profile dev")
 echo "--- python/Cargo.toml names the command line's crates as the main crate does"
 python3 - <<'PY'
 import sys, tomllib
@@ -38,10 +40,30 @@ if drift:
 PY
 rm -f python/vmmweights/vmmweights/libvmmweights.so
 echo "--- pip wheel ./python"
-"${build_env[@]}" "$py" -m pip wheel --no-deps ./python -w "$work/dist" >"$work/maturin.log" 2>&1 \
+"${build_env[@]}" "$py" -m pip wheel -v --no-deps ./python -w "$work/dist" >"$work/maturin.log" 2>&1 \
   || { cat "$work/maturin.log"; exit 1; }
 tail -1 "$work/maturin.log"
 wheel=$(ls "$work"/dist/vmmweights-*.whl)
+# Built in the repository's target/, not a python/target of its own.
+[ ! -d python/target ] || { echo "pip wheel ./python built into python/target, not $target" >&2; exit 1; }
+grep -q "Built wheel to $target/wheels/" "$work/maturin.log" \
+  || { echo "pip wheel ./python did not build in $target:" >&2; tail -5 "$work/maturin.log" >&2; exit 1; }
+# The manylinux tag, and a C library that needs no newer glibc than it says
+# (maturin checks the vmmw binary; the library is checked here).
+"$py" - "$wheel" "$work/lib.so" <<'PY'
+import re, subprocess, sys, zipfile
+wheel, lib = sys.argv[1], sys.argv[2]
+m = re.search(r"-py3-none-manylinux_2_(\d+)_x86_64\.whl$", wheel)
+if not m:
+    sys.exit(f"the wheel {wheel} has no manylinux_2_X tag")
+with open(lib, "wb") as f:
+    f.write(zipfile.ZipFile(wheel).read("vmmweights/vmmweights/libvmmweights.so"))
+syms = subprocess.run(["objdump", "-T", lib], check=True, capture_output=True, text=True).stdout
+need = max(int(v) for v in re.findall(r"GLIBC_2\.(\d+)", syms))
+if need > int(m.group(1)):
+    sys.exit(f"libvmmweights.so needs glibc 2.{need}, newer than the wheel's manylinux_2_{m.group(1)}")
+print(f"wheel: {wheel.rsplit('/', 1)[-1]} (the C library needs glibc 2.{need} at most)")
+PY
 "$py" - "$wheel" <<'PY'
 import sys, zipfile
 names = zipfile.ZipFile(sys.argv[1]).namelist()
@@ -91,8 +113,11 @@ except ImportError as e:
 echo "--- pytest (host backend)"
 set +e
 (cd "$work" && env -u VMMW_LIB VMMW_BACKEND=host "$py" -m pytest -q -rs -p no:cacheprovider \
-  "$OLDPWD/python/tests" "$OLDPWD/tests/torch")
-rc=$?
+  "$OLDPWD/python/tests" "$OLDPWD/tests/torch") | tee "$work/pytest.log"
+rc=${PIPESTATUS[0]}
 set -e
 # 5: no test collected; the torch tests alone may all skip on a machine without PyTorch.
 if [ "$rc" -ne 0 ] && [ "$rc" -ne 5 ]; then exit "$rc"; fi
+# Skipped tests, one summary line per reason (the run's summary shows them).
+sed -n 's/^SKIPPED \[\([0-9]*\)\] [^:]*:[0-9]*: \(.*\)$/\1\t\2/p' "$work/pytest.log" \
+  | awk -F'\t' '{n[$2] += $1} END {for (r in n) printf "SKIP pytest, %d test(s): %s\n", n[r], r}' | sort

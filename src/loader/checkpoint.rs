@@ -27,6 +27,7 @@ use std::path::{Component, Path, PathBuf};
 
 use super::dtype::Dtype;
 use super::gguf::{self, GgufInfo, Metadata};
+use super::not_checkpoint;
 use super::packed;
 use super::shard::{map_file, open_regular};
 pub use super::shard::{FileIdentity, Shard};
@@ -127,7 +128,7 @@ impl Checkpoint {
             return Err(Error::checkpoint(
                 &root,
                 None,
-                format!("folder holds neither {INDEX_FILE} nor model.safetensors"),
+                not_checkpoint::describe_folder(&root, INDEX_FILE),
             ));
         }
         Self::open_index(root, &index_path)
@@ -389,7 +390,15 @@ fn open_shard(path: &Path, index: usize) -> Result<(Shard, Vec<TensorInfo>)> {
     if packed::format::is_packed(&magic) {
         return open_packed_shard(path, index, file, identity);
     }
-    let tensors = parse_header(path, index, len, &|buf, off| read_exact_at(&file, buf, off))?;
+    let tensors = parse_header(path, index, len, &|buf, off| read_exact_at(&file, buf, off))
+        .map_err(|e| {
+            // A file that is not safetensors at all (a ZIP, a pickle, text) is
+            // named for what it is, not for the length its first bytes make.
+            match not_checkpoint::describe_file(path) {
+                Some(what) => bad(path, None, format!("not a safetensors file: {what}")),
+                None => e,
+            }
+        })?;
     let map = map_file(path, &file, len)?;
     if let Some(m) = &map {
         safetensors::SafeTensors::read_metadata(m).map_err(|e| {

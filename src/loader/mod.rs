@@ -32,6 +32,7 @@ pub mod gguf;
 mod into_pool;
 pub mod pack;
 pub mod packed;
+mod not_checkpoint;
 pub mod plan;
 mod read_error;
 pub mod registry;

@@ -13,6 +13,10 @@
 //! - one watches every attached importer (`share::watch`) with a single
 //!   `poll`, asleep between events: a closed connection stops being counted.
 //!
+//! - the log's writer (`share::log`): audit lines go through a bounded
+//!   queue, so no serving thread ever waits for a log reader; a reader that
+//!   stalls loses lines, counted, not the server.
+//!
 //! Notices (publish, revoke) are sent without blocking. An importer whose
 //! unread notices fill half its socket buffer is evicted: it is sent `X`
 //! (its next call fails with `ShareRevoked`), gets no further notice, and is
@@ -39,6 +43,9 @@ use crate::tag::{self, TagId};
 
 /// Longest wait between accepts while the process has no descriptor left.
 const MAX_BACKOFF: Duration = Duration::from_secs(1);
+
+/// Longest wait at stop for the log's writer to write what was logged.
+const LOG_FLUSH: Duration = Duration::from_millis(200);
 
 impl Shared {
     fn allowed(&self, cred: &PeerCred, sock: &UnixStream) -> bool {
@@ -353,6 +360,9 @@ impl Server {
         c.attached.clear();
         drop(c);
         remove_if_ours(&self.shared.path, self.bound);
+        // The last audit lines reach a reader that keeps up; one that
+        // stalled costs the stop at most this.
+        self.shared.options.log.flush(LOG_FLUSH);
     }
 }
 

@@ -263,6 +263,19 @@ fn demo_json_and_report_agree() {
     assert_eq!(j["backend"], "host");
     let b = j["timeline"]["boundaries"].as_array().unwrap();
     assert_eq!(b.len(), 6, "{}", r.all());
+    // docs/CLI.md lists the boundaries by name, as the demo writes them.
+    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/CLI.md"))
+        .unwrap()
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ");
+    for x in b {
+        let name = x["name"].as_str().unwrap();
+        assert!(
+            doc.contains(&format!("`{name}`")),
+            "docs/CLI.md does not name the demo's boundary `{name}`"
+        );
+    }
     let asleep = &b[2]["report"];
     assert!(
         asleep["tags"]

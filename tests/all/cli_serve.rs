@@ -2,6 +2,7 @@
 //! checkpoint and serves it; this test attaches through the Rust API and
 //! reads the file's bytes, rewrites the file's data, sends SIGHUP and sees
 //! version + 1 with the new bytes, then SIGTERM: exit 0, socket removed.
+//! And a server whose standard error nobody reads keeps serving.
 
 use crate::common;
 
@@ -46,12 +47,16 @@ struct Serve {
 
 impl Serve {
     fn start(args: &[&str]) -> Serve {
+        Serve::start_with(args, Stdio::inherit())
+    }
+
+    fn start_with(args: &[&str], stderr: Stdio) -> Serve {
         let mut child = Command::new(env!("CARGO_BIN_EXE_vmmw"))
             .arg("serve")
             .args(args)
             .env("VMMW_BACKEND", "host")
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
+            .stderr(stderr)
             .spawn()
             .expect("vmmw runs");
         let out: ChildStdout = child.stdout.take().unwrap();
@@ -295,5 +300,139 @@ fn serve_bounds_its_connections_and_checks_its_limits() {
     s.signal(libc::SIGTERM);
     assert!(s.line().starts_with("stopped (SIGTERM)"));
     assert!(s.child.wait().unwrap().success());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A pipe of one page: (read end, write end).
+fn small_pipe() -> (std::fs::File, std::os::fd::OwnedFd) {
+    use std::os::fd::FromRawFd;
+    let mut fds = [0i32; 2];
+    // SAFETY: pipe2 writes two new descriptors into `fds`, which we own from here.
+    assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
+    // SAFETY: fds[1] is the open write end; F_SETPIPE_SZ only resizes its buffer.
+    unsafe { libc::fcntl(fds[1], libc::F_SETPIPE_SZ, 4096) };
+    // SAFETY: both are open descriptors nothing else owns.
+    unsafe {
+        (
+            std::fs::File::from_raw_fd(fds[0]),
+            std::os::fd::OwnedFd::from_raw_fd(fds[1]),
+        )
+    }
+}
+
+/// Bytes written to a pipe and not read yet.
+fn unread(f: &std::fs::File) -> usize {
+    use std::os::fd::AsRawFd;
+    let mut n: libc::c_int = 0;
+    // SAFETY: FIONREAD writes one int for an open pipe descriptor.
+    assert_eq!(
+        unsafe { libc::ioctl(f.as_raw_fd(), libc::FIONREAD, &mut n) },
+        0
+    );
+    n as usize
+}
+
+#[test]
+fn a_log_nobody_reads_never_stops_serving() {
+    // Standard error is a one-page pipe this test does not read: the
+    // server's audit lines fill it at once. Silent peers take every
+    // connection slot, then 2000 more connections are each refused with an
+    // audit line by the accept loop itself, more than the log's queue holds
+    // (share::log::QUEUE_LINES); an accept loop that waited on its log would
+    // stop accepting, and the attach below would time out.
+    let dir = tmp("stalled-log");
+    let ckpt = dir.join("model.safetensors");
+    write_file(&ckpt, &generate(&SMALL, Dtype::Bf16), Dtype::Bf16);
+    let sock = dir.join("w.sock");
+    let (log_read, log_write) = small_pipe();
+    let mut s = Serve::start_with(
+        &[
+            ckpt.to_str().unwrap(),
+            "--socket",
+            sock.to_str().unwrap(),
+            "--max-connections",
+            "4",
+            "--handshake-timeout",
+            "60",
+        ],
+        Stdio::from(log_write),
+    );
+    assert!(s.line().starts_with("serving "));
+    let silent: Vec<_> = (0..4)
+        .map(|_| std::os::unix::net::UnixStream::connect(&sock).unwrap())
+        .collect();
+    let flood_sock = sock.clone();
+    let (done_tx, done) = channel();
+    std::thread::spawn(move || {
+        for _ in 0..2000 {
+            match std::os::unix::net::UnixStream::connect(&flood_sock) {
+                Ok(c) => drop(c),
+                Err(e) => {
+                    let _ = done_tx.send(Err(e.to_string()));
+                    return;
+                }
+            }
+        }
+        let _ = done_tx.send(Ok(()));
+    });
+    match done.recv_timeout(Duration::from_secs(60)) {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => panic!("a connection of the flood failed: {e}"),
+        Err(_) => panic!("2000 connections were not accepted within 60 s: the accept loop stalled"),
+    }
+    // Every refusal was logged or dropped by now; the pipe is full.
+    let stalled = unread(&log_read);
+    assert!(
+        stalled >= 2048,
+        "the log pipe holds only {stalled} bytes: the log was not stalled"
+    );
+    drop(silent);
+    let quick = AttachOptions {
+        timeout: Duration::from_secs(5),
+        ..AttachOptions::default()
+    };
+    let mut attached = None;
+    for _ in 0..200 {
+        // The silent peers' slots free as their handshakes see them close.
+        match Attachment::attach(common::loader::host(), &sock, &quick) {
+            Ok(a) => {
+                attached = Some(a);
+                break;
+            }
+            Err(e) if e.to_string().contains("too many connections") => {
+                std::thread::sleep(Duration::from_millis(10))
+            }
+            Err(e) => panic!("attach with the log stalled: {e}"),
+        }
+    }
+    let a = attached.expect("an attach once the silent peers left, with the log still stalled");
+    assert_eq!(shared_tensors(&a), file_tensors(&ckpt));
+    a.detach().unwrap();
+    // Now read the log: the writer says how many lines it dropped.
+    let reader = std::thread::spawn(move || {
+        use std::io::Read;
+        let mut text = String::new();
+        let mut r = log_read;
+        let _ = r.read_to_string(&mut text);
+        text
+    });
+    s.signal(libc::SIGTERM);
+    assert!(s.line().starts_with("stopped (SIGTERM)"));
+    assert!(s.child.wait().unwrap().success());
+    let log = reader.join().unwrap();
+    let dropped = log
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("vmmw: ")?
+                .strip_suffix(" log lines dropped (the log's reader fell behind)")?
+                .parse::<u64>()
+                .ok()
+        })
+        .unwrap_or_else(|| panic!("no `N log lines dropped` line in the log:\n{log}"));
+    assert!(dropped > 0 && dropped <= 2010, "{dropped} lines dropped");
+    assert!(
+        log.contains("too many connections") || log.contains("connections open"),
+        "{log}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }

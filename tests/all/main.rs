@@ -49,6 +49,7 @@ mod loader_identity;
 mod loader_into_pool;
 mod loader_load;
 mod loader_multi;
+mod loader_not_checkpoint;
 mod loader_tp;
 mod packed;
 #[cfg(feature = "cli")]

@@ -5,13 +5,22 @@
 // # Installing
 //
 // The package wraps the C library with cgo and finds it through pkg-config.
-// Install the C package once (CMake, see docs/BUILDING.md in the repository),
-// then point pkg-config at it:
+// The module is not published yet: use it from a checkout of the repository.
+// Install the C package once (CMake, see docs/BUILDING.md), from the
+// checkout's folder, and point pkg-config at it:
 //
-//	cmake -S vmmweights -B build -DCMAKE_BUILD_TYPE=Release
+//	cmake -S . -B build -DCMAKE_BUILD_TYPE=Release
 //	cmake --build build && cmake --install build --prefix /opt/vmmweights
 //	export PKG_CONFIG_PATH=/opt/vmmweights/lib/pkgconfig
-//	go get github.com/vmmweights/vmmweights/bindings/go/vmmw
+//
+// then, in your module's go.mod, require the module and replace it with the
+// checkout's copy:
+//
+//	require github.com/vmmweights/vmmweights/bindings/go v0.0.0
+//	replace github.com/vmmweights/vmmweights/bindings/go => /path/to/vmmweights/bindings/go
+//
+// Once it is published, `go get github.com/vmmweights/vmmweights/bindings/go/vmmw`
+// takes the place of the replace directive.
 //
 // At run time the shared library is found through the rpath the installed
 // pkg-config file adds (or the system's library path for a /usr install). The
