@@ -394,3 +394,29 @@ fn the_socket_is_new_private_and_removed_by_its_server() {
     drop(other);
     let _ = std::fs::remove_file(&p.path);
 }
+
+#[test]
+fn a_failed_wake_never_puts_an_offloaded_tag_back_with_discard() {
+    // A second sleep of an asleep process leaves its tags as they are (their
+    // backups kept) whatever policy it names; a wake failing afterwards must
+    // put what it woke back to sleep with a backup, not with that policy.
+    let p = process("stale-policy", 1 << 30);
+    let mut c = Client::connect(&p.path).unwrap();
+    let blocks = allocate(&p, "ctl-stale-policy");
+    c.sleep(WirePolicy::Offload, None).unwrap();
+    c.sleep(WirePolicy::Discard, None).unwrap();
+    let s = c.status().unwrap();
+    assert!(
+        s.tags.iter().all(|t| t.asleep && t.backup_bytes > 0),
+        "{s:?}"
+    );
+    p.drivers[1].fail_always(FaultOp::Create);
+    let (status, why) = refused(&c.wake(None, None).unwrap_err());
+    assert_eq!(status, Status::OutOfMemory, "{why}");
+    p.drivers[1].clear_faults();
+    c.wake(None, None).unwrap();
+    assert!(
+        all_hold(&p, &blocks),
+        "a failed wake lost the bytes it put back to sleep"
+    );
+}
