@@ -420,3 +420,38 @@ fn a_failed_wake_never_puts_an_offloaded_tag_back_with_discard() {
         "a failed wake lost the bytes it put back to sleep"
     );
 }
+
+#[test]
+fn a_sleep_failing_midway_leaves_every_byte_recoverable() {
+    // Device 1 fails at a copy, an unmap or a release, part of the way
+    // through its tags; the refusal says what is asleep. Finished by a
+    // second sleep, or woken as it stands: every byte comes back.
+    for (op, nth, finish) in [
+        (FaultOp::CopyDtoh, 2, true),
+        (FaultOp::CopyDtoh, 2, false),
+        (FaultOp::Unmap, 3, false),
+        (FaultOp::Release, 1, true),
+    ] {
+        let p = process(&format!("sleep-midway-{op:?}-{finish}"), 1 << 30);
+        let mut c = Client::connect(&p.path).unwrap();
+        let mut blocks = allocate(&p, "ctl-sleep-midway");
+        blocks.extend(allocate(&p, "ctl-sleep-midway-2"));
+        p.drivers[1].fail_nth(op, nth);
+        let (_, why) = refused(&c.sleep(WirePolicy::Offload, None).unwrap_err());
+        assert!(
+            why.contains("device 1") && why.contains("asleep now"),
+            "{why}"
+        );
+        p.drivers[1].clear_faults();
+        if finish {
+            c.sleep(WirePolicy::Offload, None).unwrap();
+            assert!(c.status().unwrap().tags.iter().all(|t| t.asleep));
+        }
+        c.wake(None, None).unwrap();
+        assert_eq!(c.status().unwrap().state, Phase::Awake);
+        assert!(
+            all_hold(&p, &blocks),
+            "bytes lost after a sleep failing at {op:?} {nth} (finished by a second sleep: {finish})"
+        );
+    }
+}
