@@ -310,10 +310,12 @@ impl ProcessPools {
             Some(w) if !w.is_zero() => Duration::ZERO,
             _ => wait_for_room(&needs, None)?,
         };
-        let wait_left = wait;
+        // One wait for the whole wake: each tag waits only what is left of it.
+        let deadline = wait.map(|w| start + w);
         let results = on_threads(steps.len(), "wake of one device", |k| {
             let mut woken = Vec::new();
             for &t in &steps[k].tags {
+                let wait_left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
                 match wake_tag(&steps[k].pool, t, wait_left) {
                     Ok(c) => woken.extend(c),
                     Err(e) => return Ok((woken, Some(e))),

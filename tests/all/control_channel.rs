@@ -455,3 +455,54 @@ fn a_sleep_failing_midway_leaves_every_byte_recoverable() {
         );
     }
 }
+
+#[test]
+fn a_waiting_wake_waits_at_most_what_it_asked_in_all() {
+    // Two tags asleep on device 1, the memory each needs freed long apart:
+    // the wake's wait covers the whole wake, not each tag anew.
+    let p = process("wait-bound", 64 << 20);
+    let mut c = Client::connect(&p.path).unwrap();
+    let pool = p.pools[1].clone();
+    let mut blocks = Vec::new();
+    for (name, seed) in [("ctl-wait-a", 3u8), ("ctl-wait-b", 5u8)] {
+        let b = pool
+            .alloc_segment(16 << 20, tag::id(name).unwrap())
+            .unwrap();
+        fill(&*p.drivers[1], b.ptr, 16 << 20, seed);
+        blocks.push((1, b.ptr, 16 << 20, seed));
+    }
+    c.sleep(WirePolicy::Offload, None).unwrap();
+    let hog = tag::id("ctl-wait-hog").unwrap();
+    let first = pool.alloc_segment(16 << 20, hog).unwrap();
+    let second = pool.alloc_segment(16 << 20, hog).unwrap();
+    let rest = pool.alloc_segment(30 << 20, hog).unwrap();
+    let freer = {
+        let pool = pool.clone();
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(1000));
+            pool.free_segment(first.ptr).unwrap();
+            std::thread::sleep(Duration::from_millis(1500));
+            pool.free_segment(second.ptr).unwrap();
+        })
+    };
+    let t = Instant::now();
+    let r = c.wake(None, Some(2000));
+    let took = t.elapsed();
+    freer.join().unwrap();
+    let (status, why) = refused(&r.unwrap_err());
+    assert_eq!(status, Status::OutOfMemory, "{why}");
+    assert!(
+        took < Duration::from_millis(2400),
+        "waited {took:?} for 2 s asked"
+    );
+    assert!(c
+        .status()
+        .unwrap()
+        .tags
+        .iter()
+        .filter(|t| t.tag.starts_with("ctl-wait-") && t.tag != "ctl-wait-hog")
+        .all(|t| t.asleep));
+    pool.free_segment(rest.ptr).unwrap();
+    c.wake(None, None).unwrap();
+    assert!(all_hold(&p, &blocks));
+}
