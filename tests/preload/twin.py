@@ -11,7 +11,7 @@ cuda, `FIGURE name: ...` lines with the timings as ratios against the link
 measured in the same run. Exits 1 when any check failed.
 
 Usage: twin.py --vmmw PATH --twin PATH --lib PATH [--backend host|cuda]
-               [--workdir DIR] [--bytes N]
+               [--workdir DIR] [--bytes N] [--late PATH]
 """
 import argparse
 import json
@@ -422,6 +422,41 @@ def scope_flow(args):
     check("vmmw exec: a missing library is bad input, exit 2", r.returncode == 2 and "cannot find" in r.stderr, r.stderr.strip()[:200])
 
 
+def late_flow(args):
+    """A program that loads its runtime late (tests/preload/late.c, as Python
+    does): probing the interposer first must not turn it off for good; the
+    socket is served at the first intercepted call."""
+    if not args.late:
+        report("SKIP", "a runtime loaded late", "no --late program (the host twin builds it)")
+        return
+    runtime = os.path.join(os.path.dirname(args.twin), "libvmmw_standin_cudart.so")
+    sock = os.path.join(args.workdir, "late.sock")
+    cmd = [args.vmmw, "exec", "--socket", sock, "--backend", args.backend, "--lib", args.lib,
+           "--", args.late, runtime]
+    stderr = open(os.path.join(args.workdir, "late.stderr"), "w")
+    p = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, text=True)
+    probed = p.stdout.readline().strip()
+    check("a program without a runtime may ask for its region and tag",
+          probed == "probed region=0 tag=process", probed)
+    allocated = p.stdout.readline().strip()
+    doc = json.loads(allocated.split(" ", 3)[3]) if allocated.startswith("allocated rc=0 ") else {}
+    i = doc.get("interposer", {})
+    check("...and its first cudaMalloc once the runtime is loaded is ours",
+          i.get("state") == "ready" and i.get("allocations") == 1, allocated[:300])
+    check("...and the socket is served from then on", " socket_var=0 " in allocated and wait_for(sock, 10), sock)
+    ok = False
+    if os.path.exists(sock):
+        c = Control(sock)
+        r, w = c.send({"op": "sleep"}), c.send({"op": "wake"})
+        ok = r["ok"] and w["ok"]
+        c.close()
+    p.stdin.write("go\n")
+    p.stdin.flush()
+    verified = p.stdout.readline().strip()
+    check("...and sleeps and wakes with its bytes", ok and verified == "verified ok", verified)
+    p.wait(timeout=60)
+
+
 def bench_flow(args):
     """cuda only: cudaMalloc and cudaFree under the interposer against the runtime's own, same sizes."""
     out = {}
@@ -455,8 +490,10 @@ def main():
     ap.add_argument("--backend", default="host", choices=["host", "cuda"])
     ap.add_argument("--workdir", default=None)
     ap.add_argument("--bytes", type=int, default=0)
+    ap.add_argument("--late", default=None, help="tests/preload/late.c built (host only)")
     args = ap.parse_args()
     args.vmmw, args.twin, args.lib = (os.path.abspath(p) for p in (args.vmmw, args.twin, args.lib))
+    args.late = os.path.abspath(args.late) if args.late and args.backend == "host" else None
     if args.workdir is None:
         import tempfile
         args.workdir = tempfile.mkdtemp(prefix="vmmw-twin-")
@@ -464,7 +501,7 @@ def main():
     if args.backend == "host":
         os.environ.setdefault("VMMW_HOST_MEMORY", "512M")
         os.environ.setdefault("VMMW_STANDIN_DEVICES", "2")
-    for flow in (main_flow, scope_flow) + ((bench_flow,) if args.backend == "cuda" else ()):
+    for flow in (main_flow, scope_flow, late_flow) + ((bench_flow,) if args.backend == "cuda" else ()):
         try:
             flow(args)
         except Exception as e:  # a flow that cannot go on is one failure, the others still run
