@@ -35,6 +35,9 @@
  *   mallocbench N SIZE          median cudaMalloc and cudaFree times
  *   forkexit                    a child forked here exits normally (its
  *                               exit handlers run) while this one goes on
+ *   sigwait N                   SIGUSR1 blocked in this thread (the only one
+ *                               of the program's then), sent to the process
+ *                               N times, each taken with sigtimedwait
  *   quit
  */
 #define _GNU_SOURCE
@@ -588,6 +591,22 @@ int main(void) {
             int st = 0;
             waitpid(pid, &st, 0);
             answer("ok child=%d status=%d", (int)pid, st);
+        } else if (!strcmp(cmd, "sigwait") && n >= 2) {
+            /* A program that takes its signals synchronously blocks them in
+             * every thread it has; a thread of someone else's that leaves
+             * them unblocked gets them instead (SIGUSR1's default: death). */
+            sigset_t set;
+            sigemptyset(&set);
+            sigaddset(&set, SIGUSR1);
+            pthread_sigmask(SIG_BLOCK, &set, NULL);
+            struct timespec wait = {2, 0};
+            int got = 0;
+            for (int i = 0; i < atoi(a); i++) {
+                kill(getpid(), SIGUSR1);
+                if (sigtimedwait(&set, NULL, &wait) == SIGUSR1) got++;
+            }
+            pthread_sigmask(SIG_UNBLOCK, &set, NULL);
+            answer("ok got=%d", got);
         } else if (!strcmp(cmd, "mallocbench") && n >= 3) {
             cmd_mallocbench(atoi(a), (size_t)x);
         } else {

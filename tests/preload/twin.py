@@ -422,6 +422,32 @@ def scope_flow(args):
     check("vmmw exec: a missing library is bad input, exit 2", r.returncode == 2 and "cannot find" in r.stderr, r.stderr.strip()[:200])
 
 
+def signal_flow(args):
+    """The interposer's threads (the control socket's, its log's) leave the
+    program's signals alone: a program that blocks a signal in every thread
+    of its own and takes it with sigwait gets every one."""
+    if args.backend != "host":
+        report("SKIP", "the interposer's threads take no signal of the program's",
+               "host only: the CUDA runtime's own threads are not the interposer's to check")
+        return
+    sock = os.path.join(args.workdir, "signal.sock")
+    t = Twin(args, sock, name="signal")
+    t.ok("alloc s 0 4194304 5")
+    wait_for(sock, 10)
+    c = Control(sock)
+    r, w = c.send({"op": "sleep"}), c.send({"op": "wake"})
+    try:
+        got = t.cmd("sigwait 20", timeout=120)
+    except RuntimeError as e:
+        got = str(e)
+    check("the interposer's threads take no signal of the program's (sigwait gets all 20)",
+          r["ok"] and w["ok"] and got == "ok got=20", got[:300])
+    c.close()
+    if t.p.poll() is None:
+        t.ok("quit")
+    t.p.wait(timeout=60)
+
+
 def late_flow(args):
     """A program that loads its runtime late (tests/preload/late.c, as Python
     does): probing the interposer first must not turn it off for good; the
@@ -501,7 +527,7 @@ def main():
     if args.backend == "host":
         os.environ.setdefault("VMMW_HOST_MEMORY", "512M")
         os.environ.setdefault("VMMW_STANDIN_DEVICES", "2")
-    for flow in (main_flow, scope_flow, late_flow) + ((bench_flow,) if args.backend == "cuda" else ()):
+    for flow in (main_flow, scope_flow, signal_flow, late_flow) + ((bench_flow,) if args.backend == "cuda" else ()):
         try:
             flow(args)
         except Exception as e:  # a flow that cannot go on is one failure, the others still run
