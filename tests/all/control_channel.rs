@@ -506,3 +506,33 @@ fn a_waiting_wake_waits_at_most_what_it_asked_in_all() {
     c.wake(None, None).unwrap();
     assert!(all_hold(&p, &blocks));
 }
+
+#[test]
+fn a_peer_gone_mid_sleep_leaves_a_whole_sleep_and_no_connection() {
+    use std::io::Write;
+    let p = process("gone", 1 << 30);
+    let blocks = allocate(&p, "ctl-gone");
+    let (release, gate) = channel();
+    let (entered_tx, entered) = channel();
+    *p.syncs.gate.lock().unwrap() = Some(gate);
+    *p.syncs.entered.lock().unwrap() = Some(entered_tx);
+    let mut s = std::os::unix::net::UnixStream::connect(&p.path).unwrap();
+    s.write_all(b"{\"op\":\"sleep\"}\n").unwrap();
+    entered.recv_timeout(Duration::from_secs(10)).unwrap();
+    drop(s);
+    release.send(()).unwrap();
+    let t = Instant::now();
+    while p.server.connections() > 0 {
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "the connection is still counted"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let mut c = Client::connect(&p.path).unwrap();
+    let s = c.status().unwrap();
+    assert_eq!(s.state, Phase::Asleep, "the sleep ran to its end");
+    assert_eq!(s.last.as_ref().unwrap()["op"], "sleep");
+    c.wake(None, None).unwrap();
+    assert!(all_hold(&p, &blocks));
+}
