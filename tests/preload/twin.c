@@ -35,6 +35,9 @@
  *   mallocbench N SIZE          median cudaMalloc and cudaFree times
  *   forkexit                    a child forked here exits normally (its
  *                               exit handlers run) while this one goes on
+ *   churn THREADS MS            THREADS threads cudaMalloc and cudaFree
+ *                               (never touching the memory) for MS ms, in
+ *                               the background; churnwait joins them
  *   sigwait N                   SIGUSR1 blocked in this thread (the only one
  *                               of the program's then), sent to the process
  *                               N times, each taken with sigtimedwait
@@ -405,6 +408,47 @@ static void cmd_mallocbench(int n, size_t size) {
     free(p), free(tm), free(tf);
 }
 
+/* Churn: allocate and free, never touching, while the test sleeps and
+ * wakes the process; counts what came back. */
+static struct {
+    pthread_t t[64];
+    int threads;
+    double until;
+    long served, refused, other, free_failed;
+    pthread_mutex_t lock;
+} churn = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+static void *churn_worker(void *arg) {
+    int id = (int)(intptr_t)arg;
+    unsigned s = 2654435761u * (unsigned)(id + 1);
+    long served = 0, refused = 0, other = 0, free_failed = 0;
+    cudaSetDevice(id % ndevices);
+    while (now() < churn.until) {
+        void *p[8] = {0};
+        for (int k = 0; k < 8; k++) {
+            s = s * 1103515245u + 12345u;
+            size_t size = (s >> 9) % 3 ? 256 + (s >> 4) % 200000 : ((size_t)1 << 20) + (s >> 4) % (3 << 20);
+            cudaError_t rc = cudaMalloc(&p[k], size);
+            if (rc == cudaSuccess)
+                served++;
+            else {
+                p[k] = NULL;
+                if (rc == cudaErrorMemoryAllocation)
+                    refused++;
+                else
+                    other++;
+            }
+        }
+        for (int k = 0; k < 8; k++)
+            if (p[k] && cudaFree(p[k]) != cudaSuccess) free_failed++;
+    }
+    pthread_mutex_lock(&churn.lock);
+    churn.served += served, churn.refused += refused, churn.other += other;
+    churn.free_failed += free_failed;
+    pthread_mutex_unlock(&churn.lock);
+    return NULL;
+}
+
 struct later {
     struct buf *b;
     int ms;
@@ -591,6 +635,18 @@ int main(void) {
             int st = 0;
             waitpid(pid, &st, 0);
             answer("ok child=%d status=%d", (int)pid, st);
+        } else if (!strcmp(cmd, "churn") && n >= 3) {
+            churn.threads = atoi(a) < 1 ? 1 : atoi(a) > 64 ? 64 : atoi(a);
+            churn.until = now() + (double)x / 1000.0;
+            churn.served = churn.refused = churn.other = churn.free_failed = 0;
+            for (int i = 0; i < churn.threads; i++)
+                pthread_create(&churn.t[i], NULL, churn_worker, (void *)(intptr_t)i);
+            answer("ok threads=%d", churn.threads);
+        } else if (!strcmp(cmd, "churnwait")) {
+            for (int i = 0; i < churn.threads; i++) pthread_join(churn.t[i], NULL);
+            churn.threads = 0;
+            answer("ok served=%ld refused=%ld other=%ld free_failed=%ld", churn.served, churn.refused,
+                   churn.other, churn.free_failed);
         } else if (!strcmp(cmd, "sigwait") && n >= 2) {
             /* A program that takes its signals synchronously blocks them in
              * every thread it has; a thread of someone else's that leaves

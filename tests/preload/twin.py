@@ -422,6 +422,42 @@ def scope_flow(args):
     check("vmmw exec: a missing library is bad input, exit 2", r.returncode == 2 and "cannot find" in r.stderr, r.stderr.strip()[:200])
 
 
+def churn_flow(args):
+    """Threads of the program allocate and free (never touching the memory)
+    while the socket sleeps and wakes it again and again: every cudaMalloc
+    served or refused as out of memory, every cudaFree of ours succeeds,
+    the resident buffers keep their bytes."""
+    sock = os.path.join(args.workdir, "churn.sock")
+    t = Twin(args, sock, name="churn")
+    t.ok("alloc r0 0 5000000 11")
+    t.ok("alloc r1 0 3000 12")
+    wait_for(sock, 10)
+    c = Control(sock)
+    t.ok("churn 8 3000")
+    cycles, bad = 0, []
+    end = time.time() + 2.5
+    while time.time() < end:
+        for op in ({"op": "sleep", "policy": "offload"}, {"op": "wake"},
+                   {"op": "sleep", "policy": "offload"}, {"op": "wake", "wait_memory_ms": 100}):
+            r = c.send(op)
+            if not r["ok"] and r["code"] != "VMMW_OUT_OF_MEMORY":
+                bad.append(r["error"][:160])
+        cycles += 1
+    if c.send({"op": "status"})["state"] != "awake":
+        c.send({"op": "wake", "wait_memory_ms": 5000})
+    kv, line = t.ok("churnwait", timeout=120)
+    check("allocations and frees of 8 threads across sleeps and wakes: served or refused, never lost",
+          int(kv["served"]) > 0 and kv["other"] == "0" and kv["free_failed"] == "0" and not bad,
+          f"{cycles} cycles; {line}; {bad[:2]}")
+    kv, _ = t.ok("verify all")
+    s = c.send({"op": "status"})
+    check("...and the buffers kept through it hold their bytes, nothing else left allocated",
+          kv["checked"] == "2" and s["interposer"]["allocations"] == 2, f"{kv}; {s['interposer']}")
+    c.close()
+    t.ok("quit")
+    t.p.wait(timeout=60)
+
+
 def signal_flow(args):
     """The interposer's threads (the control socket's, its log's) leave the
     program's signals alone: a program that blocks a signal in every thread
@@ -527,7 +563,7 @@ def main():
     if args.backend == "host":
         os.environ.setdefault("VMMW_HOST_MEMORY", "512M")
         os.environ.setdefault("VMMW_STANDIN_DEVICES", "2")
-    for flow in (main_flow, scope_flow, signal_flow, late_flow) + ((bench_flow,) if args.backend == "cuda" else ()):
+    for flow in (main_flow, scope_flow, churn_flow, signal_flow, late_flow) + ((bench_flow,) if args.backend == "cuda" else ()):
         try:
             flow(args)
         except Exception as e:  # a flow that cannot go on is one failure, the others still run
