@@ -38,6 +38,9 @@
  *   churn THREADS MS            THREADS threads cudaMalloc and cudaFree
  *                               (never touching the memory) for MS ms, in
  *                               the background; churnwait joins them
+ *   edges DEV                   cudaMalloc of 0 bytes and of sizes no device
+ *                               holds, overflowing pitches, cudaFree inside
+ *                               a block of ours: their return codes
  *   sigwait N                   SIGUSR1 blocked in this thread (the only one
  *                               of the program's then), sent to the process
  *                               N times, each taken with sigtimedwait
@@ -647,6 +650,22 @@ int main(void) {
             churn.threads = 0;
             answer("ok served=%ld refused=%ld other=%ld free_failed=%ld", churn.served, churn.refused,
                    churn.other, churn.free_failed);
+        } else if (!strcmp(cmd, "edges") && n >= 2) {
+            void *p0 = (void *)1, *big = NULL, *small = NULL, *q = NULL;
+            size_t pitch = 0;
+            cudaSetDevice(atoi(a));
+            int zero = (int)cudaMalloc(&p0, 0);
+            int huge = (int)cudaMalloc(&q, SIZE_MAX);
+            int huge2 = (int)cudaMalloc(&q, SIZE_MAX - 4095);
+            int pitch_over = (int)cudaMallocPitch(&q, &pitch, SIZE_MAX - 10, 2);
+            int mid_small = -1, mid_big = -1;
+            if (cudaMalloc(&small, 4096) == cudaSuccess && cudaMalloc(&big, (size_t)5 << 20) == cudaSuccess) {
+                mid_small = (int)cudaFree((char *)small + 512);
+                mid_big = (int)cudaFree((char *)big + ((size_t)2 << 20));
+            }
+            int freed = (int)cudaFree(small) + (int)cudaFree(big);
+            answer("ok zero=%d null=%d huge=%d huge2=%d pitch_over=%d mid_small=%d mid_big=%d freed=%d", zero,
+                   p0 == NULL, huge, huge2, pitch_over, mid_small, mid_big, freed);
         } else if (!strcmp(cmd, "sigwait") && n >= 2) {
             /* A program that takes its signals synchronously blocks them in
              * every thread it has; a thread of someone else's that leaves

@@ -350,6 +350,14 @@ def main_flow(args):
     i = s.get("interposer", {})
     check("status: the interposer's counts", i.get("state") == "ready" and i.get("scope") == "all" and
           i.get("refused") == 0 and i.get("allocations") == 29, json.dumps(i)[:300])
+    kv, line = t.ok(f"edges {pdev}")
+    # A free inside a block goes to the runtime: the stand-in says invalid value, any runtime refuses it.
+    mids = (kv["mid_small"], kv["mid_big"])
+    mid_ok = mids == ("1", "1") if host else "0" not in mids
+    check("cudaMalloc of 0 bytes: the runtime's (success, NULL); sizes no device holds and overflowing "
+          "pitches: out of memory; cudaFree inside a block of ours: refused, the block kept",
+          mid_ok and (kv["zero"], kv["null"], kv["huge"], kv["huge2"], kv["pitch_over"], kv["freed"]) ==
+          ("0", "1", "2", "2", "2", "0"), line)
     c.close()
     t.ok("quit")
     rc = t.p.wait(timeout=60)
