@@ -3087,7 +3087,9 @@ vmmw_status_t vmmw_segment_read(const struct vmmw_segment_t *segment, uint64_t o
  * `vmmw_share_server_free`. The loader may be freed afterwards (the list of
  * tensors is copied); the pool must outlive the server. Each attach,
  * refusal, eviction and detach writes one audit line on standard error
- * (`vmmw share: PATH: attach pid=.. uid=.. gid=.. access=..: ...`).
+ * (`vmmw share: PATH: attach pid=.. uid=.. gid=.. access=..: ...`), through
+ * a bounded queue and a writer thread: a standard error nobody reads never
+ * stalls the server (lines past the queue are dropped and counted).
  *
  * Errors:
  * - `VMMW_NULL_ARGUMENT`: `pool`, `loader`, `path` or `out` is NULL.
@@ -4213,7 +4215,9 @@ vmmw_status_t vmmw_control_status(const char *socket, char *buf, size_t cap, siz
  *
  * Errors:
  * - `VMMW_NULL_ARGUMENT`: `socket`, or `tags` with `n_tags` > 0, or one of its strings is NULL.
- * - `VMMW_INVALID_ARGUMENT`: an unknown policy, or `VMMW_POLICY_RELOAD`.
+ * - `VMMW_INVALID_ARGUMENT`: an unknown policy, or `VMMW_POLICY_RELOAD`, or
+ *   a tag that is no tag name (empty, over 64 bytes, control characters);
+ *   refused before `socket` is reached.
  * - `VMMW_IO`: nobody serves `socket`, or no answer in time.
  * - the status the process refused with: `VMMW_UNKNOWN_TAG` (a tag it does
  *   not hold), `VMMW_INVALID_STATE` (nothing allocated yet, a sleep or wake
@@ -4239,7 +4243,8 @@ vmmw_status_t vmmw_control_sleep(const char *socket, vmmw_policy_t policy, const
  *
  * Errors:
  * - `VMMW_NULL_ARGUMENT`: `socket`, or `tags` with `n_tags` > 0, or one of its strings is NULL.
- * - `VMMW_INVALID_ARGUMENT`: `wait_memory_ms` over one hour.
+ * - `VMMW_INVALID_ARGUMENT`: `wait_memory_ms` over one hour, or a tag that
+ *   is no tag name; refused before `socket` is reached.
  * - `VMMW_IO`: nobody serves `socket`, or no answer in time.
  * - the status the process refused with: `VMMW_OUT_OF_MEMORY` (no room,
  *   also after the wait), `VMMW_UNKNOWN_TAG`, `VMMW_INVALID_STATE`,

@@ -152,10 +152,8 @@ pub fn error_string(code: cudaError_t) -> String {
         return format!("CUDA runtime error {code}");
     }
     // SAFETY: a NUL-terminated static string of the runtime's.
-    format!(
-        "{} ({code})",
-        unsafe { CStr::from_ptr(s) }.to_string_lossy()
-    )
+    let name = unsafe { CStr::from_ptr(s) };
+    format!("{} ({code})", name.to_string_lossy())
 }
 
 /// The calling thread's current device, through the runtime.

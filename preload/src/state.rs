@@ -1,8 +1,9 @@
-//! The interposer's state, made at its first intercepted call (from any
-//! thread; the others wait for it): the settings, the backend the pools run
-//! on, and counts for the status. When it cannot be made (a bad variable,
-//! no CUDA runtime, no driver, the host backend under a real runtime), every
-//! call passes to the runtime from then on, and why is said once on stderr.
+//! The interposer's state, made at its first intercepted call once the
+//! process has a CUDA runtime loaded (from any thread; the others wait for
+//! it): the settings, the backend the pools run on, and counts for the
+//! status. When it cannot be made (a bad variable, no driver, the host
+//! backend under a real runtime), every call passes to the runtime from
+//! then on, and why is said once on stderr.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -38,8 +39,14 @@ pub enum Made {
 
 static STATE: OnceLock<Made> = OnceLock::new();
 
-/// The state, made now if it is not yet; `None` when it failed.
+/// The state, made now if it is not yet; `None` when it failed, or while
+/// the process has no CUDA runtime loaded: a call before it loads one (a
+/// layer asking for its region at import, before Python imports torch)
+/// decides nothing, and the first call after it makes the state.
 pub fn get() -> Option<&'static State> {
+    if STATE.get().is_none() && !real::runtime_present() {
+        return None;
+    }
     match STATE.get_or_init(make) {
         Made::Ready(s) => Some(s),
         Made::Failed(_) => None,

@@ -37,4 +37,4 @@ out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 bash scripts/build-preload-standin.sh "$out" >/dev/null
 python3 tests/preload/twin.py --backend host --vmmw "$target/vmmw" --lib "$lib" \
-  --twin "$out/preload_twin" --workdir "$out/work"
+  --twin "$out/preload_twin" --late "$out/preload_late" --workdir "$out/work"

@@ -10,7 +10,7 @@
 //! the process stays asleep as a whole, every backup intact, and the answer
 //! says why. One sleep or wake runs at a time; a second is refused at once.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -273,11 +273,23 @@ impl ProcessPools {
         let start = Instant::now();
         let pools = self.pools();
         let steps = self.steps(&pools, names, |t| t.asleep)?;
+        // Tags whose every byte was discarded: the only ones a failed wake may
+        // put back to sleep with Discard. The policy remembered for a tag can
+        // be stale (a later sleep of an asleep tag leaves it as it was; a
+        // failed sleep answers for no tag), so it never decides alone.
+        let mut all_discarded: HashSet<(i32, TagId)> = HashSet::new();
         let needs: Vec<Need> = steps
             .iter()
             .map(|s| {
                 let report = s.pool.report();
                 let names: Vec<String> = s.tags.iter().map(|&t| tag::name_of(t)).collect();
+                for t in report.tags.iter().filter(|t| names.contains(&t.tag)) {
+                    if t.awake_bytes + t.offloaded_bytes + t.reloadable_bytes == 0 {
+                        if let Some(id) = tag::lookup(&t.tag) {
+                            all_discarded.insert((s.pool.device(), id));
+                        }
+                    }
+                }
                 let bytes = report
                     .tags
                     .iter()
@@ -298,10 +310,12 @@ impl ProcessPools {
             Some(w) if !w.is_zero() => Duration::ZERO,
             _ => wait_for_room(&needs, None)?,
         };
-        let wait_left = wait;
+        // One wait for the whole wake: each tag waits only what is left of it.
+        let deadline = wait.map(|w| start + w);
         let results = on_threads(steps.len(), "wake of one device", |k| {
             let mut woken = Vec::new();
             for &t in &steps[k].tags {
+                let wait_left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
                 match wake_tag(&steps[k].pool, t, wait_left) {
                     Ok(c) => woken.extend(c),
                     Err(e) => return Ok((woken, Some(e))),
@@ -321,7 +335,7 @@ impl ProcessPools {
             woken_by_step.push(woken);
         }
         if let Some((device, e)) = failure {
-            let back = self.sleep_again(&steps, &woken_by_step);
+            let back = self.sleep_again(&steps, &woken_by_step, &all_discarded);
             return Err(e.with_context(&format!(" (wake of device {device}); {back}")));
         }
         Ok(CycleAnswer {
@@ -345,8 +359,15 @@ impl ProcessPools {
     }
 
     /// After a failed wake: sleep every tag this wake woke, with the policy
-    /// it slept with. Says what happened, for the refusal.
-    fn sleep_again(&self, steps: &[Step], woken: &[Vec<TagCycle>]) -> String {
+    /// it slept with; Discard only for a tag in `all_discarded` (nothing
+    /// else held a byte), Offload for any other. Says what happened, for
+    /// the refusal.
+    fn sleep_again(
+        &self,
+        steps: &[Step],
+        woken: &[Vec<TagCycle>],
+        all_discarded: &HashSet<(i32, TagId)>,
+    ) -> String {
         let slept = self
             .slept_with
             .lock()
@@ -359,10 +380,14 @@ impl ProcessPools {
             let items: Vec<(TagId, Policy)> = cycles
                 .iter()
                 .map(|c| {
-                    (
-                        c.tag,
-                        slept.get(&(d, c.tag)).copied().unwrap_or(Policy::Offload),
-                    )
+                    let p = match slept.get(&(d, c.tag)).copied() {
+                        Some(Policy::Discard) if !all_discarded.contains(&(d, c.tag)) => {
+                            Policy::Offload
+                        }
+                        Some(p) => p,
+                        None => Policy::Offload,
+                    };
+                    (c.tag, p)
                 })
                 .collect();
             if items.is_empty() {

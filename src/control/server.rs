@@ -17,6 +17,9 @@
 //!   connection stays usable; a line too long or too slow is answered with a
 //!   refusal and the connection closed. Nothing a peer sends changes anything
 //!   unless it is a whole, valid request.
+//!
+//! None of these threads takes an asynchronous signal of the process's
+//! (`spawn_without_signals`).
 
 use std::os::fd::AsRawFd;
 use std::os::linux::fs::MetadataExt;
@@ -347,9 +350,7 @@ impl Server {
             refused: AtomicU64::new(0),
         });
         let s = shared.clone();
-        let accept = std::thread::Builder::new()
-            .name("vmmw-control".into())
-            .spawn(move || accept_loop(listener, s));
+        let accept = spawn_without_signals("vmmw-control", move || accept_loop(listener, s));
         let accept = match accept {
             Ok(a) => a,
             Err(e) => {
@@ -436,6 +437,45 @@ fn remove_if_ours(path: &Path, bound: (u64, u64)) {
             let _ = std::fs::remove_file(path);
         }
     }
+}
+
+/// Start a thread that takes none of the process's asynchronous signals.
+/// The server's threads (the connection threads and the log's writer are
+/// started from this one and inherit its mask) live inside a program we did
+/// not write: one that blocks a signal in all of its threads and takes it
+/// with `sigwait` or a `signalfd` must get it, never see it delivered to a
+/// thread of ours (where SIGTERM's or SIGUSR1's default action ends the
+/// process). Faults (SIGSEGV, SIGBUS, ...) stay unblocked: a thread's own
+/// fault reaches the program's handler as ever.
+fn spawn_without_signals<T: Send + 'static>(
+    name: &str,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> std::io::Result<JoinHandle<T>> {
+    let mut all = std::mem::MaybeUninit::<libc::sigset_t>::uninit();
+    let mut old = std::mem::MaybeUninit::<libc::sigset_t>::uninit();
+    // SAFETY: sigfillset initialises `all`; sigdelset only edits it;
+    // pthread_sigmask reads `all` and initialises `old` with this thread's
+    // mask, put back below once the new thread has inherited the blocked one.
+    let blocked = unsafe {
+        libc::sigfillset(all.as_mut_ptr());
+        for sig in [
+            libc::SIGSEGV,
+            libc::SIGBUS,
+            libc::SIGFPE,
+            libc::SIGILL,
+            libc::SIGTRAP,
+            libc::SIGSYS,
+        ] {
+            libc::sigdelset(all.as_mut_ptr(), sig);
+        }
+        libc::pthread_sigmask(libc::SIG_BLOCK, all.as_ptr(), old.as_mut_ptr()) == 0
+    };
+    let r = std::thread::Builder::new().name(name.into()).spawn(f);
+    if blocked {
+        // SAFETY: `old` was initialised by the successful call above.
+        unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, old.as_ptr(), std::ptr::null_mut()) };
+    }
+    r
 }
 
 /// Errors of `accept` that concern one connection, not the listener.

@@ -16,7 +16,9 @@ use super::sleep::{
     VMMW_POLICY_RELOAD,
 };
 use super::status::vmmw_status_t;
-use crate::control::{Client, ControlOptions, CycleAnswer, ProcessPools, Server, WirePolicy};
+use crate::control::{
+    Client, ControlOptions, CycleAnswer, ProcessPools, Request, Server, WirePolicy,
+};
 use crate::error::{Error, Result};
 
 /// What a sleep or wake through a control socket did (`vmmw_control_sleep`,
@@ -141,7 +143,9 @@ pub unsafe extern "C" fn vmmw_control_status(
 ///
 /// Errors:
 /// - `VMMW_NULL_ARGUMENT`: `socket`, or `tags` with `n_tags` > 0, or one of its strings is NULL.
-/// - `VMMW_INVALID_ARGUMENT`: an unknown policy, or `VMMW_POLICY_RELOAD`.
+/// - `VMMW_INVALID_ARGUMENT`: an unknown policy, or `VMMW_POLICY_RELOAD`, or
+///   a tag that is no tag name (empty, over 64 bytes, control characters);
+///   refused before `socket` is reached.
 /// - `VMMW_IO`: nobody serves `socket`, or no answer in time.
 /// - the status the process refused with: `VMMW_UNKNOWN_TAG` (a tag it does
 ///   not hold), `VMMW_INVALID_STATE` (nothing allocated yet, a sleep or wake
@@ -168,6 +172,12 @@ pub unsafe extern "C" fn vmmw_control_sleep(
         let policy = wire_policy(policy)?;
         // SAFETY: forwarded contract.
         let tags = unsafe { tag_names(tags, n_tags) }?;
+        // Bad arguments are refused here, whoever serves the path.
+        Request::Sleep {
+            policy,
+            tags: tags.clone(),
+        }
+        .check()?;
         let a = Client::connect(socket)?.sleep(policy, tags)?;
         if !result.is_null() {
             // SAFETY: non-NULL and writable per the contract.
@@ -187,7 +197,8 @@ pub unsafe extern "C" fn vmmw_control_sleep(
 ///
 /// Errors:
 /// - `VMMW_NULL_ARGUMENT`: `socket`, or `tags` with `n_tags` > 0, or one of its strings is NULL.
-/// - `VMMW_INVALID_ARGUMENT`: `wait_memory_ms` over one hour.
+/// - `VMMW_INVALID_ARGUMENT`: `wait_memory_ms` over one hour, or a tag that
+///   is no tag name; refused before `socket` is reached.
 /// - `VMMW_IO`: nobody serves `socket`, or no answer in time.
 /// - the status the process refused with: `VMMW_OUT_OF_MEMORY` (no room,
 ///   also after the wait), `VMMW_UNKNOWN_TAG`, `VMMW_INVALID_STATE`,
@@ -210,6 +221,11 @@ pub unsafe extern "C" fn vmmw_control_wake(
         // SAFETY: forwarded contract.
         let tags = unsafe { tag_names(tags, n_tags) }?;
         let wait = (wait_memory_ms > 0).then_some(wait_memory_ms);
+        Request::Wake {
+            tags: tags.clone(),
+            wait_memory_ms: wait,
+        }
+        .check()?;
         let a = Client::connect(socket)?.wake(tags, wait)?;
         if !result.is_null() {
             // SAFETY: non-NULL and writable per the contract.

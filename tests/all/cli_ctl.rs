@@ -126,3 +126,39 @@ fn ctl_and_exec_refuse_bad_input_before_anything_runs() {
     let r = vmmw(&["exec", "--lib", lib]);
     assert_eq!(r.code, 2, "a command is required: {}", r.all());
 }
+
+#[test]
+fn exec_hands_the_program_an_absolute_socket_path() {
+    // A program that changes directory before its first CUDA call (served
+    // then) must bind where `vmmw exec` said and will clean up.
+    let dir = std::env::temp_dir().join(format!("vmmw-cli-exec-rel-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    // Not a library: the loader says it cannot preload it and runs on.
+    let lib = dir.join("not-a-library.so");
+    std::fs::write(&lib, b"").unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_vmmw"))
+        .current_dir(&dir)
+        .args(["exec", "--socket", "rel.sock", "--lib"])
+        .arg(&lib)
+        .args([
+            "--",
+            "sh",
+            "-c",
+            "cd / && printf %s \"$VMMW_CONTROL_SOCKET\"",
+        ])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        std::path::Path::new(&*stdout),
+        dir.join("rel.sock"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

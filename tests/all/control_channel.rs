@@ -394,3 +394,145 @@ fn the_socket_is_new_private_and_removed_by_its_server() {
     drop(other);
     let _ = std::fs::remove_file(&p.path);
 }
+
+#[test]
+fn a_failed_wake_never_puts_an_offloaded_tag_back_with_discard() {
+    // A second sleep of an asleep process leaves its tags as they are (their
+    // backups kept) whatever policy it names; a wake failing afterwards must
+    // put what it woke back to sleep with a backup, not with that policy.
+    let p = process("stale-policy", 1 << 30);
+    let mut c = Client::connect(&p.path).unwrap();
+    let blocks = allocate(&p, "ctl-stale-policy");
+    c.sleep(WirePolicy::Offload, None).unwrap();
+    c.sleep(WirePolicy::Discard, None).unwrap();
+    let s = c.status().unwrap();
+    assert!(
+        s.tags.iter().all(|t| t.asleep && t.backup_bytes > 0),
+        "{s:?}"
+    );
+    p.drivers[1].fail_always(FaultOp::Create);
+    let (status, why) = refused(&c.wake(None, None).unwrap_err());
+    assert_eq!(status, Status::OutOfMemory, "{why}");
+    p.drivers[1].clear_faults();
+    c.wake(None, None).unwrap();
+    assert!(
+        all_hold(&p, &blocks),
+        "a failed wake lost the bytes it put back to sleep"
+    );
+}
+
+#[test]
+fn a_sleep_failing_midway_leaves_every_byte_recoverable() {
+    // Device 1 fails at a copy, an unmap or a release, part of the way
+    // through its tags; the refusal says what is asleep. Finished by a
+    // second sleep, or woken as it stands: every byte comes back.
+    for (op, nth, finish) in [
+        (FaultOp::CopyDtoh, 2, true),
+        (FaultOp::CopyDtoh, 2, false),
+        (FaultOp::Unmap, 3, false),
+        (FaultOp::Release, 1, true),
+    ] {
+        let p = process(&format!("sleep-midway-{op:?}-{finish}"), 1 << 30);
+        let mut c = Client::connect(&p.path).unwrap();
+        let mut blocks = allocate(&p, "ctl-sleep-midway");
+        blocks.extend(allocate(&p, "ctl-sleep-midway-2"));
+        p.drivers[1].fail_nth(op, nth);
+        let (_, why) = refused(&c.sleep(WirePolicy::Offload, None).unwrap_err());
+        assert!(
+            why.contains("device 1") && why.contains("asleep now"),
+            "{why}"
+        );
+        p.drivers[1].clear_faults();
+        if finish {
+            c.sleep(WirePolicy::Offload, None).unwrap();
+            assert!(c.status().unwrap().tags.iter().all(|t| t.asleep));
+        }
+        c.wake(None, None).unwrap();
+        assert_eq!(c.status().unwrap().state, Phase::Awake);
+        assert!(
+            all_hold(&p, &blocks),
+            "bytes lost after a sleep failing at {op:?} {nth} (finished by a second sleep: {finish})"
+        );
+    }
+}
+
+#[test]
+fn a_waiting_wake_waits_at_most_what_it_asked_in_all() {
+    // Two tags asleep on device 1, the memory each needs freed long apart:
+    // the wake's wait covers the whole wake, not each tag anew.
+    let p = process("wait-bound", 64 << 20);
+    let mut c = Client::connect(&p.path).unwrap();
+    let pool = p.pools[1].clone();
+    let mut blocks = Vec::new();
+    for (name, seed) in [("ctl-wait-a", 3u8), ("ctl-wait-b", 5u8)] {
+        let b = pool
+            .alloc_segment(16 << 20, tag::id(name).unwrap())
+            .unwrap();
+        fill(&*p.drivers[1], b.ptr, 16 << 20, seed);
+        blocks.push((1, b.ptr, 16 << 20, seed));
+    }
+    c.sleep(WirePolicy::Offload, None).unwrap();
+    let hog = tag::id("ctl-wait-hog").unwrap();
+    let first = pool.alloc_segment(16 << 20, hog).unwrap();
+    let second = pool.alloc_segment(16 << 20, hog).unwrap();
+    let rest = pool.alloc_segment(30 << 20, hog).unwrap();
+    let freer = {
+        let pool = pool.clone();
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(1000));
+            pool.free_segment(first.ptr).unwrap();
+            std::thread::sleep(Duration::from_millis(1500));
+            pool.free_segment(second.ptr).unwrap();
+        })
+    };
+    let t = Instant::now();
+    let r = c.wake(None, Some(2000));
+    let took = t.elapsed();
+    freer.join().unwrap();
+    let (status, why) = refused(&r.unwrap_err());
+    assert_eq!(status, Status::OutOfMemory, "{why}");
+    assert!(
+        took < Duration::from_millis(2400),
+        "waited {took:?} for 2 s asked"
+    );
+    assert!(c
+        .status()
+        .unwrap()
+        .tags
+        .iter()
+        .filter(|t| t.tag.starts_with("ctl-wait-") && t.tag != "ctl-wait-hog")
+        .all(|t| t.asleep));
+    pool.free_segment(rest.ptr).unwrap();
+    c.wake(None, None).unwrap();
+    assert!(all_hold(&p, &blocks));
+}
+
+#[test]
+fn a_peer_gone_mid_sleep_leaves_a_whole_sleep_and_no_connection() {
+    use std::io::Write;
+    let p = process("gone", 1 << 30);
+    let blocks = allocate(&p, "ctl-gone");
+    let (release, gate) = channel();
+    let (entered_tx, entered) = channel();
+    *p.syncs.gate.lock().unwrap() = Some(gate);
+    *p.syncs.entered.lock().unwrap() = Some(entered_tx);
+    let mut s = std::os::unix::net::UnixStream::connect(&p.path).unwrap();
+    s.write_all(b"{\"op\":\"sleep\"}\n").unwrap();
+    entered.recv_timeout(Duration::from_secs(10)).unwrap();
+    drop(s);
+    release.send(()).unwrap();
+    let t = Instant::now();
+    while p.server.connections() > 0 {
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "the connection is still counted"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let mut c = Client::connect(&p.path).unwrap();
+    let s = c.status().unwrap();
+    assert_eq!(s.state, Phase::Asleep, "the sleep ran to its end");
+    assert_eq!(s.last.as_ref().unwrap()["op"], "sleep");
+    c.wake(None, None).unwrap();
+    assert!(all_hold(&p, &blocks));
+}

@@ -98,6 +98,13 @@ int main(void) {
   char missing[300];
   snprintf(missing, sizeof missing, "%s/none.sock", dir);
   CHECK_STATUS(VMMW_IO, vmmw_control_status(missing, json, needed, &needed, NULL));
+  /* Bad arguments are bad arguments whoever serves the path (checked before
+   * it is reached, not answered by the process). */
+  const char* bad_tags[] = {""};
+  CHECK_STATUS(VMMW_INVALID_ARGUMENT, vmmw_control_wake(missing, 3600001, NULL, 0, NULL, NULL));
+  CHECK_STATUS(VMMW_INVALID_ARGUMENT, vmmw_control_wake(missing, 0, bad_tags, 1, NULL, NULL));
+  CHECK_STATUS(VMMW_INVALID_ARGUMENT,
+               vmmw_control_sleep(missing, VMMW_POLICY_OFFLOAD, bad_tags, 1, NULL, NULL));
 
   free(json);
   vmmw_control_server_free(server);

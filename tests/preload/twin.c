@@ -35,6 +35,15 @@
  *   mallocbench N SIZE          median cudaMalloc and cudaFree times
  *   forkexit                    a child forked here exits normally (its
  *                               exit handlers run) while this one goes on
+ *   churn THREADS MS            THREADS threads cudaMalloc and cudaFree
+ *                               (never touching the memory) for MS ms, in
+ *                               the background; churnwait joins them
+ *   edges DEV                   cudaMalloc of 0 bytes and of sizes no device
+ *                               holds, overflowing pitches, cudaFree inside
+ *                               a block of ours: their return codes
+ *   sigwait N                   SIGUSR1 blocked in this thread (the only one
+ *                               of the program's then), sent to the process
+ *                               N times, each taken with sigtimedwait
  *   quit
  */
 #define _GNU_SOURCE
@@ -402,6 +411,47 @@ static void cmd_mallocbench(int n, size_t size) {
     free(p), free(tm), free(tf);
 }
 
+/* Churn: allocate and free, never touching, while the test sleeps and
+ * wakes the process; counts what came back. */
+static struct {
+    pthread_t t[64];
+    int threads;
+    double until;
+    long served, refused, other, free_failed;
+    pthread_mutex_t lock;
+} churn = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+static void *churn_worker(void *arg) {
+    int id = (int)(intptr_t)arg;
+    unsigned s = 2654435761u * (unsigned)(id + 1);
+    long served = 0, refused = 0, other = 0, free_failed = 0;
+    cudaSetDevice(id % ndevices);
+    while (now() < churn.until) {
+        void *p[8] = {0};
+        for (int k = 0; k < 8; k++) {
+            s = s * 1103515245u + 12345u;
+            size_t size = (s >> 9) % 3 ? 256 + (s >> 4) % 200000 : ((size_t)1 << 20) + (s >> 4) % (3 << 20);
+            cudaError_t rc = cudaMalloc(&p[k], size);
+            if (rc == cudaSuccess)
+                served++;
+            else {
+                p[k] = NULL;
+                if (rc == cudaErrorMemoryAllocation)
+                    refused++;
+                else
+                    other++;
+            }
+        }
+        for (int k = 0; k < 8; k++)
+            if (p[k] && cudaFree(p[k]) != cudaSuccess) free_failed++;
+    }
+    pthread_mutex_lock(&churn.lock);
+    churn.served += served, churn.refused += refused, churn.other += other;
+    churn.free_failed += free_failed;
+    pthread_mutex_unlock(&churn.lock);
+    return NULL;
+}
+
 struct later {
     struct buf *b;
     int ms;
@@ -588,6 +638,50 @@ int main(void) {
             int st = 0;
             waitpid(pid, &st, 0);
             answer("ok child=%d status=%d", (int)pid, st);
+        } else if (!strcmp(cmd, "churn") && n >= 3) {
+            churn.threads = atoi(a) < 1 ? 1 : atoi(a) > 64 ? 64 : atoi(a);
+            churn.until = now() + (double)x / 1000.0;
+            churn.served = churn.refused = churn.other = churn.free_failed = 0;
+            for (int i = 0; i < churn.threads; i++)
+                pthread_create(&churn.t[i], NULL, churn_worker, (void *)(intptr_t)i);
+            answer("ok threads=%d", churn.threads);
+        } else if (!strcmp(cmd, "churnwait")) {
+            for (int i = 0; i < churn.threads; i++) pthread_join(churn.t[i], NULL);
+            churn.threads = 0;
+            answer("ok served=%ld refused=%ld other=%ld free_failed=%ld", churn.served, churn.refused,
+                   churn.other, churn.free_failed);
+        } else if (!strcmp(cmd, "edges") && n >= 2) {
+            void *p0 = (void *)1, *big = NULL, *small = NULL, *q = NULL;
+            size_t pitch = 0;
+            cudaSetDevice(atoi(a));
+            int zero = (int)cudaMalloc(&p0, 0);
+            int huge = (int)cudaMalloc(&q, SIZE_MAX);
+            int huge2 = (int)cudaMalloc(&q, SIZE_MAX - 4095);
+            int pitch_over = (int)cudaMallocPitch(&q, &pitch, SIZE_MAX - 10, 2);
+            int mid_small = -1, mid_big = -1;
+            if (cudaMalloc(&small, 4096) == cudaSuccess && cudaMalloc(&big, (size_t)5 << 20) == cudaSuccess) {
+                mid_small = (int)cudaFree((char *)small + 512);
+                mid_big = (int)cudaFree((char *)big + ((size_t)2 << 20));
+            }
+            int freed = (int)cudaFree(small) + (int)cudaFree(big);
+            answer("ok zero=%d null=%d huge=%d huge2=%d pitch_over=%d mid_small=%d mid_big=%d freed=%d", zero,
+                   p0 == NULL, huge, huge2, pitch_over, mid_small, mid_big, freed);
+        } else if (!strcmp(cmd, "sigwait") && n >= 2) {
+            /* A program that takes its signals synchronously blocks them in
+             * every thread it has; a thread of someone else's that leaves
+             * them unblocked gets them instead (SIGUSR1's default: death). */
+            sigset_t set;
+            sigemptyset(&set);
+            sigaddset(&set, SIGUSR1);
+            pthread_sigmask(SIG_BLOCK, &set, NULL);
+            struct timespec wait = {2, 0};
+            int got = 0;
+            for (int i = 0; i < atoi(a); i++) {
+                kill(getpid(), SIGUSR1);
+                if (sigtimedwait(&set, NULL, &wait) == SIGUSR1) got++;
+            }
+            pthread_sigmask(SIG_UNBLOCK, &set, NULL);
+            answer("ok got=%d", got);
         } else if (!strcmp(cmd, "mallocbench") && n >= 3) {
             cmd_mallocbench(atoi(a), (size_t)x);
         } else {

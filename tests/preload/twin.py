@@ -11,7 +11,7 @@ cuda, `FIGURE name: ...` lines with the timings as ratios against the link
 measured in the same run. Exits 1 when any check failed.
 
 Usage: twin.py --vmmw PATH --twin PATH --lib PATH [--backend host|cuda]
-               [--workdir DIR] [--bytes N]
+               [--workdir DIR] [--bytes N] [--late PATH]
 """
 import argparse
 import json
@@ -350,6 +350,14 @@ def main_flow(args):
     i = s.get("interposer", {})
     check("status: the interposer's counts", i.get("state") == "ready" and i.get("scope") == "all" and
           i.get("refused") == 0 and i.get("allocations") == 29, json.dumps(i)[:300])
+    kv, line = t.ok(f"edges {pdev}")
+    # A free inside a block goes to the runtime: the stand-in says invalid value, any runtime refuses it.
+    mids = (kv["mid_small"], kv["mid_big"])
+    mid_ok = mids == ("1", "1") if host else "0" not in mids
+    check("cudaMalloc of 0 bytes: the runtime's (success, NULL); sizes no device holds and overflowing "
+          "pitches: out of memory; cudaFree inside a block of ours: refused, the block kept",
+          mid_ok and (kv["zero"], kv["null"], kv["huge"], kv["huge2"], kv["pitch_over"], kv["freed"]) ==
+          ("0", "1", "2", "2", "2", "0"), line)
     c.close()
     t.ok("quit")
     rc = t.p.wait(timeout=60)
@@ -422,6 +430,103 @@ def scope_flow(args):
     check("vmmw exec: a missing library is bad input, exit 2", r.returncode == 2 and "cannot find" in r.stderr, r.stderr.strip()[:200])
 
 
+def churn_flow(args):
+    """Threads of the program allocate and free (never touching the memory)
+    while the socket sleeps and wakes it again and again: every cudaMalloc
+    served or refused as out of memory, every cudaFree of ours succeeds,
+    the resident buffers keep their bytes."""
+    sock = os.path.join(args.workdir, "churn.sock")
+    t = Twin(args, sock, name="churn")
+    t.ok("alloc r0 0 5000000 11")
+    t.ok("alloc r1 0 3000 12")
+    wait_for(sock, 10)
+    c = Control(sock)
+    t.ok("churn 8 3000")
+    cycles, bad = 0, []
+    end = time.time() + 2.5
+    while time.time() < end:
+        for op in ({"op": "sleep", "policy": "offload"}, {"op": "wake"},
+                   {"op": "sleep", "policy": "offload"}, {"op": "wake", "wait_memory_ms": 100}):
+            r = c.send(op)
+            if not r["ok"] and r["code"] != "VMMW_OUT_OF_MEMORY":
+                bad.append(r["error"][:160])
+        cycles += 1
+    if c.send({"op": "status"})["state"] != "awake":
+        c.send({"op": "wake", "wait_memory_ms": 5000})
+    kv, line = t.ok("churnwait", timeout=120)
+    check("allocations and frees of 8 threads across sleeps and wakes: served or refused, never lost",
+          int(kv["served"]) > 0 and kv["other"] == "0" and kv["free_failed"] == "0" and not bad,
+          f"{cycles} cycles; {line}; {bad[:2]}")
+    kv, _ = t.ok("verify all")
+    s = c.send({"op": "status"})
+    check("...and the buffers kept through it hold their bytes, nothing else left allocated",
+          kv["checked"] == "2" and s["interposer"]["allocations"] == 2, f"{kv}; {s['interposer']}")
+    c.close()
+    t.ok("quit")
+    t.p.wait(timeout=60)
+
+
+def signal_flow(args):
+    """The interposer's threads (the control socket's, its log's) leave the
+    program's signals alone: a program that blocks a signal in every thread
+    of its own and takes it with sigwait gets every one."""
+    if args.backend != "host":
+        report("SKIP", "the interposer's threads take no signal of the program's",
+               "host only: the CUDA runtime's own threads are not the interposer's to check")
+        return
+    sock = os.path.join(args.workdir, "signal.sock")
+    t = Twin(args, sock, name="signal")
+    t.ok("alloc s 0 4194304 5")
+    wait_for(sock, 10)
+    c = Control(sock)
+    r, w = c.send({"op": "sleep"}), c.send({"op": "wake"})
+    try:
+        got = t.cmd("sigwait 20", timeout=120)
+    except RuntimeError as e:
+        got = str(e)
+    check("the interposer's threads take no signal of the program's (sigwait gets all 20)",
+          r["ok"] and w["ok"] and got == "ok got=20", got[:300])
+    c.close()
+    if t.p.poll() is None:
+        t.ok("quit")
+    t.p.wait(timeout=60)
+
+
+def late_flow(args):
+    """A program that loads its runtime late (tests/preload/late.c, as Python
+    does): probing the interposer first must not turn it off for good; the
+    socket is served at the first intercepted call."""
+    if not args.late:
+        report("SKIP", "a runtime loaded late", "no --late program (the host twin builds it)")
+        return
+    runtime = os.path.join(os.path.dirname(args.twin), "libvmmw_standin_cudart.so")
+    sock = os.path.join(args.workdir, "late.sock")
+    cmd = [args.vmmw, "exec", "--socket", sock, "--backend", args.backend, "--lib", args.lib,
+           "--", args.late, runtime]
+    stderr = open(os.path.join(args.workdir, "late.stderr"), "w")
+    p = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, text=True)
+    probed = p.stdout.readline().strip()
+    check("a program without a runtime may ask for its region and tag",
+          probed == "probed region=0 tag=process", probed)
+    allocated = p.stdout.readline().strip()
+    doc = json.loads(allocated.split(" ", 3)[3]) if allocated.startswith("allocated rc=0 ") else {}
+    i = doc.get("interposer", {})
+    check("...and its first cudaMalloc once the runtime is loaded is ours",
+          i.get("state") == "ready" and i.get("allocations") == 1, allocated[:300])
+    check("...and the socket is served from then on", " socket_var=0 " in allocated and wait_for(sock, 10), sock)
+    ok = False
+    if os.path.exists(sock):
+        c = Control(sock)
+        r, w = c.send({"op": "sleep"}), c.send({"op": "wake"})
+        ok = r["ok"] and w["ok"]
+        c.close()
+    p.stdin.write("go\n")
+    p.stdin.flush()
+    verified = p.stdout.readline().strip()
+    check("...and sleeps and wakes with its bytes", ok and verified == "verified ok", verified)
+    p.wait(timeout=60)
+
+
 def bench_flow(args):
     """cuda only: cudaMalloc and cudaFree under the interposer against the runtime's own, same sizes."""
     out = {}
@@ -455,8 +560,10 @@ def main():
     ap.add_argument("--backend", default="host", choices=["host", "cuda"])
     ap.add_argument("--workdir", default=None)
     ap.add_argument("--bytes", type=int, default=0)
+    ap.add_argument("--late", default=None, help="tests/preload/late.c built (host only)")
     args = ap.parse_args()
     args.vmmw, args.twin, args.lib = (os.path.abspath(p) for p in (args.vmmw, args.twin, args.lib))
+    args.late = os.path.abspath(args.late) if args.late and args.backend == "host" else None
     if args.workdir is None:
         import tempfile
         args.workdir = tempfile.mkdtemp(prefix="vmmw-twin-")
@@ -464,7 +571,7 @@ def main():
     if args.backend == "host":
         os.environ.setdefault("VMMW_HOST_MEMORY", "512M")
         os.environ.setdefault("VMMW_STANDIN_DEVICES", "2")
-    for flow in (main_flow, scope_flow) + ((bench_flow,) if args.backend == "cuda" else ()):
+    for flow in (main_flow, scope_flow, churn_flow, signal_flow, late_flow) + ((bench_flow,) if args.backend == "cuda" else ()):
         try:
             flow(args)
         except Exception as e:  # a flow that cannot go on is one failure, the others still run

@@ -106,7 +106,11 @@ fn socket_path(given: Option<&Path>) -> CliResult<(PathBuf, Option<PathBuf>)> {
                     p.display()
                 )));
             }
-            (p.to_path_buf(), None)
+            // Absolute: a program that changes directory before it serves
+            // binds where this command says and cleans up.
+            let p = std::path::absolute(p)
+                .map_err(|e| CliError::bad_input(format!("--socket {}: {e}", p.display())))?;
+            (p, None)
         }
         None => {
             let base = std::env::var_os("XDG_RUNTIME_DIR")
