@@ -2837,7 +2837,9 @@ vmmw_status_t vmmw_segment_read(const struct vmmw_segment_t *segment, uint64_t o
  * `vmmw_share_server_free`. The loader may be freed afterwards (the list of
  * tensors is copied); the pool must outlive the server. Each attach,
  * refusal, eviction and detach writes one audit line on standard error
- * (`vmmw share: PATH: attach pid=.. uid=.. gid=.. access=..: ...`).
+ * (`vmmw share: PATH: attach pid=.. uid=.. gid=.. access=..: ...`), through
+ * a bounded queue and a writer thread: a standard error nobody reads never
+ * stalls the server (lines past the queue are dropped and counted).
  *
  * Errors:
  * - `VMMW_NULL_ARGUMENT`: `pool`, `loader`, `path` or `out` is NULL.
