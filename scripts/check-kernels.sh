@@ -37,5 +37,6 @@ if [ -z "$cxx" ]; then
 fi
 emu=$(mktemp -d)/codec-emu
 "$cxx" -std=c++20 -O2 -Wall -Wextra -Werror -o "$emu" kernels/emu/emu.cpp
-VMMW_CODEC_EMU=$emu cargo test --test all codec::kernels_emulated -- --nocapture
+# --features cli: the test binary 10-rust.sh built, not a second build without it.
+VMMW_CODEC_EMU=$emu cargo test --features cli --test all codec::kernels_emulated -- --nocapture
 rm -rf "$(dirname "$emu")"

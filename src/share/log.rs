@@ -155,7 +155,10 @@ impl Queue {
         let c = counts.clone();
         let started = std::thread::Builder::new()
             .name("vmmw-log".into())
-            .spawn(move || c.drain(rx, write));
+            .spawn(move || {
+                block_signals();
+                c.drain(rx, write)
+            });
         Arc::new(Queue {
             tx: started.is_ok().then_some(tx),
             counts,
@@ -210,6 +213,21 @@ impl Counts {
                 say(self.dropped_total.load(Ordering::Acquire), &mut said);
             }
             self.pending.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+}
+
+/// Block every signal on the calling thread (the writer): a thread the
+/// library starts on its own must not take a signal the application waits
+/// for on a thread of its choosing (`vmmw serve` takes SIGTERM with
+/// `sigwait`; with the default action here, it would end the process).
+fn block_signals() {
+    let mut set = std::mem::MaybeUninit::<libc::sigset_t>::uninit();
+    // SAFETY: sigfillset initialises the whole set it is given; the set is
+    // then only read, and pthread_sigmask changes this thread's mask alone.
+    unsafe {
+        if libc::sigfillset(set.as_mut_ptr()) == 0 {
+            libc::pthread_sigmask(libc::SIG_BLOCK, set.as_ptr(), std::ptr::null_mut());
         }
     }
 }

@@ -29,9 +29,9 @@
 //
 // # Versions
 //
-// The module github.com/vmmweights/vmmweights/bindings/go is tagged
-// bindings/go/vX.Y.Z, with X.Y.Z the release of the C library it wraps; the
-// import path of this package is its vmmw folder.
+// The module github.com/vmmweights/vmmweights/bindings/go will be tagged
+// bindings/go/vX.Y.Z once published, with X.Y.Z the release of the C library
+// it wraps; the import path of this package is its vmmw folder.
 //
 // # Handles
 //

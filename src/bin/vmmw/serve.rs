@@ -126,6 +126,9 @@ pub fn run(a: Args) -> CliResult<Value> {
                 a.handshake_timeout
             ))
         })?;
+    // Before anything starts a thread (the log's writer among them), so
+    // every thread inherits the mask and the signals reach `sigwait` here.
+    let signals = blocked_signals()?;
     let options = ServeOptions {
         sleep_policy: if a.policy == "revoke" {
             SleepPolicy::Revoke
@@ -144,7 +147,6 @@ pub fn run(a: Args) -> CliResult<Value> {
         // One audit line per attach, refusal, eviction and detach, on stderr.
         log: vmmweights::share::LogSink::default(),
     };
-    let signals = blocked_signals()?;
     let session = lib(Session::open(&a.checkpoint))?;
     lib(session.set_rules(rules))?;
     lib(session.destination_specs())?;
