@@ -76,6 +76,7 @@ mod sleep_compressed;
 mod sleep_engine;
 mod sleep_hazards;
 mod sleep_limits;
+mod swap_attacks;
 mod update;
 #[cfg(feature = "cli")]
 mod update_cli;
