@@ -5,6 +5,7 @@
 
 use std::collections::HashSet;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use super::Pool;
 use crate::driver::DevicePtr;
@@ -137,10 +138,14 @@ impl Pool {
     /// has room, polling the driver's free memory, for as long as the option
     /// says (memory another process or pool is releasing: process A puts its
     /// model to sleep while process B wakes its own, both directions of the
-    /// link at once). At the deadline the tag's wake fails as any wake does:
+    /// link at once), in all: the tags woken one after another share the
+    /// wait. At the deadline the tag's wake fails as any wake does:
     /// asleep, backup intact, an [`Error::OutOfMemory`] naming the tag, the
     /// bytes needed and free. Only more than the device's total memory is
-    /// refused up front.
+    /// refused up front. While it waits the wake holds this pool's
+    /// transitions: a sleep of another tag of this pool waits for it, so its
+    /// memory cannot make the room ([`Pool::swap`] puts one tag to sleep
+    /// while another wakes).
     pub fn wake_with(&self, tags: &[TagId], options: WakeOptions) -> Result<Vec<TagCycle>> {
         for &t in tags {
             self.check_known(t)?;
@@ -169,14 +174,26 @@ impl Pool {
                 free: mem.free,
             });
         }
+        // The wait bounds the whole call, not each tag: a tag waits what
+        // the ones before it left (at least an instant, so a wait that ran
+        // out still fails as a waiting wake, naming how long it waited).
+        let wait = options
+            .wait_for_memory
+            .min(Duration::from_secs(365 * 24 * 3600));
+        let until = Instant::now() + wait;
         let mut out = Vec::with_capacity(tags.len());
         for t in tags {
             self.begin_transition(t, false)?;
-            let r = self.sleep.wake_tag_waiting(
-                t,
-                &|f| f(&mut self.lock().tag_segments(t)),
-                options.wait_for_memory,
-            );
+            let left = if waits {
+                until
+                    .saturating_duration_since(Instant::now())
+                    .max(Duration::from_nanos(1))
+            } else {
+                Duration::ZERO
+            };
+            let r = self
+                .sleep
+                .wake_tag_waiting(t, &|f| f(&mut self.lock().tag_segments(t)), left);
             if r.is_ok() {
                 // Woken on its own its mark is dropped.
                 self.drop_tag_mark(t);

@@ -6,13 +6,14 @@ use crate::common;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use common::loader::{generate, write_sharded, SMALL};
 use vmmweights::driver::host::{FaultOp, HostConfig, HostDriver};
 use vmmweights::driver::{DevicePtr, Driver};
 use vmmweights::loader::{Dtype, Session};
 use vmmweights::pool::{Pool, PoolConfig};
-use vmmweights::sleep::{Policy, SleepOptions};
+use vmmweights::sleep::{Policy, SleepOptions, WakeOptions};
 use vmmweights::tag::{self, TagId};
 
 const G: usize = 64 << 10;
@@ -188,7 +189,7 @@ impl World {
         }
     }
 
-    fn bytes(&self, t: TagId) -> Vec<(DevicePtr, Vec<u8>)> {
+    fn bytes(&self, t: TagId) -> Blocks {
         self.pool
             .live_blocks()
             .into_iter()
@@ -348,4 +349,256 @@ fn a_swap_failing_at_each_driver_step_loses_nothing() {
         }
     }
     assert!(fired > 100, "only {fired} faults fired");
+}
+
+/// Blocks of a tag and the bytes each holds.
+type Blocks = Vec<(DevicePtr, Vec<u8>)>;
+
+/// Swaps at once on one pool: two pairs of tags swapped back and forth on
+/// three threads (one pair from both ends at once, so two swaps name the
+/// same tags in the other order), while a fourth allocates and frees in the
+/// swapped tags. Nothing waits forever, allocations in a tag in transition
+/// are refused or succeed whole, and every byte comes back.
+#[test]
+fn swaps_at_once_and_allocations_in_their_tags_lose_nothing() {
+    let w = World::new(1 << 30);
+    let tags: Vec<(TagId, Blocks)> = ["a", "b", "c", "d"]
+        .iter()
+        .enumerate()
+        .map(|(k, n)| {
+            let t = unique(n);
+            let blocks = (0..3)
+                .map(|j| {
+                    let b = w.pool.alloc_tagged(BLOCK / 2 + j * G, t).unwrap();
+                    let data = pattern((k * 10 + j) as u64 + 51, b.size);
+                    write(w.d(), b.ptr, &data);
+                    (b.ptr, data)
+                })
+                .collect();
+            (t, blocks)
+        })
+        .collect();
+    let (a, b, c, d) = (tags[0].0, tags[1].0, tags[2].0, tags[3].0);
+    w.pool
+        .sleep(&[(b, Policy::Offload), (d, Policy::Offload)])
+        .unwrap();
+    let done = std::sync::atomic::AtomicBool::new(false);
+    let t0 = Instant::now();
+    let w = &w;
+    std::thread::scope(|s| {
+        let pool = &w.pool;
+        let swapper = |x: TagId, y: TagId, policy: Policy| {
+            move || {
+                for k in 0..12 {
+                    let (from, to) = if k % 2 == 0 { (x, y) } else { (y, x) };
+                    let out = pool.swap(&[(from, policy)], &[to]).unwrap();
+                    assert!(out.is_ok(), "{:?} / {:?}", out.sleep_error, out.wake_error);
+                }
+            }
+        };
+        let h1 = s.spawn(swapper(a, b, Policy::Offload));
+        let h2 = s.spawn(swapper(b, a, Policy::OffloadCompressed));
+        let h3 = s.spawn(swapper(c, d, Policy::OffloadCompressed));
+        let done = &done;
+        let bg = s.spawn(move || {
+            let mut ok = 0usize;
+            while !done.load(Ordering::Acquire) {
+                for t in [a, c] {
+                    match pool.alloc_tagged(3 * G, t) {
+                        Ok(blk) => {
+                            write(w.d(), blk.ptr, &pattern(blk.ptr, blk.size));
+                            assert!(read(w.d(), blk.ptr, blk.size) == pattern(blk.ptr, blk.size));
+                            pool.free(blk.ptr).unwrap();
+                            ok += 1;
+                        }
+                        // Asleep or in transition: refused, nothing handed out.
+                        Err(vmmweights::Error::InvalidState(_)) => {}
+                        Err(e) => panic!("{e}"),
+                    }
+                }
+            }
+            ok
+        });
+        for h in [h1, h2, h3] {
+            h.join().unwrap();
+        }
+        done.store(true, Ordering::Release);
+        bg.join().unwrap();
+    });
+    assert!(t0.elapsed() < Duration::from_secs(120));
+    w.pool.check_invariants().unwrap();
+    let all: Vec<TagId> = tags.iter().map(|t| t.0).collect();
+    w.pool.wake(&all).unwrap();
+    for (t, blocks) in &tags {
+        for (p, data) in blocks {
+            let got = read(w.d(), *p, data.len());
+            assert!(
+                got == *data,
+                "tag {t}: block at {p:#x} differs at byte {:?}",
+                first_diff(&got, data)
+            );
+        }
+    }
+}
+
+/// Two pools on one device stand for two processes. A wake whose deadline
+/// passes while the other pool's sleep is still releasing fails as any wake
+/// does: asleep, nothing left mapped, the backup whole for the next wake.
+#[test]
+fn a_waiting_wake_whose_deadline_passes_during_a_release_keeps_its_backup() {
+    let probe = World::new(1 << 30);
+    let (t, _, _) = probe.block("probe", 8 * BLOCK, 0);
+    let one = probe.mapped(t);
+    drop(probe);
+    let h = Arc::new(HostDriver::new(HostConfig {
+        granularity: G,
+        memory_limit: one + one / 2,
+    }));
+    let d: Arc<dyn Driver> = h.clone();
+    let (w1, w2) = (
+        World {
+            h: h.clone(),
+            pool: Pool::new(d.clone(), config()).unwrap(),
+        },
+        World {
+            h: h.clone(),
+            pool: Pool::new(d, config()).unwrap(),
+        },
+    );
+    let (b, pb, data_b) = w2.block("b", 8 * BLOCK, 61);
+    w2.pool.sleep(&[(b, Policy::Offload)]).unwrap();
+    let (a, pa, data_a) = w1.block("a", 8 * BLOCK, 62);
+    let (mut failed, mut woke) = (0, 0);
+    for wait_us in [1u64, 200, 1000, 3000, 10_000, 200_000] {
+        let r = std::thread::scope(|s| {
+            s.spawn(|| w1.pool.sleep(&[(a, Policy::Offload)]).unwrap());
+            w2.pool.wake_with(
+                &[b],
+                WakeOptions {
+                    wait_for_memory: Duration::from_micros(wait_us),
+                },
+            )
+        });
+        match r {
+            Ok(_) => woke += 1,
+            Err(e) => {
+                assert!(e.is_out_of_memory(), "{wait_us} us: {e}");
+                assert!(w2.pool.is_tag_asleep(b), "{wait_us} us");
+                assert_eq!(w2.mapped(b), 0, "{wait_us} us: the failed wake left chunks");
+                failed += 1;
+                w2.pool.wake(&[b]).unwrap();
+            }
+        }
+        assert!(read(w2.d(), pb, data_b.len()) == data_b, "{wait_us} us: b");
+        assert_eq!(
+            h.counts().physical_bytes,
+            w2.mapped(b),
+            "{wait_us} us: memory neither pool tracks"
+        );
+        w2.pool.sleep(&[(b, Policy::Offload)]).unwrap();
+        w1.pool.wake(&[a]).unwrap();
+        assert!(read(w1.d(), pa, data_a.len()) == data_a, "{wait_us} us: a");
+    }
+    assert!(woke > 0, "no wake waited long enough ({failed} failed)");
+}
+
+/// `wait_for_memory` bounds the whole call (the C API's "in all"): a wake of
+/// two tags where the first waits most of it does not give the second the
+/// whole wait again.
+#[test]
+fn a_waiting_wake_of_several_tags_waits_at_most_its_wait_in_all() {
+    let size = 4 * BLOCK;
+    let probe = World::new(1 << 30);
+    let (t, _, _) = probe.block("probe", size, 0);
+    let one = probe.mapped(t);
+    drop(probe);
+    let h = Arc::new(HostDriver::new(HostConfig {
+        granularity: G,
+        memory_limit: 2 * one + one / 2,
+    }));
+    let d: Arc<dyn Driver> = h.clone();
+    let (w1, w2) = (
+        World {
+            h: h.clone(),
+            pool: Pool::new(d.clone(), config()).unwrap(),
+        },
+        World {
+            h: h.clone(),
+            pool: Pool::new(d, config()).unwrap(),
+        },
+    );
+    let (t1, p1, data1) = w1.block("t1", size, 71);
+    let (t2, _, _) = w1.block("t2", size, 72);
+    w1.pool
+        .sleep(&[(t1, Policy::Offload), (t2, Policy::Offload)])
+        .unwrap();
+    // The other "process" holds two models; it gives one back after 300 ms,
+    // room for t1 only.
+    let (o1, _, _) = w2.block("o1", size, 73);
+    let (_o2, _, _) = w2.block("o2", size, 74);
+    let wait = Duration::from_millis(600);
+    let t0 = Instant::now();
+    let r = std::thread::scope(|s| {
+        s.spawn(|| {
+            std::thread::sleep(Duration::from_millis(300));
+            w2.pool.sleep(&[(o1, Policy::Discard)]).unwrap();
+        });
+        w1.pool.wake_with(
+            &[t1, t2],
+            WakeOptions {
+                wait_for_memory: wait,
+            },
+        )
+    });
+    let took = t0.elapsed();
+    let e = r.unwrap_err();
+    assert!(e.is_out_of_memory(), "{e}");
+    assert!(!w1.pool.is_tag_asleep(t1) && w1.pool.is_tag_asleep(t2));
+    assert!(read(w1.d(), p1, data1.len()) == data1);
+    assert!(
+        took >= wait && took < wait + Duration::from_millis(250),
+        "waited {took:?} for a wait of {wait:?}"
+    );
+}
+
+/// A waiting wake holds its pool's transitions: a sleep of another tag of
+/// the same pool, started while it waits, runs once it has ended (the
+/// memory that sleep frees cannot make its room: a swap does that). Neither
+/// call waits forever and nothing is lost either way.
+#[test]
+fn a_sleep_in_the_pool_of_a_waiting_wake_runs_after_it() {
+    let size = 4 * BLOCK;
+    let probe = World::new(1 << 30);
+    let (t, _, _) = probe.block("probe", size, 0);
+    let one = probe.mapped(t);
+    drop(probe);
+    let w = World::new(one + one / 2);
+    let (b, pb, data_b) = w.block("b", size, 81);
+    w.pool.sleep(&[(b, Policy::Offload)]).unwrap();
+    let (a, _, _) = w.block("a", size, 82);
+    let wait = Duration::from_millis(300);
+    let t0 = Instant::now();
+    let (r, slept_at) = std::thread::scope(|s| {
+        let sleeper = s.spawn(|| {
+            std::thread::sleep(Duration::from_millis(20));
+            w.pool.sleep(&[(a, Policy::Offload)]).unwrap();
+            t0.elapsed()
+        });
+        let r = w.pool.wake_with(
+            &[b],
+            WakeOptions {
+                wait_for_memory: wait,
+            },
+        );
+        (r, sleeper.join().unwrap())
+    });
+    let e = r.unwrap_err();
+    assert!(e.is_out_of_memory(), "{e}");
+    assert!(
+        slept_at >= wait,
+        "the sleep ran at {slept_at:?}, during the wait"
+    );
+    assert!(w.pool.is_tag_asleep(a) && w.pool.is_tag_asleep(b));
+    w.pool.wake(&[b]).unwrap();
+    assert!(read(w.d(), pb, data_b.len()) == data_b);
 }
