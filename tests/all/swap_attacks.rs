@@ -12,7 +12,7 @@ use common::loader::{generate, write_sharded, SMALL};
 use vmmweights::driver::host::{FaultOp, HostConfig, HostDriver};
 use vmmweights::driver::{DevicePtr, Driver};
 use vmmweights::loader::{Dtype, Session};
-use vmmweights::pool::{Pool, PoolConfig};
+use vmmweights::pool::{Pool, PoolConfig, SwapOptions};
 use vmmweights::sleep::{Policy, SleepOptions, WakeOptions};
 use vmmweights::tag::{self, TagId};
 
@@ -601,4 +601,62 @@ fn a_sleep_in_the_pool_of_a_waiting_wake_runs_after_it() {
     assert!(w.pool.is_tag_asleep(a) && w.pool.is_tag_asleep(b));
     w.pool.wake(&[b]).unwrap();
     assert!(read(w.d(), pb, data_b.len()) == data_b);
+}
+
+/// Each woken tag's report says the time its own wake waited for memory:
+/// in a swap waking two tags where only the first waits, the second reports
+/// no wait.
+#[test]
+fn each_tag_of_a_swap_reports_its_own_wait() {
+    let size = 4 * BLOCK;
+    let probe = World::new(1 << 30);
+    let (t, _, _) = probe.block("probe", size, 0);
+    let one = probe.mapped(t);
+    drop(probe);
+    let h = Arc::new(HostDriver::new(HostConfig {
+        granularity: G,
+        memory_limit: 3 * one,
+    }));
+    let d: Arc<dyn Driver> = h.clone();
+    let (w1, w2) = (
+        World {
+            h: h.clone(),
+            pool: Pool::new(d.clone(), config()).unwrap(),
+        },
+        World {
+            h: h.clone(),
+            pool: Pool::new(d, config()).unwrap(),
+        },
+    );
+    let (t1, _, _) = w1.block("t1", size, 91);
+    let (t2, _, _) = w1.block("t2", size, 92);
+    w1.pool
+        .sleep(&[(t1, Policy::Offload), (t2, Policy::Offload)])
+        .unwrap();
+    // The other "process" fills the device but for half a model, and gives
+    // two models back after 200 ms: t1 waits for them, t2 does not.
+    let (o1, _, _) = w2.block("o1", size, 93);
+    let (o2, _, _) = w2.block("o2", size, 94);
+    let (_o3, _, _) = w2.block("o3", one as usize / 2, 95);
+    let out = std::thread::scope(|s| {
+        s.spawn(|| {
+            std::thread::sleep(Duration::from_millis(200));
+            w2.pool
+                .sleep(&[(o1, Policy::Discard), (o2, Policy::Discard)])
+                .unwrap();
+        });
+        w1.pool
+            .swap_with(
+                &[],
+                &[t1, t2],
+                SwapOptions {
+                    wait_for_memory: Duration::from_secs(20),
+                },
+            )
+            .unwrap()
+    });
+    assert!(out.is_ok(), "{:?}", out.wake_error);
+    let waited: Vec<f64> = out.woke.iter().map(|c| c.report.waited_seconds).collect();
+    assert!(waited[0] >= 0.1, "{waited:?}");
+    assert!(waited[1] < 0.05, "t2 reports t1's wait: {waited:?}");
 }

@@ -75,6 +75,8 @@ impl SleepEngine {
         room: &Room<'_>,
     ) -> Result<CycleReport> {
         let t0 = Instant::now();
+        // The room may have waited for the tags of a swap woken before this.
+        let waited_before = room.waited();
         let coalesce = self.lock().options.wake_coalesce_bytes;
         let todo = plan::snapshot(segs, Transition::Wake { coalesce });
         let mut report = CycleReport::default();
@@ -118,7 +120,7 @@ impl SleepEngine {
         self.finish_wake(&todo, result.is_ok());
         result?;
         report.segments = todo.len();
-        report.waited_seconds = room.waited().as_secs_f64();
+        report.waited_seconds = room.waited().saturating_sub(waited_before).as_secs_f64();
         report.seconds = t0.elapsed().as_secs_f64();
         Ok(report)
     }
