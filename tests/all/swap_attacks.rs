@@ -660,3 +660,107 @@ fn each_tag_of_a_swap_reports_its_own_wait() {
     assert!(waited[0] >= 0.1, "{waited:?}");
     assert!(waited[1] < 0.05, "t2 reports t1's wait: {waited:?}");
 }
+
+/// A tag with no segment left (its blocks freed and trimmed) on either side
+/// of a swap: accepted, reported as done with nothing moved, and the tag
+/// allocates afterwards as a tag awake.
+#[test]
+fn a_tag_with_no_segments_on_either_side_of_a_swap() {
+    let w = World::new(1 << 30);
+    let (a, pa, data_a) = w.block("a", BLOCK, 101);
+    let (b, pb, data_b) = w.block("b", BLOCK, 102);
+    let empty = unique("empty");
+    let e = w.pool.alloc_tagged(BLOCK, empty).unwrap();
+    w.pool.free(e.ptr).unwrap();
+    w.pool.trim().unwrap();
+    assert_eq!(w.mapped(empty), 0);
+    w.pool.sleep(&[(b, Policy::Offload)]).unwrap();
+    let out = w
+        .pool
+        .swap(
+            &[(a, Policy::Offload), (empty, Policy::Offload)],
+            &[empty, b],
+        )
+        .unwrap_err();
+    assert!(
+        matches!(out, vmmweights::Error::InvalidArgument(_)),
+        "{out}"
+    );
+    let out = w
+        .pool
+        .swap(&[(empty, Policy::Offload), (a, Policy::Offload)], &[b])
+        .unwrap();
+    assert!(out.is_ok(), "{:?} / {:?}", out.sleep_error, out.wake_error);
+    assert_eq!(out.slept.len(), 2);
+    assert_eq!(out.slept[0].report.physical_bytes, 0);
+    assert!(read(w.d(), pb, data_b.len()) == data_b);
+    let out = w.pool.swap(&[(b, Policy::Offload)], &[empty, a]).unwrap();
+    assert!(out.is_ok(), "{:?} / {:?}", out.sleep_error, out.wake_error);
+    assert_eq!(out.woke.len(), 2);
+    assert!(read(w.d(), pa, data_a.len()) == data_a);
+    assert!(!w.pool.is_tag_asleep(empty));
+    let blk = w.pool.alloc_tagged(3000, empty).unwrap();
+    w.pool.free(blk.ptr).unwrap();
+    w.pool.check_invariants().unwrap();
+}
+
+/// The host-memory limit of the backup arena during a swap: a sleep side
+/// whose backup does not fit under it is refused before anything moves (the
+/// tag awake, untouched), the wake side goes on as far as the device allows,
+/// and once the limit allows the same swap goes through.
+#[test]
+fn a_swap_whose_sleep_side_exceeds_the_host_limit_moves_nothing_of_it() {
+    let probe = World::new(1 << 30);
+    let (t, _, _) = probe.block("probe", BLOCK, 0);
+    let one = probe.mapped(t);
+    drop(probe);
+    for (device, policy) in [
+        (1u64 << 30, Policy::Offload),
+        (1 << 30, Policy::OffloadCompressed),
+        (one + one / 2, Policy::Offload),
+        (one + one / 2, Policy::OffloadCompressed),
+    ] {
+        let what = format!("{policy:?} on a device of {device}");
+        let w = World::new(device);
+        let (b, pb, data_b) = w.block("b", BLOCK, 111);
+        w.pool.sleep(&[(b, Policy::Offload)]).unwrap();
+        let (a, pa, data_a) = w.block("a", BLOCK, 112);
+        let held = w.pool.sleep_engine().backup_held_bytes();
+        let mut o = w.pool.sleep_engine().options();
+        o.host_memory_limit = held + (1 << 20);
+        w.pool.set_sleep_options(o.clone()).unwrap();
+        let out = w.pool.swap(&[(a, policy)], &[b]).unwrap();
+        let e = out.sleep_error.as_ref().expect("the backup cannot fit");
+        assert!(
+            matches!(e, vmmweights::Error::HostOutOfMemory { .. }),
+            "{what}: {e}"
+        );
+        assert!(!w.pool.is_tag_asleep(a), "{what}");
+        assert_eq!(w.mapped(a), one, "{what}: a released memory");
+        assert!(read(w.d(), pa, data_a.len()) == data_a, "{what}: a");
+        if device < 1 << 30 {
+            assert!(out.wake_error.is_some(), "{what}: b found room");
+            assert!(w.pool.is_tag_asleep(b) && w.mapped(b) == 0, "{what}");
+            o.host_memory_limit = u64::MAX;
+            w.pool.set_sleep_options(o).unwrap();
+            let out = w.pool.swap(&[(a, policy)], &[b]).unwrap();
+            assert!(
+                out.is_ok(),
+                "{what}: {:?} / {:?}",
+                out.sleep_error,
+                out.wake_error
+            );
+            w.pool.swap(&[(b, Policy::Offload)], &[a]).unwrap();
+            assert!(read(w.d(), pa, data_a.len()) == data_a, "{what}: a, back");
+            w.pool.swap(&[(a, Policy::Offload)], &[b]).unwrap();
+        } else {
+            assert!(out.wake_error.is_none(), "{what}: {:?}", out.wake_error);
+        }
+        assert!(read(w.d(), pb, data_b.len()) == data_b, "{what}: b");
+        assert!(
+            w.pool.sleep_engine().backup_held_bytes()
+                <= w.pool.sleep_engine().options().host_memory_limit
+        );
+        w.pool.check_invariants().unwrap();
+    }
+}
