@@ -213,8 +213,8 @@ impl World {
 }
 
 /// Every policy pair, with the loaded bytes of both tags written over after
-/// their load: Reload on either side keeps the writes; on a device with room
-/// for both and on one with room for one and a half.
+/// their load: Reload on either side keeps the writes, on a device with room
+/// for one model and a half.
 #[test]
 fn every_policy_pair_keeps_bytes_written_after_the_load() {
     let dir = checkpoint();
@@ -223,40 +223,40 @@ fn every_policy_pair_keeps_bytes_written_after_the_load() {
         let m = probe.model(dir.path(), "probe", 0);
         probe.mapped(m.tag)
     };
-    for limit in [1 << 30, one + one / 2] {
-        for asleep in POLICIES {
-            for sleeping in POLICIES {
-                let what = format!("{sleeping:?} sleeps while {asleep:?} wakes, device {limit}");
-                let w = World::new(limit);
-                let a = w.model(dir.path(), "a", 31);
-                w.pool.sleep(&[(a.tag, Policy::Offload)]).unwrap();
-                let b = w.model(dir.path(), "b", 32);
-                let bytes_b = w.bytes(b.tag);
-                w.pool.sleep(&[(b.tag, asleep)]).unwrap();
-                w.pool.wake(&[a.tag]).unwrap();
-                let bytes_a = w.bytes(a.tag);
-                let out = w.pool.swap(&[(a.tag, sleeping)], &[b.tag]).unwrap();
-                assert!(
-                    out.is_ok(),
-                    "{what}: {:?} / {:?}",
-                    out.sleep_error,
-                    out.wake_error
-                );
-                if asleep != Policy::Discard {
-                    w.same(b.tag, &bytes_b, &what);
-                }
-                let back = w.pool.swap(&[(b.tag, asleep)], &[a.tag]).unwrap();
-                assert!(
-                    back.is_ok(),
-                    "{what}, back: {:?} / {:?}",
-                    back.sleep_error,
-                    back.wake_error
-                );
-                if sleeping != Policy::Discard {
-                    w.same(a.tag, &bytes_a, &format!("{what}, back"));
-                }
-                w.pool.check_invariants().unwrap();
+    // Room for one model and a half: the wake maps as the sleep releases.
+    let limit = one + one / 2;
+    for asleep in POLICIES {
+        for sleeping in POLICIES {
+            let what = format!("{sleeping:?} sleeps while {asleep:?} wakes, device {limit}");
+            let w = World::new(limit);
+            let a = w.model(dir.path(), "a", 31);
+            w.pool.sleep(&[(a.tag, Policy::Offload)]).unwrap();
+            let b = w.model(dir.path(), "b", 32);
+            let bytes_b = w.bytes(b.tag);
+            w.pool.sleep(&[(b.tag, asleep)]).unwrap();
+            w.pool.wake(&[a.tag]).unwrap();
+            let bytes_a = w.bytes(a.tag);
+            let out = w.pool.swap(&[(a.tag, sleeping)], &[b.tag]).unwrap();
+            assert!(
+                out.is_ok(),
+                "{what}: {:?} / {:?}",
+                out.sleep_error,
+                out.wake_error
+            );
+            if asleep != Policy::Discard {
+                w.same(b.tag, &bytes_b, &what);
             }
+            let back = w.pool.swap(&[(b.tag, asleep)], &[a.tag]).unwrap();
+            assert!(
+                back.is_ok(),
+                "{what}, back: {:?} / {:?}",
+                back.sleep_error,
+                back.wake_error
+            );
+            if sleeping != Policy::Discard {
+                w.same(a.tag, &bytes_a, &format!("{what}, back"));
+            }
+            w.pool.check_invariants().unwrap();
         }
     }
 }
@@ -308,8 +308,8 @@ fn a_swap_failing_at_each_driver_step_loses_nothing() {
         let a = w.model(dir.path(), "a", 41);
         let b = w.model(dir.path(), "b", 42);
         for op in ops {
-            for nth in [1, 2, 5] {
-                let finish_first = nth != 2;
+            for nth in [1, 3] {
+                let finish_first = nth == 3;
                 let what = format!("{sleeping:?} sleeping, {op:?} #{nth}");
                 let bytes_b = w.bytes(b.tag);
                 // The waking side decodes frames where the fault is the codec's.
@@ -348,7 +348,7 @@ fn a_swap_failing_at_each_driver_step_loses_nothing() {
             }
         }
     }
-    assert!(fired > 100, "only {fired} faults fired");
+    assert!(fired > 70, "only {fired} faults fired");
 }
 
 /// Blocks of a tag and the bytes each holds.
@@ -389,7 +389,7 @@ fn swaps_at_once_and_allocations_in_their_tags_lose_nothing() {
         let pool = &w.pool;
         let swapper = |x: TagId, y: TagId, policy: Policy| {
             move || {
-                for k in 0..12 {
+                for k in 0..6 {
                     let (from, to) = if k % 2 == 0 { (x, y) } else { (y, x) };
                     let out = pool.swap(&[(from, policy)], &[to]).unwrap();
                     assert!(out.is_ok(), "{:?} / {:?}", out.sleep_error, out.wake_error);
