@@ -28,6 +28,20 @@ pub struct TagCycle {
     pub report: CycleReport,
 }
 
+/// Run `f`, the sleep engine's part of a transition; when it panics (a bug,
+/// or a caller's reload source), run `end` before the panic goes on, so the
+/// tags leave their transition: every later sleep, wake or swap of them would
+/// otherwise wait for it forever, and the others behind those.
+pub(super) fn ending_on_panic<R>(f: impl FnOnce() -> R, end: impl FnOnce()) -> R {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+        Ok(r) => r,
+        Err(p) => {
+            end();
+            std::panic::resume_unwind(p)
+        }
+    }
+}
+
 /// Tags a running load writes into (see [`Pool::pin_for_load`]); dropping it
 /// lets them sleep again.
 #[derive(Debug)]
@@ -105,11 +119,16 @@ impl Pool {
             let gate = gate.is_shared(t).then_some(gate);
             // Bytes of free blocks carry nothing: Reload backs up only live ones.
             let in_use = self.live_ranges(t);
-            let r = self.sleep.sleep_tag(
-                t,
-                policy,
-                &|f| f(&mut self.lock().tag_segments(t)),
-                Some(&in_use),
+            let r = ending_on_panic(
+                || {
+                    self.sleep.sleep_tag(
+                        t,
+                        policy,
+                        &|f| f(&mut self.lock().tag_segments(t)),
+                        Some(&in_use),
+                    )
+                },
+                || self.end_transition(t, was_asleep),
             );
             self.end_transition(t, was_asleep);
             drop(gate);
@@ -191,9 +210,13 @@ impl Pool {
             } else {
                 Duration::ZERO
             };
-            let r = self
-                .sleep
-                .wake_tag_waiting(t, &|f| f(&mut self.lock().tag_segments(t)), left);
+            let r = ending_on_panic(
+                || {
+                    self.sleep
+                        .wake_tag_waiting(t, &|f| f(&mut self.lock().tag_segments(t)), left)
+                },
+                || self.end_transition(t, false),
+            );
             if r.is_ok() {
                 // Woken on its own its mark is dropped.
                 self.drop_tag_mark(t);

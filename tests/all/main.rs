@@ -77,6 +77,7 @@ mod sleep_engine;
 mod sleep_hazards;
 mod sleep_limits;
 mod swap_attacks;
+mod swap_panics;
 mod update;
 #[cfg(feature = "cli")]
 mod update_cli;

@@ -102,14 +102,28 @@ impl SleepEngine {
             streams
         };
         let mut made: Vec<Made> = Vec::new();
-        let result = room
-            .let_sleep_start(
+        let restored = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            room.let_sleep_start(
                 self.driver.as_ref(),
                 todo.iter().map(SegTodo::unmapped_bytes).sum(),
             )
             .and_then(|()| {
                 self.restore(tag, &todo, &sources, &streams, room, &mut made, &mut report)
-            });
+            })
+        }));
+        let result = match restored {
+            Ok(r) => r,
+            Err(p) => {
+                // A panic midway (a bug, or a caller's reload source) undoes
+                // the mapping as a failure does: chunks left mapped and not
+                // installed would refuse every later wake of the tag.
+                if !self.undo_mapped(&todo, &streams, &mut made) {
+                    install(segs, &todo, &made, false);
+                }
+                self.finish_wake(&todo, false);
+                std::panic::resume_unwind(p)
+            }
+        };
         let installed = match result {
             Ok(()) => true,
             Err(_) => !self.undo_mapped(&todo, &streams, &mut made),
