@@ -1063,8 +1063,8 @@ typedef struct vmmw_swap_result_t {
    */
   vmmw_status_t sleep_status;
   /**
-   * `VMMW_OK`, or why the wake side stopped (that tag and the ones after
-   * it are asleep with their backups intact).
+   * `VMMW_OK`, or why the wake side stopped (that tag is asleep with its
+   * backup intact; the ones after it are as they were).
    */
   vmmw_status_t wake_status;
   /**
@@ -3087,7 +3087,9 @@ vmmw_status_t vmmw_segment_read(const struct vmmw_segment_t *segment, uint64_t o
  * `vmmw_share_server_free`. The loader may be freed afterwards (the list of
  * tensors is copied); the pool must outlive the server. Each attach,
  * refusal, eviction and detach writes one audit line on standard error
- * (`vmmw share: PATH: attach pid=.. uid=.. gid=.. access=..: ...`).
+ * (`vmmw share: PATH: attach pid=.. uid=.. gid=.. access=..: ...`), through
+ * a bounded queue and a writer thread: a standard error nobody reads never
+ * stalls the server (lines past the queue are dropped and counted).
  *
  * Errors:
  * - `VMMW_NULL_ARGUMENT`: `pool`, `loader`, `path` or `out` is NULL.

@@ -36,8 +36,8 @@ pub struct SwapOutcome {
     pub sleep_error: Option<Error>,
     /// The tags of the wake list woken, in order.
     pub woke: Vec<TagCycle>,
-    /// Why the wake side stopped, if it did: that tag and the ones after it
-    /// are asleep with their backups intact.
+    /// Why the wake side stopped, if it did: that tag is asleep with its
+    /// backup intact, the ones after it as they were.
     pub wake_error: Option<Error>,
     /// Wall time of the sleep side.
     pub sleep_seconds: f64,
