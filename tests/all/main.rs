@@ -78,6 +78,7 @@ mod sleep_hazards;
 mod sleep_limits;
 mod swap_attacks;
 mod swap_panics;
+mod swap_room;
 mod update;
 #[cfg(feature = "cli")]
 mod update_cli;
