@@ -2,7 +2,8 @@
 //! physical chunks that end inside a codec frame (chunk_bytes not a multiple
 //! of the frame): the finished backup is a whole one, its frames one after
 //! another over the segment, so a wake of replicas from it (which takes the
-//! frames as they lie) gets every byte, as a plain wake does.
+//! frames as they lie) gets every byte, as a plain wake does; and swaps of
+//! tags such a sleep left partly asleep, on either side, lose nothing.
 
 use std::sync::Arc;
 
@@ -33,6 +34,8 @@ fn pools(n: i32) -> Vec<Pool> {
                 chunk_bytes: 3 * G,
                 sleep: SleepOptions {
                     copy_piece_bytes: 1 << 20,
+                    // Woken memory keeps chunks of that size too.
+                    wake_coalesce_bytes: 3 * G,
                     codec_frame_bytes: 1 << 20,
                     codec_ring: 2,
                     ..SleepOptions::default()
@@ -99,5 +102,76 @@ fn a_plain_wake_and_backup_reads_after_a_compressed_sleep_finished_after_a_stop(
         // SAFETY: awake, nothing else touches it.
         unsafe { p.read(b.ptr, &mut back) }.unwrap();
         assert!(back == data, "copy #{nth}: the woken block");
+    }
+}
+
+/// Swaps of tags a stopped sleep left partly asleep (chunks still mapped,
+/// stale in their backups), on either side: the sleeping one is finished
+/// (its stale chunks copied again), the waking one keeps what its mapped
+/// chunks hold, and every byte of both comes back.
+#[test]
+fn swaps_of_tags_a_stopped_sleep_left_partly_asleep() {
+    // Raw copies go chunk by chunk, compressed ones frame by frame: the
+    // counts stop each after its first run of chunks is released.
+    for (policy, counts) in [
+        (Policy::Offload, [8, 14]),
+        (Policy::OffloadCompressed, [3, 4]),
+    ] {
+        for nth in counts {
+            let what = format!("{policy:?}, copy #{nth}");
+            let pools = pools(1);
+            let p = &pools[0];
+            let h = p.driver().as_host().unwrap();
+            let blocks: Vec<(tag::TagId, u64, Vec<u8>)> = ["a", "b"]
+                .iter()
+                .enumerate()
+                .map(|(k, n)| {
+                    let t = tag::id(&format!("stale-swap-{n}-{policy:?}-{nth}")).unwrap();
+                    let data = normal_bf16(2 << 20, 0.02, 7 + k as u64);
+                    let b = p.alloc_tagged(data.len(), t).unwrap();
+                    // SAFETY: a live awake block of this pool, nothing else touches it.
+                    unsafe { p.write(b.ptr, &data) }.unwrap();
+                    (t, b.ptr, data)
+                })
+                .collect();
+            let (a, b) = (blocks[0].0, blocks[1].0);
+            let same = |(t, ptr, data): &(tag::TagId, u64, Vec<u8>), when: &str| {
+                assert!(!p.is_tag_asleep(*t), "{what}, {when}");
+                let mut got = vec![0u8; data.len()];
+                // SAFETY: awake, nothing else touches it.
+                unsafe { p.read(*ptr, &mut got) }.unwrap();
+                assert!(got == *data, "{what}, {when}: bytes differ");
+            };
+            // b stops midway, then a swap wakes it while a sleeps.
+            h.fail_nth(FaultOp::CopyDtoh, nth);
+            assert!(p.sleep(&[(b, policy)]).is_err(), "{what}");
+            h.clear_faults();
+            assert!(p.is_tag_asleep(b), "{what}: b partly asleep");
+            let out = p.swap(&[(a, policy)], &[b]).unwrap();
+            assert!(
+                out.is_ok(),
+                "{what}: {:?} / {:?}",
+                out.sleep_error,
+                out.wake_error
+            );
+            same(&blocks[1], "b woken from a stopped sleep");
+            // a stops midway; a swap finishes its sleep (and b's), the next
+            // one wakes both.
+            p.wake(&[a]).unwrap();
+            h.fail_nth(FaultOp::CopyDtoh, nth);
+            assert!(p.sleep(&[(a, policy)]).is_err(), "{what}");
+            h.clear_faults();
+            assert!(p.is_tag_asleep(a), "{what}: a partly asleep");
+            let out = p.swap(&[(a, policy), (b, policy)], &[]).unwrap();
+            assert!(out.is_ok(), "{what}: {:?}", out.sleep_error);
+            let mut got = vec![0u8; blocks[0].2.len()];
+            p.read_backup(blocks[0].1, &mut got).unwrap();
+            assert!(got == blocks[0].2, "{what}: a's finished backup");
+            let out = p.swap(&[], &[a, b]).unwrap();
+            assert!(out.is_ok(), "{what}: {:?}", out.wake_error);
+            same(&blocks[0], "a");
+            same(&blocks[1], "b");
+            p.check_invariants().unwrap();
+        }
     }
 }
