@@ -1063,8 +1063,8 @@ typedef struct vmmw_swap_result_t {
    */
   vmmw_status_t sleep_status;
   /**
-   * `VMMW_OK`, or why the wake side stopped (that tag and the ones after
-   * it are asleep with their backups intact).
+   * `VMMW_OK`, or why the wake side stopped (that tag is asleep with its
+   * backup intact; the ones after it are as they were).
    */
   vmmw_status_t wake_status;
   /**

@@ -81,8 +81,8 @@ pub struct vmmw_swap_result_t {
     /// `VMMW_OK`, or why the sleep side stopped (the tag it names is as a
     /// failed `vmmw_pool_sleep` leaves it, the tags after it awake).
     pub sleep_status: vmmw_status_t,
-    /// `VMMW_OK`, or why the wake side stopped (that tag and the ones after
-    /// it are asleep with their backups intact).
+    /// `VMMW_OK`, or why the wake side stopped (that tag is asleep with its
+    /// backup intact; the ones after it are as they were).
     pub wake_status: vmmw_status_t,
     /// Tags of the sleep list put to sleep.
     pub slept_tags: u64,

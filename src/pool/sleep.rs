@@ -5,6 +5,7 @@
 
 use std::collections::HashSet;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use super::Pool;
 use crate::driver::DevicePtr;
@@ -25,6 +26,20 @@ pub struct TagCycle {
     pub policy: Option<Policy>,
     /// What happened.
     pub report: CycleReport,
+}
+
+/// Run `f`, the sleep engine's part of a transition; when it panics (a bug,
+/// or a caller's reload source), run `end` before the panic goes on, so the
+/// tags leave their transition: every later sleep, wake or swap of them would
+/// otherwise wait for it forever, and the others behind those.
+pub(super) fn ending_on_panic<R>(f: impl FnOnce() -> R, end: impl FnOnce()) -> R {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+        Ok(r) => r,
+        Err(p) => {
+            end();
+            std::panic::resume_unwind(p)
+        }
+    }
 }
 
 /// Tags a running load writes into (see [`Pool::pin_for_load`]); dropping it
@@ -104,11 +119,16 @@ impl Pool {
             let gate = gate.is_shared(t).then_some(gate);
             // Bytes of free blocks carry nothing: Reload backs up only live ones.
             let in_use = self.live_ranges(t);
-            let r = self.sleep.sleep_tag(
-                t,
-                policy,
-                &|f| f(&mut self.lock().tag_segments(t)),
-                Some(&in_use),
+            let r = ending_on_panic(
+                || {
+                    self.sleep.sleep_tag(
+                        t,
+                        policy,
+                        &|f| f(&mut self.lock().tag_segments(t)),
+                        Some(&in_use),
+                    )
+                },
+                || self.end_transition(t, was_asleep),
             );
             self.end_transition(t, was_asleep);
             drop(gate);
@@ -137,10 +157,14 @@ impl Pool {
     /// has room, polling the driver's free memory, for as long as the option
     /// says (memory another process or pool is releasing: process A puts its
     /// model to sleep while process B wakes its own, both directions of the
-    /// link at once). At the deadline the tag's wake fails as any wake does:
+    /// link at once), in all: the tags woken one after another share the
+    /// wait. At the deadline the tag's wake fails as any wake does:
     /// asleep, backup intact, an [`Error::OutOfMemory`] naming the tag, the
     /// bytes needed and free. Only more than the device's total memory is
-    /// refused up front.
+    /// refused up front. While it waits the wake holds this pool's
+    /// transitions: a sleep of another tag of this pool waits for it, so its
+    /// memory cannot make the room ([`Pool::swap`] puts one tag to sleep
+    /// while another wakes).
     pub fn wake_with(&self, tags: &[TagId], options: WakeOptions) -> Result<Vec<TagCycle>> {
         for &t in tags {
             self.check_known(t)?;
@@ -169,13 +193,29 @@ impl Pool {
                 free: mem.free,
             });
         }
+        // The wait bounds the whole call, not each tag: a tag waits what
+        // the ones before it left (at least an instant, so a wait that ran
+        // out still fails as a waiting wake, naming how long it waited).
+        let wait = options
+            .wait_for_memory
+            .min(Duration::from_secs(365 * 24 * 3600));
+        let until = Instant::now() + wait;
         let mut out = Vec::with_capacity(tags.len());
         for t in tags {
             self.begin_transition(t, false)?;
-            let r = self.sleep.wake_tag_waiting(
-                t,
-                &|f| f(&mut self.lock().tag_segments(t)),
-                options.wait_for_memory,
+            let left = if waits {
+                until
+                    .saturating_duration_since(Instant::now())
+                    .max(Duration::from_nanos(1))
+            } else {
+                Duration::ZERO
+            };
+            let r = ending_on_panic(
+                || {
+                    self.sleep
+                        .wake_tag_waiting(t, &|f| f(&mut self.lock().tag_segments(t)), left)
+                },
+                || self.end_transition(t, false),
             );
             if r.is_ok() {
                 // Woken on its own its mark is dropped.

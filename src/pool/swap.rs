@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use super::sleep::TagCycle;
+use super::sleep::{ending_on_panic, TagCycle};
 use super::Pool;
 use crate::driver::DevicePtr;
 use crate::error::{Error, Result};
@@ -36,8 +36,8 @@ pub struct SwapOutcome {
     pub sleep_error: Option<Error>,
     /// The tags of the wake list woken, in order.
     pub woke: Vec<TagCycle>,
-    /// Why the wake side stopped, if it did: that tag and the ones after it
-    /// are asleep with their backups intact.
+    /// Why the wake side stopped, if it did: that tag is asleep with its
+    /// backup intact, the ones after it as they were.
     pub wake_error: Option<Error>,
     /// Wall time of the sleep side.
     pub sleep_seconds: f64,
@@ -162,9 +162,13 @@ impl Pool {
             .zip(&wake_segs)
             .map(|(&tag, segs)| SwapWake { tag, segs })
             .collect();
-        let report = self
-            .sleep
-            .swap(&sleep_sides, &wake_sides, options.wait_for_memory);
+        let report = ending_on_panic(
+            || {
+                self.sleep
+                    .swap(&sleep_sides, &wake_sides, options.wait_for_memory)
+            },
+            || self.end_swap(sleep, wake, &was_asleep),
+        );
         let woken: Vec<TagId> = wake
             .iter()
             .zip(&report.woke)

@@ -76,6 +76,10 @@ mod sleep_compressed;
 mod sleep_engine;
 mod sleep_hazards;
 mod sleep_limits;
+mod sleep_stale;
+mod swap_attacks;
+mod swap_panics;
+mod swap_room;
 mod update;
 #[cfg(feature = "cli")]
 mod update_cli;

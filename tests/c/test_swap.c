@@ -139,6 +139,73 @@ int main(void) {
   CHECK_OK(vmmw_pool_wake_with(pool, &a, 1, &wo, &err));
   same(pool, ptr_a + 4096, pa);
 
+  /* A sleep side failing (Reload without a checkpoint to reload from):
+   * its status in the result and the call's, the message says the wake
+   * side succeeded, the tag is awake and untouched. */
+  CHECK_OK(vmmw_pool_sleep(pool, &off_b, 1, &err));
+  vmmw_tag_policy_t reload_a = {a, VMMW_POLICY_RELOAD};
+  memset(&res, 0x5a, sizeof res);
+  e = NULL;
+  rc = vmmw_pool_swap(pool, &reload_a, 1, &b, 1, NULL, &res, &e);
+  CHECK(rc != VMMW_OK && rc == res.sleep_status && res.wake_status == VMMW_OK);
+  CHECK(res.slept_tags == 0 && res.woken_tags == 1 && res.released_bytes == 0);
+  CHECK(strstr(vmmw_error_message(e), "wake side succeeded") != NULL);
+  vmmw_error_free(e);
+  CHECK(!asleep(pool, a) && !asleep(pool, b));
+  same(pool, ptr_a + 4096, pa);
+  same(pool, ptr_b + 4096, pb);
+
+  /* Both sides failing: the wake side's status is the call's, the message
+   * carries the sleep side's too. */
+  CHECK_OK(vmmw_pool_sleep(pool, &off_b, 1, &err));
+  CHECK_OK(vmmw_host_fail_nth(dev, VMMW_FAULT_MAP, 1, &err));
+  memset(&res, 0x5a, sizeof res);
+  e = NULL;
+  rc = vmmw_pool_swap(pool, &reload_a, 1, &b, 1, NULL, &res, &e);
+  CHECK(rc == res.wake_status && res.sleep_status != VMMW_OK && res.wake_status != VMMW_OK);
+  CHECK(res.slept_tags == 0 && res.woken_tags == 0);
+  CHECK(strstr(vmmw_error_message(e), "sleep side failed too") != NULL);
+  vmmw_error_free(e);
+  CHECK(!asleep(pool, a) && asleep(pool, b));
+  same(pool, ptr_a + 4096, pa);
+
+  /* NULL result and error on success; empty lists with NULL arrays. */
+  CHECK_OK(vmmw_pool_swap(pool, &off_a, 1, &b, 1, NULL, NULL, NULL));
+  CHECK(asleep(pool, a) && !asleep(pool, b));
+  memset(&res, 0x5a, sizeof res);
+  CHECK_OK(vmmw_pool_swap(pool, NULL, 0, NULL, 0, NULL, &res, &err));
+  CHECK(res.sleep_status == VMMW_OK && res.wake_status == VMMW_OK);
+  CHECK(res.slept_tags == 0 && res.woken_tags == 0 && res.released_bytes == 0);
+
+  /* Options from a newer header: a larger size whose extra bytes are zero
+   * is read; set extra bytes are refused with nothing changed. */
+  struct {
+    vmmw_swap_options_t o;
+    uint64_t newer;
+  } big;
+  memset(&big, 0, sizeof big);
+  big.o.size = sizeof big;
+  CHECK_OK(vmmw_pool_swap(pool, &off_b, 1, &a, 1, &big.o, &res, &err));
+  CHECK(asleep(pool, b) && !asleep(pool, a));
+  same(pool, ptr_a + 4096, pa);
+  big.newer = 1;
+  memset(&res, 0x5a, sizeof res);
+  CHECK_STATUS(VMMW_UNSUPPORTED, vmmw_pool_swap(pool, &off_a, 1, &b, 1, &big.o, &res, NULL));
+  CHECK(res.sleep_status == 0x5a5a5a5a);
+  CHECK(asleep(pool, b) && !asleep(pool, a));
+  struct {
+    vmmw_wake_options_t o;
+    uint64_t newer;
+  } wbig;
+  memset(&wbig, 0, sizeof wbig);
+  wbig.o.size = sizeof wbig;
+  wbig.newer = 7;
+  CHECK_STATUS(VMMW_UNSUPPORTED, vmmw_pool_wake_with(pool, &b, 1, &wbig.o, NULL));
+  CHECK(asleep(pool, b));
+  wbig.newer = 0;
+  CHECK_OK(vmmw_pool_wake_with(pool, &b, 1, &wbig.o, &err));
+  same(pool, ptr_b + 4096, pb);
+
   CHECK_OK(vmmw_pool_dealloc(pool, ptr_a, &err));
   CHECK_OK(vmmw_pool_dealloc(pool, ptr_b, &err));
   vmmw_pool_free(pool);

@@ -6,9 +6,13 @@
 //! `sources.rs` (reload sources and their proofs), `plan.rs` (the snapshot
 //! of a tag's segments and what each keeps on the host), `sleep.rs` and
 //! `wake.rs` (the two transitions, phase by phase), `compressed.rs`
-//! (OffloadCompressed's frames, scratch and ring pipelines), `staged.rs` (a
-//! wake in steps) and `lent_frames.rs` (frames of another engine's backup
-//! decoded here).
+//! (OffloadCompressed's frames, scratch and ring pipelines), `encode.rs`
+//! (those frames encoded at sleep), `release.rs` (memory given back chunk
+//! by chunk as copies complete, and the stale ranges of a stopped sleep),
+//! `room.rs` (a wake's device memory as the device has room), `swap.rs` (a
+//! sleep and a wake at once), `read.rs` (asleep bytes read from a backup),
+//! `staged.rs` (a wake in steps) and `lent_frames.rs` (frames of another
+//! engine's backup decoded here).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};

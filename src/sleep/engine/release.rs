@@ -17,9 +17,10 @@ use super::options::{CycleReport, Policy};
 use super::plan::SegTodo;
 use super::room::Releases;
 use super::{SleepEngine, TagSegments};
-use crate::driver::{EventId, StreamId};
+use crate::driver::{DevicePtr, EventId, StreamId};
 use crate::error::{Error, Result};
 use crate::segment::SleepState;
+use crate::sleep::ranges;
 
 /// The copies out of chunks `chunks` of segment `seg` (an index into the
 /// sleep's snapshot) and the events they recorded (none when the chunks
@@ -278,8 +279,21 @@ impl SleepEngine {
                 continue;
             }
             if let Some(b) = s.backups.get_mut(&ptr) {
+                let mut stale = stale;
                 if b.is_compressed() && !stale.is_empty() {
                     b.retain_frames_overlapping(&needed);
+                    // A frame kept may run into a stale chunk (a chunk ending
+                    // inside a frame): its bytes there are held (recorded
+                    // frames were copied whole, the streams are idle). Only
+                    // what no frame covers is stale, so the next sleep's
+                    // frames continue where the kept ones end instead of
+                    // overlapping them.
+                    let mut left: Vec<(DevicePtr, usize)> =
+                        stale.iter().map(|&(o, l)| (o as DevicePtr, l)).collect();
+                    for f in &b.frames {
+                        left = ranges::subtract(&left, f.offset as DevicePtr, f.raw_len);
+                    }
+                    stale = left.iter().map(|&(o, l)| (o as usize, l)).collect();
                 }
                 b.stale = stale;
             }

@@ -186,8 +186,8 @@ impl<'a> Room<'a> {
 
     /// Create `size` bytes of physical memory, map them at `va` and grant
     /// access (as [`map_new_at`]), waiting for room as this wake may. `what`
-    /// names the wake in the error; `needed` is what the wake still has to
-    /// map, this chunk included.
+    /// names the wake in the error; `needed` is the bytes the whole wake
+    /// maps, which the error reports as requested.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn map(
         &self,

@@ -56,8 +56,8 @@ pub struct SwapReport {
     /// awake, untouched).
     pub slept: Vec<Result<CycleReport>>,
     /// One entry per tag of the wake list, in order, as far as the wake
-    /// went: it stops at the first tag that fails (that tag and those after
-    /// it stay asleep with their backups).
+    /// went: it stops at the first tag that fails (that tag stays asleep
+    /// with its backup, those after it as they were).
     pub woke: Vec<Result<CycleReport>>,
     /// Wall time of the sleep side.
     pub sleep_seconds: f64,

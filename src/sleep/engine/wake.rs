@@ -16,6 +16,7 @@ use super::{SleepEngine, TagSegments};
 use crate::driver::{DevicePtr, Driver, PhysHandle, StreamId};
 use crate::error::{Error, Result};
 use crate::segment::{unmap_release_at, Segment, SleepState};
+use crate::sleep::ranges;
 use crate::tag::TagId;
 
 /// A chunk mapped by a wake and not yet installed in its segment:
@@ -74,6 +75,8 @@ impl SleepEngine {
         room: &Room<'_>,
     ) -> Result<CycleReport> {
         let t0 = Instant::now();
+        // The room may have waited for the tags of a swap woken before this.
+        let waited_before = room.waited();
         let coalesce = self.lock().options.wake_coalesce_bytes;
         let todo = plan::snapshot(segs, Transition::Wake { coalesce });
         let mut report = CycleReport::default();
@@ -99,14 +102,28 @@ impl SleepEngine {
             streams
         };
         let mut made: Vec<Made> = Vec::new();
-        let result = room
-            .let_sleep_start(
+        let restored = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            room.let_sleep_start(
                 self.driver.as_ref(),
                 todo.iter().map(SegTodo::unmapped_bytes).sum(),
             )
             .and_then(|()| {
                 self.restore(tag, &todo, &sources, &streams, room, &mut made, &mut report)
-            });
+            })
+        }));
+        let result = match restored {
+            Ok(r) => r,
+            Err(p) => {
+                // A panic midway (a bug, or a caller's reload source) undoes
+                // the mapping as a failure does: chunks left mapped and not
+                // installed would refuse every later wake of the tag.
+                if !self.undo_mapped(&todo, &streams, &mut made) {
+                    install(segs, &todo, &made, false);
+                }
+                self.finish_wake(&todo, false);
+                std::panic::resume_unwind(p)
+            }
+        };
         let installed = match result {
             Ok(()) => true,
             Err(_) => !self.undo_mapped(&todo, &streams, &mut made),
@@ -117,7 +134,7 @@ impl SleepEngine {
         self.finish_wake(&todo, result.is_ok());
         result?;
         report.segments = todo.len();
-        report.waited_seconds = room.waited().as_secs_f64();
+        report.waited_seconds = room.waited().saturating_sub(waited_before).as_secs_f64();
         report.seconds = t0.elapsed().as_secs_f64();
         Ok(report)
     }
@@ -271,20 +288,34 @@ impl SleepEngine {
             }
             for (c, chunk) in t.chunks.iter().enumerate() {
                 let va = t.ptr + chunk.offset as u64;
-                if chunk.handle.is_some() {
-                    // Left mapped by a sleep that stopped midway: it holds
-                    // the bytes (its backup may not, `release.rs`).
-                    continue;
+                let mapped = chunk.handle.is_some();
+                if !mapped {
+                    let h = map(t, va, chunk.size)?;
+                    made.push((i, c, h));
+                    report.physical_bytes += chunk.size as u64;
                 }
-                let h = map(t, va, chunk.size)?;
-                made.push((i, c, h));
-                report.physical_bytes += chunk.size as u64;
+                // A chunk still mapped holds the bytes only where a sleep
+                // stopped before copying them (the backup's stale ranges,
+                // `release.rs`); elsewhere the backup holds them, and the
+                // chunk may hold anything (a failed wake that could not
+                // unmap left it), so the backup is restored over it.
                 let spans = {
                     let s = self.lock();
                     s.backups
                         .get(&t.ptr)
                         .filter(|b| t.state != SleepState::Discarded && !b.is_compressed())
-                        .map(|b| b.spans(&s.arena, chunk.offset, chunk.size, piece))
+                        .map(|b| {
+                            let mut fresh = vec![(chunk.offset as DevicePtr, chunk.size)];
+                            if mapped {
+                                for &(o, l) in &b.stale {
+                                    fresh = ranges::subtract(&fresh, o as DevicePtr, l);
+                                }
+                            }
+                            fresh
+                                .iter()
+                                .flat_map(|&(o, l)| b.spans(&s.arena, o as usize, l, piece))
+                                .collect::<Vec<_>>()
+                        })
                         .unwrap_or_default()
                 };
                 for (at, host, n) in spans {
@@ -299,7 +330,7 @@ impl SleepEngine {
                     };
                     report.copied_bytes += n as u64;
                 }
-                if let (SleepState::Discarded, Some(byte)) = (t.state, fill) {
+                if let (SleepState::Discarded, Some(byte), false) = (t.state, fill, mapped) {
                     let st = streams[next_stream % streams.len()];
                     next_stream += 1;
                     // SAFETY: the chunk is mapped with access granted.
