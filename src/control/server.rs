@@ -38,6 +38,7 @@ use super::log::ControlLog;
 use super::protocol::{line_of, refusal, refusal_with, Request, MAX_LINE};
 use super::target::{answer, Controlled};
 use crate::error::{Error, Result, Status};
+use crate::share::accept::{accept_loop, remove_if_ours, Accepting};
 use crate::share::options::{peer_allowed, peers_accepted};
 use crate::share::wire::{self, PeerCred};
 
@@ -47,9 +48,6 @@ pub const DEFAULT_MAX_CONNECTIONS: usize = 16;
 pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long a peer may take to read an answer unless set.
 pub const DEFAULT_ANSWER_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// Longest wait between accepts while the process has no descriptor left.
-const MAX_BACKOFF: Duration = Duration::from_secs(1);
 
 /// How a control socket is served.
 #[derive(Debug, Clone)]
@@ -350,7 +348,7 @@ impl Server {
             refused: AtomicU64::new(0),
         });
         let s = shared.clone();
-        let accept = spawn_without_signals("vmmw-control", move || accept_loop(listener, s));
+        let accept = spawn_without_signals("vmmw-control", move || accept_loop(listener, &s));
         let accept = match accept {
             Ok(a) => a,
             Err(e) => {
@@ -429,16 +427,6 @@ impl Drop for Server {
     }
 }
 
-/// Remove the socket file at `path` only if it is the one bound (`bound`:
-/// device and inode), not one bound there since.
-fn remove_if_ours(path: &Path, bound: (u64, u64)) {
-    if let Ok(m) = std::fs::symlink_metadata(path) {
-        if (m.st_dev(), m.st_ino()) == bound {
-            let _ = std::fs::remove_file(path);
-        }
-    }
-}
-
 /// Start a thread that takes none of the process's asynchronous signals.
 /// The server's threads (the connection threads and the log's writer are
 /// started from this one and inherit its mask) live inside a program we did
@@ -478,47 +466,16 @@ fn spawn_without_signals<T: Send + 'static>(
     r
 }
 
-/// Errors of `accept` that concern one connection, not the listener.
-fn transient(e: &std::io::Error) -> bool {
-    matches!(
-        e.raw_os_error(),
-        Some(libc::EINTR | libc::ECONNABORTED | libc::EPROTO)
-    )
-}
+impl Accepting for Arc<Shared> {
+    fn stopping(&self) -> bool {
+        self.conns().stopping
+    }
 
-fn accept_loop(listener: UnixListener, shared: Arc<Shared>) {
-    let mut backoff = Duration::ZERO;
-    let mut failed = 0u64;
-    loop {
-        match listener.accept() {
-            Ok((sock, _)) => {
-                if failed > 0 {
-                    shared.log(format!(
-                        "accepting again after {failed} failed accepts (longest wait {backoff:?})"
-                    ));
-                    (backoff, failed) = (Duration::ZERO, 0);
-                }
-                if !shared.admit(sock) {
-                    return;
-                }
-            }
-            Err(_) if shared.conns().stopping => return,
-            Err(e) if transient(&e) => {}
-            Err(e) => {
-                // Out of descriptors (EMFILE/ENFILE) or memory: the pending
-                // connection stays queued; wait, never spin.
-                if failed == 0 {
-                    shared.log(format!(
-                        "cannot accept: {e}; retrying with a back-off of up to {MAX_BACKOFF:?}"
-                    ));
-                }
-                failed += 1;
-                backoff = (backoff * 2).clamp(Duration::from_millis(10), MAX_BACKOFF);
-                let until = Instant::now() + backoff;
-                while Instant::now() < until && !shared.conns().stopping {
-                    std::thread::sleep(Duration::from_millis(10).min(backoff));
-                }
-            }
-        }
+    fn admit(&self, sock: UnixStream) -> bool {
+        Shared::admit(self, sock)
+    }
+
+    fn log(&self, line: String) {
+        Shared::log(self, line)
     }
 }

@@ -24,6 +24,7 @@
 //!   weights ([`crate::update`]), publishes new ones ([`Server::publish`]) or
 //!   revokes, and attached importers see it on their next call.
 
+pub(crate) mod accept;
 pub mod client;
 mod connections;
 pub mod export;

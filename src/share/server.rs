@@ -31,6 +31,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use super::accept::{accept_loop, remove_if_ours, Accepting};
 use super::connections::{Conns, Shared};
 use super::export::export;
 use super::options::{peer_allowed, peers_accepted, ServeOptions, SleepPolicy};
@@ -40,9 +41,6 @@ use crate::loader::registry::Destination;
 use crate::pool::shares::TagShare;
 use crate::pool::Pool;
 use crate::tag::{self, TagId};
-
-/// Longest wait between accepts while the process has no descriptor left.
-const MAX_BACKOFF: Duration = Duration::from_secs(1);
 
 /// Longest wait at stop for the log's writer to write what was logged.
 const LOG_FLUSH: Duration = Duration::from_millis(200);
@@ -265,7 +263,7 @@ impl Server {
         let s = shared.clone();
         let accept = std::thread::Builder::new()
             .name("vmmw-share".into())
-            .spawn(move || accept_loop(listener, s));
+            .spawn(move || accept_loop(listener, &s));
         let accept = match accept {
             Ok(a) => a,
             Err(e) => {
@@ -372,59 +370,20 @@ impl Drop for Server {
     }
 }
 
-/// Remove the socket file at `path` only if it is the one bound (`bound`:
-/// device and inode), not one another server bound there since.
-fn remove_if_ours(path: &Path, bound: (u64, u64)) {
-    if let Ok(m) = std::fs::symlink_metadata(path) {
-        if (m.st_dev(), m.st_ino()) == bound {
-            let _ = std::fs::remove_file(path);
-        }
+impl Accepting for Arc<Shared> {
+    fn stopping(&self) -> bool {
+        self.conns().stopping
     }
-}
 
-/// Errors of `accept` that concern one connection, not the listener.
-fn transient(e: &std::io::Error) -> bool {
-    matches!(
-        e.raw_os_error(),
-        Some(libc::EINTR | libc::ECONNABORTED | libc::EPROTO)
-    )
-}
+    fn admit(&self, sock: UnixStream) -> bool {
+        Shared::admit(self, sock)
+    }
 
-fn accept_loop(listener: UnixListener, shared: Arc<Shared>) {
-    let mut backoff = Duration::ZERO;
-    let mut failed = 0u64;
-    loop {
-        match listener.accept() {
-            Ok((sock, _)) => {
-                if failed > 0 {
-                    shared.log(format!(
-                        "accepting again after {failed} failed accepts (longest wait {backoff:?})"
-                    ));
-                    (backoff, failed) = (Duration::ZERO, 0);
-                }
-                if !shared.admit(sock) {
-                    return;
-                }
-            }
-            Err(_) if shared.conns().stopping => return,
-            Err(e) if transient(&e) => {}
-            Err(e) => {
-                // Out of descriptors (EMFILE/ENFILE) or memory: the pending
-                // connection stays queued; wait, never spin.
-                if failed == 0 {
-                    shared.log(format!(
-                        "cannot accept: {e}; retrying with a back-off of up to {MAX_BACKOFF:?} \
-                         ({} connections open)",
-                        shared.conns().open()
-                    ));
-                }
-                failed += 1;
-                backoff = (backoff * 2).clamp(Duration::from_millis(10), MAX_BACKOFF);
-                let until = Instant::now() + backoff;
-                while Instant::now() < until && !shared.conns().stopping {
-                    std::thread::sleep(Duration::from_millis(10).min(backoff));
-                }
-            }
-        }
+    fn log(&self, line: String) {
+        Shared::log(self, line)
+    }
+
+    fn load_note(&self) -> String {
+        format!(" ({} connections open)", self.conns().open())
     }
 }
