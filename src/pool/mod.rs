@@ -29,7 +29,9 @@ mod arena;
 mod backup_read;
 pub(crate) mod block;
 mod cached;
+mod config;
 pub mod identity;
+mod invariants;
 mod lease;
 mod peers;
 mod range;
@@ -37,6 +39,7 @@ mod rdma;
 pub mod registry;
 mod release;
 pub mod remap;
+mod reporting;
 pub mod shares;
 mod sleep;
 mod swap;
@@ -51,134 +54,18 @@ use std::time::Instant;
 
 use crate::driver::{round_up, DevicePtr, Driver};
 use crate::error::{Error, Result};
-use crate::report::{Boundary, Report, TagUsage, Timeline};
+use crate::report::Boundary;
 use crate::segment::{Segment, SleepState};
 use crate::tag::{self, TagId};
 use block::{BlockMap, Change, ReleaseError};
+use config::check_mode;
+pub use config::{Mode, PoolConfig};
 pub use identity::{check_owner, check_owners, owner_of, BlockId, Owner};
 pub(crate) use lease::TagLease;
 use release::Released;
 pub use release::Unreleased;
 pub use sleep::{LoadPin, TagCycle};
 pub use swap::{SwapOptions, SwapOutcome};
-
-/// How a tag's blocks are placed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Mode {
-    /// Cached segments split into blocks (small and large classes).
-    #[default]
-    Segments,
-    /// One VA reservation of `reserve_bytes` per tag; physical memory is
-    /// committed as the arena grows, in chunks of up to `grow_step` bytes
-    /// (rounded to the granularity), and `trim` decommits the free tail.
-    /// Requests that no longer fit fall back to `Segments`.
-    Arena {
-        /// VA reserved for the arena (rounded up to the granularity).
-        reserve_bytes: usize,
-        /// Largest physical chunk created at once; also the unit `trim` frees.
-        /// 0 means the granularity.
-        grow_step: usize,
-    },
-}
-
-/// Sizes and policies of a pool.
-#[derive(Debug, Clone)]
-pub struct PoolConfig {
-    /// Every block size is rounded up to this (a power of two).
-    pub align: usize,
-    /// Requests up to this size come from small segments.
-    pub small_request_max: usize,
-    /// Size of a small segment (rounded up to the granularity).
-    pub small_segment_bytes: usize,
-    /// Size of a shared large segment; requests above half of it get a segment of their own.
-    pub large_segment_bytes: usize,
-    /// Largest physical chunk of a `Segments` segment (0 = one chunk per segment).
-    pub chunk_bytes: usize,
-    /// The mode of tags without an entry in `tag_modes`.
-    pub default_mode: Mode,
-    /// Per-tag modes.
-    pub tag_modes: HashMap<TagId, Mode>,
-    /// Sleep/wake tunables (copy pieces, streams, host-memory limit, debug fill).
-    pub sleep: crate::sleep::SleepOptions,
-}
-
-impl Default for PoolConfig {
-    fn default() -> Self {
-        PoolConfig {
-            align: 512,
-            small_request_max: 1 << 20,
-            small_segment_bytes: 2 << 20,
-            large_segment_bytes: 20 << 20,
-            chunk_bytes: 0,
-            default_mode: Mode::Segments,
-            tag_modes: HashMap::new(),
-            sleep: crate::sleep::SleepOptions::default(),
-        }
-    }
-}
-
-impl PoolConfig {
-    fn validate(&self) -> Result<()> {
-        if self.align == 0 || !self.align.is_power_of_two() {
-            return Err(Error::InvalidArgument(format!(
-                "pool align {} must be a power of two",
-                self.align
-            )));
-        }
-        if self.small_segment_bytes < self.small_request_max || self.small_segment_bytes == 0 {
-            return Err(Error::InvalidArgument(format!(
-                "small_segment_bytes {} must be at least small_request_max {} and non-zero",
-                self.small_segment_bytes, self.small_request_max
-            )));
-        }
-        if self.large_segment_bytes == 0 {
-            return Err(Error::InvalidArgument(
-                "large_segment_bytes must be non-zero".into(),
-            ));
-        }
-        let max = crate::units::MAX_BYTES;
-        for (what, n) in [
-            ("align", self.align),
-            ("small_request_max", self.small_request_max),
-            ("small_segment_bytes", self.small_segment_bytes),
-            ("large_segment_bytes", self.large_segment_bytes),
-            ("chunk_bytes", self.chunk_bytes),
-        ] {
-            if n > max {
-                return Err(Error::InvalidArgument(format!(
-                    "pool {what} of {n} bytes is over the limit of {max} bytes (2^56)"
-                )));
-            }
-        }
-        self.sleep.validate()?;
-        for m in std::iter::once(&self.default_mode).chain(self.tag_modes.values()) {
-            check_mode(*m)?;
-        }
-        Ok(())
-    }
-}
-
-fn check_mode(m: Mode) -> Result<()> {
-    if let Mode::Arena {
-        reserve_bytes,
-        grow_step,
-    } = m
-    {
-        if reserve_bytes == 0 {
-            return Err(Error::InvalidArgument(
-                "arena reserve_bytes must be non-zero".into(),
-            ));
-        }
-        let max = crate::units::MAX_BYTES;
-        if reserve_bytes > max || grow_step > max {
-            return Err(Error::InvalidArgument(format!(
-                "arena reserve_bytes {reserve_bytes} and grow_step {grow_step} must be at most {max} bytes (2^56)"
-            )));
-        }
-    }
-    Ok(())
-}
 
 /// A block handed out by the pool. Plain data: free it with [`Pool::free`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -674,103 +561,6 @@ impl Pool {
         out
     }
 
-    /// The memory report now: per tag and in total.
-    pub fn report(&self) -> Report {
-        let mut usage: BTreeMap<TagId, TagUsage> = BTreeMap::new();
-        let unreleased = {
-            let st = self.lock();
-            for e in st.segs.values() {
-                let u = usage
-                    .entry(e.tag)
-                    .or_insert_with(|| TagUsage::new(&tag::name_of(e.tag)));
-                u.live_bytes += e.live_bytes as u64;
-                u.live_blocks += e.live_blocks as u64;
-                u.reserved_bytes += e.seg.reserved() as u64;
-                u.tracked_bytes += e.seg.mapped_bytes() as u64;
-                u.segments += 1;
-                // A segment a failed sleep left partly mapped counts its
-                // mapped chunks as awake: never asleep while memory is there.
-                let (committed, mapped) = (e.seg.committed() as u64, e.seg.mapped_bytes() as u64);
-                match e.seg.sleep_state() {
-                    SleepState::Awake => u.add_sleep_state(SleepState::Awake, committed),
-                    s => {
-                        u.add_sleep_state(s, committed.saturating_sub(mapped));
-                        u.add_sleep_state(SleepState::Awake, mapped.min(committed));
-                    }
-                }
-            }
-            // Backup bytes straight from the sleep engine (pool lock, then
-            // engine lock: the allowed order), so frees and trims show at once.
-            let backups = self.sleep.backup_bytes_by_tag();
-            let raw = self.sleep.backup_raw_bytes_by_tag();
-            for (&t, ts) in &st.tags {
-                let backup = backups.get(&t).copied().unwrap_or(0);
-                if ts.asleep || backup > 0 {
-                    let u = usage
-                        .entry(t)
-                        .or_insert_with(|| TagUsage::new(&tag::name_of(t)));
-                    u.asleep = ts.asleep;
-                    u.host_backup_bytes = backup;
-                    u.host_backup_raw_bytes = raw.get(&t).copied().unwrap_or(0);
-                }
-            }
-            Self::unreleased_locked(&st)
-        };
-        let mem = self.driver.mem_info().ok();
-        let mut r = Report::new(
-            self.driver.kind(),
-            self.driver.describe(),
-            self.device(),
-            usage.into_values().collect(),
-            mem,
-        );
-        r.leaked_bytes = unreleased.bytes;
-        r.leaked_segments = unreleased.segments;
-        r.leaked_reserved_bytes = unreleased.reserved_bytes;
-        r
-    }
-
-    /// Take a report and record it in the timeline as boundary `name`. The
-    /// timeline keeps the last [`TIMELINE_CAP`](crate::report::TIMELINE_CAP)
-    /// boundaries (older ones are dropped and counted). A name longer than
-    /// [`MAX_SNAPSHOT_NAME`](crate::report::MAX_SNAPSHOT_NAME) bytes is cut
-    /// there (the C call refuses it instead).
-    pub fn snapshot(&self, name: &str) -> Report {
-        let report = self.report();
-        let at_s = self.created.elapsed().as_secs_f64();
-        let mut cut = name.len().min(crate::report::MAX_SNAPSHOT_NAME);
-        while !name.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        let mut st = self.lock();
-        if st.timeline.len() >= crate::report::TIMELINE_CAP {
-            st.timeline.pop_front();
-            st.timeline_dropped += 1;
-        }
-        st.timeline.push_back(Boundary {
-            name: name[..cut].to_owned(),
-            at_s,
-            report: report.clone(),
-        });
-        report
-    }
-
-    /// The snapshots kept, oldest first, and how many were dropped.
-    pub fn timeline(&self) -> Timeline {
-        let st = self.lock();
-        Timeline {
-            boundaries: st.timeline.iter().cloned().collect(),
-            dropped: st.timeline_dropped,
-        }
-    }
-
-    /// Forget every snapshot (and the dropped count). Returns how many were kept.
-    pub fn clear_timeline(&self) -> usize {
-        let mut st = self.lock();
-        st.timeline_dropped = 0;
-        std::mem::take(&mut st.timeline).len()
-    }
-
     /// True when `tag` is marked asleep.
     pub fn is_tag_asleep(&self, tag: TagId) -> bool {
         self.lock().tags.get(&tag).is_some_and(|t| t.asleep)
@@ -823,84 +613,6 @@ impl Pool {
         let seg = remove_segment(st, base)?;
         self.sleep.forget_segment(base);
         Some(Released { seg, tag })
-    }
-
-    /// Check the pool's internal invariants; an error string names the first broken one.
-    /// For tests: blocks tile every segment, the free index matches the free
-    /// blocks, live counters match, no two segments overlap, every live block
-    /// has an identity of its own.
-    pub fn check_invariants(&self) -> std::result::Result<(), String> {
-        let st = self.lock();
-        let mut expected_free: BTreeSet<(TagId, SegmentClass, usize, DevicePtr, usize)> =
-            BTreeSet::new();
-        let mut prev_end = 0u64;
-        let mut ids = BTreeSet::new();
-        for (&base, e) in &st.segs {
-            if base < prev_end {
-                return Err(format!("segment {base:#x} overlaps the previous one"));
-            }
-            prev_end = base + e.seg.reserved() as u64;
-            if e.seg.ptr() != base || e.blocks.total() != e.seg.reserved() {
-                return Err(format!("segment {base:#x}: block map does not cover it"));
-            }
-            let (mut at, mut live, mut n, mut prev_free) = (0usize, 0usize, 0usize, false);
-            for (off, b) in e.blocks.iter() {
-                if off != at {
-                    return Err(format!("segment {base:#x}: gap or overlap at offset {off}"));
-                }
-                if b.live {
-                    live += b.size;
-                    n += 1;
-                    if b.id.0 == 0 || !ids.insert(b.id) {
-                        return Err(format!(
-                            "segment {base:#x}: live block at {off} has identity {} (missing or repeated)",
-                            b.id
-                        ));
-                    }
-                    if e.class == SegmentClass::Arena
-                        && off + b.size > e.seg.committed()
-                        && e.seg.sleep_state() == SleepState::Awake
-                    {
-                        return Err(format!(
-                            "arena {base:#x}: live block at {off} (+{}) beyond committed {}",
-                            b.size,
-                            e.seg.committed()
-                        ));
-                    }
-                } else {
-                    if prev_free {
-                        return Err(format!("segment {base:#x}: adjacent free blocks at {off}"));
-                    }
-                    let indexed = e.class != SegmentClass::Dedicated;
-                    if indexed {
-                        expected_free.insert((e.tag, e.class, b.size, base, off));
-                    }
-                }
-                prev_free = !b.live;
-                at += b.size;
-            }
-            if live != e.live_bytes || n != e.live_blocks {
-                return Err(format!(
-                    "segment {base:#x}: live counters {}/{} but blocks say {live}/{n}",
-                    e.live_bytes, e.live_blocks
-                ));
-            }
-        }
-        let actual: BTreeSet<_> = st
-            .free
-            .iter()
-            .flat_map(|(&(t, c), set)| set.iter().map(move |&(s, b, o)| (t, c, s, b, o)))
-            .collect();
-        if actual != expected_free {
-            return Err(format!(
-                "free index differs from the free blocks: index has {} entries {:?}, blocks {} {:?}",
-                actual.len(),
-                actual.difference(&expected_free).collect::<Vec<_>>(),
-                expected_free.len(),
-                expected_free.difference(&actual).collect::<Vec<_>>(),
-            ));
-        }
-        Ok(())
     }
 }
 
