@@ -677,70 +677,6 @@ typedef struct vmmw_pool_options_t {
 } vmmw_pool_options_t;
 
 /**
- * A pool's memory, for all tags or one. The four quantities are kept apart:
- * live (blocks held), reserved (VA), tracked (physically backed) and the
- * device's used memory (every process).
- */
-typedef struct vmmw_report_t {
-  /**
-   * Bytes of blocks held by callers.
-   */
-  uint64_t live_bytes;
-  /**
-   * Number of blocks held by callers.
-   */
-  uint64_t live_blocks;
-  /**
-   * Bytes of VA reserved by the pool's segments.
-   */
-  uint64_t reserved_bytes;
-  /**
-   * Bytes physically backed now.
-   */
-  uint64_t tracked_bytes;
-  /**
-   * Number of segments.
-   */
-  uint64_t segments;
-  /**
-   * Committed bytes of awake segments.
-   */
-  uint64_t awake_bytes;
-  /**
-   * Committed bytes asleep with a host backup.
-   */
-  uint64_t offloaded_bytes;
-  /**
-   * Committed bytes asleep with contents dropped.
-   */
-  uint64_t discarded_bytes;
-  /**
-   * Committed bytes asleep, to be reloaded from their checkpoint.
-   */
-  uint64_t reloadable_bytes;
-  /**
-   * Host memory holding backups.
-   */
-  uint64_t host_backup_bytes;
-  /**
-   * The device's used memory (total - free, every process); 0 when unknown.
-   */
-  uint64_t device_used_bytes;
-  /**
-   * The device's total memory; 0 when unknown.
-   */
-  uint64_t device_total_bytes;
-  /**
-   * 1 when the tag (for the total: any tag) is asleep, else 0.
-   */
-  uint32_t asleep;
-  /**
-   * Number of tags with an entry in the report.
-   */
-  uint32_t tags;
-} vmmw_report_t;
-
-/**
  * A remap callback: `user` as registered, the tag whose memory was mapped
  * anew, and its new epoch.
  */
@@ -857,6 +793,70 @@ typedef struct vmmw_replica_wake_result_t {
    */
   uint32_t direct_pairs;
 } vmmw_replica_wake_result_t;
+
+/**
+ * A pool's memory, for all tags or one. The four quantities are kept apart:
+ * live (blocks held), reserved (VA), tracked (physically backed) and the
+ * device's used memory (every process).
+ */
+typedef struct vmmw_report_t {
+  /**
+   * Bytes of blocks held by callers.
+   */
+  uint64_t live_bytes;
+  /**
+   * Number of blocks held by callers.
+   */
+  uint64_t live_blocks;
+  /**
+   * Bytes of VA reserved by the pool's segments.
+   */
+  uint64_t reserved_bytes;
+  /**
+   * Bytes physically backed now.
+   */
+  uint64_t tracked_bytes;
+  /**
+   * Number of segments.
+   */
+  uint64_t segments;
+  /**
+   * Committed bytes of awake segments.
+   */
+  uint64_t awake_bytes;
+  /**
+   * Committed bytes asleep with a host backup.
+   */
+  uint64_t offloaded_bytes;
+  /**
+   * Committed bytes asleep with contents dropped.
+   */
+  uint64_t discarded_bytes;
+  /**
+   * Committed bytes asleep, to be reloaded from their checkpoint.
+   */
+  uint64_t reloadable_bytes;
+  /**
+   * Host memory holding backups.
+   */
+  uint64_t host_backup_bytes;
+  /**
+   * The device's used memory (total - free, every process); 0 when unknown.
+   */
+  uint64_t device_used_bytes;
+  /**
+   * The device's total memory; 0 when unknown.
+   */
+  uint64_t device_total_bytes;
+  /**
+   * 1 when the tag (for the total: any tag) is asleep, else 0.
+   */
+  uint32_t asleep;
+  /**
+   * Number of tags with an entry in the report.
+   */
+  uint32_t tags;
+} vmmw_report_t;
 
 /**
  * Sizes and address of a segment.
@@ -2674,87 +2674,6 @@ vmmw_status_t vmmw_pool_set_tag_segments(struct vmmw_pool_t *pool, uint32_t tag,
 vmmw_status_t vmmw_pool_set_tag_rdma(struct vmmw_pool_t *pool, uint32_t tag, int32_t rdma, struct vmmw_error_t **error);
 
 /**
- * The pool's memory summed over all tags.
- *
- * Errors:
- * - `VMMW_NULL_ARGUMENT`: `pool` or `out` is NULL.
- *
- * # Safety
- * `pool` is a live handle; `out` is writable; `error` is NULL or writable.
- */
-vmmw_status_t vmmw_pool_report(const struct vmmw_pool_t *pool, struct vmmw_report_t *out, struct vmmw_error_t **error);
-
-/**
- * The pool's memory of one tag (all zero when the tag has nothing in this
- * pool; `tags` is then 0, else 1).
- *
- * Errors:
- * - `VMMW_NULL_ARGUMENT`: `pool` or `out` is NULL.
- * - `VMMW_UNKNOWN_TAG`: `tag` is an unregistered id.
- *
- * # Safety
- * `pool` is a live handle; `out` is writable; `error` is NULL or writable.
- */
-vmmw_status_t vmmw_pool_report_tag(const struct vmmw_pool_t *pool, uint32_t tag, struct vmmw_report_t *out, struct vmmw_error_t **error);
-
-/**
- * The full memory report (per tag and total) as JSON, into `buf` (the buffer
- * contract of `vmmw_device_describe`).
- *
- * Errors (the last two are the buffer contract):
- * - `VMMW_NULL_ARGUMENT`: `pool` is NULL.
- * - `VMMW_BUFFER_TOO_SMALL`: `cap` is short; `*needed` is set, nothing is
- *   written to `buf`.
- * - `VMMW_NULL_ARGUMENT`: `buf` is NULL and `cap` > 0; nothing is written.
- *
- * # Safety
- * `pool` is a live handle; `buf` is NULL or writable for `cap` bytes;
- * `needed` and `error` are NULL or writable.
- */
-vmmw_status_t vmmw_pool_report_json(const struct vmmw_pool_t *pool, char *buf, size_t cap, size_t *needed, struct vmmw_error_t **error);
-
-/**
- * Record the current report in the pool's timeline as boundary `name`
- * ("after load", "asleep", ...). The timeline keeps the last 1024
- * boundaries (older ones are dropped and counted in its JSON as `dropped`);
- * `vmmw_pool_clear_timeline` empties it.
- *
- * Errors:
- * - `VMMW_NULL_ARGUMENT`: `pool` or `name` is NULL.
- * - `VMMW_INVALID_ARGUMENT`: `name` is not UTF-8 or is over 256 bytes.
- *
- * # Safety
- * `pool` is a live handle; `name` is a NUL-terminated string; `error` is NULL or writable.
- */
-vmmw_status_t vmmw_pool_snapshot(struct vmmw_pool_t *pool, const char *name, struct vmmw_error_t **error);
-
-/**
- * Every snapshot so far as JSON, into `buf` (buffer contract as `vmmw_pool_report_json`).
- *
- * Errors (the last two are the buffer contract):
- * - `VMMW_NULL_ARGUMENT`: `pool` is NULL.
- * - `VMMW_BUFFER_TOO_SMALL`: `cap` is short; `*needed` is set, nothing is
- *   written to `buf`.
- * - `VMMW_NULL_ARGUMENT`: `buf` is NULL and `cap` > 0; nothing is written.
- *
- * # Safety
- * As `vmmw_pool_report_json`.
- */
-vmmw_status_t vmmw_pool_timeline_json(const struct vmmw_pool_t *pool, char *buf, size_t cap, size_t *needed, struct vmmw_error_t **error);
-
-/**
- * Forget every snapshot of the pool's timeline; `*cleared` (NULL: not
- * written) receives how many were kept. Thread-safe.
- *
- * Errors:
- * - `VMMW_NULL_ARGUMENT`: `pool` is NULL.
- *
- * # Safety
- * `pool` is a live handle; `cleared` and `error` are NULL or writable.
- */
-vmmw_status_t vmmw_pool_clear_timeline(struct vmmw_pool_t *pool, uint64_t *cleared, struct vmmw_error_t **error);
-
-/**
  * Copy `len` bytes from host memory `src` to pool memory at device address
  * `dst`, and wait for the copy. The range must lie in one awake segment of
  * this pool. Must not race with sleeping the tag that owns the range.
@@ -3002,6 +2921,87 @@ vmmw_status_t vmmw_replicas_wake_from_backup(struct vmmw_pool_t *const *pools, c
  * As `vmmw_replicas_wake_from_backup`.
  */
 VMMW_DEPRECATED("renamed vmmw_replicas_wake_from_backup (vmmw_replicas_wake_by_reload wakes from the checkpoint)") vmmw_status_t vmmw_replicas_wake(struct vmmw_pool_t *const *pools, const uint32_t *tags, size_t count, const struct vmmw_replica_wake_options_t *options, struct vmmw_replica_wake_result_t *out, struct vmmw_error_t **error);
+
+/**
+ * The pool's memory summed over all tags.
+ *
+ * Errors:
+ * - `VMMW_NULL_ARGUMENT`: `pool` or `out` is NULL.
+ *
+ * # Safety
+ * `pool` is a live handle; `out` is writable; `error` is NULL or writable.
+ */
+vmmw_status_t vmmw_pool_report(const struct vmmw_pool_t *pool, struct vmmw_report_t *out, struct vmmw_error_t **error);
+
+/**
+ * The pool's memory of one tag (all zero when the tag has nothing in this
+ * pool; `tags` is then 0, else 1).
+ *
+ * Errors:
+ * - `VMMW_NULL_ARGUMENT`: `pool` or `out` is NULL.
+ * - `VMMW_UNKNOWN_TAG`: `tag` is an unregistered id.
+ *
+ * # Safety
+ * `pool` is a live handle; `out` is writable; `error` is NULL or writable.
+ */
+vmmw_status_t vmmw_pool_report_tag(const struct vmmw_pool_t *pool, uint32_t tag, struct vmmw_report_t *out, struct vmmw_error_t **error);
+
+/**
+ * The full memory report (per tag and total) as JSON, into `buf` (the buffer
+ * contract of `vmmw_device_describe`).
+ *
+ * Errors (the last two are the buffer contract):
+ * - `VMMW_NULL_ARGUMENT`: `pool` is NULL.
+ * - `VMMW_BUFFER_TOO_SMALL`: `cap` is short; `*needed` is set, nothing is
+ *   written to `buf`.
+ * - `VMMW_NULL_ARGUMENT`: `buf` is NULL and `cap` > 0; nothing is written.
+ *
+ * # Safety
+ * `pool` is a live handle; `buf` is NULL or writable for `cap` bytes;
+ * `needed` and `error` are NULL or writable.
+ */
+vmmw_status_t vmmw_pool_report_json(const struct vmmw_pool_t *pool, char *buf, size_t cap, size_t *needed, struct vmmw_error_t **error);
+
+/**
+ * Record the current report in the pool's timeline as boundary `name`
+ * ("after load", "asleep", ...). The timeline keeps the last 1024
+ * boundaries (older ones are dropped and counted in its JSON as `dropped`);
+ * `vmmw_pool_clear_timeline` empties it.
+ *
+ * Errors:
+ * - `VMMW_NULL_ARGUMENT`: `pool` or `name` is NULL.
+ * - `VMMW_INVALID_ARGUMENT`: `name` is not UTF-8 or is over 256 bytes.
+ *
+ * # Safety
+ * `pool` is a live handle; `name` is a NUL-terminated string; `error` is NULL or writable.
+ */
+vmmw_status_t vmmw_pool_snapshot(struct vmmw_pool_t *pool, const char *name, struct vmmw_error_t **error);
+
+/**
+ * Every snapshot so far as JSON, into `buf` (buffer contract as `vmmw_pool_report_json`).
+ *
+ * Errors (the last two are the buffer contract):
+ * - `VMMW_NULL_ARGUMENT`: `pool` is NULL.
+ * - `VMMW_BUFFER_TOO_SMALL`: `cap` is short; `*needed` is set, nothing is
+ *   written to `buf`.
+ * - `VMMW_NULL_ARGUMENT`: `buf` is NULL and `cap` > 0; nothing is written.
+ *
+ * # Safety
+ * As `vmmw_pool_report_json`.
+ */
+vmmw_status_t vmmw_pool_timeline_json(const struct vmmw_pool_t *pool, char *buf, size_t cap, size_t *needed, struct vmmw_error_t **error);
+
+/**
+ * Forget every snapshot of the pool's timeline; `*cleared` (NULL: not
+ * written) receives how many were kept. Thread-safe.
+ *
+ * Errors:
+ * - `VMMW_NULL_ARGUMENT`: `pool` is NULL.
+ *
+ * # Safety
+ * `pool` is a live handle; `cleared` and `error` are NULL or writable.
+ */
+vmmw_status_t vmmw_pool_clear_timeline(struct vmmw_pool_t *pool, uint64_t *cleared, struct vmmw_error_t **error);
 
 /**
  * Reserve and back `size` bytes (rounded up to the granularity) on `device`,

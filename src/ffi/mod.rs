@@ -35,6 +35,7 @@ pub mod pack;
 pub mod pool;
 pub mod remap;
 pub mod replicas;
+pub mod report;
 pub mod segment;
 pub mod share;
 pub mod sleep;
