@@ -344,6 +344,32 @@ typedef struct vmmw_broadcast_load_result_t {
 } vmmw_broadcast_load_result_t;
 
 /**
+ * One destination parameter.
+ */
+typedef struct vmmw_destination_t {
+  /**
+   * Device address of element 0.
+   */
+  uint64_t ptr;
+  /**
+   * Bytes it spans.
+   */
+  uint64_t bytes;
+  /**
+   * Element type name ("BF16", "F32", ...), NUL-terminated.
+   */
+  char dtype[16];
+  /**
+   * Number of dimensions (at most `VMMW_MAX_DIMS`).
+   */
+  uint32_t ndim;
+  /**
+   * The shape; entries past `ndim` are 0.
+   */
+  uint64_t shape[VMMW_MAX_DIMS];
+} vmmw_destination_t;
+
+/**
  * Which implementation opens a device: one of the `VMMW_BACKEND_*` values.
  */
 typedef int32_t vmmw_backend_t;
@@ -390,32 +416,6 @@ typedef struct vmmw_load_options_t {
    */
   uint64_t slot_bytes;
 } vmmw_load_options_t;
-
-/**
- * One destination parameter.
- */
-typedef struct vmmw_destination_t {
-  /**
-   * Device address of element 0.
-   */
-  uint64_t ptr;
-  /**
-   * Bytes it spans.
-   */
-  uint64_t bytes;
-  /**
-   * Element type name ("BF16", "F32", ...), NUL-terminated.
-   */
-  char dtype[16];
-  /**
-   * Number of dimensions (at most `VMMW_MAX_DIMS`).
-   */
-  uint32_t ndim;
-  /**
-   * The shape; entries past `ndim` are 0.
-   */
-  uint64_t shape[VMMW_MAX_DIMS];
-} vmmw_destination_t;
 
 /**
  * What a plan will do (from `vmmw_loader_plan`).
@@ -1567,6 +1567,130 @@ extern "C" {
 vmmw_status_t vmmw_load_broadcast(struct vmmw_nccl_comm_t *comm, struct vmmw_loader_t *loader, struct vmmw_pool_t *pool, const uint32_t *readers, size_t n_readers, uint64_t slot_bytes, uint64_t timeout_ms, uint32_t stage, struct vmmw_broadcast_load_result_t *out, struct vmmw_error_t **error);
 
 /**
+ * Register a destination parameter: `ndim` dimensions `shape` of `dtype`
+ * ("BF16", "F16", "F32", ... or "bfloat16", "float16", "float32") at device
+ * address `ptr`, contiguous, row-major. The memory stays the caller's; the
+ * loader only writes it during `vmmw_loader_load`. The loader records now
+ * which pool block holds `ptr` (any pool of this process), or that none
+ * does: a later load refuses the destination with `VMMW_UNKNOWN_POINTER`
+ * once that block is freed, even when the same address was handed out
+ * again (register it again to load into the new block). An exact alias of a
+ * registered destination (same `ptr`, dtype and shape: tied weights) is
+ * accepted as that destination under a second name, filled from whichever
+ * name the checkpoint has. Checked against the pool at load.
+ *
+ * Errors:
+ * - `VMMW_NULL_ARGUMENT`: `loader`, `name` or `dtype` is NULL, or `shape` is
+ *   NULL with `ndim` > 0.
+ * - `VMMW_INVALID_ARGUMENT`, nothing registered: `ndim` over 64 (refused
+ *   before `shape` is read); empty or duplicate name, unknown dtype, NULL
+ *   `ptr`, byte size overflowing or past the end of the address space,
+ *   overlap with another destination.
+ *
+ * # Safety
+ * `loader` is a live handle; `name` and `dtype` are NUL-terminated strings;
+ * `shape` is readable for `ndim` entries (NULL when `ndim` is 0: a scalar);
+ * `error` is NULL or writable.
+ */
+vmmw_status_t vmmw_loader_register(struct vmmw_loader_t *loader, const char *name, uint64_t ptr, const char *dtype, const uint64_t *shape, size_t ndim, struct vmmw_error_t **error);
+
+/**
+ * Declare `[ptr, ptr + bytes)` as device memory the caller owns outside the
+ * pool loads run on (`cudaMalloc`'d, PyTorch's own allocator's). A load
+ * checks every destination before writing anything: one touching the memory
+ * of the pool passed to `vmmw_loader_load` must lie inside one live, awake
+ * block of it (`VMMW_UNKNOWN_POINTER` in a free block, `VMMW_INVALID_ARGUMENT`
+ * when it runs past its block, `VMMW_INVALID_STATE` when asleep), declared or
+ * not; any other destination must lie wholly inside one range declared here
+ * (else `VMMW_UNKNOWN_POINTER`, which also refuses memory of another pool).
+ * Declaring each registered tensor's own range is safe: pool memory is
+ * checked all the same.
+ *
+ * What the caller guarantees for a declared range: whenever a load runs, it
+ * is mapped, writable by the device, and still the memory the destinations
+ * in it were registered in. The library sees no allocator but its own
+ * pools: it refuses a declared destination only when its memory became a
+ * pool block since registration; a range freed and reused by another
+ * allocator (`cudaFree`, PyTorch's caching allocator) is written as if it
+ * were still yours.
+ *
+ * Errors:
+ * - `VMMW_NULL_ARGUMENT`: `loader` is NULL.
+ * - `VMMW_INVALID_ARGUMENT`: `ptr` is NULL, `bytes` is 0, or the range
+ *   overflows.
+ *
+ * # Safety
+ * `loader` is a live handle; `error` is NULL or writable.
+ */
+vmmw_status_t vmmw_loader_declare_foreign(struct vmmw_loader_t *loader, uint64_t ptr, uint64_t bytes, struct vmmw_error_t **error);
+
+/**
+ * Allocate every destination the rules produce from this checkpoint (names,
+ * dtypes and shapes as the plan needs them: fused, sharded, padded) in
+ * `pool` under `tag`, and register them. The blocks belong to the pool: find
+ * them with `vmmw_loader_destination`, free them with `vmmw_pool_dealloc`
+ * (or with the pool). Each destination records its block's identity, as
+ * `vmmw_loader_register` does: once a block is freed, a later load refuses
+ * that destination with `VMMW_UNKNOWN_POINTER`, also when the pool handed
+ * the same address to a new owner.
+ *
+ * Errors (on any of them nothing is registered and every block taken is
+ * freed again):
+ * - `VMMW_NULL_ARGUMENT`: `loader` or `pool` is NULL.
+ * - `VMMW_UNKNOWN_TAG`: `tag` is not registered.
+ * - `VMMW_PLAN_MISMATCH`: the rules give an overflowing shape, or parts that
+ *   do not fit.
+ * - `VMMW_OUT_OF_MEMORY`.
+ * - `VMMW_INVALID_STATE`: the tag is asleep.
+ *
+ * # Safety
+ * `loader` and `pool` are live handles; `error` is NULL or writable.
+ */
+vmmw_status_t vmmw_loader_allocate(struct vmmw_loader_t *loader, struct vmmw_pool_t *pool, uint32_t tag, struct vmmw_error_t **error);
+
+/**
+ * Number of registered destinations.
+ *
+ * Errors:
+ * - `VMMW_NULL_ARGUMENT`: `loader` or `out` is NULL.
+ *
+ * # Safety
+ * `loader` is a live handle; `out` is writable; `error` is NULL or writable.
+ */
+vmmw_status_t vmmw_loader_destination_count(const struct vmmw_loader_t *loader, size_t *out, struct vmmw_error_t **error);
+
+/**
+ * The name of destination `index` (0 ≤ index < count, in name order), into
+ * `buf` (buffer contract of `vmmw_device_describe`).
+ *
+ * Errors (the last two are the buffer contract):
+ * - `VMMW_NULL_ARGUMENT`: `loader` is NULL.
+ * - `VMMW_INVALID_ARGUMENT`: `index` is not below the count.
+ * - `VMMW_BUFFER_TOO_SMALL`: `cap` is short; `*needed` is set, nothing is
+ *   written to `buf`.
+ * - `VMMW_NULL_ARGUMENT`: `buf` is NULL and `cap` > 0; nothing is written.
+ *
+ * # Safety
+ * `loader` is a live handle; `buf` is NULL or writable for `cap` bytes;
+ * `needed` and `error` are NULL or writable.
+ */
+vmmw_status_t vmmw_loader_destination_name(const struct vmmw_loader_t *loader, size_t index, char *buf, size_t cap, size_t *needed, struct vmmw_error_t **error);
+
+/**
+ * The destination named `name`.
+ *
+ * Errors:
+ * - `VMMW_NULL_ARGUMENT`: `loader`, `name` or `out` is NULL.
+ * - `VMMW_INVALID_ARGUMENT`: no destination is registered under `name`, or
+ *   it has more than `VMMW_MAX_DIMS` dimensions.
+ *
+ * # Safety
+ * `loader` is a live handle; `name` is a NUL-terminated string; `out` is
+ * writable; `error` is NULL or writable.
+ */
+vmmw_status_t vmmw_loader_destination(const struct vmmw_loader_t *loader, const char *name, struct vmmw_destination_t *out, struct vmmw_error_t **error);
+
+/**
  * Open `backend` (a `VMMW_BACKEND_*` value) for CUDA device ordinal `device`.
  *
  * On success `*out` receives a new handle owned by the caller (free it with
@@ -1830,130 +1954,6 @@ vmmw_status_t vmmw_loader_set_options(struct vmmw_loader_t *loader, const struct
  * `loader` is a live handle; `error` is NULL or writable.
  */
 vmmw_status_t vmmw_loader_set_reload_check(struct vmmw_loader_t *loader, uint32_t enable, struct vmmw_error_t **error);
-
-/**
- * Register a destination parameter: `ndim` dimensions `shape` of `dtype`
- * ("BF16", "F16", "F32", ... or "bfloat16", "float16", "float32") at device
- * address `ptr`, contiguous, row-major. The memory stays the caller's; the
- * loader only writes it during `vmmw_loader_load`. The loader records now
- * which pool block holds `ptr` (any pool of this process), or that none
- * does: a later load refuses the destination with `VMMW_UNKNOWN_POINTER`
- * once that block is freed, even when the same address was handed out
- * again (register it again to load into the new block). An exact alias of a
- * registered destination (same `ptr`, dtype and shape: tied weights) is
- * accepted as that destination under a second name, filled from whichever
- * name the checkpoint has. Checked against the pool at load.
- *
- * Errors:
- * - `VMMW_NULL_ARGUMENT`: `loader`, `name` or `dtype` is NULL, or `shape` is
- *   NULL with `ndim` > 0.
- * - `VMMW_INVALID_ARGUMENT`, nothing registered: `ndim` over 64 (refused
- *   before `shape` is read); empty or duplicate name, unknown dtype, NULL
- *   `ptr`, byte size overflowing or past the end of the address space,
- *   overlap with another destination.
- *
- * # Safety
- * `loader` is a live handle; `name` and `dtype` are NUL-terminated strings;
- * `shape` is readable for `ndim` entries (NULL when `ndim` is 0: a scalar);
- * `error` is NULL or writable.
- */
-vmmw_status_t vmmw_loader_register(struct vmmw_loader_t *loader, const char *name, uint64_t ptr, const char *dtype, const uint64_t *shape, size_t ndim, struct vmmw_error_t **error);
-
-/**
- * Declare `[ptr, ptr + bytes)` as device memory the caller owns outside the
- * pool loads run on (`cudaMalloc`'d, PyTorch's own allocator's). A load
- * checks every destination before writing anything: one touching the memory
- * of the pool passed to `vmmw_loader_load` must lie inside one live, awake
- * block of it (`VMMW_UNKNOWN_POINTER` in a free block, `VMMW_INVALID_ARGUMENT`
- * when it runs past its block, `VMMW_INVALID_STATE` when asleep), declared or
- * not; any other destination must lie wholly inside one range declared here
- * (else `VMMW_UNKNOWN_POINTER`, which also refuses memory of another pool).
- * Declaring each registered tensor's own range is safe: pool memory is
- * checked all the same.
- *
- * What the caller guarantees for a declared range: whenever a load runs, it
- * is mapped, writable by the device, and still the memory the destinations
- * in it were registered in. The library sees no allocator but its own
- * pools: it refuses a declared destination only when its memory became a
- * pool block since registration; a range freed and reused by another
- * allocator (`cudaFree`, PyTorch's caching allocator) is written as if it
- * were still yours.
- *
- * Errors:
- * - `VMMW_NULL_ARGUMENT`: `loader` is NULL.
- * - `VMMW_INVALID_ARGUMENT`: `ptr` is NULL, `bytes` is 0, or the range
- *   overflows.
- *
- * # Safety
- * `loader` is a live handle; `error` is NULL or writable.
- */
-vmmw_status_t vmmw_loader_declare_foreign(struct vmmw_loader_t *loader, uint64_t ptr, uint64_t bytes, struct vmmw_error_t **error);
-
-/**
- * Allocate every destination the rules produce from this checkpoint (names,
- * dtypes and shapes as the plan needs them: fused, sharded, padded) in
- * `pool` under `tag`, and register them. The blocks belong to the pool: find
- * them with `vmmw_loader_destination`, free them with `vmmw_pool_dealloc`
- * (or with the pool). Each destination records its block's identity, as
- * `vmmw_loader_register` does: once a block is freed, a later load refuses
- * that destination with `VMMW_UNKNOWN_POINTER`, also when the pool handed
- * the same address to a new owner.
- *
- * Errors (on any of them nothing is registered and every block taken is
- * freed again):
- * - `VMMW_NULL_ARGUMENT`: `loader` or `pool` is NULL.
- * - `VMMW_UNKNOWN_TAG`: `tag` is not registered.
- * - `VMMW_PLAN_MISMATCH`: the rules give an overflowing shape, or parts that
- *   do not fit.
- * - `VMMW_OUT_OF_MEMORY`.
- * - `VMMW_INVALID_STATE`: the tag is asleep.
- *
- * # Safety
- * `loader` and `pool` are live handles; `error` is NULL or writable.
- */
-vmmw_status_t vmmw_loader_allocate(struct vmmw_loader_t *loader, struct vmmw_pool_t *pool, uint32_t tag, struct vmmw_error_t **error);
-
-/**
- * Number of registered destinations.
- *
- * Errors:
- * - `VMMW_NULL_ARGUMENT`: `loader` or `out` is NULL.
- *
- * # Safety
- * `loader` is a live handle; `out` is writable; `error` is NULL or writable.
- */
-vmmw_status_t vmmw_loader_destination_count(const struct vmmw_loader_t *loader, size_t *out, struct vmmw_error_t **error);
-
-/**
- * The name of destination `index` (0 ≤ index < count, in name order), into
- * `buf` (buffer contract of `vmmw_device_describe`).
- *
- * Errors (the last two are the buffer contract):
- * - `VMMW_NULL_ARGUMENT`: `loader` is NULL.
- * - `VMMW_INVALID_ARGUMENT`: `index` is not below the count.
- * - `VMMW_BUFFER_TOO_SMALL`: `cap` is short; `*needed` is set, nothing is
- *   written to `buf`.
- * - `VMMW_NULL_ARGUMENT`: `buf` is NULL and `cap` > 0; nothing is written.
- *
- * # Safety
- * `loader` is a live handle; `buf` is NULL or writable for `cap` bytes;
- * `needed` and `error` are NULL or writable.
- */
-vmmw_status_t vmmw_loader_destination_name(const struct vmmw_loader_t *loader, size_t index, char *buf, size_t cap, size_t *needed, struct vmmw_error_t **error);
-
-/**
- * The destination named `name`.
- *
- * Errors:
- * - `VMMW_NULL_ARGUMENT`: `loader`, `name` or `out` is NULL.
- * - `VMMW_INVALID_ARGUMENT`: no destination is registered under `name`, or
- *   it has more than `VMMW_MAX_DIMS` dimensions.
- *
- * # Safety
- * `loader` is a live handle; `name` is a NUL-terminated string; `out` is
- * writable; `error` is NULL or writable.
- */
-vmmw_status_t vmmw_loader_destination(const struct vmmw_loader_t *loader, const char *name, struct vmmw_destination_t *out, struct vmmw_error_t **error);
 
 /**
  * Build and check the plan against the registered destinations without

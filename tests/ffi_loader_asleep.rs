@@ -8,10 +8,9 @@ use std::ffi::{CStr, CString};
 use std::ptr;
 
 use common::loader::*;
+use vmmweights::ffi::destinations::vmmw_loader_allocate;
 use vmmweights::ffi::error::{vmmw_error_free, vmmw_error_message, vmmw_error_t};
-use vmmweights::ffi::loader::{
-    vmmw_loader_allocate, vmmw_loader_free, vmmw_loader_load, vmmw_loader_open,
-};
+use vmmweights::ffi::loader::{vmmw_loader_free, vmmw_loader_load, vmmw_loader_open};
 use vmmweights::ffi::pool::{vmmw_pool_free, vmmw_pool_new};
 use vmmweights::ffi::sleep::{
     vmmw_pool_sleep, vmmw_pool_wake, vmmw_tag_policy_t, VMMW_POLICY_DISCARD,

@@ -24,6 +24,7 @@
 pub(crate) mod boundary;
 pub mod broadcast_load;
 pub mod buffer;
+pub mod destinations;
 pub mod device;
 pub mod error;
 pub mod loader;

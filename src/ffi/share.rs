@@ -10,9 +10,10 @@ use std::ffi::{c_char, c_void};
 
 use super::boundary::{arg, bytes_mut_arg, call, call_out, free_handle, into_handle, str_arg};
 use super::buffer::write_str;
+use super::destinations::vmmw_destination_t;
 use super::device::vmmw_device_t;
 use super::error::vmmw_error_t;
-use super::loader::{vmmw_destination_t, vmmw_loader_t, VMMW_MAX_DIMS};
+use super::loader::{vmmw_loader_t, VMMW_MAX_DIMS};
 use super::options::{read_sized, SizedOptions};
 use super::pool::vmmw_pool_t;
 use super::status::vmmw_status_t;

@@ -18,10 +18,10 @@ use std::time::{Duration, Instant};
 
 use common::loader::*;
 use vmmweights::driver::{ConvertType, StreamId};
-use vmmweights::ffi::loader::{
-    vmmw_destination_t, vmmw_loader_allocate, vmmw_loader_destination, vmmw_loader_free,
-    vmmw_loader_load, vmmw_loader_open,
+use vmmweights::ffi::destinations::{
+    vmmw_destination_t, vmmw_loader_allocate, vmmw_loader_destination,
 };
+use vmmweights::ffi::loader::{vmmw_loader_free, vmmw_loader_load, vmmw_loader_open};
 use vmmweights::ffi::pool::{vmmw_pool_free, vmmw_pool_new, vmmw_pool_t};
 use vmmweights::ffi::sleep::{
     vmmw_pool_sleep, vmmw_pool_wake, vmmw_tag_policy_t, VMMW_POLICY_DISCARD, VMMW_POLICY_OFFLOAD,

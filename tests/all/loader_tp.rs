@@ -15,6 +15,7 @@ use std::ptr;
 
 use common::backend::{on_each_backend, Backend};
 use common::loader::*;
+use vmmweights::ffi::destinations::*;
 use vmmweights::ffi::device::{VMMW_BACKEND_CUDA, VMMW_BACKEND_HOST};
 use vmmweights::ffi::error::{vmmw_error_free, vmmw_error_message, vmmw_error_t};
 use vmmweights::ffi::loader::*;

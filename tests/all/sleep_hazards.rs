@@ -671,9 +671,8 @@ unsafe extern "C" fn wait_for_sleeper(_done: u64, _total: u64, user: *mut std::f
 fn sleep_from_another_thread_during_a_c_api_load_is_refused() {
     use std::ffi::CString;
     use std::ptr;
-    use vmmweights::ffi::loader::{
-        vmmw_loader_allocate, vmmw_loader_free, vmmw_loader_load, vmmw_loader_open,
-    };
+    use vmmweights::ffi::destinations::vmmw_loader_allocate;
+    use vmmweights::ffi::loader::{vmmw_loader_free, vmmw_loader_load, vmmw_loader_open};
     use vmmweights::ffi::pool::{vmmw_pool_free, vmmw_pool_new};
     use vmmweights::ffi::sleep::{vmmw_pool_sleep, vmmw_tag_policy_t, VMMW_POLICY_DISCARD};
     std::env::set_var("VMMW_BACKEND", "host");
