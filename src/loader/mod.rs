@@ -30,6 +30,7 @@ pub mod executed;
 pub mod ggml_type;
 pub mod gguf;
 mod into_pool;
+mod layout;
 mod not_checkpoint;
 pub mod pack;
 pub mod packed;

@@ -415,7 +415,7 @@ impl Pool {
     /// When freeing gives a segment back to the driver and the driver refuses
     /// (synchronize, unmap or release fails), the block is still freed and the
     /// error names the segment: it keeps its reservation (never reused) and the
-    /// memory the driver still holds, counted in [`Report::leaked_bytes`],
+    /// memory the driver still holds, counted in [`Report::leaked_bytes`](crate::report::Report::leaked_bytes),
     /// until a later free or trim gives it back.
     pub fn free(&self, ptr: DevicePtr) -> Result<()> {
         let (dropped, retired) = {
