@@ -13,59 +13,27 @@
 
 use crate::common;
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::loader::{generate, write_sharded, SMALL};
+use common::swap::{config, pattern, read, write, G, POLICIES};
 use vmmweights::driver::host::{FaultOp, HostConfig, HostDriver};
 use vmmweights::driver::{DevicePtr, Driver};
 use vmmweights::loader::{Dtype, Session};
-use vmmweights::pool::{Pool, PoolConfig, SwapOptions};
-use vmmweights::sleep::{Policy, SleepOptions, WakeOptions};
+use vmmweights::pool::{Pool, SwapOptions};
+use vmmweights::sleep::{Policy, WakeOptions};
 use vmmweights::tag::{self, TagId};
 use vmmweights::{Error, SleepState};
 
-const G: usize = 64 << 10;
+fn unique(name: &str) -> TagId {
+    common::swap::unique("swap", name)
+}
+
 /// The random block each tag holds besides its checkpoint: many chunks, so
 /// a sleep releases it in several runs.
 const BLOCK: usize = 4 << 20;
-const POLICIES: [Policy; 4] = [
-    Policy::Offload,
-    Policy::OffloadCompressed,
-    Policy::Discard,
-    Policy::Reload,
-];
-
-fn unique(name: &str) -> TagId {
-    static N: AtomicUsize = AtomicUsize::new(0);
-    tag::id(&format!(
-        "swap-{name}-{}",
-        N.fetch_add(1, Ordering::Relaxed)
-    ))
-    .unwrap()
-}
-
-/// Small granules and chunks, so a few MiB make runs of chunks to release
-/// one by one, and wakes that map several chunks.
-fn config() -> PoolConfig {
-    PoolConfig {
-        small_segment_bytes: 4 * G,
-        small_request_max: 2 * G,
-        large_segment_bytes: 16 * G,
-        chunk_bytes: 4 * G,
-        sleep: SleepOptions {
-            copy_piece_bytes: 1 << 20,
-            backup_slab_bytes: 4 << 20,
-            wake_coalesce_bytes: 8 * G,
-            codec_frame_bytes: 1 << 20,
-            codec_ring: 2,
-            ..SleepOptions::default()
-        },
-        ..PoolConfig::default()
-    }
-}
-
 fn driver(limit: u64) -> Arc<HostDriver> {
     Arc::new(HostDriver::new(HostConfig {
         granularity: G,
@@ -139,30 +107,6 @@ fn checkpoint() -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
     write_sharded(dir.path(), &generate(&SMALL, Dtype::Bf16), Dtype::Bf16, 2);
     dir
-}
-
-fn pattern(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
-
-fn write(d: &dyn Driver, ptr: DevicePtr, data: &[u8]) {
-    // SAFETY: `ptr` is a live awake block of at least `data.len()` bytes.
-    unsafe { vmmweights::driver::sync_copy::copy_to_device(d, ptr, data) }.unwrap();
-}
-
-fn read(d: &dyn Driver, ptr: DevicePtr, len: usize) -> Vec<u8> {
-    let mut v = vec![0u8; len];
-    // SAFETY: `ptr` is a live awake block of at least `len` bytes.
-    unsafe { vmmweights::driver::sync_copy::copy_to_host(d, &mut v, ptr) }.unwrap();
-    v
 }
 
 fn same(w: &World, tag: TagId, before: &[(DevicePtr, Vec<u8>)], what: &str) {

@@ -4,54 +4,24 @@
 
 use crate::common;
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::loader::{generate, write_sharded, SMALL};
+use common::swap::{config, pattern, read, write, G, POLICIES};
 use vmmweights::driver::host::{FaultOp, HostConfig, HostDriver};
 use vmmweights::driver::{DevicePtr, Driver};
 use vmmweights::loader::{Dtype, Session};
-use vmmweights::pool::{Pool, PoolConfig, SwapOptions};
-use vmmweights::sleep::{Policy, SleepOptions, WakeOptions};
+use vmmweights::pool::{Pool, SwapOptions};
+use vmmweights::sleep::{Policy, WakeOptions};
 use vmmweights::tag::{self, TagId};
 
-const G: usize = 64 << 10;
-const BLOCK: usize = 4 << 20;
-const POLICIES: [Policy; 4] = [
-    Policy::Offload,
-    Policy::OffloadCompressed,
-    Policy::Discard,
-    Policy::Reload,
-];
-
 fn unique(name: &str) -> TagId {
-    static N: AtomicUsize = AtomicUsize::new(0);
-    tag::id(&format!(
-        "swap-attack-{name}-{}",
-        N.fetch_add(1, Ordering::Relaxed)
-    ))
-    .unwrap()
+    common::swap::unique("swap-attack", name)
 }
 
-fn config() -> PoolConfig {
-    PoolConfig {
-        small_segment_bytes: 4 * G,
-        small_request_max: 2 * G,
-        large_segment_bytes: 16 * G,
-        chunk_bytes: 4 * G,
-        sleep: SleepOptions {
-            copy_piece_bytes: 1 << 20,
-            backup_slab_bytes: 4 << 20,
-            wake_coalesce_bytes: 8 * G,
-            codec_frame_bytes: 1 << 20,
-            codec_ring: 2,
-            ..SleepOptions::default()
-        },
-        ..PoolConfig::default()
-    }
-}
-
+const BLOCK: usize = 4 << 20;
 struct World {
     h: Arc<HostDriver>,
     pool: Pool,
@@ -89,30 +59,6 @@ impl World {
             .tag(&tag::name_of(t))
             .map_or(0, |u| u.tracked_bytes)
     }
-}
-
-fn pattern(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
-
-fn write(d: &dyn Driver, ptr: DevicePtr, data: &[u8]) {
-    // SAFETY: `ptr` is a live awake block of at least `data.len()` bytes.
-    unsafe { vmmweights::driver::sync_copy::copy_to_device(d, ptr, data) }.unwrap();
-}
-
-fn read(d: &dyn Driver, ptr: DevicePtr, len: usize) -> Vec<u8> {
-    let mut v = vec![0u8; len];
-    // SAFETY: `ptr` is a live awake block of at least `len` bytes.
-    unsafe { vmmweights::driver::sync_copy::copy_to_host(d, &mut v, ptr) }.unwrap();
-    v
 }
 
 /// The first offset where `a` and `b` differ.

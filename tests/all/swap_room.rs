@@ -4,27 +4,24 @@
 //! other forever) and either both sides succeed or the side that failed says
 //! so with its tag as it was.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use crate::common;
+
 use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
+use common::swap::{read, write};
 use vmmweights::driver::host::{HostConfig, HostDriver};
-use vmmweights::driver::{DevicePtr, Driver};
+use vmmweights::driver::Driver;
 use vmmweights::pool::{Pool, PoolConfig};
 use vmmweights::sleep::{Policy, SleepOptions};
-use vmmweights::tag::{self, TagId};
+use vmmweights::tag::TagId;
+
+fn unique(name: &str) -> TagId {
+    common::swap::unique("swap-room", name)
+}
 
 const G: usize = 64 << 10;
 const MODEL: usize = 4 << 20;
-
-fn unique(name: &str) -> TagId {
-    static N: AtomicUsize = AtomicUsize::new(0);
-    tag::id(&format!(
-        "swap-room-{name}-{}",
-        N.fetch_add(1, Ordering::Relaxed)
-    ))
-    .unwrap()
-}
 
 fn pattern(seed: u64, len: usize) -> Vec<u8> {
     let mut x = seed | 1;
@@ -58,18 +55,6 @@ fn config() -> PoolConfig {
         },
         ..PoolConfig::default()
     }
-}
-
-fn write(d: &dyn Driver, ptr: DevicePtr, data: &[u8]) {
-    // SAFETY: `ptr` is a live awake block of at least `data.len()` bytes.
-    unsafe { vmmweights::driver::sync_copy::copy_to_device(d, ptr, data) }.unwrap();
-}
-
-fn read(d: &dyn Driver, ptr: DevicePtr, len: usize) -> Vec<u8> {
-    let mut v = vec![0u8; len];
-    // SAFETY: `ptr` is a live awake block of at least `len` bytes.
-    unsafe { vmmweights::driver::sync_copy::copy_to_host(d, &mut v, ptr) }.unwrap();
-    v
 }
 
 /// One case on a device of `one + extra` bytes: returns whether the swap
