@@ -46,6 +46,8 @@ if [ ! -x "${LLAMA_SERVER}" ]; then
   result "$name" SKIP "no llama-server: set LLAMA_SERVER, or carry .llama (scripts/llama/fetch.sh) to build one"
   exit 0
 fi
+# A shared-library build finds its libraries beside it, wherever it lies here.
+export LD_LIBRARY_PATH="$(dirname "$(realpath "$LLAMA_SERVER")")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 ggufs=()
 if [ -n "${LLAMA_GGUFS:-}" ]; then
   IFS=: read -r -a ggufs <<<"$LLAMA_GGUFS"

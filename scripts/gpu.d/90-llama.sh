@@ -31,7 +31,16 @@ if [ ! -x .llama/build/bin/llama-server ]; then
     exit 1
   fi
   result "llama: build llama-server (CUDA, sm_90)" PASS "$((SECONDS - t0)) s, $(cat .llama/src/VMMW_SOURCE | cut -d' ' -f1) of llama-cpp-python"
+  # A build made here comes back with the results: put its parts in
+  # .llama/binpack/ to carry it next time instead of building (scripts/llama/build.sh).
+  if ! grep -q "unpacked an earlier build" "$dir/build.log"; then
+    bash scripts/llama/build.sh --pack "$VMMW_GPU_OUT" || true
+  fi
 fi
+# make_gguf.py takes the qwen2 vocabulary and the gguf package from the source.
+[ -f .llama/src/CMakeLists.txt ] || tar xJf .llama/src.tar.xz -C .llama
+# The build's libraries, wherever the checkout lies on this machine.
+export LD_LIBRARY_PATH="$PWD/.llama/build/bin${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 # The big model needs its weights, a 16k-token KV cache and compute buffers on
 # the card (about 20 GB), and the host its page cache and a pinned backup.
 mem_mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)

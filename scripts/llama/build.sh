@@ -6,12 +6,31 @@
 # libraries, so libggml-cuda.so links libcudart.so dynamically and the
 # interposer (LD_PRELOAD) sees its cudaMalloc calls. No network: the web UI is
 # neither downloaded nor built.
-#   bash scripts/llama/build.sh     -> .llama/build/bin/llama-server
+# A build made on an earlier GPU run can travel instead (the GPU machine is
+# scarce; three minutes of it per build count): `--pack DIR` writes
+# .llama/build/bin as an xz tar in 15 MB parts (DIR/llama-bin.txz.aa, ...);
+# put them in .llama/binpack/ here and carry that folder, and this script
+# unpacks them instead of building when it finds nvcc and no build.
+#   bash scripts/llama/build.sh             -> .llama/build/bin/llama-server
+#   bash scripts/llama/build.sh --pack DIR  -> DIR/llama-bin.txz.*
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+if [ "${1:-}" = "--pack" ]; then
+  [ -n "${2:-}" ] && [ -x .llama/build/bin/llama-server ] || { echo "build: --pack DIR needs a build in .llama/build" >&2; exit 2; }
+  tar cJf - -C .llama/build bin | split -b 15M - "$2/llama-bin.txz."
+  echo "build: packed .llama/build/bin into $2/llama-bin.txz.*"
+  exit 0
+fi
 if [ ! -f .llama/src/CMakeLists.txt ]; then
   [ -f .llama/src.tar.xz ] || { echo "build: no .llama/src; run scripts/llama/fetch.sh first" >&2; exit 2; }
   tar xJf .llama/src.tar.xz -C .llama
+fi
+if [ ! -x .llama/build/bin/llama-server ] && compgen -G ".llama/binpack/llama-bin.txz.*" >/dev/null \
+  && { command -v nvcc >/dev/null || [ -x /usr/local/cuda/bin/nvcc ]; }; then
+  mkdir -p .llama/build
+  cat .llama/binpack/llama-bin.txz.* | tar xJf - -C .llama/build
+  echo "build: unpacked an earlier build from .llama/binpack: $(ls .llama/build/bin/llama-server)"
+  exit 0
 fi
 cuda=OFF
 arch=()
