@@ -611,6 +611,8 @@ static void test_control() {
   CHECK(status_of([&] { (void)vmmw::control::status(std::string(dir) + "/none.sock"); }) == VMMW_IO);
   b.reset();
   rmdir(dir);
+}
+
 static void test_swap() {
   vmmw::Device dev(vmmw::Backend::Host);
   vmmw::PoolOptions o;
@@ -662,6 +664,8 @@ static void test_swap() {
   pool.read(pb.ptr() + 64, out.data(), out.size());
   CHECK(in == out);
   pool.wake({a});
+}
+
 static void test_pack() {
   char dir[] = "/tmp/vmmw-cpp-pack-XXXXXX";
   CHECK(mkdtemp(dir) != nullptr);
