@@ -56,6 +56,8 @@ elif [ -n "${LLAMA_GGUF:-}" ]; then
 else
   if [ ! -f "$dir/big.gguf" ]; then
     mkdir -p "$dir"
+    # make_gguf.py takes the qwen2 vocabulary and the gguf package from the source.
+    [ -f .llama/src/CMakeLists.txt ] || [ ! -f .llama/src.tar.xz ] || tar xJf .llama/src.tar.xz -C .llama
     if [ -d .llama/src ]; then export LLAMA_SRC="$PWD/.llama/src"; fi
     python3 scripts/llama/make_gguf.py "$dir/big.gguf" || { result "$name" FAIL "writing $dir/big.gguf failed"; exit 1; }
   fi

@@ -9,15 +9,18 @@
 # A build made on an earlier GPU run can travel instead (the GPU machine is
 # scarce; three minutes of it per build count): `--pack DIR` writes
 # .llama/build/bin as an xz tar in 15 MB parts (DIR/llama-bin.txz.aa, ...);
-# put them in .llama/binpack/ here and carry that folder, and this script
-# unpacks them instead of building when it finds nvcc and no build.
+# put them alone in .llama/binpack/ here (remove older parts first) and carry
+# that folder with .llama/src.tar.xz, and this script unpacks them instead of
+# building when it finds nvcc and no build. Never carry .llama/build itself: a
+# build made here, without nvcc, is a CPU build.
 #   bash scripts/llama/build.sh             -> .llama/build/bin/llama-server
 #   bash scripts/llama/build.sh --pack DIR  -> DIR/llama-bin.txz.*
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 if [ "${1:-}" = "--pack" ]; then
   [ -n "${2:-}" ] && [ -x .llama/build/bin/llama-server ] || { echo "build: --pack DIR needs a build in .llama/build" >&2; exit 2; }
-  tar cJf - -C .llama/build bin | split -b 15M - "$2/llama-bin.txz."
+  mkdir -p "$2"
+  XZ_OPT=-T0 tar cJf - -C .llama/build bin | split -b 15M - "$2/llama-bin.txz."
   echo "build: packed .llama/build/bin into $2/llama-bin.txz.*"
   exit 0
 fi
@@ -27,8 +30,10 @@ if [ ! -f .llama/src/CMakeLists.txt ]; then
 fi
 if [ ! -x .llama/build/bin/llama-server ] && compgen -G ".llama/binpack/llama-bin.txz.*" >/dev/null \
   && { command -v nvcc >/dev/null || [ -x /usr/local/cuda/bin/nvcc ]; }; then
-  mkdir -p .llama/build
-  cat .llama/binpack/llama-bin.txz.* | tar xJf - -C .llama/build
+  # Into a folder of its own first: a failed unpack leaves no partial build behind.
+  rm -rf .llama/build.unpack && mkdir -p .llama/build.unpack .llama/build
+  cat .llama/binpack/llama-bin.txz.* | tar xJf - -C .llama/build.unpack
+  rm -rf .llama/build/bin && mv .llama/build.unpack/bin .llama/build/bin && rmdir .llama/build.unpack
   echo "build: unpacked an earlier build from .llama/binpack: $(ls .llama/build/bin/llama-server)"
   exit 0
 fi

@@ -185,8 +185,15 @@ def proc_mem(pid: int) -> dict:
 
 
 def server_pid(srv: Server) -> int:
-    """The llama-server process: `vmmw exec` execs it, so it is the child we started."""
-    return srv.proc.pid
+    """The llama-server process: `vmmw exec` runs it as its child (it stays
+    to forward signals and remove the socket). Without a child found, the
+    process we started, named in the report."""
+    me = srv.proc.pid
+    try:
+        kids = Path(f"/proc/{me}/task/{me}/children").read_text().split()
+    except OSError:
+        kids = []
+    return int(kids[0]) if len(kids) == 1 else me
 
 
 def ours(status: dict) -> int:
@@ -315,6 +322,8 @@ def phase_big(a, fig: dict, logdir: Path) -> None:
 
         # soak
         pid = server_pid(srv)
+        if pid == srv.proc.pid:
+            say("INFO", "soak", "llama-server's pid not found under vmmw exec: the RSS below is vmmw exec's")
         cycle_once(srv, "offload")  # the timed cycles ended on another policy: its backup has another size
         used0, mem0 = device_used(), proc_mem(pid)
         host0 = srv.ctl("status").get("host_backup_bytes")
@@ -346,12 +355,13 @@ def phase_big(a, fig: dict, logdir: Path) -> None:
         srv.ctl("wake")
         r2 = srv.complete(long_prompt, 8)
         n1, n2 = r1["timings"]["prompt_n"], r2["timings"]["prompt_n"]
+        n_cached = r_cached["timings"]["prompt_n"]
         same = r_cached["tokens"] == r2["tokens"]
-        ok = n1 >= a.long_tokens - 1 and n2 <= 16 and same
+        ok = n1 >= a.long_tokens - 1 and n_cached <= 16 and n2 <= 16 and same
         say("PASS" if ok else "FAIL", f"cache: {a.long_tokens}-token prompt after a sleep/wake",
-            f"first ask computed {n1} prompt tokens in {r1['timings']['prompt_ms']:.0f} ms; after the round trip "
-            f"{n2} in {r2['timings']['prompt_ms']:.0f} ms (served from the KV cache); tokens equal to a cached ask "
-            f"before the sleep: {same}", prompt_n=[n1, n2])
+            f"first ask computed {n1} prompt tokens in {r1['timings']['prompt_ms']:.0f} ms; asked again awake "
+            f"{n_cached}; after the round trip {n2} in {r2['timings']['prompt_ms']:.0f} ms (served from the KV "
+            f"cache); tokens equal to the awake cached ask: {same}", prompt_n=[n1, n_cached, n2])
         fig["long_prompt"] = long_prompt
 
         # ttft, ours: asleep, then a request arrives: wake + first token
@@ -362,8 +372,9 @@ def phase_big(a, fig: dict, logdir: Path) -> None:
                 time.sleep(0.5)
                 t0 = time.perf_counter()
                 srv.ctl("wake")
+                woken = time.perf_counter() - t0
                 ft, last = srv.first_token(long_prompt, 4)
-                ttft.append(time.perf_counter() - t0)
+                ttft.append(woken + ft)  # to the first streamed token, as the references
             fig[f"ttft_ours_{policy}"] = statistics.median(ttft)
             fig[f"ttft_ours_prompt_n_{policy}"] = last.get("timings", {}).get("prompt_n")
         fig["ttft_policy"] = min(("offload", "offload_compressed"), key=lambda p: fig[f"ttft_ours_{p}"])
@@ -399,8 +410,9 @@ def phase_ttft_reference(a, fig: dict, logdir: Path) -> None:
         again = Server(a, a.model, logdir / "llama-ref.log", interposed=False)
         try:
             again.wait_ready()
+            ready = time.perf_counter() - t0
             ft2, last2 = again.first_token(long_prompt, 4)
-            fig["ttft_restart"] = time.perf_counter() - t0
+            fig["ttft_restart"] = ready + ft2
         finally:
             again.stop()
     finally:
