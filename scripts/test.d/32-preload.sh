@@ -6,7 +6,8 @@
 # scripts/gpu.d/88-preload.sh: the test program (tests/preload/twin.c), linked
 # against the stand-in CUDA runtime, run with `vmmw exec` and slept and woken
 # through its control socket, its bytes, addresses and memory checked at each
-# step (tests/preload/twin.py prints one line per check). About 30 s once the
+# step (tests/preload/twin.py prints one line per check); and a dry run of the
+# llama-server proof's harness on the stand-in server. About 50 s once the
 # crates are built.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -38,3 +39,19 @@ trap 'rm -rf "$out"' EXIT
 bash scripts/build-preload-standin.sh "$out" >/dev/null
 python3 tests/preload/twin.py --backend host --vmmw "$target/vmmw" --lib "$lib" \
   --twin "$out/preload_twin" --late "$out/preload_late" --workdir "$out/work"
+
+# The GPU proof's harness (tests/llama/proof.py, scripts/gpu.d/90-llama.sh) on
+# the stand-in llama-server under the interposer: every check it makes of
+# what the server computed (outputs across round trips, the soak, the prompt
+# cache, a cached prompt after a wake against one recomputed after
+# llama-server's own idle sleep); its timings are reported, not judged.
+echo "--- the llama-server proof's harness on the stand-in server (a dry run)"
+cc -std=c11 -O2 -shared -fPIC -Wall -Wextra -Werror -I tests/preload -o "$out/standin_model.so" \
+  examples/go-swap/standin/standin_model.c -L"$out" -lvmmw_standin_cudart -Wl,-rpath,"$out"
+printf '#!/bin/sh\nexec python3 %s --lib %s --weights-mb 64 "$@"\n' \
+  "$PWD/examples/go-swap/standin/standin_server.py" "$out/standin_model.so" >"$out/llama-server"
+chmod +x "$out/llama-server"
+VMMW_BACKEND=host VMMW_PRELOAD_LIB="$lib" python3 tests/llama/proof.py --server "$out/llama-server" \
+  --vmmw "$target/vmmw" --model standin-big --small standin-small --assume-link 20:20 \
+  --soak 20 --long-tokens 2000 --ctx 4096 --idle 1 --logdir "$out/llama-logs" --out "$out/proof.json" \
+  || { tail -40 "$out"/llama-logs/*.log >&2; exit 1; }

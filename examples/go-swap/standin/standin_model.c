@@ -170,6 +170,9 @@ int sm_next(int32_t *out) {
     return 0;
 }
 
+/* Forget the cached prompt (llama-server's cache_prompt off): the next prompt is computed whole. */
+void sm_forget_cache(void) { M.n_cached = 0; }
+
 uint64_t sm_device_bytes(void) { return M.weight_bytes + M.kv_cap * 12; }
 
 void sm_unload(void) {

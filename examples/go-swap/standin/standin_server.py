@@ -5,7 +5,7 @@ in CUDA memory through standin_model.c (loaded with ctypes, linked against a
 CUDA runtime; under `vmmw exec` the interposer serves its cudaMalloc).
 
     standin_server.py --model NAME --port N [--host H] [--ctx-size N]
-        [--weights-mb N] [--token-delay-ms N] [--lib PATH]
+        [--weights-mb N] [--token-delay-ms N] [--lib PATH] [--sleep-idle-seconds N]
 
 Output is deterministic: it depends on the model's name (the weights' seed),
 the weights' bytes and the cached prompt state (see standin_model.c), so a
@@ -62,11 +62,33 @@ class Model:
         self.lib.sm_device_bytes.restype = ctypes.c_uint64
         self.lock = threading.Lock()
         self.ctx = ctx
-        rc = self.lib.sm_load(weight_bytes, ctx, fnv1a(name.encode()))
+        self.weight_bytes, self.seed = weight_bytes, fnv1a(name.encode())
+        self.asleep = False
+        self.last_used = time.monotonic()
+        self.load()
+
+    def load(self):
+        rc = self.lib.sm_load(self.weight_bytes, self.ctx, self.seed)
         if rc != 0:
             raise ModelError(rc, "loading the weights")
 
-    def prompt(self, tokens):
+    def sleep_if_idle(self, idle):
+        """llama-server's --sleep-idle-seconds: the model freed after `idle`
+        seconds without a request, loaded again (its KV cache lost) by the next."""
+        with self.lock:
+            if not self.asleep and time.monotonic() - self.last_used >= idle:
+                self.lib.sm_unload()
+                self.asleep = True
+                print(f"sleeping after {idle} s idle", flush=True)
+
+    def prompt(self, tokens, cache=True):
+        """Under self.lock."""
+        self.last_used = time.monotonic()
+        if self.asleep:
+            self.load()
+            self.asleep = False
+        if not cache:
+            self.lib.sm_forget_cache()
         arr = (ctypes.c_int32 * len(tokens))(*tokens)
         pn, cn = ctypes.c_uint64(), ctypes.c_uint64()
         rc = self.lib.sm_prompt(arr, len(tokens), ctypes.byref(pn), ctypes.byref(cn))
@@ -120,7 +142,8 @@ def make_handler(model, name, token_delay):
                     {"id": name, "object": "model", "created": 0, "owned_by": "llamacpp"}]})
             elif self.path == "/props":
                 self.send_json(200, {"model_path": name, "n_ctx": model.ctx,
-                                     "device_bytes": model.lib.sm_device_bytes(), "pid": os.getpid()})
+                                     "device_bytes": model.lib.sm_device_bytes(), "pid": os.getpid(),
+                                     "is_sleeping": model.asleep})
             else:
                 self.error(404, f"no endpoint {self.path}", "not_found_error")
 
@@ -150,13 +173,16 @@ def make_handler(model, name, token_delay):
         def complete(self, req, text, chat, native=False):
             n_predict = int(req.get("max_tokens") or req.get("n_predict") or 16)
             stream = bool(req.get("stream"))
+            # llama-server's defaults: the prompt cache on, no token ids in the answer.
+            cache = req.get("cache_prompt", True) is not False
+            return_tokens = bool(req.get("return_tokens"))
             tokens = tokenize(text)
             created = int(time.time())
             cid = f"{'chatcmpl' if chat else 'cmpl'}-{fnv1a(text.encode()) % 10**12}"
             with model.lock:
                 t0 = time.monotonic()
                 try:
-                    prompt_n, cache_n = model.prompt(tokens)
+                    prompt_n, cache_n = model.prompt(tokens, cache)
                 except ModelError as e:
                     self.error(400 if e.code == -2 else 500, str(e), "server_error")
                     return
@@ -167,12 +193,18 @@ def make_handler(model, name, token_delay):
                     self.send_header("Cache-Control", "no-cache")
                     self.send_header("Transfer-Encoding", "chunked")
                     self.end_headers()
-                out = []
+                out, ids = [], []
                 try:
                     for i in range(n_predict):
-                        piece = detokenize(model.next())
+                        tok = model.next()
+                        piece = detokenize(tok)
                         out.append(piece)
-                        if stream:
+                        ids.append(tok)
+                        if stream and native:
+                            # llama-server's own /completion stream: content pieces, stop last.
+                            self.event({"content": piece, "stop": False,
+                                        **({"tokens": [tok]} if return_tokens else {})})
+                        elif stream:
                             if i == 0 and chat:
                                 self.event(self.chunk(cid, created, chat, {"role": "assistant", "content": ""}, None))
                             self.event(self.chunk(cid, created, chat, piece, None))
@@ -196,7 +228,10 @@ def make_handler(model, name, token_delay):
             content = "".join(out)
             if stream:
                 try:
-                    last = self.chunk(cid, created, chat, None, "length")
+                    if native:
+                        last = {"content": "", "stop": True, "model": name}
+                    else:
+                        last = self.chunk(cid, created, chat, None, "length")
                     last["timings"] = timings
                     last["usage"] = usage
                     self.event(last)
@@ -207,7 +242,8 @@ def make_handler(model, name, token_delay):
                 return
             if native:
                 self.send_json(200, {"content": content, "model": name, "stop": True,
-                                     "tokens_evaluated": len(tokens), "timings": timings})
+                                     "tokens_evaluated": len(tokens), "timings": timings,
+                                     **({"tokens": ids} if return_tokens else {})})
                 return
             if chat:
                 choice = {"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "length"}
@@ -246,6 +282,8 @@ def main():
     ap.add_argument("--weights-mb", type=float, default=16)
     ap.add_argument("--token-delay-ms", type=float, default=0, help="pause after each streamed token")
     ap.add_argument("--lib", default=os.environ.get("STANDIN_MODEL_LIB", ""), help="standin_model.so")
+    ap.add_argument("--sleep-idle-seconds", type=float, default=-1,
+                    help="free the model after this long without a request, as llama-server does (off when <= 0)")
     args, unknown = ap.parse_known_args()
     if unknown:
         print(f"ignoring llama-server options: {' '.join(unknown)}", flush=True)
@@ -253,6 +291,13 @@ def main():
         sys.exit("standin_server: --lib or STANDIN_MODEL_LIB names standin_model.so")
     weight_bytes = int(args.weights_mb * (1 << 20)) // 8 * 8
     model = Model(args.lib, args.model, weight_bytes, args.ctx_size)
+    if args.sleep_idle_seconds > 0:
+        def watch():
+            while True:
+                time.sleep(0.05)
+                model.sleep_if_idle(args.sleep_idle_seconds)
+
+        threading.Thread(target=watch, daemon=True).start()
     class Server(ThreadingHTTPServer):
         daemon_threads = True
 
