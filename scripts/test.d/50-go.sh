@@ -2,7 +2,9 @@
 # Go: vet, go test -race, go test with GOGC=1 (finalizers and KeepAlive under
 # constant collection), a vendored build, the Go example, and the go-swap
 # service (its test builds it with -race and drives it over HTTP; its proxy
-# mode's tests need vmmw and the interposer, built here). The package
+# mode's tests need vmmw and the interposer, built here), and the GPU swap
+# bench (examples/go-swap/bench/llama_swap_bench.py) run dry on stand-in
+# servers, so the harness part 89 runs is known to work. The package
 # finds the library through pkg-config, as it does for users; here a .pc file
 # points at the repository's header and the freshly built library.
 set -euo pipefail
@@ -30,6 +32,18 @@ echo "--- the model-swapping service, built and driven as a process (host backen
 cargo build -p vmmweights -p vmmw-preload --features vmmweights/cli --quiet
 export VMMW_BIN="$VMMW_LIB_DIR/vmmw" VMMW_PRELOAD_LIB="$VMMW_LIB_DIR/libvmmw_preload.so"
 (cd examples/go-swap && go vet ./... && go test -count=1 ./...)
+echo "--- the GPU swap bench's harness on stand-in servers (a dry run: every pair of policies, requests during swaps, prompt caches)"
+(cd examples/go-swap && go build -o "$pc/go-swap" .)
+bash scripts/build-preload-standin.sh "$pc/standin" >/dev/null
+cc -std=c11 -O2 -shared -fPIC -Wall -Wextra -Werror -I tests/preload -o "$pc/standin/standin_model.so" \
+  examples/go-swap/standin/standin_model.c -L"$pc/standin" -lvmmw_standin_cudart -Wl,-rpath,"$pc/standin"
+printf '#!/bin/sh\nexec python3 %s --lib %s --weights-mb 16 "$@"\n' \
+  "$PWD/examples/go-swap/standin/standin_server.py" "$pc/standin/standin_model.so" >"$pc/llama-server"
+chmod +x "$pc/llama-server"
+head -c 1048576 /dev/zero >"$pc/standin.gguf"
+VMMW_BACKEND=host python3 examples/go-swap/bench/llama_swap_bench.py --service "$pc/go-swap" --vmmw "$VMMW_BIN" \
+  --llama-server "$pc/llama-server" --gguf "$pc/standin.gguf" --assume-link 20:20:80e9 --out "$pc/llama-swap.json" \
+  | grep -vE "^[0-9]{4}/[0-9]{2}/[0-9]{2} "
 echo "--- without cgo: one error that names the fix"
 if said=$(cd bindings/go && CGO_ENABLED=0 go build ./... 2>&1); then
   echo "the package built with CGO_ENABLED=0" >&2; exit 1

@@ -304,7 +304,7 @@ models:
                 failures.append(f"{pa}->{pb}: {unheld} were not held through the swap ({[results[k][3] for k in unheld]} s)")
             if wrong:
                 failures.append(f"{pa}->{pb}: answers changed: {[(k, results[k][1][:80]) for k in wrong]}")
-            if row["ratio"] > 1.1:
+            if row["ratio"] > 1.1 and not args.assume_link:  # a dry run's link is made up
                 failures.append(f"{pa}->{pb}: swap {row['swap_s']:.2f} s is {row['ratio']:.2f}x the link's {link_s:.2f} s")
         report["models"] = servers(svc)
         report["timeline_entries"] = len(http(f"{svc.url}/timeline")[1]["timeline"])
@@ -329,7 +329,7 @@ models:
             f"{r['sleep_s']:.3f} | {r['wake_s']:.3f} | {r['swap_s']:.3f} | {r['link_s']:.3f} | {r['ratio']:.2f} | "
             f"{r['requests'] - len(r['lost'])}/{r['requests']} | {len(r['wrong'])} |")
     ratios = [r["ratio"] for r in report["pairs"]] or [float("nan")]
-    summary = (f"{len(ratios)} policy pairs, swap/link median {statistics.median(ratios):.2f} max {max(ratios):.2f} "
+    summary = (("dry run on an assumed link (ratios not judged): " if args.assume_link else "") + f"{len(ratios)} policy pairs, swap/link median {statistics.median(ratios):.2f} max {max(ratios):.2f} "
                f"(H2D {link['h2d']:.1f}, D2H {link['d2h']:.1f} GB/s); "
                f"{sum(r['requests'] - len(r['lost']) for r in report['pairs'])}/{sum(r['requests'] for r in report['pairs'])} "
                f"requests during swaps answered")
