@@ -176,6 +176,14 @@ pub(super) fn policy(p: vmmw_policy_t, tag: u32) -> Result<Policy> {
     }
 }
 
+/// The C list of tags and their policies, as the pool takes it.
+pub(super) fn tag_policies(items: &[vmmw_tag_policy_t]) -> Result<Vec<(TagId, Policy)>> {
+    items
+        .iter()
+        .map(|i| Ok((TagId(i.tag), policy(i.policy, i.tag)?)))
+        .collect()
+}
+
 pub(super) fn record(p: &vmmw_pool_t, cycles: Vec<TagCycle>) {
     *p.last_cycles.lock().unwrap_or_else(|e| e.into_inner()) = cycles;
 }
@@ -229,11 +237,7 @@ pub unsafe extern "C" fn vmmw_pool_sleep(
         let p = unsafe { arg(pool, "pool") }?;
         // SAFETY: forwarded contract (`items` readable for `n` entries).
         let items: &[vmmw_tag_policy_t] = unsafe { slice_arg(items, n, "items") }?;
-        let list = items
-            .iter()
-            .map(|i| Ok((TagId(i.tag), policy(i.policy, i.tag)?)))
-            .collect::<Result<Vec<_>>>()?;
-        let cycles = p.pool.sleep(&list)?;
+        let cycles = p.pool.sleep(&tag_policies(items)?)?;
         record(p, cycles);
         Ok(())
     })

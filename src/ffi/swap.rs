@@ -8,9 +8,8 @@ use super::boundary::{arg, call, slice_arg};
 use super::error::vmmw_error_t;
 use super::options::{read_sized, SizedOptions};
 use super::pool::vmmw_pool_t;
-use super::sleep::{policy, record, vmmw_tag_policy_t};
+use super::sleep::{record, tag_policies, vmmw_tag_policy_t};
 use super::status::{vmmw_status_t, VMMW_OK};
-use crate::error::Result;
 use crate::pool::{SwapOptions, TagCycle};
 use crate::sleep::WakeOptions;
 use crate::tag::TagId;
@@ -210,10 +209,7 @@ pub unsafe extern "C" fn vmmw_pool_swap(
         let p = unsafe { arg(pool, "pool") }?;
         // SAFETY: forwarded contract (`sleep` readable for `n_sleep` entries).
         let items: &[vmmw_tag_policy_t] = unsafe { slice_arg(sleep, n_sleep, "sleep") }?;
-        let sleep = items
-            .iter()
-            .map(|i| Ok((TagId(i.tag), policy(i.policy, i.tag)?)))
-            .collect::<Result<Vec<_>>>()?;
+        let sleep = tag_policies(items)?;
         // SAFETY: forwarded contract (`wake` readable for `n_wake` entries).
         let wake: Vec<TagId> = unsafe { slice_arg(wake, n_wake, "wake") }?
             .iter()

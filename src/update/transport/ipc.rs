@@ -294,19 +294,7 @@ impl IpcSender {
         tensors: &[SendTensor<'_>],
         receivers: usize,
     ) -> Result<SendReport> {
-        super::direct::send(
-            super::direct::Endpoint {
-                pool: &self.pool,
-                listener: &self.listener,
-                path: &self.path,
-                timeout: self.options.timeout,
-                log: &self.options.log,
-                shares: &mut self.direct,
-                announced: &mut self.announced,
-            },
-            tensors,
-            receivers,
-        )
+        super::direct::send(self.direct_endpoint(), tensors, receivers)
     }
 
     /// Wait for `receivers` receivers that prepare ([`super::receiver::UpdateReceiver::prepare`])
@@ -322,19 +310,21 @@ impl IpcSender {
         tensors: &[SendTensor<'_>],
         receivers: usize,
     ) -> Result<SendReport> {
-        super::direct::offer(
-            super::direct::Endpoint {
-                pool: &self.pool,
-                listener: &self.listener,
-                path: &self.path,
-                timeout: self.options.timeout,
-                log: &self.options.log,
-                shares: &mut self.direct,
-                announced: &mut self.announced,
-            },
-            tensors,
-            receivers,
-        )
+        super::direct::offer(self.direct_endpoint(), tensors, receivers)
+    }
+
+    /// What a direct send or offer works on: this sender's socket, pool and
+    /// the shares and manifest kept from earlier sends.
+    fn direct_endpoint(&mut self) -> super::direct::Endpoint<'_> {
+        super::direct::Endpoint {
+            pool: &self.pool,
+            listener: &self.listener,
+            path: &self.path,
+            timeout: self.options.timeout,
+            log: &self.options.log,
+            shares: &mut self.direct,
+            announced: &mut self.announced,
+        }
     }
 
     /// Shares the direct sends keep served now.
