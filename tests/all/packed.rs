@@ -153,6 +153,46 @@ pub(crate) fn same_files(a: &Path, b: &Path) {
     );
 }
 
+/// Load `a` (the original) and `b` (its packed copy) with `rules` into
+/// destinations of their own (`b`'s first filled with `PATTERN` when
+/// `fill_b`, so a byte the packed load skips shows); every destination of
+/// `b` must equal `a`'s, name and bytes.
+fn loads_alike(
+    d: &Arc<dyn Driver>,
+    a: Checkpoint,
+    b: Checkpoint,
+    rules: &Rules,
+    pool_bytes: usize,
+    fill_b: bool,
+    what: &str,
+) {
+    let (_x, ra) = allocate_for(d, &a, rules, pool_bytes);
+    let (_y, rb) = allocate_for(d, &b, rules, pool_bytes);
+    if fill_b {
+        fill_pattern(d.as_ref(), &rb);
+    }
+    for (ckpt, reg) in [(a, &ra), (b, &rb)] {
+        load(
+            d,
+            ckpt,
+            rules,
+            reg,
+            &LoadOptions::default(),
+            &Control::default(),
+        )
+        .unwrap();
+    }
+    for (x, y) in ra.iter().zip(rb.iter()) {
+        assert_eq!(x.name, y.name, "{what}");
+        assert_eq!(
+            read(d.as_ref(), x.ptr, x.bytes()),
+            read(d.as_ref(), y.ptr, y.bytes()),
+            "{what}: {}",
+            x.name
+        );
+    }
+}
+
 #[test]
 fn every_dtype_header_order_metadata_and_padding_round_trip_bitwise() {
     let dir = tempfile::tempdir().unwrap();
@@ -236,36 +276,7 @@ fn gguf_types_metadata_and_alignment_padding_round_trip_and_load() {
         let b = Checkpoint::open(&p).unwrap();
         assert_eq!(a.tensors, b.tensors);
         assert_eq!(a.gguf().unwrap().metadata(), b.gguf().unwrap().metadata());
-        let rules = Rules::default();
-        let (_x, ra) = allocate_for(&d, &a, &rules, 8 << 20);
-        let (_y, rb) = allocate_for(&d, &b, &rules, 8 << 20);
-        load(
-            &d,
-            a,
-            &rules,
-            &ra,
-            &LoadOptions::default(),
-            &Control::default(),
-        )
-        .unwrap();
-        load(
-            &d,
-            b,
-            &rules,
-            &rb,
-            &LoadOptions::default(),
-            &Control::default(),
-        )
-        .unwrap();
-        for (x, y) in ra.iter().zip(rb.iter()) {
-            assert_eq!(x.name, y.name);
-            assert_eq!(
-                read(d.as_ref(), x.ptr, x.bytes()),
-                read(d.as_ref(), y.ptr, y.bytes()),
-                "{enc}: {}",
-                x.name
-            );
-        }
+        loads_alike(&d, a, b, &Rules::default(), 8 << 20, false, enc);
     }
 }
 
@@ -418,37 +429,9 @@ fn conversions_and_a_driver_packed_file_load_as_the_original() {
                             .unwrap();
                     rules.dtype = Some(Dtype::F32);
                     let a = Checkpoint::open(&src).unwrap();
-                    let (_x, ra) = allocate_for(d, &a, &rules, 32 << 20);
                     let bck = Checkpoint::open(&p).unwrap();
-                    let (_y, rb) = allocate_for(d, &bck, &rules, 32 << 20);
-                    fill_pattern(d.as_ref(), &rb);
-                    load(
-                        d,
-                        a,
-                        &rules,
-                        &ra,
-                        &LoadOptions::default(),
-                        &Control::default(),
-                    )
-                    .unwrap();
-                    load(
-                        d,
-                        bck,
-                        &rules,
-                        &rb,
-                        &LoadOptions::default(),
-                        &Control::default(),
-                    )
-                    .unwrap();
-                    for (x, y) in ra.iter().zip(rb.iter()) {
-                        assert_eq!(
-                            read(d.as_ref(), x.ptr, x.bytes()),
-                            read(d.as_ref(), y.ptr, y.bytes()),
-                            "{} rank {rank}/{world}: {} (converted to F32)",
-                            b.kind(),
-                            x.name
-                        );
-                    }
+                    let what = format!("{} rank {rank}/{world} (converted to F32)", b.kind());
+                    loads_alike(d, a, bck, &rules, 32 << 20, true, &what);
                 }
             }
         },
@@ -533,32 +516,5 @@ fn a_folder_of_packed_and_plain_shards_loads_as_the_original() {
     let a = Checkpoint::open(&src).unwrap();
     let b = Checkpoint::open(&p).unwrap();
     assert!(b.shards[1].packed.is_none() && b.shards[0].packed.is_some());
-    let (_x, ra) = allocate_for(&d, &a, &rules, 8 << 20);
-    let (_y, rb) = allocate_for(&d, &b, &rules, 8 << 20);
-    load(
-        &d,
-        a,
-        &rules,
-        &ra,
-        &LoadOptions::default(),
-        &Control::default(),
-    )
-    .unwrap();
-    load(
-        &d,
-        b,
-        &rules,
-        &rb,
-        &LoadOptions::default(),
-        &Control::default(),
-    )
-    .unwrap();
-    for (x, y) in ra.iter().zip(rb.iter()) {
-        assert_eq!(
-            read(d.as_ref(), x.ptr, x.bytes()),
-            read(d.as_ref(), y.ptr, y.bytes()),
-            "{}",
-            x.name
-        );
-    }
+    loads_alike(&d, a, b, &rules, 8 << 20, false, "mixed shards");
 }

@@ -8,8 +8,8 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::loader::{generate, write_sharded, SMALL};
-use common::swap::{config, pattern, read, write, G, POLICIES};
+use common::loader::{generate, read, write_sharded, SMALL};
+use common::swap::{config, pattern, write, G, POLICIES};
 use vmmweights::driver::host::{FaultOp, HostConfig, HostDriver};
 use vmmweights::driver::{DevicePtr, Driver};
 use vmmweights::loader::{Dtype, Session};

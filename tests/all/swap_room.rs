@@ -9,7 +9,8 @@ use crate::common;
 use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
-use common::swap::{read, write};
+use common::loader::read;
+use common::swap::write;
 use vmmweights::driver::host::{HostConfig, HostDriver};
 use vmmweights::driver::Driver;
 use vmmweights::pool::{Pool, PoolConfig};

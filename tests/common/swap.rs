@@ -1,7 +1,7 @@
 //! What the swap tests share: a pool cut into small granules and chunks (a
 //! few MiB make runs of chunks that a sleep releases one by one and a wake
 //! maps several at a time), tags of unique names, random bytes, and device
-//! bytes written and read back.
+//! bytes written (`common::loader::read` reads them back).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -67,12 +67,4 @@ pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
 pub fn write(d: &dyn Driver, ptr: DevicePtr, data: &[u8]) {
     // SAFETY: the caller passes a live awake block of at least `data.len()` bytes.
     unsafe { vmmweights::driver::sync_copy::copy_to_device(d, ptr, data) }.unwrap();
-}
-
-/// Read `len` bytes at `ptr`, a live awake block of at least `len` bytes.
-pub fn read(d: &dyn Driver, ptr: DevicePtr, len: usize) -> Vec<u8> {
-    let mut v = vec![0u8; len];
-    // SAFETY: the caller passes a live awake block of at least `len` bytes.
-    unsafe { vmmweights::driver::sync_copy::copy_to_host(d, &mut v, ptr) }.unwrap();
-    v
 }
