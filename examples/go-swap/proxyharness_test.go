@@ -46,7 +46,8 @@ func standinKit(t *testing.T) kit {
 
 // buildKit takes vmmw and the interposer from VMMW_BIN and
 // VMMW_PRELOAD_LIB (scripts/test.d/50-go.sh builds them), else builds them
-// with cargo; the stand-in runtime and model are compiled here.
+// with cargo; scripts/build-preload-standin.sh compiles the stand-in
+// runtime and model here.
 func buildKit() kit {
 	dir, err := os.MkdirTemp("", "go-swap-standin-")
 	if err != nil {
@@ -72,10 +73,6 @@ func buildKit() kit {
 		k.preloadLib = filepath.Join(root, "target", "debug", "libvmmw_preload.so")
 	}
 	if err := run(root, "bash", "scripts/build-preload-standin.sh", dir); err != nil {
-		return kit{err: err}
-	}
-	if err := run(here, "cc", "-std=c11", "-O2", "-shared", "-fPIC", "-Wall", "-Wextra", "-Werror", "-I", filepath.Join(root, "tests", "preload"),
-		"-o", k.modelLib, "standin/standin_model.c", "-L"+dir, "-lvmmw_standin_cudart", "-Wl,-rpath,"+dir); err != nil {
 		return kit{err: err}
 	}
 	return k

@@ -46,12 +46,7 @@ python3 tests/preload/twin.py --backend host --vmmw "$target/vmmw" --lib "$lib" 
 # cache, a cached prompt after a wake against one recomputed after
 # llama-server's own idle sleep); its timings are reported, not judged.
 echo "--- the llama-server proof's harness on the stand-in server (a dry run)"
-cc -std=c11 -O2 -shared -fPIC -Wall -Wextra -Werror -I tests/preload -o "$out/standin_model.so" \
-  examples/go-swap/standin/standin_model.c -L"$out" -lvmmw_standin_cudart -Wl,-rpath,"$out"
-printf '#!/bin/sh\nexec python3 %s --lib %s --weights-mb 64 "$@"\n' \
-  "$PWD/examples/go-swap/standin/standin_server.py" "$out/standin_model.so" >"$out/llama-server"
-chmod +x "$out/llama-server"
-VMMW_BACKEND=host VMMW_PRELOAD_LIB="$lib" python3 tests/llama/proof.py --server "$out/llama-server" \
+WEIGHTS_MB=64 VMMW_BACKEND=host VMMW_PRELOAD_LIB="$lib" python3 tests/llama/proof.py --server "$out/llama-server" \
   --vmmw "$target/vmmw" --model standin-big --small standin-small --assume-link 20:20 \
   --soak 20 --long-tokens 2000 --ctx 4096 --idle 1 --logdir "$out/llama-logs" --out "$out/proof.json" \
   || { tail -40 "$out"/llama-logs/*.log >&2; exit 1; }

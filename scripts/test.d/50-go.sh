@@ -35,14 +35,9 @@ export VMMW_BIN="$VMMW_LIB_DIR/vmmw" VMMW_PRELOAD_LIB="$VMMW_LIB_DIR/libvmmw_pre
 echo "--- the GPU swap bench's harness on stand-in servers (a dry run: every pair of policies, requests during swaps, prompt caches)"
 (cd examples/go-swap && go build -o "$pc/go-swap" .)
 bash scripts/build-preload-standin.sh "$pc/standin" >/dev/null
-cc -std=c11 -O2 -shared -fPIC -Wall -Wextra -Werror -I tests/preload -o "$pc/standin/standin_model.so" \
-  examples/go-swap/standin/standin_model.c -L"$pc/standin" -lvmmw_standin_cudart -Wl,-rpath,"$pc/standin"
-printf '#!/bin/sh\nexec python3 %s --lib %s --weights-mb 16 "$@"\n' \
-  "$PWD/examples/go-swap/standin/standin_server.py" "$pc/standin/standin_model.so" >"$pc/llama-server"
-chmod +x "$pc/llama-server"
 head -c 1048576 /dev/zero >"$pc/standin.gguf"
 VMMW_BACKEND=host python3 examples/go-swap/bench/llama_swap_bench.py --service "$pc/go-swap" --vmmw "$VMMW_BIN" \
-  --llama-server "$pc/llama-server" --gguf "$pc/standin.gguf" --assume-link 20:20:80e9 --out "$pc/llama-swap.json" \
+  --llama-server "$pc/standin/llama-server" --gguf "$pc/standin.gguf" --assume-link 20:20:80e9 --out "$pc/llama-swap.json" \
   | grep -vE "^[0-9]{4}/[0-9]{2}/[0-9]{2} "
 echo "--- without cgo: one error that names the fix"
 if said=$(cd bindings/go && CGO_ENABLED=0 go build ./... 2>&1); then
